@@ -1,0 +1,114 @@
+"""The seam between the speculative engine and a language model.
+
+Everything above this module works on token ids (int) and numpy arrays. `specdec_cli.llama` implements `Backend`
+with llama.cpp (it is the only module that imports `llama_cpp`); `tests/fakes.py` implements it with a table of
+logits so the engine can be tested exactly.
+
+A backend owns one sequence and its KV cache. `tokens` is what the KV cache holds, in position order; `decode`
+appends, `truncate` rolls back. `sync` brings the cache to a given context with the least work (longest common
+prefix kept), which is what makes draft-model catch-up and multi-turn chat prefix reuse the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class VocabInfo:
+    """What two models must share to speculate for each other.
+
+    Attributes:
+        vocab_type: llama.cpp vocab type (1 = SPM, 2 = BPE, ...).
+        n_vocab: number of tokens.
+        bos: BOS token id (-1 when none).
+        eos: EOS token id (-1 when none).
+        fingerprint: sha256 hex of all token texts in id order; equal fingerprints = identical vocabularies.
+    """
+
+    vocab_type: int
+    n_vocab: int
+    bos: int
+    eos: int
+    fingerprint: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A causal LM with a KV cache for one sequence (seq_id 0)."""
+
+    path: str
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_batch(self) -> int: ...
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """int32 [n]: the tokens held in the KV cache, positions 0..n-1 (a read-only view)."""
+        ...
+
+    def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
+        """Append `tokens` at positions len(tokens).. and evaluate them in one forward pass per n_batch chunk.
+
+        Returns float32 [n_logits, n_vocab]: the logits after each of the last `n_logits` tokens, row i predicting the
+        token after tokens[len - n_logits + i]. It is a view into the backend's buffer, valid until the next call;
+        copy it to keep it. Raises `DecodeError` (cache left as before the call) or `ContextOverflowError`.
+        """
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` tokens of the KV cache and drop the rest. Raises `CacheTrimError` if refused."""
+        ...
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes:
+        """The bytes token `token` renders as (may be a partial UTF-8 sequence)."""
+        ...
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
+        ...
+
+    def vocab_info(self) -> VocabInfo: ...
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry of `token` as stored in the model (not detokenized), for vocabulary checks."""
+        ...
+
+    def format_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """Render `messages` ({"role", "content"}) with the model's own chat template (sandboxed Jinja)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays (vectorised; O(min(len)))."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    neq = np.flatnonzero(a[:n] != b[:n])
+    return int(neq[0]) if len(neq) else n
+
+
+def sync(backend: Backend, context: np.ndarray) -> int:
+    """Make the KV cache hold exactly `context` (int32 [n]), reusing the longest common prefix.
+
+    Returns the number of tokens evaluated. Raises what `truncate` and `decode` raise.
+    """
+    keep = common_prefix(backend.tokens, context)
+    if keep < len(backend.tokens):
+        backend.truncate(keep)
+    if keep < len(context):
+        backend.decode(context[keep:], n_logits=0)
+    return len(context) - keep

@@ -1,0 +1,62 @@
+"""The drafter interface: propose up to K tokens that the target will verify in one batched pass.
+
+Drafters know nothing about the target. They see the committed context (prompt + output so far) and return a
+`Draft`. Model drafters return the distribution q_i they sampled each token from; deterministic drafters (prompt
+lookup, suffix tree) return `dists=None`, which verification treats as q = one-hot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from specdec_cli.sampling import Dist, SamplingParams
+
+EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A proposal.
+
+    Attributes:
+        tokens: int32 [k'] proposed tokens, k' <= the K asked for (a drafter may cut a draft short).
+        dists: for model drafters, q_i (a processed `Dist`) for each proposed token; None for deterministic drafters.
+        score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
+            match-based estimate of a lookup drafter); used by hybrid drafters and the adaptive-K controller.
+        source: which drafter produced it (for hybrid drafters and stats), e.g. "draft", "ngram", "suffix".
+    """
+
+    tokens: np.ndarray = field(default_factory=lambda: EMPTY)
+    dists: tuple[Dist, ...] | None = None
+    score: float = 0.0
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens. Implementations: `ModelDrafter`, `NgramDrafter`, `SuffixDrafter`."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget per-generation state (a new prompt follows)."""
+        ...
+
+    def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Propose up to `k` tokens to follow `context` (int32 [n], context[-1] the newest committed token).
+
+        `k` >= 1. Greedy sampling (temperature 0) must give deterministic drafts. Must not modify `context`.
+        """
+        ...
+
+    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
+        """Called once per completed generation with int32 [n_prompt] and int32 [n_out]; learning drafters store it."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,99 @@
+"""Domain errors. Every user mistake raises one of these; `__main__.main` turns it into one line and an exit code.
+
+Each error carries a message that says what went wrong and a `fix` that says what to do next. Library code never
+prints and never calls `sys.exit`; the CLI's error table (`specdec_cli.__main__`) does both.
+
+Exit codes (documented in the README, "Troubleshooting"):
+
+==== ===========================================================
+ 0   success
+ 1   unexpected internal error (a bug: run with SPECDEC_DEBUG=1)
+ 2   usage error (bad option, bad prompt file) — same as Typer's
+ 3   model error (unknown name, missing/corrupt GGUF, download)
+ 4   incompatible target/draft pair
+ 5   context overflow (prompt longer than the context)
+ 6   configuration error (malformed models.toml / user config)
+ 7   a losslessness check failed (`--strict`, `specdec check`)
+ 130 interrupted (Ctrl-C)
+==== ===========================================================
+"""
+
+from __future__ import annotations
+
+
+class SpecdecError(Exception):
+    """Base class: a message for the user, an optional fix, and the process exit code."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return self.message if not self.fix else f"{self.message} {self.fix}"
+
+
+class UsageError(SpecdecError):
+    """Bad arguments or input the user can correct (prompt file missing, empty, not UTF-8, ...)."""
+
+    exit_code = 2
+
+
+class ModelError(SpecdecError):
+    """A model could not be resolved, fetched, verified or loaded."""
+
+    exit_code = 3
+
+
+class ChecksumError(ModelError):
+    """A fetched file's sha256 differs from the pinned one; the file has been deleted."""
+
+
+class IncompatiblePairError(SpecdecError):
+    """Target and draft models do not share a vocabulary."""
+
+    exit_code = 4
+
+
+class ContextOverflowError(SpecdecError):
+    """The prompt (or chat history) does not fit in the context window."""
+
+    exit_code = 5
+
+
+class ConfigError(SpecdecError):
+    """models.toml or the user config is malformed."""
+
+    exit_code = 6
+
+
+class CheckFailedError(SpecdecError):
+    """A losslessness check found a divergence that is not a numerical near-tie."""
+
+    exit_code = 7
+
+
+class BackendError(SpecdecError):
+    """llama.cpp refused an operation (decode failed, KV cache could not be trimmed, ...)."""
+
+    exit_code = 1
+
+
+class DecodeError(BackendError):
+    """`llama_decode` returned non-zero. 1 = no KV slot for the batch, 2 = aborted, < 0 = fatal error."""
+
+    def __init__(self, code: int, n_tokens: int) -> None:
+        reason = {1: "no free KV-cache slot for the batch (context full)", 2: "aborted"}.get(
+            code, "fatal error in llama.cpp"
+        )
+        super().__init__(
+            f"llama_decode failed with code {code} ({reason}) on a batch of {n_tokens} tokens.",
+            "Try a larger --ctx or a smaller --k." if code == 1 else None,
+        )
+        self.code = code
+
+
+class CacheTrimError(BackendError):
+    """`llama_memory_seq_rm` refused to remove a range (recurrent or hybrid models cannot roll back)."""

@@ -1,0 +1,80 @@
+"""Frozen records the engine yields. The renderer, the stats and `--json` are all computed from these same records,
+so what the user sees streamed and what the statistics say cannot disagree.
+
+A generation yields one `Prefill`, then one `Step` per target forward pass; the last `Step` has `finish_reason` set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Segment kinds, in the order the renderer shows them within a step.
+ACCEPTED = "accepted"  # a draft token the target accepted (part of the output)
+REJECTED = "rejected"  # a draft token the target rejected (display only, never part of the output)
+TARGET = "target"  # the target's own token: the correction after a rejection, or the bonus token
+
+Segment = tuple[str, str]  # (kind, text)
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """The prompt was evaluated.
+
+    Attributes:
+        n_prompt: prompt tokens (after the chat template).
+        n_evaluated: tokens actually evaluated by the target (fewer than n_prompt when the KV cache held a prefix).
+        ms: wall time of the target prefill, in milliseconds.
+        draft_ms: wall time of the drafter's own prefill (draft model), in milliseconds (0 for lookup drafters).
+    """
+
+    n_prompt: int
+    n_evaluated: int
+    ms: float
+    draft_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One draft → verify → accept step (one target forward pass).
+
+    Attributes:
+        index: 0-based step number.
+        k: draft length the controller asked for (0 = plain decoding).
+        drafted: the draft tokens proposed (len <= k; a drafter may propose fewer).
+        n_accepted: how many draft tokens verification accepted (a prefix of `drafted`).
+        target_token: the target's own token (correction or bonus); None when the step stopped inside the
+            accepted prefix (end of generation, stop string or max tokens).
+        emitted: tokens committed to the output by this step (accepted drafts, then the target token), cut at a stop.
+        segments: the text of this step for display, as (kind, text) pairs; concatenating the non-rejected texts of
+            all steps gives the output text exactly.
+        draft_ms: wall time the drafter took, in milliseconds.
+        verify_ms: wall time of the target's forward pass over len(drafted) + 1 tokens, in milliseconds.
+        source: the drafter that proposed this draft ("" for plain decoding).
+        finish_reason: None while generating; "eog" (end-of-generation token), "stop" (a --stop string),
+            "length" (--max-tokens), "context" (context window full) or "interrupted" on the last step.
+    """
+
+    index: int
+    k: int
+    drafted: tuple[int, ...]
+    n_accepted: int
+    target_token: int | None
+    emitted: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    draft_ms: float
+    verify_ms: float
+    source: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The output text this step added (accepted + target segments)."""
+        return "".join(t for kind, t in self.segments if kind != REJECTED)
+
+    @property
+    def batch_size(self) -> int:
+        """Tokens in the target's verify pass: the pending committed token plus the draft."""
+        return len(self.drafted) + 1
+
+
+Record = Prefill | Step
