@@ -1,0 +1,71 @@
+"""Entry point: runs the Typer app and turns every error into one line and an exit code.
+
+The table below is the only place that maps exceptions to messages; SPECDEC_DEBUG=1 shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from specdec_cli.errors import SpecdecError
+
+INTERRUPTED = 130
+
+
+def _debug() -> bool:
+    return os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+
+
+def _print_error(message: str) -> None:
+    from rich.text import Text
+
+    from specdec_cli.render import err_console
+
+    err_console().print(Text.assemble(("error: ", "bold red"), message))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return (and exit with) its code. Domain errors → one line on stderr and `error.exit_code`."""
+    from specdec_cli.cli import app
+
+    try:
+        app(args=argv, standalone_mode=False)
+        code = 0
+    except SpecdecError as e:
+        if _debug():
+            import traceback
+
+            traceback.print_exc()
+        _print_error(str(e))
+        code = e.exit_code
+    except KeyboardInterrupt:
+        if _debug():
+            import traceback
+
+            traceback.print_exc()
+        _print_error("Interrupted.")
+        code = INTERRUPTED
+    except SystemExit as e:  # typer.Exit inside standalone_mode=False surfaces as an int return, but be safe
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:  # a bug: say so, show the traceback only when asked
+        if _debug():
+            raise
+        # Typer's own usage errors (bad option values) carry an exit code and know how to show themselves.
+        show = getattr(e, "show", None)
+        exit_code = getattr(e, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            code = exit_code
+        else:
+            _print_error(f"{type(e).__name__}: {e} (a bug in specdec; run with SPECDEC_DEBUG=1 for the traceback)")
+            code = 1
+    return code
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

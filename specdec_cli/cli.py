@@ -1,0 +1,130 @@
+"""The `specdec` command line. Thin: options in, `commands/*` do the work, errors go up to `__main__.main`."""
+
+from __future__ import annotations
+
+import typer
+
+from specdec_cli import __version__
+from specdec_cli import options as o
+from specdec_cli.engine import GenerationConfig
+from specdec_cli.options import Method
+from specdec_cli.sampling import SamplingParams
+from specdec_cli.session import ModelOptions, SpecOptions
+
+app = typer.Typer(
+    name="specdec",
+    help="Faster local LLM generation with lossless speculative decoding, shown token by token.\n\n"
+    "A cheap drafter proposes K tokens, the target model checks them all in one batched pass, and you see "
+    "which were accepted.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specdec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    pass
+
+
+RUN_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec run prompt.txt                              [dim]# default pair, draft model, K chosen automatically[/dim]
+  specdec run prompt.txt --method ngram --compare     [dim]# prompt lookup, and the speedup over plain decoding[/dim]
+  echo "Write a haiku" | specdec run - --temperature 0.8 --seed 1
+  specdec run prompt.txt --json - > result.json       [dim]# text and every statistic as JSON[/dim]
+  specdec run prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --k 6
+"""
+
+
+@app.command(epilog=RUN_EXAMPLES)
+def run(
+    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    method: o.MethodOpt = Method.draft,
+    k: o.K = "auto",
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    max_tokens: o.MaxTokens = 512,
+    stop: o.Stop = None,
+    temperature: o.Temperature = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
+    system: o.System = None,
+    raw: o.Raw = False,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    plain: o.Plain = False,
+    clean: o.Clean = False,
+    json_out: o.JsonOut = None,
+    compare: o.Compare = False,
+    verbose: o.Verbose = False,
+) -> None:
+    """Generate a reply to a prompt with speculative decoding, streamed in colour, then statistics.
+
+    Green tokens are draft tokens the target accepted, bold ones are the target's own, and struck-through red ones
+    are drafts it rejected. Statistics go to stderr; stdout gets only the text when it is not a terminal.
+    """
+    from specdec_cli.commands.run import OutputOptions, execute
+    from specdec_cli.prompts_io import read_prompt
+
+    text = read_prompt(prompt_file)
+    code = execute(
+        text,
+        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                            verbose=verbose),
+        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        config=GenerationConfig(
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        ),
+        output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare),
+        raw=raw,
+        system=system,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def chat() -> None:
+    """Interactive multi-turn speculative chat (not implemented yet)."""
+    typer.echo("specdec chat is not implemented yet.", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def tune() -> None:
+    """Measure speedup by K for your models and machine (not implemented yet)."""
+    typer.echo("specdec tune is not implemented yet.", err=True)
+    raise typer.Exit(2)
+
+
+def _mount_subcommands() -> None:
+    from specdec_cli.commands.models import models_app
+
+    app.add_typer(models_app, name="models", help="List and fetch the models in models.toml.")
+    try:
+        from specdec_cli.commands.cache import cache_app
+    except ImportError:  # the suffix store lands separately
+        return
+    app.add_typer(cache_app, name="cache", help="The suffix drafter's store of past outputs.")
+
+
+_mount_subcommands()

@@ -1,0 +1,169 @@
+"""`specdec run`: one prompt, streamed, then statistics (and optionally a plain-decoding comparison)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from specdec_cli.backend import common_prefix
+from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.records import Step
+from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
+from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
+from specdec_cli.stats import RunStats, summarize
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    plain: bool = False
+    clean: bool = False
+    json_path: str | None = None
+    compare: bool = False
+
+
+@dataclass
+class Generation:
+    """What one generation produced: its records' summary, text and tokens."""
+
+    text: str
+    tokens: list[int]
+    stats: RunStats
+    steps: list[Step]
+    interrupted: bool = False
+
+
+def generate(engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
+             renderer: StreamRenderer | None = None) -> Generation:
+    """Drive the engine, feeding each record to the renderer. Ctrl-C ends the generation with what was shown kept."""
+    records = []
+    steps: list[Step] = []
+    interrupted = False
+    gen = engine.generate(prompt, config)
+    t0 = None
+    try:
+        for rec in gen:
+            records.append(rec)
+            if isinstance(rec, Step):
+                steps.append(rec)
+                if renderer is not None:
+                    renderer.step(rec)
+            elif t0 is None:
+                t0 = time.perf_counter()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        gen.close()  # runs the engine's finally: the KV cache keeps only committed tokens
+    loop_ms = (time.perf_counter() - t0) * 1e3 if t0 is not None else 0.0
+    stats = summarize(records, decode_ms=loop_ms if steps else 0.0,
+                      finish_reason="interrupted" if interrupted else None)
+    text = "".join(s.text for s in steps)
+    tokens = [t for s in steps for t in s.emitted]
+    return Generation(text=text, tokens=tokens, stats=stats, steps=steps, interrupted=interrupted)
+
+
+def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
+            output: OutputOptions, raw: bool, system: str | None) -> int:
+    """Run one prompt. Returns the exit code (130 when interrupted)."""
+    err = err_console()
+    json_to_stdout = output.json_path == "-"
+    # The text goes to stdout, unless stdout is reserved for JSON (then it is shown on stderr if that is a terminal).
+    out_stream = sys.stderr if json_to_stdout else sys.stdout
+    styled = wants_color(out_stream, output.plain)
+    show_stream = not json_to_stdout or styled
+
+    with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
+        prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
+        drafter = session.make_drafter(spec)
+        controller = session.make_controller(spec) if drafter is not None else None
+        engine = SpeculativeEngine(session.target, drafter, controller)
+        renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
+        if styled and spec.method != "none":
+            err.print(legend())
+        try:
+            result = generate(engine, prompt, config, renderer)
+        finally:
+            if drafter is not None:
+                drafter.close()  # learning drafters save what they learned
+        if renderer is not None:
+            renderer.end()
+
+        print_stats(err, result.stats, method=spec.method)
+        compare = None
+        if output.compare and not result.interrupted:
+            compare = _compare(session, prompt, config, result, err)
+        if output.json_path:
+            _write_json(output.json_path, session, spec, config, result, compare)
+    return 130 if result.interrupted else 0
+
+
+def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_result: Generation, err) -> dict:
+    """Plain decoding of the same prompt in this process: the speedup baseline and the agreement check."""
+    with err.status("Plain decoding for --compare", spinner="dots") if err.is_terminal else _null():
+        session.target.truncate(0)  # same cold prefill as the speculative run
+        plain = generate(SpeculativeEngine(session.target, None), prompt, config)
+    shared = common_prefix(np.asarray(spec_result.tokens, np.int32), np.asarray(plain.tokens, np.int32))
+    print_compare(err, spec_result.stats, plain.stats, shared=shared, n_spec=len(spec_result.tokens),
+                  n_plain=len(plain.tokens))
+    speedup = spec_result.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
+    return {
+        "plain_tokens_per_s": plain.stats.tokens_per_s,
+        "speedup": speedup,
+        "shared_prefix_tokens": shared,
+        "n_speculative": len(spec_result.tokens),
+        "n_plain": len(plain.tokens),
+        "identical": spec_result.tokens == plain.tokens,
+        "plain_text": plain.text,
+        "plain_stats": plain.stats.to_dict(),
+    }
+
+
+def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
+                compare: dict | None) -> None:
+    from specdec_cli.llama import system_info
+
+    doc = {
+        "text": result.text,
+        "tokens": result.tokens,
+        "finish_reason": result.stats.finish_reason,
+        "interrupted": result.interrupted,
+        "stats": result.stats.to_dict(),
+        "config": {
+            "target": str(session.target_path),
+            "draft": str(session.draft_path) if session.draft_path else None,
+            "method": spec.method,
+            "k": spec.k,
+            "max_tokens": config.max_tokens,
+            "stop": list(config.stop),
+            "sampling": asdict(config.sampling),
+            "ctx": session.target.n_ctx,
+            "threads": getattr(session.target, "n_threads", None),
+        },
+        "system_info": system_info(),
+        "steps": [
+            {"k": s.k, "drafted": list(s.drafted), "n_accepted": s.n_accepted, "target_token": s.target_token,
+             "emitted": list(s.emitted), "draft_ms": round(s.draft_ms, 3), "verify_ms": round(s.verify_ms, 3),
+             "source": s.source}
+            for s in result.steps
+        ],
+        "compare": compare,
+    }
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    if path == "-":
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        from pathlib import Path
+
+        Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

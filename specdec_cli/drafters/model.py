@@ -1,0 +1,90 @@
+"""Draft-model drafter: a small GGUF model with the target's vocabulary proposes K tokens autoregressively.
+
+Its own KV cache is kept in step with the committed context lazily: at each `propose` it keeps the longest common
+prefix of what it holds and the context, drops the rest (the rejected drafts) and evaluates what is missing
+(the accepted drafts it never evaluated, e.g. d_K when all K were accepted, and the target's token) in the same
+batch that produces the first draft's logits. This is gpt-fast's "feed the last draft token when all are accepted",
+done generally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_cli.backend import Backend, common_prefix
+from specdec_cli.drafters.base import Draft
+from specdec_cli.sampling import Dist, SamplingParams, process, sample
+
+
+class ModelDrafter:
+    """Drafts with a small model. Greedy: argmax; sampling: draws d_i ~ q_i and returns each q_i.
+
+    Args:
+        backend: the draft model (vocabulary already checked against the target's).
+        min_prob: cut the draft short when the drafted token's probability under the draft model falls below this
+            (0 = never). A cheap confidence signal: low-probability drafts are rarely accepted.
+    """
+
+    name = "draft"
+
+    def __init__(self, backend: Backend, *, min_prob: float = 0.0) -> None:
+        self.backend = backend
+        self.min_prob = min_prob
+
+    def reset(self) -> None:
+        pass
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Evaluate the prompt (all but its last token) so the first step's draft cost is only drafting."""
+        keep = common_prefix(self.backend.tokens, context[:-1])
+        self.backend.truncate(keep)
+        if keep < len(context) - 1:
+            self.backend.decode(context[keep:-1], n_logits=0)
+
+    def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Up to k tokens after `context` (int32 [n]). Returns q_i as `Dist`s when sampling, None when greedy."""
+        b = self.backend
+        # Catch up: keep the common prefix, evaluate the rest of the context in one batch (logits for the last row).
+        keep = min(common_prefix(b.tokens, context), len(context) - 1)
+        b.truncate(keep)
+        logits = b.decode(context[keep:], n_logits=1)[0]  # [V]
+        tokens: list[int] = []
+        dists: list[Dist] = []
+        score = 1.0
+        for i in range(k):
+            if sampling.greedy:
+                tok = int(np.argmax(logits))
+                if self.min_prob > 0.0:
+                    p = _top_prob(logits)
+                    if p < self.min_prob and i > 0:
+                        break
+                    score *= p
+            else:
+                q = process(logits, sampling)  # q_i over its candidates
+                tok = sample(q, rng)
+                p = q.prob_of(tok)
+                if self.min_prob > 0.0 and p < self.min_prob and i > 0:
+                    break
+                dists.append(q)
+                score *= p
+            tokens.append(tok)
+            if i + 1 < k:
+                logits = b.decode([tok], n_logits=1)[0]
+        return Draft(
+            tokens=np.asarray(tokens, dtype=np.int32),
+            dists=None if sampling.greedy else tuple(dists),
+            score=score if (self.min_prob > 0.0 or not sampling.greedy) else 0.0,
+            source=self.name,
+        )
+
+    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # the session owns the draft model's backend
+
+
+def _top_prob(logits: np.ndarray) -> float:
+    """Softmax probability of the argmax token, from float32 [V] logits (float64 accumulation)."""
+    m = float(np.max(logits))
+    return 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))

@@ -1,0 +1,219 @@
+"""The speculative decoding loop: draft → verify → accept → roll back → adapt.
+
+One step (one target forward pass):
+    1. the controller picks K (0 = a plain decoding step);
+    2. the drafter proposes up to K tokens after the committed context;
+    3. the target evaluates [last committed token, d_1..d_k] in one batch, logits for those k+1 rows only;
+    4. verification keeps the longest acceptable prefix d_1..d_n and adds one token of the target's own
+       (the correction at the first rejection, or the bonus token after all k);
+    5. the target's KV cache is cut back to the committed tokens (`llama_memory_seq_rm`);
+    6. the controller observes the step's costs and acceptance.
+
+Invariant between steps: the target's KV cache holds context[:n-1]; context[n-1], the newest committed token, is
+evaluated at the start of the next step together with the draft. The engine yields frozen records and never prints.
+
+References: Leviathan et al. 2023 (Algorithm 1); Chen et al. 2023; gpt-fast `speculative_decode`;
+mlx-lm `speculative_generate_step`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+
+from specdec_cli.backend import Backend, common_prefix, sync
+from specdec_cli.detok import TextStream, piece_text
+from specdec_cli.drafters.base import Draft, Drafter
+from specdec_cli.errors import ContextOverflowError, UsageError
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Prefill, Record, Step
+from specdec_cli.sampling import GREEDY, SamplingParams
+
+if TYPE_CHECKING:
+    from specdec_cli.controller import KController
+
+NO_DRAFT = Draft(source="")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationConfig:
+    """What to generate.
+
+    Attributes:
+        max_tokens: stop after this many output tokens.
+        stop: stop strings; the output ends before the first one (it is not included).
+        sampling: temperature 0 = greedy; otherwise rejection sampling keeps the target's distribution.
+    """
+
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=lambda: GREEDY)
+
+
+class _Fixed:
+    """K = k on every step (used when no controller is given)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, step: Step) -> None:
+        pass
+
+
+class SpeculativeEngine:
+    """Generates with a target model, a drafter and a K controller.
+
+    Args:
+        target: the model whose output distribution is preserved.
+        drafter: proposes draft tokens; None = plain decoding (K = 0 every step) through the same loop.
+        controller: chooses K each step (`FixedK`, `AdaptiveK`); default K = 4 with a drafter.
+    """
+
+    def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.controller = controller if controller is not None else _Fixed(4 if drafter is not None else 0)
+
+    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
+        """Yield one `Prefill`, then one `Step` per target forward pass; the last `Step` has `finish_reason`.
+
+        Args:
+            prompt: int [n] prompt tokens (n >= 1), e.g. the chat-templated prompt.
+
+        Raises:
+            UsageError: empty prompt. ContextOverflowError: the prompt does not fit in the context window.
+            DecodeError / CacheTrimError: llama.cpp failed.
+        The target's KV cache is left holding only committed tokens, also when the consumer stops early (Ctrl-C,
+        `close()`), so the next call can reuse it.
+        """
+        from specdec_cli.sampling import make_rng, verify
+
+        target, drafter, controller = self.target, self.drafter, self.controller
+        prompt = np.asarray(prompt, dtype=np.int32)
+        n = len(prompt)
+        if n == 0:
+            raise UsageError("The prompt is empty.", "Give a prompt with some text.")
+        if n >= target.n_ctx:
+            raise ContextOverflowError(
+                f"The prompt is {n} tokens but the context window is {target.n_ctx} tokens.",
+                f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.",
+            )
+        sampling = config.sampling
+        rng = make_rng(sampling.seed)
+        # context: int32 [n_ctx] committed tokens (prompt + output); ctx[:n] is live
+        ctx = np.zeros(target.n_ctx, dtype=np.int32)
+        ctx[:n] = prompt
+        text = TextStream(target.piece, config.stop)
+        n_out = 0
+        step_index = 0
+        try:
+            # Prefill: the target's cache := prompt[:-1] (a cached common prefix is reused).
+            t0 = time.perf_counter()
+            n_eval = sync(target, prompt[:-1])
+            t1 = time.perf_counter()
+            draft_ms = 0.0
+            if drafter is not None:
+                drafter.reset()
+                prefill = getattr(drafter, "prefill", None)
+                if prefill is not None:
+                    prefill(ctx[:n])
+                draft_ms = (time.perf_counter() - t1) * 1e3
+            yield Prefill(n_prompt=n, n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms)
+
+            while True:
+                t_start = time.perf_counter()
+                room = target.n_ctx - n  # the verify batch adds k + 1 tokens to a cache holding n - 1
+                if room <= 0:
+                    yield self._final(step_index, text, "context")
+                    return
+                # 1. choose K: never draft more than the budget and the context can take
+                k = min(controller.next_k() if drafter is not None else 0, config.max_tokens - n_out - 1, room - 1,
+                        target.n_batch - 1)
+                # 2. draft
+                draft = drafter.propose(ctx[:n], k, sampling, rng) if k > 0 else NO_DRAFT
+                t_draft = time.perf_counter()
+                d = draft.tokens[:k]
+                # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows
+                batch = np.concatenate((ctx[n - 1 : n], d))
+                logits = target.decode(batch, n_logits=len(batch))  # [k+1, V] view
+                t_verify = time.perf_counter()
+                # 4. accept
+                n_acc, token = verify(draft if len(d) == len(draft) else _cut(draft, k), logits, sampling, rng)
+                # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
+                target.truncate(n + n_acc)
+                new = list(map(int, d[:n_acc])) + [token]
+
+                emitted: list[int] = []
+                segments: list = []
+                finish = None
+                for j, tok in enumerate(new):
+                    if target.is_eog(tok):
+                        finish = "eog"
+                        break
+                    emitted.append(tok)
+                    if j == n_acc and n_acc < len(d):
+                        segments.append((REJECTED, piece_text(target.piece, d[n_acc:])))
+                    segs, hit = text.push(ACCEPTED if j < n_acc else TARGET, tok)
+                    segments.extend(segs)
+                    if hit:
+                        finish = "stop"
+                        break
+                    if n_out + len(emitted) >= config.max_tokens:
+                        finish = "length"
+                        break
+                if finish is not None and finish != "stop":
+                    segments.extend(text.flush())
+                if finish == "eog" and n_acc < len(d) and not any(k_ == REJECTED for k_, _ in segments):
+                    segments.append((REJECTED, piece_text(target.piece, d[n_acc:])))
+                # commit: the context grows by the accepted drafts and the target token
+                ctx[n : n + len(new)] = new
+                n += len(new)
+                n_out += len(emitted)
+                step = Step(
+                    index=step_index,
+                    k=k,
+                    drafted=tuple(map(int, d)),
+                    n_accepted=n_acc,
+                    target_token=token if len(emitted) > n_acc or finish is None else None,
+                    emitted=tuple(emitted),
+                    segments=tuple(segments),
+                    draft_ms=(t_draft - t_start) * 1e3,
+                    verify_ms=(t_verify - t_draft) * 1e3,
+                    source=draft.source if len(d) else "",
+                    finish_reason=finish,
+                )
+                # 6. adapt
+                controller.observe(step)
+                step_index += 1
+                yield step
+                if finish is not None:
+                    if drafter is not None:
+                        drafter.finish(prompt, ctx[len(prompt) : len(prompt) + n_out].copy())
+                    return
+        finally:
+            # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).
+            keep = common_prefix(target.tokens, ctx[: max(n - 1, 0)])
+            if keep < len(target.tokens):
+                target.truncate(keep)
+
+    def _final(self, index: int, text: TextStream, reason: str) -> Step:
+        return Step(index=index, k=0, drafted=(), n_accepted=0, target_token=None, emitted=(),
+                    segments=tuple(text.flush()), draft_ms=0.0, verify_ms=0.0, finish_reason=reason)
+
+
+def _cut(draft: Draft, k: int) -> Draft:
+    """A drafter returned more than k tokens: keep the first k (and their q)."""
+    return Draft(tokens=draft.tokens[:k], dists=draft.dists[:k] if draft.dists is not None else None,
+                 score=draft.score, source=draft.source)
+
+
+def _round_up(n: int) -> int:
+    size = 512
+    while size < n:
+        size *= 2
+    return size

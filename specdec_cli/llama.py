@@ -1,0 +1,298 @@
+"""llama.cpp backend through llama-cpp-python's low-level API. The only module that imports `llama_cpp`.
+
+What it does differently from `llama_cpp.Llama`:
+- logits are requested only for the positions being verified (`llama_batch.logits[i] = 1` on the last rows), never
+  `logits_all`, and read as a zero-copy numpy view of llama.cpp's output buffer;
+- the batch is allocated once and filled through numpy views of its arrays;
+- rollback is `llama_memory_seq_rm` on sequence 0 with its bool result checked (recurrent/hybrid models refuse);
+- `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted, < 0 = fatal).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+from llama_cpp import _logger as _llama_logger
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+import numpy as np
+
+from specdec_cli.backend import VocabInfo
+from specdec_cli.errors import CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError
+
+_backend_ready = False
+
+
+def _init_once(verbose: bool) -> None:
+    global _backend_ready
+    # llama-cpp-python routes llama.cpp's log through its logger; keep it quiet unless asked.
+    _llama_logger.logger.setLevel(10 if verbose else 50)
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """Threads for generation: the CPUs this process may use (llama.cpp is memory-bound past physical cores)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
+
+
+def gpu_offload_supported() -> bool:
+    """True when llama.cpp was built with Metal, CUDA, Vulkan, ... (then --gpu-layers defaults to all layers)."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    """llama.cpp's build and CPU feature line (for --json and bench reports)."""
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+class LlamaBackend:
+    """One GGUF model with one context and one sequence (seq_id 0). Implements `specdec_cli.backend.Backend`.
+
+    Args:
+        path: the .gguf file (already validated by `specdec_cli.gguf.check_gguf`).
+        n_ctx: context window in tokens.
+        n_batch: maximum tokens per `llama_decode` call; prompts are evaluated in chunks of this size and a verify
+            batch (K + 1 tokens) must fit in one chunk.
+        n_threads: CPU threads (None = all CPUs this process may use).
+        n_gpu_layers: layers to offload (-1 = all; ignored by CPU builds).
+        verbose: let llama.cpp log to stderr.
+
+    Raises:
+        ModelError: llama.cpp could not load the model or create the context.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        n_gpu_layers: int = -1,
+        verbose: bool = False,
+    ) -> None:
+        _init_once(verbose)
+        self.path = str(path)
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
+        if not model:
+            raise ModelError(
+                f"llama.cpp could not load {self.path}.",
+                "Check that it is a GGUF model supported by llama-cpp-python "
+                f"{llama_cpp.__version__}; SPECDEC_DEBUG=1 shows llama.cpp's log.",
+            )
+        self._model = model
+        threads = n_threads or default_threads()
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}.",
+                             "Try a smaller --ctx.")
+        self._ctx = ctx
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self._n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self.n_threads = threads
+
+        # One batch for the whole life of the context, filled through numpy views of its C arrays.
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        b = self._batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(self._n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self._n_batch,))
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self._n_batch,))
+        self._b_logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self._n_batch,))
+        self._b_nseq[:] = 1
+        for i in range(self._n_batch):
+            b.seq_id[i][0] = 0
+
+        # The tokens held in the KV cache, positions 0.._n-1.
+        self._tokens = np.zeros(self._n_ctx, dtype=np.int32)
+        self._n = 0
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.n_decode_calls = 0  # llama_decode calls (for stats and tests)
+        self.n_evaluated = 0  # tokens evaluated in total
+
+    # -- sizes ---------------------------------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
+
+    @property
+    def tokens(self) -> np.ndarray:
+        view = self._tokens[: self._n]
+        view.flags.writeable = False
+        return view
+
+    # -- the KV cache ------------------------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
+        """Evaluate `tokens` after the cache; return float32 [n_logits, n_vocab] logits of the last rows (a view).
+
+        Raises ContextOverflowError (nothing evaluated) or DecodeError (cache rolled back to its state before the call).
+        """
+        toks = np.asarray(tokens, dtype=np.int32)
+        m = len(toks)
+        if n_logits > min(m, self._n_batch):
+            raise ValueError(f"n_logits={n_logits} exceeds the batch ({m} tokens, n_batch {self._n_batch})")
+        start = self._n
+        if start + m > self._n_ctx:
+            raise ContextOverflowError(
+                f"The context window is full: {start} + {m} tokens > --ctx {self._n_ctx}.",
+                "Use a larger --ctx or a shorter prompt / --max-tokens.",
+            )
+        try:
+            for c0 in range(0, m, self._n_batch):
+                c1 = min(m, c0 + self._n_batch)
+                n = c1 - c0
+                # batch.token / pos: [n]; logits flags: 1 only on the last n_logits rows of the whole call
+                self._b_token[:n] = toks[c0:c1]
+                self._b_pos[:n] = np.arange(start + c0, start + c1, dtype=np.int32)
+                self._b_logits[:n] = 0
+                first_out = max(c0, m - n_logits)
+                if first_out < c1:
+                    self._b_logits[first_out - c0 : n] = 1
+                self._batch.n_tokens = n
+                rc = llama_cpp.llama_decode(self._ctx, self._batch)
+                self.n_decode_calls += 1
+                if rc != 0:
+                    raise DecodeError(rc, n)
+                self._tokens[start + c0 : start + c1] = toks[c0:c1]
+                self._n = start + c1
+                self.n_evaluated += n
+        except BaseException:
+            # A failed or interrupted call leaves the cache as it was before the call.
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+            self._n = start
+            raise
+        if n_logits == 0:
+            return np.zeros((0, self._n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        # Outputs are stored contiguously in batch order: [n_logits, n_vocab], zero-copy.
+        view = np.ctypeslib.as_array(ptr, shape=(n_logits, self._n_vocab))
+        view.flags.writeable = False
+        return view
+
+    def truncate(self, n: int) -> None:
+        """Keep positions [0, n) of sequence 0. Raises CacheTrimError when llama.cpp refuses (recurrent models)."""
+        if n >= self._n:
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+            raise CacheTrimError(
+                f"llama.cpp refused to roll back the KV cache of {Path(self.path).name} to {n} tokens "
+                "(recurrent and hybrid models cannot drop a partial sequence).",
+                "Use a transformer model, or --method none.",
+            )
+        self._n = n
+
+    # -- tokens and text -------------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        cached = self._pieces.get(token)
+        if cached is None:
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+            cached = self._piece_buf.raw[: max(n, 0)]
+            self._pieces[token] = cached
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def vocab_info(self) -> VocabInfo:
+        h = hashlib.sha256()
+        for i in range(self._n_vocab):
+            h.update(llama_cpp.llama_vocab_get_text(self._vocab, i) or b"")
+            h.update(b"\0")
+        return VocabInfo(
+            vocab_type=int(llama_cpp.llama_vocab_type(self._vocab)),
+            n_vocab=self._n_vocab,
+            bos=int(llama_cpp.llama_vocab_bos(self._vocab)),
+            eos=int(llama_cpp.llama_vocab_eos(self._vocab)),
+            fingerprint=h.hexdigest(),
+        )
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def format_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        if not template:
+            raise UsageError(f"{Path(self.path).name} has no chat template.", "Use --raw to send the prompt as is.")
+        bos = llama_cpp.llama_vocab_bos(self._vocab)
+        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        formatter = Jinja2ChatFormatter(
+            template.decode("utf-8"),
+            eos_token=self.token_text(eos) if eos >= 0 else "",
+            bos_token=self.token_text(bos) if bos >= 0 else "",
+            add_generation_prompt=add_generation_prompt,
+        )
+        return formatter(messages=messages).prompt
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,89 @@
+"""Options shared by several commands, as `Annotated` aliases (one definition, one help text)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+class Method(str, Enum):
+    """How drafts are made."""
+
+    none = "none"  # plain decoding through the same engine (the baseline)
+    draft = "draft"  # a small draft model
+    ngram = "ngram"  # prompt lookup
+    suffix = "suffix"  # suffix tree over the context and past outputs (learns)
+    hybrid = "hybrid"  # suffix when its match is strong, else the draft model
+
+
+MODELS = "Models"
+SPEC = "Speculation"
+SAMPLING = "Sampling"
+OUTPUT = "Output"
+
+Target = Annotated[
+    Optional[str],
+    typer.Option("--target", "-t", help="Target model: a name from models.toml or a path to a .gguf file. "
+                 "[default: the catalog's default target]", rich_help_panel=MODELS),
+]
+DraftModel = Annotated[
+    Optional[str],
+    typer.Option("--draft", "-d", help="Draft model for --method draft/hybrid: a name or a .gguf path. "
+                 "[default: the catalog's default draft]", rich_help_panel=MODELS),
+]
+Ctx = Annotated[int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)]
+Threads = Annotated[
+    Optional[int],
+    typer.Option("--threads", min=1, max=1024, help="CPU threads. [default: all CPUs]", rich_help_panel=MODELS),
+]
+GpuLayers = Annotated[
+    int,
+    typer.Option("--gpu-layers", min=-1, help="Layers to offload with a Metal/CUDA build of llama-cpp-python "
+                 "(-1 = all; CPU builds ignore it).", rich_help_panel=MODELS),
+]
+MethodOpt = Annotated[Method, typer.Option("--method", "-m", help="Drafter.", rich_help_panel=SPEC)]
+K = Annotated[
+    str,
+    typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
+                 "number 0-64.", rich_help_panel=SPEC),
+]
+NgramMin = Annotated[int, typer.Option("--ngram-min", min=1, max=16, help="Shortest n-gram prompt lookup matches.",
+                                       rich_help_panel=SPEC)]
+NgramMax = Annotated[int, typer.Option("--ngram-max", min=1, max=32, help="Longest n-gram prompt lookup matches.",
+                                       rich_help_panel=SPEC)]
+Temperature = Annotated[
+    float,
+    typer.Option("--temperature", "--temp", min=0.0, max=5.0,
+                 help="0 = greedy. Above 0, rejection sampling keeps the target's distribution exactly.",
+                 rich_help_panel=SAMPLING),
+]
+TopK = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0 = off).",
+                                   rich_help_panel=SAMPLING)]
+TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling (1.0 = off).",
+                                     rich_help_panel=SAMPLING)]
+MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0,
+                                     help="Drop tokens below min-p × the top probability (0 = off).",
+                                     rich_help_panel=SAMPLING)]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed of the random stream (reproducible runs).",
+                                             rich_help_panel=SAMPLING)]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.",
+                                        rich_help_panel=SAMPLING)]
+Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); not included in the output.",
+                                                    rich_help_panel=SAMPLING)]
+System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")]
+Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
+Plain = Annotated[bool, typer.Option("--plain", help="No colours: print only the generated text.", rich_help_panel=OUTPUT)]
+Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream.", rich_help_panel=OUTPUT)]
+JsonOut = Annotated[
+    Optional[str],
+    typer.Option("--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).",
+                 rich_help_panel=OUTPUT),
+]
+Compare = Annotated[bool, typer.Option("--compare", help="Also run plain decoding on the same prompt in this process "
+                                       "and report the speedup and how much of the output agrees.",
+                                       rich_help_panel=OUTPUT)]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
+PromptDir = Annotated[Optional[list[Path]], typer.Argument(help="Prompt files or directories.")]

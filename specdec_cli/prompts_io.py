@@ -1,0 +1,51 @@
+"""Reading prompt files: every bad input is one clear UsageError, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specdec_cli.errors import UsageError
+
+MAX_PROMPT_BYTES = 16 << 20  # 16 MiB: anything larger is not a prompt
+
+
+def read_prompt(source: str, *, stdin=None) -> str:
+    """The prompt text from a file path, or from standard input when `source` is "-".
+
+    Raises UsageError: missing file, a directory, unreadable, binary (NUL bytes), not UTF-8, empty, or too large.
+    """
+    if source == "-":
+        stream = stdin if stdin is not None else sys.stdin
+        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        name = "standard input"
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise UsageError(f"Prompt file {source} does not exist.", "Give a path to a text file, or - for stdin.")
+        if path.is_dir():
+            raise UsageError(f"Prompt file {source} is a directory.", "Give a path to a text file, or - for stdin.")
+        try:
+            if path.stat().st_size > MAX_PROMPT_BYTES:
+                raise UsageError(f"Prompt file {source} is larger than 16 MiB.", "Give a shorter prompt.")
+            data = path.read_bytes()
+        except PermissionError:
+            raise UsageError(f"Prompt file {source} is not readable.", "Check its permissions.") from None
+        except OSError as e:
+            raise UsageError(f"Prompt file {source} could not be read: {e.strerror}.", "Check the path.") from None
+        name = source
+    if b"\0" in data:
+        raise UsageError(f"The prompt in {name} looks binary (it contains NUL bytes).", "Give a UTF-8 text file.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"The prompt in {name} is not UTF-8 (invalid byte at offset {e.start}).",
+            "Convert it, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`.",
+        ) from None
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise UsageError(f"The prompt in {name} is empty.", "Write something in it.")
+    return text

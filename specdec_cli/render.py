@@ -1,0 +1,162 @@
+"""Rendering: the coloured token stream and the statistics. Consumes the engine's records; never computes them.
+
+Model text is always printed as `rich.text.Text`, never as markup, so a `[` in the output is just a bracket.
+When stdout is not a terminal, or with NO_COLOR / --plain, stdout receives exactly the generated text.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from rich.theme import Theme
+
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Step
+from specdec_cli.stats import RunStats
+
+THEME = Theme(
+    {
+        "spec.accepted": "green",
+        "spec.target": "bold",
+        "spec.rejected": "red strike",
+        "spec.legend": "dim",
+        "spec.label": "dim",
+        "spec.good": "bold green",
+        "spec.bad": "bold red",
+        "spec.warn": "yellow",
+    }
+)
+
+
+def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console:
+    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself."""
+    return Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
+
+
+def wants_color(stream: TextIO, plain: bool) -> bool:
+    """Styled streaming only on a terminal, without --plain and without NO_COLOR."""
+    if plain or os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def legend() -> Text:
+    """The one-line colour legend."""
+    t = Text("legend: ", style="spec.legend")
+    t.append("accepted draft", style="spec.accepted")
+    t.append("  ", style="spec.legend")
+    t.append("target token", style="spec.target")
+    t.append("  ", style="spec.legend")
+    t.append("rejected draft", style="spec.rejected")
+    return t
+
+
+class StreamRenderer:
+    """Writes each step's text as it arrives.
+
+    Args:
+        out: where the text goes (stdout for `run`).
+        styled: colour by kind (accepted draft / target / rejected draft); False writes only the output text.
+        show_rejected: show rejected drafts struck through where they were proposed (styled mode only; --clean hides).
+    """
+
+    def __init__(self, out: TextIO, *, styled: bool, show_rejected: bool = True) -> None:
+        self.out = out
+        self.styled = styled
+        self.show_rejected = show_rejected and styled
+        self.console = make_console(file=out) if styled else None
+        self._at_line_start = True
+
+    def step(self, step: Step) -> None:
+        for kind, text in step.segments:
+            if not text or (kind == REJECTED and not self.show_rejected):
+                continue
+            if self.console is not None:
+                self.console.print(Text(text, style=f"spec.{kind}"), end="")
+            else:
+                self.out.write(text)
+            self._at_line_start = text.endswith("\n")
+        if self.console is None:
+            self.out.flush()
+
+    def end(self) -> None:
+        """Finish the stream with a newline when the text did not end with one (terminal only)."""
+        if not self._at_line_start and self.styled:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def _ms(x: float) -> str:
+    return f"{x / 1e3:.2f} s" if x >= 1000 else f"{x:.0f} ms"
+
+
+def _bar(frac: float, width: int = 20) -> str:
+    full = int(round(frac * width))
+    return "█" * full + "·" * (width - full)
+
+
+def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Table:
+    """The end-of-run statistics as a two-column table."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="spec.label", justify="right")
+    table.add_column()
+    if title:
+        table.add_row("", Text(title, style="bold"))
+    pre_rate = stats.n_prefill_evaluated / (stats.prefill_ms / 1e3) if stats.prefill_ms > 0 else 0.0
+    reused = stats.n_prompt - stats.n_prefill_evaluated
+    table.add_row("prompt", f"{stats.n_prompt} tokens, prefill {_ms(stats.prefill_ms)}"
+                  + (f" ({pre_rate:.0f} tok/s)" if pre_rate else "")
+                  + (f", {reused} reused from cache" if reused else ""))
+    table.add_row("generated", Text.assemble(f"{stats.n_generated} tokens in {_ms(stats.decode_ms)}: ",
+                                             (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
+                                             f"  ({stats.finish_reason or 'unfinished'})"))
+    table.add_row("target passes", f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass)")
+    if method != "none":
+        table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
+                      f"acceptance rate {stats.acceptance_rate:.1%}")
+        table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
+        table.add_row("time", f"drafting {_ms(stats.draft_ms)}, verifying {_ms(stats.verify_ms)}")
+        if stats.k_histogram:
+            ks = "  ".join(f"K={k}:{n}" for k, n in sorted(stats.k_histogram.items()))
+            table.add_row("K chosen", f"mean {stats.mean_k:.1f}  ({ks})")
+        for i, (proposed, accepted) in enumerate(stats.acceptance_by_position[:16]):
+            frac = accepted / proposed if proposed else 0.0
+            table.add_row(f"position {i + 1}" if i == 0 else f"{i + 1}",
+                          f"{_bar(frac)} {frac:6.1%}  ({accepted}/{proposed})")
+    return table
+
+
+def print_stats(console: Console, stats: RunStats, *, method: str, title: str | None = None) -> None:
+    console.print(stats_table(stats, method=method, title=title))
+
+
+def print_compare(console: Console, spec: RunStats, plain: RunStats, *, shared: int, n_spec: int, n_plain: int,
+                  divergence: str | None = None) -> None:
+    """Speedup against plain decoding measured in the same process, and how much of the output agrees."""
+    speedup = spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
+    style = "spec.good" if speedup >= 1.0 else "spec.bad"
+    line = Text.assemble(("compare ", "spec.label"), f"plain decoding {plain.tokens_per_s:.1f} tok/s → ",
+                         (f"{speedup:.2f}× speedup", style))
+    console.print(line)
+    same = shared == n_spec == n_plain
+    agree = Text.assemble(("        ", "spec.label"),
+                          (f"outputs identical ({shared} tokens)", "spec.good") if same else
+                          f"outputs share their first {shared} tokens (speculative {n_spec}, plain {n_plain})")
+    console.print(agree)
+    if divergence:
+        console.print(Text(f"        {divergence}", style="spec.warn"))
+
+
+def err_console() -> Console:
+    return make_console(stderr=True)
+
+
+def stdout_stream() -> TextIO:
+    return sys.stdout

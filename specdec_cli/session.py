@@ -1,0 +1,174 @@
+"""Loading a target (and a draft model), building drafters and K controllers: shared by run, chat, tune, bench, check.
+
+The CLI commands stay thin: they parse options into `ModelOptions` / `SpecOptions`, open a `Session`, and hand the
+engine's records to the renderer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from specdec_cli.backend import Backend
+from specdec_cli.drafters.base import Drafter
+from specdec_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which models to load and how. `target`/`draft`: catalog names or .gguf paths (None = catalog default)."""
+
+    target: str | None = None
+    draft: str | None = None
+    ctx: int = 4096
+    threads: int | None = None
+    gpu_layers: int = -1
+    n_batch: int = 512
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """How to speculate: the drafter and K ("auto" or a number)."""
+
+    method: str = "draft"
+    k: str = "auto"
+    ngram_min: int = 2
+    ngram_max: int = 4
+    k_max: int = 16
+
+
+NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
+
+
+@dataclass
+class Session:
+    """Loaded models. Use `open_session`; close with `close()` (or as a context manager)."""
+
+    target: Backend
+    target_path: Path
+    draft: Backend | None = None
+    draft_path: Path | None = None
+    options: ModelOptions = field(default_factory=ModelOptions)
+    _fingerprint: str | None = None
+
+    # -- prompts ------------------------------------------------------------------------------------------------
+    def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
+        """int32 [n]: `text` through the target's chat template (with `system`), or as is with `raw`."""
+        if raw:
+            toks = self.target.tokenize(text, add_special=True, parse_special=False)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            toks = self.chat_tokens(messages)
+        return np.asarray(toks, dtype=np.int32)
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens of a chat history rendered with the model's template (special tokens parsed, BOS from the template)."""
+        prompt = self.target.format_chat(messages, add_generation_prompt=True)
+        return self.target.tokenize(prompt, add_special=False, parse_special=True)
+
+    # -- speculation --------------------------------------------------------------------------------------------
+    def vocab_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = self.target.vocab_info().fingerprint
+        return self._fingerprint
+
+    def make_drafter(self, spec: SpecOptions) -> Drafter | None:
+        """The drafter for `spec.method` (None for "none"). Raises UsageError when the method needs a missing model."""
+        method = spec.method
+        if method == "none":
+            return None
+        if method == "ngram":
+            from specdec_cli.drafters.ngram import NgramDrafter
+
+            if spec.ngram_min > spec.ngram_max:
+                raise UsageError(f"--ngram-min {spec.ngram_min} is larger than --ngram-max {spec.ngram_max}.",
+                                 "Swap them.")
+            return NgramDrafter(spec.ngram_min, spec.ngram_max)
+        if method in NEEDS_DRAFT_MODEL and self.draft is None:
+            raise UsageError(f"--method {method} needs a draft model, and none is loaded.", "Pass --draft NAME.")
+        if method == "draft":
+            from specdec_cli.drafters.model import ModelDrafter
+
+            return ModelDrafter(self.draft)
+        if method in ("suffix", "hybrid"):
+            from specdec_cli.drafters.suffix import SuffixDrafter
+            from specdec_cli.suffix_store import SuffixStore, store_path
+            from specdec_cli.config import data_dir
+
+            store = SuffixStore(store_path(data_dir(), self.vocab_fingerprint()))
+            suffix = SuffixDrafter(store)
+            if method == "suffix":
+                return suffix
+            from specdec_cli.drafters.hybrid import HybridDrafter
+            from specdec_cli.drafters.model import ModelDrafter
+
+            return HybridDrafter(suffix, ModelDrafter(self.draft))
+        raise UsageError(f"Unknown method {method!r}.", "Use none, draft, ngram, suffix or hybrid.")
+
+    def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None):
+        """FixedK for a number, AdaptiveK for "auto" (or the K saved by `specdec tune --save`)."""
+        from specdec_cli.controller import AdaptiveK, FixedK, parse_k
+
+        try:
+            k = parse_k(spec.k)
+        except ValueError as e:
+            raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
+        if k is None:
+            return FixedK(saved_k) if saved_k is not None else AdaptiveK(k_max=spec.k_max)
+        return FixedK(k)
+
+    def close(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+        self.target.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_session(options: ModelOptions, *, need_draft: bool, console=None) -> Session:
+    """Resolve and load the target (and the draft model when `need_draft`), and check their vocabularies.
+
+    Raises: ModelError (resolve/load), IncompatiblePairError, ConfigError (catalog).
+    """
+    from specdec_cli.config import load_catalog
+    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.resolver import resolve
+    from specdec_cli.vocab import check_compatible
+
+    catalog = load_catalog()
+    target_path = resolve(options.target or catalog.default_target, catalog, console=console)
+    draft_path = resolve(options.draft or catalog.default_draft, catalog, console=console) if need_draft else None
+    with _status(console, f"Loading {target_path.name}"):
+        target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
+                              n_gpu_layers=options.gpu_layers, verbose=options.verbose)
+    session = Session(target=target, target_path=target_path, options=options)
+    if draft_path is not None:
+        try:
+            with _status(console, f"Loading {draft_path.name}"):
+                session.draft = LlamaBackend(draft_path, n_ctx=options.ctx, n_batch=options.n_batch,
+                                             n_threads=options.threads, n_gpu_layers=options.gpu_layers,
+                                             verbose=options.verbose)
+            session.draft_path = draft_path
+            check_compatible(session.target, session.draft)
+        except BaseException:
+            session.close()
+            raise
+    return session
+
+
+@contextlib.contextmanager
+def _status(console, message: str) -> Iterator[None]:
+    if console is None or not console.is_terminal:
+        yield
+        return
+    with console.status(message, spinner="dots"):
+        yield

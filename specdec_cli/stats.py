@@ -1,0 +1,111 @@
+"""Statistics computed from the engine's records, the same records the renderer shows."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from specdec_cli.records import Prefill, Record, Step
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Summary of one generation.
+
+    Attributes:
+        n_prompt: prompt tokens. n_prefill_evaluated: prompt tokens the target evaluated (the rest came from cache).
+        prefill_ms: target prefill time (ms). draft_prefill_ms: the draft model's prefill time (ms).
+        n_generated: output tokens. decode_ms: time in the decode loop (ms): drafting + verifying + bookkeeping.
+        tokens_per_s: n_generated / decode time (tok/s).
+        n_target_passes: target forward passes in the decode loop (one per step).
+        n_drafted / n_accepted: draft tokens proposed / accepted by verification.
+        acceptance_rate: n_accepted / n_drafted (0 when nothing was drafted).
+        mean_accepted_length: accepted draft tokens per speculative step (steps with a non-empty draft).
+        tokens_per_pass: output tokens per target forward pass (1.0 = plain decoding).
+        acceptance_by_position: for draft position i (1-based), [proposed, accepted]: how often a draft reached
+            position i and how often the token there was accepted.
+        k_histogram: how often each K was chosen. mean_k: its mean.
+        draft_ms / verify_ms: total drafting / verifying time (ms).
+        finish_reason: why generation ended.
+    """
+
+    n_prompt: int = 0
+    n_prefill_evaluated: int = 0
+    prefill_ms: float = 0.0
+    draft_prefill_ms: float = 0.0
+    n_generated: int = 0
+    decode_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    n_target_passes: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    acceptance_rate: float = 0.0
+    mean_accepted_length: float = 0.0
+    tokens_per_pass: float = 0.0
+    acceptance_by_position: list[list[int]] = field(default_factory=list)
+    k_histogram: dict[int, int] = field(default_factory=dict)
+    mean_k: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    finish_reason: str | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
+        return d
+
+
+def summarize(records: Iterable[Record], *, decode_ms: float | None = None, finish_reason: str | None = None) -> RunStats:
+    """Aggregate records into `RunStats`.
+
+    Args:
+        decode_ms: wall time of the decode loop if the caller measured it (ms); default: the sum of the steps'
+            draft + verify time.
+        finish_reason: overrides the last step's (e.g. "interrupted").
+    """
+    prefill = None
+    steps: list[Step] = []
+    for r in records:
+        if isinstance(r, Prefill):
+            prefill = r
+        else:
+            steps.append(r)
+    n_gen = sum(len(s.emitted) for s in steps)
+    drafted = sum(len(s.drafted) for s in steps)
+    accepted = sum(s.n_accepted for s in steps)
+    spec_steps = [s for s in steps if s.drafted]
+    max_len = max((len(s.drafted) for s in steps), default=0)
+    by_pos = [[0, 0] for _ in range(max_len)]
+    for s in steps:
+        for i in range(len(s.drafted)):
+            if i > s.n_accepted:
+                break  # positions after the first rejection were never verified on their own
+            by_pos[i][0] += 1
+            by_pos[i][1] += i < s.n_accepted
+    draft_ms = sum(s.draft_ms for s in steps)
+    verify_ms = sum(s.verify_ms for s in steps)
+    loop_ms = decode_ms if decode_ms is not None else draft_ms + verify_ms
+    passes = sum(1 for s in steps if s.verify_ms > 0 or s.drafted or s.emitted)
+    khist = Counter(s.k for s in steps if s.verify_ms > 0 or s.emitted)
+    return RunStats(
+        n_prompt=prefill.n_prompt if prefill else 0,
+        n_prefill_evaluated=prefill.n_evaluated if prefill else 0,
+        prefill_ms=prefill.ms if prefill else 0.0,
+        draft_prefill_ms=prefill.draft_ms if prefill else 0.0,
+        n_generated=n_gen,
+        decode_ms=loop_ms,
+        tokens_per_s=n_gen / (loop_ms / 1e3) if loop_ms > 0 else 0.0,
+        n_target_passes=passes,
+        n_drafted=drafted,
+        n_accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_accepted_length=sum(s.n_accepted for s in spec_steps) / len(spec_steps) if spec_steps else 0.0,
+        tokens_per_pass=n_gen / passes if passes else 0.0,
+        acceptance_by_position=by_pos,
+        k_histogram=dict(khist),
+        mean_k=sum(k * c for k, c in khist.items()) / sum(khist.values()) if khist else 0.0,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        finish_reason=finish_reason or (steps[-1].finish_reason if steps else None),
+    )

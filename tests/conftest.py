@@ -1,0 +1,43 @@
+"""Shared fixtures: every test gets its own user directory; real models come from the shared model cache."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    """SPECDEC_HOME → a fresh tmp dir (config, suffix store); the model cache (SPECDEC_CACHE) stays shared."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "120")
+    yield
+
+
+def _resolve(name: str) -> Path:
+    from specdec_cli.config import load_catalog
+    from specdec_cli.resolver import resolve
+
+    return resolve(name, load_catalog())
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (98 MB) through the resolver's pypi source."""
+    return _resolve("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return _resolve("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_pair() -> tuple[Path, Path]:
+    return _resolve("qwen2.5-coder-1.5b"), _resolve("qwen2.5-coder-0.5b")

@@ -1,0 +1,136 @@
+"""A fake backend: a deterministic toy language model over a small vocabulary.
+
+Logits at position i are a pure function of the tokens held in the KV cache at positions 0..i, so batched and
+one-token evaluation agree exactly (by construction), and a KV cache that was not rolled back correctly changes
+the logits, which the engine tests then see as a different output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+from specdec_cli.backend import VocabInfo
+from specdec_cli.errors import ContextOverflowError
+
+V = 32
+EOS = 1
+
+
+def word(token: int) -> bytes:
+    """Token i renders as a short word; a few tokens render as multi-byte UTF-8 split over two tokens."""
+    if token == EOS:
+        return b""
+    if token == 30:
+        return "é".encode()[:1]  # first byte of a 2-byte character
+    if token == 31:
+        return "é".encode()[1:]
+    return f"w{token} ".encode()
+
+
+def hashed_logits(prefix: Sequence[int], vocab: int = V, seed: int = 0, peak: float = 4.0) -> np.ndarray:
+    """float32 [vocab] logits from a hash of the whole prefix, with one clear favourite (margin ~peak)."""
+    h = hashlib.blake2b(np.asarray(prefix, np.int32).tobytes() + seed.to_bytes(4, "little"), digest_size=8)
+    rng = np.random.default_rng(int.from_bytes(h.digest(), "little"))
+    logits = rng.normal(size=vocab).astype(np.float32)
+    logits[EOS] -= 3.0  # end rarely
+    logits[int(rng.integers(2, vocab))] += peak
+    return logits
+
+
+def bigram_logits(prefix: Sequence[int], vocab: int = V, table: np.ndarray | None = None) -> np.ndarray:
+    """float32 [vocab]: depends on the last token only (a cyclic pattern), handy for literal expectations."""
+    last = int(prefix[-1]) if len(prefix) else 0
+    logits = np.zeros(vocab, np.float32)
+    logits[(last % (vocab - 4)) + 2] = 5.0
+    return logits
+
+
+class FakeBackend:
+    """Implements `specdec_cli.backend.Backend` with `fn(prefix) -> logits`.
+
+    Counts evaluated tokens and decode calls; records every truncate.
+    """
+
+    def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
+                 n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS) -> None:
+        self.fn = fn
+        self.path = path
+        self._n_ctx = n_ctx
+        self._n_batch = n_batch
+        self._vocab = vocab
+        self._eos = eos
+        self._tokens: list[int] = []
+        self.n_evaluated = 0
+        self.n_decode_calls = 0
+        self.truncations: list[int] = []
+        self.max_logit_rows = 0
+
+    n_vocab = property(lambda self: self._vocab)
+    n_ctx = property(lambda self: self._n_ctx)
+    n_batch = property(lambda self: self._n_batch)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return np.asarray(self._tokens, dtype=np.int32)
+
+    def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
+        toks = [int(t) for t in tokens]
+        if len(self._tokens) + len(toks) > self._n_ctx:
+            raise ContextOverflowError("fake context full")
+        start = len(self._tokens)
+        self._tokens.extend(toks)
+        self.n_evaluated += len(toks)
+        self.n_decode_calls += 1
+        self.max_logit_rows = max(self.max_logit_rows, n_logits)
+        rows = [self.fn(self._tokens[: start + i + 1]) for i in range(len(toks) - n_logits, len(toks))]
+        out = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self._vocab), np.float32)
+        out.flags.writeable = False
+        return out
+
+    def truncate(self, n: int) -> None:
+        self.truncations.append(n)
+        del self._tokens[n:]
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        # "w5 w7" -> [5, 7]; anything else: one token per character, folded into the vocabulary
+        out = []
+        for part in text.split():
+            if part.startswith("w") and part[1:].isdigit():
+                out.append(int(part[1:]) % self._vocab)
+            else:
+                out.extend(2 + (ord(c) % (self._vocab - 4)) for c in part)
+        return out
+
+    def piece(self, token: int) -> bytes:
+        return word(int(token))
+
+    def is_eog(self, token: int) -> bool:
+        return int(token) == self._eos
+
+    def token_text(self, token: int) -> str:
+        return word(int(token)).decode("utf-8", "replace")
+
+    def vocab_info(self) -> VocabInfo:
+        return VocabInfo(vocab_type=2, n_vocab=self._vocab, bos=-1, eos=self._eos, fingerprint=f"fake-{self._vocab}")
+
+    def format_chat(self, messages, *, add_generation_prompt: bool = True) -> str:
+        return " ".join(m["content"] for m in messages)
+
+    def close(self) -> None:
+        pass
+
+
+def greedy_reference(fn, prompt: Sequence[int], max_tokens: int, eos: int = EOS) -> list[int]:
+    """Plain greedy decoding by definition, without any engine: argmax of fn(prefix), one token at a time."""
+    ctx = list(prompt)
+    out = []
+    for _ in range(max_tokens):
+        tok = int(np.argmax(fn(ctx)))
+        if tok == eos:
+            break
+        out.append(tok)
+        ctx.append(tok)
+    return out

@@ -1,0 +1,249 @@
+"""The speculative engine on the fake backend, where greedy equivalence with plain decoding is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits
+from specdec_cli.drafters.base import Draft
+from specdec_cli.drafters.model import ModelDrafter
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.errors import ContextOverflowError, UsageError
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Prefill, Step
+from specdec_cli.stats import summarize
+
+PROMPT = [5, 9, 3, 17, 4, 22, 8]
+
+
+class FixedK:
+    def __init__(self, k):
+        self.k = k
+
+    def next_k(self):
+        return self.k
+
+    def observe(self, step):
+        pass
+
+
+def run(engine, prompt=PROMPT, **cfg):
+    records = list(engine.generate(prompt, GenerationConfig(**cfg)))
+    steps = [r for r in records if isinstance(r, Step)]
+    return records, steps, [t for s in steps for t in s.emitted]
+
+
+def noisy(fn, seed=1, flip_every=3):
+    """A draft model that agrees with `fn` except at some prefixes (a deterministic 'worse' model)."""
+
+    def draft_fn(prefix):
+        logits = np.array(fn(prefix))
+        if (sum(prefix) * 7 + len(prefix) * seed) % flip_every == 0:
+            logits[int(np.argmax(logits))] -= 100.0
+        return logits
+
+    return draft_fn
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+@pytest.mark.parametrize("flip_every", [2, 3, 5])
+def test_greedy_speculative_output_equals_plain_decoding(k, flip_every):
+    reference = greedy_reference(hashed_logits, PROMPT, 40)
+    target = FakeBackend(hashed_logits)
+    drafter = ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=flip_every)))
+    _, steps, tokens = run(SpeculativeEngine(target, drafter, FixedK(k)), max_tokens=40)
+    assert tokens == reference
+    # The draft disagreed sometimes, so this really exercised rejection and rollback.
+    assert any(s.n_accepted < len(s.drafted) for s in steps)
+    assert any(s.n_accepted == len(s.drafted) > 0 for s in steps)
+
+
+def test_plain_decoding_through_engine_equals_reference():
+    target = FakeBackend(hashed_logits)
+    _, steps, tokens = run(SpeculativeEngine(target, None), max_tokens=30)
+    assert tokens == greedy_reference(hashed_logits, PROMPT, 30)
+    assert all(s.k == 0 and s.drafted == () for s in steps)
+    assert len(steps) == len(tokens)  # one target pass per token
+
+
+def test_draft_equal_to_target_accepts_every_draft_token():
+    target = FakeBackend(hashed_logits)
+    drafter = ModelDrafter(FakeBackend(hashed_logits))
+    records, steps, tokens = run(SpeculativeEngine(target, drafter, FixedK(5)), max_tokens=41)
+    assert tokens == greedy_reference(hashed_logits, PROMPT, 41)
+    for s in steps[:-1]:
+        assert s.n_accepted == len(s.drafted) == 5
+        assert s.segments[-1][0] == TARGET  # the bonus token
+    stats = summarize(records)
+    assert stats.acceptance_rate == 1.0
+    # 41 tokens = 6 per pass (5 accepted + 1 bonus): 7 passes, the last one cut by max_tokens
+    assert stats.n_target_passes == 7
+
+
+def test_target_cache_holds_exactly_the_committed_tokens_after_every_step():
+    target = FakeBackend(hashed_logits)
+    drafter = ModelDrafter(FakeBackend(noisy(hashed_logits)))
+    engine = SpeculativeEngine(target, drafter, FixedK(4))
+    committed = list(PROMPT)
+    for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=30)):
+        if isinstance(rec, Prefill):
+            assert list(target.tokens) == PROMPT[:-1]
+            continue
+        committed += rec.emitted
+        if rec.finish_reason is None:
+            # all but the newest committed token are in the cache; nothing rejected remains
+            assert list(target.tokens) == committed[:-1]
+
+
+def test_rollback_truncates_to_context_plus_accepted():
+    target = FakeBackend(hashed_logits)
+    drafter = ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=2)))
+    engine = SpeculativeEngine(target, drafter, FixedK(4))
+    n = len(PROMPT)
+    for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=25)):
+        if isinstance(rec, Step):
+            # after verifying [last, d1..dk] the cache was cut to n + n_accepted tokens
+            assert target.truncations[-1] == n + rec.n_accepted or rec.n_accepted == len(rec.drafted)
+            n += len(rec.emitted)
+
+
+def test_draft_model_catches_up_when_all_drafts_are_accepted():
+    # draft = target: after an all-accepted step the draft model has not evaluated d_K; it must catch up.
+    draft_backend = FakeBackend(hashed_logits)
+    engine = SpeculativeEngine(FakeBackend(hashed_logits), ModelDrafter(draft_backend), FixedK(3))
+    committed = list(PROMPT)
+    for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=20)):
+        if isinstance(rec, Step):
+            committed += rec.emitted
+    # The draft's cache is a prefix of the committed context (never holds a token that was not committed).
+    held = list(draft_backend.tokens)
+    assert committed[: len(held)] == held or held[: len(committed)] == committed[: len(held)]
+
+
+def test_eog_ends_generation_and_is_not_emitted():
+    def fn(prefix):
+        logits = np.zeros(32, np.float32)
+        logits[EOS if len(prefix) >= len(PROMPT) + 5 else 7] = 9.0
+        return logits
+
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(fn), ModelDrafter(FakeBackend(fn)), FixedK(3)), max_tokens=50)
+    assert tokens == [7] * 5
+    assert steps[-1].finish_reason == "eog"
+    assert EOS not in tokens
+
+
+def test_max_tokens_is_exact_even_mid_draft():
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend()), FixedK(6)), max_tokens=10)
+    assert len(tokens) == 10
+    assert steps[-1].finish_reason == "length"
+
+
+def test_stop_string_cuts_output_and_nothing_after_it_is_emitted():
+    reference = greedy_reference(hashed_logits, PROMPT, 30)
+    words = [f"w{t} " for t in reference]
+    stop = words[6] + words[7].strip()  # spans two tokens
+    expected_text = "".join(words[:6])
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits))), FixedK(4)),
+                           max_tokens=30, stop=(stop,))
+    text = "".join(s.text for s in steps)
+    assert text == expected_text
+    assert steps[-1].finish_reason == "stop"
+    assert tokens == reference[:8]  # the tokens that completed the stop string, and none after
+
+
+def test_rejected_drafts_are_shown_between_accepted_and_correction():
+    _, steps, _ = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=2))),
+                                        FixedK(4)), max_tokens=30)
+    rejected = [s for s in steps if s.n_accepted < len(s.drafted) and s.finish_reason is None]
+    assert rejected
+    for s in rejected:
+        kinds = [k for k, t in s.segments if t]
+        assert kinds.index(REJECTED) == s.n_accepted or kinds.count(ACCEPTED) < s.n_accepted
+        assert kinds[-1] == TARGET
+        assert REJECTED not in s.text
+
+
+def test_closing_the_generator_mid_stream_leaves_only_committed_tokens_cached():
+    target = FakeBackend(hashed_logits)
+    engine = SpeculativeEngine(target, ModelDrafter(FakeBackend(noisy(hashed_logits))), FixedK(4))
+    gen = engine.generate(PROMPT, GenerationConfig(max_tokens=50))
+    committed = list(PROMPT)
+    for rec in gen:
+        if isinstance(rec, Step):
+            committed += rec.emitted
+            if rec.index == 3:
+                break
+    gen.close()
+    assert list(target.tokens) == committed[: len(target.tokens)]
+    assert len(target.tokens) == len(committed) - 1
+
+
+def test_second_generation_reuses_the_cached_prefix():
+    target = FakeBackend(hashed_logits)
+    engine = SpeculativeEngine(target, None)
+    first = list(engine.generate(PROMPT, GenerationConfig(max_tokens=5)))
+    assert first[0].n_evaluated == len(PROMPT) - 1
+    longer = PROMPT + [11, 12, 13]
+    second = list(engine.generate(longer, GenerationConfig(max_tokens=5)))
+    assert second[0].n_prompt == len(longer)
+    # only the new tokens, less the last one, which is evaluated with the first step's verify batch
+    assert second[0].n_evaluated == 2
+
+
+def test_empty_prompt_and_context_overflow_are_clear_errors():
+    engine = SpeculativeEngine(FakeBackend(n_ctx=16), None)
+    with pytest.raises(UsageError):
+        list(engine.generate([], GenerationConfig()))
+    with pytest.raises(ContextOverflowError, match="20 tokens"):
+        list(engine.generate(list(range(2, 22)), GenerationConfig()))
+
+
+def test_context_fills_up_gracefully():
+    target = FakeBackend(hashed_logits, n_ctx=20)
+    _, steps, tokens = run(SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits, n_ctx=20)), FixedK(4)),
+                           max_tokens=100)
+    assert steps[-1].finish_reason == "context"
+    assert tokens == greedy_reference(hashed_logits, PROMPT, len(tokens))
+    assert len(PROMPT) + len(tokens) <= 21
+
+
+def test_logits_are_requested_only_for_verified_rows():
+    target = FakeBackend(hashed_logits)
+    run(SpeculativeEngine(target, ModelDrafter(FakeBackend()), FixedK(6)), max_tokens=20)
+    assert target.max_logit_rows == 7  # K + 1, never the whole context
+
+
+def test_drafter_proposing_fewer_tokens_is_a_plain_step():
+    class Never:
+        name = "never"
+
+        def reset(self):
+            pass
+
+        def propose(self, context, k, sampling, rng):
+            return Draft()
+
+        def finish(self, prompt, output):
+            pass
+
+        def close(self):
+            pass
+
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(), Never(), FixedK(4)), max_tokens=10)
+    assert tokens == greedy_reference(hashed_logits, PROMPT, 10)
+    assert all(s.drafted == () and s.batch_size == 1 for s in steps)
+
+
+def test_ngram_drafter_on_a_repetitive_target_accepts_long_drafts():
+    # The bigram model cycles through a pattern; after one cycle, prompt lookup predicts it exactly.
+    prompt = [2, 3, 4]
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(bigram_logits), NgramDrafter(1, 3), FixedK(8)), prompt,
+                           max_tokens=80)
+    assert tokens == greedy_reference(bigram_logits, prompt, 80)
+    pos, late = 0, []
+    for s in steps:
+        if pos > 28 and s.drafted:  # after two cycles of the 14-token pattern
+            late.append(s)
+        pos += len(s.emitted)
+    assert len(late) >= 4 and all(s.n_accepted == len(s.drafted) == 8 for s in late[:-1])
