@@ -110,7 +110,7 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
     if title:
         table.add_row("", Text(title, style="bold"))
     pre_rate = stats.n_prefill_evaluated / (stats.prefill_ms / 1e3) if stats.prefill_ms > 0 else 0.0
-    reused = stats.n_prompt - stats.n_prefill_evaluated
+    reused = max(0, stats.n_prompt - 1 - stats.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
     table.add_row("prompt", f"{stats.n_prompt} tokens, prefill {_ms(stats.prefill_ms)}"
                   + (f" ({pre_rate:.0f} tok/s)" if pre_rate else "")
                   + (f", {reused} reused from cache" if reused else ""))
