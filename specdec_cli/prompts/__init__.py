@@ -1,0 +1,53 @@
+"""Built-in prompt set for `specdec tune` and `specdec bench`, and loading prompt files and directories.
+
+Classes (the directory names): `edit` (copy-heavy code editing), `explain` (code explanation quoting its input),
+`summarize`, `write` (free writing). Sources and licences: LICENSES.md beside this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from specdec_cli.errors import UsageError
+from specdec_cli.prompts_io import read_prompt
+
+CLASSES = ("edit", "explain", "summarize", "write")
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    """One prompt: `name` (file stem), `kind` (class: edit/explain/summarize/write or the parent directory), text."""
+
+    name: str
+    kind: str
+    text: str
+
+
+def builtin(kinds: tuple[str, ...] = CLASSES) -> list[PromptCase]:
+    """The packaged prompts of the given classes, sorted by class then name."""
+    root = resources.files(__name__)
+    out = []
+    for kind in kinds:
+        if kind not in CLASSES:
+            raise UsageError(f"Unknown prompt class {kind!r}.", f"Use one of: {', '.join(CLASSES)}.")
+        for entry in sorted(root.joinpath(kind).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".txt"):
+                out.append(PromptCase(entry.name[:-4], kind, entry.read_text(encoding="utf-8")))
+    return out
+
+
+def from_paths(paths: list[Path]) -> list[PromptCase]:
+    """Prompt files, and the *.txt / *.md files of directories (recursively); the class is the parent directory."""
+    out = []
+    for p in paths:
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md") and f.is_file())
+            if not files:
+                raise UsageError(f"No .txt or .md prompt files in {p}.", "Add some, or name files directly.")
+        else:
+            files = [p]
+        for f in files:
+            out.append(PromptCase(f.stem, f.parent.name or "prompt", read_prompt(str(f))))
+    return out
