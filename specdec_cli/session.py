@@ -122,6 +122,34 @@ class Session:
             return FixedK(saved_k) if saved_k is not None else AdaptiveK(k_max=spec.k_max)
         return FixedK(k)
 
+    # -- models -------------------------------------------------------------------------------------------------
+    def load_draft(self, name: str | None = None, *, console=None) -> None:
+        """Resolve and load a draft model later (e.g. `/method draft` in chat): `name`, else `--draft`, else the
+        catalog's default draft. Raises ModelError, IncompatiblePairError, ConfigError; the session is then unchanged.
+        """
+        from specdec_cli.config import load_catalog
+        from specdec_cli.resolver import resolve
+
+        catalog = load_catalog()
+        self.attach_draft(resolve(name or self.options.draft or catalog.default_draft, catalog, console=console),
+                          console=console)
+
+    def attach_draft(self, path: Path, *, console=None) -> None:
+        """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
+        from specdec_cli.llama import LlamaBackend
+        from specdec_cli.vocab import check_compatible
+
+        o = self.options
+        with _status(console, f"Loading {path.name}"):
+            draft = LlamaBackend(path, n_ctx=o.ctx, n_batch=o.n_batch, n_threads=o.threads,
+                                 n_gpu_layers=o.gpu_layers, verbose=o.verbose)
+        try:
+            check_compatible(self.target, draft)
+        except BaseException:
+            draft.close()
+            raise
+        self.draft, self.draft_path = draft, path
+
     def close(self) -> None:
         if self.draft is not None:
             self.draft.close()
@@ -142,7 +170,6 @@ def open_session(options: ModelOptions, *, need_draft: bool, console=None) -> Se
     from specdec_cli.config import load_catalog
     from specdec_cli.llama import LlamaBackend
     from specdec_cli.resolver import resolve
-    from specdec_cli.vocab import check_compatible
 
     catalog = load_catalog()
     target_path = resolve(options.target or catalog.default_target, catalog, console=console)
@@ -153,12 +180,7 @@ def open_session(options: ModelOptions, *, need_draft: bool, console=None) -> Se
     session = Session(target=target, target_path=target_path, options=options)
     if draft_path is not None:
         try:
-            with _status(console, f"Loading {draft_path.name}"):
-                session.draft = LlamaBackend(draft_path, n_ctx=options.ctx, n_batch=options.n_batch,
-                                             n_threads=options.threads, n_gpu_layers=options.gpu_layers,
-                                             verbose=options.verbose)
-            session.draft_path = draft_path
-            check_compatible(session.target, session.draft)
+            session.attach_draft(draft_path, console=console)
         except BaseException:
             session.close()
             raise
