@@ -1,0 +1,186 @@
+"""`specdec cache stats | clear | export`: the suffix drafter's stores of past outputs.
+
+One store per tokenizer lives in `data_dir()/suffix/<fingerprint[:16]>.npz` (format: `specdec_cli.suffix_store`).
+Tables go to stdout, notes to stderr; errors are SpecdecError subclasses left to propagate to `main()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specdec_cli.errors import UsageError
+
+
+def _help(*paragraphs: str, examples: list[str]) -> str:
+    """Help text: one line per paragraph (Typer rewraps them), then examples."""
+    return "\n\n".join([*paragraphs, "Examples:", *(f"  {e}" for e in examples)])
+
+
+cache_app = typer.Typer(
+    help=_help(
+        "Inspect, export or delete the suffix drafter's stores of past outputs (one per tokenizer).",
+        "--method suffix learns from every generation: outputs are kept in $SPECDEC_HOME/data/suffix "
+        "(else ~/.local/share/specdec/suffix), at most 2M tokens per tokenizer, oldest dropped first.",
+        examples=["specdec cache stats", "specdec cache export outputs.jsonl", "specdec cache clear --yes"],
+    ),
+    no_args_is_help=True,
+)
+
+
+def suffix_dir() -> Path:
+    from specdec_cli.config import data_dir
+
+    return data_dir() / "suffix"
+
+
+def _stores(d: Path) -> list[Path]:
+    from specdec_cli.suffix_store import SUFFIX
+
+    return sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def _out() -> Console:
+    return Console(highlight=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@cache_app.command(
+    "stats",
+    help=_help(
+        "Show each suffix store: its file, tokenizer fingerprint, documents, tokens, size on disk and last change.",
+        "Only each file's header is read, so this is instant even for large stores.",
+        examples=["specdec cache stats", "SPECDEC_HOME=/tmp/specdec specdec cache stats"],
+    ),
+)
+def stats() -> None:
+    from specdec_cli.suffix_store import CorruptStore, read_info
+
+    d = suffix_dir()
+    paths = _stores(d)
+    if not paths:
+        _err().print(Text(f"No suffix stores in {d} yet: run with --method suffix to start one."))
+        return
+    out = _out()
+    for p in paths:  # one small table per store: it fits 80 columns with the full path and fingerprint
+        table = Table(title=p.name, title_justify="left", show_header=False)
+        table.add_column("field", style="dim", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        table.add_row("path", Text(str(p)))
+        try:
+            info = read_info(p)
+        except (CorruptStore, OSError) as e:
+            table.add_row("status", Text(f"unusable: {e}; set aside on its next use", style="red"))
+        else:
+            table.add_row("tokenizer", Text(info.fingerprint))
+            table.add_row("documents", f"{info.n_docs:,}")
+            table.add_row("tokens", f"{info.n_tokens:,}")
+            table.add_row("size on disk", _human(info.size_bytes))
+            table.add_row("last modified", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.modified)))
+        out.print(table)
+    aside = sorted(d.glob("*.corrupt-*"))
+    if aside:
+        _err().print(Text(f"{len(aside)} unusable store(s) set aside ({', '.join(a.name for a in aside)}); "
+                          f"`specdec cache clear` deletes them."))  # fmt: skip
+
+
+@cache_app.command(
+    "clear",
+    help=_help(
+        "Delete every suffix store (and stores set aside as corrupt). The suffix drafter then starts from scratch.",
+        "Asks for confirmation unless --yes is given.",
+        examples=["specdec cache clear", "specdec cache clear --yes"],
+    ),
+)
+def clear(
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    from specdec_cli.suffix_store import SuffixStore
+
+    d = suffix_dir()
+    paths = _stores(d)
+    aside = sorted(d.glob("*.corrupt-*")) if d.is_dir() else []
+    if not paths and not aside:
+        _err().print(Text(f"Nothing to clear in {d}."))
+        return
+    if not yes:
+        typer.confirm(f"Delete {len(paths) + len(aside)} suffix store file(s) in {d}?", abort=True, err=True)
+    try:
+        for p in paths:
+            SuffixStore(p).clear()  # under the store's lock, so a concurrent save is not torn
+        for p in aside:
+            p.unlink(missing_ok=True)
+    except OSError as e:
+        raise UsageError(f"Cannot delete the suffix stores in {d}: {e.strerror or e}.",
+                         f"Check the permissions of {d}, or delete it by hand.") from None  # fmt: skip
+    _err().print(Text(f"Deleted {len(paths) + len(aside)} file(s) in {d}."))
+
+
+@cache_app.command(
+    "export",
+    help=_help(
+        "Write every document of the suffix stores as JSON lines: "
+        '{"tokenizer": <fingerprint>, "doc": <index, 0 = oldest>, "added": <Unix time>, "tokens": <list of ids>}.',
+        "Token ids only (the stores do not know the model, so they cannot detokenize). PATH - writes to stdout.",
+        examples=["specdec cache export outputs.jsonl", "specdec cache export - | head -n 3"],
+    ),
+)
+def export(
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.jsonl), or - for stdout.")],
+    tokenizer: Annotated[
+        Optional[str], typer.Option("--tokenizer", help="Only the store whose fingerprint starts with this.")
+    ] = None,
+) -> None:
+    from specdec_cli.suffix_store import CorruptStore, read_info, read_store
+
+    d = suffix_dir()
+    paths = [p for p in _stores(d) if tokenizer is None or p.name.startswith(tokenizer[:16])]
+    to_stdout = str(path) == "-"
+    try:
+        f = sys.stdout if to_stdout else open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"Cannot write {path}: {e.strerror or e}.", "Choose a path in a writable directory.") from None
+    n_docs = 0
+    try:
+        for p in paths:
+            try:
+                fingerprint = read_info(p).fingerprint
+                corpus, _ = read_store(p)
+            except (CorruptStore, OSError) as e:
+                _err().print(Text(f"skipped {p.name}: {e}", style="yellow"))
+                continue
+            for i, doc in enumerate(corpus.documents()):
+                row = {"tokenizer": fingerprint, "doc": i, "added": float(corpus.added[i]), "tokens": doc.tolist()}
+                f.write(json.dumps(row) + "\n")
+                n_docs += 1
+    except BrokenPipeError:  # `specdec cache export - | head`: the reader is gone, which is fine
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain
+        return
+    except OSError as e:
+        raise UsageError(f"Cannot write {path}: {e.strerror or e}.", "Check the free space and permissions.") from None
+    finally:
+        if not to_stdout:
+            f.close()
+    where = "stdout" if to_stdout else path
+    _err().print(Text(f"Exported {n_docs} document(s) from {len(paths)} store(s) to {where}."))
