@@ -127,6 +127,8 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
             ks = "  ".join(f"K={k}:{n}" for k, n in sorted(stats.k_histogram.items()))
             table.add_row("K chosen", f"mean {stats.mean_k:.1f}  ({ks})")
         for i, (proposed, accepted) in enumerate(stats.acceptance_by_position[:16]):
+            if not proposed:
+                break
             frac = accepted / proposed if proposed else 0.0
             table.add_row(f"position {i + 1}" if i == 0 else f"{i + 1}",
                           f"{_bar(frac)} {frac:6.1%}  ({accepted}/{proposed})")
