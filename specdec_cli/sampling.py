@@ -1,18 +1,39 @@
 """Sampling and verification math: pure numpy, no model.
 
+Processing (`process`) turns one row of target logits into the distribution the target would sample from, in
+llama.cpp's common-sampler order (`common_params_sampling::samplers` in `common/common.h`: penalties, dry,
+top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, then dist). specdec implements the subset
+top-k → top-p → min-p → temperature, with llama.cpp's semantics:
+
+- top-k keeps the k largest logits (k <= 0 or k >= V: off);
+- top-p softmaxes the survivors at temperature 1 and keeps the smallest prefix (by logit, descending) whose
+  cumulative probability reaches top_p, the crossing token included (top_p >= 1: off);
+- min-p keeps tokens with logit >= max logit + log(min_p), i.e. p >= min_p × p_max (min_p <= 0: off);
+- temperature divides the surviving logits, then softmax; temperature <= 0 is greedy (one-hot on the argmax).
+
+Truncation happens at temperature 1 and temperature only reshapes the survivors, as in llama.cpp.
+
 Greedy verification (temperature 0): accept the longest prefix of the draft on which the target's argmax agrees,
 then take the target's own token at the first disagreement (the correction) or after the last draft token (the
 bonus token). The output is the target's greedy decode by construction.
 
-Stochastic verification (temperature > 0) is rejection sampling (Leviathan, Kalman, Matias 2023, Algorithm 1;
-Chen et al. 2023): see `verify_stochastic`.
+Stochastic verification (temperature > 0) is rejection sampling (Leviathan, Kalman, Matias 2023, "Fast Inference
+from Transformers via Speculative Decoding", Algorithm 1; Chen et al. 2023, "Accelerating Large Language Model
+Decoding with Speculative Sampling"): accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first
+rejection emit a token from norm(max(0, p_i − q_i)). Every emitted token is then distributed exactly as the
+target's processed distribution p_i, whatever the drafter: see `verify_stochastic`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from specdec_cli.drafters.base import Draft
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +76,232 @@ class Dist:
 
     def prob_of(self, token: int) -> float:
         """Probability of `token` (0.0 when it is not a candidate)."""
-        hit = np.flatnonzero(self.ids == token)
+        hit = (self.ids == token).nonzero()[0]
         return float(self.probs[hit[0]]) if len(hit) else 0.0
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """The random stream of one generation: PCG64 seeded with `seed` (None = fresh OS entropy)."""
+    return np.random.Generator(np.random.PCG64(seed))
+
+
+# With top-k off, top-p is searched among this many best tokens first (then 16× more, then all), so a 152k
+# vocabulary is sorted only when the nucleus really is that wide.
+_TOP_P_POOL = 1024
+
+
+def process(logits: np.ndarray, params: SamplingParams) -> Dist:
+    """The target's processed distribution for one position: top-k → top-p → min-p → temperature.
+
+    Never sorts the whole vocabulary unless the surviving set needs it: top-k is a partition (`_top_ids`), and
+    the sort, cumulative sum and softmax run on the k candidates only, in float64. With top-k off, min-p and a
+    growing partition bound the set that top-p has to sort (`_untruncated`).
+
+    Args:
+        logits: float32 [V] one row of target logits. May be a read-only view into llama.cpp's buffer: it is
+            never written to. Must be finite (-inf is allowed for masked tokens as long as one token is finite).
+        params: the sampling parameters; temperature <= 0 gives a one-hot Dist on the argmax.
+
+    Returns:
+        A `Dist` with int32 ids and float64 probs summing to 1. Ids are sorted by descending logit, except with
+        top-k and top-p both off (then ascending ids). At least the most likely token always survives.
+
+    Raises:
+        ValueError: `logits` is not a non-empty 1-D array.
+    """
+    if logits.ndim != 1 or logits.shape[0] == 0:
+        raise ValueError(f"process() takes one row of logits, shape [V]; got shape {logits.shape}")
+    if params.greedy:
+        return Dist(np.array([np.argmax(logits)], dtype=np.int32), np.ones(1))
+    vocab = logits.shape[0]
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k < vocab:
+        # top-k: the k largest, sorted by descending logit; nothing else is sorted
+        ids, lk = _sorted_desc(logits, _top_ids(logits, k))  # ids: [k], lk: [k] float64
+        # top-p: softmax over the k survivors at temperature 1, keep the prefix that reaches top_p
+        e = np.exp(lk - lk[0])  # e: [k]
+        n = _top_p_cut(np.cumsum(e) / e.sum(), params.top_p)
+        # min-p: a threshold relative to the max logit, which every stage keeps
+        if params.min_p > 0.0:
+            n = min(n, int(np.count_nonzero(lk[:n] >= lk[0] + math.log(min(params.min_p, 1.0)))))
+        ids, lk = ids[:n], lk[:n]
+    else:
+        ids, lk = _untruncated(logits, params.top_p, params.min_p)
+    # temperature, then a stable softmax: probs [n]
+    probs = np.exp((lk - lk.max()) / params.temperature)
+    probs /= probs.sum()
+    return Dist(ids.astype(np.int32, copy=False), probs)
+
+
+def _top_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest of `logits` [n], in no particular order: [k] (all n when k >= n).
+
+    On a large row, a strided sample gives a threshold first: the k-th largest of any subset is <= the k-th
+    largest of the whole row, so every top-k token is >= it. The full partition then runs on ~16·k candidates
+    instead of n (about 4× faster at n = 152k, k = 40; exact whatever the row holds).
+    """
+    n = logits.shape[0]
+    if k >= n:
+        return np.arange(n)
+    if n >= 64 * k:
+        sub = logits[::16]  # sub: [n/16]
+        threshold = np.partition(sub, len(sub) - k)[len(sub) - k]
+        cand = np.flatnonzero(logits >= threshold)  # cand: [>= k], holds the whole top k
+        return cand[np.argpartition(logits[cand], len(cand) - k)[len(cand) - k :]]
+    return np.argpartition(logits, n - k)[n - k :]
+
+
+def _sorted_desc(logits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`ids` [n] sorted by descending logit, with their logits as float64 [n]."""
+    lk = logits[ids].astype(np.float64)
+    order = np.argsort(-lk)
+    return ids[order], lk[order]
+
+
+def _top_p_cut(cum: np.ndarray, top_p: float) -> int:
+    """Length of the top-p prefix: the first index where the non-decreasing `cum` [n] reaches top_p, plus one."""
+    if top_p >= 1.0:
+        return len(cum)
+    return min(int(np.searchsorted(cum, top_p, side="left")) + 1, len(cum))
+
+
+def _untruncated(logits: np.ndarray, top_p: float, min_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """top-p then min-p over the whole vocabulary (top-k off), without a full sort in the usual cases.
+
+    Both stages keep a prefix of the tokens sorted by logit, and min-p depends only on the max logit, so the
+    min-p survivors bound the candidates top-p must sort. Top-p still normalises over all V tokens (one
+    vectorised float32 exp). Returns (ids int64 [n], logits float64 [n]).
+    """
+    vocab = logits.shape[0]
+    top = float(logits.max())
+    pool = None  # pool: [m] ids of the min-p survivors (None: all V)
+    if min_p > 0.0:
+        # min-p: a threshold relative to the max logit, no sort needed. Compare in float32 against the threshold
+        # rounded down, then exactly in float64 on the few survivors (as the top-k path does).
+        threshold = top + math.log(min(min_p, 1.0))
+        pool = (logits >= np.nextafter(np.float32(threshold), np.float32(-np.inf))).nonzero()[0]
+        pool = pool[logits[pool].astype(np.float64) >= threshold]
+    if top_p >= 1.0:
+        if pool is None:
+            return np.arange(vocab), logits.astype(np.float64)
+        return pool, logits[pool].astype(np.float64)
+    e = logits - np.float32(top)  # e: [V] float32, a new array: exp(l - max) in place below
+    z_all = float(np.exp(e, out=e).sum(dtype=np.float64))  # top-p's normaliser over all V
+    pool_logits = logits if pool is None else logits[pool]  # pool_logits: [m]
+    m = pool_logits.shape[0]
+    c = min(m, _TOP_P_POOL)
+    while True:
+        # the c best of the pool, sorted: [c]
+        best, lc = _sorted_desc(pool_logits, _top_ids(pool_logits, c))
+        cum = np.cumsum(np.exp(lc - top)) / z_all  # cum: [c]
+        if c == m or cum[-1] >= top_p:
+            n = _top_p_cut(cum, top_p)
+            return (best[:n] if pool is None else pool[best[:n]]), lc[:n]
+        c = min(m, 16 * c)
+
+
+def sample(dist: Dist, rng: np.random.Generator) -> int:
+    """Draw one token id from `dist` (one uniform from `rng`)."""
+    return _draw(dist.ids, dist.probs.cumsum(), rng)
+
+
+def _draw(ids: np.ndarray, cum: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one of `ids` [n] by inverse CDF, given the cumulative weights `cum` [n] (non-decreasing, cum[-1] > 0)."""
+    # array methods, not np.* wrappers: this runs once per step on small arrays
+    i = int(cum.searchsorted(rng.random() * cum[-1], side="right"))
+    if i >= len(ids):  # u × total rounded up to total: take the first token that reaches the total
+        i = int(cum.searchsorted(cum[-1], side="left"))
+    return int(ids[i])
+
+
+def _acceptance(p_x: float, q_x: float) -> float:
+    """Probability of accepting a draft token x: min(1, p(x) / q(x)). q(x) = 0 means x could not have been drawn
+    from q (a drafter bug or mismatched truncation): reject it."""
+    if q_x <= 0.0:
+        return 0.0
+    return min(1.0, p_x / q_x)
+
+
+def _residual(p: Dist, q: Dist | None, token: int) -> np.ndarray:
+    """Unnormalised residual max(0, p − q) over p's candidates: float64 [n] aligned with p.ids.
+
+    q None is a deterministic drafter (q = one-hot on `token`): the residual is p with `token` removed.
+    """
+    if q is None:
+        residual = p.probs.copy()
+        residual[p.ids == token] = 0.0
+        return residual
+    # q's probability at each of p's candidates, 0 where q has none: q_at_p [n]
+    if len(p.ids) * len(q.ids) <= 65_536:  # the usual case (top-k 40): one [n, m] comparison
+        q_at_p = (p.ids[:, None] == q.ids) @ q.probs
+    else:  # binary search in q's sorted ids
+        order = q.ids.argsort()
+        at = order[np.minimum(q.ids[order].searchsorted(p.ids), len(q.ids) - 1)]  # at: [n] index into q
+        q_at_p = q.probs[at] * (q.ids[at] == p.ids)
+    residual = p.probs - q_at_p
+    return np.maximum(residual, 0.0, out=residual)
+
+
+def verify_stochastic(
+    draft_tokens: np.ndarray,
+    draft_dists: tuple[Dist, ...] | None,
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Rejection-sampling verification of one draft (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
+
+    For i = 1..k, with p_i = process(logits[i-1]): accept d_i with probability min(1, p_i(d_i) / q_i(d_i)). At
+    the first rejection, emit a correction drawn from norm(max(0, p_i − q_i)) (from p_i when that residual is all
+    zero). When all k are accepted, emit a bonus token drawn from p_{k+1}. Each emitted token is then distributed
+    exactly as the target's processed distribution at its position.
+
+    Deterministic drafters (draft_dists None) have q_i = one-hot on d_i: d_i is accepted with probability
+    p_i(d_i), and the correction is drawn from p_i with d_i removed. A model draft token with q_i(d_i) = 0 cannot
+    have been sampled from q_i, so it is rejected.
+
+    Rows are processed lazily: rows after the first rejection are never processed.
+
+    Args:
+        draft_tokens: int [k] draft tokens d_1..d_k (k may be 0).
+        draft_dists: the drafter's processed q_i for each draft token, or None for a deterministic drafter.
+        logits: float32 [k+1, V] target logits; row i predicts the token after d_i (row 0: after the last committed
+            token). Never written to.
+        params: sampling parameters with temperature > 0 (at temperature 0 every p_i is one-hot, which makes this
+            greedy verification, more slowly: use `verify`).
+        rng: the generation's random stream.
+
+    Returns:
+        (n_accepted, token): the accepted prefix length, and the correction (n_accepted < k) or bonus token.
+
+    Raises:
+        ValueError: `logits` has fewer than k+1 rows, or `draft_dists` does not have one Dist per draft token.
+    """
+    k = len(draft_tokens)
+    if logits.ndim != 2 or logits.shape[0] < k + 1:
+        raise ValueError(f"verifying {k} draft tokens needs logits of shape [{k + 1}, V]; got {logits.shape}")
+    if draft_dists is not None and len(draft_dists) != k:
+        raise ValueError(f"{k} draft tokens but {len(draft_dists)} draft distributions")
+    for i in range(k):
+        p = process(logits[i], params)  # p_i over its candidates: [n]
+        q = None if draft_dists is None else draft_dists[i]
+        token = int(draft_tokens[i])
+        a = _acceptance(p.prob_of(token), 1.0 if q is None else q.prob_of(token))
+        if a >= 1.0 or rng.random() < a:
+            continue
+        cum = _residual(p, q, token).cumsum()  # cum: [n] over p.ids
+        if not cum[-1] > 0.0:  # p <= q everywhere (p == q, or q(d_i) = 0 with p one-hot): sample p_i
+            cum = p.probs.cumsum()
+        return i, _draw(p.ids, cum, rng)
+    return k, sample(process(logits[k], params), rng)
+
+
+def verify(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
+    """Verify `draft` against target logits float32 [len(draft)+1, V]: greedy at temperature 0, else rejection
+    sampling. Returns (n_accepted, correction or bonus token). Raises ValueError on shape mismatches."""
+    if params.greedy:
+        return verify_greedy(draft.tokens, logits)
+    return verify_stochastic(draft.tokens, draft.dists, logits, params, rng)
 
 
 def verify_greedy(draft: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
