@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 import warnings
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import filelock
 import numpy as np
@@ -574,6 +575,9 @@ class SuffixStore:
         self._disk_id: str | None = None  # write_id of the file version `_corpus` was built from (None = no file)
         self._pending: list[tuple[np.ndarray, float]] = []  # added since the last save, oldest first
         self._filelock: filelock.FileLock | None = None
+        self._loader: threading.Thread | None = None  # `preload`'s thread
+        self._loaded: tuple[Corpus, str | None] | None = None  # what it read
+        self._deferred: list[str] = []  # its warnings, emitted by the thread that collects its result
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -588,27 +592,53 @@ class SuffixStore:
 
     @property
     def corpus(self) -> Corpus:
-        """The documents on disk plus those added since, loading the file on first access."""
+        """The documents on disk plus those added since, loading the file on first access (or waiting for
+        `preload`'s thread)."""
         if self._corpus is None:
-            base, self._disk_id = self._load()
+            base, self._disk_id = self._join_preload() or self._load()
             self._corpus = self._merge(base, self._pending)
         return self._corpus
 
-    def _load(self) -> tuple[Corpus, str | None]:
+    def preload(self) -> None:
+        """Start reading the file in a background thread, e.g. while the models load and the prompt is evaluated;
+        `corpus` waits for it, so drafts stay deterministic. Warnings are emitted when the result is collected.
+        Idempotent; does nothing once loaded."""
+        if self._corpus is not None or self._loader is not None:
+            return
+
+        def run() -> None:
+            self._loaded = self._load(warn=self._deferred.append)
+
+        self._loader = threading.Thread(target=run, name="specdec-suffix-load", daemon=True)
+        self._loader.start()
+
+    def _join_preload(self) -> tuple[Corpus, str | None] | None:
+        """Wait for `preload`'s thread; its result (None when there was none), its warnings emitted here."""
+        if self._loader is None:
+            return None
+        self._loader.join()
+        loaded, self._loader, self._loaded = self._loaded, None, None
+        for message in self._deferred:
+            self._warn(message)
+        self._deferred.clear()
+        return loaded
+
+    def _load(self, warn: Callable[[str], None] | None = None) -> tuple[Corpus, str | None]:
         """Read the file; set it aside when corrupt. Never raises."""
+        warn = warn or self._warn
         try:
             corpus, write_id = read_store(self.path, self.fingerprint)
             return corpus, write_id
         except FileNotFoundError:
             return Corpus.empty(), None
         except CorruptStore as e:
-            return self._set_aside(e)
+            return self._set_aside(e, warn)
         except OSError as e:
-            self._warn(f"Cannot read the suffix store {self.path}: {_reason(e)}; drafting without it this run. "
+            warn(f"Cannot read the suffix store {self.path}: {_reason(e)}; drafting without it this run. "
                        f"Fix its permissions or delete it (specdec cache clear).")  # fmt: skip
             return Corpus.empty(), ""
 
-    def _set_aside(self, err: CorruptStore) -> tuple[Corpus, str | None]:
+    def _set_aside(self, err: CorruptStore, warn: Callable[[str], None]) -> tuple[Corpus, str | None]:
         """Rename a corrupt file to <name>.corrupt-<timestamp> (under the lock, after re-checking it)."""
         try:
             with self._lock():
@@ -621,11 +651,11 @@ class SuffixStore:
                 aside = _aside_path(self.path)
                 os.replace(self.path, aside)
         except Exception as e:  # OSError, filelock.Timeout
-            self._warn(f"The suffix store {self.path} is unusable ({err}) and could not be moved aside "
+            warn(f"The suffix store {self.path} is unusable ({err}) and could not be moved aside "
                        f"({_reason(e)}); drafting without it this run. Delete it (specdec cache clear).")  # fmt: skip
             return Corpus.empty(), ""
-        self._warn(f"The suffix store {self.path} was unusable ({err}); moved it to {aside.name} "
-                   f"and started a fresh store.")  # fmt: skip
+        warn(f"The suffix store {self.path} was unusable ({err}); moved it to {aside.name} "
+             f"and started a fresh store.")  # fmt: skip
         return Corpus.empty(), None
 
     def documents(self) -> Iterator[np.ndarray]:
@@ -668,6 +698,8 @@ class SuffixStore:
         """
         if not self._pending:
             return True
+        if self._loader is not None:
+            self.corpus  # collect `preload`'s result first: one reader of the file at a time
         try:
             self._ensure_dir()
             with self._lock():
@@ -681,7 +713,7 @@ class SuffixStore:
                     except FileNotFoundError:
                         base = Corpus.empty()
                     except CorruptStore as e:
-                        base, _ = self._set_aside(e)
+                        base, _ = self._set_aside(e, self._warn)
                     merged = self._merge(base, self._pending)
                 write_id = uuid.uuid4().hex
                 self._write(merged, write_id)
@@ -696,6 +728,10 @@ class SuffixStore:
 
     def clear(self) -> None:
         """Delete the store file (under the lock) and forget everything in memory. Raises OSError on failure."""
+        if self._loader is not None:
+            self._loader.join()
+            self._loader, self._loaded = None, None
+            self._deferred.clear()
         if self.path.exists():
             with self._lock():
                 self.path.unlink(missing_ok=True)

@@ -264,12 +264,23 @@ def test_finish_learns_the_output_for_the_next_generation_and_close_saves():
     assert [d.tolist() for d in make_store().documents()] == [[40, 41, 42, 43, 44]]  # the prompt is not stored
 
 
-def test_store_is_lazy():
+def test_store_is_lazy_or_preloaded_in_the_background(monkeypatch):
     store = SuffixStore(Path("/nonexistent/dir/abababababababab.npz"), fingerprint=FP)
-    drafter = SuffixDrafter(store)
-    assert not store.loaded
+    drafter = SuffixDrafter(store, preload=False)
+    assert not store.loaded and store._loader is None  # no I/O until the first propose
     propose(drafter, [1, 2, 1])
     assert store.loaded and store.corpus.n_docs == 0
+
+    saved = store_with([1, 2, 3, 4])
+    assert saved.save()
+    store = make_store()
+    reads = []
+    real = SuffixStore._load
+    monkeypatch.setattr(SuffixStore, "_load", lambda self, warn=None: reads.append(1) or real(self, warn))
+    drafter = SuffixDrafter(store, factor=4)  # starts the read in a thread
+    drafter.prefill(arr(0, 1, 2))  # the engine's prefill hook: collects it
+    assert store.loaded and not store._loader and reads == [1]
+    assert propose(drafter, [0, 1, 2]).tokens.tolist() == [3, 4] and reads == [1]
 
 
 def test_eviction_keeps_the_store_under_max_tokens_and_drops_the_oldest():
@@ -584,3 +595,32 @@ def test_cache_help_texts_end_with_examples(runner):
         result = runner.invoke(app, args)
         assert result.exit_code == 0
         assert "Examples:" in result.stdout and "specdec cache" in result.stdout.split("Examples:")[1]
+
+
+# -- through the engine (fake backend) ----------------------------------------------------------------------------
+
+
+def test_through_the_engine_the_second_run_learns_from_the_first_and_output_stays_exact():
+    from fakes import FakeBackend, greedy_reference, hashed_logits
+    from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.records import Step
+
+    class FixedK:
+        def next_k(self):
+            return 6
+
+        def observe(self, step):
+            pass
+
+    prompt = [5, 9, 3, 17, 4, 22, 8]
+    reference = greedy_reference(hashed_logits, prompt, 40)
+    accepted = []
+    for _ in range(2):  # two runs, as two `specdec run` processes: a fresh store object each time
+        drafter = SuffixDrafter(make_store(), factor=4)
+        engine = SpeculativeEngine(FakeBackend(hashed_logits), drafter, FixedK())
+        steps = [r for r in engine.generate(prompt, GenerationConfig(max_tokens=40)) if isinstance(r, Step)]
+        drafter.close()
+        assert [t for s in steps for t in s.emitted] == reference
+        accepted.append(sum(s.n_accepted for s in steps))
+    assert accepted[1] > accepted[0] and accepted[1] >= len(reference) - 8
+    assert read_info(make_store().path).n_docs == 2

@@ -180,6 +180,7 @@ class SuffixDrafter:
         min_token_prob: stop the walk when the best child's empirical probability (count / parent count) is below.
         store_prompt: also add the prompt to the store in `finish` (default: outputs only, as in the paper).
         max_candidates: most recent earlier occurrences examined by the local lookup.
+        preload: start reading the store file in a background thread now (`SuffixStore.preload`).
 
     `propose` costs ~0.1 ms with a 300k-token store (`benchmarks/bench_suffix.py`). `Draft.score` is the
     `Continuation.confidence` of the chosen draft (0..1, first_count / (occurrences + 1)), comparable with a draft
@@ -197,6 +198,7 @@ class SuffixDrafter:
         min_token_prob: float = 0.1,
         store_prompt: bool = False,
         max_candidates: int = 512,
+        preload: bool = True,
     ) -> None:
         if not 1 <= max_depth < WINDOW:
             raise ValueError(f"max_depth must be in 1..{WINDOW - 1}, got {max_depth}")
@@ -212,11 +214,20 @@ class SuffixDrafter:
         self.local = LocalIndex(max_candidates)
         self.last: Continuation | None = None
         self._hint: tuple[object, int, int] | None = None  # (corpus, context length, global match length)
+        if store is not None and preload:
+            store.preload()  # read the file while the models load; the first propose waits for it
 
     def reset(self) -> None:
         self.local.clear()
         self.last = None
         self._hint = None
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Index the prompt (int32 [n]) and collect the store, so the engine counts both as drafter prefill time
+        instead of slowing the first step."""
+        self.local.sync(context)
+        if self.store is not None:
+            self.store.corpus
 
     def _max_len(self, k: int, match_len: int) -> int:
         return min(k, math.ceil(self.factor * match_len))
