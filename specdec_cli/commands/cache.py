@@ -80,7 +80,6 @@ def stats() -> None:
     paths = _stores(d)
     if not paths:
         _err().print(Text(f"No suffix stores in {d} yet: run with --method suffix to start one."))
-        return
     out = _out()
     for p in paths:  # one small table per store: it fits 80 columns with the full path and fingerprint
         table = Table(title=p.name, title_justify="left", show_header=False)

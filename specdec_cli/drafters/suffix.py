@@ -12,8 +12,8 @@ find the longest suffix of the context (at most `max_depth` tokens) that occurs 
 most frequent continuation: take the child with the largest count while count / parent count >= `min_token_prob`,
 for at most min(k, ceil(factor × match length)) tokens. The draft with the higher score (expected accepted tokens:
 the sum of the path probabilities) wins; ties go to the longer match, then to the local one. Drafts are
-deterministic (`dists=None`: verification treats q as one-hot) and cost ~0.1 ms per step (see
-`benchmarks/bench_suffix.py`).
+deterministic (`dists=None`: verification treats q as one-hot) and cost ~0.2 ms per step with a 300k-token
+store (median; `benchmarks/bench_suffix.py`).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class SuffixDrafter:
         max_candidates: most recent earlier occurrences examined by the local lookup.
         preload: start reading the store file in a background thread now (`SuffixStore.preload`).
 
-    `propose` costs ~0.1 ms with a 300k-token store (`benchmarks/bench_suffix.py`). `Draft.score` is the
+    `propose` costs ~0.2 ms with a 300k-token store (`benchmarks/bench_suffix.py`). `Draft.score` is the
     `Continuation.confidence` of the chosen draft (0..1, first_count / (occurrences + 1)), comparable with a draft
     model's first-token probability. `last` holds the chosen `Continuation` of the latest propose (for stats).
     """
