@@ -21,8 +21,9 @@ class ModelDrafter:
 
     Args:
         backend: the draft model (vocabulary already checked against the target's).
-        min_prob: cut the draft short when the drafted token's probability under the draft model falls below this
-            (0 = never). A cheap confidence signal: low-probability drafts are rarely accepted.
+        min_prob: cut the draft short when the draft model's top probability at the next position falls below this
+            (0 = never). A cheap confidence signal: low-confidence positions are rarely accepted. The decision is made
+            before sampling, so every proposed token is an exact draw from the q_i that is returned.
     """
 
     name = "draft"
@@ -52,21 +53,21 @@ class ModelDrafter:
         dists: list[Dist] = []
         score = 1.0
         for i in range(k):
+            # Cut-off on the distribution's confidence (its top probability), decided BEFORE sampling: a rule that
+            # looked at the sampled token would keep tokens from a truncated q, not the q we report (not lossless).
             if sampling.greedy:
+                p_top = _top_prob(logits) if self.min_prob > 0.0 else 1.0
+                if i > 0 and p_top < self.min_prob:
+                    break
                 tok = int(np.argmax(logits))
-                if self.min_prob > 0.0:
-                    p = _top_prob(logits)
-                    if p < self.min_prob and i > 0:
-                        break
-                    score *= p
+                score *= p_top
             else:
                 q = process(logits, sampling)  # q_i over its candidates
-                tok = sample(q, rng)
-                p = q.prob_of(tok)
-                if self.min_prob > 0.0 and p < self.min_prob and i > 0:
+                if i > 0 and self.min_prob > 0.0 and float(q.probs.max()) < self.min_prob:
                     break
+                tok = sample(q, rng)  # d_i ~ q_i, kept unconditionally
                 dists.append(q)
-                score *= p
+                score *= q.prob_of(tok)
             tokens.append(tok)
             if i + 1 < k:
                 logits = b.decode([tok], n_logits=1)[0]

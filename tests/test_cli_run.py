@@ -1,0 +1,137 @@
+"""`specdec run` through the real CLI entry point, on a fake session (no model files)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from fakes import FakeBackend, greedy_reference, hashed_logits, word
+from specdec_cli.__main__ import main
+from specdec_cli.session import Session
+
+
+@pytest.fixture
+def fake_session(monkeypatch, tmp_path):
+    """Every `open_session` returns fresh fake target/draft backends; the calls are recorded."""
+    calls = []
+
+    def open_session(options, *, need_draft, console=None):
+        calls.append((options, need_draft))
+        s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
+                    options=options)
+        if need_draft:
+            s.draft = FakeBackend(hashed_logits, n_ctx=options.ctx)
+            s.draft_path = tmp_path / "draft.gguf"
+        return s
+
+    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    return calls
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    p = tmp_path / "prompt.txt"
+    p.write_text("w5 w9 w3 w17 w4 w22 w8", encoding="utf-8")
+    return p
+
+
+def cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def expected_text(n):
+    tokens = greedy_reference(hashed_logits, [5, 9, 3, 17, 4, 22, 8], n)
+    return b"".join(word(t) for t in tokens).decode("utf-8", "replace")
+
+
+def test_piped_stdout_receives_exactly_the_generated_text(fake_session, prompt_file, capsys):
+    code, out, err = cli(capsys, "run", str(prompt_file), "--method", "draft", "--k", "3", "--max-tokens", "20")
+    assert code == 0
+    assert out == expected_text(20)
+    assert "acceptance rate" in err and "tok/s" in err
+
+
+def test_json_to_stdout_has_the_text_and_every_statistic(fake_session, prompt_file, capsys):
+    code, out, _ = cli(capsys, "run", str(prompt_file), "--method", "draft", "--k", "4", "--max-tokens", "15",
+                       "--compare", "--json", "-")
+    assert code == 0
+    doc = json.loads(out)  # stdout is JSON only: the text is not also streamed there
+    assert doc["text"] == expected_text(15)
+    for key in ("n_prompt", "prefill_ms", "n_generated", "decode_ms", "tokens_per_s", "n_target_passes", "n_drafted",
+                "n_accepted", "acceptance_rate", "mean_accepted_length", "tokens_per_pass", "acceptance_by_position",
+                "k_histogram", "finish_reason"):
+        assert key in doc["stats"], key
+    assert doc["config"]["method"] == "draft" and doc["config"]["k"] == "4"
+    assert doc["compare"]["identical"] is True
+    assert doc["compare"]["shared_prefix_tokens"] == 15
+    assert len(doc["steps"]) == doc["stats"]["n_target_passes"]
+
+
+def test_json_to_a_file_and_text_to_stdout(fake_session, prompt_file, tmp_path, capsys):
+    path = tmp_path / "out.json"
+    code, out, _ = cli(capsys, "run", str(prompt_file), "--method", "ngram", "--max-tokens", "10", "--json", str(path))
+    assert code == 0
+    assert out == expected_text(10)
+    assert json.loads(path.read_text())["text"] == out
+
+
+def test_method_none_loads_no_draft_model(fake_session, prompt_file, capsys):
+    code, out, _ = cli(capsys, "run", str(prompt_file), "--method", "none", "--max-tokens", "5")
+    assert code == 0 and out == expected_text(5)
+    assert fake_session[-1][1] is False
+
+
+def test_stdin_prompt(fake_session, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"w5 w9 w3 w17 w4 w22 w8")))
+    code, out, _ = cli(capsys, "run", "-", "--method", "none", "--max-tokens", "5")
+    assert code == 0 and out == expected_text(5)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b"   \n", "is empty"),
+        (b"\xff\xfe\x00a", "looks binary"),
+        (b"caf\xe9", "not UTF-8"),
+    ],
+)
+def test_bad_prompt_files_are_one_line_errors_with_exit_2(content, message, tmp_path, capsys):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(content)
+    code, out, err = cli(capsys, "run", str(p))
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert out == ""
+
+
+def test_missing_prompt_file_and_directory(tmp_path, capsys):
+    code, _, err = cli(capsys, "run", str(tmp_path / "nope.txt"))
+    assert code == 2 and "does not exist" in err
+    code, _, err = cli(capsys, "run", str(tmp_path))
+    assert code == 2 and "is a directory" in err
+
+
+def test_prompt_longer_than_the_context_says_how_many_tokens(fake_session, tmp_path, capsys):
+    p = tmp_path / "long.txt"
+    p.write_text(" ".join(f"w{i % 30 + 2}" for i in range(100)))
+    code, _, err = cli(capsys, "run", str(p), "--ctx", "64", "--method", "none")
+    assert code == 5
+    assert "100 tokens" in err and "--ctx" in err
+
+
+def test_out_of_range_options_are_usage_errors(capsys, prompt_file):
+    code, _, err = cli(capsys, "run", str(prompt_file), "--temperature", "-1")
+    assert code == 2
+    code, _, err = cli(capsys, "run", str(prompt_file), "--k", "banana", "--method", "none")
+    assert code != 0
+
+
+def test_version(capsys):
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0 and out.startswith("specdec ")
