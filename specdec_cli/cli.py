@@ -102,11 +102,69 @@ def run(
         raise typer.Exit(code)
 
 
-@app.command()
-def chat() -> None:
-    """Interactive multi-turn speculative chat (not implemented yet)."""
-    typer.echo("specdec chat is not implemented yet.", err=True)
-    raise typer.Exit(2)
+CHAT_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec chat                          [dim]# the default pair, K automatic[/dim]
+  specdec chat -t smollm2-135m -d smollm2-135m --system "Be brief."
+  specdec chat --method ngram -n 256    [dim]# prompt lookup, short replies[/dim]
+  printf 'Hi\\nName a colour\\n' | specdec chat > replies.txt
+
+[bold]In the chat[/bold]
+
+  /help  /stats  /k 4  /k auto  /method ngram  /save chat.md  /reset  /quit
+  End a line with \\ to continue it, or put lines between \"\"\" and \"\"\".
+  Ctrl-C stops a reply; Ctrl-D, or Ctrl-C at an empty prompt, quits.
+"""
+
+
+@app.command(epilog=CHAT_EXAMPLES)
+def chat(
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    method: o.MethodOpt = Method.draft,
+    k: o.K = "auto",
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    max_tokens: o.MaxTokens = 512,
+    stop: o.Stop = None,
+    temperature: o.Temperature = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
+    system: o.System = None,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    plain: o.Plain = False,
+    clean: o.Clean = False,
+    verbose: o.Verbose = False,
+) -> None:
+    """Chat with a model over several turns, each reply generated with speculative decoding and streamed in colour.
+
+    The history goes through the model's own chat template, and both KV caches keep the conversation between
+    turns, so each turn evaluates only its new tokens. When the history outgrows --ctx, the oldest turns are dropped
+    (the system prompt is kept). With stdin not a terminal, each line is one message: replies go to stdout, the
+    per-turn statistics to stderr.
+    """
+    from specdec_cli.commands.chat import execute
+
+    code = execute(
+        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                            verbose=verbose),
+        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        config=GenerationConfig(
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        ),
+        system=system,
+        plain=plain,
+        clean=clean,
+    )
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -1,0 +1,730 @@
+"""`specdec chat`: a multi-turn conversation, each reply generated with speculative decoding and streamed in colour.
+
+Five parts, each usable alone:
+    input       `LineReader`: one message per read. A trailing backslash continues the line, a \"\"\" block spans
+                lines; readline history (arrow keys) when stdin is a terminal; Ctrl-D, or Ctrl-C at an empty prompt,
+                ends the chat.
+    history     `Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
+                `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
+    commands    `COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
+    generation  `Chat.turn`: one reply through `commands.run.generate`, the same engine loop as `specdec run`.
+    rendering   `ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
+
+KV cache reuse across turns: the engine keeps the longest common prefix of the target's cache and the new prompt
+(`backend.sync`) and `ModelDrafter.prefill` does the same for the draft model, so turn n + 1 evaluates only what
+the template adds after turn n's committed reply (end-of-turn marker, the new message, the assistant header). The
+footer shows, per turn, how many prompt tokens were evaluated and how many came from each cache.
+
+Ctrl-C during a reply: `generate` catches it and closes the engine's generator, whose `finally` leaves the target's
+cache holding only committed tokens; the text shown so far is kept as the assistant's turn (nothing shown → the turn
+is dropped, so roles keep alternating). The draft model's cache is reconciled at the next prefill.
+
+Design follows simonw/llm's `llm chat` (reply text to stdout, everything else to stderr, multi-line blocks) and Python's
+REPL (`>>> `/`... ` prompts, readline history).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specdec_cli.backend import common_prefix
+from specdec_cli.commands.run import Generation, generate
+from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.errors import ContextOverflowError, SpecdecError, UsageError
+from specdec_cli.options import Method
+from specdec_cli.records import Step
+from specdec_cli.render import StreamRenderer, err_console, legend, wants_color
+from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
+from specdec_cli.stats import RunStats, summarize
+
+HISTORY_FILE = "chat_history"
+MIN_REPLY = 32  # a message is refused when it leaves less room than this (or --max-tokens, if smaller) for a reply
+REFILL = 0.75  # when turns must go, drop them until the prompt takes at most this share of what the reply leaves
+
+
+# ================================================================================================================
+# Input
+
+
+class _Cancelled(Exception):
+    """Ctrl-C while typing a message: drop it and show a fresh prompt."""
+
+
+class LineReader:
+    """Reads messages from a terminal (with prompts and readline) or from piped lines (one message per line).
+
+    Args:
+        stream: where non-interactive lines come from (sys.stdin).
+        interactive: stdin is a terminal: prompts, readline editing and history, Ctrl-C semantics below.
+        history: readline history file (created 0o600); None = no history file.
+
+    `read()` returns the next message; "" for a cancelled message (Ctrl-C after typing something); None at the end
+    (EOF / Ctrl-D, or Ctrl-C at an empty prompt).
+    """
+
+    PROMPT = ">>> "
+    MORE = "... "
+
+    def __init__(self, stream: TextIO, *, interactive: bool, history: Path | None = None) -> None:
+        self.stream = stream
+        self.interactive = interactive
+        self.history = history
+        self._readline = _setup_readline(history) if interactive else None
+
+    def read(self) -> str | None:
+        try:
+            first = self._line(self.PROMPT, first=True)
+            if first is None:
+                return None
+            if first.lstrip().startswith('"""'):
+                return self._block(first.lstrip()[3:])
+            lines = []
+            line: str | None = first
+            while line is not None and line.endswith("\\"):  # a trailing backslash continues the message
+                lines.append(line[:-1])
+                line = self._line(self.MORE)
+            if line is not None:
+                lines.append(line)
+            return "\n".join(lines)
+        except _Cancelled:
+            return ""
+
+    def _block(self, rest: str) -> str:
+        """A \"\"\" … \"\"\" block: the text between the quotes, over as many lines as it takes."""
+        if rest.rstrip().endswith('"""'):  # """one line"""
+            return rest.rstrip()[:-3]
+        lines = [rest] if rest else []
+        while (line := self._line(self.MORE)) is not None:
+            if line.rstrip().endswith('"""'):
+                if last := line.rstrip()[:-3]:
+                    lines.append(last)
+                break
+            lines.append(line)
+        return "\n".join(lines)
+
+    def _line(self, prompt: str, *, first: bool = False) -> str | None:
+        if not self.interactive:
+            try:
+                line = self.stream.readline()
+            except KeyboardInterrupt:
+                return None
+            return line.rstrip("\r\n") if line else None
+        try:
+            if not _isatty(sys.stdout):  # replies redirected: keep the prompt out of them
+                sys.stderr.write(prompt)
+                sys.stderr.flush()
+                prompt = ""
+            return input(prompt)
+        except EOFError:  # Ctrl-D
+            sys.stdout.write("\n")
+            return None
+        except KeyboardInterrupt:
+            typed = self._readline.get_line_buffer() if self._readline is not None else ""
+            sys.stdout.write("\n")
+            if first and not typed:
+                return None
+            raise _Cancelled from None
+
+    def close(self) -> None:
+        """Save the readline history (user-only permissions)."""
+        if self._readline is None or self.history is None:
+            return
+        try:
+            _touch_private(self.history)
+            self._readline.write_history_file(str(self.history))
+            os.chmod(self.history, 0o600)
+        except OSError:
+            pass  # a read-only config dir must not spoil the exit
+
+
+def _setup_readline(history: Path | None):
+    """Import readline (arrow keys, editing) and load the history file; None where readline is missing."""
+    try:
+        import readline
+    except ImportError:  # Windows without pyreadline
+        return None
+    readline.set_history_length(1000)
+    if history is not None:
+        try:
+            readline.read_history_file(str(history))
+        except OSError:
+            pass
+    return readline
+
+
+def _touch_private(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by the user only (0o600), also when the file existed with wider permissions."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+# ================================================================================================================
+# History
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One exchange. `stats` are the reply's statistics (from the engine's records); `draft_cache` is the draft
+    model's prefill as (tokens evaluated, tokens reused from its cache), None when no draft model ran."""
+
+    user: str
+    assistant: str
+    interrupted: bool = False
+    stats: RunStats | None = None
+    method: str = ""
+    k: str = ""
+    draft_cache: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A prompt that fits: int32 [n] tokens, the first turn still in the context, the reply budget (tokens)."""
+
+    prompt: np.ndarray
+    start: int
+    budget: int
+
+
+class Conversation:
+    """The turns of one conversation and the window of them that the model sees.
+
+    `turns[start:]` are in the context; older turns were dropped to make room and stay only in the transcript.
+    """
+
+    def __init__(self, system: str | None = None) -> None:
+        self.system = system
+        self.turns: list[Turn] = []
+        self.start = 0
+
+    def messages(self, user: str | None = None, *, start: int | None = None) -> list[dict[str, str]]:
+        """The chat messages from turn `start` (default: the window), plus a pending user message."""
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        for t in self.turns[self.start if start is None else start :]:
+            msgs += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.assistant}]
+        if user is not None:
+            msgs.append({"role": "user", "content": user})
+        return msgs
+
+    def fit(self, chat_tokens: Callable[[list[dict[str, str]]], list[int]], user: str, *, n_ctx: int,
+            max_tokens: int) -> Fit:
+        """The prompt for `user`'s message, dropping the oldest turns when it plus `max_tokens` overflows `n_ctx`.
+
+        The system prompt is never dropped. Dropping changes the start of the prompt, so the whole window is evaluated
+        again; to pay that once every few turns rather than on every turn, turns are dropped until the prompt takes
+        at most REFILL of the `n_ctx - max_tokens` tokens the reply leaves. When the message alone leaves less than
+        `max_tokens`, the reply budget shrinks to what is left. Raises ContextOverflowError when that is under
+        min(max_tokens, MIN_REPLY).
+        """
+        start = self.start
+        limit = n_ctx - max_tokens  # the most the prompt may take
+        while True:
+            prompt = np.asarray(chat_tokens(self.messages(user, start=start)), dtype=np.int32)
+            if len(prompt) <= limit or start == len(self.turns):
+                break
+            start += 1
+            limit = int(REFILL * (n_ctx - max_tokens))  # once dropping, leave room for the next few turns
+        room = n_ctx - len(prompt)
+        if room < min(max_tokens, MIN_REPLY):
+            what = "the system prompt and your message take" if self.system else "your message takes"
+            raise ContextOverflowError(
+                f"This message does not fit: {what} {len(prompt)} of the {n_ctx} context tokens, "
+                "leaving no room for a reply.",
+                "Send a shorter message, or restart with a larger --ctx.",
+            )
+        return Fit(prompt=prompt, start=start, budget=min(max_tokens, room))
+
+    def add(self, turn: Turn) -> None:
+        self.turns.append(turn)
+
+    def reset(self) -> None:
+        self.turns.clear()
+        self.start = 0
+
+
+@dataclass
+class Totals:
+    """Session totals over every reply (also interrupted ones), from the same records the stream showed."""
+
+    turns: int = 0
+    steps: list[Step] = field(default_factory=list)
+    decode_ms: float = 0.0
+    n_prompt: int = 0
+    n_reused: int = 0  # prompt tokens that came from the target's cache
+    prefill_ms: float = 0.0
+
+    def add(self, gen: Generation) -> None:
+        s = gen.stats
+        self.turns += 1
+        self.steps += gen.steps
+        self.decode_ms += s.decode_ms
+        self.n_prompt += s.n_prompt
+        self.n_reused += max(0, s.n_prompt - 1 - s.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
+        self.prefill_ms += s.prefill_ms
+
+    def summary(self) -> RunStats:
+        return summarize(self.steps, decode_ms=self.decode_ms)
+
+
+# ================================================================================================================
+# Generation
+
+
+class Chat:
+    """The chat's state: the session, the speculation settings, the conversation and the totals.
+
+    Raises (from `turn`, `set_spec`): SpecdecError subclasses; the loop prints them and carries on.
+    """
+
+    def __init__(self, session: Session, *, spec: SpecOptions, config: GenerationConfig, view: ChatView,
+                 system: str | None = None) -> None:
+        self.session = session
+        self.config = config
+        self.view = view
+        self.conversation = Conversation(system)
+        self.totals = Totals()
+        self.spec = spec
+        self.drafter = session.make_drafter(spec)
+        controller = session.make_controller(spec)  # also validates --k when nothing is drafted
+        self.engine = SpeculativeEngine(session.target, self.drafter, controller if self.drafter is not None else None)
+
+    def set_spec(self, spec: SpecOptions) -> None:
+        """Switch drafter and/or K. The K controller starts afresh; the conversation and caches are kept."""
+        rebuild = (spec.method, spec.ngram_min, spec.ngram_max) != (self.spec.method, self.spec.ngram_min,
+                                                                   self.spec.ngram_max)
+        controller = self.session.make_controller(spec)  # raises UsageError for a bad K before anything changes
+        drafter = self.session.make_drafter(spec) if rebuild else self.drafter
+        if rebuild and self.drafter is not None:
+            self.drafter.close()  # learning drafters save what they learned
+        self.drafter, self.spec = drafter, spec
+        self.engine = SpeculativeEngine(self.session.target, drafter, controller if drafter is not None else None)
+
+    def turn(self, text: str) -> Turn | None:
+        """Answer one message: fit the history, stream the reply, record it. None when interrupted before any text."""
+        target = self.session.target
+        fit = self.conversation.fit(self.session.chat_tokens, text, n_ctx=target.n_ctx,
+                                    max_tokens=self.config.max_tokens)
+        if fit.start > self.conversation.start:
+            self.view.dropped(fit.start - self.conversation.start, len(fit.prompt), target.n_ctx,
+                              self.config.max_tokens)
+            self.conversation.start = fit.start
+        if fit.budget < self.config.max_tokens:
+            self.view.note(f"The reply is limited to {fit.budget} tokens: that is what the {target.n_ctx}-token "
+                           "context has left after your message.")
+        draft_cache = self._draft_cache(fit.prompt)
+        config = replace(self.config, max_tokens=fit.budget, sampling=self._sampling())
+        renderer = self.view.stream()
+        try:
+            gen = generate(self.engine, fit.prompt, config, renderer)
+        except BaseException:
+            renderer.end()
+            raise
+        self.view.end_stream(renderer, gen.text)
+        self.totals.add(gen)
+        if gen.interrupted and not gen.text:
+            self.view.note("Interrupted before any text; the message was not added to the conversation.")
+            return None
+        turn = Turn(user=text, assistant=gen.text, interrupted=gen.interrupted, stats=gen.stats,
+                    method=self.spec.method, k=self.spec.k, draft_cache=draft_cache)
+        self.conversation.add(turn)
+        self.view.footer(turn)
+        return turn
+
+    def _draft_cache(self, prompt: np.ndarray) -> tuple[int, int] | None:
+        """(evaluated, reused) for the draft model's prefill of `prompt`: `ModelDrafter.prefill` keeps the longest
+        common prefix of its cache and prompt[:-1] and evaluates the rest."""
+        draft = self.session.draft
+        if draft is None or self.spec.method not in NEEDS_DRAFT_MODEL or not hasattr(self.drafter, "prefill"):
+            return None
+        reused = common_prefix(draft.tokens, prompt[:-1])
+        return len(prompt) - 1 - reused, reused
+
+    def _sampling(self):
+        """Per-turn seed: --seed + turn number, so a scripted chat is reproducible but turns do not share draws."""
+        s = self.config.sampling
+        return s if s.seed is None else replace(s, seed=s.seed + self.totals.turns)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+
+
+# ================================================================================================================
+# Slash commands
+
+
+@dataclass(frozen=True)
+class Command:
+    run: Callable[[Chat, str], bool]  # (chat, argument) → True to end the chat
+    usage: str
+    help: str
+
+
+def _help(chat: Chat, arg: str) -> bool:
+    chat.view.help()
+    return False
+
+
+def _reset(chat: Chat, arg: str) -> bool:
+    chat.conversation.reset()
+    chat.view.note("New conversation" + (" (the system prompt is kept)." if chat.conversation.system else "."))
+    return False
+
+
+def _stats(chat: Chat, arg: str) -> bool:
+    chat.view.stats(chat.totals, chat.spec.method)
+    return False
+
+
+def _k(chat: Chat, arg: str) -> bool:
+    if not arg:
+        chat.view.note(f"K is {chat.spec.k}. Change it with /k auto or /k N (0-64).")
+        return False
+    try:
+        chat.set_spec(replace(chat.spec, k=arg))
+    except UsageError as e:
+        raise UsageError(e.message, "Use /k auto or /k N with N from 0 to 64.") from None
+    chat.view.note(f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)."
+                                                 if chat.drafter is None else "."))
+    return False
+
+
+def _method(chat: Chat, arg: str) -> bool:
+    names = ", ".join(m.value for m in Method)
+    if not arg:
+        chat.view.note(f"The method is {chat.spec.method}. Change it with /method NAME ({names}).")
+        return False
+    try:
+        method = Method(arg.strip().lower()).value
+    except ValueError:
+        raise UsageError(f"Unknown method {arg.strip()!r}.", f"Use /method with one of {names}.") from None
+    if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
+        chat.view.note(f"--method {method} needs a draft model; loading it (--draft, else the catalog default).")
+        try:
+            chat.session.load_draft(console=chat.view.err)
+        except SpecdecError as e:
+            chat.view.error(e)
+            chat.view.note(f"No draft model, so the method stays {chat.spec.method}.")
+            return False
+    try:
+        chat.set_spec(replace(chat.spec, method=method))
+    except ImportError as e:  # a drafter module this build does not have
+        raise UsageError(f"--method {method} is not available in this build ({e}).",
+                         f"Use /method with one of {names}.") from None
+    chat.view.note(f"The method is now {method}.")
+    chat.view.show_legend(method)
+    return False
+
+
+def _save(chat: Chat, arg: str) -> bool:
+    if not arg:
+        raise UsageError("/save needs a path.", "Use /save chat.md (Markdown) or /save chat.json (JSON).")
+    path = Path(arg.strip()).expanduser()
+    kind = {".md": "md", ".markdown": "md", ".json": "json"}.get(path.suffix.lower())
+    if kind is None:
+        raise UsageError(f"Cannot tell the format of {path.name} from its extension.",
+                         "Use a path ending in .md (Markdown) or .json (JSON).")
+    text = transcript_markdown(chat) if kind == "md" else transcript_json(chat)
+    try:
+        write_private(path, text)
+    except OSError as e:
+        raise UsageError(f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable.") \
+            from None
+    n = len(chat.conversation.turns)
+    chat.view.note(f"Saved {n} turn{'s' * (n != 1)} to {path} (readable by you only).")
+    return False
+
+
+def _quit(chat: Chat, arg: str) -> bool:
+    return True
+
+
+COMMANDS: dict[str, Command] = {
+    "/help": Command(_help, "/help", "show this help"),
+    "/reset": Command(_reset, "/reset", "start a new conversation (keeps the system prompt and the models)"),
+    "/stats": Command(_stats, "/stats", "session totals and acceptance by draft position"),
+    "/k": Command(_k, "/k N|auto", "draft length K from the next reply on (e.g. /k 4, /k auto)"),
+    "/method": Command(_method, "/method NAME", "drafter: none, draft, ngram, suffix, hybrid (loads a draft model "
+                       "if needed)"),
+    "/save": Command(_save, "/save PATH", "write the transcript: PATH.md as Markdown, PATH.json as JSON (mode 600)"),
+    "/quit": Command(_quit, "/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at an empty prompt)"),
+    "/exit": Command(_quit, "", ""),  # an alias, not listed
+}
+
+
+def dispatch(chat: Chat, line: str) -> bool:
+    """Run a slash command. Returns True when the chat should end. Raises UsageError for an unknown command."""
+    name, _, arg = line.strip().partition(" ")
+    command = COMMANDS.get(name.lower())
+    if command is None:
+        raise UsageError(f"Unknown command {name}.", "/help lists the commands; start a message with // to send "
+                         "text that begins with a slash.")
+    return command.run(chat, arg.strip())
+
+
+def is_command(line: str) -> bool:
+    return line.lstrip().startswith("/") and not line.lstrip().startswith("//")
+
+
+# ================================================================================================================
+# Transcripts
+
+
+def transcript_json(chat: Chat) -> str:
+    s = chat.session
+    conv = chat.conversation
+    doc = {
+        "target": str(s.target_path),
+        "draft": str(s.draft_path) if s.draft_path else None,
+        "system": conv.system,
+        "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "messages": conv.messages(),
+        "turns": [
+            {"user": t.user, "assistant": t.assistant, "interrupted": t.interrupted, "in_context": i >= conv.start,
+             "method": t.method, "k": t.k, "stats": t.stats.to_dict() if t.stats else None}
+            for i, t in enumerate(conv.turns)
+        ],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def transcript_markdown(chat: Chat) -> str:
+    s = chat.session
+    conv = chat.conversation
+    out = ["# specdec chat", "", f"- target: `{s.target_path.name}`"]
+    if s.draft_path:
+        out.append(f"- draft: `{s.draft_path.name}`")
+    out.append(f"- saved: {time.strftime('%Y-%m-%d %H:%M')}")
+    out.append("")
+    if conv.system:
+        out += ["## System", "", conv.system, ""]
+    for t in conv.turns:
+        out += ["## You", "", t.user, "", "## Assistant", "", t.assistant, ""]
+        if t.stats is not None:
+            out += [f"*{footer_text(t)}*", ""]
+    return "\n".join(out)
+
+
+# ================================================================================================================
+# Rendering
+
+
+def _ms(x: float) -> str:
+    return f"{x / 1e3:.2f} s" if x >= 1000 else f"{x:.0f} ms"
+
+
+FINISH = {"interrupted": "interrupted", "length": "max tokens", "context": "context full", "stop": "stop string"}
+
+
+def footer_text(turn: Turn) -> str:
+    """One line: tokens, tok/s, acceptance, mean accepted length, prefill evaluated vs cached (target and draft)."""
+    s = turn.stats
+    assert s is not None
+    parts = [f"{s.n_generated} tokens", f"{s.tokens_per_s:.1f} tok/s"]
+    if s.n_drafted:
+        parts += [f"acceptance {s.acceptance_rate:.0%}", f"mean accepted {s.mean_accepted_length:.2f}"]
+    elif turn.method != "none":
+        parts.append("nothing drafted")
+    reused = max(0, s.n_prompt - 1 - s.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
+    prefill = f"prefill {s.n_prompt - reused} new + {reused} cached in {_ms(s.prefill_ms)}"
+    if turn.draft_cache is not None:
+        evaluated, cached = turn.draft_cache
+        prefill += f" (draft {evaluated + 1} + {cached} in {_ms(s.draft_prefill_ms)})"
+    parts.append(prefill)
+    if s.finish_reason in FINISH:
+        parts.append(FINISH[s.finish_reason])
+    return " · ".join(parts)
+
+
+class ChatView:
+    """Everything the chat shows. The reply goes to `out` (stdout); everything else to `err` (a stderr console).
+
+    Args:
+        interactive: stdin is a terminal (a banner, blank lines between turns).
+        styled: colour the reply by token kind (a terminal without --plain / NO_COLOR).
+        show_rejected: show rejected drafts struck through (--clean hides them).
+    """
+
+    def __init__(self, *, out: TextIO, err: Console, interactive: bool, styled: bool, show_rejected: bool) -> None:
+        self.out = out
+        self.err = err
+        self.interactive = interactive
+        self.styled = styled
+        self.show_rejected = show_rejected
+        self._legend_shown = False
+
+    # -- the reply --------------------------------------------------------------------------------------------
+    def stream(self) -> StreamRenderer:
+        return StreamRenderer(self.out, styled=self.styled, show_rejected=self.show_rejected)
+
+    def end_stream(self, renderer: StreamRenderer, text: str) -> None:
+        """End the reply with a newline (also in plain mode, so piped replies are separated)."""
+        renderer.end()  # styled: a newline unless the stream ended with one
+        if not self.styled and not text.endswith("\n"):
+            self.out.write("\n")
+        self.out.flush()
+
+    def footer(self, turn: Turn) -> None:
+        self.err.print(Text(footer_text(turn), style="spec.label"))
+        if self.interactive:
+            self.err.print()
+
+    # -- messages ---------------------------------------------------------------------------------------------
+    def banner(self, session: Session, spec: SpecOptions, config: GenerationConfig) -> None:
+        if not self.interactive:
+            return
+        models = session.target_path.name + (f" + draft {session.draft_path.name}" if session.draft_path else "")
+        self.err.print(Text.assemble(("specdec chat ", "bold"), (f"{models} · method {spec.method} · K {spec.k} · "
+                                     f"ctx {session.target.n_ctx} · up to {config.max_tokens} tokens per reply",
+                                     "spec.label")))
+        self.err.print(Text('/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
+                            "reply · Ctrl-D quits", style="spec.label"))
+        self.show_legend(spec.method)
+        self.err.print()
+
+    def show_legend(self, method: str) -> None:
+        if self.styled and method != "none" and not self._legend_shown:
+            self.err.print(legend())
+            self._legend_shown = True
+
+    def note(self, message: str) -> None:
+        self.err.print(Text(message, style="spec.warn" if self.interactive else ""))
+
+    def error(self, e: SpecdecError) -> None:
+        self.err.print(Text.assemble(("error: ", "bold red"), str(e)))
+
+    def dropped(self, n: int, n_prompt: int, n_ctx: int, max_tokens: int) -> None:
+        self.note(f"The conversation is too long for the {n_ctx}-token context: dropped the {n} oldest "
+                  f"turn{'s' * (n != 1)} (the system prompt is kept) to leave room for a {max_tokens}-token reply; "
+                  f"the prompt is now {n_prompt} tokens. /save keeps the whole transcript; --ctx raises the limit.")
+
+    def help(self) -> None:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for c in COMMANDS.values():
+            if c.usage:
+                table.add_row(c.usage, c.help)
+        self.err.print(table)
+        self.err.print(Text(
+            'Several lines: end a line with \\ to continue it, or wrap the text in """ … """.\n'
+            "Start a message with // to send text that begins with a slash.\n"
+            "Ctrl-C stops a reply and keeps what was shown; Ctrl-D, or Ctrl-C at an empty prompt, quits.\n"
+            "Examples: /k 4   /method ngram   /save chat.md   /save chat.json", style="spec.label"))
+
+    # -- statistics -------------------------------------------------------------------------------------------
+    def stats(self, totals: Totals, method: str) -> None:
+        if not totals.turns:
+            self.note("No replies yet.")
+            return
+        s = totals.summary()
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="spec.label", justify="right")
+        table.add_column()
+        table.add_row("", Text("session totals", style="bold"))
+        table.add_row("replies", f"{totals.turns}: {s.n_generated} tokens in {_ms(s.decode_ms)}, "
+                      f"{s.tokens_per_s:.1f} tok/s, {s.tokens_per_pass:.2f} tokens per target pass")
+        table.add_row("prompts", f"{totals.n_prompt} tokens: {totals.n_reused} reused from the cache, "
+                      f"{totals.n_prompt - totals.n_reused} evaluated in {_ms(totals.prefill_ms)}")
+        if s.n_drafted:
+            table.add_row("drafted", f"{s.n_drafted}, accepted {s.n_accepted}: acceptance rate "
+                          f"{s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}")
+            if s.k_histogram:
+                ks = "  ".join(f"K={k}:{n}" for k, n in sorted(s.k_histogram.items()))
+                table.add_row("K chosen", f"mean {s.mean_k:.1f}  ({ks})")
+            for i, (proposed, accepted) in enumerate(s.acceptance_by_position[:16]):
+                frac = accepted / proposed if proposed else 0.0
+                bar = "█" * round(frac * 20) + "·" * (20 - round(frac * 20))
+                table.add_row("position 1" if i == 0 else str(i + 1), f"{bar} {frac:6.1%}  ({accepted}/{proposed})")
+        else:
+            table.add_row("drafted", f"nothing (method {method})")
+        self.err.print(table)
+        if self.interactive:
+            self.err.print()
+
+    def goodbye(self, totals: Totals) -> None:
+        if not totals.turns:
+            return
+        s = totals.summary()
+        line = f"session: {totals.turns} repl{'ies' if totals.turns != 1 else 'y'}, {s.n_generated} tokens, " \
+               f"{s.tokens_per_s:.1f} tok/s"
+        if s.n_drafted:
+            line += f", acceptance {s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}"
+        self.err.print(Text(line, style="spec.label"))
+
+
+# ================================================================================================================
+# The loop
+
+
+def loop(chat: Chat, reader: LineReader) -> None:
+    """Read messages until the end; a slash command is dispatched, anything else is a turn. Errors are shown, and
+    the chat goes on."""
+    while True:
+        text = reader.read()
+        if text is None:
+            return
+        if not text.strip():
+            continue
+        try:
+            if is_command(text):
+                if dispatch(chat, text):
+                    return
+            else:
+                chat.turn(text[1:] if text.lstrip().startswith("//") else text)
+        except SpecdecError as e:
+            chat.view.error(e)
+        except KeyboardInterrupt:  # outside a reply (the reply itself handles its own Ctrl-C)
+            chat.view.note("Interrupted.")
+
+
+def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig, system: str | None,
+            plain: bool = False, clean: bool = False) -> int:
+    """Run a chat on stdin/stdout. Returns 0 (also after Ctrl-C/Ctrl-D at the prompt).
+
+    Raises (before the first prompt): ModelError, IncompatiblePairError, ConfigError, UsageError (bad --k/--method).
+    """
+    from specdec_cli.config import config_dir
+
+    interactive = _isatty(sys.stdin)
+    err = err_console()
+    view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
+                    show_rejected=not clean)
+    with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
+        chat = Chat(session, spec=spec, config=config, view=view, system=system)
+        reader = LineReader(sys.stdin, interactive=interactive,
+                            history=config_dir() / HISTORY_FILE if interactive else None)
+        view.banner(session, spec, config)
+        try:
+            loop(chat, reader)
+        finally:
+            chat.close()
+            reader.close()
+        view.goodbye(chat.totals)
+    return 0
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
