@@ -25,13 +25,30 @@ def _print_error(message: str) -> None:
     err_console().print(Text.assemble(("error: ", "bold red"), message))
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings (a suffix store set aside, a save that failed) as one line: `warning: ...`."""
+    from rich.text import Text
+
+    from specdec_cli.render import err_console
+
+    err_console().print(Text.assemble(("warning: ", "bold yellow"), str(message)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) its code. Domain errors → one line on stderr and `error.exit_code`."""
+    import warnings
+
     from specdec_cli.cli import app
 
+    if not _debug():
+        warnings.showwarning = _show_warning
+
     try:
-        app(args=argv, standalone_mode=False)
-        code = 0
+        # With standalone_mode=False Typer returns the exit code (typer.Exit, 130 for Ctrl-C) instead of exiting.
+        rv = app(args=argv, standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+        if code == INTERRUPTED:
+            _print_error("Interrupted.")
     except SpecdecError as e:
         if _debug():
             import traceback

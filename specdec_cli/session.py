@@ -100,7 +100,8 @@ class Session:
             from specdec_cli.suffix_store import SuffixStore, store_path
             from specdec_cli.config import data_dir
 
-            store = SuffixStore(store_path(data_dir(), self.vocab_fingerprint()))
+            fingerprint = self.vocab_fingerprint()
+            store = SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint)
             suffix = SuffixDrafter(store)
             if method == "suffix":
                 return suffix
