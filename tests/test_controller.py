@@ -1,0 +1,299 @@
+"""The K controller: --k parsing, the expected-tokens math, and AdaptiveK against synthetic machines.
+
+Every test drives the controllers with synthetic `Step` records; the simulations draw acceptance per position from
+Bernoulli(a) and costs from a verify curve, so they run in milliseconds without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specdec_cli.controller import (
+    AdaptiveK,
+    CostPrior,
+    FixedK,
+    best_k,
+    expected_ms,
+    expected_tokens,
+    k_values,
+    make_controller,
+    parse_k,
+)
+from specdec_cli.records import Step
+
+# Measured on a 2-core CPU, Qwen2.5-Coder-1.5B Q4_K_M: ms of one target pass over b tokens.
+CPU_B = np.array([1, 2, 4, 8, 16, 32, 64], dtype=np.float64)
+CPU_MS = np.array([58, 105, 180, 340, 500, 900, 1530], dtype=np.float64)
+DRAFT_MODEL_MS = 28.0  # the 0.5B draft model, per drafted token
+
+
+def cpu(b: int) -> float:
+    return float(np.interp(b, CPU_B, CPU_MS))
+
+
+def gpu(b: int) -> float:
+    return 20.0  # a laptop GPU: flat up to b = 32
+
+
+def step(k: int, n_drafted: int, n_accepted: int, draft_ms: float, verify_ms: float, source: str = "sim") -> Step:
+    drafted = tuple(range(n_drafted))
+    return Step(
+        index=0,
+        k=k,
+        drafted=drafted,
+        n_accepted=n_accepted,
+        target_token=7,
+        emitted=drafted[:n_accepted] + (7,),
+        segments=(),
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        source=source if k else "",
+    )
+
+
+def simulate(ctrl, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0,
+             noise: float = 0.05) -> tuple[float, list[int]]:
+    """Drive `ctrl` for `steps` steps; return (tokens/s, the K of every step).
+
+    The drafter proposes all K tokens with probability `fill`, else none (a lookup drafter without a match); each
+    draft token is accepted with probability `accept` given the ones before; costs are the curve x (1 ± noise).
+    `accept` may be a function of the step number.
+    """
+    rng = np.random.default_rng(seed)
+    tokens, ms, ks = 0, 0.0, []
+    for i in range(steps):
+        k = ctrl.next_k()
+        ks.append(k)
+        n = k if k and rng.random() < fill else 0
+        a = accept(i) if callable(accept) else accept
+        rejected = np.flatnonzero(rng.random(n) >= a)
+        n_acc = int(rejected[0]) if len(rejected) else n
+        draft = d_ms * n * (1 + noise * rng.standard_normal()) if k else 0.0
+        verify = curve(n + 1) * (1 + noise * rng.standard_normal())
+        ctrl.observe(step(k, n, n_acc, max(draft, 0.0), max(verify, 1.0)))
+        tokens += n_acc + 1
+        ms += draft + verify
+    return 1000.0 * tokens / ms, ks
+
+
+def simulate_fixed(k: int, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0,
+                   noise: float = 0.05) -> float:
+    """`simulate` for a fixed K, vectorised over steps: tokens/s."""
+    rng = np.random.default_rng(seed)
+    n = np.where(rng.random(steps) < fill, k, 0) if k else np.zeros(steps, dtype=int)  # [steps] draft lengths
+    ok = rng.random((steps, k)) < accept  # [steps, k]
+    ok &= np.arange(k) < n[:, None]
+    n_acc = np.where(ok.all(axis=1), n, np.argmin(ok, axis=1)) if k else n  # [steps] first rejection or all
+    draft = d_ms * n * (1 + noise * rng.standard_normal(steps))
+    verify = np.where(n > 0, curve(k + 1), curve(1)) * (1 + noise * rng.standard_normal(steps))
+    return 1000.0 * (n_acc + 1).sum() / (draft + verify).sum()
+
+
+# ---- --k parsing
+
+
+def test_parse_k() -> None:
+    assert parse_k("auto") is None
+    assert parse_k(" AUTO ") is None
+    assert parse_k("0") == 0
+    assert parse_k("64") == 64
+    for bad, says in [("65", "between 0 and 64"), ("-1", "between 0 and 64"), ("four", "'auto' or a whole number"),
+                      ("", "'auto' or a whole number"), ("2.5", "'auto' or a whole number")]:
+        with pytest.raises(ValueError, match=says):
+            parse_k(bad)
+
+
+def test_k_values() -> None:
+    assert k_values("8") == [8]
+    assert k_values("8,2,4,4") == [2, 4, 8]
+    assert k_values("4..16") == [4, 6, 8, 12, 16]
+    assert k_values("0..4") == [0, 1, 2, 3, 4]
+    assert k_values("5..7") == [5, 6, 7]
+    assert k_values("0, 10..20") == [0, 10, 12, 16, 20]
+    for bad, says in [("", "needs values"), ("2,,4", "needs values"), ("16..4", "runs backwards"),
+                      ("4..x", "whole numbers"), ("auto", "whole numbers"), ("0..65", "between 0 and 64")]:
+        with pytest.raises(ValueError, match=says):
+            k_values(bad)
+
+
+def test_make_controller_and_fixed_k() -> None:
+    assert isinstance(make_controller(None), AdaptiveK)
+    fixed = make_controller(5)
+    assert isinstance(fixed, FixedK) and fixed.next_k() == 5
+    fixed.observe(step(5, 5, 3, 140.0, 220.0))
+    snap = fixed.snapshot()
+    assert snap["mode"] == "fixed" and snap["k"] == 5 and snap["verify_ms"] == [[6, 220.0, 1]]
+    with pytest.raises(ValueError, match="between 0 and 64"):
+        FixedK(65)
+    with pytest.raises(ValueError, match="k_max"):
+        AdaptiveK(0)
+
+
+# ---- the math
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.6, 0.9, 0.99])
+def test_expected_tokens_matches_closed_form_for_iid_acceptance(a: float) -> None:
+    e = expected_tokens(np.full(16, a))
+    ks = np.arange(17)
+    np.testing.assert_allclose(e, (1 - a ** (ks + 1)) / (1 - a))
+
+
+def test_expected_tokens_by_position_and_fill() -> None:
+    np.testing.assert_allclose(expected_tokens(np.array([0.5, 0.5, 1.0])), [1, 1.5, 1.75, 2.0])
+    # a lookup drafter that proposes anything only half the time: every path through position 1 is halved
+    np.testing.assert_allclose(expected_tokens(np.array([1.0, 1.0]), np.array([0.5, 1.0])), [1, 1.5, 2.0])
+
+
+def test_expected_ms_charges_the_batch_actually_verified() -> None:
+    v = np.array([10.0, 20.0, 30.0])  # b = 1, 2, 3
+    np.testing.assert_allclose(expected_ms(v, 5.0, 1.0, np.ones(2)), [10, 1 + 5 + 20, 1 + 10 + 30])
+    # fill 0.5 at position 1: half the calls draft nothing and verify one token
+    np.testing.assert_allclose(expected_ms(v, 5.0, 0.0, np.array([0.5, 1.0])),
+                               [10, 0.5 * 10 + 0.5 * 20 + 2.5, 0.5 * 10 + 0.5 * 30 + 5.0])
+
+
+def test_hysteresis_keeps_plain_decoding_unless_speculation_clearly_pays() -> None:
+    assert best_k(np.array([100.0, 102.0, 101.0])) == 0  # 2 % better: not worth it
+    assert best_k(np.array([100.0, 102.0, 105.0])) == 2  # 5 % better
+    assert best_k(np.array([100.0, 102.0, 105.0]), margin=0.10) == 0
+    assert best_k(np.array([100.0, 90.0, 80.0])) == 0
+
+
+# ---- decisions from fed steps
+
+
+def feed(ctrl: AdaptiveK, curve, *, d_ms: float, a: float, n: int = 300, seed: int = 0) -> None:
+    """Feed steps at K = 1..8 (and some plain steps) regardless of what ctrl asks: pure learning."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        k = i % 9
+        rejected = np.flatnonzero(rng.random(k) >= a)
+        n_acc = int(rejected[0]) if len(rejected) else k
+        ctrl.observe(step(k, k, n_acc, d_ms * k, curve(k + 1)))
+
+
+def test_picks_plain_decoding_on_a_linear_cpu_with_a_draft_model() -> None:
+    ctrl = AdaptiveK()
+    feed(ctrl, cpu, d_ms=DRAFT_MODEL_MS, a=0.6)
+    assert ctrl.next_k() == 0
+    snap = ctrl.snapshot()
+    assert snap["draft_ms_per_token"] == pytest.approx(DRAFT_MODEL_MS, rel=0.01)
+    assert snap["acceptance"][0] == pytest.approx(0.6, abs=0.12)
+    assert snap["verify_model_ms"][:4] == pytest.approx([58, 105, 142.5, 180], rel=0.01)
+
+
+def test_picks_a_long_draft_on_a_flat_gpu_with_a_cheap_drafter() -> None:
+    ctrl = AdaptiveK()
+    feed(ctrl, gpu, d_ms=0.5, a=0.9)
+    assert ctrl.next_k() >= 8
+
+
+def test_first_step_is_plain_then_it_tries_drafting() -> None:
+    ctrl = AdaptiveK()
+    assert ctrl.next_k() == 0  # measures v(1)
+    ctrl.observe(step(0, 0, 0, 0.0, 58.0))
+    assert ctrl.next_k() > 0  # the prior (a = 0.7, drafts free, v(2) = 1.5 v(1)) says drafting may pay
+
+
+def test_a_prior_from_a_snapshot_skips_the_exploration() -> None:
+    learnt = AdaptiveK()
+    feed(learnt, cpu, d_ms=DRAFT_MODEL_MS, a=0.9)
+    ctrl = AdaptiveK(prior=CostPrior.from_snapshot(learnt.snapshot()))
+    assert ctrl.next_k() == 0  # the curve and the draft cost are known: plain decoding wins from step 0
+    ctrl.observe(step(0, 0, 0, 0.0, 58.0))
+    assert ctrl.next_k() == 0
+
+
+def test_a_drafter_that_proposes_nothing_teaches_no_acceptance() -> None:
+    ctrl = AdaptiveK()
+    for _ in range(50):
+        ctrl.observe(step(4, 0, 0, 0.1, 58.0, source="ngram"))
+    snap = ctrl.snapshot()
+    assert snap["acceptance"][0] == pytest.approx(0.7)  # still the prior
+    assert snap["fill"][0] < 0.1
+    assert snap["verify_ms"] == [[1, 58.0, 50]]
+    assert snap["by_source"]["ngram"]["drafted"] == 0
+
+
+def test_a_step_that_stopped_inside_the_accepted_prefix_counts_no_rejection() -> None:
+    ctrl = AdaptiveK()
+    for _ in range(50):
+        s = step(4, 4, 2, 0.0, 100.0)
+        ctrl.observe(replace(s, target_token=None, finish_reason="eog"))
+    acc = ctrl.snapshot()["acceptance"]
+    assert acc[0] > 0.95 and acc[1] > 0.95 and acc[2] == pytest.approx(acc[1], abs=1e-3)  # position 3 unseen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_comes_back_from_plain_decoding_when_drafts_improve(seed: int) -> None:
+    # The CPU curve with near-free drafts: at a = 0.2 plain decoding wins, at a = 0.95 K > 0 does.
+    ctrl = AdaptiveK()
+    switch = 200
+    _, ks = simulate(ctrl, cpu, d_ms=0.1, accept=lambda i: 0.2 if i < switch else 0.95, steps=switch + 200, seed=seed)
+    assert sum(k > 0 for k in ks[switch - 100 : switch]) <= 5  # plain, with probes backed off to every 64 steps
+    back = next(i for i in range(switch, len(ks)) if all(k > 0 for k in ks[i : i + 10]))
+    assert back - switch <= 2 * 4 * 16 + 20  # at worst: one unlucky probe, a second 64-step wait, a short burst
+
+
+def test_failed_probes_back_off() -> None:
+    # The CPU with the 28 ms draft model: drafting never pays, so probes thin out to one every 64 steps.
+    _, ks = simulate(AdaptiveK(), cpu, d_ms=DRAFT_MODEL_MS, accept=0.9, steps=600, seed=0)
+    tries = [i for i, k in enumerate(ks) if k > 0]
+    assert tries[0] == 1  # the prior's try, which measures the 28 ms/token draft
+    probes = tries[1:]
+    assert all(ks[i] == 3 for i in probes)
+    assert list(np.diff([tries[0], *probes])) == [16, 32] + [64] * (len(probes) - 2)
+
+
+def test_draft_cost_separates_per_call_and_per_token_ms() -> None:
+    ctrl = AdaptiveK()
+    for i in range(40):
+        n = i % 5
+        ctrl.observe(step(4, n, 0, 3.0 + 25.0 * n, 100.0))
+    snap = ctrl.snapshot()
+    assert snap["draft_ms_per_token"] == pytest.approx(25.0)
+    assert snap["draft_ms_per_call"] == pytest.approx(3.0)
+
+
+def test_an_interrupted_step_is_not_timed() -> None:
+    ctrl = AdaptiveK()
+    s = step(0, 0, 0, 0.0, 3.0)
+    ctrl.observe(replace(s, finish_reason="interrupted"))
+    assert ctrl.snapshot()["verify_ms"] == []
+
+
+# ---- simulations: auto against the best fixed K
+
+
+# name: (scenario, the fraction of the best fixed K's tokens/s that auto must reach)
+SCENARIOS = {
+    "cpu, free lookup drafter, a=0.9": (dict(curve=cpu, d_ms=0.0, accept=0.9), 0.9),
+    "cpu, 28 ms draft model, a=0.9": (dict(curve=cpu, d_ms=DRAFT_MODEL_MS, accept=0.9), 0.9),
+    "flat gpu, 2 ms draft, a=0.8": (dict(curve=gpu, d_ms=2.0, accept=0.8), 0.9),
+    # A lookup drafter that finds a match in 40 % of steps: the evidence per half-life is scarce and the CPU's
+    # tokens/s is nearly flat from K = 3 to 16 (19.6..22.3), so auto averages ~0.95 of the best K but can dip to 0.9.
+    "cpu, lookup matching 40 %, a=0.95": (dict(curve=cpu, d_ms=0.0, accept=0.95, fill=0.4), 0.85),
+}
+
+
+def test_the_two_simulators_agree() -> None:
+    sc, _ = SCENARIOS["cpu, lookup matching 40 %, a=0.95"]
+    looped, ks = simulate(FixedK(8), steps=3000, seed=4, **sc)
+    assert set(ks) == {8}
+    assert looped == pytest.approx(simulate_fixed(8, steps=20_000, seed=5, **sc), rel=0.03)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_auto_is_close_to_the_best_fixed_k(name: str) -> None:
+    sc, fraction = SCENARIOS[name]
+    auto, _ = simulate(AdaptiveK(), steps=1500, seed=2, **sc)
+    fixed = [simulate_fixed(k, steps=20_000, seed=3, **sc) for k in range(17)]  # long runs: a less noisy best
+    best = int(np.argmax(fixed))
+    print(f"{name}: auto {auto:.1f} tok/s = {auto / fixed[best]:.3f} x best fixed K={best} {fixed[best]:.1f}, "
+          f"{auto / fixed[0]:.3f} x plain {fixed[0]:.1f}")
+    assert auto >= fraction * fixed[best]
+    assert auto >= 0.95 * fixed[0]
