@@ -54,7 +54,7 @@ def run(
     target: o.Target = None,
     draft: o.DraftModel = None,
     method: o.MethodOpt = Method.draft,
-    k: o.K = "auto",
+    k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 512,
@@ -88,7 +88,7 @@ def run(
         text,
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose),
-        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -97,6 +97,7 @@ def run(
         output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare),
         raw=raw,
         system=system,
+        use_saved_k=k is None,
     )
     if code:
         raise typer.Exit(code)
@@ -167,11 +168,76 @@ def chat(
         raise typer.Exit(code)
 
 
-@app.command()
-def tune() -> None:
-    """Measure speedup by K for your models and machine (not implemented yet)."""
-    typer.echo("specdec tune is not implemented yet.", err=True)
-    raise typer.Exit(2)
+TUNE_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec tune --save                        [dim]# default pair, 2 built-in prompts, K 1,2,4,8,16[/dim]
+  specdec tune --k 4..16 --method ngram      [dim]# K = 4, 6, 8, 12, 16 with prompt lookup[/dim]
+  specdec tune prompts/ --k 2,4,8 --json t.json   [dim]# your prompts; every run as JSON[/dim]
+  specdec tune --k auto --repeats 3 -n 256   [dim]# only auto against plain decoding, steadier[/dim]
+
+[bold]How long[/bold]: prompts × (K values + 2) × repeats generations of up to --max-tokens tokens.
+Steadier: more --repeats (the median is kept), larger --max-tokens. Quicker: fewer K values (--k 4,8),
+one prompt file, --max-tokens 64.
+"""
+
+
+TUNE_HELP = (
+    "Measure decoding speed by K on this machine, and save the best setting.\n\n"
+    "Plain decoding, each fixed K and auto run on the same prompts in one process, interleaved to cancel drift; "
+    "only decoding is timed. Reports tok/s (median of repeats), speedup over plain decoding, acceptance rate, mean "
+    "accepted length, and the measured cost of a target pass by batch size.\n\n"
+    "Without prompt files it uses two built-in prompts: a copy-heavy code edit and free writing. The report goes to "
+    "stdout, the progress bar to stderr."
+)
+
+
+@app.command(help=TUNE_HELP, epilog=TUNE_EXAMPLES)
+def tune(
+    prompts: o.PromptDir = None,
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    method: o.MethodOpt = Method.draft,
+    k: str = typer.Option("1,2,4,8,16", "--k", "-k", help="Fixed K values to measure: a list (2,4,8) and ranges "
+                          "(4..16 = 4, 6, 8, 12, 16), or 'auto' for none. Plain decoding and auto always run.",
+                          rich_help_panel=o.SPEC),
+    repeats: int = typer.Option(1, "--repeats", "-r", min=1, max=100, help="Runs of every configuration on every "
+                                "prompt; tok/s is their median.", rich_help_panel=o.SPEC),
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    max_tokens: o.MaxTokens = 128,
+    temperature: o.Temperature = 0.0,
+    seed: o.Seed = None,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    json_out: str = typer.Option(None, "--json", help="Write every run's measurements and the machine description "
+                                 "as JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
+    save: bool = typer.Option(False, "--save", help="Save the best setting for this model pair, method and machine "
+                              "(config dir/tuned.json); `specdec run` uses it when --k is not given.",
+                              rich_help_panel=o.OUTPUT),
+    verbose: o.Verbose = False,
+) -> None:
+    """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
+    from specdec_cli.commands.tune import TuneOptions, execute, parse_tune_k
+    from specdec_cli.prompts import builtin, from_paths
+
+    ks = parse_tune_k(k)
+    if prompts:
+        cases = from_paths(list(prompts))
+    else:
+        cases = [next(c for c in builtin((kind,))) for kind in ("edit", "write")]  # one of each: short
+    code = execute(
+        cases,
+        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                            verbose=verbose),
+        spec=SpecOptions(method=method.value, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        config=GenerationConfig(max_tokens=max_tokens,
+                                sampling=SamplingParams(temperature=temperature, seed=seed)),
+        options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save),
+    )
+    if code:
+        raise typer.Exit(code)
 
 
 def _mount_subcommands() -> None:

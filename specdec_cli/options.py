@@ -46,9 +46,10 @@ GpuLayers = Annotated[
 ]
 MethodOpt = Annotated[Method, typer.Option("--method", "-m", help="Drafter.", rich_help_panel=SPEC)]
 K = Annotated[
-    str,
+    Optional[str],
     typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
-                 "number 0-64.", rich_help_panel=SPEC),
+                 "number 0-64. [default: the setting `specdec tune --save` found best for these models, method and "
+                 "machine, else auto]", rich_help_panel=SPEC),
 ]
 NgramMin = Annotated[int, typer.Option("--ngram-min", min=1, max=16, help="Shortest n-gram prompt lookup matches.",
                                        rich_help_panel=SPEC)]

@@ -66,8 +66,13 @@ def generate(engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationCo
 
 
 def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
-            output: OutputOptions, raw: bool, system: str | None) -> int:
-    """Run one prompt. Returns the exit code (130 when interrupted)."""
+            output: OutputOptions, raw: bool, system: str | None, use_saved_k: bool = False) -> int:
+    """Run one prompt. Returns the exit code (130 when interrupted).
+
+    use_saved_k: --k was not given, so the K saved by `specdec tune --save` for these models, method and machine
+    is used when there is one (`specdec_cli.tuned.lookup`); otherwise `spec.k`.
+    """
+    _check_k(spec)  # before loading any model, also for --method none
     err = err_console()
     json_to_stdout = output.json_path == "-"
     # The text goes to stdout, unless stdout is reserved for JSON (then it is shown on stderr if that is a terminal).
@@ -78,7 +83,8 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         drafter = session.make_drafter(spec)
-        controller = session.make_controller(spec) if drafter is not None else None
+        saved_k = _saved_k(session, spec, err) if use_saved_k and drafter is not None else None
+        controller = session.make_controller(spec, saved_k=saved_k) if drafter is not None else None
         engine = SpeculativeEngine(session.target, drafter, controller)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != "none":
@@ -96,8 +102,33 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         if output.compare and not result.interrupted:
             compare = _compare(session, prompt, config, result, err)
         if output.json_path:
-            _write_json(output.json_path, session, spec, config, result, compare)
+            k_source = "tuned" if saved_k is not None else ("default" if use_saved_k else "option")
+            _write_json(output.json_path, session, spec, config, result, compare,
+                        k=str(saved_k) if saved_k is not None else spec.k, k_source=k_source)
     return 130 if result.interrupted else 0
+
+
+def _check_k(spec: SpecOptions) -> None:
+    """A bad --k is a UsageError before anything is loaded."""
+    from specdec_cli.controller import parse_k
+    from specdec_cli.errors import UsageError
+
+    try:
+        parse_k(spec.k)
+    except ValueError as e:
+        raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
+
+
+def _saved_k(session: Session, spec: SpecOptions, err) -> int | None:
+    """The fixed K `specdec tune --save` chose for this pair, method and machine (None: auto), announced on stderr."""
+    from rich.text import Text
+
+    from specdec_cli.tuned import lookup, tuned_path
+
+    k = lookup(session.target_path, session.draft_path, spec.method, getattr(session.target, "n_threads", None))
+    if k is not None:
+        err.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.", style="spec.label"))
+    return k
 
 
 def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_result: Generation, err) -> dict:
@@ -122,7 +153,7 @@ def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spe
 
 
 def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
-                compare: dict | None) -> None:
+                compare: dict | None, *, k: str, k_source: str) -> None:
     from specdec_cli.llama import system_info
 
     doc = {
@@ -135,7 +166,8 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "target": str(session.target_path),
             "draft": str(session.draft_path) if session.draft_path else None,
             "method": spec.method,
-            "k": spec.k,
+            "k": k,
+            "k_source": k_source,  # "option" (--k), "tuned" (specdec tune --save) or "default" (auto)
             "max_tokens": config.max_tokens,
             "stop": list(config.stop),
             "sampling": asdict(config.sampling),

@@ -1,0 +1,237 @@
+"""Settings saved by `specdec tune --save`: the best K for a model pair, a method and a machine.
+
+`run` (and `chat`) use the saved setting when `--k` is not given; `--k auto` or `--k N` given explicitly always win.
+The saved setting is either a fixed K (0..64; 0 = plain decoding was fastest) or "auto" (the adaptive controller
+was best, or within `specdec_cli.commands.tune.AUTO_MARGIN` of the best fixed K, since it also adapts to prompts
+the tune did not see). `lookup` returns the K, or None for "auto" and for nothing saved: both mean AdaptiveK.
+
+The file, `config_dir()/tuned.json` (mode 0o600, written atomically: temp file, fsync, os.replace, under a file lock):
+
+    {"version": 1,
+     "settings": {
+       "<target id>|<draft id or ->|<method>|<machine id>": {
+         "k": 6 | "auto",
+         "target": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": "...gguf" | null, "method": "draft",
+         "machine": {"cpu": "...", "threads": 2, "system_info_sha256": "..."},
+         "speedup": 1.31, "tokens_per_s": 21.4, "plain_tokens_per_s": 16.3,   # the tune's measurements
+         "prompts": ["colorsys_type_hints", ...], "max_tokens": 128, "repeats": 1, "saved_at": "2025-...Z"}}}
+
+Keys:
+    model id    "<file name>:<size in bytes>:<sha256 of the first and last MiB, 16 hex digits>". Hashing a whole
+                1 GB model would cost seconds on every `run`; the ends (GGUF header + tokenizer, last tensors) and
+                the size tell a re-quantised or replaced file from the one that was tuned in ~1 ms.
+    machine id  "<CPU model>|<threads>|<sha256 of llama.cpp's system info line, 12 hex digits>": the system info
+                names the build's CPU features and backends, so a rebuilt llama-cpp-python gets tuned afresh.
+
+A file that cannot be read or parsed, or an entry that does not validate, is ignored with a `TunedWarning`
+(shown on stderr): a broken cache of measurements must never stop a generation. `save` replaces a corrupt file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from specdec_cli.config import config_dir
+
+FILE_NAME = "tuned.json"
+VERSION = 1
+K_LIMIT = 64
+_CHUNK = 1 << 20  # bytes hashed at each end of a model file
+_LOCK_TIMEOUT_S = 10.0
+
+
+class TunedWarning(UserWarning):
+    """tuned.json could not be used (unreadable, not JSON, wrong schema); the saved setting is ignored."""
+
+
+def tuned_path() -> Path:
+    """config_dir()/tuned.json."""
+    return config_dir() / FILE_NAME
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Keys
+
+
+def model_id(path: str | os.PathLike[str]) -> str:
+    """"<name>:<size>:<sha256(first MiB + last MiB)[:16]>" of a model file. Raises OSError if it cannot be read."""
+    p = Path(path)
+    size = p.stat().st_size
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        h.update(f.read(_CHUNK))
+        if size > _CHUNK:
+            f.seek(max(_CHUNK, size - _CHUNK))
+            h.update(f.read(_CHUNK))
+    return f"{p.name}:{size}:{h.hexdigest()[:16]}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, sysctl's brand string on macOS, else platform's guess)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "Hardware")) and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=2, check=False).stdout.strip()
+            if out:
+                return out
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine(threads: int | None) -> dict[str, Any]:
+    """{"cpu", "threads", "system_info", "system_info_sha256", "key"}: what a tuned setting is valid for.
+
+    threads: the generation threads (None = llama.cpp's default for this process, `default_threads()`).
+    """
+    from specdec_cli.llama import default_threads, system_info
+
+    info = system_info()
+    desc = {
+        "cpu": cpu_model(),
+        "threads": int(threads or default_threads()),
+        "system_info": info,
+        "system_info_sha256": hashlib.sha256(info.encode()).hexdigest()[:12],
+    }
+    desc["key"] = f"{desc['cpu']}|{desc['threads']}|{desc['system_info_sha256']}"
+    return desc
+
+
+def setting_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
+                machine_key: str) -> str:
+    """The tuned.json key of a model pair, method and machine (see the module docstring)."""
+    draft = model_id(draft_path) if draft_path is not None else "-"
+    return f"{model_id(target_path)}|{draft}|{method}|{machine_key}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, TunedWarning, stacklevel=3)
+
+
+def _valid_k(k: Any) -> bool:
+    return k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= K_LIMIT)
+
+
+def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The saved settings by key ({} when there is no file). A broken file: `TunedWarning` and {}; never raises."""
+    path = path or tuned_path()
+    fix = f"Delete {path} or run `specdec tune --save` again to rewrite it."
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as e:
+        _warn(f"Ignoring saved tune settings: cannot read {path} ({getattr(e, 'strerror', None) or e}). {fix}")
+        return {}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        _warn(f"Ignoring saved tune settings: {path} is not valid JSON ({e.msg} at line {e.lineno}). {fix}")
+        return {}
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("settings"), dict):
+        _warn(f"Ignoring saved tune settings: {path} is not a version-{VERSION} tuned.json. {fix}")
+        return {}
+    return doc["settings"]
+
+
+def lookup_entry(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
+                 threads: int | None) -> dict[str, Any] | None:
+    """The saved entry for this pair, method and machine (its "k" is an int 0..64 or "auto"), or None."""
+    settings = load()
+    if not settings:
+        return None
+    try:
+        key = setting_key(target_path, draft_path, method, machine(threads)["key"])
+    except OSError:
+        return None  # a model file that cannot be read fails to load anyway, with a better message
+    entry = settings.get(key)
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or not _valid_k(entry.get("k")):
+        _warn(f"Ignoring the saved tune setting for {Path(target_path).name} ({method}) in {tuned_path()}: "
+              f"its \"k\" must be \"auto\" or a whole number 0..{K_LIMIT}. Run `specdec tune --save` again.")
+        return None
+    return entry
+
+
+def lookup(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
+           threads: int | None) -> int | None:
+    """The K `specdec tune --save` found best for this pair, method and machine; None = use AdaptiveK.
+
+    None covers both "nothing saved" and a saved "auto". `draft_path` is None for methods without a draft model
+    (ngram, suffix). `threads`: the generation threads (None = the default). Never raises for a broken tuned.json
+    (a `TunedWarning` instead).
+    """
+    entry = lookup_entry(target_path, draft_path, method, threads)
+    if entry is None or entry["k"] == "auto":
+        return None
+    return int(entry["k"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
+         machine_desc: dict[str, Any], k: int | str, details: dict[str, Any] | None = None) -> Path:
+    """Record K (an int 0..64 or "auto") for this pair, method and machine; return the file written.
+
+    Other entries are kept; a corrupt file is replaced (with a `TunedWarning` from `load`). The write is atomic and
+    the file is created 0o600. Raises ValueError for a bad K, OSError when the directory is not writable.
+    """
+    if not _valid_k(k):
+        raise ValueError(f"k must be 'auto' or 0..{K_LIMIT}, got {k!r}")
+    import filelock
+
+    path = tuned_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = setting_key(target_path, draft_path, method, machine_desc["key"])
+    entry = {
+        "k": k,
+        "target": Path(target_path).name,
+        "draft": Path(draft_path).name if draft_path is not None else None,
+        "method": method,
+        "machine": {m: machine_desc[m] for m in ("cpu", "threads", "system_info_sha256")},
+        **(details or {}),
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with filelock.FileLock(f"{path}.lock", timeout=_LOCK_TIMEOUT_S, mode=0o600):
+        settings = dict(load(path))
+        settings[key] = entry
+        _write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2, ensure_ascii=False))
+    return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0o600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
