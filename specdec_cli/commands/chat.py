@@ -296,7 +296,7 @@ class Chat:
     """
 
     def __init__(self, session: Session, *, spec: SpecOptions, config: GenerationConfig, view: ChatView,
-                 system: str | None = None) -> None:
+                 system: str | None = None, saved_k: int | None = None) -> None:
         self.session = session
         self.config = config
         self.view = view
@@ -304,7 +304,7 @@ class Chat:
         self.totals = Totals()
         self.spec = spec
         self.drafter = session.make_drafter(spec)
-        controller = session.make_controller(spec)  # also validates --k when nothing is drafted
+        controller = session.make_controller(spec, saved_k=saved_k)  # also validates --k when nothing is drafted
         self.engine = SpeculativeEngine(session.target, self.drafter, controller if self.drafter is not None else None)
 
     def set_spec(self, spec: SpecOptions) -> None:
@@ -698,8 +698,10 @@ def loop(chat: Chat, reader: LineReader) -> None:
 
 
 def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig, system: str | None,
-            plain: bool = False, clean: bool = False) -> int:
+            plain: bool = False, clean: bool = False, use_saved_k: bool = False) -> int:
     """Run a chat on stdin/stdout. Returns 0 (also after Ctrl-C/Ctrl-D at the prompt).
+
+    use_saved_k: --k was not given: use the K `specdec tune --save` chose for these models, method and machine.
 
     Raises (before the first prompt): ModelError, IncompatiblePairError, ConfigError, UsageError (bad --k/--method).
     """
@@ -710,7 +712,10 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
-        chat = Chat(session, spec=spec, config=config, view=view, system=system)
+        from specdec_cli.commands.run import _saved_k
+
+        saved_k = _saved_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+        chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
         reader = LineReader(sys.stdin, interactive=interactive,
                             history=config_dir() / HISTORY_FILE if interactive else None)
         view.banner(session, spec, config)
