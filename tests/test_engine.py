@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits
+from specdec_cli.controller import FixedK
 from specdec_cli.drafters.base import Draft
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
@@ -16,16 +17,6 @@ from specdec_cli.stats import summarize
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
 
-
-class FixedK:
-    def __init__(self, k):
-        self.k = k
-
-    def next_k(self):
-        return self.k
-
-    def observe(self, step):
-        pass
 
 
 def run(engine, prompt=PROMPT, **cfg):

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats as sps
 
 from specdec_cli.__main__ import main
+from specdec_cli.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
@@ -27,16 +28,6 @@ pytestmark = pytest.mark.real
 
 CODE_PROMPT = "Write a Python function `is_prime(n)` with a docstring, then explain it in two sentences."
 
-
-class FixedK:
-    def __init__(self, k):
-        self.k = k
-
-    def next_k(self):
-        return self.k
-
-    def observe(self, step):
-        pass
 
 
 @pytest.fixture(scope="module")
