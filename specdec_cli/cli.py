@@ -240,6 +240,86 @@ def tune(
         raise typer.Exit(code)
 
 
+BENCH_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec bench                                  [dim]# default pair, one built-in prompt per class, + the peer[/dim]
+  specdec bench --json bench.json --plot speedup.svg
+  specdec bench --from-json bench.json --markdown   [dim]# the README's Results table from a saved run[/dim]
+  specdec bench prompts/ --methods none,ngram,suffix --no-peer -n 256 --repeats 3
+  specdec bench -t smollm2-135m -d smollm2-135m -n 32   [dim]# a quick try on the tiny model[/dim]
+
+[bold]How long[/bold]: prompts × configurations × (repeats + one cold run) generations; the cold runs pay a full
+prefill each. The defaults (4 prompts, 7 configurations, 96 tokens, 1 repeat) take about 10 minutes with the
+default pair on 2 CPU cores. Steadier: --repeats 3. Quicker: --methods none,ngram --no-peer, or one prompt file.
+"""
+
+BENCH_HELP = (
+    "Benchmark every drafting method, and llama-cpp-python's own prompt lookup decoding, on a prompt set.\n\n"
+    "Configurations: our methods (--methods; none is the baseline and always runs) in one process on one loaded "
+    "target, and the peer: llama-cpp-python's Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10 and 2)) "
+    "in its own process, with logits_all=True (without it, it fails with a broadcast error in 0.3.36). Greedy. "
+    "Runs are interleaved, repeated and warmed up; only decoding is timed.\n\n"
+    "Reports per configuration: decode tok/s (median, spread), speedup over none, acceptance rate, mean accepted "
+    "length, time to first token (cold cache), peak RSS, and whether the output matches none's. Without prompt "
+    "files it uses one built-in prompt per class: copy-heavy code edit, code explanation, summary, free writing. "
+    "The report goes to stdout, the progress bar to stderr."
+)
+
+
+@app.command(help=BENCH_HELP, epilog=BENCH_EXAMPLES)
+def bench(
+    prompts: o.PromptDir = None,
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    methods: str = typer.Option("none,ngram,draft,suffix,hybrid", "--methods", help="Our methods to measure, "
+                                "comma-separated (none always runs: it is the baseline).", rich_help_panel=o.SPEC),
+    no_peer: bool = typer.Option(False, "--no-peer", help="Skip llama-cpp-python's prompt lookup decoding.",
+                                 rich_help_panel=o.SPEC),
+    k: str = typer.Option("auto", "--k", "-k", help="Draft length K for our methods: 'auto' or a fixed number 0-64.",
+                          rich_help_panel=o.SPEC),
+    repeats: int = typer.Option(1, "--repeats", "-r", min=1, max=100, help="Timed runs of every configuration on "
+                                "every prompt; tok/s is their median.", rich_help_panel=o.SPEC),
+    all_builtin: bool = typer.Option(False, "--all-builtin", help="Without prompt files: every built-in prompt, "
+                                     "not one per class."),
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    max_tokens: o.MaxTokens = 96,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    json_out: str = typer.Option(None, "--json", help="Write every raw measurement and the machine description as "
+                                 "JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
+    plot: str = typer.Option(None, "--plot", help="Write a chart of the speedup by method and prompt class to PATH "
+                             "(.png or .svg; needs pip install 'specdec[plot]').", rich_help_panel=o.OUTPUT),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the README's Results table (Markdown) to stdout; "
+                                  "the report goes to stderr.", rich_help_panel=o.OUTPUT),
+    from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "
+                                  "(with --markdown and --plot).", rich_help_panel=o.OUTPUT),
+    verbose: o.Verbose = False,
+) -> None:
+    """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
+    from specdec_cli.commands import bench as B
+    from specdec_cli.prompts import CLASSES, builtin, from_paths
+
+    options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
+                             ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, json_path=json_out,
+                             plot_path=plot, markdown=markdown)
+    if from_json:
+        code = B.from_json(from_json, options=options)
+    else:
+        if prompts:
+            cases = from_paths(list(prompts))
+        elif all_builtin:
+            cases = builtin()
+        else:
+            cases = [builtin((kind,))[0] for kind in CLASSES]
+        code = B.execute(cases, models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads,
+                                                    gpu_layers=gpu_layers, verbose=verbose), options=options)
+    if code:
+        raise typer.Exit(code)
+
+
 def _mount_subcommands() -> None:
     from specdec_cli.commands.models import models_app
 

@@ -1,0 +1,154 @@
+"""A description of this machine and of the model files, for `specdec bench --json` and its report.
+
+    describe(threads, model_paths) -> {
+        "cpu": "AMD EPYC 7B13",            # /proc/cpuinfo "model name" (sysctl on macOS)
+        "cores": 1, "logical_cpus": 2,     # physical cores (distinct (package, core id) pairs), os.cpu_count()
+        "usable_cpus": 2, "threads": 2,    # CPUs this process may run on; llama.cpp threads used
+        "memory_bytes": 25275486208,       # MemTotal (None when unknown)
+        "os": "Linux-6.8…", "python": "3.11.7",
+        "llama_cpp_python": "0.3.36",      # the installed distribution's version (no import)
+        "system_info": "CPU : SSE3 = 1 | AVX2 = 1 | …",   # llama.cpp's build and CPU feature line
+        "models": [{"path", "name", "size", "sha256", "sha256_source"}, …]}
+
+Model digests come from the `<file>.sha256` marker the resolver writes next to every model it downloaded and
+verified (sha256sum format); files are never rehashed here (a 1 GB model takes seconds). A model without a marker
+(a path the user gave) has "sha256": null and "sha256_source": "not hashed (no resolver marker)".
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, sysctl's brand string on macOS, else platform's guess)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "Hardware")) and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=2, check=False).stdout.strip()
+            if out:
+                return out
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def physical_cores(cpuinfo: str | None = None) -> int | None:
+    """Physical cores: distinct (physical id, core id) pairs in /proc/cpuinfo (`cpuinfo` = its text, for tests).
+
+    None when /proc/cpuinfo is unreadable or lists no core ids (some ARM and virtual machines).
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    cores = set()
+    for block in cpuinfo.split("\n\n"):
+        fields = dict(
+            (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in block.splitlines()) if _
+        )
+        if "core id" in fields:
+            cores.add((fields.get("physical id", "0"), fields["core id"]))
+    return len(cores) or None
+
+
+def memory_bytes() -> int | None:
+    """Total RAM in bytes (MemTotal in /proc/meminfo), None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def package_version(dist: str = "llama_cpp_python") -> str | None:
+    """The installed version of a distribution, without importing it (None when it is not installed)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """{"path", "name", "size", "sha256", "sha256_source"} for a model file; the digest is read from the resolver's
+    `<file>.sha256` marker, never computed (see the module docstring)."""
+    from specdec_cli.resolver import marker_path
+
+    p = Path(path)
+    try:
+        size: int | None = p.stat().st_size
+    except OSError:
+        size = None
+    digest = None
+    try:
+        fields = marker_path(p).read_text(encoding="ascii").split()
+        if fields and _HEX64.match(fields[0]):
+            digest = fields[0]
+    except (OSError, UnicodeDecodeError):
+        pass
+    return {
+        "path": str(p),
+        "name": p.name,
+        "size": size,
+        "sha256": digest,
+        "sha256_source": "resolver marker (verified at download)" if digest else "not hashed (no resolver marker)",
+    }
+
+
+def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = ()) -> dict[str, Any]:
+    """The machine description (see the module docstring). `threads`: llama.cpp threads (None = all usable CPUs)."""
+    from specdec_cli.llama import system_info
+
+    return {
+        "cpu": cpu_model(),
+        "cores": physical_cores(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
+        "threads": int(threads or usable_cpus()),
+        "memory_bytes": memory_bytes(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": package_version(),
+        "system_info": system_info(),
+        "models": [model_file(p) for p in model_paths],
+    }
+
+
+def one_line(desc: dict[str, Any]) -> str:
+    """"AMD EPYC 7B13, 1 core / 2 threads used, 23.5 GiB RAM, llama-cpp-python 0.3.36" for report headers."""
+    cores = desc.get("cores")
+    parts = [desc.get("cpu") or "unknown CPU",
+             (f"{cores} core{'s' * (cores != 1)}, " if cores else "") + f"{desc.get('logical_cpus')} logical CPUs, "
+             f"{desc.get('threads')} threads used"]
+    if desc.get("memory_bytes"):
+        parts.append(f"{desc['memory_bytes'] / 2**30:.1f} GiB RAM")
+    if desc.get("llama_cpp_python"):
+        parts.append(f"llama-cpp-python {desc['llama_cpp_python']}")
+    return ", ".join(parts)

@@ -1,0 +1,335 @@
+"""`specdec bench`, the llama-cpp-python peer and the machine description.
+
+The order of runs, the medians, paired speedups, agreement counts, the peer's derived acceptance and the Markdown
+table are checked with literal numbers; Ctrl-C is checked with fake workers. The CLI test runs the real command on
+the tiny model (SmolLM2-135M as its own draft) with two prompts and 8 tokens, and checks what it writes. One test
+pins llama-cpp-python 0.3.36's broadcast error without logits_all, which the report tells users about. Nothing here
+asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_cli.__main__ import main
+from specdec_cli.commands import bench as B
+from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
+from specdec_cli.machine import model_file, physical_cores
+from specdec_cli.peer import lookup_acceptance
+
+ALL = ["none", "ngram", "draft", "suffix", "hybrid", "peer-10", "peer-2"]
+
+
+def cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- what runs, in which order
+
+
+def test_schedule_starts_each_first_repeat_block_with_cold_runs_and_rotates_the_order() -> None:
+    plan = B.schedule(3, 2, 2)
+    as_tuples = [(s.repeat, s.prompt, s.config, s.cold) for s in plan]
+    assert as_tuples == [
+        (0, 0, 0, True), (0, 0, 1, True), (0, 0, 2, True),  # repeat 0, prompt 0: cold runs first
+        (0, 0, 0, False), (0, 0, 1, False), (0, 0, 2, False),
+        (0, 1, 1, True), (0, 1, 2, True), (0, 1, 0, True),  # next block: one position later
+        (0, 1, 1, False), (0, 1, 2, False), (0, 1, 0, False),
+        (1, 0, 2, False), (1, 0, 0, False), (1, 0, 1, False),  # later repeats: warm cache, no cold runs
+        (1, 1, 0, False), (1, 1, 1, False), (1, 1, 2, False),
+    ]
+    # every (prompt, config) has exactly one cold run, and `repeats` timed runs
+    for p in range(2):
+        for c in range(3):
+            assert sum(s.cold for s in plan if (s.prompt, s.config) == (p, c)) == 1
+            assert sum(not s.cold for s in plan if (s.prompt, s.config) == (p, c)) == 2
+
+
+def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
+    assert B.parse_methods("suffix, ngram") == ["none", "ngram", "suffix"]
+    assert B.parse_methods("hybrid,none,draft,suffix,ngram") == ["none", "ngram", "draft", "suffix", "hybrid"]
+    with pytest.raises(UsageError, match="Unknown method 'medusa' in --methods.*none, ngram, draft, suffix, hybrid"):
+        B.parse_methods("ngram,medusa")
+    assert [c.label for c in B.configs_for(["none", "ngram"], peer=True)] == ["none", "ngram", "peer-10", "peer-2"]
+    assert [c.label for c in B.configs_for(["none", "draft"], peer=False)] == ["none", "draft"]
+    peer = B.configs_for(["none"], peer=True)[1]
+    assert (peer.family, peer.num_pred_tokens, peer.title) == ("peer", 10, "llama-cpp-python lookup (N=10)")
+
+
+# ---- the summary, with literal numbers
+
+
+def run(config, prompt, tps, *, kind="edit", repeat=0, cold=False, tokens=(1, 2, 3, 4), drafted=0, accepted=0,
+        spec_steps=0, ttft=None, rss=1000):
+    return {"config": config, "prompt": prompt, "kind": kind, "repeat": repeat, "cold": cold, "tokens_per_s": tps,
+            "tokens": list(tokens), "n_drafted": drafted, "n_accepted": accepted, "n_spec_steps": spec_steps,
+            "ttft_ms": ttft, "peak_rss_kib": rss}
+
+
+def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreement() -> None:
+    configs = B.configs_for(["none", "ngram"], peer=True)[:3]  # none, ngram, peer-10
+    prompts = [("p", "edit"), ("q", "edit"), ("w", "write")]
+    runs = [
+        # cold runs: TTFT and RSS only; their tok/s must not count
+        run("none", "p", 999, cold=True, ttft=900, rss=5000), run("ngram", "p", 999, cold=True, ttft=1100),
+        run("none", "q", 999, kind="edit", cold=True, ttft=500),
+        # prompt p: two repeats, plain 10 and 20 tok/s; ngram 30 and 20 → paired ratios 3.0 and 1.0
+        run("none", "p", 10, repeat=0), run("none", "p", 20, repeat=1),
+        run("ngram", "p", 30, repeat=0, drafted=10, accepted=8, spec_steps=4),
+        run("ngram", "p", 20, repeat=1, drafted=10, accepted=2, spec_steps=4, tokens=(1, 2, 9)),
+        # prompt q: ratio 4.0; prompt w (class write): ratio 0.5
+        run("none", "q", 10), run("ngram", "q", 40), run("none", "w", 10, kind="write"),
+        run("ngram", "w", 5, kind="write", tokens=(1, 7)),
+        # the peer ran on p only, in repeat 0
+        run("peer-10", "p", 5, drafted=6, accepted=3, spec_steps=3, rss=3000),
+    ]
+    none, ngram, peer = B.summarize(runs, configs, prompts)
+    assert none.tps_by_prompt == {"p": 15.0, "q": 10.0, "w": 10.0}
+    assert none.tokens_per_s == 10.0 and none.speedup == pytest.approx(1.0)
+    assert none.ttft_ms == 700.0 and none.peak_rss_kib == 5000 and none.agree == (4, 4, None)
+    assert ngram.tps_by_prompt == {"p": 25.0, "q": 40.0, "w": 5.0}
+    assert ngram.speedup_by_prompt == {"p": 2.0, "q": 4.0, "w": 0.5}  # median of paired ratios 3.0 and 1.0
+    assert ngram.speedup_spread_by_prompt["p"] == (1.0, 3.0)
+    assert ngram.speedup == pytest.approx((2.0 * 4.0 * 0.5) ** (1 / 3))
+    assert ngram.speedup_by_class == pytest.approx({"edit": (2.0 * 4.0) ** 0.5, "write": 0.5})
+    assert ngram.speedup_range == (0.5, 4.0)
+    assert ngram.tps_spread == pytest.approx(0.4)  # p: (30 - 20) / 25; q and w have one repeat
+    assert (ngram.acceptance_rate, ngram.mean_accepted_length) == (0.5, 1.25)  # pooled: 10/20, 10/8
+    assert ngram.ttft_ms == 1100 and ngram.runs == 4
+    assert ngram.agree == (2, 4, 1)  # repeat 1 on p shares 2 tokens, w shares 1: the fewest is 1
+    assert peer.speedup_by_prompt == {"p": 0.5} and peer.ttft_ms is None and peer.agree == (1, 1, None)
+    assert peer.peak_rss_kib == 3000 and peer.acceptance_rate == 0.5
+    d = ngram.to_dict()
+    assert d["peak_rss_bytes"] == 1000 * 1024 and d["identical_to_none"] == 2 and d["compared_with_none"] == 4
+
+
+def test_an_interrupted_bench_summarises_what_ran() -> None:
+    configs = B.configs_for(["none", "ngram"], peer=False)
+    none, ngram = B.summarize([run("none", "p", 10)], configs, [("p", "edit"), ("q", "edit")])
+    assert none.tokens_per_s == 10 and ngram.runs == 0 and ngram.speedup is None and ngram.tokens_per_s is None
+    assert ngram.acceptance_rate is None and ngram.agree == (0, 0, None)
+
+
+def test_markdown_table_has_a_column_per_class_and_a_row_per_configuration() -> None:
+    configs = B.configs_for(["none", "ngram"], peer=True)
+    prompts = [("p", "edit"), ("w", "write")]
+    runs = [run("none", "p", 10), run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1),
+            run("peer-10", "p", 5), run("peer-2", "p", 10), run("none", "w", 10, kind="write"),
+            run("ngram", "w", 10, kind="write", tokens=(1, 2)), run("none", "p", 1, cold=True, ttft=1500, rss=2048)]
+    doc = {"target": "/m/t.gguf", "draft": None, "prompts": [{"name": n, "kind": k, "n_tokens": 9} for n, k in prompts],
+           "settings": {"repeats": 1, "max_tokens": 96, "k": "auto"}, "started_at": "now",
+           "machine": {"cpu": "Test CPU", "cores": 2, "logical_cpus": 2, "threads": 2}}
+    lines = B.markdown_table(doc, B.summarize(runs, configs, prompts)).splitlines()
+    assert lines[0].startswith("<!-- specdec bench, now: t.gguf; 2 prompts") and "Test CPU" in lines[0]
+    assert lines[1] == ("| configuration | decode tok/s | speedup | edit | write | acceptance | mean accepted length "
+                        "| TTFT | peak RSS | greedy = none |")
+    assert lines[3] == "| `none` | 10.0 | 1.00× |  |  |  |  | 1.50 s | 2 MiB |  |"
+    assert lines[4] == "| `ngram` | 15.0 | 1.41× | 2.00× | 1.00× | 75% | 3.00 | – | 1 MiB | 1/2 ≥2 |"
+    assert lines[5].startswith("| llama-cpp-python lookup (N=10) | 5.0 | 0.50× | 0.50× | – | n/a | n/a |")
+    assert len(lines) == 3 + 4
+
+
+# ---- the peer's derived acceptance
+
+
+def test_lookup_acceptance_is_each_proposals_common_prefix_with_the_output() -> None:
+    prompt = [7, 8, 9]
+    output = [1, 2, 3, 4, 5, 6]
+    context = np.array(prompt + output, dtype=np.int32)
+    calls = [
+        (4, np.array([2, 3, 0, 0], np.int32)),  # after token 1: 2, 3 accepted, then the target's 4 != 0
+        (7, np.array([], np.int32)),            # no match: a plain step
+        (8, np.array([6, 6, 6], np.int32)),     # only one position is left in the output: cut to [6], accepted
+        (6, np.array([9], np.int32)),           # rejected at once
+    ]
+    st = lookup_acceptance(calls, context)
+    assert (st.n_drafted, st.n_accepted, st.n_spec_steps, st.n_steps) == (4 + 1 + 1, 2 + 1, 3, 4)
+    assert st.k_histogram == {4: 1, 0: 1, 1: 2}
+
+
+# ---- the machine description
+
+
+def test_model_digest_comes_from_the_resolver_marker_without_hashing(tmp_path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    assert model_file(model)["sha256"] is None
+    assert model_file(model)["sha256_source"] == "not hashed (no resolver marker)"
+    fake = "ab" * 32  # not the file's digest: proves the file was not hashed
+    (tmp_path / "m.gguf.sha256").write_text(f"{fake}  m.gguf\n", encoding="ascii")
+    d = model_file(model)
+    assert (d["sha256"], d["size"], d["name"]) == (fake, 64, "m.gguf")
+    (tmp_path / "m.gguf.sha256").write_text("not-a-digest  m.gguf\n", encoding="ascii")
+    assert model_file(model)["sha256"] is None
+
+
+def test_physical_cores_counts_distinct_package_and_core_ids() -> None:
+    block = "processor\t: {i}\nphysical id\t: {p}\ncore id\t\t: {c}\n"
+    text = "\n".join(block.format(i=i, p=p, c=c) for i, (p, c) in enumerate([(0, 0), (0, 0), (0, 1), (1, 0)]))
+    assert physical_cores(text) == 3
+    assert physical_cores("processor\t: 0\nmodel name\t: x\n") is None
+
+
+# ---- errors
+
+
+def test_plot_needs_png_or_svg_and_matplotlib(capsys, monkeypatch, tmp_path) -> None:
+    code, _, err = cli(capsys, "bench", "--plot", str(tmp_path / "chart.gif"), "--no-peer")
+    assert code == 2 and "unknown image format" in err and ".png or .svg" in err
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    code, _, err = cli(capsys, "bench", "--plot", str(tmp_path / "chart.png"), "--no-peer")
+    assert code == 2 and "--plot needs matplotlib" in err and "pip install 'specdec[plot]'" in err
+
+
+def test_usage_errors_are_one_line_with_the_fix(capsys, tmp_path) -> None:
+    code, _, err = cli(capsys, "bench", "--methods", "none,eagle")
+    assert code == 2 and "Unknown method 'eagle'" in err
+    code, _, err = cli(capsys, "bench", "--k", "99", "--no-peer")
+    assert code == 2 and "--k must be between 0 and 64" in err
+    code, _, err = cli(capsys, "bench", "--json", "-", "--markdown")
+    assert code == 2 and "both want stdout" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 99}', encoding="utf-8")
+    code, _, err = cli(capsys, "bench", "--from-json", str(bad))
+    assert code == 2 and "not a specdec bench --json file" in err
+
+
+def test_worker_errors_come_back_as_the_same_error_type() -> None:
+    e = B._remote_error({"type": "IncompatiblePairError", "message": "Vocabularies differ.", "fix": "Pass --draft X."})
+    assert isinstance(e, IncompatiblePairError) and str(e) == "Vocabularies differ. Pass --draft X." and e.exit_code == 4
+    e = B._remote_error({"type": "KeyError", "message": "'x'"})
+    assert isinstance(e, BackendError) and "a bug in specdec" in str(e)
+
+
+# ---- Ctrl-C, with fake workers
+
+
+class FakeWorker:
+    """Stands in for a worker process: canned replies; the `interrupt_at`-th run raises KeyboardInterrupt."""
+
+    interrupt_at = 5
+    calls = 0
+    closed: list[tuple[str, bool]] = []
+
+    def __init__(self, family, init):
+        self.family = family
+        self.info = ({"tokens": [[1, 2, 3]] * len(init["prompts"]), "warmup_tokens": [1], "threads": 2,
+                      "suffix_store_tokens": None, "rss_after_load_kib": 10}
+                     if family == "ours" else {"scores_bytes": 4, "n_vocab": 1, "rss_after_load_kib": 10})
+
+    def call(self, msg):
+        FakeWorker.calls += 1
+        if FakeWorker.calls == FakeWorker.interrupt_at:
+            raise KeyboardInterrupt
+        return {"tokens_per_s": 10.0, "n_tokens": 4, "ttft_ms": 5.0 if msg["cold"] else None, "n_drafted": 0,
+                "n_accepted": 0, "n_spec_steps": 0, "peak_rss_kib": 100, "tokens": [5, 6, 7, 8]}
+
+    def close(self, *, kill=False):
+        FakeWorker.closed.append((self.family, kill))
+
+
+def test_ctrl_c_stops_the_workers_reports_and_writes_the_runs_so_far(smollm2_path, tmp_path, monkeypatch,
+                                                                     capsys) -> None:
+    monkeypatch.setattr(B, "Worker", FakeWorker)
+    FakeWorker.calls, FakeWorker.closed = 0, []
+    p = tmp_path / "a.txt"
+    p.write_text("Say something.", encoding="utf-8")
+    out_json = tmp_path / "b.json"
+    code, out, _ = cli(capsys, "bench", str(p), "-t", "smollm2-135m", "--methods", "none,ngram", "--json",
+                       str(out_json))
+    assert code == 130
+    assert sorted(FakeWorker.closed) == [("ours", True), ("peer", True)]  # killed, not waited for
+    assert "Interrupted after 4 of 8 runs" in out
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    assert doc["interrupted"] is True and len(doc["runs"]) == 4 and doc["schedule_runs"] == 8
+    assert all(r["cold"] for r in doc["runs"])  # the block's four cold runs ran, no timed run did
+
+
+# ---- the real command on the tiny model
+
+
+@pytest.fixture
+def two_prompts(tmp_path) -> list[Path]:
+    a = tmp_path / "copy.txt"
+    a.write_text("Repeat this list exactly: apples, pears, plums, cherries, grapes, figs.", encoding="utf-8")
+    b = tmp_path / "sea.txt"
+    b.write_text("Write one sentence about the sea.", encoding="utf-8")
+    return [a, b]
+
+
+def test_bench_cli_runs_every_configuration_and_writes_json_png_and_markdown(smollm2_path, two_prompts, tmp_path,
+                                                                             capsys) -> None:
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "out.png"
+    code, out, err = cli(capsys, "bench", *map(str, two_prompts), "-t", "smollm2-135m", "-d", "smollm2-135m",
+                         "-n", "8", "--repeats", "1", "--json", str(out_json), "--plot", str(out_png))
+    assert code == 0, err
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    assert doc["configs"] == ALL and doc["interrupted"] is False
+    assert [p["name"] for p in doc["prompts"]] == ["copy", "sea"]
+    # every configuration ran on every prompt: one cold run (with TTFT) and one timed run
+    for label in ALL:
+        for prompt in ("copy", "sea"):
+            mine = [r for r in doc["runs"] if (r["config"], r["prompt"]) == (label, prompt)]
+            assert sorted(r["cold"] for r in mine) == [False, True], (label, prompt)
+            cold = next(r for r in mine if r["cold"])
+            timed = next(r for r in mine if not r["cold"])
+            assert cold["ttft_ms"] > 0 and timed["ttft_ms"] is None
+            assert 1 <= timed["n_tokens"] <= 8 and len(timed["tokens"]) == timed["n_tokens"]
+            assert timed["tokens_per_s"] > 0 and timed["peak_rss_kib"] > 0
+    assert len(doc["runs"]) == doc["schedule_runs"] == 2 * 2 * len(ALL)
+    summary = {s["config"]: s for s in doc["summary"]}
+    assert set(summary) == set(ALL)
+    for label in ALL:
+        s = summary[label]
+        assert s["tokens_per_s"] > 0 and s["speedup"] > 0 and s["ttft_ms"] > 0 and s["peak_rss_bytes"] > 0
+        assert s["compared_with_none"] == 2
+    assert summary["none"]["speedup"] == pytest.approx(1.0)
+    # the machine description and the models, digest from the resolver's marker
+    m = doc["machine"]
+    assert m["cpu"] and m["logical_cpus"] >= 1 and m["threads"] >= 1 and m["system_info"]
+    import llama_cpp
+
+    assert m["llama_cpp_python"] == llama_cpp.__version__
+    marker = Path(str(smollm2_path) + ".sha256").read_text(encoding="ascii").split()[0]
+    assert [x["sha256"] for x in m["models"]] == [marker, marker]
+    assert doc["peer"]["calls"][0].endswith("logits_all=True, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))")
+    assert doc["peer"]["scores_buffer_bytes"] == 4096 * doc["peer"]["n_vocab"] * 4
+    # the report, and a PNG
+    for label in ALL:
+        assert label in out
+    assert "logits_all=True is what makes it work" in " ".join(out.split())  # Rich wraps long lines
+    data = out_png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+    # the README table from the saved run, without measuring
+    code, md, _ = cli(capsys, "bench", "--from-json", str(out_json), "--markdown")
+    assert code == 0
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| -")]
+    assert len(rows) == 1 + len(ALL)  # header + one row per configuration
+    assert rows[1].startswith("| `none` |") and rows[-1].startswith("| llama-cpp-python lookup (N=2) |")
+
+
+def test_peer_needs_logits_all_past_n_batch_tokens(smollm2_path) -> None:
+    """The report says Llama(draft_model=...) fails without logits_all=True once the context passes n_batch (512);
+    if a llama-cpp-python release fixes that, this test fails and the note must change."""
+    from specdec_cli.peer import PeerModel
+
+    prompt = [int(t) for t in np.resize(np.arange(100, 200), 520)]  # 520 tokens > n_batch
+    broken = PeerModel(smollm2_path, n_ctx=1024, logits_all=False)
+    try:
+        with pytest.raises(ValueError, match="broadcast"):
+            broken.generate(prompt, num_pred_tokens=10, max_tokens=2, cold=True)
+    finally:
+        broken.close()
+    working = PeerModel(smollm2_path, n_ctx=1024, logits_all=True)
+    try:
+        r = working.generate(prompt, num_pred_tokens=10, max_tokens=2, cold=True)
+        assert len(r.tokens) == 2 or r.finish_reason == "eog"
+    finally:
+        working.close()
