@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Step
+from specdec_cli.audit import NEAR_TIE
+from specdec_cli.records import REJECTED, Step
 from specdec_cli.stats import RunStats
 
 THEME = Theme(
@@ -140,8 +141,12 @@ def print_stats(console: Console, stats: RunStats, *, method: str, title: str | 
 
 
 def print_compare(console: Console, spec: RunStats, plain: RunStats, *, shared: int, n_spec: int, n_plain: int,
-                  divergence: str | None = None) -> None:
-    """Speedup against plain decoding measured in the same process, and how much of the output agrees."""
+                  divergence=None) -> None:
+    """Speedup against plain decoding measured in the same process, and how much of the output agrees.
+
+    `divergence`: an `audit.Divergence` (greedy: where the outputs first differ, the plain run's margin there and
+    the verdict), or a note to print as is, or None.
+    """
     speedup = spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
     style = "spec.good" if speedup >= 1.0 else "spec.bad"
     line = Text.assemble(("compare ", "spec.label"), f"plain decoding {plain.tokens_per_s:.1f} tok/s → ",
@@ -152,8 +157,16 @@ def print_compare(console: Console, spec: RunStats, plain: RunStats, *, shared: 
                           (f"outputs identical ({shared} tokens)", "spec.good") if same else
                           f"outputs share their first {shared} tokens (speculative {n_spec}, plain {n_plain})")
     console.print(agree)
-    if divergence:
+    if isinstance(divergence, str):
         console.print(Text(f"        {divergence}", style="spec.warn"))
+    elif divergence is not None:
+        verdict_style = "spec.warn" if divergence.verdict == NEAR_TIE else "spec.bad"
+        margin = "unknown" if divergence.margin is None else f"{divergence.margin:.3f} logits"
+        console.print(Text.assemble(
+            ("        ", "spec.label"),
+            f"token {divergence.position}: speculative {divergence.spec_text}, plain {divergence.plain_text}; "
+            f"plain run's margin {margin} (near-tie below {float(divergence.threshold)}): ",
+            (divergence.verdict, verdict_style)))
 
 
 def err_console() -> Console:

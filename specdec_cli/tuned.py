@@ -32,13 +32,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from specdec_cli.machine import cpu_model
 from specdec_cli.config import config_dir
 
 FILE_NAME = "tuned.json"
@@ -72,28 +72,6 @@ def model_id(path: str | os.PathLike[str]) -> str:
             f.seek(max(_CHUNK, size - _CHUNK))
             h.update(f.read(_CHUNK))
     return f"{p.name}:{size}:{h.hexdigest()[:16]}"
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, sysctl's brand string on macOS, else platform's guess)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(("model name", "Model", "Hardware")) and ":" in line:
-                    return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        import subprocess
-
-        try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                 timeout=2, check=False).stdout.strip()
-            if out:
-                return out
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def machine(threads: int | None) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.output import progress as progress_bar, status, write_json
 from specdec_cli.errors import BackendError, ContextOverflowError, SpecdecError, UsageError
 from specdec_cli.prompts import PromptCase
 
@@ -661,7 +662,7 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     peer_info: dict[str, Any] | None = None
     tokens: list[list[int]] = []
     try:
-        with _status(err, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
+        with status(err, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
             workers["ours"] = Worker("ours", {
                 "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
                 "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
@@ -674,12 +675,12 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
                     f"Prompt {p.name} is {len(t)} tokens; with --max-tokens {options.max_tokens} it needs more "
                     f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
         if options.peer:
-            with _status(err, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
+            with status(err, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
                 workers["peer"] = Worker("peer", {"models": model_msg, "prompt_tokens": tokens,
                                                   "warmup_tokens": ours_info["warmup_tokens"]})
             peer_info = workers["peer"].info
 
-        progress = _progress(err)
+        progress = progress_bar(err)
         with progress:
             task = progress.add_task("bench", total=len(plan))
             for slot in plan:
@@ -732,7 +733,7 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
                        style="spec.warn"))
     render(doc, summaries, out=out, options=options)
     if options.json_path:
-        _write_json(options.json_path, doc)
+        write_json(options.json_path, doc)
     return 130 if interrupted else 0
 
 
@@ -796,38 +797,10 @@ def _kib_to_bytes(kib: int | None) -> int | None:
     return kib * 1024 if kib is not None else None
 
 
-def _write_json(path: str, doc: dict) -> None:
-    text = json.dumps(doc, indent=1, ensure_ascii=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        Path(path).write_text(text + "\n", encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"Cannot write --json {path}: {e.strerror or e}.", "Give a writable path, or - for stdout.") \
-            from None
 
 
-def _progress(err: Console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("runs"), TimeElapsedColumn(), console=err, transient=True,
-                    disable=not err.is_terminal)
 
 
-class _status:
-    def __init__(self, console: Console, message: str) -> None:
-        self._cm = console.status(message, spinner="dots") if console.is_terminal else None
-
-    def __enter__(self):
-        if self._cm is not None:
-            self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc) if self._cm is not None else False
 
 
 # --------------------------------------------------------------------------------------------------------------

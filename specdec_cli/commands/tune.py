@@ -22,20 +22,18 @@ run's output would flatter every later run of the same prompt.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.output import progress as progress_bar, write_json
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PromptCase
@@ -365,7 +363,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
                 return AdaptiveK(k_max=spec.k_max)
             return FixedK(c.k) if c.k is not None else None
 
-        progress = _progress(err)
+        progress = progress_bar(err)
         try:
             with progress:
                 task = progress.add_task("warm-up", total=len(plan))
@@ -448,29 +446,12 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
                 "draft_ms_per_token": _round(d_ms),
                 "saved": str(saved) if saved else None,
             }
-            _write_json(options.json_path, doc)
+            write_json(options.json_path, doc)
     return 130 if interrupted else 0
 
 
-def _write_json(path: str, doc: dict) -> None:
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        Path(path).write_text(text + "\n", encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"Cannot write --json {path}: {e.strerror or e}.", "Give a writable path, or - for stdout.") \
-            from None
 
 
-def _progress(err: Console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("runs"), TimeElapsedColumn(), console=err, transient=True,
-                    disable=not err.is_terminal)
 
 
 # --------------------------------------------------------------------------------------------------------------
