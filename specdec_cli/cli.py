@@ -6,6 +6,7 @@ import typer
 
 from specdec_cli import __version__
 from specdec_cli import options as o
+from specdec_cli.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.options import Method
 from specdec_cli.sampling import SamplingParams
@@ -45,6 +46,7 @@ RUN_EXAMPLES = """
   echo "Write a haiku" | specdec run - --temperature 0.8 --seed 1
   specdec run prompt.txt --json - > result.json       [dim]# text and every statistic as JSON[/dim]
   specdec run prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --k 6
+  specdec run prompt.txt --compare --strict           [dim]# exit 7 if greedy output leaves plain decoding (not a near-tie)[/dim]
 """
 
 
@@ -73,6 +75,9 @@ def run(
     clean: o.Clean = False,
     json_out: o.JsonOut = None,
     compare: o.Compare = False,
+    strict: bool = typer.Option(False, "--strict", help="Implies --compare. Exit with code 7 when the greedy "
+                                "output leaves plain decoding at a token that is not a numerical near-tie.",
+                                rich_help_panel=o.OUTPUT),
     verbose: o.Verbose = False,
 ) -> None:
     """Generate a reply to a prompt with speculative decoding, streamed in colour, then statistics.
@@ -94,7 +99,7 @@ def run(
             stop=tuple(stop or ()),
             sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         ),
-        output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare),
+        output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or strict, strict=strict),
         raw=raw,
         system=system,
         use_saved_k=k is None,
@@ -316,6 +321,70 @@ def bench(
             cases = [builtin((kind,))[0] for kind in CLASSES]
         code = B.execute(cases, models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads,
                                                     gpu_layers=gpu_layers, verbose=verbose), options=options)
+    if code:
+        raise typer.Exit(code)
+
+
+CHECK_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec check prompt.txt                            [dim]# default pair, draft model, K automatic[/dim]
+  specdec check prompt.txt --method ngram --k 8 -n 128
+  specdec check prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --json report.json
+  specdec check prompt.txt --threshold 0.5            [dim]# a stricter near-tie threshold (logits)[/dim]
+"""
+
+
+@app.command(epilog=CHECK_EXAMPLES)
+def check(
+    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    method: o.MethodOpt = Method.draft,
+    k: str = typer.Option("auto", "--k", "-k", help="Draft length K: 'auto' or a fixed number 0-64.",
+                          rich_help_panel=o.SPEC),
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    max_tokens: o.MaxTokens = 256,
+    stop: o.Stop = None,
+    temperature: float = typer.Option(0.0, "--temperature", "--temp", min=0.0, help="Must be 0: the check is "
+                                      "greedy (sampling is checked statistically).", rich_help_panel=o.SAMPLING),
+    threshold: float = typer.Option(NEAR_TIE_THRESHOLD, "--threshold", min=0.0, help="Near-tie threshold in "
+                                    "logits: a token that is not the target's batch-1 argmax by less than this is "
+                                    "a numerical near-tie, by more a divergence.", rich_help_panel=o.SPEC),
+    system: o.System = None,
+    raw: o.Raw = False,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    json_out: o.JsonOut = None,
+    verbose: o.Verbose = False,
+) -> None:
+    """Check that greedy speculative output is the target's own greedy output, token by token.
+
+    Generates with speculative decoding, then re-scores the output with the target one token at a time from an
+    empty cache (the numerics of plain decoding) and lists every position where the emitted token is not the
+    target's argmax, with the target's logit margin there. llama.cpp's logits depend on the batch size, so a token
+    may flip where the target's top two logits nearly tie: those pass. Exit code 0 when every flagged position is a
+    near-tie, 7 otherwise. The report goes to stdout (stderr with --json -).
+    """
+    from specdec_cli.commands.check import execute, refuse_sampling
+    from specdec_cli.prompts_io import read_prompt
+
+    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()),
+                              sampling=SamplingParams(temperature=temperature))
+    refuse_sampling(config)  # before reading stdin or loading models
+    code = execute(
+        read_prompt(prompt_file),
+        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                            verbose=verbose),
+        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        config=config,
+        json_path=json_out,
+        raw=raw,
+        system=system,
+        threshold=threshold,
+    )
     if code:
         raise typer.Exit(code)
 

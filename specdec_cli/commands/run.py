@@ -9,8 +9,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specdec_cli.backend import common_prefix
+from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
+from specdec_cli.backend import Backend, common_prefix
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.records import Step
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
@@ -23,6 +25,7 @@ class OutputOptions:
     clean: bool = False
     json_path: str | None = None
     compare: bool = False
+    strict: bool = False  # with compare: a greedy divergence that is not a near-tie raises CheckFailedError (exit 7)
 
 
 @dataclass
@@ -72,6 +75,10 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     use_saved_k: --k was not given, so the K saved by `specdec tune --save` for these models, method and machine
     is used when there is one (`specdec_cli.tuned.lookup`); otherwise `spec.k`.
     """
+    if output.strict and not config.sampling.greedy:
+        raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "
+                         "by design (speculative sampling is lossless in distribution, checked statistically).",
+                         "Drop --strict, or use --temperature 0.")
     _check_k(spec)  # before loading any model, also for --method none
     err = err_console()
     json_to_stdout = output.json_path == "-"
@@ -105,6 +112,13 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
             k_source = "tuned" if saved_k is not None else ("default" if use_saved_k else "option")
             _write_json(output.json_path, session, spec, config, result, compare,
                         k=str(saved_k) if saved_k is not None else spec.k, k_source=k_source)
+    if output.strict and compare is not None and compare["verdict"] == DIVERGENCE:
+        d = compare["divergence"]
+        margin = "unknown" if d["margin"] is None else f"{d['margin']:.3f} logits >= {float(d['threshold'])}"
+        raise CheckFailedError(
+            f"The speculative output left plain decoding at token {d['position']} ({d['spec_text']} instead of "
+            f"{d['plain_text']}), and that is not a numerical near-tie (margin {margin}).",
+            "Run specdec check with the same options to see every position.")
     return 130 if result.interrupted else 0
 
 
@@ -134,11 +148,13 @@ def _saved_k(session: Session, spec: SpecOptions, err) -> int | None:
 def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_result: Generation, err) -> dict:
     """Plain decoding of the same prompt in this process: the speedup baseline and the agreement check."""
     with err.status("Plain decoding for --compare", spinner="dots") if err.is_terminal else _null():
-        session.target.truncate(0)  # same cold prefill as the speculative run
-        plain = generate(SpeculativeEngine(session.target, None), prompt, config)
+        plain, divergence = plain_compare(session.target, prompt, config, spec_result.tokens)
     shared = common_prefix(np.asarray(spec_result.tokens, np.int32), np.asarray(plain.tokens, np.int32))
+    note = divergence if config.sampling.greedy else (
+        "sampling: the two runs drew different random numbers; speculative sampling is lossless in distribution, "
+        "not token by token")
     print_compare(err, spec_result.stats, plain.stats, shared=shared, n_spec=len(spec_result.tokens),
-                  n_plain=len(plain.tokens))
+                  n_plain=len(plain.tokens), divergence=note)
     speedup = spec_result.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
     return {
         "plain_tokens_per_s": plain.stats.tokens_per_s,
@@ -147,9 +163,32 @@ def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spe
         "n_speculative": len(spec_result.tokens),
         "n_plain": len(plain.tokens),
         "identical": spec_result.tokens == plain.tokens,
+        # greedy only: where the outputs first differ, judged by the plain (batch-1) run's own logit margin there
+        "divergence": divergence.to_dict() if divergence is not None else None,
+        "verdict": (divergence.verdict if divergence is not None else "identical") if config.sampling.greedy else None,
         "plain_text": plain.text,
         "plain_stats": plain.stats.to_dict(),
     }
+
+
+def plain_compare(target: Backend, prompt: np.ndarray, config: GenerationConfig, spec_tokens: list[int],
+                  threshold: float = NEAR_TIE_THRESHOLD) -> tuple[Generation, Divergence | None]:
+    """Plain decoding of `prompt` from an empty cache, and (greedy) its first divergence from `spec_tokens`.
+
+    The divergence's margin comes from the plain run's own batch-1 logits row at that position, kept by an
+    `audit.FirstMismatchProbe` around the target (one argmax per plain token; the speculative run is not touched).
+    For sampling runs the divergence is None: their outputs differ by design.
+
+    Returns:
+        (the plain generation, the `audit.Divergence` or None when identical or sampling).
+    """
+    greedy = config.sampling.greedy
+    probe = FirstMismatchProbe(target, len(prompt), spec_tokens) if greedy else None
+    target.truncate(0)  # same cold prefill as the speculative run
+    plain = generate(SpeculativeEngine(probe if probe is not None else target, None), prompt, config)
+    if not greedy or plain.interrupted:
+        return plain, None
+    return plain, compare_divergence(spec_tokens, plain.tokens, probe, target, threshold)
 
 
 def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
