@@ -16,7 +16,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from specdec_cli.audit import NEAR_TIE
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Step
+from specdec_cli.records import REJECTED, Step
 from specdec_cli.stats import RunStats
 
 THEME = Theme(
