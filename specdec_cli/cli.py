@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from specdec_cli import __version__
@@ -129,7 +131,7 @@ def chat(
     target: o.Target = None,
     draft: o.DraftModel = None,
     method: o.MethodOpt = Method.draft,
-    k: o.K = "auto",
+    k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 512,
@@ -159,7 +161,7 @@ def chat(
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose),
-        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -168,6 +170,7 @@ def chat(
         system=system,
         plain=plain,
         clean=clean,
+        use_saved_k=k is None,
     )
     if code:
         raise typer.Exit(code)
@@ -240,6 +243,70 @@ def tune(
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
         options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save),
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+CHECK_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec check prompt.txt                            [dim]# default pair, draft model, K automatic[/dim]
+  specdec check prompt.txt --method ngram --k 8 -n 128
+  specdec check prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --json report.json
+  specdec check prompt.txt --threshold 0.5            [dim]# a stricter near-tie threshold (logits)[/dim]
+"""
+
+
+@app.command(epilog=CHECK_EXAMPLES)
+def check(
+    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    method: o.MethodOpt = Method.draft,
+    k: str = typer.Option("auto", "--k", "-k", help="Draft length K: 'auto' or a fixed number 0-64.",
+                          rich_help_panel=o.SPEC),
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    max_tokens: o.MaxTokens = 256,
+    stop: o.Stop = None,
+    temperature: float = typer.Option(0.0, "--temperature", "--temp", min=0.0, help="Must be 0: the check is "
+                                      "greedy (sampling is checked statistically).", rich_help_panel=o.SAMPLING),
+    threshold: float = typer.Option(NEAR_TIE_THRESHOLD, "--threshold", min=0.0, help="Near-tie threshold in "
+                                    "logits: a token that is not the target's batch-1 argmax by less than this is "
+                                    "a numerical near-tie, by more a divergence.", rich_help_panel=o.SPEC),
+    system: o.System = None,
+    raw: o.Raw = False,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    json_out: o.JsonOut = None,
+    verbose: o.Verbose = False,
+) -> None:
+    """Check that greedy speculative output is the target's own greedy output, token by token.
+
+    Generates with speculative decoding, then re-scores the output with the target one token at a time from an
+    empty cache (the numerics of plain decoding) and lists every position where the emitted token is not the
+    target's argmax, with the target's logit margin there. llama.cpp's logits depend on the batch size, so a token
+    may flip where the target's top two logits nearly tie: those pass. Exit code 0 when every flagged position is a
+    near-tie, 7 otherwise. The report goes to stdout (stderr with --json -).
+    """
+    from specdec_cli.commands.check import execute, refuse_sampling
+    from specdec_cli.prompts_io import read_prompt
+
+    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()),
+                              sampling=SamplingParams(temperature=temperature))
+    refuse_sampling(config)  # before reading stdin or loading models
+    code = execute(
+        read_prompt(prompt_file),
+        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                            verbose=verbose),
+        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        config=config,
+        json_path=json_out,
+        raw=raw,
+        system=system,
+        threshold=threshold,
     )
     if code:
         raise typer.Exit(code)
@@ -325,79 +392,29 @@ def bench(
         raise typer.Exit(code)
 
 
-CHECK_EXAMPLES = """
-[bold]Examples[/bold]
-
-  specdec check prompt.txt                            [dim]# default pair, draft model, K automatic[/dim]
-  specdec check prompt.txt --method ngram --k 8 -n 128
-  specdec check prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --json report.json
-  specdec check prompt.txt --threshold 0.5            [dim]# a stricter near-tie threshold (logits)[/dim]
-"""
-
-
-@app.command(epilog=CHECK_EXAMPLES)
-def check(
-    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
-    target: o.Target = None,
-    draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.draft,
-    k: str = typer.Option("auto", "--k", "-k", help="Draft length K: 'auto' or a fixed number 0-64.",
-                          rich_help_panel=o.SPEC),
-    ngram_min: o.NgramMin = 2,
-    ngram_max: o.NgramMax = 4,
-    max_tokens: o.MaxTokens = 256,
-    stop: o.Stop = None,
-    temperature: float = typer.Option(0.0, "--temperature", "--temp", min=0.0, help="Must be 0: the check is "
-                                      "greedy (sampling is checked statistically).", rich_help_panel=o.SAMPLING),
-    threshold: float = typer.Option(NEAR_TIE_THRESHOLD, "--threshold", min=0.0, help="Near-tie threshold in "
-                                    "logits: a token that is not the target's batch-1 argmax by less than this is "
-                                    "a numerical near-tie, by more a divergence.", rich_help_panel=o.SPEC),
-    system: o.System = None,
-    raw: o.Raw = False,
-    ctx: o.Ctx = 4096,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
-    json_out: o.JsonOut = None,
-    verbose: o.Verbose = False,
-) -> None:
-    """Check that greedy speculative output is the target's own greedy output, token by token.
-
-    Generates with speculative decoding, then re-scores the output with the target one token at a time from an
-    empty cache (the numerics of plain decoding) and lists every position where the emitted token is not the
-    target's argmax, with the target's logit margin there. llama.cpp's logits depend on the batch size, so a token
-    may flip where the target's top two logits nearly tie: those pass. Exit code 0 when every flagged position is a
-    near-tie, 7 otherwise. The report goes to stdout (stderr with --json -).
-    """
-    from specdec_cli.commands.check import execute, refuse_sampling
-    from specdec_cli.prompts_io import read_prompt
-
-    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()),
-                              sampling=SamplingParams(temperature=temperature))
-    refuse_sampling(config)  # before reading stdin or loading models
-    code = execute(
-        read_prompt(prompt_file),
-        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose),
-        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
-        config=config,
-        json_path=json_out,
-        raw=raw,
-        system=system,
-        threshold=threshold,
-    )
-    if code:
-        raise typer.Exit(code)
-
-
 def _mount_subcommands() -> None:
+    from specdec_cli.commands.cache import cache_app
     from specdec_cli.commands.models import models_app
 
     app.add_typer(models_app, name="models", help="List and fetch the models in models.toml.")
-    try:
-        from specdec_cli.commands.cache import cache_app
-    except ImportError:  # the suffix store lands separately
-        return
     app.add_typer(cache_app, name="cache", help="The suffix drafter's store of past outputs.")
 
 
+def _reflow(doc: str | None) -> str | None:
+    """Join the hard-wrapped lines of each docstring paragraph, so the terminal wraps help text at its own width."""
+    if not doc:
+        return doc
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    for command in typer_app.registered_commands:
+        if command.callback is not None:
+            command.callback.__doc__ = _reflow(command.callback.__doc__)
+    for group in typer_app.registered_groups:
+        _reflow_help(group.typer_instance)
+
+
 _mount_subcommands()
+_reflow_help(app)
