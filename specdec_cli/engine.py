@@ -148,28 +148,7 @@ class SpeculativeEngine:
                 target.truncate(n + n_acc)
                 new = list(map(int, d[:n_acc])) + [token]
 
-                emitted: list[int] = []
-                segments: list = []
-                finish = None
-                for j, tok in enumerate(new):
-                    if target.is_eog(tok):
-                        finish = "eog"
-                        break
-                    emitted.append(tok)
-                    if j == n_acc and n_acc < len(d):
-                        segments.append((REJECTED, piece_text(target.piece, d[n_acc:])))
-                    segs, hit = text.push(ACCEPTED if j < n_acc else TARGET, tok)
-                    segments.extend(segs)
-                    if hit:
-                        finish = "stop"
-                        break
-                    if n_out + len(emitted) >= config.max_tokens:
-                        finish = "length"
-                        break
-                if finish is not None and finish != "stop":
-                    segments.extend(text.flush())
-                if finish == "eog" and n_acc < len(d) and not any(k_ == REJECTED for k_, _ in segments):
-                    segments.append((REJECTED, piece_text(target.piece, d[n_acc:])))
+                emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out)
                 # commit: the context grows by the accepted drafts and the target token
                 ctx[n : n + len(new)] = new
                 n += len(new)
@@ -179,7 +158,7 @@ class SpeculativeEngine:
                     k=k,
                     drafted=tuple(map(int, d)),
                     n_accepted=n_acc,
-                    target_token=token if len(emitted) > n_acc or finish is None else None,
+                    target_token=token if len(emitted) == len(new) else None,
                     emitted=tuple(emitted),
                     segments=tuple(segments),
                     draft_ms=(t_draft - t_start) * 1e3,
@@ -200,6 +179,36 @@ class SpeculativeEngine:
             keep = common_prefix(target.tokens, ctx[: max(n - 1, 0)])
             if keep < len(target.tokens):
                 target.truncate(keep)
+
+    def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
+              budget: int) -> tuple[list[int], list, str | None]:
+        """Commit `new` (accepted drafts, then the target token) to the output, in order, stopping at an
+        end-of-generation token, a stop string or the token budget.
+
+        Returns (emitted tokens, display segments, finish reason or None). Segments are in display order: accepted
+        drafts, the rejected drafts (shown where they were proposed, never part of the output), the target token.
+        """
+        emitted: list[int] = []
+        segments: list = []
+        finish = None
+        for j, tok in enumerate(new):
+            if j == n_acc and n_acc < len(drafted):
+                segments.append((REJECTED, piece_text(self.target.piece, drafted[n_acc:])))
+            if self.target.is_eog(tok):
+                finish = "eog"
+                break
+            emitted.append(tok)
+            segs, hit = text.push(ACCEPTED if j < n_acc else TARGET, tok)
+            segments.extend(segs)
+            if hit:
+                finish = "stop"
+                break
+            if len(emitted) >= budget:
+                finish = "length"
+                break
+        if finish in ("eog", "length"):
+            segments.extend(text.flush())  # no stop string can follow: release held-back text
+        return emitted, segments, finish
 
     def _final(self, index: int, text: TextStream, reason: str) -> Step:
         return Step(index=index, k=0, drafted=(), n_accepted=0, target_token=None, emitted=(),
