@@ -5,12 +5,14 @@ The table below is the only place that maps exceptions to messages; SPECDEC_DEBU
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 from specdec_cli.errors import SpecdecError
 
 INTERRUPTED = 130
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 
 
 def _debug() -> bool:
@@ -68,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug: say so, show the traceback only when asked
         if _debug():
             raise
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+            # A storage failure no command turned into a domain error: still one line that says where and what.
+            where = f" ({e.filename})" if e.filename else ""
+            _print_error(f"{e.strerror or e}{where}. Check free space and permissions there; SPECDEC_HOME and "
+                         "SPECDEC_CACHE move specdec's own files.")
+            return 1
         # Typer's own usage errors (bad option values) carry an exit code and know how to show themselves.
         show = getattr(e, "show", None)
         exit_code = getattr(e, "exit_code", None)

@@ -162,7 +162,8 @@ class _Schema:
         self.path = path
 
     def error(self, where: str, what: str) -> ConfigError:
-        return ConfigError(f"{self.path}: {where}: {what}.", _fix(self.path))
+        line = _locate(self.path, where)
+        return ConfigError(f"{self.path}: {where}: {what}" + (f" (line {line})." if line else "."), _fix(self.path))
 
     def table(self, value: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -269,6 +270,51 @@ class _Schema:
         self.keys(defaults_t, "defaults", set(), {"target", "draft"})
         defaults = {k: self.string(defaults_t, k, "defaults") for k in defaults_t}
         return models, pairs, defaults
+
+
+_COMPONENT = re.compile(r'"((?:[^"\\]|\\.)*)"|\'([^\']*)\'|([A-Za-z0-9_-]+)|\[(\d+)\]')
+_HEADER = re.compile(r"^\s*(\[\[?)\s*(.+?)\s*\]\]?\s*(?:#.*)?$")
+_KEY_LINE = re.compile(r'^\s*((?:"[^"]*"|\'[^\']*\'|[A-Za-z0-9_.\s-])+?)\s*=')
+
+
+def _components(text: str) -> list[str]:
+    """`models."qwen2.5".sources[1].sha256` -> ['models', 'qwen2.5', 'sources', '1', 'sha256']."""
+    return [next(g for g in m.groups() if g is not None) for m in _COMPONENT.finditer(text)]
+
+
+def _locate(path: Path, where: str) -> int | None:
+    """The 1-based line of `path` that defines the key path `where` (as in our error messages), or of its deepest
+    enclosing table or key that the file spells out. tomllib keeps no positions, so this re-reads the text: it knows
+    [table] and [[array]] headers and `key =` lines, enough to point at the line to fix. None when nothing matches."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    target = _components(where.removeprefix("top level").lstrip("."))
+    best, best_depth = None, 0
+    table: list[str] = []
+    counts: dict[tuple[str, ...], int] = {}
+
+    def consider(parts: list[str], lineno: int) -> None:
+        nonlocal best, best_depth
+        k = 0
+        while k < min(len(parts), len(target)) and parts[k] == target[k]:
+            k += 1
+        depth = k if k in (len(parts), len(target)) else 0  # [a.b] also defines a; a.b.c lies inside [a.b]
+        if depth > best_depth:
+            best, best_depth = lineno, depth
+
+    for lineno, line in enumerate(lines, 1):
+        if m := _HEADER.match(line):
+            table = _components(m.group(2))
+            if m.group(1) == "[[":  # the n-th [[a.b]] is a.b[n]
+                n = counts.get(tuple(table), 0)
+                counts[tuple(table)] = n + 1
+                table = table + [str(n)]
+            consider(table, lineno)
+        elif m := _KEY_LINE.match(line):
+            consider(table + _components(m.group(1)), lineno)
+    return best
 
 
 def _key(name: str) -> str:

@@ -54,6 +54,44 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
+def render_chat_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str,
+                         add_generation_prompt: bool = True, model_name: str = "the model") -> str:
+    """Render a GGUF chat template with llama-cpp-python's `Jinja2ChatFormatter` (Jinja's ImmutableSandboxedEnvironment:
+    no attribute starting with `_`, no mutating methods, no imports, so a template cannot reach Python objects).
+
+    The template comes from the model file, so it is untrusted: every failure becomes one line, nothing of it runs
+    outside the sandbox.
+
+    Raises:
+        UsageError: the template itself refused the conversation (its `raise_exception(...)`, e.g. roles that must
+            alternate); the message is the template's.
+        ModelError: the template is unsafe (jinja2 SecurityError), has a syntax error, or fails while rendering.
+    """
+    import jinja2
+
+    try:
+        formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
+                                        add_generation_prompt=add_generation_prompt)
+        return formatter(messages=messages).prompt
+    except jinja2.exceptions.SecurityError as e:
+        raise ModelError(f"The chat template of {model_name} tried an unsafe operation ({_one_line(e)}); it was "
+                         "stopped by the sandbox and nothing ran.", "Use --raw, or a model file you trust.") from None
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ModelError(f"The chat template of {model_name} is broken: {_one_line(e)} (template line {e.lineno}).",
+                         "Use --raw to send the prompt without it.") from None
+    except ValueError as e:  # the template's own raise_exception(message)
+        raise UsageError(f"The chat template of {model_name} refused the conversation: {_one_line(e)}",
+                         "Change the messages (e.g. drop --system), or use --raw.") from None
+    except Exception as e:  # UndefinedError, TypeError, RecursionError, ... while rendering
+        raise ModelError(f"The chat template of {model_name} failed: {type(e).__name__}: {_one_line(e)}.",
+                         "Use --raw to send the prompt without it.") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 class LlamaBackend:
     """One GGUF model with one context and one sequence (seq_id 0). Implements `specdec_cli.backend.Backend`.
 
@@ -205,6 +243,8 @@ class LlamaBackend:
 
     def truncate(self, n: int) -> None:
         """Keep positions [0, n) of sequence 0. Raises CacheTrimError when llama.cpp refuses (recurrent models)."""
+        if n < 0:
+            raise ValueError(f"truncate({n}): a negative length")
         if n >= self._n:
             return
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
@@ -272,13 +312,14 @@ class LlamaBackend:
             raise UsageError(f"{Path(self.path).name} has no chat template.", "Use --raw to send the prompt as is.")
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
-        formatter = Jinja2ChatFormatter(
-            template.decode("utf-8"),
-            eos_token=self.token_text(eos) if eos >= 0 else "",
+        return render_chat_template(
+            template.decode("utf-8", "replace"),
+            messages,
             bos_token=self.token_text(bos) if bos >= 0 else "",
+            eos_token=self.token_text(eos) if eos >= 0 else "",
             add_generation_prompt=add_generation_prompt,
+            model_name=Path(self.path).name,
         )
-        return formatter(messages=messages).prompt
 
     def close(self) -> None:
         if self._batch is not None:
@@ -296,3 +337,33 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+
+PROBE_REFUSED = 3  # the probe's exit code when llama.cpp refused the file cleanly (its message is on stderr)
+
+
+def probe_main(argv: list[str]) -> int:
+    """Child side of `resolver.probe_load`: load argv[0] on the CPU, decode a few tokens, roll back, exit 0.
+
+    Run in a separate process, so a GGML_ASSERT or a segfault in llama.cpp on a corrupt file ends only this process;
+    the parent turns the signal into a ModelError. Exit code PROBE_REFUSED, with the message on stderr, when the load
+    fails cleanly.
+    """
+    import sys
+
+    from specdec_cli.errors import SpecdecError
+
+    try:
+        backend = LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=2, n_gpu_layers=0)
+        try:
+            toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
+            backend.decode(toks, n_logits=1)  # a prefill ...
+            backend.decode([toks[-1], toks[0]], n_logits=2)  # ... a verify batch with logits for every row ...
+            backend.truncate(len(toks))  # ... and a rollback
+            backend.piece(toks[0])
+        finally:
+            backend.close()
+    except SpecdecError as e:
+        print(str(e), file=sys.stderr)
+        return PROBE_REFUSED
+    return 0

@@ -49,3 +49,35 @@ def read_prompt(source: str, *, stdin=None) -> str:
     if not text.strip():
         raise UsageError(f"The prompt in {name} is empty.", "Write something in it.")
     return text
+
+
+def check_output_path(path: str | None, option: str = "--json") -> None:
+    """Before any work: an output file's directory must exist and be a writable directory ("-" = stdout is fine).
+
+    Raises UsageError naming the option, the path and the fix, so a long generation is never lost at the end.
+    """
+    import os
+
+    if not path or path == "-":
+        return
+    target = Path(path).expanduser()
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UsageError(f"{option} {path} is a directory.", f"Give a file path, e.g. {option} {Path(path) / 'out.json'}.")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: the directory {parent} does not exist.", "Create it, or write elsewhere.")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"{option} {path} is not writable.", "Check its permissions, or write elsewhere.")
+
+
+def write_output(path: str, text: str, option: str = "--json") -> None:
+    """Write `text` to `path` ("-" = stdout). Raises UsageError (disk full, read-only, vanished directory)."""
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).expanduser().write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"Could not write {option} {path}: {e.strerror or e}.",
+                         "Free some space or fix the permissions; the generated text was printed above.") from None

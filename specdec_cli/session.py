@@ -138,9 +138,11 @@ class Session:
     def attach_draft(self, path: Path, *, console=None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
         from specdec_cli.llama import LlamaBackend
+        from specdec_cli.resolver import probe_load
         from specdec_cli.vocab import check_compatible
 
         o = self.options
+        probe_load(path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
         with _status(console, f"Loading {path.name}"):
             draft = LlamaBackend(path, n_ctx=o.ctx, n_batch=o.n_batch, n_threads=o.threads,
                                  n_gpu_layers=o.gpu_layers, verbose=o.verbose)
@@ -170,11 +172,12 @@ def open_session(options: ModelOptions, *, need_draft: bool, console=None) -> Se
     """
     from specdec_cli.config import load_catalog
     from specdec_cli.llama import LlamaBackend
-    from specdec_cli.resolver import resolve
+    from specdec_cli.resolver import probe_load, resolve
 
     catalog = load_catalog()
     target_path = resolve(options.target or catalog.default_target, catalog, console=console)
     draft_path = resolve(options.draft or catalog.default_draft, catalog, console=console) if need_draft else None
+    probe_load(target_path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
     with _status(console, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)

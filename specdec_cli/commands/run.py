@@ -13,6 +13,7 @@ from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, Divergence, FirstM
 from specdec_cli.backend import Backend, common_prefix
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import CheckFailedError, UsageError
+from specdec_cli.prompts_io import check_output_path, write_output
 from specdec_cli.records import Step
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
@@ -80,6 +81,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
                          "by design (speculative sampling is lossless in distribution, checked statistically).",
                          "Drop --strict, or use --temperature 0.")
     _check_k(spec)  # before loading any model, also for --method none
+    check_output_path(output.json_path)  # a --json path that cannot be written fails now, not after the generation
     err = err_console()
     json_to_stdout = output.json_path == "-"
     # The text goes to stdout, unless stdout is reserved for JSON (then it is shown on stderr if that is a terminal).
@@ -222,14 +224,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
         ],
         "compare": compare,
     }
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    else:
-        from pathlib import Path
-
-        Path(path).write_text(text + "\n", encoding="utf-8")
+    write_output(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 class _null:

@@ -45,6 +45,8 @@ class ModelDrafter:
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         """Up to k tokens after `context` (int32 [n]). Returns q_i as `Dist`s when sampling, None when greedy."""
         b = self.backend
+        if len(context) == 0:  # nothing to condition on (the engine never asks: a prompt has >= 1 token)
+            return Draft(tokens=np.zeros(0, dtype=np.int32), source=self.name)
         # Catch up: keep the common prefix, evaluate the rest of the context in one batch (logits for the last row).
         keep = min(common_prefix(b.tokens, context), len(context) - 1)
         b.truncate(keep)
