@@ -69,15 +69,3 @@ def check_output_path(path: str | None, option: str = "--json") -> None:
     if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{option} {path} is not writable.", "Check its permissions, or write elsewhere.")
 
-
-def write_output(path: str, text: str, option: str = "--json") -> None:
-    """Write `text` to `path` ("-" = stdout). Raises UsageError (disk full, read-only, vanished directory)."""
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    try:
-        Path(path).expanduser().write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"Could not write {option} {path}: {e.strerror or e}.",
-                         "Free some space or fix the permissions; the generated text was printed above.") from None

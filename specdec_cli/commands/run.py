@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -13,7 +12,8 @@ from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, Divergence, FirstM
 from specdec_cli.backend import Backend, common_prefix
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.prompts_io import check_output_path, write_output
+from specdec_cli.output import write_json
+from specdec_cli.prompts_io import check_output_path
 from specdec_cli.records import Step
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
@@ -224,7 +224,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
         ],
         "compare": compare,
     }
-    write_output(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    write_json(path, doc)
 
 
 class _null:
