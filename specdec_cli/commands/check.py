@@ -8,14 +8,14 @@ numerical near-tie (llama.cpp's logits depend on the batch size); any other is a
 
 from __future__ import annotations
 
-import json
-import sys
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.output import status, write_json
+from specdec_cli.prompts_io import check_output_path
 from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.commands.run import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
@@ -98,6 +98,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
             json_path: str | None, raw: bool, system: str | None, threshold: float = NEAR_TIE_THRESHOLD) -> int:
     """Run `specdec check`. Returns 0 (pass) or 130 (interrupted); raises CheckFailedError (exit 7) on a divergence."""
     refuse_sampling(config)
+    check_output_path(json_path)  # a bad --json path fails before the generation, not after
     err = err_console()
     out = err if json_path == "-" else make_console()
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
@@ -106,14 +107,14 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         controller = session.make_controller(spec) if drafter is not None else None
         engine = SpeculativeEngine(session.target, drafter, controller)
         try:
-            with _status(err, f"Generating with --method {spec.method}"):
+            with status(err, f"Generating with --method {spec.method}"):
                 result = generate(engine, prompt, config)
         finally:
             if drafter is not None:
                 drafter.close()
         if result.interrupted:
             return 130
-        with _status(err, f"Re-scoring {len(result.tokens)} tokens one at a time"):
+        with status(err, f"Re-scoring {len(result.tokens)} tokens one at a time"):
             report = audit_output(session.target, prompt, result.tokens,
                                   ended_with_eog=result.stats.finish_reason == "eog", threshold=threshold)
         print_report(out, report)
@@ -154,26 +155,4 @@ def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig,
         },
         "system_info": system_info(),
     }
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    else:
-        from pathlib import Path
-
-        Path(path).write_text(text + "\n", encoding="utf-8")
-
-
-class _status:
-    """A spinner on a terminal, nothing otherwise."""
-
-    def __init__(self, console: Console, message: str) -> None:
-        self._cm = console.status(message, spinner="dots") if console.is_terminal else None
-
-    def __enter__(self):
-        if self._cm is not None:
-            self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc) if self._cm is not None else False
+    write_json(path, doc)
