@@ -57,6 +57,32 @@ K = 2, 4, 8, 16, ... up to k_max, one step each (a CPU's verify curve is concave
 500 at b = 16, so extrapolating from small b is pessimistic and the best K can lie past a local dip), and
 refreshes v(1) with a plain step once it is 8 x `probe_every` steps old.
 
+Drafts with evidence: trimming a lookup draft by its match
+----------------------------------------------------------
+A lookup drafter (prompt lookup, suffix tree) knows how much of the recent context matched where its draft comes
+from (`Draft.match_len`), and that predicts acceptance far better than the draft position alone: inside a copy run
+(an edit that keeps most lines) the match is long and the next 30 tokens are right; after a changed line it is
+short and the draft is a guess. Its drafts also cost ~0 ms, so the controller asks such a drafter for up to
+`lookup_k_max` tokens (64) and then `trim`s the draft to the K with the highest expected tokens/s for *its* match:
+
+    bucket = the match length's bucket (1, 2, 3-4, 5-8, 9-16, 17-32, 33+ tokens)
+    a_i^bucket from the steps whose draft came from that bucket (decayed per observation, half-life `half_life`
+           observations of the bucket; prior mean: the pooled a_1 for position 1, then a_(i-1)^bucket)
+    K = argmax_{K in 0..len(draft)} E[tokens | K, a^bucket] / v(K + 1)      (the draft is already paid for)
+
+with the same 3 % hysteresis against K = 0, and K at most twice the positions the bucket has been verified at (a
+slow start: unseen positions borrow their acceptance from earlier ones, and a long pass costs too much to risk on
+that borrowing). The cut depends only on the draft and on past steps, never on the
+target's logits, so verification (greedy or rejection sampling) stays lossless. A bucket whose trim is 0 is probed
+(K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x, while its probes do not pay).
+Drafters without evidence (a draft model; hybrid steps that fell back to it) are not trimmed.
+
+Trims do not explore batch sizes: the verify curve learns from prefill, which is a forward pass over m tokens
+(m <= n_batch; a longer prefill counts as n_batch-token chunks at its mean cost), a measurement of v(m) that costs
+nothing extra. Interpolating between it and the small batches measured is optimistic where the curve is concave (a
+CPU's), so a long draft is tried when the acceptance makes it look worth it, and its measured cost corrects the
+curve; exploring long batches blindly cost more than it found (a 65-token pass is ~37 plain steps on a 2-core CPU).
+
 Per-step overheads outside `draft_ms` and `verify_ms` (sampling, detokenising, rendering) are not modelled; they
 are the same for every K, so the model slightly underrates long drafts.
 """
@@ -69,6 +95,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from specdec_cli.drafters.base import Draft
     from specdec_cli.records import Step
 
 K_LIMIT = 64  # largest K accepted anywhere (--k, tune, k_max)
@@ -76,7 +103,10 @@ DEFAULT_K_MAX = 16
 PROBE_K = 3  # K of a probe step taken from K = 0
 MARGIN = 0.03  # hysteresis: K > 0 must beat plain decoding by this fraction
 MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_every x this
-EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
+EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)
+LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto (then trimmed by its match)
+BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
+CHEAP_DRAFT = 0.1  # a drafter is "free" when drafting LOOKUP_K_MAX tokens costs < this x v(1)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
 GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
 
 
@@ -234,15 +264,24 @@ class CostModel:
         self._draft = np.zeros(5)  # decayed sums over draft calls: w, w n, w n^2, w ms, w n ms
         self._acc = np.zeros((2, self.k_max))  # [accepted, verified] by position
         self._fill = np.zeros((2, self.k_max))  # [proposed, asked] by position
+        self._acc_b = np.zeros((len(BUCKET_EDGES), 2, self.k_max))  # [bucket, accepted/verified, position]
         self.by_source: dict[str, dict[str, float]] = {}
 
     # ---- learning
 
-    def observe(self, step: Step) -> None:
+    def observe(self, step: Step, bucket: int | None = None) -> None:
+        """Learn from one step. `bucket`: the match-length bucket of its draft (`bucket_of`), None without evidence."""
         n = len(step.drafted)
         self.steps += 1
         self._acc *= self.decay
         self._fill *= self.decay
+        if bucket is not None and n:
+            acc = self._acc_b[bucket]
+            acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
+            m = min(step.n_accepted, self.k_max)
+            acc[:, :m] += 1.0
+            if step.n_accepted < n and step.target_token is not None and m < self.k_max:
+                acc[1, m] += 1.0
         if step.finish_reason != "interrupted":  # an interrupted pass was not timed to its end
             self._observe_verify(step.batch_size, step.verify_ms)
             if step.k > 0:
@@ -264,6 +303,14 @@ class CostModel:
             src["drafted"] += n
             src["accepted"] += step.n_accepted
             src["ms"] += step.draft_ms
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        """A prefill of `n_evaluated` tokens in `ms` milliseconds, evaluated in chunks of at most `n_batch`: one
+        measurement of v(min(n_evaluated, n_batch)) (a longer prefill: its mean cost per chunk)."""
+        if n_evaluated < 2 or ms <= 0.0:
+            return
+        b = min(n_evaluated, n_batch)
+        self._observe_verify(b, ms * b / n_evaluated)
 
     def _observe_verify(self, b: int, ms: float) -> None:
         if ms <= 0.0:
@@ -328,11 +375,18 @@ class CostModel:
             return 0.0, sy / w  # every call drafted nothing: all overhead
         return sy / sn, 0.0
 
-    def acceptance(self) -> np.ndarray:
+    def acceptance(self, bucket: int | None = None) -> np.ndarray:
         """a_i for positions 1..k_max: float [k_max]. (A_i + s m_i) / (N_i + s), m_1 = the prior's acceptance and
-        m_i = a_(i-1), so an unseen position borrows from the one before."""
-        hits, trials = self._acc.tolist()
-        out, m, s = [], self.prior.acceptance, self.prior.strength
+        m_i = a_(i-1), so an unseen position borrows from the one before.
+
+        With `bucket`: the acceptance of drafts from that match-length bucket, with the pooled a_1 as m_1."""
+        if bucket is None:
+            hits, trials = self._acc.tolist()
+            m = self.prior.acceptance
+        else:
+            hits, trials = self._acc_b[bucket].tolist()
+            m = float(self.acceptance()[0])
+        out, s = [], self.prior.strength
         for h, t in zip(hits, trials, strict=True):
             m = (h + s * m) / (t + s)
             out.append(m)
@@ -373,6 +427,11 @@ class CostModel:
             "expected_tokens": [r(x) for x in expected_tokens(a, q)],  # K = 0..k_max
             "expected_tok_s": None if rates is None else [r(x) for x in rates],
             "by_source": {k: dict(s) for k, s in self.by_source.items()},
+            # lookup drafts by match length (bucket lower edge): a_1, and the decayed number of verified drafts
+            "acceptance_by_match": {
+                str(int(edge)): [r(self.acceptance(b)[0]), r(self._acc_b[b, 1, 0])]
+                for b, edge in enumerate(BUCKET_EDGES) if self._acc_b[b, 1, 0] > 0
+            },
         }
 
 
@@ -380,9 +439,23 @@ class CostModel:
 # Controllers
 
 
+def bucket_of(match_len: int) -> int:
+    """The match-length bucket (0..6) of a lookup draft whose source matched `match_len` >= 1 context tokens."""
+    return int(np.searchsorted(BUCKET_EDGES, match_len, side="right")) - 1
+
+
 class KController(Protocol):
     def next_k(self) -> int:
-        """K for the next step, 0..k_max (0 = a plain decoding step)."""
+        """K for the next step, 0..k_max (0 = a plain decoding step): how many tokens to ask the drafter for."""
+        ...
+
+    def trim(self, draft: Draft) -> int:
+        """How many of the draft's tokens to verify (0..len(draft)), decided from the draft alone (never from the
+        target's logits, so verification stays lossless)."""
+        ...
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        """Learn from a prefill of `n_evaluated` tokens that took `ms` milliseconds."""
         ...
 
     def observe(self, step: Step) -> None:
@@ -406,6 +479,12 @@ class FixedK:
     def next_k(self) -> int:
         return self.k
 
+    def trim(self, draft: Draft) -> int:
+        return len(draft)  # a forced K is verified as drafted
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        self.model.observe_prefill(n_evaluated, ms, n_batch)
+
     def observe(self, step: Step) -> None:
         self.model.observe(step)
 
@@ -420,6 +499,7 @@ class AdaptiveK:
         self,
         k_max: int = DEFAULT_K_MAX,
         *,
+        lookup_k_max: int = LOOKUP_K_MAX,
         probe_every: int = 16,
         half_life: float = 32.0,
         prior: CostPrior | None = None,
@@ -431,10 +511,19 @@ class AdaptiveK:
             raise ValueError(f"probe_every must be >= 1, got {probe_every}.")
         if not half_life > 0.0:
             raise ValueError(f"half_life must be > 0 steps, got {half_life}.")
+        if not 1 <= lookup_k_max <= K_LIMIT:
+            raise ValueError(f"lookup_k_max must be between 1 and {K_LIMIT}, got {lookup_k_max}.")
         self.k_max = k_max
+        self.lookup_k_max = max(k_max, lookup_k_max)
         self.probe_every = probe_every
         self.margin = margin
-        self.model = CostModel(k_max, half_life, prior or CostPrior())
+        self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior())
+        # Trimming drafts with evidence (lookup drafters), per match-length bucket:
+        self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
+        self._bucket: int | None = None  # bucket of the draft being verified
+        self._bucket_probe = False  # that verification is a probe of a bucket whose trim was 0
+        self._since_bucket = np.zeros(len(BUCKET_EDGES), dtype=np.int64)  # drafts since the bucket's last probe
+        self._bucket_interval = np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64)
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
@@ -445,9 +534,13 @@ class AdaptiveK:
 
     def next_k(self) -> int:
         rates = self.model.rates()
-        if rates is None:  # nothing timed yet: a plain step measures v(1)
+        if rates is None or not self.model.measured(1):  # a plain step measures v(1) first
             self.k = self.best = 0
             return 0
+        if self.evidence and self._free_drafts(rates):
+            self.k = self.lookup_k_max  # a free lookup draft, as long as it goes: `trim` chooses K
+            return self.k
+        rates = rates[: self.k_max + 1]
         best = best_k(rates, self.margin)
         if (best > 0) != (self.best > 0):
             self._since = 0  # a regime change: no probe right away
@@ -470,8 +563,51 @@ class AdaptiveK:
         self.k = k
         return k
 
+    def _free_drafts(self, rates: np.ndarray) -> bool:
+        d, c = self.model.draft_cost()
+        v = self.model.verify_curve()
+        return v is not None and c + d * self.lookup_k_max < CHEAP_DRAFT * float(v[0])
+
+    def trim(self, draft: Draft) -> int:
+        """K for a draft with evidence (`Draft.match_len` > 0): the best K <= len(draft) for its match-length
+        bucket (see the module docstring); drafts without evidence are verified whole."""
+        n = len(draft)
+        self._bucket, self._bucket_probe = None, False
+        if n == 0 or draft.match_len <= 0:
+            return n
+        self.evidence = True
+        b = self._bucket = bucket_of(draft.match_len)
+        # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
+        # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
+        seen = int(np.count_nonzero(self.model._acc_b[b, 1] >= 0.5))
+        n = min(n, self.model.k_max, max(PROBE_K, 2 * seen))
+        v = self.model.verify_curve()
+        if v is None:
+            return n
+        rates = expected_tokens(self.model.acceptance(b)[:n]) / v[: n + 1]  # [n + 1] tokens per ms by K
+        k = best_k(rates, self.margin)
+        self._since_bucket[b] += 1
+        if k == 0:
+            if self._since_bucket[b] >= self._bucket_interval[b]:
+                k, self._since_bucket[b], self._bucket_probe = min(n, PROBE_K), 0, True
+        else:
+            self._bucket_interval[b] = self.probe_every
+        self.k = k
+        return k
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        self.model.observe_prefill(n_evaluated, ms, n_batch)
+
     def observe(self, step: Step) -> None:
-        self.model.observe(step)
+        bucket = self._bucket if step.drafted else None
+        self.model.observe(step, bucket)
+        if self._bucket_probe and bucket is not None:
+            # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
+            v1 = self.model.verify_curve()
+            paid = v1 is not None and (step.n_accepted + 1) * float(v1[0]) >= step.verify_ms
+            self._bucket_interval[bucket] = (
+                self.probe_every if paid else min(2 * self._bucket_interval[bucket], MAX_BACKOFF * self.probe_every))
+        self._bucket, self._bucket_probe = None, False
         if not self._probing:
             return
         self._probing = False
@@ -499,6 +635,8 @@ class AdaptiveK:
             "probe_interval": self._interval,
             "failed_probes": self.failures,
             "steps": self.model.steps,
+            "lookup_k_max": self.lookup_k_max,
+            "trims_by_evidence": self.evidence,
         } | self.model.snapshot()
 
 
@@ -515,6 +653,7 @@ __all__ = [
     "FixedK",
     "KController",
     "best_k",
+    "bucket_of",
     "expected_ms",
     "expected_tokens",
     "k_values",

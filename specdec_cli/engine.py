@@ -2,7 +2,8 @@
 
 One step (one target forward pass):
     1. the controller picks K (0 = a plain decoding step);
-    2. the drafter proposes up to K tokens after the committed context;
+    2. the drafter proposes up to K tokens after the committed context (a lookup draft is then trimmed by the
+       controller, from the length of its match);
     3. the target evaluates [last committed token, d_1..d_k] in one batch, logits for those k+1 rows only;
     4. verification keeps the longest acceptable prefix d_1..d_n and adds one token of the target's own
        (the correction at the first rejection, or the bonus token after all k);
@@ -60,6 +61,9 @@ class _Fixed:
 
     def next_k(self) -> int:
         return self.k
+
+    def trim(self, draft: Draft) -> int:
+        return len(draft)
 
     def observe(self, step: Step) -> None:
         pass
@@ -123,6 +127,8 @@ class SpeculativeEngine:
                 if prefill is not None:
                     prefill(ctx[:n])
                 draft_ms = (time.perf_counter() - t1) * 1e3
+            if drafter is not None and hasattr(controller, "observe_prefill"):
+                controller.observe_prefill(n_eval, (t1 - t0) * 1e3, target.n_batch)  # a free v(b) measurement
             yield Prefill(n_prompt=n, n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms)
 
             while True:
@@ -134,16 +140,22 @@ class SpeculativeEngine:
                 # 1. choose K: never draft more than the budget and the context can take
                 k = min(controller.next_k() if drafter is not None else 0, config.max_tokens - n_out - 1, room - 1,
                         target.n_batch - 1)
-                # 2. draft
+                # 2. draft, then keep what is worth verifying (a lookup draft is trimmed by its match's evidence)
                 draft = drafter.propose(ctx[:n], k, sampling, rng) if k > 0 else NO_DRAFT
+                if len(draft) > k:
+                    draft = _cut(draft, k)
+                if len(draft):
+                    keep = getattr(controller, "trim", len)(draft)
+                    if keep < len(draft):
+                        draft, k = _cut(draft, keep), keep
                 t_draft = time.perf_counter()
-                d = draft.tokens[:k]
+                d = draft.tokens
                 # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows
                 batch = np.concatenate((ctx[n - 1 : n], d))
                 logits = target.decode(batch, n_logits=len(batch))  # [k+1, V] view
                 t_verify = time.perf_counter()
                 # 4. accept
-                n_acc, token = verify(draft if len(d) == len(draft) else _cut(draft, k), logits, sampling, rng)
+                n_acc, token = verify(draft, logits, sampling, rng)
                 # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
                 target.truncate(n + n_acc)
                 new = list(map(int, d[:n_acc])) + [token]
@@ -216,9 +228,9 @@ class SpeculativeEngine:
 
 
 def _cut(draft: Draft, k: int) -> Draft:
-    """A drafter returned more than k tokens: keep the first k (and their q)."""
+    """The first k tokens of a draft (and their q): a drafter returned more than asked, or the controller trimmed it."""
     return Draft(tokens=draft.tokens[:k], dists=draft.dists[:k] if draft.dists is not None else None,
-                 score=draft.score, source=draft.source)
+                 score=draft.score, source=draft.source, match_len=draft.match_len)
 
 
 def _round_up(n: int) -> int:

@@ -297,3 +297,81 @@ def test_auto_is_close_to_the_best_fixed_k(name: str) -> None:
           f"{auto / fixed[0]:.3f} x plain {fixed[0]:.1f}")
     assert auto >= fraction * fixed[best]
     assert auto >= 0.95 * fixed[0]
+
+
+# ---- trimming lookup drafts by the length of their match
+
+
+def lookup_draft(match_len: int, n: int = 64):
+    from specdec_cli.drafters.base import Draft
+
+    return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
+
+
+def drive_lookup(ctrl: AdaptiveK, *, steps: int, seed: int, curve=cpu) -> list[tuple[int, int]]:
+    """A lookup drafter on a copy-heavy edit: half its drafts come from long matches (33+ tokens, the copy runs, whose
+    next 40 tokens are right) and half from 2-token matches (right 20 % of the time, one token). Returns
+    (match_len, K verified) per step that drafted."""
+    rng = np.random.default_rng(seed)
+    ctrl.observe(step(0, 0, 0, 0.0, curve(1)))
+    out = []
+    for _ in range(steps):
+        k = ctrl.next_k()
+        if k == 0:
+            ctrl.observe(step(0, 0, 0, 0.0, curve(1)))
+            continue
+        m = 40 if rng.random() < 0.5 else 2
+        keep = ctrl.trim(lookup_draft(m, min(k, 64)))
+        right = 40 if m == 40 else int(rng.random() < 0.2)
+        n_acc = min(keep, right)
+        out.append((m, keep))
+        ctrl.observe(replace(step(keep, keep, n_acc, 0.02, curve(keep + 1)), source="ngram" if keep else ""))
+    return out
+
+
+def test_lookup_drafts_are_trimmed_by_their_match_on_a_cpu() -> None:
+    ctrl = AdaptiveK()
+    ks = drive_lookup(ctrl, steps=400, seed=0)
+    assert ctrl.evidence and ctrl.next_k() == 64  # free drafts: ask for all, then trim
+    late = ks[-100:]
+    short = [k for m, k in late if m == 2]
+    long = [k for m, k in late if m == 40]
+    assert short and sum(k > 0 for k in short) <= 0.15 * len(short)  # weak matches: plain steps, a few probes
+    assert long and np.median(long) >= 16  # copy runs: long drafts
+    snap = ctrl.snapshot()
+    assert snap["acceptance_by_match"]["33"][0] > 0.9 and snap["acceptance_by_match"]["2"][0] < 0.5
+
+
+def test_a_buckets_draft_length_grows_only_with_verified_positions() -> None:
+    # Slow start: a few fully accepted short drafts in a bucket do not license a 64-token pass at once.
+    ctrl = AdaptiveK()
+    ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
+    ctrl.observe_prefill(500, 500 * 20.0, 512)  # a CPU's prefill: 20 ms a token in a 500-token pass
+    seen, ks = 0, []
+    for _ in range(6):
+        keep = ctrl.trim(lookup_draft(40))
+        assert 0 < keep <= max(3, 2 * seen)  # every draft is right, but K at most doubles
+        ks.append(keep)
+        seen = max(seen, keep)
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram"))
+    assert ks[-1] > 16, ks  # ... and it does grow while the drafts stay right
+
+
+def test_trim_keeps_drafts_without_evidence_and_never_exceeds_the_draft() -> None:
+    from specdec_cli.drafters.base import Draft
+
+    ctrl = AdaptiveK()
+    model_draft = Draft(tokens=np.arange(5, dtype=np.int32), source="draft")
+    assert ctrl.trim(model_draft) == 5 and not ctrl.evidence
+    assert FixedK(8).trim(lookup_draft(40, 5)) == 5
+    assert 0 <= ctrl.trim(lookup_draft(40, 2)) <= 2
+
+
+def test_a_prefill_measures_the_verify_curve() -> None:
+    ctrl = AdaptiveK()
+    ctrl.observe_prefill(300, 6000.0, 512)
+    ctrl.observe_prefill(1024, 40000.0, 512)  # two chunks: a 512-token pass at the mean cost
+    pts = {b: ms for b, ms, _ in ctrl.snapshot()["verify_ms"]}
+    assert pts[300] == pytest.approx(6000.0) and pts[512] == pytest.approx(20000.0)
+    ctrl.observe_prefill(1, 50.0, 512)  # one token says nothing about batches
+    assert 1 not in {b for b, _, _ in ctrl.snapshot()["verify_ms"]}

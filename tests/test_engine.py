@@ -238,3 +238,24 @@ def test_ngram_drafter_on_a_repetitive_target_accepts_long_drafts():
             late.append(s)
         pos += len(s.emitted)
     assert len(late) >= 4 and all(s.n_accepted == len(s.drafted) == 8 for s in late[:-1])
+
+
+def test_the_controller_trims_lookup_drafts_and_the_steps_record_what_was_verified():
+    class TrimToTwo(FixedK):
+        def __init__(self):
+            super().__init__(8)
+            self.seen = []
+
+        def trim(self, draft):
+            self.seen.append((len(draft), draft.match_len))
+            return min(2, len(draft))
+
+    prompt = [2, 3, 4]
+    ctrl = TrimToTwo()
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(bigram_logits), NgramDrafter(1, 3), ctrl), prompt,
+                           max_tokens=60)
+    assert tokens == greedy_reference(bigram_logits, prompt, 60)  # trimming never changes greedy output
+    assert any(n == 8 and m >= 3 for n, m in ctrl.seen)  # asked with the full draft and its evidence
+    assert all(len(s.drafted) <= 2 for s in steps)
+    assert all(s.k == len(s.drafted) for s in steps if s.drafted)  # the step records the K verified
+

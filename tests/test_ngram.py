@@ -41,3 +41,13 @@ def test_no_match_gives_an_empty_draft():
 def test_n_min_is_respected():
     d = NgramDrafter(2, 3)
     assert propose(d, [5, 1, 9, 5], 2) == []  # only a 1-gram match exists
+
+
+def test_the_occurrence_matching_furthest_back_wins_and_is_the_evidence():
+    d = NgramDrafter(2, 2)
+    #      x [4 5] 1 | y [4 5] 2 | x 4 5
+    ctx = [8, 4, 5, 1, 9, 4, 5, 2, 8, 4, 5]
+    draft = d.propose(np.asarray(ctx, np.int32), 1, GREEDY, rng)
+    assert list(draft.tokens) == [1]  # 8 4 5 matches 3 tokens back; the more recent 9 4 5 only 2
+    assert draft.match_len == 3
+    assert d.propose(np.asarray([4, 5, 7, 4, 5], np.int32), 1, GREEDY, rng).match_len == 2

@@ -28,12 +28,16 @@ class Draft:
         score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
             match-based estimate of a lookup drafter); used by hybrid drafters and the adaptive-K controller.
         source: which drafter produced it (for hybrid drafters and stats), e.g. "draft", "ngram", "suffix".
+        match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
+            text the draft was copied after (0 = no such evidence, e.g. a draft model). Under `--k auto` the
+            controller trims the draft by the acceptance it has measured for matches of this length.
     """
 
     tokens: np.ndarray = field(default_factory=lambda: EMPTY)
     dists: tuple[Dist, ...] | None = None
     score: float = 0.0
     source: str = ""
+    match_len: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -12,10 +12,30 @@ from numpy.lib.stride_tricks import sliding_window_view
 from specdec_cli.drafters.base import EMPTY, Draft
 from specdec_cli.sampling import SamplingParams
 
+MATCH_DEPTH = 64  # how far back a match is measured (the evidence is capped here)
+MAX_CANDIDATES = 256  # most recent occurrences of the n-gram compared
+
+
+def _match_lengths(ctx: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    """For occurrences ending at `ends` (int64 [c]) of the context's last n tokens: how many tokens each matches
+    the context's end, counting back (n..MATCH_DEPTH). int64 [c]."""
+    depth = min(MATCH_DEPTH, len(ctx) - 1)
+    if depth <= n:
+        return np.full(len(ends), n, dtype=np.int64)
+    back = np.arange(n, depth)  # [depth - n] offsets beyond the n-gram
+    idx = ends[:, None] - back  # [c, depth - n]
+    eq = (ctx[np.maximum(idx, 0)] == ctx[len(ctx) - 1 - back]) & (idx >= 0)
+    return np.where(eq.all(axis=1), depth, n + eq.argmin(axis=1)).astype(np.int64)
+
 
 class NgramDrafter:
     """Finds the longest n-gram (n_max down to n_min) ending the context that occurred earlier in the context
-    (prompt + output), preferring the most recent occurrence, and proposes the tokens that followed it.
+    (prompt + output) and proposes the tokens that followed it. Among the occurrences of that n-gram it takes the one
+    whose match with the context extends furthest back (up to `MATCH_DEPTH` tokens), then the most recent: inside
+    an edit that repeats similar lines this picks the line actually being copied.
+
+    `Draft.match_len` is that backward match length (>= n): the evidence `--k auto` trims the draft by (a long
+    match means a copy run, whose next tokens are nearly always right).
 
     Args:
         n_min: shortest n-gram to match (>= 1).
@@ -43,10 +63,14 @@ class NgramDrafter:
             windows = sliding_window_view(ctx[:-1], n)
             hits = np.flatnonzero((windows == pattern).all(axis=1))
             if len(hits):
-                start = int(hits[-1]) + n  # most recent occurrence
+                ends = hits[-MAX_CANDIDATES:] + (n - 1)  # [c] last index of each occurrence, ascending
+                lengths = _match_lengths(ctx, ends, n)  # [c]
+                best = int(np.flatnonzero(lengths == lengths.max())[-1])  # longest, then most recent
+                start = int(ends[best]) + 1
                 cont = ctx[start : start + k]
                 if len(cont):
-                    return Draft(tokens=cont.astype(np.int32, copy=True), score=n / self.n_max, source=self.name)
+                    return Draft(tokens=cont.astype(np.int32, copy=True), score=n / self.n_max, source=self.name,
+                                 match_len=int(lengths[best]))
         return Draft(tokens=EMPTY, source=self.name)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:

@@ -253,7 +253,7 @@ class SuffixDrafter:
         self.last = best
         if not len(best.tokens):
             return Draft(tokens=EMPTY, dists=None, score=0.0, source=self.name)
-        return Draft(tokens=best.tokens, dists=None, score=best.confidence, source=self.name)
+        return Draft(tokens=best.tokens, dists=None, score=best.confidence, source=self.name, match_len=best.match_len)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
         """Add the output (and the prompt when `store_prompt`) to the global store; written at `close`."""
