@@ -363,7 +363,7 @@ def bench(
     json_out: str = typer.Option(None, "--json", help="Write every raw measurement and the machine description as "
                                  "JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
     plot: str = typer.Option(None, "--plot", help="Write a chart of the speedup by method and prompt class to PATH "
-                             "(.png or .svg; needs pip install 'specdec[plot]').", rich_help_panel=o.OUTPUT),
+                             "(.png or .svg; needs pip install 'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
     markdown: bool = typer.Option(False, "--markdown", help="Print the README's Results table (Markdown) to stdout; "
                                   "the report goes to stderr.", rich_help_panel=o.OUTPUT),
     from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "

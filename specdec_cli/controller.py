@@ -47,7 +47,10 @@ The estimates
 
 Probing and exploring
 ---------------------
-At K* = 0 nothing is learnt about drafts, so every `probe_every` steps the controller takes one probe step at K = 3.
+At K* = 0 nothing is learnt about drafts, so every `probe_every` steps the controller takes one probe step at K = 3,
+unless the measured costs say that even drafts accepted in full could not beat plain decoding (a draft model whose
+per-token cost matches the target's per-token verify cost on a CPU): then better acceptance cannot help, and probes
+would only cost time (a probe of a draft model also pays for its catching up on the tokens decoded since).
 Probes come in bursts: while the pooled tokens/s of the burst's probes beat plain decoding, the next probe follows
 2 steps later, so evidence builds up quickly once drafts improve; when they don't, the burst ends and the interval
 doubles, up to 4 x `probe_every` (so the controller notices better drafts within about two intervals: <= ~130
@@ -548,7 +551,7 @@ class AdaptiveK:
         self._since += 1
         k = best
         if best == 0:
-            if self._since >= self._interval:
+            if self._since >= self._interval and self._could_pay():
                 k, self._since, self._probing = min(PROBE_K, self.k_max), 0, True
         else:
             self.failures, self._interval, self._burst = 0, self.probe_every, [0, 0.0]
@@ -562,6 +565,17 @@ class AdaptiveK:
                     k = 0  # refresh v(1)
         self.k = k
         return k
+
+    def _could_pay(self) -> bool:
+        """Would drafting beat plain decoding if every draft token were accepted, at the measured costs? When not
+        (a draft model as slow as the target's per-token verify cost), probing for better acceptance is futile."""
+        v = self.model.verify_curve()
+        if v is None:
+            return True
+        d, c = self.model.draft_cost()
+        ms = expected_ms(v[: self.k_max + 1], d, c, np.ones(self.k_max))  # [k_max + 1]
+        perfect = np.arange(1, self.k_max + 2) / ms  # tokens per ms by K, all accepted
+        return bool(perfect[1:].max() > (1.0 + self.margin) * perfect[0])
 
     def _free_drafts(self, rates: np.ndarray) -> bool:
         d, c = self.model.draft_cost()
