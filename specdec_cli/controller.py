@@ -238,6 +238,7 @@ class _Point:
     ms: float  # EWMA of verify_ms at this batch size
     n: int  # observations
     last: int  # step index of the last observation
+    verified: bool = False  # measured by a verify step (not only by a prefill, nor given by a prior)
 
 
 def _isotonic(y: list[float], w: list[float]) -> np.ndarray:
@@ -313,17 +314,18 @@ class CostModel:
         if n_evaluated < 2 or ms <= 0.0:
             return
         b = min(n_evaluated, n_batch)
-        self._observe_verify(b, ms * b / n_evaluated)
+        self._observe_verify(b, ms * b / n_evaluated, verified=False)
 
-    def _observe_verify(self, b: int, ms: float) -> None:
+    def _observe_verify(self, b: int, ms: float, verified: bool = True) -> None:
         if ms <= 0.0:
             return
         p = self.points.get(b)
         if p is None:
-            self.points[b] = _Point(ms, 1, self.steps)
+            self.points[b] = _Point(ms, 1, self.steps, verified)
             return
         p.n += 1
         p.last = self.steps
+        p.verified = p.verified or verified
         if p.n > 3:
             ms = min(ms, 3.0 * p.ms)  # one hiccup (swap, another process) must not double the estimate
         p.ms += max(1.0 / p.n, 1.0 - self.decay) * (ms - p.ms)
@@ -333,6 +335,10 @@ class CostModel:
     def measured(self, b: int) -> bool:
         p = self.points.get(b)
         return p is not None and p.last >= 0
+
+    def largest_verified(self) -> int:
+        """The largest batch size a verify step has been timed at (0: none)."""
+        return max((b for b, p in self.points.items() if p.verified), default=0)
 
     def last_seen(self, b: int) -> int:
         """Step index of the last measurement of batch size b (-1: never)."""
@@ -572,9 +578,12 @@ class AdaptiveK:
         v = self.model.verify_curve()
         if v is None:
             return True
+        # Only K whose verify batch lies within the sizes verify steps have timed: beyond them the curve is
+        # interpolated towards the prefill's point, which is optimistic on a CPU and would keep futile probes alive.
+        k_top = min(self.k_max, max(PROBE_K, self.model.largest_verified() - 1))
         d, c = self.model.draft_cost()
-        ms = expected_ms(v[: self.k_max + 1], d, c, np.ones(self.k_max))  # [k_max + 1]
-        perfect = np.arange(1, self.k_max + 2) / ms  # tokens per ms by K, all accepted
+        ms = expected_ms(v[: k_top + 1], d, c, np.ones(k_top))  # [k_top + 1]
+        perfect = np.arange(1, k_top + 2) / ms  # tokens per ms by K, all accepted
         return bool(perfect[1:].max() > (1.0 + self.margin) * perfect[0])
 
     def _free_drafts(self, rates: np.ndarray) -> bool:

@@ -39,8 +39,9 @@ class Step:
 
     Attributes:
         index: 0-based step number.
-        k: draft length the controller asked for (0 = plain decoding).
-        drafted: the draft tokens proposed (len <= k; a drafter may propose fewer).
+        k: draft length the controller asked for (0 = plain decoding); when it trimmed a lookup draft by its match
+            (`KController.trim`), the length it kept.
+        drafted: the draft tokens verified (len <= k; a drafter may propose fewer).
         n_accepted: how many draft tokens verification accepted (a prefix of `drafted`).
         target_token: the target's own token (correction or bonus); None when the step stopped inside the
             accepted prefix (end of generation, stop string or max tokens).

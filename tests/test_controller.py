@@ -386,3 +386,13 @@ def test_a_prefill_measures_the_verify_curve() -> None:
     assert pts[300] == pytest.approx(6000.0) and pts[512] == pytest.approx(20000.0)
     ctrl.observe_prefill(1, 50.0, 512)  # one token says nothing about batches
     assert 1 not in {b for b, _, _ in ctrl.snapshot()["verify_ms"]}
+
+
+def test_an_optimistic_prefill_point_does_not_keep_futile_probes_alive() -> None:
+    # The prefill's 512-token pass (20 ms a token) makes v(b) look cheap between the measured sizes and 512; only
+    # the sizes verify steps timed decide whether perfect drafts of the 28 ms draft model could pay: they cannot.
+    ctrl = AdaptiveK()
+    ctrl.observe_prefill(512, 512 * 20.0, 512)
+    _, ks = simulate(ctrl, cpu, d_ms=DRAFT_MODEL_MS, accept=0.9, steps=600, seed=0)
+    tries = [i for i, k in enumerate(ks) if k > 0]
+    assert tries and tries[-1] < 100, tries
