@@ -77,7 +77,9 @@ with the same 3 % hysteresis against K = 0, and K at most twice the positions th
 slow start: unseen positions borrow their acceptance from earlier ones, and a long pass costs too much to risk on
 that borrowing). The cut depends only on the draft and on past steps, never on the
 target's logits, so verification (greedy or rejection sampling) stays lossless. A bucket whose trim is 0 is probed
-(K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x, while its probes do not pay).
+(K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x, while its probes do not pay);
+buckets of matches of 5+ tokens are also probed on their first draft. A bucket's prior for a_1 is the pooled a_1
+or the a_1 of the bucket below, whichever is higher (acceptance is taken to be non-decreasing in match length).
 Drafters without evidence (a draft model; hybrid steps that fell back to it) are not trimmed.
 
 Trims do not explore batch sizes: the verify curve learns from prefill, which is a forward pass over m tokens
@@ -109,7 +111,8 @@ MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_eve
 EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)
 LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto (then trimmed by its match)
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
-CHEAP_DRAFT = 0.1  # a drafter is "free" when drafting LOOKUP_K_MAX tokens costs < this x v(1)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
+EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
+CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
 GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
 
 
@@ -388,13 +391,16 @@ class CostModel:
         """a_i for positions 1..k_max: float [k_max]. (A_i + s m_i) / (N_i + s), m_1 = the prior's acceptance and
         m_i = a_(i-1), so an unseen position borrows from the one before.
 
-        With `bucket`: the acceptance of drafts from that match-length bucket, with the pooled a_1 as m_1."""
+        With `bucket`: the acceptance of drafts from that match-length bucket. Its m_1 is the pooled a_1, or the a_1
+        of the bucket below when that is higher: a longer match is assumed at least as reliable as a shorter one."""
         if bucket is None:
             hits, trials = self._acc.tolist()
             m = self.prior.acceptance
         else:
             hits, trials = self._acc_b[bucket].tolist()
             m = float(self.acceptance()[0])
+            if bucket > 0:
+                m = max(m, float(self.acceptance(bucket - 1)[0]))
         out, s = [], self.prior.strength
         for h, t in zip(hits, trials, strict=True):
             m = (h + s * m) / (t + s)
@@ -529,9 +535,13 @@ class AdaptiveK:
         self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior())
         # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
+        self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
+        self._pending_evidence = False  # the step being verified drafted with evidence
         self._bucket: int | None = None  # bucket of the draft being verified
         self._bucket_probe = False  # that verification is a probe of a bucket whose trim was 0
-        self._since_bucket = np.zeros(len(BUCKET_EDGES), dtype=np.int64)  # drafts since the bucket's last probe
+        # drafts since the bucket's last probe; a match of 5+ tokens is probed on its first draft (a copy run is
+        # worth finding early: once found, its drafts are long and right)
+        self._since_bucket = np.where(BUCKET_EDGES >= EARLY_PROBE_MATCH, probe_every - 1, 0).astype(np.int64)
         self._bucket_interval = np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64)
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
@@ -587,9 +597,12 @@ class AdaptiveK:
         return bool(perfect[1:].max() > (1.0 + self.margin) * perfect[0])
 
     def _free_drafts(self, rates: np.ndarray) -> bool:
-        d, c = self.model.draft_cost()
+        """Lookup drafts cost the same per call whatever their length; the fastest of the last 8 calls (the first
+        call of a process can be 40 x slower while numpy and the store warm up) decides whether they are free."""
         v = self.model.verify_curve()
-        return v is not None and c + d * self.lookup_k_max < CHEAP_DRAFT * float(v[0])
+        if v is None or not self._evidence_ms:
+            return False
+        return min(self._evidence_ms) < CHEAP_DRAFT * float(v[0])
 
     def trim(self, draft: Draft) -> int:
         """K for a draft with evidence (`Draft.match_len` > 0): the best K <= len(draft) for its match-length
@@ -598,7 +611,7 @@ class AdaptiveK:
         self._bucket, self._bucket_probe = None, False
         if n == 0 or draft.match_len <= 0:
             return n
-        self.evidence = True
+        self.evidence = self._pending_evidence = True
         b = self._bucket = bucket_of(draft.match_len)
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
@@ -624,6 +637,9 @@ class AdaptiveK:
     def observe(self, step: Step) -> None:
         bucket = self._bucket if step.drafted else None
         self.model.observe(step, bucket)
+        if self._pending_evidence:
+            self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
+            self._pending_evidence = False
         if self._bucket_probe and bucket is not None:
             # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
             v1 = self.model.verify_curve()

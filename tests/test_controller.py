@@ -396,3 +396,12 @@ def test_an_optimistic_prefill_point_does_not_keep_futile_probes_alive() -> None
     _, ks = simulate(ctrl, cpu, d_ms=DRAFT_MODEL_MS, accept=0.9, steps=600, seed=0)
     tries = [i for i, k in enumerate(ks) if k > 0]
     assert tries and tries[-1] < 100, tries
+
+
+def test_a_slow_first_lookup_call_does_not_hide_that_lookup_drafts_are_free() -> None:
+    ctrl = AdaptiveK()
+    ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
+    for draft_ms, free in ((30.0, False), (0.05, True), (30.0, True)):  # warm-up, steady state, one hiccup
+        keep = ctrl.trim(lookup_draft(40, 3))
+        ctrl.observe(replace(step(keep, keep, keep, draft_ms, cpu(keep + 1)), source="ngram" if keep else ""))
+        assert (ctrl.next_k() == 64) is free
