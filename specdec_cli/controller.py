@@ -75,11 +75,14 @@ short and the draft is a guess. Its drafts also cost ~0 ms, so the controller as
 
 with the same 3 % hysteresis against K = 0, and K at most twice the positions the bucket has been verified at (a
 slow start: unseen positions borrow their acceptance from earlier ones, and a long pass costs too much to risk on
-that borrowing). The cut depends only on the draft and on past steps, never on the
+that borrowing). While every verified position of a bucket accepts >= 90 % and the best K wants them all, K doubles
+(to learn the positions beyond), so a long copy run reaches the 33- to 65-token passes whose per-token cost is a
+third of a plain step's on a CPU. The cut depends only on the draft and on past steps, never on the
 target's logits, so verification (greedy or rejection sampling) stays lossless. A bucket whose trim is 0 is probed
 (K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x, while its probes do not pay);
 buckets of matches of 5+ tokens are also probed on their first draft. A bucket's prior for a_1 is the pooled a_1
-or the a_1 of the bucket below, whichever is higher (acceptance is taken to be non-decreasing in match length).
+or, per position, the bucket below's a_i when higher (acceptance is taken to be non-decreasing in match length, so
+what shorter matches taught, including how far K has grown, carries over to longer ones).
 Drafters without evidence (a draft model; hybrid steps that fell back to it) are not trimmed.
 
 Trims do not explore batch sizes: the verify curve learns from prefill, which is a forward pass over m tokens
@@ -111,6 +114,7 @@ MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_eve
 EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)
 LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto (then trimmed by its match)
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
+FRONTIER_ACCEPTANCE = 0.9  # a bucket whose verified positions all accept this often grows its K (slow start)
 EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
 GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
@@ -391,19 +395,26 @@ class CostModel:
         """a_i for positions 1..k_max: float [k_max]. (A_i + s m_i) / (N_i + s), m_1 = the prior's acceptance and
         m_i = a_(i-1), so an unseen position borrows from the one before.
 
-        With `bucket`: the acceptance of drafts from that match-length bucket. Its m_1 is the pooled a_1, or the a_1
-        of the bucket below when that is higher: a longer match is assumed at least as reliable as a shorter one."""
+        With `bucket`: the acceptance of drafts from that match-length bucket. Its prior mean m_i is the larger of
+        the chain above (from the pooled a_1) and the bucket below's a_i: a longer match is assumed at least as
+        reliable as a shorter one, so what shorter matches taught carries over."""
+        s = self.prior.strength
         if bucket is None:
-            hits, trials = self._acc.tolist()
-            m = self.prior.acceptance
-        else:
-            hits, trials = self._acc_b[bucket].tolist()
-            m = float(self.acceptance()[0])
-            if bucket > 0:
-                m = max(m, float(self.acceptance(bucket - 1)[0]))
-        out, s = [], self.prior.strength
-        for h, t in zip(hits, trials, strict=True):
-            m = (h + s * m) / (t + s)
+            return self._chain(self._acc, self.prior.acceptance, None, s)
+        pooled = float(self.acceptance()[0])
+        below = None
+        for b in range(bucket + 1):
+            below = self._chain(self._acc_b[b], pooled, below, s)
+        return below
+
+    @staticmethod
+    def _chain(acc: np.ndarray, m: float, floor: np.ndarray | None, s: float) -> np.ndarray:
+        """(A_i + s m_i) / (N_i + s) with m_1 = m, m_i = a_(i-1), raised to floor[i] where given: float [k_max]."""
+        hits, trials = acc.tolist()
+        floors = floor.tolist() if floor is not None else [0.0] * len(hits)
+        out = []
+        for h, t, f in zip(hits, trials, floors, strict=True):
+            m = (h + s * max(m, f)) / (t + s)
             out.append(m)
         return np.array(out)
 
@@ -615,13 +626,20 @@ class AdaptiveK:
         b = self._bucket = bucket_of(draft.match_len)
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
-        seen = int(np.count_nonzero(self.model._acc_b[b, 1] >= 0.5))
+        # positions verified in this bucket or a shorter-match one (whose acceptance this bucket's prior inherits)
+        seen = int(np.count_nonzero((self.model._acc_b[: b + 1, 1] >= 0.5).any(axis=0)))
         n = min(n, self.model.k_max, max(PROBE_K, 2 * seen))
         v = self.model.verify_curve()
         if v is None:
             return n
-        rates = expected_tokens(self.model.acceptance(b)[:n]) / v[: n + 1]  # [n + 1] tokens per ms by K
+        accept = self.model.acceptance(b)[:n]  # [n]
+        rates = expected_tokens(accept) / v[: n + 1]  # [n + 1] tokens per ms by K
         k = best_k(rates, self.margin)
+        if seen and k >= seen and accept[:seen].min() >= FRONTIER_ACCEPTANCE:
+            # Every verified position is nearly always right and the best K wants them all: verify twice as many,
+            # to learn the positions beyond. (Without this a CPU's bumpy curve -- b = 5 to 9 costs a plain step per
+            # token, b = 33 to 65 a third of one -- traps K at a local optimum below the long drafts that pay.)
+            k = n
         self._since_bucket[b] += 1
         if k == 0:
             if self._since_bucket[b] >= self._bucket_interval[b]:
