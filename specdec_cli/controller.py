@@ -546,6 +546,7 @@ class AdaptiveK:
         self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior())
         # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
+        self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
         self._pending_evidence = False  # the step being verified drafted with evidence
         self._bucket: int | None = None  # bucket of the draft being verified
@@ -563,11 +564,13 @@ class AdaptiveK:
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
 
     def next_k(self) -> int:
+        self.asked_all = False  # True: K is an ask for the whole lookup draft, which `trim` cuts
         rates = self.model.rates()
         if rates is None or not self.model.measured(1):  # a plain step measures v(1) first
             self.k = self.best = 0
             return 0
-        if self.evidence and self._free_drafts(rates):
+        self.asked_all = self.evidence and self._free_drafts(rates)
+        if self.asked_all:
             self.k = self.lookup_k_max  # a free lookup draft, as long as it goes: `trim` chooses K
             return self.k
         rates = rates[: self.k_max + 1]

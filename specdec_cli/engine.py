@@ -148,6 +148,8 @@ class SpeculativeEngine:
                     keep = getattr(controller, "trim", len)(draft)
                     if keep < len(draft):
                         draft, k = _cut(draft, keep), keep
+                elif getattr(controller, "asked_all", False):
+                    k = 0  # it asked a free lookup drafter for whatever it found, and it found nothing: a plain step
                 t_draft = time.perf_counter()
                 d = draft.tokens
                 # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows

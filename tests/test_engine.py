@@ -259,3 +259,28 @@ def test_the_controller_trims_lookup_drafts_and_the_steps_record_what_was_verifi
     assert all(len(s.drafted) <= 2 for s in steps)
     assert all(s.k == len(s.drafted) for s in steps if s.drafted)  # the step records the K verified
 
+
+
+def test_an_empty_draft_after_an_ask_for_everything_is_recorded_as_a_plain_step():
+    class AsksAll(FixedK):
+        asked_all = True  # like AdaptiveK asking a free lookup drafter for up to 64 tokens
+
+    class Never:
+        name = "never"
+
+        def reset(self):
+            pass
+
+        def propose(self, context, k, sampling, rng):
+            return Draft()
+
+        def finish(self, prompt, output):
+            pass
+
+        def close(self):
+            pass
+
+    _, steps, _ = run(SpeculativeEngine(FakeBackend(), Never(), AsksAll(64)), max_tokens=12)
+    assert all(s.k == 0 for s in steps)  # "K chosen" must not show K = 64 for steps that verified nothing
+    _, steps, _ = run(SpeculativeEngine(FakeBackend(), Never(), FixedK(4)), max_tokens=12)
+    assert all(s.k == 4 for s in steps[:6])  # a fixed K asked for 4: the drafter's shortfall stays visible
