@@ -205,22 +205,25 @@ def test_logits_are_requested_only_for_verified_rows():
     assert target.max_logit_rows == 7  # K + 1, never the whole context
 
 
+class Never:
+    """A drafter that never finds anything to propose."""
+
+    name = "never"
+
+    def reset(self):
+        pass
+
+    def propose(self, context, k, sampling, rng):
+        return Draft()
+
+    def finish(self, prompt, output):
+        pass
+
+    def close(self):
+        pass
+
+
 def test_drafter_proposing_fewer_tokens_is_a_plain_step():
-    class Never:
-        name = "never"
-
-        def reset(self):
-            pass
-
-        def propose(self, context, k, sampling, rng):
-            return Draft()
-
-        def finish(self, prompt, output):
-            pass
-
-        def close(self):
-            pass
-
     _, steps, tokens = run(SpeculativeEngine(FakeBackend(), Never(), FixedK(4)), max_tokens=10)
     assert tokens == greedy_reference(hashed_logits, PROMPT, 10)
     assert all(s.drafted == () and s.batch_size == 1 for s in steps)
@@ -264,21 +267,6 @@ def test_the_controller_trims_lookup_drafts_and_the_steps_record_what_was_verifi
 def test_an_empty_draft_after_an_ask_for_everything_is_recorded_as_a_plain_step():
     class AsksAll(FixedK):
         asked_all = True  # like AdaptiveK asking a free lookup drafter for up to 64 tokens
-
-    class Never:
-        name = "never"
-
-        def reset(self):
-            pass
-
-        def propose(self, context, k, sampling, rng):
-            return Draft()
-
-        def finish(self, prompt, output):
-            pass
-
-        def close(self):
-            pass
 
     _, steps, _ = run(SpeculativeEngine(FakeBackend(), Never(), AsksAll(64)), max_tokens=12)
     assert all(s.k == 0 for s in steps)  # "K chosen" must not show K = 64 for steps that verified nothing
