@@ -70,7 +70,7 @@ short and the draft is a guess. Its drafts also cost ~0 ms, so the controller as
 
     bucket = the match length's bucket (1, 2, 3-4, 5-8, 9-16, 17-32, 33+ tokens)
     a_i^bucket from the steps whose draft came from that bucket (decayed per observation, half-life `half_life`
-           observations of the bucket; prior mean: the pooled a_1 for position 1, then a_(i-1)^bucket)
+           observations of the bucket; prior mean: see below)
     K = argmax_{K in 0..len(draft)} E[tokens | K, a^bucket] / v(K + 1)      (the draft is already paid for)
 
 with the same 3 % hysteresis against K = 0, and K at most twice the positions the bucket has been verified at (a
@@ -111,12 +111,12 @@ DEFAULT_K_MAX = 16
 PROBE_K = 3  # K of a probe step taken from K = 0
 MARGIN = 0.03  # hysteresis: K > 0 must beat plain decoding by this fraction
 MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_every x this
-EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)
+EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
 LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto (then trimmed by its match)
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
 FRONTIER_ACCEPTANCE = 0.9  # a bucket whose verified positions all accept this often grows its K (slow start)
 EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
-CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)  # at K* > 0, each of these above K* is tried once to measure v(K + 1)
+CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
 GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
 
 
@@ -343,6 +343,10 @@ class CostModel:
         p = self.points.get(b)
         return p is not None and p.last >= 0
 
+    def verified_depth(self, bucket: int) -> int:
+        """Draft positions verified in `bucket` or a shorter-match bucket (whose acceptance its prior inherits)."""
+        return int(np.count_nonzero((self._acc_b[: bucket + 1, 1] >= 0.5).any(axis=0)))
+
     def largest_verified(self) -> int:
         """The largest batch size a verify step has been timed at (0: none)."""
         return max((b for b, p in self.points.items() if p.verified), default=0)
@@ -548,7 +552,6 @@ class AdaptiveK:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
         self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
-        self._pending_evidence = False  # the step being verified drafted with evidence
         self._bucket: int | None = None  # bucket of the draft being verified
         self._bucket_probe = False  # that verification is a probe of a bucket whose trim was 0
         # drafts since the bucket's last probe; a match of 5+ tokens is probed on its first draft (a copy run is
@@ -565,15 +568,14 @@ class AdaptiveK:
 
     def next_k(self) -> int:
         self.asked_all = False  # True: K is an ask for the whole lookup draft, which `trim` cuts
-        rates = self.model.rates()
-        if rates is None or not self.model.measured(1):  # a plain step measures v(1) first
+        if not self.model.measured(1):  # a plain step measures v(1) first
             self.k = self.best = 0
             return 0
-        self.asked_all = self.evidence and self._free_drafts(rates)
+        self.asked_all = self.evidence and self._free_drafts()
         if self.asked_all:
             self.k = self.lookup_k_max  # a free lookup draft, as long as it goes: `trim` chooses K
             return self.k
-        rates = rates[: self.k_max + 1]
+        rates = self.model.rates()[: self.k_max + 1]
         best = best_k(rates, self.margin)
         if (best > 0) != (self.best > 0):
             self._since = 0  # a regime change: no probe right away
@@ -610,13 +612,12 @@ class AdaptiveK:
         perfect = np.arange(1, k_top + 2) / ms  # tokens per ms by K, all accepted
         return bool(perfect[1:].max() > (1.0 + self.margin) * perfect[0])
 
-    def _free_drafts(self, rates: np.ndarray) -> bool:
+    def _free_drafts(self) -> bool:
         """Lookup drafts cost the same per call whatever their length; the fastest of the last 8 calls (the first
         call of a process can be 40 x slower while numpy and the store warm up) decides whether they are free."""
-        v = self.model.verify_curve()
-        if v is None or not self._evidence_ms:
+        if not self._evidence_ms:
             return False
-        return min(self._evidence_ms) < CHEAP_DRAFT * float(v[0])
+        return min(self._evidence_ms) < CHEAP_DRAFT * float(self.model.verify_curve()[0])
 
     def trim(self, draft: Draft) -> int:
         """K for a draft with evidence (`Draft.match_len` > 0): the best K <= len(draft) for its match-length
@@ -625,12 +626,11 @@ class AdaptiveK:
         self._bucket, self._bucket_probe = None, False
         if n == 0 or draft.match_len <= 0:
             return n
-        self.evidence = self._pending_evidence = True
+        self.evidence = True
         b = self._bucket = bucket_of(draft.match_len)
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
-        # positions verified in this bucket or a shorter-match one (whose acceptance this bucket's prior inherits)
-        seen = int(np.count_nonzero((self.model._acc_b[: b + 1, 1] >= 0.5).any(axis=0)))
+        seen = self.model.verified_depth(b)
         n = min(n, self.model.k_max, max(PROBE_K, 2 * seen))
         v = self.model.verify_curve()
         if v is None:
@@ -656,11 +656,10 @@ class AdaptiveK:
         self.model.observe_prefill(n_evaluated, ms, n_batch)
 
     def observe(self, step: Step) -> None:
+        if self._bucket is not None:  # the step drafted with evidence (possibly trimmed to nothing)
+            self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         bucket = self._bucket if step.drafted else None
         self.model.observe(step, bucket)
-        if self._pending_evidence:
-            self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
-            self._pending_evidence = False
         if self._bucket_probe and bucket is not None:
             # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
             v1 = self.model.verify_curve()
