@@ -75,17 +75,26 @@ short and the draft is a guess. Its drafts also cost ~0 ms, so the controller as
 
 with the same 3 % hysteresis against K = 0, and K at most twice the positions the bucket has been verified at (a
 slow start: unseen positions borrow their acceptance from earlier ones, and a long pass costs too much to risk on
-that borrowing). While every verified position of a bucket accepts >= 90 % and the best K wants them all, K doubles
-(to learn the positions beyond), so a long copy run reaches the 33- to 65-token passes whose per-token cost is a
-third of a plain step's on a CPU. The cut depends only on the draft and on past steps, never on the
-target's logits, so verification (greedy or rejection sampling) stays lossless. A bucket whose trim is 0 is probed
+that borrowing). While every verified position of a bucket accepts >= 90 % and the whole draft is expected to be
+>= 90 % accepted, K is that whole allowance (it doubles, to learn the positions and batch sizes beyond), even where
+the fitted curve prefers a shorter K: beyond the largest batch a verify step has timed, v(b) is extrapolated, and
+a CPU's bumpy curve (b = 5 to 9 costs a plain step per token, b = 33 to 65 a third of one) would otherwise hold K at
+2 to 4 under drafts that are always right. A drafter that counts continuations (the suffix drafter) also gives each
+token's empirical probability (`Draft.probs`); a_i is multiplied by it, so K stops where past outputs that match
+the context part ways. The cut depends only on the draft and on past steps, never on the target's logits, so
+verification (greedy or rejection sampling) stays lossless.
+
+What is learnt lasts: a `Session` keeps one `AdaptiveK` per method across its generations (chat turns), and
+`specdec_cli.learnt` carries its state to the next process with the same models, method and machine, as a prior
+whose evidence is capped (`AdaptiveK.restore`). A bucket whose trim is 0 is probed
 (K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x, while its probes do not pay);
 buckets of matches of 5+ tokens are also probed on their first draft. A bucket's prior for a_1 is the pooled a_1
 or, per position, the bucket below's a_i when higher (acceptance is taken to be non-decreasing in match length, so
 what shorter matches taught, including how far K has grown, carries over to longer ones).
 Drafters without evidence (a draft model; hybrid steps that fell back to it) are not trimmed.
 
-Trims do not explore batch sizes: the verify curve learns from prefill, which is a forward pass over m tokens
+Trims do not explore batch sizes blindly (only under drafts expected to be accepted, above): the verify curve
+also learns from prefill, which is a forward pass over m tokens
 (m <= n_batch; a longer prefill counts as n_batch-token chunks at its mean cost), a measurement of v(m) that costs
 nothing extra. Interpolating between it and the small batches measured is optimistic where the curve is concave (a
 CPU's), so a long draft is tried when the acceptance makes it look worth it, and its measured cost corrects the
@@ -336,6 +345,51 @@ class CostModel:
         if p.n > 3:
             ms = min(ms, 3.0 * p.ms)  # one hiccup (swap, another process) must not double the estimate
         p.ms += max(1.0 / p.n, 1.0 - self.decay) * (ms - p.ms)
+
+    # ---- carrying what was learnt to a later process (`specdec_cli.learnt`)
+
+    def state(self) -> dict[str, Any]:
+        """Everything learnt, JSON-serialisable: the verify points, the draft-cost sums and the decayed acceptance and
+        fill counts (float [2, k_max]; by match-length bucket float [7, 2, k_max])."""
+        return {
+            "k_max": self.k_max,
+            "verify": [[b, p.ms, p.n, p.verified] for b, p in sorted(self.points.items())],
+            "draft": self._draft.tolist(),
+            "acc": self._acc.tolist(),
+            "fill": self._fill.tolist(),
+            "acc_by_match": self._acc_b.tolist(),
+        }
+
+    def restore(self, state: dict[str, Any], max_weight: float) -> None:
+        """Start from `state()` of an earlier model as a prior: every estimate keeps its value, but its evidence is
+        capped at `max_weight` observations (a verify point counts as at most 3), so a few steps measured now
+        outweigh it. The points count as measured (no plain step to time v(1) first).
+
+        Raises ValueError (shapes, k_max) or TypeError/KeyError when `state` is not a `state()` of this k_max.
+        """
+        if int(state["k_max"]) != self.k_max:
+            raise ValueError(f"learnt for k_max {state['k_max']}, not {self.k_max}")
+        acc, fill = np.asarray(state["acc"], float), np.asarray(state["fill"], float)
+        acc_b, draft = np.asarray(state["acc_by_match"], float), np.asarray(state["draft"], float)
+        if acc.shape != self._acc.shape or fill.shape != self._fill.shape or acc_b.shape != self._acc_b.shape \
+                or draft.shape != self._draft.shape:
+            raise ValueError("learnt arrays of another shape")
+        for a in (acc, fill, acc_b, draft):
+            if not np.isfinite(a).all() or (a < 0).any():
+                raise ValueError("learnt counts must be finite and >= 0")
+        points = {}
+        for b, ms, n, verified in state["verify"]:
+            if not (int(b) >= 1 and float(ms) > 0.0 and np.isfinite(float(ms))):
+                raise ValueError(f"bad verify point {b}: {ms}")
+            points[int(b)] = _Point(float(ms), min(int(n), 3), 0, bool(verified))
+
+        def capped(counts: np.ndarray) -> np.ndarray:  # [..., 2, k]: scale hits and trials alike
+            trials = counts[..., 1:2, :]
+            return counts * np.minimum(1.0, max_weight / np.maximum(trials, 1e-12))
+
+        self.points = points
+        self._acc, self._fill, self._acc_b = capped(acc), capped(fill), capped(acc_b)
+        self._draft = draft * min(1.0, max_weight / draft[0]) if draft[0] > 0 else draft
 
     # ---- estimates
 
@@ -636,12 +690,18 @@ class AdaptiveK:
         if v is None:
             return n
         accept = self.model.acceptance(b)[:n]  # [n]
+        if draft.probs is not None:  # where past continuations part ways, the draft is a guess from there on
+            accept = accept * draft.probs[:n]
         rates = expected_tokens(accept) / v[: n + 1]  # [n + 1] tokens per ms by K
         k = best_k(rates, self.margin)
-        if seen and k >= seen and accept[:seen].min() >= FRONTIER_ACCEPTANCE:
-            # Every verified position is nearly always right and the best K wants them all: verify twice as many,
-            # to learn the positions beyond. (Without this a CPU's bumpy curve -- b = 5 to 9 costs a plain step per
-            # token, b = 33 to 65 a third of one -- traps K at a local optimum below the long drafts that pay.)
+        if seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
+                and expected_tokens(accept)[n] >= FRONTIER_ACCEPTANCE * (n + 1):
+            # Every verified position is nearly always right, and so is the whole draft expected to be: verify all
+            # of it (at most twice the verified depth: slow start), to learn the positions and batch sizes beyond.
+            # Without this the verify curve traps K: beyond the largest batch a verify step has timed, v(b) is
+            # extrapolated, and a CPU's bumpy curve (b = 5 to 9 costs a plain step per token, b = 33 to 65 a third
+            # of one) makes a local optimum (K = 2..4) look best, while a pass over tokens that will nearly all be
+            # accepted costs little even where b turns out slow.
             k = n
         self._since_bucket[b] += 1
         if k == 0:
@@ -684,6 +744,20 @@ class AdaptiveK:
             self._burst = [0, 0.0]
             self.failures += 1
             self._interval = self.probe_every * min(2**self.failures, MAX_BACKOFF)
+
+    def state(self) -> dict[str, Any]:
+        """What this controller learnt, for a later process (`specdec_cli.learnt`): the cost model and whether its
+        drafter's drafts are free lookup drafts with evidence."""
+        return {"model": self.model.state(), "evidence": self.evidence, "evidence_ms": list(self._evidence_ms)}
+
+    def restore(self, state: dict[str, Any], max_weight: float = 8.0) -> None:
+        """Continue from `state()` of an earlier run (see `CostModel.restore`). Raises ValueError, TypeError or
+        KeyError when `state` does not fit this controller; it is then unchanged."""
+        evidence = bool(state["evidence"])
+        evidence_ms = [float(x) for x in state["evidence_ms"]][-8:]
+        model = CostModel(self.model.k_max, self.model.half_life, self.model.prior)
+        model.restore(state["model"], max_weight)
+        self.model, self.evidence, self._evidence_ms = model, evidence, evidence_ms
 
     def snapshot(self) -> dict[str, Any]:
         return {

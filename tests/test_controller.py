@@ -405,3 +405,60 @@ def test_a_slow_first_lookup_call_does_not_hide_that_lookup_drafts_are_free() ->
         keep = ctrl.trim(lookup_draft(40, 3))
         ctrl.observe(replace(step(keep, keep, keep, draft_ms, cpu(keep + 1)), source="ngram" if keep else ""))
         assert (ctrl.next_k() == 64) is free
+
+
+# Measured on a 2-core CPU (Qwen2.5-Coder-1.5B Q4_K_M, logits for every row): per token, b = 9 costs more than b = 5,
+# b = 17 about the same, and b = 33 to 65 far less. A model fitted to the small sizes alone sees no gain in longer K.
+BUMPY_B = np.array([1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65], dtype=np.float64)
+BUMPY_MS = np.array([40, 76, 92, 126, 156, 188, 282, 317, 401, 433, 526, 727, 779, 886, 1118, 1203, 1372.0])
+
+
+def bumpy(b: int) -> float:
+    return float(np.interp(b, BUMPY_B, BUMPY_MS))
+
+
+def test_a_bumpy_verify_curve_does_not_trap_k_below_drafts_that_are_always_right() -> None:
+    # No prefill point (the prompt's cache was reused), and every 64-token draft of a long match is right: K must
+    # climb to long passes instead of settling where the small sizes measured best (K = 2..4).
+    ctrl = AdaptiveK()
+    ctrl.observe(step(0, 0, 0, 0.0, bumpy(1)))
+    ks = []
+    for _ in range(12):
+        keep = ctrl.trim(lookup_draft(40))
+        ks.append(keep)
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, bumpy(keep + 1)), source="ngram" if keep else ""))
+    assert max(ks) >= 32 and ks[-1] >= 32, ks
+
+
+def test_a_branch_in_the_draft_caps_k_where_past_continuations_part_ways() -> None:
+    from specdec_cli.drafters.base import Draft
+
+    ctrl = AdaptiveK()
+    ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
+    for _ in range(8):  # a bucket of long matches whose drafts are always right
+        keep = ctrl.trim(lookup_draft(40))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram"))
+    sure = np.ones(64)
+    branch = sure.copy()
+    branch[3] = 0.2  # 1 in 5 past outputs that match here went on with draft token 4
+    tokens = np.arange(64, dtype=np.int32)
+    assert ctrl.trim(Draft(tokens=tokens, source="suffix", match_len=40, probs=sure)) > 3
+    assert ctrl.trim(Draft(tokens=tokens, source="suffix", match_len=40, probs=branch)) == 3
+
+
+def test_a_session_keeps_one_adaptive_controller_per_method_across_generations() -> None:
+    from pathlib import Path
+
+    from fakes import FakeBackend
+    from specdec_cli.session import Session, SpecOptions
+
+    session = Session(target=FakeBackend(), target_path=Path("t.gguf"))
+    first = session.make_controller(SpecOptions(method="suffix"))
+    first.observe(step(0, 0, 0, 0.0, 40.0))
+    again = session.make_controller(SpecOptions(method="suffix"))
+    assert again is first and again.model.measured(1)  # what the first generation learnt carries over
+    assert session.make_controller(SpecOptions(method="ngram")) is not first  # another drafter, another model
+    assert session.make_controller(SpecOptions(method="suffix"), fresh=True) is not first
+    assert session.make_controller(SpecOptions(method="suffix")) is first  # a fresh one does not replace it
+    assert isinstance(session.make_controller(SpecOptions(method="suffix", k="4")), FixedK)
+    assert session.make_controller(SpecOptions(method="suffix"), saved_k=6).next_k() == 6
