@@ -185,8 +185,9 @@ class SpeculativeEngine:
                 step_index += 1
                 yield step
                 if finish is not None:
-                    if drafter is not None:
-                        drafter.finish(prompt, ctx[len(prompt) : len(prompt) + n_out].copy())
+                    if drafter is not None:  # the output, and the end-of-generation token that ended it
+                        end = len(prompt) + n_out + (finish == "eog")
+                        drafter.finish(prompt, ctx[len(prompt) : end].copy())
                     return
         finally:
             # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).
@@ -232,7 +233,8 @@ class SpeculativeEngine:
 def _cut(draft: Draft, k: int) -> Draft:
     """The first k tokens of a draft (and their q): a drafter returned more than asked, or the controller trimmed it."""
     return Draft(tokens=draft.tokens[:k], dists=draft.dists[:k] if draft.dists is not None else None,
-                 score=draft.score, source=draft.source, match_len=draft.match_len)
+                 score=draft.score, source=draft.source, match_len=draft.match_len,
+                 probs=draft.probs[:k] if draft.probs is not None else None)
 
 
 def _round_up(n: int) -> int:

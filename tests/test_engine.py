@@ -272,3 +272,20 @@ def test_an_empty_draft_after_an_ask_for_everything_is_recorded_as_a_plain_step(
     assert all(s.k == 0 for s in steps)  # "K chosen" must not show K = 64 for steps that verified nothing
     _, steps, _ = run(SpeculativeEngine(FakeBackend(), Never(), FixedK(4)), max_tokens=12)
     assert all(s.k == 4 for s in steps[:6])  # a fixed K asked for 4: the drafter's shortfall stays visible
+
+
+@pytest.mark.parametrize("max_tokens, stored", [(50, [7] * 5 + [EOS]), (3, [7] * 3)])
+def test_a_learning_drafter_is_given_the_output_and_the_end_of_generation_token_that_ended_it(max_tokens, stored):
+    def fn(prefix):
+        logits = np.zeros(32, np.float32)
+        logits[EOS if len(prefix) >= len(PROMPT) + 5 else 7] = 9.0
+        return logits
+
+    class Recorder(Never):
+        def finish(self, prompt, output):
+            self.finished = (list(prompt), list(output))
+
+    drafter = Recorder()
+    _, steps, tokens = run(SpeculativeEngine(FakeBackend(fn), drafter, FixedK(3)), max_tokens=max_tokens)
+    assert drafter.finished == (list(PROMPT), stored)  # a reply cut by --max-tokens has no end to learn
+    assert EOS not in tokens

@@ -78,7 +78,7 @@ def brute_longest(docs: list[list[int]], context: list[int], max_depth: int) -> 
 def test_local_longest_suffix_match_beats_the_most_recent_shorter_one():
     # "5 2 3 4" occurred at the start (then 7); only "3 4" occurred more recently (then 8).
     ctx = [5, 2, 3, 4, 7, 0, 9, 3, 4, 8, 1, 5, 2, 3, 4]
-    drafter = SuffixDrafter(None)
+    drafter = SuffixDrafter(None, factor=1.0)
     draft = propose(drafter, ctx, k=8)
     assert drafter.last.match_len == 4
     assert draft.tokens.tolist() == [7, 0, 9, 3]  # 4 tokens: factor 1 × match length 4
@@ -166,7 +166,8 @@ def test_local_frequency_wins_over_recency_and_ties_go_to_the_most_recent():
 def test_draft_length_is_capped_by_factor_times_match_length_and_by_k():
     store = store_with(list(range(10, 40)))
     ctx = [0, 13, 14]  # matches "13 14": 2 tokens
-    assert len(propose(SuffixDrafter(store), ctx, k=16)) == 2
+    assert len(propose(SuffixDrafter(store, factor=1.0), ctx, k=16)) == 2
+    assert len(propose(SuffixDrafter(store), ctx, k=16)) == 8  # the default factor, 4
     assert len(propose(SuffixDrafter(store, factor=2.5), ctx, k=16)) == 5  # ceil(2.5 × 2)
     assert len(propose(SuffixDrafter(store, factor=2.5), ctx, k=3)) == 3
     assert propose(SuffixDrafter(store, factor=100), ctx, k=64).tokens.tolist() == list(range(15, 40))  # doc end
@@ -183,8 +184,8 @@ def test_probability_cut_off_stops_the_walk():
     assert len(draft) == 0 and draft.score == 0.0
 
 
-def test_local_vs_global_choice_by_expected_accepted_tokens():
-    # Global: "2 3" -> 4 5 6 7 seen three times. Local: "2 3" -> 9 then 1 of 2 ... weaker.
+def test_local_vs_global_choice_by_match_length_then_expected_accepted_tokens():
+    # Equal matches ("2 3"). Global: "2 3" -> 4 5 6 7 seen three times. Local: "2 3" -> 9 then 1 of 2 ... weaker.
     store = store_with([2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7])
     drafter = SuffixDrafter(store, factor=4)
     draft = propose(drafter, [2, 3, 9, 1, 2, 3, 8, 0, 2, 3])
@@ -195,6 +196,30 @@ def test_local_vs_global_choice_by_expected_accepted_tokens():
     assert drafter.last.source == "local" and drafter.last.match_len == 5
     assert draft.tokens.tolist() == [21, 22, 23, 24, 0, 11, 12, 13]  # k = 8
     assert 0.0 < draft.score <= 1.0
+
+
+def test_a_longer_global_match_beats_a_longer_local_draft():
+    # The prompt holds the original text (matching the context's last 3 tokens, with a long continuation); a past
+    # output matches the last 6: it is the better evidence (a repeated edit), although its draft is shorter.
+    store = store_with([50, 51, 52, 1, 2, 3, 60, 61])
+    drafter = SuffixDrafter(store, factor=4)
+    draft = propose(drafter, [1, 2, 3, 70, 71, 72, 73, 74, 75, 76, 77, 9, 50, 51, 52, 1, 2, 3], k=16)
+    assert drafter.last.source == "global" and drafter.last.match_len == 6
+    assert draft.tokens.tolist() == [60, 61]
+
+
+def test_a_reply_opening_and_its_end_are_learnt():
+    # Outputs are stored after the last `lead_in` prompt tokens (the assistant header), and with the end-of-
+    # generation token that ended them: a second reply is drafted from its first token to its end.
+    store = make_store()
+    drafter = SuffixDrafter(store, lead_in=3)
+    drafter.finish(arr(7, 8, 90, 91, 92), arr(40, 41, 42, 43, 1))  # 1: the end-of-generation token
+    assert [d.tolist() for d in store.documents()] == [[90, 91, 92, 40, 41, 42, 43, 1]]
+    drafter.reset()
+    draft = propose(drafter, [5, 6, 90, 91, 92], k=16)
+    assert drafter.last.source == "global" and draft.tokens.tolist() == [40, 41, 42, 43, 1]
+    bare = SuffixDrafter(store_with([40, 41, 42, 43, 1]))  # the same reply stored without its lead-in
+    assert len(propose(bare, [5, 6, 90, 91, 92], k=16)) == 0  # ... cannot draft its opening
 
 
 def test_nothing_to_match_gives_an_empty_draft():
@@ -241,7 +266,7 @@ def test_incremental_local_index_equals_a_from_scratch_build(tokens, steps, k):
 
 
 def test_local_index_starts_over_on_a_context_that_does_not_extend_it():
-    drafter = SuffixDrafter(None)
+    drafter = SuffixDrafter(None, factor=1.0)
     propose(drafter, [1, 2, 3, 1, 2])
     draft = propose(drafter, [7, 8, 9, 7, 8])  # no reset(): detected, re-indexed
     assert drafter.local.tokens.tolist() == [7, 8, 9, 7, 8] and draft.tokens.tolist() == [9, 7]
@@ -252,7 +277,7 @@ def test_local_index_starts_over_on_a_context_that_does_not_extend_it():
 
 def test_finish_learns_the_output_for_the_next_generation_and_close_saves():
     store = make_store()
-    drafter = SuffixDrafter(store, factor=4)
+    drafter = SuffixDrafter(store, factor=4, lead_in=0)
     propose(drafter, [1, 2])
     drafter.finish(arr(1, 2), arr(40, 41, 42, 43, 44))
     drafter.reset()
@@ -386,7 +411,7 @@ def test_a_corrupt_store_is_set_aside_with_a_warning_and_a_fresh_one_started(dam
     assert store.save()
     damage(store.path)
     fresh = make_store()
-    drafter = SuffixDrafter(fresh)
+    drafter = SuffixDrafter(fresh, lead_in=0)
     with pytest.warns(SuffixStoreWarning, match=reason) as caught:
         draft = propose(drafter, [0, 5, 6])  # loads: must not raise
     assert len(draft) == 0 or drafter.last.source == "local"

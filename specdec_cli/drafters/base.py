@@ -31,6 +31,10 @@ class Draft:
         match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
             text the draft was copied after (0 = no such evidence, e.g. a draft model). Under `--k auto` the
             controller trims the draft by the acceptance it has measured for matches of this length.
+        probs: float64 [k'] for lookup drafters that count continuations (the suffix drafter): each token's empirical
+            probability given the path before it (count / parent count), e.g. 0.5 where two past outputs that match
+            the context part ways; None when the drafter has no such estimate. `trim` discounts the positions after
+            a branch by it.
     """
 
     tokens: np.ndarray = field(default_factory=lambda: EMPTY)
@@ -38,6 +42,7 @@ class Draft:
     score: float = 0.0
     source: str = ""
     match_len: int = 0
+    probs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -60,7 +65,10 @@ class Drafter(Protocol):
         ...
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
-        """Called once per completed generation with int32 [n_prompt] and int32 [n_out]; learning drafters store it."""
+        """Called once per completed generation with int32 [n_prompt] and int32 [n_out]; learning drafters store it.
+
+        `output` ends with the end-of-generation token when the generation ended with one, so a learning drafter
+        also learns where outputs end (and can draft the end, instead of text past it)."""
         ...
 
     def close(self) -> None: ...

@@ -10,8 +10,11 @@ Each step, for two structures:
 
 find the longest suffix of the context (at most `max_depth` tokens) that occurs in the structure, then walk the
 most frequent continuation: take the child with the largest count while count / parent count >= `min_token_prob`,
-for at most min(k, ceil(factor × match length)) tokens. The draft with the higher score (expected accepted tokens:
-the sum of the path probabilities) wins; ties go to the longer match, then to the local one. Drafts are
+for at most min(k, ceil(factor × match length)) tokens. The draft with the longer match wins (a past output that
+matches the last 60 tokens beats the prompt's original text matching the last 20: the reply is repeating itself,
+not its input); equal matches go to the higher score (expected accepted tokens: the sum of the path
+probabilities), then to the local one. Each output is stored after the last `lead_in` tokens of its prompt and
+with the end-of-generation token that ended it, so the opening and the end of a reply are learnt too. Drafts are
 deterministic (`dists=None`: verification treats q as one-hot) and cost ~0.2 ms per step with a 300k-token
 store (median; `benchmarks/bench_suffix.py`).
 """
@@ -177,8 +180,12 @@ class SuffixDrafter:
         store: the global store of past outputs (None = local matching only). Loaded lazily on the first propose.
         max_depth: longest context suffix matched, in tokens (1..127).
         factor: draft length cap per matched token: a draft has at most min(k, ceil(factor × match length)) tokens.
+            4 by default: under `--k auto` the controller trims every draft by the acceptance measured for its match
+            length, so the cap only needs to stop a very short match from proposing a long guess.
         min_token_prob: stop the walk when the best child's empirical probability (count / parent count) is below.
         store_prompt: also add the prompt to the store in `finish` (default: outputs only, as in the paper).
+        lead_in: each output is stored after the last `lead_in` tokens of its prompt (the chat template's assistant
+            header, "<|im_start|>assistant\n"), so the opening of a reply is learnt too, not only what follows it.
         max_candidates: most recent earlier occurrences examined by the local lookup.
         preload: start reading the store file in a background thread now (`SuffixStore.preload`).
 
@@ -194,9 +201,10 @@ class SuffixDrafter:
         store: SuffixStore | None = None,
         *,
         max_depth: int = 64,
-        factor: float = 1.0,
+        factor: float = 4.0,
         min_token_prob: float = 0.1,
         store_prompt: bool = False,
+        lead_in: int = 8,
         max_candidates: int = 512,
         preload: bool = True,
     ) -> None:
@@ -211,6 +219,7 @@ class SuffixDrafter:
         self.factor = factor
         self.min_token_prob = min_token_prob
         self.store_prompt = store_prompt
+        self.lead_in = max(0, int(lead_in))
         self.local = LocalIndex(max_candidates)
         self.last: Continuation | None = None
         self._hint: tuple[object, int, int] | None = None  # (corpus, context length, global match length)
@@ -248,20 +257,23 @@ class SuffixDrafter:
             self._hint = (corpus, len(context), m)
             if m:
                 glob = corpus.walk(lo, hi, m, self._max_len(k, m), self.min_token_prob)
-                if (glob.score, glob.match_len) > (best.score, best.match_len):
+                if (glob.match_len, glob.score) > (best.match_len, best.score):
                     best = glob
         self.last = best
         if not len(best.tokens):
             return Draft(tokens=EMPTY, dists=None, score=0.0, source=self.name)
-        return Draft(tokens=best.tokens, dists=None, score=best.confidence, source=self.name, match_len=best.match_len)
+        return Draft(tokens=best.tokens, dists=None, score=best.confidence, source=self.name, match_len=best.match_len,
+                     probs=best.probs)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
-        """Add the output (and the prompt when `store_prompt`) to the global store; written at `close`."""
+        """Add the output, after the last `lead_in` prompt tokens (and the whole prompt when `store_prompt`), to
+        the global store; written at `close`. `output` ends with the end-of-generation token when there was one."""
         if self.store is None:
             return
         if self.store_prompt:
             self.store.add(prompt)
-        self.store.add(output)
+        lead = prompt[len(prompt) - min(self.lead_in, len(prompt)) :]  # the assistant header: replies' openings
+        self.store.add(np.concatenate((lead, output)).astype(np.int32))
 
     def close(self) -> None:
         """Save the store (a failure is a `SuffixStoreWarning`, never an exception)."""
