@@ -55,6 +55,7 @@ class Session:
     draft_path: Path | None = None
     options: ModelOptions = field(default_factory=ModelOptions)
     _fingerprint: str | None = None
+    _controllers: dict = field(default_factory=dict)  # (method, k_max) -> the AdaptiveK that keeps learning
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -111,17 +112,53 @@ class Session:
             return HybridDrafter(suffix, ModelDrafter(self.draft))
         raise UsageError(f"Unknown method {method!r}.", "Use none, draft, ngram, suffix or hybrid.")
 
-    def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None):
-        """FixedK for a number, AdaptiveK for "auto" (or the K saved by `specdec tune --save`)."""
+    def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None, fresh: bool = False):
+        """FixedK for a number, AdaptiveK for "auto" (or the K saved by `specdec tune --save`).
+
+        `--k auto` keeps learning across the generations of a session: the same `AdaptiveK` (costs, acceptance by
+        match length) serves every generation with this method and k_max, so the second reply of a chat or a
+        repeated workload starts where the first left off; and across sessions, through `specdec_cli.learnt`: a new
+        one starts from what the last session with these models, method and machine learnt, and `close` saves it.
+        `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
+        """
         from specdec_cli.controller import AdaptiveK, FixedK, parse_k
 
         try:
             k = parse_k(spec.k)
         except ValueError as e:
             raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
-        if k is None:
-            return FixedK(saved_k) if saved_k is not None else AdaptiveK(k_max=spec.k_max)
-        return FixedK(k)
+        if k is not None:
+            return FixedK(k)
+        if saved_k is not None:
+            return FixedK(saved_k)
+        if fresh:
+            return AdaptiveK(k_max=spec.k_max)
+        key = (spec.method, spec.k_max)
+        if key not in self._controllers:
+            from specdec_cli import learnt
+
+            ctrl = AdaptiveK(k_max=spec.k_max)
+            learnt.restore(ctrl, self._learnt_key(*key))
+            self._controllers[key] = ctrl
+        return self._controllers[key]
+
+    def _learnt_key(self, method: str, k_max: int) -> str | None:
+        from specdec_cli import learnt
+
+        draft = self.draft_path if method in NEEDS_DRAFT_MODEL else None
+        return learnt.entry_key(self.target_path, draft, method, self.options.threads, k_max)
+
+    def save_learnt(self) -> None:
+        """Save what each `--k auto` controller of this session learnt (`specdec_cli.learnt`; a failure warns)."""
+        from specdec_cli import learnt
+
+        keyed, details = {}, {}
+        for (method, k_max), ctrl in self._controllers.items():
+            key = self._learnt_key(method, k_max) if ctrl.model.steps > 0 else None
+            if key is not None:
+                keyed[key] = ctrl
+                details[key] = {"target": Path(self.target_path).name, "method": method, "k_max": k_max}
+        learnt.save(keyed, details)
 
     # -- models -------------------------------------------------------------------------------------------------
     def load_draft(self, name: str | None = None, *, console=None) -> None:
@@ -154,6 +191,8 @@ class Session:
         self.draft, self.draft_path = draft, path
 
     def close(self) -> None:
+        """Save what `--k auto` learnt (a failure only warns), then free the models."""
+        self.save_learnt()
         if self.draft is not None:
             self.draft.close()
         self.target.close()

@@ -197,11 +197,13 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
     with filelock.FileLock(f"{path}.lock", timeout=_LOCK_TIMEOUT_S, mode=0o600):
         settings = dict(load(path))
         settings[key] = entry
-        _write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2, ensure_ascii=False))
+        write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2, ensure_ascii=False))
     return path
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (temp file in the same directory, fsync, os.replace), mode 0o600.
+    Raises OSError; a failed write leaves the old file and no temp file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0o600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

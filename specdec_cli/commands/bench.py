@@ -497,7 +497,8 @@ class _OursRunner:
         from specdec_cli.session import SpecOptions
 
         drafter = self._drafter(method)
-        controller = self.session.make_controller(SpecOptions(method=method, k=self.k)) if drafter else None
+        # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
+        controller = self.session.make_controller(SpecOptions(method=method, k=self.k), fresh=True) if drafter else None
         clock = _FirstToken()
         t0 = time.perf_counter()
         g = generate(SpeculativeEngine(self.session.target, drafter, controller), prompt,

@@ -1,0 +1,129 @@
+"""What `--k auto` learnt, kept across runs: the verify-cost curve, drafting costs, acceptance by match length.
+
+`specdec run` is one process per prompt. Without this, every run would start from nothing: a plain step to time
+v(1), probes, and a slow start in each match-length bucket before the long drafts of a repeated workload are trusted
+(on a 2-core CPU that warm-up costs more than a short reply's drafts save). A session saves each `AdaptiveK` it used
+when it closes (`Session.close`), and the next session with the same target, draft model, method, K limit and
+machine starts from it (`AdaptiveK.restore`). Within one session (chat turns, benchmarks) the controller is simply
+kept (`Session.make_controller`).
+
+The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file lock, like tuned.json):
+
+    {"version": 1,
+     "entries": {
+       "<target id>|<draft id or ->|<method>|<machine id>|k_max=16": {   # keys as in specdec_cli.tuned
+         "state": {"model": {"k_max": 64, "verify": [[b, ms, n, verified], ...], "draft": [5 floats],
+                             "acc": [[...], [...]], "fill": [[...], [...]], "acc_by_match": [[[...], [...]], ...]},
+                   "evidence": true, "evidence_ms": [0.2, ...]},
+         "target": "...gguf", "method": "suffix", "saved_at": "2026-...Z"}}}
+
+A stored state is a prior, not a verdict: restored, each estimate keeps its value but at most `MAX_WEIGHT`
+observations of evidence, so a few steps measured today outweigh it. Nothing here stops a generation: a file that
+cannot be read or does not fit is ignored with a `LearntWarning`, and so is a save that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specdec_cli.config import data_dir
+
+if TYPE_CHECKING:
+    from specdec_cli.controller import AdaptiveK
+
+FILE_NAME = "learnt.json"
+VERSION = 1
+MAX_WEIGHT = 8.0  # observations of evidence a restored estimate keeps at most
+_LOCK_TIMEOUT_S = 10.0
+
+
+class LearntWarning(UserWarning):
+    """learnt.json could not be read or saved; --k auto starts from its defaults (the message says the fix)."""
+
+
+def learnt_path() -> Path:
+    """data_dir()/learnt.json."""
+    return data_dir() / FILE_NAME
+
+
+def entry_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
+              threads: int | None, k_max: int) -> str | None:
+    """The learnt.json key of a pair, method, machine and K limit; None when a model file cannot be read (a fake or
+    vanished model: nothing is kept for it)."""
+    from specdec_cli.tuned import machine, setting_key
+
+    try:
+        return f"{setting_key(target_path, draft_path, method, machine(threads)['key'])}|k_max={k_max}"
+    except OSError:
+        return None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, LearntWarning, stacklevel=3)
+
+
+def _entries(path: Path) -> dict[str, Any]:
+    """The entries of learnt.json ({} when there is none). A broken file: `LearntWarning` and {}."""
+    fix = f"Delete {path}; --k auto then learns afresh."
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        _warn(f"Ignoring what --k auto learnt in earlier runs: cannot read {path} "
+              f"({getattr(e, 'strerror', None) or e}). {fix}")
+        return {}
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("entries"), dict):
+        _warn(f"Ignoring what --k auto learnt in earlier runs: {path} is not a version-{VERSION} learnt.json. {fix}")
+        return {}
+    return doc["entries"]
+
+
+def restore(controller: AdaptiveK, key: str | None) -> bool:
+    """Start `controller` from what was saved under `key`; True when it did. Never raises: an entry that does not
+    fit is ignored with a `LearntWarning`."""
+    if key is None:
+        return False
+    path = learnt_path()
+    entry = _entries(path).get(key)
+    if entry is None:
+        return False
+    try:
+        controller.restore(entry["state"], MAX_WEIGHT)
+    except (ValueError, TypeError, KeyError) as e:
+        _warn(f"Ignoring what --k auto learnt for this model and method in {path}: it does not fit ({e}). "
+              f"Delete {path}; --k auto then learns afresh.")
+        return False
+    return True
+
+
+def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] | None = None) -> Path | None:
+    """Save each controller's state under its key, keeping the other entries; return the file (None: nothing to
+    save, or the save failed with a `LearntWarning`)."""
+    if not controllers:
+        return None
+    import filelock
+
+    from specdec_cli.tuned import write_atomic
+
+    path = learnt_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with filelock.FileLock(f"{path}.lock", timeout=_LOCK_TIMEOUT_S, mode=0o600):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", LearntWarning)  # a broken file is replaced
+                entries = dict(_entries(path))
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            for key, ctrl in controllers.items():
+                entries[key] = {"state": ctrl.state(), **(details or {}).get(key, {}), "saved_at": stamp}
+            write_atomic(path, json.dumps({"version": VERSION, "entries": entries}, ensure_ascii=False))
+    except (OSError, filelock.Timeout) as e:
+        _warn(f"Could not save what --k auto learnt to {path} ({getattr(e, 'strerror', None) or e}); the next run "
+              f"learns afresh. Make {path.parent} writable, or set SPECDEC_HOME.")
+        return None
+    return path
