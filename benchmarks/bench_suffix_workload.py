@@ -5,8 +5,11 @@ PSF licence), run twice, in one process, on one loaded target. Configurations, i
     none           plain decoding (the baseline)
     ngram          prompt lookup
     suffix (cold)  first pass: the global store starts empty and learns from each finished output
-    suffix (warm)  second pass over the same prompts: the store has seen every output once (compared with plain
-                   decoding run again, interleaved, in the second pass)
+    suffix (warm)  second pass over the same prompts: the store has seen every output once, and `--k auto` has
+                   learnt across the session's generations (one `AdaptiveK` per method, as in `specdec chat`);
+                   compared with plain decoding run again, interleaved, in the second pass
+    suffix (warm store, fresh auto)  the same, with a new `AdaptiveK` per prompt (what one `specdec run` process
+                   gets: it learns the costs and acceptance anew)
 
 Prints tok/s (total tokens / total decode time), speedup over `none`, mean accepted length and tokens per target
 pass per configuration. The suffix store lives in a temporary SPECDEC_HOME, so your own store is untouched.
@@ -74,15 +77,17 @@ def main() -> None:
             for name, prompt in cases:
                 # plain decoding runs in both passes, so the warm pass is compared with plain decoding measured
                 # beside it (the machine's speed drifts by 10-15 % over the minutes between the passes)
-                plan = [("none", None), ("ngram", ngram), ("suffix", suffix)] if pass_no == 1 else [("none", None),
-                                                                                                  ("suffix", suffix)]
+                plan = [("none", None), ("ngram", ngram), ("suffix", suffix)] if pass_no == 1 else [
+                    ("none", None), ("suffix", suffix), ("suffix-fresh", suffix)]
                 for label, drafter in plan:
-                    controller = session.make_controller(SpecOptions(method=label, k=args.k)) if drafter else None
+                    spec = SpecOptions(method=label.removesuffix("-fresh"), k=args.k)
+                    controller = session.make_controller(spec, fresh=label.endswith("-fresh")) if drafter else None
                     g = generate(SpeculativeEngine(session.target, drafter, controller), prompt, config)
                     s = g.stats
                     rows.append({"pass": pass_no, "prompt": name, "method": label, "tokens": s.n_generated,
                                  "decode_ms": s.decode_ms, "tokens_per_s": s.tokens_per_s, "passes": s.n_target_passes,
                                  "drafted": s.n_drafted, "accepted": s.n_accepted,
+                                 "spec_steps": sum(1 for st in g.steps if st.drafted),
                                  "mean_accepted_length": s.mean_accepted_length, "text_head": g.text[:60]})
                     console.print(f"pass {pass_no} {name:9s} {label:7s} {s.tokens_per_s:6.1f} tok/s  "
                                   f"{s.n_generated / max(1, s.n_target_passes):.2f} tok/pass", highlight=False)
@@ -91,21 +96,24 @@ def main() -> None:
     def agg(method: str, pass_no: int) -> dict:
         rs = [r for r in rows if r["method"] == method and r["pass"] == pass_no]
         toks, ms = sum(r["tokens"] for r in rs), sum(r["decode_ms"] for r in rs)
-        spec_steps = sum(r["passes"] for r in rs)
-        return {"tok_s": toks / (ms / 1e3), "tok_per_pass": toks / spec_steps, "accepted": sum(r["accepted"] for r in rs),
+        passes = sum(r["passes"] for r in rs)
+        return {"tok_s": toks / (ms / 1e3), "tok_per_pass": toks / passes, "accepted": sum(r["accepted"] for r in rs),
                 "drafted": sum(r["drafted"] for r in rs),
-                "mal": sum(r["mean_accepted_length"] * r["passes"] for r in rs) / max(1, spec_steps)}
+                "mal": sum(r["accepted"] for r in rs) / max(1, sum(r["spec_steps"] for r in rs))}
 
     bases = {1: agg("none", 1), 2: agg("none", 2)}
     table = Table(title=f"Suffix drafter on a repeated workload: 8 edit prompts (posixpath), {args.max_tokens} tokens max")
-    for col in ("configuration", "tok/s", "speedup vs none", "acceptance", "tokens per target pass"):
+    for col in ("configuration", "tok/s", "speedup vs none", "acceptance", "mean accepted length",
+                "tokens per target pass"):
         table.add_column(col, justify="right" if col != "configuration" else "left")
     for label, method, pass_no in (("none", "none", 1), ("ngram", "ngram", 1), ("suffix (cold store, pass 1)", "suffix", 1),
-                                   ("suffix (warm store, pass 2)", "suffix", 2)):
+                                   ("suffix (warm store, pass 2)", "suffix", 2),
+                                   ("suffix (warm store, fresh auto per prompt)", "suffix-fresh", 2)):
         a = agg(method, pass_no)
         acc = f"{a['accepted'] / a['drafted']:.0%}" if a["drafted"] else "–"
         base = bases[pass_no]
-        table.add_row(label, f"{a['tok_s']:.1f}", f"{a['tok_s'] / base['tok_s']:.2f}×", acc, f"{a['tok_per_pass']:.2f}")
+        mal = f"{a['mal']:.2f}" if a["drafted"] else "–"
+        table.add_row(label, f"{a['tok_s']:.1f}", f"{a['tok_s'] / base['tok_s']:.2f}×", acc, mal, f"{a['tok_per_pass']:.2f}")
     Console().print(table)
     if args.json:
         with open(args.json, "w") as f:
