@@ -70,12 +70,15 @@ short and the draft is a guess. Its drafts also cost ~0 ms, so the controller as
 
     bucket = the match length's bucket (1, 2, 3-4, 5-8, 9-16, 17-32, 33+ tokens)
     a_i^bucket from the steps whose draft came from that bucket (decayed per observation, half-life `half_life`
-           observations of the bucket; prior mean: see below)
+           observations of the bucket, and halved by a rejection: after many right drafts of a repeated workload,
+           a reply that leaves it must not pay for long failed passes while the evidence turns; prior mean: below)
     K = argmax_{K in 0..len(draft)} E[tokens | K, a^bucket] / v(K + 1)      (the draft is already paid for)
 
 with the same 3 % hysteresis against K = 0, and K at most twice the positions the bucket has been verified at (a
 slow start: unseen positions borrow their acceptance from earlier ones, and a long pass costs too much to risk on
-that borrowing). While every verified position of a bucket accepts >= 90 % and the whole draft is expected to be
+that borrowing), and at most the bucket's window: a rejection after m accepted tokens cuts it to max(3, 2m), a draft
+accepted whole doubles it (TCP's congestion window; the per-position estimates alone turn too slowly when a reply
+leaves a workload that was right for a long time, as each position after the break keeps its good record). While every verified position of a bucket accepts >= 90 % and the whole draft is expected to be
 >= 90 % accepted, K is that whole allowance (it doubles, to learn the positions and batch sizes beyond), even where
 the fitted curve prefers a shorter K: beyond the largest batch a verify step has timed, v(b) is extrapolated, and
 a CPU's bumpy curve (b = 5 to 9 costs a plain step per token, b = 33 to 65 a third of one) would otherwise hold K at
@@ -124,6 +127,7 @@ EXPLORE_K = (1, 2, 4, 8, 16, 32, 64)  # at K* > 0, each of these above K* is tri
 LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto (then trimmed by its match)
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
 FRONTIER_ACCEPTANCE = 0.9  # a bucket whose verified positions all accept this often grows its K (slow start)
+REJECTION_DECAY = 0.5  # a rejected draft halves its bucket's evidence before it is counted
 EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
 GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
@@ -299,9 +303,10 @@ class CostModel:
             acc = self._acc_b[bucket]
             acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
             m = min(step.n_accepted, self.k_max)
-            acc[:, :m] += 1.0
             if step.n_accepted < n and step.target_token is not None and m < self.k_max:
+                acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
                 acc[1, m] += 1.0
+            acc[:, :m] += 1.0
         if step.finish_reason != "interrupted":  # an interrupted pass was not timed to its end
             self._observe_verify(step.batch_size, step.verify_ms)
             if step.k > 0:
@@ -612,6 +617,9 @@ class AdaptiveK:
         # worth finding early: once found, its drafts are long and right)
         self._since_bucket = np.where(BUCKET_EDGES >= EARLY_PROBE_MATCH, probe_every - 1, 0).astype(np.int64)
         self._bucket_interval = np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64)
+        # per bucket, the longest K allowed now: cut to twice the accepted length by a rejection, doubled by a draft
+        # accepted whole (the window of TCP's congestion control)
+        self._window = np.full(len(BUCKET_EDGES), K_LIMIT, dtype=np.int64)
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
@@ -685,7 +693,7 @@ class AdaptiveK:
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
         seen = self.model.verified_depth(b)
-        n = min(n, self.model.k_max, max(PROBE_K, 2 * seen))
+        n = min(n, self.model.k_max, max(PROBE_K, 2 * seen), int(self._window[b]))
         v = self.model.verify_curve()
         if v is None:
             return n
@@ -720,6 +728,11 @@ class AdaptiveK:
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         bucket = self._bucket if step.drafted else None
         self.model.observe(step, bucket)
+        if bucket is not None:
+            if step.n_accepted < len(step.drafted) and step.target_token is not None:
+                self._window[bucket] = max(PROBE_K, 2 * step.n_accepted)
+            elif step.n_accepted == len(step.drafted):
+                self._window[bucket] = max(int(self._window[bucket]), 2 * len(step.drafted))
         if self._bucket_probe and bucket is not None:
             # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
             v1 = self.model.verify_curve()

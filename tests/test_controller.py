@@ -462,3 +462,20 @@ def test_a_session_keeps_one_adaptive_controller_per_method_across_generations()
     assert session.make_controller(SpecOptions(method="suffix")) is first  # a fresh one does not replace it
     assert isinstance(session.make_controller(SpecOptions(method="suffix", k="4")), FixedK)
     assert session.make_controller(SpecOptions(method="suffix"), saved_k=6).next_k() == 6
+
+
+def test_a_bucket_that_was_right_for_long_backs_off_within_a_few_rejections() -> None:
+    # 60 right 64-token drafts (a repeated workload), then the reply leaves what was stored: every draft of the
+    # same bucket is now wrong at its 3rd token. Failed long passes must stop after a few, not after dozens.
+    ctrl = AdaptiveK()
+    ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
+    for _ in range(60):
+        keep = ctrl.trim(lookup_draft(40))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="suffix"))
+    assert keep == 64
+    ks = []
+    for _ in range(6):
+        keep = ctrl.trim(lookup_draft(40))
+        ks.append(keep)
+        ctrl.observe(replace(step(keep, keep, min(keep, 2), 0.02, cpu(keep + 1)), source="suffix"))
+    assert sum(k > 8 for k in ks) <= 2 and ks[-1] <= 3, ks
