@@ -114,7 +114,7 @@ def main() -> None:
         base = bases[pass_no]
         mal = f"{a['mal']:.2f}" if a["drafted"] else "–"
         table.add_row(label, f"{a['tok_s']:.1f}", f"{a['tok_s'] / base['tok_s']:.2f}×", acc, mal, f"{a['tok_per_pass']:.2f}")
-    Console().print(table)
+    Console(width=max(110, Console().width)).print(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "max_tokens": args.max_tokens, "k": args.k}, f, indent=2)

@@ -147,6 +147,22 @@ def test_run_cli_on_the_tiny_model_writes_complete_json(smollm2_path, tmp_path, 
     assert doc["config"]["target"].endswith(smollm2_path.name)
 
 
+def test_the_suffix_drafter_learns_from_the_first_run_of_a_prompt_for_the_second(smollm2_path, tmp_path, capsys):
+    # Two `specdec run` invocations (each opens the store from disk and saves it at exit). K is fixed so that the
+    # tokens per target pass depend on acceptance alone, not on timings.
+    p = tmp_path / "p.txt"
+    p.write_text(CODE_PROMPT)
+    runs = []
+    for _ in range(2):
+        code = main(["run", str(p), "-t", "smollm2-135m", "--method", "suffix", "--k", "8", "--max-tokens", "64",
+                     "--json", "-"])
+        assert code == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    first, second = (r["stats"]["n_generated"] / r["stats"]["n_target_passes"] for r in runs)
+    assert second >= 2 * first and second >= 4.0, (first, second)
+    assert runs[1]["stats"]["acceptance_rate"] > 0.8
+
+
 @pytest.mark.qwen
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_qwen_pair_end_to_end(qwen_pair, method, tmp_path, capsys):
