@@ -78,30 +78,33 @@ with the same 3 % hysteresis against K = 0, and K at most twice the positions th
 slow start: unseen positions borrow their acceptance from earlier ones, and a long pass costs too much to risk on
 that borrowing), and at most the bucket's window: a rejection after m accepted tokens cuts it to max(3, 2m), a draft
 accepted whole doubles it (TCP's congestion window; the per-position estimates alone turn too slowly when a reply
-leaves a workload that was right for a long time, as each position after the break keeps its good record). While every verified position of a bucket accepts >= 90 % and the whole draft is expected to be
->= 90 % accepted, K is that whole allowance (it doubles, to learn the positions and batch sizes beyond), even where
-the fitted curve prefers a shorter K: beyond the largest batch a verify step has timed, v(b) is extrapolated, and
-a CPU's bumpy curve (b = 5 to 9 costs a plain step per token, b = 33 to 65 a third of one) would otherwise hold K at
-2 to 4 under drafts that are always right. A drafter that counts continuations (the suffix drafter) also gives each
-token's empirical probability (`Draft.probs`); a_i is multiplied by it, so K stops where past outputs that match
-the context part ways. The cut depends only on the draft and on past steps, never on the target's logits, so
-verification (greedy or rejection sampling) stays lossless.
+leaves a workload that was right for a long time, as each position after the break keeps its good record).
+
+While every verified position of a bucket accepts >= 90 % and the whole draft is expected to be >= 90 % accepted, K
+is that whole allowance (it doubles, to learn the positions and batch sizes beyond), even where the fitted curve
+prefers a shorter K: beyond the largest batch a verify step has timed, v(b) is extrapolated, and a CPU's bumpy curve
+(b = 5 to 9 costs a plain step per token, b = 33 to 65 a third of one) would otherwise hold K at 2 to 4 under drafts
+that are always right. A drafter that counts continuations (the suffix drafter) also gives each token's empirical
+probability (`Draft.probs`); a_i is multiplied by it, so K stops where past outputs that match the context part
+ways. The cut depends only on the draft and on past steps, never on the target's logits, so verification (greedy
+or rejection sampling) stays lossless.
+
+A bucket whose trim is 0 is probed (K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x,
+while its probes do not pay); buckets of matches of 5+ tokens are also probed on their first draft. A bucket's prior
+for a_1 is the pooled a_1 or, per position, the bucket below's a_i when higher (acceptance is taken to be
+non-decreasing in match length, so what shorter matches taught, including how far K has grown, carries over to
+longer ones). Drafters without evidence (a draft model; hybrid steps that fell back to it) are not trimmed.
 
 What is learnt lasts: a `Session` keeps one `AdaptiveK` per method across its generations (chat turns), and
 `specdec_cli.learnt` carries its state to the next process with the same models, method and machine, as a prior
-whose evidence is capped (`AdaptiveK.restore`). A bucket whose trim is 0 is probed
-(K = 3) every `probe_every` drafts it produced (the interval doubles, up to 4 x, while its probes do not pay);
-buckets of matches of 5+ tokens are also probed on their first draft. A bucket's prior for a_1 is the pooled a_1
-or, per position, the bucket below's a_i when higher (acceptance is taken to be non-decreasing in match length, so
-what shorter matches taught, including how far K has grown, carries over to longer ones).
-Drafters without evidence (a draft model; hybrid steps that fell back to it) are not trimmed.
+whose evidence is capped (`AdaptiveK.restore`).
 
-Trims do not explore batch sizes blindly (only under drafts expected to be accepted, above): the verify curve
-also learns from prefill, which is a forward pass over m tokens
-(m <= n_batch; a longer prefill counts as n_batch-token chunks at its mean cost), a measurement of v(m) that costs
-nothing extra. Interpolating between it and the small batches measured is optimistic where the curve is concave (a
-CPU's), so a long draft is tried when the acceptance makes it look worth it, and its measured cost corrects the
-curve; exploring long batches blindly cost more than it found (a 65-token pass is ~37 plain steps on a 2-core CPU).
+Trims do not explore batch sizes blindly (only under drafts expected to be accepted, above): the verify curve also
+learns from prefill, which is a forward pass over m tokens (m <= n_batch; a longer prefill counts as n_batch-token
+chunks at its mean cost), a measurement of v(m) that costs nothing extra. Interpolating between it and the small
+batches measured is optimistic where the curve is concave (a CPU's), so a long draft is tried when the acceptance
+makes it look worth it, and its measured cost corrects the curve; exploring long batches blindly cost more than it
+found (a 65-token pass is ~37 plain steps on a 2-core CPU).
 
 Per-step overheads outside `draft_ms` and `verify_ms` (sampling, detokenising, rendering) are not modelled; they
 are the same for every K, so the model slightly underrates long drafts.

@@ -57,6 +57,8 @@ def entry_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike
     vanished model: nothing is kept for it)."""
     from specdec_cli.tuned import machine, setting_key
 
+    if not Path(target_path).is_file():  # before `machine`, which asks llama.cpp
+        return None
     try:
         return f"{setting_key(target_path, draft_path, method, machine(threads)['key'])}|k_max={k_max}"
     except OSError:
