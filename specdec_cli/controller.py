@@ -703,10 +703,10 @@ class AdaptiveK:
         accept = self.model.acceptance(b)[:n]  # [n]
         if draft.probs is not None:  # where past continuations part ways, the draft is a guess from there on
             accept = accept * draft.probs[:n]
-        rates = expected_tokens(accept) / v[: n + 1]  # [n + 1] tokens per ms by K
-        k = best_k(rates, self.margin)
+        expected = expected_tokens(accept)  # [n + 1] tokens by K
+        k = best_k(expected / v[: n + 1], self.margin)  # tokens per ms by K
         if seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
-                and expected_tokens(accept)[n] >= FRONTIER_ACCEPTANCE * (n + 1):
+                and expected[n] >= FRONTIER_ACCEPTANCE * (n + 1):
             # Every verified position is nearly always right, and so is the whole draft expected to be: verify all
             # of it (at most twice the verified depth: slow start), to learn the positions and batch sizes beyond.
             # Without this the verify curve traps K: beyond the largest batch a verify step has timed, v(b) is
