@@ -100,7 +100,7 @@ def main() -> None:
             plain_ms = len(out) * v(1)
             full = np.concatenate((prompt, out))
             for drafter in (NgramDrafter(2, 4), SuffixDrafter(None, preload=False)):
-                drafter.reset()
+                drafter.begin(prompt)
                 rows = []
                 for i in range(len(out)):
                     d = drafter.propose(full[: len(prompt) + i], 64, GREEDY, rng)

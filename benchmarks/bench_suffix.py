@@ -125,7 +125,7 @@ def main() -> None:
         drafter = SuffixDrafter(store)  # preload=True: a thread reads the file while the models load
         time.sleep(0.5)  # loading a GGUF and evaluating the prompt take longer than this
         t0 = time.perf_counter()
-        drafter.prefill(extra[0][:50])
+        drafter.begin(extra[0][:50])
         print(f"with preload (the default): the engine's drafter prefill waits {(time.perf_counter() - t0) * 1e3:.1f} ms")
 
         times: list[float] = []
@@ -134,8 +134,8 @@ def main() -> None:
         sources = {"local": 0, "global": 0, "": 0}
         for _ in range(args.queries):
             target = variant(rng, templates[int(rng.integers(len(templates)))])
-            drafter.reset()
             n = min(40, len(target) - 1)  # the "prompt"
+            drafter.begin(target[:n])
             while n < len(target):
                 c0, t0 = time.thread_time(), time.perf_counter()
                 draft = drafter.propose(target[:n], args.k, GREEDY, rng)

@@ -19,21 +19,20 @@ mlx-lm `speculative_generate_step`.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from specdec_cli.backend import Backend, common_prefix, sync
+from specdec_cli.controller import FixedK, KController
 from specdec_cli.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Prefill, Record, Step
-from specdec_cli.sampling import GREEDY, SamplingParams
-
-if TYPE_CHECKING:
-    from specdec_cli.controller import KController
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step
+from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, verify
 
 NO_DRAFT = Draft(source="")
 
@@ -53,38 +52,23 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=lambda: GREEDY)
 
 
-class _Fixed:
-    """K = k on every step (used when no controller is given)."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def next_k(self) -> int:
-        return self.k
-
-    def trim(self, draft: Draft) -> int:
-        return len(draft)
-
-    def observe(self, step: Step) -> None:
-        pass
-
-
 class SpeculativeEngine:
     """Generates with a target model, a drafter and a K controller.
 
     Args:
         target: the model whose output distribution is preserved.
-        drafter: proposes draft tokens; None = plain decoding (K = 0 every step) through the same loop.
-        controller: chooses K each step (`FixedK`, `AdaptiveK`); default K = 4 with a drafter.
+        drafter: proposes draft tokens; None = plain decoding (K = 0 every step, no controller consulted) through
+            the same loop.
+        controller: chooses K each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None) -> None:
         self.target = target
         self.drafter = drafter
-        self.controller = controller if controller is not None else _Fixed(4 if drafter is not None else 0)
+        self.controller = controller if controller is not None else FixedK(4)
 
     def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
-        """Yield one `Prefill`, then one `Step` per target forward pass; the last `Step` has `finish_reason`.
+        """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
 
         Args:
             prompt: int [n] prompt tokens (n >= 1), e.g. the chat-templated prompt.
@@ -95,9 +79,7 @@ class SpeculativeEngine:
         The target's KV cache is left holding only committed tokens, also when the consumer stops early (Ctrl-C,
         `close()`), so the next call can reuse it.
         """
-        from specdec_cli.sampling import make_rng, verify
-
-        target, drafter, controller = self.target, self.drafter, self.controller
+        target, drafter = self.target, self.drafter
         prompt = np.asarray(prompt, dtype=np.int32)
         n = len(prompt)
         if n == 0:
@@ -109,66 +91,38 @@ class SpeculativeEngine:
             )
         sampling = config.sampling
         rng = make_rng(sampling.seed)
-        # context: int32 [n_ctx] committed tokens (prompt + output); ctx[:n] is live
+        # ctx: int32 [n_ctx] committed tokens (prompt + output); ctx[:n] is live
         ctx = np.zeros(target.n_ctx, dtype=np.int32)
         ctx[:n] = prompt
         text = TextStream(target.piece, config.stop)
         n_out = 0
-        step_index = 0
         try:
-            # Prefill: the target's cache := prompt[:-1] (a cached common prefix is reused).
-            t0 = time.perf_counter()
-            n_eval = sync(target, prompt[:-1])
-            t1 = time.perf_counter()
-            draft_ms = 0.0
-            if drafter is not None:
-                drafter.reset()
-                prefill = getattr(drafter, "prefill", None)
-                if prefill is not None:
-                    prefill(ctx[:n])
-                draft_ms = (time.perf_counter() - t1) * 1e3
-            if drafter is not None and hasattr(controller, "observe_prefill"):
-                controller.observe_prefill(n_eval, (t1 - t0) * 1e3, target.n_batch)  # a free v(b) measurement
-            yield Prefill(n_prompt=n, n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms)
-
-            while True:
+            yield self._prefill(prompt)
+            for index in itertools.count():
                 t_start = time.perf_counter()
-                room = target.n_ctx - n  # the verify batch adds k + 1 tokens to a cache holding n - 1
-                if room <= 0:
-                    yield self._final(step_index, text, "context")
-                    return
-                # 1. choose K: never draft more than the budget and the context can take
-                k = min(controller.next_k() if drafter is not None else 0, config.max_tokens - n_out - 1, room - 1,
-                        target.n_batch - 1)
-                # 2. draft, then keep what is worth verifying (a lookup draft is trimmed by its match's evidence)
-                draft = drafter.propose(ctx[:n], k, sampling, rng) if k > 0 else NO_DRAFT
-                if len(draft) > k:
-                    draft = _cut(draft, k)
-                if len(draft):
-                    keep = getattr(controller, "trim", len)(draft)
-                    if keep < len(draft):
-                        draft, k = _cut(draft, keep), keep
-                elif getattr(controller, "asked_all", False):
-                    k = 0  # it asked a free lookup drafter for whatever it found, and it found nothing: a plain step
+                # 1-2. choose K and draft
+                k, draft = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng)
+                d = draft.tokens  # int32 [k']
                 t_draft = time.perf_counter()
-                d = draft.tokens
                 # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows
                 batch = np.concatenate((ctx[n - 1 : n], d))
-                logits = target.decode(batch, n_logits=len(batch))  # [k+1, V] view
+                logits = target.decode(batch, n_logits=len(batch))  # float32 [k + 1, V] view
                 t_verify = time.perf_counter()
                 # 4. accept
                 n_acc, token = verify(draft, logits, sampling, rng)
                 # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
                 target.truncate(n + n_acc)
-                new = list(map(int, d[:n_acc])) + [token]
-
+                # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
+                new = [*map(int, d[:n_acc]), token]
                 emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out)
-                # commit: the context grows by the accepted drafts and the target token
                 ctx[n : n + len(new)] = new
                 n += len(new)
                 n_out += len(emitted)
+                if finish is None and n >= target.n_ctx:  # no room for the next verify batch
+                    finish = "context"
+                    segments.extend(text.flush())
                 step = Step(
-                    index=step_index,
+                    index=index,
                     k=k,
                     drafted=tuple(map(int, d)),
                     n_accepted=n_acc,
@@ -178,22 +132,56 @@ class SpeculativeEngine:
                     draft_ms=(t_draft - t_start) * 1e3,
                     verify_ms=(t_verify - t_draft) * 1e3,
                     source=draft.source if len(d) else "",
-                    finish_reason=finish,
                 )
-                # 6. adapt
-                controller.observe(step)
-                step_index += 1
+                if drafter is not None:
+                    self.controller.observe(step)  # 6. adapt
                 yield step
                 if finish is not None:
-                    if drafter is not None:  # the output, and the end-of-generation token that ended it
+                    if drafter is not None and finish != "context":  # the output, and the end-of-generation token
                         end = len(prompt) + n_out + (finish == "eog")
                         drafter.finish(prompt, ctx[len(prompt) : end].copy())
+                    yield Finish(finish)
                     return
         finally:
             # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).
             keep = common_prefix(target.tokens, ctx[: max(n - 1, 0)])
             if keep < len(target.tokens):
                 target.truncate(keep)
+
+    # -- the phases of a generation -----------------------------------------------------------------------------
+
+    def _prefill(self, prompt: np.ndarray) -> Prefill:
+        """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
+        t0 = time.perf_counter()
+        n_eval = sync(self.target, prompt[:-1])
+        t1 = time.perf_counter()
+        draft_ms = 0.0
+        if self.drafter is not None:
+            self.drafter.begin(prompt)
+            draft_ms = (time.perf_counter() - t1) * 1e3
+            self.controller.observe_prefill(n_eval, (t1 - t0) * 1e3, self.target.n_batch)  # a free v(b) measurement
+        return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms)
+
+    def _choose_and_draft(self, context: np.ndarray, budget: int, sampling: SamplingParams,
+                          rng: np.random.Generator) -> tuple[int, Draft]:
+        """Choose K, draft, and keep what is worth verifying. context: int32 [n]; budget: output tokens left.
+        Returns (the K recorded for the step, the draft to verify)."""
+        if self.drafter is None:
+            return 0, NO_DRAFT
+        target, controller = self.target, self.controller
+        room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
+        # never draft more than the token budget, the context window and one llama.cpp batch can take
+        k = min(controller.next_k(), budget - 1, room - 1, target.n_batch - 1)
+        draft = self.drafter.propose(context, k, sampling, rng) if k > 0 else NO_DRAFT
+        if len(draft) > k:
+            draft = _cut(draft, k)
+        if len(draft):
+            keep = controller.trim(draft)  # a lookup draft is trimmed by its match's evidence
+            if keep < len(draft):
+                draft, k = _cut(draft, keep), keep
+        elif controller.asked_all:
+            k = 0  # it asked a free lookup drafter for whatever it found, and it found nothing: a plain step
+        return k, draft
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
               budget: int) -> tuple[list[int], list, str | None]:
@@ -224,10 +212,6 @@ class SpeculativeEngine:
         if finish in ("eog", "length"):
             segments.extend(text.flush())  # no stop string can follow: release held-back text
         return emitted, segments, finish
-
-    def _final(self, index: int, text: TextStream, reason: str) -> Step:
-        return Step(index=index, k=0, drafted=(), n_accepted=0, target_token=None, emitted=(),
-                    segments=tuple(text.flush()), draft_ms=0.0, verify_ms=0.0, finish_reason=reason)
 
 
 def _cut(draft: Draft, k: int) -> Draft:

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from specdec_cli.cost_model import K_LIMIT
+
 
 class Method(str, Enum):
     """How drafts are made."""
@@ -88,3 +90,57 @@ Compare = Annotated[bool, typer.Option("--compare", help="Also run plain decodin
                                        rich_help_panel=OUTPUT)]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
 PromptDir = Annotated[Optional[list[Path]], typer.Argument(help="Prompt files or directories.")]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# --k values
+
+GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
+
+
+def parse_k(text: str) -> int | None:
+    """`--k`: "auto" → None (the adaptive controller), "0".."64" → that fixed K. Raises ValueError otherwise."""
+    s = text.strip().lower()
+    if s == "auto":
+        return None
+    try:
+        k = int(s)
+    except ValueError:
+        raise ValueError(f"--k must be 'auto' or a whole number 0..{K_LIMIT}, got {text!r}.") from None
+    if not 0 <= k <= K_LIMIT:
+        raise ValueError(f"--k must be between 0 and {K_LIMIT} (0 = plain decoding), got {k}.")
+    return k
+
+
+def k_values(spec: str) -> list[int]:
+    """The K values `specdec tune --k SPEC` measures, sorted and without duplicates.
+
+    SPEC is a comma-separated list of values ("2,4,8") and ranges ("4..16"). A range keeps its two ends and the
+    values of the grid 0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 between them, because every K costs a full tune
+    run and throughput changes slowly with K: "4..16" → [4, 6, 8, 12, 16], "0..4" → [0, 1, 2, 3, 4]. List the
+    values to measure all of them ("4,5,6,7,8"). Every value must be 0..64. Raises ValueError otherwise.
+    """
+    out: set[int] = set()
+    items = [p.strip() for p in spec.split(",")]
+    if not spec.strip() or any(not p for p in items):
+        raise ValueError(f"--k needs values like '8', '2,4,8' or '4..16', got {spec!r}.")
+    for item in items:
+        if ".." in item:
+            lo_s, _, hi_s = item.partition("..")
+            lo, hi = _k_value(lo_s, spec), _k_value(hi_s, spec)
+            if lo > hi:
+                raise ValueError(f"--k range {item!r} runs backwards; write it as '{hi}..{lo}'.")
+            out.update({lo, hi}, (g for g in GRID if lo <= g <= hi))
+        else:
+            out.add(_k_value(item, spec))
+    return sorted(out)
+
+
+def _k_value(text: str, spec: str) -> int:
+    try:
+        k = int(text.strip())
+    except ValueError:
+        raise ValueError(f"--k needs whole numbers like '8', '2,4,8' or '4..16', got {spec!r}.") from None
+    if not 0 <= k <= K_LIMIT:
+        raise ValueError(f"--k values must be between 0 and {K_LIMIT}, got {k} in {spec!r}.")
+    return k

@@ -1,7 +1,9 @@
 """Frozen records the engine yields. The renderer, the stats and `--json` are all computed from these same records,
 so what the user sees streamed and what the statistics say cannot disagree.
 
-A generation yields one `Prefill`, then one `Step` per target forward pass; the last `Step` has `finish_reason` set.
+A generation yields one `Prefill`, then one `Step` per target forward pass, then one `Finish` (why it ended). A
+generation stopped early by its consumer (Ctrl-C, `close()`) has no `Finish`: `generation.generate` calls that
+"interrupted".
 """
 
 from __future__ import annotations
@@ -51,8 +53,6 @@ class Step:
         draft_ms: wall time the drafter took, in milliseconds.
         verify_ms: wall time of the target's forward pass over len(drafted) + 1 tokens, in milliseconds.
         source: the drafter that proposed this draft ("" for plain decoding).
-        finish_reason: None while generating; "eog" (end-of-generation token), "stop" (a --stop string),
-            "length" (--max-tokens), "context" (context window full) or "interrupted" on the last step.
     """
 
     index: int
@@ -65,7 +65,6 @@ class Step:
     draft_ms: float
     verify_ms: float
     source: str = ""
-    finish_reason: str | None = None
 
     @property
     def text(self) -> str:
@@ -77,5 +76,25 @@ class Step:
         """Tokens in the target's verify pass: the pending committed token plus the draft."""
         return len(self.drafted) + 1
 
+    @property
+    def rejected(self) -> bool:
+        """Verification rejected a draft token: the target's token is the correction at position n_accepted + 1.
 
-Record = Prefill | Step
+        False when every draft token was accepted, and when the step stopped inside the accepted prefix (end of
+        generation, stop string or max tokens: nothing after it was committed, so no rejection counts)."""
+        return self.n_accepted < len(self.drafted) and self.target_token is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The generation ended (the last record; it follows the `Step` that ended it).
+
+    Attributes:
+        finish_reason: "eog" (end-of-generation token), "stop" (a --stop string), "length" (--max-tokens) or
+            "context" (the context window is full).
+    """
+
+    finish_reason: str
+
+
+Record = Prefill | Step | Finish

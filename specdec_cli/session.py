@@ -121,7 +121,8 @@ class Session:
         one starts from what the last session with these models, method and machine learnt, and `close` saves it.
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
-        from specdec_cli.controller import AdaptiveK, FixedK, parse_k
+        from specdec_cli.controller import AdaptiveK, FixedK
+        from specdec_cli.options import parse_k
 
         try:
             k = parse_k(spec.k)

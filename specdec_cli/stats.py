@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from specdec_cli.records import Prefill, Record, Step
+from specdec_cli.records import Finish, Prefill, Record, Step
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,18 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
     Args:
         decode_ms: wall time of the decode loop if the caller measured it (ms); default: the sum of the steps'
             draft + verify time.
-        finish_reason: overrides the last step's (e.g. "interrupted").
+        finish_reason: overrides the `Finish` record's (e.g. "interrupted").
     """
     prefill = None
     steps: list[Step] = []
+    finish = None
     for r in records:
-        if isinstance(r, Prefill):
-            prefill = r
-        else:
+        if isinstance(r, Step):
             steps.append(r)
+        elif isinstance(r, Prefill):
+            prefill = r
+        elif isinstance(r, Finish):
+            finish = r.finish_reason
     n_gen = sum(len(s.emitted) for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
     accepted = sum(s.n_accepted for s in steps)
@@ -86,8 +89,8 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
     draft_ms = sum(s.draft_ms for s in steps)
     verify_ms = sum(s.verify_ms for s in steps)
     loop_ms = decode_ms if decode_ms is not None else draft_ms + verify_ms
-    passes = sum(1 for s in steps if s.verify_ms > 0 or s.drafted or s.emitted)
-    khist = Counter(s.k for s in steps if s.verify_ms > 0 or s.emitted)
+    passes = len(steps)  # one target forward pass each
+    khist = Counter(s.k for s in steps)
     return RunStats(
         n_prompt=prefill.n_prompt if prefill else 0,
         n_prefill_evaluated=prefill.n_evaluated if prefill else 0,
@@ -107,5 +110,5 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         mean_k=sum(k * c for k, c in khist.items()) / sum(khist.values()) if khist else 0.0,
         draft_ms=draft_ms,
         verify_ms=verify_ms,
-        finish_reason=finish_reason or (steps[-1].finish_reason if steps else None),
+        finish_reason=finish_reason or finish,
     )

@@ -30,6 +30,7 @@ from specdec_cli.audit import (
 )
 from specdec_cli.commands.check import check_engine
 from specdec_cli.commands.run import generate, plain_compare
+from specdec_cli.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
@@ -38,17 +39,6 @@ from specdec_cli.sampling import SamplingParams
 from specdec_cli.session import Session
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
-
-
-class FixedK:
-    def __init__(self, k):
-        self.k = k
-
-    def next_k(self):
-        return self.k
-
-    def observe(self, step):
-        pass
 
 
 def noisy(fn, flip_every=3):

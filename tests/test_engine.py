@@ -7,12 +7,12 @@ import pytest
 
 from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits
 from specdec_cli.controller import FixedK
-from specdec_cli.drafters.base import Draft
+from specdec_cli.drafters.base import DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Prefill, Step
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Step
 from specdec_cli.stats import summarize
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
@@ -22,7 +22,12 @@ PROMPT = [5, 9, 3, 17, 4, 22, 8]
 def run(engine, prompt=PROMPT, **cfg):
     records = list(engine.generate(prompt, GenerationConfig(**cfg)))
     steps = [r for r in records if isinstance(r, Step)]
+    assert isinstance(records[-1], Finish)  # every completed generation ends with its Finish record
     return records, steps, [t for s in steps for t in s.emitted]
+
+
+def finish_reason(records):
+    return records[-1].finish_reason
 
 
 def noisy(fn, seed=1, flip_every=3):
@@ -80,9 +85,8 @@ def test_target_cache_holds_exactly_the_committed_tokens_after_every_step():
     for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=30)):
         if isinstance(rec, Prefill):
             assert list(target.tokens) == PROMPT[:-1]
-            continue
-        committed += rec.emitted
-        if rec.finish_reason is None:
+        elif isinstance(rec, Step):
+            committed += rec.emitted
             # all but the newest committed token are in the cache; nothing rejected remains
             assert list(target.tokens) == committed[:-1]
 
@@ -118,16 +122,18 @@ def test_eog_ends_generation_and_is_not_emitted():
         logits[EOS if len(prefix) >= len(PROMPT) + 5 else 7] = 9.0
         return logits
 
-    _, steps, tokens = run(SpeculativeEngine(FakeBackend(fn), ModelDrafter(FakeBackend(fn)), FixedK(3)), max_tokens=50)
+    records, steps, tokens = run(SpeculativeEngine(FakeBackend(fn), ModelDrafter(FakeBackend(fn)), FixedK(3)),
+                                 max_tokens=50)
     assert tokens == [7] * 5
-    assert steps[-1].finish_reason == "eog"
+    assert finish_reason(records) == "eog"
     assert EOS not in tokens
 
 
 def test_max_tokens_is_exact_even_mid_draft():
-    _, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend()), FixedK(6)), max_tokens=10)
+    records, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend()), FixedK(6)),
+                                 max_tokens=10)
     assert len(tokens) == 10
-    assert steps[-1].finish_reason == "length"
+    assert finish_reason(records) == "length"
 
 
 def test_stop_string_cuts_output_and_nothing_after_it_is_emitted():
@@ -135,18 +141,18 @@ def test_stop_string_cuts_output_and_nothing_after_it_is_emitted():
     words = [f"w{t} " for t in reference]
     stop = words[6] + words[7].strip()  # spans two tokens
     expected_text = "".join(words[:6])
-    _, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits))), FixedK(4)),
-                           max_tokens=30, stop=(stop,))
+    records, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits))),
+                                                   FixedK(4)), max_tokens=30, stop=(stop,))
     text = "".join(s.text for s in steps)
     assert text == expected_text
-    assert steps[-1].finish_reason == "stop"
+    assert finish_reason(records) == "stop"
     assert tokens == reference[:8]  # the tokens that completed the stop string, and none after
 
 
 def test_rejected_drafts_are_shown_between_accepted_and_correction():
     _, steps, _ = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=2))),
                                         FixedK(4)), max_tokens=30)
-    rejected = [s for s in steps if s.n_accepted < len(s.drafted) and s.finish_reason is None]
+    rejected = [s for s in steps if s.rejected]
     assert rejected
     for s in rejected:
         kinds = [k for k, t in s.segments if t]
@@ -192,9 +198,9 @@ def test_empty_prompt_and_context_overflow_are_clear_errors():
 
 def test_context_fills_up_gracefully():
     target = FakeBackend(hashed_logits, n_ctx=20)
-    _, steps, tokens = run(SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits, n_ctx=20)), FixedK(4)),
-                           max_tokens=100)
-    assert steps[-1].finish_reason == "context"
+    records, steps, tokens = run(SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits, n_ctx=20)),
+                                                   FixedK(4)), max_tokens=100)
+    assert finish_reason(records) == "context"
     assert tokens == greedy_reference(hashed_logits, PROMPT, len(tokens))
     assert len(PROMPT) + len(tokens) <= 21
 
@@ -205,22 +211,10 @@ def test_logits_are_requested_only_for_verified_rows():
     assert target.max_logit_rows == 7  # K + 1, never the whole context
 
 
-class Never:
-    """A drafter that never finds anything to propose."""
+class Never(DrafterBase):
+    """A drafter that never finds anything to propose (every hook is the base class's no-op)."""
 
     name = "never"
-
-    def reset(self):
-        pass
-
-    def propose(self, context, k, sampling, rng):
-        return Draft()
-
-    def finish(self, prompt, output):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_drafter_proposing_fewer_tokens_is_a_plain_step():

@@ -197,7 +197,7 @@ def test_suffix_drafter_on_any_context_and_store(tmp_path, history, context, k):
     drafter = SuffixDrafter(store, preload=False)
     for doc in history:  # learn earlier outputs, including empty and huge-id ones
         drafter.finish(np.zeros(0, np.int32), np.asarray(doc, np.int32))
-    drafter.reset()
+    drafter.begin(np.asarray(context, np.int32))
     check_draft(drafter, context, k, GREEDY)
     check_draft(drafter, context + context[:3], k, GREEDY)  # an extended context reuses the local index
     drafter.close()

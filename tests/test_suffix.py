@@ -159,7 +159,7 @@ def test_global_frequency_wins_over_recency():
 def test_local_frequency_wins_over_recency_and_ties_go_to_the_most_recent():
     drafter = SuffixDrafter(None, factor=4.0)
     assert propose(drafter, [2, 3, 7, 2, 3, 7, 2, 3, 9, 2, 3]).tokens[0] == 7  # 2 of 3
-    drafter.reset()
+    drafter.begin(arr(2, 3, 7, 2, 3, 9, 2, 3))  # a new generation
     assert propose(drafter, [2, 3, 7, 2, 3, 9, 2, 3]).tokens[0] == 9  # 1 of 2 each: the most recent
 
 
@@ -191,7 +191,7 @@ def test_local_vs_global_choice_by_match_length_then_expected_accepted_tokens():
     draft = propose(drafter, [2, 3, 9, 1, 2, 3, 8, 0, 2, 3])
     assert drafter.last.source == "global" and draft.tokens.tolist() == [4, 5, 6, 7]
     # Local: a long match of this very prompt beats a short global one.
-    drafter.reset()
+    drafter.begin(arr(11, 12, 13, 2, 3, 21, 22, 23, 24, 0, 11, 12, 13, 2, 3))
     draft = propose(drafter, [11, 12, 13, 2, 3, 21, 22, 23, 24, 0, 11, 12, 13, 2, 3])
     assert drafter.last.source == "local" and drafter.last.match_len == 5
     assert draft.tokens.tolist() == [21, 22, 23, 24, 0, 11, 12, 13]  # k = 8
@@ -215,7 +215,7 @@ def test_a_reply_opening_and_its_end_are_learnt():
     drafter = SuffixDrafter(store, lead_in=3)
     drafter.finish(arr(7, 8, 90, 91, 92), arr(40, 41, 42, 43, 1))  # 1: the end-of-generation token
     assert [d.tolist() for d in store.documents()] == [[90, 91, 92, 40, 41, 42, 43, 1]]
-    drafter.reset()
+    drafter.begin(arr(5, 6, 90, 91, 92))
     draft = propose(drafter, [5, 6, 90, 91, 92], k=16)
     assert drafter.last.source == "global" and draft.tokens.tolist() == [40, 41, 42, 43, 1]
     bare = SuffixDrafter(store_with([40, 41, 42, 43, 1]))  # the same reply stored without its lead-in
@@ -280,7 +280,7 @@ def test_finish_learns_the_output_for_the_next_generation_and_close_saves():
     drafter = SuffixDrafter(store, factor=4, lead_in=0)
     propose(drafter, [1, 2])
     drafter.finish(arr(1, 2), arr(40, 41, 42, 43, 44))
-    drafter.reset()
+    drafter.begin(arr(9, 40, 41))
     assert propose(drafter, [9, 40, 41]).tokens.tolist() == [42, 43, 44]
     assert drafter.last.source == "global"
     drafter.close()
@@ -303,7 +303,7 @@ def test_store_is_lazy_or_preloaded_in_the_background(monkeypatch):
     real = SuffixStore._load
     monkeypatch.setattr(SuffixStore, "_load", lambda self, warn=None: reads.append(1) or real(self, warn))
     drafter = SuffixDrafter(store, factor=4)  # starts the read in a thread
-    drafter.prefill(arr(0, 1, 2))  # the engine's prefill hook: collects it
+    drafter.begin(arr(0, 1, 2))  # the engine's hook at the start of a generation: collects it
     assert store.loaded and not store._loader and reads == [1]
     assert propose(drafter, [0, 1, 2]).tokens.tolist() == [3, 4] and reads == [1]
 
@@ -432,9 +432,9 @@ def test_a_hand_made_store_with_an_unsorted_suffix_array_never_crashes_propose()
     _reverse_the_suffix_array(store.path)
     drafter = SuffixDrafter(make_store(), factor=4)
     for ctx in ([1, 2, 3], [5, 6, 7], [1, 2], [299, 300], [3]):
+        drafter.begin(arr(*ctx))
         draft = propose(drafter, ctx)
         assert draft.tokens.dtype == np.int32 and len(draft) <= 8
-        drafter.reset()
 
 
 def test_a_store_of_another_tokenizer_under_this_name_is_set_aside():
@@ -633,21 +633,15 @@ def test_cache_help_texts_end_with_examples(runner):
 def test_through_the_engine_the_second_run_learns_from_the_first_and_output_stays_exact():
     from fakes import FakeBackend, greedy_reference, hashed_logits
     from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.controller import FixedK
     from specdec_cli.records import Step
-
-    class FixedK:
-        def next_k(self):
-            return 6
-
-        def observe(self, step):
-            pass
 
     prompt = [5, 9, 3, 17, 4, 22, 8]
     reference = greedy_reference(hashed_logits, prompt, 40)
     accepted = []
     for _ in range(2):  # two runs, as two `specdec run` processes: a fresh store object each time
         drafter = SuffixDrafter(make_store(), factor=4)
-        engine = SpeculativeEngine(FakeBackend(hashed_logits), drafter, FixedK())
+        engine = SpeculativeEngine(FakeBackend(hashed_logits), drafter, FixedK(6))
         steps = [r for r in engine.generate(prompt, GenerationConfig(max_tokens=40)) if isinstance(r, Step)]
         drafter.close()
         assert [t for s in steps for t in s.emitted] == reference

@@ -436,23 +436,6 @@ class _FirstToken:
             self.t = time.perf_counter()
 
 
-class _NoLearning:
-    """Wraps a drafter so that `finish` teaches it nothing (the bench's prompts repeat) and `close` saves nothing."""
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self.name = getattr(inner, "name", "drafter")
-
-    def __getattr__(self, attr: str):  # reset, propose, prefill (when the inner drafter has one)
-        return getattr(self._inner, attr)
-
-    def finish(self, prompt, output) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class _OursRunner:
     """Our engine: one session (target + optional draft model), a drafter per method built once."""
 
@@ -485,6 +468,7 @@ class _OursRunner:
         if method == "none":
             return None
         if method not in self._drafters:
+            from specdec_cli.commands.tune import _NoLearning
             from specdec_cli.session import SpecOptions
 
             spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
@@ -624,7 +608,7 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     and written). Raises UsageError, ModelError, IncompatiblePairError, ContextOverflowError, BackendError.
     """
     from specdec_cli.config import load_catalog
-    from specdec_cli.controller import parse_k
+    from specdec_cli.options import parse_k
     from specdec_cli.machine import describe
     from specdec_cli.render import err_console, make_console
     from specdec_cli.resolver import resolve

@@ -11,13 +11,13 @@ Five parts, each usable alone:
     rendering   `ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
 
 KV cache reuse across turns: the engine keeps the longest common prefix of the target's cache and the new prompt
-(`backend.sync`) and `ModelDrafter.prefill` does the same for the draft model, so turn n + 1 evaluates only what
+(`backend.sync`) and `ModelDrafter.begin` does the same for the draft model, so turn n + 1 evaluates only what
 the template adds after turn n's committed reply (end-of-turn marker, the new message, the assistant header). The
 footer shows, per turn, how many prompt tokens were evaluated and how many came from each cache.
 
 Ctrl-C during a reply: `generate` catches it and closes the engine's generator, whose `finally` leaves the target's
 cache holding only committed tokens; the text shown so far is kept as the assistant's turn (nothing shown → the turn
-is dropped, so roles keep alternating). The draft model's cache is reconciled at the next prefill.
+is dropped, so roles keep alternating). The draft model's cache is reconciled at the next `begin`.
 
 Design follows simonw/llm's `llm chat` (reply text to stdout, everything else to stderr, multi-line blocks) and Python's
 REPL (`>>> `/`... ` prompts, readline history).
@@ -350,10 +350,10 @@ class Chat:
         return turn
 
     def _draft_cache(self, prompt: np.ndarray) -> tuple[int, int] | None:
-        """(evaluated, reused) for the draft model's prefill of `prompt`: `ModelDrafter.prefill` keeps the longest
+        """(evaluated, reused) for the draft model's prefill of `prompt`: `ModelDrafter.begin` keeps the longest
         common prefix of its cache and prompt[:-1] and evaluates the rest."""
         draft = self.session.draft
-        if draft is None or self.spec.method not in NEEDS_DRAFT_MODEL or not hasattr(self.drafter, "prefill"):
+        if draft is None or self.spec.method not in NEEDS_DRAFT_MODEL:
             return None
         reused = common_prefix(draft.tokens, prompt[:-1])
         return len(prompt) - 1 - reused, reused

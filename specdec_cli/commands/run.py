@@ -126,7 +126,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
 
 def _check_k(spec: SpecOptions) -> None:
     """A bad --k is a UsageError before anything is loaded."""
-    from specdec_cli.controller import parse_k
+    from specdec_cli.options import parse_k
     from specdec_cli.errors import UsageError
 
     try:

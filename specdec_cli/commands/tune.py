@@ -33,6 +33,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.output import progress as progress_bar, write_json
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import UsageError
@@ -77,9 +78,9 @@ class TuneConfig:
 def parse_tune_k(spec: str) -> list[int]:
     """`tune --k`: the fixed K values to measure besides plain decoding and auto ("auto" alone: none).
 
-    "4..16" → [4, 6, 8, 12, 16], "2,4,8" → [2, 4, 8] (`controller.k_values`). Raises UsageError.
+    "4..16" → [4, 6, 8, 12, 16], "2,4,8" → [2, 4, 8] (`options.k_values`). Raises UsageError.
     """
-    from specdec_cli.controller import k_values
+    from specdec_cli.options import k_values
 
     if spec.strip().lower() == "auto":
         return []
@@ -176,7 +177,7 @@ def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measure
     """A `Measurement` from a `commands.run.Generation` (its stats and steps)."""
     st = generation.stats
     steps = generation.steps
-    timed = [s for s in steps if s.verify_ms > 0 and s.finish_reason != "interrupted"]
+    timed = [s for s in steps if s.verify_ms > 0]
     return Measurement(
         config=config.label,
         prompt=prompt,
@@ -304,21 +305,18 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 # Running it
 
 
-class _NoLearning:
+class _NoLearning(DrafterBase):
     """A drafter whose `finish` teaches nothing (tune's prompts repeat) and whose `close` the tune owns."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: Drafter) -> None:
         self._inner = inner
-        self.name = getattr(inner, "name", "drafter")
+        self.name = inner.name
 
-    def __getattr__(self, attr: str):  # reset, propose, prefill (when the inner drafter has one)
-        return getattr(self._inner, attr)
+    def begin(self, context: np.ndarray) -> None:
+        self._inner.begin(context)
 
-    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def propose(self, context: np.ndarray, k: int, sampling, rng: np.random.Generator) -> Draft:
+        return self._inner.propose(context, k, sampling, rng)
 
 
 @dataclass(frozen=True)

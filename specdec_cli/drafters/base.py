@@ -26,7 +26,7 @@ class Draft:
         tokens: int32 [k'] proposed tokens, k' <= the K asked for (a drafter may cut a draft short).
         dists: for model drafters, q_i (a processed `Dist`) for each proposed token; None for deterministic drafters.
         score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
-            match-based estimate of a lookup drafter); used by hybrid drafters and the adaptive-K controller.
+            match-based estimate of a lookup drafter); the hybrid drafter compares it to choose a source.
         source: which drafter produced it (for hybrid drafters and stats), e.g. "draft", "ngram", "suffix".
         match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
             text the draft was copied after (0 = no such evidence, e.g. a draft model). Under `--k auto` the
@@ -49,12 +49,18 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes draft tokens. Implementations: `ModelDrafter`, `NgramDrafter`, `SuffixDrafter`."""
+    """Proposes draft tokens: every hook the engine calls. Implementations subclass `DrafterBase`, which gives each
+    hook its no-op default: `ModelDrafter`, `NgramDrafter`, `SuffixDrafter`, `HybridDrafter`.
+
+    The engine calls, per generation: `begin(prompt)` once, `propose` once per step that drafts, `finish` once when
+    the generation completes (not when it is interrupted); `close` when the drafter is no longer used.
+    """
 
     name: str
 
-    def reset(self) -> None:
-        """Forget per-generation state (a new prompt follows)."""
+    def begin(self, context: np.ndarray) -> None:
+        """A generation starts from `context`, int32 [n] (the prompt, n >= 1): forget per-generation state and do
+        any prefill now (a draft model evaluates context[:-1]), so the engine counts it as drafter prefill time."""
         ...
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -71,4 +77,25 @@ class Drafter(Protocol):
         also learns where outputs end (and can draft the end, instead of text past it)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the drafter holds; learning drafters save what they learnt."""
+        ...
+
+
+class DrafterBase(Drafter):
+    """The no-op default of every `Drafter` hook: a drafter that proposes nothing, learns nothing, holds nothing.
+    Subclasses override what they need."""
+
+    name = "drafter"
+
+    def begin(self, context: np.ndarray) -> None:
+        pass
+
+    def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        return Draft(source=self.name)
+
+    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

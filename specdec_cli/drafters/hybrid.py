@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_cli.drafters.base import Draft, Drafter
+from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.sampling import SamplingParams
 
 
-class HybridDrafter:
+class HybridDrafter(DrafterBase):
     """Args:
         suffix: a deterministic lookup drafter (`SuffixDrafter`); its `Draft.score` estimates the first token's
             acceptance probability (0..1).
@@ -33,15 +33,9 @@ class HybridDrafter:
         self.suffix, self.model = suffix, model
         self.min_score, self.min_len, self.model_k_max = min_score, min_len, model_k_max
 
-    def reset(self) -> None:
-        self.suffix.reset()
-        self.model.reset()
-
-    def prefill(self, context: np.ndarray) -> None:
-        for d in (self.suffix, self.model):
-            prefill = getattr(d, "prefill", None)
-            if prefill is not None:
-                prefill(context)
+    def begin(self, context: np.ndarray) -> None:
+        self.suffix.begin(context)
+        self.model.begin(context)
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         draft = self.suffix.propose(context, k, sampling, rng)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_cli.backend import Backend, common_prefix
-from specdec_cli.drafters.base import Draft
+from specdec_cli.backend import Backend, common_prefix, sync
+from specdec_cli.drafters.base import Draft, DrafterBase
 from specdec_cli.sampling import Dist, SamplingParams, process, sample
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     """Drafts with a small model. Greedy: argmax; sampling: draws d_i ~ q_i and returns each q_i.
 
     Args:
@@ -32,15 +32,10 @@ class ModelDrafter:
         self.backend = backend
         self.min_prob = min_prob
 
-    def reset(self) -> None:
-        pass
-
-    def prefill(self, context: np.ndarray) -> None:
-        """Evaluate the prompt (all but its last token) so the first step's draft cost is only drafting."""
-        keep = common_prefix(self.backend.tokens, context[:-1])
-        self.backend.truncate(keep)
-        if keep < len(context) - 1:
-            self.backend.decode(context[keep:-1], n_logits=0)
+    def begin(self, context: np.ndarray) -> None:
+        """Evaluate the prompt, int32 [n], but its last token (a cached common prefix is reused), so the first
+        step's draft cost is only drafting."""
+        sync(self.backend, context[:-1])
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         """Up to k tokens after `context` (int32 [n]). Returns q_i as `Dist`s when sampling, None when greedy."""
@@ -80,11 +75,7 @@ class ModelDrafter:
             source=self.name,
         )
 
-    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
-        pass
-
-    def close(self) -> None:
-        pass  # the session owns the draft model's backend
+    # close: the session owns the draft model's backend
 
 
 def _top_prob(logits: np.ndarray) -> float:

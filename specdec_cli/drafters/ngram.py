@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from specdec_cli.drafters.base import EMPTY, Draft
+from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
 from specdec_cli.sampling import SamplingParams
 
 MATCH_DEPTH = 64  # how far back a match is measured (the evidence is capped here)
@@ -28,7 +28,7 @@ def _match_lengths(ctx: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
     return np.where(eq.all(axis=1), depth, n + eq.argmin(axis=1)).astype(np.int64)
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     """Finds the longest n-gram (n_max down to n_min) ending the context that occurred earlier in the context
     (prompt + output) and proposes the tokens that followed it. Among the occurrences of that n-gram it takes the one
     whose match with the context extends furthest back (up to `MATCH_DEPTH` tokens), then the most recent: inside
@@ -50,9 +50,6 @@ class NgramDrafter:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_min, self.n_max, self.window = n_min, n_max, window
 
-    def reset(self) -> None:
-        pass
-
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         """Up to k tokens (int32) copied from after the best earlier match; empty when nothing matches."""
         ctx = context[-self.window :] if self.window else context
@@ -72,9 +69,3 @@ class NgramDrafter:
                     return Draft(tokens=cont.astype(np.int32, copy=True), score=n / self.n_max, source=self.name,
                                  match_len=int(lengths[best]))
         return Draft(tokens=EMPTY, source=self.name)
-
-    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.drafters.base import EMPTY, Draft
+from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
 from specdec_cli.suffix_store import WINDOW, Continuation, SuffixStore, empty_continuation
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class LocalIndex:
         return Continuation(tokens_out, probs_out, match_len, n_occ, first_count, "local")
 
 
-class SuffixDrafter:
+class SuffixDrafter(DrafterBase):
     """SuffixDecoding drafter (`--method suffix`): longest suffix match over this generation and past outputs.
 
     Args:
@@ -226,14 +226,12 @@ class SuffixDrafter:
         if store is not None and preload:
             store.preload()  # read the file while the models load; the first propose waits for it
 
-    def reset(self) -> None:
+    def begin(self, context: np.ndarray) -> None:
+        """Start a generation: index the prompt (int32 [n]) afresh and collect the store, so the engine counts both
+        as drafter prefill time instead of slowing the first step."""
         self.local.clear()
         self.last = None
         self._hint = None
-
-    def prefill(self, context: np.ndarray) -> None:
-        """Index the prompt (int32 [n]) and collect the store, so the engine counts both as drafter prefill time
-        instead of slowing the first step."""
         self.local.sync(context)
         if self.store is not None:
             self.store.corpus

@@ -1,0 +1,355 @@
+"""The learnt cost model behind `--k auto`: what a step of K draft tokens is expected to cost and yield.
+
+`CostModel` estimates, from the engine's `Step` records, the target's verify cost v(b) by batch size, the drafter's
+cost per token and per call, and the acceptance a_i and fill q_i by draft position (also by the match length of a
+lookup draft, `bucket_of`); `expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest
+expected tokens/s. The controllers that use it are in `specdec_cli.controller`; the reasoning (formulas, priors,
+why the CPU's verify curve is treated as it is) is in docs/design.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from specdec_cli.records import Step
+
+K_LIMIT = 64  # largest K accepted anywhere (--k, tune, k_max)
+DEFAULT_K_MAX = 16
+MARGIN = 0.03  # hysteresis: K > 0 must beat plain decoding by this fraction
+BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
+REJECTION_DECAY = 0.5  # a rejected draft halves its bucket's evidence before it is counted
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The pure math (shapes: k_max draft positions; K = 0..k_max)
+
+
+def expected_tokens(accept: np.ndarray, fill: np.ndarray | None = None) -> np.ndarray:
+    """E[tokens | K] for K = 0..k_max: float [k_max + 1] from accept a_i and fill q_i, float [k_max] each."""
+    p = np.asarray(accept, dtype=np.float64)
+    if fill is not None:
+        p = p * np.asarray(fill, dtype=np.float64)
+    return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(p))))  # [k_max + 1]
+
+
+def expected_ms(verify: np.ndarray, draft_per_token: float, draft_call: float, fill: np.ndarray) -> np.ndarray:
+    """E[ms | K] for K = 0..k_max: float [k_max + 1].
+
+    verify: float [k_max + 1], v(b) for b = 1..k_max + 1.  fill: float [k_max], q_i.
+    """
+    q = np.asarray(fill, dtype=np.float64)  # [k_max]
+    v = np.asarray(verify, dtype=np.float64)  # [k_max + 1]
+    at_least = np.concatenate(([1.0], np.cumprod(q)))  # [k_max + 1] P(L >= l)
+    stops = np.concatenate(([0.0], np.cumsum(at_least[:-1] * (1.0 - q) * v[:-1])))  # [k_max + 1] sum_{l<K} P(L=l) v
+    verify_k = stops + at_least * v  # [k_max + 1]
+    draft_k = np.concatenate(([0.0], draft_call + draft_per_token * np.cumsum(at_least[1:])))  # [k_max + 1]
+    return verify_k + draft_k
+
+
+def best_k(rates: np.ndarray, margin: float = MARGIN) -> int:
+    """argmax of rates [k_max + 1] (tokens/s by K), but 0 unless the best K > 0 beats K = 0 by `margin`."""
+    k = int(np.argmax(rates))
+    return k if k > 0 and rates[k] > (1.0 + margin) * rates[0] else 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The learnt cost model
+
+
+@dataclass(frozen=True, slots=True)
+class CostPrior:
+    """What the model assumes before measuring.
+
+    Attributes:
+        acceptance: prior mean of a_1 (later positions borrow from the one before).
+        strength: pseudo-counts behind each prior mean (a_i and q_i).
+        verify_slope: alpha in v(b) = v(1)(1 + alpha (b - 1)), used while fewer than two batch sizes are measured.
+        draft_ms_per_token: d until the first draft is timed (0: optimistic, so the first steps try drafting).
+        draft_ms_per_call: c until the first draft is timed.
+        verify_ms: known (b, ms) points, each counted as one observation.
+    """
+
+    acceptance: float = 0.7
+    strength: float = 2.0
+    verify_slope: float = 0.5
+    draft_ms_per_token: float = 0.0
+    draft_ms_per_call: float = 0.0
+    verify_ms: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(slots=True)
+class _Point:
+    ms: float  # EWMA of verify_ms at this batch size
+    n: int  # observations
+    last: int  # step index of the last observation
+    verified: bool = False  # measured by a verify step (not only by a prefill, nor given by a prior)
+
+
+def _isotonic(y: list[float], w: list[float]) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit of y (pool adjacent violators): float [len(y)]."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for yi, wi in zip(y, w, strict=True):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return np.array([v for v, _, c in blocks for _ in range(int(c))])
+
+
+@dataclass
+class CostModel:
+    """Estimates v(b), d, c, a_i and q_i from `Step` records and turns them into expected tokens/s by K."""
+
+    k_max: int = DEFAULT_K_MAX
+    half_life: float = 32.0
+    prior: CostPrior = field(default_factory=CostPrior)
+
+    def __post_init__(self) -> None:
+        self.decay = 0.5 ** (1.0 / self.half_life)
+        self.steps = 0
+        self.points: dict[int, _Point] = {b: _Point(ms, 1, -1) for b, ms in self.prior.verify_ms if b >= 1}
+        self._draft = np.zeros(5)  # decayed sums over draft calls: w, w n, w n^2, w ms, w n ms
+        self._acc = np.zeros((2, self.k_max))  # [accepted, verified] by position
+        self._fill = np.zeros((2, self.k_max))  # [proposed, asked] by position
+        self._acc_b = np.zeros((len(BUCKET_EDGES), 2, self.k_max))  # [bucket, accepted/verified, position]
+        self.by_source: dict[str, dict[str, float]] = {}
+
+    # ---- learning
+
+    def observe(self, step: Step, bucket: int | None = None) -> None:
+        """Learn from one step. `bucket`: the match-length bucket of its draft (`bucket_of`), None without evidence."""
+        n = len(step.drafted)
+        self.steps += 1
+        self._acc *= self.decay
+        self._fill *= self.decay
+        if bucket is not None and n:
+            acc = self._acc_b[bucket]
+            acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
+            m = min(step.n_accepted, self.k_max)
+            if step.rejected and m < self.k_max:
+                acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
+                acc[1, m] += 1.0
+            acc[:, :m] += 1.0
+        self._observe_verify(step.batch_size, step.verify_ms)
+        if step.k > 0:
+            self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
+        asked = min(max(step.k, n), self.k_max)
+        proposed = min(n, asked)
+        self._fill[:, :proposed] += 1.0
+        if proposed < asked:
+            self._fill[1, proposed] += 1.0
+        accepted = min(step.n_accepted, self.k_max)
+        self._acc[:, :accepted] += 1.0
+        if step.rejected and accepted < self.k_max:
+            self._acc[1, accepted] += 1.0  # the first rejected position
+        if step.k > 0:
+            src = self.by_source.setdefault(step.source or "?", {"steps": 0, "drafted": 0, "accepted": 0, "ms": 0.0})
+            src["steps"] += 1
+            src["drafted"] += n
+            src["accepted"] += step.n_accepted
+            src["ms"] += step.draft_ms
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        """A prefill of `n_evaluated` tokens in `ms` milliseconds, evaluated in chunks of at most `n_batch`: one
+        measurement of v(min(n_evaluated, n_batch)) (a longer prefill: its mean cost per chunk)."""
+        if n_evaluated < 2 or ms <= 0.0:
+            return
+        b = min(n_evaluated, n_batch)
+        self._observe_verify(b, ms * b / n_evaluated, verified=False)
+
+    def _observe_verify(self, b: int, ms: float, verified: bool = True) -> None:
+        if ms <= 0.0:
+            return
+        p = self.points.get(b)
+        if p is None:
+            self.points[b] = _Point(ms, 1, self.steps, verified)
+            return
+        p.n += 1
+        p.last = self.steps
+        p.verified = p.verified or verified
+        if p.n > 3:
+            ms = min(ms, 3.0 * p.ms)  # one hiccup (swap, another process) must not double the estimate
+        p.ms += max(1.0 / p.n, 1.0 - self.decay) * (ms - p.ms)
+
+    # ---- carrying what was learnt to a later process (`specdec_cli.learnt`)
+
+    def state(self) -> dict[str, Any]:
+        """Everything learnt, JSON-serialisable: the verify points, the draft-cost sums and the decayed acceptance and
+        fill counts (float [2, k_max]; by match-length bucket float [7, 2, k_max])."""
+        return {
+            "k_max": self.k_max,
+            "verify": [[b, p.ms, p.n, p.verified] for b, p in sorted(self.points.items())],
+            "draft": self._draft.tolist(),
+            "acc": self._acc.tolist(),
+            "fill": self._fill.tolist(),
+            "acc_by_match": self._acc_b.tolist(),
+        }
+
+    def restore(self, state: dict[str, Any], max_weight: float) -> None:
+        """Start from `state()` of an earlier model as a prior: every estimate keeps its value, but its evidence is
+        capped at `max_weight` observations (a verify point counts as at most 3), so a few steps measured now
+        outweigh it. The points count as measured (no plain step to time v(1) first).
+
+        Raises ValueError (shapes, k_max) or TypeError/KeyError when `state` is not a `state()` of this k_max.
+        """
+        if int(state["k_max"]) != self.k_max:
+            raise ValueError(f"learnt for k_max {state['k_max']}, not {self.k_max}")
+        acc, fill = np.asarray(state["acc"], float), np.asarray(state["fill"], float)
+        acc_b, draft = np.asarray(state["acc_by_match"], float), np.asarray(state["draft"], float)
+        if acc.shape != self._acc.shape or fill.shape != self._fill.shape or acc_b.shape != self._acc_b.shape \
+                or draft.shape != self._draft.shape:
+            raise ValueError("learnt arrays of another shape")
+        for a in (acc, fill, acc_b, draft):
+            if not np.isfinite(a).all() or (a < 0).any():
+                raise ValueError("learnt counts must be finite and >= 0")
+        points = {}
+        for b, ms, n, verified in state["verify"]:
+            if not (int(b) >= 1 and float(ms) > 0.0 and np.isfinite(float(ms))):
+                raise ValueError(f"bad verify point {b}: {ms}")
+            points[int(b)] = _Point(float(ms), min(int(n), 3), 0, bool(verified))
+
+        def capped(counts: np.ndarray) -> np.ndarray:  # [..., 2, k]: scale hits and trials alike
+            trials = counts[..., 1:2, :]
+            return counts * np.minimum(1.0, max_weight / np.maximum(trials, 1e-12))
+
+        self.points = points
+        self._acc, self._fill, self._acc_b = capped(acc), capped(fill), capped(acc_b)
+        self._draft = draft * min(1.0, max_weight / draft[0]) if draft[0] > 0 else draft
+
+    # ---- estimates
+
+    def measured(self, b: int) -> bool:
+        p = self.points.get(b)
+        return p is not None and p.last >= 0
+
+    def verified_depth(self, bucket: int) -> int:
+        """Draft positions verified in `bucket` or a shorter-match bucket (whose acceptance its prior inherits)."""
+        return int(np.count_nonzero((self._acc_b[: bucket + 1, 1] >= 0.5).any(axis=0)))
+
+    def largest_verified(self) -> int:
+        """The largest batch size a verify step has been timed at (0: none)."""
+        return max((b for b, p in self.points.items() if p.verified), default=0)
+
+    def last_seen(self, b: int) -> int:
+        """Step index of the last measurement of batch size b (-1: never)."""
+        p = self.points.get(b)
+        return -1 if p is None else p.last
+
+    def verify_curve(self) -> np.ndarray | None:
+        """v(b) for b = 1..k_max + 1: float [k_max + 1], or None before any pass was timed."""
+        if not self.points:
+            return None
+        pts = sorted(self.points.items())
+        bs = np.array([b for b, _ in pts], dtype=np.float64)  # [m] observed batch sizes
+        vs = _isotonic([p.ms for _, p in pts], [min(p.n, 50) for _, p in pts])  # [m] monotone
+        alpha = self.prior.verify_slope
+        if len(bs) >= 2:  # least-squares slope through the observed sizes
+            db = bs - bs.sum() / len(bs)
+            slope = max(float(db @ vs / (db @ db)), 0.0)
+        else:  # the prior shape v(b) = v(1) (1 + alpha (b - 1))
+            slope = vs[0] * alpha / (1.0 + alpha * (bs[0] - 1.0))
+        grid = np.arange(1.0, self.k_max + 2.0)  # [k_max + 1]
+        out = np.interp(grid, bs, vs)
+        above = grid > bs[-1]
+        out[above] = vs[-1] + slope * (grid[above] - bs[-1])
+        below = grid < bs[0]  # v(1) not measured yet: the prior shape below the smallest size
+        out[below] = vs[0] * (1.0 + alpha * (grid[below] - 1.0)) / (1.0 + alpha * (bs[0] - 1.0))
+        return out
+
+    def draft_cost(self) -> tuple[float, float]:
+        """(d ms per drafted token, c ms per drafter call)."""
+        w, sn, snn, sy, sny = self._draft
+        if w < 1e-9:
+            return self.prior.draft_ms_per_token, self.prior.draft_ms_per_call
+        var = snn / w - (sn / w) ** 2
+        if var > 0.1:  # the draft length varied enough to separate c from d
+            d = (sny / w - (sn / w) * (sy / w)) / var
+            c = sy / w - d * sn / w
+            if d >= 0.0 and c >= 0.0:
+                return d, c
+            if d < 0.0:
+                return 0.0, sy / w
+            return sny / snn, 0.0  # c < 0: fit through the origin
+        if sn < 1e-9:
+            return 0.0, sy / w  # every call drafted nothing: all overhead
+        return sy / sn, 0.0
+
+    def acceptance(self, bucket: int | None = None) -> np.ndarray:
+        """a_i for positions 1..k_max: float [k_max]. (A_i + s m_i) / (N_i + s), m_1 = the prior's acceptance and
+        m_i = a_(i-1), so an unseen position borrows from the one before.
+
+        With `bucket`: the acceptance of drafts from that match-length bucket. Its prior mean m_i is the larger of
+        the chain above (from the pooled a_1) and the bucket below's a_i: a longer match is assumed at least as
+        reliable as a shorter one, so what shorter matches taught carries over."""
+        s = self.prior.strength
+        if bucket is None:
+            return self._chain(self._acc, self.prior.acceptance, None, s)
+        pooled = float(self.acceptance()[0])
+        below = None
+        for b in range(bucket + 1):
+            below = self._chain(self._acc_b[b], pooled, below, s)
+        return below
+
+    @staticmethod
+    def _chain(acc: np.ndarray, m: float, floor: np.ndarray | None, s: float) -> np.ndarray:
+        """(A_i + s m_i) / (N_i + s) with m_1 = m, m_i = a_(i-1), raised to floor[i] where given: float [k_max]."""
+        hits, trials = acc.tolist()
+        floors = floor.tolist() if floor is not None else [0.0] * len(hits)
+        out = []
+        for h, t, f in zip(hits, trials, floors, strict=True):
+            m = (h + s * max(m, f)) / (t + s)
+            out.append(m)
+        return np.array(out)
+
+    def fill(self) -> np.ndarray:
+        """q_i for positions 1..k_max: float [k_max]. (proposed_i + s) / (asked_i + s): an unseen position is
+        assumed filled."""
+        s = self.prior.strength
+        return (self._fill[0] + s) / (self._fill[1] + s)
+
+    def rates(self) -> np.ndarray | None:
+        """Expected tokens/s by K = 0..k_max: float [k_max + 1], or None before v(1) can be estimated."""
+        v = self.verify_curve()
+        if v is None:
+            return None
+        q = self.fill()
+        d, c = self.draft_cost()
+        return 1000.0 * expected_tokens(self.acceptance(), q) / expected_ms(v, d, c, q)
+
+    def snapshot(self) -> dict[str, Any]:
+        v = self.verify_curve()
+        d, c = self.draft_cost()
+        a, q = self.acceptance(), self.fill()
+        rates = self.rates()
+
+        def r(x: float) -> float:
+            return round(float(x), 4)
+
+        return {
+            "verify_ms": [[b, r(p.ms), p.n] for b, p in sorted(self.points.items())],
+            "verify_model_ms": None if v is None else [r(x) for x in v],  # b = 1..k_max + 1
+            "draft_ms_per_token": r(d),
+            "draft_ms_per_call": r(c),
+            "acceptance": [r(x) for x in a],  # position 1..k_max
+            "acceptance_weight": [r(x) for x in self._acc[1]],
+            "fill": [r(x) for x in q],
+            "expected_tokens": [r(x) for x in expected_tokens(a, q)],  # K = 0..k_max
+            "expected_tok_s": None if rates is None else [r(x) for x in rates],
+            "by_source": {k: dict(s) for k, s in self.by_source.items()},
+            # lookup drafts by match length (bucket lower edge): a_1, and the decayed number of verified drafts
+            "acceptance_by_match": {
+                str(int(edge)): [r(self.acceptance(b)[0]), r(self._acc_b[b, 1, 0])]
+                for b, edge in enumerate(BUCKET_EDGES) if self._acc_b[b, 1, 0] > 0
+            },
+        }
+
+
+def bucket_of(match_len: int) -> int:
+    """The match-length bucket (0..6) of a lookup draft whose source matched `match_len` >= 1 context tokens."""
+    return int(np.searchsorted(BUCKET_EDGES, match_len, side="right")) - 1
+
