@@ -9,7 +9,8 @@ rule is there (the formulas, the CPU's verify curve, the back-off schedules) is 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
@@ -26,8 +27,9 @@ from specdec_cli.cost_model import (
     expected_tokens,
 )
 
+from specdec_cli.drafters.base import Draft, cut
+
 if TYPE_CHECKING:
-    from specdec_cli.drafters.base import Draft
     from specdec_cli.records import Step
 
 PROBE_K = 3  # K of a probe step taken from K = 0
@@ -57,6 +59,19 @@ class KController(Protocol):
         """How many of the draft's tokens to verify (0..len(draft)), decided from the draft alone (never from the
         target's logits, so verification stays lossless). Default: all of them."""
         return len(draft)
+
+    def choose(self, drafts: Sequence[Draft], has_model: bool, k: int) -> tuple[int, Draft | None]:
+        """The source of this step's draft, and its K, from the free lookup drafts found (each <= k tokens, possibly
+        none) and whether a draft model is available (it costs a forward pass per token, so it drafts only when
+        chosen). Returns (K, the lookup draft to verify, trimmed to K) or (K, None): the draft model drafts K tokens;
+        K = 0 is a plain step. Decided from drafts and past steps only, never from the target's logits.
+
+        Default: the draft with the longest match, trimmed by `trim`, else the draft model with K = k."""
+        if drafts:
+            draft = max(drafts, key=lambda d: (d.match_len, len(d)))
+            keep = self.trim(draft)
+            return (k, draft) if keep >= len(draft) else (keep, cut(draft, keep))
+        return k, None
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """Learn from a prefill of `n_evaluated` tokens that took `ms` milliseconds (chunks of <= n_batch)."""
@@ -134,13 +149,7 @@ class AdaptiveK(KController):
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
         self._bucket: int | None = None  # bucket of the draft being verified
         self._bucket_probe = False  # that verification is a probe of a bucket whose trim was 0
-        # drafts since the bucket's last probe; a match of 5+ tokens is probed on its first draft (a copy run is
-        # worth finding early: once found, its drafts are long and right)
-        self._since_bucket = np.where(BUCKET_EDGES >= EARLY_PROBE_MATCH, probe_every - 1, 0).astype(np.int64)
-        self._bucket_interval = np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64)
-        # per bucket, the longest K allowed now: cut to twice the accepted length by a rejection, doubled by a draft
-        # accepted whole (the window of TCP's congestion control)
-        self._window = np.full(len(BUCKET_EDGES), K_LIMIT, dtype=np.int64)
+        self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
@@ -151,10 +160,7 @@ class AdaptiveK(KController):
 
     def next_k(self) -> int:
         """K for the next step. The first step is plain (it times v(1)); a free lookup drafter with evidence is asked
-        for `lookup_k_max` tokens (`trim` then chooses); otherwise the model's best K. At K* = 0 a probe (K = 3)
-        every `probe_every` steps while perfect drafts could still pay, in bursts while probes pay and backing off
-        to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step to refresh
-        v(1) when it is 8 x `probe_every` steps old."""
+        for `lookup_k_max` tokens (`choose` then picks and trims); otherwise the draft model's best K (`_model_k`)."""
         self.asked_all = False  # True: K is an ask for the whole lookup draft, which `trim` cuts
         if not self.model.measured(1):  # a plain step measures v(1) first
             self.k = self.best = 0
@@ -163,6 +169,14 @@ class AdaptiveK(KController):
         if self.asked_all:
             self.k = self.lookup_k_max  # a free lookup draft, as long as it goes: `trim` chooses K
             return self.k
+        self.k = self._model_k()
+        return self.k
+
+    def _model_k(self) -> int:
+        """The best K for a drafter without evidence (a draft model) under the pooled estimates. At K* = 0 a probe
+        (K = 3) every `probe_every` steps while perfect drafts could still pay, in bursts while probes pay and
+        backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
+        to refresh v(1) when it is 8 x `probe_every` steps old."""
         rates = self.model.rates()[: self.k_max + 1]
         best = best_k(rates, self.margin)
         if (best > 0) != (self.best > 0):
@@ -183,8 +197,46 @@ class AdaptiveK(KController):
                     k = unmeasured[0]  # the next batch size up, then the grid: a CPU's curve is concave
                 elif self.model.steps - self.model.last_seen(1) >= 8 * self.probe_every:
                     k = 0  # refresh v(1)
-        self.k = k
         return k
+
+    def choose(self, drafts: Sequence[Draft], has_model: bool, k: int) -> tuple[int, Draft | None]:
+        """The draft with the highest expected tokens/s this step: the best free lookup draft trimmed to its best K
+        (`trim`), the draft model at its best K, or a plain step (see `KController.choose`). Each lookup draft is
+        valued by the acceptance its source has shown after matches of its length; the draft model by its pooled
+        acceptance and measured cost per token. docs/design.md, "Choosing the source"."""
+        lookup, k_lookup, rate_lookup = None, 0, 0.0
+        if drafts:
+            lookup = max(drafts, key=self._value)
+            k_lookup = self.trim(lookup)  # the chosen lookup draft's K, with its bookkeeping (probes, windows)
+            rate_lookup = self._value(cut(lookup, k_lookup)) if k_lookup else 0.0
+        if has_model and (self.asked_all or lookup is not None):
+            k_model = min(self._model_k(), k) if self.asked_all else k  # without an ask-all, next_k was _model_k
+            rates = self.model.rates()
+            rate_model = float(rates[k_model]) / 1000.0 if k_model and rates is not None else 0.0
+            if k_model and rate_model > (1.0 + self.margin) * rate_lookup:
+                self._bucket, self._bucket_probe = None, False  # the model drafts: no lookup evidence this step
+                self.k = k_model
+                return k_model, None
+        elif has_model:
+            return k, None  # next_k was the model's K
+        if lookup is None:
+            # nothing found: after an ask for everything, a plain step (K = 0); else the ask stands, drafted empty
+            return (0 if self.asked_all else k), None
+        if k_lookup == 0:
+            return 0, None
+        return (k, lookup) if k_lookup >= len(lookup) else (k_lookup, cut(lookup, k_lookup))
+
+    def _value(self, draft: Draft) -> float:
+        """Expected tokens per ms of verifying all of `draft` (a lookup draft), at its source's acceptance after
+        matches of its length (0 without a measured verify curve)."""
+        v = self.model.verify_curve()
+        n = min(len(draft), self.model.k_max)
+        if v is None or n == 0:
+            return 0.0
+        accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
+        if draft.probs is not None:
+            accept = accept * draft.probs[:n]
+        return float(expected_tokens(accept)[n] / v[n])
 
     def _could_pay(self) -> bool:
         """Would drafting beat plain decoding if every draft token were accepted, at the measured costs? When not
@@ -219,14 +271,15 @@ class AdaptiveK(KController):
             return n
         self.evidence = True
         b = self._bucket = bucket_of(draft.match_len)
+        state = self._lookup_state(draft.source)
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
-        seen = self.model.verified_depth(b)
-        n = min(n, self.model.k_max, max(PROBE_K, 2 * seen), int(self._window[b]))
+        seen = self.model.verified_depth(b, draft.source)
+        n = min(n, self.model.k_max, max(PROBE_K, 2 * seen), int(state.window[b]))
         v = self.model.verify_curve()
         if v is None:
             return n
-        accept = self.model.acceptance(b)[:n]  # [n]
+        accept = self.model.acceptance(b, draft.source)[:n]  # [n]
         if draft.probs is not None:  # where past continuations part ways, the draft is a guess from there on
             accept = accept * draft.probs[:n]
         expected = expected_tokens(accept)  # [n + 1] tokens by K
@@ -240,14 +293,20 @@ class AdaptiveK(KController):
             # of one) makes a local optimum (K = 2..4) look best, while a pass over tokens that will nearly all be
             # accepted costs little even where b turns out slow.
             k = n
-        self._since_bucket[b] += 1
+        state.since[b] += 1
         if k == 0:
-            if self._since_bucket[b] >= self._bucket_interval[b]:
-                k, self._since_bucket[b], self._bucket_probe = min(n, PROBE_K), 0, True
+            if state.since[b] >= state.interval[b]:
+                k, state.since[b], self._bucket_probe = min(n, PROBE_K), 0, True
         else:
-            self._bucket_interval[b] = self.probe_every
+            state.interval[b] = self.probe_every
         self.k = k
         return k
+
+    def _lookup_state(self, source: str) -> _LookupState:
+        state = self._lookup.get(source)
+        if state is None:
+            state = self._lookup[source] = _LookupState.new(self.probe_every)
+        return state
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         self.model.observe_prefill(n_evaluated, ms, n_batch)
@@ -258,16 +317,17 @@ class AdaptiveK(KController):
         bucket = self._bucket if step.drafted else None
         self.model.observe(step, bucket)
         if bucket is not None:
+            state = self._lookup_state(step.source)
             if step.rejected:
-                self._window[bucket] = max(PROBE_K, 2 * step.n_accepted)
+                state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
             elif step.n_accepted == len(step.drafted):
-                self._window[bucket] = max(int(self._window[bucket]), 2 * len(step.drafted))
-        if self._bucket_probe and bucket is not None:
-            # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
-            v1 = self.model.verify_curve()
-            paid = v1 is not None and (step.n_accepted + 1) * float(v1[0]) >= step.verify_ms
-            self._bucket_interval[bucket] = (
-                self.probe_every if paid else min(2 * self._bucket_interval[bucket], MAX_BACKOFF * self.probe_every))
+                state.window[bucket] = max(int(state.window[bucket]), 2 * len(step.drafted))
+            if self._bucket_probe:
+                # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
+                v1 = self.model.verify_curve()
+                paid = v1 is not None and (step.n_accepted + 1) * float(v1[0]) >= step.verify_ms
+                state.interval[bucket] = (
+                    self.probe_every if paid else min(2 * state.interval[bucket], MAX_BACKOFF * self.probe_every))
         self._bucket, self._bucket_probe = None, False
         if not self._probing:
             return
@@ -313,6 +373,27 @@ class AdaptiveK(KController):
             "lookup_k_max": self.lookup_k_max,
             "trims_by_evidence": self.evidence,
         } | self.model.snapshot()
+
+
+@dataclass(slots=True)
+class _LookupState:
+    """One lookup source's schedule, by match-length bucket (int64 [7] each).
+
+    since: drafts since the bucket's last probe (a match of 5+ tokens is probed on its first draft: a copy run is
+        worth finding early; once found, its drafts are long and right). interval: drafts between its probes while
+        its trim is 0 (doubled by a probe that did not pay, up to 4 x). window: the longest K allowed now, cut to
+        twice the accepted length by a rejection and doubled by a draft accepted whole (TCP's congestion window).
+    """
+
+    since: np.ndarray
+    interval: np.ndarray
+    window: np.ndarray
+
+    @classmethod
+    def new(cls, probe_every: int) -> _LookupState:
+        return cls(since=np.where(BUCKET_EDGES >= EARLY_PROBE_MATCH, probe_every - 1, 0).astype(np.int64),
+                   interval=np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64),
+                   window=np.full(len(BUCKET_EDGES), K_LIMIT, dtype=np.int64))
 
 
 __all__ = ["AdaptiveK", "FixedK", "KController"]

@@ -1,8 +1,8 @@
 """The learnt cost model behind `--k auto`: what a step of K draft tokens is expected to cost and yield.
 
-`CostModel` estimates, from the engine's `Step` records, the target's verify cost v(b) by batch size, the drafter's
-cost per token and per call, and the acceptance a_i and fill q_i by draft position (also by the match length of a
-lookup draft, `bucket_of`); `expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest
+`CostModel` estimates, from the engine's `Step` records, the target's verify cost v(b) by batch size, the draft
+model's cost per token and per call, and the acceptance a_i and fill q_i by draft position: pooled over every draft,
+for the draft model's drafts alone, and for lookup drafts by source and by the length of their match (`bucket_of`); `expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest
 expected tokens/s. The controllers that use it are in `specdec_cli.controller`; the reasoning (formulas, priors,
 why the CPU's verify curve is treated as it is) is in docs/design.md.
 """
@@ -113,22 +113,27 @@ class CostModel:
         self.decay = 0.5 ** (1.0 / self.half_life)
         self.steps = 0
         self.points: dict[int, _Point] = {b: _Point(ms, 1, -1) for b, ms in self.prior.verify_ms if b >= 1}
-        self._draft = np.zeros(5)  # decayed sums over draft calls: w, w n, w n^2, w ms, w n ms
-        self._acc = np.zeros((2, self.k_max))  # [accepted, verified] by position
-        self._fill = np.zeros((2, self.k_max))  # [proposed, asked] by position
-        self._acc_b = np.zeros((len(BUCKET_EDGES), 2, self.k_max))  # [bucket, accepted/verified, position]
+        self._draft = np.zeros(5)  # decayed sums over draft-model calls: w, w n, w n^2, w ms, w n ms
+        self._acc = np.zeros((2, self.k_max))  # [accepted, verified] by position, every draft
+        self._fill = np.zeros((2, self.k_max))  # [proposed, asked] by position, every draft
+        self._acc_m = np.zeros((2, self.k_max))  # [accepted, verified] by position, drafts without evidence (a model)
+        self._fill_m = np.zeros((2, self.k_max))  # [proposed, asked] by position, drafts without evidence
+        # lookup drafts by source: float [bucket, accepted/verified, position] (prompt lookup, suffix store and a
+        # prediction are right at different rates after a match of the same length)
+        self._acc_b: dict[str, np.ndarray] = {}
         self.by_source: dict[str, dict[str, float]] = {}
 
     # ---- learning
 
     def observe(self, step: Step, bucket: int | None = None) -> None:
-        """Learn from one step. `bucket`: the match-length bucket of its draft (`bucket_of`), None without evidence."""
+        """Learn from one step. `bucket`: the match-length bucket of its draft (`bucket_of`), None without evidence
+        (a draft model's draft, or a plain step)."""
         n = len(step.drafted)
         self.steps += 1
         self._acc *= self.decay
         self._fill *= self.decay
         if bucket is not None and n:
-            acc = self._acc_b[bucket]
+            acc = self.bucket_counts(step.source)[bucket]
             acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
             m = min(step.n_accepted, self.k_max)
             if step.rejected and m < self.k_max:
@@ -136,23 +141,26 @@ class CostModel:
                 acc[1, m] += 1.0
             acc[:, :m] += 1.0
         self._observe_verify(step.batch_size, step.verify_ms)
-        if step.k > 0:
+        model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
+        if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
-        asked = min(max(step.k, n), self.k_max)
-        proposed = min(n, asked)
-        self._fill[:, :proposed] += 1.0
-        if proposed < asked:
-            self._fill[1, proposed] += 1.0
-        accepted = min(step.n_accepted, self.k_max)
-        self._acc[:, :accepted] += 1.0
-        if step.rejected and accepted < self.k_max:
-            self._acc[1, accepted] += 1.0  # the first rejected position
+            self._acc_m *= self.decay
+            self._fill_m *= self.decay
+        for acc, fill in ((self._acc, self._fill), (self._acc_m, self._fill_m)) if model else ((self._acc, self._fill),):
+            _count(acc, fill, step, n, self.k_max)
         if step.k > 0:
             src = self.by_source.setdefault(step.source or "?", {"steps": 0, "drafted": 0, "accepted": 0, "ms": 0.0})
             src["steps"] += 1
             src["drafted"] += n
             src["accepted"] += step.n_accepted
             src["ms"] += step.draft_ms
+
+    def bucket_counts(self, source: str) -> np.ndarray:
+        """The lookup source's decayed counts, float [bucket, accepted/verified, position] (a view; created empty)."""
+        counts = self._acc_b.get(source)
+        if counts is None:
+            counts = self._acc_b[source] = np.zeros((len(BUCKET_EDGES), 2, self.k_max))
+        return counts
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """A prefill of `n_evaluated` tokens in `ms` milliseconds, evaluated in chunks of at most `n_batch`: one
@@ -180,14 +188,17 @@ class CostModel:
 
     def state(self) -> dict[str, Any]:
         """Everything learnt, JSON-serialisable: the verify points, the draft-cost sums and the decayed acceptance and
-        fill counts (float [2, k_max]; by match-length bucket float [7, 2, k_max])."""
+        fill counts (float [2, k_max]; for the draft model's drafts alone; by lookup source and match-length bucket
+        float [7, 2, k_max])."""
         return {
             "k_max": self.k_max,
             "verify": [[b, p.ms, p.n, p.verified] for b, p in sorted(self.points.items())],
             "draft": self._draft.tolist(),
             "acc": self._acc.tolist(),
             "fill": self._fill.tolist(),
-            "acc_by_match": self._acc_b.tolist(),
+            "acc_model": self._acc_m.tolist(),
+            "fill_model": self._fill_m.tolist(),
+            "acc_by_source": {source: counts.tolist() for source, counts in self._acc_b.items()},
         }
 
     def restore(self, state: dict[str, Any], max_weight: float) -> None:
@@ -200,11 +211,14 @@ class CostModel:
         if int(state["k_max"]) != self.k_max:
             raise ValueError(f"learnt for k_max {state['k_max']}, not {self.k_max}")
         acc, fill = np.asarray(state["acc"], float), np.asarray(state["fill"], float)
-        acc_b, draft = np.asarray(state["acc_by_match"], float), np.asarray(state["draft"], float)
-        if acc.shape != self._acc.shape or fill.shape != self._fill.shape or acc_b.shape != self._acc_b.shape \
-                or draft.shape != self._draft.shape:
+        acc_m, fill_m = np.asarray(state["acc_model"], float), np.asarray(state["fill_model"], float)
+        draft = np.asarray(state["draft"], float)
+        acc_b = {str(k): np.asarray(v, float) for k, v in dict(state["acc_by_source"]).items()}
+        bucket_shape = (len(BUCKET_EDGES), 2, self.k_max)
+        if any(a.shape != self._acc.shape for a in (acc, fill, acc_m, fill_m)) or draft.shape != self._draft.shape \
+                or any(a.shape != bucket_shape for a in acc_b.values()):
             raise ValueError("learnt arrays of another shape")
-        for a in (acc, fill, acc_b, draft):
+        for a in (acc, fill, acc_m, fill_m, draft, *acc_b.values()):
             if not np.isfinite(a).all() or (a < 0).any():
                 raise ValueError("learnt counts must be finite and >= 0")
         points = {}
@@ -218,7 +232,8 @@ class CostModel:
             return counts * np.minimum(1.0, max_weight / np.maximum(trials, 1e-12))
 
         self.points = points
-        self._acc, self._fill, self._acc_b = capped(acc), capped(fill), capped(acc_b)
+        self._acc, self._fill, self._acc_m, self._fill_m = capped(acc), capped(fill), capped(acc_m), capped(fill_m)
+        self._acc_b = {source: capped(counts) for source, counts in acc_b.items()}
         self._draft = draft * min(1.0, max_weight / draft[0]) if draft[0] > 0 else draft
 
     # ---- estimates
@@ -227,9 +242,11 @@ class CostModel:
         p = self.points.get(b)
         return p is not None and p.last >= 0
 
-    def verified_depth(self, bucket: int) -> int:
-        """Draft positions verified in `bucket` or a shorter-match bucket (whose acceptance its prior inherits)."""
-        return int(np.count_nonzero((self._acc_b[: bucket + 1, 1] >= 0.5).any(axis=0)))
+    def verified_depth(self, bucket: int, source: str) -> int:
+        """Draft positions of `source` verified in `bucket` or a shorter-match bucket (whose acceptance its prior
+        inherits)."""
+        counts = self._acc_b.get(source)
+        return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
 
     def largest_verified(self) -> int:
         """The largest batch size a verify step has been timed at (0: none)."""
@@ -279,21 +296,26 @@ class CostModel:
             return 0.0, sy / w  # every call drafted nothing: all overhead
         return sy / sn, 0.0
 
-    def acceptance(self, bucket: int | None = None) -> np.ndarray:
+    def acceptance(self, bucket: int | None = None, source: str = "") -> np.ndarray:
         """a_i for positions 1..k_max: float [k_max]. (A_i + s m_i) / (N_i + s), m_1 = the prior's acceptance and
-        m_i = a_(i-1), so an unseen position borrows from the one before.
+        m_i = a_(i-1), so an unseen position borrows from the one before. Pooled over every draft.
 
-        With `bucket`: the acceptance of drafts from that match-length bucket. Its prior mean m_i is the larger of
-        the chain above (from the pooled a_1) and the bucket below's a_i: a longer match is assumed at least as
-        reliable as a shorter one, so what shorter matches taught carries over."""
+        With `bucket`: the acceptance of `source`'s lookup drafts from that match-length bucket. Its prior mean m_i
+        is the larger of the chain above (from the pooled a_1) and the bucket below's a_i: a longer match is assumed
+        at least as reliable as a shorter one, so what shorter matches taught carries over."""
         s = self.prior.strength
         if bucket is None:
             return self._chain(self._acc, self.prior.acceptance, None, s)
         pooled = float(self.acceptance()[0])
+        counts = self.bucket_counts(source)
         below = None
         for b in range(bucket + 1):
-            below = self._chain(self._acc_b[b], pooled, below, s)
+            below = self._chain(counts[b], pooled, below, s)
         return below
+
+    def model_acceptance(self) -> np.ndarray:
+        """a_i of drafts without evidence (the draft model's) alone: float [k_max] (the prior where none was seen)."""
+        return self._chain(self._acc_m, self.prior.acceptance, None, self.prior.strength)
 
     @staticmethod
     def _chain(acc: np.ndarray, m: float, floor: np.ndarray | None, s: float) -> np.ndarray:
@@ -308,18 +330,21 @@ class CostModel:
 
     def fill(self) -> np.ndarray:
         """q_i for positions 1..k_max: float [k_max]. (proposed_i + s) / (asked_i + s): an unseen position is
-        assumed filled."""
+        assumed filled. Of drafts without evidence (the draft model's) once any was seen, else of every draft."""
         s = self.prior.strength
-        return (self._fill[0] + s) / (self._fill[1] + s)
+        f = self._fill_m if self._fill_m[1, 0] > 0 else self._fill
+        return (f[0] + s) / (f[1] + s)
 
     def rates(self) -> np.ndarray | None:
-        """Expected tokens/s by K = 0..k_max: float [k_max + 1], or None before v(1) can be estimated."""
+        """Expected tokens/s by K = 0..k_max of a drafter without evidence (a draft model; any drafter before its
+        first draft with evidence): float [k_max + 1], or None before v(1) can be estimated."""
         v = self.verify_curve()
         if v is None:
             return None
         q = self.fill()
         d, c = self.draft_cost()
-        return 1000.0 * expected_tokens(self.acceptance(), q) / expected_ms(v, d, c, q)
+        a = self.model_acceptance() if self._acc_m[1, 0] > 0 else self.acceptance()
+        return 1000.0 * expected_tokens(a, q) / expected_ms(v, d, c, q)
 
     def snapshot(self) -> dict[str, Any]:
         v = self.verify_curve()
@@ -341,12 +366,27 @@ class CostModel:
             "expected_tokens": [r(x) for x in expected_tokens(a, q)],  # K = 0..k_max
             "expected_tok_s": None if rates is None else [r(x) for x in rates],
             "by_source": {k: dict(s) for k, s in self.by_source.items()},
-            # lookup drafts by match length (bucket lower edge): a_1, and the decayed number of verified drafts
+            "model_acceptance": [r(x) for x in self.model_acceptance()],
+            # lookup drafts by source and match length (bucket lower edge): a_1, and the decayed number of verified drafts
             "acceptance_by_match": {
-                str(int(edge)): [r(self.acceptance(b)[0]), r(self._acc_b[b, 1, 0])]
-                for b, edge in enumerate(BUCKET_EDGES) if self._acc_b[b, 1, 0] > 0
+                source: {str(int(edge)): [r(self.acceptance(b, source)[0]), r(counts[b, 1, 0])]
+                         for b, edge in enumerate(BUCKET_EDGES) if counts[b, 1, 0] > 0}
+                for source, counts in self._acc_b.items()
             },
         }
+
+
+def _count(acc: np.ndarray, fill: np.ndarray, step: Step, n: int, k_max: int) -> None:
+    """Add one step's draft to decayed [accepted, verified] and [proposed, asked] counts by position (float [2, k])."""
+    asked = min(max(step.k, n), k_max)
+    proposed = min(n, asked)
+    fill[:, :proposed] += 1.0
+    if proposed < asked:
+        fill[1, proposed] += 1.0
+    accepted = min(step.n_accepted, k_max)
+    acc[:, :accepted] += 1.0
+    if step.rejected and accepted < k_max:
+        acc[1, accepted] += 1.0  # the first rejected position
 
 
 def bucket_of(match_len: int) -> int:

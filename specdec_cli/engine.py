@@ -29,7 +29,7 @@ import numpy as np
 from specdec_cli.backend import Backend, common_prefix, sync
 from specdec_cli.controller import FixedK, KController
 from specdec_cli.detok import TextStream, piece_text
-from specdec_cli.drafters.base import Draft, Drafter
+from specdec_cli.drafters.base import Draft, Drafter, cut
 from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step
 from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, verify
@@ -168,19 +168,22 @@ class SpeculativeEngine:
         Returns (the K recorded for the step, the draft to verify)."""
         if self.drafter is None:
             return 0, NO_DRAFT
-        target, controller = self.target, self.controller
+        target, drafter = self.target, self.drafter
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
         # never draft more than the token budget, the context window and one llama.cpp batch can take
-        k = min(controller.next_k(), budget - 1, room - 1, target.n_batch - 1)
-        draft = self.drafter.propose(context, k, sampling, rng) if k > 0 else NO_DRAFT
-        if len(draft) > k:
-            draft = _cut(draft, k)
-        if len(draft):
-            keep = controller.trim(draft)  # a lookup draft is trimmed by its match's evidence
-            if keep < len(draft):
-                draft, k = _cut(draft, keep), keep
-        elif controller.asked_all:
-            k = 0  # it asked a free lookup drafter for whatever it found, and it found nothing: a plain step
+        limit = min(budget - 1, room - 1, target.n_batch - 1)
+        k = min(self.controller.next_k(), limit)
+        if k <= 0:
+            return 0, NO_DRAFT
+        # the free lookup drafts (prompt lookup, suffix store, prediction: ~0.1 ms each), each at most k tokens
+        drafts = [d if len(d) <= k else cut(d, k) for d in drafter.lookup(context, k, sampling, rng)]
+        # the controller picks the source with the best expected tokens/s: a lookup draft (trimmed), the draft model
+        # (which only now pays for its K forward passes), or a plain step
+        k, draft = self.controller.choose(drafts, drafter.has_model, k)
+        if draft is None:
+            draft = drafter.propose(context, min(k, limit), sampling, rng) if k > 0 and drafter.has_model else NO_DRAFT
+            if len(draft) > k:
+                draft = cut(draft, k)
         return k, draft
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
@@ -212,13 +215,6 @@ class SpeculativeEngine:
         if finish in ("eog", "length"):
             segments.extend(text.flush())  # no stop string can follow: release held-back text
         return emitted, segments, finish
-
-
-def _cut(draft: Draft, k: int) -> Draft:
-    """The first k tokens of a draft (and their q): a drafter returned more than asked, or the controller trimmed it."""
-    return Draft(tokens=draft.tokens[:k], dists=draft.dists[:k] if draft.dists is not None else None,
-                 score=draft.score, source=draft.source, match_len=draft.match_len,
-                 probs=draft.probs[:k] if draft.probs is not None else None)
 
 
 def _round_up(n: int) -> int:

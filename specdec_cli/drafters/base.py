@@ -27,7 +27,8 @@ class Draft:
         dists: for model drafters, q_i (a processed `Dist`) for each proposed token; None for deterministic drafters.
         score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
             match-based estimate of a lookup drafter); the hybrid drafter compares it to choose a source.
-        source: which drafter produced it (for hybrid drafters and stats), e.g. "draft", "ngram", "suffix".
+        source: which drafter produced it (for the controller's per-source estimates and the stats), e.g. "draft",
+            "ngram", "suffix", "prompt" (prompt lookup within --method auto), "store" (the suffix store), "predict".
         match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
             text the draft was copied after (0 = no such evidence, e.g. a draft model). Under `--k auto` the
             controller trims the draft by the acceptance it has measured for matches of this length.
@@ -50,17 +51,30 @@ class Draft:
 
 class Drafter(Protocol):
     """Proposes draft tokens: every hook the engine calls. Implementations subclass `DrafterBase`, which gives each
-    hook its no-op default: `ModelDrafter`, `NgramDrafter`, `SuffixDrafter`, `HybridDrafter`.
+    hook its no-op default: `ModelDrafter`, `NgramDrafter`, `SuffixDrafter`, `PredictionDrafter`, `AutoDrafter`.
 
-    The engine calls, per generation: `begin(prompt)` once, `propose` once per step that drafts, `finish` once when
-    the generation completes (not when it is interrupted); `close` when the drafter is no longer used.
+    Two kinds of draft: free lookup drafts (prompt lookup, the suffix store, a prediction: ~0.1 ms, whatever their
+    length), which the engine collects every step that drafts through `lookup`, and a draft model's (`has_model`:
+    a forward pass per token), which it asks for through `propose` only when the controller chose it.
+
+    The engine calls, per generation: `begin(prompt, prediction)` once; per step that drafts, `lookup` and, when the
+    controller picks the draft model, `propose`; `finish` once when the generation completes (not when it is
+    interrupted); `close` when the drafter is no longer used.
     """
 
     name: str
+    has_model: bool  # True when `propose` runs a draft model
 
-    def begin(self, context: np.ndarray) -> None:
-        """A generation starts from `context`, int32 [n] (the prompt, n >= 1): forget per-generation state and do
-        any prefill now (a draft model evaluates context[:-1]), so the engine counts it as drafter prefill time."""
+    def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
+        """A generation starts from `context`, int32 [n] (the prompt, n >= 1), and, when the user gave one, the
+        predicted output, int32 [m] (predicted outputs: drafted from, never evaluated): forget per-generation state
+        and do any prefill now (a draft model evaluates context[:-1]), so the engine counts it as drafter prefill
+        time."""
+        ...
+
+    def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
+        """The free lookup drafts for the next step, each up to `k` tokens and non-empty, each with its evidence
+        (`Draft.match_len`); [] when there are none (and always for a draft model)."""
         ...
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -87,9 +101,17 @@ class DrafterBase(Drafter):
     Subclasses override what they need."""
 
     name = "drafter"
+    has_model = False
 
-    def begin(self, context: np.ndarray) -> None:
+    def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         pass
+
+    def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
+        """A lookup drafter's own draft (`propose`) when it found one; [] for a drafter that runs a model."""
+        if self.has_model:
+            return []
+        draft = self.propose(context, k, sampling, rng)
+        return [draft] if len(draft) else []
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         return Draft(source=self.name)
@@ -99,3 +121,11 @@ class DrafterBase(Drafter):
 
     def close(self) -> None:
         pass
+
+
+def cut(draft: Draft, k: int) -> Draft:
+    """The first k tokens of a draft (and their q and probabilities): a drafter returned more than asked, or the
+    controller trimmed it."""
+    return Draft(tokens=draft.tokens[:k], dists=draft.dists[:k] if draft.dists is not None else None,
+                 score=draft.score, source=draft.source, match_len=draft.match_len,
+                 probs=draft.probs[:k] if draft.probs is not None else None)

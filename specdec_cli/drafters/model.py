@@ -27,12 +27,13 @@ class ModelDrafter(DrafterBase):
     """
 
     name = "draft"
+    has_model = True
 
     def __init__(self, backend: Backend, *, min_prob: float = 0.0) -> None:
         self.backend = backend
         self.min_prob = min_prob
 
-    def begin(self, context: np.ndarray) -> None:
+    def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         """Evaluate the prompt, int32 [n], but its last token (a cached common prefix is reused), so the first
         step's draft cost is only drafting."""
         sync(self.backend, context[:-1])

@@ -226,7 +226,7 @@ class SuffixDrafter(DrafterBase):
         if store is not None and preload:
             store.preload()  # read the file while the models load; the first propose waits for it
 
-    def begin(self, context: np.ndarray) -> None:
+    def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         """Start a generation: index the prompt (int32 [n]) afresh and collect the store, so the engine counts both
         as drafter prefill time instead of slowing the first step."""
         self.local.clear()
@@ -239,13 +239,14 @@ class SuffixDrafter(DrafterBase):
     def _max_len(self, k: int, match_len: int) -> int:
         return min(k, math.ceil(self.factor * match_len))
 
-    def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
-        """Draft up to k tokens after `context` (int32 [n]); deterministic, `sampling` and `rng` are unused."""
+    def continuations(self, context: np.ndarray, k: int) -> tuple[Continuation, Continuation]:
+        """The local (this prompt and output) and the global (the store of past outputs) continuation after
+        `context` (int32 [n]), each up to k tokens (empty when nothing matched)."""
         extended = self.local.sync(context)
-        best = empty_continuation("local")
+        local = glob = empty_continuation("local")
         m, ends = self.local.longest_match(self.max_depth)
         if m:
-            best = self.local.walk(ends, m, self._max_len(k, m), self.min_token_prob)
+            local = self.local.walk(ends, m, self._max_len(k, m), self.min_token_prob)
         if self.store is not None:
             corpus = self.store.corpus
             upper = None  # m <= previous m + tokens added, while the store and the generation are the same
@@ -255,13 +256,22 @@ class SuffixDrafter(DrafterBase):
             self._hint = (corpus, len(context), m)
             if m:
                 glob = corpus.walk(lo, hi, m, self._max_len(k, m), self.min_token_prob)
-                if (glob.match_len, glob.score) > (best.match_len, best.score):
-                    best = glob
+        return local, glob
+
+    def draft(self, c: Continuation, source: str) -> Draft:
+        """A continuation as a deterministic draft (with its evidence) labelled `source`."""
+        if not len(c.tokens):
+            return Draft(tokens=EMPTY, dists=None, score=0.0, source=source)
+        return Draft(tokens=c.tokens, dists=None, score=c.confidence, source=source, match_len=c.match_len,
+                     probs=c.probs)
+
+    def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Draft up to k tokens after `context` (int32 [n]); deterministic, `sampling` and `rng` are unused."""
+        best, glob = self.continuations(context, k)
+        if (glob.match_len, glob.score) > (best.match_len, best.score):
+            best = glob
         self.last = best
-        if not len(best.tokens):
-            return Draft(tokens=EMPTY, dists=None, score=0.0, source=self.name)
-        return Draft(tokens=best.tokens, dists=None, score=best.confidence, source=self.name, match_len=best.match_len,
-                     probs=best.probs)
+        return self.draft(best, self.name)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
         """Add the output, after the last `lead_in` prompt tokens (and the whole prompt when `store_prompt`), to
