@@ -133,6 +133,18 @@ def test_inserted_line_resyncs_when_it_ends():
     assert d.pointer == len(PRED)
 
 
+def test_a_resync_guess_contradicted_at_once_leaves_the_anchor_in_place():
+    # Short lines: inside the inserted "    z = 9", " =" re-syncs (a guess) to L2's " =", and " 9" contradicts it at
+    # once. The near window must stay centred where the prediction was left (L2's start), so that after the
+    # inserted line's "\n" the nearest "\n" is L1's end (draft L2), not L2's end 3 bytes after the guess (draft L3).
+    s1, s2, s3 = [IND, A, EQ, FIVE, NL], [IND, B, EQ, TWO, NL], [IND, C, EQ, THREE, NL]
+    output = L0 + s1 + INSERTED + s2 + s3
+    drafts = drafts_after_each_token(make(L0 + s1 + s2 + s3), output, k=5)
+    end = len(L0 + s1 + INSERTED)
+    assert drafts[end - 2] == [TWO, NL, IND, C, EQ]  # the guess after "    z ="
+    assert drafts[end] == s2
+
+
 def test_inserted_line_that_looks_like_a_changed_next_line_costs_two_steps():
     # "z = compute( 9)" reads like L2 with two changes, so the drafter first takes it for a changed L2 and drafts
     # L3 after it; the inserted line is recognised when the output's next line starts with "    b".
