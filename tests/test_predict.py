@@ -324,3 +324,17 @@ def test_prediction_file_is_read_like_a_prompt(tmp_path):
     # the prompt reader's messages are unchanged
     with pytest.raises(UsageError, match=r"^Prompt file .* does not exist\."):
         read_prompt(str(tmp_path / "nope.txt"))
+
+
+# -- the packaged edit prompts ----------------------------------------------------------------------------------------
+
+def test_packaged_predict_prompts_quote_their_original_whole():
+    from specdec_cli.prompts import builtin, predict_cases
+
+    cases = predict_cases()
+    assert [c.name for c in cases] == ["add_parameter", "change_line", "rename"]
+    for c in cases:
+        assert 150 <= c.prediction.count("\n") <= 300
+        assert f"```python\n{c.prediction}```\n" in c.prompt  # the file to edit, whole, in the prompt
+        assert "complete module" in c.prompt
+    assert all(c.kind != "predict" for c in builtin())  # not part of the tune/bench classes
