@@ -1,4 +1,4 @@
-"""Reading prompt files: every bad input is one clear UsageError, never a traceback."""
+"""Reading prompt and prediction files: every bad input is one clear UsageError, never a traceback."""
 
 from __future__ import annotations
 
@@ -15,6 +15,22 @@ def read_prompt(source: str, *, stdin=None) -> str:
 
     Raises UsageError: missing file, a directory, unreadable, binary (NUL bytes), not UTF-8, empty, or too large.
     """
+    return _read_text(source, "prompt", stdin=stdin)
+
+
+def read_prediction(source: str, *, stdin=None) -> str:
+    """The predicted output (`--predict FILE`: the text the reply is expected to repeat, e.g. the file being
+    edited) from a file path, or from standard input when `source` is "-". Read like a prompt file, with the same
+    one-line errors naming the prediction. Its length is not limited by the context: the drafter only reads it.
+
+    Raises UsageError: missing file, a directory, unreadable, binary (NUL bytes), not UTF-8, empty, or over 16 MiB.
+    """
+    return _read_text(source, "prediction", stdin=stdin)
+
+
+def _read_text(source: str, what: str, *, stdin=None) -> str:
+    """A UTF-8 text file (or stdin for "-") whose errors name `what` ("prompt", "prediction")."""
+    What = what.capitalize()
     if source == "-":
         stream = stdin if stdin is not None else sys.stdin
         data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
@@ -24,30 +40,30 @@ def read_prompt(source: str, *, stdin=None) -> str:
     else:
         path = Path(source)
         if not path.exists():
-            raise UsageError(f"Prompt file {source} does not exist.", "Give a path to a text file, or - for stdin.")
+            raise UsageError(f"{What} file {source} does not exist.", "Give a path to a text file, or - for stdin.")
         if path.is_dir():
-            raise UsageError(f"Prompt file {source} is a directory.", "Give a path to a text file, or - for stdin.")
+            raise UsageError(f"{What} file {source} is a directory.", "Give a path to a text file, or - for stdin.")
         try:
             if path.stat().st_size > MAX_PROMPT_BYTES:
-                raise UsageError(f"Prompt file {source} is larger than 16 MiB.", "Give a shorter prompt.")
+                raise UsageError(f"{What} file {source} is larger than 16 MiB.", f"Give a shorter {what}.")
             data = path.read_bytes()
         except PermissionError:
-            raise UsageError(f"Prompt file {source} is not readable.", "Check its permissions.") from None
+            raise UsageError(f"{What} file {source} is not readable.", "Check its permissions.") from None
         except OSError as e:
-            raise UsageError(f"Prompt file {source} could not be read: {e.strerror}.", "Check the path.") from None
+            raise UsageError(f"{What} file {source} could not be read: {e.strerror}.", "Check the path.") from None
         name = source
     if b"\0" in data:
-        raise UsageError(f"The prompt in {name} looks binary (it contains NUL bytes).", "Give a UTF-8 text file.")
+        raise UsageError(f"The {what} in {name} looks binary (it contains NUL bytes).", "Give a UTF-8 text file.")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(
-            f"The prompt in {name} is not UTF-8 (invalid byte at offset {e.start}).",
+            f"The {what} in {name} is not UTF-8 (invalid byte at offset {e.start}).",
             "Convert it, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`.",
         ) from None
     text = text.removeprefix("\ufeff")
     if not text.strip():
-        raise UsageError(f"The prompt in {name} is empty.", "Write something in it.")
+        raise UsageError(f"The {what} in {name} is empty.", "Write something in it.")
     return text
 
 
