@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,11 +45,14 @@ class GenerationConfig:
         max_tokens: stop after this many output tokens.
         stop: stop strings; the output ends before the first one (it is not included).
         sampling: temperature 0 = greedy; otherwise rejection sampling keeps the target's distribution.
+        prediction: the output the user expects (predicted outputs: `--predict FILE`, OpenAI's `prediction`), as
+            target tokens; drafted from when the drafter has a prediction source, never evaluated. None = none.
     """
 
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=lambda: GREEDY)
+    prediction: tuple[int, ...] | None = None
 
 
 class SpeculativeEngine:
@@ -59,10 +62,13 @@ class SpeculativeEngine:
         target: the model whose output distribution is preserved.
         drafter: proposes draft tokens; None = plain decoding (K = 0 every step, no controller consulted) through
             the same loop.
-        controller: chooses K each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`.
+        controller: chooses K and the draft's source each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`.
+        clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
     """
 
-    def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None) -> None:
+    def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
         self.target = target
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
@@ -97,17 +103,17 @@ class SpeculativeEngine:
         text = TextStream(target.piece, config.stop)
         n_out = 0
         try:
-            yield self._prefill(prompt)
+            yield self._prefill(prompt, config.prediction)
             for index in itertools.count():
-                t_start = time.perf_counter()
+                t_start = self.clock()
                 # 1-2. choose K and draft
                 k, draft = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng)
                 d = draft.tokens  # int32 [k']
-                t_draft = time.perf_counter()
+                t_draft = self.clock()
                 # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows
                 batch = np.concatenate((ctx[n - 1 : n], d))
                 logits = target.decode(batch, n_logits=len(batch))  # float32 [k + 1, V] view
-                t_verify = time.perf_counter()
+                t_verify = self.clock()
                 # 4. accept
                 n_acc, token = verify(draft, logits, sampling, rng)
                 # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
@@ -150,15 +156,15 @@ class SpeculativeEngine:
 
     # -- the phases of a generation -----------------------------------------------------------------------------
 
-    def _prefill(self, prompt: np.ndarray) -> Prefill:
+    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None) -> Prefill:
         """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         n_eval = sync(self.target, prompt[:-1])
-        t1 = time.perf_counter()
+        t1 = self.clock()
         draft_ms = 0.0
         if self.drafter is not None:
-            self.drafter.begin(prompt)
-            draft_ms = (time.perf_counter() - t1) * 1e3
+            self.drafter.begin(prompt, None if prediction is None else np.asarray(prediction, dtype=np.int32))
+            draft_ms = (self.clock() - t1) * 1e3
             self.controller.observe_prefill(n_eval, (t1 - t0) * 1e3, self.target.n_batch)  # a free v(b) measurement
         return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms)
 

@@ -44,13 +44,13 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_cli.drafters.base import EMPTY, Draft
+from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
 from specdec_cli.sampling import SamplingParams
 
 SCORE_FULL = 8  # a run of this many agreeing tokens gives score 1.0
 
 
-class PredictionDrafter:
+class PredictionDrafter(DrafterBase):
     """Drafts the continuation of the predicted text at an alignment pointer (see the module docstring).
 
     Args:
@@ -112,8 +112,9 @@ class PredictionDrafter:
         """The prompt (int32 [n]): the output starts after it."""
         self.begin(context)
 
-    def begin(self, context: np.ndarray) -> None:
-        """Start a generation after the prompt `context` (int32 [n]); same as reset() + prefill(context)."""
+    def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
+        """Start a generation after the prompt `context` (int32 [n]); same as reset() + prefill(context). The
+        prediction is the one given at construction (`AutoDrafter` builds one per generation)."""
         self.reset()
         self._n_prompt = len(context)
 

@@ -1,0 +1,77 @@
+"""`--method auto`: every free draft source, and a draft model where one is loaded; the controller chooses.
+
+Each step that drafts, the engine collects the free lookup drafts (`lookup`), one per source that found a match:
+
+* "prompt": prompt lookup over this prompt and output (the suffix drafter's local index: the longest suffix of the
+  context that occurred before, and what followed it; Saxena 2023, "prompt lookup decoding");
+* "store": the suffix store of past outputs (SuffixDecoding, Oliaro et al. 2024);
+* "predict": the predicted output the user gave (OpenAI's predicted outputs), when there is one.
+
+They cost ~0.1-0.2 ms each, whatever their length. The controller (`AdaptiveK.choose`) values each by the acceptance
+its source has shown after matches of its length, compares the best with what the draft model would yield at its
+best K (when one is loaded) and with a plain step, and picks; only a chosen draft model runs (`propose`), since it
+costs a forward pass per token. The choice is never made from the target's logits, so the output is the target's.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
+from specdec_cli.drafters.suffix import SuffixDrafter
+from specdec_cli.sampling import SamplingParams
+
+
+class AutoDrafter(DrafterBase):
+    """Args:
+        suffix: the prompt-lookup and suffix-store source (`SuffixDrafter`; its store may be None), or None.
+        model: a draft model (`ModelDrafter`), or None: then only free drafts are made.
+        predictor: builds the prediction's drafter for one generation from its tokens (int32 [m]), e.g.
+            `lambda p: PredictionDrafter(p, piece=target.piece, tokenize=...)`; None = predictions are ignored.
+        name: "auto", or "predict" for `--method predict` (the prediction alone).
+    """
+
+    def __init__(self, suffix: SuffixDrafter | None = None, model: Drafter | None = None, *,
+                 predictor: Callable[[np.ndarray], Drafter] | None = None, name: str = "auto") -> None:
+        self.suffix, self.model, self.predictor = suffix, model, predictor
+        self.has_model = model is not None
+        self.name = name
+        self.prediction: Drafter | None = None  # this generation's prediction drafter
+
+    def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
+        if self.suffix is not None:
+            self.suffix.begin(context)
+        self.prediction = None
+        if prediction is not None and len(prediction) and self.predictor is not None:
+            self.prediction = self.predictor(np.asarray(prediction, dtype=np.int32))
+            self.prediction.begin(context)
+        if self.model is not None:
+            self.model.begin(context)
+
+    def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
+        """The non-empty drafts of "prompt", "store" and "predict" (each <= k tokens, deterministic)."""
+        drafts = []
+        if self.suffix is not None:
+            local, glob = self.suffix.continuations(context, k)
+            drafts += [self.suffix.draft(local, "prompt"), self.suffix.draft(glob, "store")]
+        if self.prediction is not None:
+            drafts.append(self.prediction.propose(context, k, sampling, rng))
+        return [d for d in drafts if len(d)]
+
+    def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """The draft model's draft (the engine asks only when the controller chose it)."""
+        if self.model is None:
+            return Draft(source=self.name)
+        return self.model.propose(context, k, sampling, rng)
+
+    def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
+        for d in (self.suffix, self.model):
+            if d is not None:
+                d.finish(prompt, output)
+
+    def close(self) -> None:
+        for d in (self.suffix, self.model):
+            if d is not None:
+                d.close()
