@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from specdec_cli.cost_model import K_LIMIT
+from specdec_cli.errors import UsageError
 
 
 class Method(str, Enum):
@@ -110,6 +111,14 @@ def parse_k(text: str) -> int | None:
     if not 0 <= k <= K_LIMIT:
         raise ValueError(f"--k must be between 0 and {K_LIMIT} (0 = plain decoding), got {k}.")
     return k
+
+
+def parse_k_option(text: str) -> int | None:
+    """`parse_k` for a command: a bad value is a UsageError that says the fix."""
+    try:
+        return parse_k(text)
+    except ValueError as e:
+        raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
 
 
 def k_values(spec: str) -> list[int]:

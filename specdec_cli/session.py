@@ -122,12 +122,9 @@ class Session:
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
         from specdec_cli.controller import AdaptiveK, FixedK
-        from specdec_cli.options import parse_k
+        from specdec_cli.options import parse_k_option
 
-        try:
-            k = parse_k(spec.k)
-        except ValueError as e:
-            raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
+        k = parse_k_option(spec.k)
         if k is not None:
             return FixedK(k)
         if saved_k is not None:

@@ -9,6 +9,7 @@ must pass for prompt lookup and for draft = target.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ from specdec_cli.audit import (
     teacher_force,
 )
 from specdec_cli.commands.check import check_engine
-from specdec_cli.commands.run import generate, plain_compare
+from specdec_cli.generation import generate, plain_compare
 from specdec_cli.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
@@ -239,12 +240,12 @@ def test_check_refuses_sampling_with_the_reason():
 
 def test_plain_compare_finds_the_first_divergence_with_the_plain_runs_margin():
     reference = greedy_reference(hashed_logits, PROMPT, 30)
-    target = FakeBackend(hashed_logits)
-    plain, div = plain_compare(target, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), reference)
+    session = Session(target=FakeBackend(hashed_logits), target_path=Path("target.gguf"))
+    plain, div = plain_compare(session, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), reference)
     assert plain.tokens == reference and div is None
     wrong = reference.copy()
     wrong[12] = (wrong[12] + 1) % V or 2
-    plain, div = plain_compare(target, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), wrong)
+    plain, div = plain_compare(session, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), wrong)
     assert plain.tokens == reference  # the probe does not change plain decoding
     row = hashed_logits(PROMPT + reference[:12])
     assert div.position == 12 and div.plain_token == reference[12] and div.spec_token == wrong[12]
@@ -391,5 +392,5 @@ def test_teacher_forcing_reproduces_plain_decoding_numerics_exactly(tiny):
     plain = generate(SpeculativeEngine(tiny.target, None), prompt, GenerationConfig(max_tokens=48))
     argmax, margin = teacher_force(tiny.target, prompt, plain.tokens)
     assert argmax.tolist() == plain.tokens and not margin.any()
-    again, div = plain_compare(tiny.target, prompt, GenerationConfig(max_tokens=48), plain.tokens)
+    again, div = plain_compare(tiny, prompt, GenerationConfig(max_tokens=48), plain.tokens)
     assert again.tokens == plain.tokens and div is None

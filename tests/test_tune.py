@@ -276,19 +276,19 @@ def test_tune_cli_writes_every_run_and_run_uses_the_saved_setting(smollm2_path, 
 
 
 def test_ctrl_c_reports_and_writes_the_runs_so_far_and_saves_nothing(smollm2_path, tmp_path, monkeypatch) -> None:
-    from specdec_cli.commands import run as run_mod
+    from specdec_cli import generation
 
-    real = run_mod.generate
+    real = generation.generate
     calls = []
 
-    def generate(engine, prompt, config, renderer=None):
+    def generate(engine, prompt, config, on_step=None):
         calls.append(1)
-        g = real(engine, prompt, config, renderer)
+        g = real(engine, prompt, config, on_step)
         if len(calls) == 3:  # warm-up, one run, then Ctrl-C during the second run
             g.interrupted = True
         return g
 
-    monkeypatch.setattr(run_mod, "generate", generate)
+    monkeypatch.setattr(generation, "generate", generate)
     prompt = tmp_path / "p.txt"
     prompt.write_text("Say hello.", encoding="utf-8")
     out = tmp_path / "tune.json"

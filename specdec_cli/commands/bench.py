@@ -425,17 +425,6 @@ def _rss_kib() -> tuple[int | None, int | None]:
     return hwm, rss
 
 
-class _FirstToken:
-    """A renderer for `commands.run.generate` that only notes when the first step arrived (perf_counter s)."""
-
-    def __init__(self) -> None:
-        self.t: float | None = None
-
-    def step(self, step) -> None:
-        if self.t is None:
-            self.t = time.perf_counter()
-
-
 class _OursRunner:
     """Our engine: one session (target + optional draft model), a drafter per method built once."""
 
@@ -476,18 +465,23 @@ class _OursRunner:
         return self._drafters[method]
 
     def _generate(self, method: str, prompt, max_tokens: int):
-        from specdec_cli.commands.run import generate
-        from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+        """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
+        from specdec_cli.engine import GenerationConfig
+        from specdec_cli.generation import generate, make_engine
         from specdec_cli.session import SpecOptions
 
-        drafter = self._drafter(method)
         # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
-        controller = self.session.make_controller(SpecOptions(method=method, k=self.k), fresh=True) if drafter else None
-        clock = _FirstToken()
+        engine = make_engine(self.session, SpecOptions(method=method, k=self.k), fresh=True,
+                             drafter=self._drafter(method))
+        first: list[float] = []  # perf_counter s when the first step arrived
+
+        def clock(step) -> None:
+            if not first:
+                first.append(time.perf_counter())
+
         t0 = time.perf_counter()
-        g = generate(SpeculativeEngine(self.session.target, drafter, controller), prompt,
-                     GenerationConfig(max_tokens=max_tokens), clock)
-        return g, (clock.t - t0) * 1e3 if clock.t is not None else None
+        g = generate(engine, prompt, GenerationConfig(max_tokens=max_tokens), clock)
+        return g, (first[0] - t0) * 1e3 if first else None
 
     def run(self, msg: dict[str, Any]) -> dict[str, Any]:
         if msg["cold"]:

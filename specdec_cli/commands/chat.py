@@ -7,7 +7,7 @@ Five parts, each usable alone:
     history     `Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
                 `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
     commands    `COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
-    generation  `Chat.turn`: one reply through `commands.run.generate`, the same engine loop as `specdec run`.
+    generation  `Chat.turn`: one reply through `generation.generate`, the same engine loop as `specdec run`.
     rendering   `ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
 
 KV cache reuse across turns: the engine keeps the longest common prefix of the target's cache and the new prompt
@@ -39,8 +39,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.backend import common_prefix
-from specdec_cli.commands.run import Generation, generate
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.engine import GenerationConfig
+from specdec_cli.generation import Generation, generate, make_engine, saved_k as tuned_k
 from specdec_cli.errors import ContextOverflowError, SpecdecError, UsageError
 from specdec_cli.options import Method
 from specdec_cli.records import Step
@@ -303,20 +303,22 @@ class Chat:
         self.conversation = Conversation(system)
         self.totals = Totals()
         self.spec = spec
-        self.drafter = session.make_drafter(spec)
-        controller = session.make_controller(spec, saved_k=saved_k)  # also validates --k when nothing is drafted
-        self.engine = SpeculativeEngine(session.target, self.drafter, controller if self.drafter is not None else None)
+        self.engine = make_engine(session, spec, saved_k=saved_k)
+
+    @property
+    def drafter(self):
+        """The drafter replies are generated with (None: plain decoding)."""
+        return self.engine.drafter
 
     def set_spec(self, spec: SpecOptions) -> None:
-        """Switch drafter and/or K. The K controller starts afresh; the conversation and caches are kept."""
+        """Switch drafter and/or K (the controller `Session.make_controller` gives for it); the conversation and
+        caches are kept. Raises UsageError for a bad K before anything changes."""
         rebuild = (spec.method, spec.ngram_min, spec.ngram_max) != (self.spec.method, self.spec.ngram_min,
                                                                    self.spec.ngram_max)
-        controller = self.session.make_controller(spec)  # raises UsageError for a bad K before anything changes
-        drafter = self.session.make_drafter(spec) if rebuild else self.drafter
-        if rebuild and self.drafter is not None:
-            self.drafter.close()  # learning drafters save what they learned
-        self.drafter, self.spec = drafter, spec
-        self.engine = SpeculativeEngine(self.session.target, drafter, controller if drafter is not None else None)
+        engine = make_engine(self.session, spec) if rebuild else make_engine(self.session, spec, drafter=self.drafter)
+        if rebuild:
+            self.engine.close()  # learning drafters save what they learned
+        self.engine, self.spec = engine, spec
 
     def turn(self, text: str) -> Turn | None:
         """Answer one message: fit the history, stream the reply, record it. None when interrupted before any text."""
@@ -334,7 +336,7 @@ class Chat:
         config = replace(self.config, max_tokens=fit.budget, sampling=self._sampling())
         renderer = self.view.stream()
         try:
-            gen = generate(self.engine, fit.prompt, config, renderer)
+            gen = generate(self.engine, fit.prompt, config, renderer.step)
         except BaseException:
             renderer.end()
             raise
@@ -364,8 +366,7 @@ class Chat:
         return s if s.seed is None else replace(s, seed=s.seed + self.totals.turns)
 
     def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
+        self.engine.close()
 
 
 # ================================================================================================================
@@ -712,9 +713,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
-        from specdec_cli.commands.run import _saved_k
-
-        saved_k = _saved_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
         reader = LineReader(sys.stdin, interactive=interactive,
                             history=config_dir() / HISTORY_FILE if interactive else None)

@@ -17,8 +17,8 @@ from rich.text import Text
 from specdec_cli.output import status, write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
-from specdec_cli.commands.run import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.generation import Generation, generate, make_engine
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.render import err_console, make_console
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, SpecOptions, open_session
@@ -103,15 +103,12 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     out = err if json_path == "-" else make_console()
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
-        drafter = session.make_drafter(spec)
-        controller = session.make_controller(spec) if drafter is not None else None
-        engine = SpeculativeEngine(session.target, drafter, controller)
+        engine = make_engine(session, spec)
         try:
             with status(err, f"Generating with --method {spec.method}"):
                 result = generate(engine, prompt, config)
         finally:
-            if drafter is not None:
-                drafter.close()
+            engine.close()
         if result.interrupted:
             return 130
         with status(err, f"Re-scoring {len(result.tokens)} tokens one at a time"):

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
-from specdec_cli.backend import Backend, common_prefix
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.audit import DIVERGENCE
+from specdec_cli.backend import common_prefix
+from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
+from specdec_cli.generation import Generation, generate, make_engine, plain_compare, saved_k as tuned_k
+from specdec_cli.options import parse_k_option
 from specdec_cli.output import write_json
 from specdec_cli.prompts_io import check_output_path
-from specdec_cli.records import Step
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
-from specdec_cli.stats import RunStats, summarize
 
 
 @dataclass(frozen=True)
@@ -27,46 +27,6 @@ class OutputOptions:
     json_path: str | None = None
     compare: bool = False
     strict: bool = False  # with compare: a greedy divergence that is not a near-tie raises CheckFailedError (exit 7)
-
-
-@dataclass
-class Generation:
-    """What one generation produced: its records' summary, text and tokens."""
-
-    text: str
-    tokens: list[int]
-    stats: RunStats
-    steps: list[Step]
-    interrupted: bool = False
-
-
-def generate(engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
-             renderer: StreamRenderer | None = None) -> Generation:
-    """Drive the engine, feeding each record to the renderer. Ctrl-C ends the generation with what was shown kept."""
-    records = []
-    steps: list[Step] = []
-    interrupted = False
-    gen = engine.generate(prompt, config)
-    t0 = None
-    try:
-        for rec in gen:
-            records.append(rec)
-            if isinstance(rec, Step):
-                steps.append(rec)
-                if renderer is not None:
-                    renderer.step(rec)
-            elif t0 is None:
-                t0 = time.perf_counter()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        gen.close()  # runs the engine's finally: the KV cache keeps only committed tokens
-    loop_ms = (time.perf_counter() - t0) * 1e3 if t0 is not None else 0.0
-    stats = summarize(records, decode_ms=loop_ms if steps else 0.0,
-                      finish_reason="interrupted" if interrupted else None)
-    text = "".join(s.text for s in steps)
-    tokens = [t for s in steps for t in s.emitted]
-    return Generation(text=text, tokens=tokens, stats=stats, steps=steps, interrupted=interrupted)
 
 
 def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
@@ -80,7 +40,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "
                          "by design (speculative sampling is lossless in distribution, checked statistically).",
                          "Drop --strict, or use --temperature 0.")
-    _check_k(spec)  # before loading any model, also for --method none
+    parse_k_option(spec.k)  # before loading any model, also for --method none
     check_output_path(output.json_path)  # a --json path that cannot be written fails now, not after the generation
     err = err_console()
     json_to_stdout = output.json_path == "-"
@@ -91,18 +51,15 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
 
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
-        drafter = session.make_drafter(spec)
-        saved_k = _saved_k(session, spec, err) if use_saved_k and drafter is not None else None
-        controller = session.make_controller(spec, saved_k=saved_k) if drafter is not None else None
-        engine = SpeculativeEngine(session.target, drafter, controller)
+        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+        engine = make_engine(session, spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != "none":
             err.print(legend())
         try:
-            result = generate(engine, prompt, config, renderer)
+            result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         finally:
-            if drafter is not None:
-                drafter.close()  # learning drafters save what they learned
+            engine.close()  # learning drafters save what they learned
         if renderer is not None:
             renderer.end()
 
@@ -124,33 +81,10 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     return 130 if result.interrupted else 0
 
 
-def _check_k(spec: SpecOptions) -> None:
-    """A bad --k is a UsageError before anything is loaded."""
-    from specdec_cli.options import parse_k
-    from specdec_cli.errors import UsageError
-
-    try:
-        parse_k(spec.k)
-    except ValueError as e:
-        raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
-
-
-def _saved_k(session: Session, spec: SpecOptions, err) -> int | None:
-    """The fixed K `specdec tune --save` chose for this pair, method and machine (None: auto), announced on stderr."""
-    from rich.text import Text
-
-    from specdec_cli.tuned import lookup, tuned_path
-
-    k = lookup(session.target_path, session.draft_path, spec.method, getattr(session.target, "n_threads", None))
-    if k is not None:
-        err.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.", style="spec.label"))
-    return k
-
-
 def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_result: Generation, err) -> dict:
     """Plain decoding of the same prompt in this process: the speedup baseline and the agreement check."""
-    with err.status("Plain decoding for --compare", spinner="dots") if err.is_terminal else _null():
-        plain, divergence = plain_compare(session.target, prompt, config, spec_result.tokens)
+    with err.status("Plain decoding for --compare", spinner="dots") if err.is_terminal else contextlib.nullcontext():
+        plain, divergence = plain_compare(session, prompt, config, spec_result.tokens)
     shared = common_prefix(np.asarray(spec_result.tokens, np.int32), np.asarray(plain.tokens, np.int32))
     note = divergence if config.sampling.greedy else (
         "sampling: the two runs drew different random numbers; speculative sampling is lossless in distribution, "
@@ -171,26 +105,6 @@ def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spe
         "plain_text": plain.text,
         "plain_stats": plain.stats.to_dict(),
     }
-
-
-def plain_compare(target: Backend, prompt: np.ndarray, config: GenerationConfig, spec_tokens: list[int],
-                  threshold: float = NEAR_TIE_THRESHOLD) -> tuple[Generation, Divergence | None]:
-    """Plain decoding of `prompt` from an empty cache, and (greedy) its first divergence from `spec_tokens`.
-
-    The divergence's margin comes from the plain run's own batch-1 logits row at that position, kept by an
-    `audit.FirstMismatchProbe` around the target (one argmax per plain token; the speculative run is not touched).
-    For sampling runs the divergence is None: their outputs differ by design.
-
-    Returns:
-        (the plain generation, the `audit.Divergence` or None when identical or sampling).
-    """
-    greedy = config.sampling.greedy
-    probe = FirstMismatchProbe(target, len(prompt), spec_tokens) if greedy else None
-    target.truncate(0)  # same cold prefill as the speculative run
-    plain = generate(SpeculativeEngine(probe if probe is not None else target, None), prompt, config)
-    if not greedy or plain.interrupted:
-        return plain, None
-    return plain, compare_divergence(spec_tokens, plain.tokens, probe, target, threshold)
 
 
 def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
@@ -225,11 +139,3 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
         "compare": compare,
     }
     write_json(path, doc)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False

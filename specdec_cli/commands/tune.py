@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from rich.text import Text
 
 from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.output import progress as progress_bar, write_json
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PromptCase
 from specdec_cli.render import err_console, make_console
@@ -174,7 +174,7 @@ class Measurement:
 
 
 def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measurement:
-    """A `Measurement` from a `commands.run.Generation` (its stats and steps)."""
+    """A `Measurement` from a `generation.Generation` (its stats and steps)."""
     st = generation.stats
     steps = generation.steps
     timed = [s for s in steps if s.verify_ms > 0]
@@ -331,8 +331,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
             options: TuneOptions) -> int:
     """Measure every configuration on `prompts`, print the report, write --json, --save. Returns the exit code
     (130 when interrupted: the runs so far are reported and written, nothing is saved)."""
-    from specdec_cli.commands.run import generate
-    from specdec_cli.controller import AdaptiveK, FixedK
+    from specdec_cli.generation import generate, make_engine
     from specdec_cli.tuned import machine
 
     if spec.method == "none":
@@ -356,30 +355,27 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
         drafter = _NoLearning(inner)
         mach = machine(getattr(session.target, "n_threads", models.threads))
 
-        def controller(c: TuneConfig):
-            if c.mode == "auto":
-                return AdaptiveK(k_max=spec.k_max)
-            return FixedK(c.k) if c.k is not None else None
+        def engine(c: TuneConfig):  # a fresh controller for every run, the one drafter that does not learn
+            return make_engine(session, replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,
+                               drafter=drafter if c.mode != "none" else None)
 
         progress = progress_bar(err)
         try:
             with progress:
                 task = progress.add_task("warm-up", total=len(plan))
                 warm = GenerationConfig(max_tokens=min(WARMUP_TOKENS, config.max_tokens), sampling=config.sampling)
-                warm_engine = SpeculativeEngine(session.target, drafter, FixedK(4))
-                interrupted = generate(warm_engine, tokens[0], warm).interrupted
+                interrupted = generate(engine(TuneConfig("4")), tokens[0], warm).interrupted
                 for r, p, ci in plan if not interrupted else ():
                     c = configs[ci]
                     progress.update(task, description=f"{c.title:>6} · {prompts[p].name} · repeat {r + 1}")
-                    ctrl = controller(c)
-                    engine = SpeculativeEngine(session.target, drafter if c.mode != "none" else None, ctrl)
-                    g = generate(engine, tokens[p], config)
+                    run = engine(c)
+                    g = generate(run, tokens[p], config)
                     if g.interrupted:
                         interrupted = True
                         break
                     m = measure(c, prompts[p].name, r, g)
                     if c.mode == "auto":
-                        m.controller = ctrl.snapshot()
+                        m.controller = run.controller.snapshot()
                     measurements.append(m)
                     progress.advance(task)
         except KeyboardInterrupt:
