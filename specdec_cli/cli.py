@@ -43,8 +43,9 @@ def _main(
 RUN_EXAMPLES = """
 [bold]Examples[/bold]
 
-  specdec run prompt.txt                              [dim]# default pair, draft model, K chosen automatically[/dim]
-  specdec run prompt.txt --method ngram --compare     [dim]# prompt lookup, and the speedup over plain decoding[/dim]
+  specdec run prompt.txt                              [dim]# auto: whatever drafts pay on this machine, K chosen each step[/dim]
+  specdec run edit.txt --predict old.py --compare     [dim]# drafts from the file you expect back, speedup over plain[/dim]
+  specdec run prompt.txt --method ngram               [dim]# prompt lookup only[/dim]
   echo "Write a haiku" | specdec run - --temperature 0.8 --seed 1
   specdec run prompt.txt --json - > result.json       [dim]# text and every statistic as JSON[/dim]
   specdec run prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --k 6
@@ -57,8 +58,9 @@ def run(
     prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
     target: o.Target = None,
     draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.draft,
+    method: o.MethodOpt = Method.auto,
     k: o.K = None,
+    predict: o.Predict = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 512,
@@ -88,9 +90,12 @@ def run(
     are drafts it rejected. Statistics go to stderr; stdout gets only the text when it is not a terminal.
     """
     from specdec_cli.commands.run import OutputOptions, execute
-    from specdec_cli.prompts_io import read_prompt
+    from specdec_cli.prompts_io import read_prediction, read_prompt
 
+    if predict == "-" and prompt_file == "-":
+        raise typer.BadParameter("the prompt and the prediction cannot both come from stdin", param_hint="--predict")
     text = read_prompt(prompt_file)
+    prediction = read_prediction(predict) if predict is not None else None
     code = execute(
         text,
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
@@ -105,6 +110,7 @@ def run(
         raw=raw,
         system=system,
         use_saved_k=k is None,
+        prediction=prediction,
     )
     if code:
         raise typer.Exit(code)
@@ -130,7 +136,7 @@ CHAT_EXAMPLES = """
 def chat(
     target: o.Target = None,
     draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.draft,
+    method: o.MethodOpt = Method.auto,
     k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
@@ -205,7 +211,7 @@ def tune(
     prompts: o.PromptDir = None,
     target: o.Target = None,
     draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.draft,
+    method: o.MethodOpt = Method.auto,
     k: str = typer.Option("1,2,4,8,16", "--k", "-k", help="Fixed K values to measure: a list (2,4,8) and ranges "
                           "(4..16 = 4, 6, 8, 12, 16), or 'auto' for none. Plain decoding and auto always run.",
                           rich_help_panel=o.SPEC),
@@ -263,7 +269,7 @@ def check(
     prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
     target: o.Target = None,
     draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.draft,
+    method: o.MethodOpt = Method.auto,
     k: str = typer.Option("auto", "--k", "-k", help="Draft length K: 'auto' or a fixed number 0-64.",
                           rich_help_panel=o.SPEC),
     ngram_min: o.NgramMin = 2,

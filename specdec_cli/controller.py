@@ -66,12 +66,13 @@ class KController(Protocol):
         chosen). Returns (K, the lookup draft to verify, trimmed to K) or (K, None): the draft model drafts K tokens;
         K = 0 is a plain step. Decided from drafts and past steps only, never from the target's logits.
 
-        Default: the draft with the longest match, trimmed by `trim`, else the draft model with K = k."""
+        Default: the draft with the longest match, trimmed by `trim`, else the draft model with K = k; nothing found
+        after an ask for everything (`asked_all`) is a plain step (K = 0), else the ask stands (drafted empty)."""
         if drafts:
             draft = max(drafts, key=lambda d: (d.match_len, len(d)))
             keep = self.trim(draft)
             return (k, draft) if keep >= len(draft) else (keep, cut(draft, keep))
-        return k, None
+        return (0 if self.asked_all and not has_model else k), None
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """Learn from a prefill of `n_evaluated` tokens that took `ms` milliseconds (chunks of <= n_batch)."""
@@ -149,6 +150,7 @@ class AdaptiveK(KController):
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
         self._bucket: int | None = None  # bucket of the draft being verified
         self._bucket_probe = False  # that verification is a probe of a bucket whose trim was 0
+        self._source = ""  # the lookup source of that draft
         self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
@@ -271,6 +273,7 @@ class AdaptiveK(KController):
             return n
         self.evidence = True
         b = self._bucket = bucket_of(draft.match_len)
+        self._source = draft.source
         state = self._lookup_state(draft.source)
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
@@ -315,9 +318,9 @@ class AdaptiveK(KController):
         if self._bucket is not None:  # the step drafted with evidence (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         bucket = self._bucket if step.drafted else None
-        self.model.observe(step, bucket)
+        self.model.observe(step, bucket, self._source)
         if bucket is not None:
-            state = self._lookup_state(step.source)
+            state = self._lookup_state(self._source)
             if step.rejected:
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
             elif step.n_accepted == len(step.drafted):

@@ -125,15 +125,16 @@ class CostModel:
 
     # ---- learning
 
-    def observe(self, step: Step, bucket: int | None = None) -> None:
+    def observe(self, step: Step, bucket: int | None = None, source: str | None = None) -> None:
         """Learn from one step. `bucket`: the match-length bucket of its draft (`bucket_of`), None without evidence
-        (a draft model's draft, or a plain step)."""
+        (a draft model's draft, or a plain step); `source`: the lookup source it came from (default `step.source`).
+        """
         n = len(step.drafted)
         self.steps += 1
-        self._acc *= self.decay
-        self._fill *= self.decay
+        for counts in (self._acc, self._fill, self._acc_m, self._fill_m):
+            counts *= self.decay  # evidence fades while a source is not used
         if bucket is not None and n:
-            acc = self.bucket_counts(step.source)[bucket]
+            acc = self.bucket_counts(source or step.source)[bucket]
             acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
             m = min(step.n_accepted, self.k_max)
             if step.rejected and m < self.k_max:
@@ -144,8 +145,6 @@ class CostModel:
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
-            self._acc_m *= self.decay
-            self._fill_m *= self.decay
         for acc, fill in ((self._acc, self._fill), (self._acc_m, self._fill_m)) if model else ((self._acc, self._fill),):
             _count(acc, fill, step, n, self.k_max)
         if step.k > 0:
@@ -211,9 +210,13 @@ class CostModel:
         if int(state["k_max"]) != self.k_max:
             raise ValueError(f"learnt for k_max {state['k_max']}, not {self.k_max}")
         acc, fill = np.asarray(state["acc"], float), np.asarray(state["fill"], float)
-        acc_m, fill_m = np.asarray(state["acc_model"], float), np.asarray(state["fill_model"], float)
+        # a state saved before per-source estimates has no draft-model-only counts and its lookup counts are not
+        # by source: those start afresh, the verify curve and the rest carry over
+        zeros = np.zeros_like(self._acc).tolist()
+        acc_m = np.asarray(state.get("acc_model", zeros), float)
+        fill_m = np.asarray(state.get("fill_model", zeros), float)
         draft = np.asarray(state["draft"], float)
-        acc_b = {str(k): np.asarray(v, float) for k, v in dict(state["acc_by_source"]).items()}
+        acc_b = {str(k): np.asarray(v, float) for k, v in dict(state.get("acc_by_source", {})).items()}
         bucket_shape = (len(BUCKET_EDGES), 2, self.k_max)
         if any(a.shape != self._acc.shape for a in (acc, fill, acc_m, fill_m)) or draft.shape != self._draft.shape \
                 or any(a.shape != bucket_shape for a in acc_b.values()):

@@ -129,3 +129,14 @@ def plain_compare(session: Session, prompt: np.ndarray, config: GenerationConfig
     if not greedy or plain.interrupted:
         return plain, None
     return plain, compare_divergence(spec_tokens, plain.tokens, probe, target, threshold)
+
+
+def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bool) -> tuple[str, ...]:
+    """One line each, printed under the statistics: why `auto` drafts without a draft model, and a prediction
+    that was never drafted from (`predicted`: the user gave one)."""
+    out = []
+    if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
+        out.append(f"no draft model: {session.draft_plan.reason}.")
+    if predicted and spec.method in ("auto", "predict") and "predict" not in stats.by_source:
+        out.append("the prediction was not used: the reply never matched it.")
+    return tuple(out)

@@ -15,11 +15,12 @@ from specdec_cli.errors import UsageError
 class Method(str, Enum):
     """How drafts are made."""
 
+    auto = "auto"  # every step, whatever pays here: prompt lookup, the suffix store, a prediction, a draft model
     none = "none"  # plain decoding through the same engine (the baseline)
     draft = "draft"  # a small draft model
     ngram = "ngram"  # prompt lookup
     suffix = "suffix"  # suffix tree over the context and past outputs (learns)
-    hybrid = "hybrid"  # suffix when its match is strong, else the draft model
+    predict = "predict"  # the predicted output (--predict FILE) alone
 
 
 MODELS = "Models"
@@ -34,8 +35,9 @@ Target = Annotated[
 ]
 DraftModel = Annotated[
     Optional[str],
-    typer.Option("--draft", "-d", help="Draft model for --method draft/hybrid: a name or a .gguf path. "
-                 "[default: the catalog's default draft]", rich_help_panel=MODELS),
+    typer.Option("--draft", "-d", help="Draft model: a name or a .gguf path. --method auto includes it only where "
+                 "it pays (a GPU build) unless named here. [default: the catalog's draft for the target]",
+                 rich_help_panel=MODELS),
 ]
 Ctx = Annotated[int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)]
 Threads = Annotated[
@@ -47,7 +49,15 @@ GpuLayers = Annotated[
     typer.Option("--gpu-layers", min=-1, help="Layers to offload with a Metal/CUDA build of llama-cpp-python "
                  "(-1 = all; CPU builds ignore it).", rich_help_panel=MODELS),
 ]
-MethodOpt = Annotated[Method, typer.Option("--method", "-m", help="Drafter.", rich_help_panel=SPEC)]
+MethodOpt = Annotated[Method, typer.Option("--method", "-m", help="Where drafts come from. auto: each step the "
+                                           "source that pays on this machine (prompt lookup, past outputs, "
+                                           "--predict, a draft model on GPUs) or none.", rich_help_panel=SPEC)]
+Predict = Annotated[
+    Optional[str],
+    typer.Option("--predict", help="A file with the output you expect (e.g. the file you asked to edit): drafted "
+                 "from, never evaluated, so its length does not matter (predicted outputs). '-' = stdin.",
+                 rich_help_panel=SPEC),
+]
 K = Annotated[
     Optional[str],
     typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "

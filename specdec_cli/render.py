@@ -103,6 +103,9 @@ def _bar(frac: float, width: int = 20) -> str:
     return "█" * full + "·" * (width - full)
 
 
+SOURCE_NAMES = {"prompt": "prompt lookup", "store": "past outputs", "predict": "prediction", "draft": "draft model"}
+
+
 def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Table:
     """The end-of-run statistics as a two-column table."""
     table = Table.grid(padding=(0, 2))
@@ -123,6 +126,14 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
         table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
                       f"acceptance rate {stats.acceptance_rate:.1%}")
         table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
+        if stats.by_source and (len(stats.by_source) > 1 or method == "auto"):
+            table.add_row("sources", "  ".join(f"{SOURCE_NAMES.get(src, src)} {c['accepted']}/{c['drafted']}"
+                                               for src, c in sorted(stats.by_source.items(),
+                                                                    key=lambda kv: -kv[1]["accepted"]))
+                          + "  (accepted/drafted)")
+        if "predict" in stats.by_source:
+            table.add_row("prediction", f"{stats.accepted_prediction_tokens} tokens accepted, "
+                          f"{stats.rejected_prediction_tokens} rejected")
         table.add_row("time", f"drafting {_ms(stats.draft_ms)}, verifying {_ms(stats.verify_ms)}")
         if stats.k_histogram:
             ks = "  ".join(f"K={k}:{n}" for k, n in sorted(stats.k_histogram.items()))
@@ -136,8 +147,12 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
     return table
 
 
-def print_stats(console: Console, stats: RunStats, *, method: str, title: str | None = None) -> None:
+def print_stats(console: Console, stats: RunStats, *, method: str, title: str | None = None,
+                notes: tuple[str, ...] = ()) -> None:
+    """The statistics table, then `notes` (one line each: why no draft model is used, an unused prediction)."""
     console.print(stats_table(stats, method=method, title=title))
+    for note in notes:
+        console.print(Text(f"note: {note}", style="spec.label"))
 
 
 def print_compare(console: Console, spec: RunStats, plain: RunStats, *, shared: int, n_spec: int, n_plain: int,

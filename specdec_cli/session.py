@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from specdec_cli.backend import Backend
+from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
 
@@ -35,14 +36,14 @@ class ModelOptions:
 class SpecOptions:
     """How to speculate: the drafter and K ("auto" or a number)."""
 
-    method: str = "draft"
+    method: str = "auto"
     k: str = "auto"
     ngram_min: int = 2
     ngram_max: int = 4
     k_max: int = 16
 
 
-NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
+NEEDS_DRAFT_MODEL = {"draft"}  # methods that cannot run without a draft model (auto includes one where it pays)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Session:
     options: ModelOptions = field(default_factory=ModelOptions)
     _fingerprint: str | None = None
     _controllers: dict = field(default_factory=dict)  # (method, k_max) -> the AdaptiveK that keeps learning
+    draft_plan: DraftPlan = field(default_factory=lambda: DraftPlan(None))  # why a draft model is (not) loaded
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -92,25 +94,40 @@ class Session:
             return NgramDrafter(spec.ngram_min, spec.ngram_max)
         if method in NEEDS_DRAFT_MODEL and self.draft is None:
             raise UsageError(f"--method {method} needs a draft model, and none is loaded.", "Pass --draft NAME.")
-        if method == "draft":
-            from specdec_cli.drafters.model import ModelDrafter
+        from specdec_cli.drafters.auto import AutoDrafter
+        from specdec_cli.drafters.model import ModelDrafter
 
+        if method == "draft":
             return ModelDrafter(self.draft)
-        if method in ("suffix", "hybrid"):
+        if method == "predict":
+            return AutoDrafter(predictor=self._predictor, name="predict")
+        if method in ("suffix", "auto"):
+            from specdec_cli.config import data_dir
             from specdec_cli.drafters.suffix import SuffixDrafter
             from specdec_cli.suffix_store import SuffixStore, store_path
-            from specdec_cli.config import data_dir
 
             fingerprint = self.vocab_fingerprint()
-            store = SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint)
-            suffix = SuffixDrafter(store)
+            suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
             if method == "suffix":
                 return suffix
-            from specdec_cli.drafters.hybrid import HybridDrafter
-            from specdec_cli.drafters.model import ModelDrafter
+            model = ModelDrafter(self.draft) if self.draft is not None else None
+            return AutoDrafter(suffix, model, predictor=self._predictor)
+        raise UsageError(f"Unknown method {method!r}.", "Use auto, none, draft, ngram, suffix or predict.")
 
-            return HybridDrafter(suffix, ModelDrafter(self.draft))
-        raise UsageError(f"Unknown method {method!r}.", "Use none, draft, ngram, suffix or hybrid.")
+    def _predictor(self, prediction: np.ndarray) -> Drafter:
+        """The drafter of one generation's predicted output (int32 [m] target tokens)."""
+        from specdec_cli.drafters.predict import PredictionDrafter
+
+        target = self.target
+        return PredictionDrafter(prediction, piece=target.piece,
+                                 tokenize=lambda text: target.tokenize(text, add_special=False, parse_special=False))
+
+    def prediction_tokens(self, text: str | None) -> tuple[int, ...] | None:
+        """A predicted output's target tokens (no special tokens, none parsed), for `GenerationConfig.prediction`;
+        None for no prediction."""
+        if text is None:
+            return None
+        return tuple(self.target.tokenize(text, add_special=False, parse_special=False))
 
     def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None, fresh: bool = False):
         """FixedK for a number, AdaptiveK for "auto" (or the K saved by `specdec tune --save`).
@@ -143,7 +160,7 @@ class Session:
     def _learnt_key(self, method: str, k_max: int) -> str | None:
         from specdec_cli import learnt
 
-        draft = self.draft_path if method in NEEDS_DRAFT_MODEL else None
+        draft = self.draft_path if method in ("draft", "auto") else None
         return learnt.entry_key(self.target_path, draft, method, self.options.threads, k_max)
 
     def save_learnt(self) -> None:
@@ -202,23 +219,36 @@ class Session:
         self.close()
 
 
-def open_session(options: ModelOptions, *, need_draft: bool, console=None) -> Session:
-    """Resolve and load the target (and the draft model when `need_draft`), and check their vocabularies.
+def open_session(options: ModelOptions, *, method: str | None = None, need_draft: bool = False,
+                 console=None) -> Session:
+    """Resolve and load the target and, when `method` calls for one (`draft_policy.plan`: `--method draft`; `auto`
+    where a draft model pays or `--draft` names one) or `need_draft`, the draft model; check their vocabularies.
 
-    Raises: ModelError (resolve/load), IncompatiblePairError, ConfigError (catalog).
+    Raises: ModelError (resolve/load), IncompatiblePairError, ConfigError (catalog), UsageError (`--method draft`
+    with a target the catalog pairs with no draft model, before anything is fetched).
     """
+    from specdec_cli import draft_policy
     from specdec_cli.config import load_catalog
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.resolver import probe_load, resolve
 
     catalog = load_catalog()
+    plan = DraftPlan(None)
+    if method is not None:  # a draft model only where it can pay: decided before anything is fetched
+        gpu = gpu_offload_supported() and options.gpu_layers != 0
+        draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=False)
     target_path = resolve(options.target or catalog.default_target, catalog, console=console)
-    draft_path = resolve(options.draft or catalog.default_draft, catalog, console=console) if need_draft else None
+    if method is not None:
+        tuned = method == "auto" and draft_policy.tuned_draft_pays(target_path, options.threads)
+        plan = draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=tuned)
+    elif need_draft:
+        plan = DraftPlan(options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft)
+    draft_path = resolve(plan.name, catalog, console=console) if plan.name is not None else None
     probe_load(target_path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
     with _status(console, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)
-    session = Session(target=target, target_path=target_path, options=options)
+    session = Session(target=target, target_path=target_path, options=options, draft_plan=plan)
     if draft_path is not None:
         try:
             session.attach_draft(draft_path, console=console)

@@ -28,6 +28,10 @@ class RunStats:
         k_histogram: how often each K was chosen. mean_k: its mean.
         draft_ms / verify_ms: total drafting / verifying time (ms).
         finish_reason: why generation ended.
+        by_source: per draft source ("prompt", "store", "predict", "draft", "ngram", "suffix"), {"steps", "drafted",
+            "accepted"}: where the accepted tokens came from.
+        accepted_prediction_tokens / rejected_prediction_tokens: OpenAI's predicted-outputs counts: prediction
+            tokens the target accepted / that were drafted from the prediction and rejected.
     """
 
     n_prompt: int = 0
@@ -49,6 +53,9 @@ class RunStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     finish_reason: str | None = None
+    by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -91,6 +98,13 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
     loop_ms = decode_ms if decode_ms is not None else draft_ms + verify_ms
     passes = len(steps)  # one target forward pass each
     khist = Counter(s.k for s in steps)
+    by_source: dict[str, dict[str, int]] = {}
+    for s in spec_steps:
+        src = by_source.setdefault(s.source or "?", {"steps": 0, "drafted": 0, "accepted": 0})
+        src["steps"] += 1
+        src["drafted"] += len(s.drafted)
+        src["accepted"] += s.n_accepted
+    predicted = by_source.get("predict", {"drafted": 0, "accepted": 0})
     return RunStats(
         n_prompt=prefill.n_prompt if prefill else 0,
         n_prefill_evaluated=prefill.n_evaluated if prefill else 0,
@@ -111,4 +125,7 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         draft_ms=draft_ms,
         verify_ms=verify_ms,
         finish_reason=finish_reason or finish,
+        by_source=by_source,
+        accepted_prediction_tokens=predicted["accepted"],
+        rejected_prediction_tokens=predicted["drafted"] - predicted["accepted"],
     )

@@ -134,3 +134,9 @@ def greedy_reference(fn, prompt: Sequence[int], max_tokens: int, eos: int = EOS)
         out.append(tok)
         ctx.append(tok)
     return out
+
+
+def wants_draft(options, method: str | None, need_draft: bool) -> bool:
+    """Whether a fake `open_session(options, method=..., need_draft=...)` loads a draft model, as the real one does
+    on a CPU build (`draft_policy.plan`): for --method draft, or auto with --draft named."""
+    return need_draft or method == "draft" or (method == "auto" and options.draft is not None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fakes import EOS, V, FakeBackend, greedy_reference, hashed_logits
+from fakes import wants_draft, EOS, V, FakeBackend, greedy_reference, hashed_logits
 from specdec_cli import sampling
 from specdec_cli.__main__ import main
 from specdec_cli.audit import (
@@ -277,7 +277,8 @@ def fake_sessions(monkeypatch, tmp_path):
     """`open_session` in check and run returns fake backends; `bug` = callable applied to each new target."""
     state = {"bug": None}
 
-    def open_session(options, *, need_draft, console=None):
+    def open_session(options, *, method=None, need_draft=False, console=None):
+        need_draft = wants_draft(options, method, need_draft)
         target = FakeBackend(hashed_logits, n_ctx=options.ctx)
         if state["bug"] is not None:
             state["bug"](target)

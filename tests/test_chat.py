@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fakes import FakeBackend, bigram_logits, hashed_logits
+from fakes import wants_draft, FakeBackend, bigram_logits, hashed_logits
 from specdec_cli.cli import app
 from specdec_cli.commands import chat as chat_mod
 from specdec_cli.commands.chat import Chat, ChatView, Conversation, LineReader, Turn, dispatch
@@ -52,7 +52,8 @@ def patch_session(monkeypatch, **kw) -> list[Session]:
     """`specdec chat` gets fake sessions; the list receives each one for inspection."""
     made: list[Session] = []
 
-    def fake_open(options, *, need_draft, console=None):
+    def fake_open(options, *, method=None, need_draft=False, console=None):
+        need_draft = wants_draft(options, method, need_draft)
         made.append(fake_session(n_ctx=options.ctx, draft=need_draft, **kw))
         return made[-1]
 
@@ -276,7 +277,7 @@ def test_method_needing_a_draft_model_that_cannot_load_says_so(monkeypatch):
         raise ModelError("Unknown model 'nope'.", "Run specdec models list.")
 
     monkeypatch.setattr(Session, "load_draft", load_draft)
-    assert dispatch(chat, "/method hybrid") is False
+    assert dispatch(chat, "/method draft") is False
     assert "Unknown model 'nope'" in err.getvalue() and "the method stays ngram" in err.getvalue()
     assert chat.spec.method == "ngram" and isinstance(chat.drafter, NgramDrafter)
 
@@ -331,7 +332,7 @@ def test_unknown_command_is_an_error_that_says_the_fix():
 
 def test_cli_piped_turns_with_a_slash_command(monkeypatch):
     made = patch_session(monkeypatch)
-    result = invoke(["-n", "6", "--k", "2"], "Hi\n/stats\nBye\n/quit\nnever read\n")
+    result = invoke(["-n", "6", "--k", "2", "--method", "draft"], "Hi\n/stats\nBye\n/quit\nnever read\n")
     assert result.exit_code == 0, result.output
     replies = result.stdout.splitlines()
     assert len(replies) == 2 and all(r.startswith("w") for r in replies)  # only the replies go to stdout

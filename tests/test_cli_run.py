@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fakes import FakeBackend, greedy_reference, hashed_logits, word
+from fakes import wants_draft, FakeBackend, greedy_reference, hashed_logits, word
 from specdec_cli.__main__ import main
 from specdec_cli.session import Session
 
@@ -18,7 +18,8 @@ def fake_session(monkeypatch, tmp_path):
     """Every `open_session` returns fresh fake target/draft backends; the calls are recorded."""
     calls = []
 
-    def open_session(options, *, need_draft, console=None):
+    def open_session(options, *, method=None, need_draft=False, console=None):
+        need_draft = wants_draft(options, method, need_draft)
         calls.append((options, need_draft))
         s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
                     options=options)

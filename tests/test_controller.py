@@ -338,7 +338,8 @@ def test_lookup_drafts_are_trimmed_by_their_match_on_a_cpu() -> None:
     assert short and sum(k > 0 for k in short) <= 0.15 * len(short)  # weak matches: plain steps, a few probes
     assert long and np.median(long) >= 16  # copy runs: long drafts
     snap = ctrl.snapshot()
-    assert snap["acceptance_by_match"]["33"][0] > 0.9 and snap["acceptance_by_match"]["2"][0] < 0.5
+    by_match = snap["acceptance_by_match"]["ngram"]  # lookup evidence is kept per source
+    assert by_match["33"][0] > 0.9 and by_match["2"][0] < 0.5
 
 
 def test_a_buckets_draft_length_grows_only_with_verified_positions() -> None:
@@ -430,8 +431,9 @@ def test_a_branch_in_the_draft_caps_k_where_past_continuations_part_ways() -> No
     branch = sure.copy()
     branch[3] = 0.2  # 1 in 5 past outputs that match here went on with draft token 4
     tokens = np.arange(64, dtype=np.int32)
-    assert ctrl.trim(Draft(tokens=tokens, source="suffix", match_len=40, probs=sure)) > 3
-    assert ctrl.trim(Draft(tokens=tokens, source="suffix", match_len=40, probs=branch)) == 3
+    # the same source as the drafts that built the evidence (evidence is per source)
+    assert ctrl.trim(Draft(tokens=tokens, source="ngram", match_len=40, probs=sure)) > 3
+    assert ctrl.trim(Draft(tokens=tokens, source="ngram", match_len=40, probs=branch)) == 3
 
 
 def test_a_session_keeps_one_adaptive_controller_per_method_across_generations() -> None:

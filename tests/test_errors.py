@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import FakeBackend, greedy_reference, hashed_logits, word
+from fakes import wants_draft, FakeBackend, greedy_reference, hashed_logits, word
 from specdec_cli import errors, resolver
 from specdec_cli.__main__ import main
 from specdec_cli.errors import ModelError, UsageError
@@ -91,7 +91,8 @@ def fake_models(monkeypatch, tmp_path):
     """`open_session` in `specdec run` returns fake backends; set `state["interrupt_at"]` to simulate Ctrl-C."""
     state: dict = {"interrupt_at": None, "target": None}
 
-    def open_session(options, *, need_draft, console=None):
+    def open_session(options, *, method=None, need_draft=False, console=None):
+        need_draft = wants_draft(options, method, need_draft)
         if state["interrupt_at"] is None:
             target = FakeBackend(hashed_logits, n_ctx=options.ctx)
         else:
@@ -271,7 +272,8 @@ def test_unknown_model_name_through_the_cli_suggests_close_names(prompt_file, ca
 def test_incompatible_pair_is_exit_4(monkeypatch, prompt_file, capsys):
     from specdec_cli.vocab import check_compatible
 
-    def open_session(options, *, need_draft, console=None):
+    def open_session(options, *, method=None, need_draft=False, console=None):
+        need_draft = wants_draft(options, method, need_draft)
         target, draft = FakeBackend(vocab=32, path="/m/target.gguf"), FakeBackend(vocab=200, path="/m/draft.gguf")
         check_compatible(target, draft)
         raise AssertionError("not reached")

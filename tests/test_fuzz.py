@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fakes import FakeBackend, hashed_logits
 from specdec_cli.config import load_catalog
-from specdec_cli.drafters.hybrid import HybridDrafter
+from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.drafters.suffix import SuffixDrafter
@@ -206,12 +206,14 @@ def test_suffix_drafter_on_any_context_and_store(tmp_path, history, context, k):
 @FUZZ
 @given(context=st.one_of(contexts, st.lists(st.integers(0, 31), min_size=1, max_size=80)),
        k=st.integers(1, 8), sampling=st.sampled_from(SAMPLING))
-def test_hybrid_drafter_with_a_fake_model_on_any_context(tmp_path, context, k, sampling):
+def test_auto_drafter_with_a_fake_model_on_any_context(tmp_path, context, k, sampling):
     model = ModelDrafter(FakeBackend(hashed_logits, n_ctx=1024))
-    drafter = HybridDrafter(SuffixDrafter(None), model)
-    check_draft(drafter, context, k, sampling)
+    drafter = AutoDrafter(SuffixDrafter(None), model)
+    check_draft(drafter, context, k, sampling)  # the model's draft
     check_draft(drafter, context[: max(1, len(context) // 2)], k, sampling)  # shorter: the model's cache rolls back
     assert len(model.backend.tokens) <= len(context) + k
+    for draft in drafter.lookup(np.asarray(context, np.int32), k, sampling, np.random.default_rng(0)):
+        assert 1 <= len(draft) <= k and draft.dists is None and draft.match_len >= 1  # free drafts carry evidence
 
 
 def test_model_drafter_on_an_empty_context_proposes_nothing_and_leaves_its_cache():

@@ -648,19 +648,3 @@ def test_through_the_engine_the_second_run_learns_from_the_first_and_output_stay
         accepted.append(sum(s.n_accepted for s in steps))
     assert accepted[1] > accepted[0] and accepted[1] >= len(reference) - 8
     assert read_info(make_store().path).n_docs == 2
-
-
-def test_the_hybrid_falls_back_to_a_short_model_draft_when_asked_for_a_long_lookup_draft():
-    # --k auto asks lookup drafters for up to 64 tokens (they cost the same at any length); where the suffix match
-    # is weak the hybrid asks its draft model, which pays a forward pass per token: at most model_k_max of them.
-    from fakes import FakeBackend, hashed_logits
-    from specdec_cli.drafters.hybrid import HybridDrafter
-    from specdec_cli.drafters.model import ModelDrafter
-
-    target = FakeBackend(hashed_logits, n_ctx=256)
-    hybrid = HybridDrafter(SuffixDrafter(None), ModelDrafter(target))
-    draft = propose(hybrid, [3, 4, 5, 6], k=64)  # nothing to match: the model drafts
-    assert draft.source == "draft" and len(draft) == 4
-    assert len(propose(HybridDrafter(SuffixDrafter(None), ModelDrafter(FakeBackend(hashed_logits)), model_k_max=9),
-                       [3, 4, 5, 6], k=64)) == 9
-    assert len(propose(hybrid, [3, 4, 5, 6], k=2)) == 2

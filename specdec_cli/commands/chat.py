@@ -712,7 +712,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     err = err_console()
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
-    with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
+    with open_session(models, method=spec.method, console=err) as session:
         saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
         reader = LineReader(sys.stdin, interactive=interactive,

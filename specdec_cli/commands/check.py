@@ -21,7 +21,7 @@ from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.generation import Generation, generate, make_engine
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.render import err_console, make_console
-from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, SpecOptions, open_session
+from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
 
 def refuse_sampling(config: GenerationConfig) -> None:
@@ -101,7 +101,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     check_output_path(json_path)  # a bad --json path fails before the generation, not after
     err = err_console()
     out = err if json_path == "-" else make_console()
-    with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
+    with open_session(models, method=spec.method, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         engine = make_engine(session, spec)
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -12,12 +12,12 @@ from specdec_cli.audit import DIVERGENCE
 from specdec_cli.backend import common_prefix
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.generation import Generation, generate, make_engine, plain_compare, saved_k as tuned_k
+from specdec_cli.generation import Generation, generate, make_engine, notes, plain_compare, saved_k as tuned_k
 from specdec_cli.options import parse_k_option
 from specdec_cli.output import write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
-from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
+from specdec_cli.session import ModelOptions, Session, SpecOptions, open_session
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,11 @@ class OutputOptions:
 
 
 def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
-            output: OutputOptions, raw: bool, system: str | None, use_saved_k: bool = False) -> int:
+            output: OutputOptions, raw: bool, system: str | None, use_saved_k: bool = False,
+            prediction: str | None = None) -> int:
     """Run one prompt. Returns the exit code (130 when interrupted).
+
+    prediction: the text of `--predict FILE` (predicted outputs), drafted from by auto and predict.
 
     use_saved_k: --k was not given, so the K saved by `specdec tune --save` for these models, method and machine
     is used when there is one (`specdec_cli.tuned.lookup`); otherwise `spec.k`.
@@ -41,6 +44,9 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
                          "by design (speculative sampling is lossless in distribution, checked statistically).",
                          "Drop --strict, or use --temperature 0.")
     parse_k_option(spec.k)  # before loading any model, also for --method none
+    if spec.method == "predict" and prediction is None:
+        raise UsageError("--method predict drafts from a predicted output, and none was given.",
+                         "Add --predict FILE (the text you expect back), or use --method auto.")
     check_output_path(output.json_path)  # a --json path that cannot be written fails now, not after the generation
     err = err_console()
     json_to_stdout = output.json_path == "-"
@@ -49,8 +55,9 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     styled = wants_color(out_stream, output.plain)
     show_stream = not json_to_stdout or styled
 
-    with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
+    with open_session(models, method=spec.method, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
+        config = replace(config, prediction=session.prediction_tokens(prediction))
         saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
         engine = make_engine(session, spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
@@ -63,7 +70,8 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         if renderer is not None:
             renderer.end()
 
-        print_stats(err, result.stats, method=spec.method)
+        print_stats(err, result.stats, method=spec.method,
+                    notes=notes(session, spec, result.stats, predicted=prediction is not None))
         compare = None
         if output.compare and not result.interrupted:
             compare = _compare(session, prompt, config, result, err)
@@ -128,7 +136,14 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "sampling": asdict(config.sampling),
             "ctx": session.target.n_ctx,
             "threads": getattr(session.target, "n_threads", None),
+            "prediction_tokens": len(config.prediction) if config.prediction is not None else None,
+            "draft_model": session.draft_plan.reason or None,  # why a draft model is (not) used
         },
+        # OpenAI's names for predicted outputs (stats.by_source has every source's drafted/accepted)
+        "usage": {"completion_tokens": len(result.tokens),
+                  "completion_tokens_details": {
+                      "accepted_prediction_tokens": result.stats.accepted_prediction_tokens,
+                      "rejected_prediction_tokens": result.stats.rejected_prediction_tokens}},
         "system_info": system_info(),
         "steps": [
             {"k": s.k, "drafted": list(s.drafted), "n_accepted": s.n_accepted, "target_token": s.target_token,

@@ -39,7 +39,7 @@ from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PromptCase
 from specdec_cli.render import err_console, make_console
-from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, SpecOptions, open_session
+from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
 AUTO_MARGIN = 0.03  # save "auto" when it is within 3 % of the best measured speedup
 WARMUP_TOKENS = 8
@@ -349,7 +349,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
     measurements: list[Measurement] = []
     interrupted = False
 
-    with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
+    with open_session(models, method=spec.method, console=err) as session:
         tokens = [session.prompt_tokens(p.text) for p in prompts]
         inner = session.make_drafter(spec)
         drafter = _NoLearning(inner)

@@ -1,0 +1,157 @@
+"""`--method auto`: the controller chooses each step's source (free lookup drafts, a draft model, or a plain step)
+by expected tokens/s from costs it measures. Deterministic: a virtual clock advances by a made-up cost per forward
+pass, so the verify curve is whatever the test says (flat like a GPU's, linear like a small CPU's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakes import FakeBackend, hashed_logits
+from specdec_cli.controller import AdaptiveK
+from specdec_cli.drafters.auto import AutoDrafter
+from specdec_cli.drafters.base import Draft
+from specdec_cli.drafters.model import ModelDrafter
+from specdec_cli.drafters.predict import PredictionDrafter
+from specdec_cli.drafters.suffix import SuffixDrafter
+from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.records import Step
+from specdec_cli.stats import summarize
+
+
+class Clock:
+    """Virtual seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedBackend(FakeBackend):
+    """A FakeBackend whose forward pass over b tokens advances `clock` by cost(b) ms."""
+
+    def __init__(self, clock: Clock, cost, **kw) -> None:
+        super().__init__(hashed_logits, n_ctx=2048, **kw)
+        self.clock, self.cost = clock, cost
+
+    def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
+        self.clock.now += self.cost(len(tokens)) / 1e3
+        return super().decode(tokens, n_logits)
+
+
+def run_auto(verify_ms, draft_ms_per_token: float, *, max_tokens: int = 300):
+    clock = Clock()
+    target = TimedBackend(clock, verify_ms)
+    draft = TimedBackend(clock, lambda b: draft_ms_per_token * b)  # same model: its greedy drafts are always right
+    drafter = AutoDrafter(SuffixDrafter(None), ModelDrafter(draft))
+    engine = SpeculativeEngine(target, drafter, AdaptiveK(), clock=clock)
+    records = list(engine.generate(np.arange(2, 12, dtype=np.int32), GenerationConfig(max_tokens=max_tokens)))
+    steps = [r for r in records if isinstance(r, Step)]
+    return steps, summarize(records)
+
+
+def test_a_flat_verify_curve_makes_auto_draft_with_the_model():
+    # A GPU: a pass costs 20 ms for 1 or 17 tokens, a draft token 2 ms. Drafting long with the model pays.
+    steps, stats = run_auto(lambda b: 20.0, 2.0)
+    model_steps = [s for s in steps if s.source == "draft"]
+    assert len(model_steps) > 0.8 * len(steps[10:])  # after the first measurements, nearly every step
+    assert stats.tokens_per_pass > 4.0
+    assert max(s.k for s in model_steps) >= 8
+
+
+def test_a_linear_verify_curve_makes_auto_stop_using_the_model():
+    # A small CPU: a pass over b tokens costs 20 + 10 (b - 1) ms, so free drafts would pay, but a draft token costs
+    # 15 ms: even drafts that are always right lose (K = 1: 2 tokens in 45 ms against 1 in 20). The controller
+    # tries the model (its prior knows no draft cost), measures, and stops.
+    steps, stats = run_auto(lambda b: 20.0 + 10.0 * (b - 1), 15.0)
+    model_steps = [s.index for s in steps if s.source == "draft"]
+    assert model_steps and max(model_steps) < 60, model_steps
+    assert stats.tokens_per_pass < 1.3
+
+
+def test_lookup_drafts_win_over_the_model_where_they_are_longer_and_free():
+    # A flat curve, and a reply that copies its prompt: lookup drafts (free, long) are chosen over the model's.
+    clock = Clock()
+    copied = [int(t) for t in np.random.default_rng(0).integers(2, 30, 200)]
+
+    def echo(prefix):  # the target repeats the prompt: token i of the reply is prompt token i
+        logits = np.zeros(32, np.float32)
+        n = len(prefix) - 200
+        logits[copied[n % 200] if n >= 0 else 2] = 5.0
+        return logits
+
+    target = TimedBackend(clock, lambda b: 20.0)
+    target.fn = echo
+    draft = TimedBackend(clock, lambda b: 5.0 * b)
+    draft.fn = lambda prefix: np.roll(echo(prefix), 1)  # a draft model that is always wrong
+    engine = SpeculativeEngine(target, AutoDrafter(SuffixDrafter(None), ModelDrafter(draft)), AdaptiveK(), clock=clock)
+    records = list(engine.generate(np.asarray(copied, np.int32), GenerationConfig(max_tokens=150)))
+    steps = [r for r in records if isinstance(r, Step)]
+    out = [t for s in steps for t in s.emitted]
+    assert out == copied[:150]
+    by_source = {}
+    for s in steps:
+        by_source[s.source] = by_source.get(s.source, 0) + s.n_accepted
+    assert by_source.get("prompt", 0) > 100 and by_source.get("draft", 0) == 0
+    assert summarize(records).tokens_per_pass > 5
+
+
+def test_choose_compares_each_lookup_draft_by_its_source_evidence():
+    ctrl = AdaptiveK()
+    from dataclasses import replace
+
+    from test_controller import cpu, step
+
+    ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
+    for _ in range(12):  # "predict" drafts after 1-token matches were always right; "store" ones never
+        for source, right in (("predict", True), ("store", False)):
+            d = Draft(tokens=np.arange(8, dtype=np.int32), source=source, match_len=1)
+            keep = ctrl.trim(d)
+            ctrl.observe(replace(step(keep, keep, keep if right else 0, 0.02, cpu(keep + 1)), source=source))
+    ctrl.next_k()
+    store = Draft(tokens=np.arange(8, dtype=np.int32), source="store", match_len=1)
+    predict = Draft(tokens=np.arange(8, dtype=np.int32) + 1, source="predict", match_len=1)
+    k, chosen = ctrl.choose([store, predict], False, 64)
+    assert chosen is not None and chosen.source == "predict" and k >= 1
+
+
+def test_a_prediction_that_is_the_output_is_drafted_from_the_first_token():
+    target = FakeBackend(hashed_logits, n_ctx=1024)
+    prompt = np.arange(2, 8, dtype=np.int32)
+    plain = [t for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=60))
+             if isinstance(r, Step) for t in r.emitted]
+    drafter = AutoDrafter(predictor=lambda p: PredictionDrafter(p, piece=target.piece), name="predict")
+    from specdec_cli.controller import FixedK
+
+    engine = SpeculativeEngine(target, drafter, FixedK(8))
+    config = GenerationConfig(max_tokens=60, prediction=tuple(plain))
+    steps = [r for r in engine.generate(prompt, config) if isinstance(r, Step)]
+    assert [t for s in steps for t in s.emitted] == plain
+    assert steps[0].source == "predict" and steps[0].n_accepted == 8  # from the very first step
+    assert sum(s.n_accepted for s in steps) >= 60 - len(steps)
+    # without a prediction, the same drafter drafts nothing: plain decoding
+    steps = [r for r in engine.generate(prompt, GenerationConfig(max_tokens=20)) if isinstance(r, Step)]
+    assert all(not s.drafted for s in steps)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_auto_is_lossless_with_every_source(temperature):
+    from specdec_cli.sampling import SamplingParams
+
+    target = FakeBackend(hashed_logits, n_ctx=1024)
+    prompt = np.arange(2, 40, dtype=np.int32) % 7 + 2  # repeats: prompt lookup finds matches
+    sampling = SamplingParams(temperature=temperature, seed=3)
+    plain = [t for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=80,
+                                                                                          sampling=sampling))
+             if isinstance(r, Step) for t in r.emitted]
+    drafter = AutoDrafter(SuffixDrafter(None), ModelDrafter(FakeBackend(hashed_logits, n_ctx=1024)),
+                          predictor=lambda p: PredictionDrafter(p, piece=target.piece))
+    config = GenerationConfig(max_tokens=80, sampling=sampling, prediction=tuple(plain[:30]))
+    out = [t for r in SpeculativeEngine(target, drafter, AdaptiveK()).generate(prompt, config)
+           if isinstance(r, Step) for t in r.emitted]
+    if temperature == 0.0:
+        assert out == plain  # greedy: exactly the target's output
+    else:
+        assert len(out) == len(plain)  # sampling: lossless in distribution (checked by test_sampling's chi-square)
