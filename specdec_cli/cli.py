@@ -350,7 +350,7 @@ def bench(
     prompts: o.PromptDir = None,
     target: o.Target = None,
     draft: o.DraftModel = None,
-    methods: str = typer.Option("none,ngram,draft,suffix,hybrid", "--methods", help="Our methods to measure, "
+    methods: str = typer.Option("none,auto,ngram,suffix,draft", "--methods", help="Our methods to measure, "
                                 "comma-separated (none always runs: it is the baseline).", rich_help_panel=o.SPEC),
     no_peer: bool = typer.Option(False, "--no-peer", help="Skip llama-cpp-python's prompt lookup decoding.",
                                  rich_help_panel=o.SPEC),

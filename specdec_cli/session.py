@@ -58,6 +58,7 @@ class Session:
     _fingerprint: str | None = None
     _controllers: dict = field(default_factory=dict)  # (method, k_max) -> the AdaptiveK that keeps learning
     draft_plan: DraftPlan = field(default_factory=lambda: DraftPlan(None))  # why a draft model is (not) loaded
+    auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -110,7 +111,7 @@ class Session:
             suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
             if method == "suffix":
                 return suffix
-            model = ModelDrafter(self.draft) if self.draft is not None else None
+            model = ModelDrafter(self.draft) if self.draft is not None and self.auto_draft else None
             return AutoDrafter(suffix, model, predictor=self._predictor)
         raise UsageError(f"Unknown method {method!r}.", "Use auto, none, draft, ngram, suffix or predict.")
 
@@ -233,22 +234,26 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     from specdec_cli.resolver import probe_load, resolve
 
     catalog = load_catalog()
-    plan = DraftPlan(None)
-    if method is not None:  # a draft model only where it can pay: decided before anything is fetched
-        gpu = gpu_offload_supported() and options.gpu_layers != 0
+    gpu = gpu_offload_supported() and options.gpu_layers != 0
+    if method is not None:  # a bad --method draft pairing fails before anything is fetched
         draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=False)
     target_path = resolve(options.target or catalog.default_target, catalog, console=console)
+    # whether auto includes a draft model (a GPU, --draft, or specdec tune measured that it pays here)
+    auto_plan = draft_policy.plan("auto", options.target, options.draft, catalog, gpu_offload=gpu,
+                                  tuned_pays=draft_policy.tuned_draft_pays(target_path, options.threads))
     if method is not None:
-        tuned = method == "auto" and draft_policy.tuned_draft_pays(target_path, options.threads)
-        plan = draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=tuned)
-    elif need_draft:
-        plan = DraftPlan(options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft)
+        plan = auto_plan if method == "auto" else \
+            draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=False)
+    else:
+        plan = DraftPlan(options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft
+                         if need_draft else None)
     draft_path = resolve(plan.name, catalog, console=console) if plan.name is not None else None
     probe_load(target_path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
     with _status(console, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)
-    session = Session(target=target, target_path=target_path, options=options, draft_plan=plan)
+    session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
+                      auto_draft=auto_plan.name is not None and auto_plan.name == plan.name)
     if draft_path is not None:
         try:
             session.attach_draft(draft_path, console=console)

@@ -18,6 +18,7 @@ import pytest
 
 from specdec_cli.__main__ import main
 from specdec_cli.commands import bench as B
+from specdec_cli.commands import bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.machine import model_file, physical_cores
 from specdec_cli.peer import lookup_acceptance
@@ -202,9 +203,9 @@ def test_usage_errors_are_one_line_with_the_fix(capsys, tmp_path) -> None:
 
 
 def test_worker_errors_come_back_as_the_same_error_type() -> None:
-    e = B._remote_error({"type": "IncompatiblePairError", "message": "Vocabularies differ.", "fix": "Pass --draft X."})
+    e = bench_worker._remote_error({"type": "IncompatiblePairError", "message": "Vocabularies differ.", "fix": "Pass --draft X."})
     assert isinstance(e, IncompatiblePairError) and str(e) == "Vocabularies differ. Pass --draft X." and e.exit_code == 4
-    e = B._remote_error({"type": "KeyError", "message": "'x'"})
+    e = bench_worker._remote_error({"type": "KeyError", "message": "'x'"})
     assert isinstance(e, BackendError) and "a bug in specdec" in str(e)
 
 

@@ -41,15 +41,15 @@ def m(config: str, prompt: str, tps: float, *, repeat: int = 0, drafted: int = 0
 
 
 def test_schedule_interleaves_configs_and_rotates_the_order_every_block() -> None:
-    assert T.schedule(3, 2, 2) == [
-        (0, 0, 0), (0, 0, 1), (0, 0, 2),  # repeat 0, prompt 0
-        (0, 1, 1), (0, 1, 2), (0, 1, 0),  # repeat 0, prompt 1: one later
-        (1, 0, 2), (1, 0, 0), (1, 0, 1),
-        (1, 1, 0), (1, 1, 1), (1, 1, 2),
+    assert [(s.repeat, s.prompt, s.config, s.cold) for s in T.schedule(3, 2, 2)] == [
+        (0, 0, 0, False), (0, 0, 1, False), (0, 0, 2, False),  # repeat 0, prompt 0
+        (0, 1, 1, False), (0, 1, 2, False), (0, 1, 0, False),  # repeat 0, prompt 1: one later
+        (1, 0, 2, False), (1, 0, 0, False), (1, 0, 1, False),
+        (1, 1, 0, False), (1, 1, 1, False), (1, 1, 2, False),
     ]
     plan = T.schedule(4, 1, 4)
     for position in range(4):  # over n_configs blocks every configuration takes every position once
-        assert sorted(c for _, _, c in plan[position::4]) == [0, 1, 2, 3]
+        assert sorted(s.config for s in plan[position::4]) == [0, 1, 2, 3]
 
 
 def test_configs_and_k_parsing() -> None:

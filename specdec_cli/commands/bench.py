@@ -1,16 +1,14 @@
 """`specdec bench`: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on this machine.
 
-What runs. Our methods (`none` — plain decoding, the baseline — `ngram`, `draft`, `suffix`, `hybrid`) run in one
-worker process on one loaded target (and the draft model, loaded once, when `draft` or `hybrid` is selected), with
+What runs. Our methods (`none` — plain decoding, the baseline — `auto`, `ngram`, `suffix`, `draft`) run in one
+worker process on one loaded target (and the draft model, loaded once, when `draft` is selected), with
 K = auto unless --k. The peer — `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N), logits_all=True)`
 for N = 10 and 2 (`specdec_cli.peer`) — runs in a second worker process with its own `Llama`. All greedy.
 
-Order (`schedule`). For each repeat, for each prompt, a block: every configuration once, in an order rotated by one
-position from the previous block, so slow drift (thermal throttling, another process) spreads over all
-configurations. In the first repeat each block starts with a *cold* run of every configuration (same rotated order,
-min(8, --max-tokens) tokens), which doubles as that configuration's warm-up on the prompt and measures time to first
-token; each worker also generates a few tokens from a short prompt when it starts, so model pages are resident
-before anything is timed.
+Order (`schedule`): the rotating order of `specdec_cli.sweep.schedule`. In the first repeat each block starts with a
+*cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
+configuration's warm-up on the prompt and measures time to first token; each worker also generates a few tokens
+from a short prompt when it starts, so model pages are resident before anything is timed.
 
 What is timed.
 * Decode tok/s, ours: output tokens / wall time of the decode loop (`RunStats.tokens_per_s`); the timed runs reuse
@@ -22,7 +20,7 @@ What is timed.
   the wall time from the generate call to the first token: prefill + the drafter's own prefill + the first step.
 * Peak RSS: VmHWM of the worker process, reset to the current RSS before every run (`/proc/self/clear_refs`, "5")
   and read after it; a configuration's figure is the largest over its runs. The process holds everything its family
-  loads: ours = target + (when draft/hybrid are selected) the draft model, so among our methods the figures differ
+  loads: ours = target + (when draft is selected) the draft model, so among our methods the figures differ
   only by what each drafter adds (run `--methods none,ngram` for the target alone); the peer = its own Llama with
   the logits_all buffer. Where clear_refs is unavailable (not Linux) it is the process's peak so far (ru_maxrss),
   flagged `"peak_rss_reset": false` in --json.
@@ -34,41 +32,40 @@ Summary (`summarize`, also used by --from-json). Per configuration and prompt: t
 median over repeats of the paired ratio (this run's tok/s / `none`'s in the same block). Per class and overall: the
 geometric mean of the per-prompt speedups (2x and 0.5x average to 1x); the table also shows the range over prompts.
 Spread: the median over prompts of (max - min) / median of tok/s over repeats (shown from --repeats 2). Acceptance
-rate and mean accepted length pool the timed runs. Learning drafters do not learn during a bench: `suffix` and
-`hybrid` read the suffix store as it is (its size is reported) and add nothing to it, since the prompts repeat.
+rate and mean accepted length pool the timed runs. Learning drafters do not learn during a bench
+(`sweep.NoLearning`): `suffix` and `auto` read the suffix store as it is (its size is reported).
 
-The workers speak JSON lines over stdin/stdout (`worker_main`); they ignore SIGINT and run in their own session, so
-Ctrl-C reaches only this process, which stops them, reports what was measured, writes --json and exits 130.
+The workers (`bench_worker`) speak JSON lines over stdin/stdout; they ignore SIGINT and run in their own session, so
+Ctrl-C reaches only this process, which stops them, reports what was measured, writes --json and exits 130. The
+report (`bench_report`) is a pure function of the --json document.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Console, Group
-from rich.table import Table
+import numpy as np
+from rich.console import Console
 from rich.text import Text
 
+from specdec_cli import sweep
+from specdec_cli.backend import common_prefix
+from specdec_cli.commands.bench_report import check_plot_path, markdown_table, report, write_plot
+from specdec_cli.commands.bench_worker import Worker
+from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.output import progress as progress_bar, status, write_json
-from specdec_cli.errors import BackendError, ContextOverflowError, SpecdecError, UsageError
 from specdec_cli.prompts import PromptCase
+from specdec_cli.sweep import Slot, geomean, rounded
 
-OUR_METHODS = ("none", "ngram", "draft", "suffix", "hybrid")
+OUR_METHODS = ("none", "auto", "ngram", "suffix", "draft")  # auto, the default, is the headline row
 COLD_TOKENS = 8  # tokens generated by a cold (time-to-first-token + warm-up) run
-WARMUP_PROMPT = "Say hello."
 JSON_VERSION = 1
-PLOT_FORMATS = (".png", ".svg")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -111,29 +108,9 @@ def configs_for(methods: list[str], peer: bool) -> list[BenchConfig]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """One run in the schedule: `config` and `prompt` are indices; `cold` = time-to-first-token/warm-up run."""
-
-    repeat: int
-    prompt: int
-    config: int
-    cold: bool
-
-
 def schedule(n_configs: int, n_prompts: int, repeats: int) -> list[Slot]:
-    """The run order. For each repeat, for each prompt, a block: every configuration once, starting one position
-    later than the block before; in repeat 0 the block's cold runs (same order) come first."""
-    plan: list[Slot] = []
-    block = 0
-    for r in range(repeats):
-        for p in range(n_prompts):
-            order = [(block + i) % n_configs for i in range(n_configs)]
-            if r == 0:
-                plan += [Slot(r, p, c, True) for c in order]
-            plan += [Slot(r, p, c, False) for c in order]
-            block += 1
-    return plan
+    """The run order (`sweep.schedule`): in repeat 0 each block's cold runs (same order) come first."""
+    return sweep.schedule(n_configs, n_prompts, repeats, cold_first=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -178,7 +155,7 @@ class ConfigSummary:
         return self.n_accepted / self.n_spec_steps if self.n_spec_steps else None
 
     def to_dict(self) -> dict[str, Any]:
-        r = _round
+        r = rounded
         return {
             "config": self.config.label,
             "title": self.config.title,
@@ -202,21 +179,6 @@ class ConfigSummary:
             "compared_with_none": self.agree[1],
             "min_shared_tokens_when_different": self.agree[2],
         }
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """Leading tokens two outputs share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x > 0]
-    return math.exp(statistics.fmean(map(math.log, xs))) if xs else None
 
 
 def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: list[tuple[str, str]]) -> list[ConfigSummary]:
@@ -276,290 +238,11 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: l
             if r["tokens"] == b["tokens"]:
                 same += 1
             else:
-                n = shared_prefix(r["tokens"], b["tokens"])
+                n = common_prefix(np.asarray(r["tokens"]), np.asarray(b["tokens"]))
                 least = n if least is None else min(least, n)
         s.agree = (same, compared, least)
         out.append(s)
     return out
-
-
-def _round(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Worker processes (parent side)
-
-
-class Worker:
-    """A worker process for one family ("ours" or "peer"), driven by JSON lines. `info` is its reply to init."""
-
-    def __init__(self, family: str, init: dict[str, Any]) -> None:
-        self.family = family
-        code = "from specdec_cli.commands.bench import worker_main; worker_main()"
-        # Own session: Ctrl-C in the terminal reaches only the parent, which stops the workers itself.
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, encoding="utf-8", bufsize=1, start_new_session=True)
-        try:
-            self.info = self.call({"op": "init", "family": family, **init})
-        except BaseException:
-            self.close(kill=True)
-            raise
-
-    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and wait for its reply. Raises the worker's SpecdecError, or BackendError if it died."""
-        try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = ""
-        if not line:
-            code = self.proc.wait()
-            raise BackendError(f"The bench worker for {self.family} exited with code {code}.",
-                               "Run with --verbose to see llama.cpp's log, or SPECDEC_DEBUG=1 for tracebacks.")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise _remote_error(reply["error"])
-        return reply
-
-    def close(self, *, kill: bool = False) -> None:
-        """Stop the worker: end of input (it closes its models), or SIGKILL when `kill` or when it does not exit."""
-        if self.proc.poll() is None:
-            if kill:
-                self.proc.kill()
-            else:
-                try:
-                    self.proc.stdin.close()
-                    self.proc.wait(timeout=60)
-                except (OSError, subprocess.TimeoutExpired):
-                    self.proc.kill()
-        self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-
-
-def _remote_error(e: dict[str, Any]) -> SpecdecError:
-    """The worker's error as the same SpecdecError subclass (message and fix), or a BackendError for a bug."""
-    from specdec_cli import errors
-
-    cls = getattr(errors, e.get("type", ""), None)
-    if isinstance(cls, type) and issubclass(cls, SpecdecError):
-        err = cls.__new__(cls)
-        SpecdecError.__init__(err, e["message"], e.get("fix"))
-        return err
-    return BackendError(f"A bench worker failed: {e.get('type')}: {e.get('message')} (a bug in specdec).",
-                        "Run with SPECDEC_DEBUG=1 for the worker's traceback.")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Worker processes (worker side)
-
-
-def worker_main() -> None:
-    """Serve one family's requests: JSON lines on stdin, replies on the original stdout (fd 1 is pointed at stderr
-    so nothing llama.cpp prints can corrupt the replies). Ends at end of input."""
-    import traceback
-    import warnings
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    replies = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    warnings.showwarning = lambda m, *a, **k: print(f"warning: {m}", file=sys.stderr)
-    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
-    runner = None
-    try:
-        for line in sys.stdin:
-            msg = json.loads(line)
-            try:
-                if msg["op"] == "init":
-                    runner = _OursRunner(msg) if msg["family"] == "ours" else _PeerRunner(msg)
-                    reply = runner.info
-                else:
-                    reply = runner.run(msg)
-            except SpecdecError as e:
-                if debug:
-                    traceback.print_exc()
-                reply = {"error": {"type": type(e).__name__, "message": e.message, "fix": e.fix}}
-            except Exception as e:  # a bug: the parent says so
-                if debug:
-                    traceback.print_exc()
-                reply = {"error": {"type": type(e).__name__, "message": str(e)}}
-            replies.write(json.dumps(reply) + "\n")
-    finally:
-        if runner is not None:
-            runner.close()
-
-
-def _reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0). False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_kib() -> tuple[int | None, int | None]:
-    """(VmHWM, VmRSS) of this process in KiB; VmHWM falls back to ru_maxrss where /proc is missing."""
-    hwm = rss = None
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1])
-                elif line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    if hwm is None:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        hwm = peak // 1024 if sys.platform == "darwin" else peak  # macOS: bytes, Linux: KiB
-    return hwm, rss
-
-
-class _OursRunner:
-    """Our engine: one session (target + optional draft model), a drafter per method built once."""
-
-    def __init__(self, msg: dict[str, Any]) -> None:
-        from specdec_cli.session import ModelOptions, open_session
-
-        m = msg["models"]
-        self.session = open_session(
-            ModelOptions(target=m["target"], draft=m["draft"], ctx=m["ctx"], threads=m["threads"],
-                         gpu_layers=m["gpu_layers"], verbose=m["verbose"]),
-            need_draft=m["draft"] is not None)
-        self.k, self.ngram = msg["k"], (msg["ngram_min"], msg["ngram_max"])  # k was checked by the parent
-        self.prompts = [self.session.prompt_tokens(t) for t in msg["prompts"]]
-        warm = self.session.prompt_tokens(WARMUP_PROMPT)
-        self._drafters: dict[str, Any] = {}
-        for method in ("none", "draft") if self.session.draft is not None else ("none",):
-            self._generate(method, warm, 4)  # page the weights in before anything is timed
-        store_tokens = None
-        if {"suffix", "hybrid"} & set(msg["methods"]):
-            from specdec_cli.config import data_dir
-            from specdec_cli.suffix_store import SuffixStore, store_path
-
-            fp = self.session.vocab_fingerprint()
-            store_tokens = SuffixStore(store_path(data_dir(), fp), fingerprint=fp).corpus.n_tokens
-        self.info = {"tokens": [p.tolist() for p in self.prompts], "warmup_tokens": warm.tolist(),
-                     "threads": getattr(self.session.target, "n_threads", None), "suffix_store_tokens": store_tokens,
-                     "rss_after_load_kib": _rss_kib()[1]}
-
-    def _drafter(self, method: str):
-        if method == "none":
-            return None
-        if method not in self._drafters:
-            from specdec_cli.commands.tune import _NoLearning
-            from specdec_cli.session import SpecOptions
-
-            spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
-            self._drafters[method] = _NoLearning(self.session.make_drafter(spec))
-        return self._drafters[method]
-
-    def _generate(self, method: str, prompt, max_tokens: int):
-        """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
-        from specdec_cli.engine import GenerationConfig
-        from specdec_cli.generation import generate, make_engine
-        from specdec_cli.session import SpecOptions
-
-        # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
-        engine = make_engine(self.session, SpecOptions(method=method, k=self.k), fresh=True,
-                             drafter=self._drafter(method))
-        first: list[float] = []  # perf_counter s when the first step arrived
-
-        def clock(step) -> None:
-            if not first:
-                first.append(time.perf_counter())
-
-        t0 = time.perf_counter()
-        g = generate(engine, prompt, GenerationConfig(max_tokens=max_tokens), clock)
-        return g, (first[0] - t0) * 1e3 if first else None
-
-    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if msg["cold"]:
-            self.session.target.truncate(0)
-            if self.session.draft is not None:
-                self.session.draft.truncate(0)
-        reset = _reset_peak_rss()
-        g, ttft = self._generate(msg["method"], self.prompts[msg["prompt"]], msg["max_tokens"])
-        hwm, rss = _rss_kib()
-        st = g.stats
-        return {
-            "tokens_per_s": st.tokens_per_s,
-            "n_tokens": st.n_generated,
-            "decode_ms": st.decode_ms,
-            "ttft_ms": ttft if msg["cold"] else None,
-            "n_prompt": st.n_prompt,
-            "n_prefill_evaluated": st.n_prefill_evaluated,
-            "prefill_ms": st.prefill_ms,
-            "draft_prefill_ms": st.draft_prefill_ms,
-            "n_drafted": st.n_drafted,
-            "n_accepted": st.n_accepted,
-            "n_spec_steps": sum(1 for s in g.steps if s.drafted),
-            "n_steps": st.n_target_passes,
-            "mean_k": st.mean_k,
-            "k_histogram": {str(k): v for k, v in sorted(st.k_histogram.items())},
-            "draft_ms": st.draft_ms,
-            "verify_ms": st.verify_ms,
-            "finish_reason": st.finish_reason,
-            "peak_rss_kib": hwm,
-            "rss_kib": rss,
-            "peak_rss_reset": reset,
-            "tokens": g.tokens,
-        }
-
-    def close(self) -> None:
-        self.session.close()
-
-
-class _PeerRunner:
-    """llama-cpp-python's `Llama` with prompt lookup decoding (`specdec_cli.peer.PeerModel`)."""
-
-    def __init__(self, msg: dict[str, Any]) -> None:
-        from specdec_cli.peer import PeerModel
-
-        m = msg["models"]
-        self.model = PeerModel(m["target"], n_ctx=m["ctx"], n_threads=m["threads"], n_gpu_layers=m["gpu_layers"],
-                               verbose=m["verbose"])
-        self.prompts = msg["prompt_tokens"]
-        self.model.generate(msg["warmup_tokens"], num_pred_tokens=10, max_tokens=4, cold=True)
-        self.info = {"scores_bytes": self.model.scores_nbytes, "n_vocab": self.model.n_vocab,
-                     "n_ctx": m["ctx"], "threads": self.model.n_threads, "rss_after_load_kib": _rss_kib()[1]}
-
-    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
-        reset = _reset_peak_rss()
-        r = self.model.generate(self.prompts[msg["prompt"]], num_pred_tokens=msg["num_pred_tokens"],
-                                max_tokens=msg["max_tokens"], cold=msg["cold"])
-        hwm, rss = _rss_kib()
-        a = r.acceptance
-        return {
-            "tokens_per_s": r.tokens_per_s,
-            "n_tokens": len(r.tokens),
-            "decode_ms": r.decode_ms,
-            "ttft_ms": r.ttft_ms if msg["cold"] else None,
-            "n_prompt": len(self.prompts[msg["prompt"]]),
-            "n_drafted": a.n_drafted,
-            "n_accepted": a.n_accepted,
-            "n_spec_steps": a.n_spec_steps,
-            "n_steps": a.n_steps,
-            "k_histogram": {str(k): v for k, v in sorted(a.k_histogram.items())},
-            "finish_reason": r.finish_reason,
-            "peak_rss_kib": hwm,
-            "rss_kib": rss,
-            "peak_rss_reset": reset,
-            "tokens": r.tokens,
-        }
-
-    def close(self) -> None:
-        self.model.close()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -580,19 +263,21 @@ class BenchOptions:
     markdown: bool = False
 
 
-def check_plot_path(path: str) -> None:
-    """Fail before measuring: --plot needs a .png or .svg name and matplotlib (the `plot` extra)."""
-    if Path(path).suffix.lower() not in PLOT_FORMATS:
-        raise UsageError(f"--plot {path}: unknown image format.", "Give a file name ending in .png or .svg.")
-    _matplotlib_figure()
+@dataclass
+class BenchRun:
+    """What a bench measured: the resolved models, the machine, each worker's reply to init, the prompts' tokens
+    (fewer when interrupted while loading), the raw run dicts, the planned number of runs, Ctrl-C."""
 
-
-def _matplotlib_figure():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed.", "pip install 'specdec[plot]'") from None
-    return Figure
+    target: Path
+    draft: Path | None
+    machine: dict[str, Any]
+    ours_info: dict[str, Any] = field(default_factory=dict)
+    peer_info: dict[str, Any] | None = None
+    tokens: list[list[int]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    planned: int = 0
+    interrupted: bool = False
+    started: float = field(default_factory=time.time)
 
 
 def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
@@ -601,65 +286,72 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     models: `session.ModelOptions`. Returns the exit code: 0, or 130 when interrupted (the runs so far are reported
     and written). Raises UsageError, ModelError, IncompatiblePairError, ContextOverflowError, BackendError.
     """
-    from specdec_cli.config import load_catalog
-    from specdec_cli.options import parse_k
-    from specdec_cli.machine import describe
+    from specdec_cli.options import parse_k_option
     from specdec_cli.render import err_console, make_console
-    from specdec_cli.resolver import resolve
 
-    if not prompts:
-        raise UsageError("No prompts to bench.", "Give prompt files or directories, or none for the built-in ones.")
-    names = [p.name for p in prompts]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise UsageError(f"Two prompts are named {dup!r}.", "Give prompt files with different names.")
-    try:
-        parse_k(options.k)
-    except ValueError as e:
-        raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
+    sweep.check_prompts(prompts, "bench")
+    parse_k_option(options.k)
     if options.json_path == "-" and options.markdown:
         raise UsageError("--json - and --markdown both want stdout.", "Write the JSON to a file: --json bench.json.")
     if options.plot_path:
         check_plot_path(options.plot_path)
-
     err = err_console()
     out = err if options.json_path == "-" or options.markdown else make_console()
     configs = configs_for(options.methods, options.peer)
+    bench = run(prompts, configs, models=models, options=options, console=err)
+    doc = json_doc(bench, prompts, configs, models=models, options=options)
+    summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
+    doc["summary"] = [s.to_dict() for s in summaries]
+    if bench.interrupted:
+        out.print(Text(f"Interrupted after {len(bench.runs)} of {bench.planned} runs: the numbers below cover only "
+                       "those.", style="spec.warn"))
+    render(doc, summaries, out=out, options=options)
+    if options.json_path:
+        write_json(options.json_path, doc)
+    return 130 if bench.interrupted else 0
+
+
+def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, options: BenchOptions, console) -> BenchRun:
+    """Start the workers, check every prompt fits, and run the schedule. Ctrl-C stops the workers and returns what
+    was measured (`BenchRun.interrupted`)."""
+    from specdec_cli.config import load_catalog
+    from specdec_cli.machine import describe
+    from specdec_cli.resolver import resolve
+
     catalog = load_catalog()
-    target = resolve(models.target or catalog.default_target, catalog, console=err)
-    need_draft = bool({"draft", "hybrid"} & set(options.methods))
-    draft = resolve(models.draft or catalog.default_draft, catalog, console=err) if need_draft else None
-    machine = describe(models.threads, [target] + ([draft] if draft else []))
-    model_msg = {"target": str(target), "draft": str(draft) if draft else None, "ctx": models.ctx,
+    target = resolve(models.target or catalog.default_target, catalog, console=console)
+    need_draft = "draft" in options.methods
+    from specdec_cli.draft_policy import paired_draft
+
+    name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
+    draft = resolve(name, catalog, console=console) if need_draft else None
+    bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else [])))
+    model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
+                 "ctx": models.ctx,
                  "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
-    started = time.time()
     workers: dict[str, Worker] = {}
-    runs: list[dict[str, Any]] = []
     plan = schedule(len(configs), len(prompts), options.repeats)
-    interrupted = False
-    ours_info: dict[str, Any] = {}
-    peer_info: dict[str, Any] | None = None
-    tokens: list[list[int]] = []
+    bench.planned = len(plan)
     try:
-        with status(err, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
+        with status(console, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
             workers["ours"] = Worker("ours", {
                 "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
                 "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
-        ours_info = workers["ours"].info
-        tokens = ours_info["tokens"]
-        for p, t in zip(prompts, tokens):
+        bench.ours_info = workers["ours"].info
+        bench.tokens = bench.ours_info["tokens"]
+        for p, t in zip(prompts, bench.tokens):
             need = len(t) + options.max_tokens + 16
             if need > models.ctx:
                 raise ContextOverflowError(
                     f"Prompt {p.name} is {len(t)} tokens; with --max-tokens {options.max_tokens} it needs more "
                     f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
         if options.peer:
-            with status(err, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
-                workers["peer"] = Worker("peer", {"models": model_msg, "prompt_tokens": tokens,
-                                                  "warmup_tokens": ours_info["warmup_tokens"]})
-            peer_info = workers["peer"].info
+            with status(console, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
+                workers["peer"] = Worker("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
+                                                  "warmup_tokens": bench.ours_info["warmup_tokens"]})
+            bench.peer_info = workers["peer"].info
 
-        progress = progress_bar(err)
+        progress = progress_bar(console)
         with progress:
             task = progress.add_task("bench", total=len(plan))
             for slot in plan:
@@ -673,28 +365,34 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
                 else:
                     msg["num_pred_tokens"] = c.num_pred_tokens
                 result = workers[c.family].call(msg)
-                runs.append({"config": c.label, "prompt": p.name, "kind": p.kind, "repeat": slot.repeat,
-                             "cold": slot.cold, **result})
+                bench.runs.append({"config": c.label, "prompt": p.name, "kind": p.kind, "repeat": slot.repeat,
+                                   "cold": slot.cold, **result})
                 progress.advance(task)
     except KeyboardInterrupt:
-        interrupted = True
+        bench.interrupted = True
     finally:
         for w in workers.values():
-            w.close(kill=interrupted)
+            w.close(kill=bench.interrupted)
+    return bench
 
-    doc = {
+
+def json_doc(bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConfig], *, models,
+             options: BenchOptions) -> dict[str, Any]:
+    """The --json document (version `JSON_VERSION`) without its summary: settings, machine, peer, every raw run."""
+    ours_info, peer_info, tokens = bench.ours_info, bench.peer_info, bench.tokens
+    return {
         "version": JSON_VERSION,
         "command": "specdec " + " ".join(sys.argv[1:]) if Path(sys.argv[0]).name == "specdec" else None,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "wall_s": round(time.time() - started, 1),
-        "interrupted": interrupted,
-        "machine": machine,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(bench.started)),
+        "wall_s": round(time.time() - bench.started, 1),
+        "interrupted": bench.interrupted,
+        "machine": bench.machine,
         "settings": {"methods": options.methods, "peer": options.peer, "k": options.k, "max_tokens": options.max_tokens,
                      "cold_tokens": min(COLD_TOKENS, options.max_tokens), "repeats": options.repeats,
                      "ctx": models.ctx, "threads": ours_info.get("threads", models.threads),
                      "ngram_min": options.ngram_min, "ngram_max": options.ngram_max, "sampling": "greedy"},
-        "target": str(target),
-        "draft": str(draft) if draft else None,
+        "target": str(bench.target),
+        "draft": str(bench.draft) if bench.draft else None,
         "suffix_store_tokens": ours_info.get("suffix_store_tokens"),
         "peer": _peer_doc(peer_info, models.ctx) if options.peer else None,
         "rss_after_load_bytes": {"ours": _kib_to_bytes(ours_info.get("rss_after_load_kib")),
@@ -702,18 +400,9 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
         "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": len(tokens[i]) if i < len(tokens) else None}
                     for i, p in enumerate(prompts)],  # no tokens: interrupted while loading
         "configs": [c.label for c in configs],
-        "schedule_runs": len(plan),
-        "runs": runs,
+        "schedule_runs": bench.planned,
+        "runs": bench.runs,
     }
-    summaries = summarize(runs, configs, [(p.name, p.kind) for p in prompts])
-    doc["summary"] = [s.to_dict() for s in summaries]
-    if interrupted:
-        out.print(Text(f"Interrupted after {len(runs)} of {len(plan)} runs: the numbers below cover only those.",
-                       style="spec.warn"))
-    render(doc, summaries, out=out, options=options)
-    if options.json_path:
-        write_json(options.json_path, doc)
-    return 130 if interrupted else 0
 
 
 def render(doc: dict[str, Any], summaries: list[ConfigSummary], *, out: Console, options: BenchOptions) -> None:
@@ -782,204 +471,3 @@ def _kib_to_bytes(kib: int | None) -> int | None:
 
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The report
-
-
-def _classes(doc: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(p["kind"] for p in doc["prompts"]))
-
-
-def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-def _fmt_ttft(ms: float | None) -> str:
-    return "–" if ms is None else (f"{ms / 1e3:.2f} s" if ms >= 1000 else f"{ms:.0f} ms")
-
-
-def _fmt_agree(s: ConfigSummary) -> str:
-    same, n, least = s.agree
-    if s.config.label == "none" or n == 0:
-        return ""
-    return f"{same}/{n}" + (f" ≥{least}" if least is not None else "")
-
-
-def _speed_style(x: float) -> str:
-    return "spec.good" if x >= 1.0 else "spec.bad"
-
-
-def header(doc: dict[str, Any]) -> str:
-    from specdec_cli.machine import one_line
-
-    st = doc["settings"]
-    pair = Path(doc["target"]).name + (f" + {Path(doc['draft']).name}" if doc.get("draft") else "")
-    n = len(doc["prompts"])
-    return (f"specdec bench: {pair}; {n} prompt{'s' * (n != 1)} × {st['repeats']} repeat{'s' * (st['repeats'] != 1)}"
-            f", {st['max_tokens']} tokens, K {st['k']}, greedy, --ctx {st['ctx']}\n{one_line(doc['machine'])}")
-
-
-def report(doc: dict[str, Any], summaries: list[ConfigSummary]) -> Group:
-    """The results table, the per-prompt table, the chart by class and the notes, as one renderable."""
-    parts: list[Any] = [Text(header(doc), style="bold"), results_table(summaries),
-                        Text("tok/s: decode only, median over prompts (± half the spread between repeats). speedup: "
-                             "over none in the same block, geometric mean over prompts. TTFT: cold cache, median over "
-                             "prompts. peak RSS: of the process running it. = none: runs whose greedy output is "
-                             "none's (≥ n: fewest leading tokens shared by the others).", style="spec.label"),
-                        Text(""), prompt_table(summaries, doc), Text(""), speedup_chart(summaries, _classes(doc))]
-    notes = []
-    if doc.get("peer"):
-        pd = doc["peer"]
-        notes.append(f"peer-N: llama-cpp-python {pd['version']}, {pd['calls'][0].replace('=10)', '=N)')}, "
-                     f"driven through Llama.generate with its other defaults (flash attention off, so its greedy "
-                     f"output can differ from ours at near-ties). logits_all=True is what makes it work: without it, "
-                     f"it fails with a numpy broadcast error once the context passes 512 tokens. It costs an "
-                     f"n_ctx × n_vocab float32 buffer, {doc['settings']['ctx']} × {pd['n_vocab']} × 4 B = "
-                     f"{_fmt_bytes(pd['scores_buffer_bytes'])} allocated (resident as positions are evaluated), and "
-                     f"the output layer runs for every evaluated position, the prompt included.")
-    if doc.get("suffix_store_tokens") is not None:
-        notes.append(f"suffix/hybrid read your suffix store as it is ({doc['suffix_store_tokens']:,} tokens) and do "
-                     f"not learn during the bench.")
-    for n in notes:
-        parts.append(Text(n, style="spec.label"))
-    return Group(*parts)
-
-
-def results_table(summaries: list[ConfigSummary]) -> Table:
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, just in (("config", "left"), ("tok/s", "right"), ("speedup", "right"), ("accept", "right"),
-                       ("mean\nacc. len", "right"), ("TTFT", "right"), ("peak RSS", "right"), ("= none", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
-    for s in summaries:
-        tps = Text("–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}")
-        if s.tps_spread is not None:
-            tps.append(f" ±{s.tps_spread / 2:.0%}", style="spec.label")
-        if s.config.label == "none" or s.speedup is None:
-            speed = Text("1.00×" if s.config.label == "none" and s.speedup else "–", style="spec.label")
-        else:
-            speed = Text(f"{s.speedup:.2f}×", style=_speed_style(s.speedup))
-        acc = "" if s.config.label == "none" else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}")
-        mal = "" if s.config.label == "none" else (
-            "n/a" if s.mean_accepted_length is None else f"{s.mean_accepted_length:.2f}")
-        t.add_row(s.config.label, tps, speed, acc, mal, _fmt_ttft(s.ttft_ms),
-                  _fmt_bytes(s.peak_rss_kib * 1024 if s.peak_rss_kib else None), _fmt_agree(s))
-    return t
-
-
-def prompt_table(summaries: list[ConfigSummary], doc: dict[str, Any]) -> Table:
-    """tok/s and speedup per prompt (columns: prompt, its class and length)."""
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, title="per prompt: tok/s, speedup",
-              title_justify="left", title_style="bold")
-    t.add_column("config", no_wrap=True)
-    for p in doc["prompts"]:
-        t.add_column(f"{p['name']}\n{p['kind']}, {p['n_tokens'] if p['n_tokens'] is not None else '?'} tok",
-                     justify="right", overflow="fold", min_width=12)
-    for s in summaries:
-        cells: list[Any] = [s.config.label]
-        for p in doc["prompts"]:
-            tps = s.tps_by_prompt.get(p["name"])
-            cell = Text("–" if tps is None else f"{tps:.1f}")
-            sp = s.speedup_by_prompt.get(p["name"])
-            if s.config.label != "none" and sp is not None:
-                cell.append(f" {sp:.2f}×", style=_speed_style(sp))
-            cells.append(cell)
-        t.add_row(*cells)
-    return t
-
-
-def speedup_chart(summaries: list[ConfigSummary], classes: list[str], width: int = 36) -> Table:
-    """Bars of the speedup over none, grouped by prompt class (then all prompts); a dim │ marks 1×."""
-    shown = [s for s in summaries if s.config.label != "none" and s.speedup is not None]
-    chart = Table.grid(padding=(0, 1))
-    chart.add_column(justify="right", no_wrap=True)
-    chart.add_column(no_wrap=True)
-    chart.add_column(justify="right", no_wrap=True)
-    chart.add_row("", Text("speedup over none, by prompt class", style="bold"), "")
-    if not shown:
-        chart.add_row("", Text("(no complete measurement)", style="spec.label"), "")
-        return chart
-    groups = [(c, {s.config.label: s.speedup_by_class.get(c) for s in shown}) for c in classes]
-    if len(classes) > 1:
-        groups.append(("all prompts", {s.config.label: s.speedup for s in shown}))
-    scale = max([1.0] + [v for _, g in groups for v in g.values() if v is not None])
-    one = max(0, round(width / scale) - 1)
-    for cls, values in groups:
-        chart.add_row(Text(cls, style="bold"), "", "")
-        for s in shown:
-            v = values[s.config.label]
-            if v is None:
-                continue
-            n = round(width * v / scale)
-            bar = Text("█" * n, style=_speed_style(v))
-            if n <= one:
-                bar.append(" " * (one - n) + "│", style="spec.label")
-            bar.append(" " * (width - len(bar)))
-            chart.add_row(Text(s.config.label, style="spec.label"), bar, f"{v:.2f}×")
-    return chart
-
-
-def markdown_table(doc: dict[str, Any], summaries: list[ConfigSummary]) -> str:
-    """The README's Results table (GitHub Markdown), with a comment naming the run it came from."""
-    from specdec_cli.machine import one_line
-
-    classes = _classes(doc)
-    st = doc["settings"]
-    lines = [f"<!-- specdec bench, {doc.get('started_at', '')}: {Path(doc['target']).name}"
-             + (f" + {Path(doc['draft']).name}" if doc.get("draft") else "")
-             + f"; {len(doc['prompts'])} prompts × {st['repeats']} repeat{'s' * (st['repeats'] != 1)}, "
-             + f"{st['max_tokens']} tokens, K {st['k']}; "
-             + f"{one_line(doc['machine'])} -->",
-             "| configuration | decode tok/s | speedup | " + " | ".join(classes)
-             + " | acceptance | mean accepted length | TTFT | peak RSS | greedy = none |",
-             "| --- | ---: | ---: | " + " | ".join("---:" for _ in classes) + " | ---: | ---: | ---: | ---: | ---: |"]
-
-    def x(v: float | None) -> str:
-        return "–" if v is None else f"{v:.2f}×"
-
-    for s in summaries:
-        none = s.config.label == "none"
-        lines.append("| " + " | ".join([
-            f"`{s.config.label}`" if s.config.family == "ours" else s.config.title,
-            "–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}",
-            "1.00×" if none else x(s.speedup),
-            *("" if none else x(s.speedup_by_class.get(c)) for c in classes),
-            "" if none else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"),
-            "" if none else ("n/a" if s.mean_accepted_length is None else f"{s.mean_accepted_length:.2f}"),
-            _fmt_ttft(s.ttft_ms),
-            _fmt_bytes(s.peak_rss_kib * 1024 if s.peak_rss_kib else None),
-            "" if none else _fmt_agree(s),
-        ]) + " |")
-    return "\n".join(lines)
-
-
-def write_plot(path: str, doc: dict[str, Any], summaries: list[ConfigSummary]) -> None:
-    """Grouped bars of the speedup over none by prompt class (and over all prompts), as PNG or SVG (matplotlib)."""
-    import numpy as np
-
-    Figure = _matplotlib_figure()
-    classes = _classes(doc)
-    labels = classes + (["all prompts"] if len(classes) > 1 else [])
-    shown = [s for s in summaries if s.config.label != "none" and s.speedup is not None]
-    fig = Figure(figsize=(max(6.0, 1.1 * len(labels) * max(1, len(shown)) / 2.5), 4.2), dpi=120)
-    ax = fig.subplots()
-    x = np.arange(len(labels))
-    w = 0.8 / max(1, len(shown))
-    for i, s in enumerate(shown):
-        vals = [s.speedup_by_class.get(c, np.nan) for c in classes] + ([s.speedup] if len(classes) > 1 else [])
-        ax.bar(x + (i - (len(shown) - 1) / 2) * w, vals, w, label=s.config.title)
-    ax.axhline(1.0, color="0.3", linewidth=1, linestyle="--")
-    ax.set_xticks(x, labels)
-    ax.set_ylabel("speedup over none (×)")
-    pair = Path(doc["target"]).name + (f" + {Path(doc['draft']).name}" if doc.get("draft") else "")
-    ax.set_title(f"{pair}\n{doc['machine'].get('cpu')}, {doc['settings']['threads']} threads, "
-                 f"{doc['settings']['max_tokens']} tokens, greedy", fontsize=9)
-    if shown:  # below the axes, so it never hides a bar or the 1× line
-        ax.legend(fontsize=8, ncols=min(3, len(shown)), loc="upper center", bbox_to_anchor=(0.5, -0.12),
-                  frameon=False)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, format=Path(path).suffix.lower()[1:])
-    except OSError as e:
-        raise UsageError(f"Cannot write --plot {path}: {e.strerror or e}.", "Give a writable path.") from None

@@ -6,9 +6,9 @@ Five parts, each usable alone:
                 ends the chat.
     history     `Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
                 `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
-    commands    `COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
+    commands    `chat_commands.COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
     generation  `Chat.turn`: one reply through `generation.generate`, the same engine loop as `specdec run`.
-    rendering   `ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
+    rendering   `chat_view.ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
 
 KV cache reuse across turns: the engine keeps the longest common prefix of the target's cache and the new prompt
 (`backend.sync`) and `ModelDrafter.begin` does the same for the draft model, so turn n + 1 evaluates only what
@@ -25,28 +25,26 @@ REPL (`>>> `/`... ` prompts, readline history).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TextIO
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from specdec_cli.backend import common_prefix
+from specdec_cli.commands.chat_commands import dispatch, is_command
+from specdec_cli.commands.chat_view import ChatView
 from specdec_cli.engine import GenerationConfig
+from specdec_cli.errors import ContextOverflowError, SpecdecError
 from specdec_cli.generation import Generation, generate, make_engine, saved_k as tuned_k
-from specdec_cli.errors import ContextOverflowError, SpecdecError, UsageError
-from specdec_cli.options import Method
 from specdec_cli.records import Step
-from specdec_cli.render import StreamRenderer, err_console, legend, wants_color
+from specdec_cli.render import err_console, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
 from specdec_cli.stats import RunStats, summarize
+
+__all__ = ["Chat", "ChatView", "Conversation", "LineReader", "Turn", "dispatch", "execute", "loop"]
 
 HISTORY_FILE = "chat_history"
 MIN_REPLY = 32  # a message is refused when it leaves less room than this (or --max-tokens, if smaller) for a reply
@@ -167,15 +165,6 @@ def _touch_private(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by the user only (0o600), also when the file existed with wider permissions."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)
 
 
 # ================================================================================================================
@@ -367,310 +356,6 @@ class Chat:
 
     def close(self) -> None:
         self.engine.close()
-
-
-# ================================================================================================================
-# Slash commands
-
-
-@dataclass(frozen=True)
-class Command:
-    run: Callable[[Chat, str], bool]  # (chat, argument) → True to end the chat
-    usage: str
-    help: str
-
-
-def _help(chat: Chat, arg: str) -> bool:
-    chat.view.help()
-    return False
-
-
-def _reset(chat: Chat, arg: str) -> bool:
-    chat.conversation.reset()
-    chat.view.note("New conversation" + (" (the system prompt is kept)." if chat.conversation.system else "."))
-    return False
-
-
-def _stats(chat: Chat, arg: str) -> bool:
-    chat.view.stats(chat.totals, chat.spec.method)
-    return False
-
-
-def _k(chat: Chat, arg: str) -> bool:
-    if not arg:
-        chat.view.note(f"K is {chat.spec.k}. Change it with /k auto or /k N (0-64).")
-        return False
-    try:
-        chat.set_spec(replace(chat.spec, k=arg))
-    except UsageError as e:
-        raise UsageError(e.message, "Use /k auto or /k N with N from 0 to 64.") from None
-    chat.view.note(f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)."
-                                                 if chat.drafter is None else "."))
-    return False
-
-
-def _method(chat: Chat, arg: str) -> bool:
-    names = ", ".join(m.value for m in Method)
-    if not arg:
-        chat.view.note(f"The method is {chat.spec.method}. Change it with /method NAME ({names}).")
-        return False
-    try:
-        method = Method(arg.strip().lower()).value
-    except ValueError:
-        raise UsageError(f"Unknown method {arg.strip()!r}.", f"Use /method with one of {names}.") from None
-    if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
-        chat.view.note(f"--method {method} needs a draft model; loading it (--draft, else the catalog default).")
-        try:
-            chat.session.load_draft(console=chat.view.err)
-        except SpecdecError as e:
-            chat.view.error(e)
-            chat.view.note(f"No draft model, so the method stays {chat.spec.method}.")
-            return False
-    try:
-        chat.set_spec(replace(chat.spec, method=method))
-    except ImportError as e:  # a drafter module this build does not have
-        raise UsageError(f"--method {method} is not available in this build ({e}).",
-                         f"Use /method with one of {names}.") from None
-    chat.view.note(f"The method is now {method}.")
-    chat.view.show_legend(method)
-    return False
-
-
-def _save(chat: Chat, arg: str) -> bool:
-    if not arg:
-        raise UsageError("/save needs a path.", "Use /save chat.md (Markdown) or /save chat.json (JSON).")
-    path = Path(arg.strip()).expanduser()
-    kind = {".md": "md", ".markdown": "md", ".json": "json"}.get(path.suffix.lower())
-    if kind is None:
-        raise UsageError(f"Cannot tell the format of {path.name} from its extension.",
-                         "Use a path ending in .md (Markdown) or .json (JSON).")
-    text = transcript_markdown(chat) if kind == "md" else transcript_json(chat)
-    try:
-        write_private(path, text)
-    except OSError as e:
-        raise UsageError(f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable.") \
-            from None
-    n = len(chat.conversation.turns)
-    chat.view.note(f"Saved {n} turn{'s' * (n != 1)} to {path} (readable by you only).")
-    return False
-
-
-def _quit(chat: Chat, arg: str) -> bool:
-    return True
-
-
-COMMANDS: dict[str, Command] = {
-    "/help": Command(_help, "/help", "show this help"),
-    "/reset": Command(_reset, "/reset", "start a new conversation (keeps the system prompt and the models)"),
-    "/stats": Command(_stats, "/stats", "session totals and acceptance by draft position"),
-    "/k": Command(_k, "/k N|auto", "draft length K from the next reply on (e.g. /k 4, /k auto)"),
-    "/method": Command(_method, "/method NAME", "drafter: none, draft, ngram, suffix, hybrid (loads a draft model "
-                       "if needed)"),
-    "/save": Command(_save, "/save PATH", "write the transcript: PATH.md as Markdown, PATH.json as JSON (mode 600)"),
-    "/quit": Command(_quit, "/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at an empty prompt)"),
-    "/exit": Command(_quit, "", ""),  # an alias, not listed
-}
-
-
-def dispatch(chat: Chat, line: str) -> bool:
-    """Run a slash command. Returns True when the chat should end. Raises UsageError for an unknown command."""
-    name, _, arg = line.strip().partition(" ")
-    command = COMMANDS.get(name.lower())
-    if command is None:
-        raise UsageError(f"Unknown command {name}.", "/help lists the commands; start a message with // to send "
-                         "text that begins with a slash.")
-    return command.run(chat, arg.strip())
-
-
-def is_command(line: str) -> bool:
-    return line.lstrip().startswith("/") and not line.lstrip().startswith("//")
-
-
-# ================================================================================================================
-# Transcripts
-
-
-def transcript_json(chat: Chat) -> str:
-    s = chat.session
-    conv = chat.conversation
-    doc = {
-        "target": str(s.target_path),
-        "draft": str(s.draft_path) if s.draft_path else None,
-        "system": conv.system,
-        "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "messages": conv.messages(),
-        "turns": [
-            {"user": t.user, "assistant": t.assistant, "interrupted": t.interrupted, "in_context": i >= conv.start,
-             "method": t.method, "k": t.k, "stats": t.stats.to_dict() if t.stats else None}
-            for i, t in enumerate(conv.turns)
-        ],
-    }
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-
-
-def transcript_markdown(chat: Chat) -> str:
-    s = chat.session
-    conv = chat.conversation
-    out = ["# specdec chat", "", f"- target: `{s.target_path.name}`"]
-    if s.draft_path:
-        out.append(f"- draft: `{s.draft_path.name}`")
-    out.append(f"- saved: {time.strftime('%Y-%m-%d %H:%M')}")
-    out.append("")
-    if conv.system:
-        out += ["## System", "", conv.system, ""]
-    for t in conv.turns:
-        out += ["## You", "", t.user, "", "## Assistant", "", t.assistant, ""]
-        if t.stats is not None:
-            out += [f"*{footer_text(t)}*", ""]
-    return "\n".join(out)
-
-
-# ================================================================================================================
-# Rendering
-
-
-def _ms(x: float) -> str:
-    return f"{x / 1e3:.2f} s" if x >= 1000 else f"{x:.0f} ms"
-
-
-FINISH = {"interrupted": "interrupted", "length": "max tokens", "context": "context full", "stop": "stop string"}
-
-
-def footer_text(turn: Turn) -> str:
-    """One line: tokens, tok/s, acceptance, mean accepted length, prefill evaluated vs cached (target and draft)."""
-    s = turn.stats
-    assert s is not None
-    parts = [f"{s.n_generated} tokens", f"{s.tokens_per_s:.1f} tok/s"]
-    if s.n_drafted:
-        parts += [f"acceptance {s.acceptance_rate:.0%}", f"mean accepted {s.mean_accepted_length:.2f}"]
-    elif turn.method != "none":
-        parts.append("nothing drafted")
-    reused = max(0, s.n_prompt - 1 - s.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
-    prefill = f"prefill {s.n_prompt - reused} new + {reused} cached in {_ms(s.prefill_ms)}"
-    if turn.draft_cache is not None:
-        evaluated, cached = turn.draft_cache
-        prefill += f" (draft {evaluated + 1} + {cached} in {_ms(s.draft_prefill_ms)})"
-    parts.append(prefill)
-    if s.finish_reason in FINISH:
-        parts.append(FINISH[s.finish_reason])
-    return " · ".join(parts)
-
-
-class ChatView:
-    """Everything the chat shows. The reply goes to `out` (stdout); everything else to `err` (a stderr console).
-
-    Args:
-        interactive: stdin is a terminal (a banner, blank lines between turns).
-        styled: colour the reply by token kind (a terminal without --plain / NO_COLOR).
-        show_rejected: show rejected drafts struck through (--clean hides them).
-    """
-
-    def __init__(self, *, out: TextIO, err: Console, interactive: bool, styled: bool, show_rejected: bool) -> None:
-        self.out = out
-        self.err = err
-        self.interactive = interactive
-        self.styled = styled
-        self.show_rejected = show_rejected
-        self._legend_shown = False
-
-    # -- the reply --------------------------------------------------------------------------------------------
-    def stream(self) -> StreamRenderer:
-        return StreamRenderer(self.out, styled=self.styled, show_rejected=self.show_rejected)
-
-    def end_stream(self, renderer: StreamRenderer, text: str) -> None:
-        """End the reply with a newline (also in plain mode, so piped replies are separated)."""
-        renderer.end()  # styled: a newline unless the stream ended with one
-        if not self.styled and not text.endswith("\n"):
-            self.out.write("\n")
-        self.out.flush()
-
-    def footer(self, turn: Turn) -> None:
-        self.err.print(Text(footer_text(turn), style="spec.label"))
-        if self.interactive:
-            self.err.print()
-
-    # -- messages ---------------------------------------------------------------------------------------------
-    def banner(self, session: Session, spec: SpecOptions, config: GenerationConfig) -> None:
-        if not self.interactive:
-            return
-        models = session.target_path.name + (f" + draft {session.draft_path.name}" if session.draft_path else "")
-        self.err.print(Text.assemble(("specdec chat ", "bold"), (f"{models} · method {spec.method} · K {spec.k} · "
-                                     f"ctx {session.target.n_ctx} · up to {config.max_tokens} tokens per reply",
-                                     "spec.label")))
-        self.err.print(Text('/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
-                            "reply · Ctrl-D quits", style="spec.label"))
-        self.show_legend(spec.method)
-        self.err.print()
-
-    def show_legend(self, method: str) -> None:
-        if self.styled and method != "none" and not self._legend_shown:
-            self.err.print(legend())
-            self._legend_shown = True
-
-    def note(self, message: str) -> None:
-        self.err.print(Text(message, style="spec.warn" if self.interactive else ""))
-
-    def error(self, e: SpecdecError) -> None:
-        self.err.print(Text.assemble(("error: ", "bold red"), str(e)))
-
-    def dropped(self, n: int, n_prompt: int, n_ctx: int, max_tokens: int) -> None:
-        self.note(f"The conversation is too long for the {n_ctx}-token context: dropped the {n} oldest "
-                  f"turn{'s' * (n != 1)} (the system prompt is kept) to leave room for a {max_tokens}-token reply; "
-                  f"the prompt is now {n_prompt} tokens. /save keeps the whole transcript; --ctx raises the limit.")
-
-    def help(self) -> None:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column()
-        for c in COMMANDS.values():
-            if c.usage:
-                table.add_row(c.usage, c.help)
-        self.err.print(table)
-        self.err.print(Text(
-            'Several lines: end a line with \\ to continue it, or wrap the text in """ … """.\n'
-            "Start a message with // to send text that begins with a slash.\n"
-            "Ctrl-C stops a reply and keeps what was shown; Ctrl-D, or Ctrl-C at an empty prompt, quits.\n"
-            "Examples: /k 4   /method ngram   /save chat.md   /save chat.json", style="spec.label"))
-
-    # -- statistics -------------------------------------------------------------------------------------------
-    def stats(self, totals: Totals, method: str) -> None:
-        if not totals.turns:
-            self.note("No replies yet.")
-            return
-        s = totals.summary()
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="spec.label", justify="right")
-        table.add_column()
-        table.add_row("", Text("session totals", style="bold"))
-        table.add_row("replies", f"{totals.turns}: {s.n_generated} tokens in {_ms(s.decode_ms)}, "
-                      f"{s.tokens_per_s:.1f} tok/s, {s.tokens_per_pass:.2f} tokens per target pass")
-        table.add_row("prompts", f"{totals.n_prompt} tokens: {totals.n_reused} reused from the cache, "
-                      f"{totals.n_prompt - totals.n_reused} evaluated in {_ms(totals.prefill_ms)}")
-        if s.n_drafted:
-            table.add_row("drafted", f"{s.n_drafted}, accepted {s.n_accepted}: acceptance rate "
-                          f"{s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}")
-            if s.k_histogram:
-                ks = "  ".join(f"K={k}:{n}" for k, n in sorted(s.k_histogram.items()))
-                table.add_row("K chosen", f"mean {s.mean_k:.1f}  ({ks})")
-            for i, (proposed, accepted) in enumerate(s.acceptance_by_position[:16]):
-                frac = accepted / proposed if proposed else 0.0
-                bar = "█" * round(frac * 20) + "·" * (20 - round(frac * 20))
-                table.add_row("position 1" if i == 0 else str(i + 1), f"{bar} {frac:6.1%}  ({accepted}/{proposed})")
-        else:
-            table.add_row("drafted", f"nothing (method {method})")
-        self.err.print(table)
-        if self.interactive:
-            self.err.print()
-
-    def goodbye(self, totals: Totals) -> None:
-        if not totals.turns:
-            return
-        s = totals.summary()
-        line = f"session: {totals.turns} repl{'ies' if totals.turns != 1 else 'y'}, {s.n_generated} tokens, " \
-               f"{s.tokens_per_s:.1f} tok/s"
-        if s.n_drafted:
-            line += f", acceptance {s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}"
-        self.err.print(Text(line, style="spec.label"))
 
 
 # ================================================================================================================

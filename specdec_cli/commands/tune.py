@@ -1,10 +1,7 @@
 """`specdec tune`: measure decoding speed by K on this machine, for one model pair and method, and save the best.
 
-Every configuration (plain decoding, each fixed K, and `auto`) generates from the same prompts in one process. The
-runs are interleaved so that slow drift (thermal throttling, another process waking up) spreads over all
-configurations instead of biasing the ones measured last: for each repeat, for each prompt, every configuration
-runs once, in an order rotated by one position from the previous block (`schedule`). One short untimed generation
-warms both models up first. Consecutive runs of a prompt reuse its KV cache (the engine keeps the longest common
+Every configuration (plain decoding, each fixed K, and `auto`) generates from the same prompts in one process, in
+the rotating order of `specdec_cli.sweep.schedule`. One short untimed generation warms both models up first. Consecutive runs of a prompt reuse its KV cache (the engine keeps the longest common
 prefix), so only the first run of each block pays the prefill, and only decoding is timed (`RunStats.tokens_per_s`:
 output tokens / wall time of the decode loop).
 
@@ -16,30 +13,29 @@ The best setting is the configuration with the highest overall speedup, except t
 within `AUTO_MARGIN` of it: the adaptive controller also adjusts to prompts the tune did not see. Plain decoding
 winning saves K = 0. `--save` writes it to tuned.json (`specdec_cli.tuned`).
 
-Learning drafters (suffix) do not learn during a tune: its prompts repeat, and a store that had learnt the first
-run's output would flatter every later run of the same prompt.
+Learning drafters (suffix) do not learn during a tune (`sweep.NoLearning`).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
-from specdec_cli.output import progress as progress_bar, write_json
+from specdec_cli import sweep
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import UsageError
+from specdec_cli.output import progress as progress_bar, write_json
 from specdec_cli.prompts import PromptCase
 from specdec_cli.render import err_console, make_console
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.sweep import Bar, NoLearning, check_prompts, geomean, rounded, schedule, speed_cell, speed_style
 
 AUTO_MARGIN = 0.03  # save "auto" when it is within 3 % of the best measured speedup
 WARMUP_TOKENS = 8
@@ -94,21 +90,6 @@ def parse_tune_k(spec: str) -> list[int]:
 def configs_for(ks: list[int]) -> list[TuneConfig]:
     """Plain decoding, then each fixed K, then auto."""
     return [TuneConfig("none"), *(TuneConfig(str(k)) for k in ks), TuneConfig("auto")]
-
-
-def schedule(n_configs: int, n_prompts: int, repeats: int) -> list[tuple[int, int, int]]:
-    """The run order as (repeat, prompt index, config index).
-
-    For each repeat, for each prompt, every configuration once; each block starts one configuration later than
-    the block before, so over n_configs blocks every configuration takes every position once.
-    """
-    plan = []
-    block = 0
-    for r in range(repeats):
-        for p in range(n_prompts):
-            plan.extend((r, p, (block + i) % n_configs) for i in range(n_configs))
-            block += 1
-    return plan
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -168,7 +149,7 @@ class Measurement:
             "n_prefill_evaluated": self.n_prefill_evaluated,
             "finish_reason": self.finish_reason,
             "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in verify_curve([self])],
-            "draft_ms_per_token": _round(draft_cost([self])),
+            "draft_ms_per_token": rounded(draft_cost([self])),
             "controller": self.controller,
         }
 
@@ -220,7 +201,7 @@ class ConfigSummary:
             "k": self.config.k,
             "tokens_per_s": {p: round(v, 3) for p, v in self.tokens_per_s.items()},
             "speedup": {p: round(v, 4) for p, v in self.speedup.items()},
-            "speedup_geomean": _round(self.speedup_geomean),
+            "speedup_geomean": rounded(self.speedup_geomean),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "mean_k": round(self.mean_k, 3),
@@ -258,7 +239,7 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
             config=c,
             tokens_per_s=tps,
             speedup=speedup,
-            speedup_geomean=math.exp(statistics.fmean(map(math.log, speedup.values()))) if speedup else None,
+            speedup_geomean=geomean(list(speedup.values())),
             acceptance_rate=accepted / drafted if drafted else 0.0,
             mean_accepted_length=accepted / spec_steps if spec_steps else 0.0,
             mean_k=sum(k * n for k, n in khist.items()) / steps if steps else 0.0,
@@ -297,26 +278,8 @@ def draft_cost(measurements: list[Measurement]) -> float | None:
     return statistics.median(per) if per else None
 
 
-def _round(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None else round(x, digits)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Running it
-
-
-class _NoLearning(DrafterBase):
-    """A drafter whose `finish` teaches nothing (tune's prompts repeat) and whose `close` the tune owns."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self._inner = inner
-        self.name = inner.name
-
-    def begin(self, context: np.ndarray) -> None:
-        self._inner.begin(context)
-
-    def propose(self, context: np.ndarray, k: int, sampling, rng: np.random.Generator) -> Draft:
-        return self._inner.propose(context, k, sampling, rng)
 
 
 @dataclass(frozen=True)
@@ -327,125 +290,148 @@ class TuneOptions:
     save: bool = False
 
 
+@dataclass
+class TuneRun:
+    """What a tune measured: the prompts' tokens, one `Measurement` per finished run, the planned number of runs,
+    whether Ctrl-C cut it short, and the machine (`tuned.machine`)."""
+
+    tokens: list[np.ndarray]
+    measurements: list[Measurement]
+    planned: int
+    interrupted: bool
+    machine: dict[str, Any]
+
+
 def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
             options: TuneOptions) -> int:
     """Measure every configuration on `prompts`, print the report, write --json, --save. Returns the exit code
     (130 when interrupted: the runs so far are reported and written, nothing is saved)."""
+    if spec.method == "none":
+        raise UsageError("--method none has no K to tune.", "Use --method draft, ngram or suffix.")
+    check_prompts(prompts, "tune on")
+    err = err_console()
+    out = err if options.json_path == "-" else make_console()
+    configs = configs_for(options.ks)
+    with open_session(models, method=spec.method, console=err) as session:
+        tune = run(session, prompts, spec=spec, config=config, configs=configs, repeats=options.repeats,
+                   threads=models.threads, console=err)
+        names = [p.name for p in prompts]
+        summaries = summarize(tune.measurements, configs, names)
+        best = choose_best(summaries) if not tune.interrupted else None
+        curve = verify_curve(tune.measurements)
+        d_ms = draft_cost([m for m in tune.measurements if m.config != "none"])
+        out.print(report(summaries, names, best, curve, d_ms, header=_header(session, spec, prompts, options, config),
+                         partial=f"{len(tune.measurements)} of {tune.planned} runs" if tune.interrupted else None),
+                  soft_wrap=False)
+        saved = _save(session, spec, config, options, summaries, best, tune.machine, names, err)
+        if options.json_path:
+            write_json(options.json_path, json_doc(session, spec, config, options, prompts, configs, tune, summaries,
+                                                   best, curve, d_ms, saved))
+    return 130 if tune.interrupted else 0
+
+
+def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: GenerationConfig,
+        configs: list[TuneConfig], repeats: int, threads: int | None, console) -> TuneRun:
+    """One warm-up, then every configuration on every prompt `repeats` times in `sweep.schedule` order, each run
+    with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured."""
     from specdec_cli.generation import generate, make_engine
     from specdec_cli.tuned import machine
 
-    if spec.method == "none":
-        raise UsageError("--method none has no K to tune.", "Use --method draft, ngram or suffix.")
-    if not prompts:
-        raise UsageError("No prompts to tune on.", "Give prompt files or directories, or none for the built-in ones.")
-    if len(prompts) != len({p.name for p in prompts}):
-        dup = next(p.name for p in prompts if sum(q.name == p.name for q in prompts) > 1)
-        raise UsageError(f"Two prompts are named {dup!r}.", "Give prompt files with different names.")
-    err = err_console()
-    json_to_stdout = options.json_path == "-"
-    out = err if json_to_stdout else make_console()
-    configs = configs_for(options.ks)
-    plan = schedule(len(configs), len(prompts), options.repeats)
+    tokens = [session.prompt_tokens(p.text) for p in prompts]
+    plan = schedule(len(configs), len(prompts), repeats)
     measurements: list[Measurement] = []
+    inner = session.make_drafter(spec)
+    drafter = NoLearning(inner)
+    mach = machine(getattr(session.target, "n_threads", threads))
+
+    def engine(c: TuneConfig):  # a fresh controller for every run
+        return make_engine(session, replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,
+                           drafter=drafter if c.mode != "none" else None)
+
     interrupted = False
+    progress = progress_bar(console)
+    try:
+        with progress:
+            task = progress.add_task("warm-up", total=len(plan))
+            warm = GenerationConfig(max_tokens=min(WARMUP_TOKENS, config.max_tokens), sampling=config.sampling)
+            interrupted = generate(engine(TuneConfig("4")), tokens[0], warm).interrupted
+            for slot in plan if not interrupted else ():
+                c = configs[slot.config]
+                progress.update(task, description=f"{c.title:>6} · {prompts[slot.prompt].name} · "
+                                f"repeat {slot.repeat + 1}")
+                e = engine(c)
+                g = generate(e, tokens[slot.prompt], config)
+                if g.interrupted:
+                    interrupted = True
+                    break
+                m = measure(c, prompts[slot.prompt].name, slot.repeat, g)
+                if c.mode == "auto":
+                    m.controller = e.controller.snapshot()
+                measurements.append(m)
+                progress.advance(task)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        inner.close()
+    return TuneRun(tokens, measurements, len(plan), interrupted, mach)
 
-    with open_session(models, method=spec.method, console=err) as session:
-        tokens = [session.prompt_tokens(p.text) for p in prompts]
-        inner = session.make_drafter(spec)
-        drafter = _NoLearning(inner)
-        mach = machine(getattr(session.target, "n_threads", models.threads))
 
-        def engine(c: TuneConfig):  # a fresh controller for every run, the one drafter that does not learn
-            return make_engine(session, replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,
-                               drafter=drafter if c.mode != "none" else None)
-
-        progress = progress_bar(err)
-        try:
-            with progress:
-                task = progress.add_task("warm-up", total=len(plan))
-                warm = GenerationConfig(max_tokens=min(WARMUP_TOKENS, config.max_tokens), sampling=config.sampling)
-                interrupted = generate(engine(TuneConfig("4")), tokens[0], warm).interrupted
-                for r, p, ci in plan if not interrupted else ():
-                    c = configs[ci]
-                    progress.update(task, description=f"{c.title:>6} · {prompts[p].name} · repeat {r + 1}")
-                    run = engine(c)
-                    g = generate(run, tokens[p], config)
-                    if g.interrupted:
-                        interrupted = True
-                        break
-                    m = measure(c, prompts[p].name, r, g)
-                    if c.mode == "auto":
-                        m.controller = run.controller.snapshot()
-                    measurements.append(m)
-                    progress.advance(task)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            inner.close()
-
-        names = [p.name for p in prompts]
-        summaries = summarize(measurements, configs, names)
-        best = choose_best(summaries) if not interrupted else None
-        curve = verify_curve(measurements)
-        d_ms = draft_cost([m for m in measurements if m.config != "none"])
-        header = _header(session, spec, prompts, options, config)
-        out.print(report(summaries, names, best, curve, d_ms, header=header,
-                         partial=f"{len(measurements)} of {len(plan)} runs" if interrupted else None), soft_wrap=False)
-
-        saved = None
-        if options.save:
-            if best is None:
-                err.print(Text("Not saved: the tune did not finish; run it again to save a setting.",
-                               style="spec.warn"))
-            else:
-                from specdec_cli.tuned import save
-
-                win = next(s for s in summaries if s.config == best)
-                plain = next(s for s in summaries if s.config.label == "none")
-                saved = save(session.target_path, session.draft_path, spec.method, mach, best.saved_k, {
-                    "speedup": _round(win.speedup_geomean),
-                    "tokens_per_s": _round(statistics.fmean(win.tokens_per_s.values()), 3),
-                    "plain_tokens_per_s": _round(statistics.fmean(plain.tokens_per_s.values()), 3),
-                    "speedup_by_config": {s.config.label: _round(s.speedup_geomean) for s in summaries},
-                    "prompts": names,
-                    "max_tokens": config.max_tokens,
-                    "repeats": options.repeats,
-                })
-                err.print(Text.assemble(("saved ", "spec.label"), f"{best.title} for {session.target_path.name}"
-                                        + (f" + {session.draft_path.name}" if session.draft_path else "")
-                                        + f", --method {spec.method}, {mach['threads']} threads → {saved}"))
-                err.print(Text("`specdec run` uses it when --k is not given.", style="spec.label"))
-        elif best is not None:
+def _save(session, spec: SpecOptions, config: GenerationConfig, options: TuneOptions,
+          summaries: list[ConfigSummary], best: TuneConfig | None, mach: dict[str, Any], names: list[str],
+          err) -> Path | None:
+    """--save: write the best setting to tuned.json (`tuned.save`) and say so; without --save, say how."""
+    if not options.save:
+        if best is not None:
             err.print(Text("Add --save to make `specdec run` use this setting when --k is not given.",
                            style="spec.label"))
+        return None
+    if best is None:
+        err.print(Text("Not saved: the tune did not finish; run it again to save a setting.", style="spec.warn"))
+        return None
+    from specdec_cli.tuned import save
 
-        if options.json_path:
-            doc = {
-                "version": JSON_VERSION,
-                "target": str(session.target_path),
-                "draft": str(session.draft_path) if session.draft_path else None,
-                "method": spec.method,
-                "k_values": options.ks,
-                "configs": [c.label for c in configs],
-                "repeats": options.repeats,
-                "max_tokens": config.max_tokens,
-                "sampling": {"temperature": config.sampling.temperature, "seed": config.sampling.seed},
-                "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tokens)],
-                "machine": mach,
-                "interrupted": interrupted,
-                "runs": [m.to_dict() for m in measurements],
-                "summary": [s.to_dict() for s in summaries],
-                "best": best.label if best else None,
-                "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in curve],
-                "draft_ms_per_token": _round(d_ms),
-                "saved": str(saved) if saved else None,
-            }
-            write_json(options.json_path, doc)
-    return 130 if interrupted else 0
+    win = next(s for s in summaries if s.config == best)
+    plain = next(s for s in summaries if s.config.label == "none")
+    saved = save(session.target_path, session.draft_path, spec.method, mach, best.saved_k, {
+        "speedup": rounded(win.speedup_geomean),
+        "tokens_per_s": rounded(statistics.fmean(win.tokens_per_s.values()), 3),
+        "plain_tokens_per_s": rounded(statistics.fmean(plain.tokens_per_s.values()), 3),
+        "speedup_by_config": {s.config.label: rounded(s.speedup_geomean) for s in summaries},
+        "prompts": names,
+        "max_tokens": config.max_tokens,
+        "repeats": options.repeats,
+    })
+    err.print(Text.assemble(("saved ", "spec.label"), f"{best.title} for {session.target_path.name}"
+                            + (f" + {session.draft_path.name}" if session.draft_path else "")
+                            + f", --method {spec.method}, {mach['threads']} threads → {saved}"))
+    err.print(Text("`specdec run` uses it when --k is not given.", style="spec.label"))
+    return saved
 
 
-
-
+def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: TuneOptions, prompts: list[PromptCase],
+             configs: list[TuneConfig], tune: TuneRun, summaries: list[ConfigSummary], best: TuneConfig | None,
+             curve: list[tuple[int, float, int]], d_ms: float | None, saved: Path | None) -> dict[str, Any]:
+    """The --json document (version `JSON_VERSION`)."""
+    return {
+        "version": JSON_VERSION,
+        "target": str(session.target_path),
+        "draft": str(session.draft_path) if session.draft_path else None,
+        "method": spec.method,
+        "k_values": options.ks,
+        "configs": [c.label for c in configs],
+        "repeats": options.repeats,
+        "max_tokens": config.max_tokens,
+        "sampling": {"temperature": config.sampling.temperature, "seed": config.sampling.seed},
+        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tune.tokens)],
+        "machine": tune.machine,
+        "interrupted": tune.interrupted,
+        "runs": [m.to_dict() for m in tune.measurements],
+        "summary": [s.to_dict() for s in summaries],
+        "best": best.label if best else None,
+        "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in curve],
+        "draft_ms_per_token": rounded(d_ms),
+        "saved": str(saved) if saved else None,
+    }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -492,7 +478,7 @@ def report(summaries: list[ConfigSummary], prompts: list[str], best: TuneConfig 
 
 def results_table(summaries: list[ConfigSummary], prompts: list[str], best: TuneConfig | None) -> Table:
     """One row per configuration: per prompt tok/s and speedup, then the pooled figures."""
-    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = sweep.results_table()
     table.add_column("config", no_wrap=True)
     for p in prompts:
         table.add_column(p, justify="right", overflow="fold", min_width=12)
@@ -500,56 +486,28 @@ def results_table(summaries: list[ConfigSummary], prompts: list[str], best: Tune
     table.add_column("accept", justify="right", no_wrap=True)
     table.add_column("mean\nacc. len", justify="right", no_wrap=True)
     for s in summaries:
+        plain = s.config.label == "none"
         spec = s.n_drafted > 0  # acceptance means nothing without drafts
         cells: list[Any] = [Text(s.config.title, style="bold" if s.config == best else "")]
-        for p in prompts:
-            tps = s.tokens_per_s.get(p)
-            cell = Text("–" if tps is None else f"{tps:.1f}")
-            if s.config.label != "none" and p in s.speedup:
-                cell.append(f" {s.speedup[p]:.2f}×", style=_speed_style(s.speedup[p], s.config))
-            cells.append(cell)
+        cells += [speed_cell(s.tokens_per_s.get(p), None if plain else s.speedup.get(p)) for p in prompts]
         g = s.speedup_geomean
-        cells.append(Text("–") if g is None else Text(f"{g:.2f}×", style=_speed_style(g, s.config)))
-        cells.append(f"{s.acceptance_rate:.0%}" if spec else ("" if s.config.label == "none" else "–"))
-        cells.append(f"{s.mean_accepted_length:.2f}" if spec else ("" if s.config.label == "none" else "–"))
+        cells.append(Text("–") if g is None else Text(f"{g:.2f}×", style="spec.label" if plain else speed_style(g)))
+        cells.append(f"{s.acceptance_rate:.0%}" if spec else ("" if plain else "–"))
+        cells.append(f"{s.mean_accepted_length:.2f}" if spec else ("" if plain else "–"))
         table.add_row(*cells)
     return table
 
 
-def _speed_style(g: float, c: TuneConfig) -> str:
-    if c.label == "none":
-        return "spec.label"
-    return "spec.good" if g >= 1.0 else "spec.bad"
-
-
 def speedup_chart(summaries: list[ConfigSummary], best: TuneConfig | None, width: int = 40) -> Table:
     """Horizontal bars of the overall speedup by configuration; a dim │ marks 1× (plain decoding)."""
-    scored = [s for s in summaries if s.speedup_geomean is not None]
-    chart = Table.grid(padding=(0, 1))
-    chart.add_column(justify="right", style="spec.label", no_wrap=True)
-    chart.add_column(no_wrap=True)
-    chart.add_column(justify="right", no_wrap=True)
-    chart.add_row("", Text("speedup over plain decoding", style="bold"), "")
-    if not scored:
-        chart.add_row("", Text("(no complete measurement)", style="spec.label"), "")
-        return chart
-    scale = max(1.0, *(s.speedup_geomean for s in scored))
-    one = max(0, round(width / scale) - 1)
-    for s in scored:
-        n = round(width * s.speedup_geomean / scale)
-        bar = Text()
-        style = "spec.label" if s.config.label == "none" else _speed_style(s.speedup_geomean, s.config)
-        bar.append("█" * n, style=style)
-        if n <= one:
-            bar.append(" " * (one - n) + "│", style="spec.label")
-        bar.append(" " * (width - len(bar)))
-        chart.add_row(s.config.title, bar, Text(f"{s.speedup_geomean:.2f}×", style="bold" if s.config == best else ""))
-    return chart
+    bars = [Bar(s.config.title, s.speedup_geomean, plain=s.config.label == "none", best=s.config == best)
+            for s in summaries if s.speedup_geomean is not None]
+    return sweep.speedup_chart("speedup over plain decoding", [("", bars)], width)
 
 
 def cost_table(curve: list[tuple[int, float, int]]) -> Table:
     """The measured verify-cost curve: (batch size, median ms, passes) as ms, ms per token and ratio to batch 1."""
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = sweep.results_table()
     t.add_column("batch", justify="right")
     t.add_column("ms", justify="right")
     t.add_column("ms / token", justify="right")

@@ -1,0 +1,296 @@
+"""`specdec bench`'s worker processes: one per family ("ours": our engine; "peer": llama-cpp-python's lookup).
+
+The parent drives each worker with JSON lines over stdin/stdout (`Worker.call`); a worker (`worker_main`) serves
+one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
+only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.commands.bench`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from specdec_cli.errors import BackendError, SpecdecError
+
+WARMUP_PROMPT = "Say hello."
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Worker processes (parent side)
+
+
+class Worker:
+    """A worker process for one family ("ours" or "peer"), driven by JSON lines. `info` is its reply to init."""
+
+    def __init__(self, family: str, init: dict[str, Any]) -> None:
+        self.family = family
+        code = "from specdec_cli.commands.bench_worker import worker_main; worker_main()"
+        # Own session: Ctrl-C in the terminal reaches only the parent, which stops the workers itself.
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, encoding="utf-8", bufsize=1, start_new_session=True)
+        try:
+            self.info = self.call({"op": "init", "family": family, **init})
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for its reply. Raises the worker's SpecdecError, or BackendError if it died."""
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            code = self.proc.wait()
+            raise BackendError(f"The bench worker for {self.family} exited with code {code}.",
+                               "Run with --verbose to see llama.cpp's log, or SPECDEC_DEBUG=1 for tracebacks.")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise _remote_error(reply["error"])
+        return reply
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the worker: end of input (it closes its models), or SIGKILL when `kill` or when it does not exit."""
+        if self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            else:
+                try:
+                    self.proc.stdin.close()
+                    self.proc.wait(timeout=60)
+                except (OSError, subprocess.TimeoutExpired):
+                    self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def _remote_error(e: dict[str, Any]) -> SpecdecError:
+    """The worker's error as the same SpecdecError subclass (message and fix), or a BackendError for a bug."""
+    from specdec_cli import errors
+
+    cls = getattr(errors, e.get("type", ""), None)
+    if isinstance(cls, type) and issubclass(cls, SpecdecError):
+        err = cls.__new__(cls)
+        SpecdecError.__init__(err, e["message"], e.get("fix"))
+        return err
+    return BackendError(f"A bench worker failed: {e.get('type')}: {e.get('message')} (a bug in specdec).",
+                        "Run with SPECDEC_DEBUG=1 for the worker's traceback.")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Worker processes (worker side)
+
+
+def worker_main() -> None:
+    """Serve one family's requests: JSON lines on stdin, replies on the original stdout (fd 1 is pointed at stderr
+    so nothing llama.cpp prints can corrupt the replies). Ends at end of input."""
+    import traceback
+    import warnings
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    warnings.showwarning = lambda m, *a, **k: print(f"warning: {m}", file=sys.stderr)
+    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+    runner = None
+    try:
+        for line in sys.stdin:
+            msg = json.loads(line)
+            try:
+                if msg["op"] == "init":
+                    runner = _OursRunner(msg) if msg["family"] == "ours" else _PeerRunner(msg)
+                    reply = runner.info
+                else:
+                    reply = runner.run(msg)
+            except SpecdecError as e:
+                if debug:
+                    traceback.print_exc()
+                reply = {"error": {"type": type(e).__name__, "message": e.message, "fix": e.fix}}
+            except Exception as e:  # a bug: the parent says so
+                if debug:
+                    traceback.print_exc()
+                reply = {"error": {"type": type(e).__name__, "message": str(e)}}
+            replies.write(json.dumps(reply) + "\n")
+    finally:
+        if runner is not None:
+            runner.close()
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0). False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_kib() -> tuple[int | None, int | None]:
+    """(VmHWM, VmRSS) of this process in KiB; VmHWM falls back to ru_maxrss where /proc is missing."""
+    hwm = rss = None
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1])
+                elif line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    if hwm is None:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        hwm = peak // 1024 if sys.platform == "darwin" else peak  # macOS: bytes, Linux: KiB
+    return hwm, rss
+
+
+class _OursRunner:
+    """Our engine: one session (target + optional draft model), a drafter per method built once."""
+
+    def __init__(self, msg: dict[str, Any]) -> None:
+        from specdec_cli.session import ModelOptions, open_session
+
+        m = msg["models"]
+        self.session = open_session(
+            # auto includes a draft model as `run` would: a named --draft, or where it pays (draft_policy)
+            ModelOptions(target=m["target"], draft=m["draft"] if m.get("draft_named") else None, ctx=m["ctx"],
+                         threads=m["threads"], gpu_layers=m["gpu_layers"], verbose=m["verbose"]),
+            need_draft=m["draft"] is not None)
+        self.k, self.ngram = msg["k"], (msg["ngram_min"], msg["ngram_max"])  # k was checked by the parent
+        self.prompts = [self.session.prompt_tokens(t) for t in msg["prompts"]]
+        warm = self.session.prompt_tokens(WARMUP_PROMPT)
+        self._drafters: dict[str, Any] = {}
+        for method in ("none", "draft") if self.session.draft is not None else ("none",):
+            self._generate(method, warm, 4)  # page the weights in before anything is timed
+        store_tokens = None
+        if {"suffix", "auto"} & set(msg["methods"]):
+            from specdec_cli.config import data_dir
+            from specdec_cli.suffix_store import SuffixStore, store_path
+
+            fp = self.session.vocab_fingerprint()
+            store_tokens = SuffixStore(store_path(data_dir(), fp), fingerprint=fp).corpus.n_tokens
+        self.info = {"tokens": [p.tolist() for p in self.prompts], "warmup_tokens": warm.tolist(),
+                     "threads": getattr(self.session.target, "n_threads", None), "suffix_store_tokens": store_tokens,
+                     "rss_after_load_kib": _rss_kib()[1]}
+
+    def _drafter(self, method: str):
+        if method == "none":
+            return None
+        if method not in self._drafters:
+            from specdec_cli.session import SpecOptions
+            from specdec_cli.sweep import NoLearning
+
+            spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
+            self._drafters[method] = NoLearning(self.session.make_drafter(spec))
+        return self._drafters[method]
+
+    def _generate(self, method: str, prompt, max_tokens: int):
+        """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
+        from specdec_cli.engine import GenerationConfig
+        from specdec_cli.generation import generate, make_engine
+        from specdec_cli.session import SpecOptions
+
+        # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
+        engine = make_engine(self.session, SpecOptions(method=method, k=self.k), fresh=True,
+                             drafter=self._drafter(method))
+        first: list[float] = []  # perf_counter s when the first step arrived
+
+        def clock(step) -> None:
+            if not first:
+                first.append(time.perf_counter())
+
+        t0 = time.perf_counter()
+        g = generate(engine, prompt, GenerationConfig(max_tokens=max_tokens), clock)
+        return g, (first[0] - t0) * 1e3 if first else None
+
+    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["cold"]:
+            self.session.target.truncate(0)
+            if self.session.draft is not None:
+                self.session.draft.truncate(0)
+        reset = _reset_peak_rss()
+        g, ttft = self._generate(msg["method"], self.prompts[msg["prompt"]], msg["max_tokens"])
+        hwm, rss = _rss_kib()
+        st = g.stats
+        return {
+            "tokens_per_s": st.tokens_per_s,
+            "n_tokens": st.n_generated,
+            "decode_ms": st.decode_ms,
+            "ttft_ms": ttft if msg["cold"] else None,
+            "n_prompt": st.n_prompt,
+            "n_prefill_evaluated": st.n_prefill_evaluated,
+            "prefill_ms": st.prefill_ms,
+            "draft_prefill_ms": st.draft_prefill_ms,
+            "n_drafted": st.n_drafted,
+            "n_accepted": st.n_accepted,
+            "n_spec_steps": sum(1 for s in g.steps if s.drafted),
+            "n_steps": st.n_target_passes,
+            "mean_k": st.mean_k,
+            "k_histogram": {str(k): v for k, v in sorted(st.k_histogram.items())},
+            "draft_ms": st.draft_ms,
+            "verify_ms": st.verify_ms,
+            "finish_reason": st.finish_reason,
+            "peak_rss_kib": hwm,
+            "rss_kib": rss,
+            "peak_rss_reset": reset,
+            "tokens": g.tokens,
+        }
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class _PeerRunner:
+    """llama-cpp-python's `Llama` with prompt lookup decoding (`specdec_cli.peer.PeerModel`)."""
+
+    def __init__(self, msg: dict[str, Any]) -> None:
+        from specdec_cli.peer import PeerModel
+
+        m = msg["models"]
+        self.model = PeerModel(m["target"], n_ctx=m["ctx"], n_threads=m["threads"], n_gpu_layers=m["gpu_layers"],
+                               verbose=m["verbose"])
+        self.prompts = msg["prompt_tokens"]
+        self.model.generate(msg["warmup_tokens"], num_pred_tokens=10, max_tokens=4, cold=True)
+        self.info = {"scores_bytes": self.model.scores_nbytes, "n_vocab": self.model.n_vocab,
+                     "n_ctx": m["ctx"], "threads": self.model.n_threads, "rss_after_load_kib": _rss_kib()[1]}
+
+    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        reset = _reset_peak_rss()
+        r = self.model.generate(self.prompts[msg["prompt"]], num_pred_tokens=msg["num_pred_tokens"],
+                                max_tokens=msg["max_tokens"], cold=msg["cold"])
+        hwm, rss = _rss_kib()
+        a = r.acceptance
+        return {
+            "tokens_per_s": r.tokens_per_s,
+            "n_tokens": len(r.tokens),
+            "decode_ms": r.decode_ms,
+            "ttft_ms": r.ttft_ms if msg["cold"] else None,
+            "n_prompt": len(self.prompts[msg["prompt"]]),
+            "n_drafted": a.n_drafted,
+            "n_accepted": a.n_accepted,
+            "n_spec_steps": a.n_spec_steps,
+            "n_steps": a.n_steps,
+            "k_histogram": {str(k): v for k, v in sorted(a.k_histogram.items())},
+            "finish_reason": r.finish_reason,
+            "peak_rss_kib": hwm,
+            "rss_kib": rss,
+            "peak_rss_reset": reset,
+            "tokens": r.tokens,
+        }
+
+    def close(self) -> None:
+        self.model.close()

@@ -1,0 +1,187 @@
+"""`specdec chat`'s slash commands (/help /reset /stats /k /method /save /quit) and the transcripts /save writes.
+
+`COMMANDS` is the table: each entry runs with the `Chat` and the text after the command, and returns True to end
+the chat. `dispatch` looks a line up in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from specdec_cli.errors import SpecdecError, UsageError
+from specdec_cli.options import Method
+from specdec_cli.session import NEEDS_DRAFT_MODEL
+
+if TYPE_CHECKING:
+    from specdec_cli.commands.chat import Chat
+
+
+
+
+@dataclass(frozen=True)
+class Command:
+    run: Callable[[Chat, str], bool]  # (chat, argument) → True to end the chat
+    usage: str
+    help: str
+
+
+def _help(chat: Chat, arg: str) -> bool:
+    chat.view.help()
+    return False
+
+
+def _reset(chat: Chat, arg: str) -> bool:
+    chat.conversation.reset()
+    chat.view.note("New conversation" + (" (the system prompt is kept)." if chat.conversation.system else "."))
+    return False
+
+
+def _stats(chat: Chat, arg: str) -> bool:
+    chat.view.stats(chat.totals, chat.spec.method)
+    return False
+
+
+def _k(chat: Chat, arg: str) -> bool:
+    if not arg:
+        chat.view.note(f"K is {chat.spec.k}. Change it with /k auto or /k N (0-64).")
+        return False
+    try:
+        chat.set_spec(replace(chat.spec, k=arg))
+    except UsageError as e:
+        raise UsageError(e.message, "Use /k auto or /k N with N from 0 to 64.") from None
+    chat.view.note(f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)."
+                                                 if chat.drafter is None else "."))
+    return False
+
+
+def _method(chat: Chat, arg: str) -> bool:
+    names = ", ".join(m.value for m in Method)
+    if not arg:
+        chat.view.note(f"The method is {chat.spec.method}. Change it with /method NAME ({names}).")
+        return False
+    try:
+        method = Method(arg.strip().lower()).value
+    except ValueError:
+        raise UsageError(f"Unknown method {arg.strip()!r}.", f"Use /method with one of {names}.") from None
+    if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
+        chat.view.note(f"--method {method} needs a draft model; loading it (--draft, else the catalog default).")
+        try:
+            chat.session.load_draft(console=chat.view.err)
+        except SpecdecError as e:
+            chat.view.error(e)
+            chat.view.note(f"No draft model, so the method stays {chat.spec.method}.")
+            return False
+    try:
+        chat.set_spec(replace(chat.spec, method=method))
+    except ImportError as e:  # a drafter module this build does not have
+        raise UsageError(f"--method {method} is not available in this build ({e}).",
+                         f"Use /method with one of {names}.") from None
+    chat.view.note(f"The method is now {method}.")
+    chat.view.show_legend(method)
+    return False
+
+
+def _save(chat: Chat, arg: str) -> bool:
+    if not arg:
+        raise UsageError("/save needs a path.", "Use /save chat.md (Markdown) or /save chat.json (JSON).")
+    path = Path(arg.strip()).expanduser()
+    kind = {".md": "md", ".markdown": "md", ".json": "json"}.get(path.suffix.lower())
+    if kind is None:
+        raise UsageError(f"Cannot tell the format of {path.name} from its extension.",
+                         "Use a path ending in .md (Markdown) or .json (JSON).")
+    text = transcript_markdown(chat) if kind == "md" else transcript_json(chat)
+    try:
+        write_private(path, text)
+    except OSError as e:
+        raise UsageError(f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable.") \
+            from None
+    n = len(chat.conversation.turns)
+    chat.view.note(f"Saved {n} turn{'s' * (n != 1)} to {path} (readable by you only).")
+    return False
+
+
+def _quit(chat: Chat, arg: str) -> bool:
+    return True
+
+
+COMMANDS: dict[str, Command] = {
+    "/help": Command(_help, "/help", "show this help"),
+    "/reset": Command(_reset, "/reset", "start a new conversation (keeps the system prompt and the models)"),
+    "/stats": Command(_stats, "/stats", "session totals and acceptance by draft position"),
+    "/k": Command(_k, "/k N|auto", "draft length K from the next reply on (e.g. /k 4, /k auto)"),
+    "/method": Command(_method, "/method NAME", "drafter: none, draft, ngram, suffix, hybrid (loads a draft model "
+                       "if needed)"),
+    "/save": Command(_save, "/save PATH", "write the transcript: PATH.md as Markdown, PATH.json as JSON (mode 600)"),
+    "/quit": Command(_quit, "/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at an empty prompt)"),
+    "/exit": Command(_quit, "", ""),  # an alias, not listed
+}
+
+
+def dispatch(chat: Chat, line: str) -> bool:
+    """Run a slash command. Returns True when the chat should end. Raises UsageError for an unknown command."""
+    name, _, arg = line.strip().partition(" ")
+    command = COMMANDS.get(name.lower())
+    if command is None:
+        raise UsageError(f"Unknown command {name}.", "/help lists the commands; start a message with // to send "
+                         "text that begins with a slash.")
+    return command.run(chat, arg.strip())
+
+
+def is_command(line: str) -> bool:
+    return line.lstrip().startswith("/") and not line.lstrip().startswith("//")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Transcripts
+
+
+def transcript_json(chat: Chat) -> str:
+    s = chat.session
+    conv = chat.conversation
+    doc = {
+        "target": str(s.target_path),
+        "draft": str(s.draft_path) if s.draft_path else None,
+        "system": conv.system,
+        "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "messages": conv.messages(),
+        "turns": [
+            {"user": t.user, "assistant": t.assistant, "interrupted": t.interrupted, "in_context": i >= conv.start,
+             "method": t.method, "k": t.k, "stats": t.stats.to_dict() if t.stats else None}
+            for i, t in enumerate(conv.turns)
+        ],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def transcript_markdown(chat: Chat) -> str:
+    from specdec_cli.commands.chat_view import footer_text
+
+    s = chat.session
+    conv = chat.conversation
+    out = ["# specdec chat", "", f"- target: `{s.target_path.name}`"]
+    if s.draft_path:
+        out.append(f"- draft: `{s.draft_path.name}`")
+    out.append(f"- saved: {time.strftime('%Y-%m-%d %H:%M')}")
+    out.append("")
+    if conv.system:
+        out += ["## System", "", conv.system, ""]
+    for t in conv.turns:
+        out += ["## You", "", t.user, "", "## Assistant", "", t.assistant, ""]
+        if t.stats is not None:
+            out += [f"*{footer_text(t)}*", ""]
+    return "\n".join(out)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by the user only (0o600), also when the file existed with wider permissions."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
