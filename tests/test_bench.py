@@ -23,7 +23,7 @@ from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.machine import model_file, physical_cores
 from specdec_cli.peer import lookup_acceptance
 
-ALL = ["none", "ngram", "draft", "suffix", "hybrid", "peer-10", "peer-2"]
+ALL = ["none", "auto", "ngram", "suffix", "draft", "peer-10", "peer-2"]
 
 
 def cli(capsys, *args):
@@ -55,8 +55,8 @@ def test_schedule_starts_each_first_repeat_block_with_cold_runs_and_rotates_the_
 
 def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
     assert B.parse_methods("suffix, ngram") == ["none", "ngram", "suffix"]
-    assert B.parse_methods("hybrid,none,draft,suffix,ngram") == ["none", "ngram", "draft", "suffix", "hybrid"]
-    with pytest.raises(UsageError, match="Unknown method 'medusa' in --methods.*none, ngram, draft, suffix, hybrid"):
+    assert B.parse_methods("auto,none,draft,suffix,ngram") == ["none", "auto", "ngram", "suffix", "draft"]
+    with pytest.raises(UsageError, match="Unknown method 'medusa' in --methods.*none, auto, ngram, suffix, draft"):
         B.parse_methods("ngram,medusa")
     assert [c.label for c in B.configs_for(["none", "ngram"], peer=True)] == ["none", "ngram", "peer-10", "peer-2"]
     assert [c.label for c in B.configs_for(["none", "draft"], peer=False)] == ["none", "draft"]

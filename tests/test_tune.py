@@ -226,7 +226,7 @@ def test_tune_cli_writes_every_run_and_run_uses_the_saved_setting(smollm2_path, 
     prompt = tmp_path / "short_edit.txt"
     prompt.write_text("Count from 1 to 30, separated by commas.\n", encoding="utf-8")
     out = tmp_path / "tune.json"
-    models = ["-t", "smollm2-135m", "-d", "smollm2-135m"]
+    models = ["-t", "smollm2-135m", "-d", "smollm2-135m", "--method", "draft"]  # (the default is auto)
     result = runner.invoke(app, ["tune", str(prompt), *models, "--k", "2,4", "--max-tokens", "16", "--json",
                                  str(out), "--save"])
     assert result.exit_code == 0, result.output
