@@ -16,6 +16,7 @@ import numpy as np
 from specdec_cli.backend import Backend
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
+from specdec_cli.options import Method
 
 
 @dataclass(frozen=True)
@@ -33,16 +34,21 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """How to speculate: the drafter and K ("auto" or a number)."""
+    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number).
 
-    method: str = "draft"
+    Raises ValueError for an unknown method name."""
+
+    method: Method = Method.draft
     k: str = "auto"
     ngram_min: int = 2
     ngram_max: int = 4
     k_max: int = 16
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", Method(self.method))
 
-NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
+
+NEEDS_DRAFT_MODEL = {Method.draft, Method.hybrid}
 
 
 @dataclass
@@ -81,9 +87,9 @@ class Session:
     def make_drafter(self, spec: SpecOptions) -> Drafter | None:
         """The drafter for `spec.method` (None for "none"). Raises UsageError when the method needs a missing model."""
         method = spec.method
-        if method == "none":
+        if method == Method.none:
             return None
-        if method == "ngram":
+        if method == Method.ngram:
             from specdec_cli.drafters.ngram import NgramDrafter
 
             if spec.ngram_min > spec.ngram_max:
@@ -92,11 +98,11 @@ class Session:
             return NgramDrafter(spec.ngram_min, spec.ngram_max)
         if method in NEEDS_DRAFT_MODEL and self.draft is None:
             raise UsageError(f"--method {method} needs a draft model, and none is loaded.", "Pass --draft NAME.")
-        if method == "draft":
+        if method == Method.draft:
             from specdec_cli.drafters.model import ModelDrafter
 
             return ModelDrafter(self.draft)
-        if method in ("suffix", "hybrid"):
+        if method in (Method.suffix, Method.hybrid):
             from specdec_cli.drafters.suffix import SuffixDrafter
             from specdec_cli.suffix_store import SuffixStore, store_path
             from specdec_cli.config import data_dir
@@ -104,13 +110,13 @@ class Session:
             fingerprint = self.vocab_fingerprint()
             store = SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint)
             suffix = SuffixDrafter(store)
-            if method == "suffix":
+            if method == Method.suffix:
                 return suffix
             from specdec_cli.drafters.hybrid import HybridDrafter
             from specdec_cli.drafters.model import ModelDrafter
 
             return HybridDrafter(suffix, ModelDrafter(self.draft))
-        raise UsageError(f"Unknown method {method!r}.", "Use none, draft, ngram, suffix or hybrid.")
+        raise AssertionError(f"unhandled method {method}")  # every Method is handled above
 
     def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None, fresh: bool = False):
         """FixedK for a number, AdaptiveK for "auto" (or the K saved by `specdec tune --save`).

@@ -40,6 +40,7 @@ from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, SpecdecError
 from specdec_cli.generation import Generation, generate, make_engine, saved_k as tuned_k
 from specdec_cli.records import Step
+from specdec_cli.options import Method
 from specdec_cli.render import err_console, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
 from specdec_cli.stats import RunStats, summarize
@@ -398,7 +399,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
     with open_session(models, need_draft=spec.method in NEEDS_DRAFT_MODEL, console=err) as session:
-        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != Method.none else None
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
         reader = LineReader(sys.stdin, interactive=interactive,
                             history=config_dir() / HISTORY_FILE if interactive else None)

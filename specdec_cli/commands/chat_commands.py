@@ -65,7 +65,7 @@ def _method(chat: Chat, arg: str) -> bool:
         chat.view.note(f"The method is {chat.spec.method}. Change it with /method NAME ({names}).")
         return False
     try:
-        method = Method(arg.strip().lower()).value
+        method = Method(arg.strip().lower())
     except ValueError:
         raise UsageError(f"Unknown method {arg.strip()!r}.", f"Use /method with one of {names}.") from None
     if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
