@@ -100,7 +100,7 @@ def run(
         text,
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose),
-        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -126,7 +126,7 @@ CHAT_EXAMPLES = """
 
 [bold]In the chat[/bold]
 
-  /help  /stats  /k 4  /k auto  /method ngram  /save chat.md  /reset  /quit
+  /help  /stats  /k 4  /k auto  /method ngram  /predict old.py  /save chat.md  /reset  /quit
   End a line with \\ to continue it, or put lines between \"\"\" and \"\"\".
   Ctrl-C stops a reply; Ctrl-D, or Ctrl-C at an empty prompt, quits.
 """
@@ -167,7 +167,7 @@ def chat(
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose),
-        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -245,7 +245,7 @@ def tune(
         cases,
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose),
-        spec=SpecOptions(method=method.value, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
         options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save),
@@ -270,8 +270,7 @@ def check(
     target: o.Target = None,
     draft: o.DraftModel = None,
     method: o.MethodOpt = Method.auto,
-    k: str = typer.Option("auto", "--k", "-k", help="Draft length K: 'auto' or a fixed number 0-64.",
-                          rich_help_panel=o.SPEC),
+    k: o.KAuto = "auto",
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 256,
@@ -307,7 +306,7 @@ def check(
         read_prompt(prompt_file),
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose),
-        spec=SpecOptions(method=method.value, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
         config=config,
         json_path=json_out,
         raw=raw,
@@ -354,8 +353,7 @@ def bench(
                                 "comma-separated (none always runs: it is the baseline).", rich_help_panel=o.SPEC),
     no_peer: bool = typer.Option(False, "--no-peer", help="Skip llama-cpp-python's prompt lookup decoding.",
                                  rich_help_panel=o.SPEC),
-    k: str = typer.Option("auto", "--k", "-k", help="Draft length K for our methods: 'auto' or a fixed number 0-64.",
-                          rich_help_panel=o.SPEC),
+    k: o.KAuto = "auto",
     repeats: int = typer.Option(1, "--repeats", "-r", min=1, max=100, help="Timed runs of every configuration on "
                                 "every prompt; tok/s is their median.", rich_help_panel=o.SPEC),
     all_builtin: bool = typer.Option(False, "--all-builtin", help="Without prompt files: every built-in prompt, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -37,11 +36,11 @@ def _init_once(verbose: bool) -> None:
 
 
 def default_threads() -> int:
-    """Threads for generation: the CPUs this process may use (llama.cpp is memory-bound past physical cores)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS
-        return max(1, os.cpu_count() or 1)
+    """Threads for generation: the CPUs this process may use, `machine.usable_cpus` (llama.cpp is memory-bound past
+    physical cores, so more would not help)."""
+    from specdec_cli.machine import usable_cpus
+
+    return usable_cpus()
 
 
 def gpu_offload_supported() -> bool:
@@ -294,16 +293,6 @@ class LlamaBackend:
             eos=int(llama_cpp.llama_vocab_eos(self._vocab)),
             fingerprint=h.hexdigest(),
         )
-
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
 
     def format_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""

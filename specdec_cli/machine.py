@@ -82,10 +82,12 @@ def memory_bytes() -> int | None:
 
 
 def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; all CPUs where there is none, e.g. macOS), >= 1. Also
+    the default number of llama.cpp threads (`llama.default_threads`), so both machine descriptions agree."""
     try:
-        return len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        return max(1, os.cpu_count() or 1)
 
 
 def package_version(dist: str = "llama_cpp_python") -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,8 +12,8 @@ from specdec_cli.cost_model import K_LIMIT
 from specdec_cli.errors import UsageError
 
 
-class Method(str, Enum):
-    """How drafts are made."""
+class Method(StrEnum):
+    """How drafts are made (`SpecOptions.method`). A StrEnum: it prints, formats and serialises as its value."""
 
     auto = "auto"  # every step, whatever pays here: prompt lookup, the suffix store, a prediction, a draft model
     none = "none"  # plain decoding through the same engine (the baseline)
@@ -63,6 +63,11 @@ K = Annotated[
     typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
                  "number 0-64. [default: the setting `specdec tune --save` found best for these models, method and "
                  "machine, else auto]", rich_help_panel=SPEC),
+]
+KAuto = Annotated[
+    str,
+    typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed number "
+                 "0-64.", rich_help_panel=SPEC),
 ]
 NgramMin = Annotated[int, typer.Option("--ngram-min", min=1, max=16, help="Shortest n-gram prompt lookup matches.",
                                        rich_help_panel=SPEC)]

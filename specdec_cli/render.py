@@ -7,7 +7,6 @@ When stdout is not a terminal, or with NO_COLOR / --plain, stdout receives exact
 from __future__ import annotations
 
 import os
-import sys
 from typing import TextIO
 
 from rich.console import Console
@@ -16,6 +15,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from specdec_cli.audit import NEAR_TIE
+from specdec_cli.options import Method
 from specdec_cli.records import REJECTED, Step
 from specdec_cli.stats import RunStats
 
@@ -122,7 +122,7 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
                                              (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
                                              f"  ({stats.finish_reason or 'unfinished'})"))
     table.add_row("target passes", f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass)")
-    if method != "none":
+    if method != Method.none:
         table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
                       f"acceptance rate {stats.acceptance_rate:.1%}")
         table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
@@ -187,6 +187,3 @@ def print_compare(console: Console, spec: RunStats, plain: RunStats, *, shared: 
 def err_console() -> Console:
     return make_console(stderr=True)
 
-
-def stdout_stream() -> TextIO:
-    return sys.stdout

@@ -17,6 +17,7 @@ from specdec_cli.backend import Backend
 from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
+from specdec_cli.options import Method
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,22 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """How to speculate: the drafter and K ("auto" or a number)."""
+    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number).
 
-    method: str = "auto"
+    Raises ValueError for an unknown method name."""
+
+    method: Method = Method.auto
     k: str = "auto"
     ngram_min: int = 2
     ngram_max: int = 4
     k_max: int = 16
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", Method(self.method))
 
-NEEDS_DRAFT_MODEL = {"draft"}  # methods that cannot run without a draft model (auto includes one where it pays)
+
+
+NEEDS_DRAFT_MODEL = {Method.draft}  # methods that cannot run without a draft model (auto includes one where it pays)
 
 
 @dataclass
@@ -84,9 +91,9 @@ class Session:
     def make_drafter(self, spec: SpecOptions) -> Drafter | None:
         """The drafter for `spec.method` (None for "none"). Raises UsageError when the method needs a missing model."""
         method = spec.method
-        if method == "none":
+        if method == Method.none:
             return None
-        if method == "ngram":
+        if method == Method.ngram:
             from specdec_cli.drafters.ngram import NgramDrafter
 
             if spec.ngram_min > spec.ngram_max:
@@ -98,22 +105,22 @@ class Session:
         from specdec_cli.drafters.auto import AutoDrafter
         from specdec_cli.drafters.model import ModelDrafter
 
-        if method == "draft":
+        if method == Method.draft:
             return ModelDrafter(self.draft)
-        if method == "predict":
+        if method == Method.predict:
             return AutoDrafter(predictor=self._predictor, name="predict")
-        if method in ("suffix", "auto"):
+        if method in (Method.suffix, Method.auto):
             from specdec_cli.config import data_dir
             from specdec_cli.drafters.suffix import SuffixDrafter
             from specdec_cli.suffix_store import SuffixStore, store_path
 
             fingerprint = self.vocab_fingerprint()
             suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
-            if method == "suffix":
+            if method == Method.suffix:
                 return suffix
             model = ModelDrafter(self.draft) if self.draft is not None and self.auto_draft else None
             return AutoDrafter(suffix, model, predictor=self._predictor)
-        raise UsageError(f"Unknown method {method!r}.", "Use auto, none, draft, ngram, suffix or predict.")
+        raise AssertionError(f"unhandled method {method}")  # every Method is handled above
 
     def _predictor(self, prediction: np.ndarray) -> Drafter:
         """The drafter of one generation's predicted output (int32 [m] target tokens)."""

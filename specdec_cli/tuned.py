@@ -38,7 +38,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.machine import cpu_model
+from specdec_cli.machine import cpu_model, usable_cpus
 from specdec_cli.config import config_dir
 
 FILE_NAME = "tuned.json"
@@ -77,14 +77,15 @@ def model_id(path: str | os.PathLike[str]) -> str:
 def machine(threads: int | None) -> dict[str, Any]:
     """{"cpu", "threads", "system_info", "system_info_sha256", "key"}: what a tuned setting is valid for.
 
-    threads: the generation threads (None = llama.cpp's default for this process, `default_threads()`).
+    threads: the generation threads (None = llama.cpp's default for this process, `machine.usable_cpus()`, as in
+    `machine.describe`).
     """
-    from specdec_cli.llama import default_threads, system_info
+    from specdec_cli.llama import system_info
 
     info = system_info()
     desc = {
         "cpu": cpu_model(),
-        "threads": int(threads or default_threads()),
+        "threads": int(threads or usable_cpus()),
         "system_info": info,
         "system_info_sha256": hashlib.sha256(info.encode()).hexdigest()[:12],
     }

@@ -51,7 +51,8 @@ def bigram_logits(prefix: Sequence[int], vocab: int = V, table: np.ndarray | Non
 class FakeBackend:
     """Implements `specdec_cli.backend.Backend` with `fn(prefix) -> logits`.
 
-    Counts evaluated tokens and decode calls; records every truncate.
+    Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more
+    logits rows than one llama.cpp batch (n_logits > min(tokens, n_batch)) and a negative truncation (ValueError).
     """
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
@@ -78,6 +79,8 @@ class FakeBackend:
 
     def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
         toks = [int(t) for t in tokens]
+        if n_logits > min(len(toks), self._n_batch):
+            raise ValueError(f"n_logits={n_logits} exceeds the batch ({len(toks)} tokens, n_batch {self._n_batch})")
         if len(self._tokens) + len(toks) > self._n_ctx:
             raise ContextOverflowError("fake context full")
         start = len(self._tokens)
@@ -91,6 +94,8 @@ class FakeBackend:
         return out
 
     def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"truncate({n}): a negative length")
         self.truncations.append(n)
         del self._tokens[n:]
 

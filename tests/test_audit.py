@@ -29,7 +29,7 @@ from specdec_cli.audit import (
     first_divergence,
     teacher_force,
 )
-from specdec_cli.commands.check import check_engine
+from specdec_cli.commands.check import refuse_sampling
 from specdec_cli.generation import generate, plain_compare
 from specdec_cli.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
@@ -40,6 +40,16 @@ from specdec_cli.sampling import SamplingParams
 from specdec_cli.session import Session
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
+
+
+def check_engine(engine, prompt, config, threshold=NEAR_TIE_THRESHOLD):
+    """What `specdec check` does with an engine: generate (greedy only), then audit the output against the target's
+    batch-1 argmax. Returns (the generation, the audit report)."""
+    refuse_sampling(config)
+    result = generate(engine, prompt, config)
+    report = audit_output(engine.target, prompt, result.tokens, ended_with_eog=result.stats.finish_reason == "eog",
+                          threshold=threshold)
+    return result, report
 
 
 def noisy(fn, flip_every=3):

@@ -388,7 +388,8 @@ def test_help_has_examples():
 
 @pytest.mark.real
 def test_cli_real_smollm2_two_turns_reuse_the_cache(smollm2_path):
-    result = invoke(["-t", str(smollm2_path), "-d", str(smollm2_path), "-n", "12", "--k", "3", "--threads", "2"],
+    result = invoke(["-t", str(smollm2_path), "-d", str(smollm2_path), "--method", "draft", "-n", "12", "--k", "3",
+                     "--threads", "2"],
                     "Hi!\n/stats\nName a colour.\n")
     assert result.exit_code == 0, result.output
     assert len([line for line in result.stdout.splitlines() if line.strip()]) >= 2
@@ -421,3 +422,19 @@ def test_real_second_turn_evaluates_only_the_new_tokens(smollm2_path):
         assert second.stats.n_prefill_evaluated < 30 < len(prompt1)
         evaluated, cached = second.draft_cache
         assert cached >= len(prompt1)
+
+
+def test_predict_drafts_the_next_reply_from_a_file_and_only_that_reply(tmp_path):
+    chat, _, err = make_chat(fake_session(draft=False), method="predict", k="8", max_tokens=12)
+    first = chat.turn(words(4, 5))
+    assert "predict" not in first.stats.by_source  # no prediction: nothing drafted
+    (tmp_path / "expected.txt").write_text(first.assistant, encoding="utf-8")
+    dispatch(chat, "/reset")
+    assert dispatch(chat, f"/predict {tmp_path / 'expected.txt'}") is False
+    assert "The next reply drafts from" in err.getvalue()
+    again = chat.turn(words(4, 5))  # the same message: the reply is the prediction (greedy, lossless)
+    assert again.assistant == first.assistant
+    assert again.stats.by_source["predict"]["accepted"] >= 8 and again.stats.accepted_prediction_tokens >= 8
+    assert chat.prediction is None  # for the next reply only
+    with pytest.raises(UsageError, match="Prediction file .* does not exist"):  # one line, the chat goes on
+        dispatch(chat, f"/predict {tmp_path / 'missing.txt'}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits
+from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.controller import FixedK
 from specdec_cli.drafters.base import DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
@@ -93,27 +93,42 @@ def test_target_cache_holds_exactly_the_committed_tokens_after_every_step():
 
 def test_rollback_truncates_to_context_plus_accepted():
     target = FakeBackend(hashed_logits)
-    drafter = ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=2)))
+    drafter = ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=5)))
     engine = SpeculativeEngine(target, drafter, FixedK(4))
-    n = len(PROMPT)
-    for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=25)):
+    n = len(PROMPT)  # committed tokens before the step
+    kinds = set()
+    for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=40)):
         if isinstance(rec, Step):
-            # after verifying [last, d1..dk] the cache was cut to n + n_accepted tokens
-            assert target.truncations[-1] == n + rec.n_accepted or rec.n_accepted == len(rec.drafted)
+            # after verifying [last, d1..dk] the cache was cut to n + n_accepted tokens: the committed context and
+            # the accepted drafts, nothing rejected (also when every draft was accepted: nothing to cut, same length)
+            assert target.truncations[-1] == n + rec.n_accepted and len(target.tokens) == n + rec.n_accepted
+            kinds.add("rejected" if rec.rejected else "all accepted" if rec.n_accepted == len(rec.drafted) > 0 else "")
             n += len(rec.emitted)
+    assert {"all accepted", "rejected"} <= kinds  # both kinds of step were checked
 
 
 def test_draft_model_catches_up_when_all_drafts_are_accepted():
-    # draft = target: after an all-accepted step the draft model has not evaluated d_K; it must catch up.
-    draft_backend = FakeBackend(hashed_logits)
-    engine = SpeculativeEngine(FakeBackend(hashed_logits), ModelDrafter(draft_backend), FixedK(3))
-    committed = list(PROMPT)
-    for rec in engine.generate(PROMPT, GenerationConfig(max_tokens=20)):
-        if isinstance(rec, Step):
-            committed += rec.emitted
-    # The draft's cache is a prefix of the committed context (never holds a token that was not committed).
-    held = list(draft_backend.tokens)
-    assert committed[: len(held)] == held or held[: len(committed)] == committed[: len(held)]
+    # draft = target: every draft is accepted. The draft model then never evaluated d_K (it was proposed from the
+    # logits after d_(K-1)) nor the bonus token: the next propose must evaluate exactly those two, in one batch with
+    # the first draft, so that it drafts from the whole committed context.
+    class Spy(ModelDrafter):
+        def propose(self, context, k, sampling, rng):
+            before = self.backend.n_evaluated
+            draft = super().propose(context, k, sampling, rng)
+            calls.append((list(context), list(self.backend.tokens[: len(context)]), self.backend.n_evaluated - before,
+                          len(draft)))
+            return draft
+
+    calls = []
+    engine = SpeculativeEngine(FakeBackend(hashed_logits), Spy(FakeBackend(hashed_logits)), FixedK(3))
+    _, steps, tokens = run(engine, max_tokens=20)
+    assert tokens == greedy_reference(hashed_logits, PROMPT, 20)
+    assert len(calls) == len(steps) >= 4 and all(s.n_accepted == len(s.drafted) == 3 for s in steps[:-1])
+    for i, (context, held, evaluated, drafted) in enumerate(calls):
+        assert held == context  # the draft model drafted from exactly the committed context
+        # the first call catches up on the prompt's last token (begin evaluated the rest); later ones on d_K and the
+        # bonus token of the all-accepted step before; then k - 1 tokens to draft k
+        assert evaluated == (1 if i == 0 else 2) + drafted - 1
 
 
 def test_eog_ends_generation_and_is_not_emitted():
@@ -150,15 +165,41 @@ def test_stop_string_cuts_output_and_nothing_after_it_is_emitted():
 
 
 def test_rejected_drafts_are_shown_between_accepted_and_correction():
-    _, steps, _ = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits, flip_every=2))),
+    # A 30-token vocabulary has no token that renders half a character, so every pushed token is one segment.
+    def fn(prefix):
+        return hashed_logits(prefix, vocab=30)
+
+    def noisy30(prefix):
+        return noisy(fn, flip_every=2)(prefix)
+
+    _, steps, _ = run(SpeculativeEngine(FakeBackend(fn, vocab=30), ModelDrafter(FakeBackend(noisy30, vocab=30)),
                                         FixedK(4)), max_tokens=30)
     rejected = [s for s in steps if s.rejected]
-    assert rejected
+    assert len(rejected) >= 3
     for s in rejected:
-        kinds = [k for k, t in s.segments if t]
-        assert kinds.index(REJECTED) == s.n_accepted or kinds.count(ACCEPTED) < s.n_accepted
-        assert kinds[-1] == TARGET
-        assert REJECTED not in s.text
+        n = s.n_accepted
+        assert [kind for kind, _ in s.segments] == [ACCEPTED] * n + [REJECTED, TARGET]
+        assert [t for _, t in s.segments[:n]] == [word(t).decode() for t in s.drafted[:n]]
+        assert s.segments[n][1] == b"".join(word(t) for t in s.drafted[n:]).decode()  # all of the rejected drafts
+        assert s.segments[n + 1][1] == word(s.target_token).decode()  # the correction
+        assert s.text == "".join(word(t).decode() for t in s.emitted)  # rejected drafts are never output text
+
+
+def test_a_verify_batch_never_exceeds_one_llama_batch():
+    # n_batch 4: a K = 8 draft would need 9 logits rows in one decode call, which llama.cpp (and the fake) refuse.
+    target = FakeBackend(hashed_logits, n_batch=4)
+    _, steps, tokens = run(SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits)), FixedK(8)),
+                           max_tokens=20)
+    assert tokens == greedy_reference(hashed_logits, PROMPT, 20)
+    assert max(len(s.drafted) for s in steps) == 3 and target.max_logit_rows == 4
+
+
+def test_the_fake_backend_refuses_what_llama_cpp_refuses():
+    fake = FakeBackend(n_batch=4)
+    with pytest.raises(ValueError, match="negative"):
+        fake.truncate(-1)
+    with pytest.raises(ValueError, match="n_batch 4"):
+        fake.decode([2, 3, 4, 5, 6], n_logits=5)
 
 
 def test_closing_the_generator_mid_stream_leaves_only_committed_tokens_cached():

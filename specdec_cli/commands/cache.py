@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import UsageError
+from specdec_cli.render import err_console, make_console
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
@@ -57,14 +57,6 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"  # pragma: no cover
 
 
-def _out() -> Console:
-    return Console(highlight=False)
-
-
-def _err() -> Console:
-    return Console(stderr=True, highlight=False)
-
-
 @cache_app.command(
     "stats",
     help=_help(
@@ -79,17 +71,17 @@ def stats() -> None:
     d = suffix_dir()
     paths = _stores(d)
     if not paths:
-        _err().print(Text(f"No suffix stores in {d} yet: run with --method suffix to start one."))
-    out = _out()
+        err_console().print(Text(f"No suffix stores in {d} yet: run with --method suffix to start one."))
+    out = make_console()
     for p in paths:  # one small table per store: it fits 80 columns with the full path and fingerprint
         table = Table(title=p.name, title_justify="left", show_header=False)
-        table.add_column("field", style="dim", no_wrap=True)
+        table.add_column("field", style="spec.label", no_wrap=True)
         table.add_column("value", overflow="fold")
         table.add_row("path", Text(str(p)))
         try:
             info = read_info(p)
         except (CorruptStore, OSError) as e:
-            table.add_row("status", Text(f"unusable: {e}; set aside on its next use", style="red"))
+            table.add_row("status", Text(f"unusable: {e}; set aside on its next use", style="spec.bad"))
         else:
             table.add_row("tokenizer", Text(info.fingerprint))
             table.add_row("documents", f"{info.n_docs:,}")
@@ -99,7 +91,7 @@ def stats() -> None:
         out.print(table)
     aside = sorted(d.glob("*.corrupt-*"))
     if aside:
-        _err().print(Text(f"{len(aside)} unusable store(s) set aside ({', '.join(a.name for a in aside)}); "
+        err_console().print(Text(f"{len(aside)} unusable store(s) set aside ({', '.join(a.name for a in aside)}); "
                           f"`specdec cache clear` deletes them."))  # fmt: skip
 
 
@@ -120,7 +112,7 @@ def clear(
     paths = _stores(d)
     aside = sorted(d.glob("*.corrupt-*")) if d.is_dir() else []
     if not paths and not aside:
-        _err().print(Text(f"Nothing to clear in {d}."))
+        err_console().print(Text(f"Nothing to clear in {d}."))
         return
     if not yes:
         typer.confirm(f"Delete {len(paths) + len(aside)} suffix store file(s) in {d}?", abort=True, err=True)
@@ -132,7 +124,7 @@ def clear(
     except OSError as e:
         raise UsageError(f"Cannot delete the suffix stores in {d}: {e.strerror or e}.",
                          f"Check the permissions of {d}, or delete it by hand.") from None  # fmt: skip
-    _err().print(Text(f"Deleted {len(paths) + len(aside)} file(s) in {d}."))
+    err_console().print(Text(f"Deleted {len(paths) + len(aside)} file(s) in {d}."))
 
 
 @cache_app.command(
@@ -166,7 +158,7 @@ def export(
                 fingerprint = read_info(p).fingerprint
                 corpus, _ = read_store(p)
             except (CorruptStore, OSError) as e:
-                _err().print(Text(f"skipped {p.name}: {e}", style="yellow"))
+                err_console().print(Text(f"skipped {p.name}: {e}", style="spec.warn"))
                 continue
             for i, doc in enumerate(corpus.documents()):
                 row = {"tokenizer": fingerprint, "doc": i, "added": float(corpus.added[i]), "tokens": doc.tolist()}
@@ -182,4 +174,4 @@ def export(
         if not to_stdout:
             f.close()
     where = "stdout" if to_stdout else path
-    _err().print(Text(f"Exported {n_docs} document(s) from {len(paths)} store(s) to {where}."))
+    err_console().print(Text(f"Exported {n_docs} document(s) from {len(paths)} store(s) to {where}."))

@@ -40,6 +40,7 @@ from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, SpecdecError
 from specdec_cli.generation import Generation, generate, make_engine, saved_k as tuned_k
 from specdec_cli.records import Step
+from specdec_cli.options import Method
 from specdec_cli.render import err_console, wants_color
 from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
 from specdec_cli.stats import RunStats, summarize
@@ -293,6 +294,7 @@ class Chat:
         self.totals = Totals()
         self.spec = spec
         self.engine = make_engine(session, spec, saved_k=saved_k)
+        self.prediction: str | None = None  # /predict FILE: the predicted output of the next reply only
 
     @property
     def drafter(self):
@@ -322,7 +324,9 @@ class Chat:
             self.view.note(f"The reply is limited to {fit.budget} tokens: that is what the {target.n_ctx}-token "
                            "context has left after your message.")
         draft_cache = self._draft_cache(fit.prompt)
-        config = replace(self.config, max_tokens=fit.budget, sampling=self._sampling())
+        prediction, self.prediction = self.prediction, None
+        config = replace(self.config, max_tokens=fit.budget, sampling=self._sampling(),
+                         prediction=self.session.prediction_tokens(prediction))
         renderer = self.view.stream()
         try:
             gen = generate(self.engine, fit.prompt, config, renderer.step)
@@ -398,7 +402,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
     with open_session(models, method=spec.method, console=err) as session:
-        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != Method.none else None
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
         reader = LineReader(sys.stdin, interactive=interactive,
                             history=config_dir() / HISTORY_FILE if interactive else None)

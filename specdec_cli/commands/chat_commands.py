@@ -59,13 +59,27 @@ def _k(chat: Chat, arg: str) -> bool:
     return False
 
 
+def _predict(chat: Chat, arg: str) -> bool:
+    """/predict FILE: the text the next reply is expected to repeat (predicted outputs), drafted from by auto and
+    predict; read like a prompt file (the same one-line errors)."""
+    from specdec_cli.prompts_io import read_prediction
+
+    if not arg.strip():
+        raise UsageError("/predict needs a file: the text you expect the next reply to repeat.", "/predict FILE")
+    chat.prediction = read_prediction(arg.strip())
+    uses = chat.spec.method in (Method.auto, Method.predict)
+    chat.view.note(f"The next reply drafts from {arg.strip()} ({len(chat.prediction):,} characters)."
+                   + ("" if uses else f" The method {chat.spec.method} does not: /method auto uses it."))
+    return False
+
+
 def _method(chat: Chat, arg: str) -> bool:
     names = ", ".join(m.value for m in Method)
     if not arg:
         chat.view.note(f"The method is {chat.spec.method}. Change it with /method NAME ({names}).")
         return False
     try:
-        method = Method(arg.strip().lower()).value
+        method = Method(arg.strip().lower())
     except ValueError:
         raise UsageError(f"Unknown method {arg.strip()!r}.", f"Use /method with one of {names}.") from None
     if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
@@ -114,8 +128,9 @@ COMMANDS: dict[str, Command] = {
     "/reset": Command(_reset, "/reset", "start a new conversation (keeps the system prompt and the models)"),
     "/stats": Command(_stats, "/stats", "session totals and acceptance by draft position"),
     "/k": Command(_k, "/k N|auto", "draft length K from the next reply on (e.g. /k 4, /k auto)"),
-    "/method": Command(_method, "/method NAME", "drafter: none, draft, ngram, suffix, hybrid (loads a draft model "
-                       "if needed)"),
+    "/method": Command(_method, "/method NAME", "drafter: auto, none, draft, ngram, suffix, predict (loads a draft "
+                       "model if needed)"),
+    "/predict": Command(_predict, "/predict FILE", "draft the next reply from FILE, the text you expect back"),
     "/save": Command(_save, "/save PATH", "write the transcript: PATH.md as Markdown, PATH.json as JSON (mode 600)"),
     "/quit": Command(_quit, "/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at an empty prompt)"),
     "/exit": Command(_quit, "", ""),  # an alias, not listed

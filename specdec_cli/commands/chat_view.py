@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import SpecdecError
+from specdec_cli.options import Method
 from specdec_cli.render import StreamRenderer, legend
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def footer_text(turn: Turn) -> str:
     parts = [f"{s.n_generated} tokens", f"{s.tokens_per_s:.1f} tok/s"]
     if s.n_drafted:
         parts += [f"acceptance {s.acceptance_rate:.0%}", f"mean accepted {s.mean_accepted_length:.2f}"]
-    elif turn.method != "none":
+    elif turn.method != Method.none:
         parts.append("nothing drafted")
     reused = max(0, s.n_prompt - 1 - s.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
     prefill = f"prefill {s.n_prompt - reused} new + {reused} cached in {_ms(s.prefill_ms)}"
@@ -91,7 +92,7 @@ class ChatView:
         self.err.print()
 
     def show_legend(self, method: str) -> None:
-        if self.styled and method != "none" and not self._legend_shown:
+        if self.styled and method != Method.none and not self._legend_shown:
             self.err.print(legend())
             self._legend_shown = True
 

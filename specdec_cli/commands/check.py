@@ -8,8 +8,6 @@ numerical near-tie (llama.cpp's logits depend on the batch size); any other is a
 
 from __future__ import annotations
 
-
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,7 +15,7 @@ from rich.text import Text
 from specdec_cli.output import status, write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.engine import GenerationConfig
 from specdec_cli.generation import Generation, generate, make_engine
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.render import err_console, make_console
@@ -33,29 +31,6 @@ def refuse_sampling(config: GenerationConfig) -> None:
             "(chi-square tests against the target distribution; README, \"Is the output the same?\").",
             "Drop --temperature.",
         )
-
-
-def check_engine(engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
-                 threshold: float = NEAR_TIE_THRESHOLD) -> tuple[Generation, AuditReport]:
-    """Generate with `engine`, then audit its output against the target's batch-1 argmax (`audit.audit_output`).
-
-    Args:
-        engine: the speculative engine; its target is reused for the re-scoring (its KV cache is replaced).
-        prompt: int32 [p] prompt tokens.
-        config: greedy generation settings.
-        threshold: near-tie threshold in logits.
-
-    Returns:
-        (the generation, the audit report). An interrupted generation is audited as far as it got.
-
-    Raises:
-        UsageError: `config` samples (temperature > 0).
-    """
-    refuse_sampling(config)
-    result = generate(engine, prompt, config)
-    report = audit_output(engine.target, prompt, result.tokens, ended_with_eog=result.stats.finish_reason == "eog",
-                          threshold=threshold)
-    return result, report
 
 
 def report_table(report: AuditReport) -> Table:

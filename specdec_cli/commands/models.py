@@ -10,13 +10,14 @@ import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from specdec_cli import config, resolver
 from specdec_cli.config import Catalog, ModelSpec
 from specdec_cli.errors import ModelError, SpecdecError, UsageError
+from specdec_cli.render import err_console, make_console
+
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
     """Help text: one line per paragraph (Typer's Rich and plain formatters both rewrap them), then examples."""
@@ -30,14 +31,6 @@ models_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-
-
-def _out() -> Console:
-    return Console(highlight=False)
-
-
-def _err() -> Console:
-    return Console(stderr=True, highlight=False)
 
 
 @models_app.command(
@@ -61,19 +54,19 @@ def list_models() -> None:
         name = Text(spec.name)
         roles = [r for r, n in (("target", catalog.default_target), ("draft", catalog.default_draft)) if n == spec.name]
         if roles:
-            name.append(f"\n(default {' & '.join(roles)})", style="dim")
+            name.append(f"\n(default {' & '.join(roles)})", style="spec.label")
         present = resolver.is_present(spec)
         table.add_row(
             name,
             resolver.human_size(spec.size),
             ", ".join(s.kind for s in spec.sources),
-            Text("✓", style="green") if present else Text("✗", style="red"),
-            Text(spec.description).append(f"\n{resolver.cached_path(spec).name}", style="dim"),
+            Text("✓", style="green") if present else Text("✗", style="spec.bad"),
+            Text(spec.description).append(f"\n{resolver.cached_path(spec).name}", style="spec.label"),
         )
-    out = _out()
+    out = make_console()
     out.print(table)
     out.print(Text("pairs: " + "; ".join(f"{p.name} = {p.target} + {p.draft}" for p in catalog.pairs.values())))
-    out.print(Text("catalogs: " + ", ".join(str(p) for p in catalog.files)), style="dim")
+    out.print(Text("catalogs: " + ", ".join(str(p) for p in catalog.files)), style="spec.label")
 
 
 @models_app.command(
@@ -98,7 +91,7 @@ def pull(
 ) -> None:
     catalog = config.load_catalog()
     specs = _selected(catalog, names or [], all_models)
-    err = _err()
+    err = err_console()
     failures: list[tuple[ModelSpec, SpecdecError]] = []
     for spec in specs:
         if resolver.is_present(spec):
@@ -111,11 +104,11 @@ def pull(
             except SpecdecError as e:
                 if len(specs) == 1:
                     raise
-                err.print(Text(f"{spec.name}: failed: {e}", style="red"))
+                err.print(Text(f"{spec.name}: failed: {e}", style="spec.bad"))
                 failures.append((spec, e))
                 continue
             err.print(f"{spec.name}: fetched and verified in {time.perf_counter() - start:.1f} s", highlight=False)
-        _out().print(Text(str(resolver.cached_path(spec))), soft_wrap=True)
+        make_console().print(Text(str(resolver.cached_path(spec))), soft_wrap=True)
     if failures:
         first = failures[0][1]
         raise type(first)(

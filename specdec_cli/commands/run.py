@@ -13,7 +13,7 @@ from specdec_cli.backend import common_prefix
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.generation import Generation, generate, make_engine, notes, plain_compare, saved_k as tuned_k
-from specdec_cli.options import parse_k_option
+from specdec_cli.options import Method, parse_k_option
 from specdec_cli.output import write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
@@ -58,10 +58,10 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     with open_session(models, method=spec.method, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         config = replace(config, prediction=session.prediction_tokens(prediction))
-        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != Method.none else None
         engine = make_engine(session, spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
-        if styled and spec.method != "none":
+        if styled and spec.method != Method.none:
             err.print(legend())
         try:
             result = generate(engine, prompt, config, renderer.step if renderer is not None else None)

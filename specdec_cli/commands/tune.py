@@ -31,6 +31,7 @@ from rich.text import Text
 from specdec_cli import sweep
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import UsageError
+from specdec_cli.options import Method
 from specdec_cli.output import progress as progress_bar, write_json
 from specdec_cli.prompts import PromptCase
 from specdec_cli.render import err_console, make_console
@@ -306,7 +307,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
             options: TuneOptions) -> int:
     """Measure every configuration on `prompts`, print the report, write --json, --save. Returns the exit code
     (130 when interrupted: the runs so far are reported and written, nothing is saved)."""
-    if spec.method == "none":
+    if spec.method == Method.none:
         raise UsageError("--method none has no K to tune.", "Use --method draft, ngram or suffix.")
     check_prompts(prompts, "tune on")
     err = err_console()

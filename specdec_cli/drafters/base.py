@@ -26,7 +26,7 @@ class Draft:
         tokens: int32 [k'] proposed tokens, k' <= the K asked for (a drafter may cut a draft short).
         dists: for model drafters, q_i (a processed `Dist`) for each proposed token; None for deterministic drafters.
         score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
-            match-based estimate of a lookup drafter); the hybrid drafter compares it to choose a source.
+            match-based estimate of a lookup drafter).
         source: which drafter produced it (for the controller's per-source estimates and the stats), e.g. "draft",
             "ngram", "suffix", "prompt" (prompt lookup within --method auto), "store" (the suffix store), "predict".
         match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
