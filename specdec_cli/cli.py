@@ -396,6 +396,37 @@ def bench(
         raise typer.Exit(code)
 
 
+DOCTOR_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec doctor                        [dim]# paste this into a bug report[/dim]
+  specdec doctor --probe                [dim]# also try llama.cpp's AMX kernels now (Intel CPUs with AMX)[/dim]
+  specdec doctor --json - > machine.json
+  SPECDEC_AMX=off specdec run p.txt     [dim]# force the safe (slower) load path[/dim]
+"""
+
+
+@app.command(epilog=DOCTOR_EXAMPLES)
+def doctor(
+    json_out: str = typer.Option(None, "--json", help="Write the report as JSON to PATH ('-' = stdout).",
+                                 rich_help_panel=o.OUTPUT),
+    probe: bool = typer.Option(False, "--probe", help="If this llama.cpp has AMX kernels and they were never tried "
+                               "on this CPU, try them now in a child process (a few seconds)."),
+) -> None:
+    """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload, threads,
+    AMX, and how models will be loaded. Paste it into a bug report.
+
+    On Intel CPUs with AMX, llama.cpp builds that include AMX kernels crash on the first decode (llama.cpp issue
+    20824). specdec tries them once in a child process and, where they crash, loads models with llama.cpp's extra
+    buffer types off (slower, never a crash). SPECDEC_AMX=keep or off forces either choice.
+    """
+    from specdec_cli.commands.doctor import execute
+
+    code = execute(json_path=json_out, probe=probe)
+    if code:
+        raise typer.Exit(code)
+
+
 def _mount_subcommands() -> None:
     from specdec_cli.commands.cache import cache_app
     from specdec_cli.commands.models import models_app

@@ -102,6 +102,8 @@ class LlamaBackend:
         n_threads: CPU threads (None = all CPUs this process may use).
         n_gpu_layers: layers to offload (-1 = all; ignored by CPU builds).
         verbose: let llama.cpp log to stderr.
+        extra_bufts: load with llama.cpp's extra buffer types (AMX kernels, repacked weights). None = as
+            `specdec_cli.host.plan` decides for this host (off only where this build's AMX kernels crash).
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -116,14 +118,22 @@ class LlamaBackend:
         n_threads: int | None = None,
         n_gpu_layers: int = -1,
         verbose: bool = False,
+        extra_bufts: bool | None = None,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
         self._model = None
         self._ctx = None
         self._batch = None
+        threads = n_threads or default_threads()
+        if extra_bufts is None:
+            from specdec_cli import host
+
+            extra_bufts = host.plan(self.path, n_threads=threads).extra_bufts
+        self.extra_bufts = extra_bufts
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        mparams.use_extra_bufts = extra_bufts
         model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
             raise ModelError(
@@ -132,7 +142,6 @@ class LlamaBackend:
                 f"{llama_cpp.__version__}; SPECDEC_DEBUG=1 shows llama.cpp's log.",
             )
         self._model = model
-        threads = n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -332,18 +341,26 @@ PROBE_REFUSED = 3  # the probe's exit code when llama.cpp refused the file clean
 
 
 def probe_main(argv: list[str]) -> int:
-    """Child side of `resolver.probe_load`: load argv[0] on the CPU, decode a few tokens, roll back, exit 0.
+    """Child side of a trial load: load argv[0] on the CPU, decode a few tokens, roll back, exit 0.
 
-    Run in a separate process, so a GGML_ASSERT or a segfault in llama.cpp on a corrupt file ends only this process;
-    the parent turns the signal into a ModelError. Exit code PROBE_REFUSED, with the message on stderr, when the load
-    fails cleanly.
+    argv = [path] for `resolver.probe_load` (is this file safe to load?): extra buffer types off, so a host whose
+    llama.cpp AMX kernels crash does not make a sound file look corrupt. argv = [path, threads] for
+    `host.probe_child` (do this build's AMX kernels work on this CPU?): loaded as built, with the threads of the real
+    load (AMX worker threads are where issue 20824 faults).
+
+    Run in a separate process, so a GGML_ASSERT or a segfault in llama.cpp ends only this process; the parent turns
+    the signal into an error or a verdict. Exit code PROBE_REFUSED, with the message on stderr, when the load fails
+    cleanly.
     """
     import sys
 
     from specdec_cli.errors import SpecdecError
 
+    kernels = len(argv) > 1
+    threads = int(argv[1]) if kernels else 2
     try:
-        backend = LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=2, n_gpu_layers=0)
+        backend = LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0,
+                               extra_bufts=kernels)
         try:
             toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
             backend.decode(toks, n_logits=1)  # a prefill ...

@@ -8,6 +8,7 @@
         "os": "Linux-6.8…", "python": "3.11.7",
         "llama_cpp_python": "0.3.36",      # the installed distribution's version (no import)
         "system_info": "CPU : SSE3 = 1 | AVX2 = 1 | …",   # llama.cpp's build and CPU feature line
+        "load_plan": {"path": "as built", "reason": …},  # how models were loaded (specdec_cli.host: the AMX guard)
         "models": [{"path", "name", "size", "sha256", "sha256_source"}, …]}
 
 Model digests come from the `<file>.sha256` marker the resolver writes next to every model it downloaded and
@@ -126,8 +127,10 @@ def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = ()) -> dict[str, Any]:
     """The machine description (see the module docstring). `threads`: llama.cpp threads (None = all usable CPUs)."""
+    from specdec_cli import host
     from specdec_cli.llama import system_info
 
+    plan = host.current_plan()
     return {
         "cpu": cpu_model(),
         "cores": physical_cores(),
@@ -139,6 +142,7 @@ def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = ()
         "python": platform.python_version(),
         "llama_cpp_python": package_version(),
         "system_info": system_info(),
+        "load_plan": plan.to_dict() if plan is not None else None,
         "models": [model_file(p) for p in model_paths],
     }
 

@@ -1,0 +1,121 @@
+"""`specdec doctor`: what this machine and its llama.cpp look like, in one report to paste into a bug report.
+
+The report goes to stdout (a table, or JSON with --json); nothing is loaded unless --probe asks for the AMX trial
+decode (`specdec_cli.host`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from specdec_cli import __version__, host
+from specdec_cli.machine import cpu_model, package_version, physical_cores, usable_cpus
+
+
+def report(*, probe: bool = False) -> dict[str, Any]:
+    """The machine facts as a JSON-serialisable dict.
+
+    probe: when this llama.cpp has AMX kernels and no verdict is remembered for them on this CPU, run the trial
+    decode now (`host.probe_child`, a few seconds) with the catalog's default target if it is downloaded, else the
+    smallest downloaded catalog model.
+    """
+    from specdec_cli.config import cache_dir, config_dir, data_dir
+    from specdec_cli.llama import default_threads, gpu_offload_supported, system_info
+
+    info = system_info()
+    setting = host.setting()
+    verdict = host.known_verdict()
+    probed_with = None
+    if probe and host.amx_build(info) and setting == "auto" and verdict is None:
+        model = _probe_model()
+        if model is not None:
+            probed_with = str(model)
+            verdict = host.probe_child(model, default_threads())
+    plan = host.decide(info, setting, lambda: verdict or "no verdict: not probed yet (at the first model load, "
+                       "or now with specdec doctor --probe)")
+    return {
+        "specdec": __version__,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "llama_cpp_python": package_version(),
+        "system_info": info,
+        "gpu_offload": gpu_offload_supported(),
+        "cpu": cpu_model(),
+        "cores": physical_cores(),
+        "usable_cpus": usable_cpus(),
+        "threads_default": default_threads(),
+        "amx": {
+            "cpu_has_amx": host.cpu_has_amx(),
+            "build_has_amx": host.amx_build(info),
+            "setting": setting,
+            "verdict": verdict,
+            "probed_with": probed_with,
+            "load_path": plan.path,
+            "reason": plan.reason,
+        },
+        "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
+        "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR")
+                if k in os.environ},
+    }
+
+
+def _probe_model():
+    from specdec_cli.config import cache_dir, load_catalog
+
+    catalog = load_catalog()
+    present = [(s.size, cache_dir() / s.file) for s in catalog.models.values() if (cache_dir() / s.file).is_file()]
+    default = catalog.models.get(catalog.default_target)
+    if default is not None and (cache_dir() / default.file).is_file():
+        return cache_dir() / default.file
+    return min(present)[1] if present else None
+
+
+def table(doc: dict[str, Any]) -> Table:
+    """The report as a two-column Rich table."""
+    t = Table(title="specdec doctor", title_justify="left", show_header=False)
+    t.add_column("what", style="spec.label", no_wrap=True)
+    t.add_column("value", overflow="fold")
+    amx = doc["amx"]
+    yes_no = {True: "yes", False: "no", None: "unknown"}
+    rows = [
+        ("specdec", doc["specdec"]),
+        ("python", f"{doc['python']} ({doc['os']})"),
+        ("llama-cpp-python", doc["llama_cpp_python"] or "not installed"),
+        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: see the README's "
+                                                      "GPU section to build for Metal or CUDA)")),
+        ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
+        ("threads", f"{doc['threads_default']} by default (--threads)"),
+        ("AMX in the CPU", yes_no[amx["cpu_has_amx"]]),
+        ("AMX kernels in llama.cpp", yes_no[amx["build_has_amx"]]),
+        (host.ENV, amx["setting"]),
+        ("AMX trial decode", amx["verdict"] or "not needed" if not amx["build_has_amx"] else
+         amx["verdict"] or "not run yet (specdec doctor --probe, or at the first model load)"),
+        ("models load", f"{amx['load_path']}: {amx['reason']}"),
+        ("system info", doc["system_info"]),
+        ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),
+    ]
+    rows += [(k, v) for k, v in doc["env"].items() if k != host.ENV]
+    for what, value in rows:
+        t.add_row(what, Text(str(value)))
+    return t
+
+
+def execute(*, json_path: str | None, probe: bool) -> int:
+    """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout). Returns 0."""
+    from specdec_cli.output import write_json
+    from specdec_cli.prompts_io import check_output_path
+    from specdec_cli.render import make_console
+
+    check_output_path(json_path)
+    doc = report(probe=probe)
+    if json_path:
+        write_json(json_path, doc)
+        if json_path == "-":
+            return 0
+    make_console().print(table(doc))
+    return 0

@@ -1,0 +1,245 @@
+"""Host quirks that must never become a crash: llama.cpp's AMX kernels on Intel CPUs.
+
+llama-cpp-python builds llama.cpp with `GGML_NATIVE`, which on an Intel CPU with AMX (Sapphire Rapids and later,
+common in cloud VMs and CI runners) compiles llama.cpp's AMX kernels in. With llama-cpp-python 0.3.36 they fault on
+the first decode (`ggml_backend_amx_mul_mat`, at `ldtilecfg`: llama.cpp issue 20824; PR 26954 explains why: the
+tile configuration lives on the stack and is partly optimised away, and worker threads never request the XTILEDATA
+permission). The whole process dies with SIGSEGV, no message.
+
+Two ways around it, measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 4, 16, 64):
+
+* rebuild with AMX compiled out (`scripts/install-llama-cpp.sh`): 79, 125, 282, 812 ms — nothing lost;
+* load the model with llama.cpp's *extra buffer types* off (`llama_model_params.use_extra_bufts = false`: no AMX
+  and no repacked weight layouts): 135, 221, 380, 781 ms — works, plain decoding ~1.7x slower.
+
+`plan()` decides, once per process, how `LlamaBackend` loads models:
+
+* the loaded llama.cpp has no AMX kernels (its system info lacks `AMX_INT8 = 1`): load as built;
+* `SPECDEC_AMX=keep`: load as built (you know this build works on this CPU);
+* `SPECDEC_AMX=off`: extra buffer types off;
+* otherwise (`auto`, the default): a child process loads the model as built and decodes a few tokens
+  (`llama.probe_main`); if it dies, only it dies. The verdict is remembered per llama-cpp-python version, llama.cpp
+  system info and CPU in `$SPECDEC_CACHE/host.json`, so this costs a few seconds once. A crash (or a probe that
+  could not give a verdict) means extra buffer types off, with one warning that says what it costs and the rebuild
+  command that avoids it.
+
+`decide()` is the pure rule, unit-tested with made-up system-info strings; `plan()` feeds it the real ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+ENV = "SPECDEC_AMX"
+SETTINGS = ("auto", "keep", "off")
+REBUILD = "scripts/install-llama-cpp.sh (in a specdec checkout), or: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; " \
+          "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='$f' -DCMAKE_CXX_FLAGS='$f'\" pip install --force-reinstall --no-cache-dir " \
+          "llama-cpp-python==0.3.36"
+PROBE_TIMEOUT = 180.0  # seconds; a probe that takes longer gives no verdict
+_HOST_FILE = "host.json"  # in cache_dir(): probe verdicts by build and CPU
+_AMX_BUILD = re.compile(r"\bAMX_INT8\s*=\s*1\b")
+
+
+class HostWarning(UserWarning):
+    """This host needs a slower way to run llama.cpp; shown as one `warning:` line by the CLI."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """How models are loaded on this host.
+
+    Attributes:
+        extra_bufts: load with llama.cpp's extra buffer types (AMX, repacked weights); False = the safe, slower path.
+        amx_build: the loaded llama.cpp has AMX kernels compiled in.
+        setting: the `SPECDEC_AMX` setting in force ("auto", "keep" or "off").
+        verdict: the probe's verdict ("ok", "crash: SIGSEGV", "no verdict: ...") or None when none was needed.
+        reason: one line: why this plan.
+    """
+
+    extra_bufts: bool
+    amx_build: bool
+    setting: str
+    verdict: str | None
+    reason: str
+
+    @property
+    def path(self) -> str:
+        """"as built" or "extra buffer types off" (for --json and reports)."""
+        return "as built" if self.extra_bufts else "extra buffer types off"
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"path": self.path}
+
+
+def amx_build(system_info: str) -> bool:
+    """True when llama.cpp's system info line reports AMX kernels (`AMX_INT8 = 1`)."""
+    return bool(_AMX_BUILD.search(system_info))
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool | None:
+    """True when the CPU advertises AMX (`amx_tile` in /proc/cpuinfo flags); None when unknown (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    return bool(re.search(r"\bamx_tile\b", cpuinfo))
+
+
+def setting(environ: dict[str, str] | None = None) -> str:
+    """`SPECDEC_AMX` ("auto" when unset). Raises UsageError for another value."""
+    from specdec_cli.errors import UsageError
+
+    value = (environ if environ is not None else os.environ).get(ENV, "").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise UsageError(f"{ENV}={value!r} is not a setting.", f"Use {ENV}=auto, keep or off (or unset it).")
+    return value
+
+
+def decide(system_info: str, setting: str, probe: Callable[[], str]) -> LoadPlan:
+    """The rule (see the module docstring). `probe()` returns "ok", "crash: ..." or "no verdict: ..."; it is called
+    only when the build has AMX kernels and the setting is "auto"."""
+    amx = amx_build(system_info)
+    if not amx:
+        return LoadPlan(True, False, setting, None, "this llama.cpp has no AMX kernels")
+    if setting == "keep":
+        return LoadPlan(True, True, setting, None, f"{ENV}=keep: loaded as built")
+    if setting == "off":
+        return LoadPlan(False, True, setting, None, f"{ENV}=off")
+    verdict = probe()
+    if verdict == "ok":
+        return LoadPlan(True, True, setting, verdict, "a trial decode with AMX kernels passed on this CPU")
+    return LoadPlan(False, True, setting, verdict, f"a trial decode with AMX kernels failed ({verdict})")
+
+
+def warning_for(plan: LoadPlan) -> str | None:
+    """The one-line warning for a plan that takes the slow path (None otherwise)."""
+    if plan.extra_bufts:
+        return None
+    why = "as SPECDEC_AMX=off asks" if plan.setting == "off" else \
+        f"because its AMX kernels crash on this CPU (llama.cpp issue 20824; {plan.verdict})"
+    return (f"This llama.cpp build has AMX kernels; models load with its extra buffer types off {why}: no AMX and no "
+            f"repacked weights, so decoding is ~1.7x slower. Rebuild llama-cpp-python without AMX to avoid it: "
+            f"{REBUILD}")
+
+
+_plan: LoadPlan | None = None
+
+
+def current_plan() -> LoadPlan | None:
+    """The plan this process loaded its models with (None before the first load)."""
+    return _plan
+
+
+def plan(model_path: str | os.PathLike[str], *, n_threads: int, status: Callable[[str], object] | None = None) -> LoadPlan:
+    """The load plan for this process, decided on the first call (later calls return it): see the module docstring.
+
+    `model_path` is the model about to be loaded (the probe loads it too, with `n_threads` threads, as the real load
+    will). A new warning is issued once, as a `HostWarning`. Raises UsageError for a bad `SPECDEC_AMX`.
+    """
+    global _plan
+    if _plan is not None:
+        return _plan
+    from specdec_cli.llama import system_info
+
+    info = system_info()
+    key = _verdict_key(info)
+
+    def probe() -> str:
+        known = _verdicts().get(key)
+        if known is not None:
+            return known
+        if status is not None:
+            status("Checking llama.cpp's AMX kernels on this CPU (once)")
+        verdict = probe_child(Path(model_path), n_threads)
+        if not verdict.startswith("no verdict"):
+            _remember(key, verdict)
+        return verdict
+
+    _plan = decide(info, setting(), probe)
+    if (message := warning_for(_plan)) is not None:
+        warnings.warn(message, HostWarning, stacklevel=2)
+    return _plan
+
+
+def probe_child(model_path: Path, n_threads: int) -> str:
+    """Load `model_path` as built (extra buffer types on) in a child process and decode a prefill and a verify
+    batch with `n_threads` threads. Returns "ok", "crash: SIGSEGV" (any death by a signal) or "no verdict: ..."."""
+    command = [sys.executable, "-c", "import sys; from specdec_cli.llama import probe_main; "
+               "sys.exit(probe_main(sys.argv[1:]))", str(model_path), str(n_threads)]
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    try:
+        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                              env=env, timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"no verdict: the trial decode took over {PROBE_TIMEOUT:.0f} s"
+    except OSError as e:
+        return f"no verdict: {e.strerror or e}"
+    if proc.returncode == 0:
+        return "ok"
+    if proc.returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"crash: {name}"
+    return f"no verdict: the trial decode exited with {proc.returncode}"
+
+
+def _verdict_key(system_info: str) -> str:
+    from specdec_cli.machine import cpu_model, package_version
+
+    text = f"{package_version()}|{system_info}|{cpu_model()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _host_file() -> Path:
+    from specdec_cli.config import cache_dir
+
+    return cache_dir() / _HOST_FILE
+
+
+def _verdicts() -> dict[str, str]:
+    try:
+        data = json.loads(_host_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.get("amx_verdicts", {}).items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _remember(key: str, verdict: str) -> None:
+    """Best effort: a read-only or full cache only means probing again next time."""
+    path = _host_file()
+    verdicts = _verdicts() | {key: verdict}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"amx_verdicts": verdicts}, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def known_verdict() -> str | None:
+    """The remembered probe verdict for this build and CPU (None when never probed)."""
+    from specdec_cli.llama import system_info
+
+    return _verdicts().get(_verdict_key(system_info()))
+
+
+def _reset_for_tests() -> None:
+    global _plan
+    _plan = None

@@ -1,0 +1,199 @@
+"""The AMX guard (`specdec_cli.host`) and `specdec doctor`, with made-up llama.cpp system-info strings.
+
+llama.cpp builds with AMX kernels crash on the first decode on Intel CPUs with AMX (llama.cpp issue 20824). These
+tests drive the decision without such a CPU: the system info, the probe's verdict and the environment are fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli import host
+from specdec_cli.errors import UsageError
+
+NO_AMX = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
+AMX = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
+       "AMX_INT8 = 1 | LLAMAFILE = 1 | REPACK = 1 |")
+
+
+def never() -> str:
+    raise AssertionError("the probe must not run here")
+
+
+@pytest.fixture
+def fresh_plan(monkeypatch, tmp_path):
+    """No plan decided yet in this process, the verdict file in a tmp dir, SPECDEC_AMX unset."""
+    monkeypatch.setattr(host, "_host_file", lambda: tmp_path / "host.json")
+    monkeypatch.delenv(host.ENV, raising=False)
+    host._reset_for_tests()
+    yield
+    host._reset_for_tests()
+
+
+def test_amx_build_is_read_from_system_info():
+    assert host.amx_build(AMX)
+    assert not host.amx_build(NO_AMX)
+    assert not host.amx_build(AMX.replace("AMX_INT8 = 1", "AMX_INT8 = 0"))
+
+
+def test_cpu_has_amx_reads_cpuinfo_flags():
+    assert host.cpu_has_amx("flags\t\t: fpu sse avx2 amx_bf16 amx_tile amx_int8\n")
+    assert not host.cpu_has_amx("flags\t\t: fpu sse avx2 avx512f\n")
+
+
+def test_no_amx_build_loads_as_built_without_probing():
+    plan = host.decide(NO_AMX, "auto", never)
+    assert plan.extra_bufts and not plan.amx_build and plan.verdict is None
+    assert host.warning_for(plan) is None
+
+
+@pytest.mark.parametrize("verdict", ["crash: SIGSEGV", "no verdict: the trial decode took over 180 s"])
+def test_amx_build_whose_probe_fails_loads_without_extra_buffer_types(verdict):
+    plan = host.decide(AMX, "auto", lambda: verdict)
+    assert not plan.extra_bufts and plan.amx_build and plan.verdict == verdict
+    assert plan.path == "extra buffer types off"
+    message = host.warning_for(plan)
+    assert "20824" in message and "1.7x slower" in message and "install-llama-cpp.sh" in message
+    assert "-mno-amx-tile" in message and "\n" not in message  # one line, with the rebuild command
+
+
+def test_amx_build_whose_probe_passes_loads_as_built():
+    plan = host.decide(AMX, "auto", lambda: "ok")
+    assert plan.extra_bufts and plan.verdict == "ok" and host.warning_for(plan) is None
+
+
+def test_settings_force_either_choice_without_probing():
+    assert host.decide(AMX, "keep", never).extra_bufts
+    off = host.decide(AMX, "off", never)
+    assert not off.extra_bufts and "SPECDEC_AMX=off" in host.warning_for(off)
+
+
+def test_setting_reads_the_environment():
+    assert host.setting({}) == "auto"
+    assert host.setting({host.ENV: " OFF "}) == "off"
+    with pytest.raises(UsageError, match="SPECDEC_AMX=auto, keep or off"):
+        host.setting({host.ENV: "maybe"})
+
+
+def test_plan_probes_once_per_build_and_cpu_and_warns_once(monkeypatch, fresh_plan):
+    import specdec_cli.llama as llama
+
+    calls = []
+    monkeypatch.setattr(llama, "system_info", lambda: AMX)
+    monkeypatch.setattr(host, "probe_child", lambda path, threads: calls.append((str(path), threads)) or "crash: SIGSEGV")
+    with pytest.warns(host.HostWarning, match="issue 20824"):
+        plan = host.plan("m.gguf", n_threads=2)
+    assert not plan.extra_bufts and calls == [("m.gguf", 2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the decided plan is reused: no second warning, no second probe
+        assert host.plan("other.gguf", n_threads=2) is plan
+    assert host.current_plan() is plan
+    host._reset_for_tests()  # a new process: the verdict is remembered on disk
+    with pytest.warns(host.HostWarning):
+        assert not host.plan("m.gguf", n_threads=2).extra_bufts
+    assert len(calls) == 1
+
+
+def test_plan_does_not_remember_a_probe_without_verdict(monkeypatch, fresh_plan):
+    import specdec_cli.llama as llama
+
+    calls = []
+    monkeypatch.setattr(llama, "system_info", lambda: AMX)
+    monkeypatch.setattr(host, "probe_child", lambda path, threads: calls.append(1) or "no verdict: timeout")
+    with pytest.warns(host.HostWarning):
+        host.plan("m.gguf", n_threads=2)
+    host._reset_for_tests()
+    with pytest.warns(host.HostWarning):
+        host.plan("m.gguf", n_threads=2)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("returncode, verdict", [(0, "ok"), (-11, "crash: SIGSEGV"), (-6, "crash: SIGABRT"),
+                                                 (3, "no verdict: the trial decode exited with 3")])
+def test_probe_child_maps_the_child_exit(monkeypatch, tmp_path, returncode, verdict):
+    seen = {}
+
+    def fake_run(command, **kw):
+        seen["command"] = command
+        return subprocess.CompletedProcess(command, returncode, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert host.probe_child(tmp_path / "m.gguf", 4) == verdict
+    assert seen["command"][-2:] == [str(tmp_path / "m.gguf"), "4"]  # loaded as built, with the real thread count
+
+
+def test_probe_child_timeout_is_no_verdict(monkeypatch, tmp_path):
+    def slow(command, **kw):
+        raise subprocess.TimeoutExpired(command, 1)
+
+    monkeypatch.setattr(subprocess, "run", slow)
+    assert host.probe_child(tmp_path / "m.gguf", 2).startswith("no verdict")
+
+
+def test_doctor_json_shows_the_guard_decision(monkeypatch, fresh_plan):
+    import specdec_cli.llama as llama
+    from specdec_cli.cli import app
+
+    monkeypatch.setattr(llama, "system_info", lambda: AMX)
+    monkeypatch.setenv(host.ENV, "off")
+    result = CliRunner().invoke(app, ["doctor", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["amx"]["build_has_amx"] is True and doc["amx"]["setting"] == "off"
+    assert doc["amx"]["load_path"] == "extra buffer types off"
+    assert doc["system_info"] == AMX and doc["llama_cpp_python"]
+
+
+def test_doctor_table_names_every_fact(monkeypatch, fresh_plan):
+    import specdec_cli.llama as llama
+    from specdec_cli.cli import app
+
+    monkeypatch.setattr(llama, "system_info", lambda: NO_AMX)
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    for label in ("llama-cpp-python", "GPU offload", "threads", "AMX in the CPU", "AMX kernels in llama.cpp",
+                  "models load", "as built"):
+        assert label in result.stdout
+
+
+def test_bad_setting_is_one_line_exit_2(monkeypatch, fresh_plan):
+    from specdec_cli.__main__ import main
+
+    monkeypatch.setenv(host.ENV, "sometimes")
+    assert main(["doctor"]) == 2
+
+
+@pytest.mark.real
+def test_backend_loads_with_extra_buffer_types_off(smollm2_path):
+    from specdec_cli.llama import LlamaBackend
+
+    for extra in (False, True):
+        backend = LlamaBackend(smollm2_path, n_ctx=128, n_batch=64, n_threads=2, extra_bufts=extra)
+        try:
+            assert backend.extra_bufts is extra
+            toks = backend.tokenize("def f(x):", add_special=True)
+            logits = backend.decode(toks, n_logits=1)
+            assert logits.shape == (1, backend.n_vocab)
+        finally:
+            backend.close()
+
+
+@pytest.mark.real
+def test_backend_follows_the_host_plan(monkeypatch, fresh_plan, smollm2_path):
+    from specdec_cli.llama import LlamaBackend
+
+    monkeypatch.setenv(host.ENV, "off")
+    import specdec_cli.llama as llama
+
+    monkeypatch.setattr(llama, "system_info", lambda: AMX)
+    with pytest.warns(host.HostWarning):
+        backend = LlamaBackend(smollm2_path, n_ctx=128, n_batch=64, n_threads=2)
+    try:
+        assert backend.extra_bufts is False
+    finally:
+        backend.close()
