@@ -52,7 +52,8 @@ class StateFake:
         return np.repeat(cells.astype(np.uint8), self.per_token).tobytes()
 
     def save_state(self, path) -> int:
-        data = MAGIC + struct.pack("<I", len(self._toks)) + self._toks.astype("<i4").tobytes() + self._payload(self._toks)
+        toks = self._toks
+        data = MAGIC + struct.pack("<I", len(toks)) + toks.astype("<i4").tobytes() + self._payload(toks)
         with open(path, "wb") as f:
             f.write(data)
         return len(data)
