@@ -263,12 +263,19 @@ class PromptCache:
 
     # -- restoring ------------------------------------------------------------------------------------------------
 
-    def restore(self, backend: StatefulBackend, tokens: Sequence[int] | np.ndarray) -> tuple[int, float]:
+    def restore(self, backend: StatefulBackend, tokens: Sequence[int] | np.ndarray, *,
+                align: int | None = None) -> tuple[int, float]:  # fmt: skip
         """Restore the longest prefix of `tokens` that a saved state of this backend's key holds.
 
         Args:
             backend: the backend whose KV cache (sequence 0) is replaced on a hit.
             tokens: int [n], the context the caller is about to evaluate (e.g. the prompt without its last token).
+            align: when a strict prefix of `tokens` is restored, cut it down to a multiple of `align` tokens. With
+                align = backend.n_batch, the rest is then evaluated in the same n_batch chunks as a cold prefill, so
+                the logits are bit-identical to a run without the cache (llama.cpp's numerics depend on how tokens
+                are batched: the rest as one odd-sized batch moves logits by up to ~0.6 on smollm2), at the cost of
+                up to align - 1 more tokens evaluated. None: restore the whole shared prefix (fastest; differences
+                are near-ties). A restore of all of `tokens` is never cut.
 
         Returns:
             (n_restored, ms): on a hit, `backend.tokens == tokens[:n_restored]` with min_tokens <= n_restored <= n;
@@ -278,15 +285,21 @@ class PromptCache:
         """
         t0 = time.perf_counter()
         want = np.asarray(tokens, dtype=np.int32).ravel()
-        n = self._restore(backend, want) if len(want) >= self.min_tokens and self.directory.is_dir() else 0
+        if align is not None and align < 1:
+            raise ValueError(f"align must be >= 1, got {align}")
+        usable = len(want) >= self.min_tokens and self.directory.is_dir()
+        n = self._restore(backend, want, align or 1) if usable else 0
         return n, (time.perf_counter() - t0) * 1e3
 
-    def _restore(self, backend: StatefulBackend, want: np.ndarray) -> int:
+    def _restore(self, backend: StatefulBackend, want: np.ndarray, align: int) -> int:
         try:
             key = self.key(backend)
             digest = key_digest(key)
             with self._lock():
-                found = [(min(common_prefix(e.tokens, want), len(want)), e) for e in self._entries(digest, key)]
+                found = []
+                for e in self._entries(digest, key):
+                    shared = min(common_prefix(e.tokens, want), len(want))
+                    found.append((shared if shared == len(want) else shared // align * align, e))
                 found.sort(key=lambda se: (-se[0], len(se[1].tokens)))  # longest shared prefix, then smallest state
                 for shared, entry in found:
                     if shared < self.min_tokens or shared <= common_prefix(backend.tokens, want):

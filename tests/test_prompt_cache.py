@@ -143,6 +143,17 @@ def test_a_restore_never_goes_past_the_requested_context(cache, model):
     assert cache.restore(b, seq(50))[0] == 50 and np.array_equal(b.tokens, seq(50))
 
 
+def test_align_cuts_a_partial_restore_to_a_multiple_and_never_a_whole_one(cache, model):
+    saved(cache, model, seq(300))
+    query = np.concatenate([seq(200), seq(50, 9000)])
+    b = StateFake(model)
+    assert cache.restore(b, query, align=64)[0] == 192 and np.array_equal(b.tokens, query[:192])
+    b = StateFake(model)
+    assert cache.restore(b, seq(250), align=64)[0] == 250  # all of the context: nothing to batch differently
+    b = StateFake(model)
+    assert cache.restore(b, np.concatenate([seq(60), seq(50, 9000)]), align=64)[0] == 0  # 0 < min_tokens
+
+
 def test_a_shared_prefix_shorter_than_min_tokens_is_not_restored(cache, model):
     saved(cache, model, seq(100))
     query = np.concatenate([seq(31), seq(40, 9000)])
@@ -239,6 +250,31 @@ def test_a_crash_mid_write_leaves_no_entry_and_the_next_save_cleans_up(cache, mo
         assert cache.restore(StateFake(model), seq(100))[0] == 0  # ... and never read
         assert saved(cache, model, seq(100, 500)) > 0
     assert not any(".tmp-" in p.name for p in cache.directory.iterdir())  # ... and removed by the next save
+
+
+def test_a_crash_between_the_two_renames_leaves_no_entry(cache, model, monkeypatch):
+    """The state is renamed into place first, the header last: killed in between, only an orphan state is left (no
+    entry to trust), and the next save removes it."""
+    import specdec_cli.prompt_cache as pc
+
+    real_replace, calls = os.replace, []
+
+    def replace_then_die(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process is stopped between the two renames
+        real_replace(src, dst)
+
+    monkeypatch.setattr(pc.os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        saved(cache, model, seq(100))
+    monkeypatch.setattr(pc.os, "replace", real_replace)
+    assert headers(cache) == [] and cache.stats().entries == ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.restore(StateFake(model), seq(100))[0] == 0
+        assert saved(cache, model, seq(100, 500)) > 0
+    assert len(list(cache.directory.glob("*.state"))) == 1  # the orphan is gone
 
 
 def test_a_failed_save_warns_and_leaves_nothing(cache, model):
@@ -500,6 +536,15 @@ def test_logits_after_a_restore_equal_a_fresh_prefill_exactly(smollm2_path, llam
     reference = _next_logits(d, context2, last2)
     assert np.array_equal(restored2, reference)
     d.close()
+
+    # With align=n_batch the rest is batched as a cold prefill batches it: equal to the run without any cache.
+    e = _fresh(llama_backend_cls, smollm2_path)
+    n3, _ = cache.restore(e, context2, align=e.n_batch)
+    assert n3 == shared // e.n_batch * e.n_batch > 0
+    aligned = _next_logits(e, context2, last2)
+    cold = _next_logits(_fresh(llama_backend_cls, smollm2_path), context2, last2)
+    assert np.array_equal(aligned, cold)
+    e.close()
     b.close()
     c.close()
 
