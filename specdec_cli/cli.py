@@ -432,7 +432,7 @@ def _mount_subcommands() -> None:
     from specdec_cli.commands.models import models_app
 
     app.add_typer(models_app, name="models", help="List and fetch the models in models.toml.")
-    app.add_typer(cache_app, name="cache", help="The suffix drafter's store of past outputs.")
+    app.add_typer(cache_app, name="cache", help="The suffix drafter's store of past outputs, and the prompt cache.")
 
 
 def _reflow(doc: str | None) -> str | None:

@@ -97,3 +97,7 @@ class DecodeError(BackendError):
 
 class CacheTrimError(BackendError):
     """`llama_memory_seq_rm` refused to remove a range (recurrent or hybrid models cannot roll back)."""
+
+
+class StateError(BackendError):
+    """llama.cpp could not save or restore a KV state (`llama_state_seq_save_file` / `load_file` returned 0)."""

@@ -5,7 +5,9 @@ What it does differently from `llama_cpp.Llama`:
   `logits_all`, and read as a zero-copy numpy view of llama.cpp's output buffer;
 - the batch is allocated once and filled through numpy views of its arrays;
 - rollback is `llama_memory_seq_rm` on sequence 0 with its bool result checked (recurrent/hybrid models refuse);
-- `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted, < 0 = fatal).
+- `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted, < 0 = fatal);
+- the KV state of sequence 0 is saved and restored with llama.cpp's streaming `llama_state_seq_save_file` /
+  `llama_state_seq_load_file` (one tensor row range at a time, never the whole state in memory), for the prompt cache.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 import numpy as np
 
 from specdec_cli.backend import VocabInfo
-from specdec_cli.errors import CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError
+from specdec_cli.errors import (
+    CacheTrimError,
+    ContextOverflowError,
+    DecodeError,
+    ModelError,
+    StateError,
+    UsageError,
+)
 
 _backend_ready = False
 
@@ -156,6 +165,7 @@ class LlamaBackend:
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}.",
                              "Try a smaller --ctx.")
         self._ctx = ctx
+        self._cparams = cparams
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -262,6 +272,83 @@ class LlamaBackend:
                 "Use a transformer model, or --method none.",
             )
         self._n = n
+
+    # -- saving and restoring the KV cache (the prompt cache) --------------------------------------------------
+    def state_key(self) -> dict[str, str | int]:
+        """What a saved KV state of this context depends on, besides the model file and the tokens: the llama.cpp
+        build (llama-cpp-python version, its state-file version, llama.cpp's system info line) and every context
+        parameter that changes the KV cache's layout or values (n_ctx, n_batch/n_ubatch, K/V types, flash
+        attention, RoPE scaling, SWA/unified KV). Threads and GPU offload are left out. JSON-serialisable.
+        """
+        p = self._cparams
+        return {
+            "llama_cpp_python": str(llama_cpp.__version__),
+            "state_seq_version": int(getattr(llama_cpp, "LLAMA_STATE_SEQ_VERSION", 0)),
+            "system_info": system_info(),
+            "model_desc": self._model_desc(),
+            "model_n_params": int(llama_cpp.llama_model_n_params(self._model)),
+            "n_ctx": self._n_ctx,
+            "n_batch": self._n_batch,
+            "n_ubatch": int(p.n_ubatch),
+            "n_seq_max": int(p.n_seq_max),
+            "type_k": int(p.type_k),
+            "type_v": int(p.type_v),
+            "flash_attn_type": int(p.flash_attn_type),
+            "rope": f"{p.rope_scaling_type}/{p.rope_freq_base!r}/{p.rope_freq_scale!r}/{p.yarn_orig_ctx}",
+            "swa_full": int(p.swa_full),
+            "kv_unified": int(p.kv_unified),
+        }
+
+    def _model_desc(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n > 0 else ""
+
+    def state_size(self) -> int:
+        """Bytes the KV state of sequence 0 takes when saved (without the file's header and token list)."""
+        return int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
+
+    def save_state(self, path: str | Path) -> int:
+        """Write the KV state of sequence 0 and its token list to `path` (llama.cpp's sequence-state file: magic,
+        version, n_tokens, int32 tokens [n], then the cells), streamed one tensor range at a time (llama.cpp's
+        `llama_io_write_file`), so memory grows by one layer's K or V rows at most. Overwrites `path` in place (the
+        caller makes it atomic: write a temp file created 0o600, then `os.replace`).
+
+        Returns the bytes written (> 0). Raises StateError when llama.cpp fails (disk full, unwritable path).
+        """
+        toks = self._tokens[: self._n]
+        ptr = toks.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        written = llama_cpp.llama_state_seq_save_file(self._ctx, os.fsencode(path), 0, ptr, self._n)
+        if written == 0:
+            raise StateError(f"llama.cpp could not save the KV state of {Path(self.path).name} to {path}.",
+                             "Check the free disk space and the directory's permissions.")  # fmt: skip
+        return int(written)
+
+    def load_state(self, path: str | Path) -> int:
+        """Replace the KV cache of sequence 0 with the state saved in `path` by `save_state` (streamed, like the save:
+        memory grows by one tensor range, not by the state's size). Afterwards `tokens` is the saved token list.
+
+        Only llama.cpp's own checks apply here (magic, version, token capacity = n_ctx, layer count, K/V types and
+        row sizes): it cannot tell a state of another model with the same shapes, so callers check identity first
+        (`specdec_cli.prompt_cache` does). To restore a prefix, `load_state` then `truncate(n)`.
+
+        Returns the number of tokens restored. Raises StateError when llama.cpp refuses or fails; the cache is then
+        empty (`tokens` has length 0), never half-restored.
+        """
+        self._n = 0  # llama.cpp drops sequence 0 before it reads the cells
+        n_out = ctypes.c_size_t(0)
+        ptr = self._tokens.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        read = llama_cpp.llama_state_seq_load_file(self._ctx, os.fsencode(path), 0, ptr, self._n_ctx,
+                                                    ctypes.byref(n_out))  # fmt: skip
+        n = int(n_out.value)
+        pos_max = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+        if read == 0 or n == 0 or n > self._n_ctx or pos_max != n - 1:
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            why = "refused the file" if read == 0 else f"restored {pos_max + 1} positions for {n} tokens"
+            raise StateError(f"llama.cpp {why} when loading the KV state {path} into {Path(self.path).name}.",
+                             "The file is not a state of this model and context; it is not used.")  # fmt: skip
+        self._n = n
+        return n
 
     # -- tokens and text -------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:

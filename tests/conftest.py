@@ -12,8 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
-    """SPECDEC_HOME → a fresh tmp dir (config, suffix store); the model cache (SPECDEC_CACHE) stays shared."""
+    """SPECDEC_HOME → a fresh tmp dir (config, suffix store), SPECDEC_PROMPT_CACHE too; the model cache (SPECDEC_CACHE)
+    stays shared."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
+    monkeypatch.setenv("SPECDEC_PROMPT_CACHE", str(tmp_path / "prompt-cache"))
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("COLUMNS", "120")
     yield

@@ -1,7 +1,9 @@
-"""`specdec cache stats | clear | export`: the suffix drafter's stores of past outputs.
+"""`specdec cache stats | clear | export`: the suffix drafter's stores of past outputs, and the prompt cache.
 
-One store per tokenizer lives in `data_dir()/suffix/<fingerprint[:16]>.npz` (format: `specdec_cli.suffix_store`).
-Tables go to stdout, notes to stderr; errors are SpecdecError subclasses left to propagate to `main()`.
+One suffix store per tokenizer lives in `data_dir()/suffix/<fingerprint[:16]>.npz` (format:
+`specdec_cli.suffix_store`); the prompt cache's KV states live in `specdec_cli.prompt_cache.default_directory()`
+(format: `specdec_cli.prompt_cache`). Tables go to stdout, notes to stderr; errors are SpecdecError subclasses left
+to propagate to `main()`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ def _help(*paragraphs: str, examples: list[str]) -> str:
 
 cache_app = typer.Typer(
     help=_help(
-        "Inspect, export or delete the suffix drafter's stores of past outputs (one per tokenizer).",
+        "Inspect, export or delete the suffix drafter's stores of past outputs (one per tokenizer), and inspect or "
+        "delete the prompt cache (saved KV states of evaluated prompts).",
         "--method suffix learns from every generation: outputs are kept in $SPECDEC_HOME/data/suffix "
         "(else ~/.local/share/specdec/suffix), at most 2M tokens per tokenizer, oldest dropped first.",
+        "The prompt cache keeps the KV state of evaluated prompts in $SPECDEC_PROMPT_CACHE (else "
+        "~/.cache/specdec/prompts), at most 4 GiB, least recently used dropped first.",
         examples=["specdec cache stats", "specdec cache export outputs.jsonl", "specdec cache clear --yes"],
     ),
     no_args_is_help=True,
@@ -60,8 +65,9 @@ def _human(n: float) -> str:
 @cache_app.command(
     "stats",
     help=_help(
-        "Show each suffix store: its file, tokenizer fingerprint, documents, tokens, size on disk and last change.",
-        "Only each file's header is read, so this is instant even for large stores.",
+        "Show each suffix store: its file, tokenizer fingerprint, documents, tokens, size on disk and last change; "
+        "then the prompt cache: each saved KV state's model, tokens, size on disk and last use, and the total.",
+        "Only headers are read, so this is instant even for large stores.",
         examples=["specdec cache stats", "SPECDEC_HOME=/tmp/specdec specdec cache stats"],
     ),
 )
@@ -93,29 +99,73 @@ def stats() -> None:
     if aside:
         err_console().print(Text(f"{len(aside)} unusable store(s) set aside ({', '.join(a.name for a in aside)}); "
                           f"`specdec cache clear` deletes them."))  # fmt: skip
+    _prompt_stats()
+
+
+def _prompt_stats() -> None:
+    from specdec_cli.prompt_cache import PromptCache
+
+    s = PromptCache().stats()
+    if not s.entries:
+        err_console().print(Text(f"No prompt-cache entries in {s.directory} yet."))
+        return
+    table = Table(title=f"prompt cache: {s.directory}", title_justify="left",
+                  caption=f"{len(s.entries)} entries, {_human(s.n_bytes)} of {_human(s.max_bytes)}",
+                  caption_justify="left")  # fmt: skip
+    for name, justify in (("model", "left"), ("tokens", "right"), ("size", "right"), ("last used", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for e in s.entries:
+        used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
+        model = Text(e.model) if not e.problem else Text(f"{e.model} (unusable: {e.problem})", style="red")
+        table.add_row(model, f"{e.n_tokens:,}", _human(e.n_bytes), used)
+    make_console().print(table)
 
 
 @cache_app.command(
     "clear",
     help=_help(
-        "Delete every suffix store (and stores set aside as corrupt). The suffix drafter then starts from scratch.",
-        "Asks for confirmation unless --yes is given.",
-        examples=["specdec cache clear", "specdec cache clear --yes"],
+        "Delete every suffix store (and stores set aside as corrupt), and every prompt-cache entry. The suffix "
+        "drafter then starts from scratch, and the next run of each prompt evaluates it in full.",
+        "--only suffix or --only prompts deletes one of the two. Asks for confirmation unless --yes is given.",
+        examples=["specdec cache clear", "specdec cache clear --yes", "specdec cache clear --only prompts --yes"],
     ),
 )
 def clear(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    only: Annotated[
+        Optional[str], typer.Option("--only", metavar="suffix|prompts", help="Delete only the suffix stores, or only "
+                                    "the prompt cache.")  # fmt: skip
+    ] = None,
 ) -> None:
+    from filelock import Timeout
+
+    from specdec_cli.prompt_cache import PromptCache
     from specdec_cli.suffix_store import SuffixStore
 
+    if only not in (None, "suffix", "prompts"):
+        raise typer.BadParameter(f"{only!r} is neither suffix nor prompts.", param_hint="--only")
     d = suffix_dir()
-    paths = _stores(d)
-    aside = sorted(d.glob("*.corrupt-*")) if d.is_dir() else []
-    if not paths and not aside:
-        err_console().print(Text(f"Nothing to clear in {d}."))
+    paths = _stores(d) if only != "prompts" else []
+    aside = sorted(d.glob("*.corrupt-*")) if d.is_dir() and only != "prompts" else []
+    prompts = PromptCache()
+    n_prompts = len(prompts.stats().entries) if only != "suffix" else 0
+    if not paths and not aside and not n_prompts:
+        err_console().print(Text(f"Nothing to clear in {d} nor {prompts.directory}."))
         return
     if not yes:
-        typer.confirm(f"Delete {len(paths) + len(aside)} suffix store file(s) in {d}?", abort=True, err=True)
+        what = [f"{len(paths) + len(aside)} suffix store file(s) in {d}"] if paths or aside else []
+        what += [f"{n_prompts} prompt-cache entries in {prompts.directory}"] if n_prompts else []
+        typer.confirm(f"Delete {' and '.join(what)}?", abort=True, err=True)
+    if n_prompts:
+        try:
+            n_files = prompts.clear()
+        except (OSError, Timeout) as e:
+            why = "another specdec process holds its lock" if isinstance(e, Timeout) else (e.strerror or str(e))
+            raise UsageError(f"Cannot delete the prompt cache in {prompts.directory}: {why}.",
+                             "Retry when the other run ends, or delete the directory by hand.") from None  # fmt: skip
+        err_console().print(Text(f"Deleted {n_prompts} prompt-cache entries ({n_files} file(s)) in {prompts.directory}."))
+    if not paths and not aside:
+        return
     try:
         for p in paths:
             SuffixStore(p).clear()  # under the store's lock, so a concurrent save is not torn
