@@ -24,7 +24,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx") if False else None  # the openai client brings its own HTTP stack
 
 from fakes import FakeBackend, greedy_reference, hashed_logits, word  # noqa: E402
 from specdec_cli.errors import (  # noqa: E402
@@ -32,7 +31,7 @@ from specdec_cli.errors import (  # noqa: E402
 )
 from specdec_cli.records import Prefill, Step  # noqa: E402
 from specdec_cli.serve.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
-from specdec_cli.serve.errors import ApiError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
+from specdec_cli.serve.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
 from specdec_cli.serve.service import GenerationService, Tally  # noqa: E402
 from specdec_cli.serve.worker import Worker  # noqa: E402
 from specdec_cli.session import Session, SpecOptions  # noqa: E402
@@ -331,6 +330,23 @@ def test_client_disconnect_mid_stream_stops_the_generation_and_frees_the_worker(
     assert resp.choices[0].message.content == text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 20))
 
 
+def test_client_gone_before_a_non_streaming_reply_frees_the_worker():
+    import http.client
+    from urllib.parse import urlparse
+
+    backend = SlowBackend(hashed_logits, delay=0.01)
+    with serving(backend, method="none") as s:
+        u = urlparse(s.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.3)
+        body = json.dumps({"model": "x", "max_tokens": 400, "messages": [{"role": "user", "content": PROMPT}]})
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        s.wait(lambda h: h["busy"])
+        conn.close()
+        s.wait(lambda h: not h["busy"])
+        assert "cancelled (client gone)" in s.lines[0]
+    assert backend.n_decode_calls < 200
+
+
 def test_a_failing_backend_is_a_500_and_the_server_goes_on():
     class Flaky(FakeBackend):
         fail = True
@@ -380,6 +396,7 @@ def test_stop_ends_the_running_request_and_fails_the_waiting_ones():
 @pytest.mark.parametrize("exc, status, type_, code", [
     (QueueFullError(3), 429, "rate_limit_error", "queue_full"),
     (ShuttingDownError(), 503, "server_error", "shutting_down"),
+    (ClientGoneError(), 499, "invalid_request_error", "client_gone"),
     (ContextOverflowError("The prompt is 900 tokens.", "Use --ctx 1024."), 400, "invalid_request_error",
      "context_length_exceeded"),
     (UsageError("The prompt is empty.", "Send text."), 400, "invalid_request_error", None),
@@ -479,7 +496,9 @@ def test_real_server_end_to_end(smollm2_path, tmp_path):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert "saved" in err
-        assert len([ln for ln in err.splitlines() if "tok/s" in ln]) == 1  # the second request's log line
+        logged = [ln for ln in err.splitlines() if "tok/s" in ln]  # one line per request
+        assert [ln.split(":")[0] for ln in logged] == ["#1 chat", "#2 chat"], err
+        assert "(0 cached)" in logged[0] and "(0 cached)" not in logged[1]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,8 +5,8 @@ Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (and /v1
 A request is validated (pydantic: 422; what the engine cannot honour: 400), submitted to the worker (queue full:
 429), and the handler waits for the worker's first event: `Started` (the prompt fit and was evaluated) commits the
 response (200, streamed or not); `Failed` becomes the error JSON (e.g. 400 `context_length_exceeded`). A client that
-goes away is noticed (sse-starlette's disconnect listener for streams, polling for the others) and its generation is
-cancelled at the next step, freeing the worker.
+goes away is noticed (its `http.disconnect`: listened for by the handler until a stream starts, then by
+sse-starlette) and its generation is cancelled at the next step, freeing the worker.
 
 Shaped after llama-cpp-python's server (`llama_cpp/server/app.py`: FastAPI + `EventSourceResponse`, Bearer key,
 OpenAI error JSON) and vLLM's OpenAI server (validation errors answered in OpenAI's error shape).
@@ -31,13 +31,6 @@ from specdec_cli import __version__
 from specdec_cli.serve import schema
 from specdec_cli.serve.errors import ApiError, to_api_error
 from specdec_cli.serve.worker import Delta, Done, Event, Failed, GenRequest, Job, Started, Worker
-
-POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
-
-
-class _ClientGone(Exception):
-    pass
-
 
 def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(), api_key: Optional[str] = None,
                max_body_bytes: Optional[int] = None) -> FastAPI:
@@ -160,45 +153,36 @@ async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream:
         job = worker.submit(gen, deliver)
     except Exception as e:  # QueueFullError (429), ShuttingDownError (503)
         raise to_api_error(e) from None
+    # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, worker, job))
     try:
-        first = await _next_event(request, events, worker, job)
-    except _ClientGone:
-        return Response(status_code=499)
-    if isinstance(first, Failed):
-        raise to_api_error(first.error, param=param)
-    writer = schema.ChunkWriter(gen.kind, model_id, include_usage)
-    if stream:
-        return EventSourceResponse(_chunks(events, worker, job, writer, method), sep="\n", ping=15)
-
-    parts: list[str] = []
-    while True:
-        try:
-            event = await _next_event(request, events, worker, job)
-        except _ClientGone:
-            return Response(status_code=499)
-        if isinstance(event, Delta):
-            parts.append(event.text)
-        elif isinstance(event, Done):
-            build = schema.chat_response if gen.kind == "chat" else schema.completion_response
-            return JSONResponse(build(writer.id, model_id, writer.created, "".join(parts), event.stats, method))
-        elif isinstance(event, Failed):
-            raise to_api_error(event.error, param=param)
-
-
-async def _next_event(request: Request, events: asyncio.Queue, worker: Worker, job: Job) -> Event:
-    """The job's next event; raises _ClientGone (after cancelling the job) when the client disconnects first."""
-    getter = asyncio.ensure_future(events.get())
-    try:
+        first = await events.get()
+        if isinstance(first, Failed):
+            raise to_api_error(first.error, param=param)
+        writer = schema.ChunkWriter(gen.kind, model_id, include_usage)
+        if stream:
+            return EventSourceResponse(_chunks(events, worker, job, writer, method), sep="\n", ping=15)
+        parts: list[str] = []
         while True:
-            done, _ = await asyncio.wait({getter}, timeout=POLL_S)
-            if done:
-                return getter.result()
-            if await request.is_disconnected():
-                worker.cancel(job)
-                raise _ClientGone()
+            event = await events.get()
+            if isinstance(event, Delta):
+                parts.append(event.text)
+            elif isinstance(event, Done):
+                build = schema.chat_response if gen.kind == "chat" else schema.completion_response
+                return JSONResponse(build(writer.id, model_id, writer.created, "".join(parts), event.stats, method))
+            elif isinstance(event, Failed):
+                raise to_api_error(event.error, param=param)
     finally:
-        if not getter.done():
-            getter.cancel()
+        watcher.cancel()
+
+
+async def _cancel_on_disconnect(request: Request, worker: Worker, job: Job) -> None:
+    """Wait for the client's `http.disconnect` (the body is already read), then cancel `job`."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            worker.cancel(job)
+            return
 
 
 async def _chunks(events: asyncio.Queue, worker: Worker, job: Job, writer: schema.ChunkWriter, method: str):

@@ -47,10 +47,18 @@ class ShuttingDownError(Exception):
         super().__init__("The server is shutting down.")
 
 
+class ClientGoneError(Exception):
+    """The client disconnected; its request was dropped or stopped (the status is only logged: nobody reads it)."""
+
+    def __init__(self) -> None:
+        super().__init__("The client disconnected.")
+
+
 # (exception class, HTTP status, OpenAI error type, code); the first row whose class matches wins (subclasses first).
 ERROR_TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (QueueFullError, 429, "rate_limit_error", "queue_full"),
     (ShuttingDownError, 503, SERVER, "shutting_down"),
+    (ClientGoneError, 499, INVALID, "client_gone"),  # nginx's "client closed request"
     (ContextOverflowError, 400, INVALID, "context_length_exceeded"),
     (UsageError, 400, INVALID, None),
     (BackendError, 500, SERVER, "backend_error"),

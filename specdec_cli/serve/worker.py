@@ -8,7 +8,8 @@ per target pass that added text), then `Done` (the request's `RequestStats`); or
 
 A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429). `cancel` (the client went away)
 drops a waiting request, or stops the running one at the next step: the engine's generator is closed, so its
-`finally` leaves the KV cache holding only committed tokens. `stop` (Ctrl-C / SIGTERM) fails every waiting request
+`finally` leaves the KV cache holding only committed tokens. Every request that did not finish gets a last `Failed`
+event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM) fails every waiting request
 with `ShuttingDownError` and ends the running one after its current step.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.serve.errors import QueueFullError, ShuttingDownError, to_api_error
+from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
 from specdec_cli.serve.service import GenerationService, RequestStats, Tally
 
 
@@ -130,13 +131,15 @@ class Worker:
         return job
 
     def cancel(self, job: Job) -> None:
-        """The client went away: drop `job` if it is waiting, else stop it at its next step. Idempotent."""
+        """The client went away: drop `job` if it is waiting, else stop it at its next step; either way its last
+        event is `Failed(ClientGoneError())` (none if it had finished). Idempotent."""
         with self._cv:
             job.cancelled.set()
             try:
                 self._pending.remove(job)
             except ValueError:
-                pass
+                return
+        _send(job, Failed(ClientGoneError()))
 
     def stop(self) -> None:
         """Stop serving: waiting requests fail with ShuttingDownError, the running one ends after its current step."""
@@ -175,6 +178,8 @@ class Worker:
                 job = self._current = self._pending.popleft()
             try:
                 self._serve(job)
+            except Exception as e:  # not expected (`_serve` catches); the thread must outlive it all the same
+                _send(job, Failed(e))
             finally:
                 with self._cv:
                     self._current = None
@@ -206,6 +211,7 @@ class Worker:
             if not done:
                 if job.cancelled.is_set():
                     outcome = "cancelled (client gone)"
+                    _send(job, Failed(ClientGoneError()))
                 elif self._stopping:
                     outcome = "cut short (shutting down)"
                     _send(job, Failed(ShuttingDownError()))
