@@ -496,6 +496,9 @@ def test_real_server_end_to_end(smollm2_path, tmp_path):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert "saved" in err
+        data = Path(os.environ["SPECDEC_HOME"]) / "data"
+        assert (data / "learnt.json").is_file()  # --k auto's controller, saved by session.close()
+        assert list((data / "suffix").iterdir())  # the suffix store, saved by drafter.close()
         logged = [ln for ln in err.splitlines() if "tok/s" in ln]  # one line per request
         assert [ln.split(":")[0] for ln in logged] == ["#1 chat", "#2 chat"], err
         assert "(0 cached)" in logged[0] and "(0 cached)" not in logged[1]

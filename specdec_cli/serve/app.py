@@ -272,6 +272,12 @@ def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_
     """A uvicorn `Server` for `app` (no access log: the worker logs one line per request). `on_exit` runs first when
     a signal (Ctrl-C, SIGTERM) asks the server to stop, so running generations end after their current step."""
     import uvicorn
+    from sse_starlette.sse import AppStatus
+
+    # sse-starlette cuts every stream when uvicorn is asked to stop, mid-chunk. Here the worker's `stop` ends each
+    # stream itself (a last `{"error": ...}` event with code shutting_down, after the current step), so its drain is
+    # not needed; without it, streams end cleanly instead of as a truncated response.
+    AppStatus.disable_automatic_graceful_drain()
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
