@@ -427,6 +427,79 @@ def doctor(
         raise typer.Exit(code)
 
 
+SERVE_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec serve                                   [dim]# default pair on http://127.0.0.1:8000/v1[/dim]
+  specdec serve -t smollm2-135m --method suffix --port 0   [dim]# a free port; the URL is printed[/dim]
+  SPECDEC_API_KEY=secret specdec serve --host 0.0.0.0      [dim]# other machines too, Bearer key required[/dim]
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "any", "messages": [{"role": "user", "content": "Hi"}]}'
+
+[bold]From Python[/bold]: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused").chat.completions.create(...)
+"""
+
+
+@app.command(epilog=SERVE_EXAMPLES)
+def serve(
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    method: o.MethodOpt = Method.auto,
+    k: o.K = None,
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
+                             "then set --api-key).", rich_help_panel="Server"),
+    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0 = a free one; the URL "
+                             "actually bound is printed).", rich_help_panel="Server"),
+    api_key: str = typer.Option(None, "--api-key", envvar="SPECDEC_API_KEY", help="Require `Authorization: "
+                                "Bearer KEY` on /v1 routes (401 otherwise). [env: SPECDEC_API_KEY]",
+                                show_envvar=False, rich_help_panel="Server"),
+    queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
+                              "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
+    max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1, max=1 << 20, help="Tokens per reply when "
+                                   "a request sets no max_tokens. [default: until the context is full]",
+                                   rich_help_panel=o.SAMPLING),
+    temperature: o.Temperature = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    verbose: o.Verbose = False,
+) -> None:
+    """Serve OpenAI's API (chat and text completions) locally, with speculative decoding that learns from the traffic.
+
+    One model pair is loaded and requests are served one at a time in arrival order. The KV cache keeps the longest
+    common prefix between consecutive requests, so a resent conversation evaluates only its new tokens; the suffix
+    store and --k auto learn across requests and are saved when the server stops (Ctrl-C or SIGTERM: the current
+    step finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
+    the `prediction` field (predicted outputs) is accepted. Sampling options are the defaults for requests that
+    leave them out. One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
+    """
+    from specdec_cli.commands.serve import execute, require_extra
+
+    require_extra()  # one line with the pip command when the serve extra is missing
+    from specdec_cli.serve.schema import Defaults
+
+    code = execute(
+        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                            verbose=verbose),
+        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                          max_tokens=max_tokens),
+        host=host,
+        port=port,
+        api_key=api_key or None,
+        queue=queue,
+        use_saved_k=k is None,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 def _mount_subcommands() -> None:
     from specdec_cli.commands.cache import cache_app
     from specdec_cli.commands.models import models_app

@@ -13,6 +13,7 @@ What it does differently from `llama_cpp.Llama`:
 from __future__ import annotations
 
 import ctypes
+import os
 import hashlib
 from pathlib import Path
 from typing import Sequence

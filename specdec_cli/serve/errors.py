@@ -1,0 +1,82 @@
+"""Errors as OpenAI's API sends them: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
+
+`ERROR_TABLE` is the one place that maps exceptions (specdec's domain errors from `specdec_cli.errors`, and the
+server's own) to a status, an error type and a code; `to_api_error` applies it. Anything not in the table is a bug:
+500, and the server goes on serving. The openai client turns the status into its exception class (400
+BadRequestError, 401 AuthenticationError, 404 NotFoundError, 413/422 APIStatusError/UnprocessableEntityError, 429
+RateLimitError, 5xx InternalServerError) and `error.message` into its message.
+"""
+
+from __future__ import annotations
+
+from specdec_cli.errors import BackendError, ContextOverflowError, SpecdecError, UsageError
+
+INVALID = "invalid_request_error"
+SERVER = "server_error"
+
+
+class ApiError(Exception):
+    """An error to send as it is: HTTP `status` and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, *, type: str = INVALID, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        """The JSON body: {"error": {"message", "type", "param", "code"}}."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class QueueFullError(Exception):
+    """The request queue is at its bound (`specdec serve --queue`)."""
+
+    def __init__(self, bound: int) -> None:
+        super().__init__(f"The server is busy: {bound} requests are already waiting (specdec serve --queue {bound}). "
+                         "Retry later.")
+
+
+class ShuttingDownError(Exception):
+    """The server is stopping (Ctrl-C / SIGTERM); the request was not served, or was cut short."""
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down.")
+
+
+class ClientGoneError(Exception):
+    """The client disconnected; its request was dropped or stopped (the status is only logged: nobody reads it)."""
+
+    def __init__(self) -> None:
+        super().__init__("The client disconnected.")
+
+
+# (exception class, HTTP status, OpenAI error type, code); the first row whose class matches wins (subclasses first).
+ERROR_TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
+    (QueueFullError, 429, "rate_limit_error", "queue_full"),
+    (ShuttingDownError, 503, SERVER, "shutting_down"),
+    (ClientGoneError, 499, INVALID, "client_gone"),  # nginx's "client closed request"
+    (ContextOverflowError, 400, INVALID, "context_length_exceeded"),
+    (UsageError, 400, INVALID, None),
+    (BackendError, 500, SERVER, "backend_error"),
+    (SpecdecError, 500, SERVER, None),
+)
+
+
+def to_api_error(exc: BaseException, *, param: str | None = None) -> ApiError:
+    """The `ApiError` for `exc` (an `ApiError` is returned as is).
+
+    Args:
+        param: the request field the error is about, for errors about the prompt ("messages" or "prompt").
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    for cls, status, type_, code in ERROR_TABLE:
+        if isinstance(exc, cls):
+            return ApiError(status, str(exc), type=type_, code=code,
+                            param=param if cls in (ContextOverflowError, UsageError) else None)
+    return ApiError(500, f"Internal error: {type(exc).__name__}: {exc} (a bug in specdec; the server goes on; "
+                    "SPECDEC_DEBUG=1 logs the traceback).", type=SERVER, code="internal_error")

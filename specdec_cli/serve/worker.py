@@ -1,0 +1,251 @@
+"""One worker thread serves the requests one at a time, in arrival order, from a bounded queue.
+
+llama.cpp's context is not thread-safe, and one model pair cannot decode two sequences here anyway, so every
+contact with the models (tokenizing included) happens on this thread. The HTTP side submits a `GenRequest` with a
+`deliver` callback and receives, in order: `Started` (the prompt fit and was evaluated), `Delta`s (output text, one
+per target pass that added text), then `Done` (the request's `RequestStats`); or `Failed` (an exception for
+`errors.to_api_error`) instead of any of them.
+
+A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429). `cancel` (the client went away)
+drops a waiting request, or stops the running one at the next step: the engine's generator is closed, so its
+`finally` leaves the KV cache holding only committed tokens. Every request that did not finish gets a last `Failed`
+event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM) fails every waiting request
+with `ShuttingDownError` and ends the running one after its current step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from specdec_cli.engine import GenerationConfig
+from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
+from specdec_cli.serve.service import GenerationService, RequestStats, Tally
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """What one HTTP request asks for.
+
+    Attributes:
+        kind: "chat" (`messages` through the chat template) or "completion" (`prompt` as raw text).
+        config: max tokens, stop strings, sampling.
+        prediction: OpenAI's `prediction.content` (chat only), or None.
+    """
+
+    kind: Literal["chat", "completion"]
+    config: GenerationConfig
+    messages: tuple[dict[str, str], ...] = ()
+    prompt: str = ""
+    prediction: str | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """The prompt fit and was evaluated (prefill done); generation is under way."""
+
+    n_prompt: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Output text added by one target pass."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The generation finished; `stats.finish_reason` says why."""
+
+    stats: RequestStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed (before or during generation); map `error` with `errors.to_api_error`."""
+
+    error: BaseException
+
+
+Event = Started | Delta | Done | Failed
+
+
+class Job:
+    """A submitted request: its id (for the log), its delivery callback, and whether it was cancelled."""
+
+    def __init__(self, job_id: int, request: GenRequest, deliver: Callable[[Event], None]) -> None:
+        self.id = job_id
+        self.request = request
+        self.deliver = deliver
+        self.cancelled = threading.Event()
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Worker:
+    """The serving thread and its queue.
+
+    Args:
+        service: the models and engine (used on this thread only).
+        bound: requests that may wait behind the running one (0 = none; a request arriving while one runs gets 429).
+        log: one line per request (default: stderr).
+    """
+
+    def __init__(self, service: GenerationService, *, bound: int = 16, log: Callable[[str], None] = _stderr) -> None:
+        self.service = service
+        self.bound = bound
+        self.log = log
+        self._cv = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._current: Job | None = None
+        self._stopping = False
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._run, name="specdec-serve-worker", daemon=True)
+
+    # -- the HTTP side --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenRequest, deliver: Callable[[Event], None]) -> Job:
+        """Queue `request`; its events go to `deliver` (called on the worker thread; it must not block).
+
+        Raises: QueueFullError (the queue is at its bound), ShuttingDownError.
+        """
+        with self._cv:
+            if self._stopping:
+                raise ShuttingDownError()
+            # while the worker is idle, the first waiting job is about to run: it does not count against the bound
+            if len(self._pending) >= self.bound + (self._current is None):
+                raise QueueFullError(self.bound)
+            job = Job(next(self._ids), request, deliver)
+            self._pending.append(job)
+            self._cv.notify()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: drop `job` if it is waiting, else stop it at its next step; either way its last
+        event is `Failed(ClientGoneError())` (none if it had finished). Idempotent."""
+        with self._cv:
+            job.cancelled.set()
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return
+        _send(job, Failed(ClientGoneError()))
+
+    def stop(self) -> None:
+        """Stop serving: waiting requests fail with ShuttingDownError, the running one ends after its current step."""
+        with self._cv:
+            self._stopping = True
+            waiting = list(self._pending)
+            self._pending.clear()
+            self._cv.notify_all()
+        for job in waiting:
+            _send(job, Failed(ShuttingDownError()))
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting (not counting the running one)."""
+        with self._cv:
+            return len(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        """True while a request is being served."""
+        with self._cv:
+            return self._current is not None
+
+    # -- the worker thread ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                job = self._current = self._pending.popleft()
+            try:
+                self._serve(job)
+            except Exception as e:  # not expected (`_serve` catches); the thread must outlive it all the same
+                _send(job, Failed(e))
+            finally:
+                with self._cv:
+                    self._current = None
+
+    def _serve(self, job: Job) -> None:
+        """Generate one request, delivering its events; never raises (the server goes on whatever happens)."""
+        request, service = job.request, self.service
+        tally = Tally()
+        records = None
+        outcome = "ok"
+        try:
+            tokens = service.chat_tokens(list(request.messages)) if request.kind == "chat" else \
+                service.tokenize(request.prompt)
+            records = service.stream(tokens, request.config, request.prediction)
+            tally.start()
+            started = done = False
+            for record in records:
+                if not done and (job.cancelled.is_set() or self._stopping):
+                    break  # closing `records` (finally) stops the engine before its next step
+                text = tally.add(record)
+                if not started:
+                    started = True  # the first record is the prefill: the prompt fit and was evaluated
+                    _send(job, Started(len(tokens)))
+                if text:
+                    _send(job, Delta(text))
+                if not done and tally.finish_reason is not None:
+                    done = True  # answer now; the loop goes on only to let the drafter learn the output
+                    _send(job, Done(tally.stats()))
+            if not done:
+                if job.cancelled.is_set():
+                    outcome = "cancelled (client gone)"
+                    _send(job, Failed(ClientGoneError()))
+                elif self._stopping:
+                    outcome = "cut short (shutting down)"
+                    _send(job, Failed(ShuttingDownError()))
+                else:  # the engine ended without a finish reason (not expected): answer with what there is
+                    _send(job, Done(tally.stats()))
+        except Exception as e:  # a domain error (400) or a bug (500): reported to the client, the server goes on
+            api = to_api_error(e)
+            outcome = f"error {api.status}: {api.message}"
+            if api.status >= 500 and os.environ.get("SPECDEC_DEBUG", "") not in ("", "0"):
+                import traceback
+
+                traceback.print_exc()
+            _send(job, Failed(e))
+        finally:
+            if records is not None:
+                records.close()  # the engine's finally: the KV cache keeps only committed tokens
+        self.log(log_line(job.id, request.kind, tally.stats(), outcome, self.service.method))
+
+
+def _send(job: Job, event: Event) -> None:
+    try:
+        job.deliver(event)
+    except Exception:  # the receiving side is gone (event loop closed at shutdown): nothing to tell
+        pass
+
+
+def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:
+    """One line per request: prompt (cached), tokens, tok/s, acceptance by source, tokens per pass, finish."""
+    r = stats.run
+    parts = [f"#{job_id} {kind}: {r.n_prompt} prompt tokens ({stats.cached_prompt_tokens} cached)",
+             f"{r.n_generated} tokens in {stats.wall_ms / 1e3:.2f} s", f"{r.tokens_per_s:.1f} tok/s"]
+    if method != "none":
+        by_source = ", ".join(f"{src} {v['accepted']}/{v['drafted']}" for src, v in stats.sources.items())
+        parts.append(f"acceptance {r.acceptance_rate:.0%}" + (f" ({by_source})" if by_source else ""))
+        parts.append(f"{r.tokens_per_pass:.2f} tok/pass")
+    parts.append(f"finish {stats.finish_reason}" if outcome == "ok" else outcome)
+    return ", ".join(parts)

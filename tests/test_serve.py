@@ -1,0 +1,515 @@
+"""`specdec serve` through the official `openai` client, against a server on a free loopback port.
+
+The fake service is the real `GenerationService` and engine over `fakes.FakeBackend`, so the served text is checked
+exactly against plain greedy decoding; the real-model test runs `specdec serve` as a subprocess with smollm2-135m.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("sse_starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from fakes import FakeBackend, greedy_reference, hashed_logits, word  # noqa: E402
+from specdec_cli.errors import (  # noqa: E402
+    CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError,
+)
+from specdec_cli.records import Finish, Prefill, Step  # noqa: E402
+from specdec_cli.serve.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
+from specdec_cli.serve.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
+from specdec_cli.serve.service import GenerationService, Tally  # noqa: E402
+from specdec_cli.serve.worker import Worker  # noqa: E402
+from specdec_cli.session import Session, SpecOptions  # noqa: E402
+
+PROMPT = "w5 w9 w3 w17 w4 w22 w8"  # FakeBackend: chat template = the contents, "wN" = token N
+PROMPT_TOKENS = [5, 9, 3, 17, 4, 22, 8]
+
+
+def text_of(tokens) -> str:
+    return b"".join(word(t) for t in tokens).decode("utf-8", "replace")
+
+
+class SlowBackend(FakeBackend):
+    """FakeBackend whose decode waits for `gate` and then sleeps `delay` s: requests that take a while."""
+
+    def __init__(self, *args, delay: float = 0.0, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.delay = delay
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def decode(self, tokens, n_logits: int = 0):
+        self.gate.wait(10)
+        if self.delay:
+            time.sleep(self.delay)
+        return super().decode(tokens, n_logits)
+
+
+class Served:
+    def __init__(self, url: str, worker: Worker, backend: FakeBackend, lines: list[str]) -> None:
+        self.url, self.worker, self.backend, self.lines = url, worker, backend, lines
+
+    def client(self, api_key: str = "unused", **kw):
+        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=20, **kw)
+
+    def raw(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        """(status, parsed JSON) of a plain HTTP request, for what the openai client will not send."""
+        import http.client
+        from urllib.parse import urlparse
+
+        u = urlparse(self.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read() or b"null")
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        return self.raw("GET", "/health")[1]
+
+    def wait(self, predicate, timeout: float = 5.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            h = self.health()
+            if predicate(h):
+                return h
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting; /health = {h}")
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def serving(backend: FakeBackend | None = None, *, method: str = "ngram", k: str = "4", queue: int = 16,
+            api_key: str | None = None, max_body_bytes: int | None = None):
+    """A server on a free loopback port, uvicorn in a background thread, over the real service on a fake backend."""
+    backend = backend if backend is not None else FakeBackend(hashed_logits)
+    session = Session(target=backend, target_path=Path("fake.gguf"))
+    service = GenerationService(session, SpecOptions(method=method, k=k))
+    lines: list[str] = []
+    worker = Worker(service, bound=queue, log=lines.append)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(worker, api_key=api_key, max_body_bytes=max_body_bytes))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    worker.start()
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield Served(base_url(sock), worker, backend, lines)
+    finally:
+        backend_gate = getattr(backend, "gate", None)
+        if backend_gate is not None:
+            backend_gate.set()
+        worker.stop()
+        server.should_exit = True
+        thread.join(10)
+        worker.join(10)
+        service.close()
+        sock.close()
+
+
+def chat(client, content: str = PROMPT, **kw):
+    return client.chat.completions.create(model="fake", messages=[{"role": "user", "content": content}], **kw)
+
+
+# -- the OpenAI API with the fake service -------------------------------------------------------------------------
+def test_chat_completion_is_the_greedy_output_with_usage_and_specdec_stats():
+    expected = greedy_reference(hashed_logits, PROMPT_TOKENS, 40)
+    with serving() as s:
+        resp = chat(s.client(), max_tokens=40)
+    assert resp.object == "chat.completion"
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content == text_of(expected)
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.prompt_tokens == len(PROMPT_TOKENS)
+    assert resp.usage.completion_tokens == 40
+    assert resp.usage.total_tokens == len(PROMPT_TOKENS) + 40
+    details = resp.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens == 0 and details.rejected_prediction_tokens == 0
+    spec = resp.model_extra["specdec"]
+    assert spec["method"] == "ngram"
+    assert spec["target_passes"] >= 1 and spec["tokens_per_pass"] == pytest.approx(40 / spec["target_passes"], 1e-3)
+    assert spec["accepted"] <= spec["drafted"]
+    assert sum(v["drafted"] for v in spec["sources"].values()) == spec["drafted"]
+    assert len(s.lines) == 1 and "40 tokens" in s.lines[0] and "tok/s" in s.lines[0]
+
+
+def test_stream_chunks_concatenate_to_the_text_and_end_with_usage():
+    expected = text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 30))
+    with serving() as s:
+        chunks = list(chat(s.client(), max_tokens=30, stream=True, stream_options={"include_usage": True}))
+        plain = list(chat(s.client(), max_tokens=30, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == "length"
+    assert finish[0].model_extra["specdec"]["method"] == "ngram"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+    # without include_usage: no usage chunk; the second request reused the whole prompt from the KV cache
+    assert all(c.choices for c in plain)
+    assert "".join(c.choices[0].delta.content or "" for c in plain) == expected
+
+
+def test_resent_conversation_reuses_the_kv_cache_prefix():
+    with serving() as s:
+        client = s.client()
+        first = chat(client, max_tokens=12)
+        follow = PROMPT + " " + first.choices[0].message.content + " w7 w2"
+        second = chat(client, follow, max_tokens=12)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # everything the first request evaluated (prompt + reply) was kept: only the new tokens are evaluated
+    assert second.usage.prompt_tokens_details.cached_tokens >= len(PROMPT_TOKENS) + 12 - 1
+    tokens = FakeBackend().tokenize(follow)
+    assert second.choices[0].message.content == text_of(greedy_reference(hashed_logits, tokens, 12))
+
+
+def test_stop_strings_and_text_completions():
+    expected = greedy_reference(hashed_logits, PROMPT_TOKENS, 40)
+    stop_word = text_of(expected[5:6]).strip()  # the 6th output word
+    with serving() as s:
+        client = s.client()
+        resp = chat(client, max_tokens=40, stop=[stop_word, "nothing-like-this"])
+        comp = client.completions.create(model="fake", prompt=PROMPT, max_tokens=20)
+        streamed = list(client.completions.create(model="fake", prompt=PROMPT, max_tokens=20, stream=True))
+    first = text_of(expected).index(stop_word)
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].message.content == text_of(expected)[:first]
+    assert comp.object == "text_completion"
+    assert comp.choices[0].text == text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 20))
+    assert "".join(c.choices[0].text for c in streamed) == comp.choices[0].text
+
+
+def test_prediction_is_accepted_and_reported_in_usage():
+    expected = greedy_reference(hashed_logits, PROMPT_TOKENS, 12)
+    with serving(method="auto") as s:
+        client = s.client()
+        resp = chat(client, max_tokens=12, prediction={"type": "content", "content": text_of(expected)})
+        parts = chat(client, max_tokens=12, prediction={"type": "content", "content": [{"type": "text", "text": "x"}]})
+        plain = chat(client, max_tokens=12)
+        with pytest.raises(openai.UnprocessableEntityError) as bad:
+            chat(client, max_tokens=12, prediction={"type": "image", "content": "x"})
+    assert resp.choices[0].message.content == text_of(expected)  # lossless
+    d = resp.usage.completion_tokens_details
+    assert d.accepted_prediction_tokens >= 8 and d.rejected_prediction_tokens == 0  # the prediction was the reply
+    assert resp.specdec["sources"]["predict"]["accepted"] == d.accepted_prediction_tokens
+    for r in (parts, plain):  # a prediction that never matches, and none: nothing drafted from a prediction
+        d = r.usage.completion_tokens_details
+        assert d is None or (d.accepted_prediction_tokens, d.rejected_prediction_tokens) == (0, 0)
+    assert bad.value.body["param"] == "prediction.type"
+
+
+def test_prediction_usage_counts_steps_drafted_from_the_prediction():
+    """RequestStats: accepted/rejected prediction tokens are the drafted tokens of steps whose source is "predict"."""
+    tally = Tally()
+    tally.start()
+    tally.add(Prefill(n_prompt=3, n_evaluated=3, ms=1.0))
+    steps = [
+        Step(0, 4, (1, 2, 3, 4), 3, 9, (1, 2, 3, 9), (), 0.1, 1.0, source="predict"),
+        Step(1, 2, (5, 6), 0, 7, (7,), (), 0.1, 1.0, source="suffix"),
+        Step(2, 3, (8, 8, 8), 3, 4, (8, 8, 8, 4), (), 0.1, 1.0, source="predict"),
+        Finish("length"),
+    ]
+    for st in steps:
+        tally.add(st)
+    stats = tally.stats()
+    assert (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (6, 1)
+    assert stats.sources == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
+                             "suffix": {"steps": 1, "drafted": 2, "accepted": 0}}
+    assert stats.finish_reason == "length" and stats.run.n_generated == 9
+
+
+def test_models_health_and_unknown_paths():
+    with serving() as s:
+        models = s.client().models.list()
+        assert [m.id for m in models.data] == ["fake"]
+        assert s.client().models.retrieve("fake").id == "fake"
+        with pytest.raises(openai.NotFoundError) as missing:
+            s.client().models.retrieve("gpt-9")
+        status, body = s.raw("GET", "/v1/nothing")
+        assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0}
+    assert missing.value.body["code"] == "model_not_found"
+    assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "/v1/chat/completions" in body["error"]["message"]
+
+
+def test_bad_requests_get_openai_error_json():
+    with serving(FakeBackend(hashed_logits, n_ctx=64), max_body_bytes=4096) as s:
+        client = s.client()
+        with pytest.raises(openai.UnprocessableEntityError) as role:
+            client.chat.completions.create(model="fake", messages=[{"role": "robot", "content": "hi"}])
+        with pytest.raises(openai.UnprocessableEntityError) as temp:
+            chat(client, temperature=7)
+        with pytest.raises(openai.BadRequestError) as n:
+            chat(client, n=2)
+        with pytest.raises(openai.BadRequestError) as long:
+            chat(client, " ".join(["w5"] * 100))
+        status_json, not_json = s.raw("POST", "/v1/chat/completions", b"{not json")
+        status_none, no_messages = s.raw("POST", "/v1/chat/completions", json.dumps({"model": "x"}).encode())
+        status_big, big = s.raw("POST", "/v1/chat/completions", json.dumps(
+            {"model": "x", "messages": [{"role": "user", "content": "w5 " * 5000}]}).encode())
+        after = chat(client, max_tokens=5)  # nothing above broke the server
+    assert role.value.status_code == 422 and role.value.body["param"] == "messages.0.role"
+    assert temp.value.body["param"] == "temperature"
+    assert n.value.body["param"] == "n"
+    assert long.value.body["code"] == "context_length_exceeded" and "64 tokens" in long.value.body["message"]
+    assert long.value.body["param"] == "messages"
+    assert status_json == 400 and not_json["error"]["code"] == "invalid_json"
+    assert status_none == 422 and no_messages["error"]["param"] == "messages"
+    assert status_big == 413 and "4096 bytes" in big["error"]["message"]
+    assert after.usage.completion_tokens == 5
+
+
+def test_api_key_required_when_set():
+    with serving(api_key="sesame") as s:
+        with pytest.raises(openai.AuthenticationError) as wrong:
+            chat(s.client("wrong"), max_tokens=3)
+        status, _ = s.raw("GET", "/v1/models")
+        ok = chat(s.client("sesame"), max_tokens=3)
+        assert s.health()["status"] == "ok"  # /health needs no key
+    assert wrong.value.status_code == 401 and wrong.value.body["code"] == "invalid_api_key"
+    assert status == 401
+    assert ok.usage.completion_tokens == 3
+
+
+def test_queue_full_gets_429_and_requests_are_served_in_order():
+    backend = SlowBackend(hashed_logits)
+    backend.gate.clear()  # the first request blocks in its prefill
+    results: dict[str, object] = {}
+    with serving(backend, queue=1) as s:
+        client = s.client()
+
+        def call(name: str, max_tokens: int) -> None:
+            results[name] = chat(client, max_tokens=max_tokens)
+
+        a = threading.Thread(target=call, args=("a", 4))
+        a.start()
+        s.wait(lambda h: h["busy"])
+        b = threading.Thread(target=call, args=("b", 6))
+        b.start()
+        s.wait(lambda h: h["queued"] == 1)
+        with pytest.raises(openai.RateLimitError) as full:
+            chat(client, max_tokens=2)
+        backend.gate.set()
+        a.join(10)
+        b.join(10)
+    assert full.value.body["code"] == "queue_full" and full.value.body["type"] == "rate_limit_error"
+    assert results["a"].usage.completion_tokens == 4 and results["b"].usage.completion_tokens == 6
+    assert [line.split(":")[0] for line in s.lines] == ["#1 chat", "#2 chat"]
+
+
+def test_client_disconnect_mid_stream_stops_the_generation_and_frees_the_worker():
+    backend = SlowBackend(hashed_logits, delay=0.01)
+    with serving(backend, method="none") as s:
+        client = s.client()
+        stream = chat(client, max_tokens=400, stream=True)
+        for _, _chunk in zip(range(4), stream):
+            pass
+        stream.close()
+        s.wait(lambda h: not h["busy"] and h["queued"] == 0)
+        calls_at_stop = backend.n_decode_calls
+        time.sleep(0.2)
+        assert backend.n_decode_calls == calls_at_stop  # it stopped, not merely left in the background
+        assert calls_at_stop < 100  # far from the 400 steps asked
+        assert "cancelled (client gone)" in s.lines[0]
+        # the KV cache was left holding committed tokens only: the next request is still exact
+        resp = chat(client, max_tokens=20)
+    assert resp.choices[0].message.content == text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 20))
+
+
+def test_client_gone_before_a_non_streaming_reply_frees_the_worker():
+    import http.client
+    from urllib.parse import urlparse
+
+    backend = SlowBackend(hashed_logits, delay=0.01)
+    with serving(backend, method="none") as s:
+        u = urlparse(s.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.3)
+        body = json.dumps({"model": "x", "max_tokens": 400, "messages": [{"role": "user", "content": PROMPT}]})
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        s.wait(lambda h: h["busy"])
+        conn.close()
+        s.wait(lambda h: not h["busy"])
+        assert "cancelled (client gone)" in s.lines[0]
+    assert backend.n_decode_calls < 200
+
+
+def test_a_failing_backend_is_a_500_and_the_server_goes_on():
+    class Flaky(FakeBackend):
+        fail = True
+
+        def decode(self, tokens, n_logits=0):
+            if self.fail and len(tokens) > 1:
+                raise DecodeError(-1, len(tokens))
+            return super().decode(tokens, n_logits)
+
+    backend = Flaky(hashed_logits)
+    with serving(backend) as s:
+        with pytest.raises(openai.InternalServerError) as failed:
+            chat(s.client(), max_tokens=5)
+        backend.fail = False
+        ok = chat(s.client(), max_tokens=5)
+    assert failed.value.body["code"] == "backend_error" and "llama_decode" in failed.value.body["message"]
+    assert ok.choices[0].message.content == text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 5))
+
+
+def test_stop_ends_the_running_request_and_fails_the_waiting_ones():
+    backend = SlowBackend(hashed_logits, delay=0.01)
+    with serving(backend, method="none") as s:
+        client = s.client()
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                chat(client, max_tokens=400)
+            except openai.APIError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        threads[0].start()
+        s.wait(lambda h: h["busy"])
+        threads[1].start()
+        s.wait(lambda h: h["queued"] == 1)
+        s.worker.stop()
+        for t in threads:
+            t.join(10)
+        s.worker.join(5)
+        assert not s.worker._thread.is_alive()
+    assert len(errors) == 2 and all(e.status_code == 503 for e in errors)
+    assert backend.n_decode_calls < 100
+
+
+# -- the error table (unit) -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("exc, status, type_, code", [
+    (QueueFullError(3), 429, "rate_limit_error", "queue_full"),
+    (ShuttingDownError(), 503, "server_error", "shutting_down"),
+    (ClientGoneError(), 499, "invalid_request_error", "client_gone"),
+    (ContextOverflowError("The prompt is 900 tokens.", "Use --ctx 1024."), 400, "invalid_request_error",
+     "context_length_exceeded"),
+    (UsageError("The prompt is empty.", "Send text."), 400, "invalid_request_error", None),
+    (DecodeError(1, 12), 500, "server_error", "backend_error"),
+    (CacheTrimError("llama_memory_seq_rm refused"), 500, "server_error", "backend_error"),
+    (ModelError("The chat template failed."), 500, "server_error", None),
+    (KeyError("boom"), 500, "server_error", "internal_error"),
+])
+def test_error_table(exc, status, type_, code):
+    err = to_api_error(exc, param="messages")
+    assert (err.status, err.type, err.code) == (status, type_, code)
+    body = err.body()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    assert body["message"] and str(exc).split(" ")[0].strip("'") in body["message"]
+    assert body["param"] == ("messages" if status == 400 else None)
+
+
+def test_error_table_keeps_api_errors_and_names_the_limit():
+    e = ApiError(404, "no such model", param="model", code="model_not_found")
+    assert to_api_error(e) is e
+    q = to_api_error(QueueFullError(7))
+    assert "--queue 7" in q.message
+    bug = to_api_error(ZeroDivisionError("division by zero"))
+    assert "ZeroDivisionError" in bug.message and "bug" in bug.message
+
+
+def test_validation_errors_name_the_field():
+    e = validation_error([{"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'", "type": "x"},
+                          {"loc": ("body", "n"), "msg": "bad", "type": "y"}])
+    assert (e.status, e.param) == (422, "messages.0.role")
+    assert "messages.0.role: Input should be 'user'" in e.message and "1 more" in e.message
+    j = validation_error([{"loc": ("body", 1), "msg": "JSON decode error", "type": "json_invalid"}])
+    assert (j.status, j.code) == (400, "invalid_json")
+
+
+# -- the command ----------------------------------------------------------------------------------------------------
+def test_serve_help_has_examples():
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0
+    for text in ("--port", "--api-key", "--queue", "--method", "Examples", "base_url"):
+        assert text in result.output
+
+
+def test_serve_refuses_a_port_in_use():
+    from specdec_cli.__main__ import main
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        code = main(["serve", "-t", "/nonexistent.gguf", "--port", str(port)])
+    finally:
+        sock.close()
+    assert code == 2  # a UsageError before any model is loaded
+
+
+# -- end to end with a real model ------------------------------------------------------------------------------------
+@pytest.mark.real
+def test_real_server_end_to_end(smollm2_path, tmp_path):
+    """`specdec serve` as a subprocess on smollm2-135m: chat, stream, the repeat learnt by the suffix store and served
+    from the KV cache, then SIGTERM: exit 0 and the store saved."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "SPECDEC_DEBUG": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec_cli", "serve", "-t", str(smollm2_path), "--method", "suffix", "--port", "0",
+         "--ctx", "1024", "--threads", "2"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        lines = []
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+            url = m.group(1) if m else None
+        assert url, "".join(lines)
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "List the days of the week, one per line."}]
+        first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0)
+        text = first.choices[0].message.content
+        assert text.strip() and first.usage.completion_tokens > 0
+        streamed = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48,
+                                                       temperature=0, stream=True,
+                                                       stream_options={"include_usage": True}))
+        again = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        usage = streamed[-1].usage
+        spec = next(c for c in streamed if c.choices and c.choices[0].finish_reason).model_extra["specdec"]
+        assert again == text  # greedy, same prompt: the same reply
+        assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1  # the prompt came from the cache
+        assert spec["sources"]["suffix"]["accepted"] > 0  # the suffix store learnt the first reply
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "saved" in err
+        data = Path(os.environ["SPECDEC_HOME"]) / "data"
+        assert (data / "learnt.json").is_file()  # --k auto's controller, saved by session.close()
+        assert list((data / "suffix").iterdir())  # the suffix store, saved by drafter.close()
+        logged = [ln for ln in err.splitlines() if "tok/s" in ln]  # one line per request
+        assert [ln.split(":")[0] for ln in logged] == ["#1 chat", "#2 chat"], err
+        assert "(0 cached)" in logged[0] and "(0 cached)" not in logged[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
