@@ -43,8 +43,8 @@ def test_every_decode_asks_for_at_most_k_plus_1_rows_of_logits(smollm2_path, tmp
 
     monkeypatch.setattr(LlamaBackend, "decode", recording)
     prompt = long_prompt(tmp_path / "long.txt")
-    code = main(["run", str(prompt), "-t", str(smollm2_path), "-d", str(smollm2_path), "--ctx", "4096",
-                 "--k", str(K), "-n", "40", "--plain", "--json", str(tmp_path / "out.json")])
+    code = main(["run", str(prompt), "-t", str(smollm2_path), "-d", str(smollm2_path), "--method", "draft",
+                 "--ctx", "4096", "--k", str(K), "-n", "40", "--plain", "--json", str(tmp_path / "out.json")])
     assert code == 0
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["stats"]["n_prompt"] > 3000 and doc["config"]["ctx"] == 4096
