@@ -97,3 +97,8 @@ class DecodeError(BackendError):
 
 class CacheTrimError(BackendError):
     """`llama_memory_seq_rm` refused to remove a range (recurrent or hybrid models cannot roll back)."""
+
+
+class NativeToolError(UsageError):
+    """A native llama.cpp binary (`specdec_cli.native`, bench's --llama-cpp peer) failed, timed out, or printed
+    output of another format than the llama.cpp version we parse."""
