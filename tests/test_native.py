@@ -42,6 +42,17 @@ def test_parse_speculative_smollm2_ngram_simple():
                               n_drafted=194, n_accepted=101)
 
 
+def test_parse_completion_qwen():
+    s = N.parse_completion(read("qwen2.5-coder-1.5b.completion.stderr.txt"))
+    assert s == N.NativeStats(n_prompt=584, prefill_ms=105911.05, n_decoded=127, decode_s=249.62615)
+
+
+def test_parse_speculative_qwen_ngram_simple():
+    s = N.parse_speculative(read("qwen2.5-coder-1.5b.ngram-simple.stderr.txt"))
+    assert s == N.NativeStats(n_prompt=584, prefill_ms=24511.0, n_decoded=143, decode_s=39.464,
+                              n_drafted=188, n_accepted=108)
+
+
 def test_parse_speculative_nothing_drafted():
     """A free-text prompt: no n-gram match, so nothing drafted ("accept = -nan%"): acceptance None, not a crash."""
     s = N.parse_speculative(read("smollm2.ngram-simple.story.stderr.txt"))
@@ -88,6 +99,14 @@ def test_output_text_from_recorded_stdout():
     # Native plain and native ngram-simple agree for 172 characters, then part at a near-tie ("left\n    edge" /
     # "left edge"): llama.cpp's batched verify is not bit-identical to its one-token steps on this Q4_1 model.
     assert comp[:172] == spec[:172] and comp != spec
+
+
+def test_output_text_qwen_speculative_extends_plain():
+    """Qwen2.5-Coder-1.5B: native ngram-simple's 143 tokens begin with native plain's 128 (587 characters)."""
+    comp = N._completion_text(read("qwen2.5-coder-1.5b.completion.stdout.txt"))
+    spec = N._speculative_text(read("qwen2.5-coder-1.5b.ngram-simple.stdout.txt"),
+                               read("qwen2.5-coder-1.5b.prompt.txt"))
+    assert len(comp) == 587 and spec.startswith(comp) and len(spec) > len(comp)
 
 
 # -- finding a build -----------------------------------------------------------------------------------------
