@@ -101,3 +101,8 @@ class CacheTrimError(BackendError):
 
 class StateError(BackendError):
     """llama.cpp could not save or restore a KV state (`llama_state_seq_save_file` / `load_file` returned 0)."""
+
+
+class NativeToolError(UsageError):
+    """A native llama.cpp binary (`specdec_cli.native`, bench's --llama-cpp peer) failed, timed out, or printed
+    output of another format than the llama.cpp version we parse."""

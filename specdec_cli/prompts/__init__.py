@@ -1,7 +1,8 @@
 """Built-in prompt set for `specdec tune` and `specdec bench`, and loading prompt files and directories.
 
 Classes (the directory names): `edit` (copy-heavy code editing), `explain` (code explanation quoting its input),
-`summarize`, `write` (free writing). Sources and licences: LICENSES.md beside this file.
+`summarize`, `write` (free writing), `rewrite` (a whole ~170-line file returned with a small change: 1,000+ output
+tokens, nearly all copied; give it a budget of 512+ tokens). Sources and licences: LICENSES.md beside this file.
 
 `predict/` holds edit prompts for predicted outputs (`--predict`): `NAME_prompt.txt` asks for a whole file back with
 one edit, `NAME_original.py` is that file, the prediction (`predict_cases`). `builtin` does not list them.
@@ -16,12 +17,12 @@ from pathlib import Path
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts_io import read_prompt
 
-CLASSES = ("edit", "explain", "summarize", "write")
+CLASSES = ("edit", "explain", "summarize", "write", "rewrite")
 
 
 @dataclass(frozen=True)
 class PromptCase:
-    """One prompt: `name` (file stem), `kind` (class: edit/explain/summarize/write or the parent directory), text."""
+    """One prompt: `name` (file stem), `kind` (class: one of CLASSES or the parent directory), text."""
 
     name: str
     kind: str
