@@ -83,6 +83,7 @@ def run(
                                 "output leaves plain decoding at a token that is not a numerical near-tie.",
                                 rich_help_panel=o.OUTPUT),
     verbose: o.Verbose = False,
+    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Generate a reply to a prompt with speculative decoding, streamed in colour, then statistics.
 
@@ -99,7 +100,7 @@ def run(
     code = execute(
         text,
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose),
+                            verbose=verbose, prompt_cache=not no_prompt_cache),
         spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
@@ -154,6 +155,7 @@ def chat(
     plain: o.Plain = False,
     clean: o.Clean = False,
     verbose: o.Verbose = False,
+    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Chat with a model over several turns, each reply generated with speculative decoding and streamed in colour.
 
@@ -166,7 +168,7 @@ def chat(
 
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose),
+                            verbose=verbose, prompt_cache=not no_prompt_cache),
         spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
@@ -287,6 +289,7 @@ def check(
     gpu_layers: o.GpuLayers = -1,
     json_out: o.JsonOut = None,
     verbose: o.Verbose = False,
+    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Check that greedy speculative output is the target's own greedy output, token by token.
 
@@ -305,7 +308,7 @@ def check(
     code = execute(
         read_prompt(prompt_file),
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose),
+                            verbose=verbose, prompt_cache=not no_prompt_cache),
         spec=SpecOptions(method=method, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
         config=config,
         json_path=json_out,
@@ -469,6 +472,7 @@ def serve(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = -1,
     verbose: o.Verbose = False,
+    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Serve OpenAI's API (chat and text completions) locally, with speculative decoding that learns from the traffic.
 
@@ -486,7 +490,7 @@ def serve(
 
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose),
+                            verbose=verbose, prompt_cache=not no_prompt_cache),
         spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
         defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                           max_tokens=max_tokens),

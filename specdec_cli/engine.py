@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from specdec_cli.drafters.base import Draft, Drafter, cut
 from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step
 from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, verify
+
+if TYPE_CHECKING:
+    from specdec_cli.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
 
@@ -63,12 +66,15 @@ class SpeculativeEngine:
         drafter: proposes draft tokens; None = plain decoding (K = 0 every step, no controller consulted) through
             the same loop.
         controller: chooses K and the draft's source each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`.
+        prompt_cache: KV states saved across runs (`prompt_cache.PromptCache`): the prefill first restores the longest
+            saved prefix of the prompt, and `save_prompt` saves what a generation evaluated. None = off.
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 prompt_cache: PromptCache | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
+        self.prompt_cache = prompt_cache
         self.target = target
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
@@ -164,14 +170,25 @@ class SpeculativeEngine:
     def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None) -> Prefill:
         """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
         t0 = self.clock()
+        n_restored, restore_ms = 0, 0.0
+        if self.prompt_cache is not None:  # a saved state of the longest shared prefix, when that beats the KV cache
+            n_restored, restore_ms = self.prompt_cache.restore(self.target, prompt[:-1])
+        t_eval = self.clock()
         n_eval = sync(self.target, prompt[:-1])
         t1 = self.clock()
         draft_ms = 0.0
         if self.drafter is not None:
             self.drafter.begin(prompt, None if prediction is None else np.asarray(prediction, dtype=np.int32))
             draft_ms = (self.clock() - t1) * 1e3
-            self.controller.observe_prefill(n_eval, (t1 - t0) * 1e3, self.target.n_batch)  # a free v(b) measurement
-        return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms)
+            self.controller.observe_prefill(n_eval, (t1 - t_eval) * 1e3, self.target.n_batch)  # a free v(b) point
+        return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms,
+                       n_restored=n_restored, restore_ms=restore_ms)
+
+    def save_prompt(self) -> int:
+        """Save the target's KV state (the last generation's prompt and output) to the prompt cache, for a later run
+        that starts with the same tokens; called after a generation, outside its timing. Returns bytes written (0:
+        no cache, nothing new, or a failure, which `PromptCache` warns about)."""
+        return self.prompt_cache.save(self.target) if self.prompt_cache is not None else 0
 
     def _choose_and_draft(self, context: np.ndarray, budget: int, sampling: SamplingParams,
                           rng: np.random.Generator) -> tuple[int, Draft]:

@@ -32,7 +32,8 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
     """The engine for `spec` on the session's target: its drafter (`Session.make_drafter`, None for method none)
     and, with a drafter, its K controller (`Session.make_controller`: `--k N`, the K `specdec tune --save` chose
     when `saved_k` is given, else the session's learning `--k auto`, or a new one that learns from nothing when
-    `fresh`).
+    `fresh`), and the session's prompt cache (`Session.prompt_cache`; not for a `fresh` engine: benchmarks of a
+    cold start).
 
     Args:
         drafter: use this drafter instead of building one (a sweep reuses one drafter across its runs); None =
@@ -45,7 +46,8 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
     if drafter is _BUILD:
         drafter = session.make_drafter(spec)
     controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh) if drafter is not None else None
-    return SpeculativeEngine(session.target, drafter, controller)
+    return SpeculativeEngine(session.target, drafter, controller,
+                             prompt_cache=None if fresh else session.prompt_cache)
 
 
 def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
@@ -100,6 +102,8 @@ def generate(engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationCo
     finally:
         gen.close()  # runs the engine's finally: the KV cache keeps only committed tokens
     loop_ms = (time.perf_counter() - t0) * 1e3 if t0 is not None else 0.0
+    if not interrupted and t0 is not None:
+        engine.save_prompt()  # for a later run that starts with the same tokens (not timed)
     stats = summarize(records, decode_ms=loop_ms if steps else 0.0,
                       finish_reason="interrupted" if interrupted else None)
     text = "".join(s.text for s in steps)

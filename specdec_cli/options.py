@@ -52,6 +52,12 @@ GpuLayers = Annotated[
 MethodOpt = Annotated[Method, typer.Option("--method", "-m", help="Where drafts come from. auto: each step the "
                                            "source that pays on this machine (prompt lookup, past outputs, "
                                            "--predict, a draft model on GPUs) or none.", rich_help_panel=SPEC)]
+NoPromptCache = Annotated[
+    bool,
+    typer.Option("--no-prompt-cache", help="Neither restore nor save prompts' KV states (the prompt cache in "
+                 "$SPECDEC_CACHE/prompts: a later run on the same long prompt starts in a second).",
+                 rich_help_panel=MODELS),
+]
 Predict = Annotated[
     Optional[str],
     typer.Option("--predict", help="A file with the output you expect (e.g. the file you asked to edit): drafted "

@@ -27,12 +27,16 @@ class Prefill:
         n_evaluated: tokens actually evaluated by the target (fewer than n_prompt when the KV cache held a prefix).
         ms: wall time of the target prefill, in milliseconds.
         draft_ms: wall time of the drafter's own prefill (draft model), in milliseconds (0 for lookup drafters).
+        n_restored: prompt tokens whose KV state was restored from the prompt cache (`prompt_cache.PromptCache`).
+        restore_ms: wall time of that restore, in milliseconds (part of `ms`).
     """
 
     n_prompt: int
     n_evaluated: int
     ms: float
     draft_ms: float = 0.0
+    n_restored: int = 0
+    restore_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

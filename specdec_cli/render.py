@@ -115,9 +115,14 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
         table.add_row("", Text(title, style="bold"))
     pre_rate = stats.n_prefill_evaluated / (stats.prefill_ms / 1e3) if stats.prefill_ms > 0 else 0.0
     reused = max(0, stats.n_prompt - 1 - stats.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
-    table.add_row("prompt", f"{stats.n_prompt} tokens, prefill {_ms(stats.prefill_ms)}"
-                  + (f" ({pre_rate:.0f} tok/s)" if pre_rate else "")
-                  + (f", {reused} reused from cache" if reused else ""))
+    if stats.n_restored:  # "prefill 1790 tokens: 1784 restored from the prompt cache in 0.4 s, 6 evaluated"
+        table.add_row("prompt", f"prefill {stats.n_prompt} tokens: {stats.n_restored} restored from the prompt cache "
+                      f"in {_ms(stats.restore_ms)}, {stats.n_prefill_evaluated} evaluated "
+                      f"(prefill {_ms(stats.prefill_ms)} in all)")
+    else:
+        table.add_row("prompt", f"{stats.n_prompt} tokens, prefill {_ms(stats.prefill_ms)}"
+                      + (f" ({pre_rate:.0f} tok/s)" if pre_rate else "")
+                      + (f", {reused} reused from cache" if reused else ""))
     table.add_row("generated", Text.assemble(f"{stats.n_generated} tokens in {_ms(stats.decode_ms)}: ",
                                              (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
                                              f"  ({stats.finish_reason or 'unfinished'})"))

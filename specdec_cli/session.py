@@ -15,6 +15,7 @@ import numpy as np
 
 from specdec_cli.backend import Backend
 from specdec_cli.draft_policy import DraftPlan
+from specdec_cli.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.options import Method
@@ -31,6 +32,7 @@ class ModelOptions:
     gpu_layers: int = -1
     n_batch: int = 512
     verbose: bool = False
+    prompt_cache: bool = True  # restore and save prompts' KV states across runs (`--no-prompt-cache`: off)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Session:
     _controllers: dict = field(default_factory=dict)  # (method, k_max) -> the AdaptiveK that keeps learning
     draft_plan: DraftPlan = field(default_factory=lambda: DraftPlan(None))  # why a draft model is (not) loaded
     auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
+    prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -259,7 +262,10 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     with _status(console, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)
+    from specdec_cli.prompt_cache import PromptCache
+
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
+                      prompt_cache=PromptCache() if options.prompt_cache else None,
                       auto_draft=auto_plan.name is not None and auto_plan.name == plan.name)
     if draft_path is not None:
         try:

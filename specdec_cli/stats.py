@@ -28,6 +28,7 @@ class RunStats:
         k_histogram: how often each K was chosen. mean_k: its mean.
         draft_ms / verify_ms: total drafting / verifying time (ms).
         finish_reason: why generation ended.
+        n_restored / restore_ms: prompt tokens restored from the prompt cache, and the time it took (ms).
         by_source: per draft source ("prompt", "store", "predict", "draft", "ngram", "suffix"), {"steps", "drafted",
             "accepted"}: where the accepted tokens came from.
         accepted_prediction_tokens / rejected_prediction_tokens: OpenAI's predicted-outputs counts: prediction
@@ -54,6 +55,8 @@ class RunStats:
     verify_ms: float = 0.0
     finish_reason: str | None = None
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    n_restored: int = 0
+    restore_ms: float = 0.0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
 
@@ -126,6 +129,8 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         verify_ms=verify_ms,
         finish_reason=finish_reason or finish,
         by_source=by_source,
+        n_restored=prefill.n_restored if prefill else 0,
+        restore_ms=prefill.restore_ms if prefill else 0.0,
         accepted_prediction_tokens=predicted["accepted"],
         rejected_prediction_tokens=predicted["drafted"] - predicted["accepted"],
     )
