@@ -299,7 +299,9 @@ class AdaptiveK(KController):
         state.since[b] += 1
         if k == 0:
             if state.since[b] >= state.interval[b]:
-                k, state.since[b], self._bucket_probe = min(n, PROBE_K), 0, True
+                # a probe of a short match verifies one token (a failed 3-token pass costs ~2 plain steps on a CPU)
+                probe = PROBE_K if BUCKET_EDGES[b] >= EARLY_PROBE_MATCH else 1
+                k, state.since[b], self._bucket_probe = min(n, probe), 0, True
         else:
             state.interval[b] = self.probe_every
         self.k = k

@@ -22,6 +22,10 @@ DEFAULT_K_MAX = 16
 MARGIN = 0.03  # hysteresis: K > 0 must beat plain decoding by this fraction
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
 REJECTION_DECAY = 0.5  # a rejected draft halves its bucket's evidence before it is counted
+# the prior mean of a_1 after a match of 1, 2, 3-4 tokens is at most this (then the pooled a_1): on free text such
+# matches are function words and common phrases, right a third of the time, and on a CPU a wrong draft costs most of
+# a plain step, so a short match is verified only once its own evidence says it pays
+SHORT_MATCH_PRIOR = np.array([0.3, 0.4, 0.5, 1.0, 1.0, 1.0, 1.0])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -304,8 +308,9 @@ class CostModel:
         m_i = a_(i-1), so an unseen position borrows from the one before. Pooled over every draft.
 
         With `bucket`: the acceptance of `source`'s lookup drafts from that match-length bucket. Its prior mean m_i
-        is the larger of the chain above (from the pooled a_1) and the bucket below's a_i: a longer match is assumed
-        at least as reliable as a shorter one, so what shorter matches taught carries over."""
+        is the larger of the chain above (from the pooled a_1, capped by `SHORT_MATCH_PRIOR` for short matches) and
+        the bucket below's a_i: a longer match is assumed at least as reliable as a shorter one, so what shorter
+        matches taught carries over."""
         s = self.prior.strength
         if bucket is None:
             return self._chain(self._acc, self.prior.acceptance, None, s)
@@ -313,7 +318,7 @@ class CostModel:
         counts = self.bucket_counts(source)
         below = None
         for b in range(bucket + 1):
-            below = self._chain(counts[b], pooled, below, s)
+            below = self._chain(counts[b], min(pooled, float(SHORT_MATCH_PRIOR[b])), below, s)
         return below
 
     def model_acceptance(self) -> np.ndarray:

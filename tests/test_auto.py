@@ -105,16 +105,17 @@ def test_choose_compares_each_lookup_draft_by_its_source_evidence():
     from test_controller import cpu, step
 
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
-    for _ in range(12):  # "predict" drafts after 1-token matches were always right; "store" ones never
+    for _ in range(12):  # "predict" drafts after 9-token matches were always right; "store" ones never
         for source, right in (("predict", True), ("store", False)):
-            d = Draft(tokens=np.arange(8, dtype=np.int32), source=source, match_len=1)
+            d = Draft(tokens=np.arange(8, dtype=np.int32), source=source, match_len=9)
             keep = ctrl.trim(d)
             ctrl.observe(replace(step(keep, keep, keep if right else 0, 0.02, cpu(keep + 1)), source=source))
     ctrl.next_k()
-    store = Draft(tokens=np.arange(8, dtype=np.int32), source="store", match_len=1)
-    predict = Draft(tokens=np.arange(8, dtype=np.int32) + 1, source="predict", match_len=1)
+    store = Draft(tokens=np.arange(8, dtype=np.int32), source="store", match_len=9)
+    predict = Draft(tokens=np.arange(8, dtype=np.int32) + 1, source="predict", match_len=9)
     k, chosen = ctrl.choose([store, predict], False, 64)
     assert chosen is not None and chosen.source == "predict" and k >= 1
+    assert ctrl.choose([store], False, 64) == (0, None)  # the store's drafts alone are not worth a pass
 
 
 def test_a_prediction_that_is_the_output_is_drafted_from_the_first_token():
