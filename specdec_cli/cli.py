@@ -328,6 +328,7 @@ BENCH_EXAMPLES = """
   specdec bench --from-json bench.json --markdown   [dim]# the README's Results table from a saved run[/dim]
   specdec bench prompts/ --methods none,ngram,suffix --no-peer -n 256 --repeats 3
   specdec bench -t smollm2-135m -d smollm2-135m -n 32   [dim]# a quick try on the tiny model[/dim]
+  specdec bench --llama-cpp ~/llama.cpp/build/bin --no-peer   [dim]# + native llama.cpp, plain and ngram-simple[/dim]
 
 [bold]How long[/bold]: prompts × configurations × (repeats + one cold run) generations; the cold runs pay a full
 prefill each. The defaults (4 prompts, 7 configurations, 96 tokens, 1 repeat) take about 10 minutes with the
@@ -356,6 +357,9 @@ def bench(
                                 "comma-separated (none always runs: it is the baseline).", rich_help_panel=o.SPEC),
     no_peer: bool = typer.Option(False, "--no-peer", help="Skip llama-cpp-python's prompt lookup decoding.",
                                  rich_help_panel=o.SPEC),
+    llama_cpp: str = typer.Option(None, "--llama-cpp", help="Also run native llama.cpp on the same prompts: DIR holds "
+                                  "llama-completion and llama-speculative-simple (plain, and --spec-type ngram-simple).",
+                                  rich_help_panel=o.SPEC),
     k: o.KAuto = "auto",
     repeats: int = typer.Option(1, "--repeats", "-r", min=1, max=100, help="Timed runs of every configuration on "
                                 "every prompt; tok/s is their median.", rich_help_panel=o.SPEC),
@@ -382,7 +386,8 @@ def bench(
     from specdec_cli.prompts import CLASSES, builtin, from_paths
 
     options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
-                             ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, json_path=json_out,
+                             ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
+                             json_path=json_out,
                              plot_path=plot, markdown=markdown)
     if from_json:
         code = B.from_json(from_json, options=options)

@@ -334,3 +334,36 @@ def test_peer_needs_logits_all_past_n_batch_tokens(smollm2_path) -> None:
         assert len(r.tokens) == 2 or r.finish_reason == "eog"
     finally:
         working.close()
+
+
+def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_none(monkeypatch, tmp_path):
+    import specdec_cli.native as native
+
+    seen = []
+
+    def fake(kind):
+        def run(tools, target, text, n, threads, ctx, **kw):
+            seen.append((kind, text, n, threads, ctx, kw.get("spec_type")))
+            return native.NativeResult(name=kind, decode_tok_s=41.5, n_decoded=n, decode_s=n / 41.5,
+                                       n_drafted=10 if kind != "plain" else None, n_accepted=7 if kind != "plain"
+                                       else None, acceptance=None, prefill_ms=900.0, n_prompt=5, text="x",
+                                       command=("llama-x",))
+        return run
+
+    monkeypatch.setattr(native, "run_plain", fake("plain"))
+    monkeypatch.setattr(native, "run_speculative", fake("spec"))
+    runner = B.NativeRunner(object(), tmp_path / "m.gguf", ["<rendered 0>", "<rendered 1>"], 2, 4096)
+    cold = runner.call({"op": "run", "prompt": 1, "cold": True, "max_tokens": 8, "method": "plain"})
+    timed = runner.call({"op": "run", "prompt": 0, "cold": False, "max_tokens": 96, "method": "ngram-simple"})
+    assert seen == [("plain", "<rendered 1>", 8, 2, 4096, None), ("spec", "<rendered 0>", 96, 2, 4096, "ngram-simple")]
+    assert cold["ttft_ms"] == 900.0 and timed["ttft_ms"] is None and timed["tokens_per_s"] == 41.5
+    assert (timed["n_drafted"], timed["n_accepted"]) == (10, 7) and timed["tokens"] is None
+    assert [c.label for c in B.configs_for(["none", "auto"], peer=False, native=True)] == \
+        ["none", "auto", "native-plain", "native-ngram-simple"]
+    runs = [{"config": "none", "prompt": "p", "repeat": 0, "cold": False, "tokens_per_s": 20.0, "tokens": [1, 2],
+             "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0},
+            {"config": "native-plain", "prompt": "p", "repeat": 0, "cold": False, "tokens_per_s": 21.0,
+             "tokens": None, "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0}]
+    configs = B.configs_for(["none"], peer=False, native=True)[:2]
+    (_, nat) = B.summarize(runs, configs, [("p", "edit")])
+    assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)

@@ -74,7 +74,8 @@ JSON_VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
-    """One configuration. family "ours" (`method` is one of OUR_METHODS) or "peer" (`num_pred_tokens` is N)."""
+    """One configuration. family "ours" (`method` is one of OUR_METHODS), "peer" (`num_pred_tokens` is N) or
+    "native" (`method` is "plain" or a llama.cpp --spec-type such as "ngram-simple")."""
 
     label: str
     family: str
@@ -84,6 +85,8 @@ class BenchConfig:
     @property
     def title(self) -> str:
         """For Markdown and charts; the terminal table shows the short label (peer-N is explained below it)."""
+        if self.family == "native":
+            return f"llama.cpp native {self.method}"
         return self.label if self.family == "ours" else f"llama-cpp-python lookup (N={self.num_pred_tokens})"
 
 
@@ -98,14 +101,45 @@ def parse_methods(spec: str) -> list[str]:
     return [m for m in OUR_METHODS if m in names or m == "none"]
 
 
-def configs_for(methods: list[str], peer: bool) -> list[BenchConfig]:
-    """Our methods in canonical order, then the peer at each of `peer.PEER_SETTINGS`."""
+NATIVE = ("plain", "ngram-simple")  # `--llama-cpp DIR`: llama-completion, llama-speculative-simple --spec-type
+
+
+def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[BenchConfig]:
+    """Our methods in canonical order, then the peer at each of `peer.PEER_SETTINGS`, then native llama.cpp."""
     from specdec_cli.peer import PEER_SETTINGS
 
     out = [BenchConfig(m, "ours", method=m) for m in OUR_METHODS if m in methods]
     if peer:
         out += [BenchConfig(f"peer-{n}", "peer", num_pred_tokens=n) for n in PEER_SETTINGS]
+    if native:
+        out += [BenchConfig(f"native-{m}", "native", method=m) for m in NATIVE]
     return out
+
+
+class NativeRunner:
+    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.native`): each run is one `llama-completion` or
+    `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our budget, threads and
+    context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their prefill as TTFT.
+    Output token ids are not available (the tools print text), so its runs are not compared with `none`'s."""
+
+    def __init__(self, tools, target, rendered: list[str], threads: int, ctx: int) -> None:
+        self.tools, self.target, self.rendered, self.threads, self.ctx = tools, target, rendered, threads, ctx
+
+    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from specdec_cli.native import run_plain, run_speculative
+
+        text, n = self.rendered[msg["prompt"]], msg["max_tokens"]
+        if msg["method"] == "plain":
+            r = run_plain(self.tools, self.target, text, n, self.threads, self.ctx)
+        else:
+            r = run_speculative(self.tools, self.target, text, n, self.threads, self.ctx, spec_type=msg["method"])
+        return {"tokens_per_s": r.decode_tok_s, "n_tokens": r.n_decoded, "decode_ms": 1e3 * r.decode_s,
+                "ttft_ms": r.prefill_ms if msg["cold"] else None, "n_drafted": r.n_drafted or 0,
+                "n_accepted": r.n_accepted or 0, "n_spec_steps": 0, "peak_rss_kib": None, "tokens": None,
+                "command": list(r.command)}
+
+    def close(self, kill: bool = False) -> None:
+        pass
 
 
 def schedule(n_configs: int, n_prompts: int, repeats: int) -> list[Slot]:
@@ -234,6 +268,8 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: l
             b = base.get((r["prompt"], r["repeat"]))
             if b is None:
                 continue
+            if r["tokens"] is None:  # the native peer prints text, not token ids
+                continue
             compared += 1
             if r["tokens"] == b["tokens"]:
                 same += 1
@@ -258,6 +294,7 @@ class BenchOptions:
     ngram_max: int = 4
     max_tokens: int = 96
     repeats: int = 1
+    llama_cpp: str | None = None  # a llama.cpp build dir: the native peer (`NativeRunner`)
     json_path: str | None = None
     plot_path: str | None = None
     markdown: bool = False
@@ -297,7 +334,7 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
         check_plot_path(options.plot_path)
     err = err_console()
     out = err if options.json_path == "-" or options.markdown else make_console()
-    configs = configs_for(options.methods, options.peer)
+    configs = configs_for(options.methods, options.peer, native=options.llama_cpp is not None)
     bench = run(prompts, configs, models=models, options=options, console=err)
     doc = json_doc(bench, prompts, configs, models=models, options=options)
     summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
@@ -350,6 +387,11 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                 workers["peer"] = Worker("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
                                                   "warmup_tokens": bench.ours_info["warmup_tokens"]})
             bench.peer_info = workers["peer"].info
+        if options.llama_cpp:
+            from specdec_cli.native import find_tools
+
+            workers["native"] = NativeRunner(find_tools(options.llama_cpp), target, bench.ours_info["rendered"],
+                                             bench.ours_info["threads"] or models.threads or 1, models.ctx)
 
         progress = progress_bar(console)
         with progress:
@@ -360,7 +402,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                                 + ("cold" if slot.cold else f"repeat {slot.repeat + 1}"))
                 msg = {"op": "run", "prompt": slot.prompt, "cold": slot.cold,
                        "max_tokens": min(COLD_TOKENS, options.max_tokens) if slot.cold else options.max_tokens}
-                if c.family == "ours":
+                if c.family in ("ours", "native"):
                     msg["method"] = c.method
                 else:
                     msg["num_pred_tokens"] = c.num_pred_tokens

@@ -184,6 +184,9 @@ class _OursRunner:
             fp = self.session.vocab_fingerprint()
             store_tokens = SuffixStore(store_path(data_dir(), fp), fingerprint=fp).corpus.n_tokens
         self.info = {"tokens": [p.tolist() for p in self.prompts], "warmup_tokens": warm.tolist(),
+                     # the chat-templated prompt text, for the native llama.cpp peer (the same ids when it tokenizes)
+                     "rendered": [self.session.target.format_chat([{"role": "user", "content": t}])
+                                  for t in msg["prompts"]],
                      "threads": getattr(self.session.target, "n_threads", None), "suffix_store_tokens": store_tokens,
                      "rss_after_load_kib": _rss_kib()[1]}
 
