@@ -115,7 +115,7 @@ def main() -> None:
             r, base = results[name][label], results[name]["none"]["tok_s"]
             cells.append(f"{r['tok_s']:.1f} ({r['tok_s'] / base:.2f}×)")
         table.add_row(label, *cells)
-    Console().print(table)
+    Console(width=200).print(table)
     for name in names:
         print(f"{name}: greedy output identical to none: {results[name]['_same_as_none']}; auto sources "
               f"{results[name]['auto']['sources']}")

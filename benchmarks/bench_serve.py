@@ -50,7 +50,7 @@ INSTRUCTIONS = [
     "Rename `splitext` to `split_extension` and keep an alias with the old name.",
     "Remove every docstring.",
 ]
-DEFAULT_METHOD = "draft"  # `specdec serve`'s default --method
+DEFAULT_METHOD = "auto"  # the default of specdec serve
 
 
 def source_file() -> str:
