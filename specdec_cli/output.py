@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -44,3 +45,18 @@ def status(console: Console | None, message: str) -> Iterator[None]:
         return
     with console.status(message, spinner="dots"):
         yield
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush `directory`'s entries to disk, so a rename into it survives a crash (best effort: some platforms and
+    file systems refuse, and nothing is lost then but that durability)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - not supported on every platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)

@@ -55,6 +55,7 @@ import filelock
 import numpy as np
 
 from specdec_cli.backend import common_prefix
+from specdec_cli.output import fsync_dir
 from specdec_cli.errors import CacheTrimError, StateError
 
 FORMAT = "specdec-prompt-cache"
@@ -417,7 +418,7 @@ class PromptCache:
             tmp_state.unlink(missing_ok=True)
             tmp_header.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         return header, size + len(data)
 
     def _evict(self, keep: Path) -> bool:
@@ -542,18 +543,5 @@ def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)

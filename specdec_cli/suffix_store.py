@@ -48,6 +48,8 @@ from typing import Callable, Iterator, Sequence
 import filelock
 import numpy as np
 
+from specdec_cli.output import fsync_dir
+
 FORMAT = "specdec-suffix"
 VERSION = 1
 WINDOW = 128  # suffixes are sorted by their first WINDOW tokens: match length + draft length must stay below it
@@ -776,7 +778,7 @@ class SuffixStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def _fingerprint_to_write(self) -> str:
         """The longest fingerprint known: the one given, else the file's, else the file name's 16 hex digits."""
@@ -811,16 +813,3 @@ def _fingerprint_from_disk(path: Path) -> str | None:
         return read_info(path).fingerprint
     except Exception:
         return None
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
