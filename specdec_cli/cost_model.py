@@ -26,6 +26,9 @@ REJECTION_DECAY = 0.5  # a rejected draft halves its bucket's evidence before it
 # matches are function words and common phrases, right a third of the time, and on a CPU a wrong draft costs most of
 # a plain step, so a short match is verified only once its own evidence says it pays
 SHORT_MATCH_PRIOR = np.array([0.3, 0.4, 0.5, 1.0, 1.0, 1.0, 1.0])
+# sources whose drafts are right from the first token whatever their match length: a prediction is the user's own
+# statement of the output (its match length is 1 at the start of every reply and after every re-sync)
+SOURCE_PRIOR = {"predict": 0.9}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -308,7 +311,8 @@ class CostModel:
         m_i = a_(i-1), so an unseen position borrows from the one before. Pooled over every draft.
 
         With `bucket`: the acceptance of `source`'s lookup drafts from that match-length bucket. Its prior mean m_i
-        is the larger of the chain above (from the pooled a_1, capped by `SHORT_MATCH_PRIOR` for short matches) and
+        is the larger of the chain above (from the pooled a_1, capped by `SHORT_MATCH_PRIOR` for short matches; a
+        source in `SOURCE_PRIOR` starts from its own a_1 instead) and
         the bucket below's a_i: a longer match is assumed at least as reliable as a shorter one, so what shorter
         matches taught carries over."""
         s = self.prior.strength
@@ -318,7 +322,8 @@ class CostModel:
         counts = self.bucket_counts(source)
         below = None
         for b in range(bucket + 1):
-            below = self._chain(counts[b], min(pooled, float(SHORT_MATCH_PRIOR[b])), below, s)
+            m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
+            below = self._chain(counts[b], m, below, s)
         return below
 
     def model_acceptance(self) -> np.ndarray:

@@ -156,3 +156,23 @@ def test_auto_is_lossless_with_every_source(temperature):
         assert out == plain  # greedy: exactly the target's output
     else:
         assert len(out) == len(plain)  # sampling: lossless in distribution (checked by test_sampling's chi-square)
+
+
+def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
+    # On a CPU curve a 1-token prompt-lookup match waits for evidence, but a prediction's first drafts are verified
+    # at once and grow by slow start (3, 6, 12, ...): its evidence is the user's statement, not an n-gram.
+    from dataclasses import replace
+
+    from test_controller import cpu, step
+
+    ctrl = AdaptiveK()
+    ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
+    lookup = Draft(tokens=np.arange(64, dtype=np.int32), source="prompt", match_len=1)
+    assert ctrl.choose([lookup], False, 64) == (0, None)
+    ks = []
+    for i in range(5):
+        d = Draft(tokens=np.arange(64, dtype=np.int32), source="predict", match_len=1 + sum(ks))
+        k, chosen = ctrl.choose([d], False, 64)
+        ks.append(k)
+        ctrl.observe(replace(step(k, k, k, 0.02, cpu(k + 1)), source="predict"))
+    assert ks[0] >= 3 and ks[-1] >= 24, ks
