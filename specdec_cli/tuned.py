@@ -75,7 +75,7 @@ def model_id(path: str | os.PathLike[str]) -> str:
 
 
 def machine(threads: int | None) -> dict[str, Any]:
-    """{"cpu", "threads", "system_info", "system_info_sha256", "key"}: what a tuned setting is valid for.
+    """{"cpu", "threads", "system_info", "system_info_sha256", "load_plan", "key"}: what a tuned setting is valid for.
 
     threads: the generation threads (None = llama.cpp's default for this process, `machine.usable_cpus()`, as in
     `machine.describe`).
@@ -90,6 +90,12 @@ def machine(threads: int | None) -> dict[str, Any]:
         "system_info_sha256": hashlib.sha256(info.encode()).hexdigest()[:12],
     }
     desc["key"] = f"{desc['cpu']}|{desc['threads']}|{desc['system_info_sha256']}"
+    from specdec_cli import host
+
+    plan = host.current_plan()  # how models were loaded (the AMX guard): a tune of the slow path is its own setting
+    desc["load_plan"] = plan.to_dict() if plan is not None else None
+    if plan is not None and not plan.extra_bufts:
+        desc["key"] += "|extra-bufts-off"
     return desc
 
 

@@ -197,3 +197,18 @@ def test_backend_follows_the_host_plan(monkeypatch, fresh_plan, smollm2_path):
         assert backend.extra_bufts is False
     finally:
         backend.close()
+
+
+def test_tune_records_the_load_path_and_keys_the_slow_path_apart(monkeypatch, fresh_plan):
+    import specdec_cli.llama as llama
+    from specdec_cli import tuned
+
+    monkeypatch.setattr(llama, "system_info", lambda: AMX)
+    monkeypatch.setenv(host.ENV, "off")
+    as_built = tuned.machine(2)
+    assert as_built["load_plan"] is None  # nothing loaded yet in this process
+    with pytest.warns(host.HostWarning):
+        host.plan("m.gguf", n_threads=2)
+    slow = tuned.machine(2)
+    assert slow["load_plan"]["path"] == "extra buffer types off"
+    assert slow["key"] == as_built["key"] + "|extra-bufts-off"
