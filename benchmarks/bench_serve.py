@@ -13,7 +13,7 @@ each method over `--method none` on total time, and the HTTP layer's overhead: t
 server uses, same method `none`), medians of 3 warm runs, overhead as a share of the decode time.
 
     python benchmarks/bench_serve.py                                    # default pair: none vs the default method
-    python benchmarks/bench_serve.py --methods none,suffix,hybrid --json serve.json
+    python benchmarks/bench_serve.py --methods none,suffix,auto --json serve.json
     python benchmarks/bench_serve.py -t smollm2-135m --methods none,suffix -n 48 --overhead-tokens 48   # smoke run
 
 Needs `pip install 'specdec[serve]' openai`.
