@@ -142,5 +142,6 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
     if predicted and spec.method in ("auto", "predict") and "predict" not in stats.by_source:
-        out.append("the prediction was not used: the reply never matched it.")
+        out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
+                   "prompt, past outputs) offered the same text first.")
     return tuple(out)

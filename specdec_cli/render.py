@@ -16,12 +16,15 @@ from rich.theme import Theme
 
 from specdec_cli.audit import NEAR_TIE
 from specdec_cli.options import Method
-from specdec_cli.records import REJECTED, Step
+from specdec_cli.records import ACCEPTED, REJECTED, Step
 from specdec_cli.stats import RunStats
 
 THEME = Theme(
     {
-        "spec.accepted": "green",
+        "spec.accepted": "green",  # prompt lookup (auto's "prompt", --method ngram/suffix)
+        "spec.accepted.store": "magenta",  # the suffix store of past outputs
+        "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
+        "spec.accepted.draft": "blue",  # a draft model
         "spec.target": "bold",
         "spec.rejected": "red strike",
         "spec.legend": "dim",
@@ -48,11 +51,30 @@ def wants_color(stream: TextIO, plain: bool) -> bool:
         return False
 
 
-def legend() -> Text:
-    """The one-line colour legend."""
+ACCEPTED_BY_SOURCE = {"store": "spec.accepted.store", "predict": "spec.accepted.predict",
+                      "draft": "spec.accepted.draft"}  # other sources: "spec.accepted"
+
+
+def segment_style(kind: str, source: str) -> str:
+    """The theme style of a stream segment: its kind, and for accepted draft tokens the source they came from."""
+    if kind == ACCEPTED:
+        return ACCEPTED_BY_SOURCE.get(source, "spec.accepted")
+    return f"spec.{kind}"
+
+
+def legend(method: str = "") -> Text:
+    """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts."""
     t = Text("legend: ", style="spec.legend")
-    t.append("accepted draft", style="spec.accepted")
-    t.append("  ", style="spec.legend")
+    if method in ("auto", "predict"):
+        t.append("accepted: ", style="spec.legend")
+        for name, style in (("prompt lookup", "spec.accepted"), ("past outputs", "spec.accepted.store"),
+                            ("prediction", "spec.accepted.predict"), ("draft model", "spec.accepted.draft")):
+            t.append(name, style=style)
+            t.append(" ", style="spec.legend")
+        t.append(" ", style="spec.legend")
+    else:
+        t.append("accepted draft", style="spec.accepted")
+        t.append("  ", style="spec.legend")
     t.append("target token", style="spec.target")
     t.append("  ", style="spec.legend")
     t.append("rejected draft", style="spec.rejected")
@@ -80,7 +102,7 @@ class StreamRenderer:
             if not text or (kind == REJECTED and not self.show_rejected):
                 continue
             if self.console is not None:
-                self.console.print(Text(text, style=f"spec.{kind}"), end="")
+                self.console.print(Text(text, style=segment_style(kind, step.source)), end="")
             else:
                 self.out.write(text)
             self._at_line_start = text.endswith("\n")

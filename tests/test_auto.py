@@ -176,3 +176,34 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
         ks.append(k)
         ctrl.observe(replace(step(k, k, k, 0.02, cpu(k + 1)), source="predict"))
     assert ks[0] >= 3 and ks[-1] >= 24, ks
+
+
+def test_the_stream_styles_accepted_tokens_by_their_source():
+    from specdec_cli.records import ACCEPTED, REJECTED, TARGET
+    from specdec_cli.render import legend, segment_style
+
+    assert segment_style(ACCEPTED, "predict") == "spec.accepted.predict"
+    assert segment_style(ACCEPTED, "store") == "spec.accepted.store"
+    assert segment_style(ACCEPTED, "draft") == "spec.accepted.draft"
+    assert segment_style(ACCEPTED, "prompt") == segment_style(ACCEPTED, "ngram") == "spec.accepted"
+    assert segment_style(TARGET, "predict") == "spec.target" and segment_style(REJECTED, "store") == "spec.rejected"
+    spans = {str(legend("auto"))[s.start:s.end]: str(s.style) for s in legend("auto").spans}
+    assert spans["prediction"] == "spec.accepted.predict" and spans["past outputs"] == "spec.accepted.store"
+    assert "accepted draft" in str(legend("ngram"))
+
+
+def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
+    from pathlib import Path
+
+    from specdec_cli.draft_policy import DraftPlan
+    from specdec_cli.generation import notes
+    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.stats import RunStats
+
+    session = Session(target=FakeBackend(), target_path=Path("t.gguf"), draft_plan=DraftPlan(None, "CPU-only: why"))
+    used = RunStats(by_source={"predict": {"steps": 1, "drafted": 4, "accepted": 4}})
+    unused = RunStats(by_source={"prompt": {"steps": 1, "drafted": 4, "accepted": 4}})
+    auto = SpecOptions(method="auto")
+    assert notes(session, auto, used, predicted=True) == ("no draft model: CPU-only: why.",)
+    assert any("prediction was never drafted from" in n for n in notes(session, auto, unused, predicted=True))
+    assert notes(session, SpecOptions(method="ngram"), unused, predicted=False) == ()

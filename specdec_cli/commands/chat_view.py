@@ -93,7 +93,7 @@ class ChatView:
 
     def show_legend(self, method: str) -> None:
         if self.styled and method != Method.none and not self._legend_shown:
-            self.err.print(legend())
+            self.err.print(legend(method))
             self._legend_shown = True
 
     def note(self, message: str) -> None:

@@ -62,7 +62,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         engine = make_engine(session, spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
-            err.print(legend())
+            err.print(legend(spec.method))
         try:
             result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         finally:
