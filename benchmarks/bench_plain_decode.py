@@ -3,7 +3,7 @@ compare builds, e.g. scripts/install-llama-cpp.sh (AMX compiled out) against a d
 
     python benchmarks/bench_plain_decode.py ~/.cache/specdec/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 """
-import sys, time, ctypes
+import sys, time
 import numpy as np
 import llama_cpp as L
 path = sys.argv[1]
