@@ -120,6 +120,7 @@ class CostModel:
         self.decay = 0.5 ** (1.0 / self.half_life)
         self.steps = 0
         self.points: dict[int, _Point] = {b: _Point(ms, 1, -1) for b, ms in self.prior.verify_ms if b >= 1}
+        self._curve: np.ndarray | None = None  # verify_curve() of the current points (None: to be fitted)
         self._draft = np.zeros(5)  # decayed sums over draft-model calls: w, w n, w n^2, w ms, w n ms
         self._acc = np.zeros((2, self.k_max))  # [accepted, verified] by position, every draft
         self._fill = np.zeros((2, self.k_max))  # [proposed, asked] by position, every draft
@@ -179,6 +180,7 @@ class CostModel:
     def _observe_verify(self, b: int, ms: float, verified: bool = True) -> None:
         if ms <= 0.0:
             return
+        self._curve = None  # the points change: refit on the next verify_curve()
         p = self.points.get(b)
         if p is None:
             self.points[b] = _Point(ms, 1, self.steps, verified)
@@ -241,7 +243,7 @@ class CostModel:
             trials = counts[..., 1:2, :]
             return counts * np.minimum(1.0, max_weight / np.maximum(trials, 1e-12))
 
-        self.points = points
+        self.points, self._curve = points, None
         self._acc, self._fill, self._acc_m, self._fill_m = capped(acc), capped(fill), capped(acc_m), capped(fill_m)
         self._acc_b = {source: capped(counts) for source, counts in acc_b.items()}
         self._draft = draft * min(1.0, max_weight / draft[0]) if draft[0] > 0 else draft
@@ -268,9 +270,16 @@ class CostModel:
         return -1 if p is None else p.last
 
     def verify_curve(self) -> np.ndarray | None:
-        """v(b) for b = 1..k_max + 1: float [k_max + 1], or None before any pass was timed."""
+        """v(b) for b = 1..k_max + 1: float [k_max + 1] (read-only), or None before any pass was timed. Fitted once per
+        change of the points: a step asks for it several times (next_k, each lookup draft's value, trim)."""
         if not self.points:
             return None
+        if self._curve is None:
+            self._curve = self._fit_curve()
+            self._curve.flags.writeable = False
+        return self._curve
+
+    def _fit_curve(self) -> np.ndarray:
         pts = sorted(self.points.items())
         bs = np.array([b for b, _ in pts], dtype=np.float64)  # [m] observed batch sizes
         vs = _isotonic([p.ms for _, p in pts], [min(p.n, 50) for _, p in pts])  # [m] monotone

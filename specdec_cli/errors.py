@@ -106,3 +106,10 @@ class StateError(BackendError):
 class NativeToolError(UsageError):
     """A native llama.cpp binary (`specdec_cli.native`, bench's --llama-cpp peer) failed, timed out, or printed
     output of another format than the llama.cpp version we parse."""
+
+
+def reason(e: BaseException) -> str:
+    """A short reason for an exception in a one-line message: an OSError's strerror, else its text or type name."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__

@@ -56,7 +56,7 @@ import numpy as np
 
 from specdec_cli.backend import common_prefix
 from specdec_cli.output import fsync_dir
-from specdec_cli.errors import CacheTrimError, StateError
+from specdec_cli.errors import CacheTrimError, StateError, reason
 
 FORMAT = "specdec-prompt-cache"
 VERSION = 1
@@ -227,12 +227,6 @@ def _read_header(path: Path) -> _Entry:
     return _Entry(path, key, digest, doc["model"], tokens, doc["state_bytes"], doc["state_blake2b"])
 
 
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e) or type(e).__name__
-
-
 class PromptCache:
     """KV states on disk, restored for the longest shared token prefix (see the module docstring).
 
@@ -311,7 +305,7 @@ class PromptCache:
             self._warn(f"The prompt cache {self.directory} is locked by another specdec process; evaluating the "
                        f"prompt without it.")  # fmt: skip
         except OSError as e:
-            self._warn(f"Cannot read the prompt cache {self.directory} ({_reason(e)}); evaluating the prompt without "
+            self._warn(f"Cannot read the prompt cache {self.directory} ({reason(e)}); evaluating the prompt without "
                        f"it. Fix its permissions or run `specdec cache clear`.")  # fmt: skip
         return 0
 
@@ -376,7 +370,7 @@ class PromptCache:
                        f"state was not saved.")  # fmt: skip
             return 0
         except (OSError, StateError) as e:
-            self._warn(f"Could not save a KV state in the prompt cache {self.directory} ({_reason(e)}); make it "
+            self._warn(f"Could not save a KV state in the prompt cache {self.directory} ({reason(e)}); make it "
                        f"writable or free disk space.")  # fmt: skip
             return 0
         return written
@@ -449,7 +443,7 @@ class PromptCache:
                     infos.append(EntryInfo(stem, e.model, len(e.tokens), size, mtime, problem))
                 except (_Corrupt, OSError) as err:
                     infos.append(EntryInfo(stem, "?", 0, size, mtime, str(err) if isinstance(err, _Corrupt)
-                                           else _reason(err)))  # fmt: skip
+                                           else reason(err)))  # fmt: skip
         infos.sort(key=lambda i: -i.last_used)
         return PromptCacheStats(self.directory, self.max_bytes, tuple(infos), n_bytes)
 

@@ -48,6 +48,7 @@ from typing import Callable, Iterator, Sequence
 import filelock
 import numpy as np
 
+from specdec_cli.errors import reason
 from specdec_cli.output import fsync_dir
 
 FORMAT = "specdec-suffix"
@@ -538,12 +539,6 @@ def _aside_path(path: Path) -> Path:
     return aside
 
 
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e) or type(e).__name__
-
-
 class SuffixStore:
     """The persistent global store for one tokenizer: documents (past outputs) and their suffix array.
 
@@ -636,7 +631,7 @@ class SuffixStore:
         except CorruptStore as e:
             return self._set_aside(e, warn)
         except OSError as e:
-            warn(f"Cannot read the suffix store {self.path}: {_reason(e)}; drafting without it this run. "
+            warn(f"Cannot read the suffix store {self.path}: {reason(e)}; drafting without it this run. "
                        f"Fix its permissions or delete it (specdec cache clear).")  # fmt: skip
             return Corpus.empty(), ""
 
@@ -654,7 +649,7 @@ class SuffixStore:
                 os.replace(self.path, aside)
         except Exception as e:  # OSError, filelock.Timeout
             warn(f"The suffix store {self.path} is unusable ({err}) and could not be moved aside "
-                       f"({_reason(e)}); drafting without it this run. Delete it (specdec cache clear).")  # fmt: skip
+                       f"({reason(e)}); drafting without it this run. Delete it (specdec cache clear).")  # fmt: skip
             return Corpus.empty(), ""
         warn(f"The suffix store {self.path} was unusable ({err}); moved it to {aside.name} "
              f"and started a fresh store.")  # fmt: skip
@@ -720,7 +715,7 @@ class SuffixStore:
                 write_id = uuid.uuid4().hex
                 self._write(merged, write_id)
         except Exception as e:  # OSError (EROFS, EACCES, ENOSPC), filelock.Timeout
-            what = "another specdec process holds its lock" if isinstance(e, filelock.Timeout) else _reason(e)
+            what = "another specdec process holds its lock" if isinstance(e, filelock.Timeout) else reason(e)
             self._warn(f"Could not save the suffix store {self.path} ({what}); this run's output was not learned. "
                        f"Make {self.path.parent} writable (or free disk space), or set SPECDEC_HOME to a writable "
                        f"directory.")  # fmt: skip
