@@ -36,9 +36,20 @@ THEME = Theme(
 )
 
 
+PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut
+
+
 def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console:
-    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself."""
-    return Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
+    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself.
+
+    On a terminal, tables fit its width. Anywhere else (a pipe, a file: a report being saved), Rich would assume
+    80 columns (or $COLUMNS) and cut cells to fit ("spee…"); there a table takes the width it needs instead
+    (`PIPE_WIDTH`), and nothing is padded to it: tables are not expanded and text is not justified.
+    """
+    console = Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
 
 
 def wants_color(stream: TextIO, plain: bool) -> bool:
