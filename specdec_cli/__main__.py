@@ -41,13 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     from specdec_cli.cli import app
+    from specdec_cli.options import expand_optional_values
 
     if not _debug():
         warnings.showwarning = _show_warning
 
     try:
         # With standalone_mode=False Typer returns the exit code (typer.Exit, 130 for Ctrl-C) instead of exiting.
-        rv = app(args=argv, standalone_mode=False)
+        rv = app(args=expand_optional_values(sys.argv[1:] if argv is None else argv), standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
         if code == INTERRUPTED:
             _print_error("Interrupted.")

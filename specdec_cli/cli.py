@@ -45,6 +45,7 @@ RUN_EXAMPLES = """
 
   specdec run prompt.txt                              [dim]# auto: whatever drafts pay on this machine, K chosen each step[/dim]
   specdec run edit.txt --predict old.py --compare     [dim]# drafts from the file you expect back, speedup over plain[/dim]
+  specdec run prompt.txt --method none --compare 5    [dim]# plain against plain: the noise floor of this machine now[/dim]
   specdec run prompt.txt --method ngram               [dim]# prompt lookup only[/dim]
   echo "Write a haiku" | specdec run - --temperature 0.8 --seed 1
   specdec run prompt.txt --json - > result.json       [dim]# text and every statistic as JSON[/dim]
@@ -78,7 +79,7 @@ def run(
     plain: o.Plain = False,
     clean: o.Clean = False,
     json_out: o.JsonOut = None,
-    compare: o.Compare = False,
+    compare: o.Compare = 0,
     strict: bool = typer.Option(False, "--strict", help="Implies --compare. Exit with code 7 when the greedy "
                                 "output leaves plain decoding at a token that is not a numerical near-tie.",
                                 rich_help_panel=o.OUTPUT),
@@ -107,7 +108,8 @@ def run(
             stop=tuple(stop or ()),
             sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         ),
-        output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or strict, strict=strict),
+        output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or (o.COMPARE_PAIRS if strict else 0),
+                             strict=strict),
         raw=raw,
         system=system,
         use_saved_k=k is None,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
+from specdec_cli.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.options import parse_k_option
@@ -28,7 +29,7 @@ _BUILD = object()  # make_engine's default: build the drafter `spec.method` name
 
 
 def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
-                drafter: Drafter | None | object = _BUILD) -> SpeculativeEngine:
+                drafter: Drafter | None | object = _BUILD, controller: KController | None = None) -> SpeculativeEngine:
     """The engine for `spec` on the session's target: its drafter (`Session.make_drafter`, None for method none)
     and, with a drafter, its K controller (`Session.make_controller`: `--k N`, the K `specdec tune --save` chose
     when `saved_k` is given, else the session's learning `--k auto`, or a new one that learns from nothing when
@@ -38,6 +39,8 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
     Args:
         drafter: use this drafter instead of building one (a sweep reuses one drafter across its runs); None =
             plain decoding.
+        controller: use this K controller instead of the session's (`run --compare` replays the shown run from a
+            copy of the controller it started with).
 
     Raises:
         UsageError: a bad --k (checked also for method none), a method that needs a draft model none is loaded.
@@ -45,7 +48,8 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
     parse_k_option(spec.k)
     if drafter is _BUILD:
         drafter = session.make_drafter(spec)
-    controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh) if drafter is not None else None
+    if controller is None and drafter is not None:
+        controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh)
     return SpeculativeEngine(session.target, drafter, controller,
                              prompt_cache=None if fresh else session.prompt_cache)
 

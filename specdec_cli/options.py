@@ -107,9 +107,13 @@ JsonOut = Annotated[
     typer.Option("--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).",
                  rich_help_panel=OUTPUT),
 ]
-Compare = Annotated[bool, typer.Option("--compare", help="Also run plain decoding on the same prompt in this process "
-                                       "and report the speedup and how much of the output agrees.",
-                                       rich_help_panel=OUTPUT)]
+COMPARE_PAIRS = 3  # `--compare` without a number
+Compare = Annotated[int, typer.Option(
+    "--compare", metavar="[N]", min=0,
+    help=f"Then measure the speedup over plain decoding in this process: after an untimed warm-up, N pairs "
+         f"(default {COMPARE_PAIRS}) of this run replayed and plain decoding, interleaved, the order alternating; "
+         f"prints the median speedup with its min-max, and how much of the output agrees.",
+    rich_help_panel=OUTPUT)]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
 PromptDir = Annotated[Optional[list[Path]], typer.Argument(help="Prompt files or directories.")]
 
@@ -174,3 +178,19 @@ def _k_value(text: str, spec: str) -> int:
     if not 0 <= k <= K_LIMIT:
         raise ValueError(f"--k values must be between 0 and {K_LIMIT}, got {k} in {spec!r}.")
     return k
+
+
+OPTIONAL_VALUES = {"--compare": COMPARE_PAIRS}  # options whose number may be left out
+
+
+def expand_optional_values(argv: list[str]) -> list[str]:
+    """`--compare` alone means `--compare 3`: an option of `OPTIONAL_VALUES` not followed by a whole number gets its
+    default (Typer has no options with an optional value). `--compare 5` and `--compare=5` pass as they are."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[i:]
+        if arg in OPTIONAL_VALUES and not (i + 1 < len(argv) and argv[i + 1].isdigit()):
+            arg = f"{arg}={OPTIONAL_VALUES[arg]}"
+        out.append(arg)
+    return out

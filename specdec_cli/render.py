@@ -16,6 +16,7 @@ from rich.theme import Theme
 
 from specdec_cli.audit import NEAR_TIE
 from specdec_cli.options import Method
+from specdec_cli.paired import Paired
 from specdec_cli.records import ACCEPTED, REJECTED, Step
 from specdec_cli.stats import RunStats
 
@@ -193,18 +194,26 @@ def print_stats(console: Console, stats: RunStats, *, method: str, title: str | 
         console.print(Text(f"note: {note}", style="spec.label"))
 
 
-def print_compare(console: Console, spec: RunStats, plain: RunStats, *, shared: int, n_spec: int, n_plain: int,
-                  divergence=None) -> None:
-    """Speedup against plain decoding measured in the same process, and how much of the output agrees.
+def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int, n_plain: int, divergence=None,
+                  control: bool = False) -> None:
+    """The speedup against plain decoding measured in the same process (`paired`: a = speculative, b = plain, rates
+    in tok/s): the median over the pairs and its spread; then how much of the output agrees.
 
     `divergence`: an `audit.Divergence` (greedy: where the outputs first differ, the plain run's margin there and
-    the verdict), or a note to print as is, or None.
+    the verdict), or a note to print as is, or None. `control`: both sides are plain decoding (`--method none`),
+    so the ratio is the noise floor of this sitting.
     """
-    speedup = spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
-    style = "spec.good" if speedup >= 1.0 else "spec.bad"
-    line = Text.assemble(("compare ", "spec.label"), f"plain decoding {plain.tokens_per_s:.1f} tok/s → ",
-                         (f"{speedup:.2f}× speedup", style))
-    console.print(line)
+    speedup = paired.median
+    n = len(paired.pairs)
+    style = "spec.label" if control else ("spec.good" if speedup >= 1.0 else "spec.bad")
+    spread = f" (median of {n} pairs, {paired.low:.2f}–{paired.high:.2f}×)" if n > 1 else " (1 pair)"
+    console.print(Text.assemble(
+        ("compare ", "spec.label"),
+        f"plain decoding {paired.b_median:.1f} tok/s, speculative {paired.a_median:.1f} tok/s → ",
+        (f"{speedup:.2f}× speedup", style), spread))
+    if control:
+        console.print(Text("        --method none against plain decoding: both sides are plain, so this ratio is "
+                           "this machine's noise right now", style="spec.label"))
     same = shared == n_spec == n_plain
     agree = Text.assemble(("        ", "spec.label"),
                           (f"outputs identical ({shared} tokens)", "spec.good") if same else

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import sys
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
+from rich.text import Text
 
 from specdec_cli.audit import DIVERGENCE
-from specdec_cli.backend import common_prefix
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.generation import Generation, generate, make_engine, notes, plain_compare, saved_k as tuned_k
+from specdec_cli.comparison import against_plain
+from specdec_cli.generation import Generation, generate, make_engine, notes, saved_k as tuned_k
 from specdec_cli.options import Method, parse_k_option
-from specdec_cli.output import write_json
+from specdec_cli.output import status, write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
 from specdec_cli.session import ModelOptions, Session, SpecOptions, open_session
@@ -25,7 +26,7 @@ class OutputOptions:
     plain: bool = False
     clean: bool = False
     json_path: str | None = None
-    compare: bool = False
+    compare: int = 0  # pairs of `--compare N` (speculative against plain decoding, interleaved); 0 = no comparison
     strict: bool = False  # with compare: a greedy divergence that is not a near-tie raises CheckFailedError (exit 7)
 
 
@@ -63,6 +64,9 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
             err.print(legend(spec.method))
+        # --compare replays this run: a drafter in the state this one starts in (built now, before this run's reply
+        # is learnt) and a copy of the controller this one starts with
+        replay = (session.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
         try:
             result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         finally:
@@ -73,8 +77,16 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         print_stats(err, result.stats, method=spec.method,
                     notes=notes(session, spec, result.stats, predicted=prediction is not None))
         compare = None
-        if output.compare and not result.interrupted:
-            compare = _compare(session, prompt, config, result, err)
+        if replay is not None:
+            try:
+                if not result.interrupted:
+                    compare = _compare(session, spec, prompt, config, result, output.compare, replay, err)
+            except KeyboardInterrupt:
+                err.print(Text("--compare interrupted: no speedup to report.", style="spec.warn"))
+                result = replace(result, interrupted=True)
+            finally:
+                if replay[0] is not None:
+                    replay[0].close()  # it learnt nothing: nothing is saved
         if output.json_path:
             k_source = "tuned" if saved_k is not None else ("default" if use_saved_k else "option")
             _write_json(output.json_path, session, spec, config, result, compare,
@@ -89,27 +101,36 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     return 130 if result.interrupted else 0
 
 
-def _compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_result: Generation, err) -> dict:
-    """Plain decoding of the same prompt in this process: the speedup baseline and the agreement check."""
-    with err.status("Plain decoding for --compare", spinner="dots") if err.is_terminal else contextlib.nullcontext():
-        plain, divergence = plain_compare(session, prompt, config, spec_result.tokens)
-    shared = common_prefix(np.asarray(spec_result.tokens, np.int32), np.asarray(plain.tokens, np.int32))
-    note = divergence if config.sampling.greedy else (
+def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
+             shown: Generation, pairs: int, replay, err) -> dict:
+    """Plain decoding of the same prompt in this process, in `pairs` interleaved pairs with a replay of the shown
+    run (`comparison.against_plain`): the median speedup and its spread, and the agreement check."""
+    drafter, controller = replay
+    with status(err, f"--compare: {pairs} pair{'s' * (pairs != 1)} of speculative and plain decoding, interleaved"):
+        c = against_plain(session, spec, prompt, config, shown.tokens, pairs, drafter=drafter,
+                          controller=controller)
+    plain = c.plain
+    note = c.divergence if config.sampling.greedy else (
         "sampling: the two runs drew different random numbers; speculative sampling is lossless in distribution, "
         "not token by token")
-    print_compare(err, spec_result.stats, plain.stats, shared=shared, n_spec=len(spec_result.tokens),
-                  n_plain=len(plain.tokens), divergence=note)
-    speedup = spec_result.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
+    print_compare(err, c.paired, shared=c.shared, n_spec=len(shown.tokens), n_plain=len(plain.tokens),
+                  divergence=note, control=spec.method == Method.none)
     return {
-        "plain_tokens_per_s": plain.stats.tokens_per_s,
-        "speedup": speedup,
-        "shared_prefix_tokens": shared,
-        "n_speculative": len(spec_result.tokens),
+        "pairs": len(c.paired.pairs),
+        "speculative_tokens_per_s": c.paired.a_median,  # medians over the pairs
+        "plain_tokens_per_s": c.paired.b_median,
+        "speedup": c.speedup,  # the median over the pairs of the per-pair ratio
+        "speedup_min": c.paired.low,
+        "speedup_max": c.paired.high,
+        "each_pair": c.paired.to_dict("speculative_tokens_per_s", "plain_tokens_per_s")["each"],
+        "shared_prefix_tokens": c.shared,
+        "n_speculative": len(shown.tokens),
         "n_plain": len(plain.tokens),
-        "identical": spec_result.tokens == plain.tokens,
+        "identical": shown.tokens == plain.tokens,
         # greedy only: where the outputs first differ, judged by the plain (batch-1) run's own logit margin there
-        "divergence": divergence.to_dict() if divergence is not None else None,
-        "verdict": (divergence.verdict if divergence is not None else "identical") if config.sampling.greedy else None,
+        "divergence": c.divergence.to_dict() if c.divergence is not None else None,
+        "verdict": (c.divergence.verdict if c.divergence is not None else "identical")
+        if config.sampling.greedy else None,
         "plain_text": plain.text,
         "plain_stats": plain.stats.to_dict(),
     }

@@ -1,0 +1,109 @@
+"""`run --compare N`: the generation just shown, replayed against plain decoding in N interleaved pairs.
+
+After the shown (streamed) run, `against_plain` warms the target with a short untimed plain generation of the same
+prompt, then measures `paired.measure`'s pairs: the speculative side (the same drafter state and K controller the
+shown run started from, learning nothing, so every replay is the shown run again and not a run flattered by the
+shown run's own output in the suffix store) and the plain side (plain decoding through the same engine), A B, B A,
+... The speedup is the median of the per-pair ratios of decode tok/s, with their min and max. Every side starts
+from the prompt's KV cache left by the warm-up (prefill is never timed), so they all see the same prompt numerics.
+
+Agreement (greedy): how many leading tokens the shown run's output shares with plain decoding's, and at the first
+difference, the plain run's own logit margin there (`audit.FirstMismatchProbe` on the first plain side).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
+from specdec_cli.backend import common_prefix
+from specdec_cli.controller import KController
+from specdec_cli.drafters.base import Drafter
+from specdec_cli.engine import GenerationConfig
+from specdec_cli.generation import Generation, generate, make_engine
+from specdec_cli.paired import Paired, measure
+from specdec_cli.sweep import NoLearning
+
+if TYPE_CHECKING:
+    from specdec_cli.session import Session, SpecOptions
+
+WARMUP_TOKENS = 8  # the untimed plain generation before the pairs
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What `against_plain` measured.
+
+    Attributes:
+        paired: a = the speculative side, b = plain decoding; rates in decode tok/s; results are `Generation`s.
+        plain: the first plain side's generation (its text and stats).
+        shared: leading tokens the shown run's output and `plain`'s share.
+        divergence: greedy only: where they first differ, with the plain run's margin there; None when identical
+            or sampling.
+    """
+
+    paired: Paired[Generation, Generation]
+    plain: Generation
+    shared: int
+    divergence: Divergence | None
+
+    @property
+    def speedup(self) -> float:
+        """The median over the pairs of speculative tok/s / plain tok/s."""
+        return self.paired.median
+
+
+def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
+                  reference: list[int], pairs: int, *, drafter: Drafter | None, controller: KController | None,
+                  threshold: float = NEAR_TIE_THRESHOLD) -> Comparison:
+    """Warm up, then `pairs` interleaved pairs of the speculative side and plain decoding (`paired.measure`).
+
+    Args:
+        prompt: int32 [n] the shown run's prompt tokens. reference: the shown run's output tokens.
+        drafter: a drafter in the state the shown run's started in (built before it; wrapped here so that it learns
+            nothing); None for `--method none` (then both sides are plain decoding: an A/A control).
+        controller: the K controller the shown run started with (a copy is taken for every side).
+        threshold: the near-tie threshold in logits for the divergence verdict.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C during a side (the comparison is incomplete and not reported).
+    """
+    from specdec_cli.session import SpecOptions
+
+    target = session.target
+    plain_spec = SpecOptions(method="none")
+    greedy = config.sampling.greedy
+    probe = FirstMismatchProbe(target, len(prompt), reference) if greedy else None
+    probed = replace(session, target=probe) if probe is not None else session  # the same models, seen through it
+    learning_free = NoLearning(drafter) if drafter is not None else None
+    first_plain: list[Generation] = []
+
+    def run(engine) -> tuple[float, Generation]:
+        g = generate(engine, prompt, config)
+        if g.interrupted:
+            raise KeyboardInterrupt
+        return g.stats.tokens_per_s, g
+
+    def warmup() -> None:
+        target.truncate(0)  # a clean cache; the warm-up's prefill is then shared by every side
+        generate(make_engine(session, plain_spec, fresh=True), prompt, replace(config, max_tokens=WARMUP_TOKENS))
+
+    def speculative() -> tuple[float, Generation]:
+        return run(make_engine(session, spec, fresh=True, drafter=learning_free,
+                               controller=copy.deepcopy(controller) if learning_free is not None else None))
+
+    def plain() -> tuple[float, Generation]:
+        rate, g = run(make_engine(session if first_plain else probed, plain_spec, fresh=True))
+        if not first_plain:
+            first_plain.append(g)
+        return rate, g
+
+    result = measure(speculative, plain, pairs, warmup=warmup)
+    base = first_plain[0]
+    shared = common_prefix(np.asarray(reference, np.int32), np.asarray(base.tokens, np.int32))
+    divergence = compare_divergence(reference, base.tokens, probe, target, threshold) if greedy else None
+    return Comparison(result, base, shared, divergence)
