@@ -23,7 +23,7 @@ from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.machine import model_file, physical_cores
 from specdec_cli.peer import lookup_acceptance
 
-ALL = ["none", "auto", "ngram", "suffix", "draft", "peer-10", "peer-2"]
+ALL = ["none", "A/A", "auto", "ngram", "suffix", "draft", "peer-10", "peer-2"]
 
 
 def cli(capsys, *args):
@@ -58,9 +58,12 @@ def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
     assert B.parse_methods("auto,none,draft,suffix,ngram") == ["none", "auto", "ngram", "suffix", "draft"]
     with pytest.raises(UsageError, match="Unknown method 'medusa' in --methods.*none, auto, ngram, suffix, draft"):
         B.parse_methods("ngram,medusa")
-    assert [c.label for c in B.configs_for(["none", "ngram"], peer=True)] == ["none", "ngram", "peer-10", "peer-2"]
-    assert [c.label for c in B.configs_for(["none", "draft"], peer=False)] == ["none", "draft"]
-    peer = B.configs_for(["none"], peer=True)[1]
+    assert [c.label for c in B.configs_for(["none", "ngram"], peer=True)] == ["none", "A/A", "ngram", "peer-10",
+                                                                              "peer-2"]
+    assert [c.label for c in B.configs_for(["none", "draft"], peer=False)] == ["none", "A/A", "draft"]
+    control = B.configs_for(["none"], peer=False)[1]
+    assert (control.family, control.method, control.control, control.plain) == ("ours", "none", True, True)
+    peer = B.configs_for(["none"], peer=True)[2]
     assert (peer.family, peer.num_pred_tokens, peer.title) == ("peer", 10, "llama-cpp-python lookup (N=10)")
 
 
@@ -75,7 +78,7 @@ def run(config, prompt, tps, *, kind="edit", repeat=0, cold=False, tokens=(1, 2,
 
 
 def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreement() -> None:
-    configs = B.configs_for(["none", "ngram"], peer=True)[:3]  # none, ngram, peer-10
+    configs = [c for c in B.configs_for(["none", "ngram"], peer=True) if c.label in ("none", "ngram", "peer-10")]
     prompts = [("p", "edit"), ("q", "edit"), ("w", "write")]
     runs = [
         # cold runs: TTFT and RSS only; their tok/s must not count
@@ -112,14 +115,14 @@ def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreem
 
 
 def test_an_interrupted_bench_summarises_what_ran() -> None:
-    configs = B.configs_for(["none", "ngram"], peer=False)
+    configs = [c for c in B.configs_for(["none", "ngram"], peer=False) if not c.control]
     none, ngram = B.summarize([run("none", "p", 10)], configs, [("p", "edit"), ("q", "edit")])
     assert none.tokens_per_s == 10 and ngram.runs == 0 and ngram.speedup is None and ngram.tokens_per_s is None
     assert ngram.acceptance_rate is None and ngram.agree == (0, 0, None)
 
 
 def test_markdown_table_has_a_column_per_class_and_a_row_per_configuration() -> None:
-    configs = B.configs_for(["none", "ngram"], peer=True)
+    configs = [c for c in B.configs_for(["none", "ngram"], peer=True) if not c.control]  # its row: test_compare.py
     prompts = [("p", "edit"), ("w", "write")]
     runs = [run("none", "p", 10), run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1),
             run("peer-10", "p", 5), run("peer-2", "p", 10), run("none", "w", 10, kind="write"),
@@ -247,10 +250,10 @@ def test_ctrl_c_stops_the_workers_reports_and_writes_the_runs_so_far(smollm2_pat
                        str(out_json))
     assert code == 130
     assert sorted(FakeWorker.closed) == [("ours", True), ("peer", True)]  # killed, not waited for
-    assert "Interrupted after 4 of 8 runs" in out
+    assert "Interrupted after 4 of 10 runs" in out  # none, A/A, ngram, peer-10, peer-2: 5 cold + 5 timed
     doc = json.loads(out_json.read_text(encoding="utf-8"))
-    assert doc["interrupted"] is True and len(doc["runs"]) == 4 and doc["schedule_runs"] == 8
-    assert all(r["cold"] for r in doc["runs"])  # the block's four cold runs ran, no timed run did
+    assert doc["interrupted"] is True and len(doc["runs"]) == 4 and doc["schedule_runs"] == 10
+    assert all(r["cold"] for r in doc["runs"])  # four of the block's five cold runs ran, no timed run did
 
 
 # ---- the real command on the tiny model
@@ -359,11 +362,11 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     assert cold["ttft_ms"] == 900.0 and timed["ttft_ms"] is None and timed["tokens_per_s"] == 41.5
     assert (timed["n_drafted"], timed["n_accepted"]) == (10, 7) and timed["tokens"] is None
     assert [c.label for c in B.configs_for(["none", "auto"], peer=False, native=True)] == \
-        ["none", "auto", "native-plain", "native-ngram-simple"]
+        ["none", "A/A", "auto", "native-plain", "native-ngram-simple"]
     runs = [{"config": "none", "prompt": "p", "repeat": 0, "cold": False, "tokens_per_s": 20.0, "tokens": [1, 2],
              "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0},
             {"config": "native-plain", "prompt": "p", "repeat": 0, "cold": False, "tokens_per_s": 21.0,
              "tokens": None, "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0}]
-    configs = B.configs_for(["none"], peer=False, native=True)[:2]
+    configs = [c for c in B.configs_for(["none"], peer=False, native=True) if not c.control][:2]
     (_, nat) = B.summarize(runs, configs, [("p", "edit")])
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)

@@ -13,6 +13,7 @@ import pytest
 
 from fakes import FakeBackend, hashed_logits, wants_draft
 from specdec_cli.__main__ import main
+from specdec_cli.commands import bench as B
 from specdec_cli.options import COMPARE_PAIRS, expand_optional_values
 from specdec_cli.paired import measure
 from specdec_cli.session import Session
@@ -175,3 +176,34 @@ def test_a_compare_does_not_learn_from_its_replays(fake_session, prompt_file, ca
     monkeypatch.setattr(SuffixStore, "extend", lambda self, docs: (learnt.extend(docs), real(self, docs))[1])
     run_json(capsys, prompt_file, "--method", "suffix", "-n", "12", "--compare", "3")
     assert len(learnt) == 1
+
+
+# ---- specdec bench: the A/A control
+
+
+def run(config, prompt, tps, *, repeat=0, tokens=(1, 2, 3)):
+    return {"config": config, "prompt": prompt, "kind": "edit", "repeat": repeat, "cold": False, "tokens_per_s": tps,
+            "tokens": list(tokens), "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0, "ttft_ms": None,
+            "peak_rss_kib": 100}
+
+
+def bench_doc(runs, configs, prompts):
+    return {"version": B.JSON_VERSION, "target": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": None,
+            "prompts": [{"name": n, "kind": k, "n_tokens": 612} for n, k in prompts],
+            "settings": {"repeats": 2, "max_tokens": 128, "k": "auto", "ctx": 4096, "threads": 2},
+            "started_at": "now", "configs": [c.label for c in configs], "runs": runs,
+            "machine": {"cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 1, "logical_cpus": 2, "threads": 2,
+                        "memory_bytes": 25 * 2**30, "llama_cpp_python": "0.3.36"}}
+
+
+def test_the_control_row_is_plain_against_plain_with_its_range():
+    configs = B.configs_for(["none", "ngram"], peer=False)
+    prompts = [("p", "edit"), ("q", "edit")]
+    runs = [run("none", "p", 10), run("A/A", "p", 9), run("ngram", "p", 20),
+            run("none", "p", 10, repeat=1), run("A/A", "p", 10.5, repeat=1), run("ngram", "p", 20, repeat=1),
+            run("none", "q", 20), run("A/A", "q", 21), run("ngram", "q", 30)]
+    none, control, ngram = B.summarize(runs, configs, prompts)
+    assert control.config.method == "none" and control.speedup_by_prompt == pytest.approx({"p": 0.975, "q": 1.05})
+    assert control.pair_range == pytest.approx((0.9, 1.05)) and control.agree == (3, 3, None)
+    md = B.markdown_table(bench_doc(runs, configs, prompts), [none, control, ngram]).splitlines()
+    assert md[4].startswith("| none again (A/A control) | 15.4 | 1.01× |")

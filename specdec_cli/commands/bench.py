@@ -1,6 +1,7 @@
 """`specdec bench`: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on this machine.
 
-What runs. Our methods (`none` — plain decoding, the baseline — `auto`, `ngram`, `suffix`, `draft`) run in one
+What runs. Our methods (`none` — plain decoding, the baseline — `A/A` — `none` again, the control: its speedup
+over `none` is the noise floor of the sitting — `auto`, `ngram`, `suffix`, `draft`) run in one
 worker process on one loaded target (and the draft model, loaded once, when `draft` is selected), with
 K = auto unless --k. The peer — `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N), logits_all=True)`
 for N = 10 and 2 (`specdec_cli.peer`) — runs in a second worker process with its own `Llama`. All greedy.
@@ -83,10 +84,27 @@ class BenchConfig:
     num_pred_tokens: int | None = None
 
     @property
+    def baseline(self) -> bool:
+        """`none`, which every speedup is over."""
+        return self.label == "none"
+
+    @property
+    def control(self) -> bool:
+        """The A/A row: plain decoding again, whose speedup over `none` is the sitting's noise."""
+        return self.label == CONTROL
+
+    @property
+    def plain(self) -> bool:
+        """The baseline or the control: plain decoding, with no drafts to count."""
+        return self.baseline or self.control
+
+    @property
     def title(self) -> str:
         """For Markdown and charts; the terminal table shows the short label (peer-N is explained below it)."""
         if self.family == "native":
             return f"llama.cpp native {self.method}"
+        if self.control:
+            return "none again (A/A control)"
         return self.label if self.family == "ours" else f"llama-cpp-python lookup (N={self.num_pred_tokens})"
 
 
@@ -104,11 +122,17 @@ def parse_methods(spec: str) -> list[str]:
 NATIVE = ("plain", "ngram-simple")  # `--llama-cpp DIR`: llama-completion, llama-speculative-simple --spec-type
 
 
+CONTROL = "A/A"  # the control row: plain decoding timed against plain decoding
+
+
 def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[BenchConfig]:
-    """Our methods in canonical order, then the peer at each of `peer.PEER_SETTINGS`, then native llama.cpp."""
+    """`none`, then the control (`CONTROL`: `none` again, timed like every other configuration, so its speedup
+    over `none` is the noise floor of the sitting), then our other methods in canonical order, then the peer at
+    each of `peer.PEER_SETTINGS`, then native llama.cpp."""
     from specdec_cli.peer import PEER_SETTINGS
 
     out = [BenchConfig(m, "ours", method=m) for m in OUR_METHODS if m in methods]
+    out.insert(1, BenchConfig(CONTROL, "ours", method="none"))
     if peer:
         out += [BenchConfig(f"peer-{n}", "peer", num_pred_tokens=n) for n in PEER_SETTINGS]
     if native:
@@ -157,7 +181,8 @@ class ConfigSummary:
 
     tokens_per_s: decode tok/s, median over prompts of the per-prompt medians over repeats. tps_spread: median over
     prompts of (max - min) / median over repeats (None below 2 repeats). speedup: geometric mean over prompts;
-    speedup_range: (min, max) over prompts. ttft_ms: median over prompts of the cold runs' TTFT (ms).
+    speedup_range: (min, max) over prompts; pair_range: (min, max) of every paired ratio (all prompts and
+    repeats: for the A/A control, the band of noise). ttft_ms: median over prompts of the cold runs' TTFT (ms).
     peak_rss_kib: largest over its runs (KiB). agree: (timed runs identical to none's, runs compared, fewest
     shared leading tokens among the others or None).
     """
@@ -172,6 +197,7 @@ class ConfigSummary:
     speedup_by_prompt: dict[str, float] = field(default_factory=dict)
     speedup_spread_by_prompt: dict[str, tuple[float, float]] = field(default_factory=dict)
     speedup_by_class: dict[str, float] = field(default_factory=dict)
+    pair_range: tuple[float, float] | None = None
     n_drafted: int = 0
     n_accepted: int = 0
     n_spec_steps: int = 0
@@ -202,6 +228,7 @@ class ConfigSummary:
             "speedup_by_prompt": {p: r(v) for p, v in self.speedup_by_prompt.items()},
             "speedup_min_max_over_repeats": {p: [r(a), r(b)] for p, (a, b) in self.speedup_spread_by_prompt.items()},
             "speedup_by_class": {c: r(v) for c, v in self.speedup_by_class.items()},
+            "speedup_min_max_over_runs": [r(x) for x in self.pair_range] if self.pair_range else None,
             "acceptance_rate": r(self.acceptance_rate),
             "mean_accepted_length": r(self.mean_accepted_length),
             "n_drafted": self.n_drafted,
@@ -228,7 +255,7 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: l
         s = ConfigSummary(config=c)
         mine = [r for r in timed if r["config"] == c.label]
         s.runs = len(mine)
-        spreads = []
+        spreads, all_ratios = [], []
         for name, _ in prompts:
             rs = [r for r in mine if r["prompt"] == name]
             tps = [r["tokens_per_s"] for r in rs if r["tokens_per_s"] > 0]
@@ -240,6 +267,7 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: l
             ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r in rs
                       if (b := base.get((name, r["repeat"]))) is not None and b["tokens_per_s"] > 0
                       and r["tokens_per_s"] > 0]
+            all_ratios += ratios
             if ratios:
                 s.speedup_by_prompt[name] = statistics.median(ratios)
                 s.speedup_spread_by_prompt[name] = (min(ratios), max(ratios))
@@ -247,6 +275,8 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: l
                     and r.get("ttft_ms") is not None]
             if ttft:
                 s.ttft_by_prompt[name] = statistics.median(ttft)
+        if all_ratios:
+            s.pair_range = (min(all_ratios), max(all_ratios))
         if s.tps_by_prompt:
             s.tokens_per_s = statistics.median(s.tps_by_prompt.values())
         s.tps_spread = statistics.median(spreads) if spreads else None
@@ -481,6 +511,8 @@ def from_json(path: str, *, options: BenchOptions) -> int:
 def _config_from_label(label: str) -> BenchConfig:
     if label.startswith("peer-"):
         return BenchConfig(label, "peer", num_pred_tokens=int(label[5:]))
+    if label == CONTROL:
+        return BenchConfig(label, "ours", method="none")
     return BenchConfig(label, "ours", method=label)
 
 

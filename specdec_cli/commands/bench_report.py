@@ -40,7 +40,7 @@ def _fmt_ttft(ms: float | None) -> str:
 
 def _fmt_agree(s: ConfigSummary) -> str:
     same, n, least = s.agree
-    if s.config.label == "none" or n == 0:
+    if s.config.baseline or n == 0:
         return ""
     return f"{same}/{n}" + (f" ≥{least}" if least is not None else "")
 
@@ -61,7 +61,9 @@ def report(doc: dict[str, Any], summaries: list[ConfigSummary]) -> Group:
                         Text("tok/s: decode only, median over prompts (± half the spread between repeats). speedup: "
                              "over none in the same block, geometric mean over prompts. TTFT: cold cache, median over "
                              "prompts. peak RSS: of the process running it. = none: runs whose greedy output is "
-                             "none's (≥ n: fewest leading tokens shared by the others).", style="spec.label"),
+                             "none's (≥ n: fewest leading tokens shared by the others). A/A: none again, timed like "
+                             "the others: its speedup (and the min–max of its paired ratios) is the noise of this "
+                             "sitting; a speedup inside that band means nothing.", style="spec.label"),
                         Text(""), prompt_table(summaries, doc), Text(""), speedup_chart(summaries, _classes(doc))]
     notes = []
     if doc.get("peer"):
@@ -90,12 +92,16 @@ def results_table(summaries: list[ConfigSummary]) -> Table:
         tps = Text("–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}")
         if s.tps_spread is not None:
             tps.append(f" ±{s.tps_spread / 2:.0%}", style="spec.label")
-        if s.config.label == "none" or s.speedup is None:
-            speed = Text("1.00×" if s.config.label == "none" and s.speedup else "–", style="spec.label")
+        if s.config.baseline or s.speedup is None:
+            speed = Text("1.00×" if s.config.baseline and s.speedup else "–", style="spec.label")
+        elif s.config.control:  # the noise floor: its median, and the range of every paired ratio
+            speed = Text(f"{s.speedup:.2f}×", style="spec.label")
+            if s.pair_range is not None:
+                speed.append(f" {s.pair_range[0]:.2f}–{s.pair_range[1]:.2f}", style="spec.label")
         else:
             speed = Text(f"{s.speedup:.2f}×", style=speed_style(s.speedup))
-        acc = "" if s.config.label == "none" else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}")
-        mal = "" if s.config.label == "none" else (
+        acc = "" if s.config.plain else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}")
+        mal = "" if s.config.plain else (
             "n/a" if s.mean_accepted_length is None else f"{s.mean_accepted_length:.2f}")
         t.add_row(s.config.label, tps, speed, acc, mal, _fmt_ttft(s.ttft_ms),
                   _fmt_bytes(s.peak_rss_kib * 1024 if s.peak_rss_kib else None), _fmt_agree(s))
@@ -112,7 +118,7 @@ def prompt_table(summaries: list[ConfigSummary], doc: dict[str, Any]) -> Table:
     for s in summaries:
         cells: list[Any] = [s.config.label]
         for p in doc["prompts"]:
-            sp = s.speedup_by_prompt.get(p["name"]) if s.config.label != "none" else None
+            sp = s.speedup_by_prompt.get(p["name"]) if not s.config.baseline else None
             cells.append(speed_cell(s.tps_by_prompt.get(p["name"]), sp))
         t.add_row(*cells)
     return t
@@ -120,11 +126,12 @@ def prompt_table(summaries: list[ConfigSummary], doc: dict[str, Any]) -> Table:
 
 def speedup_chart(summaries: list[ConfigSummary], classes: list[str], width: int = 36) -> Table:
     """Bars of the speedup over none, grouped by prompt class (then all prompts); a dim │ marks 1×."""
-    shown = [s for s in summaries if s.config.label != "none" and s.speedup is not None]
-    groups = [(c, [Bar(s.config.label, v) for s in shown if (v := s.speedup_by_class.get(c)) is not None])
+    shown = [s for s in summaries if not s.config.baseline and s.speedup is not None]
+    groups = [(c, [Bar(s.config.label, v, plain=s.config.control) for s in shown
+                   if (v := s.speedup_by_class.get(c)) is not None])
               for c in classes]
     if len(classes) > 1:
-        groups.append(("all prompts", [Bar(s.config.label, s.speedup) for s in shown]))
+        groups.append(("all prompts", [Bar(s.config.label, s.speedup, plain=s.config.control) for s in shown]))
     return sweep.speedup_chart("speedup over none, by prompt class", groups if shown else [], width)
 
 
@@ -147,14 +154,14 @@ def markdown_table(doc: dict[str, Any], summaries: list[ConfigSummary]) -> str:
         return "–" if v is None else f"{v:.2f}×"
 
     for s in summaries:
-        none = s.config.label == "none"
+        none = s.config.baseline
         lines.append("| " + " | ".join([
-            f"`{s.config.label}`" if s.config.family == "ours" else s.config.title,
+            f"`{s.config.label}`" if s.config.family == "ours" and not s.config.control else s.config.title,
             "–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}",
             "1.00×" if none else x(s.speedup),
             *("" if none else x(s.speedup_by_class.get(c)) for c in classes),
-            "" if none else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"),
-            "" if none else ("n/a" if s.mean_accepted_length is None else f"{s.mean_accepted_length:.2f}"),
+            "" if s.config.plain else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"),
+            "" if s.config.plain else ("n/a" if s.mean_accepted_length is None else f"{s.mean_accepted_length:.2f}"),
             _fmt_ttft(s.ttft_ms),
             _fmt_bytes(s.peak_rss_kib * 1024 if s.peak_rss_kib else None),
             "" if none else _fmt_agree(s),
@@ -169,7 +176,7 @@ def write_plot(path: str, doc: dict[str, Any], summaries: list[ConfigSummary]) -
     Figure = _matplotlib_figure()
     classes = _classes(doc)
     labels = classes + (["all prompts"] if len(classes) > 1 else [])
-    shown = [s for s in summaries if s.config.label != "none" and s.speedup is not None]
+    shown = [s for s in summaries if not s.config.baseline and s.speedup is not None]
     fig = Figure(figsize=(max(6.0, 1.1 * len(labels) * max(1, len(shown)) / 2.5), 4.2), dpi=120)
     ax = fig.subplots()
     x = np.arange(len(labels))
