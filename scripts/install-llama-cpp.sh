@@ -39,12 +39,21 @@ key="$(printf '%s\n%s\n%s\n%s\n' "$version" "$args" "$tag" "$cpu" | sha256sum | 
 root="${SPECDEC_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/specdec/wheels}"
 dir="$root/llama-cpp-python-$version-$key"
 
+# Already installed into this Python from this very wheel: nothing to do (a second `make` costs a second, not a
+# reinstall). The marker sits in the environment's prefix, so a new virtual environment installs afresh.
+marker="$("$py" -c 'import sys; print(sys.prefix)')/.llama-cpp-python-wheel"
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$dir" ] && "$py" -c 'import llama_cpp' 2>/dev/null; then
+  echo "llama-cpp-python $version is installed from the wheel built for this machine: $dir" >&2
+  exit 0
+fi
+
 if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-  echo "Building llama-cpp-python $version (~10 min on 2 cores); CMAKE_ARGS=$args" >&2
+  echo "Building llama-cpp-python $version (~10 min on 2 cores; CMake's steps follow); CMAKE_ARGS=$args" >&2
   mkdir -p "$root"
   tmp="$(mktemp -d "$root/.building.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
-  CMAKE_ARGS="$args" "$py" -m pip wheel --no-cache-dir --no-deps "llama-cpp-python==$version" -w "$tmp"
+  # --verbose: CMake's configuration and every compile step ([n/N] ...) are printed, so a long build shows progress
+  CMAKE_ARGS="$args" "$py" -m pip wheel --verbose --no-cache-dir --no-deps "llama-cpp-python==$version" -w "$tmp"
   rm -rf "$dir"
   mv "$tmp" "$dir"  # atomic: a half-built wheel never has the final name
   trap - EXIT
@@ -54,3 +63,4 @@ fi
 # --force-reinstall: a llama-cpp-python already installed with other flags is replaced.
 "$py" -m pip install --force-reinstall --no-deps "$dir"/llama_cpp_python-*.whl
 "$py" -m pip install "$dir"/llama_cpp_python-*.whl  # its dependencies (numpy, jinja2, diskcache, typing-extensions)
+printf '%s\n' "$dir" >"$marker"

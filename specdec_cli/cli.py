@@ -339,14 +339,15 @@ default pair on 2 CPU cores. Steadier: --repeats 3. Quicker: --methods none,ngra
 
 BENCH_HELP = (
     "Benchmark every drafting method, and llama-cpp-python's own prompt lookup decoding, on a prompt set.\n\n"
-    "Configurations: our methods (--methods; none is the baseline and always runs) in one process on one loaded "
+    "Configurations: our methods (--methods; none is the baseline and always runs, and A/A, none timed again, is "
+    "the control: its speedup is the noise floor of the sitting) in one process on one loaded "
     "target, and the peer: llama-cpp-python's Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10 and 2)) "
     "in its own process, with logits_all=True (without it, it fails with a broadcast error in 0.3.36). Greedy. "
     "Runs are interleaved, repeated and warmed up; only decoding is timed.\n\n"
     "Reports per configuration: decode tok/s (median, spread), speedup over none, acceptance rate, mean accepted "
     "length, time to first token (cold cache), peak RSS, and whether the output matches none's. Without prompt "
     "files it uses one built-in prompt per class: copy-heavy code edit, code explanation, summary, free writing. "
-    "The report goes to stdout, the progress bar to stderr."
+    "The report goes to stdout (in a pipe or a file, tables take the width they need), the progress bar to stderr."
 )
 
 

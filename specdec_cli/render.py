@@ -209,7 +209,8 @@ def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int,
     spread = f" (median of {n} pairs, {paired.low:.2f}–{paired.high:.2f}×)" if n > 1 else " (1 pair)"
     console.print(Text.assemble(
         ("compare ", "spec.label"),
-        f"plain decoding {paired.b_median:.1f} tok/s, speculative {paired.a_median:.1f} tok/s → ",
+        f"plain decoding {paired.b_median:.1f} tok/s, {'plain again' if control else 'speculative'} "
+        f"{paired.a_median:.1f} tok/s → ",
         (f"{speedup:.2f}× speedup", style), spread))
     if control:
         console.print(Text("        --method none against plain decoding: both sides are plain, so this ratio is "
