@@ -141,6 +141,7 @@ class SpeculativeEngine:
                     draft_ms=(t_draft - t_start) * 1e3,
                     verify_ms=(t_verify - t_draft) * 1e3,
                     source=draft.source if len(d) else "",
+                    match_len=draft.match_len,
                 )
                 if drafter is not None:
                     self.controller.observe(step)  # 6. adapt
