@@ -16,7 +16,6 @@ from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.driver import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.options import parse_k_option
 from specdec_cli.stats import RunStats
 
 if TYPE_CHECKING:
@@ -38,9 +37,8 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
             plain decoding.
 
     Raises:
-        UsageError: a bad --k (checked also for method none), a method that needs a draft model none is loaded.
+        UsageError: a method that needs a draft model none is loaded.
     """
-    parse_k_option(spec.k)
     if drafter is _BUILD:
         drafter = session.make_drafter(spec)
     controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh) if drafter is not None else None
@@ -55,7 +53,7 @@ def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
 
     from specdec_cli.tuned import lookup, tuned_path
 
-    k = lookup(session.target_path, session.draft_path, spec.method, getattr(session.target, "n_threads", None))
+    k = lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
     if k is not None:
         console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.",
                            style="spec.label"))

@@ -124,7 +124,7 @@ def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig,
             "max_tokens": config.max_tokens,
             "stop": list(config.stop),
             "ctx": session.target.n_ctx,
-            "threads": getattr(session.target, "n_threads", None),
+            "threads": session.target.n_threads,
         },
         "system_info": system_info(),
     }
