@@ -24,7 +24,8 @@ from specdec_cli.backend import common_prefix
 from specdec_cli.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.generation import Generation, generate, make_engine
+from specdec_cli.driver import Generation, generate
+from specdec_cli.generation import make_engine
 from specdec_cli.paired import Paired, measure
 from specdec_cli.sweep import NoLearning
 

@@ -30,7 +30,6 @@ from specdec_cli.backend import Backend, common_prefix, sync
 from specdec_cli.controller import FixedK, KController
 from specdec_cli.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut
-from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step
 from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, verify
 
@@ -88,10 +87,9 @@ class SpeculativeEngine:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
 
         Args:
-            prompt: int [n] prompt tokens (n >= 1), e.g. the chat-templated prompt.
+            prompt: int [n] prompt tokens, 1 <= n < n_ctx (checked by `driver.stream`, the only caller).
 
         Raises:
-            UsageError: empty prompt. ContextOverflowError: the prompt does not fit in the context window.
             DecodeError / CacheTrimError: llama.cpp failed.
         The target's KV cache is left holding only committed tokens, also when the consumer stops early (Ctrl-C,
         `close()`), so the next call can reuse it.
@@ -99,13 +97,7 @@ class SpeculativeEngine:
         target, drafter = self.target, self.drafter
         prompt = np.asarray(prompt, dtype=np.int32)
         n = len(prompt)
-        if n == 0:
-            raise UsageError("The prompt is empty.", "Give a prompt with some text.")
-        if n >= target.n_ctx:
-            raise ContextOverflowError(
-                f"The prompt is {n} tokens but the context window is {target.n_ctx} tokens.",
-                f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.",
-            )
+        assert 0 < n < target.n_ctx, "driver.stream checks the prompt"
         sampling = config.sampling
         rng = make_rng(sampling.seed)
         # ctx: int32 [n_ctx] committed tokens (prompt + output); ctx[:n] is live
@@ -149,6 +141,7 @@ class SpeculativeEngine:
                     draft_ms=(t_draft - t_start) * 1e3,
                     verify_ms=(t_verify - t_draft) * 1e3,
                     source=draft.source if len(d) else "",
+                    match_len=draft.match_len,
                 )
                 if drafter is not None:
                     self.controller.observe(step)  # 6. adapt
@@ -244,9 +237,3 @@ class SpeculativeEngine:
             segments.extend(text.flush())  # no stop string can follow: release held-back text
         return emitted, segments, finish
 
-
-def _round_up(n: int) -> int:
-    size = 512
-    while size < n:
-        size *= 2
-    return size

@@ -2,7 +2,7 @@
 so what the user sees streamed and what the statistics say cannot disagree.
 
 A generation yields one `Prefill`, then one `Step` per target forward pass, then one `Finish` (why it ended). A
-generation stopped early by its consumer (Ctrl-C, `close()`) has no `Finish`: `generation.generate` calls that
+generation stopped early by its consumer (Ctrl-C, `close()`) has no `Finish`: `driver.Drive` calls that
 "interrupted".
 """
 
@@ -57,6 +57,9 @@ class Step:
         draft_ms: wall time the drafter took, in milliseconds.
         verify_ms: wall time of the target's forward pass over len(drafted) + 1 tokens, in milliseconds.
         source: the drafter that proposed this draft ("" for plain decoding).
+        match_len: the evidence of the lookup draft the controller chose this step (`Draft.match_len`: how many
+            context tokens match where it was copied from), also when it was trimmed to nothing; 0 for a draft
+            without evidence (a draft model) and for a plain step. `--k auto` learns acceptance by it.
     """
 
     index: int
@@ -69,6 +72,7 @@ class Step:
     draft_ms: float
     verify_ms: float
     source: str = ""
+    match_len: int = 0
 
     @property
     def text(self) -> str:

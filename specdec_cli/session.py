@@ -18,7 +18,7 @@ from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
-from specdec_cli.options import Method
+from specdec_cli.options import Method, parse_k_option
 
 
 @dataclass(frozen=True)
@@ -37,18 +37,23 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number).
+    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number 0..64, parsed
+    once, here: `k` is then "auto" or the number's text, `fixed_k` the number or None for auto).
 
-    Raises ValueError for an unknown method name."""
+    Raises ValueError for an unknown method name, UsageError for a bad K (the message says the fix)."""
 
     method: Method = Method.auto
     k: str = "auto"
     ngram_min: int = 2
     ngram_max: int = 4
     k_max: int = 16
+    fixed_k: int | None = field(init=False, default=None)  # the parsed K; None = auto
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
+        fixed = parse_k_option(str(self.k))
+        object.__setattr__(self, "fixed_k", fixed)
+        object.__setattr__(self, "k", "auto" if fixed is None else str(fixed))
 
 
 
@@ -150,11 +155,9 @@ class Session:
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
         from specdec_cli.controller import AdaptiveK, FixedK
-        from specdec_cli.options import parse_k_option
 
-        k = parse_k_option(spec.k)
-        if k is not None:
-            return FixedK(k)
+        if spec.fixed_k is not None:
+            return FixedK(spec.fixed_k)
         if saved_k is not None:
             return FixedK(saved_k)
         if fresh:

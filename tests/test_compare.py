@@ -87,28 +87,20 @@ def prompt_file(tmp_path):
     return p
 
 
-class FakeClock:
-    """The driver's clock: read once when the decode loop starts and once when it ends; each generation's loop
-    takes the next of `durations` seconds. Also records each generation's (drafter?, max_tokens)."""
-
-    def __init__(self, durations):
-        self.t = 0.0
-        self.durations = list(durations)
-        self.started = False
-
-    def perf_counter(self):
-        if self.started:
-            self.t += self.durations.pop(0)
-        self.started = not self.started
-        return self.t
-
-
 @pytest.fixture
 def clock(monkeypatch):
+    """The driver's decode time, scripted: the n-th generation to finish took durations[n] seconds."""
+    from specdec_cli.driver import Drive
+
     def install(durations):
-        c = FakeClock(durations)
-        monkeypatch.setattr("specdec_cli.generation.time", c)
-        return c
+        durations = list(durations)
+
+        def decode_ms(self):
+            if "_scripted_s" not in self.__dict__:
+                self._scripted_s = durations.pop(0)
+            return self._scripted_s * 1e3
+
+        monkeypatch.setattr(Drive, "decode_ms", property(decode_ms))
 
     return install
 
@@ -146,7 +138,7 @@ def test_compare_warms_up_then_interleaves_the_pairs_alternating(fake_session, p
 
 
 def test_the_speedup_is_the_median_of_the_pairs_with_its_spread_exactly(fake_session, prompt_file, capsys, clock):
-    # decode loops, in order: the shown run 1 s; the warm-up 100 s (untimed: it must not count);
+    # decode times, in order: the shown run 1 s; the warm-up 100 s (untimed: it must not count);
     # pair 1 (speculative first) 1 s, 2 s → 20 / 10 tok/s = 2.0; pair 2 (plain first) 2.5 s, 1 s → 20 / 8 = 2.5;
     # pair 3 (speculative first) 0.8 s, 2 s → 25 / 10 = 2.5
     clock([1.0, 100.0, 1.0, 2.0, 2.5, 1.0, 0.8, 2.0])

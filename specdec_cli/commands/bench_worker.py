@@ -187,7 +187,7 @@ class _OursRunner:
                      # the chat-templated prompt text, for the native llama.cpp peer (the same ids when it tokenizes)
                      "rendered": [self.session.target.format_chat([{"role": "user", "content": t}])
                                   for t in msg["prompts"]],
-                     "threads": getattr(self.session.target, "n_threads", None), "suffix_store_tokens": store_tokens,
+                     "threads": self.session.target.n_threads, "suffix_store_tokens": store_tokens,
                      "rss_after_load_kib": _rss_kib()[1]}
 
     def _drafter(self, method: str):
@@ -204,7 +204,8 @@ class _OursRunner:
     def _generate(self, method: str, prompt, max_tokens: int):
         """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
         from specdec_cli.engine import GenerationConfig
-        from specdec_cli.generation import generate, make_engine
+        from specdec_cli.driver import generate
+        from specdec_cli.generation import make_engine
         from specdec_cli.session import SpecOptions
 
         # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start

@@ -13,8 +13,9 @@ from specdec_cli.audit import DIVERGENCE
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.comparison import against_plain
-from specdec_cli.generation import Generation, generate, make_engine, notes, saved_k as tuned_k
-from specdec_cli.options import Method, parse_k_option
+from specdec_cli.driver import Generation, generate
+from specdec_cli.generation import make_engine, notes, saved_k as tuned_k
+from specdec_cli.options import Method
 from specdec_cli.output import status, write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
@@ -44,7 +45,6 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "
                          "by design (speculative sampling is lossless in distribution, checked statistically).",
                          "Drop --strict, or use --temperature 0.")
-    parse_k_option(spec.k)  # before loading any model, also for --method none
     if spec.method == "predict" and prediction is None:
         raise UsageError("--method predict drafts from a predicted output, and none was given.",
                          "Add --predict FILE (the text you expect back), or use --method auto.")
@@ -156,7 +156,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "stop": list(config.stop),
             "sampling": asdict(config.sampling),
             "ctx": session.target.n_ctx,
-            "threads": getattr(session.target, "n_threads", None),
+            "threads": session.target.n_threads,
             "prediction_tokens": len(config.prediction) if config.prediction is not None else None,
             "draft_model": session.draft_plan.reason or None,  # why a draft model is (not) used
         },
