@@ -4,8 +4,9 @@ After the shown (streamed) run, `against_plain` warms the target with a short un
 prompt, then measures `paired.measure`'s pairs: the speculative side (the same drafter state and K controller the
 shown run started from, learning nothing, so every replay is the shown run again and not a run flattered by the
 shown run's own output in the suffix store) and the plain side (plain decoding through the same engine), A B, B A,
-... The speedup is the median of the per-pair ratios of decode tok/s, with their min and max. Every side starts
-from the prompt's KV cache left by the warm-up (prefill is never timed), so they all see the same prompt numerics.
+... The speedup is the median of the per-pair ratios of decode tok/s, with their min and max. Every side, the
+warm-up too, reuses the prompt's KV cache the shown run left (the engine keeps the longest common prefix): the
+prompt is not evaluated again, prefill is never timed, and all see the prompt with the shown run's numerics.
 
 Agreement (greedy): how many leading tokens the shown run's output shares with plain decoding's, and at the first
 difference, the plain run's own logit margin there (`audit.FirstMismatchProbe` on the first plain side).
@@ -90,7 +91,8 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
         return g.stats.tokens_per_s, g
 
     def warmup() -> None:
-        target.truncate(0)  # a clean cache; the warm-up's prefill is then shared by every side
+        # the prompt's KV cache is the shown run's (the engine keeps the longest common prefix): no prefill again,
+        # and every side sees the prompt exactly as the shown run did
         generate(make_engine(session, plain_spec, fresh=True), prompt, replace(config, max_tokens=WARMUP_TOKENS))
 
     def speculative() -> tuple[float, Generation]:
