@@ -272,6 +272,8 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     """Start the workers, check every prompt fits, and run the schedule. Ctrl-C stops the workers and returns what
     was measured (`BenchRun.interrupted`)."""
     from specdec_cli.config import load_catalog
+    from specdec_cli import host
+    from specdec_cli.llama import system_info
     from specdec_cli.machine import describe
     from specdec_cli.resolver import resolve
 
@@ -282,7 +284,10 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
 
     name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
     draft = resolve(name, catalog, console=console) if need_draft else None
-    bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else [])))
+    plan = host.current_plan()
+    bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else []),
+                                             system_info=system_info(),
+                                             load_plan=plan.to_dict() if plan is not None else None))
     model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
                  "ctx": models.ctx,
                  "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
