@@ -16,6 +16,7 @@ from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.driver import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.records import Source
 from specdec_cli.stats import RunStats
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     out = []
     if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
-    if predicted and spec.method in ("auto", "predict") and "predict" not in stats.by_source:
+    if predicted and spec.method in ("auto", "predict") and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
     return tuple(out)
