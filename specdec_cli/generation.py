@@ -27,21 +27,22 @@ _BUILD = object()  # make_engine's default: build the drafter `spec.method` name
 
 def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
                 drafter: Drafter | None | object = _BUILD) -> SpeculativeEngine:
-    """The engine for `spec` on the session's target: its drafter (`Session.make_drafter`, None for method none)
+    """The engine for `spec` on the session's target: its drafter (the session's, `Session.drafter`, which the
+    session closes; None for method none)
     and, with a drafter, its K controller (`Session.make_controller`: `--k N`, the K `specdec tune --save` chose
     when `saved_k` is given, else the session's learning `--k auto`, or a new one that learns from nothing when
     `fresh`), and the session's prompt cache (`Session.prompt_cache`; not for a `fresh` engine: benchmarks of a
     cold start).
 
     Args:
-        drafter: use this drafter instead of building one (a sweep reuses one drafter across its runs); None =
-            plain decoding.
+        drafter: use this drafter, owned by the caller, instead of the session's (a sweep wraps one that does not
+            learn); None = plain decoding.
 
     Raises:
         UsageError: a method that needs a draft model none is loaded.
     """
     if drafter is _BUILD:
-        drafter = session.make_drafter(spec)
+        drafter = session.drafter(spec)
     controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh) if drafter is not None else None
     return SpeculativeEngine(session.target, drafter, controller,
                              prompt_cache=None if fresh else session.prompt_cache)

@@ -210,7 +210,6 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
         try:
             loop(chat, reader)
         finally:
-            chat.close()
             reader.close()
         view.goodbye(chat.totals)
     return 0

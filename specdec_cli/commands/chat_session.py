@@ -35,18 +35,13 @@ class Chat:
 
     @property
     def drafter(self):
-        """The drafter replies are generated with (None: plain decoding)."""
-        return self.engine.drafter
+        """The drafter replies are generated with (the session's for this method; None: plain decoding)."""
+        return self.session.drafter(self.spec)
 
     def set_spec(self, spec: SpecOptions) -> None:
-        """Switch drafter and/or K (the controller `Session.make_controller` gives for it); the conversation and
-        caches are kept. Raises UsageError for a bad K before anything changes."""
-        rebuild = (spec.method, spec.ngram_min, spec.ngram_max) != (self.spec.method, self.spec.ngram_min,
-                                                                   self.spec.ngram_max)
-        engine = make_engine(self.session, spec) if rebuild else make_engine(self.session, spec, drafter=self.drafter)
-        if rebuild:
-            self.engine.close()  # learning drafters save what they learned
-        self.engine, self.spec = engine, spec
+        """Switch drafter and/or K (the session's drafter for the method, the controller `Session.make_controller`
+        gives for K); the conversation and caches are kept. Raises UsageError before anything changes."""
+        self.engine, self.spec = make_engine(self.session, spec), spec
 
     def turn(self, text: str) -> Turn | None:
         """Answer one message: fit the history, stream the reply, record it. None when interrupted before any text."""
@@ -94,6 +89,3 @@ class Chat:
         """Per-turn seed: --seed + turn number, so a scripted chat is reproducible but turns do not share draws."""
         s = self.config.sampling
         return s if s.seed is None else replace(s, seed=s.seed + self.totals.turns)
-
-    def close(self) -> None:
-        self.engine.close()

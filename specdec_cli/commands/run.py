@@ -63,10 +63,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
             err.print(legend(spec.method))
-        try:
-            result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
-        finally:
-            engine.close()  # learning drafters save what they learned
+        result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         if renderer is not None:
             renderer.end()
 
