@@ -78,11 +78,6 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
 
-    def close(self) -> None:
-        """Close the drafter (learning drafters save what they learnt); the target belongs to the session."""
-        if self.drafter is not None:
-            self.drafter.close()
-
     def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
 

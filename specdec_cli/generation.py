@@ -18,6 +18,7 @@ from specdec_cli.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.driver import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.records import Source
 from specdec_cli.stats import RunStats
 
 if TYPE_CHECKING:
@@ -28,15 +29,16 @@ _BUILD = object()  # make_engine's default: build the drafter `spec.method` name
 
 def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
                 drafter: Drafter | None | object = _BUILD, controller: KController | None = None) -> SpeculativeEngine:
-    """The engine for `spec` on the session's target: its drafter (`Session.make_drafter`, None for method none)
+    """The engine for `spec` on the session's target: its drafter (the session's, `Session.drafter`, which the
+    session closes; None for method none)
     and, with a drafter, its K controller (`Session.make_controller`: `--k N`, the K `specdec tune --save` chose
     when `saved_k` is given, else the session's learning `--k auto`, or a new one that learns from nothing when
     `fresh`), and the session's prompt cache (`Session.prompt_cache`; not for a `fresh` engine: benchmarks of a
     cold start).
 
     Args:
-        drafter: use this drafter instead of building one (a sweep reuses one drafter across its runs); None =
-            plain decoding.
+        drafter: use this drafter, owned by the caller, instead of the session's (a sweep wraps one that does not
+            learn); None = plain decoding.
         controller: use this K controller instead of the session's (`run --compare` replays the shown run from a
             copy of the controller it started with).
 
@@ -44,7 +46,7 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
         UsageError: a method that needs a draft model none is loaded.
     """
     if drafter is _BUILD:
-        drafter = session.make_drafter(spec)
+        drafter = session.drafter(spec)
     if controller is None and drafter is not None:
         controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh)
     return SpeculativeEngine(session.target, drafter, controller,
@@ -95,7 +97,7 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     out = []
     if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
-    if predicted and spec.method in ("auto", "predict") and "predict" not in stats.by_source:
+    if predicted and spec.method in ("auto", "predict") and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
     return tuple(out)

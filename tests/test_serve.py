@@ -226,7 +226,7 @@ def test_prediction_usage_counts_steps_drafted_from_the_prediction():
     records = [
         Prefill(n_prompt=3, n_evaluated=3, ms=1.0),
         Step(0, 4, (1, 2, 3, 4), 3, 9, (1, 2, 3, 9), (), 0.1, 1.0, source="predict"),
-        Step(1, 2, (5, 6), 0, 7, (7,), (), 0.1, 1.0, source="suffix"),
+        Step(1, 2, (5, 6), 0, 7, (7,), (), 0.1, 1.0, source="store"),
         Step(2, 3, (8, 8, 8), 3, 4, (8, 8, 8, 4), (), 0.1, 1.0, source="predict"),
         Finish("length"),
     ]
@@ -234,7 +234,7 @@ def test_prediction_usage_counts_steps_drafted_from_the_prediction():
     details = schema.usage_json(stats)["completion_tokens_details"]
     assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (6, 1)
     assert schema.specdec_json(stats, "auto")["sources"] == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
-                                                             "suffix": {"steps": 1, "drafted": 2, "accepted": 0}}
+                                                             "store": {"steps": 1, "drafted": 2, "accepted": 0}}
     assert schema.openai_finish(stats) == "length" and stats.run.n_generated == 9
 
 
@@ -537,7 +537,7 @@ def test_real_server_end_to_end(smollm2_path, tmp_path):
         spec = next(c for c in streamed if c.choices and c.choices[0].finish_reason).model_extra["specdec"]
         assert again == text  # greedy, same prompt: the same reply
         assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1  # the prompt came from the cache
-        assert spec["sources"]["suffix"]["accepted"] > 0  # the suffix store learnt the first reply
+        assert spec["sources"]["store"]["accepted"] > 0  # the suffix store learnt the first reply (past outputs)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err

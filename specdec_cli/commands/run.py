@@ -65,12 +65,9 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         if styled and spec.method != Method.none:
             err.print(legend(spec.method))
         # --compare replays this run: a drafter in the state this one starts in (built now, before this run's reply
-        # is learnt) and a copy of the controller this one starts with
+        # is learnt; owned here, not the session's) and a copy of the controller this one starts with
         replay = (session.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
-        try:
-            result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
-        finally:
-            engine.close()  # learning drafters save what they learned
+        result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         if renderer is not None:
             renderer.end()
 
