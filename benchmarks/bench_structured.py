@@ -194,7 +194,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--json", default=None, help="write every run's measurements to PATH")
     args = ap.parse_args()
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     tools_bin = None
     if args.llama_cpp:
         from specdec_cli.native import find_tools, run_plain
