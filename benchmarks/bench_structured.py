@@ -37,7 +37,8 @@ from rich.console import Console
 from specdec_cli import constraint, sampling
 from specdec_cli.constraint import Constraint
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.generation import generate, make_engine
+from specdec_cli.driver import generate
+from specdec_cli.generation import make_engine
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
 from specdec_cli.sweep import NoLearning
 
