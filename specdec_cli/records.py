@@ -28,6 +28,7 @@ class Source(StrEnum):
     store = "store"  # the suffix store of past outputs (SuffixDecoding; --method suffix and auto)
     predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
     draft = "draft"  # a draft model
+    grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
 
     @property
     def label(self) -> str:
@@ -36,7 +37,7 @@ class Source(StrEnum):
 
 
 _LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
-           Source.draft: "draft model"}
+           Source.draft: "draft model", Source.grammar: "grammar (forced)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,25 @@ class Prefill:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token, from the verify row that predicted it (no extra pass).
+
+    Of the distribution the token was chosen from before sampling's truncation: softmax of the row's logits at
+    temperature 1, masked by the grammar and renormalised when one constrains the generation.
+
+    Attributes:
+        token: the emitted token id.
+        logprob: its natural log-probability (<= 0).
+        top: the n most likely tokens of that distribution as (token, logprob), most likely first (n = the
+            `logprobs` asked for; empty for 0).
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One draft → verify → accept step (one target forward pass).
 
@@ -81,6 +101,8 @@ class Step:
         match_len: the evidence of the lookup draft the controller chose this step (`Draft.match_len`: how many
             context tokens match where it was copied from), also when it was trimmed to nothing; 0 for a draft
             without evidence (a draft model) and for a plain step. `--k auto` learns acceptance by it.
+        logprobs: one `TokenLogprob` per emitted token, in order, when `GenerationConfig.logprobs` asks for them;
+            () otherwise.
     """
 
     index: int
@@ -94,6 +116,7 @@ class Step:
     verify_ms: float
     source: str = ""
     match_len: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def text(self) -> str:
@@ -119,7 +142,8 @@ class Finish:
     """The generation ended (the last record; it follows the `Step` that ended it).
 
     Attributes:
-        finish_reason: "eog" (end-of-generation token), "stop" (a --stop string), "length" (--max-tokens) or
+        finish_reason: "eog" (end-of-generation token, or a grammar that is complete and allows nothing more),
+            "stop" (a --stop string), "length" (--max-tokens) or
             "context" (the context window is full).
     """
 

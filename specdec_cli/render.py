@@ -26,6 +26,7 @@ THEME = Theme(
         "spec.accepted.store": "magenta",  # the suffix store of past outputs
         "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
         "spec.accepted.draft": "blue",  # a draft model
+        "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
         "spec.target": "bold",
         "spec.rejected": "red strike",
         "spec.legend": "dim",
@@ -64,7 +65,8 @@ def wants_color(stream: TextIO, plain: bool) -> bool:
 
 
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
-                      Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft"}
+                      Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
+                      Source.grammar: "spec.accepted.grammar"}
 
 
 def segment_style(kind: str, source: str) -> str:
@@ -74,12 +76,15 @@ def segment_style(kind: str, source: str) -> str:
     return f"spec.{kind}"
 
 
-def legend(method: str = "") -> Text:
-    """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts."""
+def legend(method: str = "", *, grammar: bool = False) -> Text:
+    """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts (and the
+    grammar's forced tokens when a grammar constrains the reply)."""
     t = Text("legend: ", style="spec.legend")
     if method in ("auto", "predict"):
         t.append("accepted: ", style="spec.legend")
         for source, style in ACCEPTED_BY_SOURCE.items():
+            if source == Source.grammar and not grammar:
+                continue  # shown only when a grammar constrains the reply
             t.append(source.label, style=style)
             t.append(" ", style="spec.legend")
         t.append(" ", style="spec.legend")
