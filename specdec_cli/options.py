@@ -22,6 +22,36 @@ class Method(StrEnum):
     suffix = "suffix"  # suffix tree over the context and past outputs (learns)
     predict = "predict"  # the predicted output (--predict FILE) alone
 
+    @classmethod
+    def _missing_(cls, value: object) -> Method | None:
+        """Case, `_`/space for `-`, and the field's names for the sources (`METHOD_ALIASES`): `Method("prompt-lookup")`
+        is `Method.ngram`. Unknown names still raise ValueError."""
+        name = str(value).strip().lower().replace("_", "-").replace(" ", "-")
+        name = METHOD_ALIASES.get(name, name)
+        return cls._value2member_map_.get(name)  # type: ignore[return-value]
+
+
+# The field's terms for each method's source (records.Source's labels), accepted wherever a method is named
+# (--method, bench's --methods, chat's /method, SpecOptions); the short names stay the canonical spelling (tuned.json,
+# learnt.json and bench labels are keyed by them).
+METHOD_ALIASES = {
+    "prompt-lookup": "ngram", "prompt": "ngram", "lookup": "ngram",
+    "past-outputs": "suffix", "store": "suffix", "suffix-decoding": "suffix",
+    "prediction": "predict", "predicted-outputs": "predict",
+    "draft-model": "draft",
+    "plain": "none",
+}
+METHOD_NAMES = ("auto, none (plain), ngram (prompt-lookup), suffix (past-outputs), predict (prediction), "
+                "draft (draft-model)")
+
+
+def parse_method(text: str | Method) -> Method:
+    """A `--method` value: a `Method` name or one of its field-term aliases. Raises typer.BadParameter (exit 2)."""
+    try:
+        return Method(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a method. Use one of {METHOD_NAMES}.") from None
+
 
 MODELS = "Models"
 SPEC = "Speculation"
@@ -49,7 +79,8 @@ GpuLayers = Annotated[
     typer.Option("--gpu-layers", min=-1, help="Layers to offload with a Metal/CUDA build of llama-cpp-python "
                  "(-1 = all; CPU builds ignore it).", rich_help_panel=MODELS),
 ]
-MethodOpt = Annotated[Method, typer.Option("--method", "-m", help="Where drafts come from. auto: each step the "
+MethodOpt = Annotated[Method, typer.Option("--method", "-m", parser=parse_method, metavar="METHOD",
+                                           help=f"Where drafts come from: {METHOD_NAMES}. auto: each step the "
                                            "source that pays on this machine (prompt lookup, past outputs, "
                                            "--predict, a draft model on GPUs) or none.", rich_help_panel=SPEC)]
 NoPromptCache = Annotated[

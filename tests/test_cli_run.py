@@ -136,3 +136,24 @@ def test_out_of_range_options_are_usage_errors(capsys, prompt_file):
 def test_version(capsys):
     code, out, _ = cli(capsys, "--version")
     assert code == 0 and out.startswith("specdec ")
+
+
+@pytest.mark.parametrize("alias, canonical", [("prompt-lookup", "ngram"), ("past_outputs", "suffix"),
+                                              ("draft-model", "draft"), ("plain", "none"),
+                                              ("ngram", "ngram")])
+def test_method_takes_the_fields_names_and_the_old_spellings(fake_session, prompt_file, capsys, alias, canonical):
+    code, out, _ = cli(capsys, "run", str(prompt_file), "--method", alias, "--max-tokens", "5", "--json", "-")
+    assert code == 0
+    assert json.loads(out)["config"]["method"] == canonical
+    from specdec_cli.commands.bench import parse_methods
+    from specdec_cli.options import Method
+
+    assert Method(alias) is Method(canonical)
+    assert canonical in parse_methods(alias)
+    assert Method("Predicted outputs") is Method("prediction") is Method.predict
+
+
+def test_an_unknown_method_is_one_usage_line_listing_the_names(prompt_file, capsys):
+    code, _, err = cli(capsys, "run", str(prompt_file), "--method", "bogus")
+    assert code == 2
+    assert "'bogus' is not a method" in err and "prompt-lookup" in err

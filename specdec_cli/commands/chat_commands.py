@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from specdec_cli.errors import SpecdecError, UsageError
-from specdec_cli.options import Method
+from specdec_cli.options import METHOD_NAMES, Method
 from specdec_cli.session import NEEDS_DRAFT_MODEL
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def _predict(chat: Chat, arg: str) -> bool:
 
 
 def _method(chat: Chat, arg: str) -> bool:
-    names = ", ".join(m.value for m in Method)
+    names = METHOD_NAMES
     if not arg:
         chat.view.note(f"The method is {chat.spec.method}. Change it with /method NAME ({names}).")
         return False
