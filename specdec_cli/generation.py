@@ -1,23 +1,17 @@
 """One place that turns options into a ready generation.
 
 `make_engine` builds the drafter and the K controller a `SpecOptions` names and the `SpeculativeEngine` around the
-session's target; `specdec_cli.driver` drives it. `plain_compare` is one plain-decoding run checked against a
-speculative output (`run --compare` measures in interleaved pairs: `specdec_cli.comparison`). Every command (run,
-check, chat, tune, bench, serve) builds its engines here.
+session's target; `specdec_cli.driver` drives it (`run --compare` measures against plain decoding in interleaved
+pairs: `specdec_cli.comparison`). Every command (run, check, chat, tune, bench, serve) builds its engines here.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
 from specdec_cli.controller import KController
 from specdec_cli.drafters.base import Drafter
-from specdec_cli.driver import Generation, generate
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.engine import SpeculativeEngine
 from specdec_cli.records import Source
 from specdec_cli.stats import RunStats
 
@@ -65,30 +59,6 @@ def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
         console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.",
                            style="spec.label"))
     return k
-
-
-def plain_compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_tokens: list[int],
-                  threshold: float = NEAR_TIE_THRESHOLD) -> tuple[Generation, Divergence | None]:
-    """Plain decoding of `prompt` from an empty cache, and (greedy) its first divergence from `spec_tokens`.
-
-    The divergence's margin comes from the plain run's own batch-1 logits row at that position, kept by an
-    `audit.FirstMismatchProbe` around the target (one argmax per plain token; the speculative run is not touched).
-    For sampling runs the divergence is None: their outputs differ by design.
-
-    Returns:
-        (the plain generation, the `audit.Divergence` or None when identical or sampling).
-    """
-    from specdec_cli.session import SpecOptions
-
-    target = session.target
-    greedy = config.sampling.greedy
-    probe = FirstMismatchProbe(target, len(prompt), spec_tokens) if greedy else None
-    target.truncate(0)  # same cold prefill as the speculative run
-    watched = replace(session, target=probe) if probe is not None else session  # the same models, seen through it
-    plain = generate(make_engine(watched, SpecOptions(method="none")), prompt, config)
-    if not greedy or plain.interrupted:
-        return plain, None
-    return plain, compare_divergence(spec_tokens, plain.tokens, probe, target, threshold)
 
 
 def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bool) -> tuple[str, ...]:

@@ -31,7 +31,8 @@ from specdec_cli.audit import (
 )
 from specdec_cli.commands.check import refuse_sampling
 from specdec_cli.driver import generate
-from specdec_cli.generation import plain_compare
+from specdec_cli.comparison import against_plain
+from specdec_cli.session import SpecOptions
 from specdec_cli.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
@@ -249,14 +250,20 @@ def test_check_refuses_sampling_with_the_reason():
 # -- --compare: the plain run's own margin at the first divergence ---------------------------------------------------
 
 
-def test_plain_compare_finds_the_first_divergence_with_the_plain_runs_margin():
+def _plain_against(session, prompt, config, reference):
+    """`run --compare`'s plain side (one A/A pair) against `reference`: (its first plain generation, divergence)."""
+    c = against_plain(session, SpecOptions(method="none"), prompt, config, reference, 1, drafter=None, controller=None)
+    return c.plain, c.divergence
+
+
+def test_the_compared_plain_run_finds_the_first_divergence_with_its_own_margin():
     reference = greedy_reference(hashed_logits, PROMPT, 30)
     session = Session(target=FakeBackend(hashed_logits), target_path=Path("target.gguf"))
-    plain, div = plain_compare(session, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), reference)
+    plain, div = _plain_against(session, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), reference)
     assert plain.tokens == reference and div is None
     wrong = reference.copy()
     wrong[12] = (wrong[12] + 1) % V or 2
-    plain, div = plain_compare(session, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), wrong)
+    plain, div = _plain_against(session, np.array(PROMPT, np.int32), GenerationConfig(max_tokens=30), wrong)
     assert plain.tokens == reference  # the probe does not change plain decoding
     row = hashed_logits(PROMPT + reference[:12])
     assert div.position == 12 and div.plain_token == reference[12] and div.spec_token == wrong[12]
@@ -404,5 +411,5 @@ def test_teacher_forcing_reproduces_plain_decoding_numerics_exactly(tiny):
     plain = generate(SpeculativeEngine(tiny.target, None), prompt, GenerationConfig(max_tokens=48))
     argmax, margin = teacher_force(tiny.target, prompt, plain.tokens)
     assert argmax.tolist() == plain.tokens and not margin.any()
-    again, div = plain_compare(tiny, prompt, GenerationConfig(max_tokens=48), plain.tokens)
+    again, div = _plain_against(tiny, prompt, GenerationConfig(max_tokens=48), plain.tokens)
     assert again.tokens == plain.tokens and div is None
