@@ -21,11 +21,12 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from specdec_cli.engine import GenerationConfig
+from specdec_cli.records import Step
 from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
-from specdec_cli.serve.service import GenerationService, RequestStats, Tally
+from specdec_cli.serve.service import GenerationService, PieceLogprob, RequestStats, Tally
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,19 @@ class GenRequest:
 
     Attributes:
         kind: "chat" (`messages` through the chat template) or "completion" (`prompt` as raw text).
-        config: max tokens, stop strings, sampling.
+        config: max tokens, stop strings, sampling, grammar, logprobs.
         prediction: OpenAI's `prediction.content` (chat only), or None.
+        tools: OpenAI's tool dicts, for the chat template (chat only).
+        parse_calls: the reply's tool calls will be parsed (`GenerationService.chat_tokens`).
     """
 
     kind: Literal["chat", "completion"]
     config: GenerationConfig
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     prompt: str = ""
     prediction: str | None = None
+    tools: tuple[dict, ...] = ()
+    parse_calls: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,9 +59,10 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
-    """Output text added by one target pass."""
+    """Output text added by one target pass, and the log-probabilities of the tokens it emitted (when asked)."""
 
     text: str
+    logprobs: tuple[PieceLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,8 +197,8 @@ class Worker:
         records = None
         outcome = "ok"
         try:
-            tokens = service.chat_tokens(list(request.messages)) if request.kind == "chat" else \
-                service.tokenize(request.prompt)
+            tokens = service.chat_tokens(list(request.messages), request.tools, parse_calls=request.parse_calls) \
+                if request.kind == "chat" else service.tokenize(request.prompt)
             records = service.stream(tokens, request.config, request.prediction)
             tally.start()
             started = done = False
@@ -203,8 +209,9 @@ class Worker:
                 if not started:
                     started = True  # the first record is the prefill: the prompt fit and was evaluated
                     _send(job, Started(len(tokens)))
-                if text:
-                    _send(job, Delta(text))
+                logprobs = service.pieces(record.logprobs) if isinstance(record, Step) and record.logprobs else ()
+                if (text or logprobs) and not done:
+                    _send(job, Delta(text, logprobs))
                 if not done and tally.finish_reason is not None:
                     done = True  # answer now; the loop goes on only to let the drafter learn the output
                     _send(job, Done(tally.stats()))
