@@ -35,7 +35,6 @@ from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Rec
 from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, verify
 
 if TYPE_CHECKING:
-    from specdec_cli.constraint import Grammar
     from specdec_cli.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
@@ -57,8 +56,6 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=lambda: GREEDY)
     prediction: tuple[int, ...] | None = None
-    grammar: "Grammar | None" = None  # TEMPORARY STUB (branch grammar)
-    logprobs: int | None = None  # TEMPORARY STUB (branch grammar)
 
 
 class SpeculativeEngine:

@@ -40,15 +40,6 @@ class Prefill:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """TEMPORARY STUB (branch grammar)."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class Step:
     """One draft → verify → accept step (one target forward pass).
 
@@ -78,7 +69,6 @@ class Step:
     draft_ms: float
     verify_ms: float
     source: str = ""
-    logprobs: tuple[TokenLogprob, ...] = ()  # TEMPORARY STUB (branch grammar)
 
     @property
     def text(self) -> str:
