@@ -14,9 +14,12 @@ prefix kept), which is what makes draft-model catch-up and multi-turn chat prefi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,12 @@ class Backend(Protocol):
 
     def token_text(self, token: int) -> str:
         """The vocabulary entry of `token` as stored in the model (not detokenized), for vocabulary checks."""
+        ...
+
+    def lltokenizer(self) -> LLTokenizer:
+        """The vocabulary as an llguidance tokenizer, for grammars (`specdec_cli.constraint`): built on first use
+        (~1 s for a 152k vocabulary), then cached. Its end-of-sequence tokens are the model's end-of-generation
+        tokens."""
         ...
 
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,

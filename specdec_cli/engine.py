@@ -31,13 +31,16 @@ from specdec_cli.controller import FixedK, KController
 from specdec_cli.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step
-from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, verify
+from specdec_cli.constraint import start as start_constraint
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step, TokenLogprob
+from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify
 
 if TYPE_CHECKING:
+    from specdec_cli.constraint import Constraint, Grammar
     from specdec_cli.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
+GRAMMAR = "grammar"  # the source of a draft of the tokens a grammar forces
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +53,17 @@ class GenerationConfig:
         sampling: temperature 0 = greedy; otherwise rejection sampling keeps the target's distribution.
         prediction: the output the user expects (predicted outputs: `--predict FILE`, OpenAI's `prediction`), as
             target tokens; drafted from when the drafter has a prediction source, never evaluated. None = none.
+        grammar: constrain the output to this grammar or JSON schema (`constraint.Grammar`); None = free text.
+        logprobs: None = off; 0 = each emitted token's log-probability (`Step.logprobs`); 1..20 = also its top-n
+            alternatives. Read from the verify rows already computed.
     """
 
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=lambda: GREEDY)
     prediction: tuple[int, ...] | None = None
+    grammar: Grammar | None = None
+    logprobs: int | None = None
 
 
 class SpeculativeEngine:
@@ -108,6 +116,8 @@ class SpeculativeEngine:
             )
         sampling = config.sampling
         rng = make_rng(sampling.seed)
+        # the grammar's state (None without one: then nothing below costs anything)
+        grammar = start_constraint(config.grammar, target.lltokenizer, target.n_vocab)
         # ctx: int32 [n_ctx] committed tokens (prompt + output); ctx[:n] is live
         ctx = np.zeros(target.n_ctx, dtype=np.int32)
         ctx[:n] = prompt
@@ -117,24 +127,30 @@ class SpeculativeEngine:
             yield self._prefill(prompt, config.prediction)
             for index in itertools.count():
                 t_start = self.clock()
-                # 1-2. choose K and draft
-                k, draft = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng)
+                # 1-2. choose K and draft (cut at the first token the grammar forbids)
+                k, draft = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng, grammar)
                 d = draft.tokens  # int32 [k']
                 t_draft = self.clock()
                 # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows
                 batch = np.concatenate((ctx[n - 1 : n], d))
                 logits = target.decode(batch, n_logits=len(batch))  # float32 [k + 1, V] view
                 t_verify = self.clock()
-                # 4. accept
-                n_acc, token = verify(draft, logits, sampling, rng)
+                # 4. accept, under the grammar's mask of each row when there is one: masks int32 [k + 1, V/32]
+                masks = grammar.masks(d) if grammar is not None else None
+                n_acc, token = verify(draft, logits, sampling, rng, masks)
                 # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
                 target.truncate(n + n_acc)
+                if grammar is not None:
+                    grammar.commit(len(d) - n_acc, token)
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
                 new = [*map(int, d[:n_acc]), token]
                 emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out)
                 ctx[n : n + len(new)] = new
                 n += len(new)
                 n_out += len(emitted)
+                if finish is None and grammar is not None and grammar.done:  # complete: nothing more allowed
+                    finish = "eog"
+                    segments.extend(text.flush())
                 if finish is None and n >= target.n_ctx:  # no room for the next verify batch
                     finish = "context"
                     segments.extend(text.flush())
@@ -149,13 +165,14 @@ class SpeculativeEngine:
                     draft_ms=(t_draft - t_start) * 1e3,
                     verify_ms=(t_verify - t_draft) * 1e3,
                     source=draft.source if len(d) else "",
+                    logprobs=() if config.logprobs is None else _logprobs(logits, masks, emitted, config.logprobs),
                 )
-                if drafter is not None:
-                    self.controller.observe(step)  # 6. adapt
+                if drafter is not None and step.source != GRAMMAR:
+                    self.controller.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
                 yield step
                 if finish is not None:
                     if drafter is not None and finish != "context":  # the output, and the end-of-generation token
-                        end = len(prompt) + n_out + (finish == "eog")
+                        end = len(prompt) + n_out + (finish == "eog" and len(emitted) < len(new))
                         drafter.finish(prompt, ctx[len(prompt) : end].copy())
                     yield Finish(finish)
                     return
@@ -191,8 +208,10 @@ class SpeculativeEngine:
         return self.prompt_cache.save(self.target) if self.prompt_cache is not None else 0
 
     def _choose_and_draft(self, context: np.ndarray, budget: int, sampling: SamplingParams,
-                          rng: np.random.Generator) -> tuple[int, Draft]:
+                          rng: np.random.Generator, grammar: Constraint | None = None) -> tuple[int, Draft]:
         """Choose K, draft, and keep what is worth verifying. context: int32 [n]; budget: output tokens left.
+        With a grammar: the tokens it forces are the draft when there are any (source "grammar"); otherwise every
+        draft is cut at its first token the grammar forbids, before it is verified.
         Returns (the K recorded for the step, the draft to verify)."""
         if self.drafter is None:
             return 0, NO_DRAFT
@@ -200,11 +219,17 @@ class SpeculativeEngine:
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
         # never draft more than the token budget, the context window and one llama.cpp batch can take
         limit = min(budget - 1, room - 1, target.n_batch - 1)
+        if grammar is not None and limit > 0:
+            forced = grammar.forced()[:limit]  # a schema's next key, closing brackets: free and nearly always right
+            if len(forced):
+                return len(forced), Draft(tokens=forced, source=GRAMMAR)
         k = min(self.controller.next_k(), limit)
         if k <= 0:
             return 0, NO_DRAFT
         # the free lookup drafts (prompt lookup, suffix store, prediction: ~0.1 ms each), each at most k tokens
         drafts = [d if len(d) <= k else cut(d, k) for d in drafter.lookup(context, k, sampling, rng)]
+        if grammar is not None:
+            drafts = [c for c in (cut(d, grammar.cut(d.tokens)) for d in drafts) if len(c)]
         # the controller picks the source with the best expected tokens/s: a lookup draft (trimmed), the draft model
         # (which only now pays for its K forward passes), or a plain step
         k, draft = self.controller.choose(drafts, drafter.has_model, k)
@@ -212,6 +237,8 @@ class SpeculativeEngine:
             draft = drafter.propose(context, min(k, limit), sampling, rng) if k > 0 and drafter.has_model else NO_DRAFT
             if len(draft) > k:
                 draft = cut(draft, k)
+            if grammar is not None and len(draft):
+                draft = cut(draft, grammar.cut(draft.tokens))
         return k, draft
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
@@ -243,6 +270,15 @@ class SpeculativeEngine:
         if finish in ("eog", "length"):
             segments.extend(text.flush())  # no stop string can follow: release held-back text
         return emitted, segments, finish
+
+
+def _logprobs(logits: np.ndarray, masks: np.ndarray | None, emitted: list[int], n_top: int) -> tuple[TokenLogprob, ...]:
+    """One `TokenLogprob` per emitted token, from the verify row that predicted it (row j for the j-th token)."""
+    out = []
+    for j, tok in enumerate(emitted):
+        lp, top = token_logprob(logits[j], tok, n_top, None if masks is None else masks[j])
+        out.append(TokenLogprob(token=tok, logprob=lp, top=top))
+    return tuple(out)
 
 
 def _round_up(n: int) -> int:

@@ -200,6 +200,7 @@ class LlamaBackend:
         self._tokens = np.zeros(self._n_ctx, dtype=np.int32)
         self._n = 0
         self._pieces: dict[int, bytes] = {}
+        self._lltokenizer = None  # built on first use (grammars)
         self._piece_buf = ctypes.create_string_buffer(256)
         self.n_decode_calls = 0  # llama_decode calls (for stats and tests)
         self.n_evaluated = 0  # tokens evaluated in total
@@ -401,6 +402,19 @@ class LlamaBackend:
             eos=int(llama_cpp.llama_vocab_eos(self._vocab)),
             fingerprint=h.hexdigest(),
         )
+
+    def lltokenizer(self):
+        """The vocabulary as an llguidance `LLTokenizer` (`llguidance.llamacpp.lltokenizer_from_vocab`: every token's
+        piece, control tokens marked special, llama.cpp's own tokenizer for forced text), with the model's
+        end-of-generation tokens as its end-of-sequence tokens. Built once (~1 s for a 152k vocabulary), cached."""
+        if self._lltokenizer is None:
+            from llguidance.llamacpp import lltokenizer_from_vocab
+
+            eog = [t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
+            eos = int(llama_cpp.llama_vocab_eos(self._vocab))
+            eog.sort(key=lambda t: t != eos)  # the EOS first: llguidance's own end token
+            self._lltokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self._n_vocab, eos_token=eog or None)
+        return self._lltokenizer
 
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:

@@ -40,6 +40,25 @@ class Prefill:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token, from the verify row that predicted it (no extra pass).
+
+    Of the distribution the token was chosen from before sampling's truncation: softmax of the row's logits at
+    temperature 1, masked by the grammar and renormalised when one constrains the generation.
+
+    Attributes:
+        token: the emitted token id.
+        logprob: its natural log-probability (<= 0).
+        top: the n most likely tokens of that distribution as (token, logprob), most likely first (n = the
+            `logprobs` asked for; empty for 0).
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One draft → verify → accept step (one target forward pass).
 
@@ -56,7 +75,10 @@ class Step:
             all steps gives the output text exactly.
         draft_ms: wall time the drafter took, in milliseconds.
         verify_ms: wall time of the target's forward pass over len(drafted) + 1 tokens, in milliseconds.
-        source: the drafter that proposed this draft ("" for plain decoding).
+        source: the drafter that proposed this draft ("" for plain decoding; "grammar" for the tokens a grammar
+            forces).
+        logprobs: one `TokenLogprob` per emitted token, in order, when `GenerationConfig.logprobs` asks for them;
+            () otherwise.
     """
 
     index: int
@@ -69,6 +91,7 @@ class Step:
     draft_ms: float
     verify_ms: float
     source: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def text(self) -> str:
@@ -94,7 +117,8 @@ class Finish:
     """The generation ended (the last record; it follows the `Step` that ended it).
 
     Attributes:
-        finish_reason: "eog" (end-of-generation token), "stop" (a --stop string), "length" (--max-tokens) or
+        finish_reason: "eog" (end-of-generation token, or a grammar that is complete and allows nothing more),
+            "stop" (a --stop string), "length" (--max-tokens) or
             "context" (the context window is full).
     """
 

@@ -25,6 +25,7 @@ THEME = Theme(
         "spec.accepted.store": "magenta",  # the suffix store of past outputs
         "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
         "spec.accepted.draft": "blue",  # a draft model
+        "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
         "spec.target": "bold",
         "spec.rejected": "red strike",
         "spec.legend": "dim",
@@ -52,7 +53,7 @@ def wants_color(stream: TextIO, plain: bool) -> bool:
 
 
 ACCEPTED_BY_SOURCE = {"store": "spec.accepted.store", "predict": "spec.accepted.predict",
-                      "draft": "spec.accepted.draft"}  # other sources: "spec.accepted"
+                      "draft": "spec.accepted.draft", "grammar": "spec.accepted.grammar"}  # others: "spec.accepted"
 
 
 def segment_style(kind: str, source: str) -> str:
@@ -62,13 +63,15 @@ def segment_style(kind: str, source: str) -> str:
     return f"spec.{kind}"
 
 
-def legend(method: str = "") -> Text:
-    """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts."""
+def legend(method: str = "", *, grammar: bool = False) -> Text:
+    """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts (and the
+    grammar's forced tokens when a grammar constrains the reply)."""
     t = Text("legend: ", style="spec.legend")
     if method in ("auto", "predict"):
         t.append("accepted: ", style="spec.legend")
-        for name, style in (("prompt lookup", "spec.accepted"), ("past outputs", "spec.accepted.store"),
-                            ("prediction", "spec.accepted.predict"), ("draft model", "spec.accepted.draft")):
+        sources = (("prompt lookup", "spec.accepted"), ("past outputs", "spec.accepted.store"),
+                   ("prediction", "spec.accepted.predict"), ("draft model", "spec.accepted.draft"))
+        for name, style in sources + ((("grammar (forced)", "spec.accepted.grammar"),) if grammar else ()):
             t.append(name, style=style)
             t.append(" ", style="spec.legend")
         t.append(" ", style="spec.legend")
@@ -125,7 +128,8 @@ def _bar(frac: float, width: int = 20) -> str:
     return "█" * full + "·" * (width - full)
 
 
-SOURCE_NAMES = {"prompt": "prompt lookup", "store": "past outputs", "predict": "prediction", "draft": "draft model"}
+SOURCE_NAMES = {"prompt": "prompt lookup", "store": "past outputs", "predict": "prediction", "draft": "draft model",
+                "grammar": "grammar (forced)"}
 
 
 def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Table:

@@ -22,6 +22,13 @@ from Transformers via Speculative Decoding", Algorithm 1; Chen et al. 2023, "Acc
 Decoding with Speculative Sampling"): accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first
 rejection emit a token from norm(max(0, p_i − q_i)). Every emitted token is then distributed exactly as the
 target's processed distribution p_i, whatever the drafter: see `verify_stochastic`.
+
+Constrained generation (a grammar, `specdec_cli.constraint`) makes the target distribution the constrained one: each
+verified row's logits are masked by the grammar's allowed tokens at that position (a bitmask, llguidance's layout:
+int32 [rows, ceil(V/32)], token t allowed iff bit t % 32 of word t // 32 is set) before anything else, so greedy
+verification takes the masked argmax and rejection sampling the masked, renormalised distribution. Both stay
+lossless with respect to that distribution (the drafter's q is unchanged: a draft token it proposed outside the
+grammar is cut before verification).
 """
 
 from __future__ import annotations
@@ -200,6 +207,42 @@ def _untruncated(logits: np.ndarray, top_p: float, min_p: float) -> tuple[np.nda
         c = min(m, 16 * c)
 
 
+def allowed(masks: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """bool [n]: whether tokens[i] is allowed by the bitmask row masks[i] (masks: int32 [n, W]; tokens: int [n])."""
+    t = np.asarray(tokens, dtype=np.int64)
+    words = masks[np.arange(len(t)), t >> 5].astype(np.int64)  # [n]
+    return ((words >> (t & 31)) & 1).astype(bool)
+
+
+def apply_mask(row: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """A new float32 [V] row: `row`'s logits where the bitmask `mask` (int32 [W], W >= V/32) allows the token,
+    -inf elsewhere. `row` (float32 [V], possibly a read-only view) is not written to."""
+    keep = np.unpackbits(mask.astype("<i4", copy=False).view(np.uint8), count=row.shape[0], bitorder="little")
+    return np.where(keep.view(bool), row, np.float32(-np.inf))
+
+
+def _row(logits: np.ndarray, masks: np.ndarray | None, i: int) -> np.ndarray:
+    """Row i of the target's logits, masked by the grammar when there is one."""
+    return logits[i] if masks is None else apply_mask(logits[i], masks[i])
+
+
+def token_logprob(row: np.ndarray, token: int, n_top: int = 0,
+                  mask: np.ndarray | None = None) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The log-probability of `token` under softmax(row) at temperature 1, masked by `mask` (int32 [W]) and
+    renormalised when given, and the `n_top` most likely tokens as (token, logprob), most likely first.
+
+    row: float32 [V] logits (not written to). Computed in float64. Returns (logprob <= 0, top).
+    """
+    x = row if mask is None else apply_mask(row, mask)
+    m = float(x.max())
+    log_z = m + math.log(float(np.exp(x - np.float32(m), dtype=np.float64).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top > 0:
+        ids, lk = _sorted_desc(x, _top_ids(x, min(n_top, x.shape[0])))
+        top = tuple((int(t), float(v - log_z)) for t, v in zip(ids, lk) if v > -np.inf)
+    return float(x[token]) - log_z, top
+
+
 def sample(dist: Dist, rng: np.random.Generator) -> int:
     """Draw one token id from `dist` (one uniform from `rng`)."""
     return _draw(dist.ids, dist.probs.cumsum(), rng)
@@ -248,6 +291,7 @@ def verify_stochastic(
     logits: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator,
+    masks: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """Rejection-sampling verification of one draft (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
 
@@ -270,6 +314,8 @@ def verify_stochastic(
         params: sampling parameters with temperature > 0 (at temperature 0 every p_i is one-hot, which makes this
             greedy verification, more slowly: use `verify`).
         rng: the generation's random stream.
+        masks: int32 [k+1, W] the grammar's allowed tokens for each row, or None: p_i is then the processed
+            distribution of the masked row (the constrained target distribution).
 
     Returns:
         (n_accepted, token): the accepted prefix length, and the correction (n_accepted < k) or bonus token.
@@ -283,7 +329,7 @@ def verify_stochastic(
     if draft_dists is not None and len(draft_dists) != k:
         raise ValueError(f"{k} draft tokens but {len(draft_dists)} draft distributions")
     for i in range(k):
-        p = process(logits[i], params)  # p_i over its candidates: [n]
+        p = process(_row(logits, masks, i), params)  # p_i over its candidates: [n]
         q = None if draft_dists is None else draft_dists[i]
         token = int(draft_tokens[i])
         a = _acceptance(p.prob_of(token), 1.0 if q is None else q.prob_of(token))
@@ -293,24 +339,30 @@ def verify_stochastic(
         if not cum[-1] > 0.0:  # p <= q everywhere (p == q, or q(d_i) = 0 with p one-hot): sample p_i
             cum = p.probs.cumsum()
         return i, _draw(p.ids, cum, rng)
-    return k, sample(process(logits[k], params), rng)
+    return k, sample(process(_row(logits, masks, k), params), rng)
 
 
-def verify(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
-    """Verify `draft` against target logits float32 [len(draft)+1, V]: greedy at temperature 0, else rejection
-    sampling. Returns (n_accepted, correction or bonus token). Raises ValueError on shape mismatches."""
+def verify(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+           masks: np.ndarray | None = None) -> tuple[int, int]:
+    """Verify `draft` against target logits float32 [len(draft)+1, V], masked by the grammar's `masks` (int32
+    [len(draft)+1, W]) when given: greedy at temperature 0, else rejection sampling. Returns (n_accepted, correction
+    or bonus token). Raises ValueError on shape mismatches."""
     if params.greedy:
-        return verify_greedy(draft.tokens, logits)
-    return verify_stochastic(draft.tokens, draft.dists, logits, params, rng)
+        return verify_greedy(draft.tokens, logits) if masks is None else verify_greedy(draft.tokens, logits, masks)
+    if masks is None:
+        return verify_stochastic(draft.tokens, draft.dists, logits, params, rng)
+    return verify_stochastic(draft.tokens, draft.dists, logits, params, rng, masks)
 
 
-def verify_greedy(draft: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
+def verify_greedy(draft: np.ndarray, logits: np.ndarray, masks: np.ndarray | None = None) -> tuple[int, int]:
     """Greedy verification of one draft.
 
     Args:
         draft: int32 [k] draft tokens d_1..d_k.
         logits: float32 [k+1, V] target logits; row i predicts the token after d_i (row 0: after the last committed
             token).
+        masks: int32 [k+1, W] the grammar's allowed tokens for each row, or None. The masked argmax is the row's
+            argmax when the grammar allows it (one bit test); only rows whose favourite is forbidden are masked.
 
     Returns:
         (n_accepted, token): how many draft tokens the target's argmax agrees with (a prefix), and the target's own
@@ -318,6 +370,9 @@ def verify_greedy(draft: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
     """
     # argmax over every verified row at once: [k+1]
     best = np.argmax(logits, axis=1)
+    if masks is not None:
+        for i in np.flatnonzero(~allowed(masks, best)):  # the model's favourite is outside the grammar
+            best[i] = np.argmax(apply_mask(logits[i], masks[i]))
     k = len(draft)
     disagree = np.flatnonzero(best[:k] != draft)
     n = int(disagree[0]) if len(disagree) else k

@@ -31,6 +31,27 @@ def word(token: int) -> bytes:
     return f"w{token} ".encode()
 
 
+def char_pieces() -> list[bytes]:
+    """A byte-complete toy vocabulary for grammar tests (128 tokens): token 1 is EOS (renders as nothing), tokens
+    32..126 are the printable ASCII characters, 9 and 10 tab and newline, and the other ids are multi-character
+    merges, so forced text has more than one tokenization (as with a real BPE vocabulary)."""
+    pieces = [b""] * 128
+    for c in range(32, 127):
+        pieces[c] = bytes([c])
+    pieces[9], pieces[10] = b"\t", b"\n"
+    merges = [b'{"', b'":', b'", "', b'"}', b'": "', b', "', b"true", b"false", b"null", b"name", b"age", b"  ",
+              b"\n  ", b"Ann", b"Bob", b"er", b"in", b"on", b"an", b"12", b"00", b"ag", b"am", b"e\"", b"me", b"}\n",
+              b"\":", b'"name', b'"age']
+    free = [i for i in range(128) if i not in (1, 9, 10) and not 32 <= i <= 126]
+    for i, m in zip(free, merges):
+        pieces[i] = m
+    pieces[0] = b"\x00"
+    return pieces
+
+
+CHARS = char_pieces()
+
+
 def hashed_logits(prefix: Sequence[int], vocab: int = V, seed: int = 0, peak: float = 4.0) -> np.ndarray:
     """float32 [vocab] logits from a hash of the whole prefix, with one clear favourite (margin ~peak)."""
     h = hashlib.blake2b(np.asarray(prefix, np.int32).tobytes() + seed.to_bytes(4, "little"), digest_size=8)
@@ -57,8 +78,12 @@ class FakeBackend:
     """
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
-                 n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS) -> None:
+                 n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS,
+                 pieces: Sequence[bytes] | None = None) -> None:
+        """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`."""
         self.fn = fn
+        self.pieces = list(pieces) if pieces is not None else None
+        self._lltok = None
         self.path = path
         self._n_ctx = n_ctx
         self._n_batch = n_batch
@@ -101,6 +126,8 @@ class FakeBackend:
         del self._tokens[n:]
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if self.pieces is not None:
+            return greedy_tokenize(self.pieces, text.encode("utf-8"), {self._eos})
         # "w5 w7" -> [5, 7]; anything else: one token per character, folded into the vocabulary
         out = []
         for part in text.split():
@@ -111,13 +138,34 @@ class FakeBackend:
         return out
 
     def piece(self, token: int) -> bytes:
+        if self.pieces is not None:
+            return b"" if int(token) == self._eos else self.pieces[int(token)]
         return word(int(token))
 
     def is_eog(self, token: int) -> bool:
         return int(token) == self._eos
 
     def token_text(self, token: int) -> str:
-        return word(int(token)).decode("utf-8", "replace")
+        return self.piece(int(token)).decode("utf-8", "replace")
+
+    def lltokenizer(self):
+        """An llguidance tokenizer over this vocabulary (greedy longest-match tokenization of forced text; grammars
+        need a byte-complete vocabulary such as `CHARS`)."""
+        if self._lltok is None:
+            from llguidance import LLTokenizer, TokenizerWrapper
+
+            pieces = self.pieces if self.pieces is not None else [word(t) for t in range(self._vocab)]
+            eos = self._eos
+
+            class Table:
+                eos_token_id, bos_token_id, tokens, special_token_ids = eos, None, pieces, [eos]
+
+                def __call__(self, data):
+                    data = data.encode("utf-8") if isinstance(data, str) else data
+                    return greedy_tokenize(pieces, data, {eos})
+
+            self._lltok = LLTokenizer(TokenizerWrapper(Table()))
+        return self._lltok
 
     def vocab_info(self) -> VocabInfo:
         return VocabInfo(vocab_type=2, n_vocab=self._vocab, bos=-1, eos=self._eos, fingerprint=f"fake-{self._vocab}")
@@ -133,6 +181,20 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+
+def greedy_tokenize(pieces: Sequence[bytes], data: bytes, skip=frozenset()) -> list[int]:
+    """Longest-match tokenization of `data` over `pieces` (ids in `skip` never used). ValueError at a byte no piece
+    starts with."""
+    out, i = [], 0
+    while i < len(data):
+        best = max((t for t, p in enumerate(pieces) if p and t not in skip and data.startswith(p, i)),
+                   key=lambda t: len(pieces[t]), default=-1)
+        if best < 0:
+            raise ValueError(f"no token for byte {data[i:i + 1]!r}")
+        out.append(best)
+        i += len(pieces[best])
+    return out
 
 
 def greedy_reference(fn, prompt: Sequence[int], max_tokens: int, eos: int = EOS) -> list[int]:
