@@ -177,7 +177,8 @@ def _schema_path(schema: Any, error: str) -> str:
     for path, key, value in _leaves(schema, ()):
         quoted_key = f"'{key}'" in message or f'"{key}"' in message
         named_value = isinstance(value, (str, int, float)) and not isinstance(value, bool) and (
-            f": {value}" in message or f"'{value}'" in message or f'"{value}"' in message)
+            f": {value}" in message or f"'{value}'" in message or f'"{value}"' in message
+            or (isinstance(value, str) and value.startswith("#/") and f"'{value[1:]}'" in message))  # a $ref
         if quoted_key or named_value:
             candidate = ".".join(path)
             if len(candidate) > len(best):

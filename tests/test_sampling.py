@@ -439,3 +439,88 @@ def test_verify_dispatches_on_temperature():
     assert verify(draft, certain, params, make_rng(0)) == (2, 0)
     q = Draft(tokens=np.array([2, 3], dtype=np.int32), dists=(one_of([1.0], [2]), one_of([1.0], [3])))
     assert verify(q, certain, params, make_rng(0)) == (2, 0)
+
+
+# --- a grammar's mask: the target distribution is the masked, renormalised one --------------------------------------
+
+
+def bitmask(rows: list[list[int]], vocab: int = V) -> np.ndarray:
+    """int32 [len(rows), ceil(vocab/32)] llguidance-layout bitmask allowing the listed token ids of each row."""
+    out = np.zeros((len(rows), (vocab + 31) // 32), dtype=np.int64)
+    for i, ids in enumerate(rows):
+        for t in ids:
+            out[i, t >> 5] |= 1 << (t & 31)
+    return out.astype(np.uint32).view(np.int32)
+
+
+# row 0 forbids 0 (the target's favourite) and 5; row 1 forbids 2 (its favourite)
+MASKS = bitmask([[1, 2, 3, 4], [0, 1, 3, 4, 5], list(range(V))])
+
+
+def masked_run(n_trials: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
+    """The "overlap" drafter (q puts mass on forbidden tokens too: verification must still be exact) under MASKS:
+    counts [V] of the first and (after an accepted d_1) second emitted token."""
+    dists, _, params = scenarios()["overlap"]
+    draft_rng, rng = np.random.default_rng(seed), make_rng(seed + 1)
+    drafts = np.stack(
+        [q.ids[np.minimum(np.searchsorted(np.cumsum(q.probs), draft_rng.random(n_trials)), len(q.ids) - 1)]
+         for q in dists], axis=1)  # [N, 2]
+    n, token = np.array([sampling.verify_stochastic(d, dists, TARGET, params, rng, MASKS) for d in drafts]).T
+    first = np.where(n > 0, drafts[:, 0], token)
+    second = np.where(n > 1, drafts[:, 1], token)[n > 0]
+    return np.bincount(first, minlength=V), np.bincount(second, minlength=V)
+
+
+def masked_reference(i: int, params: SamplingParams) -> np.ndarray:
+    """The constrained target distribution of row i: the row with forbidden logits at -inf, then processed."""
+    keep = np.unpackbits(MASKS[i].astype("<i4").view(np.uint8), count=V, bitorder="little").astype(bool)
+    return reference(np.where(keep, np.asarray(TARGET[i]), -np.inf), params)[0]
+
+
+def test_mask_rows_and_bits():
+    row = np.arange(V, dtype=np.float32)
+    assert sampling.allowed(MASKS[:2], np.array([1, 2])).tolist() == [True, False]
+    assert sampling.allowed(MASKS[:2], np.array([0, 0])).tolist() == [False, True]
+    masked = sampling.apply_mask(row, MASKS[0])
+    assert masked.dtype == np.float32 and np.isneginf(masked[[0, 5]]).all() and masked[[1, 2, 3, 4]].tolist() == [1, 2, 3, 4]
+    big = bitmask([[0, 31, 32, 151_935]], 151_936)[0]  # bit 31 is the sign bit of an int32 word
+    assert np.flatnonzero(np.isfinite(sampling.apply_mask(np.zeros(151_936, np.float32), big))).tolist() == [0, 31, 32, 151_935]
+    assert sampling.allowed(np.stack([big] * 3), np.array([31, 30, 151_935])).tolist() == [True, False, True]
+
+
+def test_greedy_verification_takes_the_masked_argmax():
+    logits = np.asarray(TARGET, dtype=np.float32)  # argmax by row: 0, 2, 3
+    assert verify_greedy(np.array([0, 2], np.int32), logits) == (2, 3)
+    # row 0 forbids 0: the masked argmax is 1 (the draft's 0 cannot even be proposed; 1 is accepted)
+    assert verify_greedy(np.array([1, 3], np.int32), logits, MASKS) == (1, 5)  # row 1 forbids 2: 5 (1.1) wins
+    assert verify_greedy(np.array([1, 5], np.int32), logits, MASKS) == (2, 3)
+
+
+def test_sampling_under_a_mask_follows_the_masked_target(monkeypatch):
+    _memoised_process(monkeypatch)
+    params = scenarios()["overlap"][2]
+    first, second = masked_run(N_TRIALS)
+    for counts, i in ((first, 0), (second, 1)):
+        p = p_value(counts, masked_reference(i, params))
+        assert p > ALPHA, f"emitted token {i + 1} does not follow the masked target (p-value {p:.2e})"
+
+
+def test_sampling_that_ignores_the_mask_is_detected(monkeypatch):
+    _memoised_process(monkeypatch)
+    monkeypatch.setattr(sampling, "_row", lambda logits, masks, i: logits[i])  # the bug: rows never masked
+    params = scenarios()["overlap"][2]
+    first, _ = masked_run(N_BROKEN)
+    assert p_value(first, masked_reference(0, params)) < ALPHA
+
+
+def test_logprob_is_the_masked_log_softmax():
+    row = np.asarray(TARGET[0], dtype=np.float32)
+    lp, top = sampling.token_logprob(row, 2, 3, MASKS[0])
+    x = np.asarray(TARGET[0], dtype=np.float64)[[1, 2, 3, 4]]
+    logz = np.log(np.exp(x).sum())
+    assert lp == pytest.approx(float(x[1] - logz), abs=1e-6)
+    assert [t for t, _ in top] == [1, 4, 2]
+    assert [v for _, v in top] == pytest.approx([float(x[0] - logz), float(x[3] - logz), float(x[1] - logz)], abs=1e-6)
+    lp_free, top_free = sampling.token_logprob(row, 0, 0)
+    full = np.asarray(TARGET[0], dtype=np.float64)
+    assert lp_free == pytest.approx(float(full[0] - np.log(np.exp(full).sum())), abs=1e-6) and top_free == ()
