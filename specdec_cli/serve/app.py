@@ -129,14 +129,17 @@ def _model_card(model_id: str, created: int) -> dict:
 
 
 def validation_error(errors: list[dict]) -> ApiError:
-    """OpenAI's error for pydantic's validation errors: 400 for a body that is not JSON, else 422 naming the field
-    (`param`, e.g. "messages.0.role") and what is wrong with it."""
+    """OpenAI's error for pydantic's validation errors: 400 for a body that is not JSON or a field that does not
+    exist, else 422 naming the field (`param`, e.g. "messages.0.role") and what is wrong with it."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return ApiError(400, f"The request body is not valid JSON: {first.get('msg', '')} "
                         f"(at character {loc[0] if loc else '?'}).", code="invalid_json")
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":  # as OpenAI answers a field it does not know
+        return ApiError(400, f"Unrecognized request argument supplied: {param}. specdec serve implements OpenAI's "
+                        "fields (and top_k, min_p); leave it out.", param=param, code="unknown_parameter")
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     where = f"{param}: " if param else ""
     return ApiError(422, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")

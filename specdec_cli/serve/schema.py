@@ -105,7 +105,7 @@ class ChatRequest(_Generation):
     tool_choice: Any = None
     parallel_tool_calls: Optional[bool] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: Optional[int] = None  # 0-20, checked in `logprobs_of` (400 naming it)
     safety_identifier: Optional[str] = None  # a label (accepted)
     prompt_cache_key: Optional[str] = None  # a routing hint (accepted: the KV cache keeps common prefixes anyway)
     # refused unless neutral (`REFUSED`)
@@ -126,7 +126,7 @@ class ChatRequest(_Generation):
 
 class CompletionRequest(_Generation):
     prompt: Union[str, list[str]]
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: Optional[int] = None  # 0-20, checked in `logprobs_of`
     # refused unless neutral (`REFUSED`)
     best_of: Optional[int] = None
     echo: Optional[bool] = None
@@ -332,11 +332,14 @@ def response_schema(response_format: Optional[dict]) -> tuple[Optional[dict], Op
 def logprobs_of(req: Union[ChatRequest, CompletionRequest]) -> Optional[int]:
     """`GenerationConfig.logprobs` for a request: None (off), 0 (each token's), or the number of top alternatives.
     Chat: `logprobs: true` with `top_logprobs` (0-20); completions: `logprobs` (0-20)."""
+    name, n = ("logprobs", req.logprobs) if isinstance(req, CompletionRequest) else ("top_logprobs", req.top_logprobs)
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"{name} = {n}: it must be between 0 and {MAX_TOP_LOGPROBS}.", param=name)
     if isinstance(req, CompletionRequest):
-        return req.logprobs
-    if req.top_logprobs is not None and not req.logprobs:
+        return n
+    if n is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true.", param="top_logprobs")
-    return (req.top_logprobs or 0) if req.logprobs else None
+    return (n or 0) if req.logprobs else None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 # llguidance's JSON options: one-line JSON with ", " and ": " between items, as Qwen2.5's template writes the calls
 # of earlier turns (Jinja's `tojson`) and as `constraint.json_schema` lays out JSON by default
 INLINE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+FREE = {"whitespace_flexible": True}
+FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"  # a call as a Markdown JSON block (auto only, the whole reply)
+FENCED_CALL = FENCE_OPEN + "{"
 Choice = Literal["auto", "none", "required"]
 
 
@@ -202,6 +205,12 @@ def call_schema(name: str, parameters: dict) -> dict:
 def grammar(tools: Tools, tags: Tags, *, reply: Optional[dict] = None) -> Grammar:
     """The Lark grammar (llguidance's dialect) of a reply under `tools` (see the module docstring).
 
+    Under `auto` the reply may also be one call written as a bare JSON object or in a Markdown JSON block
+    (FENCE_OPEN + the object + FENCE_CLOSE), as Qwen2.5-Coder writes calls when its template offers tools (users of
+    vLLM and llama.cpp meet the same habit; llama.cpp's Hermes parser accepts both forms): a reply that starts with
+    "{" or with a JSON block holding an object is constrained like a call (its whitespace left free: the model's own
+    layout), so under `auto` such a reply is always a tool call.
+
     Args:
         reply: a JSON schema the non-tool reply must follow (`response_format`), or None for free text.
 
@@ -212,14 +221,16 @@ def grammar(tools: Tools, tags: Tags, *, reply: Optional[dict] = None) -> Gramma
     params = tools.parameters
     calls = [call_schema(n, params[n]) for n in tools.allowed]
     body = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    lines = ["%llguidance {}"]
-    if tags.special:
-        # TEXT cannot produce a special token: free text never contains <tool_call>
-        text = "TEXT: /(?s:.*)/"
+    # free text cannot start with "{" or FENCE_OPEN + "{" (then it is a call): llguidance's lexer is greedy, so TEXT
+    # must die right there for the call's own lexemes to take over
+    fence = r'/(```json\n)?\{(?s:.*)/'
+    if tags.special:  # a regex cannot produce a special token: free text never contains <tool_call>
+        text = f"TEXT: /(?s:.*)/ & ~{fence}"
     else:
-        text = f"TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"
+        text = f"TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/ & ~{fence}"
     plain = "reply" if reply is not None else "TEXT"
     more = ' ("\\n" call)*' if tools.parallel else ""
+    lines = ["%llguidance {}"]
     if tools.mode == "none":
         lines.append(f"start: {plain}")
     elif tools.mode == "required":
@@ -227,13 +238,15 @@ def grammar(tools: Tools, tags: Tags, *, reply: Optional[dict] = None) -> Gramma
     elif reply is not None:
         lines.append(f"start: reply | call{more}")
     elif tags.special:
-        lines.append(f"start: TEXT | TEXT call{more}")
+        lines.append(f"start: TEXT | fenced | free_arguments | TEXT call{more}")
     else:  # the text before the first call ends lazily, at the first <tool_call>
-        lines.append(f"start: TEXT | lead call_body{more}")
-        lines.append(f"lead[lazy]: /(?s:.*){re.escape(OPEN)}/")
+        lines.append(f"start: TEXT | fenced | free_arguments | lead call_body{more}")
+        lines.append(f"lead[lazy]: /(?s:.*){re.escape(OPEN)}/ & ~{fence}")
     lines.append(f"call: {tags.open} call_body")
     lines.append(f'call_body: "\\n" arguments "\\n" {tags.close}')
     lines.append(f"arguments: %json {json.dumps({**body, 'x-guidance': INLINE}, ensure_ascii=False)}")
+    lines.append(f"fenced: {json.dumps(FENCE_OPEN)} free_arguments {json.dumps(FENCE_CLOSE)}")
+    lines.append(f"free_arguments: %json {json.dumps({**body, 'x-guidance': FREE}, ensure_ascii=False)}")
     if reply is not None:
         lines.append(f"reply: %json {json.dumps({**reply, 'x-guidance': INLINE}, ensure_ascii=False)}")
     lines.append(text)
@@ -302,6 +315,9 @@ class ReplyParser:
     _state: Literal["text", "head", "args"] = "text"
     _spaces: str = ""  # whitespace-only content held back
     _args_sent: int = 0  # characters of the current call's arguments already sent
+    _fresh: bool = True  # nothing decided yet: the reply may be a fenced call
+    _open: str = OPEN  # the current block's tags: <tool_call> ... </tool_call>, or a fenced call's
+    _close: str = CLOSE
 
     def feed(self, text: str) -> list[Event]:
         """Events for the next piece of reply text (possibly none: text is held back while it could be a tag)."""
@@ -320,6 +336,16 @@ class ReplyParser:
     def _drain(self, *, final: bool) -> list[Event]:
         out: list[Event] = []
         while True:
+            if self._state == "text" and self._fresh:
+                if FENCED_CALL.startswith(self._buf) and not final:
+                    return out  # it may still become a fenced call
+                self._fresh = False
+                if self._buf.startswith(FENCED_CALL):
+                    self._buf = self._buf[len(FENCE_OPEN):]
+                    self._open, self._close, self._state = FENCE_OPEN, FENCE_CLOSE, "head"
+                elif self._buf.startswith("{"):  # a bare object: the whole reply is the call
+                    self._open, self._close, self._state = "", "", "head"
+                continue
             if self._state == "text":
                 at = self._buf.find(OPEN)
                 if at < 0:
@@ -332,17 +358,17 @@ class ReplyParser:
                 self._text(self._buf[:at], out)
                 self._spaces = ""  # whitespace next to a call is not content
                 self._buf = self._buf[at + len(OPEN):]
-                self._state = "head"
+                self._open, self._close, self._state = OPEN, CLOSE, "head"
             elif self._state == "head":
                 m = _HEAD.match(self._buf)
-                end = self._buf.find(CLOSE)
+                end = self._buf.find(self._close) if self._close else -1
                 if m is not None and m.end() == len(self._buf) and not final:
                     return out  # whitespace may still follow "arguments":
                 if m is None or (0 <= end < m.end()):
                     if end >= 0 or final:  # not the expected shape
                         block = self._buf[:end] if end >= 0 else self._buf
-                        self._fallback(block, CLOSE if end >= 0 else "", out)
-                        self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
+                        self._fallback(block, self._close if end >= 0 else "", out)
+                        self._buf = self._buf[end + len(self._close):] if end >= 0 else ""
                         self._state = "text"
                         continue
                     return out
@@ -354,18 +380,23 @@ class ReplyParser:
                 self._buf = self._buf[m.end():]
                 self._state = "args"
             else:  # args: the text up to the wrapper's closing brace before </tool_call>
-                end = self._buf.find(CLOSE)
+                end = self._buf.find(self._close) if self._close else -1
                 call = self.calls[-1]
                 if end >= 0:
                     args = self._buf[:end].rstrip()
                     args = args[:-1].rstrip() if args.endswith("}") else args
                     self._send_args(call, args, out)
-                    self._buf = self._buf[end + len(CLOSE):]
+                    self._buf = self._buf[end + len(self._close):]
                     self._state = "text"
                     continue
-                self._send_args(call, self._buf.rstrip() if final else self._buf[: _held_args_tail(self._buf)], out)
                 if final:
+                    args = self._buf.rstrip()
+                    if not self._close and args.endswith("}"):  # a bare object's own closing brace
+                        args = args[:-1].rstrip()
+                    self._send_args(call, args, out)
                     self._buf = ""
+                    return out
+                self._send_args(call, self._buf[: _held_args_tail(self._buf, self._close)], out)
                 return out
 
     def _start(self, name: str, out: list[Event]) -> ToolCall:
@@ -400,7 +431,7 @@ class ReplyParser:
             call = self._start(obj["name"], out)
             self._send_args(call, json.dumps(obj["arguments"], ensure_ascii=False), out)
         else:
-            self._text(OPEN + block + close, out)
+            self._text(self._open + block + close, out)
 
 
 def _held_tag_prefix(text: str) -> int:
@@ -411,13 +442,13 @@ def _held_tag_prefix(text: str) -> int:
     return 0
 
 
-def _held_args_tail(text: str) -> int:
+def _held_args_tail(text: str, close: str) -> int:
     """Where to stop sending arguments: before trailing whitespace, and before a last `}` followed only by
-    whitespace and the start of `</tool_call>` (it may be the wrapper's closing brace)."""
+    whitespace and the start of the closing tag `close` (it may be the wrapper's closing brace)."""
     end = len(text.rstrip())
     brace = text.rfind("}", 0, end)
     if brace >= 0:
         rest = text[brace + 1:].lstrip()
-        if CLOSE.startswith(rest):
+        if close.strip().startswith(rest):
             end = len(text[:brace].rstrip())
     return end
