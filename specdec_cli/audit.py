@@ -39,11 +39,14 @@ Two ways to get batch-1 margins, both in exactly the numerics of a plain run:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from specdec_cli.backend import Backend, common_prefix
+
+if TYPE_CHECKING:
+    from specdec_cli.constraint import Grammar
 
 NEAR_TIE_THRESHOLD = 1.0  # logits; see the module docstring and the README
 NEAR_TIE = "numerical near-tie"
@@ -77,8 +80,15 @@ def teacher_force(backend: Backend, prompt_tokens: Sequence[int] | np.ndarray,
     return argmax, margin
 
 
-def _score(backend: Backend, prompt_tokens, output_tokens, *, with_next: bool):
-    """`teacher_force`, plus (when `with_next`) a copy of the row after the last output token: float32 [V]."""
+def _score(backend: Backend, prompt_tokens, output_tokens, *, with_next: bool, grammar: Grammar | None = None):
+    """`teacher_force`, plus (when `with_next`) a copy of the row after the last output token: float32 [V]. With a
+    grammar, every row is first masked by the grammar's state after the output before it (the constrained target
+    distribution a constrained run follows)."""
+    from specdec_cli.constraint import start
+    from specdec_cli.sampling import apply_mask
+
+    constraint = start(grammar, backend.lltokenizer, backend.n_vocab)
+    none = np.zeros(0, dtype=np.int32)
     prompt = np.asarray(prompt_tokens, dtype=np.int32)
     out = np.asarray(output_tokens, dtype=np.int32)
     if len(prompt) == 0:
@@ -93,6 +103,10 @@ def _score(backend: Backend, prompt_tokens, output_tokens, *, with_next: bool):
     next_row = None
     for i in range(n + 1 if with_next else n):
         row = backend.decode(feed[i : i + 1], n_logits=1)[0]  # [V] view, valid until the next decode
+        if constraint is not None:  # the grammar's allowed tokens after out[:i]
+            row = apply_mask(row, constraint.masks(none)[0])
+            if i < n:
+                constraint.commit(0, int(out[i]))
         if i == n:
             next_row = np.array(row)
             break
@@ -345,7 +359,8 @@ class AuditReport:
 
 
 def audit_output(backend: Backend, prompt_tokens: Sequence[int] | np.ndarray, output_tokens: Sequence[int] | np.ndarray,
-                 *, ended_with_eog: bool = False, threshold: float = NEAR_TIE_THRESHOLD) -> AuditReport:
+                 *, ended_with_eog: bool = False, threshold: float = NEAR_TIE_THRESHOLD,
+                 grammar: Grammar | None = None) -> AuditReport:
     """Check every emitted token against the target's batch-1 argmax along the same output (`teacher_force`).
 
     Args:
@@ -355,12 +370,14 @@ def audit_output(backend: Backend, prompt_tokens: Sequence[int] | np.ndarray, ou
         ended_with_eog: the run stopped on an end-of-generation token: also check that stopping was the argmax
             after the last token.
         threshold: near-tie threshold in logits.
+        grammar: the grammar the run followed (`GenerationConfig.grammar`): each position is checked against the
+            argmax among the tokens the grammar allows there (masked by its state after the output before it).
 
     Returns:
         An `AuditReport`; `passed` when every flagged position is a near-tie.
     """
     out = np.asarray(output_tokens, dtype=np.int32)
-    argmax, margin, next_row = _score(backend, prompt_tokens, out, with_next=ended_with_eog)
+    argmax, margin, next_row = _score(backend, prompt_tokens, out, with_next=ended_with_eog, grammar=grammar)
     flags = [
         Flag(position=int(i), token=int(out[i]), argmax=int(argmax[i]), token_text=token_label(backend, int(out[i])),
              argmax_text=token_label(backend, int(argmax[i])), margin=float(margin[i]),

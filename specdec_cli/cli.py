@@ -50,6 +50,9 @@ RUN_EXAMPLES = """
   specdec run prompt.txt --json - > result.json       [dim]# text and every statistic as JSON[/dim]
   specdec run prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --k 6
   specdec run prompt.txt --compare --strict           [dim]# exit 7 if greedy output leaves plain decoding (not a near-tie)[/dim]
+  specdec run invoice.txt --json-schema invoice.schema.json   [dim]# JSON valid against the schema; keys drafted free[/dim]
+  specdec run q.txt --json-object --json r.json --logprobs 5  [dim]# any JSON object; logprobs in r.json[/dim]
+  specdec run q.txt --grammar answer.lark             [dim]# a Lark or GBNF grammar[/dim]
 """
 
 
@@ -82,6 +85,11 @@ def run(
     strict: bool = typer.Option(False, "--strict", help="Implies --compare. Exit with code 7 when the greedy "
                                 "output leaves plain decoding at a token that is not a numerical near-tie.",
                                 rich_help_panel=o.OUTPUT),
+    logprobs: o.Logprobs = None,
+    json_object: o.JsonObject = False,
+    json_schema: o.JsonSchema = None,
+    grammar: o.GrammarFile = None,
+    json_layout: o.JsonLayoutOpt = "inline",
     verbose: o.Verbose = False,
     no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
@@ -95,6 +103,10 @@ def run(
 
     if predict == "-" and prompt_file == "-":
         raise typer.BadParameter("the prompt and the prediction cannot both come from stdin", param_hint="--predict")
+    if logprobs is not None and not json_out:
+        raise typer.BadParameter("log-probabilities are written to the --json output; add --json PATH",
+                                 param_hint="--logprobs")
+    constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     text = read_prompt(prompt_file)
     prediction = read_prediction(predict) if predict is not None else None
     code = execute(
@@ -106,6 +118,8 @@ def run(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
             sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+            grammar=constrained,
+            logprobs=logprobs,
         ),
         output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or strict, strict=strict),
         raw=raw,
@@ -154,6 +168,10 @@ def chat(
     gpu_layers: o.GpuLayers = -1,
     plain: o.Plain = False,
     clean: o.Clean = False,
+    json_object: o.JsonObject = False,
+    json_schema: o.JsonSchema = None,
+    grammar: o.GrammarFile = None,
+    json_layout: o.JsonLayoutOpt = "inline",
     verbose: o.Verbose = False,
     no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
@@ -166,6 +184,7 @@ def chat(
     """
     from specdec_cli.commands.chat import execute
 
+    constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose, prompt_cache=not no_prompt_cache),
@@ -174,6 +193,7 @@ def chat(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
             sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+            grammar=constrained,
         ),
         system=system,
         plain=plain,
@@ -263,6 +283,7 @@ CHECK_EXAMPLES = """
   specdec check prompt.txt --method ngram --k 8 -n 128
   specdec check prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --json report.json
   specdec check prompt.txt --threshold 0.5            [dim]# a stricter near-tie threshold (logits)[/dim]
+  specdec check invoice.txt --json-schema invoice.schema.json   [dim]# a constrained run, audited constrained[/dim]
 """
 
 
@@ -288,6 +309,10 @@ def check(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = -1,
     json_out: o.JsonOut = None,
+    json_object: o.JsonObject = False,
+    json_schema: o.JsonSchema = None,
+    grammar: o.GrammarFile = None,
+    json_layout: o.JsonLayoutOpt = "inline",
     verbose: o.Verbose = False,
     no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
@@ -297,13 +322,16 @@ def check(
     empty cache (the numerics of plain decoding) and lists every position where the emitted token is not the
     target's argmax, with the target's logit margin there. llama.cpp's logits depend on the batch size, so a token
     may flip where the target's top two logits nearly tie: those pass. Exit code 0 when every flagged position is a
-    near-tie, 7 otherwise. The report goes to stdout (stderr with --json -).
+    near-tie, 7 otherwise. The report goes to stdout (stderr with --json -). With --json-object, --json-schema or
+    --grammar, both the run and the re-scoring are constrained: each position is checked against the argmax among
+    the tokens the grammar allows there.
     """
     from specdec_cli.commands.check import execute, refuse_sampling
     from specdec_cli.prompts_io import read_prompt
 
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()),
-                              sampling=SamplingParams(temperature=temperature))
+                              sampling=SamplingParams(temperature=temperature),
+                              grammar=o.grammar_option(json_object, json_schema, grammar, json_layout))
     refuse_sampling(config)  # before reading stdin or loading models
     code = execute(
         read_prompt(prompt_file),

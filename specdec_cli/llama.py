@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import hashlib
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -413,7 +414,9 @@ class LlamaBackend:
             eog = [t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
             eos = int(llama_cpp.llama_vocab_eos(self._vocab))
             eog.sort(key=lambda t: t != eos)  # the EOS first: llguidance's own end token
-            self._lltokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self._n_vocab, eos_token=eog or None)
+            with warnings.catch_warnings():  # it calls llama_token_get_attr, deprecated in 0.3.36, once per token
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._lltokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self._n_vocab, eos_token=eog or None)
         return self._lltokenizer
 
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,

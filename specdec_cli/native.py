@@ -228,11 +228,13 @@ def _common_args(model_path: Path, prompt_file: str, n_predict: int, threads: in
 
 
 def completion_command(
-    tools: NativeTools, model_path: Path, prompt_file: str, n_tokens: int, threads: int, ctx: int
+    tools: NativeTools, model_path: Path, prompt_file: str, n_tokens: int, threads: int, ctx: int,
+    schema_file: str | None = None,
 ) -> list[str]:
-    """The `llama-completion` argument list: plain greedy decoding of `n_tokens`, no chat template, no prompt echo."""
+    """The `llama-completion` argument list: plain greedy decoding of `n_tokens`, no chat template, no prompt echo;
+    constrained by the JSON schema in `schema_file` when given (`-jf`: llama.cpp's own schema-to-grammar)."""
     return [str(tools.completion), *_common_args(model_path, prompt_file, n_tokens, threads, ctx),
-            "-no-cnv", "--no-display-prompt"]
+            "-no-cnv", "--no-display-prompt", *(("-jf", schema_file) if schema_file is not None else ())]
 
 
 def speculative_command(
@@ -276,17 +278,21 @@ def run_plain(
     ctx: int,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    json_schema: dict | None = None,
 ) -> NativeResult:
-    """Plain greedy decoding with `llama-completion` on the rendered prompt text.
+    """Plain greedy decoding with `llama-completion` on the rendered prompt text, constrained by `json_schema` when
+    given (llama.cpp's `-jf`, its own JSON-schema grammar: "native constrained").
 
     Raises UsageError (bad model path, bad budget), NativeToolError (non-zero exit, timeout, unparsable output).
     """
+    import json
+
     model = _check_inputs(model_path, n_tokens)
-    with _prompt_file(prompt_text) as pf:
-        cmd = completion_command(tools, model, pf, n_tokens, threads, ctx)
+    with _prompt_file(prompt_text) as pf, _prompt_file(json.dumps(json_schema) if json_schema else "") as sf:
+        cmd = completion_command(tools, model, pf, n_tokens, threads, ctx, sf if json_schema else None)
         out, err = _run(cmd, timeout_s)
     stats = parse_completion(err)
-    return _result("native plain", stats, _completion_text(out), cmd)
+    return _result("native constrained" if json_schema else "native plain", stats, _completion_text(out), cmd)
 
 
 def run_speculative(

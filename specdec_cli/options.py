@@ -113,6 +113,49 @@ Compare = Annotated[bool, typer.Option("--compare", help="Also run plain decodin
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
 PromptDir = Annotated[Optional[list[Path]], typer.Argument(help="Prompt files or directories.")]
 
+STRUCTURE = "Structured output"
+JsonObject = Annotated[bool, typer.Option("--json-object", help="Constrain the reply to one JSON object (any keys), "
+                                          "as OpenAI's response_format json_object.", rich_help_panel=STRUCTURE)]
+JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", metavar="FILE", help="Constrain the reply to "
+                                                   "JSON valid against the JSON Schema in FILE.",
+                                                   rich_help_panel=STRUCTURE)]
+GrammarFile = Annotated[Optional[str], typer.Option("--grammar", metavar="FILE", help="Constrain the reply to the "
+                                                    "grammar in FILE: Lark (llguidance's dialect, `start:` first) or "
+                                                    "GBNF (llama.cpp's, `root ::=`).", rich_help_panel=STRUCTURE)]
+JsonLayoutOpt = Annotated[str, typer.Option("--json-layout", help="How JSON is laid out with --json-object and "
+                                            "--json-schema. inline: one line, ', ' and ': ' between items, so every "
+                                            "key is forced and drafted free; free: any whitespace, as the model "
+                                            "likes (keys after a newline are not forced).", rich_help_panel=STRUCTURE)]
+Logprobs = Annotated[Optional[int], typer.Option("--logprobs", min=0, max=20, metavar="N", help="With --json: each "
+                                                 "emitted token's log-probability and its N most likely alternatives "
+                                                 "(0-20), read from the verify passes (no extra pass).",
+                                                 rich_help_panel=OUTPUT)]
+
+
+def grammar_option(json_object: bool, json_schema: str | None, grammar: str | None, layout: str):
+    """The `constraint.Grammar` that --json-object, --json-schema FILE or --grammar FILE asks for (None: free text),
+    read and validated before any model loads.
+
+    Raises:
+        UsageError: more than one of them, or an unknown --json-layout. GrammarError: a bad schema or grammar.
+    """
+    from specdec_cli import constraint
+
+    given = [flag for flag, on in (("--json-object", json_object), ("--json-schema", json_schema is not None),
+                                   ("--grammar", grammar is not None)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both constrain the reply; give one.",
+                         "A JSON schema with {\"type\": \"object\"} is --json-object.")
+    if layout not in constraint.LAYOUTS:
+        raise UsageError(f"--json-layout {layout!r} is not a layout.", f"Use one of: {', '.join(constraint.LAYOUTS)}.")
+    if json_object:
+        return constraint.json_object(layout=layout)
+    if json_schema is not None:
+        return constraint.load(json_schema, "json-schema", layout=layout)
+    if grammar is not None:
+        return constraint.load(grammar, "grammar")
+    return None
+
 
 # --------------------------------------------------------------------------------------------------------------
 # --k values

@@ -273,3 +273,66 @@ def test_a_complete_grammar_that_may_continue_is_not_cut_short():
         b = backend(wants_c)
         records, steps, tokens = run(SpeculativeEngine(b, drafter, FixedK(4)), prompt_of("go", b), g, max_tokens=10)
         assert text(tokens) == "xkcd" and records[-1].finish_reason == "eog"
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def char_sessions(monkeypatch, tmp_path):
+    """run and check open fake sessions over the CHARS vocabulary."""
+    from specdec_cli.session import Session
+
+    def open_session(options, *, method=None, need_draft=False, console=None):
+        return Session(target=backend(n_ctx=options.ctx), target_path=tmp_path / "target.gguf", options=options)
+
+    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.commands.check.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.llama.system_info", lambda: "fake")
+    (tmp_path / "p.txt").write_text('Ann is 12, tags "on" and "in".', encoding="utf-8")
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA), encoding="utf-8")
+    return tmp_path
+
+
+def cli(capsys, *args):
+    from specdec_cli.__main__ import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_json_schema_with_logprobs(char_sessions, capsys):
+    d = char_sessions
+    code, out, _ = cli(capsys, "run", d / "p.txt", "--json-schema", d / "s.json", "--json", "-", "--logprobs", 2,
+                       "-n", 120, "--method", "ngram")
+    doc = json.loads(out)
+    assert code == 0 and doc["finish_reason"] == "eog"
+    reply = json.loads(doc["text"])
+    assert set(reply) == {"name", "age", "tags"}
+    assert doc["config"]["grammar"] == f"--json-schema {d / 's.json'}" and doc["config"]["logprobs"] == 2
+    assert [e["token"] for e in doc["logprobs"]] == doc["tokens"]
+    assert all(e["logprob"] <= 0 and 1 <= len(e["top_logprobs"]) <= 2 for e in doc["logprobs"])
+    assert "grammar" in doc["stats"]["by_source"]
+
+
+def test_check_audits_a_constrained_run(char_sessions, capsys):
+    d = char_sessions
+    code, out, _ = cli(capsys, "check", d / "p.txt", "--json-schema", d / "s.json", "-n", 120, "--method", "ngram")
+    assert code == 0 and "PASS" in out and "0 divergences" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--json-schema", "bad.json"], "--json-schema {d}/bad.json: properties.age.type: Invalid type: integr"),
+    (["--grammar", "bad.lark"], "--grammar {d}/bad.lark: line 1, column 8: unknown name"),
+    (["--json-object", "--grammar", "bad.lark"], "--json-object and --grammar both constrain the reply; give one."),
+    (["--json-object", "--json-layout", "pretty"], "--json-layout 'pretty' is not a layout."),
+    (["--json-object", "--logprobs", "3"], "add --json PATH"),
+])
+def test_bad_constraints_are_one_line_errors_with_exit_2(char_sessions, capsys, args, message):
+    d = char_sessions
+    (d / "bad.json").write_text('{"type": "object", "properties": {"age": {"type": "integr"}}}')
+    (d / "bad.lark").write_text("start: nope\n")
+    code, out, err = cli(capsys, "run", d / "p.txt", *[d / a if a.startswith("bad.") else a for a in args])
+    assert code == 2 and out == ""
+    assert message.format(d=d) in " ".join(err.split()) and "Traceback" not in err

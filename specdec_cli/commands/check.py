@@ -88,7 +88,8 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
             return 130
         with status(err, f"Re-scoring {len(result.tokens)} tokens one at a time"):
             report = audit_output(session.target, prompt, result.tokens,
-                                  ended_with_eog=result.stats.finish_reason == "eog", threshold=threshold)
+                                  ended_with_eog=result.stats.finish_reason == "eog", threshold=threshold,
+                                  grammar=config.grammar)
         print_report(out, report)
         if json_path:
             _write_json(json_path, session, spec, config, result, report)
@@ -122,6 +123,7 @@ def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig,
             "k": spec.k,
             "max_tokens": config.max_tokens,
             "stop": list(config.stop),
+            "grammar": config.grammar.name if config.grammar is not None else None,
             "ctx": session.target.n_ctx,
             "threads": getattr(session.target, "n_threads", None),
         },

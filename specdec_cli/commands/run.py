@@ -62,7 +62,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         engine = make_engine(session, spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
-            err.print(legend(spec.method))
+            err.print(legend(spec.method, grammar=config.grammar is not None))
         try:
             result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         finally:
@@ -137,6 +137,8 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "ctx": session.target.n_ctx,
             "threads": getattr(session.target, "n_threads", None),
             "prediction_tokens": len(config.prediction) if config.prediction is not None else None,
+            "grammar": config.grammar.name if config.grammar is not None else None,
+            "logprobs": config.logprobs,
             "draft_model": session.draft_plan.reason or None,  # why a draft model is (not) used
         },
         # OpenAI's names for predicted outputs (stats.by_source has every source's drafted/accepted)
@@ -153,4 +155,11 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
         ],
         "compare": compare,
     }
+    if config.logprobs is not None:  # one entry per emitted token, from the verify rows (OpenAI's shape)
+        piece = session.target.piece
+        text_of = lambda t: piece(t).decode("utf-8", "replace")  # noqa: E731
+        doc["logprobs"] = [
+            {"token": lp.token, "text": text_of(lp.token), "logprob": lp.logprob,
+             "top_logprobs": [{"token": t, "text": text_of(t), "logprob": v} for t, v in lp.top]}
+            for s in result.steps for lp in s.logprobs]
     write_json(path, doc)
