@@ -69,7 +69,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from specdec_cli.generation import generate
+    from specdec_cli.driver import generate
     from specdec_cli.controller import AdaptiveK, FixedK
     from specdec_cli.drafters.ngram import NgramDrafter
     from specdec_cli.drafters.suffix import SuffixDrafter

@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.generation import generate, make_engine
+from specdec_cli.driver import generate
+from specdec_cli.generation import make_engine
 from specdec_cli.prompts import predict_cases
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
 from specdec_cli.sweep import NoLearning

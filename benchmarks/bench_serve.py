@@ -135,7 +135,7 @@ def http_runs(client, messages: list[dict], max_tokens: int, repeats: int) -> li
 def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> list[dict]:
     """The same prompt through the engine in this process (the service `specdec serve` uses, method none)."""
     from specdec_cli.engine import GenerationConfig
-    from specdec_cli.serve.service import GenerationService, Tally
+    from specdec_cli.serve.service import GenerationService
     from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
     session = open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads), need_draft=False)
@@ -144,17 +144,14 @@ def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> li
     try:
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            tally = Tally()
-            tally.start()
-            records = service.stream(service.chat_tokens(messages), GenerationConfig(max_tokens=max_tokens))
+            drive = service.stream(service.chat_tokens(messages), GenerationConfig(max_tokens=max_tokens))
             try:
-                for record in records:
-                    tally.add(record)
+                for _record in drive:
+                    pass
             finally:
-                records.close()
-            stats = tally.stats()
-            out.append({"wall_s": time.perf_counter() - t0, "tokens": stats.run.n_generated,
-                        "decode_ms": stats.run.decode_ms})
+                drive.close()
+            stats = drive.stats
+            out.append({"wall_s": time.perf_counter() - t0, "tokens": stats.n_generated, "decode_ms": stats.decode_ms})
     finally:
         service.close()
     return out[1:]

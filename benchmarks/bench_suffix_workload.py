@@ -59,7 +59,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from specdec_cli.generation import generate
+    from specdec_cli.driver import generate
     from specdec_cli.engine import GenerationConfig
     from specdec_cli.engine import SpeculativeEngine
     from specdec_cli.session import ModelOptions, SpecOptions, open_session

@@ -30,7 +30,6 @@ from specdec_cli.backend import Backend, common_prefix, sync
 from specdec_cli.controller import FixedK, KController
 from specdec_cli.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut
-from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.constraint import start as start_constraint
 from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step, TokenLogprob
 from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify
@@ -96,10 +95,9 @@ class SpeculativeEngine:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
 
         Args:
-            prompt: int [n] prompt tokens (n >= 1), e.g. the chat-templated prompt.
+            prompt: int [n] prompt tokens, 1 <= n < n_ctx (checked by `driver.stream`, the only caller).
 
         Raises:
-            UsageError: empty prompt. ContextOverflowError: the prompt does not fit in the context window.
             DecodeError / CacheTrimError: llama.cpp failed.
         The target's KV cache is left holding only committed tokens, also when the consumer stops early (Ctrl-C,
         `close()`), so the next call can reuse it.
@@ -107,13 +105,7 @@ class SpeculativeEngine:
         target, drafter = self.target, self.drafter
         prompt = np.asarray(prompt, dtype=np.int32)
         n = len(prompt)
-        if n == 0:
-            raise UsageError("The prompt is empty.", "Give a prompt with some text.")
-        if n >= target.n_ctx:
-            raise ContextOverflowError(
-                f"The prompt is {n} tokens but the context window is {target.n_ctx} tokens.",
-                f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.",
-            )
+        assert 0 < n < target.n_ctx, "driver.stream checks the prompt"
         sampling = config.sampling
         rng = make_rng(sampling.seed)
         # the grammar's state (None without one: then nothing below costs anything)
@@ -279,10 +271,3 @@ def _logprobs(logits: np.ndarray, masks: np.ndarray | None, emitted: list[int], 
         lp, top = token_logprob(logits[j], tok, n_top, None if masks is None else masks[j])
         out.append(TokenLogprob(token=tok, logprob=lp, top=top))
     return tuple(out)
-
-
-def _round_up(n: int) -> int:
-    size = 512
-    while size < n:
-        size *= 2
-    return size

@@ -1,25 +1,23 @@
-"""One place that turns options into a ready generation, and drives it.
+"""One place that turns options into a ready generation.
 
 `make_engine` builds the drafter and the K controller a `SpecOptions` names and the `SpeculativeEngine` around the
-session's target; `generate` consumes the engine's records into a `Generation`, handing each `Step` to a callback
-(the renderer, a time-to-first-token clock, a server's stream); `plain_compare` is the plain-decoding run that
-`run --compare` measures against. Every command (run, check, chat, tune, bench) goes through these.
+session's target; `specdec_cli.driver` drives it. `plain_compare` is the plain-decoding run that `run --compare`
+measures against. Every command (run, check, chat, tune, bench, serve) builds its engines here.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
 from specdec_cli.drafters.base import Drafter
+from specdec_cli.driver import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.options import parse_k_option
-from specdec_cli.records import Step
-from specdec_cli.stats import RunStats, summarize
+from specdec_cli.stats import RunStats
 
 if TYPE_CHECKING:
     from specdec_cli.session import Session, SpecOptions
@@ -62,53 +60,6 @@ def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
         console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.",
                            style="spec.label"))
     return k
-
-
-@dataclass
-class Generation:
-    """What one generation produced: its records' summary, text and tokens."""
-
-    text: str
-    tokens: list[int]
-    stats: RunStats
-    steps: list[Step]
-    interrupted: bool = False
-
-
-def generate(engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
-             on_step: Callable[[Step], None] | None = None) -> Generation:
-    """Drive the engine over `prompt` (int32 [n]), calling `on_step` with each `Step` as it arrives.
-
-    Ctrl-C ends the generation with what was produced kept (`Generation.interrupted`, finish reason
-    "interrupted"); the engine's cache then holds only committed tokens. Decode time (`RunStats.decode_ms`) is the
-    wall time from the end of the prefill to the last record.
-    """
-    records = []
-    steps: list[Step] = []
-    interrupted = False
-    gen = engine.generate(prompt, config)
-    t0 = None
-    try:
-        for rec in gen:
-            records.append(rec)
-            if isinstance(rec, Step):
-                steps.append(rec)
-                if on_step is not None:
-                    on_step(rec)
-            elif t0 is None:
-                t0 = time.perf_counter()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        gen.close()  # runs the engine's finally: the KV cache keeps only committed tokens
-    loop_ms = (time.perf_counter() - t0) * 1e3 if t0 is not None else 0.0
-    if not interrupted and t0 is not None:
-        engine.save_prompt()  # for a later run that starts with the same tokens (not timed)
-    stats = summarize(records, decode_ms=loop_ms if steps else 0.0,
-                      finish_reason="interrupted" if interrupted else None)
-    text = "".join(s.text for s in steps)
-    tokens = [t for s in steps for t in s.emitted]
-    return Generation(text=text, tokens=tokens, stats=stats, steps=steps, interrupted=interrupted)
 
 
 def plain_compare(session: Session, prompt: np.ndarray, config: GenerationConfig, spec_tokens: list[int],

@@ -2,7 +2,7 @@
 so what the user sees streamed and what the statistics say cannot disagree.
 
 A generation yields one `Prefill`, then one `Step` per target forward pass, then one `Finish` (why it ended). A
-generation stopped early by its consumer (Ctrl-C, `close()`) has no `Finish`: `generation.generate` calls that
+generation stopped early by its consumer (Ctrl-C, `close()`) has no `Finish`: `driver.Drive` calls that
 "interrupted".
 """
 

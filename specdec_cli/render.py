@@ -140,7 +140,7 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
     if title:
         table.add_row("", Text(title, style="bold"))
     pre_rate = stats.n_prefill_evaluated / (stats.prefill_ms / 1e3) if stats.prefill_ms > 0 else 0.0
-    reused = max(0, stats.n_prompt - 1 - stats.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
+    reused = stats.n_cached
     if stats.n_restored:  # "prefill 1790 tokens: 1784 restored from the prompt cache in 0.4 s, 6 evaluated"
         table.add_row("prompt", f"prefill {stats.n_prompt} tokens: {stats.n_restored} restored from the prompt cache "
                       f"in {_ms(stats.restore_ms)}, {stats.n_prefill_evaluated} evaluated "

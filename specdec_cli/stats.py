@@ -60,6 +60,12 @@ class RunStats:
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
 
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens the target did not evaluate: its KV cache or the prompt cache held them. The prefill brings
+        the cache to prompt[:-1]; the last prompt token is evaluated with the first step, so at most n_prompt - 1."""
+        return max(self.n_prompt - 1 - self.n_prefill_evaluated, 0)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}

@@ -30,7 +30,8 @@ from specdec_cli.audit import (
     teacher_force,
 )
 from specdec_cli.commands.check import refuse_sampling
-from specdec_cli.generation import generate, plain_compare
+from specdec_cli.driver import generate
+from specdec_cli.generation import plain_compare
 from specdec_cli.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter

@@ -230,11 +230,13 @@ def test_second_generation_reuses_the_cached_prefix():
 
 
 def test_empty_prompt_and_context_overflow_are_clear_errors():
+    from specdec_cli.driver import stream
+
     engine = SpeculativeEngine(FakeBackend(n_ctx=16), None)
     with pytest.raises(UsageError):
-        list(engine.generate([], GenerationConfig()))
+        stream(engine, [], GenerationConfig())
     with pytest.raises(ContextOverflowError, match="20 tokens"):
-        list(engine.generate(list(range(2, 22)), GenerationConfig()))
+        stream(engine, list(range(2, 22)), GenerationConfig())
 
 
 def test_context_fills_up_gracefully():

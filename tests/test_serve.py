@@ -32,9 +32,11 @@ from specdec_cli.errors import (  # noqa: E402
 from specdec_cli.records import Finish, Prefill, Step  # noqa: E402
 from specdec_cli.serve.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
 from specdec_cli.serve.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
-from specdec_cli.serve.service import GenerationService, Tally  # noqa: E402
+from specdec_cli.serve import schema  # noqa: E402
+from specdec_cli.serve.service import GenerationService, RequestStats  # noqa: E402
 from specdec_cli.serve.worker import Worker  # noqa: E402
 from specdec_cli.session import Session, SpecOptions  # noqa: E402
+from specdec_cli.stats import summarize  # noqa: E402
 
 PROMPT = "w5 w9 w3 w17 w4 w22 w8"  # FakeBackend: chat template = the contents, "wN" = token N
 PROMPT_TOKENS = [5, 9, 3, 17, 4, 22, 8]
@@ -220,23 +222,20 @@ def test_prediction_is_accepted_and_reported_in_usage():
 
 
 def test_prediction_usage_counts_steps_drafted_from_the_prediction():
-    """RequestStats: accepted/rejected prediction tokens are the drafted tokens of steps whose source is "predict"."""
-    tally = Tally()
-    tally.start()
-    tally.add(Prefill(n_prompt=3, n_evaluated=3, ms=1.0))
-    steps = [
+    """usage: accepted/rejected prediction tokens are the drafted tokens of steps whose source is "predict"."""
+    records = [
+        Prefill(n_prompt=3, n_evaluated=3, ms=1.0),
         Step(0, 4, (1, 2, 3, 4), 3, 9, (1, 2, 3, 9), (), 0.1, 1.0, source="predict"),
         Step(1, 2, (5, 6), 0, 7, (7,), (), 0.1, 1.0, source="suffix"),
         Step(2, 3, (8, 8, 8), 3, 4, (8, 8, 8, 4), (), 0.1, 1.0, source="predict"),
         Finish("length"),
     ]
-    for st in steps:
-        tally.add(st)
-    stats = tally.stats()
-    assert (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (6, 1)
-    assert stats.sources == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
-                             "suffix": {"steps": 1, "drafted": 2, "accepted": 0}}
-    assert stats.finish_reason == "length" and stats.run.n_generated == 9
+    stats = RequestStats(summarize(records))
+    details = schema.usage_json(stats)["completion_tokens_details"]
+    assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (6, 1)
+    assert schema.specdec_json(stats, "auto")["sources"] == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
+                                                             "suffix": {"steps": 1, "drafted": 2, "accepted": 0}}
+    assert schema.openai_finish(stats) == "length" and stats.run.n_generated == 9
 
 
 def test_models_health_and_unknown_paths():
@@ -464,27 +463,63 @@ def test_serve_refuses_a_port_in_use():
 
 
 # -- end to end with a real model ------------------------------------------------------------------------------------
+def start_real_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """`specdec serve -t MODEL ARGS` as a subprocess on a free loopback port: (the process, its base URL)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "SPECDEC_DEBUG": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "-t", str(model), "--port", "0",
+                             "--threads", "2", *args],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    url = None
+    deadline = time.monotonic() + 120
+    lines = []
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+        url = m.group(1) if m else None
+    if url is None:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("".join(lines))
+    return proc, url
+
+
+@pytest.mark.real
+def test_real_server_saves_the_prompt_cache_so_a_restart_serves_the_prompt_from_it(smollm2_path):
+    """A ~1,000-token prompt served, the server stopped with SIGTERM and started again: the same prompt comes from
+    the prompt cache (usage.prompt_tokens_details.cached_tokens >= 95 % of the prompt). The server drives its
+    generations through the driver, which saves a finished prompt; before, only `specdec run` saved one."""
+    facts = [f"Fact {i}: the {c} box on shelf {i % 7} holds {i * 3} {n}." for i, (c, n) in enumerate(
+        zip(["red", "green", "blue", "yellow", "white"] * 12, ["pens", "cups", "keys", "maps", "nails", "coins"] * 10))]
+    messages = [{"role": "user", "content": "Read these facts.\n" + "\n".join(facts) + "\nWhich box holds 30 keys?"}]
+    served = []
+    for _ in range(2):
+        proc, url = start_real_server(smollm2_path, "--method", "ngram", "--ctx", "2048")
+        try:
+            client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+            reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)
+            served.append(reply.usage)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    cold, warm = served
+    assert 900 <= cold.prompt_tokens <= 1400 and cold.prompt_tokens == warm.prompt_tokens
+    assert cold.prompt_tokens_details.cached_tokens == 0
+    assert warm.prompt_tokens_details.cached_tokens >= 0.95 * warm.prompt_tokens
+
+
 @pytest.mark.real
 def test_real_server_end_to_end(smollm2_path, tmp_path):
     """`specdec serve` as a subprocess on smollm2-135m: chat, stream, the repeat learnt by the suffix store and served
     from the KV cache, then SIGTERM: exit 0 and the store saved."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "SPECDEC_DEBUG": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec_cli", "serve", "-t", str(smollm2_path), "--method", "suffix", "--port", "0",
-         "--ctx", "1024", "--threads", "2"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc, url = start_real_server(smollm2_path, "--method", "suffix", "--ctx", "1024")
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        lines = []
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
-            url = m.group(1) if m else None
-        assert url, "".join(lines)
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         messages = [{"role": "user", "content": "List the days of the week, one per line."}]
         first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0)

@@ -276,9 +276,9 @@ def test_tune_cli_writes_every_run_and_run_uses_the_saved_setting(smollm2_path, 
 
 
 def test_ctrl_c_reports_and_writes_the_runs_so_far_and_saves_nothing(smollm2_path, tmp_path, monkeypatch) -> None:
-    from specdec_cli import generation
+    from specdec_cli import driver
 
-    real = generation.generate
+    real = driver.generate
     calls = []
 
     def generate(engine, prompt, config, on_step=None):
@@ -288,7 +288,7 @@ def test_ctrl_c_reports_and_writes_the_runs_so_far_and_saves_nothing(smollm2_pat
             g.interrupted = True
         return g
 
-    monkeypatch.setattr(generation, "generate", generate)
+    monkeypatch.setattr(driver, "generate", generate)
     prompt = tmp_path / "p.txt"
     prompt.write_text("Say hello.", encoding="utf-8")
     out = tmp_path / "tune.json"

@@ -7,7 +7,7 @@ Five parts, each usable alone:
     history     `Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
                 `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
     commands    `chat_commands.COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
-    generation  `Chat.turn`: one reply through `generation.generate`, the same engine loop as `specdec run`.
+    generation  `Chat.turn`: one reply through `driver.generate`, the same engine loop as `specdec run`.
     rendering   `chat_view.ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
 
 KV cache reuse across turns: the engine keeps the longest common prefix of the target's cache and the new prompt
@@ -38,7 +38,8 @@ from specdec_cli.commands.chat_commands import dispatch, is_command
 from specdec_cli.commands.chat_view import ChatView
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, SpecdecError
-from specdec_cli.generation import Generation, generate, make_engine, saved_k as tuned_k
+from specdec_cli.driver import Generation, generate
+from specdec_cli.generation import make_engine, saved_k as tuned_k
 from specdec_cli.records import Step
 from specdec_cli.options import Method
 from specdec_cli.render import err_console, wants_color
@@ -268,7 +269,7 @@ class Totals:
         self.steps += gen.steps
         self.decode_ms += s.decode_ms
         self.n_prompt += s.n_prompt
-        self.n_reused += max(0, s.n_prompt - 1 - s.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
+        self.n_reused += s.n_cached
         self.prefill_ms += s.prefill_ms
 
     def summary(self) -> RunStats:

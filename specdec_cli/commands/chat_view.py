@@ -34,7 +34,7 @@ def footer_text(turn: Turn) -> str:
         parts += [f"acceptance {s.acceptance_rate:.0%}", f"mean accepted {s.mean_accepted_length:.2f}"]
     elif turn.method != Method.none:
         parts.append("nothing drafted")
-    reused = max(0, s.n_prompt - 1 - s.n_prefill_evaluated)  # the last prompt token is evaluated by step 1
+    reused = s.n_cached
     prefill = f"prefill {s.n_prompt - reused} new + {reused} cached in {_ms(s.prefill_ms)}"
     if turn.draft_cache is not None:
         evaluated, cached = turn.draft_cache

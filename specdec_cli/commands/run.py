@@ -12,7 +12,8 @@ from specdec_cli.audit import DIVERGENCE
 from specdec_cli.backend import common_prefix
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.generation import Generation, generate, make_engine, notes, plain_compare, saved_k as tuned_k
+from specdec_cli.driver import Generation, generate
+from specdec_cli.generation import make_engine, notes, plain_compare, saved_k as tuned_k
 from specdec_cli.options import Method, parse_k_option
 from specdec_cli.output import write_json
 from specdec_cli.prompts_io import check_output_path

@@ -156,7 +156,7 @@ class Measurement:
 
 
 def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measurement:
-    """A `Measurement` from a `generation.Generation` (its stats and steps)."""
+    """A `Measurement` from a `driver.Generation` (its stats and steps)."""
     st = generation.stats
     steps = generation.steps
     timed = [s for s in steps if s.verify_ms > 0]
@@ -335,7 +335,8 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
         configs: list[TuneConfig], repeats: int, threads: int | None, console) -> TuneRun:
     """One warm-up, then every configuration on every prompt `repeats` times in `sweep.schedule` order, each run
     with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured."""
-    from specdec_cli.generation import generate, make_engine
+    from specdec_cli.driver import generate
+    from specdec_cli.generation import make_engine
     from specdec_cli.tuned import machine
 
     tokens = [session.prompt_tokens(p.text) for p in prompts]

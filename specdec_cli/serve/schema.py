@@ -404,7 +404,7 @@ def new_id(prefix: str) -> str:
 
 
 def openai_finish(stats: RequestStats) -> Optional[str]:
-    return FINISH_REASONS.get(stats.finish_reason or "", None)
+    return FINISH_REASONS.get(stats.run.finish_reason or "", None)
 
 
 def usage_json(stats: RequestStats) -> dict:
@@ -415,10 +415,10 @@ def usage_json(stats: RequestStats) -> dict:
         "prompt_tokens": r.n_prompt,
         "completion_tokens": r.n_generated,
         "total_tokens": r.n_prompt + r.n_generated,
-        "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
+        "prompt_tokens_details": {"cached_tokens": r.n_cached},
         "completion_tokens_details": {
-            "accepted_prediction_tokens": stats.accepted_prediction_tokens,
-            "rejected_prediction_tokens": stats.rejected_prediction_tokens,
+            "accepted_prediction_tokens": r.accepted_prediction_tokens,
+            "rejected_prediction_tokens": r.rejected_prediction_tokens,
         },
     }
 
@@ -440,12 +440,12 @@ def specdec_json(stats: RequestStats, method: str) -> dict:
         "acceptance_rate": round(r.acceptance_rate, 4),
         "tokens_per_pass": round(r.tokens_per_pass, 4),
         "target_passes": r.n_target_passes,
-        "sources": stats.sources,
+        "sources": dict(sorted(r.by_source.items())),
         "mean_k": round(r.mean_k, 3),
         "prefill_ms": round(r.prefill_ms, 2),
         "decode_ms": round(r.decode_ms, 2),
         "tokens_per_s": round(r.tokens_per_s, 2),
-        "finish_reason": stats.finish_reason,
+        "finish_reason": r.finish_reason,
     }
 
 

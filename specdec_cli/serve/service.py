@@ -1,9 +1,9 @@
 """The server's only contact with the engine: one loaded `Session`, one engine kept for the server's life.
 
-`GenerationService` tokenizes (chat template or raw text), streams the engine's records for one request, and
-summarizes them per request (`Tally` → `RequestStats`, from the same records the client was sent, so the usage and
-the statistics cannot disagree with the stream). Everything else in `specdec_cli.serve` sees only token ids, text
-and `RequestStats`.
+`GenerationService` tokenizes (chat template or raw text) and drives one request's generation through
+`specdec_cli.driver` (like every command): the driver times it, keeps its `RunStats` from the same records the client
+was sent (so the usage and the statistics cannot disagree with the stream) and saves a finished prompt to the prompt
+cache. Everything else in `specdec_cli.serve` sees only token ids, text, records and `RequestStats`.
 
 One engine (one drafter, one K controller) serves every request, so the suffix store and `--k auto` learn across
 requests; the target's KV cache is never cleared between requests: `backend.sync` at the start of each generation
@@ -14,23 +14,18 @@ Not thread-safe: llama.cpp's context is not. Call it from one thread (`specdec_c
 
 from __future__ import annotations
 
-import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
-import numpy as np
-
+from specdec_cli.driver import Drive, stream
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.errors import ContextOverflowError, ToolsUnsupportedError, UsageError
+from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.generation import make_engine
-from specdec_cli.records import Finish, Prefill, Record, Step, TokenLogprob
+from specdec_cli.records import TokenLogprob
 from specdec_cli.serve.errors import ApiError
 from specdec_cli.serve.tools import OPEN, Tags, detect_tags
 from specdec_cli.session import Session, SpecOptions
-from specdec_cli.stats import RunStats, summarize
-
-PREDICT_SOURCE = "predict"  # Step.source of drafts taken from the request's `prediction` (OpenAI predicted outputs)
+from specdec_cli.stats import RunStats
 
 
 class GenerationService:
@@ -96,32 +91,23 @@ class GenerationService:
 
     # -- generation ---------------------------------------------------------------------------------------------
     def stream(self, prompt_tokens: Sequence[int], config: GenerationConfig,
-               prediction_text: str | None = None) -> Iterator[Record]:
-        """The engine's records for one request: one `Prefill`, then one `Step` per target pass.
+               prediction_text: str | None = None) -> Drive:
+        """One request's generation (`driver.Drive`): iterate it for the engine's records, read its stats after.
 
-        Closing the returned generator early (client gone, shutdown) runs the engine's `finally`, which leaves the
-        target's KV cache holding only committed tokens, ready for the next request's prefix reuse.
+        Closing it early (client gone, shutdown) leaves the target's KV cache holding only committed tokens, ready
+        for the next request's prefix reuse; a request that finished is saved to the prompt cache.
 
         Args:
             prompt_tokens: int [n] prompt (chat-templated or raw).
             prediction_text: the request's predicted output (OpenAI `prediction.content`): drafted from by
-                `--method auto` and `predict` (its drafts carry `Step.source == "predict"`, which `RequestStats`
-                counts), never evaluated.
+                `--method auto` and `predict` (its drafts carry `Step.source == "predict"`), never evaluated.
 
         Raises:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
-            UsageError: empty prompt. BackendError (from the generator): llama.cpp failed.
+            UsageError: empty prompt. BackendError (from the iteration): llama.cpp failed.
         """
-        n = len(prompt_tokens)
-        if n == 0:
-            raise UsageError("The prompt is empty (0 tokens).", "Send some text.")
-        if n >= self.n_ctx:
-            raise ContextOverflowError(
-                f"This model's context window is {self.n_ctx} tokens, and the prompt is {n} tokens.",
-                "Shorten the prompt (or the conversation), or restart specdec serve with a larger --ctx.")
-        prompt = np.asarray(prompt_tokens, dtype=np.int32)
         config = replace(config, prediction=self.session.prediction_tokens(prediction_text))
-        return self._engine.generate(prompt, config)
+        return stream(self._engine, prompt_tokens, config)
 
     def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
         """The step's `Step.logprobs` with each token's bytes (`Backend.piece`), for the response JSON."""
@@ -136,8 +122,7 @@ class GenerationService:
             return
         self._closed = True
         try:
-            if self._engine.drafter is not None:
-                self._engine.drafter.close()
+            self._engine.close()
         finally:
             self.session.close()
 
@@ -163,79 +148,13 @@ class RequestStats:
     """One request's numbers, from the records it was sent.
 
     Attributes:
-        run: the engine's `RunStats` (prompt/cached/generated tokens, drafted, accepted, tok/s, ...).
-        finish_reason: the engine's ("eog", "stop", "length", "context"), or None when the request was cancelled.
-        sources: per drafter source ("suffix", "draft", "ngram", "predict", ...): {"steps", "drafted", "accepted"}.
-        accepted_prediction_tokens / rejected_prediction_tokens: draft tokens taken from the request's prediction
-            (steps whose source is "predict") that verification accepted / rejected (0 without a prediction).
-        cached_prompt_tokens: prompt tokens the KV cache already held (kept from the previous request).
+        run: the driver's `RunStats` (prompt/cached/generated tokens, drafted, accepted by source, tok/s, ...).
         wall_ms: wall time from the start of the prefill to the last record (ms).
     """
 
     run: RunStats
-    finish_reason: str | None
-    sources: dict[str, dict[str, int]] = field(default_factory=dict)
-    accepted_prediction_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-    cached_prompt_tokens: int = 0
     wall_ms: float = 0.0
 
-
-class Tally:
-    """Consumes one generation's records as they stream: `add` returns each record's output text; `stats` sums up.
-
-    The only place the server reads engine records.
-    """
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-        self.finish_reason: str | None = None
-        self._t0: float | None = None
-        self._t_prefill: float | None = None
-        self._t_last: float | None = None
-
-    def start(self) -> None:
-        """Mark the start of the request's generation (before the prefill)."""
-        self._t0 = time.perf_counter()
-
-    def add(self, record: Record) -> str:
-        """Record `record`; return the output text it adds ("" for the prefill)."""
-        self.records.append(record)
-        now = time.perf_counter()
-        self._t_last = now
-        if isinstance(record, Prefill):
-            self._t_prefill = now
-            return ""
-        if isinstance(record, Finish):
-            self.finish_reason = record.finish_reason
-            return ""
-        if isinstance(record, Step):
-            return record.text
-        return ""
-
-    def stats(self) -> RequestStats:
-        """The request's `RequestStats` so far (a cancelled request: finish_reason None)."""
-        steps = [r for r in self.records if isinstance(r, Step)]
-        decode_ms = (self._t_last - self._t_prefill) * 1e3 if steps and self._t_prefill is not None else 0.0
-        run = summarize(self.records, decode_ms=decode_ms, finish_reason=self.finish_reason)
-        drafted: Counter[str] = Counter()
-        accepted: Counter[str] = Counter()
-        count: Counter[str] = Counter()
-        for s in steps:
-            if s.drafted:
-                count[s.source] += 1
-                drafted[s.source] += len(s.drafted)
-                accepted[s.source] += s.n_accepted
-        sources = {src: {"steps": count[src], "drafted": drafted[src], "accepted": accepted[src]}
-                   for src in sorted(count)}
-        wall_ms = (self._t_last - self._t0) * 1e3 if self._t0 is not None and self._t_last is not None else 0.0
-        return RequestStats(
-            run=run,
-            finish_reason=self.finish_reason,
-            sources=sources,
-            accepted_prediction_tokens=accepted[PREDICT_SOURCE],
-            rejected_prediction_tokens=drafted[PREDICT_SOURCE] - accepted[PREDICT_SOURCE],
-            # the prefill brings the cache to prompt[:-1]; the last prompt token is evaluated with the first step
-            cached_prompt_tokens=max(run.n_prompt - 1 - run.n_prefill_evaluated, 0),
-            wall_ms=wall_ms,
-        )
+    @classmethod
+    def of(cls, drive: Drive) -> RequestStats:
+        return cls(run=drive.stats, wall_ms=drive.wall_ms)

@@ -7,7 +7,7 @@ per target pass that added text), then `Done` (the request's `RequestStats`); or
 `errors.to_api_error`) instead of any of them.
 
 A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429). `cancel` (the client went away)
-drops a waiting request, or stops the running one at the next step: the engine's generator is closed, so its
+drops a waiting request, or stops the running one at the next step: its `driver.Drive` is closed, so the engine's
 `finally` leaves the KV cache holding only committed tokens. Every request that did not finish gets a last `Failed`
 event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM) fails every waiting request
 with `ShuttingDownError` and ends the running one after its current step.
@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.records import Step
+from specdec_cli.records import Finish, Prefill, Step
 from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
-from specdec_cli.serve.service import GenerationService, PieceLogprob, RequestStats, Tally
+from specdec_cli.serve.service import GenerationService, PieceLogprob, RequestStats
+from specdec_cli.stats import RunStats
 
 
 @dataclass(frozen=True)
@@ -193,29 +194,23 @@ class Worker:
     def _serve(self, job: Job) -> None:
         """Generate one request, delivering its events; never raises (the server goes on whatever happens)."""
         request, service = job.request, self.service
-        tally = Tally()
-        records = None
+        drive = None
         outcome = "ok"
         try:
             tokens = service.chat_tokens(list(request.messages), request.tools, parse_calls=request.parse_calls) \
                 if request.kind == "chat" else service.tokenize(request.prompt)
-            records = service.stream(tokens, request.config, request.prediction)
-            tally.start()
-            started = done = False
-            for record in records:
-                if not done and (job.cancelled.is_set() or self._stopping):
-                    break  # closing `records` (finally) stops the engine before its next step
-                text = tally.add(record)
-                if not started:
-                    started = True  # the first record is the prefill: the prompt fit and was evaluated
-                    _send(job, Started(len(tokens)))
-                logprobs = service.pieces(record.logprobs) if isinstance(record, Step) and record.logprobs else ()
-                if (text or logprobs) and not done:
-                    _send(job, Delta(text, logprobs))
-                if not done and tally.finish_reason is not None:
-                    done = True  # answer now; the loop goes on only to let the drafter learn the output
-                    _send(job, Done(tally.stats()))
-            if not done:
+            drive = service.stream(tokens, request.config, request.prediction)
+            for record in drive:
+                if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
+                    break  # closing the drive (finally) stops the engine before its next step
+                if isinstance(record, Prefill):
+                    _send(job, Started(len(tokens)))  # the prompt fit and was evaluated
+                elif isinstance(record, Step) and (record.text or record.logprobs):
+                    _send(job, Delta(record.text, service.pieces(record.logprobs)))
+                elif isinstance(record, Finish):
+                    # answer now; the drive goes on to its end, where the prompt cache is saved
+                    _send(job, Done(RequestStats.of(drive)))
+            if drive.finish_reason is None:
                 if job.cancelled.is_set():
                     outcome = "cancelled (client gone)"
                     _send(job, Failed(ClientGoneError()))
@@ -223,7 +218,7 @@ class Worker:
                     outcome = "cut short (shutting down)"
                     _send(job, Failed(ShuttingDownError()))
                 else:  # the engine ended without a finish reason (not expected): answer with what there is
-                    _send(job, Done(tally.stats()))
+                    _send(job, Done(RequestStats.of(drive)))
         except Exception as e:  # a domain error (400) or a bug (500): reported to the client, the server goes on
             api = to_api_error(e)
             outcome = f"error {api.status}: {api.message}"
@@ -233,9 +228,10 @@ class Worker:
                 traceback.print_exc()
             _send(job, Failed(e))
         finally:
-            if records is not None:
-                records.close()  # the engine's finally: the KV cache keeps only committed tokens
-        self.log(log_line(job.id, request.kind, tally.stats(), outcome, self.service.method))
+            if drive is not None:
+                drive.close()  # the engine's finally: the KV cache keeps only committed tokens
+        stats = RequestStats.of(drive) if drive is not None else RequestStats(RunStats())
+        self.log(log_line(job.id, request.kind, stats, outcome, self.service.method))
 
 
 def _send(job: Job, event: Event) -> None:
@@ -248,11 +244,11 @@ def _send(job: Job, event: Event) -> None:
 def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:
     """One line per request: prompt (cached), tokens, tok/s, acceptance by source, tokens per pass, finish."""
     r = stats.run
-    parts = [f"#{job_id} {kind}: {r.n_prompt} prompt tokens ({stats.cached_prompt_tokens} cached)",
+    parts = [f"#{job_id} {kind}: {r.n_prompt} prompt tokens ({r.n_cached} cached)",
              f"{r.n_generated} tokens in {stats.wall_ms / 1e3:.2f} s", f"{r.tokens_per_s:.1f} tok/s"]
     if method != "none":
-        by_source = ", ".join(f"{src} {v['accepted']}/{v['drafted']}" for src, v in stats.sources.items())
+        by_source = ", ".join(f"{src} {v['accepted']}/{v['drafted']}" for src, v in sorted(r.by_source.items()))
         parts.append(f"acceptance {r.acceptance_rate:.0%}" + (f" ({by_source})" if by_source else ""))
         parts.append(f"{r.tokens_per_pass:.2f} tok/pass")
-    parts.append(f"finish {stats.finish_reason}" if outcome == "ok" else outcome)
+    parts.append(f"finish {r.finish_reason}" if outcome == "ok" else outcome)
     return ", ".join(parts)
