@@ -76,7 +76,8 @@ def pydantic_ai_agent(url: str) -> str:
 
     calls: list[str] = []
     agent = Agent(OpenAIChatModel("specdec", provider=OpenAIProvider(base_url=url, api_key="unused")),
-                  instructions="Answer in one sentence. Use the tools you have.")
+                  instructions="You are a helpful assistant. Call a tool when you need data; once a tool's result "
+                               "is in the conversation, answer the user's question with it in one sentence.")
 
     @agent.tool_plain
     def get_weather(city: str) -> str:

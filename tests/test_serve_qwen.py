@@ -26,7 +26,10 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
                    "required": ["city"]}}}
-QUESTION = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+SYSTEM = ("You are a helpful assistant. Call a tool when you need data; once a tool's result is in the conversation, "
+          "answer the user's question with it in one sentence.")
+QUESTION = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +98,10 @@ def test_a_tool_round_trip_with_logprobs(client, stream):
     messages = QUESTION + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump(include={"id", "type", "function"})]},
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 22 degrees Celsius."}]
-    final = _turn(client, messages, stream, max_tokens=60, tool_choice="none", logprobs=True, top_logprobs=2)
+    final = _turn(client, messages, stream, max_tokens=60, logprobs=True, top_logprobs=2)
     answer = final.choices[0].message
-    assert not answer.tool_calls and "22" in answer.content
+    assert not answer.tool_calls and "22" in answer.content, answer
+    assert final.choices[0].finish_reason == "stop"
     entries = final.choices[0].logprobs.content
     assert "".join(e.token for e in entries) == answer.content
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)

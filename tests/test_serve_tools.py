@@ -357,8 +357,8 @@ def test_special_tags_are_written_as_llguidance_special_tokens():
 
 
 # -- the reply parser -----------------------------------------------------------------------------------------------
-def _parse(chunks):
-    p = ReplyParser(True)
+def _parse(chunks, loose=True):
+    p = ReplyParser(True, loose=loose)
     events = [e for c in chunks for e in p.feed(c)] + p.close()
     content = "".join(e.text for e in events if isinstance(e, Content))
     args: dict[int, str] = {}
@@ -391,6 +391,14 @@ def test_the_parser_gives_the_same_reply_however_the_text_is_split(text, content
         got = _parse(chunks)
         assert got[:3] == (content, names, args), chunks
         assert [c.arguments for c in got[3].calls] == args
+
+
+def test_bare_and_fenced_calls_only_when_loose():
+    bare = '{"name": "f", "arguments": {"a": 1}}'
+    assert _parse([bare], loose=True)[1] == ["f"]
+    assert _parse([bare], loose=False)[:2] == (bare, [])  # e.g. a response_format reply next to tools
+    fenced = "```json\n" + bare + "\n```"
+    assert _parse([fenced], loose=False)[:2] == (fenced, [])
 
 
 def test_the_parser_passes_text_through_without_tools():

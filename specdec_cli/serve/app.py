@@ -109,16 +109,19 @@ def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(),
         gen = GenRequest("chat", config, messages=schema.chat_messages(body),
                          prediction=schema.prediction_text(body), tools=tools.specs if tools else (),
                          parse_calls=parse_calls)
+        # a bare or fenced JSON call only under auto without response_format (`tools.grammar`)
+        reply = schema.ChatReply(parse_calls, config.logprobs is not None,
+                                 loose_calls=parse_calls and tools.mode == "auto" and body.response_format is None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _respond(request, worker, gen, stream=body.stream, include_usage=include_usage,
-                              model_id=model_id, method=method)
+        return await _respond(request, worker, gen, stream=bool(body.stream), include_usage=include_usage,
+                              model_id=model_id, method=method, reply=reply)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: schema.CompletionRequest, request: Request) -> Response:
         config = schema.generation_config(body, defaults, n_ctx)
         gen = GenRequest("completion", config, prompt=schema.completion_prompt(body))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _respond(request, worker, gen, stream=body.stream, include_usage=include_usage,
+        return await _respond(request, worker, gen, stream=bool(body.stream), include_usage=include_usage,
                               model_id=model_id, method=method)
 
     return app
@@ -146,8 +149,9 @@ def validation_error(errors: list[dict]) -> ApiError:
 
 
 async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream: bool, include_usage: bool,
-                   model_id: str, method: str) -> Response:
-    """Submit `gen`, wait for it to start, then answer: a JSON response, or a stream of chunks."""
+                   model_id: str, method: str, reply: Optional[schema.ChatReply] = None) -> Response:
+    """Submit `gen`, wait for it to start, then answer: a JSON response, or a stream of chunks. `reply` assembles a
+    chat reply (content, tool calls, logprobs); None for completions."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -156,7 +160,6 @@ async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream:
 
     param = "messages" if gen.kind == "chat" else "prompt"
     want_logprobs = gen.config.logprobs is not None
-    reply = schema.ChatReply(gen.parse_calls, want_logprobs) if gen.kind == "chat" else None
     try:
         job = worker.submit(gen, deliver)
     except Exception as e:  # QueueFullError (429), ShuttingDownError (503)

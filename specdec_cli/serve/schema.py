@@ -488,10 +488,11 @@ class ChatReply:
     Args:
         parse_calls: the request has tools (and tool_choice is not "none"): `<tool_call>` blocks become tool calls.
         logprobs: the request asked for logprobs (then `logprobs.content` is a list, else null).
+        loose_calls: a reply that is one bare or fenced JSON call is a call too (`tool_choice` auto).
     """
 
-    def __init__(self, parse_calls: bool, logprobs: bool) -> None:
-        self.parser = ReplyParser(parse_calls)
+    def __init__(self, parse_calls: bool, logprobs: bool, *, loose_calls: bool = False) -> None:
+        self.parser = ReplyParser(parse_calls, loose=loose_calls)
         self.want_logprobs = logprobs
         self.content: list[str] = []
         self.logprobs: list[PieceLogprob] = []

@@ -66,10 +66,10 @@ class Tools:
 
     @property
     def parameters(self) -> dict[str, dict]:
-        return {s["function"]["name"]: s["function"].get("parameters") or _NO_PARAMETERS for s in self.specs}
+        return {s["function"]["name"]: s["function"]["parameters"] for s in self.specs}
 
 
-_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # a function without parameters
 
 
 def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> Optional[Tools]:
@@ -128,7 +128,7 @@ def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Op
         spec = {"name": name}
         if description is not None:
             spec["description"] = description
-        spec["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
+        spec["parameters"] = parameters if parameters is not None else dict(_NO_PARAMETERS)
         specs.append({"type": "function", "function": spec})
     mode, allowed = _choice(tool_choice, names)
     if parallel_tool_calls not in (None, True, False):
@@ -310,6 +310,7 @@ class ReplyParser:
     """
 
     tools: bool
+    loose: bool = False  # a reply that starts with "{" or FENCED_CALL is one call (auto, `grammar`)
     calls: list[ToolCall] = field(default_factory=list)
     _buf: str = ""
     _state: Literal["text", "head", "args"] = "text"
@@ -336,7 +337,7 @@ class ReplyParser:
     def _drain(self, *, final: bool) -> list[Event]:
         out: list[Event] = []
         while True:
-            if self._state == "text" and self._fresh:
+            if self._state == "text" and self._fresh and self.loose:
                 if FENCED_CALL.startswith(self._buf) and not final:
                     return out  # it may still become a fenced call
                 self._fresh = False
