@@ -335,8 +335,10 @@ def test_the_tool_grammar_per_tool_choice():
     assert _accepts(required, FORCED_CALL) and not _accepts(required, "text")
     single = grammar(replace(tools, mode="required", parallel=False), Tags()).lark
     assert _accepts(single, FORCED_CALL) and not _accepts(single, FORCED_CALL + "\n" + time_call)
-    named = grammar(replace(tools, mode="required", allowed=("get_time",)), Tags()).lark
+    named = grammar(check_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, None),
+                    Tags()).lark
     assert _accepts(named, time_call) and not _accepts(named, FORCED_CALL)
+    assert not _accepts(named, time_call + "\n" + time_call)  # a named function is called once
     none = grammar(replace(tools, mode="none"), Tags()).lark
     assert _accepts(none, "text") and not _accepts(none, FORCED_CALL) and not _accepts(none, "a " + FORCED_CALL)
     with_format = grammar(tools, Tags(), reply={"type": "object", "properties": {"a": {"enum": [1]}},

@@ -10,8 +10,8 @@ The format is the one Qwen2.5's chat template (and Hermes', Qwen3's) asks for, w
 The tools reach the model through its own chat template (`tools=`), which describes them in its system prompt; the
 reply is constrained by a grammar in llguidance's Lark dialect (`constraint.from_lark`), one `%json` per tool:
 
-- `required`, or a named function: the reply is one or more tool calls (one with `parallel_tool_calls: false`), each
-  of an allowed tool with arguments valid against its `parameters`;
+- `required`: the reply is one or more tool calls (one with `parallel_tool_calls: false`), each of an allowed tool
+  with arguments valid against its `parameters`; a named function: one call of it;
 - `auto`: free text, optionally followed by such tool calls: once `<tool_call>` is written, what follows is
   constrained like `required`; the free text itself cannot contain `<tool_call>`;
 - `none`: free text that cannot contain `<tool_call>`.
@@ -133,7 +133,9 @@ def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Op
     mode, allowed = _choice(tool_choice, names)
     if parallel_tool_calls not in (None, True, False):
         raise ApiError(400, "parallel_tool_calls is not a boolean.", param="parallel_tool_calls")
-    return Tools(tuple(specs), allowed, mode, parallel=parallel_tool_calls is not False)
+    # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
+    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+    return Tools(tuple(specs), allowed, mode, parallel=parallel_tool_calls is not False and not named)
 
 
 def _choice(tool_choice: Any, names: list[str]) -> tuple[Choice, tuple[str, ...]]:
