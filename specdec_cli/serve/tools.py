@@ -305,14 +305,15 @@ class ReplyParser:
 
     With `tools` off it passes the text through as content. With tools on: text outside `<tool_call>` blocks is
     content, except whitespace before a call or at the end of a reply with calls (trailing whitespace is held back
-    until text follows it); a block's `{"name": ..., "arguments": ...}` becomes a `ToolCall`, announced (`CallStart`) once its name is
-    complete and then streamed as `Arguments` pieces: the JSON text of `arguments` exactly as written, trailing
-    whitespace excluded. A block without that shape (possible only without a grammar) is given back as content, or
-    as a call when it parses as JSON of that shape.
+    until text follows it); a block's `{"name": ..., "arguments": ...}` becomes a `ToolCall`, announced
+    (`CallStart`) once its name is complete and then streamed as `Arguments` pieces: the JSON text of `arguments`
+    exactly as written, trailing whitespace excluded. A block without that shape (possible only without a grammar)
+    is given back as content, or as a call when it parses as JSON of that shape. With `loose`, a reply that starts
+    with "{" or with FENCED_CALL is one call (`grammar` under auto).
     """
 
     tools: bool
-    loose: bool = False  # a reply that starts with "{" or FENCED_CALL is one call (auto, `grammar`)
+    loose: bool = False
     calls: list[ToolCall] = field(default_factory=list)
     _buf: str = ""
     _state: Literal["text", "head", "args"] = "text"
