@@ -37,7 +37,8 @@ from rich.console import Console
 from specdec_cli import constraint, sampling
 from specdec_cli.constraint import Constraint
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.generation import generate, make_engine
+from specdec_cli.driver import generate
+from specdec_cli.generation import make_engine
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
 from specdec_cli.sweep import NoLearning
 
@@ -194,7 +195,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--json", default=None, help="write every run's measurements to PATH")
     args = ap.parse_args()
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     tools_bin = None
     if args.llama_cpp:
         from specdec_cli.native import find_tools, run_plain

@@ -336,3 +336,37 @@ def test_bad_constraints_are_one_line_errors_with_exit_2(char_sessions, capsys, 
     code, out, err = cli(capsys, "run", d / "p.txt", *[d / a if a.startswith("bad.") else a for a in args])
     assert code == 2 and out == ""
     assert message.format(d=d) in " ".join(err.split()) and "Traceback" not in err
+
+
+def test_chat_replies_follow_the_schema_every_turn(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.commands import chat as chat_mod
+    from specdec_cli.session import Session
+
+    monkeypatch.setattr(chat_mod, "open_session", lambda options, **kw: Session(
+        target=backend(n_ctx=options.ctx), target_path=tmp_path / "t.gguf"))
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    result = CliRunner().invoke(app, ["chat", "--json-schema", str(tmp_path / "s.json"), "-n", "120",
+                                      "--method", "ngram"], input="Ann is 12\nBob is 30\n")
+    assert result.exit_code == 0, result.output
+    replies = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert len(replies) == 2 and all(set(r) == {"name", "age", "tags"} for r in replies)
+
+
+def test_a_draft_that_ends_the_reply_is_accepted_whole():
+    # the draft [x, k, <eos>] is valid and accepted whole; the bonus row after the end token is never consumed
+    def wants(prefix):
+        logits = np.zeros(V, np.float32)
+        last = CHARS[prefix[-1]]
+        logits[EOS if last == b"k" else ord("k") if last == b"x" else ord("x")] = 5.0
+        return logits
+
+    g = constraint.from_lark('start: "xk" "z"? | "yq"', name="g")  # nothing forced; "xk" may end or go on
+    b = backend(wants)
+    prompt = prompt_of("go", b)
+    records, steps, tokens = run(SpeculativeEngine(b, Fixed(script=[ord("x"), ord("k"), EOS], n_prompt=len(prompt)),
+                                                   FixedK(4)), prompt, g, max_tokens=10)
+    assert text(tokens) == "xk" and records[-1].finish_reason == "eog"
+    assert len(steps) == 1 and steps[0].n_accepted == 3 and steps[0].target_token is None

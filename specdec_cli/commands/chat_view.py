@@ -61,6 +61,7 @@ class ChatView:
         self.styled = styled
         self.show_rejected = show_rejected
         self._legend_shown = False
+        self._grammar = False  # replies follow a grammar (--json-object, --json-schema, --grammar): legend entry
 
     # -- the reply --------------------------------------------------------------------------------------------
     def stream(self) -> StreamRenderer:
@@ -88,12 +89,15 @@ class ChatView:
                                      "spec.label")))
         self.err.print(Text('/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
                             "reply · Ctrl-D quits", style="spec.label"))
+        self._grammar = config.grammar is not None
+        if self._grammar:
+            self.err.print(Text(f"every reply follows {config.grammar.name}", style="spec.label"))
         self.show_legend(spec.method)
         self.err.print()
 
     def show_legend(self, method: str) -> None:
         if self.styled and method != Method.none and not self._legend_shown:
-            self.err.print(legend(method))
+            self.err.print(legend(method, grammar=self._grammar))
             self._legend_shown = True
 
     def note(self, message: str) -> None:
