@@ -139,7 +139,12 @@ def test_response_format_json_schema_and_parse_with_a_pydantic_model():
         parsed = client.chat.completions.parse(model="fake", messages=[{"role": "user", "content": "red?"}],
                                                response_format=Colour, max_tokens=100)
         obj = ask(client, response_format={"type": "json_object"}, max_tokens=60)
+        short = ask(client, response_format={"type": "json_schema", "json_schema": {
+            "name": "colour", "schema": Colour.model_json_schema()}}, max_tokens=4)
     assert parsed.choices[0].message.parsed == Colour(name="red", hex="#f00")
+    # a schema that cannot be finished within max_tokens ends with "length", the object's beginning written
+    assert short.choices[0].finish_reason == "length" and '{"name": "red", "hex": "#f00"}'.startswith(
+        short.choices[0].message.content)
     assert parsed.choices[0].finish_reason == "stop"
     content = obj.choices[0].message.content
     if obj.choices[0].finish_reason == "stop":
