@@ -209,7 +209,7 @@ def test_prediction_is_accepted_and_reported_in_usage():
         resp = chat(client, max_tokens=12, prediction={"type": "content", "content": text_of(expected)})
         parts = chat(client, max_tokens=12, prediction={"type": "content", "content": [{"type": "text", "text": "x"}]})
         plain = chat(client, max_tokens=12)
-        with pytest.raises(openai.UnprocessableEntityError) as bad:
+        with pytest.raises(openai.BadRequestError) as bad:
             chat(client, max_tokens=12, prediction={"type": "image", "content": "x"})
     assert resp.choices[0].message.content == text_of(expected)  # lossless
     d = resp.usage.completion_tokens_details
@@ -226,7 +226,7 @@ def test_prediction_usage_counts_steps_drafted_from_the_prediction():
     records = [
         Prefill(n_prompt=3, n_evaluated=3, ms=1.0),
         Step(0, 4, (1, 2, 3, 4), 3, 9, (1, 2, 3, 9), (), 0.1, 1.0, source="predict"),
-        Step(1, 2, (5, 6), 0, 7, (7,), (), 0.1, 1.0, source="suffix"),
+        Step(1, 2, (5, 6), 0, 7, (7,), (), 0.1, 1.0, source="store"),
         Step(2, 3, (8, 8, 8), 3, 4, (8, 8, 8, 4), (), 0.1, 1.0, source="predict"),
         Finish("length"),
     ]
@@ -234,7 +234,7 @@ def test_prediction_usage_counts_steps_drafted_from_the_prediction():
     details = schema.usage_json(stats)["completion_tokens_details"]
     assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (6, 1)
     assert schema.specdec_json(stats, "auto")["sources"] == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
-                                                             "suffix": {"steps": 1, "drafted": 2, "accepted": 0}}
+                                                             "store": {"steps": 1, "drafted": 2, "accepted": 0}}
     assert schema.openai_finish(stats) == "length" and stats.run.n_generated == 9
 
 
@@ -255,10 +255,12 @@ def test_models_health_and_unknown_paths():
 def test_bad_requests_get_openai_error_json():
     with serving(FakeBackend(hashed_logits, n_ctx=64), max_body_bytes=4096) as s:
         client = s.client()
-        with pytest.raises(openai.UnprocessableEntityError) as role:
+        with pytest.raises(openai.BadRequestError) as role:
             client.chat.completions.create(model="fake", messages=[{"role": "robot", "content": "hi"}])
-        with pytest.raises(openai.UnprocessableEntityError) as temp:
+        with pytest.raises(openai.BadRequestError) as temp:
             chat(client, temperature=7)
+        with pytest.raises(openai.BadRequestError) as negative:
+            chat(client, temperature=-1)
         with pytest.raises(openai.BadRequestError) as n:
             chat(client, n=2)
         with pytest.raises(openai.BadRequestError) as long:
@@ -268,13 +270,15 @@ def test_bad_requests_get_openai_error_json():
         status_big, big = s.raw("POST", "/v1/chat/completions", json.dumps(
             {"model": "x", "messages": [{"role": "user", "content": "w5 " * 5000}]}).encode())
         after = chat(client, max_tokens=5)  # nothing above broke the server
-    assert role.value.status_code == 422 and role.value.body["param"] == "messages.0.role"
-    assert temp.value.body["param"] == "temperature"
+    assert role.value.status_code == 400 and role.value.body["param"] == "messages.0.role"
+    for invalid in (role, temp, negative):  # OpenAI's status and type for an invalid field: never 422
+        assert invalid.value.status_code == 400 and invalid.value.body["type"] == "invalid_request_error"
+    assert temp.value.body["param"] == "temperature" and negative.value.body["param"] == "temperature"
     assert n.value.body["param"] == "n"
     assert long.value.body["code"] == "context_length_exceeded" and "64 tokens" in long.value.body["message"]
     assert long.value.body["param"] == "messages"
     assert status_json == 400 and not_json["error"]["code"] == "invalid_json"
-    assert status_none == 422 and no_messages["error"]["param"] == "messages"
+    assert status_none == 400 and no_messages["error"]["param"] == "messages"
     assert status_big == 413 and "4096 bytes" in big["error"]["message"]
     assert after.usage.completion_tokens == 5
 
@@ -432,7 +436,7 @@ def test_error_table_keeps_api_errors_and_names_the_limit():
 def test_validation_errors_name_the_field():
     e = validation_error([{"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'", "type": "x"},
                           {"loc": ("body", "n"), "msg": "bad", "type": "y"}])
-    assert (e.status, e.param) == (422, "messages.0.role")
+    assert (e.status, e.type, e.param) == (400, "invalid_request_error", "messages.0.role")
     assert "messages.0.role: Input should be 'user'" in e.message and "1 more" in e.message
     j = validation_error([{"loc": ("body", 1), "msg": "JSON decode error", "type": "json_invalid"}])
     assert (j.status, j.code) == (400, "invalid_json")

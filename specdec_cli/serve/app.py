@@ -2,7 +2,7 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (and /v1/models/{id}), GET /health.
 
-A request is validated (pydantic: 422; what the engine cannot honour: 400), submitted to the worker (queue full:
+A request is validated (an invalid field, or what the engine cannot honour: 400 naming it), submitted to the worker (queue full:
 429), and the handler waits for the worker's first event: `Started` (the prompt fit and was evaluated) commits the
 response (200, streamed or not); `Failed` becomes the error JSON (e.g. 400 `context_length_exceeded`). A client that
 goes away is noticed (its `http.disconnect`: listened for by the handler until a stream starts, then by
@@ -132,8 +132,9 @@ def _model_card(model_id: str, created: int) -> dict:
 
 
 def validation_error(errors: list[dict]) -> ApiError:
-    """OpenAI's error for pydantic's validation errors: 400 for a body that is not JSON or a field that does not
-    exist, else 422 naming the field (`param`, e.g. "messages.0.role") and what is wrong with it."""
+    """OpenAI's error for pydantic's validation errors: 400 `invalid_request_error`, for a body that is not JSON
+    (code invalid_json) or naming the invalid field (`param`, e.g. "messages.0.role") and what is wrong with it, as
+    OpenAI answers (its client raises BadRequestError); never 422."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
@@ -145,7 +146,7 @@ def validation_error(errors: list[dict]) -> ApiError:
                         "fields (and top_k, min_p); leave it out.", param=param, code="unknown_parameter")
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     where = f"{param}: " if param else ""
-    return ApiError(422, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")
+    return ApiError(400, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")
 
 
 async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream: bool, include_usage: bool,

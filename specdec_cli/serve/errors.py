@@ -3,7 +3,7 @@
 `ERROR_TABLE` is the one place that maps exceptions (specdec's domain errors from `specdec_cli.errors`, and the
 server's own) to a status, an error type and a code; `to_api_error` applies it. Anything not in the table is a bug:
 500, and the server goes on serving. The openai client turns the status into its exception class (400
-BadRequestError, 401 AuthenticationError, 404 NotFoundError, 413/422 APIStatusError/UnprocessableEntityError, 429
+BadRequestError, 401 AuthenticationError, 404 NotFoundError, 413 APIStatusError, 429
 RateLimitError, 5xx InternalServerError) and `error.message` into its message.
 """
 
