@@ -41,10 +41,8 @@ OURS = ("none", "ngram", "suffix", "auto", "auto warm")
 
 def run_ours(session, method: str, prompt, budget: int, warm: bool) -> dict:
     spec = SpecOptions(method=method)
-    engine = make_engine(session, spec, fresh=not warm)
-    drafter = engine.drafter
-    if drafter is not None:
-        engine.drafter = NoLearning(drafter)  # the store learns nothing from the benchmark's own outputs
+    drafter = session.make_drafter(spec)  # ours to close; the store learns nothing from the benchmark's own outputs
+    engine = make_engine(session, spec, fresh=not warm, drafter=NoLearning(drafter) if drafter is not None else None)
     try:
         gen = generate(engine, prompt, GenerationConfig(max_tokens=budget))
     finally:

@@ -27,10 +27,10 @@ from specdec_cli.sweep import NoLearning
 
 
 def run(session, method: str, prompt, config: GenerationConfig, *, learn: bool = False):
-    engine = make_engine(session, SpecOptions(method=method), fresh=True)
-    inner = engine.drafter
-    if inner is not None and not learn:
-        engine.drafter = NoLearning(inner)
+    spec = SpecOptions(method=method)
+    inner = session.make_drafter(spec)  # ours to close
+    engine = make_engine(session, spec, fresh=True,
+                         drafter=NoLearning(inner) if inner is not None and not learn else inner)
     try:
         return generate(engine, prompt, config)
     finally:

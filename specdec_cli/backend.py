@@ -57,6 +57,11 @@ class Backend(Protocol):
     def n_batch(self) -> int: ...
 
     @property
+    def n_threads(self) -> int:
+        """CPU threads llama.cpp generates with (the default, all usable CPUs, resolved to its number)."""
+        ...
+
+    @property
     def tokens(self) -> np.ndarray:
         """int32 [n]: the tokens held in the KV cache, positions 0..n-1 (a read-only view)."""
         ...

@@ -148,15 +148,11 @@ class AdaptiveK(KController):
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
         self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
-        self._bucket: int | None = None  # bucket of the draft being verified
-        self._bucket_probe = False  # that verification is a probe of a bucket whose trim was 0
-        self._source = ""  # the lookup source of that draft
         self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
         self._since = 0  # steps since the last probe / exploration
-        self._probing = False
         self._interval = probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
 
@@ -188,7 +184,7 @@ class AdaptiveK(KController):
         k = best
         if best == 0:
             if self._since >= self._interval and self._could_pay():
-                k, self._since, self._probing = min(PROBE_K, self.k_max), 0, True
+                k, self._since = min(PROBE_K, self.k_max), 0
         else:
             self.failures, self._interval, self._burst = 0, self.probe_every, [0, 0.0]
             if self._since >= self.probe_every:
@@ -216,7 +212,6 @@ class AdaptiveK(KController):
             rates = self.model.rates()
             rate_model = float(rates[k_model]) / 1000.0 if k_model and rates is not None else 0.0
             if k_model and rate_model > (1.0 + self.margin) * rate_lookup:
-                self._bucket, self._bucket_probe = None, False  # the model drafts: no lookup evidence this step
                 self.k = k_model
                 return k_model, None
         elif has_model:
@@ -225,7 +220,7 @@ class AdaptiveK(KController):
             # nothing found: after an ask for everything, a plain step (K = 0); else the ask stands, drafted empty
             return (0 if self.asked_all else k), None
         if k_lookup == 0:
-            return 0, None
+            return 0, cut(lookup, 0)  # a plain step; the empty draft tells `observe` its evidence
         return (k, lookup) if k_lookup >= len(lookup) else (k_lookup, cut(lookup, k_lookup))
 
     def _value(self, draft: Draft) -> float:
@@ -268,12 +263,10 @@ class AdaptiveK(KController):
         accepted length by a rejection, doubled by a draft accepted whole). Drafts without evidence are verified
         whole. docs/design.md, "Drafts with evidence"."""
         n = len(draft)
-        self._bucket, self._bucket_probe = None, False
         if n == 0 or draft.match_len <= 0:
             return n
         self.evidence = True
-        b = self._bucket = bucket_of(draft.match_len)
-        self._source = draft.source
+        b = bucket_of(draft.match_len)
         state = self._lookup_state(draft.source)
         # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
         # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
@@ -301,7 +294,7 @@ class AdaptiveK(KController):
             if state.since[b] >= state.interval[b]:
                 # a probe of a short match verifies one token (a failed 3-token pass costs ~2 plain steps on a CPU)
                 probe = PROBE_K if BUCKET_EDGES[b] >= EARLY_PROBE_MATCH else 1
-                k, state.since[b], self._bucket_probe = min(n, probe), 0, True
+                k, state.since[b] = min(n, probe), 0  # since = 0: `observe` knows the step was this probe
         else:
             state.interval[b] = self.probe_every
         self.k = k
@@ -317,27 +310,28 @@ class AdaptiveK(KController):
         self.model.observe_prefill(n_evaluated, ms, n_batch)
 
     def observe(self, step: Step) -> None:
-        if self._bucket is not None:  # the step drafted with evidence (possibly trimmed to nothing)
+        """Learn from the step just taken. What it drafted from is in the record (`Step.source`, and the lookup
+        draft's evidence `Step.match_len`); nothing is carried over from `choose` but the learnt statistics and the
+        probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
+        verified while the draft model's best K is 0 is the model's probe."""
+        if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
-        bucket = self._bucket if step.drafted else None
-        self.model.observe(step, bucket, self._source)
+        bucket = bucket_of(step.match_len) if step.drafted and step.match_len > 0 else None
+        self.model.observe(step, bucket, step.source)
         if bucket is not None:
-            state = self._lookup_state(self._source)
+            state = self._lookup_state(step.source)
             if step.rejected:
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
             elif step.n_accepted == len(step.drafted):
                 state.window[bucket] = max(int(state.window[bucket]), 2 * len(step.drafted))
-            if self._bucket_probe:
+            if state.since[bucket] == 0:
                 # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
                 v1 = self.model.verify_curve()
                 paid = v1 is not None and (step.n_accepted + 1) * float(v1[0]) >= step.verify_ms
                 state.interval[bucket] = (
                     self.probe_every if paid else min(2 * state.interval[bucket], MAX_BACKOFF * self.probe_every))
-        self._bucket, self._bucket_probe = None, False
-        if not self._probing:
             return
-        self._probing = False
-        if not step.drafted:  # the drafter had nothing: a plain step, no evidence either way
+        if not step.drafted or self.best > 0:  # not a probe of the draft model (or it had nothing)
             return
         # A burst of probes continues (next probe 2 steps later) while its pooled tokens/s beat plain decoding;
         # pooling keeps one unlucky probe from ending a burst once drafts have improved.

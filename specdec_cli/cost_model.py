@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specdec_cli.records import Source
+
 if TYPE_CHECKING:
     from specdec_cli.records import Step
 
@@ -28,7 +30,7 @@ REJECTION_DECAY = 0.5  # a rejected draft halves its bucket's evidence before it
 SHORT_MATCH_PRIOR = np.array([0.3, 0.4, 0.5, 1.0, 1.0, 1.0, 1.0])
 # sources whose drafts are right from the first token whatever their match length: a prediction is the user's own
 # statement of the output (its match length is 1 at the start of every reply and after every re-sync)
-SOURCE_PRIOR = {"predict": 0.9}
+SOURCE_PRIOR = {Source.predict: 0.9}
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from specdec_cli.controller import FixedK, KController
 from specdec_cli.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut
 from specdec_cli.constraint import start as start_constraint
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Step, TokenLogprob
+from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Source, Step, TokenLogprob
 from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from specdec_cli.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
-GRAMMAR = "grammar"  # the source of a draft of the tokens a grammar forces
+GRAMMAR = Source.grammar  # the source of a draft of the tokens a grammar forces
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +85,6 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
-
-    def close(self) -> None:
-        """Close the drafter (learning drafters save what they learnt); the target belongs to the session."""
-        if self.drafter is not None:
-            self.drafter.close()
 
     def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
@@ -157,6 +152,7 @@ class SpeculativeEngine:
                     draft_ms=(t_draft - t_start) * 1e3,
                     verify_ms=(t_verify - t_draft) * 1e3,
                     source=draft.source if len(d) else "",
+                    match_len=draft.match_len,
                     logprobs=() if config.logprobs is None else _logprobs(logits, masks, emitted, config.logprobs),
                 )
                 if drafter is not None and step.source != GRAMMAR:

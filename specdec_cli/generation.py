@@ -16,7 +16,7 @@ from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.driver import Generation, generate
 from specdec_cli.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.options import parse_k_option
+from specdec_cli.records import Source
 from specdec_cli.stats import RunStats
 
 if TYPE_CHECKING:
@@ -27,22 +27,22 @@ _BUILD = object()  # make_engine's default: build the drafter `spec.method` name
 
 def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
                 drafter: Drafter | None | object = _BUILD) -> SpeculativeEngine:
-    """The engine for `spec` on the session's target: its drafter (`Session.make_drafter`, None for method none)
+    """The engine for `spec` on the session's target: its drafter (the session's, `Session.drafter`, which the
+    session closes; None for method none)
     and, with a drafter, its K controller (`Session.make_controller`: `--k N`, the K `specdec tune --save` chose
     when `saved_k` is given, else the session's learning `--k auto`, or a new one that learns from nothing when
     `fresh`), and the session's prompt cache (`Session.prompt_cache`; not for a `fresh` engine: benchmarks of a
     cold start).
 
     Args:
-        drafter: use this drafter instead of building one (a sweep reuses one drafter across its runs); None =
-            plain decoding.
+        drafter: use this drafter, owned by the caller, instead of the session's (a sweep wraps one that does not
+            learn); None = plain decoding.
 
     Raises:
-        UsageError: a bad --k (checked also for method none), a method that needs a draft model none is loaded.
+        UsageError: a method that needs a draft model none is loaded.
     """
-    parse_k_option(spec.k)
     if drafter is _BUILD:
-        drafter = session.make_drafter(spec)
+        drafter = session.drafter(spec)
     controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh) if drafter is not None else None
     return SpeculativeEngine(session.target, drafter, controller,
                              prompt_cache=None if fresh else session.prompt_cache)
@@ -55,7 +55,7 @@ def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
 
     from specdec_cli.tuned import lookup, tuned_path
 
-    k = lookup(session.target_path, session.draft_path, spec.method, getattr(session.target, "n_threads", None))
+    k = lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
     if k is not None:
         console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.",
                            style="spec.label"))
@@ -92,7 +92,7 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     out = []
     if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
-    if predicted and spec.method in ("auto", "predict") and "predict" not in stats.by_source:
+    if predicted and spec.method in ("auto", "predict") and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
     return tuple(out)

@@ -140,18 +140,18 @@ def current_plan() -> LoadPlan | None:
     return _plan
 
 
-def plan(model_path: str | os.PathLike[str], *, n_threads: int, status: Callable[[str], object] | None = None) -> LoadPlan:
+def plan(model_path: str | os.PathLike[str], *, n_threads: int, system_info: str,
+         status: Callable[[str], object] | None = None) -> LoadPlan:
     """The load plan for this process, decided on the first call (later calls return it): see the module docstring.
 
     `model_path` is the model about to be loaded (the probe loads it too, with `n_threads` threads, as the real load
-    will). A new warning is issued once, as a `HostWarning`. Raises UsageError for a bad `SPECDEC_AMX`.
+    will); `system_info` is llama.cpp's (`llama.system_info()`: this module never imports the binding). A new warning
+    is issued once, as a `HostWarning`. Raises UsageError for a bad `SPECDEC_AMX`.
     """
     global _plan
     if _plan is not None:
         return _plan
-    from specdec_cli.llama import system_info
-
-    info = system_info()
+    info = system_info
     key = _verdict_key(info)
 
     def probe() -> str:
@@ -233,11 +233,9 @@ def _remember(key: str, verdict: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def known_verdict() -> str | None:
-    """The remembered probe verdict for this build and CPU (None when never probed)."""
-    from specdec_cli.llama import system_info
-
-    return _verdicts().get(_verdict_key(system_info()))
+def known_verdict(system_info: str) -> str | None:
+    """The remembered probe verdict for this build (llama.cpp's `system_info`) and CPU (None when never probed)."""
+    return _verdicts().get(_verdict_key(system_info))
 
 
 def _reset_for_tests() -> None:

@@ -151,7 +151,7 @@ class LlamaBackend:
         if extra_bufts is None:
             from specdec_cli import host
 
-            extra_bufts = host.plan(self.path, n_threads=threads).extra_bufts
+            extra_bufts = host.plan(self.path, n_threads=threads, system_info=system_info()).extra_bufts
         self.extra_bufts = extra_bufts
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF

@@ -99,11 +99,14 @@ def package_version(dist: str = "llama_cpp_python") -> str | None:
         return None
 
 
+def marker_path(path: Path) -> Path:
+    """`<file>.sha256`: where the resolver records a model file's verified digest."""
+    return path.with_name(path.name + ".sha256")
+
+
 def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """{"path", "name", "size", "sha256", "sha256_source"} for a model file; the digest is read from the resolver's
     `<file>.sha256` marker, never computed (see the module docstring)."""
-    from specdec_cli.resolver import marker_path
-
     p = Path(path)
     try:
         size: int | None = p.stat().st_size
@@ -125,12 +128,11 @@ def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = ()) -> dict[str, Any]:
-    """The machine description (see the module docstring). `threads`: llama.cpp threads (None = all usable CPUs)."""
-    from specdec_cli import host
-    from specdec_cli.llama import system_info
-
-    plan = host.current_plan()
+def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = (), *, system_info: str,
+             load_plan: dict[str, Any] | None) -> dict[str, Any]:
+    """The machine description (see the module docstring). `threads`: llama.cpp threads (None = all usable CPUs);
+    `system_info`: llama.cpp's (`llama.system_info()`); `load_plan`: how this process loads models
+    (`host.current_plan().to_dict()`, None before the first load)."""
     return {
         "cpu": cpu_model(),
         "cores": physical_cores(),
@@ -141,8 +143,8 @@ def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = ()
         "os": platform.platform(),
         "python": platform.python_version(),
         "llama_cpp_python": package_version(),
-        "system_info": system_info(),
-        "load_plan": plan.to_dict() if plan is not None else None,
+        "system_info": system_info,
+        "load_plan": load_plan,
         "models": [model_file(p) for p in model_paths],
     }
 

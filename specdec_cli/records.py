@@ -9,6 +9,7 @@ generation stopped early by its consumer (Ctrl-C, `close()`) has no `Finish`: `d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 # Segment kinds, in the order the renderer shows them within a step.
 ACCEPTED = "accepted"  # a draft token the target accepted (part of the output)
@@ -16,6 +17,27 @@ REJECTED = "rejected"  # a draft token the target rejected (display only, never 
 TARGET = "target"  # the target's own token: the correction after a rejection, or the bonus token
 
 Segment = tuple[str, str]  # (kind, text)
+
+
+class Source(StrEnum):
+    """Where a draft came from, in the field's terms: `Draft.source`, `Step.source`, the keys of
+    `RunStats.by_source` (and so of --json's `stats.by_source` and the server's `specdec.sources`), the stream's
+    colours and legend. A StrEnum: it prints, compares and serialises as its value; `label` is what people read."""
+
+    prompt = "prompt"  # prompt lookup: a match in this prompt and output (--method ngram, suffix's and auto's local index)
+    store = "store"  # the suffix store of past outputs (SuffixDecoding; --method suffix and auto)
+    predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
+    draft = "draft"  # a draft model
+    grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
+
+    @property
+    def label(self) -> str:
+        """"prompt lookup", "past outputs", "prediction", "draft model"."""
+        return _LABELS[self]
+
+
+_LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
+           Source.draft: "draft model", Source.grammar: "grammar (forced)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +97,10 @@ class Step:
             all steps gives the output text exactly.
         draft_ms: wall time the drafter took, in milliseconds.
         verify_ms: wall time of the target's forward pass over len(drafted) + 1 tokens, in milliseconds.
-        source: the drafter that proposed this draft ("" for plain decoding; "grammar" for the tokens a grammar
-            forces).
+        source: the `Source` of the draft verified ("" for plain decoding).
+        match_len: the evidence of the lookup draft the controller chose this step (`Draft.match_len`: how many
+            context tokens match where it was copied from), also when it was trimmed to nothing; 0 for a draft
+            without evidence (a draft model) and for a plain step. `--k auto` learns acceptance by it.
         logprobs: one `TokenLogprob` per emitted token, in order, when `GenerationConfig.logprobs` asks for them;
             () otherwise.
     """
@@ -91,6 +115,7 @@ class Step:
     draft_ms: float
     verify_ms: float
     source: str = ""
+    match_len: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
 
     @property

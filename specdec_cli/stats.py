@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from specdec_cli.records import Finish, Prefill, Record, Step
+from specdec_cli.records import Finish, Prefill, Record, Source, Step
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class RunStats:
         draft_ms / verify_ms: total drafting / verifying time (ms).
         finish_reason: why generation ended.
         n_restored / restore_ms: prompt tokens restored from the prompt cache, and the time it took (ms).
-        by_source: per draft source ("prompt", "store", "predict", "draft", "ngram", "suffix"), {"steps", "drafted",
+        by_source: per draft `Source` ("prompt", "store", "predict", "draft"), {"steps", "drafted",
             "accepted"}: where the accepted tokens came from.
         accepted_prediction_tokens / rejected_prediction_tokens: OpenAI's predicted-outputs counts: prediction
             tokens the target accepted / that were drafted from the prediction and rejected.
@@ -113,7 +113,7 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         src["steps"] += 1
         src["drafted"] += len(s.drafted)
         src["accepted"] += s.n_accepted
-    predicted = by_source.get("predict", {"drafted": 0, "accepted": 0})
+    predicted = by_source.get(Source.predict, {"drafted": 0, "accepted": 0})
     return RunStats(
         n_prompt=prefill.n_prompt if prefill else 0,
         n_prefill_evaluated=prefill.n_evaluated if prefill else 0,

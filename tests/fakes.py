@@ -100,6 +100,12 @@ class FakeBackend:
     n_batch = property(lambda self: self._n_batch)
 
     @property
+    def n_threads(self) -> int:  # as LlamaBackend's default: every CPU this process may use
+        from specdec_cli.machine import usable_cpus
+
+        return usable_cpus()
+
+    @property
     def tokens(self) -> np.ndarray:
         return np.asarray(self._tokens, dtype=np.int32)
 

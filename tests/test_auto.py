@@ -109,13 +109,15 @@ def test_choose_compares_each_lookup_draft_by_its_source_evidence():
         for source, right in (("predict", True), ("store", False)):
             d = Draft(tokens=np.arange(8, dtype=np.int32), source=source, match_len=9)
             keep = ctrl.trim(d)
-            ctrl.observe(replace(step(keep, keep, keep if right else 0, 0.02, cpu(keep + 1)), source=source))
+            ctrl.observe(replace(step(keep, keep, keep if right else 0, 0.02, cpu(keep + 1)), source=source,
+                                 match_len=d.match_len))
     ctrl.next_k()
     store = Draft(tokens=np.arange(8, dtype=np.int32), source="store", match_len=9)
     predict = Draft(tokens=np.arange(8, dtype=np.int32) + 1, source="predict", match_len=9)
     k, chosen = ctrl.choose([store, predict], False, 64)
     assert chosen is not None and chosen.source == "predict" and k >= 1
-    assert ctrl.choose([store], False, 64) == (0, None)  # the store's drafts alone are not worth a pass
+    k, plain = ctrl.choose([store], False, 64)
+    assert k == 0 and not len(plain)  # the store's drafts alone are not worth a pass
 
 
 def test_a_prediction_that_is_the_output_is_drafted_from_the_first_token():
@@ -168,13 +170,14 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
     ctrl = AdaptiveK()
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
     lookup = Draft(tokens=np.arange(64, dtype=np.int32), source="prompt", match_len=1)
-    assert ctrl.choose([lookup], False, 64) == (0, None)
+    k, plain = ctrl.choose([lookup], False, 64)
+    assert k == 0 and not len(plain)  # a plain step (the empty draft keeps its evidence for `observe`)
     ks = []
     for i in range(5):
         d = Draft(tokens=np.arange(64, dtype=np.int32), source="predict", match_len=1 + sum(ks))
         k, chosen = ctrl.choose([d], False, 64)
         ks.append(k)
-        ctrl.observe(replace(step(k, k, k, 0.02, cpu(k + 1)), source="predict"))
+        ctrl.observe(replace(step(k, k, k, 0.02, cpu(k + 1)), source="predict", match_len=d.match_len))
     assert ks[0] >= 3 and ks[-1] >= 24, ks
 
 

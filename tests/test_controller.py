@@ -324,7 +324,7 @@ def drive_lookup(ctrl: AdaptiveK, *, steps: int, seed: int, curve=cpu) -> list[t
         right = 40 if m == 40 else int(rng.random() < 0.2)
         n_acc = min(keep, right)
         out.append((m, keep))
-        ctrl.observe(replace(step(keep, keep, n_acc, 0.02, curve(keep + 1)), source="ngram" if keep else ""))
+        ctrl.observe(replace(step(keep, keep, n_acc, 0.02, curve(keep + 1)), source="ngram" if keep else "", match_len=m))
     return out
 
 
@@ -353,7 +353,7 @@ def test_a_buckets_draft_length_grows_only_with_verified_positions() -> None:
         assert 0 < keep <= max(3, 2 * seen)  # every draft is right, but K at most doubles
         ks.append(keep)
         seen = max(seen, keep)
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram"))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     assert ks[-1] > 16, ks  # ... and it does grow while the drafts stay right
 
 
@@ -392,7 +392,8 @@ def test_a_slow_first_lookup_call_does_not_hide_that_lookup_drafts_are_free() ->
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
     for draft_ms, free in ((30.0, False), (0.05, True), (30.0, True)):  # warm-up, steady state, one hiccup
         keep = ctrl.trim(lookup_draft(40, 3))
-        ctrl.observe(replace(step(keep, keep, keep, draft_ms, cpu(keep + 1)), source="ngram" if keep else ""))
+        ctrl.observe(replace(step(keep, keep, keep, draft_ms, cpu(keep + 1)), source="ngram" if keep else "",
+                             match_len=40))
         assert (ctrl.next_k() == 64) is free
 
 
@@ -415,7 +416,7 @@ def test_a_bumpy_verify_curve_does_not_trap_k_below_drafts_that_are_always_right
     for _ in range(12):
         keep = ctrl.trim(lookup_draft(40))
         ks.append(keep)
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, bumpy(keep + 1)), source="ngram" if keep else ""))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, bumpy(keep + 1)), source="ngram" if keep else "", match_len=40))
     assert max(ks) >= 32 and ks[-1] >= 32, ks
 
 
@@ -426,7 +427,7 @@ def test_a_branch_in_the_draft_caps_k_where_past_continuations_part_ways() -> No
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
     for _ in range(8):  # a bucket of long matches whose drafts are always right
         keep = ctrl.trim(lookup_draft(40))
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram"))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     sure = np.ones(64)
     branch = sure.copy()
     branch[3] = 0.2  # 1 in 5 past outputs that match here went on with draft token 4
@@ -461,11 +462,43 @@ def test_a_bucket_that_was_right_for_long_backs_off_within_a_few_rejections() ->
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
     for _ in range(60):
         keep = ctrl.trim(lookup_draft(40))
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="suffix"))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     assert keep == 64
     ks = []
     for _ in range(6):
         keep = ctrl.trim(lookup_draft(40))
         ks.append(keep)
-        ctrl.observe(replace(step(keep, keep, min(keep, 2), 0.02, cpu(keep + 1)), source="suffix"))
+        ctrl.observe(replace(step(keep, keep, min(keep, 2), 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     assert sum(k > 8 for k in ks) <= 2 and ks[-1] <= 3, ks
+
+
+def test_a_lookup_step_is_not_counted_as_the_draft_models_probe() -> None:
+    """A flat verify curve (a GPU), a draft model that is always wrong and a lookup source that is always right on
+    half the steps (at random): the draft model's probes fail, so they back off (towards one every 64 steps),
+    whatever the lookup drafts do. The bug: a probe started in `choose` was taken over by a winning lookup draft, and
+    `observe` counted that lookup step as the probe's outcome (a paying one), so the probes came every few steps
+    (90 model steps of the last 400 before the fix)."""
+    from specdec_cli.drafters.base import Draft
+
+    ctrl = AdaptiveK()
+    rng = np.random.default_rng(0)
+    flat, model_ms = 20.0, 12.0  # ms per verify pass whatever its size; ms per draft-model token
+    model_steps = []
+    for i in range(800):
+        k = ctrl.next_k()
+        if k == 0:
+            ctrl.observe(step(0, 0, 0, 0.0, flat))
+            continue
+        drafts = [Draft(tokens=np.arange(min(k, 8), dtype=np.int32), source="prompt", match_len=40)] \
+            if rng.random() < 0.5 else []
+        k, draft = ctrl.choose(drafts, True, k)
+        if draft is None and k > 0:  # the draft model drafts k tokens, all rejected
+            model_steps.append(i)
+            ctrl.observe(step(k, k, 0, model_ms * k, flat, source="draft"))
+        elif draft is not None and len(draft):  # the lookup draft, accepted whole
+            n = len(draft)
+            ctrl.observe(replace(step(k, n, n, 0.05, flat, source="prompt"), match_len=draft.match_len))
+        else:  # a plain step (a lookup draft trimmed to nothing still tells its evidence)
+            ctrl.observe(replace(step(0, 0, 0, 0.05, flat), match_len=draft.match_len if draft is not None else 0))
+    late = [i for i in model_steps if i >= 400]
+    assert 1 <= len(late) <= 16, late  # probes backed off, not one every few steps

@@ -87,15 +87,15 @@ def test_plan_probes_once_per_build_and_cpu_and_warns_once(monkeypatch, fresh_pl
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
     monkeypatch.setattr(host, "probe_child", lambda path, threads: calls.append((str(path), threads)) or "crash: SIGSEGV")
     with pytest.warns(host.HostWarning, match="issue 20824"):
-        plan = host.plan("m.gguf", n_threads=2)
+        plan = host.plan("m.gguf", n_threads=2, system_info=AMX)
     assert not plan.extra_bufts and calls == [("m.gguf", 2)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the decided plan is reused: no second warning, no second probe
-        assert host.plan("other.gguf", n_threads=2) is plan
+        assert host.plan("other.gguf", n_threads=2, system_info=AMX) is plan
     assert host.current_plan() is plan
     host._reset_for_tests()  # a new process: the verdict is remembered on disk
     with pytest.warns(host.HostWarning):
-        assert not host.plan("m.gguf", n_threads=2).extra_bufts
+        assert not host.plan("m.gguf", n_threads=2, system_info=AMX).extra_bufts
     assert len(calls) == 1
 
 
@@ -106,10 +106,10 @@ def test_plan_does_not_remember_a_probe_without_verdict(monkeypatch, fresh_plan)
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
     monkeypatch.setattr(host, "probe_child", lambda path, threads: calls.append(1) or "no verdict: timeout")
     with pytest.warns(host.HostWarning):
-        host.plan("m.gguf", n_threads=2)
+        host.plan("m.gguf", n_threads=2, system_info=AMX)
     host._reset_for_tests()
     with pytest.warns(host.HostWarning):
-        host.plan("m.gguf", n_threads=2)
+        host.plan("m.gguf", n_threads=2, system_info=AMX)
     assert len(calls) == 2
 
 
@@ -208,7 +208,7 @@ def test_tune_records_the_load_path_and_keys_the_slow_path_apart(monkeypatch, fr
     as_built = tuned.machine(2)
     assert as_built["load_plan"] is None  # nothing loaded yet in this process
     with pytest.warns(host.HostWarning):
-        host.plan("m.gguf", n_threads=2)
+        host.plan("m.gguf", n_threads=2, system_info=AMX)
     slow = tuned.machine(2)
     assert slow["load_plan"]["path"] == "extra buffer types off"
     assert slow["key"] == as_built["key"] + "|extra-bufts-off"

@@ -27,7 +27,7 @@ def trained() -> AdaptiveK:
     for _ in range(20):
         ctrl.next_k()
         keep = ctrl.trim(lookup_draft(40))
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram"))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     return ctrl
 
 
@@ -51,7 +51,7 @@ def test_restored_evidence_is_capped_so_todays_measurements_outweigh_it() -> Non
     assert new.model.acceptance(b, "ngram")[0] == pytest.approx(old.model.acceptance(b, "ngram")[0], abs=0.02)
     for _ in range(8):  # today these matches are wrong at once
         keep = new.trim(lookup_draft(40))
-        new.observe(replace(step(keep, keep, 0, 0.02, cpu(keep + 1)), source="ngram"))
+        new.observe(replace(step(keep, keep, 0, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     assert new.model.acceptance(b, "ngram")[0] < 0.6
 
 
@@ -85,7 +85,7 @@ def feed(ctrl: AdaptiveK) -> None:
     for _ in range(20):
         ctrl.next_k()
         keep = ctrl.trim(lookup_draft(40))
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="suffix"))
+        ctrl.observe(replace(step(keep, keep, keep, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
 
 
 def test_the_next_session_with_the_same_model_and_method_continues_from_the_last(tmp_path) -> None:

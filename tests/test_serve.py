@@ -537,7 +537,7 @@ def test_real_server_end_to_end(smollm2_path, tmp_path):
         spec = next(c for c in streamed if c.choices and c.choices[0].finish_reason).model_extra["specdec"]
         assert again == text  # greedy, same prompt: the same reply
         assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1  # the prompt came from the cache
-        assert spec["sources"]["suffix"]["accepted"] > 0  # the suffix store learnt the first reply
+        assert spec["sources"]["store"]["accepted"] > 0  # the suffix store learnt the first reply (past outputs)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err

@@ -82,7 +82,7 @@ def test_local_longest_suffix_match_beats_the_most_recent_shorter_one():
     draft = propose(drafter, ctx, k=8)
     assert drafter.last.match_len == 4
     assert draft.tokens.tolist() == [7, 0, 9, 3]  # 4 tokens: factor 1 × match length 4
-    assert draft.dists is None and draft.source == "suffix" and draft.tokens.dtype == np.int32
+    assert draft.dists is None and draft.source == "prompt" and draft.tokens.dtype == np.int32  # a local match
 
 
 def test_global_longest_suffix_match_and_its_occurrences():
@@ -189,7 +189,7 @@ def test_local_vs_global_choice_by_match_length_then_expected_accepted_tokens():
     store = store_with([2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7])
     drafter = SuffixDrafter(store, factor=4)
     draft = propose(drafter, [2, 3, 9, 1, 2, 3, 8, 0, 2, 3])
-    assert drafter.last.source == "global" and draft.tokens.tolist() == [4, 5, 6, 7]
+    assert drafter.last.source == "global" and draft.source == "store" and draft.tokens.tolist() == [4, 5, 6, 7]
     # Local: a long match of this very prompt beats a short global one.
     drafter.begin(arr(11, 12, 13, 2, 3, 21, 22, 23, 24, 0, 11, 12, 13, 2, 3))
     draft = propose(drafter, [11, 12, 13, 2, 3, 21, 22, 23, 24, 0, 11, 12, 13, 2, 3])
@@ -225,7 +225,7 @@ def test_a_reply_opening_and_its_end_are_learnt():
 def test_nothing_to_match_gives_an_empty_draft():
     drafter = SuffixDrafter(store_with([1, 2, 3]))
     draft = propose(drafter, [7, 8, 9])
-    assert len(draft) == 0 and draft.dists is None and draft.source == "suffix"
+    assert len(draft) == 0 and draft.dists is None
 
 
 def test_propose_is_deterministic_and_does_not_touch_the_context():

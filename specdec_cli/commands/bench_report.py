@@ -1,4 +1,5 @@
-"""`specdec bench`'s report: the terminal tables and chart, the README's Markdown table, the --plot image.
+"""`specdec bench`'s report: what it summarises (`BenchConfig`, `ConfigSummary`), the terminal tables and chart, the
+README's Markdown table, the --plot image.
 
 Pure functions of the --json document and its `ConfigSummary`s, so `specdec bench --from-json` re-renders a saved
 run without measuring anything.
@@ -6,8 +7,9 @@ run without measuring anything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -15,12 +17,91 @@ from rich.text import Text
 
 from specdec_cli import sweep
 from specdec_cli.errors import UsageError
-from specdec_cli.sweep import Bar, speed_cell, speed_style
-
-if TYPE_CHECKING:
-    from specdec_cli.commands.bench import ConfigSummary
+from specdec_cli.sweep import Bar, rounded, speed_cell, speed_style
 
 PLOT_FORMATS = (".png", ".svg")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One configuration. family "ours" (`method` is one of OUR_METHODS), "peer" (`num_pred_tokens` is N) or
+    "native" (`method` is "plain" or a llama.cpp --spec-type such as "ngram-simple")."""
+
+    label: str
+    family: str
+    method: str | None = None
+    num_pred_tokens: int | None = None
+
+    @property
+    def title(self) -> str:
+        """For Markdown and charts; the terminal table shows the short label (peer-N is explained below it)."""
+        if self.family == "native":
+            return f"llama.cpp native {self.method}"
+        return self.label if self.family == "ours" else f"llama-cpp-python lookup (N={self.num_pred_tokens})"
+
+
+@dataclass
+class ConfigSummary:
+    """One configuration over the prompts (see the module docstring for every definition).
+
+    tokens_per_s: decode tok/s, median over prompts of the per-prompt medians over repeats. tps_spread: median over
+    prompts of (max - min) / median over repeats (None below 2 repeats). speedup: geometric mean over prompts;
+    speedup_range: (min, max) over prompts. ttft_ms: median over prompts of the cold runs' TTFT (ms).
+    peak_rss_kib: largest over its runs (KiB). agree: (timed runs identical to none's, runs compared, fewest
+    shared leading tokens among the others or None).
+    """
+
+    config: BenchConfig
+    runs: int = 0
+    tokens_per_s: float | None = None
+    tps_spread: float | None = None
+    tps_by_prompt: dict[str, float] = field(default_factory=dict)
+    speedup: float | None = None
+    speedup_range: tuple[float, float] | None = None
+    speedup_by_prompt: dict[str, float] = field(default_factory=dict)
+    speedup_spread_by_prompt: dict[str, tuple[float, float]] = field(default_factory=dict)
+    speedup_by_class: dict[str, float] = field(default_factory=dict)
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_spec_steps: int = 0
+    ttft_ms: float | None = None
+    ttft_by_prompt: dict[str, float] = field(default_factory=dict)
+    peak_rss_kib: int | None = None
+    agree: tuple[int, int, int | None] = (0, 0, None)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return self.n_accepted / self.n_spec_steps if self.n_spec_steps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        r = rounded
+        return {
+            "config": self.config.label,
+            "title": self.config.title,
+            "timed_runs": self.runs,
+            "tokens_per_s": r(self.tokens_per_s, 3),
+            "tokens_per_s_spread": r(self.tps_spread),
+            "tokens_per_s_by_prompt": {p: r(v, 3) for p, v in self.tps_by_prompt.items()},
+            "speedup": r(self.speedup),
+            "speedup_range": [r(x) for x in self.speedup_range] if self.speedup_range else None,
+            "speedup_by_prompt": {p: r(v) for p, v in self.speedup_by_prompt.items()},
+            "speedup_min_max_over_repeats": {p: [r(a), r(b)] for p, (a, b) in self.speedup_spread_by_prompt.items()},
+            "speedup_by_class": {c: r(v) for c, v in self.speedup_by_class.items()},
+            "acceptance_rate": r(self.acceptance_rate),
+            "mean_accepted_length": r(self.mean_accepted_length),
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "ttft_ms": r(self.ttft_ms, 1),
+            "ttft_ms_by_prompt": {p: r(v, 1) for p, v in self.ttft_by_prompt.items()},
+            "peak_rss_bytes": self.peak_rss_kib * 1024 if self.peak_rss_kib is not None else None,
+            "identical_to_none": self.agree[0],
+            "compared_with_none": self.agree[1],
+            "min_shared_tokens_when_different": self.agree[2],
+        }
 
 
 

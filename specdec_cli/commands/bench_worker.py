@@ -187,7 +187,7 @@ class _OursRunner:
                      # the chat-templated prompt text, for the native llama.cpp peer (the same ids when it tokenizes)
                      "rendered": [self.session.target.format_chat([{"role": "user", "content": t}])
                                   for t in msg["prompts"]],
-                     "threads": getattr(self.session.target, "n_threads", None), "suffix_store_tokens": store_tokens,
+                     "threads": self.session.target.n_threads, "suffix_store_tokens": store_tokens,
                      "rss_after_load_kib": _rss_kib()[1]}
 
     def _drafter(self, method: str):

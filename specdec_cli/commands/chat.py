@@ -1,13 +1,13 @@
 """`specdec chat`: a multi-turn conversation, each reply generated with speculative decoding and streamed in colour.
 
-Five parts, each usable alone:
+Five parts, each usable alone (this module: input, the loop and the command; the others in their own modules):
     input       `LineReader`: one message per read. A trailing backslash continues the line, a \"\"\" block spans
                 lines; readline history (arrow keys) when stdin is a terminal; Ctrl-D, or Ctrl-C at an empty prompt,
                 ends the chat.
-    history     `Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
+    history     `chat_history.Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
                 `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
     commands    `chat_commands.COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
-    generation  `Chat.turn`: one reply through `driver.generate`, the same engine loop as `specdec run`.
+    generation  `chat_session.Chat.turn`: one reply through `driver.generate`, the same engine loop as `specdec run`.
     rendering   `chat_view.ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
 
 KV cache reuse across turns: the engine keeps the longest common prefix of the target's cache and the new prompt
@@ -27,30 +27,23 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
-import numpy as np
-
-from specdec_cli.backend import common_prefix
 from specdec_cli.commands.chat_commands import dispatch, is_command
+from specdec_cli.commands.chat_history import Conversation, Turn
+from specdec_cli.commands.chat_session import Chat
 from specdec_cli.commands.chat_view import ChatView
 from specdec_cli.engine import GenerationConfig
-from specdec_cli.errors import ContextOverflowError, SpecdecError
-from specdec_cli.driver import Generation, generate
-from specdec_cli.generation import make_engine, saved_k as tuned_k
-from specdec_cli.records import Step
+from specdec_cli.errors import SpecdecError
+from specdec_cli.generation import saved_k as tuned_k
 from specdec_cli.options import Method
 from specdec_cli.render import err_console, wants_color
-from specdec_cli.session import NEEDS_DRAFT_MODEL, ModelOptions, Session, SpecOptions, open_session
-from specdec_cli.stats import RunStats, summarize
+from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
 __all__ = ["Chat", "ChatView", "Conversation", "LineReader", "Turn", "dispatch", "execute", "loop"]
 
 HISTORY_FILE = "chat_history"
-MIN_REPLY = 32  # a message is refused when it leaves less room than this (or --max-tokens, if smaller) for a reply
-REFILL = 0.75  # when turns must go, drop them until the prompt takes at most this share of what the reply leaves
 
 
 # ================================================================================================================
@@ -170,200 +163,6 @@ def _touch_private(path: Path) -> None:
 
 
 # ================================================================================================================
-# History
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One exchange. `stats` are the reply's statistics (from the engine's records); `draft_cache` is the draft
-    model's prefill as (tokens evaluated, tokens reused from its cache), None when no draft model ran."""
-
-    user: str
-    assistant: str
-    interrupted: bool = False
-    stats: RunStats | None = None
-    method: str = ""
-    k: str = ""
-    draft_cache: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A prompt that fits: int32 [n] tokens, the first turn still in the context, the reply budget (tokens)."""
-
-    prompt: np.ndarray
-    start: int
-    budget: int
-
-
-class Conversation:
-    """The turns of one conversation and the window of them that the model sees.
-
-    `turns[start:]` are in the context; older turns were dropped to make room and stay only in the transcript.
-    """
-
-    def __init__(self, system: str | None = None) -> None:
-        self.system = system
-        self.turns: list[Turn] = []
-        self.start = 0
-
-    def messages(self, user: str | None = None, *, start: int | None = None) -> list[dict[str, str]]:
-        """The chat messages from turn `start` (default: the window), plus a pending user message."""
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        for t in self.turns[self.start if start is None else start :]:
-            msgs += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.assistant}]
-        if user is not None:
-            msgs.append({"role": "user", "content": user})
-        return msgs
-
-    def fit(self, chat_tokens: Callable[[list[dict[str, str]]], list[int]], user: str, *, n_ctx: int,
-            max_tokens: int) -> Fit:
-        """The prompt for `user`'s message, dropping the oldest turns when it plus `max_tokens` overflows `n_ctx`.
-
-        The system prompt is never dropped. Dropping changes the start of the prompt, so the whole window is evaluated
-        again; to pay that once every few turns rather than on every turn, turns are dropped until the prompt takes
-        at most REFILL of the `n_ctx - max_tokens` tokens the reply leaves. When the message alone leaves less than
-        `max_tokens`, the reply budget shrinks to what is left. Raises ContextOverflowError when that is under
-        min(max_tokens, MIN_REPLY).
-        """
-        start = self.start
-        limit = n_ctx - max_tokens  # the most the prompt may take
-        while True:
-            prompt = np.asarray(chat_tokens(self.messages(user, start=start)), dtype=np.int32)
-            if len(prompt) <= limit or start == len(self.turns):
-                break
-            start += 1
-            limit = int(REFILL * (n_ctx - max_tokens))  # once dropping, leave room for the next few turns
-        room = n_ctx - len(prompt)
-        if room < min(max_tokens, MIN_REPLY):
-            what = "the system prompt and your message take" if self.system else "your message takes"
-            raise ContextOverflowError(
-                f"This message does not fit: {what} {len(prompt)} of the {n_ctx} context tokens, "
-                "leaving no room for a reply.",
-                "Send a shorter message, or restart with a larger --ctx.",
-            )
-        return Fit(prompt=prompt, start=start, budget=min(max_tokens, room))
-
-    def add(self, turn: Turn) -> None:
-        self.turns.append(turn)
-
-    def reset(self) -> None:
-        self.turns.clear()
-        self.start = 0
-
-
-@dataclass
-class Totals:
-    """Session totals over every reply (also interrupted ones), from the same records the stream showed."""
-
-    turns: int = 0
-    steps: list[Step] = field(default_factory=list)
-    decode_ms: float = 0.0
-    n_prompt: int = 0
-    n_reused: int = 0  # prompt tokens that came from the target's cache
-    prefill_ms: float = 0.0
-
-    def add(self, gen: Generation) -> None:
-        s = gen.stats
-        self.turns += 1
-        self.steps += gen.steps
-        self.decode_ms += s.decode_ms
-        self.n_prompt += s.n_prompt
-        self.n_reused += s.n_cached
-        self.prefill_ms += s.prefill_ms
-
-    def summary(self) -> RunStats:
-        return summarize(self.steps, decode_ms=self.decode_ms)
-
-
-# ================================================================================================================
-# Generation
-
-
-class Chat:
-    """The chat's state: the session, the speculation settings, the conversation and the totals.
-
-    Raises (from `turn`, `set_spec`): SpecdecError subclasses; the loop prints them and carries on.
-    """
-
-    def __init__(self, session: Session, *, spec: SpecOptions, config: GenerationConfig, view: ChatView,
-                 system: str | None = None, saved_k: int | None = None) -> None:
-        self.session = session
-        self.config = config
-        self.view = view
-        self.conversation = Conversation(system)
-        self.totals = Totals()
-        self.spec = spec
-        self.engine = make_engine(session, spec, saved_k=saved_k)
-        self.prediction: str | None = None  # /predict FILE: the predicted output of the next reply only
-
-    @property
-    def drafter(self):
-        """The drafter replies are generated with (None: plain decoding)."""
-        return self.engine.drafter
-
-    def set_spec(self, spec: SpecOptions) -> None:
-        """Switch drafter and/or K (the controller `Session.make_controller` gives for it); the conversation and
-        caches are kept. Raises UsageError for a bad K before anything changes."""
-        rebuild = (spec.method, spec.ngram_min, spec.ngram_max) != (self.spec.method, self.spec.ngram_min,
-                                                                   self.spec.ngram_max)
-        engine = make_engine(self.session, spec) if rebuild else make_engine(self.session, spec, drafter=self.drafter)
-        if rebuild:
-            self.engine.close()  # learning drafters save what they learned
-        self.engine, self.spec = engine, spec
-
-    def turn(self, text: str) -> Turn | None:
-        """Answer one message: fit the history, stream the reply, record it. None when interrupted before any text."""
-        target = self.session.target
-        fit = self.conversation.fit(self.session.chat_tokens, text, n_ctx=target.n_ctx,
-                                    max_tokens=self.config.max_tokens)
-        if fit.start > self.conversation.start:
-            self.view.dropped(fit.start - self.conversation.start, len(fit.prompt), target.n_ctx,
-                              self.config.max_tokens)
-            self.conversation.start = fit.start
-        if fit.budget < self.config.max_tokens:
-            self.view.note(f"The reply is limited to {fit.budget} tokens: that is what the {target.n_ctx}-token "
-                           "context has left after your message.")
-        draft_cache = self._draft_cache(fit.prompt)
-        prediction, self.prediction = self.prediction, None
-        config = replace(self.config, max_tokens=fit.budget, sampling=self._sampling(),
-                         prediction=self.session.prediction_tokens(prediction))
-        renderer = self.view.stream()
-        try:
-            gen = generate(self.engine, fit.prompt, config, renderer.step)
-        except BaseException:
-            renderer.end()
-            raise
-        self.view.end_stream(renderer, gen.text)
-        self.totals.add(gen)
-        if gen.interrupted and not gen.text:
-            self.view.note("Interrupted before any text; the message was not added to the conversation.")
-            return None
-        turn = Turn(user=text, assistant=gen.text, interrupted=gen.interrupted, stats=gen.stats,
-                    method=self.spec.method, k=self.spec.k, draft_cache=draft_cache)
-        self.conversation.add(turn)
-        self.view.footer(turn)
-        return turn
-
-    def _draft_cache(self, prompt: np.ndarray) -> tuple[int, int] | None:
-        """(evaluated, reused) for the draft model's prefill of `prompt`: `ModelDrafter.begin` keeps the longest
-        common prefix of its cache and prompt[:-1] and evaluates the rest."""
-        draft = self.session.draft
-        if draft is None or self.spec.method not in NEEDS_DRAFT_MODEL:
-            return None
-        reused = common_prefix(draft.tokens, prompt[:-1])
-        return len(prompt) - 1 - reused, reused
-
-    def _sampling(self):
-        """Per-turn seed: --seed + turn number, so a scripted chat is reproducible but turns do not share draws."""
-        s = self.config.sampling
-        return s if s.seed is None else replace(s, seed=s.seed + self.totals.turns)
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-# ================================================================================================================
 # The loop
 
 
@@ -411,7 +210,6 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
         try:
             loop(chat, reader)
         finally:
-            chat.close()
             reader.close()
         view.goodbye(chat.totals)
     return 0

@@ -18,7 +18,7 @@ from specdec_cli.options import Method
 from specdec_cli.session import NEEDS_DRAFT_MODEL
 
 if TYPE_CHECKING:
-    from specdec_cli.commands.chat import Chat
+    from specdec_cli.commands.chat_session import Chat
 
 
 
@@ -31,7 +31,7 @@ class Command:
 
 
 def _help(chat: Chat, arg: str) -> bool:
-    chat.view.help()
+    chat.view.help([(c.usage, c.help) for c in COMMANDS.values() if c.usage])
     return False
 
 

@@ -13,7 +13,7 @@ from specdec_cli.options import Method
 from specdec_cli.render import StreamRenderer, legend
 
 if TYPE_CHECKING:
-    from specdec_cli.commands.chat import Totals, Turn
+    from specdec_cli.commands.chat_history import Totals, Turn
     from specdec_cli.engine import GenerationConfig
     from specdec_cli.session import Session, SpecOptions
 
@@ -111,15 +111,13 @@ class ChatView:
                   f"turn{'s' * (n != 1)} (the system prompt is kept) to leave room for a {max_tokens}-token reply; "
                   f"the prompt is now {n_prompt} tokens. /save keeps the whole transcript; --ctx raises the limit.")
 
-    def help(self) -> None:
-        from specdec_cli.commands.chat_commands import COMMANDS
-
+    def help(self, commands: list[tuple[str, str]]) -> None:
+        """The slash commands, as (usage, what it does), and how to type messages."""
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
-        for c in COMMANDS.values():
-            if c.usage:
-                table.add_row(c.usage, c.help)
+        for usage, what in commands:
+            table.add_row(usage, what)
         self.err.print(table)
         self.err.print(Text(
             'Several lines: end a line with \\ to continue it, or wrap the text in """ … """.\n'

@@ -80,11 +80,8 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     with open_session(models, method=spec.method, console=err) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         engine = make_engine(session, spec)
-        try:
-            with status(err, f"Generating with --method {spec.method}"):
-                result = generate(engine, prompt, config)
-        finally:
-            engine.close()
+        with status(err, f"Generating with --method {spec.method}"):
+            result = generate(engine, prompt, config)
         if result.interrupted:
             return 130
         with status(err, f"Re-scoring {len(result.tokens)} tokens one at a time"):
@@ -126,7 +123,7 @@ def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig,
             "stop": list(config.stop),
             "grammar": config.grammar.name if config.grammar is not None else None,
             "ctx": session.target.n_ctx,
-            "threads": getattr(session.target, "n_threads", None),
+            "threads": session.target.n_threads,
         },
         "system_info": system_info(),
     }

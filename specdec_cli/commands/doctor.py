@@ -29,7 +29,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
 
     info = system_info()
     setting = host.setting()
-    verdict = host.known_verdict()
+    verdict = host.known_verdict(info)
     probed_with = None
     if probe and host.amx_build(info) and setting == "auto" and verdict is None:
         model = _probe_model()

@@ -14,7 +14,7 @@ from specdec_cli.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.driver import Generation, generate
 from specdec_cli.generation import make_engine, notes, plain_compare, saved_k as tuned_k
-from specdec_cli.options import Method, parse_k_option
+from specdec_cli.options import Method
 from specdec_cli.output import write_json
 from specdec_cli.prompts_io import check_output_path
 from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
@@ -44,7 +44,6 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "
                          "by design (speculative sampling is lossless in distribution, checked statistically).",
                          "Drop --strict, or use --temperature 0.")
-    parse_k_option(spec.k)  # before loading any model, also for --method none
     if spec.method == "predict" and prediction is None:
         raise UsageError("--method predict drafts from a predicted output, and none was given.",
                          "Add --predict FILE (the text you expect back), or use --method auto.")
@@ -64,10 +63,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
             err.print(legend(spec.method, grammar=config.grammar is not None))
-        try:
-            result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
-        finally:
-            engine.close()  # learning drafters save what they learned
+        result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         if renderer is not None:
             renderer.end()
 
@@ -136,7 +132,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "stop": list(config.stop),
             "sampling": asdict(config.sampling),
             "ctx": session.target.n_ctx,
-            "threads": getattr(session.target, "n_threads", None),
+            "threads": session.target.n_threads,
             "prediction_tokens": len(config.prediction) if config.prediction is not None else None,
             "grammar": config.grammar.name if config.grammar is not None else None,
             "logprobs": config.logprobs,

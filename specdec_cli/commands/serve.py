@@ -22,13 +22,11 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     """
     require_extra()
     from specdec_cli.generation import saved_k as tuned_k
-    from specdec_cli.options import parse_k_option
     from specdec_cli.render import err_console
     from specdec_cli.serve.app import base_url, create_app, make_server
     from specdec_cli.serve.service import GenerationService
     from specdec_cli.serve.worker import Worker
 
-    parse_k_option(spec.k)
     sock = _bind(host, port)  # before loading a model: a port in use fails at once
     err = err_console()
     try:

@@ -315,7 +315,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
     configs = configs_for(options.ks)
     with open_session(models, method=spec.method, console=err) as session:
         tune = run(session, prompts, spec=spec, config=config, configs=configs, repeats=options.repeats,
-                   threads=models.threads, console=err)
+                   console=err)
         names = [p.name for p in prompts]
         summaries = summarize(tune.measurements, configs, names)
         best = choose_best(summaries) if not tune.interrupted else None
@@ -332,7 +332,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
 
 
 def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: GenerationConfig,
-        configs: list[TuneConfig], repeats: int, threads: int | None, console) -> TuneRun:
+        configs: list[TuneConfig], repeats: int, console) -> TuneRun:
     """One warm-up, then every configuration on every prompt `repeats` times in `sweep.schedule` order, each run
     with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured."""
     from specdec_cli.driver import generate
@@ -344,7 +344,7 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
     measurements: list[Measurement] = []
     inner = session.make_drafter(spec)
     drafter = NoLearning(inner)
-    mach = machine(getattr(session.target, "n_threads", threads))
+    mach = machine(session.target.n_threads)
 
     def engine(c: TuneConfig):  # a fresh controller for every run
         return make_engine(session, replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,

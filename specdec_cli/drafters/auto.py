@@ -21,6 +21,7 @@ import numpy as np
 
 from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.drafters.suffix import SuffixDrafter
+from specdec_cli.records import Source
 from specdec_cli.sampling import SamplingParams
 
 
@@ -55,7 +56,7 @@ class AutoDrafter(DrafterBase):
         drafts = []
         if self.suffix is not None:
             local, glob = self.suffix.continuations(context, k)
-            drafts += [self.suffix.draft(local, "prompt"), self.suffix.draft(glob, "store")]
+            drafts += [self.suffix.draft(local, Source.prompt), self.suffix.draft(glob, Source.store)]
         if self.prediction is not None:
             drafts.append(self.prediction.propose(context, k, sampling, rng))
         return [d for d in drafts if len(d)]

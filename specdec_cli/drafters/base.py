@@ -27,8 +27,8 @@ class Draft:
         dists: for model drafters, q_i (a processed `Dist`) for each proposed token; None for deterministic drafters.
         score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
             match-based estimate of a lookup drafter).
-        source: which drafter produced it (for the controller's per-source estimates and the stats), e.g. "draft",
-            "ngram", "suffix", "prompt" (prompt lookup within --method auto), "store" (the suffix store), "predict".
+        source: where it came from, a `records.Source` (the controller's per-source estimates, the stats, the
+            stream's colours): prompt lookup, the suffix store of past outputs, a prediction, a draft model.
         match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
             text the draft was copied after (0 = no such evidence, e.g. a draft model). Under `--k auto` the
             controller trims the draft by the acceptance it has measured for matches of this length.

@@ -13,6 +13,7 @@ import numpy as np
 
 from specdec_cli.backend import Backend, common_prefix, sync
 from specdec_cli.drafters.base import Draft, DrafterBase
+from specdec_cli.records import Source
 from specdec_cli.sampling import Dist, SamplingParams, process, sample
 
 
@@ -42,7 +43,7 @@ class ModelDrafter(DrafterBase):
         """Up to k tokens after `context` (int32 [n]). Returns q_i as `Dist`s when sampling, None when greedy."""
         b = self.backend
         if len(context) == 0:  # nothing to condition on (the engine never asks: a prompt has >= 1 token)
-            return Draft(tokens=np.zeros(0, dtype=np.int32), source=self.name)
+            return Draft(tokens=np.zeros(0, dtype=np.int32), source=Source.draft)
         # Catch up: keep the common prefix, evaluate the rest of the context in one batch (logits for the last row).
         keep = min(common_prefix(b.tokens, context), len(context) - 1)
         b.truncate(keep)
@@ -73,7 +74,7 @@ class ModelDrafter(DrafterBase):
             tokens=np.asarray(tokens, dtype=np.int32),
             dists=None if sampling.greedy else tuple(dists),
             score=score if (self.min_prob > 0.0 or not sampling.greedy) else 0.0,
-            source=self.name,
+            source=Source.draft,
         )
 
     # close: the session owns the draft model's backend

@@ -11,6 +11,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
 from specdec_cli.sampling import SamplingParams
+from specdec_cli.records import Source
 
 MATCH_DEPTH = 64  # how far back a match is measured (the evidence is capped here)
 MAX_CANDIDATES = 256  # most recent occurrences of the n-gram compared
@@ -66,6 +67,6 @@ class NgramDrafter(DrafterBase):
                 start = int(ends[best]) + 1
                 cont = ctx[start : start + k]
                 if len(cont):
-                    return Draft(tokens=cont.astype(np.int32, copy=True), score=n / self.n_max, source=self.name,
+                    return Draft(tokens=cont.astype(np.int32, copy=True), score=n / self.n_max, source=Source.prompt,
                                  match_len=int(lengths[best]))
-        return Draft(tokens=EMPTY, source=self.name)
+        return Draft(tokens=EMPTY, source=Source.prompt)

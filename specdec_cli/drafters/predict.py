@@ -45,6 +45,7 @@ from typing import Callable
 import numpy as np
 
 from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
+from specdec_cli.records import Source
 from specdec_cli.sampling import SamplingParams
 
 SCORE_FULL = 8  # a run of this many agreeing tokens gives score 1.0
@@ -126,13 +127,13 @@ class PredictionDrafter(DrafterBase):
         if len(new):
             self._consume(new)
         if self._ptr < 0:
-            return Draft(tokens=EMPTY, source=self.name)
+            return Draft(tokens=EMPTY, source=Source.predict)
         head = self._pending[:k]
         tokens = np.concatenate((head, self.prediction[self._ptr : self._ptr + k - len(head)]))
         if not len(tokens):
-            return Draft(tokens=EMPTY, source=self.name)
+            return Draft(tokens=EMPTY, source=Source.predict)
         match = max(self._run, 1)
-        return Draft(tokens=tokens, score=min(1.0, match / SCORE_FULL), source=self.name, match_len=match)
+        return Draft(tokens=tokens, score=min(1.0, match / SCORE_FULL), source=Source.predict, match_len=match)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
         pass

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
+from specdec_cli.records import Source
 from specdec_cli.suffix_store import WINDOW, Continuation, SuffixStore, empty_continuation
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ class SuffixDrafter(DrafterBase):
         if (glob.match_len, glob.score) > (best.match_len, best.score):
             best = glob
         self.last = best
-        return self.draft(best, self.name)
+        return self.draft(best, Source.store if best is glob else Source.prompt)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
         """Add the output, after the last `lead_in` prompt tokens (and the whole prompt when `store_prompt`), to

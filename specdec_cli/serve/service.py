@@ -116,15 +116,12 @@ class GenerationService:
                      for lp in logprobs)
 
     def close(self) -> None:
-        """Save what was learnt and free the models: the drafter's store (`drafter.close`), then `--k auto`'s
-        controller (`session.close` saves it) and the models. Idempotent."""
+        """Save what was learnt and free the models (`Session.close`: the drafter's store, `--k auto`'s controller,
+        then the models). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._engine.close()
-        finally:
-            self.session.close()
+        self.session.close()
 
 
 @dataclass(frozen=True, slots=True)
