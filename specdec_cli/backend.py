@@ -101,8 +101,12 @@ class Backend(Protocol):
         tokens."""
         ...
 
-    def format_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """Render `messages` ({"role", "content"}) with the model's own chat template (sandboxed Jinja)."""
+    def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """Render `messages` ({"role", "content"}, plus `tool_calls` / `tool_call_id` for tool turns) with the model's
+        own chat template (sandboxed Jinja); `tools` (OpenAI's tool dicts) are passed to the template as `tools`.
+        Raises ToolsUnsupportedError when tools are given (or the messages carry tool turns) and the template never
+        reads them."""
         ...
 
     def close(self) -> None: ...

@@ -41,6 +41,10 @@ class UsageError(SpecdecError):
     exit_code = 2
 
 
+class ToolsUnsupportedError(UsageError):
+    """Tools were given, and the model's chat template has no place for them (it never reads `tools`)."""
+
+
 class ModelError(SpecdecError):
     """A model could not be resolved, fetched, verified or loaded."""
 

@@ -31,6 +31,7 @@ from specdec_cli.errors import (
     DecodeError,
     ModelError,
     StateError,
+    ToolsUnsupportedError,
     UsageError,
 )
 
@@ -64,25 +65,35 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-def render_chat_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str,
-                         add_generation_prompt: bool = True, model_name: str = "the model") -> str:
+def render_chat_template(template: str, messages: list[dict], *, bos_token: str, eos_token: str,
+                         add_generation_prompt: bool = True, model_name: str = "the model",
+                         tools: list[dict] | None = None) -> str:
     """Render a GGUF chat template with llama-cpp-python's `Jinja2ChatFormatter` (Jinja's ImmutableSandboxedEnvironment:
     no attribute starting with `_`, no mutating methods, no imports, so a template cannot reach Python objects).
 
     The template comes from the model file, so it is untrusted: every failure becomes one line, nothing of it runs
-    outside the sandbox.
+    outside the sandbox. `tools` (OpenAI's tool dicts) are passed as the template's `tools` variable, as Hugging
+    Face's `apply_chat_template` does; a template that never reads `tools` would drop them silently, so it is refused,
+    and so is one that never mentions tool turns when the messages carry some (`tool_calls`, role "tool").
 
     Raises:
+        ToolsUnsupportedError: tools (or tool turns) for a template that cannot express them.
         UsageError: the template itself refused the conversation (its `raise_exception(...)`, e.g. roles that must
             alternate); the message is the template's.
         ModelError: the template is unsafe (jinja2 SecurityError), has a syntax error, or fails while rendering.
     """
     import jinja2
 
+    tool_turns = any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+    if (tools and "tools" not in template) or (tool_turns and "tool" not in template):
+        what = "tools" if tools and "tools" not in template else "tool calls and tool results"
+        raise ToolsUnsupportedError(f"The chat template of {model_name} cannot express {what}: it never reads them, "
+                                    "so the model would not see them.",
+                                    "Use a model whose template takes tools (e.g. Qwen2.5), or leave tools out.")
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
                                         add_generation_prompt=add_generation_prompt)
-        return formatter(messages=messages).prompt
+        return formatter(messages=messages, tools=tools).prompt
     except jinja2.exceptions.SecurityError as e:
         raise ModelError(f"The chat template of {model_name} tried an unsafe operation ({_one_line(e)}); it was "
                          "stopped by the sandbox and nothing ran.", "Use --raw, or a model file you trust.") from None
@@ -408,7 +419,8 @@ class LlamaBackend:
                 self._lltokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self._n_vocab, eos_token=eog or None)
         return self._lltokenizer
 
-    def format_chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
         """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if not template:
@@ -422,6 +434,7 @@ class LlamaBackend:
             eos_token=self.token_text(eos) if eos >= 0 else "",
             add_generation_prompt=add_generation_prompt,
             model_name=Path(self.path).name,
+            tools=tools,
         )
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -86,9 +86,23 @@ class Session:
             toks = self.chat_tokens(messages)
         return np.asarray(toks, dtype=np.int32)
 
-    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """Tokens of a chat history rendered with the model's template (special tokens parsed, BOS from the template)."""
-        prompt = self.target.format_chat(messages, add_generation_prompt=True)
+    def chat_tokens(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None) -> list[int]:
+        """Tokens of a chat history rendered with the model's template (special tokens parsed, BOS from the template).
+
+        Args:
+            messages: {"role", "content"} dicts; assistant messages may carry `tool_calls` and tool messages
+                `tool_call_id` (Hugging Face's chat-template convention).
+            tools: OpenAI's tool dicts for templates that describe tools (Qwen2.5's); None = none.
+        Raises ToolsUnsupportedError (tools, and a template that never reads them), and what `format_chat` raises.
+        """
+        return self.tokenize_chat(self.chat_prompt(messages, tools=tools))
+
+    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None) -> str:
+        """The text of `chat_tokens`: the chat template rendered, the assistant's generation prompt appended."""
+        return self.target.format_chat(messages, add_generation_prompt=True, tools=tools)
+
+    def tokenize_chat(self, prompt: str) -> list[int]:
+        """Tokens of a rendered chat prompt (special tokens parsed; the template wrote the BOS it wants)."""
         return self.target.tokenize(prompt, add_special=False, parse_special=True)
 
     # -- speculation --------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ the logits, which the engine tests then see as a different output.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Callable, Sequence
 
 import numpy as np
@@ -175,8 +176,14 @@ class FakeBackend:
     def vocab_info(self) -> VocabInfo:
         return VocabInfo(vocab_type=2, n_vocab=self._vocab, bos=-1, eos=self._eos, fingerprint=f"fake-{self._vocab}")
 
-    def format_chat(self, messages, *, add_generation_prompt: bool = True) -> str:
-        return " ".join(m["content"] for m in messages)
+    def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None) -> str:
+        """The contents joined with spaces (a past call as its JSON); with tools, first a line that names them in
+        the `<tool_call>` format (as Qwen2.5's template asks for it)."""
+        parts = [f"<tool_call> {' '.join(t['function']['name'] for t in tools)}\n"] if tools else []
+        for m in messages:
+            parts.append(m.get("content") or "")
+            parts.extend(json.dumps(c["function"]) for c in m.get("tool_calls") or ())
+        return " ".join(parts)
 
     def close(self) -> None:
         pass

@@ -103,19 +103,25 @@ def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(),
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: schema.ChatRequest, request: Request) -> Response:
-        config = schema.generation_config(body, defaults, n_ctx)
+        tools = schema.chat_tools(body)
+        config = schema.generation_config(body, defaults, n_ctx, tools=tools, tags=service.tool_tags)
+        parse_calls = tools is not None and tools.mode != "none"
         gen = GenRequest("chat", config, messages=schema.chat_messages(body),
-                         prediction=schema.prediction_text(body))
+                         prediction=schema.prediction_text(body), tools=tools.specs if tools else (),
+                         parse_calls=parse_calls)
+        # a bare or fenced JSON call only under auto without response_format (`tools.grammar`)
+        reply = schema.ChatReply(parse_calls, config.logprobs is not None,
+                                 loose_calls=parse_calls and tools.mode == "auto" and body.response_format is None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _respond(request, worker, gen, stream=body.stream, include_usage=include_usage,
-                              model_id=model_id, method=method)
+        return await _respond(request, worker, gen, stream=bool(body.stream), include_usage=include_usage,
+                              model_id=model_id, method=method, reply=reply)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: schema.CompletionRequest, request: Request) -> Response:
         config = schema.generation_config(body, defaults, n_ctx)
         gen = GenRequest("completion", config, prompt=schema.completion_prompt(body))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _respond(request, worker, gen, stream=body.stream, include_usage=include_usage,
+        return await _respond(request, worker, gen, stream=bool(body.stream), include_usage=include_usage,
                               model_id=model_id, method=method)
 
     return app
@@ -135,14 +141,18 @@ def validation_error(errors: list[dict]) -> ApiError:
         return ApiError(400, f"The request body is not valid JSON: {first.get('msg', '')} "
                         f"(at character {loc[0] if loc else '?'}).", code="invalid_json")
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":  # as OpenAI answers a field it does not know
+        return ApiError(400, f"Unrecognized request argument supplied: {param}. specdec serve implements OpenAI's "
+                        "fields (and top_k, min_p); leave it out.", param=param, code="unknown_parameter")
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     where = f"{param}: " if param else ""
     return ApiError(400, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")
 
 
 async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream: bool, include_usage: bool,
-                   model_id: str, method: str) -> Response:
-    """Submit `gen`, wait for it to start, then answer: a JSON response, or a stream of chunks."""
+                   model_id: str, method: str, reply: Optional[schema.ChatReply] = None) -> Response:
+    """Submit `gen`, wait for it to start, then answer: a JSON response, or a stream of chunks. `reply` assembles a
+    chat reply (content, tool calls, logprobs); None for completions."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -150,6 +160,7 @@ async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream:
         loop.call_soon_threadsafe(events.put_nowait, event)
 
     param = "messages" if gen.kind == "chat" else "prompt"
+    want_logprobs = gen.config.logprobs is not None
     try:
         job = worker.submit(gen, deliver)
     except Exception as e:  # QueueFullError (429), ShuttingDownError (503)
@@ -162,15 +173,26 @@ async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream:
             raise to_api_error(first.error, param=param)
         writer = schema.ChunkWriter(gen.kind, model_id, include_usage)
         if stream:
-            return EventSourceResponse(_chunks(events, worker, job, writer, method), sep="\n", ping=15)
+            return EventSourceResponse(_chunks(events, worker, job, writer, method, reply, want_logprobs),
+                                       sep="\n", ping=15)
         parts: list[str] = []
+        logprobs: list = []
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                parts.append(event.text)
+                if reply is not None:
+                    reply.add(event.text, event.logprobs)
+                else:
+                    parts.append(event.text)
+                    logprobs.extend(event.logprobs)
             elif isinstance(event, Done):
-                build = schema.chat_response if gen.kind == "chat" else schema.completion_response
-                return JSONResponse(build(writer.id, model_id, writer.created, "".join(parts), event.stats, method))
+                if reply is not None:
+                    reply.end()
+                    body = schema.chat_response(writer.id, model_id, writer.created, reply, event.stats, method)
+                else:
+                    body = schema.completion_response(writer.id, model_id, writer.created, "".join(parts),
+                                                      event.stats, method, logprobs if want_logprobs else None)
+                return JSONResponse(body)
             elif isinstance(event, Failed):
                 raise to_api_error(event.error, param=param)
     finally:
@@ -186,10 +208,12 @@ async def _cancel_on_disconnect(request: Request, worker: Worker, job: Job) -> N
             return
 
 
-async def _chunks(events: asyncio.Queue, worker: Worker, job: Job, writer: schema.ChunkWriter, method: str):
-    """The SSE data lines of a stream: the role chunk, text chunks, the finish chunk (with `specdec`), the usage chunk
-    when asked, `[DONE]`. A failure mid-stream is sent as `{"error": ...}` (the openai client raises APIError on it).
-    When the client disconnects, sse-starlette cancels this generator; `finally` cancels the generation."""
+async def _chunks(events: asyncio.Queue, worker: Worker, job: Job, writer: schema.ChunkWriter, method: str,
+                  reply: Optional[schema.ChatReply], want_logprobs: bool):
+    """The SSE data lines of a stream: the role chunk, content / tool-call / text chunks, the finish chunk (with
+    `specdec`), the usage chunk when asked, `[DONE]`. A failure mid-stream is sent as `{"error": ...}` (the openai
+    client raises APIError on it). When the client disconnects, sse-starlette cancels this generator; `finally`
+    cancels the generation."""
     try:
         opening = writer.first()
         if opening is not None:
@@ -197,9 +221,16 @@ async def _chunks(events: asyncio.Queue, worker: Worker, job: Job, writer: schem
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                yield json.dumps(writer.text(event.text))
+                if reply is None:
+                    yield json.dumps(writer.text(event.text, event.logprobs if want_logprobs else None))
+                    continue
+                for chunk in writer.chat(reply, reply.add(event.text, event.logprobs), event.logprobs):
+                    yield json.dumps(chunk)
             elif isinstance(event, Done):
-                yield json.dumps(writer.finish(event.stats, method))
+                if reply is not None:
+                    for chunk in writer.chat(reply, reply.end()):
+                        yield json.dumps(chunk)
+                yield json.dumps(writer.finish(event.stats, method, reply))
                 if writer.include_usage:
                     yield json.dumps(writer.usage(event.stats))
                 yield "[DONE]"

@@ -15,11 +15,15 @@ Not thread-safe: llama.cpp's context is not. Call it from one thread (`specdec_c
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 from specdec_cli.driver import Drive, stream
 from specdec_cli.engine import GenerationConfig
+from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.generation import make_engine
+from specdec_cli.records import TokenLogprob
+from specdec_cli.serve.errors import ApiError
+from specdec_cli.serve.tools import OPEN, Tags, detect_tags
 from specdec_cli.session import Session, SpecOptions
 from specdec_cli.stats import RunStats
 
@@ -43,6 +47,10 @@ class GenerationService:
         self.model_id = model_id or session.target_path.stem
         self._engine = make_engine(session, spec, saved_k=saved_k)
         self._closed = False
+        target = session.target  # looked up here, before the worker thread owns the models
+        self.tool_tags: Tags = detect_tags(lambda t: target.tokenize(t, add_special=False, parse_special=True),
+                                           target.piece)
+        """How the vocabulary writes `<tool_call>` (special tokens or text), for the tools' grammar."""
 
     @property
     def method(self) -> str:
@@ -54,10 +62,28 @@ class GenerationService:
         return self.session.target.n_ctx
 
     # -- prompts ------------------------------------------------------------------------------------------------
-    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of `messages` ({"role", "content"}) through the target's own chat template, with the assistant
-        generation prompt appended."""
-        return self.session.chat_tokens(messages)
+    def chat_tokens(self, messages: list[dict[str, Any]], tools: Sequence[dict] = (), *,
+                    parse_calls: bool = False) -> list[int]:
+        """Token ids of `messages` through the target's own chat template, with the assistant generation prompt
+        appended; `tools` (OpenAI's tool dicts) go to the template too.
+
+        Args:
+            parse_calls: the reply's tool calls will be parsed: the template must ask for the `<tool_call>` format.
+
+        Raises:
+            ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`), or asks for
+                another tool-call format than `<tool_call>`.
+            UsageError: the template refused the conversation. ModelError: the template failed.
+        """
+        try:
+            prompt = self.session.chat_prompt(messages, tools=list(tools) or None)
+        except ToolsUnsupportedError as e:
+            raise ApiError(400, str(e), param="tools") from None
+        if tools and parse_calls and OPEN not in prompt:
+            raise ApiError(400, f"The chat template of {self.session.target_path.name} does not ask for tool calls "
+                           f"in the {OPEN} format, the one specdec serve parses (Qwen2.5's, Hermes'). Use such a "
+                           "model, or send no tools.", param="tools")
+        return self.session.tokenize_chat(prompt)
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of raw text (`/v1/completions`): BOS added as the model wants, special tokens not parsed."""
@@ -83,6 +109,12 @@ class GenerationService:
         config = replace(config, prediction=self.session.prediction_tokens(prediction_text))
         return stream(self._engine, prompt_tokens, config)
 
+    def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
+        """The step's `Step.logprobs` with each token's bytes (`Backend.piece`), for the response JSON."""
+        piece = self.session.target.piece
+        return tuple(PieceLogprob(piece(lp.token), lp.logprob, tuple((piece(t), p) for t, p in lp.top))
+                     for lp in logprobs)
+
     def close(self) -> None:
         """Save what was learnt and free the models (`Session.close`: the drafter's store, `--k auto`'s controller,
         then the models). Idempotent."""
@@ -90,6 +122,22 @@ class GenerationService:
             return
         self._closed = True
         self.session.close()
+
+
+@dataclass(frozen=True, slots=True)
+class PieceLogprob:
+    """One emitted token's log-probability with the bytes of it and of its top alternatives (`TokenLogprob` with the
+    vocabulary applied, on the worker thread).
+
+    Attributes:
+        piece: the token's bytes (may be part of a UTF-8 character).
+        logprob: natural log-probability (<= 0).
+        top: (bytes, logprob) of the most likely tokens, most likely first.
+    """
+
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
 
 
 @dataclass(frozen=True)

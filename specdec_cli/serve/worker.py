@@ -21,12 +21,12 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from specdec_cli.engine import GenerationConfig
 from specdec_cli.records import Finish, Prefill, Step
 from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
-from specdec_cli.serve.service import GenerationService, RequestStats
+from specdec_cli.serve.service import GenerationService, PieceLogprob, RequestStats
 from specdec_cli.stats import RunStats
 
 
@@ -36,15 +36,19 @@ class GenRequest:
 
     Attributes:
         kind: "chat" (`messages` through the chat template) or "completion" (`prompt` as raw text).
-        config: max tokens, stop strings, sampling.
+        config: max tokens, stop strings, sampling, grammar, logprobs.
         prediction: OpenAI's `prediction.content` (chat only), or None.
+        tools: OpenAI's tool dicts, for the chat template (chat only).
+        parse_calls: the reply's tool calls will be parsed (`GenerationService.chat_tokens`).
     """
 
     kind: Literal["chat", "completion"]
     config: GenerationConfig
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     prompt: str = ""
     prediction: str | None = None
+    tools: tuple[dict, ...] = ()
+    parse_calls: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,10 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
-    """Output text added by one target pass."""
+    """Output text added by one target pass, and the log-probabilities of the tokens it emitted (when asked)."""
 
     text: str
+    logprobs: tuple[PieceLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,16 +197,16 @@ class Worker:
         drive = None
         outcome = "ok"
         try:
-            tokens = service.chat_tokens(list(request.messages)) if request.kind == "chat" else \
-                service.tokenize(request.prompt)
+            tokens = service.chat_tokens(list(request.messages), request.tools, parse_calls=request.parse_calls) \
+                if request.kind == "chat" else service.tokenize(request.prompt)
             drive = service.stream(tokens, request.config, request.prediction)
             for record in drive:
                 if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
                     break  # closing the drive (finally) stops the engine before its next step
                 if isinstance(record, Prefill):
                     _send(job, Started(len(tokens)))  # the prompt fit and was evaluated
-                elif isinstance(record, Step) and record.text:
-                    _send(job, Delta(record.text))
+                elif isinstance(record, Step) and (record.text or record.logprobs):
+                    _send(job, Delta(record.text, service.pieces(record.logprobs)))
                 elif isinstance(record, Finish):
                     # answer now; the drive goes on to its end, where the prompt cache is saved
                     _send(job, Done(RequestStats.of(drive)))

@@ -1,0 +1,108 @@
+"""`specdec serve` with Qwen2.5-Coder-1.5B through the official `openai` client: structured outputs, a tool round trip
+(streamed and not) and logprobs, on a loopback server in this process. Greedy, so each reply is the model's own.
+Slow (each generation takes seconds on a CPU): run one file at a time, `-m qwen`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+from pydantic import BaseModel  # noqa: E402
+
+from specdec_cli.serve.app import base_url, bind, create_app, make_server  # noqa: E402
+from specdec_cli.serve.service import GenerationService  # noqa: E402
+from specdec_cli.serve.worker import Worker  # noqa: E402
+from specdec_cli.session import ModelOptions, SpecOptions, open_session  # noqa: E402
+
+pytestmark = [pytest.mark.real, pytest.mark.qwen]
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
+                   "required": ["city"]}}}
+SYSTEM = ("You are a helpful assistant. Call a tool when you need data; once a tool's result is in the conversation, "
+          "answer the user's question with it in one sentence.")
+QUESTION = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def client(qwen_pair, tmp_path_factory):
+    target, _ = qwen_pair
+    session = open_session(ModelOptions(target=str(target), ctx=2048, threads=2, prompt_cache=False),
+                           method="auto")
+    service = GenerationService(session, SpecOptions(method="auto"))
+    worker = Worker(service, log=lambda line: None)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(create_app(worker))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    worker.start()
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600)
+    finally:
+        worker.stop()
+        server.should_exit = True
+        thread.join(30)
+        worker.join(30)
+        service.close()
+        sock.close()
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+def test_parse_returns_the_pydantic_object(client):
+    resp = client.chat.completions.parse(
+        model="qwen", messages=[{"role": "user", "content": "Extract the person: Jason is 25 years old."}],
+        response_format=Person, max_tokens=40, temperature=0)
+    person = resp.choices[0].message.parsed
+    assert isinstance(person, Person) and person.age == 25 and "Jason" in person.name
+
+
+def test_an_invalid_schema_is_a_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="qwen", messages=QUESTION, max_tokens=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                                                         "properties": {"a": {"type": "strin"}}}}})
+    assert bad.value.body["param"] == "response_format" and "strin" in bad.value.body["message"]
+
+
+def _turn(client, messages, stream: bool, **kw):
+    """One chat turn, the whole completion (the stream accumulated by the openai client's helper)."""
+    if not stream:
+        return client.chat.completions.create(model="qwen", messages=messages, tools=[WEATHER], temperature=0, **kw)
+    with client.chat.completions.stream(model="qwen", messages=messages, tools=[WEATHER], temperature=0,
+                                        **kw) as s:
+        return s.get_final_completion()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_tool_round_trip_with_logprobs(client, stream):
+    first = _turn(client, QUESTION, stream, max_tokens=80)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert "Paris" in json.loads(call.function.arguments)["city"]
+    messages = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(include={"id", "type", "function"})]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 22 degrees Celsius."}]
+    final = _turn(client, messages, stream, max_tokens=60, logprobs=True, top_logprobs=2)
+    answer = final.choices[0].message
+    assert not answer.tool_calls and "22" in answer.content, answer
+    assert final.choices[0].finish_reason == "stop"
+    entries = final.choices[0].logprobs.content
+    assert "".join(e.token for e in entries) == answer.content
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
+    assert all(e.top_logprobs[0].logprob >= e.logprob - 1e-4 for e in entries)  # greedy: the likeliest token

@@ -1,0 +1,413 @@
+"""`specdec serve`'s structured outputs, tool calls and logprobs, on the fake backend (exact) and in unit tests.
+
+The grammar tests run llguidance over `fakes.CHARS` (a byte-complete toy vocabulary): with every value of a schema an
+enum, a grammar forces every token of the reply, so the served tool call and JSON are known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from fakes import CHARS, FakeBackend, greedy_tokenize, hashed_logits  # noqa: E402
+from specdec_cli.errors import ToolsUnsupportedError  # noqa: E402
+from specdec_cli.llama import render_chat_template  # noqa: E402
+from specdec_cli.serve.tools import (  # noqa: E402
+    Arguments, CallStart, Content, ReplyParser, Tags, check_tools, grammar,
+)
+from test_serve import PROMPT, PROMPT_TOKENS, chat, serving, text_of  # noqa: E402
+
+V = len(CHARS)
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris"]}, "unit": {"enum": ["C"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC"]}}, "required": ["zone"], "additionalProperties": False}}}
+FORCED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
+
+
+def chars_backend(**kw) -> FakeBackend:
+    return FakeBackend(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024, **kw)
+
+
+def ask(client, content: str = "weather in Paris?", **kw):
+    return client.chat.completions.create(model="fake", messages=[{"role": "user", "content": content}], **kw)
+
+
+# -- tool calls through the server ------------------------------------------------------------------------------------
+def test_a_forced_tool_call_is_served_as_tool_calls_streamed_and_not():
+    with serving(chars_backend()) as s:
+        client = s.client()
+        resp = ask(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_tokens=200)
+        chunks = list(ask(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                          max_tokens=200, stream=True))
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Paris", "unit": "C"}'  # as written: one line, ", " and ": "
+    assert resp.usage.completion_tokens == len(greedy_tokenize(CHARS, FORCED_CALL.encode(), set()))
+    # the stream: the role, the call's header (index, id, type, name, empty arguments), then argument pieces
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert all(not d.content for d in deltas)
+    calls = [tc for d in deltas for tc in d.tool_calls or ()]
+    head = calls[0]
+    assert (head.index, head.type, head.function.name, head.function.arguments) == (0, "function", "get_weather", "")
+    assert head.id.startswith("call_")
+    assert all(tc.index == 0 and tc.id is None and tc.function.name is None for tc in calls[1:])
+    assert "".join(tc.function.arguments for tc in calls[1:]) == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_the_openai_stream_helper_accumulates_a_named_call():
+    with serving(chars_backend()) as s:
+        with s.client().chat.completions.stream(
+                model="fake", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
+                tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False,
+                max_tokens=200) as stream:
+            final = stream.get_final_completion()
+    [call] = final.choices[0].message.tool_calls
+    assert call.function.name == "get_time"  # the named function only
+    assert json.loads(call.function.arguments) == {"zone": "UTC"}
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+def test_parallel_calls_stream_with_their_own_index_and_id():
+    one = len(greedy_tokenize(CHARS, FORCED_CALL.encode(), set()))
+    head = len(greedy_tokenize(CHARS, b'\n<tool_call>\n{"name": "get_weather", "arguments": {"ci', set()))
+    budget = 2 * one + head  # two calls and the beginning of a third's arguments
+    with serving(chars_backend()) as s:
+        chunks = list(ask(s.client(), tools=[WEATHER], tool_choice="required", max_tokens=budget, stream=True))
+        whole = ask(s.client(), tools=[WEATHER], tool_choice="required", max_tokens=budget)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    heads = [tc for tc in calls if tc.id is not None]
+    assert [h.index for h in heads] == [0, 1, 2]  # two whole calls, and the start of a third cut by max_tokens
+    assert len({h.id for h in heads}) == 3
+    args = ["".join(tc.function.arguments for tc in calls if tc.index == i) for i in range(3)]
+    assert args[:2] == ['{"city": "Paris", "unit": "C"}'] * 2
+    assert [c.function.arguments for c in whole.choices[0].message.tool_calls] == args
+    assert whole.choices[0].finish_reason == "length"  # cut short: not "tool_calls"
+
+
+def test_tool_turns_are_accepted_and_none_keeps_tool_calls_out():
+    messages = [{"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]
+    class Recording(FakeBackend):
+        def format_chat(self, messages, *, add_generation_prompt=True, tools=None):
+            self.rendered = (messages, tools)
+            return super().format_chat(messages, tools=tools)
+
+    backend = Recording(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024)
+    with serving(backend) as s:
+        resp = s.client().chat.completions.create(model="fake", messages=messages, tools=[WEATHER],
+                                                  tool_choice="none", max_tokens=30)
+    template_messages, template_tools = backend.rendered
+    assert resp.choices[0].message.tool_calls is None
+    assert "<tool_call>" not in (resp.choices[0].message.content or "")
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    # the template gets Hugging Face's shape: the arguments as an object, the tool result with its call's id
+    assert template_messages[1]["tool_calls"] == [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}}]
+    assert template_messages[2] == {"role": "tool", "content": "22 C", "tool_call_id": "call_1"}
+    assert template_tools == [WEATHER]
+
+
+def test_response_format_json_schema_and_parse_with_a_pydantic_model():
+    from pydantic import BaseModel
+
+    class Colour(BaseModel):
+        name: Literal["red"]
+        hex: Literal["#f00"]
+
+    with serving(chars_backend()) as s:
+        client = s.client()
+        parsed = client.chat.completions.parse(model="fake", messages=[{"role": "user", "content": "red?"}],
+                                               response_format=Colour, max_tokens=100)
+        obj = ask(client, response_format={"type": "json_object"}, max_tokens=60)
+        short = ask(client, response_format={"type": "json_schema", "json_schema": {
+            "name": "colour", "schema": Colour.model_json_schema()}}, max_tokens=4)
+    assert parsed.choices[0].message.parsed == Colour(name="red", hex="#f00")
+    # a schema that cannot be finished within max_tokens ends with "length", the object's beginning written
+    assert short.choices[0].finish_reason == "length" and '{"name": "red", "hex": "#f00"}'.startswith(
+        short.choices[0].message.content)
+    assert parsed.choices[0].finish_reason == "stop"
+    content = obj.choices[0].message.content
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+    else:  # the budget ran out inside the object: what there is is an object's beginning
+        assert content.startswith("{")
+
+
+# -- logprobs -------------------------------------------------------------------------------------------------------
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    return x - (np.log(np.exp(x - x.max()).sum()) + x.max())
+
+
+def test_chat_logprobs_are_the_targets_streamed_and_not():
+    with serving() as s:
+        client = s.client()
+        resp = chat(client, max_tokens=12, logprobs=True, top_logprobs=3)
+        chunks = list(chat(client, max_tokens=12, logprobs=True, top_logprobs=3, stream=True))
+        plain = chat(client, max_tokens=12)
+    entries = resp.choices[0].logprobs.content
+    assert plain.choices[0].logprobs is None
+    assert len(entries) == resp.usage.completion_tokens == 12
+    assert "".join(e.token for e in entries) == resp.choices[0].message.content
+    first = _log_softmax(hashed_logits(PROMPT_TOKENS))
+    token = int(np.argmax(first))
+    assert entries[0].token == text_of([token]) and entries[0].bytes == list(text_of([token]).encode())
+    assert entries[0].logprob == pytest.approx(first[token], abs=1e-4)
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token  # greedy: the most likely one
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert e.logprob <= 0
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+
+
+def test_completion_logprobs_in_the_legacy_shape():
+    with serving() as s:
+        client = s.client()
+        resp = client.completions.create(model="fake", prompt=PROMPT, max_tokens=8, logprobs=2)
+        chunks = list(client.completions.create(model="fake", prompt=PROMPT, max_tokens=8, logprobs=2, stream=True))
+    lp = resp.choices[0].logprobs
+    assert "".join(lp.tokens) == resp.choices[0].text
+    assert len(lp.token_logprobs) == 8 and all(v <= 0 for v in lp.token_logprobs)
+    assert all(len(top) == 2 and max(top, key=top.get) == tok for top, tok in zip(lp.top_logprobs, lp.tokens))
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
+    assert [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset] == lp.text_offset
+
+
+# -- refused: 400 naming the field ----------------------------------------------------------------------------------
+USER = [{"role": "user", "content": "hi"}]
+BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"presence_penalty": -1}, "presence_penalty"),
+    ({"logit_bias": {"5": 3}}, "logit_bias"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"store": True}, "store"),
+    ({"reasoning_effort": "high"}, "reasoning_effort"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"service_tier": "flex"}, "service_tier"),
+    ({"some_field": 1}, "some_field"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": BAD_SCHEMA}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "description": "d"}}},
+     "response_format.json_schema.description"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}},
+     "response_format.json_schema.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
+     "tools.0.function.parameters"),
+    ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools.0.type"),
+    ({"tools": [WEATHER, WEATHER]}, "tools.1.function.name"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0.type"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "ann"}]}, "messages.0.name"),
+    ({"messages": USER + [{"role": "tool", "content": "22 C"}]}, "messages.1.tool_call_id"),
+    ({"messages": USER + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
+     "messages.1.tool_calls.0.function.arguments"),
+    ({"messages": [{"role": "function", "name": "f", "content": "x"}]}, "messages.0.role"),
+])
+def test_unsupported_or_invalid_fields_get_400_naming_them(body, param):
+    with serving() as s:
+        status, reply = s.raw("POST", "/v1/chat/completions", json.dumps(
+            {"model": "fake", "messages": USER, "max_tokens": 2, **body}).encode())
+    assert status == 400, reply
+    assert reply["error"]["param"] == param and reply["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"logprobs": 21}, "logprobs"), ({"echo": True}, "echo"), ({"best_of": 3}, "best_of"),
+    ({"suffix": "end"}, "suffix"), ({"tools": []}, "tools"),
+])
+def test_unsupported_completion_fields_get_400(body, param):
+    with serving() as s:
+        status, reply = s.raw("POST", "/v1/completions", json.dumps(
+            {"model": "fake", "prompt": PROMPT, "max_tokens": 2, **body}).encode())
+    assert status == 400 and reply["error"]["param"] == param, reply
+
+
+def test_neutral_values_of_refused_fields_and_labels_are_accepted():
+    with serving() as s:
+        resp = chat(s.client(), max_tokens=3, frequency_penalty=0, presence_penalty=0.0, logit_bias={}, store=False,
+                    modalities=["text"], service_tier="auto", user="ann", safety_identifier="x",
+                    response_format={"type": "text"}, parallel_tool_calls=True)
+        with pytest.raises(openai.BadRequestError) as bad:
+            chat(s.client(), max_tokens=3, response_format=BAD_SCHEMA)
+    assert resp.usage.completion_tokens == 3
+    assert bad.value.body["param"] == "response_format" and "objekt" in bad.value.body["message"]
+
+
+def test_a_template_that_cannot_express_tools_gets_400():
+    class NoTools(FakeBackend):
+        def format_chat(self, messages, *, add_generation_prompt=True, tools=None):
+            if tools:
+                raise ToolsUnsupportedError("The chat template of fake.gguf cannot express tools.", "Leave them out.")
+            return super().format_chat(messages)
+
+    class OtherFormat(FakeBackend):
+        def format_chat(self, messages, *, add_generation_prompt=True, tools=None):
+            return super().format_chat(messages)  # takes tools, asks for no <tool_call>
+
+    for backend, words in ((NoTools(), "cannot express tools"), (OtherFormat(), "<tool_call> format")):
+        with serving(backend) as s:
+            with pytest.raises(openai.BadRequestError) as bad:
+                ask(s.client(), tools=[WEATHER], max_tokens=3)
+            fine = ask(s.client(), tools=[WEATHER], tool_choice="none", max_tokens=3) \
+                if isinstance(backend, OtherFormat) else None
+        assert bad.value.body["param"] == "tools" and words in bad.value.body["message"]
+        assert fine is None or fine.choices[0].message.tool_calls is None  # none: no calls to parse, so it is fine
+
+
+def test_render_refuses_tools_for_a_template_that_never_reads_them():
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with_tools = "{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}" + plain
+    tool_turn = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "22", "tool_call_id": "c"}]
+    with pytest.raises(ToolsUnsupportedError, match="cannot express tools"):
+        render_chat_template(plain, [{"role": "user", "content": "hi"}], bos_token="", eos_token="",
+                             tools=[WEATHER])
+    with pytest.raises(ToolsUnsupportedError, match="tool calls and tool results"):
+        render_chat_template(plain, tool_turn, bos_token="", eos_token="")
+    out = render_chat_template(with_tools, [{"role": "user", "content": "hi"}], bos_token="", eos_token="",
+                               tools=[WEATHER])
+    assert out.startswith('TOOLS [{"type": "function"') and "user: hi" in out
+
+
+# -- the grammar (llguidance over the CHARS vocabulary) ---------------------------------------------------------------
+def _matcher_accepts(lark: str, text: str) -> tuple[int, int, bool]:
+    """(tokens of `text`, how many the grammar allows in a row, whether it is then complete)."""
+    from llguidance import LLMatcher
+
+    backend = chars_backend()
+    tokens = greedy_tokenize(CHARS, text.encode(), set())
+    m = LLMatcher(backend.lltokenizer(), LLMatcher.grammar_from_lark(lark), log_level=0)
+    n = m.validate_tokens(tokens)
+    m.consume_tokens(tokens[:n])
+    return len(tokens), n, m.is_accepting()
+
+
+def _accepts(lark: str, text: str) -> bool:
+    n, ok, complete = _matcher_accepts(lark, text)
+    return ok == n and complete
+
+
+def test_the_tool_grammar_per_tool_choice():
+    tools = check_tools([WEATHER, TIME], None, None)
+    time_call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    auto = grammar(tools, Tags()).lark
+    assert _accepts(auto, "Just text, <b>bold</b>.") and _accepts(auto, FORCED_CALL)
+    assert _accepts(auto, FORCED_CALL + "\n" + time_call)  # parallel calls
+    assert _accepts(auto, "Let me look.\n" + FORCED_CALL)
+    assert not _accepts(auto, FORCED_CALL.replace("Paris", "Rome"))  # arguments follow the schema
+    assert not _accepts(auto, FORCED_CALL.replace("get_weather", "get_wetter"))
+    assert not _accepts(auto, FORCED_CALL + " and more text")
+    fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris", "unit": "C"}\n}\n```'
+    assert _accepts(auto, fenced)  # Qwen2.5-Coder's habit, whitespace free
+    assert not _accepts(auto, fenced.replace("get_weather", "get_wetter"))
+    assert _accepts(auto, "```json\n[1, 2]\n```")  # a JSON block that holds no object is text
+    bare = '{"name": "get_weather",\n "arguments": {"city": "Paris", "unit": "C"}}'
+    assert _accepts(auto, bare) and not _accepts(auto, '{"a": 1}')  # a reply that opens with { is a call
+    required = grammar(replace(tools, mode="required"), Tags()).lark
+    assert _accepts(required, FORCED_CALL) and not _accepts(required, "text")
+    single = grammar(replace(tools, mode="required", parallel=False), Tags()).lark
+    assert _accepts(single, FORCED_CALL) and not _accepts(single, FORCED_CALL + "\n" + time_call)
+    named = grammar(check_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, None),
+                    Tags()).lark
+    assert _accepts(named, time_call) and not _accepts(named, FORCED_CALL)
+    assert not _accepts(named, time_call + "\n" + time_call)  # a named function is called once
+    none = grammar(replace(tools, mode="none"), Tags()).lark
+    assert _accepts(none, "text") and not _accepts(none, FORCED_CALL) and not _accepts(none, "a " + FORCED_CALL)
+    with_format = grammar(tools, Tags(), reply={"type": "object", "properties": {"a": {"enum": [1]}},
+                                                 "required": ["a"], "additionalProperties": False}).lark
+    assert _accepts(with_format, '{"a": 1}') and _accepts(with_format, FORCED_CALL)
+    assert not _accepts(with_format, "text")
+
+
+def test_special_tags_are_written_as_llguidance_special_tokens():
+    tools = check_tools([WEATHER], "required", None)
+    lark = grammar(tools, Tags(special=True)).lark
+    assert "call: <tool_call> call_body" in lark and "</tool_call>" in lark and '"<tool_call>"' not in lark
+    from specdec_cli.serve.tools import detect_tags
+
+    assert detect_tags(chars_backend().tokenize, chars_backend().piece) == Tags(special=False)
+    vocab = {"<tool_call>": [7], "</tool_call>": [8]}
+    assert detect_tags(lambda t: vocab[t], lambda i: {7: b"<tool_call>", 8: b"</tool_call>"}[i]) == Tags(True)
+
+
+# -- the reply parser -----------------------------------------------------------------------------------------------
+def _parse(chunks, loose=True):
+    p = ReplyParser(True, loose=loose)
+    events = [e for c in chunks for e in p.feed(c)] + p.close()
+    content = "".join(e.text for e in events if isinstance(e, Content))
+    args: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, Arguments):
+            args[e.index] = args.get(e.index, "") + e.text
+    starts = [e.call.name for e in events if isinstance(e, CallStart)]
+    return content, starts, [args.get(i, "") for i in range(len(starts))], p
+
+
+@pytest.mark.parametrize("text, content, names, args", [
+    ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "n": {"a": 1}}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n',
+     "Sure.", ["get_weather", "get_time"], ['{"city": "Pa}ris", "n": {"a": 1}}', "{}"]),
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
+     "", ["get_weather"], ['{\n    "city": "Paris"\n  }']),
+    ("```json\n[1]\n```", "```json\n[1]\n```", [], []),
+    ('{"name": "f", "arguments": {"a": {"b": 1}}}\n', "", ["f"], ['{"a": {"b": 1}}']),
+    ('{"a": 1}', '{"a": 1}', [], []),
+    ("Plain text with <b>tags</b> and a < sign.\n", "Plain text with <b>tags</b> and a < sign.\n", [], []),
+    ("<tool_call>\nnot a call\n</tool_call> after", "<tool_call>\nnot a call\n</tool_call> after", [], []),
+    ('<tool_call>\n{"arguments": {"a": 1}, "name": "f"}\n</tool_call>', "", ["f"], ['{"a": 1}']),
+    ('<tool_call>\n{"name": "f", "arguments": {"a": "cut sh', "", ["f"], ['{"a": "cut sh']),
+])
+def test_the_parser_gives_the_same_reply_however_the_text_is_split(text, content, names, args):
+    for seed in range(200):
+        r = random.Random(seed)
+        cuts = sorted(r.sample(range(1, len(text)), min(len(text) - 1, r.randint(0, 30))))
+        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+        got = _parse(chunks)
+        assert got[:3] == (content, names, args), chunks
+        assert [c.arguments for c in got[3].calls] == args
+
+
+def test_bare_and_fenced_calls_only_when_loose():
+    bare = '{"name": "f", "arguments": {"a": 1}}'
+    assert _parse([bare], loose=True)[1] == ["f"]
+    assert _parse([bare], loose=False)[:2] == (bare, [])  # e.g. a response_format reply next to tools
+    fenced = "```json\n" + bare + "\n```"
+    assert _parse([fenced], loose=False)[:2] == (fenced, [])
+
+
+def test_the_parser_passes_text_through_without_tools():
+    p = ReplyParser(False)
+    assert p.feed("<tool_call>\n{") == [Content("<tool_call>\n{")] and p.close() == []
