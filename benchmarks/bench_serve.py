@@ -72,6 +72,13 @@ def start_server(args, method: str, home: str) -> tuple[subprocess.Popen, str]:
     for flag, value in (("-t", args.target), ("-d", args.draft), ("--threads", args.threads), ("--k", args.k)):
         if value is not None:
             cmd += [flag, str(value)]
+    return launch(cmd, home)
+
+
+def launch(cmd: list[str], home: str) -> tuple[subprocess.Popen, str]:
+    """Run `cmd` (a `specdec serve --port 0 ...` command line) with SPECDEC_HOME=`home` and this checkout first on
+    PYTHONPATH; wait (at most 600 s) for the base URL it prints on stderr. Returns (process, base URL); exits with
+    what it printed when it does not start."""
     env = {**os.environ, "SPECDEC_HOME": home, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import traceback
 from pathlib import Path
 
 from pydantic import BaseModel
+
+from bench_serve import launch  # benchmarks/ is on sys.path when a script in it runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,20 +41,7 @@ def start_server(args, home: str) -> tuple[subprocess.Popen, str]:
            "--ctx", str(args.ctx), "--temperature", "0"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    env = {**os.environ, "SPECDEC_HOME": home, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    lines = []
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"(http://[\d.]+:\d+/v1)", line)
-        if m:
-            return proc, m.group(1)
-    proc.kill()
-    raise SystemExit("specdec serve did not start:\n" + "".join(lines))
+    return launch(cmd, home)
 
 
 def instructor_mode(url: str, mode_name: str) -> str:
