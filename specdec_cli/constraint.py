@@ -259,11 +259,6 @@ class Constraint:
         """The grammar is complete and allows nothing more than the end-of-generation token."""
         return self.matcher.is_stopped()
 
-    @property
-    def accepting(self) -> bool:
-        """The output so far is a complete sentence of the grammar (it may still continue)."""
-        return self.matcher.is_accepting()
-
 
 def start(grammar: Grammar | None, tokenizer_of, n_vocab: int) -> Constraint | None:
     """The `Constraint` of a generation, None without a grammar. `tokenizer_of()` returns the target's llguidance

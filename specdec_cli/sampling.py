@@ -353,9 +353,7 @@ def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.
     [len(draft)+1, W]) when given: greedy at temperature 0, else rejection sampling. Returns (n_accepted, correction
     or bonus token). Raises ValueError on shape mismatches."""
     if params.greedy:
-        return verify_greedy(draft.tokens, logits) if masks is None else verify_greedy(draft.tokens, logits, masks)
-    if masks is None:
-        return verify_stochastic(draft.tokens, draft.dists, logits, params, rng)
+        return verify_greedy(draft.tokens, logits, masks)
     return verify_stochastic(draft.tokens, draft.dists, logits, params, rng, masks)
 
 
