@@ -178,8 +178,8 @@ def test_accepting_one_draft_token_too_many_fails_the_check(monkeypatch):
     real = sampling.verify_greedy
     bugs = []
 
-    def verify_greedy(draft, logits):  # engine bug (b): once, accept the first rejected draft token too
-        n, token = real(draft, logits)
+    def verify_greedy(draft, logits, masks=None):  # engine bug (b): once, accept the first rejected draft token too
+        n, token = real(draft, logits, masks)
         if n < len(draft) and not bugs:
             bugs.append(n)
             return n + 1, int(np.argmax(logits[n + 1]))

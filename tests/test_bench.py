@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specdec_cli.__main__ import main
+from bench_docs import run
 from specdec_cli.commands import bench as B
 from specdec_cli.commands import bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
@@ -68,13 +69,6 @@ def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
 
 
 # ---- the summary, with literal numbers
-
-
-def run(config, prompt, tps, *, kind="edit", repeat=0, cold=False, tokens=(1, 2, 3, 4), drafted=0, accepted=0,
-        spec_steps=0, ttft=None, rss=1000):
-    return {"config": config, "prompt": prompt, "kind": kind, "repeat": repeat, "cold": cold, "tokens_per_s": tps,
-            "tokens": list(tokens), "n_drafted": drafted, "n_accepted": accepted, "n_spec_steps": spec_steps,
-            "ttft_ms": ttft, "peak_rss_kib": rss}
 
 
 def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreement() -> None:

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from bench_docs import bench_doc, run
 from fakes import FakeBackend, hashed_logits, wants_draft
 from specdec_cli.__main__ import main
 from specdec_cli.commands import bench as B
@@ -173,27 +174,12 @@ def test_a_compare_does_not_learn_from_its_replays(fake_session, prompt_file, ca
 # ---- specdec bench: the A/A control
 
 
-def run(config, prompt, tps, *, repeat=0, tokens=(1, 2, 3)):
-    return {"config": config, "prompt": prompt, "kind": "edit", "repeat": repeat, "cold": False, "tokens_per_s": tps,
-            "tokens": list(tokens), "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0, "ttft_ms": None,
-            "peak_rss_kib": 100}
-
-
-def bench_doc(runs, configs, prompts):
-    return {"version": B.JSON_VERSION, "target": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": None,
-            "prompts": [{"name": n, "kind": k, "n_tokens": 612} for n, k in prompts],
-            "settings": {"repeats": 2, "max_tokens": 128, "k": "auto", "ctx": 4096, "threads": 2},
-            "started_at": "now", "configs": [c.label for c in configs], "runs": runs,
-            "machine": {"cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 1, "logical_cpus": 2, "threads": 2,
-                        "memory_bytes": 25 * 2**30, "llama_cpp_python": "0.3.36"}}
-
-
 def test_the_control_row_is_plain_against_plain_with_its_range():
     configs = B.configs_for(["none", "ngram"], peer=False)
     prompts = [("p", "edit"), ("q", "edit")]
-    runs = [run("none", "p", 10), run("A/A", "p", 9), run("ngram", "p", 20),
-            run("none", "p", 10, repeat=1), run("A/A", "p", 10.5, repeat=1), run("ngram", "p", 20, repeat=1),
-            run("none", "q", 20), run("A/A", "q", 21), run("ngram", "q", 30)]
+    runs = [run("none", "p", 10, tokens=(1, 2, 3), rss=100), run("A/A", "p", 9, tokens=(1, 2, 3), rss=100), run("ngram", "p", 20, tokens=(1, 2, 3), rss=100),
+            run("none", "p", 10, repeat=1, tokens=(1, 2, 3), rss=100), run("A/A", "p", 10.5, repeat=1, tokens=(1, 2, 3), rss=100), run("ngram", "p", 20, repeat=1, tokens=(1, 2, 3), rss=100),
+            run("none", "q", 20, tokens=(1, 2, 3), rss=100), run("A/A", "q", 21, tokens=(1, 2, 3), rss=100), run("ngram", "q", 30, tokens=(1, 2, 3), rss=100)]
     none, control, ngram = B.summarize(runs, configs, prompts)
     assert control.config.method == "none" and control.speedup_by_prompt == pytest.approx({"p": 0.975, "q": 1.05})
     assert control.pair_range == pytest.approx((0.9, 1.05)) and control.agree == (3, 3, None)

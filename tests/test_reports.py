@@ -12,24 +12,10 @@ import json
 import pytest
 from rich.table import Table
 
+from bench_docs import bench_doc, run
 from specdec_cli.__main__ import main
 from specdec_cli.commands import bench as B
 from specdec_cli.render import make_console
-
-
-def run(config, prompt, tps, *, repeat=0):
-    return {"config": config, "prompt": prompt, "kind": "edit", "repeat": repeat, "cold": False, "tokens_per_s": tps,
-            "tokens": [1, 2, 3], "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0, "ttft_ms": None,
-            "peak_rss_kib": 1990000}
-
-
-def bench_doc(runs, configs, prompts):
-    return {"version": B.JSON_VERSION, "target": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": None,
-            "prompts": [{"name": n, "kind": k, "n_tokens": 612} for n, k in prompts],
-            "settings": {"repeats": 2, "max_tokens": 128, "k": "auto", "ctx": 4096, "threads": 2},
-            "started_at": "now", "configs": [c.label for c in configs], "runs": runs,
-            "machine": {"cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 1, "logical_cpus": 2, "threads": 2,
-                        "memory_bytes": 25 * 2**30, "llama_cpp_python": "0.3.36"}}
 
 
 # ---- reports through a pipe: whole cells
@@ -62,7 +48,7 @@ def test_bench_report_through_a_pipe_has_no_ellipsis(narrow, capsys, tmp_path):
     for repeat in (0, 1):
         for name, _ in prompts:
             for i, c in enumerate(configs):
-                runs.append(run(c.label, name, 17.5 + i, repeat=repeat))
+                runs.append(run(c.label, name, 17.5 + i, repeat=repeat, tokens=(1, 2, 3), rss=1990000))
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(bench_doc(runs, configs, prompts)), encoding="utf-8")
     assert main(["bench", "--from-json", str(path)]) == 0
