@@ -70,11 +70,11 @@ def main() -> None:
     from rich.table import Table
 
     from specdec_cli.driver import generate
-    from specdec_cli.controller import AdaptiveK, FixedK
+    from specdec_cli.core.controller import AdaptiveK, FixedK
     from specdec_cli.drafters.ngram import NgramDrafter
     from specdec_cli.drafters.suffix import SuffixDrafter
-    from specdec_cli.engine import GenerationConfig, SpeculativeEngine
-    from specdec_cli.sampling import GREEDY
+    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.core.sampling import GREEDY
     from specdec_cli.session import ModelOptions, open_session
 
     paths = args.prompts or [EDIT / "textwrap_rename.txt", EDIT / "colorsys_type_hints.txt"]

@@ -18,7 +18,7 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.generation import make_engine
 from specdec_cli.prompts import predict_cases

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec_cli.drafters.predict import PredictionDrafter  # noqa: E402
-from specdec_cli.sampling import GREEDY  # noqa: E402
+from specdec_cli.core.sampling import GREEDY  # noqa: E402
 
 NL = 1
 VOCAB = 5000

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec_cli.sampling import Dist, SamplingParams, make_rng, process, sample, verify_stochastic  # noqa: E402
+from specdec_cli.core.sampling import Dist, SamplingParams, make_rng, process, sample, verify_stochastic  # noqa: E402
 
 VOCAB = 151_936
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from specdec_cli import constraint, sampling
-from specdec_cli.constraint import Constraint
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core import constraint, sampling
+from specdec_cli.core.constraint import Constraint
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.generation import make_engine
 from specdec_cli.session import ModelOptions, SpecOptions, open_session

@@ -60,8 +60,8 @@ def main() -> None:
     from rich.table import Table
 
     from specdec_cli.driver import generate
-    from specdec_cli.engine import GenerationConfig
-    from specdec_cli.engine import SpeculativeEngine
+    from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.core.engine import SpeculativeEngine
     from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
     console = Console(stderr=True)

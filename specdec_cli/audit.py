@@ -46,7 +46,7 @@ import numpy as np
 from specdec_cli.backend import Backend, common_prefix
 
 if TYPE_CHECKING:
-    from specdec_cli.constraint import Grammar
+    from specdec_cli.core.constraint import Grammar
 
 NEAR_TIE_THRESHOLD = 1.0  # logits; see the module docstring and the README
 NEAR_TIE = "numerical near-tie"
@@ -84,8 +84,8 @@ def _score(backend: Backend, prompt_tokens, output_tokens, *, with_next: bool, g
     """`teacher_force`, plus (when `with_next`) a copy of the row after the last output token: float32 [V]. With a
     grammar, every row is first masked by the grammar's state after the output before it (the constrained target
     distribution a constrained run follows)."""
-    from specdec_cli.constraint import start
-    from specdec_cli.sampling import apply_mask
+    from specdec_cli.core.constraint import start
+    from specdec_cli.core.sampling import apply_mask
 
     constraint = start(grammar, backend.lltokenizer, backend.n_vocab)
     none = np.zeros(0, dtype=np.int32)

@@ -9,9 +9,9 @@ import typer
 from specdec_cli import __version__
 from specdec_cli import options as o
 from specdec_cli.audit import NEAR_TIE_THRESHOLD
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.options import Method
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.session import ModelOptions, SpecOptions
 
 app = typer.Typer(

@@ -22,9 +22,9 @@ import numpy as np
 
 from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
 from specdec_cli.backend import common_prefix
-from specdec_cli.controller import KController
+from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Generation, generate
 from specdec_cli.generation import make_engine
 from specdec_cli.paired import Paired, measure

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.records import Finish, Prefill, Record, Step
-from specdec_cli.stats import RunStats, summarize
+from specdec_cli.core.records import Finish, Prefill, Record, Step
+from specdec_cli.core.stats import RunStats, summarize
 
 if TYPE_CHECKING:
-    from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 
 
 @dataclass

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specdec_cli.controller import KController
+from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
-from specdec_cli.engine import SpeculativeEngine
-from specdec_cli.records import Source
-from specdec_cli.stats import RunStats
+from specdec_cli.core.engine import SpeculativeEngine
+from specdec_cli.core.records import Source
+from specdec_cli.core.stats import RunStats
 
 if TYPE_CHECKING:
     from specdec_cli.session import Session, SpecOptions

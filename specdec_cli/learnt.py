@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from specdec_cli.config import data_dir
 
 if TYPE_CHECKING:
-    from specdec_cli.controller import AdaptiveK
+    from specdec_cli.core.controller import AdaptiveK
 
 FILE_NAME = "learnt.json"
 VERSION = 1

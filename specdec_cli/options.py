@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specdec_cli.cost_model import K_LIMIT
+from specdec_cli.core.cost_model import K_LIMIT
 from specdec_cli.errors import UsageError
 
 
@@ -174,7 +174,7 @@ def grammar_option(json_object: bool, json_schema: str | None, grammar: str | No
     Raises:
         UsageError: more than one of them, or an unknown --json-layout. GrammarError: a bad schema or grammar.
     """
-    from specdec_cli import constraint
+    from specdec_cli.core import constraint
 
     given = [flag for flag, on in (("--json-object", json_object), ("--json-schema", json_schema is not None),
                                    ("--grammar", grammar is not None)) if on]

@@ -17,8 +17,8 @@ from rich.theme import Theme
 from specdec_cli.audit import NEAR_TIE
 from specdec_cli.options import Method
 from specdec_cli.paired import Paired
-from specdec_cli.records import ACCEPTED, REJECTED, Source, Step
-from specdec_cli.stats import RunStats
+from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
+from specdec_cli.core.stats import RunStats
 
 THEME = Theme(
     {

@@ -179,7 +179,7 @@ class Session:
         one starts from what the last session with these models, method and machine learnt, and `close` saves it.
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
-        from specdec_cli.controller import AdaptiveK, FixedK
+        from specdec_cli.core.controller import AdaptiveK, FixedK
 
         if spec.fixed_k is not None:
             return FixedK(spec.fixed_k)

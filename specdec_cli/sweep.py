@@ -24,7 +24,7 @@ from rich.text import Text
 from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PromptCase
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.sampling import SamplingParams
 
 # --------------------------------------------------------------------------------------------------------------
 # What runs, in which order

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fakes import wants_draft, EOS, V, FakeBackend, greedy_reference, hashed_logits
-from specdec_cli import sampling
+from specdec_cli.core import sampling
 from specdec_cli.__main__ import main
 from specdec_cli.audit import (
     DIVERGENCE,
@@ -33,12 +33,12 @@ from specdec_cli.commands.check import refuse_sampling
 from specdec_cli.driver import generate
 from specdec_cli.comparison import against_plain
 from specdec_cli.session import SpecOptions
-from specdec_cli.controller import FixedK
+from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import UsageError
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.session import Session
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, hashed_logits
-from specdec_cli.controller import AdaptiveK
+from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.drafters.base import Draft
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.predict import PredictionDrafter
 from specdec_cli.drafters.suffix import SuffixDrafter
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.records import Step
-from specdec_cli.stats import summarize
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.records import Step
+from specdec_cli.core.stats import summarize
 
 
 class Clock:
@@ -126,7 +126,7 @@ def test_a_prediction_that_is_the_output_is_drafted_from_the_first_token():
     plain = [t for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=60))
              if isinstance(r, Step) for t in r.emitted]
     drafter = AutoDrafter(predictor=lambda p: PredictionDrafter(p, piece=target.piece), name="predict")
-    from specdec_cli.controller import FixedK
+    from specdec_cli.core.controller import FixedK
 
     engine = SpeculativeEngine(target, drafter, FixedK(8))
     config = GenerationConfig(max_tokens=60, prediction=tuple(plain))
@@ -141,7 +141,7 @@ def test_a_prediction_that_is_the_output_is_drafted_from_the_first_token():
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_auto_is_lossless_with_every_source(temperature):
-    from specdec_cli.sampling import SamplingParams
+    from specdec_cli.core.sampling import SamplingParams
 
     target = FakeBackend(hashed_logits, n_ctx=1024)
     prompt = np.arange(2, 40, dtype=np.int32) % 7 + 2  # repeats: prompt lookup finds matches
@@ -182,7 +182,7 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
 
 
 def test_the_stream_styles_accepted_tokens_by_their_source():
-    from specdec_cli.records import ACCEPTED, REJECTED, TARGET
+    from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET
     from specdec_cli.render import legend, segment_style
 
     assert segment_style(ACCEPTED, "predict") == "spec.accepted.predict"
@@ -201,7 +201,7 @@ def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
     from specdec_cli.draft_policy import DraftPlan
     from specdec_cli.generation import notes
     from specdec_cli.session import Session, SpecOptions
-    from specdec_cli.stats import RunStats
+    from specdec_cli.core.stats import RunStats
 
     session = Session(target=FakeBackend(), target_path=Path("t.gguf"), draft_plan=DraftPlan(None, "CPU-only: why"))
     used = RunStats(by_source={"predict": {"steps": 1, "drafted": 4, "accepted": 4}})

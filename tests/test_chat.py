@@ -21,7 +21,7 @@ from specdec_cli.commands import chat as chat_mod
 from specdec_cli.commands.chat import Chat, ChatView, Conversation, LineReader, Turn, dispatch
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, ModelError, UsageError
 from specdec_cli.render import make_console
 from specdec_cli.session import Session, SpecOptions

@@ -9,14 +9,14 @@ import pytest
 from llguidance import LLMatcher
 
 from fakes import CHARS, EOS, FakeBackend, hashed_logits
-from specdec_cli import constraint
-from specdec_cli.constraint import Constraint, GrammarError
-from specdec_cli.controller import FixedK
+from specdec_cli.core import constraint
+from specdec_cli.core.constraint import Constraint, GrammarError
+from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.base import Draft, DrafterBase
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.records import Finish, Step
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.records import Finish, Step
+from specdec_cli.core.sampling import SamplingParams
 
 V = len(CHARS)
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from specdec_cli import constraint
+from specdec_cli.core import constraint
 from specdec_cli.audit import audit_output
-from specdec_cli.controller import FixedK
+from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.llama import LlamaBackend
-from specdec_cli.records import Finish, Step
+from specdec_cli.core.records import Finish, Step
 
 pytestmark = pytest.mark.real
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
-from specdec_cli.controller import FixedK
+from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.base import DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Step
-from specdec_cli.stats import summarize
+from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Step
+from specdec_cli.core.stats import summarize
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
 

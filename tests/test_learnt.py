@@ -14,7 +14,7 @@ import pytest
 
 from fakes import FakeBackend
 from specdec_cli import learnt
-from specdec_cli.controller import AdaptiveK
+from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.learnt import LearntWarning, learnt_path
 from specdec_cli.session import Session, SpecOptions
 from test_controller import cpu, lookup_draft, step

@@ -3,7 +3,7 @@
 import numpy as np
 
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.sampling import GREEDY
+from specdec_cli.core.sampling import GREEDY
 
 rng = np.random.default_rng(0)
 

@@ -15,14 +15,14 @@ import pytest
 from scipy import stats as sps
 
 from specdec_cli.__main__ import main
-from specdec_cli.controller import FixedK
+from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.llama import LlamaBackend
-from specdec_cli.records import Step
-from specdec_cli.sampling import SamplingParams, process
-from specdec_cli.stats import summarize
+from specdec_cli.core.records import Step
+from specdec_cli.core.sampling import SamplingParams, process
+from specdec_cli.core.stats import summarize
 
 pytestmark = pytest.mark.real
 

@@ -12,9 +12,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from specdec_cli import sampling
+from specdec_cli.core import sampling
 from specdec_cli.drafters.base import Draft
-from specdec_cli.sampling import (
+from specdec_cli.core.sampling import (
     Dist,
     SamplingParams,
     make_rng,

@@ -29,14 +29,14 @@ from fakes import FakeBackend, greedy_reference, hashed_logits, word  # noqa: E4
 from specdec_cli.errors import (  # noqa: E402
     CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError,
 )
-from specdec_cli.records import Finish, Prefill, Step  # noqa: E402
+from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
 from specdec_cli.serve.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
 from specdec_cli.serve.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
 from specdec_cli.serve import schema  # noqa: E402
 from specdec_cli.serve.service import GenerationService, RequestStats  # noqa: E402
 from specdec_cli.serve.worker import Worker  # noqa: E402
 from specdec_cli.session import Session, SpecOptions  # noqa: E402
-from specdec_cli.stats import summarize  # noqa: E402
+from specdec_cli.core.stats import summarize  # noqa: E402
 
 PROMPT = "w5 w9 w3 w17 w4 w22 w8"  # FakeBackend: chat template = the contents, "wN" = token N
 PROMPT_TOKENS = [5, 9, 3, 17, 4, 22, 8]

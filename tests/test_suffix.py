@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_cli.drafters.suffix import LocalIndex, SuffixDrafter
-from specdec_cli.sampling import GREEDY
+from specdec_cli.core.sampling import GREEDY
 from specdec_cli.suffix_store import (
     SEP,
     Corpus,
@@ -632,9 +632,9 @@ def test_cache_help_texts_end_with_examples(runner):
 
 def test_through_the_engine_the_second_run_learns_from_the_first_and_output_stays_exact():
     from fakes import FakeBackend, greedy_reference, hashed_logits
-    from specdec_cli.engine import GenerationConfig, SpeculativeEngine
-    from specdec_cli.controller import FixedK
-    from specdec_cli.records import Step
+    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.core.controller import FixedK
+    from specdec_cli.core.records import Step
 
     prompt = [5, 9, 3, 17, 4, 22, 8]
     reference = greedy_reference(hashed_logits, prompt, 40)

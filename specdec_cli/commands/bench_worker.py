@@ -203,7 +203,7 @@ class _OursRunner:
 
     def _generate(self, method: str, prompt, max_tokens: int):
         """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
-        from specdec_cli.engine import GenerationConfig
+        from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
         from specdec_cli.generation import make_engine
         from specdec_cli.session import SpecOptions

@@ -34,7 +34,7 @@ from specdec_cli.commands.chat_commands import dispatch, is_command
 from specdec_cli.commands.chat_history import Conversation, Turn
 from specdec_cli.commands.chat_session import Chat
 from specdec_cli.commands.chat_view import ChatView
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.generation import saved_k as tuned_k
 from specdec_cli.options import Method

@@ -14,7 +14,7 @@ from specdec_cli.render import StreamRenderer, legend
 
 if TYPE_CHECKING:
     from specdec_cli.commands.chat_history import Totals, Turn
-    from specdec_cli.engine import GenerationConfig
+    from specdec_cli.core.engine import GenerationConfig
     from specdec_cli.session import Session, SpecOptions
 
 

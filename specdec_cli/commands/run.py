@@ -10,7 +10,7 @@ import numpy as np
 from rich.text import Text
 
 from specdec_cli.audit import DIVERGENCE
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.comparison import against_plain
 from specdec_cli.driver import Generation, generate

@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli import sweep
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.options import Method
 from specdec_cli.output import progress as progress_bar, write_json

@@ -21,8 +21,8 @@ import numpy as np
 
 from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.drafters.suffix import SuffixDrafter
-from specdec_cli.records import Source
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.records import Source
+from specdec_cli.core.sampling import SamplingParams
 
 
 class AutoDrafter(DrafterBase):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from specdec_cli.sampling import Dist, SamplingParams
+    from specdec_cli.core.sampling import Dist, SamplingParams
 
 EMPTY = np.zeros(0, dtype=np.int32)
 

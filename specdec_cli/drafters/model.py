@@ -13,8 +13,8 @@ import numpy as np
 
 from specdec_cli.backend import Backend, common_prefix, sync
 from specdec_cli.drafters.base import Draft, DrafterBase
-from specdec_cli.records import Source
-from specdec_cli.sampling import Dist, SamplingParams, process, sample
+from specdec_cli.core.records import Source
+from specdec_cli.core.sampling import Dist, SamplingParams, process, sample
 
 
 class ModelDrafter(DrafterBase):

@@ -45,8 +45,8 @@ from typing import Callable
 import numpy as np
 
 from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
-from specdec_cli.records import Source
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.records import Source
+from specdec_cli.core.sampling import SamplingParams
 
 SCORE_FULL = 8  # a run of this many agreeing tokens gives score 1.0
 

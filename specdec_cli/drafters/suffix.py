@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
-from specdec_cli.records import Source
+from specdec_cli.core.records import Source
 from specdec_cli.suffix_store import WINDOW, Continuation, SuffixStore, empty_continuation
 
 if TYPE_CHECKING:
-    from specdec_cli.sampling import SamplingParams
+    from specdec_cli.core.sampling import SamplingParams
 
 _CHECK = 64  # tokens compared to detect a context that does not extend the indexed one
 

@@ -26,9 +26,9 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdec_cli.constraint import Grammar, GrammarError, json_object, json_schema
-from specdec_cli.engine import GenerationConfig
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.core.constraint import Grammar, GrammarError, json_object, json_schema
+from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.serve.errors import ApiError
 from specdec_cli.serve.service import PieceLogprob, RequestStats
 from specdec_cli.serve.tools import (

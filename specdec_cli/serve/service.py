@@ -18,14 +18,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from specdec_cli.driver import Drive, stream
-from specdec_cli.engine import GenerationConfig
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.generation import make_engine
-from specdec_cli.records import TokenLogprob
+from specdec_cli.core.records import TokenLogprob
 from specdec_cli.serve.errors import ApiError
 from specdec_cli.serve.tools import OPEN, Tags, detect_tags
 from specdec_cli.session import Session, SpecOptions
-from specdec_cli.stats import RunStats
+from specdec_cli.core.stats import RunStats
 
 
 class GenerationService:

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
-from specdec_cli.constraint import Grammar, GrammarError, from_lark, json_schema
+from specdec_cli.core.constraint import Grammar, GrammarError, from_lark, json_schema
 from specdec_cli.serve.errors import ApiError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -23,11 +23,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from specdec_cli.engine import GenerationConfig
-from specdec_cli.records import Finish, Prefill, Step
+from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.core.records import Finish, Prefill, Step
 from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
 from specdec_cli.serve.service import GenerationService, PieceLogprob, RequestStats
-from specdec_cli.stats import RunStats
+from specdec_cli.core.stats import RunStats
 
 
 @dataclass(frozen=True)

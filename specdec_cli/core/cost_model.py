@@ -3,7 +3,7 @@
 `CostModel` estimates, from the engine's `Step` records, the target's verify cost v(b) by batch size, the draft
 model's cost per token and per call, and the acceptance a_i and fill q_i by draft position: pooled over every draft,
 for the draft model's drafts alone, and for lookup drafts by source and by the length of their match (`bucket_of`); `expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest
-expected tokens/s. The controllers that use it are in `specdec_cli.controller`; the reasoning (formulas, priors,
+expected tokens/s. The controllers that use it are in `specdec_cli.core.controller`; the reasoning (formulas, priors,
 why the CPU's verify curve is treated as it is) is in docs/design.md.
 """
 
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_cli.records import Source
+from specdec_cli.core.records import Source
 
 if TYPE_CHECKING:
-    from specdec_cli.records import Step
+    from specdec_cli.core.records import Step
 
 K_LIMIT = 64  # largest K accepted anywhere (--k, tune, k_max)
 DEFAULT_K_MAX = 16

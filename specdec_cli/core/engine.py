@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from specdec_cli.backend import Backend, common_prefix, sync
-from specdec_cli.controller import FixedK, KController
-from specdec_cli.detok import TextStream, piece_text
+from specdec_cli.core.controller import FixedK, KController
+from specdec_cli.core.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut
-from specdec_cli.constraint import start as start_constraint
-from specdec_cli.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Source, Step, TokenLogprob
-from specdec_cli.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify
+from specdec_cli.core.constraint import start as start_constraint
+from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Source, Step, TokenLogprob
+from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify
 
 if TYPE_CHECKING:
-    from specdec_cli.constraint import Constraint, Grammar
+    from specdec_cli.core.constraint import Constraint, Grammar
     from specdec_cli.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")

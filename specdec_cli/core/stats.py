@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from specdec_cli.records import Finish, Prefill, Record, Source, Step
+from specdec_cli.core.records import Finish, Prefill, Record, Source, Step
 
 
 @dataclass(frozen=True)

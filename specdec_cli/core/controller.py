@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
-from specdec_cli.cost_model import (
+from specdec_cli.core.cost_model import (
     BUCKET_EDGES,
     DEFAULT_K_MAX,
     K_LIMIT,
@@ -30,7 +30,7 @@ from specdec_cli.cost_model import (
 from specdec_cli.drafters.base import Draft, cut
 
 if TYPE_CHECKING:
-    from specdec_cli.records import Step
+    from specdec_cli.core.records import Step
 
 PROBE_K = 3  # K of a probe step taken from K = 0
 MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_every x this

@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 from typing import Callable
 
-from specdec_cli.records import Segment
+from specdec_cli.core.records import Segment
 
 
 class TextStream:
