@@ -42,8 +42,8 @@ def child(args: argparse.Namespace) -> None:
     """One run in this (fresh) process; prints one JSON line."""
     import numpy as np
 
-    from specdec_cli.backend import sync
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.backend import sync
+    from specdec_cli.models.llama import LlamaBackend
     from specdec_cli.prompt_cache import PromptCache
 
     t_load = time.perf_counter()
@@ -108,7 +108,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     from specdec_cli.config import load_catalog
-    from specdec_cli.resolver import resolve
+    from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
     name = ns.model or catalog.default_target

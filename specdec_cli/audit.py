@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specdec_cli.backend import Backend, common_prefix
+from specdec_cli.models.backend import Backend, common_prefix
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Grammar

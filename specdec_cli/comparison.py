@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
-from specdec_cli.backend import common_prefix
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import GenerationConfig

@@ -40,7 +40,7 @@ GGUF sets `add_bos_token`, the tools prepend a BOS our chat path does not. `Nati
 count, for the caller to compare with ours.
 Greedy: `--temp 0 --top-k 1`. Environment variables `LLAMA_ARG_*` (which llama.cpp reads as flags) are dropped.
 
-This is the second exception to the rule "only `specdec_cli.llama` imports `llama_cpp`" in name only: it imports
+This is the second exception to the rule "only `specdec_cli.models.llama` imports `llama_cpp`" in name only: it imports
 nothing from `llama_cpp` (nor ctypes); it runs separately built binaries as subprocesses (argument lists, no shell,
 stdin closed, a timeout) and reads their text output.
 """

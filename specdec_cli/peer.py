@@ -15,7 +15,7 @@ sized from the `logits_all` *argument* (n_batch rows, not n_ctx). A user gets it
 Qwen2.5 at --ctx 4096; pages become resident as positions are evaluated) and makes llama.cpp compute the output
 layer for every evaluated position, the prompt included. We run it that way (`PeerModel`).
 
-Exception to the project rule that only `specdec_cli.llama` imports `llama_cpp`: this module measures
+Exception to the project rule that only `specdec_cli.models.llama` imports `llama_cpp`: this module measures
 llama-cpp-python's own high-level `Llama` API, which is the thing under test, so it imports `llama_cpp` lazily,
 inside functions (never at module level); nothing else in specdec uses it.
 
@@ -151,7 +151,7 @@ class PeerModel:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        from specdec_cli.llama import default_threads
+        from specdec_cli.models.llama import default_threads
 
         self._lookup = LlamaPromptLookupDecoding
         threads = n_threads or default_threads()

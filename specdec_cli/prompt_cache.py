@@ -54,7 +54,7 @@ from typing import Iterator, Protocol, Sequence
 import filelock
 import numpy as np
 
-from specdec_cli.backend import common_prefix
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.output import fsync_dir
 from specdec_cli.errors import CacheTrimError, StateError, reason
 

@@ -13,8 +13,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from specdec_cli.backend import Backend
-from specdec_cli.draft_policy import DraftPlan
+from specdec_cli.models.backend import Backend
+from specdec_cli.models.draft_policy import DraftPlan
 from specdec_cli.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
@@ -220,7 +220,7 @@ class Session:
         catalog's default draft. Raises ModelError, IncompatiblePairError, ConfigError; the session is then unchanged.
         """
         from specdec_cli.config import load_catalog
-        from specdec_cli.resolver import resolve
+        from specdec_cli.models.resolver import resolve
 
         catalog = load_catalog()
         self.attach_draft(resolve(name or self.options.draft or catalog.default_draft, catalog, console=console),
@@ -228,9 +228,9 @@ class Session:
 
     def attach_draft(self, path: Path, *, console=None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
-        from specdec_cli.llama import LlamaBackend
-        from specdec_cli.resolver import probe_load
-        from specdec_cli.vocab import check_compatible
+        from specdec_cli.models.llama import LlamaBackend
+        from specdec_cli.models.resolver import probe_load
+        from specdec_cli.models.vocab import check_compatible
 
         o = self.options
         probe_load(path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
@@ -273,10 +273,10 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     Raises: ModelError (resolve/load), IncompatiblePairError, ConfigError (catalog), UsageError (`--method draft`
     with a target the catalog pairs with no draft model, before anything is fetched).
     """
-    from specdec_cli import draft_policy
+    from specdec_cli.models import draft_policy
     from specdec_cli.config import load_catalog
-    from specdec_cli.llama import LlamaBackend, gpu_offload_supported
-    from specdec_cli.resolver import probe_load, resolve
+    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
+    from specdec_cli.models.resolver import probe_load, resolve
 
     catalog = load_catalog()
     gpu = gpu_offload_supported() and options.gpu_layers != 0

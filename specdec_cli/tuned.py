@@ -38,7 +38,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.machine import cpu_model, usable_cpus
+from specdec_cli.models.machine import cpu_model, usable_cpus
 from specdec_cli.config import config_dir
 
 FILE_NAME = "tuned.json"
@@ -80,7 +80,7 @@ def machine(threads: int | None) -> dict[str, Any]:
     threads: the generation threads (None = llama.cpp's default for this process, `machine.usable_cpus()`, as in
     `machine.describe`).
     """
-    from specdec_cli.llama import system_info
+    from specdec_cli.models.llama import system_info
 
     info = system_info()
     desc = {
@@ -90,7 +90,7 @@ def machine(threads: int | None) -> dict[str, Any]:
         "system_info_sha256": hashlib.sha256(info.encode()).hexdigest()[:12],
     }
     desc["key"] = f"{desc['cpu']}|{desc['threads']}|{desc['system_info_sha256']}"
-    from specdec_cli import host
+    from specdec_cli.models import host
 
     plan = host.current_plan()  # how models were loaded (the AMX guard): a tune of the slow path is its own setting
     desc["load_plan"] = plan.to_dict() if plan is not None else None

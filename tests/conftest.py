@@ -23,7 +23,7 @@ def _isolated_home(tmp_path, monkeypatch):
 
 def _resolve(name: str) -> Path:
     from specdec_cli.config import load_catalog
-    from specdec_cli.resolver import resolve
+    from specdec_cli.models.resolver import resolve
 
     return resolve(name, load_catalog())
 

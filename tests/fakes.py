@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.backend import VocabInfo
+from specdec_cli.models.backend import VocabInfo
 from specdec_cli.errors import ContextOverflowError
 
 V = 32
@@ -71,7 +71,7 @@ def bigram_logits(prefix: Sequence[int], vocab: int = V, table: np.ndarray | Non
 
 
 class FakeBackend:
-    """Implements `specdec_cli.backend.Backend` with `fn(prefix) -> logits`.
+    """Implements `specdec_cli.models.backend.Backend` with `fn(prefix) -> logits`.
 
     Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more
     logits rows than one llama.cpp batch (n_logits > min(tokens, n_batch)) and a negative truncation (ValueError).
@@ -101,7 +101,7 @@ class FakeBackend:
 
     @property
     def n_threads(self) -> int:  # as LlamaBackend's default: every CPU this process may use
-        from specdec_cli.machine import usable_cpus
+        from specdec_cli.models.machine import usable_cpus
 
         return usable_cpus()
 

@@ -308,7 +308,7 @@ def fake_sessions(monkeypatch, tmp_path):
 
     monkeypatch.setattr("specdec_cli.commands.check.open_session", open_session)
     monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
-    monkeypatch.setattr("specdec_cli.llama.system_info", lambda: "fake")
+    monkeypatch.setattr("specdec_cli.models.llama.system_info", lambda: "fake")
     return state
 
 
@@ -379,7 +379,7 @@ FREE = "Write a short story about a lighthouse keeper who finds a message in a b
 
 @pytest.fixture(scope="module")
 def tiny(smollm2_path):
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.llama import LlamaBackend
 
     # one thread each: deterministic, and not slowed down by spinning threads on a busy machine
     target = LlamaBackend(smollm2_path, n_ctx=1024, n_batch=512, n_threads=1)

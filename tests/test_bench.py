@@ -21,7 +21,7 @@ from bench_docs import run
 from specdec_cli.commands import bench as B
 from specdec_cli.commands import bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
-from specdec_cli.machine import model_file, physical_cores
+from specdec_cli.models.machine import model_file, physical_cores
 from specdec_cli.peer import lookup_acceptance
 
 ALL = ["none", "A/A", "auto", "ngram", "suffix", "draft", "peer-10", "peer-2"]

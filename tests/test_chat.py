@@ -402,7 +402,7 @@ def test_cli_real_smollm2_two_turns_reuse_the_cache(smollm2_path):
 
 @pytest.mark.real
 def test_real_second_turn_evaluates_only_the_new_tokens(smollm2_path):
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.llama import LlamaBackend
 
     target = LlamaBackend(smollm2_path, n_ctx=1024, n_threads=2)
     draft = LlamaBackend(smollm2_path, n_ctx=1024, n_threads=2)

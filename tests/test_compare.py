@@ -78,7 +78,7 @@ def fake_session(monkeypatch, tmp_path):
         return s
 
     monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
-    monkeypatch.setattr("specdec_cli.llama.system_info", lambda: "fake")
+    monkeypatch.setattr("specdec_cli.models.llama.system_info", lambda: "fake")
 
 
 @pytest.fixture

@@ -288,7 +288,7 @@ def char_sessions(monkeypatch, tmp_path):
 
     monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
     monkeypatch.setattr("specdec_cli.commands.check.open_session", open_session)
-    monkeypatch.setattr("specdec_cli.llama.system_info", lambda: "fake")
+    monkeypatch.setattr("specdec_cli.models.llama.system_info", lambda: "fake")
     (tmp_path / "p.txt").write_text('Ann is 12, tags "on" and "in".', encoding="utf-8")
     (tmp_path / "s.json").write_text(json.dumps(SCHEMA), encoding="utf-8")
     return tmp_path

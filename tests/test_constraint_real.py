@@ -12,7 +12,7 @@ from specdec_cli.audit import audit_output
 from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.llama import LlamaBackend
+from specdec_cli.models.llama import LlamaBackend
 from specdec_cli.core.records import Finish, Step
 
 pytestmark = pytest.mark.real

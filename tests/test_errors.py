@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 
 from fakes import wants_draft, FakeBackend, greedy_reference, hashed_logits, word
-from specdec_cli import errors, resolver
+from specdec_cli import errors
+from specdec_cli.models import resolver
 from specdec_cli.__main__ import main
 from specdec_cli.errors import ModelError, UsageError
 from specdec_cli.session import Session
@@ -210,7 +211,7 @@ def _tiny_gguf(n_kv: int = 1) -> bytes:
 def _patched_smollm2(src: Path, dest: Path, key: str, value: int) -> Path:
     """`dest`: SmolLM2's real header with the u32 metadata `key` set to `value`, then zeros up to the real size
     (sparse: the weights' values do not matter to llama.cpp's loader). A well-formed header llama.cpp aborts on."""
-    from specdec_cli.gguf import check_gguf
+    from specdec_cli.models.gguf import check_gguf
 
     info = check_gguf(src)
     with open(src, "rb") as f:
@@ -270,7 +271,7 @@ def test_unknown_model_name_through_the_cli_suggests_close_names(prompt_file, ca
 
 
 def test_incompatible_pair_is_exit_4(monkeypatch, prompt_file, capsys):
-    from specdec_cli.vocab import check_compatible
+    from specdec_cli.models.vocab import check_compatible
 
     def open_session(options, *, method=None, need_draft=False, console=None):
         need_draft = wants_draft(options, method, need_draft)
@@ -576,7 +577,7 @@ ESCAPES = [
 
 @pytest.mark.parametrize("template", ESCAPES)
 def test_a_template_escape_raises_a_model_error_and_runs_nothing(template, tmp_path):
-    from specdec_cli.llama import render_chat_template
+    from specdec_cli.models.llama import render_chat_template
 
     sentinel = tmp_path / "pwned"
     with pytest.raises(ModelError) as e:
@@ -597,7 +598,7 @@ def test_a_template_escape_raises_a_model_error_and_runs_nothing(template, tmp_p
     ],
 )
 def test_template_failures_are_one_line_errors(template, error, message):
-    from specdec_cli.llama import render_chat_template
+    from specdec_cli.models.llama import render_chat_template
 
     with pytest.raises(error) as e:
         render_chat_template(template, [{"role": "user", "content": "hi"}], bos_token="", eos_token="",
@@ -606,7 +607,7 @@ def test_template_failures_are_one_line_errors(template, error, message):
 
 
 def test_a_prompt_is_data_for_the_template_not_code(tmp_path):
-    from specdec_cli.llama import render_chat_template
+    from specdec_cli.models.llama import render_chat_template
 
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
     evil = "{{ cycler.__init__.__globals__.os.system('touch " + str(tmp_path / "pwned") + "') }} $(touch x) `id`"

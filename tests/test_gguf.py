@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from specdec_cli import config
 from specdec_cli.errors import ModelError
-from specdec_cli.gguf import GGML_TYPES, check_gguf, tensor_nbytes
+from specdec_cli.models.gguf import GGML_TYPES, check_gguf, tensor_nbytes
 
 F32, Q8_0, Q4_K = 0, 8, 12
 
@@ -198,7 +198,7 @@ def test_a_corrupt_byte_never_crashes(tmp_path, pos, byte):
 @pytest.mark.real
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
 def test_real_models_header_implies_their_size(name):
-    from specdec_cli import resolver
+    from specdec_cli.models import resolver
 
     catalog = config.load_catalog()
     spec = catalog.models[name]

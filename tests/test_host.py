@@ -1,4 +1,4 @@
-"""The AMX guard (`specdec_cli.host`) and `specdec doctor`, with made-up llama.cpp system-info strings.
+"""The AMX guard (`specdec_cli.models.host`) and `specdec doctor`, with made-up llama.cpp system-info strings.
 
 llama.cpp builds with AMX kernels crash on the first decode on Intel CPUs with AMX (llama.cpp issue 20824). These
 tests drive the decision without such a CPU: the system info, the probe's verdict and the environment are fakes.
@@ -13,7 +13,7 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import host
+from specdec_cli.models import host
 from specdec_cli.errors import UsageError
 
 NO_AMX = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
@@ -81,7 +81,7 @@ def test_setting_reads_the_environment():
 
 
 def test_plan_probes_once_per_build_and_cpu_and_warns_once(monkeypatch, fresh_plan):
-    import specdec_cli.llama as llama
+    import specdec_cli.models.llama as llama
 
     calls = []
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
@@ -100,7 +100,7 @@ def test_plan_probes_once_per_build_and_cpu_and_warns_once(monkeypatch, fresh_pl
 
 
 def test_plan_does_not_remember_a_probe_without_verdict(monkeypatch, fresh_plan):
-    import specdec_cli.llama as llama
+    import specdec_cli.models.llama as llama
 
     calls = []
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
@@ -136,7 +136,7 @@ def test_probe_child_timeout_is_no_verdict(monkeypatch, tmp_path):
 
 
 def test_doctor_json_shows_the_guard_decision(monkeypatch, fresh_plan):
-    import specdec_cli.llama as llama
+    import specdec_cli.models.llama as llama
     from specdec_cli.cli import app
 
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
@@ -150,7 +150,7 @@ def test_doctor_json_shows_the_guard_decision(monkeypatch, fresh_plan):
 
 
 def test_doctor_table_names_every_fact(monkeypatch, fresh_plan):
-    import specdec_cli.llama as llama
+    import specdec_cli.models.llama as llama
     from specdec_cli.cli import app
 
     monkeypatch.setattr(llama, "system_info", lambda: NO_AMX)
@@ -170,7 +170,7 @@ def test_bad_setting_is_one_line_exit_2(monkeypatch, fresh_plan):
 
 @pytest.mark.real
 def test_backend_loads_with_extra_buffer_types_off(smollm2_path):
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.llama import LlamaBackend
 
     for extra in (False, True):
         backend = LlamaBackend(smollm2_path, n_ctx=128, n_batch=64, n_threads=2, extra_bufts=extra)
@@ -185,10 +185,10 @@ def test_backend_loads_with_extra_buffer_types_off(smollm2_path):
 
 @pytest.mark.real
 def test_backend_follows_the_host_plan(monkeypatch, fresh_plan, smollm2_path):
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.llama import LlamaBackend
 
     monkeypatch.setenv(host.ENV, "off")
-    import specdec_cli.llama as llama
+    import specdec_cli.models.llama as llama
 
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
     with pytest.warns(host.HostWarning):
@@ -200,7 +200,7 @@ def test_backend_follows_the_host_plan(monkeypatch, fresh_plan, smollm2_path):
 
 
 def test_tune_records_the_load_path_and_keys_the_slow_path_apart(monkeypatch, fresh_plan):
-    import specdec_cli.llama as llama
+    import specdec_cli.models.llama as llama
     from specdec_cli import tuned
 
     monkeypatch.setattr(llama, "system_info", lambda: AMX)

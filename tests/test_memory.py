@@ -31,7 +31,7 @@ def long_prompt(path):
 
 
 def test_every_decode_asks_for_at_most_k_plus_1_rows_of_logits(smollm2_path, tmp_path, monkeypatch, capsys):
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.llama import LlamaBackend
 
     calls: list[tuple[int, int, int]] = []  # (tokens in the batch, rows of logits asked, bytes returned)
     real = LlamaBackend.decode

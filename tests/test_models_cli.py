@@ -9,7 +9,8 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import config, resolver
+from specdec_cli import config
+from specdec_cli.models import resolver
 from specdec_cli.commands.models import models_app
 from specdec_cli.errors import ModelError, UsageError
 

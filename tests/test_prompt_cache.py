@@ -483,7 +483,7 @@ TEXT = (
 @pytest.fixture(scope="module")
 def llama_backend_cls():
     pytest.importorskip("llama_cpp")
-    from specdec_cli.llama import LlamaBackend
+    from specdec_cli.models.llama import LlamaBackend
 
     return LlamaBackend
 
@@ -493,7 +493,7 @@ def _fresh(cls, path, **kw):
 
 
 def _next_logits(backend, context, last) -> np.ndarray:
-    from specdec_cli.backend import sync
+    from specdec_cli.models.backend import sync
 
     sync(backend, context)
     return backend.decode([last], n_logits=1)[0].copy()

@@ -19,7 +19,7 @@ from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.llama import LlamaBackend
+from specdec_cli.models.llama import LlamaBackend
 from specdec_cli.core.records import Step
 from specdec_cli.core.sampling import SamplingParams, process
 from specdec_cli.core.stats import summarize

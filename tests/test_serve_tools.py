@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 from fakes import CHARS, FakeBackend, greedy_tokenize, hashed_logits  # noqa: E402
 from specdec_cli.errors import ToolsUnsupportedError  # noqa: E402
-from specdec_cli.llama import render_chat_template  # noqa: E402
+from specdec_cli.models.llama import render_chat_template  # noqa: E402
 from specdec_cli.serve.tools import (  # noqa: E402
     Arguments, CallStart, Content, ReplyParser, Tags, check_tools, grammar,
 )

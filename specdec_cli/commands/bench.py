@@ -56,7 +56,7 @@ from rich.console import Console
 from rich.text import Text
 
 from specdec_cli import sweep
-from specdec_cli.backend import common_prefix
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.commands.bench_report import (
     CONTROL, BenchConfig, ConfigSummary, check_plot_path, markdown_table, report, write_plot,
 )
@@ -288,15 +288,15 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     """Start the workers, check every prompt fits, and run the schedule. Ctrl-C stops the workers and returns what
     was measured (`BenchRun.interrupted`)."""
     from specdec_cli.config import load_catalog
-    from specdec_cli import host
-    from specdec_cli.llama import system_info
-    from specdec_cli.machine import describe
-    from specdec_cli.resolver import resolve
+    from specdec_cli.models import host
+    from specdec_cli.models.llama import system_info
+    from specdec_cli.models.machine import describe
+    from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
     target = resolve(models.target or catalog.default_target, catalog, console=console)
     need_draft = "draft" in options.methods
-    from specdec_cli.draft_policy import paired_draft
+    from specdec_cli.models.draft_policy import paired_draft
 
     name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
     draft = resolve(name, catalog, console=console) if need_draft else None
@@ -428,7 +428,7 @@ def _config_from_label(label: str) -> BenchConfig:
 
 
 def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
-    from specdec_cli.machine import package_version
+    from specdec_cli.models.machine import package_version
     from specdec_cli.peer import MAX_NGRAM_SIZE, PEER_SETTINGS, peer_call
 
     return {

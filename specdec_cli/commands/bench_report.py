@@ -148,7 +148,7 @@ def _fmt_agree(s: ConfigSummary) -> str:
 
 
 def header(doc: dict[str, Any]) -> str:
-    from specdec_cli.machine import one_line
+    from specdec_cli.models.machine import one_line
 
     st = doc["settings"]
     pair = Path(doc["target"]).name + (f" + {Path(doc['draft']).name}" if doc.get("draft") else "")
@@ -239,7 +239,7 @@ def speedup_chart(summaries: list[ConfigSummary], classes: list[str], width: int
 
 def markdown_table(doc: dict[str, Any], summaries: list[ConfigSummary]) -> str:
     """The README's Results table (GitHub Markdown), with a comment naming the run it came from."""
-    from specdec_cli.machine import one_line
+    from specdec_cli.models.machine import one_line
 
     classes = _classes(doc)
     st = doc["settings"]

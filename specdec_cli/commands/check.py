@@ -104,7 +104,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
 
 def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig, result: Generation,
                 report: AuditReport) -> None:
-    from specdec_cli.llama import system_info
+    from specdec_cli.models.llama import system_info
 
     doc = {
         "check": report.to_dict(),

@@ -1,7 +1,7 @@
 """`specdec doctor`: what this machine and its llama.cpp look like, in one report to paste into a bug report.
 
 The report goes to stdout (a table, or JSON with --json); nothing is loaded unless --probe asks for the AMX trial
-decode (`specdec_cli.host`).
+decode (`specdec_cli.models.host`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli import __version__, host
-from specdec_cli.machine import cpu_model, package_version, physical_cores, usable_cpus
+from specdec_cli import __version__
+from specdec_cli.models import host
+from specdec_cli.models.machine import cpu_model, package_version, physical_cores, usable_cpus
 
 
 def report(*, probe: bool = False) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
     smallest downloaded catalog model.
     """
     from specdec_cli.config import cache_dir, config_dir, data_dir
-    from specdec_cli.llama import default_threads, gpu_offload_supported, system_info
+    from specdec_cli.models.llama import default_threads, gpu_offload_supported, system_info
 
     info = system_info()
     setting = host.setting()

@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli import config, resolver
+from specdec_cli import config
+from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, ModelSpec
 from specdec_cli.errors import ModelError, SpecdecError, UsageError
 from specdec_cli.render import err_console, make_console

@@ -135,7 +135,7 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
 
 def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
                 compare: dict | None, *, k: str, k_source: str) -> None:
-    from specdec_cli.llama import system_info
+    from specdec_cli.models.llama import system_info
 
     doc = {
         "text": result.text,

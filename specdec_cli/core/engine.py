@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from specdec_cli.backend import Backend, common_prefix, sync
+from specdec_cli.models.backend import Backend, common_prefix, sync
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_cli.backend import Backend
+from specdec_cli.models.backend import Backend
 from specdec_cli.errors import IncompatiblePairError
 
 MAX_SIZE_DIFFERENCE = 128

@@ -174,7 +174,7 @@ def plan(model_path: str | os.PathLike[str], *, n_threads: int, system_info: str
 def probe_child(model_path: Path, n_threads: int) -> str:
     """Load `model_path` as built (extra buffer types on) in a child process and decode a prefill and a verify
     batch with `n_threads` threads. Returns "ok", "crash: SIGSEGV" (any death by a signal) or "no verdict: ..."."""
-    command = [sys.executable, "-c", "import sys; from specdec_cli.llama import probe_main; "
+    command = [sys.executable, "-c", "import sys; from specdec_cli.models.llama import probe_main; "
                "sys.exit(probe_main(sys.argv[1:]))", str(model_path), str(n_threads)]
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     try:
@@ -198,7 +198,7 @@ def probe_child(model_path: Path, n_threads: int) -> str:
 
 
 def _verdict_key(system_info: str) -> str:
-    from specdec_cli.machine import cpu_model, package_version
+    from specdec_cli.models.machine import cpu_model, package_version
 
     text = f"{package_version()}|{system_info}|{cpu_model()}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -24,7 +24,7 @@ from llama_cpp import _logger as _llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 import numpy as np
 
-from specdec_cli.backend import VocabInfo
+from specdec_cli.models.backend import VocabInfo
 from specdec_cli.errors import (
     CacheTrimError,
     ContextOverflowError,
@@ -50,7 +50,7 @@ def _init_once(verbose: bool) -> None:
 def default_threads() -> int:
     """Threads for generation: the CPUs this process may use, `machine.usable_cpus` (llama.cpp is memory-bound past
     physical cores, so more would not help)."""
-    from specdec_cli.machine import usable_cpus
+    from specdec_cli.models.machine import usable_cpus
 
     return usable_cpus()
 
@@ -114,10 +114,10 @@ def _one_line(e: BaseException) -> str:
 
 
 class LlamaBackend:
-    """One GGUF model with one context and one sequence (seq_id 0). Implements `specdec_cli.backend.Backend`.
+    """One GGUF model with one context and one sequence (seq_id 0). Implements `specdec_cli.models.backend.Backend`.
 
     Args:
-        path: the .gguf file (already validated by `specdec_cli.gguf.check_gguf`).
+        path: the .gguf file (already validated by `specdec_cli.models.gguf.check_gguf`).
         n_ctx: context window in tokens.
         n_batch: maximum tokens per `llama_decode` call; prompts are evaluated in chunks of this size and a verify
             batch (K + 1 tokens) must fit in one chunk.
@@ -125,7 +125,7 @@ class LlamaBackend:
         n_gpu_layers: layers to offload (-1 = all; ignored by CPU builds).
         verbose: let llama.cpp log to stderr.
         extra_bufts: load with llama.cpp's extra buffer types (AMX kernels, repacked weights). None = as
-            `specdec_cli.host.plan` decides for this host (off only where this build's AMX kernels crash).
+            `specdec_cli.models.host.plan` decides for this host (off only where this build's AMX kernels crash).
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -149,7 +149,7 @@ class LlamaBackend:
         self._batch = None
         threads = n_threads or default_threads()
         if extra_bufts is None:
-            from specdec_cli import host
+            from specdec_cli.models import host
 
             extra_bufts = host.plan(self.path, n_threads=threads, system_info=system_info()).extra_bufts
         self.extra_bufts = extra_bufts

@@ -56,8 +56,8 @@ from rich.progress import (
 from specdec_cli.output import fsync_dir
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
-from specdec_cli.gguf import check_gguf
-from specdec_cli.machine import marker_path
+from specdec_cli.models.gguf import check_gguf
+from specdec_cli.models.machine import marker_path
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 
@@ -145,9 +145,9 @@ def probe_load(path: Path, *, console: Console | None = None) -> None:
     key = _probe_key(path)
     if key is None or _is_catalog_file(path) or key in _probed():
         return
-    from specdec_cli.llama import PROBE_REFUSED
+    from specdec_cli.models.llama import PROBE_REFUSED
 
-    command = [sys.executable, "-c", "import sys; from specdec_cli.llama import probe_main; "
+    command = [sys.executable, "-c", "import sys; from specdec_cli.models.llama import probe_main; "
                "sys.exit(probe_main(sys.argv[1:]))", str(path)]
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # no gdb backtrace from ggml_abort
     status = console.status(f"Trial load of {path.name}", spinner="dots") if console and console.is_terminal else None
