@@ -1,7 +1,7 @@
 """Benchmark: time to first token of a long prompt, cold vs restored from the prompt cache (issue 17).
 
 Every run is a fresh process (as every `specdec run` is): load the model, then either evaluate the whole prompt
-(cold) or restore the longest saved prefix from `specdec_cli.prompt_cache.PromptCache` and evaluate the rest, then
+(cold) or restore the longest saved prefix from `specdec_cli.stores.prompt_cache.PromptCache` and evaluate the rest, then
 the first token's logits. The prompt is a real source file cut to ~1,800 tokens, then an instruction (file first,
 instruction last, as an edit prompt is). Runs, in order, on one empty temporary cache:
 
@@ -44,7 +44,7 @@ def child(args: argparse.Namespace) -> None:
 
     from specdec_cli.models.backend import sync
     from specdec_cli.models.llama import LlamaBackend
-    from specdec_cli.prompt_cache import PromptCache
+    from specdec_cli.stores.prompt_cache import PromptCache
 
     t_load = time.perf_counter()
     backend = LlamaBackend(args.model, n_ctx=args.ctx, n_batch=512)

@@ -52,7 +52,7 @@ def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
     `console` (stderr) when there is one."""
     from rich.text import Text
 
-    from specdec_cli.tuned import lookup, tuned_path
+    from specdec_cli.stores.tuned import lookup, tuned_path
 
     k = lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
     if k is not None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from specdec_cli.models.backend import Backend
 from specdec_cli.models.draft_policy import DraftPlan
-from specdec_cli.prompt_cache import PromptCache
+from specdec_cli.stores.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.options import Method, parse_k_option
@@ -145,7 +145,7 @@ class Session:
         if method in (Method.suffix, Method.auto):
             from specdec_cli.config import data_dir
             from specdec_cli.drafters.suffix import SuffixDrafter
-            from specdec_cli.suffix_store import SuffixStore, store_path
+            from specdec_cli.stores.suffix_store import SuffixStore, store_path
 
             fingerprint = self.vocab_fingerprint()
             suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
@@ -175,7 +175,7 @@ class Session:
 
         `--k auto` keeps learning across the generations of a session: the same `AdaptiveK` (costs, acceptance by
         match length) serves every generation with this method and k_max, so the second reply of a chat or a
-        repeated workload starts where the first left off; and across sessions, through `specdec_cli.learnt`: a new
+        repeated workload starts where the first left off; and across sessions, through `specdec_cli.stores.learnt`: a new
         one starts from what the last session with these models, method and machine learnt, and `close` saves it.
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
@@ -189,7 +189,7 @@ class Session:
             return AdaptiveK(k_max=spec.k_max)
         key = (spec.method, spec.k_max)
         if key not in self._controllers:
-            from specdec_cli import learnt
+            from specdec_cli.stores import learnt
 
             ctrl = AdaptiveK(k_max=spec.k_max)
             learnt.restore(ctrl, self._learnt_key(*key))
@@ -197,14 +197,14 @@ class Session:
         return self._controllers[key]
 
     def _learnt_key(self, method: str, k_max: int) -> str | None:
-        from specdec_cli import learnt
+        from specdec_cli.stores import learnt
 
         draft = self.draft_path if method in ("draft", "auto") else None
         return learnt.entry_key(self.target_path, draft, method, self.options.threads, k_max)
 
     def save_learnt(self) -> None:
-        """Save what each `--k auto` controller of this session learnt (`specdec_cli.learnt`; a failure warns)."""
-        from specdec_cli import learnt
+        """Save what each `--k auto` controller of this session learnt (`specdec_cli.stores.learnt`; a failure warns)."""
+        from specdec_cli.stores import learnt
 
         keyed, details = {}, {}
         for (method, k_max), ctrl in self._controllers.items():
@@ -297,7 +297,7 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     with _status(console, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)
-    from specdec_cli.prompt_cache import PromptCache
+    from specdec_cli.stores.prompt_cache import PromptCache
 
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,

@@ -162,7 +162,7 @@ def test_method_none_compare_is_an_a_a_control(fake_session, prompt_file, capsys
 
 def test_a_compare_does_not_learn_from_its_replays(fake_session, prompt_file, capsys, monkeypatch):
     """The suffix store learns the shown run's reply once; the replays of --compare add nothing."""
-    from specdec_cli.suffix_store import SuffixStore
+    from specdec_cli.stores.suffix_store import SuffixStore
 
     learnt = []
     real = SuffixStore.extend

@@ -25,7 +25,7 @@ from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.errors import ConfigError, UsageError
 from specdec_cli.prompts_io import read_prompt
 from specdec_cli.core.sampling import GREEDY, SamplingParams
-from specdec_cli.suffix_store import SuffixStore
+from specdec_cli.stores.suffix_store import SuffixStore
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 SHA = "ab" * 32

@@ -201,7 +201,7 @@ def test_backend_follows_the_host_plan(monkeypatch, fresh_plan, smollm2_path):
 
 def test_tune_records_the_load_path_and_keys_the_slow_path_apart(monkeypatch, fresh_plan):
     import specdec_cli.models.llama as llama
-    from specdec_cli import tuned
+    from specdec_cli.stores import tuned
 
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
     monkeypatch.setenv(host.ENV, "off")

@@ -1,4 +1,4 @@
-"""What --k auto learnt, carried to the next run (specdec_cli.learnt, AdaptiveK.state/restore, Session)."""
+"""What --k auto learnt, carried to the next run (specdec_cli.stores.learnt, AdaptiveK.state/restore, Session)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend
-from specdec_cli import learnt
+from specdec_cli.stores import learnt
 from specdec_cli.core.controller import AdaptiveK
-from specdec_cli.learnt import LearntWarning, learnt_path
+from specdec_cli.stores.learnt import LearntWarning, learnt_path
 from specdec_cli.session import Session, SpecOptions
 from test_controller import cpu, lookup_draft, step
 
@@ -169,7 +169,7 @@ def test_a_save_that_fails_warns_and_does_not_raise(tmp_path, monkeypatch) -> No
     def full(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("specdec_cli.tuned.write_atomic", full)
+    monkeypatch.setattr("specdec_cli.stores.tuned.write_atomic", full)
     with pytest.warns(LearntWarning, match="No space left on device"):
         assert learnt.save({"k": s.make_controller(SpecOptions(method="suffix"))}) is None
     s.close()  # warns again, never raises

@@ -1,4 +1,4 @@
-"""The prompt cache (specdec_cli/prompt_cache.py): keying, longest-prefix choice, LRU eviction, atomic writes, bad
+"""The prompt cache (specdec_cli/stores/prompt_cache.py): keying, longest-prefix choice, LRU eviction, atomic writes, bad
 files discarded with a warning, permissions, concurrent processes; and on the tiny real model, logits after a restore
 equal those of a fresh prefill exactly."""
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specdec_cli.errors import StateError
-from specdec_cli.prompt_cache import PromptCache, PromptCacheWarning, key_digest
+from specdec_cli.stores.prompt_cache import PromptCache, PromptCacheWarning, key_digest
 
 MAGIC = b"FKST"
 
@@ -255,7 +255,7 @@ def test_a_crash_mid_write_leaves_no_entry_and_the_next_save_cleans_up(cache, mo
 def test_a_crash_between_the_two_renames_leaves_no_entry(cache, model, monkeypatch):
     """The state is renamed into place first, the header last: killed in between, only an orphan state is left (no
     entry to trust), and the next save removes it."""
-    import specdec_cli.prompt_cache as pc
+    import specdec_cli.stores.prompt_cache as pc
 
     real_replace, calls = os.replace, []
 
@@ -359,7 +359,7 @@ def test_a_state_whose_token_list_differs_from_its_header_is_discarded(cache, mo
     state): only the token list llama.cpp reads back from the state can tell."""
     import json
 
-    from specdec_cli.prompt_cache import _file_blake2b
+    from specdec_cli.stores.prompt_cache import _file_blake2b
 
     saved(cache, model, seq(100))
     header, state = _only(cache)
@@ -464,7 +464,7 @@ def test_cache_stats_and_clear_cover_the_prompt_cache(tmp_path, model, monkeypat
 
 
 def test_the_default_directory_is_under_the_cache_dir(tmp_path, monkeypatch):
-    from specdec_cli.prompt_cache import default_directory
+    from specdec_cli.stores.prompt_cache import default_directory
 
     monkeypatch.delenv("SPECDEC_PROMPT_CACHE")
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))

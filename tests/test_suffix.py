@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from specdec_cli.drafters.suffix import LocalIndex, SuffixDrafter
 from specdec_cli.core.sampling import GREEDY
-from specdec_cli.suffix_store import (
+from specdec_cli.stores.suffix_store import (
     SEP,
     Corpus,
     SuffixStore,

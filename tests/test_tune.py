@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specdec_cli import tuned
+from specdec_cli.stores import tuned
 from specdec_cli.cli import app
 from specdec_cli.commands import tune as T
 from specdec_cli.commands.tune import Measurement, TuneConfig

@@ -179,7 +179,7 @@ class _OursRunner:
         store_tokens = None
         if {"suffix", "auto"} & set(msg["methods"]):
             from specdec_cli.config import data_dir
-            from specdec_cli.suffix_store import SuffixStore, store_path
+            from specdec_cli.stores.suffix_store import SuffixStore, store_path
 
             fp = self.session.vocab_fingerprint()
             store_tokens = SuffixStore(store_path(data_dir(), fp), fingerprint=fp).corpus.n_tokens

@@ -1,8 +1,8 @@
 """`specdec cache stats | clear | export`: the suffix drafter's stores of past outputs, and the prompt cache.
 
 One suffix store per tokenizer lives in `data_dir()/suffix/<fingerprint[:16]>.npz` (format:
-`specdec_cli.suffix_store`); the prompt cache's KV states live in `specdec_cli.prompt_cache.default_directory()`
-(format: `specdec_cli.prompt_cache`). Tables go to stdout, notes to stderr; errors are SpecdecError subclasses left
+`specdec_cli.stores.suffix_store`); the prompt cache's KV states live in `specdec_cli.stores.prompt_cache.default_directory()`
+(format: `specdec_cli.stores.prompt_cache`). Tables go to stdout, notes to stderr; errors are SpecdecError subclasses left
 to propagate to `main()`.
 """
 
@@ -49,7 +49,7 @@ def suffix_dir() -> Path:
 
 
 def _stores(d: Path) -> list[Path]:
-    from specdec_cli.suffix_store import SUFFIX
+    from specdec_cli.stores.suffix_store import SUFFIX
 
     return sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []
 
@@ -72,7 +72,7 @@ def _human(n: float) -> str:
     ),
 )
 def stats() -> None:
-    from specdec_cli.suffix_store import CorruptStore, read_info
+    from specdec_cli.stores.suffix_store import CorruptStore, read_info
 
     d = suffix_dir()
     paths = _stores(d)
@@ -103,7 +103,7 @@ def stats() -> None:
 
 
 def _prompt_stats() -> None:
-    from specdec_cli.prompt_cache import PromptCache
+    from specdec_cli.stores.prompt_cache import PromptCache
 
     s = PromptCache().stats()
     if not s.entries:
@@ -139,8 +139,8 @@ def clear(
 ) -> None:
     from filelock import Timeout
 
-    from specdec_cli.prompt_cache import PromptCache
-    from specdec_cli.suffix_store import SuffixStore
+    from specdec_cli.stores.prompt_cache import PromptCache
+    from specdec_cli.stores.suffix_store import SuffixStore
 
     if only not in (None, "suffix", "prompts"):
         raise typer.BadParameter(f"{only!r} is neither suffix nor prompts.", param_hint="--only")
@@ -192,7 +192,7 @@ def export(
         Optional[str], typer.Option("--tokenizer", help="Only the store whose fingerprint starts with this.")
     ] = None,
 ) -> None:
-    from specdec_cli.suffix_store import CorruptStore, read_info, read_store
+    from specdec_cli.stores.suffix_store import CorruptStore, read_info, read_store
 
     d = suffix_dir()
     paths = [p for p in _stores(d) if tokenizer is None or p.name.startswith(tokenizer[:16])]

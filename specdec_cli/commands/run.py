@@ -39,7 +39,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     prediction: the text of `--predict FILE` (predicted outputs), drafted from by auto and predict.
 
     use_saved_k: --k was not given, so the K saved by `specdec tune --save` for these models, method and machine
-    is used when there is one (`specdec_cli.tuned.lookup`); otherwise `spec.k`.
+    is used when there is one (`specdec_cli.stores.tuned.lookup`); otherwise `spec.k`.
     """
     if output.strict and not config.sampling.greedy:
         raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "

@@ -11,7 +11,7 @@ on the same prompt; the overall speedup is the geometric mean of the per-prompt 
 
 The best setting is the configuration with the highest overall speedup, except that `auto` is preferred when it is
 within `AUTO_MARGIN` of it: the adaptive controller also adjusts to prompts the tune did not see. Plain decoding
-winning saves K = 0. `--save` writes it to tuned.json (`specdec_cli.tuned`).
+winning saves K = 0. `--save` writes it to tuned.json (`specdec_cli.stores.tuned`).
 
 Learning drafters (suffix) do not learn during a tune (`sweep.NoLearning`).
 """
@@ -337,7 +337,7 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
     with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured."""
     from specdec_cli.driver import generate
     from specdec_cli.generation import make_engine
-    from specdec_cli.tuned import machine
+    from specdec_cli.stores.tuned import machine
 
     tokens = [session.prompt_tokens(p.text) for p in prompts]
     plan = schedule(len(configs), len(prompts), repeats)
@@ -390,7 +390,7 @@ def _save(session, spec: SpecOptions, config: GenerationConfig, options: TuneOpt
     if best is None:
         err.print(Text("Not saved: the tune did not finish; run it again to save a setting.", style="spec.warn"))
         return None
-    from specdec_cli.tuned import save
+    from specdec_cli.stores.tuned import save
 
     win = next(s for s in summaries if s.config == best)
     plain = next(s for s in summaries if s.config.label == "none")

@@ -347,7 +347,7 @@ class AdaptiveK(KController):
             self._interval = self.probe_every * min(2**self.failures, MAX_BACKOFF)
 
     def state(self) -> dict[str, Any]:
-        """What this controller learnt, for a later process (`specdec_cli.learnt`): the cost model and whether its
+        """What this controller learnt, for a later process (`specdec_cli.stores.learnt`): the cost model and whether its
         drafter's drafts are free lookup drafts with evidence."""
         return {"model": self.model.state(), "evidence": self.evidence, "evidence_ms": list(self._evidence_ms)}
 

@@ -194,7 +194,7 @@ class CostModel:
             ms = min(ms, 3.0 * p.ms)  # one hiccup (swap, another process) must not double the estimate
         p.ms += max(1.0 / p.n, 1.0 - self.decay) * (ms - p.ms)
 
-    # ---- carrying what was learnt to a later process (`specdec_cli.learnt`)
+    # ---- carrying what was learnt to a later process (`specdec_cli.stores.learnt`)
 
     def state(self) -> dict[str, Any]:
         """Everything learnt, JSON-serialisable: the verify points, the draft-cost sums and the decayed acceptance and

@@ -36,7 +36,7 @@ from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_lo
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
-    from specdec_cli.prompt_cache import PromptCache
+    from specdec_cli.stores.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
 GRAMMAR = Source.grammar  # the source of a draft of the tokens a grammar forces

@@ -6,7 +6,7 @@ arXiv 2411.04975, 2024; the ArcticInference suffix tree (Snowflake) is the refer
 Each step, for two structures:
 
 * local: the current prompt + output, indexed incrementally as the context grows (`LocalIndex`);
-* global: past outputs of this tokenizer, persisted across runs (`specdec_cli.suffix_store.SuffixStore`);
+* global: past outputs of this tokenizer, persisted across runs (`specdec_cli.stores.suffix_store.SuffixStore`);
 
 find the longest suffix of the context (at most `max_depth` tokens) that occurs in the structure, then walk the
 most frequent continuation: take the child with the largest count while count / parent count >= `min_token_prob`,
@@ -28,7 +28,7 @@ import numpy as np
 
 from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
 from specdec_cli.core.records import Source
-from specdec_cli.suffix_store import WINDOW, Continuation, SuffixStore, empty_continuation
+from specdec_cli.stores.suffix_store import WINDOW, Continuation, SuffixStore, empty_continuation
 
 if TYPE_CHECKING:
     from specdec_cli.core.sampling import SamplingParams

@@ -72,7 +72,7 @@ def plan(method: str, target: str | None, draft: str | None, catalog: Catalog, *
 def tuned_draft_pays(target_path: str | os.PathLike[str], threads: int | None) -> bool:
     """True when `specdec tune --save` measured on this machine (same build, threads) that `--method draft` beat
     plain decoding with this target (a saved K > 0 or auto, with a speedup > 1)."""
-    from specdec_cli import tuned
+    from specdec_cli.stores import tuned
 
     try:
         prefix = tuned.model_id(Path(target_path)) + "|"

@@ -344,7 +344,7 @@ class LlamaBackend:
 
         Only llama.cpp's own checks apply here (magic, version, token capacity = n_ctx, layer count, K/V types and
         row sizes): it cannot tell a state of another model with the same shapes, so callers check identity first
-        (`specdec_cli.prompt_cache` does). To restore a prefix, `load_state` then `truncate(n)`.
+        (`specdec_cli.stores.prompt_cache` does). To restore a prefix, `load_state` then `truncate(n)`.
 
         Returns the number of tokens restored. Raises StateError when llama.cpp refuses or fails; the cache is then
         empty (`tokens` has length 0), never half-restored.

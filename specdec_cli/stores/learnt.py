@@ -11,7 +11,7 @@ The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file 
 
     {"version": 1,
      "entries": {
-       "<target id>|<draft id or ->|<method>|<machine id>|k_max=16": {   # keys as in specdec_cli.tuned
+       "<target id>|<draft id or ->|<method>|<machine id>|k_max=16": {   # keys as in specdec_cli.stores.tuned
          "state": {"model": {"k_max": 64, "verify": [[b, ms, n, verified], ...], "draft": [5 floats],
                              "acc": [[...], [...]], "fill": [[...], [...]], "acc_model": [[...], [...]], "fill_model": [[...], [...]], "acc_by_source": {"prompt": [[[...], [...]], ...], ...}},
                    "evidence": true, "evidence_ms": [0.2, ...]},
@@ -55,7 +55,7 @@ def entry_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike
               threads: int | None, k_max: int) -> str | None:
     """The learnt.json key of a pair, method, machine and K limit; None when a model file cannot be read (a fake or
     vanished model: nothing is kept for it)."""
-    from specdec_cli.tuned import machine, setting_key
+    from specdec_cli.stores.tuned import machine, setting_key
 
     if not Path(target_path).is_file():  # before `machine`, which asks llama.cpp
         return None
@@ -111,7 +111,7 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
         return None
     import filelock
 
-    from specdec_cli.tuned import write_atomic
+    from specdec_cli.stores.tuned import write_atomic
 
     path = learnt_path()
     try:
