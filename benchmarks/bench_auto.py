@@ -26,7 +26,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.generation import make_engine
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
-from specdec_cli.sweep import NoLearning
+from specdec_cli.measure.sweep import NoLearning
 
 ROOT = Path(__file__).resolve().parent.parent / "specdec_cli" / "prompts"
 PROMPTS = {  # name: (file, token budget)
@@ -68,7 +68,7 @@ def main() -> None:
     console = Console(stderr=True)
     tools = None
     if args.llama_cpp:
-        from specdec_cli.native import find_tools
+        from specdec_cli.measure.native import find_tools
 
         tools = find_tools(args.llama_cpp)
     results: dict[str, dict[str, dict]] = {}
@@ -89,7 +89,7 @@ def main() -> None:
                 console.print(f"{name:8s} {label:10s} {row[label]['tok_s']:6.1f} tok/s  {row[label]['n']} tokens "
                               f"in {row[label]['passes']} passes", highlight=False)
             if tools is not None:
-                from specdec_cli.native import run_plain, run_speculative
+                from specdec_cli.measure.native import run_plain, run_speculative
 
                 rendered = session.target.format_chat([{"role": "user", "content": text}])
                 for label, fn in (("native plain", lambda: run_plain(tools, session.target_path, rendered, budget,

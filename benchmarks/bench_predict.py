@@ -23,7 +23,7 @@ from specdec_cli.driver import generate
 from specdec_cli.generation import make_engine
 from specdec_cli.prompts import predict_cases
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
-from specdec_cli.sweep import NoLearning
+from specdec_cli.measure.sweep import NoLearning
 
 
 def run(session, method: str, prompt, config: GenerationConfig, *, learn: bool = False):

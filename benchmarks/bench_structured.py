@@ -40,7 +40,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.generation import make_engine
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
-from specdec_cli.sweep import NoLearning
+from specdec_cli.measure.sweep import NoLearning
 
 HERE = Path(__file__).resolve().parent / "structured"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -198,7 +198,7 @@ def main() -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     tools_bin = None
     if args.llama_cpp:
-        from specdec_cli.native import find_tools, run_plain
+        from specdec_cli.measure.native import find_tools, run_plain
 
         tools_bin = find_tools(args.llama_cpp)
     clock = GrammarClock()

@@ -8,7 +8,7 @@ import typer
 
 from specdec_cli import __version__
 from specdec_cli import options as o
-from specdec_cli.audit import NEAR_TIE_THRESHOLD
+from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.options import Method
 from specdec_cli.core.sampling import SamplingParams

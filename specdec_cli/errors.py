@@ -108,7 +108,7 @@ class StateError(BackendError):
 
 
 class NativeToolError(UsageError):
-    """A native llama.cpp binary (`specdec_cli.native`, bench's --llama-cpp peer) failed, timed out, or printed
+    """A native llama.cpp binary (`specdec_cli.measure.native`, bench's --llama-cpp peer) failed, timed out, or printed
     output of another format than the llama.cpp version we parse."""
 
 

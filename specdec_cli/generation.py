@@ -2,7 +2,7 @@
 
 `make_engine` builds the drafter and the K controller a `SpecOptions` names and the `SpeculativeEngine` around the
 session's target; `specdec_cli.driver` drives it (`run --compare` measures against plain decoding in interleaved
-pairs: `specdec_cli.comparison`). Every command (run, check, chat, tune, bench, serve) builds its engines here.
+pairs: `specdec_cli.measure.comparison`). Every command (run, check, chat, tune, bench, serve) builds its engines here.
 """
 
 from __future__ import annotations

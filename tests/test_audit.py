@@ -17,7 +17,7 @@ import pytest
 from fakes import wants_draft, EOS, V, FakeBackend, greedy_reference, hashed_logits
 from specdec_cli.core import sampling
 from specdec_cli.__main__ import main
-from specdec_cli.audit import (
+from specdec_cli.measure.audit import (
     DIVERGENCE,
     END,
     NEAR_TIE,
@@ -31,7 +31,7 @@ from specdec_cli.audit import (
 )
 from specdec_cli.commands.check import refuse_sampling
 from specdec_cli.driver import generate
-from specdec_cli.comparison import against_plain
+from specdec_cli.measure.comparison import against_plain
 from specdec_cli.session import SpecOptions
 from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter

@@ -19,10 +19,10 @@ import pytest
 from specdec_cli.__main__ import main
 from bench_docs import run
 from specdec_cli.commands import bench as B
-from specdec_cli.commands import bench_worker
+from specdec_cli.measure import bench_process as bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.models.machine import model_file, physical_cores
-from specdec_cli.peer import lookup_acceptance
+from specdec_cli.measure.peer import lookup_acceptance
 
 ALL = ["none", "A/A", "auto", "ngram", "suffix", "draft", "peer-10", "peer-2"]
 
@@ -316,7 +316,7 @@ def test_bench_cli_runs_every_configuration_and_writes_json_png_and_markdown(smo
 def test_peer_needs_logits_all_past_n_batch_tokens(smollm2_path) -> None:
     """The report says Llama(draft_model=...) fails without logits_all=True once the context passes n_batch (512);
     if a llama-cpp-python release fixes that, this test fails and the note must change."""
-    from specdec_cli.peer import PeerModel
+    from specdec_cli.measure.peer import PeerModel
 
     prompt = [int(t) for t in np.resize(np.arange(100, 200), 520)]  # 520 tokens > n_batch
     broken = PeerModel(smollm2_path, n_ctx=1024, logits_all=False)
@@ -334,7 +334,7 @@ def test_peer_needs_logits_all_past_n_batch_tokens(smollm2_path) -> None:
 
 
 def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_none(monkeypatch, tmp_path):
-    import specdec_cli.native as native
+    import specdec_cli.measure.native as native
 
     seen = []
 

@@ -16,7 +16,7 @@ from fakes import FakeBackend, hashed_logits, wants_draft
 from specdec_cli.__main__ import main
 from specdec_cli.commands import bench as B
 from specdec_cli.options import COMPARE_PAIRS, expand_optional_values
-from specdec_cli.paired import measure
+from specdec_cli.measure.paired import measure
 from specdec_cli.session import Session
 
 # ---- paired.measure, with recording sides
@@ -109,7 +109,7 @@ def clock(monkeypatch):
 @pytest.fixture
 def generations(monkeypatch):
     """Each generation the comparison drives, in order: ("spec" or "plain", max_tokens)."""
-    import specdec_cli.comparison as comparison
+    import specdec_cli.measure.comparison as comparison
 
     seen = []
     real = comparison.generate

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specdec_cli.core import constraint
-from specdec_cli.audit import audit_output
+from specdec_cli.measure.audit import audit_output
 from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine

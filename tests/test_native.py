@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli import native as N
+from specdec_cli.measure import native as N
 from specdec_cli.errors import NativeToolError, UsageError
 
 DATA = Path(__file__).parent / "data" / "native"

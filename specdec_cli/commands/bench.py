@@ -4,9 +4,9 @@ What runs. Our methods (`none` — plain decoding, the baseline — `A/A` — `n
 over `none` is the noise floor of the sitting — `auto`, `ngram`, `suffix`, `draft`) run in one
 worker process on one loaded target (and the draft model, loaded once, when `draft` is selected), with
 K = auto unless --k. The peer — `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N), logits_all=True)`
-for N = 10 and 2 (`specdec_cli.peer`) — runs in a second worker process with its own `Llama`. All greedy.
+for N = 10 and 2 (`specdec_cli.measure.peer`) — runs in a second worker process with its own `Llama`. All greedy.
 
-Order (`schedule`): the rotating order of `specdec_cli.sweep.schedule`. In the first repeat each block starts with a
+Order (`schedule`): the rotating order of `specdec_cli.measure.sweep.schedule`. In the first repeat each block starts with a
 *cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
 configuration's warm-up on the prompt and measures time to first token; each worker also generates a few tokens
 from a short prompt when it starts, so model pages are resident before anything is timed.
@@ -55,16 +55,16 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from specdec_cli import sweep
+from specdec_cli.measure import sweep
 from specdec_cli.models.backend import common_prefix
 from specdec_cli.commands.bench_report import (
     CONTROL, BenchConfig, ConfigSummary, check_plot_path, markdown_table, report, write_plot,
 )
-from specdec_cli.commands.bench_worker import Worker
+from specdec_cli.measure.bench_process import Worker
 from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.output import progress as progress_bar, status, write_json
 from specdec_cli.prompts import PromptCase
-from specdec_cli.sweep import Slot, geomean
+from specdec_cli.measure.sweep import Slot, geomean
 from specdec_cli.options import Method
 
 OUR_METHODS = ("none", "auto", "ngram", "suffix", "draft")  # auto, the default, is the headline row
@@ -102,7 +102,7 @@ def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[Be
     """`none`, then the control (`CONTROL`: `none` again, timed like every other configuration, so its speedup
     over `none` is the noise floor of the sitting), then our other methods in canonical order, then the peer at
     each of `peer.PEER_SETTINGS`, then native llama.cpp."""
-    from specdec_cli.peer import PEER_SETTINGS
+    from specdec_cli.measure.peer import PEER_SETTINGS
 
     out = [BenchConfig(m, "ours", method=m) for m in OUR_METHODS if m in methods]
     out.insert(1, BenchConfig(CONTROL, "ours", method="none"))
@@ -114,7 +114,7 @@ def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[Be
 
 
 class NativeRunner:
-    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.native`): each run is one `llama-completion` or
+    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.measure.native`): each run is one `llama-completion` or
     `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our budget, threads and
     context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their prefill as TTFT.
     Output token ids are not available (the tools print text), so its runs are not compared with `none`'s."""
@@ -123,7 +123,7 @@ class NativeRunner:
         self.tools, self.target, self.rendered, self.threads, self.ctx = tools, target, rendered, threads, ctx
 
     def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from specdec_cli.native import run_plain, run_speculative
+        from specdec_cli.measure.native import run_plain, run_speculative
 
         text, n = self.rendered[msg["prompt"]], msg["max_tokens"]
         if msg["method"] == "plain":
@@ -329,7 +329,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                                                   "warmup_tokens": bench.ours_info["warmup_tokens"]})
             bench.peer_info = workers["peer"].info
         if options.llama_cpp:
-            from specdec_cli.native import find_tools
+            from specdec_cli.measure.native import find_tools
 
             workers["native"] = NativeRunner(find_tools(options.llama_cpp), target, bench.ours_info["rendered"],
                                              bench.ours_info["threads"] or models.threads or 1, models.ctx)
@@ -429,7 +429,7 @@ def _config_from_label(label: str) -> BenchConfig:
 
 def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
     from specdec_cli.models.machine import package_version
-    from specdec_cli.peer import MAX_NGRAM_SIZE, PEER_SETTINGS, peer_call
+    from specdec_cli.measure.peer import MAX_NGRAM_SIZE, PEER_SETTINGS, peer_call
 
     return {
         "library": "llama-cpp-python",
@@ -442,7 +442,7 @@ def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
                            "error once the context passes n_batch (512) tokens",
         "scores_buffer_bytes": info.get("scores_bytes") if info else None,
         "n_vocab": info.get("n_vocab") if info else None,
-        "acceptance": "derived: each proposal's common prefix with the final output (specdec_cli.peer)",
+        "acceptance": "derived: each proposal's common prefix with the final output (specdec_cli.measure.peer)",
     }
 
 

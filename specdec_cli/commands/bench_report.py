@@ -15,9 +15,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli import sweep
+from specdec_cli.measure import sweep
 from specdec_cli.errors import UsageError
-from specdec_cli.sweep import Bar, rounded, speed_cell, speed_style
+from specdec_cli.measure.sweep import Bar, rounded, speed_cell, speed_style
 
 PLOT_FORMATS = (".png", ".svg")
 CONTROL = "A/A"  # the control row: plain decoding timed against plain decoding

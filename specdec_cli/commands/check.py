@@ -14,7 +14,7 @@ from rich.text import Text
 
 from specdec_cli.output import status, write_json
 from specdec_cli.prompts_io import check_output_path
-from specdec_cli.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
+from specdec_cli.measure.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Generation, generate
 from specdec_cli.generation import make_engine

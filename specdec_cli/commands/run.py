@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 from rich.text import Text
 
-from specdec_cli.audit import DIVERGENCE
+from specdec_cli.measure.audit import DIVERGENCE
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.comparison import against_plain
+from specdec_cli.measure.comparison import against_plain
 from specdec_cli.driver import Generation, generate
 from specdec_cli.generation import make_engine, notes, saved_k as tuned_k
 from specdec_cli.options import Method

@@ -1,7 +1,7 @@
 """`specdec tune`: measure decoding speed by K on this machine, for one model pair and method, and save the best.
 
 Every configuration (plain decoding, each fixed K, and `auto`) generates from the same prompts in one process, in
-the rotating order of `specdec_cli.sweep.schedule`. One short untimed generation warms both models up first. Consecutive runs of a prompt reuse its KV cache (the engine keeps the longest common
+the rotating order of `specdec_cli.measure.sweep.schedule`. One short untimed generation warms both models up first. Consecutive runs of a prompt reuse its KV cache (the engine keeps the longest common
 prefix), so only the first run of each block pays the prefill, and only decoding is timed (`RunStats.tokens_per_s`:
 output tokens / wall time of the decode loop).
 
@@ -28,7 +28,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli import sweep
+from specdec_cli.measure import sweep
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.options import Method
@@ -36,7 +36,7 @@ from specdec_cli.output import progress as progress_bar, write_json
 from specdec_cli.prompts import PromptCase
 from specdec_cli.render import err_console, make_console
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
-from specdec_cli.sweep import Bar, NoLearning, check_prompts, geomean, rounded, schedule, speed_cell, speed_style
+from specdec_cli.measure.sweep import Bar, NoLearning, check_prompts, geomean, rounded, schedule, speed_cell, speed_style
 
 AUTO_MARGIN = 0.03  # save "auto" when it is within 3 % of the best measured speedup
 WARMUP_TOKENS = 8

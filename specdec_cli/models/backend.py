@@ -1,7 +1,7 @@
 """The seam between the speculative engine and a language model.
 
 Everything above this module works on token ids (int) and numpy arrays. `specdec_cli.models.llama` implements `Backend`
-with llama.cpp (it is the only module that imports `llama_cpp`, besides `specdec_cli.peer`, which drives
+with llama.cpp (it is the only module that imports `llama_cpp`, besides `specdec_cli.measure.peer`, which drives
 llama-cpp-python's own `Llama` on purpose: the peer `specdec bench` compares against); `tests/fakes.py` implements
 it with a table of
 logits so the engine can be tested exactly.

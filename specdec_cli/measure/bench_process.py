@@ -29,7 +29,7 @@ class Worker:
 
     def __init__(self, family: str, init: dict[str, Any]) -> None:
         self.family = family
-        code = "from specdec_cli.commands.bench_worker import worker_main; worker_main()"
+        code = "from specdec_cli.measure.bench_process import worker_main; worker_main()"
         # Own session: Ctrl-C in the terminal reaches only the parent, which stops the workers itself.
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8", bufsize=1, start_new_session=True)
@@ -195,7 +195,7 @@ class _OursRunner:
             return None
         if method not in self._drafters:
             from specdec_cli.session import SpecOptions
-            from specdec_cli.sweep import NoLearning
+            from specdec_cli.measure.sweep import NoLearning
 
             spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
             self._drafters[method] = NoLearning(self.session.make_drafter(spec))
@@ -259,10 +259,10 @@ class _OursRunner:
 
 
 class _PeerRunner:
-    """llama-cpp-python's `Llama` with prompt lookup decoding (`specdec_cli.peer.PeerModel`)."""
+    """llama-cpp-python's `Llama` with prompt lookup decoding (`specdec_cli.measure.peer.PeerModel`)."""
 
     def __init__(self, msg: dict[str, Any]) -> None:
-        from specdec_cli.peer import PeerModel
+        from specdec_cli.measure.peer import PeerModel
 
         m = msg["models"]
         self.model = PeerModel(m["target"], n_ctx=m["ctx"], n_threads=m["threads"], n_gpu_layers=m["gpu_layers"],

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
+from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
 from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Generation, generate
 from specdec_cli.generation import make_engine
-from specdec_cli.paired import Paired, measure
-from specdec_cli.sweep import NoLearning
+from specdec_cli.measure.paired import Paired, measure
+from specdec_cli.measure.sweep import NoLearning
 
 if TYPE_CHECKING:
     from specdec_cli.session import Session, SpecOptions
