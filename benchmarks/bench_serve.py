@@ -142,7 +142,7 @@ def http_runs(client, messages: list[dict], max_tokens: int, repeats: int) -> li
 def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> list[dict]:
     """The same prompt through the engine in this process (the service `specdec serve` uses, method none)."""
     from specdec_cli.core.engine import GenerationConfig
-    from specdec_cli.serve.service import GenerationService
+    from specdec_cli.server.service import GenerationService
     from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
     session = open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads), need_draft=False)

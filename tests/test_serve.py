@@ -30,11 +30,11 @@ from specdec_cli.errors import (  # noqa: E402
     CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError,
 )
 from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
-from specdec_cli.serve.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
-from specdec_cli.serve.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
-from specdec_cli.serve import schema  # noqa: E402
-from specdec_cli.serve.service import GenerationService, RequestStats  # noqa: E402
-from specdec_cli.serve.worker import Worker  # noqa: E402
+from specdec_cli.server.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
+from specdec_cli.server.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
+from specdec_cli.server import schema  # noqa: E402
+from specdec_cli.server.service import GenerationService, RequestStats  # noqa: E402
+from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import Session, SpecOptions  # noqa: E402
 from specdec_cli.core.stats import summarize  # noqa: E402
 

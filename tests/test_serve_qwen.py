@@ -15,9 +15,9 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 from pydantic import BaseModel  # noqa: E402
 
-from specdec_cli.serve.app import base_url, bind, create_app, make_server  # noqa: E402
-from specdec_cli.serve.service import GenerationService  # noqa: E402
-from specdec_cli.serve.worker import Worker  # noqa: E402
+from specdec_cli.server.app import base_url, bind, create_app, make_server  # noqa: E402
+from specdec_cli.server.service import GenerationService  # noqa: E402
+from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import ModelOptions, SpecOptions, open_session  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.qwen]

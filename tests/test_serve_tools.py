@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 from fakes import CHARS, FakeBackend, greedy_tokenize, hashed_logits  # noqa: E402
 from specdec_cli.errors import ToolsUnsupportedError  # noqa: E402
 from specdec_cli.models.llama import render_chat_template  # noqa: E402
-from specdec_cli.serve.tools import (  # noqa: E402
+from specdec_cli.server.tools import (  # noqa: E402
     Arguments, CallStart, Content, ReplyParser, Tags, check_tools, grammar,
 )
 from test_serve import PROMPT, PROMPT_TOKENS, chat, serving, text_of  # noqa: E402
@@ -356,7 +356,7 @@ def test_special_tags_are_written_as_llguidance_special_tokens():
     tools = check_tools([WEATHER], "required", None)
     lark = grammar(tools, Tags(special=True)).lark
     assert "call: <tool_call> call_body" in lark and "</tool_call>" in lark and '"<tool_call>"' not in lark
-    from specdec_cli.serve.tools import detect_tags
+    from specdec_cli.server.tools import detect_tags
 
     assert detect_tags(chars_backend().tokenize, chars_backend().piece) == Tags(special=False)
     vocab = {"<tool_call>": [7], "</tool_call>": [8]}

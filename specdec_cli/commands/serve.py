@@ -17,15 +17,15 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
             queue: int, use_saved_k: bool = False) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
-    `defaults`: a `specdec_cli.serve.schema.Defaults` (sampling and max tokens for requests that leave them out).
+    `defaults`: a `specdec_cli.server.schema.Defaults` (sampling and max tokens for requests that leave them out).
     Raises UsageError (missing extra, bad --k, port unavailable), and what `open_session` raises.
     """
     require_extra()
     from specdec_cli.generation import saved_k as tuned_k
     from specdec_cli.render import err_console
-    from specdec_cli.serve.app import base_url, create_app, make_server
-    from specdec_cli.serve.service import GenerationService
-    from specdec_cli.serve.worker import Worker
+    from specdec_cli.server.app import base_url, create_app, make_server
+    from specdec_cli.server.service import GenerationService
+    from specdec_cli.server.worker import Worker
 
     sock = _bind(host, port)  # before loading a model: a port in use fails at once
     err = err_console()
@@ -70,7 +70,7 @@ def require_extra() -> None:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    from specdec_cli.serve.app import bind
+    from specdec_cli.server.app import bind
 
     try:
         return bind(host, port)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark, json_schema
-from specdec_cli.serve.errors import ApiError
+from specdec_cli.server.errors import ApiError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names

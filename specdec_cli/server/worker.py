@@ -25,8 +25,8 @@ from typing import Any, Callable, Literal
 
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.records import Finish, Prefill, Step
-from specdec_cli.serve.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
-from specdec_cli.serve.service import GenerationService, PieceLogprob, RequestStats
+from specdec_cli.server.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
+from specdec_cli.server.service import GenerationService, PieceLogprob, RequestStats
 from specdec_cli.core.stats import RunStats
 
 

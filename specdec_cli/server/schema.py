@@ -29,9 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from specdec_cli.core.constraint import Grammar, GrammarError, json_object, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.sampling import SamplingParams
-from specdec_cli.serve.errors import ApiError
-from specdec_cli.serve.service import PieceLogprob, RequestStats
-from specdec_cli.serve.tools import (
+from specdec_cli.server.errors import ApiError
+from specdec_cli.server.service import PieceLogprob, RequestStats
+from specdec_cli.server.tools import (
     NAME, CallStart, Content, ReplyParser, Tags, Tools, check_tools, grammar as tools_grammar,
 )
 

@@ -3,13 +3,13 @@
 `GenerationService` tokenizes (chat template or raw text) and drives one request's generation through
 `specdec_cli.driver` (like every command): the driver times it, keeps its `RunStats` from the same records the client
 was sent (so the usage and the statistics cannot disagree with the stream) and saves a finished prompt to the prompt
-cache. Everything else in `specdec_cli.serve` sees only token ids, text, records and `RequestStats`.
+cache. Everything else in `specdec_cli.server` sees only token ids, text, records and `RequestStats`.
 
 One engine (one drafter, one K controller) serves every request, so the suffix store and `--k auto` learn across
 requests; the target's KV cache is never cleared between requests: `backend.sync` at the start of each generation
 keeps the longest common prefix with the previous one (chat clients resend the whole conversation).
 
-Not thread-safe: llama.cpp's context is not. Call it from one thread (`specdec_cli.serve.worker.Worker`).
+Not thread-safe: llama.cpp's context is not. Call it from one thread (`specdec_cli.server.worker.Worker`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.generation import make_engine
 from specdec_cli.core.records import TokenLogprob
-from specdec_cli.serve.errors import ApiError
-from specdec_cli.serve.tools import OPEN, Tags, detect_tags
+from specdec_cli.server.errors import ApiError
+from specdec_cli.server.tools import OPEN, Tags, detect_tags
 from specdec_cli.session import Session, SpecOptions
 from specdec_cli.core.stats import RunStats
 

@@ -28,9 +28,9 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec_cli import __version__
-from specdec_cli.serve import schema
-from specdec_cli.serve.errors import ApiError, to_api_error
-from specdec_cli.serve.worker import Delta, Done, Event, Failed, GenRequest, Job, Started, Worker
+from specdec_cli.server import schema
+from specdec_cli.server.errors import ApiError, to_api_error
+from specdec_cli.server.worker import Delta, Done, Event, Failed, GenRequest, Job, Started, Worker
 
 def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(), api_key: Optional[str] = None,
                max_body_bytes: Optional[int] = None) -> FastAPI:
