@@ -18,7 +18,7 @@ from specdec_cli.models.draft_policy import DraftPlan
 from specdec_cli.stores.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
-from specdec_cli.options import Method, parse_k_option
+from specdec_cli.cli.options import Method, parse_k_option
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from specdec_cli.measure.audit import (
     first_divergence,
     teacher_force,
 )
-from specdec_cli.commands.check import refuse_sampling
+from specdec_cli.cli.commands.check import refuse_sampling
 from specdec_cli.driver import generate
 from specdec_cli.measure.comparison import against_plain
 from specdec_cli.session import SpecOptions
@@ -306,8 +306,8 @@ def fake_sessions(monkeypatch, tmp_path):
             s.draft_path = tmp_path / "draft.gguf"
         return s
 
-    monkeypatch.setattr("specdec_cli.commands.check.open_session", open_session)
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.check.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
     monkeypatch.setattr("specdec_cli.models.llama.system_info", lambda: "fake")
     return state
 

@@ -183,7 +183,7 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
 
 def test_the_stream_styles_accepted_tokens_by_their_source():
     from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET
-    from specdec_cli.render import legend, segment_style
+    from specdec_cli.cli.render import legend, segment_style
 
     assert segment_style(ACCEPTED, "predict") == "spec.accepted.predict"
     assert segment_style(ACCEPTED, "store") == "spec.accepted.store"

@@ -18,7 +18,7 @@ import pytest
 
 from specdec_cli.__main__ import main
 from bench_docs import run
-from specdec_cli.commands import bench as B
+from specdec_cli.cli.commands import bench as B
 from specdec_cli.measure import bench_process as bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.models.machine import model_file, physical_cores

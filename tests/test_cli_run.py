@@ -28,7 +28,7 @@ def fake_session(monkeypatch, tmp_path):
             s.draft_path = tmp_path / "draft.gguf"
         return s
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
     return calls
 
 
@@ -145,8 +145,8 @@ def test_method_takes_the_fields_names_and_the_old_spellings(fake_session, promp
     code, out, _ = cli(capsys, "run", str(prompt_file), "--method", alias, "--max-tokens", "5", "--json", "-")
     assert code == 0
     assert json.loads(out)["config"]["method"] == canonical
-    from specdec_cli.commands.bench import parse_methods
-    from specdec_cli.options import Method
+    from specdec_cli.cli.commands.bench import parse_methods
+    from specdec_cli.cli.options import Method
 
     assert Method(alias) is Method(canonical)
     assert canonical in parse_methods(alias)

@@ -14,8 +14,8 @@ import pytest
 from bench_docs import bench_doc, run
 from fakes import FakeBackend, hashed_logits, wants_draft
 from specdec_cli.__main__ import main
-from specdec_cli.commands import bench as B
-from specdec_cli.options import COMPARE_PAIRS, expand_optional_values
+from specdec_cli.cli.commands import bench as B
+from specdec_cli.cli.options import COMPARE_PAIRS, expand_optional_values
 from specdec_cli.measure.paired import measure
 from specdec_cli.session import Session
 
@@ -77,7 +77,7 @@ def fake_session(monkeypatch, tmp_path):
             s.draft_path = tmp_path / "draft.gguf"
         return s
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
     monkeypatch.setattr("specdec_cli.models.llama.system_info", lambda: "fake")
 
 

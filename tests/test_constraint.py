@@ -286,8 +286,8 @@ def char_sessions(monkeypatch, tmp_path):
     def open_session(options, *, method=None, need_draft=False, console=None):
         return Session(target=backend(n_ctx=options.ctx), target_path=tmp_path / "target.gguf", options=options)
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
-    monkeypatch.setattr("specdec_cli.commands.check.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.check.open_session", open_session)
     monkeypatch.setattr("specdec_cli.models.llama.system_info", lambda: "fake")
     (tmp_path / "p.txt").write_text('Ann is 12, tags "on" and "in".', encoding="utf-8")
     (tmp_path / "s.json").write_text(json.dumps(SCHEMA), encoding="utf-8")
@@ -341,8 +341,8 @@ def test_bad_constraints_are_one_line_errors_with_exit_2(char_sessions, capsys, 
 def test_chat_replies_follow_the_schema_every_turn(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from specdec_cli.cli import app
-    from specdec_cli.commands import chat as chat_mod
+    from specdec_cli.cli.app import app
+    from specdec_cli.cli.commands import chat as chat_mod
     from specdec_cli.session import Session
 
     monkeypatch.setattr(chat_mod, "open_session", lambda options, **kw: Session(

@@ -13,7 +13,7 @@ import pytest
 
 from specdec_cli.core.controller import AdaptiveK, FixedK
 from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
-from specdec_cli.options import k_values, parse_k
+from specdec_cli.cli.options import k_values, parse_k
 from specdec_cli.core.records import Step
 
 # Measured on a 2-core CPU, Qwen2.5-Coder-1.5B Q4_K_M: ms of one target pass over b tokens.

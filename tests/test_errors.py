@@ -104,7 +104,7 @@ def fake_models(monkeypatch, tmp_path):
             s.draft, s.draft_path = FakeBackend(hashed_logits, n_ctx=options.ctx), tmp_path / "draft.gguf"
         return s
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
     return state
 
 
@@ -143,7 +143,7 @@ def test_an_unexpected_exception_says_bug_and_debug_reraises(monkeypatch, prompt
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", broken)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", broken)
     code, _, err = cli(capsys, "run", str(prompt_file), "--method", "none")
     assert code == 1
     assert one_line_error(err) == ("error: RuntimeError: boom (a bug in specdec; run with SPECDEC_DEBUG=1 for the "
@@ -157,7 +157,7 @@ def test_a_storage_error_nobody_caught_is_still_one_line(monkeypatch, prompt_fil
     def full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/some/where")
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", full)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", full)
     code, _, err = cli(capsys, "run", str(prompt_file), "--method", "none")
     assert code == 1
     line = one_line_error(err)
@@ -279,7 +279,7 @@ def test_incompatible_pair_is_exit_4(monkeypatch, prompt_file, capsys):
         check_compatible(target, draft)
         raise AssertionError("not reached")
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", open_session)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
     code, _, err = cli(capsys, "run", str(prompt_file))
     assert code == 4
     line = one_line_error(err)
@@ -548,13 +548,13 @@ def test_ctrl_c_while_loading_models_is_exit_130(monkeypatch, prompt_file, capsy
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("specdec_cli.commands.run.open_session", interrupted)
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", interrupted)
     code, out, err = cli(capsys, "run", str(prompt_file))
     assert code == 130 and out == "" and one_line_error(err) == "error: Interrupted."
 
 
 def test_broken_pipe_on_stdout_exits_quietly(fake_models, prompt_file, capsys, monkeypatch):
-    from specdec_cli.render import StreamRenderer
+    from specdec_cli.cli.render import StreamRenderer
 
     def gone(self, step):
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")

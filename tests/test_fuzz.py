@@ -23,7 +23,7 @@ from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.errors import ConfigError, UsageError
-from specdec_cli.prompts_io import read_prompt
+from specdec_cli.cli.inputs import read_prompt
 from specdec_cli.core.sampling import GREEDY, SamplingParams
 from specdec_cli.stores.suffix_store import SuffixStore
 

@@ -137,7 +137,7 @@ def test_probe_child_timeout_is_no_verdict(monkeypatch, tmp_path):
 
 def test_doctor_json_shows_the_guard_decision(monkeypatch, fresh_plan):
     import specdec_cli.models.llama as llama
-    from specdec_cli.cli import app
+    from specdec_cli.cli.app import app
 
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
     monkeypatch.setenv(host.ENV, "off")
@@ -151,7 +151,7 @@ def test_doctor_json_shows_the_guard_decision(monkeypatch, fresh_plan):
 
 def test_doctor_table_names_every_fact(monkeypatch, fresh_plan):
     import specdec_cli.models.llama as llama
-    from specdec_cli.cli import app
+    from specdec_cli.cli.app import app
 
     monkeypatch.setattr(llama, "system_info", lambda: NO_AMX)
     result = CliRunner().invoke(app, ["doctor"])

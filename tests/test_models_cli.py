@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from specdec_cli import config
 from specdec_cli.models import resolver
-from specdec_cli.commands.models import models_app
+from specdec_cli.cli.commands.models import models_app
 from specdec_cli.errors import ModelError, UsageError
 
 DATA = b"tiny model bytes"

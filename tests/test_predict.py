@@ -11,7 +11,7 @@ from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.predict import PredictionDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import UsageError
-from specdec_cli.prompts_io import read_prediction, read_prompt
+from specdec_cli.cli.inputs import read_prediction, read_prompt
 from specdec_cli.core.records import Step
 from specdec_cli.core.sampling import GREEDY
 

@@ -440,7 +440,7 @@ def test_key_digest_is_canonical():
 def test_cache_stats_and_clear_cover_the_prompt_cache(tmp_path, model, monkeypatch):
     from typer.testing import CliRunner
 
-    from specdec_cli.commands.cache import cache_app
+    from specdec_cli.cli.commands.cache import cache_app
 
     runner = CliRunner()
     result = runner.invoke(cache_app, ["stats"])

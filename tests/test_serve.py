@@ -446,7 +446,7 @@ def test_validation_errors_name_the_field():
 def test_serve_help_has_examples():
     from typer.testing import CliRunner
 
-    from specdec_cli.cli import app
+    from specdec_cli.cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--help"])
     assert result.exit_code == 0

@@ -577,7 +577,7 @@ def runner():
 
 
 def _cache_app():
-    from specdec_cli.commands.cache import cache_app
+    from specdec_cli.cli.commands.cache import cache_app
 
     return cache_app
 

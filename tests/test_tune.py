@@ -20,11 +20,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from specdec_cli.stores import tuned
-from specdec_cli.cli import app
-from specdec_cli.commands import tune as T
-from specdec_cli.commands.tune import Measurement, TuneConfig
+from specdec_cli.cli.app import app
+from specdec_cli.cli.commands import tune as T
+from specdec_cli.cli.commands.tune import Measurement, TuneConfig
 from specdec_cli.errors import UsageError
-from specdec_cli.render import THEME
+from specdec_cli.cli.render import THEME
 
 runner = CliRunner()
 

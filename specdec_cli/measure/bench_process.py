@@ -2,7 +2,7 @@
 
 The parent drives each worker with JSON lines over stdin/stdout (`Worker.call`); a worker (`worker_main`) serves
 one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
-only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.commands.bench`).
+only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.cli.commands.bench`).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from specdec_cli.output import fsync_dir
+from specdec_cli.cli.console import fsync_dir
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.models.gguf import check_gguf

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from specdec_cli.errors import UsageError
-from specdec_cli.prompts_io import read_prompt
+from specdec_cli.cli.inputs import read_prompt
 
 CLASSES = ("edit", "explain", "summarize", "write", "rewrite")
 

@@ -55,7 +55,7 @@ import filelock
 import numpy as np
 
 from specdec_cli.models.backend import common_prefix
-from specdec_cli.output import fsync_dir
+from specdec_cli.cli.console import fsync_dir
 from specdec_cli.errors import CacheTrimError, StateError, reason
 
 FORMAT = "specdec-prompt-cache"

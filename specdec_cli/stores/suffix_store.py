@@ -49,7 +49,7 @@ import filelock
 import numpy as np
 
 from specdec_cli.errors import reason
-from specdec_cli.output import fsync_dir
+from specdec_cli.cli.console import fsync_dir
 
 FORMAT = "specdec-suffix"
 VERSION = 1

@@ -30,15 +30,15 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from specdec_cli.commands.chat_commands import dispatch, is_command
-from specdec_cli.commands.chat_history import Conversation, Turn
-from specdec_cli.commands.chat_session import Chat
-from specdec_cli.commands.chat_view import ChatView
+from specdec_cli.cli.commands.chat_commands import dispatch, is_command
+from specdec_cli.cli.commands.chat_history import Conversation, Turn
+from specdec_cli.cli.commands.chat_session import Chat
+from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.generation import saved_k as tuned_k
-from specdec_cli.options import Method
-from specdec_cli.render import err_console, wants_color
+from specdec_cli.cli.options import Method
+from specdec_cli.cli.render import err_console, wants_color
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
 
 __all__ = ["Chat", "ChatView", "Conversation", "LineReader", "Turn", "dispatch", "execute", "loop"]

@@ -22,7 +22,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     """
     require_extra()
     from specdec_cli.generation import saved_k as tuned_k
-    from specdec_cli.render import err_console
+    from specdec_cli.cli.render import err_console
     from specdec_cli.server.app import base_url, create_app, make_server
     from specdec_cli.server.service import GenerationService
     from specdec_cli.server.worker import Worker

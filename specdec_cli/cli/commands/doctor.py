@@ -108,9 +108,9 @@ def table(doc: dict[str, Any]) -> Table:
 
 def execute(*, json_path: str | None, probe: bool) -> int:
     """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout). Returns 0."""
-    from specdec_cli.output import write_json
-    from specdec_cli.prompts_io import check_output_path
-    from specdec_cli.render import make_console
+    from specdec_cli.cli.console import write_json
+    from specdec_cli.cli.inputs import check_output_path
+    from specdec_cli.cli.render import make_console
 
     check_output_path(json_path)
     doc = report(probe=probe)

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from specdec_cli.errors import SpecdecError, UsageError
-from specdec_cli.options import METHOD_NAMES, Method
+from specdec_cli.cli.options import METHOD_NAMES, Method
 from specdec_cli.session import NEEDS_DRAFT_MODEL
 
 if TYPE_CHECKING:
-    from specdec_cli.commands.chat_session import Chat
+    from specdec_cli.cli.commands.chat_session import Chat
 
 
 
@@ -62,7 +62,7 @@ def _k(chat: Chat, arg: str) -> bool:
 def _predict(chat: Chat, arg: str) -> bool:
     """/predict FILE: the text the next reply is expected to repeat (predicted outputs), drafted from by auto and
     predict; read like a prompt file (the same one-line errors)."""
-    from specdec_cli.prompts_io import read_prediction
+    from specdec_cli.cli.inputs import read_prediction
 
     if not arg.strip():
         raise UsageError("/predict needs a file: the text you expect the next reply to repeat.", "/predict FILE")
@@ -174,7 +174,7 @@ def transcript_json(chat: Chat) -> str:
 
 
 def transcript_markdown(chat: Chat) -> str:
-    from specdec_cli.commands.chat_view import footer_text
+    from specdec_cli.cli.commands.chat_view import footer_text
 
     s = chat.session
     conv = chat.conversation

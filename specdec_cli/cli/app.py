@@ -7,10 +7,10 @@ import inspect
 import typer
 
 from specdec_cli import __version__
-from specdec_cli import options as o
+from specdec_cli.cli import options as o
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.options import Method
+from specdec_cli.cli.options import Method
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.session import ModelOptions, SpecOptions
 
@@ -99,8 +99,8 @@ def run(
     Green tokens are draft tokens the target accepted, bold ones are the target's own, and struck-through red ones
     are drafts it rejected. Statistics go to stderr; stdout gets only the text when it is not a terminal.
     """
-    from specdec_cli.commands.run import OutputOptions, execute
-    from specdec_cli.prompts_io import read_prediction, read_prompt
+    from specdec_cli.cli.commands.run import OutputOptions, execute
+    from specdec_cli.cli.inputs import read_prediction, read_prompt
 
     if predict == "-" and prompt_file == "-":
         raise typer.BadParameter("the prompt and the prediction cannot both come from stdin", param_hint="--predict")
@@ -184,7 +184,7 @@ def chat(
     (the system prompt is kept). With stdin not a terminal, each line is one message: replies go to stdout, the
     per-turn statistics to stderr.
     """
-    from specdec_cli.commands.chat import execute
+    from specdec_cli.cli.commands.chat import execute
 
     constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     code = execute(
@@ -257,7 +257,7 @@ def tune(
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
-    from specdec_cli.commands.tune import TuneOptions, execute, parse_tune_k
+    from specdec_cli.cli.commands.tune import TuneOptions, execute, parse_tune_k
     from specdec_cli.prompts import builtin, from_paths
 
     ks = parse_tune_k(k)
@@ -328,8 +328,8 @@ def check(
     --grammar, both the run and the re-scoring are constrained: each position is checked against the argmax among
     the tokens the grammar allows there.
     """
-    from specdec_cli.commands.check import execute, refuse_sampling
-    from specdec_cli.prompts_io import read_prompt
+    from specdec_cli.cli.commands.check import execute, refuse_sampling
+    from specdec_cli.cli.inputs import read_prompt
 
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()),
                               sampling=SamplingParams(temperature=temperature),
@@ -413,7 +413,7 @@ def bench(
     verbose: o.Verbose = False,
 ) -> None:
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
-    from specdec_cli.commands import bench as B
+    from specdec_cli.cli.commands import bench as B
     from specdec_cli.prompts import CLASSES, builtin, from_paths
 
     options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
@@ -459,7 +459,7 @@ def doctor(
     20824). specdec tries them once in a child process and, where they crash, loads models with llama.cpp's extra
     buffer types off (slower, never a crash). SPECDEC_AMX=keep or off forces either choice.
     """
-    from specdec_cli.commands.doctor import execute
+    from specdec_cli.cli.commands.doctor import execute
 
     code = execute(json_path=json_out, probe=probe)
     if code:
@@ -519,7 +519,7 @@ def serve(
     the `prediction` field (predicted outputs) is accepted. Sampling options are the defaults for requests that
     leave them out. One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
     """
-    from specdec_cli.commands.serve import execute, require_extra
+    from specdec_cli.cli.commands.serve import execute, require_extra
 
     require_extra()  # one line with the pip command when the serve extra is missing
     from specdec_cli.server.schema import Defaults
@@ -541,8 +541,8 @@ def serve(
 
 
 def _mount_subcommands() -> None:
-    from specdec_cli.commands.cache import cache_app
-    from specdec_cli.commands.models import models_app
+    from specdec_cli.cli.commands.cache import cache_app
+    from specdec_cli.cli.commands.models import models_app
 
     app.add_typer(models_app, name="models", help="List and fetch the models in models.toml.")
     app.add_typer(cache_app, name="cache", help="The suffix drafter's store of past outputs, and the prompt cache.")

@@ -15,7 +15,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from specdec_cli.measure.audit import NEAR_TIE
-from specdec_cli.options import Method
+from specdec_cli.cli.options import Method
 from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats

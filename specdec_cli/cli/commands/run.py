@@ -15,10 +15,10 @@ from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.measure.comparison import against_plain
 from specdec_cli.driver import Generation, generate
 from specdec_cli.generation import make_engine, notes, saved_k as tuned_k
-from specdec_cli.options import Method
-from specdec_cli.output import status, write_json
-from specdec_cli.prompts_io import check_output_path
-from specdec_cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
+from specdec_cli.cli.options import Method
+from specdec_cli.cli.console import status, write_json
+from specdec_cli.cli.inputs import check_output_path
+from specdec_cli.cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
 from specdec_cli.session import ModelOptions, Session, SpecOptions, open_session
 
 
