@@ -38,7 +38,7 @@ from specdec_cli.core import constraint, sampling
 from specdec_cli.core.constraint import Constraint
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
-from specdec_cli.generation import make_engine
+from specdec_cli.assemble import make_engine
 from specdec_cli.session import ModelOptions, SpecOptions, open_session
 from specdec_cli.measure.sweep import NoLearning
 

@@ -199,7 +199,7 @@ def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
     from pathlib import Path
 
     from specdec_cli.models.draft_policy import DraftPlan
-    from specdec_cli.generation import notes
+    from specdec_cli.assemble import notes
     from specdec_cli.session import Session, SpecOptions
     from specdec_cli.core.stats import RunStats
 

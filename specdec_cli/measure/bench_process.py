@@ -205,7 +205,7 @@ class _OursRunner:
         """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
         from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
-        from specdec_cli.generation import make_engine
+        from specdec_cli.assemble import make_engine
         from specdec_cli.session import SpecOptions
 
         # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start

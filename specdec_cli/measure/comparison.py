@@ -26,7 +26,7 @@ from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Generation, generate
-from specdec_cli.generation import make_engine
+from specdec_cli.assemble import make_engine
 from specdec_cli.measure.paired import Paired, measure
 from specdec_cli.measure.sweep import NoLearning
 

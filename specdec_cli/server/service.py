@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from specdec_cli.driver import Drive, stream
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ToolsUnsupportedError
-from specdec_cli.generation import make_engine
+from specdec_cli.assemble import make_engine
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.tools import OPEN, Tags, detect_tags

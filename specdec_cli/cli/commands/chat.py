@@ -36,7 +36,7 @@ from specdec_cli.cli.commands.chat_session import Chat
 from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
-from specdec_cli.generation import saved_k as tuned_k
+from specdec_cli.assemble import saved_k as tuned_k
 from specdec_cli.cli.options import Method
 from specdec_cli.cli.render import err_console, wants_color
 from specdec_cli.session import ModelOptions, SpecOptions, open_session

@@ -12,7 +12,7 @@ from specdec_cli.cli.commands.chat_history import Conversation, Totals, Turn
 from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.driver import generate
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.generation import make_engine
+from specdec_cli.assemble import make_engine
 from specdec_cli.session import NEEDS_DRAFT_MODEL, Session, SpecOptions
 
 

@@ -17,7 +17,7 @@ from specdec_cli.cli.inputs import check_output_path
 from specdec_cli.measure.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Generation, generate
-from specdec_cli.generation import make_engine
+from specdec_cli.assemble import make_engine
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.cli.render import err_console, make_console
 from specdec_cli.session import ModelOptions, SpecOptions, open_session

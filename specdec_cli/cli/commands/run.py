@@ -14,7 +14,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.measure.comparison import against_plain
 from specdec_cli.driver import Generation, generate
-from specdec_cli.generation import make_engine, notes, saved_k as tuned_k
+from specdec_cli.assemble import make_engine, notes, saved_k as tuned_k
 from specdec_cli.cli.options import Method
 from specdec_cli.cli.console import status, write_json
 from specdec_cli.cli.inputs import check_output_path

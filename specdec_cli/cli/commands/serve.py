@@ -21,7 +21,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     Raises UsageError (missing extra, bad --k, port unavailable), and what `open_session` raises.
     """
     require_extra()
-    from specdec_cli.generation import saved_k as tuned_k
+    from specdec_cli.assemble import saved_k as tuned_k
     from specdec_cli.cli.render import err_console
     from specdec_cli.server.app import base_url, create_app, make_server
     from specdec_cli.server.service import GenerationService

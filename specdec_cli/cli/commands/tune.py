@@ -336,7 +336,7 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
     """One warm-up, then every configuration on every prompt `repeats` times in `sweep.schedule` order, each run
     with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured."""
     from specdec_cli.driver import generate
-    from specdec_cli.generation import make_engine
+    from specdec_cli.assemble import make_engine
     from specdec_cli.stores.tuned import machine
 
     tokens = [session.prompt_tokens(p.text) for p in prompts]
