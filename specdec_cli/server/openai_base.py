@@ -156,15 +156,22 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
     limit = max_tokens or req.max_tokens or defaults.max_tokens or n_ctx
-    seed = defaults.seed if req.seed is None else (None if req.seed == -1 else req.seed)
-    sampling = SamplingParams(
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
-        top_k=defaults.top_k if req.top_k is None else req.top_k,
-        top_p=defaults.top_p if req.top_p is None else req.top_p,
-        min_p=defaults.min_p if req.min_p is None else req.min_p,
-        seed=seed,
-    )
+    sampling = sampling_params(defaults, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                               min_p=req.min_p, seed=req.seed)
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
+
+
+def sampling_params(defaults: Defaults, *, temperature: Optional[float] = None, top_k: Optional[int] = None,
+                    top_p: Optional[float] = None, min_p: Optional[float] = None,
+                    seed: Optional[int] = None) -> SamplingParams:
+    """The request's sampling values, the server's defaults for those it leaves out (None); seed -1 = random."""
+    return SamplingParams(
+        temperature=defaults.temperature if temperature is None else temperature,
+        top_k=defaults.top_k if top_k is None else top_k,
+        top_p=defaults.top_p if top_p is None else top_p,
+        min_p=defaults.min_p if min_p is None else min_p,
+        seed=defaults.seed if seed is None else (None if seed == -1 else seed),
+    )
 
 
 def new_id(prefix: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from specdec_cli.core.stats import RunStats
-from specdec_cli.server.request import ToolCall
+from specdec_cli.server.request import ToolCall, ToolKind
 
 if TYPE_CHECKING:
     from specdec_cli.driver import Drive
@@ -97,16 +97,18 @@ class ParsedCall:
     Attributes:
         index: 0-based among this reply's calls. id: "call_" + 24 hex digits. name: the tool's name.
         arguments: the arguments' text so far, exactly as the model wrote it.
+        kind: "function", or "custom" (then `Arguments` and `CallEnd` carry its raw input: `custom_tools`).
     """
 
     index: int
     id: str
     name: str
     arguments: str = ""
+    kind: ToolKind = "function"
 
     def frozen(self) -> ToolCall:
         """The call as the internal request's `ToolCall`."""
-        return ToolCall(self.id, self.name, self.arguments)
+        return ToolCall(self.id, self.name, self.arguments, self.kind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 Role = Literal["system", "user", "assistant", "tool"]
 ToolMode = Literal["auto", "none", "required"]
+ToolKind = Literal["function", "custom"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,13 @@ class ToolCall:
         id: the call's id (the tool result that answers it names it).
         name: the tool's name.
         arguments: a function tool's arguments as JSON text (an object); a custom tool's raw input text.
+        kind: "function" (JSON arguments) or "custom" (free-form input: `custom_tools`).
     """
 
     id: str
     name: str
     arguments: str
+    kind: ToolKind = "function"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +69,61 @@ NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fal
 
 
 @dataclass(frozen=True, slots=True)
+class InputGrammar:
+    """What a custom tool's free-form input must match (OpenAI's custom tool `format`), in no dialect's words.
+
+    Attributes:
+        syntax: "lark" (llguidance's Lark dialect) or "regex" (Rust regex syntax), as the client gave it.
+        definition: the grammar or regex, as given.
+        pattern: the same language as one anchored regex, which llguidance holds the input's JSON string to
+            (`custom_tools.input_pattern`).
+    """
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tool:
     """A tool the model may call.
 
     Attributes:
         name: its name (letters, digits, _ and -, at most 64).
         description: what it does (for the model; the template shows it).
-        parameters: the JSON schema of a function tool's arguments object.
+        parameters: the JSON schema of a function tool's arguments object; a custom tool's is
+            {"input": string} with the string held to its grammar (`custom_tools.custom_tool`).
+        kind: "function", or "custom": free-form input (the model writes it as the string `input`).
+        grammar: a custom tool's input grammar (None: any text).
     """
 
     name: str
     description: str | None = None
     parameters: Mapping[str, Any] = field(default_factory=lambda: dict(NO_PARAMETERS))
+    kind: ToolKind = "function"
+    grammar: InputGrammar | None = None
 
     def template_json(self) -> dict:
         """The tool as chat templates take it (OpenAI's shape, Hugging Face's convention):
-        {"type": "function", "function": {"name", "description", "parameters"}}."""
+        {"type": "function", "function": {"name", "description", "parameters"}}. A custom tool shows its input as
+        one string parameter described by its grammar (the regex it is held to is too long to help the model)."""
         fn: dict[str, Any] = {"name": self.name}
         if self.description is not None:
             fn["description"] = self.description
-        fn["parameters"] = dict(self.parameters)
+        fn["parameters"] = dict(self.parameters) if self.kind == "function" else _input_parameters(self.grammar)
         return {"type": "function", "function": fn}
+
+
+def _input_parameters(grammar: InputGrammar | None) -> dict:
+    """What the model is shown of a custom tool's input: one string, and the grammar it follows."""
+    if grammar is None:
+        about = "The tool's input: free-form text."
+    elif grammar.syntax == "lark":
+        about = f"The tool's input: raw text in this Lark grammar:\n{grammar.definition.strip()}"
+    else:
+        about = f"The tool's input: raw text matching this regular expression: {grammar.definition}"
+    return {"type": "object", "properties": {"input": {"type": "string", "description": about}},
+            "required": ["input"]}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ other method runs on one thread (`specdec_cli.server.worker.Worker`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -25,6 +24,7 @@ from specdec_cli.driver import Drive, stream
 from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import make_engine
 from specdec_cli.core.records import TokenLogprob
+from specdec_cli.server.custom_tools import decode_calls, template_arguments
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.reply import PieceLogprob
 from specdec_cli.server.request import Message, Request
@@ -80,10 +80,11 @@ class GenerationService:
     def parser(self, request: Request) -> ReplyParser:
         """The parser that splits `request`'s reply into text and tool calls (`reply.ReplyStream`): it passes text
         through when the request calls no tools; under `auto` without an output format, a reply that is one bare or
-        fenced JSON call is a call too (`tools.grammar`)."""
+        fenced JSON call is a call too (`tools.grammar`); a custom tool's call carries its raw input
+        (`custom_tools.decode_calls`)."""
         calls = request.calls_tools
         loose = calls and request.tools.mode == "auto" and request.output is None
-        return ReplyParser(calls, loose=loose)
+        return decode_calls(ReplyParser(calls, loose=loose), request.tools)
 
     # -- prompts (the worker thread) ------------------------------------------------------------------------------
     def prompt_tokens(self, request: Request) -> list[int]:
@@ -149,22 +150,16 @@ class GenerationService:
 def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """The conversation as chat templates take it (Hugging Face's convention): {"role", "content"}, an assistant's
     `tool_calls` as [{"id", "type": "function", "function": {"name", "arguments": object}}] (Qwen2.5's template
-    writes them with `tojson`; arguments that are not a JSON object stay text), a tool turn's `tool_call_id`."""
+    writes them with `tojson`; arguments that are not a JSON object stay text; a custom tool's input is
+    {"input": text}: `custom_tools.template_arguments`), a tool turn's `tool_call_id`."""
     out = []
     for m in messages:
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                                  "function": {"name": c.name, "arguments": template_arguments(c)}}
                                  for c in m.tool_calls]
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
