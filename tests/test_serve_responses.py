@@ -387,8 +387,8 @@ def test_previous_response_id_continues_a_held_response_and_an_unknown_one_is_a_
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0.type"),
     ({"input": [{"type": "nonsense"}]}, "input.0.type"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}}}, "text.format.schema"),
-    ({"tools": [{"type": "custom", "name": "t", "format": {"type": "grammar", "syntax": "lark",
-                                                          "definition": "start: <|x|>\n"}}]}, "tools.0.format.definition"),
+    ({"tools": [{"type": "custom", "name": "t", "format": {
+        "type": "grammar", "syntax": "lark", "definition": "start: <|x|>\n"}}]}, "tools.0.format.definition"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice.name"),
 ])
 def test_fields_that_change_the_reply_are_refused_with_a_400_naming_them(extra, param):

@@ -102,9 +102,13 @@ def refuse_unsupported(req: Generation) -> None:
                        "chunks. Leave it out, or send false.", param="stream_options.include_obfuscation")
 
 
-def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
-    """The text of a message's content: a string, a list of text parts, or null (""). Other parts (images, audio,
-    files) get a 400 naming them."""
+def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: tuple[str, ...] = ("text",),
+                 sep: str = "") -> str:
+    """The text of a message's content: a string, a list of text parts (of a type in `kinds`: Chat's "text",
+    Responses' "input_text" / "output_text") joined with `sep`, or null (""). Other parts (images, audio, files) get
+    a 400 naming them.
+
+    Raises ApiError (400, param `where...`): content that is neither, a part that is not text."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -115,17 +119,18 @@ def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
     for i, part in enumerate(content):
         part = part.model_dump() if isinstance(part, BaseModel) else part
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}:
+        strict = kinds == ("text",)  # Chat's text parts have no other field; Responses' output_text has annotations
+        if kind in kinds and isinstance(part.get("text"), str) and (not strict or set(part) <= {"type", "text"}):
             out.append(part["text"])
         elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
             out.append(part["refusal"])
-        elif kind in ("image_url", "input_audio", "file", "input_image"):
+        elif kind in ("image_url", "input_audio", "file", "input_image", "input_file"):
             raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
                            param=f"{where}.{i}.type")
         else:
-            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"text\", \"text\": ...}}).",
+            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"{kinds[0]}\", \"text\": ...}}).",
                            param=f"{where}.{i}")
-    return "".join(out)
+    return sep.join(out)
 
 
 def check_logprobs(name: str, n: Optional[int]) -> None:

@@ -54,7 +54,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.custom_tools import custom_tool, input_grammar
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
-from specdec_cli.server.openai_base import chat_logprobs, check_logprobs, sampling_params
+from specdec_cli.server.openai_base import chat_logprobs, check_logprobs, content_text, sampling_params
 from specdec_cli.server.reply import (
     Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse,
 )
@@ -254,30 +254,13 @@ def to_request(body: ResponsesRequest, ctx: Context, store: ResponseStore) -> Tr
     return Translation(request, names, items, tuple(dict.fromkeys(hosted_tools + hosted_items)))
 
 
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
 def _text(content: Any, where: str) -> str:
-    """The text of a message's content or a tool output: a string, or a list of text parts joined by blank lines.
-    Images, files and audio get a 400 naming the part."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where} is neither a string nor a list of content parts.", param=where)
-    out = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text") and \
-                isinstance(part.get("text"), str):
-            out.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            out.append(part["refusal"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
-                           param=f"{where}.{i}.type")
-        else:
-            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"input_text\", \"text\": ...}}).",
-                           param=f"{where}.{i}")
-    return "\n\n".join(out)
+    """The text of a message's content or a tool's output: a string, or text parts joined by blank lines (a refusal
+    part is its text). Raises ApiError (400) naming an image, file or audio part."""
+    return content_text(content, where, refusal_ok=True, kinds=TEXT_PARTS, sep="\n\n")
 
 
 def messages_of(items: list, instructions: Any, names: Names, base: int = 0) -> tuple[tuple[Message, ...], tuple]:
@@ -651,7 +634,7 @@ class ResponsesWriter:
         shown = {**item, "content": []}
         return [self._event("response.output_item.added", output_index=index, item=shown),
                 self._event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                            part=_text_part("", [] if self.want_logprobs else None))]
+                            part=_text_part(""))]
 
     def _close_message(self, status: str) -> list[Sse]:
         if self._message is None:
@@ -676,7 +659,7 @@ class ResponsesWriter:
 
     def _message_item(self, item_id: str, text: str, status: str) -> dict:
         return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-                "content": [_text_part(text, [] if self.want_logprobs else None)]}
+                "content": [_text_part(text)]}
 
     def _call_item(self, call_id: str, flat: str, kind: str, text: str, status: str) -> dict:
         namespace, name = self.tr.names.restore(flat)
@@ -729,8 +712,8 @@ class ResponsesWriter:
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
 
-def _text_part(text: str, logprobs: Optional[list]) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs if logprobs is not None else []}
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def _copy(item: dict) -> dict:
