@@ -429,3 +429,20 @@ def test_a_captured_codex_request_is_served_as_codex_needs_it():
     assert names[0] == "response.created" and names[-1] in ("response.completed", "response.incomplete")
     assert events[-1]["response"]["id"] and events[-1]["response"]["usage"]["input_tokens"] > 5000
     assert any("web_search" in line and "tool_search" in line for line in s.lines)
+
+
+def test_include_logprobs_gives_the_texts_log_probabilities_streamed_and_not():
+    with serving() as s:
+        client = s.client()
+        resp = client.responses.create(model="fake", input=PROMPT, max_output_tokens=8, top_logprobs=2,
+                                       include=["message.output_text.logprobs"])
+        events = events_of(client.responses.create(model="fake", input=PROMPT, max_output_tokens=8, top_logprobs=2,
+                                                   include=["message.output_text.logprobs"], stream=True))
+        plain = client.responses.create(model="fake", input=PROMPT, max_output_tokens=8)
+    part = resp.output[0].content[0]
+    assert len(part.logprobs) == 8 and "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
+    assert events[-1].response.output[0].content[0].logprobs[0].token == part.logprobs[0].token
+    assert plain.output[0].content[0].logprobs == []
