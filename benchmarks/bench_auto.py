@@ -25,7 +25,8 @@ from rich.table import Table
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.assemble import make_engine
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
 ROOT = Path(__file__).resolve().parent.parent / "specdec_cli" / "prompts"

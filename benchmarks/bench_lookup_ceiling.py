@@ -75,7 +75,8 @@ def main() -> None:
     from specdec_cli.drafters.suffix import SuffixDrafter
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
     from specdec_cli.core.sampling import GREEDY
-    from specdec_cli.session import ModelOptions, open_session
+    from specdec_cli.session import open_session
+    from specdec_cli.spec import ModelOptions
 
     paths = args.prompts or [EDIT / "textwrap_rename.txt", EDIT / "colorsys_type_hints.txt"]
     console = Console(stderr=True)

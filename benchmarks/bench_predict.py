@@ -22,7 +22,8 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.assemble import make_engine
 from specdec_cli.prompts import predict_cases
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
 

@@ -39,7 +39,8 @@ from specdec_cli.core.constraint import Constraint
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.assemble import make_engine
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
 HERE = Path(__file__).resolve().parent / "structured"

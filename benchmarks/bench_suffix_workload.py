@@ -60,9 +60,9 @@ def main() -> None:
     from rich.table import Table
 
     from specdec_cli.driver import generate
-    from specdec_cli.core.engine import GenerationConfig
-    from specdec_cli.core.engine import SpeculativeEngine
-    from specdec_cli.session import ModelOptions, SpecOptions, open_session
+    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.session import open_session
+    from specdec_cli.spec import ModelOptions, SpecOptions
 
     console = Console(stderr=True)
     config = GenerationConfig(max_tokens=args.max_tokens)

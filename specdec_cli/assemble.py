@@ -14,9 +14,10 @@ from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
+from specdec_cli.spec import USES_PREDICTION, Method, SpecOptions
 
 if TYPE_CHECKING:
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.session import Session
 
 _BUILD = object()  # make_engine's default: build the drafter `spec.method` names
 
@@ -47,27 +48,24 @@ def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, sav
                              prompt_cache=None if fresh else session.prompt_cache)
 
 
-def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
-    """The fixed K `specdec tune --save` chose for this pair, method and machine (None: auto), announced on
-    `console` (stderr) when there is one."""
-    from rich.text import Text
+def tuned_k(session: Session, spec: SpecOptions) -> int | None:
+    """The tuned-K rule, the one place it is written: when `spec` leaves K open (`SpecOptions.wants_tuned_k`: no
+    --k given, a method that drafts), the fixed K `specdec tune --save` chose for this pair, method and machine
+    (`stores.tuned.lookup`); None: K is `spec.k` (also for a saved "auto"). Prints nothing: the front end says so."""
+    if not spec.wants_tuned_k:
+        return None
+    from specdec_cli.stores.tuned import lookup
 
-    from specdec_cli.stores.tuned import lookup, tuned_path
-
-    k = lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
-    if k is not None:
-        console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.",
-                           style="spec.label"))
-    return k
+    return lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
 
 
 def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bool) -> tuple[str, ...]:
     """One line each, printed under the statistics: why `auto` drafts without a draft model, and a prediction
     that was never drafted from (`predicted`: the user gave one)."""
     out = []
-    if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
+    if spec.method is Method.auto and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
-    if predicted and spec.method in ("auto", "predict") and Source.predict not in stats.by_source:
+    if predicted and spec.method in USES_PREDICTION and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
     return tuple(out)

@@ -18,46 +18,7 @@ from specdec_cli.models.draft_policy import DraftPlan
 from specdec_cli.stores.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.options import Method, parse_k_option
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """Which models to load and how. `target`/`draft`: catalog names or .gguf paths (None = catalog default)."""
-
-    target: str | None = None
-    draft: str | None = None
-    ctx: int = 4096
-    threads: int | None = None
-    gpu_layers: int = -1
-    n_batch: int = 512
-    verbose: bool = False
-    prompt_cache: bool = True  # restore and save prompts' KV states across runs (`--no-prompt-cache`: off)
-
-
-@dataclass(frozen=True)
-class SpecOptions:
-    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number 0..64, parsed
-    once, here: `k` is then "auto" or the number's text, `fixed_k` the number or None for auto).
-
-    Raises ValueError for an unknown method name, UsageError for a bad K (the message says the fix)."""
-
-    method: Method = Method.auto
-    k: str = "auto"
-    ngram_min: int = 2
-    ngram_max: int = 4
-    k_max: int = 16
-    fixed_k: int | None = field(init=False, default=None)  # the parsed K; None = auto
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "method", Method(self.method))
-        fixed = parse_k_option(str(self.k))
-        object.__setattr__(self, "fixed_k", fixed)
-        object.__setattr__(self, "k", "auto" if fixed is None else str(fixed))
-
-
-
-NEEDS_DRAFT_MODEL = {Method.draft}  # methods that cannot run without a draft model (auto includes one where it pays)
+from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, Method, ModelOptions, SpecOptions
 
 
 @dataclass
@@ -129,9 +90,6 @@ class Session:
         if method == Method.ngram:
             from specdec_cli.drafters.ngram import NgramDrafter
 
-            if spec.ngram_min > spec.ngram_max:
-                raise UsageError(f"--ngram-min {spec.ngram_min} is larger than --ngram-max {spec.ngram_max}.",
-                                 "Swap them.")
             return NgramDrafter(spec.ngram_min, spec.ngram_max)
         if method in NEEDS_DRAFT_MODEL and self.draft is None:
             raise UsageError(f"--method {method} needs a draft model, and none is loaded.", "Pass --draft NAME.")
@@ -199,7 +157,7 @@ class Session:
     def _learnt_key(self, method: str, k_max: int) -> str | None:
         from specdec_cli.stores import learnt
 
-        draft = self.draft_path if method in ("draft", "auto") else None
+        draft = self.draft_path if method in USES_DRAFT_MODEL else None
         return learnt.entry_key(self.target_path, draft, method, self.options.threads, k_max)
 
     def save_learnt(self) -> None:
@@ -287,7 +245,7 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     auto_plan = draft_policy.plan("auto", options.target, options.draft, catalog, gpu_offload=gpu,
                                   tuned_pays=draft_policy.tuned_draft_pays(target_path, options.threads))
     if method is not None:
-        plan = auto_plan if method == "auto" else \
+        plan = auto_plan if Method(method) is Method.auto else \
             draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=False)
     else:
         plan = DraftPlan(options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft

@@ -32,7 +32,7 @@ from specdec_cli.measure.audit import (
 from specdec_cli.cli.commands.check import refuse_sampling
 from specdec_cli.driver import generate
 from specdec_cli.measure.comparison import against_plain
-from specdec_cli.session import SpecOptions
+from specdec_cli.spec import SpecOptions
 from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter

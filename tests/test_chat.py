@@ -24,7 +24,8 @@ from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, ModelError, UsageError
 from specdec_cli.cli.render import make_console
-from specdec_cli.session import Session, SpecOptions
+from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 
 runner = CliRunner()
 

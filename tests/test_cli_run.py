@@ -146,7 +146,7 @@ def test_method_takes_the_fields_names_and_the_old_spellings(fake_session, promp
     assert code == 0
     assert json.loads(out)["config"]["method"] == canonical
     from specdec_cli.cli.commands.bench import parse_methods
-    from specdec_cli.cli.options import Method
+    from specdec_cli.spec import Method
 
     assert Method(alias) is Method(canonical)
     assert canonical in parse_methods(alias)

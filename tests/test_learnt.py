@@ -16,7 +16,8 @@ from fakes import FakeBackend
 from specdec_cli.stores import learnt
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.stores.learnt import LearntWarning, learnt_path
-from specdec_cli.session import Session, SpecOptions
+from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 from test_controller import cpu, lookup_draft, step
 
 

@@ -29,9 +29,10 @@ from specdec_cli.driver import Generation, generate
 from specdec_cli.assemble import make_engine
 from specdec_cli.measure.paired import Paired, measure
 from specdec_cli.measure.sweep import NoLearning
+from specdec_cli.spec import Method, SpecOptions
 
 if TYPE_CHECKING:
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.session import Session
 
 WARMUP_TOKENS = 8  # the untimed plain generation before the pairs
 
@@ -74,10 +75,8 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
     Raises:
         KeyboardInterrupt: Ctrl-C during a side (the comparison is incomplete and not reported).
     """
-    from specdec_cli.session import SpecOptions
-
     target = session.target
-    plain_spec = SpecOptions(method="none")
+    plain_spec = SpecOptions(method=Method.none)
     greedy = config.sampling.greedy
     probe = FirstMismatchProbe(target, len(prompt), reference) if greedy else None
     probed = replace(session, target=probe) if probe is not None else session  # the same models, seen through it

@@ -24,7 +24,8 @@ from specdec_cli.assemble import make_engine
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.tools import OPEN, Tags, detect_tags
-from specdec_cli.session import Session, SpecOptions
+from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 from specdec_cli.core.stats import RunStats
 
 

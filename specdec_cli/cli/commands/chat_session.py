@@ -13,7 +13,8 @@ from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.driver import generate
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.assemble import make_engine
-from specdec_cli.session import NEEDS_DRAFT_MODEL, Session, SpecOptions
+from specdec_cli.session import Session
+from specdec_cli.spec import NEEDS_DRAFT_MODEL, SpecOptions
 
 
 class Chat:

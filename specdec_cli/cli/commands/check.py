@@ -20,7 +20,8 @@ from specdec_cli.driver import Generation, generate
 from specdec_cli.assemble import make_engine
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.cli.render import err_console, make_console
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 
 
 def refuse_sampling(config: GenerationConfig) -> None:

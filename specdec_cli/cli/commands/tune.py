@@ -31,12 +31,14 @@ from rich.text import Text
 from specdec_cli.measure import sweep
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.options import Method
+from specdec_cli.spec import Method, ModelOptions, SpecOptions
 from specdec_cli.cli.console import progress as progress_bar, write_json
 from specdec_cli.prompts import PromptCase
 from specdec_cli.cli.render import err_console, make_console
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
-from specdec_cli.measure.sweep import Bar, NoLearning, check_prompts, geomean, rounded, schedule, speed_cell, speed_style
+from specdec_cli.session import open_session
+from specdec_cli.measure.sweep import (
+    Bar, NoLearning, check_prompts, geomean, rounded, schedule, speed_cell, speed_style,
+)
 
 AUTO_MARGIN = 0.03  # save "auto" when it is within 3 % of the best measured speedup
 WARMUP_TOKENS = 8
@@ -77,7 +79,7 @@ def parse_tune_k(spec: str) -> list[int]:
 
     "4..16" → [4, 6, 8, 12, 16], "2,4,8" → [2, 4, 8] (`options.k_values`). Raises UsageError.
     """
-    from specdec_cli.cli.options import k_values
+    from specdec_cli.spec import k_values
 
     if spec.strip().lower() == "auto":
         return []
