@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -12,17 +11,19 @@ from typing import Iterator
 from rich.console import Console
 
 from specdec_cli.errors import UsageError
+from specdec_cli.stores import files
 
 
 def write_json(path: str, doc: dict, *, indent: int = 2) -> None:
-    """Write `doc` to `path` ('-' = stdout). Raises UsageError when the file cannot be written."""
+    """Write `doc` to `path` ('-' = stdout), atomically (`stores.files.write_atomic`: a reader never sees half a
+    document; the file gets the mode a plain write would). Raises UsageError when the file cannot be written."""
     text = json.dumps(doc, indent=indent, ensure_ascii=False)
     if path == "-":
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
     try:
-        Path(path).write_text(text + "\n", encoding="utf-8")
+        files.write_atomic(Path(path), text + "\n", private=False)
     except OSError as e:
         raise UsageError(f"Cannot write --json {path}: {e.strerror or e}.", "Give a writable path, or - for stdout.") \
             from None
@@ -45,18 +46,3 @@ def status(console: Console | None, message: str) -> Iterator[None]:
         return
     with console.status(message, spinner="dots"):
         yield
-
-
-def fsync_dir(directory: Path) -> None:
-    """Flush `directory`'s entries to disk, so a rename into it survives a crash (best effort: some platforms and
-    file systems refuse, and nothing is lost then but that durability)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - not supported on every platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)

@@ -222,15 +222,15 @@ def _verdicts() -> dict[str, str]:
 
 def _remember(key: str, verdict: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
+    from specdec_cli.stores import files
+
     path = _host_file()
     verdicts = _verdicts() | {key: verdict}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"amx_verdicts": verdicts}, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        files.write_atomic(path, json.dumps({"amx_verdicts": verdicts}, indent=1), private=False)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def known_verdict(system_info: str) -> str | None:

@@ -53,11 +53,11 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from specdec_cli.cli.console import fsync_dir
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.models.gguf import check_gguf
 from specdec_cli.models.machine import marker_path
+from specdec_cli.stores import files
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 
@@ -209,13 +209,11 @@ def _remember_probed(key: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
     keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
     path = cache_dir() / _PROBED_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(keys, indent=0), encoding="utf-8")
-        os.replace(tmp, path)
+        files.write_atomic(path, json.dumps(keys, indent=0), private=False)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def _probe_detail(stderr: str) -> str:
@@ -530,7 +528,7 @@ def _commit(tmp: Path, dest: Path, digest: str) -> None:
     marker_path(dest).unlink(missing_ok=True)
     os.replace(tmp, dest)
     _write_marker(dest, digest)
-    fsync_dir(dest.parent)
+    files.fsync_dir(dest.parent)
 
 
 def _read_marker(path: Path) -> str | None:
@@ -543,10 +541,7 @@ def _read_marker(path: Path) -> str | None:
 
 def _write_marker(path: Path, digest: str) -> None:
     """`<file>.sha256` in sha256sum format, so `sha256sum -c` can check the cache too. Written atomically."""
-    marker = marker_path(path)
-    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{digest}  {path.name}\n", encoding="ascii")
-    os.replace(tmp, marker)
+    files.write_atomic(marker_path(path), f"{digest}  {path.name}\n", private=False)
 
 
 def _unlink_model(path: Path) -> None:

@@ -35,7 +35,6 @@ longer than `max_tokens` keeps only its first `max_tokens` tokens.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -49,7 +48,7 @@ import filelock
 import numpy as np
 
 from specdec_cli.errors import reason
-from specdec_cli.cli.console import fsync_dir
+from specdec_cli.stores import files
 
 FORMAT = "specdec-suffix"
 VERSION = 1
@@ -529,16 +528,6 @@ def _read_write_id(path: Path) -> str | None:
         return ""
 
 
-def _aside_path(path: Path) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    i = 1
-    while aside.exists():
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{i}")
-        i += 1
-    return aside
-
-
 class SuffixStore:
     """The persistent global store for one tokenizer: documents (past outputs) and their suffix array.
 
@@ -645,8 +634,7 @@ class SuffixStore:
                     err = again
                 except FileNotFoundError:
                     return Corpus.empty(), None
-                aside = _aside_path(self.path)
-                os.replace(self.path, aside)
+                aside = files.set_aside(self.path)
         except Exception as e:  # OSError, filelock.Timeout
             warn(f"The suffix store {self.path} is unusable ({err}) and could not be moved aside "
                        f"({reason(e)}); drafting without it this run. Delete it (specdec cache clear).")  # fmt: skip
@@ -698,7 +686,7 @@ class SuffixStore:
         if self._loader is not None:
             self.corpus  # collect `preload`'s result first: one reader of the file at a time
         try:
-            self._ensure_dir()
+            files.private_dir(self.path.parent)
             with self._lock():
                 self._remove_orphans()
                 on_disk = _read_write_id(self.path)
@@ -755,48 +743,31 @@ class SuffixStore:
             "write_id": write_id,
             "updated": time.time(),
         }
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(
-                    f,
-                    meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8),
-                    tokens=corpus.tokens,
-                    offsets=corpus.offsets,
-                    added=corpus.added,
-                    sa=corpus.sa,
-                )
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(self.path.parent)
+        with files.staged(self.path) as tmp, open(tmp, "wb") as f:
+            np.savez(
+                f,
+                meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8),
+                tokens=corpus.tokens,
+                offsets=corpus.offsets,
+                added=corpus.added,
+                sa=corpus.sa,
+            )
 
     def _fingerprint_to_write(self) -> str:
         """The longest fingerprint known: the one given, else the file's, else the file name's 16 hex digits."""
         known = [f for f in (self.fingerprint, _fingerprint_from_disk(self.path)) if f]
         return max(known, key=len) if known else self.path.name.removesuffix(SUFFIX)
 
-    def _ensure_dir(self) -> None:
-        d = self.path.parent
-        if not d.is_dir():
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(d, 0o700)
-
     def _lock(self) -> filelock.FileLock:
         """The store's lock (`<store>.lock`, 0o600). One reentrant instance per store: a second FileLock on the same
         file in the same process would wait for the first."""
         if self._filelock is None:
-            self._filelock = filelock.FileLock(f"{self.path}.lock", timeout=self.lock_timeout, mode=0o600)
+            self._filelock = files.lock(f"{self.path}.lock", self.lock_timeout)
         return self._filelock
 
     def _remove_orphans(self) -> None:
         """Temp files left by a killed writer (we hold the lock, so no write is in progress)."""
-        for tmp in self.path.parent.glob(f".{self.path.name}.tmp-*"):
-            tmp.unlink(missing_ok=True)
+        files.remove_temporaries(self.path.parent, self.path.name)
 
     @staticmethod
     def _warn(message: str) -> None:

@@ -37,7 +37,7 @@ from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.assemble import tuned_k
-from specdec_cli.spec import Method, ModelOptions, SpecOptions
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.cli.render import announce_tuned_k, err_console, wants_color
 from specdec_cli.session import open_session
 

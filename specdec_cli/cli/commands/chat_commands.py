@@ -7,13 +7,13 @@ the chat. `dispatch` looks a line up in it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from specdec_cli.errors import SpecdecError, UsageError
+from specdec_cli.stores import files
 from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def _save(chat: Chat, arg: str) -> bool:
                          "Use a path ending in .md (Markdown) or .json (JSON).")
     text = transcript_markdown(chat) if kind == "md" else transcript_json(chat)
     try:
-        write_private(path, text)
+        files.write_atomic(path, text)  # 0o600, also over a file that had wider permissions
     except OSError as e:
         raise UsageError(f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable.") \
             from None
@@ -189,13 +189,3 @@ def transcript_markdown(chat: Chat) -> str:
         if t.stats is not None:
             out += [f"*{footer_text(t)}*", ""]
     return "\n".join(out)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by the user only (0o600), also when the file existed with wider permissions."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)
