@@ -25,6 +25,7 @@ from rich.table import Table
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.assemble import make_engine
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
@@ -75,7 +76,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     t_start = time.perf_counter()
     with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
-                      method="auto", console=console) as session:
+                      method="auto", reporter=RichReporter(console)) as session:
         threads = session.target.n_threads
         for name in names:
             file, budget = PROMPTS[name]

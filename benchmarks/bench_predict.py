@@ -22,6 +22,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.assemble import make_engine
 from specdec_cli.prompts import predict_cases
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
@@ -49,7 +50,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rows: list[tuple[str, str, float, float, str]] = []
     with open_session(ModelOptions(target=args.target, ctx=args.ctx, prompt_cache=False), method="auto",
-                      console=console) as session:
+                      reporter=RichReporter(console)) as session:
         base = GenerationConfig(max_tokens=args.max_tokens)
         first = None
         for case in predict_cases():

@@ -39,6 +39,7 @@ from specdec_cli.core.constraint import Constraint
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
 from specdec_cli.assemble import make_engine
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
@@ -209,7 +210,7 @@ def main() -> int:
     runs: dict[str, dict[str, list[dict]]] = {}
     t_start = time.perf_counter()
     with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
-                      method="auto", console=console) as session:
+                      method="auto", reporter=RichReporter(console)) as session:
         threads = session.target.n_threads
         tok = session.target.lltokenizer()
         call_messages = [{"role": "user", "content": TOOL_USER.format(mail=mail)}]

@@ -61,13 +61,14 @@ def main() -> None:
 
     from specdec_cli.driver import generate
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.cli.console import RichReporter
     from specdec_cli.session import open_session
     from specdec_cli.spec import ModelOptions, SpecOptions
 
     console = Console(stderr=True)
     config = GenerationConfig(max_tokens=args.max_tokens)
     rows: list[dict] = []
-    with open_session(ModelOptions(target=args.target, ctx=4096), need_draft=False, console=console) as session:
+    with open_session(ModelOptions(target=args.target, ctx=4096), need_draft=False, reporter=RichReporter(console)) as session:
         suffix = session.make_drafter(SpecOptions(method="suffix", k=args.k))
         ngram = session.make_drafter(SpecOptions(method="ngram", k=args.k))
         cases = [(n, session.prompt_tokens(t)) for n, t in prompts()]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from specdec_cli.stores.prompt_cache import PromptCache
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, Method, ModelOptions, SpecOptions
+
+if TYPE_CHECKING:
+    from specdec_cli.models.resolver import Reporter
 
 
 @dataclass
@@ -173,7 +177,7 @@ class Session:
         learnt.save(keyed, details)
 
     # -- models -------------------------------------------------------------------------------------------------
-    def load_draft(self, name: str | None = None, *, console=None) -> None:
+    def load_draft(self, name: str | None = None, *, reporter: Reporter | None = None) -> None:
         """Resolve and load a draft model later (e.g. `/method draft` in chat): `name`, else `--draft`, else the
         catalog's default draft. Raises ModelError, IncompatiblePairError, ConfigError; the session is then unchanged.
         """
@@ -181,18 +185,18 @@ class Session:
         from specdec_cli.models.resolver import resolve
 
         catalog = load_catalog()
-        self.attach_draft(resolve(name or self.options.draft or catalog.default_draft, catalog, console=console),
-                          console=console)
+        self.attach_draft(resolve(name or self.options.draft or catalog.default_draft, catalog, reporter=reporter),
+                          reporter=reporter)
 
-    def attach_draft(self, path: Path, *, console=None) -> None:
+    def attach_draft(self, path: Path, *, reporter: Reporter | None = None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
         from specdec_cli.models.llama import LlamaBackend
-        from specdec_cli.models.resolver import probe_load
+        from specdec_cli.models.host import probe_load
         from specdec_cli.models.vocab import check_compatible
 
         o = self.options
-        probe_load(path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
-        with _status(console, f"Loading {path.name}"):
+        probe_load(path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
+        with _status(reporter, f"Loading {path.name}"):
             draft = LlamaBackend(path, n_ctx=o.ctx, n_batch=o.n_batch, n_threads=o.threads,
                                  n_gpu_layers=o.gpu_layers, verbose=o.verbose)
         try:
@@ -224,7 +228,7 @@ class Session:
 
 
 def open_session(options: ModelOptions, *, method: str | None = None, need_draft: bool = False,
-                 console=None) -> Session:
+                 reporter: Reporter | None = None) -> Session:
     """Resolve and load the target and, when `method` calls for one (`draft_policy.plan`: `--method draft`; `auto`
     where a draft model pays or `--draft` names one) or `need_draft`, the draft model; check their vocabularies.
 
@@ -234,13 +238,14 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     from specdec_cli.models import draft_policy
     from specdec_cli.config import load_catalog
     from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
-    from specdec_cli.models.resolver import probe_load, resolve
+    from specdec_cli.models.host import probe_load
+    from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
     gpu = gpu_offload_supported() and options.gpu_layers != 0
     if method is not None:  # a bad --method draft pairing fails before anything is fetched
         draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=False)
-    target_path = resolve(options.target or catalog.default_target, catalog, console=console)
+    target_path = resolve(options.target or catalog.default_target, catalog, reporter=reporter)
     # whether auto includes a draft model (a GPU, --draft, or specdec tune measured that it pays here)
     auto_plan = draft_policy.plan("auto", options.target, options.draft, catalog, gpu_offload=gpu,
                                   tuned_pays=draft_policy.tuned_draft_pays(target_path, options.threads))
@@ -250,9 +255,9 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
     else:
         plan = DraftPlan(options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft
                          if need_draft else None)
-    draft_path = resolve(plan.name, catalog, console=console) if plan.name is not None else None
-    probe_load(target_path, console=console)  # a file llama.cpp would crash on is refused here, in a child process
-    with _status(console, f"Loading {target_path.name}"):
+    draft_path = resolve(plan.name, catalog, reporter=reporter) if plan.name is not None else None
+    probe_load(target_path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
+    with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)
     from specdec_cli.stores.prompt_cache import PromptCache
@@ -262,17 +267,12 @@ def open_session(options: ModelOptions, *, method: str | None = None, need_draft
                       auto_draft=auto_plan.name is not None and auto_plan.name == plan.name)
     if draft_path is not None:
         try:
-            session.attach_draft(draft_path, console=console)
+            session.attach_draft(draft_path, reporter=reporter)
         except BaseException:
             session.close()
             raise
     return session
 
 
-@contextlib.contextmanager
-def _status(console, message: str) -> Iterator[None]:
-    if console is None or not console.is_terminal:
-        yield
-        return
-    with console.status(message, spinner="dots"):
-        yield
+def _status(reporter: Reporter | None, message: str) -> AbstractContextManager[None]:
+    return reporter.status(message) if reporter is not None else contextlib.nullcontext()

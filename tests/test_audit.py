@@ -295,7 +295,7 @@ def fake_sessions(monkeypatch, tmp_path):
     """`open_session` in check and run returns fake backends; `bug` = callable applied to each new target."""
     state = {"bug": None}
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         target = FakeBackend(hashed_logits, n_ctx=options.ctx)
         if state["bug"] is not None:

@@ -18,7 +18,7 @@ def fake_session(monkeypatch, tmp_path):
     """Every `open_session` returns fresh fake target/draft backends; the calls are recorded."""
     calls = []
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         calls.append((options, need_draft))
         s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",

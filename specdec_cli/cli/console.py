@@ -1,4 +1,5 @@
-"""Small output helpers shared by the commands: JSON files, progress bars and spinners on stderr."""
+"""Small output helpers shared by the commands: JSON files, progress bars and spinners on stderr, and the Rich
+`Reporter` through which finding and loading models shows its notes, spinners and progress bars."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rich.console import Console
+from rich.text import Text
 
 from specdec_cli.errors import UsageError
 from specdec_cli.stores import files
@@ -46,3 +48,48 @@ def status(console: Console | None, message: str) -> Iterator[None]:
         return
     with console.status(message, spinner="dots"):
         yield
+
+
+class RichReporter:
+    """`specdec_cli.models.resolver.Reporter` on a Rich console (stderr): `note: ...` lines (the label yellow),
+    spinners on a terminal only, and Rich progress bars (bytes: size, speed, time left; steps: done/total)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def note(self, text: str) -> None:
+        self.console.print(Text.assemble(("note:", "yellow"), " ", text))
+
+    def say(self, text: str) -> None:
+        self.console.print(Text(text))
+
+    def status(self, text: str) -> contextlib.AbstractContextManager[None]:
+        return status(self.console, text)
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int, *, unit: str = "bytes") -> Iterator[_RichTask]:
+        from rich.progress import (
+            BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+            TimeRemainingColumn, TransferSpeedColumn,
+        )
+
+        if unit == "bytes":
+            columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       TimeRemainingColumn())
+        else:
+            columns = (SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console) as bar:
+            yield _RichTask(bar, bar.add_task(description, total=total))
+
+
+class _RichTask:
+    """One bar of a Rich `Progress` as a `resolver.Task`."""
+
+    def __init__(self, bar, task_id) -> None:
+        self._bar, self._id = bar, task_id
+
+    def advance(self, n: int = 1) -> None:
+        self._bar.advance(self._id, n)
+
+    def describe(self, text: str) -> None:
+        self._bar.update(self._id, description=text)

@@ -62,7 +62,7 @@ from specdec_cli.cli.commands.bench_report import (
 )
 from specdec_cli.measure.bench_process import Worker
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.cli.console import progress as progress_bar, status, write_json
+from specdec_cli.cli.console import RichReporter, progress as progress_bar, status, write_json
 from specdec_cli.prompts import PromptCase
 from specdec_cli.measure.sweep import Slot, geomean
 from specdec_cli.spec import Method
@@ -294,12 +294,12 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
-    target = resolve(models.target or catalog.default_target, catalog, console=console)
+    target = resolve(models.target or catalog.default_target, catalog, reporter=RichReporter(console))
     need_draft = "draft" in options.methods
     from specdec_cli.models.draft_policy import paired_draft
 
     name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
-    draft = resolve(name, catalog, console=console) if need_draft else None
+    draft = resolve(name, catalog, reporter=RichReporter(console)) if need_draft else None
     plan = host.current_plan()
     bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else []),
                                              system_info=system_info(),

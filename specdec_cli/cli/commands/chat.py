@@ -34,6 +34,7 @@ from specdec_cli.cli.commands.chat_commands import dispatch, is_command
 from specdec_cli.cli.commands.chat_history import Conversation, Turn
 from specdec_cli.cli.commands.chat_session import Chat
 from specdec_cli.cli.commands.chat_view import ChatView
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.assemble import tuned_k
@@ -201,7 +202,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     err = err_console()
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
-    with open_session(models, method=spec.method, console=err) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
         saved_k = tuned_k(session, spec)
         announce_tuned_k(err, saved_k)
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)

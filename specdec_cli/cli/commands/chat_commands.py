@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.errors import SpecdecError, UsageError
 from specdec_cli.stores import files
 from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL
@@ -84,7 +85,7 @@ def _method(chat: Chat, arg: str) -> bool:
     if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
         chat.view.note(f"--method {method} needs a draft model; loading it (--draft, else the catalog default).")
         try:
-            chat.session.load_draft(console=chat.view.err)
+            chat.session.load_draft(reporter=RichReporter(chat.view.err))
         except SpecdecError as e:
             chat.view.error(e)
             chat.view.note(f"No draft model, so the method stays {chat.spec.method}.")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.cli.console import status, write_json
+from specdec_cli.cli.console import RichReporter, status, write_json
 from specdec_cli.cli.inputs import check_output_path
 from specdec_cli.measure.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.core.engine import GenerationConfig
@@ -78,7 +78,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     check_output_path(json_path)  # a bad --json path fails before the generation, not after
     err = err_console()
     out = err if json_path == "-" else make_console()
-    with open_session(models, method=spec.method, console=err) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         engine = make_engine(session, spec)
         with status(err, f"Generating with --method {spec.method}"):

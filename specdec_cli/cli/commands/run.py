@@ -16,7 +16,7 @@ from specdec_cli.measure.comparison import against_plain
 from specdec_cli.driver import Generation, generate
 from specdec_cli.assemble import make_engine, notes, tuned_k
 from specdec_cli.spec import Method, ModelOptions, SpecOptions
-from specdec_cli.cli.console import status, write_json
+from specdec_cli.cli.console import RichReporter, status, write_json
 from specdec_cli.cli.inputs import check_output_path
 from specdec_cli.cli.render import (
     StreamRenderer, announce_tuned_k, err_console, legend, print_compare, print_stats, wants_color,
@@ -57,7 +57,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     styled = wants_color(out_stream, output.plain)
     show_stream = not json_to_stdout or styled
 
-    with open_session(models, method=spec.method, console=err) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         config = replace(config, prediction=session.prediction_tokens(prediction))
         saved_k = tuned_k(session, spec)

@@ -23,6 +23,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     """
     require_extra()
     from specdec_cli.assemble import tuned_k
+    from specdec_cli.cli.console import RichReporter
     from specdec_cli.cli.render import announce_tuned_k, err_console
     from specdec_cli.server.app import base_url, create_app, make_server
     from specdec_cli.server.service import GenerationService
@@ -31,7 +32,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     sock = _bind(host, port)  # before loading a model: a port in use fails at once
     err = err_console()
     try:
-        session = open_session(models, method=spec.method, console=err)
+        session = open_session(models, method=spec.method, reporter=RichReporter(err))
         try:
             saved_k = tuned_k(session, spec)
             announce_tuned_k(err, saved_k)

@@ -32,7 +32,7 @@ from specdec_cli.measure import sweep
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import Method, ModelOptions, SpecOptions
-from specdec_cli.cli.console import progress as progress_bar, write_json
+from specdec_cli.cli.console import RichReporter, progress as progress_bar, write_json
 from specdec_cli.prompts import PromptCase
 from specdec_cli.cli.render import err_console, make_console
 from specdec_cli.session import open_session
@@ -315,7 +315,7 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
     err = err_console()
     out = err if options.json_path == "-" else make_console()
     configs = configs_for(options.ks)
-    with open_session(models, method=spec.method, console=err) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
         tune = run(session, prompts, spec=spec, config=config, configs=configs, repeats=options.repeats,
                    console=err)
         names = [p.name for p in prompts]
