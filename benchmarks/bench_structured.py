@@ -38,7 +38,7 @@ from specdec_cli.core import constraint, sampling
 from specdec_cli.core.constraint import Constraint
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
-from specdec_cli.assemble import make_engine
+from specdec_cli.assemble import Assembler
 from specdec_cli.cli.console import RichReporter
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
@@ -170,7 +170,7 @@ def valid_call(text: str, tokenizer) -> bool:
 
 
 def run_ours(session, method: str, prompt: np.ndarray, budget: int, grammar, clock: GrammarClock) -> dict:
-    engine = make_engine(session, SpecOptions(method=method), fresh=True)
+    engine = Assembler(session).engine(SpecOptions(method=method), fresh=True)  # fresh: the assembler owns nothing
     drafter = engine.drafter
     if drafter is not None:
         engine.drafter = NoLearning(drafter)  # the store learns nothing from the benchmark's own outputs

@@ -441,10 +441,11 @@ def test_a_session_keeps_one_adaptive_controller_per_method_across_generations()
     from pathlib import Path
 
     from fakes import FakeBackend
+    from specdec_cli.assemble import Assembler
     from specdec_cli.session import Session
     from specdec_cli.spec import SpecOptions
 
-    session = Session(target=FakeBackend(), target_path=Path("t.gguf"))
+    session = Assembler(Session(target=FakeBackend(), target_path=Path("t.gguf")))
     first = session.make_controller(SpecOptions(method="suffix"))
     first.observe(step(0, 0, 0, 0.0, 40.0))
     again = session.make_controller(SpecOptions(method="suffix"))

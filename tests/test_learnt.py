@@ -16,6 +16,7 @@ from fakes import FakeBackend
 from specdec_cli.stores import learnt
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.stores.learnt import LearntWarning, learnt_path
+from specdec_cli.assemble import Assembler
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 from test_controller import cpu, lookup_draft, step
@@ -74,11 +75,11 @@ def test_a_state_that_does_not_fit_is_refused_and_the_controller_unchanged(damag
 # -- across sessions (what one `specdec run` leaves for the next) ----------------------------------------------------
 
 
-def session(tmp_path: Path, name: str = "target.gguf") -> Session:
+def session(tmp_path: Path, name: str = "target.gguf") -> Assembler:
     path = tmp_path / name
     if not path.exists():
         path.write_bytes(b"GGUF" + bytes(range(256)) * 64)  # model_id hashes the file's ends and size
-    return Session(target=FakeBackend(), target_path=path)
+    return Assembler(Session(target=FakeBackend(), target_path=path))
 
 
 def feed(ctrl: AdaptiveK) -> None:

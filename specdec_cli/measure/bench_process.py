@@ -163,6 +163,7 @@ class _OursRunner:
     """Our engine: one session (target + optional draft model), a drafter per method built once."""
 
     def __init__(self, msg: dict[str, Any]) -> None:
+        from specdec_cli.assemble import Assembler
         from specdec_cli.session import open_session
         from specdec_cli.spec import ModelOptions
 
@@ -172,6 +173,7 @@ class _OursRunner:
             ModelOptions(target=m["target"], draft=m["draft"] if m.get("draft_named") else None, ctx=m["ctx"],
                          threads=m["threads"], gpu_layers=m["gpu_layers"], verbose=m["verbose"]),
             need_draft=m["draft"] is not None)
+        self.assembler = Assembler(self.session)  # every run's engine is fresh, with a drafter that does not learn
         self.k, self.ngram = msg["k"], (msg["ngram_min"], msg["ngram_max"])  # k was checked by the parent
         self.prompts = [self.session.prompt_tokens(t) for t in msg["prompts"]]
         warm = self.session.prompt_tokens(WARMUP_PROMPT)
@@ -200,19 +202,18 @@ class _OursRunner:
             from specdec_cli.spec import SpecOptions
 
             spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
-            self._drafters[method] = NoLearning(self.session.make_drafter(spec))
+            self._drafters[method] = NoLearning(self.assembler.make_drafter(spec))
         return self._drafters[method]
 
     def _generate(self, method: Method, prompt, max_tokens: int):
         """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
         from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
-        from specdec_cli.assemble import make_engine
         from specdec_cli.spec import SpecOptions
 
         # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
-        engine = make_engine(self.session, SpecOptions(method=method, k=self.k), fresh=True,
-                             drafter=self._drafter(method))
+        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=True,
+                                       drafter=self._drafter(method))
         first: list[float] = []  # perf_counter s when the first step arrived
 
         def clock(step) -> None:
@@ -257,7 +258,10 @@ class _OursRunner:
         }
 
     def close(self) -> None:
-        self.session.close()
+        try:
+            self.assembler.close()
+        finally:
+            self.session.close()
 
 
 class _PeerRunner:

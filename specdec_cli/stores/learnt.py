@@ -5,7 +5,7 @@ v(1), probes, and a slow start in each match-length bucket before the long draft
 (on a 2-core CPU that warm-up costs more than a short reply's drafts save). A session saves each `AdaptiveK` it used
 when it closes (`Session.close`), and the next session with the same target, draft model, method, K limit and
 machine starts from it (`AdaptiveK.restore`). Within one session (chat turns, benchmarks) the controller is simply
-kept (`Session.make_controller`).
+kept (`Assembler.make_controller`).
 
 The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file lock, like tuned.json):
 

@@ -206,14 +206,17 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
         saved_k = tuned_k(session, spec)
         announce_tuned_k(err, saved_k)
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
-        reader = LineReader(sys.stdin, interactive=interactive,
-                            history=config_dir() / HISTORY_FILE if interactive else None)
-        view.banner(session, spec, config)
         try:
-            loop(chat, reader)
+            reader = LineReader(sys.stdin, interactive=interactive,
+                                history=config_dir() / HISTORY_FILE if interactive else None)
+            view.banner(session, spec, config)
+            try:
+                loop(chat, reader)
+            finally:
+                reader.close()
+            view.goodbye(chat.totals)
         finally:
-            reader.close()
-        view.goodbye(chat.totals)
+            chat.close()  # the drafters and --k auto save what they learnt; then the session frees the models
     return 0
 
 

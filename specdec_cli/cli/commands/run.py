@@ -14,7 +14,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.measure.comparison import against_plain
 from specdec_cli.driver import Generation, generate
-from specdec_cli.assemble import make_engine, notes, tuned_k
+from specdec_cli.assemble import Assembler, notes, tuned_k
 from specdec_cli.spec import Method, ModelOptions, SpecOptions
 from specdec_cli.cli.console import RichReporter, status, write_json
 from specdec_cli.cli.inputs import check_output_path
@@ -57,18 +57,19 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     styled = wants_color(out_stream, output.plain)
     show_stream = not json_to_stdout or styled
 
-    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session, \
+            Assembler(session) as assembler:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         config = replace(config, prediction=session.prediction_tokens(prediction))
         saved_k = tuned_k(session, spec)
         announce_tuned_k(err, saved_k)
-        engine = make_engine(session, spec, saved_k=saved_k)
+        engine = assembler.engine(spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
             err.print(legend(spec.method, grammar=config.grammar is not None))
         # --compare replays this run: a drafter in the state this one starts in (built now, before this run's reply
-        # is learnt; owned here, not the session's) and a copy of the controller this one starts with
-        replay = (session.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
+        # is learnt; owned here, not the assembler's) and a copy of the controller this one starts with
+        replay = (assembler.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
         result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         if renderer is not None:
             renderer.end()

@@ -337,20 +337,21 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
         configs: list[TuneConfig], repeats: int, console) -> TuneRun:
     """One warm-up, then every configuration on every prompt `repeats` times in `sweep.schedule` order, each run
     with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured."""
+    from specdec_cli.assemble import Assembler
     from specdec_cli.driver import generate
-    from specdec_cli.assemble import make_engine
     from specdec_cli.stores.tuned import machine
 
     tokens = [session.prompt_tokens(p.text) for p in prompts]
     plan = schedule(len(configs), len(prompts), repeats)
     measurements: list[Measurement] = []
-    inner = session.make_drafter(spec)
+    assembler = Assembler(session)  # every engine is fresh, with the drafter below: it owns nothing to close
+    inner = assembler.make_drafter(spec)
     drafter = NoLearning(inner)
     mach = machine(session.target.n_threads)
 
     def engine(c: TuneConfig):  # a fresh controller for every run
-        return make_engine(session, replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,
-                           drafter=drafter if c.mode != "none" else None)
+        return assembler.engine(replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,
+                                drafter=drafter if c.mode != "none" else None)
 
     interrupted = False
     progress = progress_bar(console)
