@@ -254,7 +254,8 @@ def tune(
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
-    from specdec_cli.cli.commands.tune import TuneOptions, execute, parse_tune_k
+    from specdec_cli.cli.commands.tune import execute
+    from specdec_cli.measure.tune import TuneOptions, parse_tune_k
     from specdec_cli.prompts import builtin, from_paths
 
     ks = parse_tune_k(k)

@@ -67,7 +67,7 @@ class RichReporter:
         return status(self.console, text)
 
     @contextlib.contextmanager
-    def progress(self, description: str, total: int, *, unit: str = "bytes") -> Iterator[_RichTask]:
+    def progress(self, description: str, total: int, *, unit: str = "bytes") -> Iterator[RichTask]:
         from rich.progress import (
             BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
             TimeRemainingColumn, TransferSpeedColumn,
@@ -79,11 +79,12 @@ class RichReporter:
         else:
             columns = (SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console) as bar:
-            yield _RichTask(bar, bar.add_task(description, total=total))
+            yield RichTask(bar, bar.add_task(description, total=total))
 
 
-class _RichTask:
-    """One bar of a Rich `Progress` as a `resolver.Task`."""
+class RichTask:
+    """One bar of a Rich `Progress` as a `models.resolver.Task` (advance, describe): what library code that reports
+    progress (`measure.tune.run`) is given."""
 
     def __init__(self, bar, task_id) -> None:
         self._bar, self._id = bar, task_id

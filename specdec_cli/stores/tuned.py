@@ -2,7 +2,7 @@
 
 `run` (and `chat`) use the saved setting when `--k` is not given; `--k auto` or `--k N` given explicitly always win.
 The saved setting is either a fixed K (0..64; 0 = plain decoding was fastest) or "auto" (the adaptive controller
-was best, or within `specdec_cli.cli.commands.tune.AUTO_MARGIN` of the best fixed K, since it also adapts to prompts
+was best, or within `specdec_cli.measure.tune.AUTO_MARGIN` of the best fixed K, since it also adapts to prompts
 the tune did not see). `lookup` returns the K, or None for "auto" and for nothing saved: both mean AdaptiveK.
 
 The file, `config_dir()/tuned.json` (mode 0o600, written atomically: temp file, fsync, os.replace, under a file lock):
