@@ -10,9 +10,8 @@ from specdec_cli import __version__
 from specdec_cli.cli import options as o
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.cli.options import Method
 from specdec_cli.core.sampling import SamplingParams
-from specdec_cli.session import ModelOptions, SpecOptions
+from specdec_cli.spec import Method, ModelOptions, SpecOptions
 
 app = typer.Typer(
     name="specdec",
@@ -114,7 +113,7 @@ def run(
         text,
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -126,7 +125,6 @@ def run(
                              strict=strict),
         raw=raw,
         system=system,
-        use_saved_k=k is None,
         prediction=prediction,
     )
     if code:
@@ -190,7 +188,7 @@ def chat(
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -200,7 +198,6 @@ def chat(
         system=system,
         plain=plain,
         clean=clean,
-        use_saved_k=k is None,
     )
     if code:
         raise typer.Exit(code)
@@ -257,7 +254,8 @@ def tune(
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
-    from specdec_cli.cli.commands.tune import TuneOptions, execute, parse_tune_k
+    from specdec_cli.cli.commands.tune import execute
+    from specdec_cli.measure.tune import TuneOptions, parse_tune_k
     from specdec_cli.prompts import builtin, from_paths
 
     ks = parse_tune_k(k)
@@ -527,14 +525,13 @@ def serve(
     code = execute(
         models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                             verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min, ngram_max=ngram_max),
         defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                           max_tokens=max_tokens),
         host=host,
         port=port,
         api_key=api_key or None,
         queue=queue,
-        use_saved_k=k is None,
     )
     if code:
         raise typer.Exit(code)

@@ -15,7 +15,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from specdec_cli.measure.audit import NEAR_TIE
-from specdec_cli.cli.options import Method
+from specdec_cli.spec import USES_PREDICTION, Method
 from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
@@ -80,7 +80,7 @@ def legend(method: str = "", *, grammar: bool = False) -> Text:
     """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts (and the
     grammar's forced tokens when a grammar constrains the reply)."""
     t = Text("legend: ", style="spec.legend")
-    if method in ("auto", "predict"):
+    if method and Method(method) in USES_PREDICTION:
         t.append("accepted: ", style="spec.legend")
         for source, style in ACCEPTED_BY_SOURCE.items():
             if source == Source.grammar and not grammar:
@@ -171,7 +171,7 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
         table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
                       f"acceptance rate {stats.acceptance_rate:.1%}")
         table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
-        if stats.by_source and (len(stats.by_source) > 1 or method == "auto"):
+        if stats.by_source and (len(stats.by_source) > 1 or method == Method.auto):
             table.add_row("sources", "  ".join(f"{_label(src)} {c['accepted']}/{c['drafted']}"
                                                for src, c in sorted(stats.by_source.items(),
                                                                     key=lambda kv: -kv[1]["accepted"]))
@@ -236,6 +236,15 @@ def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int,
             f"token {divergence.position}: speculative {divergence.spec_text}, plain {divergence.plain_text}; "
             f"plain run's margin {margin} (near-tie below {float(divergence.threshold)}): ",
             (divergence.verdict, verdict_style)))
+
+
+def announce_tuned_k(console: Console, k: int | None) -> None:
+    """Say that K comes from `specdec tune --save` (`assemble.tuned_k`'s K; nothing for None)."""
+    if k is None:
+        return
+    from specdec_cli.stores.tuned import tuned_path
+
+    console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.", style="spec.label"))
 
 
 def err_console() -> Console:

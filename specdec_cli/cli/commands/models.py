@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli import config
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, ModelSpec
 from specdec_cli.errors import ModelError, SpecdecError, UsageError
@@ -101,7 +102,7 @@ def pull(
             err.print(f"{spec.name}: fetching {resolver.human_size(spec.size)}", highlight=False)
             start = time.perf_counter()
             try:
-                resolver.fetch(spec, console=err)
+                resolver.fetch(spec, reporter=RichReporter(err))
             except SpecdecError as e:
                 if len(specs) == 1:
                     raise
