@@ -256,7 +256,8 @@ def tune(
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
     from specdec_cli.cli.commands.tune import execute
     from specdec_cli.measure.tune import TuneOptions, parse_tune_k
-    from specdec_cli.prompts import builtin, from_paths
+    from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.prompts import builtin
 
     ks = parse_tune_k(k)
     if prompts:
@@ -412,7 +413,8 @@ def bench(
 ) -> None:
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
     from specdec_cli.cli.commands import bench as B
-    from specdec_cli.prompts import CLASSES, builtin, from_paths
+    from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.prompts import CLASSES, builtin
 
     options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
                              ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,

@@ -36,9 +36,9 @@ Spread: the median over prompts of (max - min) / median of tok/s over repeats (s
 rate and mean accepted length pool the timed runs. Learning drafters do not learn during a bench
 (`sweep.NoLearning`): `suffix` and `auto` read the suffix store as it is (its size is reported).
 
-The workers (`bench_worker`) speak JSON lines over stdin/stdout; they ignore SIGINT and run in their own session, so
-Ctrl-C reaches only this process, which stops them, reports what was measured, writes --json and exits 130. The
-report (`bench_report`) is a pure function of the --json document.
+The measuring processes (`specdec_cli.measure.bench_process`) speak JSON lines over stdin/stdout; they ignore
+SIGINT and run in their own session, so Ctrl-C reaches only this process, which stops them, reports what was
+measured, writes --json and exits 130. The report (`bench_report`) is a pure function of the --json document.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from specdec_cli.models.backend import common_prefix
 from specdec_cli.cli.commands.bench_report import (
     CONTROL, BenchConfig, ConfigSummary, check_plot_path, markdown_table, report, write_plot,
 )
-from specdec_cli.measure.bench_process import Worker
+from specdec_cli.measure.bench_process import BenchProcess
 from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.cli.console import RichReporter, progress as progress_bar, status, write_json
 from specdec_cli.prompts import PromptCase
@@ -307,12 +307,12 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
                  "ctx": models.ctx,
                  "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
-    workers: dict[str, Worker] = {}
+    workers: dict[str, BenchProcess] = {}
     plan = schedule(len(configs), len(prompts), options.repeats)
     bench.planned = len(plan)
     try:
         with status(console, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
-            workers["ours"] = Worker("ours", {
+            workers["ours"] = BenchProcess("ours", {
                 "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
                 "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
         bench.ours_info = workers["ours"].info
@@ -325,7 +325,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                     f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
         if options.peer:
             with status(console, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
-                workers["peer"] = Worker("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
+                workers["peer"] = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
                                                   "warmup_tokens": bench.ours_info["warmup_tokens"]})
             bench.peer_info = workers["peer"].info
         if options.llama_cpp:
