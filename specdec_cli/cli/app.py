@@ -1,4 +1,4 @@
-"""The `specdec` command line. Thin: options in, `commands/*` do the work, errors go up to `__main__.main`."""
+"""The `specdec` command line. Thin: options in, `commands/*` do the work, errors go up to `specdec_cli.cli.main`."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ worker process on one loaded target (and the draft model, loaded once, when `dra
 K = auto unless --k. The peer — `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N), logits_all=True)`
 for N = 10 and 2 (`specdec_cli.measure.peer`) — runs in a second worker process with its own `Llama`. All greedy.
 
-Order (`schedule`): the rotating order of `specdec_cli.measure.sweep.schedule`. In the first repeat each block starts with a
-*cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
+Order (`schedule`): the rotating order of `specdec_cli.measure.sweep.schedule`. In the first repeat each block
+starts with a *cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
 configuration's warm-up on the prompt and measures time to first token; each worker also generates a few tokens
 from a short prompt when it starts, so model pages are resident before anything is timed.
 
@@ -114,10 +114,11 @@ def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[Be
 
 
 class NativeRunner:
-    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.measure.native`): each run is one `llama-completion` or
-    `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our budget, threads and
-    context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their prefill as TTFT.
-    Output token ids are not available (the tools print text), so its runs are not compared with `none`'s."""
+    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.measure.native`): each run is one
+    `llama-completion` or `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our
+    budget, threads and context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their
+    prefill as TTFT. Output token ids are not available (the tools print text), so its runs are not compared with
+    `none`'s."""
 
     def __init__(self, tools, target, rendered: list[str], threads: int, ctx: int) -> None:
         self.tools, self.target, self.rendered, self.threads, self.ctx = tools, target, rendered, threads, ctx
