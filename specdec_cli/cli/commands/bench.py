@@ -62,7 +62,9 @@ from specdec_cli.cli.commands.bench_report import (
 )
 from specdec_cli.measure.bench_process import BenchProcess
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.cli.console import RichReporter, progress as progress_bar, status, write_json
+from specdec_cli.cli.console import (
+    RichReporter, err_console, make_console, progress as progress_bar, status, write_json,
+)
 from specdec_cli.prompts import PromptCase
 from specdec_cli.measure.sweep import Slot, geomean
 from specdec_cli.spec import Method
@@ -257,11 +259,10 @@ class BenchRun:
 def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     """Measure every configuration on `prompts`, print the report, write --json/--plot/--markdown.
 
-    models: `session.ModelOptions`. Returns the exit code: 0, or 130 when interrupted (the runs so far are reported
+    models: `spec.ModelOptions`. Returns the exit code: 0, or 130 when interrupted (the runs so far are reported
     and written). Raises UsageError, ModelError, IncompatiblePairError, ContextOverflowError, BackendError.
     """
     from specdec_cli.spec import parse_k_option
-    from specdec_cli.cli.render import err_console, make_console
 
     sweep.check_prompts(prompts, "bench")
     parse_k_option(options.k)
@@ -402,7 +403,6 @@ def render(doc: dict[str, Any], summaries: list[ConfigSummary], *, out: Console,
 
 def from_json(path: str, *, options: BenchOptions) -> int:
     """Re-render a saved `--json` document (the report, --markdown, --plot) without measuring anything."""
-    from specdec_cli.cli.render import err_console, make_console
 
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.render import err_console, make_console
+from specdec_cli.cli.console import err_console, make_console
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
