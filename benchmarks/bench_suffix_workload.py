@@ -69,7 +69,8 @@ def main() -> None:
     console = Console(stderr=True)
     config = GenerationConfig(max_tokens=args.max_tokens)
     rows: list[dict] = []
-    with open_session(ModelOptions(target=args.target, ctx=4096), need_draft=False, reporter=RichReporter(console)) as session:
+    with open_session(ModelOptions(target=args.target, ctx=4096), need_draft=False,
+                      reporter=RichReporter(console)) as session:
         assembler = Assembler(session)
         suffix = assembler.make_drafter(SpecOptions(method="suffix", k=args.k))
         ngram = assembler.make_drafter(SpecOptions(method="ngram", k=args.k))

@@ -23,7 +23,7 @@ from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, ModelError, UsageError
-from specdec_cli.cli.render import make_console
+from specdec_cli.cli.console import make_console
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 

@@ -25,7 +25,7 @@ from specdec_cli.cli.commands.tune_report import report
 from specdec_cli.measure import tune as T
 from specdec_cli.measure.tune import Measurement, TuneConfig
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.render import THEME
+from specdec_cli.cli.console import THEME
 
 runner = CliRunner()
 

@@ -1,19 +1,70 @@
-"""Small output helpers shared by the commands: JSON files, progress bars and spinners on stderr, and the Rich
-`Reporter` through which finding and loading models shows its notes, spinners and progress bars."""
+"""The consoles and small output helpers the commands share: specdec's theme and consoles (stdout, stderr), JSON
+files, progress bars and spinners on stderr, and the Rich `Reporter` through which finding and loading models shows
+its notes, spinners and progress bars."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TextIO
 
 from rich.console import Console
 from rich.text import Text
+from rich.theme import Theme
 
 from specdec_cli.errors import UsageError
 from specdec_cli.stores import files
+
+
+THEME = Theme(
+    {
+        "spec.accepted": "green",  # prompt lookup (auto's "prompt", --method ngram/suffix)
+        "spec.accepted.store": "magenta",  # the suffix store of past outputs
+        "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
+        "spec.accepted.draft": "blue",  # a draft model
+        "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
+        "spec.target": "bold",
+        "spec.rejected": "red strike",
+        "spec.legend": "dim",
+        "spec.label": "dim",
+        "spec.good": "bold green",
+        "spec.bad": "bold red",
+        "spec.warn": "yellow",
+    }
+)
+
+
+PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut
+
+
+def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console:
+    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself.
+
+    On a terminal, tables fit its width. Anywhere else (a pipe, a file: a report being saved), Rich would assume
+    80 columns (or $COLUMNS) and cut cells to fit ("spee…"); there a table takes the width it needs instead
+    (`PIPE_WIDTH`), and nothing is padded to it: tables are not expanded and text is not justified.
+    """
+    console = Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def wants_color(stream: TextIO, plain: bool) -> bool:
+    """Styled streaming only on a terminal, without --plain and without NO_COLOR."""
+    if plain or os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def err_console() -> Console:
+    return make_console(stderr=True)
 
 
 def write_json(path: str, doc: dict, *, indent: int = 2) -> None:

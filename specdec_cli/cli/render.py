@@ -6,63 +6,18 @@ When stdout is not a terminal, or with NO_COLOR / --plain, stdout receives exact
 
 from __future__ import annotations
 
-import os
 from typing import TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from rich.theme import Theme
 
+from specdec_cli.cli.console import make_console
 from specdec_cli.measure.audit import NEAR_TIE
 from specdec_cli.spec import USES_PREDICTION, Method
 from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
-
-THEME = Theme(
-    {
-        "spec.accepted": "green",  # prompt lookup (auto's "prompt", --method ngram/suffix)
-        "spec.accepted.store": "magenta",  # the suffix store of past outputs
-        "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
-        "spec.accepted.draft": "blue",  # a draft model
-        "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
-        "spec.target": "bold",
-        "spec.rejected": "red strike",
-        "spec.legend": "dim",
-        "spec.label": "dim",
-        "spec.good": "bold green",
-        "spec.bad": "bold red",
-        "spec.warn": "yellow",
-    }
-)
-
-
-PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut
-
-
-def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console:
-    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself.
-
-    On a terminal, tables fit its width. Anywhere else (a pipe, a file: a report being saved), Rich would assume
-    80 columns (or $COLUMNS) and cut cells to fit ("spee…"); there a table takes the width it needs instead
-    (`PIPE_WIDTH`), and nothing is padded to it: tables are not expanded and text is not justified.
-    """
-    console = Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
-    if not console.is_terminal:
-        console.width = PIPE_WIDTH
-    return console
-
-
-def wants_color(stream: TextIO, plain: bool) -> bool:
-    """Styled streaming only on a terminal, without --plain and without NO_COLOR."""
-    if plain or os.environ.get("NO_COLOR"):
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
 
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
@@ -245,8 +200,3 @@ def announce_tuned_k(console: Console, k: int | None) -> None:
     from specdec_cli.stores.tuned import tuned_path
 
     console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.", style="spec.label"))
-
-
-def err_console() -> Console:
-    return make_console(stderr=True)
-

@@ -1,6 +1,6 @@
-"""`specdec bench`'s worker processes: one per family ("ours": our engine; "peer": llama-cpp-python's lookup).
+"""`specdec bench`'s measuring processes: one per family ("ours": our engine; "peer": llama-cpp-python's lookup).
 
-The parent drives each worker with JSON lines over stdin/stdout (`Worker.call`); a worker (`worker_main`) serves
+The parent drives each with JSON lines over stdin/stdout (`BenchProcess.call`); the child (`worker_main`) serves
 one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
 only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.cli.commands.bench`).
 """
@@ -22,11 +22,12 @@ WARMUP_PROMPT = "Say hello."
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Worker processes (parent side)
+# The parent side
 
 
-class Worker:
-    """A worker process for one family ("ours" or "peer"), driven by JSON lines. `info` is its reply to init."""
+class BenchProcess:
+    """A measuring process for one family ("ours" or "peer"), driven by JSON lines. `info` is its reply to init.
+    (Not the server's `Worker`, which is a thread serving requests.)"""
 
     def __init__(self, family: str, init: dict[str, Any]) -> None:
         self.family = family
@@ -90,7 +91,7 @@ def _remote_error(e: dict[str, Any]) -> SpecdecError:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Worker processes (worker side)
+# The child side
 
 
 def worker_main() -> None:
@@ -206,7 +207,7 @@ class _OursRunner:
         return self._drafters[method]
 
     def _generate(self, method: Method, prompt, max_tokens: int):
-        """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
+        """One generation; returns (the `Result`, ms from the call to the first step: TTFT)."""
         from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
         from specdec_cli.spec import SpecOptions

@@ -25,7 +25,7 @@ from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.driver import Generation, generate
+from specdec_cli.driver import Result, generate
 from specdec_cli.assemble import Assembler
 from specdec_cli.measure.paired import Paired, measure
 from specdec_cli.measure.sweep import NoLearning
@@ -42,15 +42,15 @@ class Comparison:
     """What `against_plain` measured.
 
     Attributes:
-        paired: a = the speculative side, b = plain decoding; rates in decode tok/s; results are `Generation`s.
+        paired: a = the speculative side, b = plain decoding; rates in decode tok/s; results are `Result`s.
         plain: the first plain side's generation (its text and stats).
         shared: leading tokens the shown run's output and `plain`'s share.
         divergence: greedy only: where they first differ, with the plain run's margin there; None when identical
             or sampling.
     """
 
-    paired: Paired[Generation, Generation]
-    plain: Generation
+    paired: Paired[Result, Result]
+    plain: Result
     shared: int
     divergence: Divergence | None
 
@@ -83,9 +83,9 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
     assembler = Assembler(session)
     probed = Assembler(replace(session, target=probe)) if probe is not None else assembler  # seen through the probe
     learning_free = NoLearning(drafter) if drafter is not None else None
-    first_plain: list[Generation] = []
+    first_plain: list[Result] = []
 
-    def run(engine) -> tuple[float, Generation]:
+    def run(engine) -> tuple[float, Result]:
         g = generate(engine, prompt, config)
         if g.interrupted:
             raise KeyboardInterrupt
@@ -96,11 +96,11 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
         # and every side sees the prompt exactly as the shown run did
         generate(assembler.engine(plain_spec, fresh=True), prompt, replace(config, max_tokens=WARMUP_TOKENS))
 
-    def speculative() -> tuple[float, Generation]:
+    def speculative() -> tuple[float, Result]:
         return run(assembler.engine(spec, fresh=True, drafter=learning_free,
                                     controller=copy.deepcopy(controller) if learning_free is not None else None))
 
-    def plain() -> tuple[float, Generation]:
+    def plain() -> tuple[float, Result]:
         rate, g = run((assembler if first_plain else probed).engine(plain_spec, fresh=True))
         if not first_plain:
             first_plain.append(g)

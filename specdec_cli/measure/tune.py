@@ -154,7 +154,7 @@ class Measurement:
 
 
 def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measurement:
-    """A `Measurement` from a `driver.Generation` (its stats and steps)."""
+    """A `Measurement` from a `driver.Result` (its stats and steps)."""
     st = generation.stats
     steps = generation.steps
     timed = [s for s in steps if s.verify_ms > 0]

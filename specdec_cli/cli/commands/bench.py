@@ -6,8 +6,8 @@ worker process on one loaded target (and the draft model, loaded once, when `dra
 K = auto unless --k. The peer — `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N), logits_all=True)`
 for N = 10 and 2 (`specdec_cli.measure.peer`) — runs in a second worker process with its own `Llama`. All greedy.
 
-Order (`schedule`): the rotating order of `specdec_cli.measure.sweep.schedule`. In the first repeat each block starts with a
-*cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
+Order (`schedule`): the rotating order of `specdec_cli.measure.sweep.schedule`. In the first repeat each block
+starts with a *cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
 configuration's warm-up on the prompt and measures time to first token; each worker also generates a few tokens
 from a short prompt when it starts, so model pages are resident before anything is timed.
 
@@ -36,9 +36,9 @@ Spread: the median over prompts of (max - min) / median of tok/s over repeats (s
 rate and mean accepted length pool the timed runs. Learning drafters do not learn during a bench
 (`sweep.NoLearning`): `suffix` and `auto` read the suffix store as it is (its size is reported).
 
-The workers (`bench_worker`) speak JSON lines over stdin/stdout; they ignore SIGINT and run in their own session, so
-Ctrl-C reaches only this process, which stops them, reports what was measured, writes --json and exits 130. The
-report (`bench_report`) is a pure function of the --json document.
+The measuring processes (`specdec_cli.measure.bench_process`) speak JSON lines over stdin/stdout; they ignore
+SIGINT and run in their own session, so Ctrl-C reaches only this process, which stops them, reports what was
+measured, writes --json and exits 130. The report (`bench_report`) is a pure function of the --json document.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ from specdec_cli.models.backend import common_prefix
 from specdec_cli.cli.commands.bench_report import (
     CONTROL, BenchConfig, ConfigSummary, check_plot_path, markdown_table, report, write_plot,
 )
-from specdec_cli.measure.bench_process import Worker
+from specdec_cli.measure.bench_process import BenchProcess
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.cli.console import RichReporter, progress as progress_bar, status, write_json
+from specdec_cli.cli.console import (
+    RichReporter, err_console, make_console, progress as progress_bar, status, write_json,
+)
 from specdec_cli.prompts import PromptCase
 from specdec_cli.measure.sweep import Slot, geomean
 from specdec_cli.spec import Method
@@ -114,10 +116,11 @@ def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[Be
 
 
 class NativeRunner:
-    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.measure.native`): each run is one `llama-completion` or
-    `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our budget, threads and
-    context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their prefill as TTFT.
-    Output token ids are not available (the tools print text), so its runs are not compared with `none`'s."""
+    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.measure.native`): each run is one
+    `llama-completion` or `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our
+    budget, threads and context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their
+    prefill as TTFT. Output token ids are not available (the tools print text), so its runs are not compared with
+    `none`'s."""
 
     def __init__(self, tools, target, rendered: list[str], threads: int, ctx: int) -> None:
         self.tools, self.target, self.rendered, self.threads, self.ctx = tools, target, rendered, threads, ctx
@@ -256,11 +259,10 @@ class BenchRun:
 def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     """Measure every configuration on `prompts`, print the report, write --json/--plot/--markdown.
 
-    models: `session.ModelOptions`. Returns the exit code: 0, or 130 when interrupted (the runs so far are reported
+    models: `spec.ModelOptions`. Returns the exit code: 0, or 130 when interrupted (the runs so far are reported
     and written). Raises UsageError, ModelError, IncompatiblePairError, ContextOverflowError, BackendError.
     """
     from specdec_cli.spec import parse_k_option
-    from specdec_cli.cli.render import err_console, make_console
 
     sweep.check_prompts(prompts, "bench")
     parse_k_option(options.k)
@@ -307,12 +309,12 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
                  "ctx": models.ctx,
                  "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
-    workers: dict[str, Worker] = {}
+    workers: dict[str, BenchProcess] = {}
     plan = schedule(len(configs), len(prompts), options.repeats)
     bench.planned = len(plan)
     try:
         with status(console, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
-            workers["ours"] = Worker("ours", {
+            workers["ours"] = BenchProcess("ours", {
                 "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
                 "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
         bench.ours_info = workers["ours"].info
@@ -325,7 +327,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                     f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
         if options.peer:
             with status(console, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
-                workers["peer"] = Worker("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
+                workers["peer"] = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
                                                   "warmup_tokens": bench.ours_info["warmup_tokens"]})
             bench.peer_info = workers["peer"].info
         if options.llama_cpp:
@@ -401,7 +403,6 @@ def render(doc: dict[str, Any], summaries: list[ConfigSummary], *, out: Console,
 
 def from_json(path: str, *, options: BenchOptions) -> int:
     """Re-render a saved `--json` document (the report, --markdown, --plot) without measuring anything."""
-    from specdec_cli.cli.render import err_console, make_console
 
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -34,12 +34,12 @@ from specdec_cli.cli.commands.chat_commands import dispatch, is_command
 from specdec_cli.cli.commands.chat_history import Conversation, Turn
 from specdec_cli.cli.commands.chat_session import Chat
 from specdec_cli.cli.commands.chat_view import ChatView
-from specdec_cli.cli.console import RichReporter
+from specdec_cli.cli.console import RichReporter, err_console, wants_color
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.assemble import tuned_k
 from specdec_cli.spec import ModelOptions, SpecOptions
-from specdec_cli.cli.render import announce_tuned_k, err_console, wants_color
+from specdec_cli.cli.render import announce_tuned_k
 from specdec_cli.session import open_session
 
 __all__ = ["Chat", "ChatView", "Conversation", "LineReader", "Turn", "dispatch", "execute", "loop"]

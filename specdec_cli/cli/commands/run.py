@@ -13,14 +13,12 @@ from specdec_cli.measure.audit import DIVERGENCE
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.measure.comparison import against_plain
-from specdec_cli.driver import Generation, generate
+from specdec_cli.driver import Result, generate
 from specdec_cli.assemble import Assembler, notes, tuned_k
 from specdec_cli.spec import Method, ModelOptions, SpecOptions
-from specdec_cli.cli.console import RichReporter, status, write_json
+from specdec_cli.cli.console import RichReporter, err_console, status, wants_color, write_json
 from specdec_cli.cli.inputs import check_output_path
-from specdec_cli.cli.render import (
-    StreamRenderer, announce_tuned_k, err_console, legend, print_compare, print_stats, wants_color,
-)
+from specdec_cli.cli.render import StreamRenderer, announce_tuned_k, legend, print_compare, print_stats
 from specdec_cli.session import Session, open_session
 
 
@@ -102,7 +100,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
 
 
 def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
-             shown: Generation, pairs: int, replay, err) -> dict:
+             shown: Result, pairs: int, replay, err) -> dict:
     """Plain decoding of the same prompt in this process, in `pairs` interleaved pairs with a replay of the shown
     run (`comparison.against_plain`): the median speedup and its spread, and the agreement check."""
     drafter, controller = replay
@@ -136,7 +134,7 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
     }
 
 
-def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
+def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Result,
                 compare: dict | None, *, k: str, k_source: str) -> None:
     from specdec_cli.models.llama import system_info
 

@@ -23,8 +23,8 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     """
     require_extra()
     from specdec_cli.assemble import tuned_k
-    from specdec_cli.cli.console import RichReporter
-    from specdec_cli.cli.render import announce_tuned_k, err_console
+    from specdec_cli.cli.console import RichReporter, err_console
+    from specdec_cli.cli.render import announce_tuned_k
     from specdec_cli.server.app import base_url, create_app, make_server
     from specdec_cli.server.service import GenerationService
     from specdec_cli.server.worker import Worker

@@ -11,8 +11,9 @@ from typing import Any
 
 from rich.text import Text
 
-from specdec_cli.cli.console import RichReporter, RichTask, progress as progress_bar, write_json
-from specdec_cli.cli.render import err_console, make_console
+from specdec_cli.cli.console import (
+    RichReporter, RichTask, err_console, make_console, progress as progress_bar, write_json,
+)
 from specdec_cli.cli.commands.tune_report import header, report
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError

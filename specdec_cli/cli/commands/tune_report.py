@@ -18,6 +18,7 @@ from specdec_cli.spec import SpecOptions
 
 def header(session, spec: SpecOptions, prompts: list[PromptCase], options: TuneOptions,
             config: GenerationConfig) -> str:
+    """The report's first line: the model pair, the method, prompts × repeats and the token budget."""
     pair = session.target_path.name + (f" + {session.draft_path.name}" if session.draft_path else "")
     return (f"specdec tune: {pair}, --method {spec.method}, {len(prompts)} prompt{'s' * (len(prompts) != 1)} × "
             f"{options.repeats} repeat{'s' * (options.repeats != 1)}, {config.max_tokens} max tokens")
