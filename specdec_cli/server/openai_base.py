@@ -39,17 +39,22 @@ class StreamOptions(Strict):
     include_obfuscation: Optional[bool] = None  # refused when true (`refuse_unsupported`)
 
 
-class Generation(Strict):
-    """The fields Chat Completions and Completions share."""
+class Sampling(BaseModel):
+    """The sampling fields of OpenAI's APIs (Chat Completions, Completions, Responses), with those llama.cpp's and
+    vLLM's servers accept too (`top_k`, `min_p`, `seed`); `sampling_params` fills in the server's defaults."""
 
-
-    model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's servers accept it too
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)  # idem
     seed: Optional[int] = Field(None, ge=-1, le=2**63 - 1)  # -1 = random, as llama.cpp's server
+
+
+class Generation(Strict, Sampling):
+    """The fields Chat Completions and Completions share."""
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
     stop: Union[str, list[str], None] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None

@@ -54,7 +54,9 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.custom_tools import custom_tool, input_grammar
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
-from specdec_cli.server.openai_base import chat_logprobs, check_logprobs, content_text, sampling_params
+from specdec_cli.server.openai_base import (
+    Sampling, chat_logprobs, check_logprobs, content_text, sampling_params,
+)
 from specdec_cli.server.reply import (
     Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse,
 )
@@ -85,9 +87,10 @@ class TextConfig(BaseModel):
     verbosity: Optional[str] = None
 
 
-class ResponsesRequest(BaseModel):
-    """The body of `POST /v1/responses` (openai-python `ResponseCreateParams`). Unknown fields (vendor extras such as
-    Codex's `client_metadata`) are accepted and ignored."""
+class ResponsesRequest(Sampling):
+    """The body of `POST /v1/responses` (openai-python `ResponseCreateParams`; temperature, top_p, top_k, min_p, seed
+    from `openai_base.Sampling`). Unknown fields (vendor extras such as Codex's `client_metadata`) are accepted and
+    ignored."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -99,11 +102,6 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: Optional[bool] = None
     text: Optional[TextConfig] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's servers take it too
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)  # idem
-    seed: Optional[int] = Field(None, ge=-1, le=2**63 - 1)  # idem
     top_logprobs: Optional[int] = None  # 0-20, with include "message.output_text.logprobs"
     stream: Optional[bool] = False
     stream_options: Optional[dict[str, Any]] = None
