@@ -162,7 +162,7 @@ class SpeculativeEngine:
                     if drafter is not None and finish != "context":  # the output, and the end-of-generation token
                         end = len(prompt) + n_out + (finish == "eog" and len(emitted) < len(new))
                         drafter.finish(prompt, ctx[len(prompt) : end].copy())
-                    yield Finish(finish)
+                    yield Finish(finish, text.hit if finish == "stop" else None)
                     return
         finally:
             # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).

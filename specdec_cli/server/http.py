@@ -24,7 +24,7 @@ from sse_starlette import EventSourceResponse
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.reply import ReplyStream, Writer
 from specdec_cli.server.request import Defaults, Request
-from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Worker
+from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Started, Worker
 
 ErrorBody = Callable[[ApiError], dict]  # an API's error JSON for an ApiError
 
@@ -72,8 +72,12 @@ class Context:
                 return body(error)
         return error.body()
 
-    async def respond(self, http: HttpRequest, request: Request, writer: Writer, *, stream: bool) -> Response:
+    async def respond(self, http: HttpRequest, request: Request, writer: Writer, *, stream: bool,
+                      on_start: Callable[[Started], None] | None = None) -> Response:
         """Serve `request` and answer in `writer`'s wire format: a JSON body, or a stream of events.
+
+        `on_start` is called with the worker's `Started` (prompt tokens, how many were cached) before the writer
+        writes anything, for a wire format that opens with the prompt's usage (Anthropic's `message_start`).
 
         The request is checked (`GenerationService.check`: the grammar of its tools and output format) before it is
         queued, so a bad request is a 400 without waiting. Raises ApiError: the request failed before its reply began
@@ -99,6 +103,8 @@ class Context:
             first = await events.get()
             if isinstance(first, Failed):
                 raise to_api_error(first.error, param=param)
+            if on_start is not None and isinstance(first, Started):
+                on_start(first)
             if stream:
                 return EventSourceResponse(_stream(events, worker, job, writer, reply), sep="\n", ping=15)
             while True:
