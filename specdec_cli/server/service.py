@@ -9,7 +9,9 @@ sees only requests, text, records and `RequestStats`.
 
 One engine (one drafter, one K controller) serves every request, so the suffix store and `--k auto` learn across
 requests; the target's KV cache is never cleared between requests: `backend.sync` at the start of each generation
-keeps the longest common prefix with the previous one (chat clients resend the whole conversation).
+keeps the longest common prefix with the previous one (chat clients resend the whole conversation), and a long
+conversation's KV is parked in memory while a request with other tokens runs (`stores.kv_parking`: a coding agent's
+title request between two turns), then swapped back in for its next turn.
 
 Not thread-safe: llama.cpp's context is not. `check` and `parser` touch no model (the HTTP side calls them); every
 other method runs on one thread (`specdec_cli.server.worker.Worker`).
@@ -30,6 +32,7 @@ from specdec_cli.server.reply import PieceLogprob
 from specdec_cli.server.request import Message, Request
 from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
 from specdec_cli.session import Session, SpecOptions
+from specdec_cli.stores.kv_parking import KvParking
 
 
 class GenerationService:
@@ -50,6 +53,7 @@ class GenerationService:
         self.spec = spec
         self.model_id = model_id or session.target_path.stem
         self._engine = make_engine(session, spec, saved_k=saved_k)
+        self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
         self.tool_tags: Tags = detect_tags(lambda t: target.tokenize(t, add_special=False, parse_special=True),
