@@ -285,3 +285,12 @@ def test_error_types_follow_the_status():
     assert error_body(ApiError(429, "busy"))["error"]["type"] == "rate_limit_error"
     assert error_body(ApiError(503, "stopping"))["error"]["type"] == "overloaded_error"
     assert error_body(ApiError(500, "bug")) == {"type": "error", "error": {"type": "api_error", "message": "bug"}}
+
+
+def test_serve_s_default_context_holds_an_agent_s_prompt_and_says_so():
+    from specdec_cli.cli.app import SERVE_CTX
+    from specdec_cli.cli.commands.serve import AGENT_PROMPT_TOKENS, context_line
+
+    assert SERVE_CTX >= AGENT_PROMPT_TOKENS
+    assert "holds coding agents' prompts" in context_line(SERVE_CTX)
+    assert context_line(4096).endswith("use --ctx 32768.")
