@@ -294,3 +294,44 @@ def test_serve_s_default_context_holds_an_agent_s_prompt_and_says_so():
     assert SERVE_CTX >= AGENT_PROMPT_TOKENS
     assert "holds coding agents' prompts" in context_line(SERVE_CTX)
     assert context_line(4096).endswith("use --ctx 32768.")
+
+
+def test_a_stream_whose_prompt_takes_long_is_answered_before_its_prefill_ends(monkeypatch):
+    """Claude Code's HTTP client gives up on headers that take 300 s; a 20k-token prefill takes longer on a CPU."""
+    import time
+
+    from specdec_cli.errors import DecodeError
+    from specdec_cli.server import http
+    from test_serve import SlowBackend
+
+    class Failing(FakeBackend):
+        def decode(self, tokens, n_logits=0):
+            time.sleep(0.3)
+            raise DecodeError(-1, len(tokens))
+
+    monkeypatch.setattr(http, "STREAM_COMMIT_S", 0.05)
+    with serving(SlowBackend(hashed_logits, delay=1.0)) as s:
+        import http.client as hc
+        from urllib.parse import urlparse
+
+        u = urlparse(s.url)
+        conn = hc.HTTPConnection(u.hostname, u.port, timeout=20)
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/messages", json.dumps({"model": "m", "max_tokens": 2, "messages": USER,
+                                                         "stream": True}), {"Content-Type": "application/json"})
+        raw = conn.getresponse()
+        headers_s = time.monotonic() - t0
+        body = raw.read().decode()
+        conn.close()
+        client = client_of(s)
+        events = list(client.messages.create(model="m", max_tokens=3, messages=USER, stream=True))
+        whole = client.messages.create(model="m", max_tokens=3, messages=USER)
+    assert raw.status == 200 and headers_s < 0.8  # the prefill alone takes 1 s
+    assert "event: message_start" in body and "event: message_stop" in body
+    assert [e.type for e in events][:2] == ["message_start", "content_block_start"]
+    assert events[0].message.usage.input_tokens + events[0].message.usage.cache_read_input_tokens == 7
+    assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == whole.content[0].text
+    with serving(Failing(hashed_logits)) as s:
+        with pytest.raises(anthropic.APIStatusError) as failed:  # after the 200: an error event in the stream
+            list(client_of(s).messages.create(model="m", max_tokens=3, messages=USER, stream=True))
+    assert failed.value.body["error"]["type"] == "api_error" and "llama_decode" in failed.value.body["error"]["message"]
