@@ -261,15 +261,15 @@ def table(rows: list[Turn]) -> str:
 
 
 def run(args) -> None:
-    turns = load_session(args.session, args.max_tokens)
+    turns = load_session(args.session, args.max_tokens)[: args.turns]
     work = Path(tempfile.mkdtemp(prefix="specdec-replay-"))
-    home = work / "specdec-home"
+    home = args.home or work / "specdec-home"
     model = model_path(args.target)
     print(f"replaying {args.session} ({len(turns)} turns, max tokens {args.max_tokens}) with {model.name}; "
           f"logs in {work}; load: {os.getloadavg()[0]:.1f}", flush=True)
     rows: list[Turn] = []
     servers = [s for s in ("specdec", "llama-server") if s in args.servers]
-    plan = [(run_name, kind) for run_name in ("first", "restart") for kind in servers
+    plan = [(run_name, kind) for run_name in args.runs.split(",") for kind in servers
             if not (kind == "llama-server" and run_name == "restart" and args.llama_once)]
     for run_name, kind in plan:
         if kind == "specdec":
@@ -302,6 +302,10 @@ def main() -> None:
     go.add_argument("--max-tokens", type=int, default=256)
     go.add_argument("--timeout", type=float, default=3600)
     go.add_argument("--servers", default="specdec,llama-server")
+    go.add_argument("--runs", default="first,restart", help="first: a cold start; restart: after a restart")
+    go.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
+    go.add_argument("--home", type=Path, default=None, help="specdec's SPECDEC_HOME (prompt cache, suffix store): "
+                    "default a fresh one; an earlier run's to replay after a restart only (--runs restart)")
     go.add_argument("--out", type=Path, default=None, help="also write the tables (Markdown) here")
     go.add_argument("--llama-once", action="store_true", help="replay on llama-server once: it keeps nothing across "
                     "a restart, so its replay after one is its first session again (then the restart row compares "
