@@ -335,3 +335,43 @@ def test_a_stream_whose_prompt_takes_long_is_answered_before_its_prefill_ends(mo
         with pytest.raises(anthropic.APIStatusError) as failed:  # after the 200: an error event in the stream
             list(client_of(s).messages.create(model="m", max_tokens=3, messages=USER, stream=True))
     assert failed.value.body["error"]["type"] == "api_error" and "llama_decode" in failed.value.body["error"]["message"]
+
+
+@pytest.mark.real
+def test_a_prompt_whose_client_gave_up_is_saved_at_shutdown_for_the_restart(smollm2_path):
+    """An agent's client that gives up during a long prefill leaves the prompt in the KV cache, not in the prompt
+    cache (only finished requests are saved as they end); stopping the server saves it, so after a restart the
+    retried request finds it."""
+    import http.client
+    from urllib.parse import urlparse
+
+    from test_serve import start_real_server
+
+    facts = "\n".join(f"Fact {i}: the box on shelf {i % 7} holds {i * 3} keys." for i in range(80))
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": facts + "\nRepeat every fact."}]}
+    usages = []
+    for attempt in range(2):
+        proc, url = start_real_server(smollm2_path, "--method", "ngram", "--ctx", "4096")
+        base = url.removesuffix("/v1")
+        try:
+            if attempt == 0:  # stream, then hang up right after the first event: the request is cancelled
+                u = urlparse(base)
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+                conn.request("POST", "/v1/messages", json.dumps({**body, "stream": True, "max_tokens": 2000}),
+                             {"Content-Type": "application/json"})
+                conn.getresponse().readline()
+                conn.close()
+            else:
+                reply = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0, timeout=300).messages.create(
+                    **body)
+                usages.append(reply.usage)
+            proc.send_signal(__import__("signal").SIGTERM)
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            assert attempt == 1 or "cancelled (client gone)" in err or "cut short (shutting down)" in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    [usage] = usages
+    assert usage.cache_read_input_tokens >= 0.95 * (usage.input_tokens + usage.cache_read_input_tokens)

@@ -143,11 +143,16 @@ class GenerationService:
 
     def close(self) -> None:
         """Save what was learnt and free the models (`Session.close`: the drafter's store, `--k auto`'s controller,
-        then the models). Idempotent."""
+        then the models). The KV cache goes to the prompt cache first: a finished request's is saved already (then
+        this writes nothing), but a request that did not finish (a client that gave up during a long prefill, a
+        shutdown mid-reply) would otherwise be evaluated again after a restart. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self.session.close()
+        try:
+            self._engine.save_prompt()
+        finally:
+            self.session.close()
 
 
 def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
