@@ -24,8 +24,10 @@ from rich.table import Table
 
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
-from specdec_cli.assemble import make_engine
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.assemble import Assembler
+from specdec_cli.cli.console import RichReporter
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
 ROOT = Path(__file__).resolve().parent.parent / "specdec_cli" / "prompts"
@@ -39,10 +41,10 @@ PROMPTS = {  # name: (file, token budget)
 OURS = ("none", "ngram", "suffix", "auto", "auto warm")
 
 
-def run_ours(session, method: str, prompt, budget: int, warm: bool) -> dict:
+def run_ours(assembler: Assembler, method: str, prompt, budget: int, warm: bool) -> dict:
     spec = SpecOptions(method=method)
-    drafter = session.make_drafter(spec)  # ours to close; the store learns nothing from the benchmark's own outputs
-    engine = make_engine(session, spec, fresh=not warm, drafter=NoLearning(drafter) if drafter is not None else None)
+    drafter = assembler.make_drafter(spec)  # ours to close; the store learns nothing from the benchmark's own outputs
+    engine = assembler.engine(spec, fresh=not warm, drafter=NoLearning(drafter) if drafter is not None else None)
     try:
         gen = generate(engine, prompt, GenerationConfig(max_tokens=budget))
     finally:
@@ -74,7 +76,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     t_start = time.perf_counter()
     with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
-                      method="auto", console=console) as session:
+                      method="auto", reporter=RichReporter(console)) as session, Assembler(session) as assembler:
         threads = session.target.n_threads
         for name in names:
             file, budget = PROMPTS[name]
@@ -82,10 +84,10 @@ def main() -> None:
             text = (ROOT / file).read_text(encoding="utf-8")
             prompt = session.prompt_tokens(text)
             row: dict[str, dict] = {}
-            run_ours(session, "none", prompt, 8, False)  # prefill once (not timed in any row), warm the caches
+            run_ours(assembler, "none", prompt, 8, False)  # prefill once (not timed in any row), warm the caches
             for label in OURS:
                 method, warm = label.split()[0], label.endswith("warm")
-                row[label] = run_ours(session, method, prompt, budget, warm)
+                row[label] = run_ours(assembler, method, prompt, budget, warm)
                 console.print(f"{name:8s} {label:10s} {row[label]['tok_s']:6.1f} tok/s  {row[label]['n']} tokens "
                               f"in {row[label]['passes']} passes", highlight=False)
             if tools is not None:

@@ -75,7 +75,9 @@ def main() -> None:
     from specdec_cli.drafters.suffix import SuffixDrafter
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
     from specdec_cli.core.sampling import GREEDY
-    from specdec_cli.session import ModelOptions, open_session
+    from specdec_cli.cli.console import RichReporter
+    from specdec_cli.session import open_session
+    from specdec_cli.spec import ModelOptions
 
     paths = args.prompts or [EDIT / "textwrap_rename.txt", EDIT / "colorsys_type_hints.txt"]
     console = Console(stderr=True)
@@ -84,7 +86,7 @@ def main() -> None:
     table = Table(title=f"Prompt lookup against its ceiling: speedup over plain decoding, {args.max_tokens} tokens")
     for col in ("prompt", "drafter", "oracle", "K=4", "K=16", "auto, real", "K=4, real"):
         table.add_column(col, justify="left" if col in ("prompt", "drafter") else "right")
-    with open_session(ModelOptions(target=args.target), need_draft=False, console=console) as session:
+    with open_session(ModelOptions(target=args.target), need_draft=False, reporter=RichReporter(console)) as session:
         target = session.target
         for path in paths:
             prompt = session.prompt_tokens(path.read_text(encoding="utf-8"))

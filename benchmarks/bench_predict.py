@@ -20,17 +20,19 @@ from rich.table import Table
 
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
-from specdec_cli.assemble import make_engine
+from specdec_cli.assemble import Assembler
 from specdec_cli.prompts import predict_cases
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.cli.console import RichReporter
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
 
-def run(session, method: str, prompt, config: GenerationConfig, *, learn: bool = False):
+def run(assembler: Assembler, method: str, prompt, config: GenerationConfig, *, learn: bool = False):
     spec = SpecOptions(method=method)
-    inner = session.make_drafter(spec)  # ours to close
-    engine = make_engine(session, spec, fresh=True,
-                         drafter=NoLearning(inner) if inner is not None and not learn else inner)
+    inner = assembler.make_drafter(spec)  # ours to close
+    engine = assembler.engine(spec, fresh=True,
+                              drafter=NoLearning(inner) if inner is not None and not learn else inner)
     try:
         return generate(engine, prompt, config)
     finally:
@@ -48,19 +50,19 @@ def main() -> None:
     t0 = time.perf_counter()
     rows: list[tuple[str, str, float, float, str]] = []
     with open_session(ModelOptions(target=args.target, ctx=args.ctx, prompt_cache=False), method="auto",
-                      console=console) as session:
+                      reporter=RichReporter(console)) as session, Assembler(session) as assembler:
         base = GenerationConfig(max_tokens=args.max_tokens)
         first = None
         for case in predict_cases():
             prompt = session.prompt_tokens(case.prompt)
             pred = session.prediction_tokens(case.prediction)
-            run(session, "none", prompt, replace(base, max_tokens=4))  # prefill once, untimed
+            run(assembler, "none", prompt, replace(base, max_tokens=4))  # prefill once, untimed
             plain = None
             for label, method, config in (("none", "none", base), ("ngram", "ngram", base),
                                           ("auto", "auto", base),
                                           ("predict", "predict", replace(base, prediction=pred)),
                                           ("auto --predict", "auto", replace(base, prediction=pred))):
-                g = run(session, method, prompt, config)
+                g = run(assembler, method, prompt, config)
                 plain = plain or g.stats.tokens_per_s
                 s = g.stats
                 note = (f"{s.accepted_prediction_tokens} accepted / {s.rejected_prediction_tokens} rejected "
@@ -75,13 +77,13 @@ def main() -> None:
         changed = session.prompt_tokens(case.prompt.replace("Return the whole file", "Return the complete file", 1)
                                         + "\nKeep every comment as it is.")
         pred = session.prediction_tokens(previous.text)
-        run(session, "none", changed, replace(base, max_tokens=4))
-        run(session, "suffix", session.prompt_tokens(case.prompt), base, learn=True)  # the store learns the reply
+        run(assembler, "none", changed, replace(base, max_tokens=4))
+        run(assembler, "suffix", session.prompt_tokens(case.prompt), base, learn=True)  # the store learns the reply
         plain = None
         for label, method, config in (("none", "none", base), ("suffix (warm store)", "suffix", base),
                                       ("auto (warm store)", "auto", base),
                                       ("auto --predict previous", "auto", replace(base, prediction=pred))):
-            g = run(session, method, changed, config)
+            g = run(assembler, method, changed, config)
             plain = plain or g.stats.tokens_per_s
             rows.append((f"{case.name}, changed", label, g.stats.tokens_per_s, g.stats.tokens_per_pass, ""))
             console.print(f"changed        {label:24s} {g.stats.tokens_per_s:6.1f} tok/s "

@@ -1,8 +1,8 @@
 """Benchmark: time to first token of a long prompt, cold vs restored from the prompt cache (issue 17).
 
 Every run is a fresh process (as every `specdec run` is): load the model, then either evaluate the whole prompt
-(cold) or restore the longest saved prefix from `specdec_cli.stores.prompt_cache.PromptCache` and evaluate the rest, then
-the first token's logits. The prompt is a real source file cut to ~1,800 tokens, then an instruction (file first,
+(cold) or restore the longest saved prefix from `specdec_cli.stores.prompt_cache.PromptCache` and evaluate the rest,
+then the first token's logits. The prompt is a real source file cut to ~1,800 tokens, then an instruction (file first,
 instruction last, as an edit prompt is). Runs, in order, on one empty temporary cache:
 
     cold             no cache at all (the baseline)

@@ -144,7 +144,8 @@ def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> li
     from specdec_cli.core.engine import GenerationConfig
     from specdec_cli.server.request import Message, Request
     from specdec_cli.server.service import GenerationService
-    from specdec_cli.session import ModelOptions, SpecOptions, open_session
+    from specdec_cli.session import open_session
+    from specdec_cli.spec import ModelOptions, SpecOptions
 
     session = open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads), need_draft=False)
     service = GenerationService(session, SpecOptions(method="none"))

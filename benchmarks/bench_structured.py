@@ -38,8 +38,10 @@ from specdec_cli.core import constraint, sampling
 from specdec_cli.core.constraint import Constraint
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
-from specdec_cli.assemble import make_engine
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.assemble import Assembler
+from specdec_cli.cli.console import RichReporter
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
 HERE = Path(__file__).resolve().parent / "structured"
@@ -168,7 +170,7 @@ def valid_call(text: str, tokenizer) -> bool:
 
 
 def run_ours(session, method: str, prompt: np.ndarray, budget: int, grammar, clock: GrammarClock) -> dict:
-    engine = make_engine(session, SpecOptions(method=method), fresh=True)
+    engine = Assembler(session).engine(SpecOptions(method=method), fresh=True)  # fresh: the assembler owns nothing
     drafter = engine.drafter
     if drafter is not None:
         engine.drafter = NoLearning(drafter)  # the store learns nothing from the benchmark's own outputs
@@ -208,7 +210,7 @@ def main() -> int:
     runs: dict[str, dict[str, list[dict]]] = {}
     t_start = time.perf_counter()
     with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
-                      method="auto", console=console) as session:
+                      method="auto", reporter=RichReporter(console)) as session:
         threads = session.target.n_threads
         tok = session.target.lltokenizer()
         call_messages = [{"role": "user", "content": TOOL_USER.format(mail=mail)}]

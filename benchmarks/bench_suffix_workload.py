@@ -59,17 +59,21 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from specdec_cli.assemble import Assembler
     from specdec_cli.driver import generate
-    from specdec_cli.core.engine import GenerationConfig
-    from specdec_cli.core.engine import SpeculativeEngine
-    from specdec_cli.session import ModelOptions, SpecOptions, open_session
+    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+    from specdec_cli.cli.console import RichReporter
+    from specdec_cli.session import open_session
+    from specdec_cli.spec import ModelOptions, SpecOptions
 
     console = Console(stderr=True)
     config = GenerationConfig(max_tokens=args.max_tokens)
     rows: list[dict] = []
-    with open_session(ModelOptions(target=args.target, ctx=4096), need_draft=False, console=console) as session:
-        suffix = session.make_drafter(SpecOptions(method="suffix", k=args.k))
-        ngram = session.make_drafter(SpecOptions(method="ngram", k=args.k))
+    with open_session(ModelOptions(target=args.target, ctx=4096), need_draft=False,
+                      reporter=RichReporter(console)) as session:
+        assembler = Assembler(session)
+        suffix = assembler.make_drafter(SpecOptions(method="suffix", k=args.k))
+        ngram = assembler.make_drafter(SpecOptions(method="ngram", k=args.k))
         cases = [(n, session.prompt_tokens(t)) for n, t in prompts()]
         # warm-up (untimed): llama.cpp's first passes allocate buffers
         generate(SpeculativeEngine(session.target, None), cases[0][1][:32], GenerationConfig(max_tokens=8))
@@ -81,7 +85,7 @@ def main() -> None:
                     ("none", None), ("suffix", suffix), ("suffix-fresh", suffix)]
                 for label, drafter in plan:
                     spec = SpecOptions(method=label.removesuffix("-fresh"), k=args.k)
-                    controller = session.make_controller(spec, fresh=label.endswith("-fresh")) if drafter else None
+                    controller = assembler.make_controller(spec, fresh=label.endswith("-fresh")) if drafter else None
                     g = generate(SpeculativeEngine(session.target, drafter, controller), prompt, config)
                     s = g.stats
                     rows.append({"pass": pass_no, "prompt": name, "method": label, "tokens": s.n_generated,
@@ -92,6 +96,7 @@ def main() -> None:
                     console.print(f"pass {pass_no} {name:9s} {label:7s} {s.tokens_per_s:6.1f} tok/s  "
                                   f"{s.n_generated / max(1, s.n_target_passes):.2f} tok/pass", highlight=False)
         suffix.close()
+        assembler.close()
 
     def agg(method: str, pass_no: int) -> dict:
         rs = [r for r in rows if r["method"] == method and r["pass"] == pass_no]

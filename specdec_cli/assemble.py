@@ -1,73 +1,208 @@
-"""One place that turns options into a ready generation.
+"""The engine factory: the one place that turns a loaded `Session` and a `SpecOptions` into a ready generation.
 
-`make_engine` builds the drafter and the K controller a `SpecOptions` names and the `SpeculativeEngine` around the
-session's target; `specdec_cli.driver` drives it (`run --compare` measures against plain decoding in interleaved
-pairs: `specdec_cli.measure.comparison`). Every command (run, check, chat, tune, bench, serve) builds its engines here.
+`Assembler(session)` owns what a generation is assembled from besides the models: the drafters (one per method,
+shared by every engine made for it, so the suffix store learns across a chat's replies or a server's requests and
+saves once) and the K controllers (`--k auto` keeps learning across generations and, through `stores.learnt`,
+across runs). `Assembler.engine(spec)` builds the `SpeculativeEngine`; `specdec_cli.driver` drives it. Every front
+end (run, check, chat, tune, bench, serve) builds its engines here. Nothing here prints: the front ends say what
+they want to say (the tuned K, `notes`).
+
+    with open_session(models, method=spec.method) as session, Assembler(session) as assembler:
+        engine = assembler.engine(spec, saved_k=tuned_k(session, spec))
+        result = driver.generate(engine, session.prompt_tokens(text), config)
+    # the assembler closes first: drafters save what they learnt, learnt.json is written; then the models are freed
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from specdec_cli.core.controller import KController
-from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
+from specdec_cli.drafters.base import Drafter
+from specdec_cli.errors import UsageError
+from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, USES_PREDICTION, Method, SpecOptions
 
 if TYPE_CHECKING:
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.session import Session
 
-_BUILD = object()  # make_engine's default: build the drafter `spec.method` names
+_BUILD = object()  # engine()'s default: build the drafter `spec.method` names
 
 
-def make_engine(session: Session, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
-                drafter: Drafter | None | object = _BUILD, controller: KController | None = None) -> SpeculativeEngine:
-    """The engine for `spec` on the session's target: its drafter (the session's, `Session.drafter`, which the
-    session closes; None for method none)
-    and, with a drafter, its K controller (`Session.make_controller`: `--k N`, the K `specdec tune --save` chose
-    when `saved_k` is given, else the session's learning `--k auto`, or a new one that learns from nothing when
-    `fresh`), and the session's prompt cache (`Session.prompt_cache`; not for a `fresh` engine: benchmarks of a
-    cold start).
+class Assembler:
+    """Engines for one session: its drafters and K controllers, built on first use and kept.
 
-    Args:
-        drafter: use this drafter, owned by the caller, instead of the session's (a sweep wraps one that does not
-            learn); None = plain decoding.
-        controller: use this K controller instead of the session's (`run --compare` replays the shown run from a
-            copy of the controller it started with).
-
-    Raises:
-        UsageError: a method that needs a draft model none is loaded.
+    Close it (or use it as a context manager) before the session: `close` closes the drafters (a learning drafter
+    saves what it learnt) and saves what `--k auto` learnt (a failure only warns). It never closes the session.
     """
-    if drafter is _BUILD:
-        drafter = session.drafter(spec)
-    if controller is None and drafter is not None:
-        controller = session.make_controller(spec, saved_k=saved_k, fresh=fresh)
-    return SpeculativeEngine(session.target, drafter, controller,
-                             prompt_cache=None if fresh else session.prompt_cache)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._drafters: dict[tuple, Drafter | None] = {}  # (method, ngram_min, ngram_max) -> shared by its engines
+        self._controllers: dict[tuple, KController] = {}  # (method, k_max) -> the AdaptiveK that keeps learning
+
+    # -- engines ------------------------------------------------------------------------------------------------
+    def engine(self, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
+               drafter: Drafter | None | object = _BUILD, controller: KController | None = None) -> SpeculativeEngine:
+        """The engine for `spec` on the session's target: its drafter (this assembler's, `drafter(spec)`; None for
+        method none) and, with a drafter, its K controller (`make_controller`: `--k N`, the K `specdec tune --save`
+        chose when `saved_k` is given, else the learning `--k auto`, or a new one that learns from nothing when
+        `fresh`), and the session's prompt cache (`Session.prompt_cache`; not for a `fresh` engine: benchmarks of a
+        cold start).
+
+        Args:
+            drafter: use this drafter, owned by the caller, instead of the assembler's (a sweep wraps one that does
+                not learn); None = plain decoding.
+            controller: use this K controller instead of the assembler's (`run --compare` replays the shown run
+                from a copy of the controller it started with).
+
+        Raises:
+            UsageError: a method that needs a draft model none is loaded.
+        """
+        if drafter is _BUILD:
+            drafter = self.drafter(spec)
+        if controller is None and drafter is not None:
+            controller = self.make_controller(spec, saved_k=saved_k, fresh=fresh)
+        return SpeculativeEngine(self.session.target, drafter, controller,
+                                 prompt_cache=None if fresh else self.session.prompt_cache)
+
+    # -- drafters -----------------------------------------------------------------------------------------------
+    def drafter(self, spec: SpecOptions) -> Drafter | None:
+        """The assembler's drafter for `spec` (None for method none): built once (`make_drafter`), shared by every
+        engine made for this method (a chat's /k, a server's requests), closed by `close`, so a learning drafter
+        (the suffix store) learns across them and saves once. Raises what `make_drafter` raises."""
+        key = (spec.method, spec.ngram_min, spec.ngram_max)
+        if key not in self._drafters:
+            self._drafters[key] = self.make_drafter(spec)
+        return self._drafters[key]
+
+    def make_drafter(self, spec: SpecOptions) -> Drafter | None:
+        """A new drafter for `spec.method` (None for none), owned by the caller (`drafter` gives the assembler's).
+        Raises UsageError when the method needs a missing model."""
+        method, session = spec.method, self.session
+        if method is Method.none:
+            return None
+        if method is Method.ngram:
+            from specdec_cli.drafters.ngram import NgramDrafter
+
+            return NgramDrafter(spec.ngram_min, spec.ngram_max)
+        if method in NEEDS_DRAFT_MODEL and session.draft is None:
+            raise UsageError(f"--method {method} needs a draft model, and none is loaded.", "Pass --draft NAME.")
+        from specdec_cli.drafters.auto import AutoDrafter
+        from specdec_cli.drafters.model import ModelDrafter
+
+        if method is Method.draft:
+            return ModelDrafter(session.draft)
+        if method is Method.predict:
+            return AutoDrafter(predictor=self._predictor, name="predict")
+        if method in (Method.suffix, Method.auto):
+            from specdec_cli.config import data_dir
+            from specdec_cli.drafters.suffix import SuffixDrafter
+            from specdec_cli.stores.suffix_store import SuffixStore, store_path
+
+            fingerprint = session.vocab_fingerprint()
+            suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
+            if method is Method.suffix:
+                return suffix
+            model = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft else None
+            return AutoDrafter(suffix, model, predictor=self._predictor)
+        raise AssertionError(f"unhandled method {method}")  # every Method is handled above
+
+    def _predictor(self, prediction: np.ndarray) -> Drafter:
+        """The drafter of one generation's predicted output (int32 [m] target tokens)."""
+        from specdec_cli.drafters.predict import PredictionDrafter
+
+        target = self.session.target
+        return PredictionDrafter(prediction, piece=target.piece,
+                                 tokenize=lambda text: target.tokenize(text, add_special=False, parse_special=False))
+
+    # -- K controllers ------------------------------------------------------------------------------------------
+    def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None, fresh: bool = False) -> KController:
+        """FixedK for a number, AdaptiveK for "auto" (or the K saved by `specdec tune --save`).
+
+        `--k auto` keeps learning across the generations of an assembler: the same `AdaptiveK` (costs, acceptance
+        by match length) serves every generation with this method and k_max, so the second reply of a chat or a
+        repeated workload starts where the first left off; and across runs, through `specdec_cli.stores.learnt`: a
+        new one starts from what the last run with these models, method and machine learnt, and `close` saves it.
+        `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
+        """
+        from specdec_cli.core.controller import AdaptiveK, FixedK
+
+        if spec.fixed_k is not None:
+            return FixedK(spec.fixed_k)
+        if saved_k is not None:
+            return FixedK(saved_k)
+        if fresh:
+            return AdaptiveK(k_max=spec.k_max)
+        key = (spec.method, spec.k_max)
+        if key not in self._controllers:
+            from specdec_cli.stores import learnt
+
+            ctrl = AdaptiveK(k_max=spec.k_max)
+            learnt.restore(ctrl, self._learnt_key(*key))
+            self._controllers[key] = ctrl
+        return self._controllers[key]
+
+    def _learnt_key(self, method: Method, k_max: int) -> str | None:
+        from specdec_cli.stores import learnt
+
+        s = self.session
+        draft = s.draft_path if method in USES_DRAFT_MODEL else None
+        return learnt.entry_key(s.target_path, draft, method, s.options.threads, k_max)
+
+    def save_learnt(self) -> None:
+        """Save what each `--k auto` controller learnt (`specdec_cli.stores.learnt`; a failure warns)."""
+        from specdec_cli.stores import learnt
+
+        keyed, details = {}, {}
+        for (method, k_max), ctrl in self._controllers.items():
+            key = self._learnt_key(method, k_max) if ctrl.model.steps > 0 else None
+            if key is not None:
+                keyed[key] = ctrl
+                details[key] = {"target": Path(self.session.target_path).name, "method": method, "k_max": k_max}
+        learnt.save(keyed, details)
+
+    # -- closing ------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the drafters (learning drafters save what they learnt), then save what `--k auto` learnt (a failure
+        only warns). The session stays open."""
+        for drafter in self._drafters.values():
+            if drafter is not None:
+                drafter.close()
+        self._drafters.clear()
+        self.save_learnt()
+
+    def __enter__(self) -> Assembler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def saved_k(session: Session, spec: SpecOptions, console) -> int | None:
-    """The fixed K `specdec tune --save` chose for this pair, method and machine (None: auto), announced on
-    `console` (stderr) when there is one."""
-    from rich.text import Text
+def tuned_k(session: Session, spec: SpecOptions) -> int | None:
+    """The tuned-K rule, the one place it is written: when `spec` leaves K open (`SpecOptions.wants_tuned_k`: no
+    --k given, a method that drafts), the fixed K `specdec tune --save` chose for this pair, method and machine
+    (`stores.tuned.lookup`), for `Assembler.engine(spec, saved_k=...)`; None: K is `spec.k` (also for a saved
+    "auto"). Prints nothing: the front end says so."""
+    if not spec.wants_tuned_k:
+        return None
+    from specdec_cli.stores.tuned import lookup
 
-    from specdec_cli.stores.tuned import lookup, tuned_path
-
-    k = lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
-    if k is not None:
-        console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.",
-                           style="spec.label"))
-    return k
+    return lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
 
 
 def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bool) -> tuple[str, ...]:
-    """One line each, printed under the statistics: why `auto` drafts without a draft model, and a prediction
-    that was never drafted from (`predicted`: the user gave one)."""
+    """One line each, for the front end to print under the statistics: why `auto` drafts without a draft model, and
+    a prediction that was never drafted from (`predicted`: the user gave one)."""
     out = []
-    if spec.method == "auto" and session.draft is None and session.draft_plan.reason:
+    if spec.method is Method.auto and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
-    if predicted and spec.method in ("auto", "predict") and Source.predict not in stats.by_source:
+    if predicted and spec.method in USES_PREDICTION and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
     return tuple(out)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Generation:
+class Result:
     """What one generation produced: its records' summary, text and tokens.
 
     Attributes:
@@ -115,11 +115,11 @@ class Drive:
         return summarize(self.records, decode_ms=self.decode_ms,
                          finish_reason="interrupted" if self.interrupted else None)
 
-    def result(self) -> Generation:
-        """The `Generation` of the records so far."""
+    def result(self) -> Result:
+        """The `Result` of the records so far."""
         steps = [r for r in self.records if isinstance(r, Step)]
-        return Generation(text="".join(s.text for s in steps), tokens=[t for s in steps for t in s.emitted],
-                          stats=self.stats, steps=steps, interrupted=self.interrupted)
+        return Result(text="".join(s.text for s in steps), tokens=[t for s in steps for t in s.emitted],
+                      stats=self.stats, steps=steps, interrupted=self.interrupted)
 
 
 def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig) -> Drive:
@@ -142,10 +142,10 @@ def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config
 
 
 def generate(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,
-             on_step: Callable[[Step], None] | None = None) -> Generation:
+             on_step: Callable[[Step], None] | None = None) -> Result:
     """The whole generation of `prompt` (int [n]), calling `on_step` with each `Step` as it arrives.
 
-    Ctrl-C ends the generation with what was produced kept (`Generation.interrupted`, finish reason
+    Ctrl-C ends the generation with what was produced kept (`Result.interrupted`, finish reason
     "interrupted"). Raises what `stream` raises.
     """
     drive = stream(engine, prompt, config)

@@ -32,7 +32,7 @@ from specdec_cli.measure.audit import (
 from specdec_cli.cli.commands.check import refuse_sampling
 from specdec_cli.driver import generate
 from specdec_cli.measure.comparison import against_plain
-from specdec_cli.session import SpecOptions
+from specdec_cli.spec import SpecOptions
 from specdec_cli.core.controller import FixedK
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
@@ -295,7 +295,7 @@ def fake_sessions(monkeypatch, tmp_path):
     """`open_session` in check and run returns fake backends; `bug` = callable applied to each new target."""
     state = {"bug": None}
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         target = FakeBackend(hashed_logits, n_ctx=options.ctx)
         if state["bug"] is not None:

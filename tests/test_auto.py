@@ -200,7 +200,8 @@ def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
 
     from specdec_cli.models.draft_policy import DraftPlan
     from specdec_cli.assemble import notes
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.session import Session
+    from specdec_cli.spec import SpecOptions
     from specdec_cli.core.stats import RunStats
 
     session = Session(target=FakeBackend(), target_path=Path("t.gguf"), draft_plan=DraftPlan(None, "CPU-only: why"))

@@ -235,7 +235,7 @@ class FakeWorker:
 
 def test_ctrl_c_stops_the_workers_reports_and_writes_the_runs_so_far(smollm2_path, tmp_path, monkeypatch,
                                                                      capsys) -> None:
-    monkeypatch.setattr(B, "Worker", FakeWorker)
+    monkeypatch.setattr(B, "BenchProcess", FakeWorker)
     FakeWorker.calls, FakeWorker.closed = 0, []
     p = tmp_path / "a.txt"
     p.write_text("Say something.", encoding="utf-8")

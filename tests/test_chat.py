@@ -23,8 +23,9 @@ from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, ModelError, UsageError
-from specdec_cli.cli.render import make_console
-from specdec_cli.session import Session, SpecOptions
+from specdec_cli.cli.console import make_console
+from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 
 runner = CliRunner()
 
@@ -52,7 +53,7 @@ def patch_session(monkeypatch, **kw) -> list[Session]:
     """`specdec chat` gets fake sessions; the list receives each one for inspection."""
     made: list[Session] = []
 
-    def fake_open(options, *, method=None, need_draft=False, console=None):
+    def fake_open(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         made.append(fake_session(n_ctx=options.ctx, draft=need_draft, **kw))
         return made[-1]
@@ -260,7 +261,7 @@ def test_k_and_method_change_speculation_live():
 def test_method_needing_a_draft_model_loads_it_lazily(monkeypatch):
     chat, _, err = make_chat(fake_session(draft=False), method="ngram")
 
-    def load_draft(self, name=None, *, console=None):
+    def load_draft(self, name=None, *, reporter=None):
         self.draft, self.draft_path = FakeBackend(), Path("lazy.gguf")
 
     monkeypatch.setattr(Session, "load_draft", load_draft)
@@ -273,7 +274,7 @@ def test_method_needing_a_draft_model_loads_it_lazily(monkeypatch):
 def test_method_needing_a_draft_model_that_cannot_load_says_so(monkeypatch):
     chat, _, err = make_chat(fake_session(draft=False), method="ngram")
 
-    def load_draft(self, name=None, *, console=None):
+    def load_draft(self, name=None, *, reporter=None):
         raise ModelError("Unknown model 'nope'.", "Run specdec models list.")
 
     monkeypatch.setattr(Session, "load_draft", load_draft)

@@ -18,7 +18,7 @@ def fake_session(monkeypatch, tmp_path):
     """Every `open_session` returns fresh fake target/draft backends; the calls are recorded."""
     calls = []
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         calls.append((options, need_draft))
         s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
@@ -146,7 +146,7 @@ def test_method_takes_the_fields_names_and_the_old_spellings(fake_session, promp
     assert code == 0
     assert json.loads(out)["config"]["method"] == canonical
     from specdec_cli.cli.commands.bench import parse_methods
-    from specdec_cli.cli.options import Method
+    from specdec_cli.spec import Method
 
     assert Method(alias) is Method(canonical)
     assert canonical in parse_methods(alias)

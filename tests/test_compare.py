@@ -69,7 +69,7 @@ def test_compare_alone_means_the_default_number_of_pairs():
 
 @pytest.fixture
 def fake_session(monkeypatch, tmp_path):
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
                     options=options)
         if wants_draft(options, method, need_draft):

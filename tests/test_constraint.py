@@ -283,7 +283,7 @@ def char_sessions(monkeypatch, tmp_path):
     """run and check open fake sessions over the CHARS vocabulary."""
     from specdec_cli.session import Session
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         return Session(target=backend(n_ctx=options.ctx), target_path=tmp_path / "target.gguf", options=options)
 
     monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)

@@ -13,7 +13,7 @@ import pytest
 
 from specdec_cli.core.controller import AdaptiveK, FixedK
 from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
-from specdec_cli.cli.options import k_values, parse_k
+from specdec_cli.spec import k_values, parse_k
 from specdec_cli.core.records import Step
 
 # Measured on a 2-core CPU, Qwen2.5-Coder-1.5B Q4_K_M: ms of one target pass over b tokens.
@@ -441,9 +441,11 @@ def test_a_session_keeps_one_adaptive_controller_per_method_across_generations()
     from pathlib import Path
 
     from fakes import FakeBackend
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.assemble import Assembler
+    from specdec_cli.session import Session
+    from specdec_cli.spec import SpecOptions
 
-    session = Session(target=FakeBackend(), target_path=Path("t.gguf"))
+    session = Assembler(Session(target=FakeBackend(), target_path=Path("t.gguf")))
     first = session.make_controller(SpecOptions(method="suffix"))
     first.observe(step(0, 0, 0, 0.0, 40.0))
     again = session.make_controller(SpecOptions(method="suffix"))

@@ -39,7 +39,7 @@ import pytest
 
 from fakes import wants_draft, FakeBackend, greedy_reference, hashed_logits, word
 from specdec_cli import errors
-from specdec_cli.models import resolver
+from specdec_cli.models import host, resolver
 from specdec_cli.__main__ import main
 from specdec_cli.errors import ModelError, UsageError
 from specdec_cli.session import Session
@@ -92,7 +92,7 @@ def fake_models(monkeypatch, tmp_path):
     """`open_session` in `specdec run` returns fake backends; set `state["interrupt_at"]` to simulate Ctrl-C."""
     state: dict = {"interrupt_at": None, "target": None}
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         if state["interrupt_at"] is None:
             target = FakeBackend(hashed_logits, n_ctx=options.ctx)
@@ -246,20 +246,20 @@ def test_a_good_user_file_is_probed_once_then_remembered(smollm2_path, tmp_path,
     copy = tmp_path / "copy.gguf"
     shutil.copy(smollm2_path, copy)
     runs = []
-    real_run = resolver.subprocess.run
+    real_run = host.subprocess.run
 
     def recording_run(args, **kwargs):
         runs.append((args, kwargs))
         return real_run(args, **kwargs)
 
-    monkeypatch.setattr(resolver.subprocess, "run", recording_run)
-    resolver.probe_load(copy)
-    resolver.probe_load(copy)
+    monkeypatch.setattr(host.subprocess, "run", recording_run)
+    host.probe_load(copy)
+    host.probe_load(copy)
     assert len(runs) == 1  # the second call finds the verdict in probed.json
     args, kwargs = runs[0]
     assert isinstance(args, list) and args[-1] == str(copy) and not kwargs.get("shell")
     copy.touch()  # a changed file (new mtime) is probed again
-    resolver.probe_load(copy)
+    host.probe_load(copy)
     assert len(runs) == 2
 
 
@@ -273,7 +273,7 @@ def test_unknown_model_name_through_the_cli_suggests_close_names(prompt_file, ca
 def test_incompatible_pair_is_exit_4(monkeypatch, prompt_file, capsys):
     from specdec_cli.models.vocab import check_compatible
 
-    def open_session(options, *, method=None, need_draft=False, console=None):
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         target, draft = FakeBackend(vocab=32, path="/m/target.gguf"), FakeBackend(vocab=200, path="/m/draft.gguf")
         check_compatible(target, draft)

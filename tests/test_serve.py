@@ -36,7 +36,8 @@ from specdec_cli.server import openai_base  # noqa: E402
 from specdec_cli.server.reply import RequestStats  # noqa: E402
 from specdec_cli.server.service import GenerationService  # noqa: E402
 from specdec_cli.server.worker import Worker  # noqa: E402
-from specdec_cli.session import Session, SpecOptions  # noqa: E402
+from specdec_cli.session import Session  # noqa: E402
+from specdec_cli.spec import SpecOptions  # noqa: E402
 from specdec_cli.core.stats import summarize  # noqa: E402
 
 PROMPT = "w5 w9 w3 w17 w4 w22 w8"  # FakeBackend: chat template = the contents, "wN" = token N

@@ -18,7 +18,8 @@ from pydantic import BaseModel  # noqa: E402
 from specdec_cli.server.app import base_url, bind, create_app, make_server  # noqa: E402
 from specdec_cli.server.service import GenerationService  # noqa: E402
 from specdec_cli.server.worker import Worker  # noqa: E402
-from specdec_cli.session import ModelOptions, SpecOptions, open_session  # noqa: E402
+from specdec_cli.session import open_session  # noqa: E402
+from specdec_cli.spec import ModelOptions, SpecOptions  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.qwen]
 

@@ -21,10 +21,11 @@ from typer.testing import CliRunner
 
 from specdec_cli.stores import tuned
 from specdec_cli.cli.app import app
-from specdec_cli.cli.commands import tune as T
-from specdec_cli.cli.commands.tune import Measurement, TuneConfig
+from specdec_cli.cli.commands.tune_report import report
+from specdec_cli.measure import tune as T
+from specdec_cli.measure.tune import Measurement, TuneConfig
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.render import THEME
+from specdec_cli.cli.console import THEME
 
 runner = CliRunner()
 
@@ -119,7 +120,7 @@ def test_report_shows_the_table_the_chart_and_the_cost_curve() -> None:
     best = T.choose_best(s)
     buf = io.StringIO()
     Console(file=buf, width=100, color_system=None, theme=THEME).print(
-        T.report(s, ["edit"], best, T.verify_curve(runs), T.draft_cost(runs)))
+        report(s, ["edit"], best, T.verify_curve(runs), T.draft_cost(runs)))
     text = buf.getvalue()
     assert re.search(r"K=4\s+20\.0 2\.00×\s+2\.00×\s+75%\s+3\.00", text)
     assert "speedup over plain decoding" in text and "█" in text

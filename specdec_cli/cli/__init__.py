@@ -22,7 +22,7 @@ def _debug() -> bool:
 def _print_error(message: str) -> None:
     from rich.text import Text
 
-    from specdec_cli.cli.render import err_console
+    from specdec_cli.cli.console import err_console
 
     err_console().print(Text.assemble(("error: ", "bold red"), message))
 
@@ -31,7 +31,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     """Library warnings (a suffix store set aside, a save that failed) as one line: `warning: ...`."""
     from rich.text import Text
 
-    from specdec_cli.cli.render import err_console
+    from specdec_cli.cli.console import err_console
 
     err_console().print(Text.assemble(("warning: ", "bold yellow"), str(message)))
 

@@ -1,8 +1,9 @@
-"""The `specdec` command line. Thin: options in, `commands/*` do the work, errors go up to `__main__.main`."""
+"""The `specdec` command line. Thin: options in, `commands/*` do the work, errors go up to `specdec_cli.cli.main`."""
 
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import typer
 
@@ -10,9 +11,8 @@ from specdec_cli import __version__
 from specdec_cli.cli import options as o
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.cli.options import Method
 from specdec_cli.core.sampling import SamplingParams
-from specdec_cli.session import ModelOptions, SpecOptions
+from specdec_cli.spec import Method, ModelOptions, SpecOptions
 
 app = typer.Typer(
     name="specdec",
@@ -25,6 +25,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _model_options(params: dict[str, Any]) -> ModelOptions:
+    """The one place the model options every command shares (--target, --draft, --ctx, --threads, --gpu-layers,
+    --verbose, and --no-prompt-cache where the command has it) become `ModelOptions`. `params`: the command's
+    `locals()` (each command names these parameters the same)."""
+    return ModelOptions(target=params["target"], draft=params["draft"], ctx=params["ctx"], threads=params["threads"],
+                        gpu_layers=params["gpu_layers"], verbose=params["verbose"],
+                        prompt_cache=not params.get("no_prompt_cache", False))
+
+
+def _spec_options(params: dict[str, Any]) -> SpecOptions:
+    """--method, --k, --ngram-min and --ngram-max as `SpecOptions`, built and validated once. A --k left out
+    (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
+    Raises UsageError for a bad --k (exit 2)."""
+    k = params["k"]
+    return SpecOptions(method=params["method"], k=k or "auto", k_given=k is not None, ngram_min=params["ngram_min"],
+                       ngram_max=params["ngram_max"])
 
 
 def _version(value: bool) -> None:
@@ -112,9 +130,8 @@ def run(
     prediction = read_prediction(predict) if predict is not None else None
     code = execute(
         text,
-        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        models=_model_options(locals()),
+        spec=_spec_options(locals()),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -126,7 +143,6 @@ def run(
                              strict=strict),
         raw=raw,
         system=system,
-        use_saved_k=k is None,
         prediction=prediction,
     )
     if code:
@@ -188,9 +204,8 @@ def chat(
 
     constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     code = execute(
-        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        models=_model_options(locals()),
+        spec=_spec_options(locals()),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -200,7 +215,6 @@ def chat(
         system=system,
         plain=plain,
         clean=clean,
-        use_saved_k=k is None,
     )
     if code:
         raise typer.Exit(code)
@@ -257,8 +271,10 @@ def tune(
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
-    from specdec_cli.cli.commands.tune import TuneOptions, execute, parse_tune_k
-    from specdec_cli.prompts import builtin, from_paths
+    from specdec_cli.cli.commands.tune import execute
+    from specdec_cli.measure.tune import TuneOptions, parse_tune_k
+    from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.prompts import builtin
 
     ks = parse_tune_k(k)
     if prompts:
@@ -267,8 +283,7 @@ def tune(
         cases = [next(c for c in builtin((kind,))) for kind in ("edit", "write")]  # one of each: short
     code = execute(
         cases,
-        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose),
+        models=_model_options(locals()),
         spec=SpecOptions(method=method, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
@@ -337,9 +352,8 @@ def check(
     refuse_sampling(config)  # before reading stdin or loading models
     code = execute(
         read_prompt(prompt_file),
-        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method, k=k, ngram_min=ngram_min, ngram_max=ngram_max),
+        models=_model_options(locals()),
+        spec=_spec_options(locals()),
         config=config,
         json_path=json_out,
         raw=raw,
@@ -414,7 +428,8 @@ def bench(
 ) -> None:
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
     from specdec_cli.cli.commands import bench as B
-    from specdec_cli.prompts import CLASSES, builtin, from_paths
+    from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.prompts import CLASSES, builtin
 
     options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
                              ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
@@ -429,8 +444,7 @@ def bench(
             cases = builtin()
         else:
             cases = [builtin((kind,))[0] for kind in CLASSES]
-        code = B.execute(cases, models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads,
-                                                    gpu_layers=gpu_layers, verbose=verbose), options=options)
+        code = B.execute(cases, models=_model_options(locals()), options=options)
     if code:
         raise typer.Exit(code)
 
@@ -535,16 +549,14 @@ def serve(
     from specdec_cli.server.request import Defaults
 
     code = execute(
-        models=ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                            verbose=verbose, prompt_cache=not no_prompt_cache),
-        spec=SpecOptions(method=method.value, k=k or "auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        models=_model_options(locals()),
+        spec=_spec_options(locals()),
         defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                           max_tokens=max_tokens),
         host=host,
         port=port,
         api_key=api_key or None,
         queue=queue,
-        use_saved_k=k is None,
     )
     if code:
         raise typer.Exit(code)

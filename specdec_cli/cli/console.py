@@ -1,4 +1,6 @@
-"""Small output helpers shared by the commands: JSON files, progress bars and spinners on stderr."""
+"""The consoles and small output helpers the commands share: specdec's theme and consoles (stdout, stderr), JSON
+files, progress bars and spinners on stderr, and the Rich `Reporter` through which finding and loading models shows
+its notes, spinners and progress bars."""
 
 from __future__ import annotations
 
@@ -7,22 +9,74 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TextIO
 
 from rich.console import Console
+from rich.text import Text
+from rich.theme import Theme
 
 from specdec_cli.errors import UsageError
+from specdec_cli.stores import files
+
+
+THEME = Theme(
+    {
+        "spec.accepted": "green",  # prompt lookup (auto's "prompt", --method ngram/suffix)
+        "spec.accepted.store": "magenta",  # the suffix store of past outputs
+        "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
+        "spec.accepted.draft": "blue",  # a draft model
+        "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
+        "spec.target": "bold",
+        "spec.rejected": "red strike",
+        "spec.legend": "dim",
+        "spec.label": "dim",
+        "spec.good": "bold green",
+        "spec.bad": "bold red",
+        "spec.warn": "yellow",
+    }
+)
+
+
+PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut
+
+
+def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console:
+    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself.
+
+    On a terminal, tables fit its width. Anywhere else (a pipe, a file: a report being saved), Rich would assume
+    80 columns (or $COLUMNS) and cut cells to fit ("spee…"); there a table takes the width it needs instead
+    (`PIPE_WIDTH`), and nothing is padded to it: tables are not expanded and text is not justified.
+    """
+    console = Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def wants_color(stream: TextIO, plain: bool) -> bool:
+    """Styled streaming only on a terminal, without --plain and without NO_COLOR."""
+    if plain or os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def err_console() -> Console:
+    return make_console(stderr=True)
 
 
 def write_json(path: str, doc: dict, *, indent: int = 2) -> None:
-    """Write `doc` to `path` ('-' = stdout). Raises UsageError when the file cannot be written."""
+    """Write `doc` to `path` ('-' = stdout), atomically (`stores.files.write_atomic`: a reader never sees half a
+    document; the file gets the mode a plain write would). Raises UsageError when the file cannot be written."""
     text = json.dumps(doc, indent=indent, ensure_ascii=False)
     if path == "-":
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
     try:
-        Path(path).write_text(text + "\n", encoding="utf-8")
+        files.write_atomic(Path(path), text + "\n", private=False)
     except OSError as e:
         raise UsageError(f"Cannot write --json {path}: {e.strerror or e}.", "Give a writable path, or - for stdout.") \
             from None
@@ -47,16 +101,47 @@ def status(console: Console | None, message: str) -> Iterator[None]:
         yield
 
 
-def fsync_dir(directory: Path) -> None:
-    """Flush `directory`'s entries to disk, so a rename into it survives a crash (best effort: some platforms and
-    file systems refuse, and nothing is lost then but that durability)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - not supported on every platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+class RichReporter:
+    """`specdec_cli.models.resolver.Reporter` on a Rich console (stderr): `note: ...` lines (the label yellow),
+    spinners on a terminal only, and Rich progress bars (bytes: size, speed, time left; steps: done/total)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def note(self, text: str) -> None:
+        self.console.print(Text.assemble(("note:", "yellow"), " ", text))
+
+    def say(self, text: str) -> None:
+        self.console.print(Text(text))
+
+    def status(self, text: str) -> contextlib.AbstractContextManager[None]:
+        return status(self.console, text)
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int, *, unit: str = "bytes") -> Iterator[RichTask]:
+        from rich.progress import (
+            BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+            TimeRemainingColumn, TransferSpeedColumn,
+        )
+
+        if unit == "bytes":
+            columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       TimeRemainingColumn())
+        else:
+            columns = (SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console) as bar:
+            yield RichTask(bar, bar.add_task(description, total=total))
+
+
+class RichTask:
+    """One bar of a Rich `Progress` as a `models.resolver.Task` (advance, describe): what library code that reports
+    progress (`measure.tune.run`) is given."""
+
+    def __init__(self, bar, task_id) -> None:
+        self._bar, self._id = bar, task_id
+
+    def advance(self, n: int = 1) -> None:
+        self._bar.advance(self._id, n)
+
+    def describe(self, text: str) -> None:
+        self._bar.update(self._id, description=text)

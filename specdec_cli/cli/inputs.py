@@ -1,4 +1,5 @@
-"""Reading prompt and prediction files: every bad input is one clear UsageError, never a traceback."""
+"""Reading prompt and prediction files (and directories of prompts for tune and bench): every bad input is one clear
+UsageError, never a traceback."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec_cli.errors import UsageError
+from specdec_cli.prompts import PromptCase
 
 MAX_PROMPT_BYTES = 16 << 20  # 16 MiB: anything larger is not a prompt
 
@@ -85,3 +87,18 @@ def check_output_path(path: str | None, option: str = "--json") -> None:
     if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{option} {path} is not writable.", "Check its permissions, or write elsewhere.")
 
+
+def from_paths(paths: list[Path]) -> list[PromptCase]:
+    """Prompt files, and the *.txt / *.md files of directories (recursively); the class is the parent directory.
+    Raises UsageError: a directory without prompt files, or what `read_prompt` raises."""
+    out = []
+    for p in paths:
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md") and f.is_file())
+            if not files:
+                raise UsageError(f"No .txt or .md prompt files in {p}.", "Add some, or name files directly.")
+        else:
+            files = [p]
+        for f in files:
+            out.append(PromptCase(f.stem, f.parent.name or "prompt", read_prompt(str(f))))
+    return out

@@ -1,56 +1,24 @@
-"""Options shared by several commands, as `Annotated` aliases (one definition, one help text)."""
+"""Options shared by several commands, as `Annotated` aliases (one definition, one help text).
+
+Only command-line things live here; the domain types and their parsers (`Method`, K) are `specdec_cli.spec`'s."""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from specdec_cli.core.cost_model import K_LIMIT
 from specdec_cli.errors import UsageError
+from specdec_cli.spec import METHOD_NAMES, Method, parse_method
 
 
-class Method(StrEnum):
-    """How drafts are made (`SpecOptions.method`). A StrEnum: it prints, formats and serialises as its value."""
-
-    auto = "auto"  # every step, whatever pays here: prompt lookup, the suffix store, a prediction, a draft model
-    none = "none"  # plain decoding through the same engine (the baseline)
-    draft = "draft"  # a small draft model
-    ngram = "ngram"  # prompt lookup
-    suffix = "suffix"  # suffix tree over the context and past outputs (learns)
-    predict = "predict"  # the predicted output (--predict FILE) alone
-
-    @classmethod
-    def _missing_(cls, value: object) -> Method | None:
-        """Case, `_`/space for `-`, and the field's names for the sources (`METHOD_ALIASES`): `Method("prompt-lookup")`
-        is `Method.ngram`. Unknown names still raise ValueError."""
-        name = str(value).strip().lower().replace("_", "-").replace(" ", "-")
-        name = METHOD_ALIASES.get(name, name)
-        return cls._value2member_map_.get(name)  # type: ignore[return-value]
-
-
-# The field's terms for each method's source (records.Source's labels), accepted wherever a method is named
-# (--method, bench's --methods, chat's /method, SpecOptions); the short names stay the canonical spelling (tuned.json,
-# learnt.json and bench labels are keyed by them).
-METHOD_ALIASES = {
-    "prompt-lookup": "ngram", "prompt": "ngram", "lookup": "ngram",
-    "past-outputs": "suffix", "store": "suffix", "suffix-decoding": "suffix",
-    "prediction": "predict", "predicted-outputs": "predict",
-    "draft-model": "draft",
-    "plain": "none",
-}
-METHOD_NAMES = ("auto, none (plain), ngram (prompt-lookup), suffix (past-outputs), predict (prediction), "
-                "draft (draft-model)")
-
-
-def parse_method(text: str | Method) -> Method:
-    """A `--method` value: a `Method` name or one of its field-term aliases. Raises typer.BadParameter (exit 2)."""
+def _method_option(text: str | Method) -> Method:
+    """`--method`'s parser: `spec.parse_method`, its ValueError shown as Typer's usage error (exit 2)."""
     try:
-        return Method(text)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a method. Use one of {METHOD_NAMES}.") from None
+        return parse_method(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 MODELS = "Models"
@@ -79,7 +47,7 @@ GpuLayers = Annotated[
     typer.Option("--gpu-layers", min=-1, help="Layers to offload with a Metal/CUDA build of llama-cpp-python "
                  "(-1 = all; CPU builds ignore it).", rich_help_panel=MODELS),
 ]
-MethodOpt = Annotated[Method, typer.Option("--method", "-m", parser=parse_method, metavar="METHOD",
+MethodOpt = Annotated[Method, typer.Option("--method", "-m", parser=_method_option, metavar="METHOD",
                                            help=f"Where drafts come from: {METHOD_NAMES}. auto: each step the "
                                            "source that pays on this machine (prompt lookup, past outputs, "
                                            "--predict, a draft model on GPUs) or none.", rich_help_panel=SPEC)]
@@ -190,68 +158,6 @@ def grammar_option(json_object: bool, json_schema: str | None, grammar: str | No
     if grammar is not None:
         return constraint.load(grammar, "grammar")
     return None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# --k values
-
-GRID = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # the values a `k_values` range keeps
-
-
-def parse_k(text: str) -> int | None:
-    """`--k`: "auto" → None (the adaptive controller), "0".."64" → that fixed K. Raises ValueError otherwise."""
-    s = text.strip().lower()
-    if s == "auto":
-        return None
-    try:
-        k = int(s)
-    except ValueError:
-        raise ValueError(f"--k must be 'auto' or a whole number 0..{K_LIMIT}, got {text!r}.") from None
-    if not 0 <= k <= K_LIMIT:
-        raise ValueError(f"--k must be between 0 and {K_LIMIT} (0 = plain decoding), got {k}.")
-    return k
-
-
-def parse_k_option(text: str) -> int | None:
-    """`parse_k` for a command: a bad value is a UsageError that says the fix."""
-    try:
-        return parse_k(text)
-    except ValueError as e:
-        raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
-
-
-def k_values(spec: str) -> list[int]:
-    """The K values `specdec tune --k SPEC` measures, sorted and without duplicates.
-
-    SPEC is a comma-separated list of values ("2,4,8") and ranges ("4..16"). A range keeps its two ends and the
-    values of the grid 0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 between them, because every K costs a full tune
-    run and throughput changes slowly with K: "4..16" → [4, 6, 8, 12, 16], "0..4" → [0, 1, 2, 3, 4]. List the
-    values to measure all of them ("4,5,6,7,8"). Every value must be 0..64. Raises ValueError otherwise.
-    """
-    out: set[int] = set()
-    items = [p.strip() for p in spec.split(",")]
-    if not spec.strip() or any(not p for p in items):
-        raise ValueError(f"--k needs values like '8', '2,4,8' or '4..16', got {spec!r}.")
-    for item in items:
-        if ".." in item:
-            lo_s, _, hi_s = item.partition("..")
-            lo, hi = _k_value(lo_s, spec), _k_value(hi_s, spec)
-            if lo > hi:
-                raise ValueError(f"--k range {item!r} runs backwards; write it as '{hi}..{lo}'.")
-            out.update({lo, hi}, (g for g in GRID if lo <= g <= hi))
-        else:
-            out.add(_k_value(item, spec))
-    return sorted(out)
-
-
-def _k_value(text: str, spec: str) -> int:
-    try:
-        k = int(text.strip())
-    except ValueError:
-        raise ValueError(f"--k needs whole numbers like '8', '2,4,8' or '4..16', got {spec!r}.") from None
-    if not 0 <= k <= K_LIMIT:
-        raise ValueError(f"--k values must be between 0 and {K_LIMIT}, got {k} in {spec!r}.")
-    return k
 
 
 OPTIONAL_VALUES = {"--compare": COMPARE_PAIRS}  # options whose number may be left out

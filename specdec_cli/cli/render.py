@@ -6,63 +6,18 @@ When stdout is not a terminal, or with NO_COLOR / --plain, stdout receives exact
 
 from __future__ import annotations
 
-import os
 from typing import TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from rich.theme import Theme
 
+from specdec_cli.cli.console import make_console
 from specdec_cli.measure.audit import NEAR_TIE
-from specdec_cli.cli.options import Method
+from specdec_cli.spec import USES_PREDICTION, Method
 from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
-
-THEME = Theme(
-    {
-        "spec.accepted": "green",  # prompt lookup (auto's "prompt", --method ngram/suffix)
-        "spec.accepted.store": "magenta",  # the suffix store of past outputs
-        "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
-        "spec.accepted.draft": "blue",  # a draft model
-        "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
-        "spec.target": "bold",
-        "spec.rejected": "red strike",
-        "spec.legend": "dim",
-        "spec.label": "dim",
-        "spec.good": "bold green",
-        "spec.bad": "bold red",
-        "spec.warn": "yellow",
-    }
-)
-
-
-PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut
-
-
-def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console:
-    """A console with specdec's theme; Rich honours NO_COLOR, FORCE_COLOR and TERM=dumb itself.
-
-    On a terminal, tables fit its width. Anywhere else (a pipe, a file: a report being saved), Rich would assume
-    80 columns (or $COLUMNS) and cut cells to fit ("spee…"); there a table takes the width it needs instead
-    (`PIPE_WIDTH`), and nothing is padded to it: tables are not expanded and text is not justified.
-    """
-    console = Console(theme=THEME, highlight=False, stderr=stderr, file=file, soft_wrap=True)
-    if not console.is_terminal:
-        console.width = PIPE_WIDTH
-    return console
-
-
-def wants_color(stream: TextIO, plain: bool) -> bool:
-    """Styled streaming only on a terminal, without --plain and without NO_COLOR."""
-    if plain or os.environ.get("NO_COLOR"):
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
 
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
@@ -80,7 +35,7 @@ def legend(method: str = "", *, grammar: bool = False) -> Text:
     """The one-line colour legend; for `auto` and `predict`, one entry per source of accepted drafts (and the
     grammar's forced tokens when a grammar constrains the reply)."""
     t = Text("legend: ", style="spec.legend")
-    if method in ("auto", "predict"):
+    if method and Method(method) in USES_PREDICTION:
         t.append("accepted: ", style="spec.legend")
         for source, style in ACCEPTED_BY_SOURCE.items():
             if source == Source.grammar and not grammar:
@@ -171,7 +126,7 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
         table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
                       f"acceptance rate {stats.acceptance_rate:.1%}")
         table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
-        if stats.by_source and (len(stats.by_source) > 1 or method == "auto"):
+        if stats.by_source and (len(stats.by_source) > 1 or method == Method.auto):
             table.add_row("sources", "  ".join(f"{_label(src)} {c['accepted']}/{c['drafted']}"
                                                for src, c in sorted(stats.by_source.items(),
                                                                     key=lambda kv: -kv[1]["accepted"]))
@@ -238,6 +193,10 @@ def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int,
             (divergence.verdict, verdict_style)))
 
 
-def err_console() -> Console:
-    return make_console(stderr=True)
+def announce_tuned_k(console: Console, k: int | None) -> None:
+    """Say that K comes from `specdec tune --save` (`assemble.tuned_k`'s K; nothing for None)."""
+    if k is None:
+        return
+    from specdec_cli.stores.tuned import tuned_path
 
+    console.print(Text(f"K = {k} from specdec tune ({tuned_path()}); --k auto adapts it instead.", style="spec.label"))

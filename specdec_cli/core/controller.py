@@ -347,8 +347,8 @@ class AdaptiveK(KController):
             self._interval = self.probe_every * min(2**self.failures, MAX_BACKOFF)
 
     def state(self) -> dict[str, Any]:
-        """What this controller learnt, for a later process (`specdec_cli.stores.learnt`): the cost model and whether its
-        drafter's drafts are free lookup drafts with evidence."""
+        """What this controller learnt, for a later process (`specdec_cli.stores.learnt`): the cost model and whether
+        its drafter's drafts are free lookup drafts with evidence."""
         return {"model": self.model.state(), "evidence": self.evidence, "evidence_ms": list(self._evidence_ms)}
 
     def restore(self, state: dict[str, Any], max_weight: float = 8.0) -> None:

@@ -23,8 +23,8 @@ Decoding with Speculative Sampling"): accept d_i with probability min(1, p_i(d_i
 rejection emit a token from norm(max(0, p_i − q_i)). Every emitted token is then distributed exactly as the
 target's processed distribution p_i, whatever the drafter: see `verify_stochastic`.
 
-Constrained generation (a grammar, `specdec_cli.core.constraint`) makes the target distribution the constrained one: each
-verified row's logits are masked by the grammar's allowed tokens at that position (a bitmask, llguidance's layout:
+Constrained generation (a grammar, `specdec_cli.core.constraint`) makes the target distribution the constrained one:
+each verified row's logits are masked by the grammar's allowed tokens at that position (a bitmask, llguidance's layout:
 int32 [rows, ceil(V/32)], token t allowed iff bit t % 32 of word t // 32 is set) before anything else, so greedy
 verification takes the masked argmax and rejection sampling the masked, renormalised distribution. Both stay
 lossless with respect to that distribution (the drafter's q is unchanged: a draft token it proposed outside the

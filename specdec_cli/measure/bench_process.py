@@ -1,6 +1,6 @@
-"""`specdec bench`'s worker processes: one per family ("ours": our engine; "peer": llama-cpp-python's lookup).
+"""`specdec bench`'s measuring processes: one per family ("ours": our engine; "peer": llama-cpp-python's lookup).
 
-The parent drives each worker with JSON lines over stdin/stdout (`Worker.call`); a worker (`worker_main`) serves
+The parent drives each with JSON lines over stdin/stdout (`BenchProcess.call`); the child (`worker_main`) serves
 one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
 only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.cli.commands.bench`).
 """
@@ -16,16 +16,18 @@ import time
 from typing import Any
 
 from specdec_cli.errors import BackendError, SpecdecError
+from specdec_cli.spec import Method
 
 WARMUP_PROMPT = "Say hello."
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Worker processes (parent side)
+# The parent side
 
 
-class Worker:
-    """A worker process for one family ("ours" or "peer"), driven by JSON lines. `info` is its reply to init."""
+class BenchProcess:
+    """A measuring process for one family ("ours" or "peer"), driven by JSON lines. `info` is its reply to init.
+    (Not the server's `Worker`, which is a thread serving requests.)"""
 
     def __init__(self, family: str, init: dict[str, Any]) -> None:
         self.family = family
@@ -89,7 +91,7 @@ def _remote_error(e: dict[str, Any]) -> SpecdecError:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Worker processes (worker side)
+# The child side
 
 
 def worker_main() -> None:
@@ -162,7 +164,9 @@ class _OursRunner:
     """Our engine: one session (target + optional draft model), a drafter per method built once."""
 
     def __init__(self, msg: dict[str, Any]) -> None:
-        from specdec_cli.session import ModelOptions, open_session
+        from specdec_cli.assemble import Assembler
+        from specdec_cli.session import open_session
+        from specdec_cli.spec import ModelOptions
 
         m = msg["models"]
         self.session = open_session(
@@ -170,14 +174,15 @@ class _OursRunner:
             ModelOptions(target=m["target"], draft=m["draft"] if m.get("draft_named") else None, ctx=m["ctx"],
                          threads=m["threads"], gpu_layers=m["gpu_layers"], verbose=m["verbose"]),
             need_draft=m["draft"] is not None)
+        self.assembler = Assembler(self.session)  # every run's engine is fresh, with a drafter that does not learn
         self.k, self.ngram = msg["k"], (msg["ngram_min"], msg["ngram_max"])  # k was checked by the parent
         self.prompts = [self.session.prompt_tokens(t) for t in msg["prompts"]]
         warm = self.session.prompt_tokens(WARMUP_PROMPT)
         self._drafters: dict[str, Any] = {}
-        for method in ("none", "draft") if self.session.draft is not None else ("none",):
+        for method in (Method.none, Method.draft) if self.session.draft is not None else (Method.none,):
             self._generate(method, warm, 4)  # page the weights in before anything is timed
         store_tokens = None
-        if {"suffix", "auto"} & set(msg["methods"]):
+        if {Method.suffix, Method.auto} & {Method(m) for m in msg["methods"]}:
             from specdec_cli.config import data_dir
             from specdec_cli.stores.suffix_store import SuffixStore, store_path
 
@@ -190,27 +195,26 @@ class _OursRunner:
                      "threads": self.session.target.n_threads, "suffix_store_tokens": store_tokens,
                      "rss_after_load_kib": _rss_kib()[1]}
 
-    def _drafter(self, method: str):
-        if method == "none":
+    def _drafter(self, method: Method):
+        if method is Method.none:
             return None
         if method not in self._drafters:
-            from specdec_cli.session import SpecOptions
             from specdec_cli.measure.sweep import NoLearning
+            from specdec_cli.spec import SpecOptions
 
             spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
-            self._drafters[method] = NoLearning(self.session.make_drafter(spec))
+            self._drafters[method] = NoLearning(self.assembler.make_drafter(spec))
         return self._drafters[method]
 
-    def _generate(self, method: str, prompt, max_tokens: int):
-        """One generation; returns (the `Generation`, ms from the call to the first step: TTFT)."""
+    def _generate(self, method: Method, prompt, max_tokens: int):
+        """One generation; returns (the `Result`, ms from the call to the first step: TTFT)."""
         from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
-        from specdec_cli.assemble import make_engine
-        from specdec_cli.session import SpecOptions
+        from specdec_cli.spec import SpecOptions
 
         # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
-        engine = make_engine(self.session, SpecOptions(method=method, k=self.k), fresh=True,
-                             drafter=self._drafter(method))
+        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=True,
+                                       drafter=self._drafter(method))
         first: list[float] = []  # perf_counter s when the first step arrived
 
         def clock(step) -> None:
@@ -227,7 +231,7 @@ class _OursRunner:
             if self.session.draft is not None:
                 self.session.draft.truncate(0)
         reset = _reset_peak_rss()
-        g, ttft = self._generate(msg["method"], self.prompts[msg["prompt"]], msg["max_tokens"])
+        g, ttft = self._generate(Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"])
         hwm, rss = _rss_kib()
         st = g.stats
         return {
@@ -255,7 +259,10 @@ class _OursRunner:
         }
 
     def close(self) -> None:
-        self.session.close()
+        try:
+            self.assembler.close()
+        finally:
+            self.session.close()
 
 
 class _PeerRunner:

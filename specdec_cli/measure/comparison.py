@@ -25,13 +25,14 @@ from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.controller import KController
 from specdec_cli.drafters.base import Drafter
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.driver import Generation, generate
-from specdec_cli.assemble import make_engine
+from specdec_cli.driver import Result, generate
+from specdec_cli.assemble import Assembler
 from specdec_cli.measure.paired import Paired, measure
 from specdec_cli.measure.sweep import NoLearning
+from specdec_cli.spec import Method, SpecOptions
 
 if TYPE_CHECKING:
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.session import Session
 
 WARMUP_TOKENS = 8  # the untimed plain generation before the pairs
 
@@ -41,15 +42,15 @@ class Comparison:
     """What `against_plain` measured.
 
     Attributes:
-        paired: a = the speculative side, b = plain decoding; rates in decode tok/s; results are `Generation`s.
+        paired: a = the speculative side, b = plain decoding; rates in decode tok/s; results are `Result`s.
         plain: the first plain side's generation (its text and stats).
         shared: leading tokens the shown run's output and `plain`'s share.
         divergence: greedy only: where they first differ, with the plain run's margin there; None when identical
             or sampling.
     """
 
-    paired: Paired[Generation, Generation]
-    plain: Generation
+    paired: Paired[Result, Result]
+    plain: Result
     shared: int
     divergence: Divergence | None
 
@@ -74,17 +75,17 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
     Raises:
         KeyboardInterrupt: Ctrl-C during a side (the comparison is incomplete and not reported).
     """
-    from specdec_cli.session import SpecOptions
-
     target = session.target
-    plain_spec = SpecOptions(method="none")
+    plain_spec = SpecOptions(method=Method.none)
     greedy = config.sampling.greedy
     probe = FirstMismatchProbe(target, len(prompt), reference) if greedy else None
-    probed = replace(session, target=probe) if probe is not None else session  # the same models, seen through it
+    # every engine below is fresh, with the caller's drafter or none: these assemblers own nothing to close
+    assembler = Assembler(session)
+    probed = Assembler(replace(session, target=probe)) if probe is not None else assembler  # seen through the probe
     learning_free = NoLearning(drafter) if drafter is not None else None
-    first_plain: list[Generation] = []
+    first_plain: list[Result] = []
 
-    def run(engine) -> tuple[float, Generation]:
+    def run(engine) -> tuple[float, Result]:
         g = generate(engine, prompt, config)
         if g.interrupted:
             raise KeyboardInterrupt
@@ -93,14 +94,14 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
     def warmup() -> None:
         # the prompt's KV cache is the shown run's (the engine keeps the longest common prefix): no prefill again,
         # and every side sees the prompt exactly as the shown run did
-        generate(make_engine(session, plain_spec, fresh=True), prompt, replace(config, max_tokens=WARMUP_TOKENS))
+        generate(assembler.engine(plain_spec, fresh=True), prompt, replace(config, max_tokens=WARMUP_TOKENS))
 
-    def speculative() -> tuple[float, Generation]:
-        return run(make_engine(session, spec, fresh=True, drafter=learning_free,
-                               controller=copy.deepcopy(controller) if learning_free is not None else None))
+    def speculative() -> tuple[float, Result]:
+        return run(assembler.engine(spec, fresh=True, drafter=learning_free,
+                                    controller=copy.deepcopy(controller) if learning_free is not None else None))
 
-    def plain() -> tuple[float, Generation]:
-        rate, g = run(make_engine(session if first_plain else probed, plain_spec, fresh=True))
+    def plain() -> tuple[float, Result]:
+        rate, g = run((assembler if first_plain else probed).engine(plain_spec, fresh=True))
         if not first_plain:
             first_plain.append(g)
         return rate, g

@@ -6,7 +6,7 @@ starting one configuration later than the block before, so that over n_configs b
 every position once (thermal throttling or another process waking up biases none of them). Drafters do not learn
 during a sweep (`NoLearning`): its prompts repeat, and a store that had learnt the first run's output would flatter
 every later run of the same prompt. Speedups over prompts average geometrically (`geomean`: 2x on one prompt and
-0.5x on another average to 1x).
+0.5x on another average to 1x). The tables both reports draw are `specdec_cli.cli.tables`'.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
 from specdec_cli.errors import UsageError
@@ -96,63 +93,3 @@ def geomean(xs: Sequence[float]) -> float | None:
 
 def rounded(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(x, digits)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The report
-
-
-def speed_style(speedup: float) -> str:
-    """Green from 1× up, red below."""
-    return "spec.good" if speedup >= 1.0 else "spec.bad"
-
-
-def results_table(**kwargs) -> Table:
-    """An empty table in the style of every sweep report."""
-    return Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, **kwargs)
-
-
-def speed_cell(tokens_per_s: float | None, speedup: float | None) -> Text:
-    """"12.3 1.45×": tok/s, then the speedup over plain decoding (when given), coloured."""
-    cell = Text("–" if tokens_per_s is None else f"{tokens_per_s:.1f}")
-    if speedup is not None:
-        cell.append(f" {speedup:.2f}×", style=speed_style(speedup))
-    return cell
-
-
-@dataclass(frozen=True, slots=True)
-class Bar:
-    """One bar of `speedup_chart`: `plain` draws it dim (plain decoding itself), `best` makes its value bold."""
-
-    label: str
-    speedup: float
-    plain: bool = False
-    best: bool = False
-
-
-def speedup_chart(title: str, groups: list[tuple[str, list[Bar]]], width: int) -> Table:
-    """Horizontal bars of speedups over plain decoding, one row per `Bar`, under each group's heading (a group named
-    "" has none); the bars share one scale, and a dim │ marks 1×."""
-    chart = Table.grid(padding=(0, 1))
-    chart.add_column(justify="right", no_wrap=True)
-    chart.add_column(no_wrap=True)
-    chart.add_column(justify="right", no_wrap=True)
-    chart.add_row("", Text(title, style="bold"), "")
-    values = [b.speedup for _, bars in groups for b in bars]
-    if not values:
-        chart.add_row("", Text("(no complete measurement)", style="spec.label"), "")
-        return chart
-    scale = max([1.0] + values)
-    one = max(0, round(width / scale) - 1)
-    for heading, bars in groups:
-        if heading:
-            chart.add_row(Text(heading, style="bold"), "", "")
-        for b in bars:
-            n = round(width * b.speedup / scale)
-            bar = Text("█" * n, style="spec.label" if b.plain else speed_style(b.speedup))
-            if n <= one:
-                bar.append(" " * (one - n) + "│", style="spec.label")
-            bar.append(" " * (width - len(bar)))
-            chart.add_row(Text(b.label, style="spec.label"), bar,
-                          Text(f"{b.speedup:.2f}×", style="bold" if b.best else ""))
-    return chart

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from specdec_cli.config import Catalog
 from specdec_cli.errors import UsageError
+from specdec_cli.spec import Method
 
 CPU_ONLY = "CPU-only llama.cpp: a draft model costs about as much per token as a target step here"
 
@@ -45,17 +46,18 @@ def paired_draft(target: str | None, catalog: Catalog) -> str | None:
     return next((p.draft for p in catalog.pairs.values() if p.target == name), None)
 
 
-def plan(method: str, target: str | None, draft: str | None, catalog: Catalog, *, gpu_offload: bool,
+def plan(method: Method | str, target: str | None, draft: str | None, catalog: Catalog, *, gpu_offload: bool,
          tuned_pays: bool) -> DraftPlan:
     """The draft model for `method` (see the module docstring). Raises UsageError for `--method draft` with a
     target the catalog pairs with no draft model and no `--draft`."""
-    if method == "draft":
+    method = Method(method)
+    if method is Method.draft:
         name = draft or paired_draft(target, catalog)
         if name is None:
             raise UsageError(f"--method draft needs a draft model, and the catalog pairs none with {target}.",
                              "Pass --draft NAME (a model with the same tokenizer), or use --method auto.")
         return DraftPlan(name, "--method draft")
-    if method != "auto":
+    if method is not Method.auto:
         return DraftPlan(None)
     if draft:
         return DraftPlan(draft, "--draft given")

@@ -24,6 +24,9 @@ Two ways around it, measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one targ
   command that avoids it.
 
 `decide()` is the pure rule, unit-tested with made-up system-info strings; `plan()` feeds it the real ones.
+
+The same kind of child process guards against a model file that would crash llama.cpp: `probe_load` loads a file
+without a pinned sha256 once, in a child, before this process loads it.
 """
 
 from __future__ import annotations
@@ -35,9 +38,15 @@ import re
 import subprocess
 import sys
 import warnings
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+from specdec_cli.errors import ModelError
+
+if TYPE_CHECKING:
+    from specdec_cli.models.resolver import Reporter
 
 ENV = "SPECDEC_AMX"
 SETTINGS = ("auto", "keep", "off")
@@ -45,7 +54,11 @@ REBUILD = "scripts/install-llama-cpp.sh (in a specdec checkout), or: f='-mno-amx
           "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='$f' -DCMAKE_CXX_FLAGS='$f'\" pip install --force-reinstall --no-cache-dir " \
           "llama-cpp-python==0.3.36"
 PROBE_TIMEOUT = 180.0  # seconds; a probe that takes longer gives no verdict
+LOAD_PROBE_TIMEOUT = 600.0  # seconds; a trial load of a model file that takes longer is not taken as a verdict
 _HOST_FILE = "host.json"  # in cache_dir(): probe verdicts by build and CPU
+_PROBED_FILE = "probed.json"  # in cache_dir(): files that passed a trial load, by (real path, size, mtime)
+_PROBED_MAX = 64
+PROBE_REFUSED = 3  # a trial load's exit code when llama.cpp refused the file cleanly (its message is on stderr)
 _AMX_BUILD = re.compile(r"\bAMX_INT8\s*=\s*1\b")
 
 
@@ -174,12 +187,8 @@ def plan(model_path: str | os.PathLike[str], *, n_threads: int, system_info: str
 def probe_child(model_path: Path, n_threads: int) -> str:
     """Load `model_path` as built (extra buffer types on) in a child process and decode a prefill and a verify
     batch with `n_threads` threads. Returns "ok", "crash: SIGSEGV" (any death by a signal) or "no verdict: ..."."""
-    command = [sys.executable, "-c", "import sys; from specdec_cli.models.llama import probe_main; "
-               "sys.exit(probe_main(sys.argv[1:]))", str(model_path), str(n_threads)]
-    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     try:
-        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                              env=env, timeout=PROBE_TIMEOUT)
+        proc = _probe_process([str(model_path), str(n_threads)], PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"no verdict: the trial decode took over {PROBE_TIMEOUT:.0f} s"
     except OSError as e:
@@ -187,14 +196,111 @@ def probe_child(model_path: Path, n_threads: int) -> str:
     if proc.returncode == 0:
         return "ok"
     if proc.returncode < 0:
-        import signal
-
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        return f"crash: {name}"
+        return f"crash: {_signal_name(proc.returncode)}"
     return f"no verdict: the trial decode exited with {proc.returncode}"
+
+
+def _probe_process(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run `llama.probe_main(args)` in a child process (an argument list, no shell; no gdb backtrace from
+    ggml_abort). Raises OSError, subprocess.TimeoutExpired."""
+    command = [sys.executable, "-c", "import sys; from specdec_cli.models.llama import probe_main; "
+               "sys.exit(probe_main(sys.argv[1:]))", *args]
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                          env=env, timeout=timeout)
+
+
+def _signal_name(returncode: int) -> str:
+    """"SIGSEGV" for a child killed by signal 11 (returncode -11)."""
+    import signal
+
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A trial load of a model file
+
+
+def probe_load(path: Path, *, reporter: Reporter | None = None) -> None:
+    """Load a model file we have no pinned sha256 for once in a child process before this process loads it.
+
+    `check_gguf` catches files that are not GGUF or are truncated, but a header can be well-formed and still make
+    llama.cpp abort the whole process (a GGML_ASSERT on `block_count = 0`, a norm weight stored as F16, ...). The child
+    (`llama.probe_main`) loads the file on the CPU and decodes a few tokens; if it dies, only it dies. A file that
+    passed is remembered in cache_dir()/probed.json by real path, size and mtime, so it is probed once. Catalog files
+    (their sha256 verified at fetch: `resolver.is_catalog_file`) are never probed. `reporter` shows a spinner.
+
+    Raises ModelError when llama.cpp crashed on the file or refused it. A probe that cannot run or times out is not
+    a verdict: the load then goes ahead in this process.
+    """
+    from specdec_cli.models.resolver import is_catalog_file
+
+    key = _probe_key(path)
+    if key is None or is_catalog_file(path) or key in _probed():
+        return
+    try:
+        with reporter.status(f"Trial load of {path.name}") if reporter is not None else nullcontext():
+            proc = _probe_process([str(path)], LOAD_PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if proc.returncode == 0:
+        _remember_probed(key)
+        return
+    if proc.returncode == PROBE_REFUSED:  # refused cleanly: the child's last line is our own one-line message
+        last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        raise ModelError(last[-1][:300] if last else f"llama.cpp could not load {path}.")
+    detail = _probe_detail(proc.stderr)
+    if proc.returncode < 0:
+        raise ModelError(
+            f"llama.cpp crashed ({_signal_name(proc.returncode)}) on a trial load of {path}"
+            + (f": {detail}" if detail else "") + ".",
+            "The file is corrupt or not supported by this llama-cpp-python: fetch or convert it again.")
+    # Any other exit (the child's own Python failed): no verdict on the file; the real load reports what it finds.
+
+
+def _probe_key(path: Path) -> str | None:
+    try:
+        st = path.stat()
+        return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    except OSError:
+        return None
+
+
+def _probed() -> list[str]:
+    from specdec_cli.config import cache_dir
+
+    try:
+        data = json.loads((cache_dir() / _PROBED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
+
+
+def _remember_probed(key: str) -> None:
+    """Best effort: a read-only or full cache only means probing again next time."""
+    from specdec_cli.config import cache_dir
+    from specdec_cli.stores import files
+
+    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
+    path = cache_dir() / _PROBED_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(path, json.dumps(keys, indent=0), private=False)
+    except OSError:
+        pass
+
+
+def _probe_detail(stderr: str) -> str:
+    """The line that says why: llama.cpp's GGML_ASSERT / error line (source path dropped), else the last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if "GGML_ASSERT" in ln or "error" in ln.lower() or "unsupported" in ln:
+            ln = re.sub(r"^\S*\.(?:c|cpp|h):\d+:\s*", "", ln)
+            return ln[:200]
+    return lines[-1][:200] if lines else ""
 
 
 def _verdict_key(system_info: str) -> str:
@@ -222,15 +328,15 @@ def _verdicts() -> dict[str, str]:
 
 def _remember(key: str, verdict: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
+    from specdec_cli.stores import files
+
     path = _host_file()
     verdicts = _verdicts() | {key: verdict}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"amx_verdicts": verdicts}, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        files.write_atomic(path, json.dumps({"amx_verdicts": verdicts}, indent=1), private=False)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def known_verdict(system_info: str) -> str | None:

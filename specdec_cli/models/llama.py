@@ -481,24 +481,22 @@ class LlamaBackend:
             pass
 
 
-PROBE_REFUSED = 3  # the probe's exit code when llama.cpp refused the file cleanly (its message is on stderr)
-
-
 def probe_main(argv: list[str]) -> int:
     """Child side of a trial load: load argv[0] on the CPU, decode a few tokens, roll back, exit 0.
 
-    argv = [path] for `resolver.probe_load` (is this file safe to load?): extra buffer types off, so a host whose
+    argv = [path] for `host.probe_load` (is this file safe to load?): extra buffer types off, so a host whose
     llama.cpp AMX kernels crash does not make a sound file look corrupt. argv = [path, threads] for
     `host.probe_child` (do this build's AMX kernels work on this CPU?): loaded as built, with the threads of the real
     load (AMX worker threads are where issue 20824 faults).
 
     Run in a separate process, so a GGML_ASSERT or a segfault in llama.cpp ends only this process; the parent turns
-    the signal into an error or a verdict. Exit code PROBE_REFUSED, with the message on stderr, when the load fails
-    cleanly.
+    the signal into an error or a verdict. Exit code `host.PROBE_REFUSED`, with the message on stderr, when the load
+    fails cleanly.
     """
     import sys
 
     from specdec_cli.errors import SpecdecError
+    from specdec_cli.models.host import PROBE_REFUSED
 
     kernels = len(argv) > 1
     threads = int(argv[1]) if kernels else 2

@@ -8,7 +8,7 @@
         "os": "Linux-6.8…", "python": "3.11.7",
         "llama_cpp_python": "0.3.36",      # the installed distribution's version (no import)
         "system_info": "CPU : SSE3 = 1 | AVX2 = 1 | …",   # llama.cpp's build and CPU feature line
-        "load_plan": {"path": "as built", "reason": …},  # how models were loaded (specdec_cli.models.host: the AMX guard)
+        "load_plan": {"path": "as built", "reason": …},  # how models were loaded (models.host: the AMX guard)
         "models": [{"path", "name", "size", "sha256", "sha256_source"}, …]}
 
 Model digests come from the `<file>.sha256` marker the resolver writes next to every model it downloaded and

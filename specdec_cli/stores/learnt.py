@@ -5,7 +5,7 @@ v(1), probes, and a slow start in each match-length bucket before the long draft
 (on a 2-core CPU that warm-up costs more than a short reply's drafts save). A session saves each `AdaptiveK` it used
 when it closes (`Session.close`), and the next session with the same target, draft model, method, K limit and
 machine starts from it (`AdaptiveK.restore`). Within one session (chat turns, benchmarks) the controller is simply
-kept (`Session.make_controller`).
+kept (`Assembler.make_controller`).
 
 The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file lock, like tuned.json):
 
@@ -111,19 +111,19 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
         return None
     import filelock
 
-    from specdec_cli.stores.tuned import write_atomic
+    from specdec_cli.stores import files
 
     path = learnt_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with filelock.FileLock(f"{path}.lock", timeout=_LOCK_TIMEOUT_S, mode=0o600):
+        with files.lock(f"{path}.lock", _LOCK_TIMEOUT_S):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", LearntWarning)  # a broken file is replaced
                 entries = dict(_entries(path))
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             for key, ctrl in controllers.items():
                 entries[key] = {"state": ctrl.state(), **(details or {}).get(key, {}), "saved_at": stamp}
-            write_atomic(path, json.dumps({"version": VERSION, "entries": entries}, ensure_ascii=False))
+            files.write_atomic(path, json.dumps({"version": VERSION, "entries": entries}, ensure_ascii=False) + "\n")
     except (OSError, filelock.Timeout) as e:
         _warn(f"Could not save what --k auto learnt to {path} ({getattr(e, 'strerror', None) or e}); the next run "
               f"learns afresh. Make {path.parent} writable, or set SPECDEC_HOME.")

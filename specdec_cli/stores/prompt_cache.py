@@ -45,7 +45,6 @@ import hashlib
 import json
 import os
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +54,8 @@ import filelock
 import numpy as np
 
 from specdec_cli.models.backend import common_prefix
-from specdec_cli.cli.console import fsync_dir
 from specdec_cli.errors import CacheTrimError, StateError, reason
+from specdec_cli.stores import files
 
 FORMAT = "specdec-prompt-cache"
 VERSION = 1
@@ -348,7 +347,7 @@ class PromptCache:
         try:
             key = self.key(backend)
             digest = key_digest(key)
-            self._ensure_dir()
+            files.private_dir(self.directory)
             with self._lock():
                 self._remove_orphans()
                 entries = list(self._entries(digest, key))
@@ -376,16 +375,13 @@ class PromptCache:
         return written
 
     def _write(self, backend: StatefulBackend, toks: np.ndarray, key: dict, digest: str) -> tuple[Path, int]:
-        """Write state then header, each to a 0o600 temp file, fsync, os.replace. Returns (header path, bytes)."""
+        """Write state then header, each to a 0o600 temp file (`files.staged`: fsync, os.replace), the state renamed
+        into place first and the header last. Returns (header path, bytes)."""
         stem = f"{digest[:16]}-{tokens_digest(toks)[:16]}"
         header = self.directory / f"{stem}.json"
         state = self.directory / f"{stem}.state"
-        tag = f"tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp_state, tmp_header = self.directory / f".{stem}.state.{tag}", self.directory / f".{stem}.json.{tag}"
-        try:
-            os.close(os.open(tmp_state, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # llama.cpp keeps the mode
-            backend.save_state(tmp_state)
-            _fsync_file(tmp_state)
+        with files.staged(header) as tmp_header, files.staged(state) as tmp_state:  # inner (state) commits first
+            backend.save_state(tmp_state)  # llama.cpp writes the 0o600 file `staged` created
             size, checksum = _file_blake2b(tmp_state)
             doc = {
                 "format": FORMAT,
@@ -401,19 +397,8 @@ class PromptCache:
                 "created": time.time(),
             }
             data = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-            fd = os.open(tmp_header, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp_state, state)
-            os.replace(tmp_header, header)  # the entry exists from here on
-        except BaseException:
-            tmp_state.unlink(missing_ok=True)
-            tmp_header.unlink(missing_ok=True)
-            raise
-        fsync_dir(self.directory)
-        return header, size + len(data)
+            tmp_header.write_bytes(data)
+        return header, size + len(data)  # the entry exists from the header's rename on
 
     def _evict(self, keep: Path) -> bool:
         """Delete least recently used entries until the total is <= max_bytes; False if `keep` alone is too big."""
@@ -510,32 +495,17 @@ class PromptCache:
 
     def _remove_orphans(self) -> None:
         """Temp files of a killed writer and states without a header (we hold the lock: no write is in progress)."""
-        for p in self.directory.glob(".*.tmp-*"):
-            p.unlink(missing_ok=True)
+        files.remove_temporaries(self.directory)
         for state in self.directory.glob("*.state"):
             if not state.with_suffix(".json").exists():
                 state.unlink(missing_ok=True)
 
-    def _ensure_dir(self) -> None:
-        d = self.directory
-        if not d.is_dir():
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(d, 0o700)
-
     def _lock(self) -> filelock.FileLock:
         """The directory's lock (`.lock`, 0o600); one reentrant instance per cache object."""
         if self._filelock is None:
-            self._filelock = filelock.FileLock(self.directory / ".lock", timeout=self.lock_timeout, mode=0o600)
+            self._filelock = files.lock(self.directory / ".lock", self.lock_timeout)
         return self._filelock
 
     @staticmethod
     def _warn(message: str) -> None:
         warnings.warn(message, PromptCacheWarning, stacklevel=3)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,7 +2,7 @@
 
 `run` (and `chat`) use the saved setting when `--k` is not given; `--k auto` or `--k N` given explicitly always win.
 The saved setting is either a fixed K (0..64; 0 = plain decoding was fastest) or "auto" (the adaptive controller
-was best, or within `specdec_cli.cli.commands.tune.AUTO_MARGIN` of the best fixed K, since it also adapts to prompts
+was best, or within `specdec_cli.measure.tune.AUTO_MARGIN` of the best fixed K, since it also adapts to prompts
 the tune did not see). `lookup` returns the K, or None for "auto" and for nothing saved: both mean AdaptiveK.
 
 The file, `config_dir()/tuned.json` (mode 0o600, written atomically: temp file, fsync, os.replace, under a file lock):
@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 
 from specdec_cli.models.machine import cpu_model, usable_cpus
 from specdec_cli.config import config_dir
+from specdec_cli.stores import files
 
 FILE_NAME = "tuned.json"
 VERSION = 1
@@ -187,8 +187,6 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
     """
     if not _valid_k(k):
         raise ValueError(f"k must be 'auto' or 0..{K_LIMIT}, got {k!r}")
-    import filelock
-
     path = tuned_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     key = setting_key(target_path, draft_path, method, machine_desc["key"])
@@ -201,24 +199,9 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
         **(details or {}),
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    with filelock.FileLock(f"{path}.lock", timeout=_LOCK_TIMEOUT_S, mode=0o600):
+    with files.lock(f"{path}.lock", _LOCK_TIMEOUT_S):
         settings = dict(load(path))
         settings[key] = entry
-        write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2, ensure_ascii=False))
+        files.write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2,
+                                            ensure_ascii=False) + "\n")
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` atomically (temp file in the same directory, fsync, os.replace), mode 0o600.
-    Raises OSError; a failed write leaves the old file and no temp file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0o600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

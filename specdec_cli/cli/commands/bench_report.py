@@ -15,9 +15,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.measure import sweep
+from specdec_cli.cli import tables
 from specdec_cli.errors import UsageError
-from specdec_cli.measure.sweep import Bar, rounded, speed_cell, speed_style
+from specdec_cli.cli.tables import Bar, speed_cell, speed_style
+from specdec_cli.measure.sweep import rounded
 
 PLOT_FORMATS = (".png", ".svg")
 CONTROL = "A/A"  # the control row: plain decoding timed against plain decoding
@@ -186,7 +187,7 @@ def report(doc: dict[str, Any], summaries: list[ConfigSummary]) -> Group:
 
 
 def results_table(summaries: list[ConfigSummary]) -> Table:
-    t = sweep.results_table()
+    t = tables.results_table()
     for name, just in (("config", "left"), ("tok/s", "right"), ("speedup", "right"), ("accept", "right"),
                        ("mean\nacc. len", "right"), ("TTFT", "right"), ("peak RSS", "right"), ("= none", "right")):
         t.add_column(name, justify=just, no_wrap=True)
@@ -212,7 +213,7 @@ def results_table(summaries: list[ConfigSummary]) -> Table:
 
 def prompt_table(summaries: list[ConfigSummary], doc: dict[str, Any]) -> Table:
     """tok/s and speedup per prompt (columns: prompt, its class and length)."""
-    t = sweep.results_table(title="per prompt: tok/s, speedup", title_justify="left", title_style="bold")
+    t = tables.results_table(title="per prompt: tok/s, speedup", title_justify="left", title_style="bold")
     t.add_column("config", no_wrap=True)
     for p in doc["prompts"]:
         t.add_column(f"{p['name']}\n{p['kind']}, {p['n_tokens'] if p['n_tokens'] is not None else '?'} tok",
@@ -234,7 +235,7 @@ def speedup_chart(summaries: list[ConfigSummary], classes: list[str], width: int
               for c in classes]
     if len(classes) > 1:
         groups.append(("all prompts", [Bar(s.config.label, s.speedup, plain=s.config.control) for s in shown]))
-    return sweep.speedup_chart("speedup over none, by prompt class", groups if shown else [], width)
+    return tables.speedup_chart("speedup over none, by prompt class", groups if shown else [], width)
 
 
 def markdown_table(doc: dict[str, Any], summaries: list[ConfigSummary]) -> str:

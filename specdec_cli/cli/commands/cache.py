@@ -1,9 +1,9 @@
 """`specdec cache stats | clear | export`: the suffix drafter's stores of past outputs, and the prompt cache.
 
 One suffix store per tokenizer lives in `data_dir()/suffix/<fingerprint[:16]>.npz` (format:
-`specdec_cli.stores.suffix_store`); the prompt cache's KV states live in `specdec_cli.stores.prompt_cache.default_directory()`
-(format: `specdec_cli.stores.prompt_cache`). Tables go to stdout, notes to stderr; errors are SpecdecError subclasses left
-to propagate to `main()`.
+`specdec_cli.stores.suffix_store`); the prompt cache's KV states live in
+`specdec_cli.stores.prompt_cache.default_directory()` (format: `specdec_cli.stores.prompt_cache`). Tables go to stdout,
+notes to stderr; errors are SpecdecError subclasses left to propagate to `main()`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.render import err_console, make_console
+from specdec_cli.cli.console import err_console, make_console
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:

@@ -34,12 +34,13 @@ from specdec_cli.cli.commands.chat_commands import dispatch, is_command
 from specdec_cli.cli.commands.chat_history import Conversation, Turn
 from specdec_cli.cli.commands.chat_session import Chat
 from specdec_cli.cli.commands.chat_view import ChatView
+from specdec_cli.cli.console import RichReporter, err_console, wants_color
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
-from specdec_cli.assemble import saved_k as tuned_k
-from specdec_cli.cli.options import Method
-from specdec_cli.cli.render import err_console, wants_color
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.assemble import tuned_k
+from specdec_cli.spec import ModelOptions, SpecOptions
+from specdec_cli.cli.render import announce_tuned_k
+from specdec_cli.session import open_session
 
 __all__ = ["Chat", "ChatView", "Conversation", "LineReader", "Turn", "dispatch", "execute", "loop"]
 
@@ -188,10 +189,10 @@ def loop(chat: Chat, reader: LineReader) -> None:
 
 
 def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig, system: str | None,
-            plain: bool = False, clean: bool = False, use_saved_k: bool = False) -> int:
+            plain: bool = False, clean: bool = False) -> int:
     """Run a chat on stdin/stdout. Returns 0 (also after Ctrl-C/Ctrl-D at the prompt).
 
-    use_saved_k: --k was not given: use the K `specdec tune --save` chose for these models, method and machine.
+    Without --k (`spec.k_given` False), the K `specdec tune --save` chose for these models, method and machine.
 
     Raises (before the first prompt): ModelError, IncompatiblePairError, ConfigError, UsageError (bad --k/--method).
     """
@@ -201,17 +202,21 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
     err = err_console()
     view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
                     show_rejected=not clean)
-    with open_session(models, method=spec.method, console=err) as session:
-        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != Method.none else None
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
+        saved_k = tuned_k(session, spec)
+        announce_tuned_k(err, saved_k)
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
-        reader = LineReader(sys.stdin, interactive=interactive,
-                            history=config_dir() / HISTORY_FILE if interactive else None)
-        view.banner(session, spec, config)
         try:
-            loop(chat, reader)
+            reader = LineReader(sys.stdin, interactive=interactive,
+                                history=config_dir() / HISTORY_FILE if interactive else None)
+            view.banner(session, spec, config)
+            try:
+                loop(chat, reader)
+            finally:
+                reader.close()
+            view.goodbye(chat.totals)
         finally:
-            reader.close()
-        view.goodbye(chat.totals)
+            chat.close()  # the drafters and --k auto save what they learnt; then the session frees the models
     return 0
 
 

@@ -7,15 +7,15 @@ the chat. `dispatch` looks a line up in it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.errors import SpecdecError, UsageError
-from specdec_cli.cli.options import METHOD_NAMES, Method
-from specdec_cli.session import NEEDS_DRAFT_MODEL
+from specdec_cli.stores import files
+from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_session import Chat
@@ -51,7 +51,7 @@ def _k(chat: Chat, arg: str) -> bool:
         chat.view.note(f"K is {chat.spec.k}. Change it with /k auto or /k N (0-64).")
         return False
     try:
-        chat.set_spec(replace(chat.spec, k=arg))
+        chat.set_spec(replace(chat.spec, k=arg, k_given=True))
     except UsageError as e:
         raise UsageError(e.message, "Use /k auto or /k N with N from 0 to 64.") from None
     chat.view.note(f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)."
@@ -85,7 +85,7 @@ def _method(chat: Chat, arg: str) -> bool:
     if method in NEEDS_DRAFT_MODEL and chat.session.draft is None:
         chat.view.note(f"--method {method} needs a draft model; loading it (--draft, else the catalog default).")
         try:
-            chat.session.load_draft(console=chat.view.err)
+            chat.session.load_draft(reporter=RichReporter(chat.view.err))
         except SpecdecError as e:
             chat.view.error(e)
             chat.view.note(f"No draft model, so the method stays {chat.spec.method}.")
@@ -110,7 +110,7 @@ def _save(chat: Chat, arg: str) -> bool:
                          "Use a path ending in .md (Markdown) or .json (JSON).")
     text = transcript_markdown(chat) if kind == "md" else transcript_json(chat)
     try:
-        write_private(path, text)
+        files.write_atomic(path, text)  # 0o600, also over a file that had wider permissions
     except OSError as e:
         raise UsageError(f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable.") \
             from None
@@ -190,13 +190,3 @@ def transcript_markdown(chat: Chat) -> str:
         if t.stats is not None:
             out += [f"*{footer_text(t)}*", ""]
     return "\n".join(out)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by the user only (0o600), also when the file existed with wider permissions."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)

@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_cli.driver import Generation
+from specdec_cli.driver import Result
 from specdec_cli.errors import ContextOverflowError
 from specdec_cli.core.records import Step
 from specdec_cli.core.stats import RunStats, summarize
@@ -107,7 +107,7 @@ class Totals:
     n_reused: int = 0  # prompt tokens that came from the target's cache
     prefill_ms: float = 0.0
 
-    def add(self, gen: Generation) -> None:
+    def add(self, gen: Result) -> None:
         s = gen.stats
         self.turns += 1
         self.steps += gen.steps

@@ -12,12 +12,15 @@ from specdec_cli.cli.commands.chat_history import Conversation, Totals, Turn
 from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.driver import generate
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.assemble import make_engine
-from specdec_cli.session import NEEDS_DRAFT_MODEL, Session, SpecOptions
+from specdec_cli.assemble import Assembler
+from specdec_cli.session import Session
+from specdec_cli.spec import NEEDS_DRAFT_MODEL, SpecOptions
 
 
 class Chat:
-    """The chat's state: the session, the speculation settings, the conversation and the totals.
+    """The chat's state: the session, its `Assembler` (the drafters and K controllers every reply shares), the
+    speculation settings, the conversation and the totals. `close` closes the assembler (what was learnt is saved);
+    the caller closes the session after it.
 
     Raises (from `turn`, `set_spec`): SpecdecError subclasses; the loop prints them and carries on.
     """
@@ -30,18 +33,24 @@ class Chat:
         self.conversation = Conversation(system)
         self.totals = Totals()
         self.spec = spec
-        self.engine = make_engine(session, spec, saved_k=saved_k)
+        self.assembler = Assembler(session)
+        self.engine = self.assembler.engine(spec, saved_k=saved_k)
         self.prediction: str | None = None  # /predict FILE: the predicted output of the next reply only
 
     @property
     def drafter(self):
-        """The drafter replies are generated with (the session's for this method; None: plain decoding)."""
-        return self.session.drafter(self.spec)
+        """The drafter replies are generated with (the assembler's for this method; None: plain decoding)."""
+        return self.assembler.drafter(self.spec)
 
     def set_spec(self, spec: SpecOptions) -> None:
-        """Switch drafter and/or K (the session's drafter for the method, the controller `Session.make_controller`
-        gives for K); the conversation and caches are kept. Raises UsageError before anything changes."""
-        self.engine, self.spec = make_engine(self.session, spec), spec
+        """Switch drafter and/or K (the assembler's drafter for the method, the controller
+        `Assembler.make_controller` gives for K); the conversation and caches are kept. Raises UsageError before
+        anything changes."""
+        self.engine, self.spec = self.assembler.engine(spec), spec
+
+    def close(self) -> None:
+        """Close the drafters and save what `--k auto` learnt (`Assembler.close`); the session stays open."""
+        self.assembler.close()
 
     def turn(self, text: str) -> Turn | None:
         """Answer one message: fit the history, stream the reply, record it. None when interrupted before any text."""

@@ -9,13 +9,14 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.cli.options import Method
+from specdec_cli.spec import Method
 from specdec_cli.cli.render import StreamRenderer, legend
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_history import Totals, Turn
     from specdec_cli.core.engine import GenerationConfig
-    from specdec_cli.session import Session, SpecOptions
+    from specdec_cli.session import Session
+    from specdec_cli.spec import SpecOptions
 
 
 def _ms(x: float) -> str:

@@ -12,15 +12,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.cli.console import status, write_json
+from specdec_cli.cli.console import RichReporter, err_console, make_console, status, write_json
 from specdec_cli.cli.inputs import check_output_path
 from specdec_cli.measure.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.driver import Generation, generate
-from specdec_cli.assemble import make_engine
+from specdec_cli.driver import Result, generate
+from specdec_cli.assemble import Assembler
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.cli.render import err_console, make_console
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 
 
 def refuse_sampling(config: GenerationConfig) -> None:
@@ -77,9 +77,10 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     check_output_path(json_path)  # a bad --json path fails before the generation, not after
     err = err_console()
     out = err if json_path == "-" else make_console()
-    with open_session(models, method=spec.method, console=err) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session, \
+            Assembler(session) as assembler:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
-        engine = make_engine(session, spec)
+        engine = assembler.engine(spec)
         with status(err, f"Generating with --method {spec.method}"):
             result = generate(engine, prompt, config)
         if result.interrupted:
@@ -102,7 +103,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     return 0
 
 
-def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig, result: Generation,
+def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig, result: Result,
                 report: AuditReport) -> None:
     from specdec_cli.models.llama import system_info
 

@@ -108,9 +108,8 @@ def table(doc: dict[str, Any]) -> Table:
 
 def execute(*, json_path: str | None, probe: bool) -> int:
     """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout). Returns 0."""
-    from specdec_cli.cli.console import write_json
+    from specdec_cli.cli.console import make_console, write_json
     from specdec_cli.cli.inputs import check_output_path
-    from specdec_cli.cli.render import make_console
 
     check_output_path(json_path)
     doc = report(probe=probe)

@@ -14,10 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli import config
+from specdec_cli.cli.console import RichReporter, err_console, make_console
 from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, ModelSpec
 from specdec_cli.errors import ModelError, SpecdecError, UsageError
-from specdec_cli.cli.render import err_console, make_console
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
@@ -101,7 +101,7 @@ def pull(
             err.print(f"{spec.name}: fetching {resolver.human_size(spec.size)}", highlight=False)
             start = time.perf_counter()
             try:
-                resolver.fetch(spec, console=err)
+                resolver.fetch(spec, reporter=RichReporter(err))
             except SpecdecError as e:
                 if len(specs) == 1:
                     raise

@@ -13,13 +13,13 @@ from specdec_cli.measure.audit import DIVERGENCE
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.measure.comparison import against_plain
-from specdec_cli.driver import Generation, generate
-from specdec_cli.assemble import make_engine, notes, saved_k as tuned_k
-from specdec_cli.cli.options import Method
-from specdec_cli.cli.console import status, write_json
+from specdec_cli.driver import Result, generate
+from specdec_cli.assemble import Assembler, notes, tuned_k
+from specdec_cli.spec import Method, ModelOptions, SpecOptions
+from specdec_cli.cli.console import RichReporter, err_console, status, wants_color, write_json
 from specdec_cli.cli.inputs import check_output_path
-from specdec_cli.cli.render import StreamRenderer, err_console, legend, print_compare, print_stats, wants_color
-from specdec_cli.session import ModelOptions, Session, SpecOptions, open_session
+from specdec_cli.cli.render import StreamRenderer, announce_tuned_k, legend, print_compare, print_stats
+from specdec_cli.session import Session, open_session
 
 
 @dataclass(frozen=True)
@@ -32,20 +32,19 @@ class OutputOptions:
 
 
 def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
-            output: OutputOptions, raw: bool, system: str | None, use_saved_k: bool = False,
-            prediction: str | None = None) -> int:
+            output: OutputOptions, raw: bool, system: str | None, prediction: str | None = None) -> int:
     """Run one prompt. Returns the exit code (130 when interrupted).
 
     prediction: the text of `--predict FILE` (predicted outputs), drafted from by auto and predict.
 
-    use_saved_k: --k was not given, so the K saved by `specdec tune --save` for these models, method and machine
-    is used when there is one (`specdec_cli.stores.tuned.lookup`); otherwise `spec.k`.
+    When `spec` leaves K open (no --k), the K saved by `specdec tune --save` for these models, method and machine
+    is used when there is one (`assemble.tuned_k`); otherwise `spec.k`.
     """
     if output.strict and not config.sampling.greedy:
         raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "
                          "by design (speculative sampling is lossless in distribution, checked statistically).",
                          "Drop --strict, or use --temperature 0.")
-    if spec.method == "predict" and prediction is None:
+    if spec.method is Method.predict and prediction is None:
         raise UsageError("--method predict drafts from a predicted output, and none was given.",
                          "Add --predict FILE (the text you expect back), or use --method auto.")
     check_output_path(output.json_path)  # a --json path that cannot be written fails now, not after the generation
@@ -56,17 +55,19 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     styled = wants_color(out_stream, output.plain)
     show_stream = not json_to_stdout or styled
 
-    with open_session(models, method=spec.method, console=err) as session:
+    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session, \
+            Assembler(session) as assembler:
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         config = replace(config, prediction=session.prediction_tokens(prediction))
-        saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != Method.none else None
-        engine = make_engine(session, spec, saved_k=saved_k)
+        saved_k = tuned_k(session, spec)
+        announce_tuned_k(err, saved_k)
+        engine = assembler.engine(spec, saved_k=saved_k)
         renderer = StreamRenderer(out_stream, styled=styled, show_rejected=not output.clean) if show_stream else None
         if styled and spec.method != Method.none:
             err.print(legend(spec.method, grammar=config.grammar is not None))
         # --compare replays this run: a drafter in the state this one starts in (built now, before this run's reply
-        # is learnt; owned here, not the session's) and a copy of the controller this one starts with
-        replay = (session.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
+        # is learnt; owned here, not the assembler's) and a copy of the controller this one starts with
+        replay = (assembler.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
         result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
         if renderer is not None:
             renderer.end()
@@ -85,7 +86,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
                 if replay[0] is not None:
                     replay[0].close()  # it learnt nothing: nothing is saved
         if output.json_path:
-            k_source = "tuned" if saved_k is not None else ("default" if use_saved_k else "option")
+            k_source = "tuned" if saved_k is not None else ("option" if spec.k_given else "default")
             _write_json(output.json_path, session, spec, config, result, compare,
                         k=str(saved_k) if saved_k is not None else spec.k, k_source=k_source)
     if output.strict and compare is not None and compare["verdict"] == DIVERGENCE:
@@ -99,7 +100,7 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
 
 
 def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
-             shown: Generation, pairs: int, replay, err) -> dict:
+             shown: Result, pairs: int, replay, err) -> dict:
     """Plain decoding of the same prompt in this process, in `pairs` interleaved pairs with a replay of the shown
     run (`comparison.against_plain`): the median speedup and its spread, and the agreement check."""
     drafter, controller = replay
@@ -133,7 +134,7 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
     }
 
 
-def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Generation,
+def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Result,
                 compare: dict | None, *, k: str, k_source: str) -> None:
     from specdec_cli.models.llama import system_info
 

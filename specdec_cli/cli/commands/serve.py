@@ -10,19 +10,21 @@ import threading
 from typing import Iterator, Optional
 
 from specdec_cli.errors import UsageError
-from specdec_cli.session import ModelOptions, SpecOptions, open_session
+from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 
 
 def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, port: int, api_key: Optional[str],
-            queue: int, use_saved_k: bool = False) -> int:
+            queue: int) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
     `defaults`: a `specdec_cli.server.request.Defaults` (sampling and max tokens for requests that leave them out).
     Raises UsageError (missing extra, bad --k, port unavailable), and what `open_session` raises.
     """
     require_extra()
-    from specdec_cli.assemble import saved_k as tuned_k
-    from specdec_cli.cli.render import err_console
+    from specdec_cli.assemble import tuned_k
+    from specdec_cli.cli.console import RichReporter, err_console
+    from specdec_cli.cli.render import announce_tuned_k
     from specdec_cli.server.app import base_url, create_app, make_server
     from specdec_cli.server.service import GenerationService
     from specdec_cli.server.worker import Worker
@@ -30,9 +32,10 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     sock = _bind(host, port)  # before loading a model: a port in use fails at once
     err = err_console()
     try:
-        session = open_session(models, method=spec.method, console=err)
+        session = open_session(models, method=spec.method, reporter=RichReporter(err))
         try:
-            saved_k = tuned_k(session, spec, err) if use_saved_k and spec.method != "none" else None
+            saved_k = tuned_k(session, spec)
+            announce_tuned_k(err, saved_k)
             service = GenerationService(session, spec, saved_k=saved_k)
         except BaseException:
             session.close()
