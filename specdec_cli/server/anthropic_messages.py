@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, Iterator, Literal, Optional, Union
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
@@ -174,11 +174,10 @@ def _system_text(system: Union[str, list[dict]]) -> str:
 def _texts(blocks: list[dict], where: str) -> str:
     """The text of a list that may hold only text blocks."""
     out = []
-    for j, block in enumerate(blocks):
-        if _kind(block, f"{where}.{j}") != "text":
-            raise ApiError(400, f"{where}.{j} is a {block['type']} block; only text blocks are allowed here.",
-                           param=f"{where}.{j}.type")
-        out.append(_text_of(block, f"{where}.{j}"))
+    for at, kind, block in _blocks(blocks, where):
+        if kind != "text":
+            raise ApiError(400, f"{at} is a {kind} block; only text blocks are allowed here.", param=f"{at}.type")
+        out.append(_text_of(block, at))
     return "\n".join(out)
 
 
@@ -188,9 +187,7 @@ def _user_turn(content: Union[str, list[dict]], where: str) -> list[Message]:
         return [Message("user", content)]
     out: list[Message] = []
     text: list[str] = []
-    for j, block in enumerate(content):
-        at = f"{where}.{j}"
-        kind = _kind(block, at)
+    for at, kind, block in _blocks(content, where):
         if kind == "text":
             text.append(_text_of(block, at))
         elif kind == "tool_result":
@@ -241,9 +238,7 @@ def _assistant_turn(content: Union[str, list[dict]], where: str) -> Message:
     if isinstance(content, str):
         return Message("assistant", content)
     text, calls, reasoning = [], [], []
-    for j, block in enumerate(content):
-        at = f"{where}.{j}"
-        kind = _kind(block, at)
+    for at, kind, block in _blocks(content, where):
         if kind == "text":
             text.append(_text_of(block, at))
         elif kind == "tool_use":
@@ -263,6 +258,14 @@ def _assistant_turn(content: Union[str, list[dict]], where: str) -> Message:
                            "tool_use, thinking, redacted_thinking).", param=f"{at}.type")
     return Message("assistant", "\n".join(text), tool_calls=tuple(calls),
                    reasoning="\n".join(reasoning) if reasoning else None)
+
+
+def _blocks(content: list, where: str) -> Iterator[tuple[str, str, dict]]:
+    """(its place, e.g. "messages.2.content.0", its type, the block) of each content block; 400 for one that is not
+    a block."""
+    for j, block in enumerate(content):
+        at = f"{where}.{j}"
+        yield at, _kind(block, at), block
 
 
 def _kind(block: Any, where: str) -> str:
