@@ -1,5 +1,6 @@
 """Coding agents end to end through `specdec serve`: each fixes a one-line bug in a scratch directory.
 
+    python benchmarks/agents.py --agent claude                     # Claude Code (`claude -p`, ANTHROPIC_BASE_URL)
     python benchmarks/agents.py --agent codex                      # Codex CLI (`codex exec`, wire_api = "responses")
     python benchmarks/agents.py --agent codex -t qwen2.5-coder-7b --codex-metadata fallback --keep /tmp/agents
 
@@ -19,6 +20,13 @@ metadata (its gpt-5.5 entry from `codex debug models`, renamed `specdec`, its co
 offers its `apply_patch` tool as a custom tool with a Lark grammar, which specdec serve holds the model's patch to;
 `fallback` leaves the model unknown to Codex (fallback metadata: edits go through `exec_command`). The transcript is
 `codex exec --json` (every command, patch, message and error of the session).
+
+Claude Code 2.1 (the configuration README's "Claude Code" section gives): HOME is a temporary directory whose
+`.claude.json` has onboarding done; DISABLE_TELEMETRY, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, DISABLE_AUTOUPDATER
+and DISABLE_ERROR_REPORTING keep it off Anthropic's servers; API_TIMEOUT_MS gives a CPU's long first prefill time
+(its default is 600 s per request); `--permission-mode acceptEdits` lets it read and edit without asking
+(`--dangerously-skip-permissions` refuses to run as root); `--model specdec` is any name (the server serves one). The transcript is
+`--output-format stream-json` (every request, tool call and tool result of the session).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NPM_DIR = Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "agents" / "npm"
-PACKAGES = {"codex": ("@openai/codex@0.169.0", "codex")}
+PACKAGES = {"claude": ("@anthropic-ai/claude-code@2.1.197", "claude"), "codex": ("@openai/codex@0.169.0", "codex")}
 BUG = "def add(a, b):\n    return a - b\n"
 TEST = "from bug import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"
 TASK = "fix the bug in bug.py"
@@ -120,8 +128,9 @@ class Server:
         raise SystemExit(f"specdec serve did not start:\n{log.read_text()[-3000:]}")
 
     def lines(self) -> list[str]:
-        """The per-request lines ("#3 responses: ...") and the notes about hosted tools left out."""
-        return [ln for ln in self.log.read_text().splitlines() if re.match(r"#\d+ |responses: left out", ln)]
+        """The per-request lines ("#3 responses: ...", "count_tokens: ...") and the notes about hosted tools left out."""
+        return [ln for ln in self.log.read_text().splitlines()
+                if re.match(r"#\d+ |count_tokens:|messages: server tools|responses: left out", ln)]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -155,6 +164,62 @@ def check(work: Path) -> tuple[bool, bool]:
 
 
 # -- the agents -----------------------------------------------------------------------------------------------------
+def run_claude(args, url: str, root: Path) -> Result:
+    """Claude Code (`claude -p TASK`) against `url` in a scratch directory, with a temporary HOME."""
+    exe = npm_bin("claude")
+    work = scratch(root, "claude")
+    home = root / "home-claude"
+    home.mkdir(exist_ok=True)
+    (home / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "lastOnboardingVersion": "2.1.197", "theme": "dark",
+        "customApiKeyResponses": {"approved": ["unused"], "rejected": []},
+        "projects": {str(work): {"hasTrustDialogAccepted": True}}}))
+    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "unused",
+           "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+           "DISABLE_ERROR_REPORTING": "1", "API_TIMEOUT_MS": str(args.timeout * 1000)}
+    transcript = root / "claude-transcript.jsonl"
+    cmd = [str(exe), "-p", TASK, "--model", "specdec", "--permission-mode", "acceptEdits",
+           "--output-format", "stream-json", "--verbose"]
+    t0 = time.monotonic()
+    with open(transcript, "w") as out:
+        try:
+            done = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=args.timeout)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    seconds = time.monotonic() - t0
+    changed, passes = check(work)
+    return Result("claude", changed and passes, seconds, code, changed, transcript=transcript,
+                  note=claude_summary(transcript))
+
+
+def claude_summary(transcript: Path) -> str:
+    """The session in one line per event: tool calls, tool results and the final result (from stream-json)."""
+    out = []
+    for line in transcript.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            out.append(f"  (text) {line[:200]}")
+            continue
+        kind = event.get("type")
+        if kind in ("assistant", "user"):
+            for block in event.get("message", {}).get("content", []):
+                if block.get("type") == "tool_use":
+                    out.append(f"  tool_use {block.get('name')} {json.dumps(block.get('input'))[:200]}")
+                elif block.get("type") == "tool_result":
+                    content = block.get("content")
+                    text = content if isinstance(content, str) else json.dumps(content)
+                    out.append(f"  tool_result{' (error)' if block.get('is_error') else ''} {text[:200]!r}")
+                elif block.get("type") == "text":
+                    out.append(f"  text {block.get('text', '')[:200]!r}")
+        elif kind == "result":
+            out.append(f"  result {event.get('subtype')}: is_error={event.get('is_error')} turns="
+                       f"{event.get('num_turns')} {str(event.get('result', ''))[:200]!r}")
+    return "\n".join(out)
+
+
 def codex_catalog(exe: Path, env: dict, ctx: int, path: Path) -> Path:
     """A model catalog whose one model, "specdec", has the metadata of Codex's gpt-5.5 (`codex debug models`: the
     freeform apply_patch tool, unified exec), its context window `ctx`."""
@@ -225,7 +290,7 @@ def codex_summary(transcript: Path) -> str:
     return "\n".join(out)
 
 
-AGENTS = {"codex": run_codex}  # the Anthropic side adds "claude": run_claude
+AGENTS = {"claude": run_claude, "codex": run_codex}
 
 
 def main() -> None:
@@ -233,7 +298,8 @@ def main() -> None:
     parser.add_argument("--agent", choices=["claude", "codex", "all"], default="all")
     parser.add_argument("-t", "--target", default=None, help="the served model (default: the catalog's default)")
     parser.add_argument("--method", default="auto")
-    parser.add_argument("--ctx", type=int, default=32768, help="--ctx for specdec serve (Codex's prompt is ~9k tokens)")
+    parser.add_argument("--ctx", type=int, default=None,
+                        help="--ctx for specdec serve (default: serve's, 32768; the agents' prompts are 9k-25k tokens)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one agent's whole session")
     parser.add_argument("--codex-metadata", choices=["catalog", "fallback"], default="catalog",
                         help="Codex's model metadata: catalog (apply_patch as a grammar tool) or fallback")
@@ -244,9 +310,6 @@ def main() -> None:
     agents = ["claude", "codex"] if args.agent == "all" else [args.agent]
     results = []
     for agent in agents:
-        if agent not in AGENTS:
-            print(f"{agent}: not in this checkout (the Anthropic side adds it)", file=sys.stderr)
-            continue
         server = Server(args, root / f"serve-{agent}.log")
         try:
             result = AGENTS[agent](args, server.url, root)

@@ -131,6 +131,16 @@ class FakeBackend:
         self.truncations.append(n)
         del self._tokens[n:]
 
+    def snapshot(self) -> bytes:
+        """The KV state: here the tokens themselves (4 bytes each), as `LlamaBackend.snapshot` copies the cells."""
+        return np.asarray(self._tokens, dtype="<i4").tobytes()
+
+    def restore_snapshot(self, data: bytes, tokens) -> None:
+        held = np.frombuffer(data, "<i4").tolist()
+        if held != [int(t) for t in tokens]:
+            raise AssertionError("a snapshot restored with other tokens than it holds")
+        self._tokens = held
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         if self.pieces is not None:
             return greedy_tokenize(self.pieces, text.encode("utf-8"), {self._eos})

@@ -31,6 +31,16 @@ def test_stop_string_across_tokens_is_never_shown():
     assert s.text == "Hell"
 
 
+def test_hit_names_the_stop_string_that_occurs_first_in_the_text():
+    s = TextStream(PIECES.__getitem__, ("world", "o wo", "lo"))  # "lo" and "o wo" both end in the third token
+    assert s.hit is None
+    text, hit = push_all(s, [1, 2, 3, 4])
+    assert hit and text == "Hel" and s.hit == "lo"
+    tie = TextStream(PIECES.__getitem__, ("lo w", "lo wor"))  # both complete at " wor", at one position
+    push_all(tie, [1, 2, 3])
+    assert tie.hit == "lo w"  # the one listed first
+
+
 def test_possible_stop_prefix_is_held_then_released():
     s = TextStream(PIECES.__getitem__, ("lo there",))
     first, _ = s.push("target", 1)

@@ -29,6 +29,7 @@ class TextStream:
         self._tail = ""  # the end of the released text, to find stop strings that straddle a release
         self._keep = max((len(s) for s in self._stop), default=1) - 1
         self.text_parts: list[str] = []  # everything released, in order
+        self.hit: str | None = None  # the stop string that ended the stream (the earliest in the text; ties: listed first)
 
     @property
     def text(self) -> str:
@@ -47,8 +48,9 @@ class TextStream:
             return self._release(len(pending)), False
         # Search the released tail plus the pending text, so a stop string split across tokens is found.
         window = self._tail + pending
-        hit = min((i for i in (window.find(s) for s in self._stop) if i >= 0), default=-1)
-        if hit >= 0:
+        found = [(i, s) for s in self._stop if (i := window.find(s)) >= 0]
+        if found:
+            hit, self.hit = min(found, key=lambda f: f[0])  # min is stable: ties go to the first listed
             cut = max(0, hit - len(self._tail))
             out = self._release(cut)
             self._pending = []

@@ -36,6 +36,7 @@ from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_lo
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
+    from specdec_cli.stores.kv_parking import KvParking
     from specdec_cli.stores.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
@@ -75,13 +76,18 @@ class SpeculativeEngine:
         controller: chooses K and the draft's source each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`.
         prompt_cache: KV states saved across runs (`prompt_cache.PromptCache`): the prefill first restores the longest
             saved prefix of the prompt, and `save_prompt` saves what a generation evaluated. None = off.
+        parking: KV states kept in memory (`kv_parking.KvParking`, the server's): before the prefill, the KV cache
+            is parked when a prompt would cut much of it, and a parked state that shares more with the prompt is
+            swapped back in (a conversation's next turn after a side request). None = off.
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
-                 prompt_cache: PromptCache | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 prompt_cache: PromptCache | None = None, parking: KvParking | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
         self.prompt_cache = prompt_cache
+        self.parking = parking
         self.target = target
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
@@ -162,7 +168,7 @@ class SpeculativeEngine:
                     if drafter is not None and finish != "context":  # the output, and the end-of-generation token
                         end = len(prompt) + n_out + (finish == "eog" and len(emitted) < len(new))
                         drafter.finish(prompt, ctx[len(prompt) : end].copy())
-                    yield Finish(finish)
+                    yield Finish(finish, text.hit if finish == "stop" else None)
                     return
         finally:
             # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).
@@ -176,6 +182,8 @@ class SpeculativeEngine:
         """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
         t0 = self.clock()
         n_restored, restore_ms = 0, 0.0
+        if self.parking is not None:  # park the KV cache if the prompt would cut it; swap a parked state back in
+            self.parking.prepare(self.target, prompt[:-1])
         if self.prompt_cache is not None:  # a saved state of the longest shared prefix, when that beats the KV cache
             n_restored, restore_ms = self.prompt_cache.restore(self.target, prompt[:-1])
         t_eval = self.clock()

@@ -145,9 +145,11 @@ class Finish:
         finish_reason: "eog" (end-of-generation token, or a grammar that is complete and allows nothing more),
             "stop" (a --stop string), "length" (--max-tokens) or
             "context" (the context window is full).
+        stop: the stop string that ended it (finish_reason "stop"), else None.
     """
 
     finish_reason: str
+    stop: str | None = None
 
 
 Record = Prefill | Step | Finish

@@ -27,7 +27,7 @@ class RunStats:
             position i and how often the token there was accepted.
         k_histogram: how often each K was chosen. mean_k: its mean.
         draft_ms / verify_ms: total drafting / verifying time (ms).
-        finish_reason: why generation ended.
+        finish_reason: why generation ended. stop: the stop string that ended it (finish_reason "stop"), else None.
         n_restored / restore_ms: prompt tokens restored from the prompt cache, and the time it took (ms).
         by_source: per draft `Source` ("prompt", "store", "predict", "draft"), {"steps", "drafted",
             "accepted"}: where the accepted tokens came from.
@@ -54,6 +54,7 @@ class RunStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     finish_reason: str | None = None
+    stop: str | None = None
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
     n_restored: int = 0
     restore_ms: float = 0.0
@@ -82,14 +83,14 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
     """
     prefill = None
     steps: list[Step] = []
-    finish = None
+    finish = stop = None
     for r in records:
         if isinstance(r, Step):
             steps.append(r)
         elif isinstance(r, Prefill):
             prefill = r
         elif isinstance(r, Finish):
-            finish = r.finish_reason
+            finish, stop = r.finish_reason, r.stop
     n_gen = sum(len(s.emitted) for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
     accepted = sum(s.n_accepted for s in steps)
@@ -134,6 +135,7 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         draft_ms=draft_ms,
         verify_ms=verify_ms,
         finish_reason=finish_reason or finish,
+        stop=None if finish_reason else stop,
         by_source=by_source,
         n_restored=prefill.n_restored if prefill else 0,
         restore_ms=prefill.restore_ms if prefill else 0.0,

@@ -364,6 +364,32 @@ class LlamaBackend:
         self._n = n
         return n
 
+    def snapshot(self) -> ctypes.Array:
+        """A copy in memory of the KV state of sequence 0 (its cells; `llama_state_seq_get_data`), for
+        `restore_snapshot` (`specdec_cli.stores.kv_parking`). Its len() is its size in bytes (~28 KB per token for
+        Qwen2.5-Coder-1.5B). Raises StateError when llama.cpp copies nothing."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        if written == 0 and self._n:
+            raise StateError(f"llama.cpp could not copy the KV state of {Path(self.path).name}.",
+                             "Run with less context (--ctx) or more free memory.")  # fmt: skip
+        return buf
+
+    def restore_snapshot(self, data: ctypes.Array, tokens: np.ndarray) -> None:
+        """Replace the KV cache of sequence 0 by `data` (from `snapshot`), which holds `tokens` (int32 [n]).
+        Raises StateError when llama.cpp refuses it; the cache is then empty."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        self._n = 0
+        read = int(llama_cpp.llama_state_seq_set_data(self._ctx, data, len(data), 0))
+        n = len(tokens)
+        if read == 0 or int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) != n - 1:
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            raise StateError(f"llama.cpp refused a parked KV state of {n} tokens for {Path(self.path).name}.",
+                             "It is evaluated again instead.")  # fmt: skip
+        self._tokens[:n] = tokens
+        self._n = n
+
     # -- tokens and text -------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

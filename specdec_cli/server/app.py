@@ -23,14 +23,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from specdec_cli import __version__
-from specdec_cli.server import openai_chat, openai_completions, openai_responses
+from specdec_cli.server import anthropic_messages, openai_chat, openai_completions, openai_responses
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TRANSLATORS = (openai_chat, openai_completions, openai_responses)  # each mounts its routes: `routes(app, ctx)`
+TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_messages)  # each mounts its routes: `routes(app, ctx)`
 
 
 def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Optional[str] = None,
@@ -39,23 +39,28 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Opti
 
     Args:
         defaults: sampling and max tokens for requests that leave them out.
-        api_key: when set, every /v1 route needs `Authorization: Bearer <api_key>` (401 otherwise); /health does not.
+        api_key: when set, every /v1 route needs `Authorization: Bearer <api_key>` or `x-api-key: <api_key>`
+            (Anthropic's header; 401 otherwise); /health does not.
         max_body_bytes: larger request bodies get 413 (default: 64 bytes per context token, at least 1 MiB).
     """
     service = worker.service
     model_id, method, n_ctx = service.model_id, service.method, service.n_ctx
     created = int(time.time())
     app = FastAPI(title="specdec serve", version=__version__, docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx))
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx),
+                       error_body=lambda path, err: ctx.error_body(path, err))
 
     # -- authentication ----------------------------------------------------------------------------------------------
     async def authenticate(request: Request) -> None:
         if api_key is None:
             return
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(credentials.strip().encode(), api_key.encode()):
-            raise ApiError(401, "Invalid or missing API key: send the header `Authorization: Bearer KEY` with the "
-                           "key given to specdec serve --api-key.", code="invalid_api_key")
+        bearer = credentials.strip() if scheme.lower() == "bearer" else None
+        for given in (bearer, request.headers.get("x-api-key")):
+            if given is not None and secrets.compare_digest(given.encode(), api_key.encode()):
+                return
+        raise ApiError(401, "Invalid or missing API key: send the header `Authorization: Bearer KEY` (or "
+                       "`x-api-key: KEY`) with the key given to specdec serve --api-key.", code="invalid_api_key")
 
     ctx = Context(worker, defaults, auth=[Depends(authenticate)])
 
@@ -130,11 +135,14 @@ def validation_error(errors: list[dict]) -> ApiError:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` gets 413 (read up to the limit, then replayed to the app)."""
+    """ASGI middleware: a request body over `max_bytes` gets 413 (read up to the limit, then replayed to the app),
+    its JSON made by `error_body(path, error)` (the API's shape; default: OpenAI's)."""
 
-    def __init__(self, app: Callable, max_bytes: int) -> None:
+    def __init__(self, app: Callable, max_bytes: int,
+                 error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.error_body = error_body
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -154,7 +162,7 @@ class BodyLimit:
         if too_large:
             err = ApiError(413, f"The request body is larger than this server's limit of {self.max_bytes} bytes.",
                            code="request_too_large")
-            await JSONResponse(err.body(), status_code=413)(scope, receive, send)
+            await JSONResponse(self.error_body(scope.get("path", ""), err), status_code=413)(scope, receive, send)
             return
         replayed = False
 

@@ -3,7 +3,8 @@ or a server-sent-event stream written by the dialect's `reply.Writer`.
 
 A request is submitted to the worker (queue full: 429), and the handler waits for the worker's first event:
 `Started` (the prompt fit and was evaluated) commits the response (200, streamed or not); `Failed` becomes the
-dialect's error JSON (e.g. 400 `context_length_exceeded`). A client that goes away is noticed (its `http.disconnect`:
+dialect's error JSON (e.g. 400 `context_length_exceeded`). A stream whose prompt takes longer than `STREAM_COMMIT_S`
+to evaluate is committed before it starts, with keep-alive comments (an agent's long first prefill). A client that goes away is noticed (its `http.disconnect`:
 listened for by the handler until a stream starts, then by sse-starlette) and its generation is cancelled at the next
 step, freeing the worker.
 
@@ -24,9 +25,14 @@ from sse_starlette import EventSourceResponse
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.reply import ReplyStream, Writer
 from specdec_cli.server.request import Defaults, Request
-from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Worker
+from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Started, Worker
 
 ErrorBody = Callable[[ApiError], dict]  # an API's error JSON for an ApiError
+# A stream whose prompt is still being evaluated after this many seconds is answered (200) before its reply begins,
+# with keep-alive comments meanwhile: coding agents' clients give up on a response whose headers take 300 s (Claude
+# Code's Bun fetch, Codex's stream_idle_timeout_ms), and a 20k-token prompt takes minutes on a CPU. A failure after
+# that travels in the stream (the writer's `failure`), not as an HTTP status.
+STREAM_COMMIT_S = 10.0
 
 
 @dataclass
@@ -72,8 +78,12 @@ class Context:
                 return body(error)
         return error.body()
 
-    async def respond(self, http: HttpRequest, request: Request, writer: Writer, *, stream: bool) -> Response:
+    async def respond(self, http: HttpRequest, request: Request, writer: Writer, *, stream: bool,
+                      on_start: Callable[[Started], None] | None = None) -> Response:
         """Serve `request` and answer in `writer`'s wire format: a JSON body, or a stream of events.
+
+        `on_start` is called with the worker's `Started` (prompt tokens, how many were cached) before the writer
+        writes anything, for a wire format that opens with the prompt's usage (Anthropic's `message_start`).
 
         The request is checked (`GenerationService.check`: the grammar of its tools and output format) before it is
         queued, so a bad request is a 400 without waiting. Raises ApiError: the request failed before its reply began
@@ -96,11 +106,18 @@ class Context:
         # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
         watcher = asyncio.ensure_future(_cancel_on_disconnect(http, worker, job))
         try:
-            first = await events.get()
+            try:
+                first = await asyncio.wait_for(events.get(), STREAM_COMMIT_S if stream else None)
+            except asyncio.TimeoutError:  # a long prefill: answer now, keep-alive comments until the reply begins
+                return EventSourceResponse(_stream(events, worker, job, writer, reply, on_start=on_start),
+                                           sep="\n", ping=15)
             if isinstance(first, Failed):
                 raise to_api_error(first.error, param=param)
+            if on_start is not None and isinstance(first, Started):
+                on_start(first)
             if stream:
-                return EventSourceResponse(_stream(events, worker, job, writer, reply), sep="\n", ping=15)
+                return EventSourceResponse(_stream(events, worker, job, writer, reply, started=True), sep="\n",
+                                           ping=15)
             while True:
                 event = await events.get()
                 if isinstance(event, Delta):
@@ -123,11 +140,24 @@ async def _cancel_on_disconnect(http: HttpRequest, worker: Worker, job: Job) -> 
             return
 
 
-async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, reply: ReplyStream):
+async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, reply: ReplyStream, *,
+                  started: bool = False, on_start: Callable[[Started], None] | None = None):
     """The server-sent events of a stream: the writer's opening, its events for each reply event, its closing. A
     failure mid-stream is the writer's `failure`. When the client disconnects, sse-starlette cancels this generator;
-    `finally` cancels the generation."""
+    `finally` cancels the generation.
+
+    Not `started`: the response was committed while the prompt was still being evaluated (`STREAM_COMMIT_S`); the
+    worker's `Started` (or `Failed`, then the writer's `failure`) comes first, meanwhile sse-starlette's keep-alive
+    comments flow."""
     try:
+        if not started:
+            first = await events.get()
+            if isinstance(first, Failed):
+                for sse in writer.failure(to_api_error(first.error)):
+                    yield sse
+                return
+            if on_start is not None and isinstance(first, Started):
+                on_start(first)
         for sse in writer.opening():
             yield sse
         while True:

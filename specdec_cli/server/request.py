@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.core.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Grammar
@@ -219,3 +220,14 @@ class Defaults:
     min_p: float = 0.05
     seed: int | None = None
     max_tokens: int | None = None
+
+    def sampling(self, *, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 min_p: float | None = None, seed: int | None = None) -> SamplingParams:
+        """A request's sampling: each value it sets (not None), else the server's."""
+        return SamplingParams(
+            temperature=self.temperature if temperature is None else temperature,
+            top_k=self.top_k if top_k is None else top_k,
+            top_p=self.top_p if top_p is None else top_p,
+            min_p=self.min_p if min_p is None else min_p,
+            seed=self.seed if seed is None else seed,
+        )

@@ -9,7 +9,9 @@ sees only requests, text, records and `RequestStats`.
 
 One engine (one drafter, one K controller) serves every request, so the suffix store and `--k auto` learn across
 requests; the target's KV cache is never cleared between requests: `backend.sync` at the start of each generation
-keeps the longest common prefix with the previous one (chat clients resend the whole conversation).
+keeps the longest common prefix with the previous one (chat clients resend the whole conversation), and a long
+conversation's KV is parked in memory while a request with other tokens runs (`stores.kv_parking`: a coding agent's
+title request between two turns), then swapped back in for its next turn.
 
 Not thread-safe: llama.cpp's context is not. `check` and `parser` touch no model (the HTTP side calls them); every
 other method runs on one thread (`specdec_cli.server.worker.Worker`).
@@ -31,6 +33,7 @@ from specdec_cli.server.request import Message, Request
 from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
+from specdec_cli.stores.kv_parking import KvParking
 
 
 class GenerationService:
@@ -52,6 +55,7 @@ class GenerationService:
         self.model_id = model_id or session.target_path.stem
         self.assembler = Assembler(session)  # the drafter and `--k auto`'s controller, saved by `close`
         self._engine = self.assembler.engine(spec, saved_k=saved_k)
+        self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
         self.tool_tags: Tags = detect_tags(lambda t: target.tokenize(t, add_special=False, parse_special=True),
@@ -142,11 +146,14 @@ class GenerationService:
 
     def close(self) -> None:
         """Save what was learnt (`Assembler.close`: the drafter's store, `--k auto`'s controller), then free the
-        models (`Session.close`). Idempotent."""
+        models (`Session.close`). The KV cache goes to the prompt cache first: a finished request's is saved already
+        (then this writes nothing), but a request that did not finish (a client that gave up during a long prefill,
+        a shutdown mid-reply) would otherwise be evaluated again after a restart. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            self._engine.save_prompt()
             self.assembler.close()
         finally:
             self.session.close()

@@ -45,15 +45,18 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 # llguidance's JSON options: one-line JSON with ", " and ": " between items, as Qwen2.5's template writes the calls
 # of earlier turns (Jinja's `tojson`) and as `constraint.json_schema` lays out JSON by default
-INLINE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-FREE = {"whitespace_flexible": True}
+# "lenient": keywords llguidance does not implement (e.g. propertyNames, in Claude Code's tools) are not enforced
+# instead of failing the grammar; `check_parameters` decides beforehand whether a translator allows them
+INLINE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+FREE = {"whitespace_flexible": True, "lenient": True}
 FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"  # a call as a Markdown JSON block (auto only, the whole reply)
 FENCED_CALL = FENCE_OPEN + "{"
 
 
-def check_parameters(parameters: Any, param: str) -> dict:
+def check_parameters(parameters: Any, param: str, *, lenient: bool = False) -> dict:
     """A tool's arguments schema, checked: compiled once by llguidance so a bad schema is a 400 that says where
     (`param`: the field it came in, e.g. "tools.0.function.parameters"); None = a tool without parameters.
+    `lenient`: keywords llguidance does not implement are accepted and not enforced (llguidance's `lenient`).
 
     Raises ApiError (400, `param`).
     """
@@ -62,7 +65,7 @@ def check_parameters(parameters: Any, param: str) -> dict:
     if not isinstance(parameters, dict):
         raise ApiError(400, f"{param} is not a JSON schema object.", param=param)
     try:
-        json_schema(parameters, name=param)
+        json_schema({**parameters, "x-guidance": {"lenient": True}} if lenient else parameters, name=param)
     except GrammarError as e:
         raise ApiError(400, str(e), param=param) from None
     return parameters

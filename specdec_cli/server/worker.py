@@ -20,8 +20,9 @@ import os
 import sys
 import threading
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 from specdec_cli.core.records import Finish, Prefill, Step
 from specdec_cli.server.request import Request
@@ -31,12 +32,19 @@ from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
 from specdec_cli.spec import Method
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Started:
-    """The prompt fit and was evaluated (prefill done); generation is under way."""
+    """The prompt fit and was evaluated (prefill done); generation is under way.
+
+    Attributes:
+        n_prompt: prompt tokens. n_cached: of them, those the KV cache or the prompt cache held (not evaluated).
+    """
 
     n_prompt: int
+    n_cached: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,16 @@ Event = Started | Delta | Done | Failed
 
 
 class Job:
-    """A submitted request: its id (for the log), its delivery callback, and whether it was cancelled."""
+    """A submitted request: its id (for the log), its delivery callback, and whether it was cancelled; or a task
+    (`Worker.run`): a function of the service, run in turn, whose result goes to a future."""
 
-    def __init__(self, job_id: int, request: Request, deliver: Callable[[Event], None]) -> None:
+    def __init__(self, job_id: int, request: Request | None, deliver: Callable[[Event], None],
+                 task: Callable[[GenerationService], Any] | None = None) -> None:
         self.id = job_id
         self.request = request
         self.deliver = deliver
+        self.task = task
+        self.result: Future = Future()
         self.cancelled = threading.Event()
 
 
@@ -107,13 +119,27 @@ class Worker:
 
         Raises: QueueFullError (the queue is at its bound), ShuttingDownError.
         """
+        return self._queue(request, deliver)
+
+    def run(self, task: Callable[[GenerationService], T]) -> Future[T]:
+        """Queue `task(service)` to run on this thread in turn (what touches the models without generating, e.g.
+        tokenizing a prompt to count it: llama.cpp's context must not be used by two threads at once).
+
+        Returns a `concurrent.futures.Future` with the task's result or exception (await it with
+        `asyncio.wrap_future`); a task dropped at shutdown fails with ShuttingDownError.
+        Raises: QueueFullError, ShuttingDownError.
+        """
+        return self._queue(None, lambda event: None, task).result
+
+    def _queue(self, request: Request | None, deliver: Callable[[Event], None],
+               task: Callable[[GenerationService], Any] | None = None) -> Job:
         with self._cv:
             if self._stopping:
                 raise ShuttingDownError()
             # while the worker is idle, the first waiting job is about to run: it does not count against the bound
             if len(self._pending) >= self.bound + (self._current is None):
                 raise QueueFullError(self.bound)
-            job = Job(next(self._ids), request, deliver)
+            job = Job(next(self._ids), request, deliver, task)
             self._pending.append(job)
             self._cv.notify()
         return job
@@ -138,6 +164,8 @@ class Worker:
             self._cv.notify_all()
         for job in waiting:
             _send(job, Failed(ShuttingDownError()))
+            if job.task is not None:
+                job.result.set_exception(ShuttingDownError())
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
@@ -165,7 +193,10 @@ class Worker:
                     return
                 job = self._current = self._pending.popleft()
             try:
-                self._serve(job)
+                if job.task is not None:
+                    _run_task(job, self.service)
+                else:
+                    self._serve(job)
             except Exception as e:  # not expected (`_serve` catches); the thread must outlive it all the same
                 _send(job, Failed(e))
             finally:
@@ -183,8 +214,8 @@ class Worker:
             for record in drive:
                 if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
                     break  # closing the drive (finally) stops the engine before its next step
-                if isinstance(record, Prefill):
-                    _send(job, Started(len(tokens)))  # the prompt fit and was evaluated
+                if isinstance(record, Prefill):  # the prompt fit and was evaluated
+                    _send(job, Started(len(tokens), max(record.n_prompt - 1 - record.n_evaluated, 0)))
                 elif isinstance(record, Step) and (record.text or record.logprobs):
                     _send(job, Delta(record.text, service.pieces(record.logprobs)))
                 elif isinstance(record, Finish):
@@ -212,6 +243,14 @@ class Worker:
                 drive.close()  # the engine's finally: the KV cache keeps only committed tokens
         stats = RequestStats.of(drive) if drive is not None else RequestStats(RunStats())
         self.log(log_line(job.id, request.label, stats, outcome, self.service.method))
+
+
+def _run_task(job: Job, service: GenerationService) -> None:
+    """Run a `Worker.run` task; its result or exception goes to its future."""
+    try:
+        job.result.set_result(job.task(service))
+    except Exception as e:
+        job.result.set_exception(e)
 
 
 def _send(job: Job, event: Event) -> None:

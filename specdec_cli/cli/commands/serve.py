@@ -50,6 +50,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     err.print(f"specdec serve: {service.model_id} (--method {spec.method}) at {base_url(sock)}"
               f"{' (API key required)' if api_key else ''}; one line per request below; Ctrl-C stops.",
               highlight=False, markup=False)
+    err.print(context_line(service.n_ctx), highlight=False, markup=False)
     try:
         with _signals_handled_by_server():
             server.run(sockets=[sock])
@@ -60,6 +61,18 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         sock.close()
     err.print("specdec serve: stopped; what was learnt is saved.", highlight=False, markup=False)
     return 0
+
+
+AGENT_PROMPT_TOKENS = 25_000  # the longest coding-agent prompt seen (Claude Code 2.1's first request: ~20k tokens)
+
+
+def context_line(n_ctx: int) -> str:
+    """The start-up line about the context window: whether it holds a coding agent's prompt, else the --ctx that
+    would."""
+    if n_ctx >= AGENT_PROMPT_TOKENS:
+        return f"context window: {n_ctx} tokens (holds coding agents' prompts: Claude Code's, Codex's)."
+    return (f"context window: {n_ctx} tokens: too small for coding agents' prompts (Claude Code's ~20k tokens); "
+            "use --ctx 32768.")
 
 
 def require_extra() -> None:
