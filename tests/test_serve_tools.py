@@ -47,11 +47,15 @@ def ask(client, content: str = "weather in Paris?", **kw):
 
 
 # -- tool calls through the server ------------------------------------------------------------------------------------
-def scripted(reply: str, n_prompt: int):
-    """Logits that write `reply` after the prompt (the longest token that continues it: a grammar may force merges),
-    then the end token."""
+def scripted(reply: str, *markers: bytes):
+    """Logits that write `reply` after the prompt's last marker (default "~"; the longest token that continues it:
+    a grammar may force merges), then the end token."""
+    markers = markers or (b"~",)
+
     def fn(prefix):
-        rest = reply.encode()[len(b"".join(CHARS[int(t)] for t in prefix[n_prompt:])):]
+        text = b"".join(CHARS[int(t)] for t in prefix)
+        start = max(text.rfind(m) + len(m) for m in markers if m in text)
+        rest = reply.encode()[len(text) - start:]
         logits = np.full(V, -10.0, np.float32)
         for t, piece in enumerate(CHARS):
             if piece and rest.startswith(piece):
@@ -67,9 +71,8 @@ def test_a_call_followed_by_a_newline_and_the_end_token_ends_the_reply(choice):
     # Qwen2.5-Coder ends its calls with "</tool_call>\n" and then its end token (both at p ~ 1); a grammar that let
     # "\n" only start another call forced a second call, then a third...: pydantic-ai's reply to a full context
     reply = FORCED_CALL + "\n"
-    b = FakeBackend(vocab=V, pieces=CHARS, n_ctx=512)
-    prompt = b.tokenize("Q:")
-    b.fn = scripted(reply, len(prompt))
+    b = FakeBackend(scripted(reply), vocab=V, pieces=CHARS, n_ctx=512)
+    prompt = b.tokenize("Q:~")
     tools = check_tools([WEATHER], choice, None)
     records = list(SpeculativeEngine(b).generate(prompt, GenerationConfig(grammar=grammar(tools, Tags()),
                                                                             max_tokens=300)))
@@ -107,6 +110,82 @@ def test_a_forced_tool_call_is_served_as_tool_calls_streamed_and_not():
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
+TIME_CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+
+
+def heads(chunks) -> list:
+    """The streamed calls' first deltas (index, id, name)."""
+    return [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or () if tc.id is not None]
+
+
+def test_a_reply_ends_before_it_repeats_a_call_and_nothing_of_the_repeat_streams():
+    # a greedy model copies its call (prompt lookup drafts each copy): the reply ends before the first repeat
+    script = FORCED_CALL + "\n" + TIME_CALL + "\n" + FORCED_CALL + "\n" + TIME_CALL + "\n"
+    backend = FakeBackend(scripted(script), vocab=V, pieces=CHARS, n_ctx=1024)
+    with serving(backend) as s:
+        whole = ask(s.client(), "weather?~", tools=[WEATHER, TIME], tool_choice="required", max_tokens=400)
+        chunks = list(ask(s.client(), "weather?~", tools=[WEATHER, TIME], tool_choice="required", max_tokens=400,
+                          stream=True))
+        lines = list(s.lines)
+    calls = whole.choices[0].message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        ("get_weather", '{"city": "Paris", "unit": "C"}'), ("get_time", '{"zone": "UTC"}')]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert [(h.index, h.function.name) for h in heads(chunks)] == [(0, "get_weather"), (1, "get_time")]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert "ended before a repeated tool call" in lines[0] and "finish stop" in lines[0]
+
+
+def test_a_call_cut_by_the_token_limit_is_never_returned_nor_streamed():
+    script = FORCED_CALL + "\n" + TIME_CALL + "\n"
+    budget = len(greedy_tokenize(CHARS, (FORCED_CALL + "\n" + TIME_CALL[:30]).encode(), set()))
+    backend = FakeBackend(scripted(script), vocab=V, pieces=CHARS, n_ctx=1024)
+    with serving(backend) as s:
+        whole = ask(s.client(), "weather?~", tools=[WEATHER, TIME], max_tokens=budget)
+        chunks = list(ask(s.client(), "weather?~", tools=[WEATHER, TIME], max_tokens=budget, stream=True))
+        head = len(greedy_tokenize(CHARS, b'<tool_call>\n{"na', set()))
+        cut_early = ask(s.client(), "weather?~", tools=[WEATHER, TIME], max_tokens=head)  # inside the call's head
+    [call] = whole.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and whole.choices[0].finish_reason == "length"
+    assert not whole.choices[0].message.content  # the cut call's text is not content either
+    assert [h.function.name for h in heads(chunks)] == ["get_weather"]
+    args = "".join(tc.function.arguments for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ())
+    assert args == '{"city": "Paris", "unit": "C"}'
+    assert cut_early.choices[0].message.tool_calls is None and not cut_early.choices[0].message.content
+    assert cut_early.choices[0].finish_reason == "length"
+
+
+def test_a_call_the_last_turn_made_and_got_a_result_for_is_not_made_again():
+    # openai-agents' MaxTurnsExceeded: the same call again after the tool's result. The repeat is dropped and, the
+    # reply being empty then, generated again without tool calls; a call the last turn did not make is fine
+    def conversation(name, arguments):
+        return [{"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "22 C~"}]
+
+    backend = FakeBackend(scripted(FORCED_CALL + "\n"), vocab=V, pieces=CHARS, n_ctx=1024)
+    with serving(backend) as s:
+        client = s.client()
+        again = client.chat.completions.create(  # the same call, its arguments in another key order and layout
+            model="fake", messages=conversation("get_weather", '{"unit":"C",  "city":"Paris"}'), tools=[WEATHER, TIME],
+            max_tokens=120)
+        chunks = list(client.chat.completions.create(
+            model="fake", messages=conversation("get_weather", '{"unit":"C",  "city":"Paris"}'), tools=[WEATHER, TIME],
+            max_tokens=120, stream=True))
+        other = client.chat.completions.create(
+            model="fake", messages=conversation("get_time", '{"zone": "UTC"}'), tools=[WEATHER, TIME], max_tokens=120)
+        lines = list(s.lines)
+    assert again.choices[0].message.tool_calls is None
+    assert "<tool_call>" not in again.choices[0].message.content and again.choices[0].message.content
+    assert again.choices[0].finish_reason in ("stop", "length")
+    assert heads(chunks) == []
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == again.choices[0].message.content
+    assert "generated again without tools" in lines[0]
+    [call] = other.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and other.choices[0].finish_reason == "tool_calls"
+
+
 def test_the_openai_stream_helper_accumulates_a_named_call():
     with serving(chars_backend()) as s:
         with s.client().chat.completions.stream(
@@ -121,20 +200,18 @@ def test_the_openai_stream_helper_accumulates_a_named_call():
 
 
 def test_parallel_calls_stream_with_their_own_index_and_id():
-    one = len(greedy_tokenize(CHARS, FORCED_CALL.encode(), set()))
-    head = len(greedy_tokenize(CHARS, b'\n<tool_call>\n{"name": "get_weather", "arguments": {"ci', set()))
-    budget = 2 * one + head  # two calls and the beginning of a third's arguments
-    with serving(chars_backend()) as s:
-        chunks = list(ask(s.client(), tools=[WEATHER], tool_choice="required", max_tokens=budget, stream=True))
-        whole = ask(s.client(), tools=[WEATHER], tool_choice="required", max_tokens=budget)
+    script = FORCED_CALL + "\n" + TIME_CALL + "\n"
+    backend = FakeBackend(scripted(script), vocab=V, pieces=CHARS, n_ctx=1024)
+    with serving(backend) as s:
+        chunks = list(ask(s.client(), "weather?~", tools=[WEATHER, TIME], tool_choice="required", stream=True,
+                          max_tokens=200))
+        whole = ask(s.client(), "weather?~", tools=[WEATHER, TIME], tool_choice="required", max_tokens=200)
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
-    heads = [tc for tc in calls if tc.id is not None]
-    assert [h.index for h in heads] == [0, 1, 2]  # two whole calls, and the start of a third cut by max_tokens
-    assert len({h.id for h in heads}) == 3
-    args = ["".join(tc.function.arguments for tc in calls if tc.index == i) for i in range(3)]
-    assert args[:2] == ['{"city": "Paris", "unit": "C"}'] * 2
+    assert [h.index for h in heads(chunks)] == [0, 1] and len({h.id for h in heads(chunks)}) == 2
+    args = ["".join(tc.function.arguments for tc in calls if tc.index == i) for i in range(2)]
+    assert args == ['{"city": "Paris", "unit": "C"}', '{"zone": "UTC"}']
     assert [c.function.arguments for c in whole.choices[0].message.tool_calls] == args
-    assert whole.choices[0].finish_reason == "length"  # cut short: not "tool_calls"
+    assert whole.choices[0].finish_reason == "tool_calls"
 
 
 def test_tool_turns_are_accepted_and_none_keeps_tool_calls_out():

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from specdec_cli.server.errors import ApiError, to_api_error
-from specdec_cli.server.reply import ReplyStream, Writer
+from specdec_cli.server.reply import Writer
 from specdec_cli.server.request import Defaults, Request
 from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Worker
 
@@ -81,7 +81,6 @@ class Context:
         """
         worker, service = self.worker, self.service
         request = service.check(request)
-        reply = ReplyStream(service.parser(request))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -93,6 +92,7 @@ class Context:
             job = worker.submit(request, deliver)
         except Exception as e:  # QueueFullError (429), ShuttingDownError (503)
             raise to_api_error(e) from None
+        reply = job.reply  # parsed and collected on the worker thread; complete once `Done` came
         # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
         watcher = asyncio.ensure_future(_cancel_on_disconnect(http, worker, job))
         try:
@@ -100,13 +100,10 @@ class Context:
             if isinstance(first, Failed):
                 raise to_api_error(first.error, param=param)
             if stream:
-                return EventSourceResponse(_stream(events, worker, job, writer, reply), sep="\n", ping=15)
+                return EventSourceResponse(_stream(events, worker, job, writer), sep="\n", ping=15)
             while True:
                 event = await events.get()
-                if isinstance(event, Delta):
-                    reply.delta(event.text, event.logprobs)
-                elif isinstance(event, Done):
-                    reply.done(event.stats)
+                if isinstance(event, Done):
                     return JSONResponse(writer.body(reply))
                 elif isinstance(event, Failed):
                     raise to_api_error(event.error, param=param)
@@ -123,7 +120,7 @@ async def _cancel_on_disconnect(http: HttpRequest, worker: Worker, job: Job) -> 
             return
 
 
-async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, reply: ReplyStream):
+async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer):
     """The server-sent events of a stream: the writer's opening, its events for each reply event, its closing. A
     failure mid-stream is the writer's `failure`. When the client disconnects, sse-starlette cancels this generator;
     `finally` cancels the generation."""
@@ -132,10 +129,8 @@ async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Write
             yield sse
         while True:
             event = await events.get()
-            if isinstance(event, Delta):
-                batch = reply.delta(event.text, event.logprobs)
-            elif isinstance(event, Done):
-                batch = reply.done(event.stats)
+            if isinstance(event, (Delta, Done)):
+                batch = event.events
             elif isinstance(event, Failed):
                 for sse in writer.failure(to_api_error(event.error)):
                     yield sse

@@ -26,7 +26,8 @@ from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.reply import PieceLogprob
+from specdec_cli.server.guards import CallGuard
+from specdec_cli.server.reply import PieceLogprob, ReplyStream
 from specdec_cli.server.request import Message, Request
 from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
 from specdec_cli.session import Session
@@ -86,6 +87,19 @@ class GenerationService:
         calls = request.calls_tools
         loose = calls and request.tools.mode == "auto" and request.output is None
         return ReplyParser(calls, loose=loose)
+
+    def reply(self, request: Request) -> ReplyStream:
+        """The reply of `request`, parsed and collected as it is generated: its parser, and the guard against
+        repeated tool calls (`guards.CallGuard`: none identical to an earlier one of the reply, or to an answered
+        one of the conversation's last assistant turn)."""
+        return ReplyStream(self.parser(request), CallGuard.of(request.messages))
+
+    def without_calls(self, request: Request) -> Request:
+        """`request` with tool_choice "none" (the same prompt: the template still shows the tools), `check`ed: the
+        worker's second generation after a reply that stopped before a repeated call and said nothing."""
+        if request.tools is None:
+            return request
+        return self.check(replace(request, tools=replace(request.tools, mode="none")))
 
     # -- prompts (the worker thread) ------------------------------------------------------------------------------
     def prompt_tokens(self, request: Request) -> list[int]:

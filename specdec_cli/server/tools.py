@@ -196,10 +196,13 @@ class ReplyParser:
         self._buf += text
         return self._drain(final=False)
 
-    def close(self) -> list[ReplyEvent]:
-        """Events for what was held back, at the end of the reply (a call cut short by max_tokens keeps the
-        arguments written so far)."""
+    def close(self, cut: bool = False) -> list[ReplyEvent]:
+        """Events for what was held back, at the end of the reply. `cut` (max_tokens or the context ended it): a
+        call still unfinished gives nothing (the arguments written so far are not JSON); without `cut`, it ends
+        with what was written (possible only without a grammar)."""
         if not self.tools:
+            return []
+        if cut and self._state != "text":  # `feed` drained all it could: what is left is the unfinished call
             return []
         return self._drain(final=True)
 
