@@ -8,7 +8,11 @@ One internal request, one event stream, a translator per API (STYLE.md, habit 14
               translators: OpenAI's Chat Completions and Completions (wire models in, wire JSON and events out).
     http      answering one request for any translator: submit, wait for the start, JSON or server-sent events.
     service   the only contact with the engine: owns the loaded `Session`, renders prompts, drives generations.
-    tools     tool calls: checked schemas, the grammar of a reply under tools, the parser of calls in the reply.
+    tools     tool calls: checked schemas, and the Hermes `<tool_call>` format's grammar and reply parser.
+    tool_formats
+              the tool-call format of each template family (Hermes, Llama 3, Mistral, Phi-4, generic JSON):
+              detected from the chat template; how it renders tools and history, its grammar, its parser.
+    guards    loop guards: no reply repeats a tool call (of its own, or the last turn's answered ones).
     worker    one thread that serves requests one at a time in arrival order, from a bounded queue.
     errors    the one table mapping exceptions to HTTP status codes and error fields.
     app       the ASGI app (FastAPI + sse-starlette): mounts each translator's routes, authentication, errors.
