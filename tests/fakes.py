@@ -18,6 +18,8 @@ from specdec_cli.errors import ContextOverflowError
 
 V = 32
 EOS = 1
+# what `FakeBackend.chat_template` reports for its toy format (a Hermes-style template: `tool_formats.detect`)
+TOY_TEMPLATE = "{# FakeBackend's toy format: the tools named on a <tool_call> line, then the contents #}"
 
 
 def word(token: int) -> bytes:
@@ -79,8 +81,10 @@ class FakeBackend:
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
                  n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS,
-                 pieces: Sequence[bytes] | None = None) -> None:
-        """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`."""
+                 pieces: Sequence[bytes] | None = None, chat_template: str | None = None) -> None:
+        """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`. chat_template: a
+        Jinja chat template `format_chat` renders (as `LlamaBackend` does); None = the toy format below."""
+        self.template = chat_template
         self.fn = fn
         self.pieces = list(pieces) if pieces is not None else None
         self._lltok = None
@@ -186,9 +190,18 @@ class FakeBackend:
     def vocab_info(self) -> VocabInfo:
         return VocabInfo(vocab_type=2, n_vocab=self._vocab, bos=-1, eos=self._eos, fingerprint=f"fake-{self._vocab}")
 
+    def chat_template(self) -> str | None:
+        return self.template if self.template is not None else TOY_TEMPLATE
+
     def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None) -> str:
-        """The contents joined with spaces (a past call as its JSON); with tools, first a line that names them in
-        the `<tool_call>` format (as Qwen2.5's template asks for it)."""
+        """The given chat template rendered (`render_chat_template`, no BOS/EOS text); without one, the toy format:
+        the contents joined with spaces (a past call as its JSON); with tools, first a line that names them in the
+        `<tool_call>` format (as Qwen2.5's template asks for it)."""
+        if self.template is not None:
+            from specdec_cli.models.llama import render_chat_template
+
+            return render_chat_template(self.template, messages, bos_token="", eos_token="",
+                                        add_generation_prompt=add_generation_prompt, tools=tools)
         parts = [f"<tool_call> {' '.join(t['function']['name'] for t in tools)}\n"] if tools else []
         for m in messages:
             parts.append(m.get("content") or "")

@@ -370,3 +370,55 @@ def test_a_draft_that_ends_the_reply_is_accepted_whole():
                                                    FixedK(4)), prompt, g, max_tokens=10)
     assert text(tokens) == "xk" and records[-1].finish_reason == "eog"
     assert len(steps) == 1 and steps[0].n_accepted == 3 and steps[0].target_token is None
+
+
+# --- issue 27 (B): a draft that completes the grammar and goes on with the end token ------------------------------
+A_, B_, C_, X_ = (ord(c) for c in "abcx")
+
+
+def _axc(prefix):
+    """The model writes "a", then "x" (not the draft's "b"), then "c", then ends."""
+    logits = np.zeros(len(CHARS), np.float32)
+    logits[{A_: X_, X_: C_, C_: EOS}.get(int(prefix[-1]), A_)] = 5.0
+    return logits
+
+
+class _Replay(DrafterBase):
+    """Drafts an earlier reply "abc" + its end token after the prompt, as the past-outputs store does."""
+
+    name = "store"
+
+    def __init__(self, n_prompt):
+        self.n_prompt = n_prompt
+
+    def propose(self, context, k, sampling, rng):
+        done = len(context) - self.n_prompt
+        return Draft(tokens=np.asarray([A_, B_, C_, EOS][done:done + k], np.int32), source=self.name, match_len=8)
+
+
+def test_a_draft_ending_with_eos_after_the_grammar_completes_is_rolled_back_exactly():
+    # llguidance's matcher is stopped after "c" and takes the end token without recording it: rolling back the
+    # 3 rejected draft tokens ("b", "c", EOS) took one token too many, and the target's "x" was refused as
+    # "doesn't satisfy the grammar" (the 400 openai-agents got mid-reply)
+    b = FakeBackend(_axc, vocab=len(CHARS), pieces=CHARS, n_ctx=256)
+    prompt = b.tokenize("Q:")
+    engine = SpeculativeEngine(b, _Replay(len(prompt)), FixedK(4))
+    g = constraint.from_lark('start: ("a" | "z") ("b" | "x") "c"\n', name="g")  # nothing forced
+    records = list(engine.generate(prompt, GenerationConfig(grammar=g, max_tokens=16)))
+    out = [t for r in records if isinstance(r, Step) for t in r.emitted]
+    assert bytes(out).decode() == "axc"
+    assert records[-1] == Finish("eog")
+
+
+def test_a_constraint_out_of_step_recovers_from_the_committed_tokens(caplog):
+    # an inconsistency inside the server is a bug, never the client's grammar: the matcher is rebuilt from the
+    # committed output (logged), and the generation goes on
+    b = FakeBackend(vocab=len(CHARS), pieces=CHARS)
+    c = Constraint(constraint.from_lark('start: "a" ("b" | "x") "c"\n', name="g"), b.lltokenizer(), b.n_vocab)
+    c.masks(np.asarray([A_], np.int32))
+    c.commit(1, X_)
+    c.matcher.rollback(1)  # out of step with the engine: the matcher forgot the "x" the engine committed
+    c.masks(np.zeros(0, np.int32))
+    with caplog.at_level("WARNING"):
+        c.commit(0, C_)
+    assert c.done and "out of step" in caplog.text

@@ -5,6 +5,7 @@ Slow (each generation takes seconds on a CPU): run one file at a time, `-m qwen`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -33,12 +34,10 @@ QUESTION = [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 
-@pytest.fixture(scope="module")
-def client(qwen_pair, tmp_path_factory):
-    target, _ = qwen_pair
-    session = open_session(ModelOptions(target=str(target), ctx=2048, threads=2, prompt_cache=False),
-                           method="auto")
-    service = GenerationService(session, SpecOptions(method="auto"))
+@contextlib.contextmanager
+def loopback(session, method: str):
+    """The real service over `session` on a free loopback port, in this process: (service, openai client)."""
+    service = GenerationService(session, SpecOptions(method=method))
     worker = Worker(service, log=lambda line: None)
     sock = bind("127.0.0.1", 0)
     server = make_server(create_app(worker))
@@ -48,7 +47,7 @@ def client(qwen_pair, tmp_path_factory):
     while not server.started:
         time.sleep(0.05)
     try:
-        yield openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600)
+        yield service, openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600)
     finally:
         worker.stop()
         server.should_exit = True
@@ -56,6 +55,15 @@ def client(qwen_pair, tmp_path_factory):
         worker.join(30)
         service.close()
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def client(qwen_pair, tmp_path_factory):
+    target, _ = qwen_pair
+    session = open_session(ModelOptions(target=str(target), ctx=2048, threads=2, prompt_cache=False),
+                           method="auto")
+    with loopback(session, "auto") as (_, client):
+        yield client
 
 
 class Person(BaseModel):
@@ -107,3 +115,21 @@ def test_a_tool_round_trip_with_logprobs(client, stream):
     assert "".join(e.token for e in entries) == answer.content
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
     assert all(e.top_logprobs[0].logprob >= e.logprob - 1e-4 for e in entries)  # greedy: the likeliest token
+
+
+FINAL = {"type": "function", "function": {
+    "name": "final_result", "description": "The final response which ends this conversation",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+                   "required": ["city", "country"]}}}
+
+
+def test_the_template_is_hermes_and_a_required_call_ends_after_it(client):
+    # issue 27 (A): pydantic-ai's default tool output; Qwen2.5-Coder ends its call with "\n" and its end token, which
+    # the grammar used to turn into a second call, and a third, to the token limit
+    resp = client.chat.completions.create(
+        model="qwen", messages=[{"role": "user", "content": "The capital of France, please."}], tools=[FINAL],
+        tool_choice="required", max_tokens=200, temperature=0)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and resp.usage.completion_tokens < 100, resp
+    assert [c.function.name for c in choice.message.tool_calls] == ["final_result"]
+    assert json.loads(choice.message.tool_calls[0].function.arguments)["city"] == "Paris"

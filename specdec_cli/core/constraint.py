@@ -11,7 +11,8 @@ A `Constraint` is one generation's grammar state: an llguidance `LLMatcher` over
 - `cut(draft)`: the longest prefix of a draft the grammar allows (`validate_tokens`), before it is verified;
 - `masks(draft)`: the allowed-token bitmask for every verified row (row i after draft[:i]), int32 [k + 1, ceil(V/32)]
   (llguidance's layout: token t allowed iff bit t % 32 of word t // 32 is set); the matcher is then past the draft;
-- `commit(n_rejected, token)`: roll back the drafts verification rejected (`rollback`), then take the target's token;
+- `commit(n_accepted, token)`: roll back the drafts verification rejected (`rollback`), then take the target's token;
+  a matcher found out of step with the engine (a bug) is rebuilt from the committed tokens and the event logged;
 - `done`: the grammar is complete and allows nothing more (or only the end-of-generation token).
 
 This is how llama.cpp (common/llguidance.cpp) and vLLM (structured outputs with speculative decoding: masks for the
@@ -26,15 +27,18 @@ whitespace) every key and separator after a value is forced, and the model write
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from specdec_cli.errors import UsageError
+from specdec_cli.errors import SpecdecError, UsageError
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer
+
+log = logging.getLogger(__name__)
 
 JsonLayout = Literal["inline", "free"]
 LAYOUTS: tuple[str, ...] = ("inline", "free")
@@ -49,6 +53,11 @@ _LAYOUT_OPTIONS: dict[str, dict[str, Any]] = {
 
 class GrammarError(UsageError):
     """A JSON schema or grammar llguidance cannot compile; the message names the source and where it is wrong."""
+
+
+class ConstraintStateError(SpecdecError):
+    """The grammar's state and the engine's output disagree and could not be rebuilt: a bug in specdec, never the
+    user's grammar (an internal error: exit code 1, HTTP 500)."""
 
 
 @dataclass(frozen=True)
@@ -209,14 +218,21 @@ class Constraint:
     """
 
     def __init__(self, grammar: Grammar, tokenizer: LLTokenizer, n_vocab: int) -> None:
-        from llguidance import LLMatcher
-
         self.grammar = grammar
         self.n_vocab = n_vocab
         self.words = (n_vocab + 31) // 32
-        self.matcher: LLMatcher = LLMatcher(tokenizer, LLMatcher.grammar_from_lark(grammar.lark), log_level=0)
+        self._tokenizer = tokenizer
+        self.matcher: LLMatcher = self._new_matcher()
         self._check(f"{grammar.name}: ")
         self._rows = np.zeros((8, self.words), dtype=np.int32)  # grows to the longest verify batch
+        self._consumed = 0  # draft tokens the last `masks` consumed
+        self._pending: list[int] = []  # those tokens
+        self._committed: list[int] = []  # the output so far (to rebuild the matcher from, should it fall out of step)
+
+    def _new_matcher(self) -> LLMatcher:
+        from llguidance import LLMatcher
+
+        return LLMatcher(self._tokenizer, LLMatcher.grammar_from_lark(self.grammar.lark), log_level=0)
 
     def _check(self, prefix: str = "") -> None:
         if self.matcher.is_error():
@@ -233,26 +249,54 @@ class Constraint:
 
     def masks(self, draft: np.ndarray) -> np.ndarray:
         """The allowed tokens of each verified row: int32 [k + 1, words] bitmask, row i after draft[:i] (draft:
-        int [k], all allowed: `cut` it first). Afterwards the matcher is past the whole draft (`commit` rolls back
-        what verification rejects). The array is reused by the next call."""
+        int [k], all allowed: `cut` it first). Afterwards the matcher is past the draft (`commit` rolls back what
+        verification rejects). The array is reused by the next call.
+
+        A draft may complete the grammar and go on with the end-of-generation token (the past-outputs store drafts
+        whole earlier replies, their end included). llguidance takes that token on a stopped matcher without
+        recording it in its rollback history (vLLM's fix: vllm-project/vllm PR 25905), so nothing is consumed once
+        the matcher is stopped (its rows then allow only the end token) and `commit` rolls back only what was.
+
+        Raises ConstraintStateError: a draft token the grammar refuses (`cut` allowed it: a bug)."""
         k = len(draft)
         if self._rows.shape[0] < k + 1:
             self._rows = np.zeros((2 * (k + 1), self.words), dtype=np.int32)
         rows = self._rows[: k + 1]
         nbytes = self.words * 4
+        self._consumed = 0
         for i in range(k + 1):
             self.matcher.unsafe_compute_mask_ptr(rows[i].ctypes.data, nbytes)
-            if i < k and not self.matcher.consume_token(int(draft[i])):
-                self._check("the draft left the grammar: ")
+            if i < k and not self.matcher.is_stopped():
+                if not self.matcher.consume_token(int(draft[i])):
+                    raise ConstraintStateError(f"{self.grammar.name}: a draft token the grammar refuses reached "
+                                               f"verification ({self.matcher.get_error()}); a bug in specdec.")
+                self._consumed += 1
+        self._pending = [int(t) for t in draft[: self._consumed]]
         return rows
 
-    def commit(self, n_rejected: int, token: int) -> None:
-        """Verification rejected the last `n_rejected` draft tokens: roll them back, then consume the target's
-        `token` (allowed by its row's mask). Raises GrammarError when the matcher fails (a bug)."""
-        if n_rejected:
-            self.matcher.rollback(n_rejected)
-        self.matcher.consume_token(int(token))
-        self._check()
+    def commit(self, n_accepted: int, token: int) -> None:
+        """Verification accepted the first `n_accepted` draft tokens of the last `masks` call: roll back the rest of
+        what `masks` consumed, then consume the target's `token` (allowed by its row's mask).
+
+        A matcher that refuses the token is out of step with the engine (a bug, never the user's grammar): it is
+        rebuilt from the committed tokens and the event logged. Raises ConstraintStateError when even that fails."""
+        self._committed.extend(self._pending[:n_accepted])
+        extra = self._consumed - n_accepted
+        if extra > 0:
+            self.matcher.rollback(extra)
+        self._consumed = 0
+        self._pending = []
+        if self.matcher.consume_token(int(token)) and not self.matcher.is_error():
+            self._committed.append(int(token))
+            return
+        log.warning("%s: the grammar's state was out of step with the output (a bug in specdec); rebuilt from the "
+                    "%d committed tokens. %s", self.grammar.name, len(self._committed), self.matcher.get_error())
+        self.matcher = self._new_matcher()  # (`reset` keeps an error state)
+        if not self.matcher.consume_tokens(self._committed) or not self.matcher.consume_token(int(token)) \
+                or self.matcher.is_error():
+            raise ConstraintStateError(f"{self.grammar.name}: the grammar's state cannot follow the output "
+                                       f"({self.matcher.get_error()}); a bug in specdec.")
+        self._committed.append(int(token))
 
     @property
     def done(self) -> bool:
@@ -268,6 +312,6 @@ def start(grammar: Grammar | None, tokenizer_of, n_vocab: int) -> Constraint | N
     return Constraint(grammar, tokenizer_of(), n_vocab)
 
 
-__all__ = ["Constraint", "Grammar", "GrammarError", "LAYOUTS", "DEFAULT_LAYOUT", "JsonLayout", "from_gbnf",
+__all__ = ["Constraint", "ConstraintStateError", "Grammar", "GrammarError", "LAYOUTS", "DEFAULT_LAYOUT", "JsonLayout", "from_gbnf",
            "from_lark", "json_object", "json_schema", "load", "start"]
 

@@ -134,7 +134,7 @@ class SpeculativeEngine:
                 # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
                 target.truncate(n + n_acc)
                 if grammar is not None:
-                    grammar.commit(len(d) - n_acc, token)
+                    grammar.commit(n_acc, token)
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
                 new = [*map(int, d[:n_acc]), token]
                 emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out)

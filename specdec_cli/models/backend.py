@@ -101,6 +101,11 @@ class Backend(Protocol):
         tokens."""
         ...
 
+    def chat_template(self) -> str | None:
+        """The model's chat template (Jinja text, the GGUF's `tokenizer.chat_template`), None when it has none: the
+        server reads its tool-call format from it (`server.tool_formats.detect`)."""
+        ...
+
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:
         """Render `messages` ({"role", "content"}, plus `tool_calls` / `tool_call_id` for tool turns) with the model's

@@ -445,16 +445,21 @@ class LlamaBackend:
                 self._lltokenizer = lltokenizer_from_vocab(self._vocab, n_vocab=self._n_vocab, eos_token=eog or None)
         return self._lltokenizer
 
+    def chat_template(self) -> str | None:
+        """The GGUF's `tokenizer.chat_template` (None when it has none)."""
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8", "replace") if template else None
+
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:
         """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
-        template = llama_cpp.llama_model_chat_template(self._model, None)
+        template = self.chat_template()
         if not template:
             raise UsageError(f"{Path(self.path).name} has no chat template.", "Use --raw to send the prompt as is.")
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
         return render_chat_template(
-            template.decode("utf-8", "replace"),
+            template,
             messages,
             bos_token=self.token_text(bos) if bos >= 0 else "",
             eos_token=self.token_text(eos) if eos >= 0 else "",

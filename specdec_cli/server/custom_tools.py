@@ -608,8 +608,8 @@ class CustomInputs:
     def feed(self, text: str) -> list[ReplyEvent]:
         return self._map(self.parser.feed(text))
 
-    def close(self) -> list[ReplyEvent]:
-        return self._map(self.parser.close())
+    def close(self, cut: bool = False) -> list[ReplyEvent]:
+        return self._map(self.parser.close(cut=cut))
 
     def _map(self, events: list[ReplyEvent]) -> list[ReplyEvent]:
         out: list[ReplyEvent] = []

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from specdec_cli.server.errors import ApiError, to_api_error
-from specdec_cli.server.reply import ReplyStream, Writer
+from specdec_cli.server.reply import Writer
 from specdec_cli.server.request import Defaults, Request
 from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Started, Worker
 
@@ -91,7 +91,6 @@ class Context:
         """
         worker, service = self.worker, self.service
         request = service.check(request)
-        reply = ReplyStream(service.parser(request))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -103,27 +102,24 @@ class Context:
             job = worker.submit(request, deliver)
         except Exception as e:  # QueueFullError (429), ShuttingDownError (503)
             raise to_api_error(e) from None
+        reply = job.reply  # parsed and collected on the worker thread; complete once `Done` came
         # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
         watcher = asyncio.ensure_future(_cancel_on_disconnect(http, worker, job))
         try:
             try:
                 first = await asyncio.wait_for(events.get(), STREAM_COMMIT_S if stream else None)
             except asyncio.TimeoutError:  # a long prefill: answer now, keep-alive comments until the reply begins
-                return EventSourceResponse(_stream(events, worker, job, writer, reply, on_start=on_start),
+                return EventSourceResponse(_stream(events, worker, job, writer, on_start=on_start),
                                            sep="\n", ping=15)
             if isinstance(first, Failed):
                 raise to_api_error(first.error, param=param)
             if on_start is not None and isinstance(first, Started):
                 on_start(first)
             if stream:
-                return EventSourceResponse(_stream(events, worker, job, writer, reply, started=True), sep="\n",
-                                           ping=15)
+                return EventSourceResponse(_stream(events, worker, job, writer, started=True), sep="\n", ping=15)
             while True:
                 event = await events.get()
-                if isinstance(event, Delta):
-                    reply.delta(event.text, event.logprobs)
-                elif isinstance(event, Done):
-                    reply.done(event.stats)
+                if isinstance(event, Done):
                     return JSONResponse(writer.body(reply))
                 elif isinstance(event, Failed):
                     raise to_api_error(event.error, param=param)
@@ -140,8 +136,8 @@ async def _cancel_on_disconnect(http: HttpRequest, worker: Worker, job: Job) -> 
             return
 
 
-async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, reply: ReplyStream, *,
-                  started: bool = False, on_start: Callable[[Started], None] | None = None):
+async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, *, started: bool = False,
+                  on_start: Callable[[Started], None] | None = None):
     """The server-sent events of a stream: the writer's opening, its events for each reply event, its closing. A
     failure mid-stream is the writer's `failure`. When the client disconnects, sse-starlette cancels this generator;
     `finally` cancels the generation.
@@ -162,10 +158,8 @@ async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Write
             yield sse
         while True:
             event = await events.get()
-            if isinstance(event, Delta):
-                batch = reply.delta(event.text, event.logprobs)
-            elif isinstance(event, Done):
-                batch = reply.done(event.stats)
+            if isinstance(event, (Delta, Done)):
+                batch = event.events
             elif isinstance(event, Failed):
                 for sse in writer.failure(to_api_error(event.error)):
                     yield sse

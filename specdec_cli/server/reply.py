@@ -1,10 +1,11 @@
 """The one event stream every API dialect renders: a reply's text and tool calls as they are generated.
 
-The worker sends a request's output as text (`worker.Delta`, one per target pass that added text) and its statistics
-at the end (`worker.Done`). `ReplyStream` turns them into `ReplyEvent`s — text, a tool call's start, pieces of its
-arguments, its end, and the end of the reply — through the request's tool-call parser (`tools.ReplyParser`), and
-collects the whole reply for a non-streamed answer. A translator renders these events in its API's wire format
-(Chat Completions chunks, Responses events, Anthropic's content blocks); none of them parses model output itself.
+The worker turns a request's output (one piece of text per target pass) into `ReplyEvent`s through the request's
+`ReplyStream` — text, a tool call's start, pieces of its arguments, its end, and the end of the reply — parsed by
+the request's tool-call parser (`tools.ReplyParser`), calls held back until complete and checked against repeats
+(`guards.CallGuard`), and collects the whole reply for a non-streamed answer; it sends the events to the HTTP side
+(`worker.Delta`, `worker.Done`). A translator renders them in its API's wire format (Chat Completions chunks,
+Responses events, Anthropic's content blocks); none of them parses model output itself.
 
 Shaped after llama-server's `task_result_state` diffs (one stream of text/tool-call deltas, formatted per API by
 `to_json_oaicompat_chat_stream`, `to_json_oaicompat_resp_stream`, `to_json_anthropic_stream`).
@@ -12,10 +13,11 @@ Shaped after llama-server's `task_result_state` diffs (one stream of text/tool-c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from specdec_cli.core.stats import RunStats
+from specdec_cli.server.guards import CallGuard
 from specdec_cli.server.request import ToolCall, ToolKind
 
 if TYPE_CHECKING:
@@ -139,8 +141,9 @@ class End:
     """The reply ended.
 
     Attributes:
-        finish: the engine's reason ("eog": the model ended it or a grammar completed; "stop": a stop string;
-            "length": max tokens; "context": the context window is full).
+        finish: the engine's reason ("eog": the model ended it or a grammar completed; "stop": a stop string, or
+            the reply ended before a repeated tool call; "length": max tokens; "context": the context window is
+            full).
         tool_calls: the reply called tools (and was not cut short).
         stats: the request's numbers (usage, speculation statistics).
     """
@@ -164,31 +167,49 @@ class Parser(Protocol):
 
     def feed(self, text: str) -> list[ReplyEvent]: ...
 
-    def close(self) -> list[ReplyEvent]: ...
+    def close(self, cut: bool = False) -> list[ReplyEvent]:
+        """The events of what was held back at the end of the reply; `cut`: the token limit or the context window
+        ended it, so an unfinished call is dropped (no events), never completed."""
+        ...
 
 
 @dataclass
 class ReplyStream:
-    """One reply's events from the worker's deltas, and the whole reply collected.
+    """One reply's events from the worker's text, and the whole reply collected (on the worker thread).
+
+    A tool call is held back until it is complete (`CallStart`, its `Arguments`, its `CallEnd` are released
+    together), so a call the reply may not make is never streamed: a call that repeats one (`guards.CallGuard`)
+    ends the reply before it (`stopped`; the worker then stops the generation), and a call cut short by the token
+    limit or the context window is dropped at `done` (its text with it: half a JSON object is neither a call nor
+    content), the finish staying "length" / "context".
 
     Args:
         parser: the request's tool-call parser (`GenerationService.parser`).
+        guard: which calls the reply may make (`guards.CallGuard.of(request.messages)`).
 
     Attributes:
-        text: the reply's text (not its calls). calls: its complete tool calls. logprobs: every emitted token's.
+        text: the reply's text (not its calls). calls: its complete tool calls. logprobs: every emitted token's (the
+            tokens after a stop excluded).
         end: the `End` event, once it came.
+        stopped: the reply ended before a repeated call; what the model writes after it is ignored.
     """
 
     parser: Parser
+    guard: CallGuard = field(default_factory=CallGuard)
     text: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[PieceLogprob] = field(default_factory=list)
     end: End | None = None
+    stopped: bool = False
+    _held: list[ReplyEvent] = field(default_factory=list)  # the events of the call being written
 
     def delta(self, text: str, logprobs: Sequence[PieceLogprob] = ()) -> list[ReplyEvent]:
-        """The events of one step's text (`worker.Delta`); its log-probabilities ride on the first."""
+        """The events of one step's text (`worker.Delta`); its log-probabilities ride on the first. Nothing once
+        `stopped`."""
+        if self.stopped:
+            return []
         self.logprobs.extend(logprobs)
-        events = self._collect(self.parser.feed(text))
+        events = self._collect(self._release(self.parser.feed(text)))
         if logprobs:
             if events and isinstance(events[0], Content):
                 events[0] = Content(events[0].text, tuple(logprobs))
@@ -197,11 +218,46 @@ class ReplyStream:
         return events
 
     def done(self, stats: RequestStats) -> list[ReplyEvent]:
-        """The last events (`worker.Done`): what the parser held back, then `End`."""
-        events = self._collect(self.parser.close())
+        """The last events: what the parser held back, then `End` (finish "stop" when the reply was `stopped`)."""
+        if self.stopped:  # the worker stopped the generation: no `Finish` record said why
+            stats = RequestStats(replace(stats.run, finish_reason="stop"), stats.wall_ms)
         finish = stats.run.finish_reason or "eog"
-        self.end = End(finish, bool(self.calls) and finish in ("eog", "stop"), stats)
+        cut = finish in ("length", "context")
+        events = [] if self.stopped else self._collect(self._release(self.parser.close(cut=cut)))
+        self._held = []  # a call still unfinished: never returned
+        self.end = End(finish, bool(self.calls) and not cut, stats)
         return [*events, self.end]
+
+    def restart(self, parser: Parser) -> None:
+        """Begin the reply again with `parser` (the worker's second generation, without tool calls, after a reply
+        that stopped before it said anything)."""
+        self.parser, self.stopped, self._held = parser, False, []
+        self.text.clear()
+        self.logprobs.clear()
+
+    @property
+    def empty(self) -> bool:
+        """Neither text (whitespace aside) nor calls so far."""
+        return not self.calls and not self.content.strip()
+
+    def _release(self, events: list[ReplyEvent]) -> list[ReplyEvent]:
+        """`events` with each call held back until its `CallEnd`, then released, or dropped when it repeats a call
+        (the reply stops there)."""
+        out: list[ReplyEvent] = []
+        for e in events:
+            if self.stopped:
+                break
+            if not (isinstance(e, CallStart) or self._held):
+                out.append(e)
+                continue
+            self._held.append(e)
+            if isinstance(e, CallEnd):
+                held, self._held = self._held, []
+                if self.guard.admit(e.call):
+                    out.extend(held)
+                else:
+                    self.stopped = True
+        return out
 
     def _collect(self, events: list[ReplyEvent]) -> list[ReplyEvent]:
         for e in events:

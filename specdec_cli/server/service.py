@@ -28,9 +28,10 @@ from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.custom_tools import decode_calls, template_arguments
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.reply import PieceLogprob
+from specdec_cli.server.guards import CallGuard
+from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
 from specdec_cli.server.request import Message, Request
-from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
+from specdec_cli.server.tool_formats import ToolFormat, detect as detect_tool_format
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 from specdec_cli.stores.kv_parking import KvParking
@@ -58,9 +59,10 @@ class GenerationService:
         self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
-        self.tool_tags: Tags = detect_tags(lambda t: target.tokenize(t, add_special=False, parse_special=True),
-                                           target.piece)
-        """How the vocabulary writes `<tool_call>` (special tokens or text), for the tools' grammar."""
+        self.tool_format: ToolFormat = detect_tool_format(
+            target.chat_template(), lambda t: target.tokenize(t, add_special=False, parse_special=True), target.piece)
+        """How the chat template takes tools and writes calls (`tool_formats`: Hermes, Llama 3, Mistral, Phi-4, or
+        the generic JSON fallback)."""
 
     @property
     def method(self) -> str:
@@ -73,34 +75,44 @@ class GenerationService:
 
     # -- the HTTP side (no model contact) -----------------------------------------------------------------------
     def check(self, request: Request) -> Request:
-        """`request` with the grammar its tools and output format ask for in its `config` (llguidance compiles
-        nothing here that the translator has not checked already: a bad schema was a 400 there).
+        """`request` with the grammar its tools (in the template's tool-call format) and output format ask for in
+        its `config` (llguidance compiles nothing here that the translator has not checked already: a bad schema
+        was a 400 there).
 
         Raises ApiError (400, param "tools"): llguidance refused the tools' grammar."""
         grammar = request.output.grammar if request.output is not None else None
         if request.tools is not None:
             schema = dict(request.output.schema) if request.output is not None else None
-            grammar = tools_grammar(request.tools, self.tool_tags, reply=schema)
+            grammar = self.tool_format.grammar(request.tools, schema)
         return replace(request, config=replace(request.config, grammar=grammar))
 
-    def parser(self, request: Request) -> ReplyParser:
-        """The parser that splits `request`'s reply into text and tool calls (`reply.ReplyStream`): it passes text
-        through when the request calls no tools; under `auto` without an output format, a reply that is one bare or
-        fenced JSON call is a call too (`tools.grammar`); a custom tool's call carries its raw input
-        (`custom_tools.decode_calls`)."""
-        calls = request.calls_tools
-        loose = calls and request.tools.mode == "auto" and request.output is None
-        return decode_calls(ReplyParser(calls, loose=loose), request.tools)
+    def parser(self, request: Request) -> Parser:
+        """The parser that splits `request`'s reply into text and tool calls (`reply.ReplyStream`), in the
+        template's format (`ToolFormat.parser`): text passes through when the request has no tools; a custom tool's
+        call carries its raw input (`custom_tools.decode_calls`)."""
+        return decode_calls(self.tool_format.parser(request.tools, request.output is not None), request.tools)
+
+    def reply(self, request: Request) -> ReplyStream:
+        """The reply of `request`, parsed and collected as it is generated: its parser, and the guard against
+        repeated tool calls (`guards.CallGuard`: none identical to an earlier one of the reply, or to an answered
+        one of the conversation's last assistant turn)."""
+        return ReplyStream(self.parser(request), CallGuard.of(request.messages))
+
+    def without_calls(self, request: Request) -> Request:
+        """`request` with tool_choice "none" (the same prompt: the template still shows the tools), `check`ed: the
+        worker's second generation after a reply that stopped before a repeated call and said nothing."""
+        if request.tools is None:
+            return request
+        return self.check(replace(request, tools=replace(request.tools, mode="none")))
 
     # -- prompts (the worker thread) ------------------------------------------------------------------------------
     def prompt_tokens(self, request: Request) -> list[int]:
-        """Token ids of `request`'s prompt: its messages through the target's chat template (tools included, the
-        assistant's generation prompt appended), its raw text (BOS as the model wants, special tokens not parsed),
-        or its token ids as they are.
+        """Token ids of `request`'s prompt: its messages through the target's chat template (tools and the history's
+        calls as the template's tool-call format has them: `ToolFormat.render`; the assistant's generation prompt
+        appended), its raw text (BOS as the model wants, special tokens not parsed), or its token ids as they are.
 
         Raises:
-            ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`), or asks for
-                another tool-call format than `<tool_call>`.
+            ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).
             UsageError: the template refused the conversation. ModelError: the template failed.
         """
         if not request.is_chat:
@@ -108,14 +120,11 @@ class GenerationService:
                 return self.session.target.tokenize(request.prompt, add_special=True, parse_special=False)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
+        messages, tools = self.tool_format.render(template_messages(request.messages), tools)
         try:
-            prompt = self.session.chat_prompt(template_messages(request.messages), tools=tools)
+            prompt = self.session.chat_prompt(messages, tools=tools)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
-        if tools and request.calls_tools and OPEN not in prompt:
-            raise ApiError(400, f"The chat template of {self.session.target_path.name} does not ask for tool calls "
-                           f"in the {OPEN} format, the one specdec serve parses (Qwen2.5's, Hermes'). Use such a "
-                           "model, or send no tools.", param="tools")
         return self.session.tokenize_chat(prompt)
 
     # -- generation ---------------------------------------------------------------------------------------------

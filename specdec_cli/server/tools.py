@@ -11,7 +11,8 @@ The tools reach the model through its own chat template (`tools=`), which descri
 reply is constrained by a grammar in llguidance's Lark dialect (`constraint.from_lark`), one `%json` per tool:
 
 - `required`: the reply is one or more tool calls (one with `parallel_tool_calls: false`), each of an allowed tool
-  with arguments valid against its `parameters`; a named function: one call of it;
+  with arguments valid against its `parameters`; a named function: one call of it; the calls may be followed by
+  one newline (the model's own ending before its end token);
 - `auto`: free text, optionally followed by such tool calls: once `<tool_call>` is written, what follows is
   constrained like `required`; the free text itself cannot contain `<tool_call>`;
 - `none`: free text that cannot contain `<tool_call>`.
@@ -132,6 +133,9 @@ def grammar(tools: Tools, tags: Tags, *, reply: Optional[dict] = None) -> Gramma
         text = f"TEXT: /(?s:.*)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/ & ~{fence}"
     plain = "reply" if reply is not None else "TEXT"
     more = ' ("\\n" call)*' if tools.parallel else ""
+    # the model may end its calls with a newline before its end token (Qwen2.5-Coder does, at p ~ 1): without this
+    # optional "\n" the newline could only start another call, and the grammar forced one (a loop to max_tokens)
+    more += ' "\\n"?'
     lines = ["%llguidance {}"]
     if tools.mode == "none":
         lines.append(f"start: {plain}")
@@ -195,10 +199,13 @@ class ReplyParser:
         self._buf += text
         return self._drain(final=False)
 
-    def close(self) -> list[ReplyEvent]:
-        """Events for what was held back, at the end of the reply (a call cut short by max_tokens keeps the
-        arguments written so far)."""
+    def close(self, cut: bool = False) -> list[ReplyEvent]:
+        """Events for what was held back, at the end of the reply. `cut` (max_tokens or the context ended it): a
+        call still unfinished gives nothing (the arguments written so far are not JSON); without `cut`, it ends
+        with what was written (possible only without a grammar)."""
         if not self.tools:
+            return []
+        if cut and self._state != "text":  # `feed` drained all it could: what is left is the unfinished call
             return []
         return self._drain(final=True)
 

@@ -1,10 +1,12 @@
 """One worker thread serves the requests one at a time, in arrival order, from a bounded queue.
 
 llama.cpp's context is not thread-safe, and one model pair cannot decode two sequences here anyway, so every
-contact with the models (tokenizing included) happens on this thread. The HTTP side submits a `request.Request` (whatever
-API it came in through: the worker never learns which) with a `deliver` callback and receives, in order: `Started` (the prompt fit and was evaluated), `Delta`s (output text, one
-per target pass that added text), then `Done` (the request's `RequestStats`); or `Failed` (an exception for
-`errors.to_api_error`) instead of any of them.
+contact with the models (tokenizing included) happens on this thread. The HTTP side submits a `request.Request`
+(whatever API it came in through: the worker never learns which) with a `deliver` callback and receives, in order:
+`Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each target pass that added text: the
+output is parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a repeated tool call —
+stops its generation at once), then `Done` (the last events, `End` with the request's `RequestStats`); or `Failed`
+(an exception for `errors.to_api_error`) instead of any of them.
 
 A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429). `cancel` (the client went away)
 drops a waiting request, or stops the running one at the next step: its `driver.Drive` is closed, so the engine's
@@ -27,7 +29,8 @@ from typing import Any, Callable, TypeVar
 from specdec_cli.core.records import Finish, Prefill, Step
 from specdec_cli.server.request import Request
 from specdec_cli.server.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
-from specdec_cli.server.reply import PieceLogprob, RequestStats
+from specdec_cli.driver import Drive
+from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
 from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
 from specdec_cli.spec import Method
@@ -49,17 +52,24 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
-    """Output text added by one target pass, and the log-probabilities of the tokens it emitted (when asked)."""
+    """The reply events of one target pass's output (`reply.ReplyStream.delta`: text, and tool calls as they
+    complete), the step's log-probabilities riding on the first."""
 
-    text: str
-    logprobs: tuple[PieceLogprob, ...] = ()
+    events: tuple[ReplyEvent, ...]
 
 
 @dataclass(frozen=True)
 class Done:
-    """The generation finished; `stats.finish_reason` says why."""
+    """The reply ended: its last events, the `reply.End` last (its `stats.run.finish_reason` says why the engine
+    stopped)."""
 
-    stats: RequestStats
+    events: tuple[ReplyEvent, ...]
+
+    @property
+    def end(self) -> End:
+        last = self.events[-1]
+        assert isinstance(last, End)
+        return last
 
 
 @dataclass(frozen=True)
@@ -73,14 +83,16 @@ Event = Started | Delta | Done | Failed
 
 
 class Job:
-    """A submitted request: its id (for the log), its delivery callback, and whether it was cancelled; or a task
-    (`Worker.run`): a function of the service, run in turn, whose result goes to a future."""
+    """A submitted request: its id (for the log), its delivery callback, its reply (parsed and collected on the
+    worker thread; read it after `Done`), and whether it was cancelled; or a task (`Worker.run`): a function of the
+    service, run in turn, whose result goes to a future (no request, no reply)."""
 
     def __init__(self, job_id: int, request: Request | None, deliver: Callable[[Event], None],
-                 task: Callable[[GenerationService], Any] | None = None) -> None:
+                 reply: ReplyStream | None = None, task: Callable[[GenerationService], Any] | None = None) -> None:
         self.id = job_id
         self.request = request
         self.deliver = deliver
+        self.reply = reply
         self.task = task
         self.result: Future = Future()
         self.cancelled = threading.Event()
@@ -139,7 +151,8 @@ class Worker:
             # while the worker is idle, the first waiting job is about to run: it does not count against the bound
             if len(self._pending) >= self.bound + (self._current is None):
                 raise QueueFullError(self.bound)
-            job = Job(next(self._ids), request, deliver, task)
+            reply = self.service.reply(request) if request is not None else None
+            job = Job(next(self._ids), request, deliver, reply, task)
             self._pending.append(job)
             self._cv.notify()
         return job
@@ -204,24 +217,30 @@ class Worker:
                     self._current = None
 
     def _serve(self, job: Job) -> None:
-        """Generate one request, delivering its events; never raises (the server goes on whatever happens)."""
-        request, service = job.request, self.service
+        """Generate one request, delivering its events; never raises (the server goes on whatever happens).
+
+        A reply that stops before a repeated tool call (`reply.ReplyStream.stopped`) ends there: its generation is
+        stopped; when it said nothing yet, the request is generated once more without tool calls
+        (`GenerationService.without_calls`: same prompt, so the KV cache holds all of it but its last token)."""
+        request, service, reply = job.request, self.service, job.reply
         drive = None
-        outcome = "ok"
+        outcome, note = "ok", ""
         try:
             tokens = service.prompt_tokens(request)
             drive = service.stream(request, tokens)
-            for record in drive:
-                if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
-                    break  # closing the drive (finally) stops the engine before its next step
-                if isinstance(record, Prefill):  # the prompt fit and was evaluated
-                    _send(job, Started(len(tokens), max(record.n_prompt - 1 - record.n_evaluated, 0)))
-                elif isinstance(record, Step) and (record.text or record.logprobs):
-                    _send(job, Delta(record.text, service.pieces(record.logprobs)))
-                elif isinstance(record, Finish):
-                    # answer now; the drive goes on to its end, where the prompt cache is saved
-                    _send(job, Done(RequestStats.of(drive)))
-            if drive.finish_reason is None:
+            ended = self._follow(job, drive, len(tokens))
+            if not ended and reply.stopped and reply.empty:
+                note = " (a repeated tool call dropped: generated again without tools)"
+                drive.close()
+                request = service.without_calls(request)
+                reply.restart(service.parser(request))
+                drive = service.stream(request, tokens)
+                ended = self._follow(job, drive, None)
+            elif not ended and reply.stopped:
+                note = " (ended before a repeated tool call)"
+                _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
+                ended = True
+            if not ended:
                 if job.cancelled.is_set():
                     outcome = "cancelled (client gone)"
                     _send(job, Failed(ClientGoneError()))
@@ -229,7 +248,7 @@ class Worker:
                     outcome = "cut short (shutting down)"
                     _send(job, Failed(ShuttingDownError()))
                 else:  # the engine ended without a finish reason (not expected): answer with what there is
-                    _send(job, Done(RequestStats.of(drive)))
+                    _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
         except Exception as e:  # a domain error (400) or a bug (500): reported to the client, the server goes on
             api = to_api_error(e)
             outcome = f"error {api.status}: {api.message}"
@@ -242,7 +261,32 @@ class Worker:
             if drive is not None:
                 drive.close()  # the engine's finally: the KV cache keeps only committed tokens
         stats = RequestStats.of(drive) if drive is not None else RequestStats(RunStats())
-        self.log(log_line(job.id, request.label, stats, outcome, self.service.method))
+        if reply.stopped and reply.end is not None:  # stopped here, not by the engine: the reply's own finish
+            stats = reply.end.stats
+        self.log(log_line(job.id, request.label, stats, outcome, self.service.method) + note)
+
+    def _follow(self, job: Job, drive: Drive, n_prompt: int | None) -> bool:
+        """Deliver one generation's events: `Started` after its prefill (unless `n_prompt` is None: a second
+        generation), a `Delta` per step, `Done` at its `Finish`. Returns True when the reply ended (`Done` sent);
+        False when the client went away, the server is stopping, or the reply stopped before a repeated call."""
+        reply, ended = job.reply, False
+        for record in drive:
+            if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
+                return False  # closing the drive (finally) stops the engine before its next step
+            if isinstance(record, Prefill):
+                if n_prompt is not None:  # the prompt fit and was evaluated
+                    _send(job, Started(n_prompt, max(record.n_prompt - 1 - record.n_evaluated, 0)))
+            elif isinstance(record, Step) and (record.text or record.logprobs):
+                events = reply.delta(record.text, self.service.pieces(record.logprobs))
+                if events:
+                    _send(job, Delta(tuple(events)))
+                if reply.stopped:
+                    return False
+            elif isinstance(record, Finish):
+                # answer now; the drive goes on to its end, where the prompt cache is saved
+                _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
+                ended = True
+        return ended
 
 
 def _run_task(job: Job, service: GenerationService) -> None:
