@@ -16,9 +16,8 @@ from typing import Any, Optional, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.request import Defaults
+from specdec_cli.server.request import OPENAI, Defaults
 from specdec_cli.server.reply import PieceLogprob, RequestStats
 
 # The engine's finish reasons → OpenAI's: an end-of-generation token or a stop string is "stop"; the token budget or
@@ -141,7 +140,8 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
 
     Args:
         max_tokens: the request's own limit (chat: `max_completion_tokens` or `max_tokens`); None: the server's
-            default, else until the context window is full.
+            default cap (`Defaults.limit`). Sampling left out: the server's own, else OpenAI's (temperature 1,
+            top_p 1).
         logprobs: None (off), 0 (each token's), or the number of top alternatives (checked by the translator).
     """
     refuse_unsupported(req)
@@ -155,15 +155,9 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
         raise ApiError(400, "stop contains an empty string, which would stop before the first token.", param="stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
-    limit = max_tokens or req.max_tokens or defaults.max_tokens or n_ctx
-    seed = defaults.seed if req.seed is None else (None if req.seed == -1 else req.seed)
-    sampling = SamplingParams(
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
-        top_k=defaults.top_k if req.top_k is None else req.top_k,
-        top_p=defaults.top_p if req.top_p is None else req.top_p,
-        min_p=defaults.min_p if req.min_p is None else req.min_p,
-        seed=seed,
-    )
+    limit = defaults.limit(max_tokens or req.max_tokens, n_ctx)
+    sampling = defaults.sampling(OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                 min_p=req.min_p, seed=req.seed)
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
 
 
