@@ -176,7 +176,7 @@ class FakeBackend:
     def vocab_info(self) -> VocabInfo:
         return VocabInfo(vocab_type=2, n_vocab=self._vocab, bos=-1, eos=self._eos, fingerprint=f"fake-{self._vocab}")
 
-    def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None) -> str:
+    def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None, template_kwargs=None) -> str:
         """The contents joined with spaces (a past call as its JSON); with tools, first a line that names them in
         the `<tool_call>` format (as Qwen2.5's template asks for it)."""
         parts = [f"<tool_call> {' '.join(t['function']['name'] for t in tools)}\n"] if tools else []

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from fakes import FakeBackend, hashed_logits  # noqa: E402
+from fakes import CHARS, FakeBackend, hashed_logits  # noqa: E402
 from specdec_cli.server import fields  # noqa: E402
 from test_serve import PROMPT, serving  # noqa: E402
 
@@ -22,8 +22,8 @@ USER = [{"role": "user", "content": PROMPT}]
 class Recording(FakeBackend):
     """FakeBackend that records what the chat template was given (messages and template variables)."""
 
-    def __init__(self) -> None:
-        super().__init__(hashed_logits)
+    def __init__(self, fn=hashed_logits, **kw) -> None:
+        super().__init__(fn, **kw)
         self.rendered: list[tuple[list[dict], dict]] = []
 
     def format_chat(self, messages, *, add_generation_prompt=True, tools=None, template_kwargs=None):
@@ -47,7 +47,8 @@ def test_a_messages_name_goes_to_the_template():
 
 
 def test_a_schemas_description_is_shown_to_the_model_and_strict_is_accepted():
-    backend = Recording()
+    backend = Recording(lambda p: hashed_logits(p, len(CHARS), peak=2.0), vocab=len(CHARS), pieces=CHARS,
+                        n_ctx=1024)  # grammars need a byte-complete vocabulary
     fmt = {"type": "json_schema", "json_schema": {"name": "Person", "description": "A person named in the text.",
                                                   "strict": True, "schema": {"type": "object"}}}
     with serving(backend) as s:

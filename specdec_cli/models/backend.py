@@ -14,7 +14,7 @@ prefix kept), which is what makes draft-model catch-up and multi-turn chat prefi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -102,9 +102,10 @@ class Backend(Protocol):
         ...
 
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
-        """Render `messages` ({"role", "content"}, plus `tool_calls` / `tool_call_id` for tool turns) with the model's
-        own chat template (sandboxed Jinja); `tools` (OpenAI's tool dicts) are passed to the template as `tools`.
+                    tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """Render `messages` ({"role", "content"}, plus `name`, `reasoning_content`, `tool_calls` / `tool_call_id`)
+        with the model's own chat template (sandboxed Jinja); `tools` (OpenAI's tool dicts) are passed to the template
+        as `tools`, `template_kwargs` as variables of their own (e.g. `enable_thinking`).
         Raises ToolsUnsupportedError when tools are given (or the messages carry tool turns) and the template never
         reads them."""
         ...

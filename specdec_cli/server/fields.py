@@ -18,7 +18,9 @@ Sources: OpenAI's API reference (Chat Completions, Completions); llama-server (`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
+
+from specdec_cli.server.errors import ApiError
 
 Kind = Literal["informs", "changes"]
 INFORMS: Kind = "informs"
@@ -99,8 +101,13 @@ FIELDS: tuple[Field, ...] = (
     Field("suffix", CHANGES, "refused unless empty", "specdec serve does not insert text (suffix)", ("",)),
     Field("stream_options.include_obfuscation", CHANGES, "refused unless false",
           "specdec serve does not pad its stream chunks", (False,)),
-    Field("image, audio and file content parts", CHANGES, "refused: the model reads text only"),
+    Field("tools, tool_choice, parallel_tool_calls, response_format on /v1/completions", CHANGES,
+          "refused: send them to /v1/chat/completions"),
+    Field("content parts other than text (images, audio, files)", CHANGES, "refused: the model reads text only"),
 )
+
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+"""Chat fields that change the reply, refused by a raw-prompt endpoint (`/v1/completions`) that cannot honour them."""
 
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     f.name: (f.neutral, f.refused) for f in FIELDS if f.refused is not None and "." not in f.name}
@@ -112,10 +119,27 @@ def markdown_table() -> str:
     """The README's table of fields: | field | informs or changes the reply | what specdec serve does |."""
     rows = ["| field | kind | what specdec serve does |", "|---|---|---|"]
     for f in FIELDS:
-        names = ", ".join(f"`{n}`" if n != "any other field" else n for n in f.name.split(", "))
+        names = ", ".join(n if " " in n else f"`{n}`" for n in f.name.split(", "))
         kind = "informs" if f.kind == INFORMS else "changes the reply"
         rows.append(f"| {names} | {kind} | {f.does} |")
     return "\n".join(rows)
+
+
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                "raise_exception", "strftime_now", "functions", "function_call", "tool_choice"})
+"""The chat template's variables specdec sets itself (Hugging Face's and llama-cpp-python's): not overridable."""
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any] | None, param: str) -> dict[str, Any]:
+    """A request's extra chat-template variables (`chat_template_kwargs`), checked: a dict of JSON values whose
+    names the template's caller does not set itself. Raises ApiError (400, `param` + "." + the variable)."""
+    if not kwargs:
+        return {}
+    for name in kwargs:
+        if name in TEMPLATE_VARIABLES:
+            raise ApiError(400, f"{param}.{name}: the chat template's {name!r} is the server's to set. Leave it "
+                           "out.", param=f"{param}.{name}")
+    return dict(kwargs)
 
 
 class Ignored:

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from specdec_cli.server.errors import ApiError, to_api_error
+from specdec_cli.server.fields import Ignored
 from specdec_cli.server.reply import ReplyStream, Writer
 from specdec_cli.server.request import Defaults, Request
 from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Worker
@@ -44,6 +45,17 @@ class Context:
     defaults: Defaults = field(default_factory=Defaults)
     auth: list[Any] = field(default_factory=list)
     error_bodies: dict[str, ErrorBody] = field(default_factory=dict)
+    ignored: Ignored = field(default_factory=Ignored)
+
+    def ignore(self, path: str, body: Any) -> None:
+        """Log, once per name, the fields of `body` (a pydantic wire model with `extra="allow"`) and of its
+        `messages` that nobody here knows: accepted and ignored (`fields.FIELDS`, "any other field")."""
+        names = list(body.model_extra or ())
+        for m in getattr(body, "messages", None) or ():
+            names.extend(f"messages[].{n}" for n in (getattr(m, "model_extra", None) or ()) if n != "cache_control")
+        for name in self.ignored.note(names):
+            self.worker.log(f"{path}: field {name!r} is not one specdec serve knows: accepted and ignored (logged "
+                            "once)")
 
     @property
     def service(self):

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import Response
 
 from specdec_cli.server.errors import ApiError
+from specdec_cli.server.fields import CHAT_ONLY
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
     FINISH_REASONS, Generation, check_logprobs, completion_logprobs, generation_config, new_id, usage_json,
@@ -26,7 +27,7 @@ from specdec_cli.server.request import Request
 class CompletionRequest(Generation):
     prompt: Union[str, list[str]]
     logprobs: Optional[int] = None  # 0-20, checked in `to_request`
-    # refused unless neutral (`openai_base.REFUSED`)
+    # refused unless neutral (`fields.REFUSED`)
     best_of: Optional[int] = None
     echo: Optional[bool] = None
     suffix: Optional[str] = None
@@ -36,6 +37,10 @@ def to_request(body: CompletionRequest, ctx: Context) -> Request:
     """The internal `Request` for a Completions body: the prompt as raw text. Raises ApiError (400, naming the
     field): a list of several prompts, what the server cannot honour."""
     check_logprobs("logprobs", body.logprobs)
+    for name in CHAT_ONLY:
+        if (body.model_extra or {}).get(name) is not None:
+            raise ApiError(400, f"{name}: /v1/completions writes text from a raw prompt and cannot honour it. Send it "
+                           "to /v1/chat/completions.", param=name)
     config = generation_config(body, ctx.defaults, ctx.n_ctx, logprobs=body.logprobs)
     if isinstance(body.prompt, str):
         prompt = body.prompt
@@ -114,6 +119,7 @@ def routes(app: FastAPI, ctx: Context) -> None:
     @app.post("/v1/completions", dependencies=ctx.auth)
     async def completions(body: CompletionRequest, http: HttpRequest) -> Response:
         request = to_request(body, ctx)
+        ctx.ignore(http.url.path, body)
         writer = CompletionWriter(ctx.model_id, ctx.method, logprobs=body.logprobs is not None,
                                   include_usage=bool(body.stream_options and body.stream_options.include_usage))
         return await ctx.respond(http, request, writer, stream=bool(body.stream))

@@ -27,7 +27,7 @@ from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.reply import PieceLogprob
-from specdec_cli.server.request import Message, Request
+from specdec_cli.server.request import Message, Output, Request
 from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
@@ -104,7 +104,8 @@ class GenerationService:
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
         try:
-            prompt = self.session.chat_prompt(template_messages(request.messages), tools=tools)
+            messages = template_messages(with_description(request.messages, request.output))
+            prompt = self.session.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
         if tools and request.calls_tools and OPEN not in prompt:
@@ -151,13 +152,31 @@ class GenerationService:
             self.session.close()
 
 
+def with_description(messages: Sequence[Message], output: Output | None) -> Sequence[Message]:
+    """`messages` with a response format's description shown to the model, as OpenAI does: a line "Respond with JSON
+    (NAME): DESCRIPTION" appended to the first system message, or a system message of its own first."""
+    if output is None or not output.description:
+        return messages
+    line = f"Respond with JSON ({output.name}): {output.description}" if output.name else \
+        f"Respond with JSON: {output.description}"
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        return (replace(first, content=f"{first.content}\n\n{line}" if first.content else line), *messages[1:])
+    return (Message("system", line), *messages)
+
+
 def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """The conversation as chat templates take it (Hugging Face's convention): {"role", "content"}, an assistant's
-    `tool_calls` as [{"id", "type": "function", "function": {"name", "arguments": object}}] (Qwen2.5's template
-    writes them with `tojson`; arguments that are not a JSON object stay text), a tool turn's `tool_call_id`."""
+    """The conversation as chat templates take it (Hugging Face's convention): {"role", "content"}, a participant's
+    `name`, an assistant's `reasoning_content` (sent back) and `tool_calls` as [{"id", "type": "function",
+    "function": {"name", "arguments": object}}] (Qwen2.5's template writes them with `tojson`; arguments that are not
+    a JSON object stay text), a tool turn's `tool_call_id`."""
     out = []
     for m in messages:
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.reasoning is not None:
+            msg["reasoning_content"] = m.reasoning
         if m.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
