@@ -251,7 +251,8 @@ def test_models_health_and_unknown_paths():
         with pytest.raises(openai.NotFoundError) as missing:
             s.client().models.retrieve("gpt-9")
         status, body = s.raw("GET", "/v1/nothing")
-        assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0}
+        assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0,
+                              "queue": {"waiting": 0, "bound": 16, "running": None, "retry_after_s": 1}}
     assert missing.value.body["code"] == "model_not_found"
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
     assert "/v1/chat/completions" in body["error"]["message"]

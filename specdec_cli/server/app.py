@@ -88,7 +88,11 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Opti
     # -- routes ----------------------------------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_id, "method": method, "busy": worker.busy, "queued": worker.queued}
+        """{"status": "ok", "model", "method", "busy", "queued", "queue": `Worker.status()` (waiting, bound, the
+        running request's age and tokens, the Retry-After a refused request would get)}."""
+        queue = worker.status()
+        return {"status": "ok", "model": model_id, "method": method, "busy": queue["running"] is not None,
+                "queued": queue["waiting"], "queue": queue}
 
     @app.get("/v1/models", dependencies=ctx.auth)
     async def models() -> dict:

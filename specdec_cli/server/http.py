@@ -3,7 +3,10 @@ or a server-sent-event stream written by the dialect's `reply.Writer`.
 
 A request is submitted to the worker (queue full: 429), and the handler waits for the worker's first event:
 `Started` (the prompt fit and was evaluated) commits the response (200, streamed or not); `Failed` becomes the
-dialect's error JSON (e.g. 400 `context_length_exceeded`). A client that goes away is noticed (its `http.disconnect`:
+dialect's error JSON (e.g. 400 `context_length_exceeded`). A streamed request that has to wait behind another is
+answered at once (200 and headers, then SSE keep-alive comments while it waits: an agent's read timeout must not fire
+in the queue); an error after that travels in the stream, in the API's shape (the writer's `failure`). A client that
+goes away is noticed (its `http.disconnect`:
 listened for by the handler until a stream starts, then by sse-starlette) and its generation is cancelled at the next
 step, freeing the worker.
 
@@ -19,7 +22,7 @@ from typing import Any, Callable
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.fields import Ignored
@@ -28,6 +31,7 @@ from specdec_cli.server.request import Defaults, Request
 from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Worker
 
 ErrorBody = Callable[[ApiError], dict]  # an API's error JSON for an ApiError
+KEEPALIVE_S = 5  # seconds between SSE keep-alive comments while a streamed request waits in the queue
 
 
 @dataclass
@@ -106,6 +110,9 @@ class Context:
         except Exception as e:  # QueueFullError (429), ShuttingDownError (503)
             raise to_api_error(e) from None
         # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
+        if stream and worker.ahead(job):  # waiting behind another: headers now, keep-alive comments meanwhile
+            return EventSourceResponse(_stream(events, worker, job, writer, reply, queued=worker.ahead(job)),
+                                       sep="\n", ping=KEEPALIVE_S)
         watcher = asyncio.ensure_future(_cancel_on_disconnect(http, worker, job))
         try:
             first = await events.get()
@@ -135,11 +142,23 @@ async def _cancel_on_disconnect(http: HttpRequest, worker: Worker, job: Job) -> 
             return
 
 
-async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, reply: ReplyStream):
+async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, reply: ReplyStream, *,
+                  queued: int = 0):
     """The server-sent events of a stream: the writer's opening, its events for each reply event, its closing. A
     failure mid-stream is the writer's `failure`. When the client disconnects, sse-starlette cancels this generator;
-    `finally` cancels the generation."""
+    `finally` cancels the generation.
+
+    `queued` > 0: the response was committed while `queued` requests were ahead of this one; a comment says so at once
+    (`: queued N`), sse-starlette's keep-alive comments follow while it waits, then the worker's `Started` (or
+    `Failed`: the writer's `failure`) comes first."""
     try:
+        if queued:
+            yield ServerSentEvent(comment=f"queued {queued}")
+            first = await events.get()
+            if isinstance(first, Failed):
+                for sse in writer.failure(to_api_error(first.error)):
+                    yield sse
+                return
         for sse in writer.opening():
             yield sse
         while True:
