@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.models.backend import VocabInfo
+from specdec_cli.models.backend import FimTokens, VocabInfo
 from specdec_cli.errors import ContextOverflowError
 
 V = 32
@@ -184,6 +184,10 @@ class FakeBackend:
             parts.append(m.get("content") or "")
             parts.extend(json.dumps(c["function"]) for c in m.get("tool_calls") or ())
         return " ".join(parts)
+
+    def fim_tokens(self) -> FimTokens:
+        """No fill-in-the-middle tokens (tests/test_serve_fim.py's backend has some)."""
+        return FimTokens()
 
     def close(self) -> None:
         pass

@@ -41,6 +41,30 @@ class VocabInfo:
     fingerprint: str
 
 
+@dataclass(frozen=True)
+class FimTokens:
+    """A model's fill-in-the-middle token ids (llama.cpp's `llama_vocab_fim_pre/suf/mid/pad/rep/sep`, which it finds
+    by name at load even when the GGUF has no `tokenizer.ggml.fim_*` keys, e.g. Qwen2.5-Coder's `<|fim_prefix|>`);
+    None where the model has none.
+
+    Attributes:
+        pre, suf, mid: prefix, suffix and middle markers (all three needed to fill in the middle).
+        pad: padding. rep: the repository-name marker. sep: the file separator (repo-level FIM, with `rep`).
+    """
+
+    pre: int | None = None
+    suf: int | None = None
+    mid: int | None = None
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+    @property
+    def usable(self) -> bool:
+        """The model can fill in the middle (it has prefix, suffix and middle tokens)."""
+        return None not in (self.pre, self.suf, self.mid)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A causal LM with a KV cache for one sequence (seq_id 0)."""
@@ -108,6 +132,10 @@ class Backend(Protocol):
         as `tools`, `template_kwargs` as variables of their own (e.g. `enable_thinking`).
         Raises ToolsUnsupportedError when tools are given (or the messages carry tool turns) and the template never
         reads them."""
+        ...
+
+    def fim_tokens(self) -> FimTokens:
+        """The model's fill-in-the-middle tokens (`FimTokens`; all None for a model without FIM)."""
         ...
 
     def close(self) -> None: ...

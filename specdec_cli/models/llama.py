@@ -24,7 +24,7 @@ from llama_cpp import _logger as _llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 import numpy as np
 
-from specdec_cli.models.backend import VocabInfo
+from specdec_cli.models.backend import FimTokens, VocabInfo
 from specdec_cli.errors import (
     CacheTrimError,
     ContextOverflowError,
@@ -391,6 +391,13 @@ class LlamaBackend:
     def token_text(self, token: int) -> str:
         raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", "replace") if raw else ""
+
+    def fim_tokens(self) -> FimTokens:
+        """llama.cpp's FIM token ids for this vocabulary (-1 = none → None)."""
+        ids = [f(self._vocab) for f in (llama_cpp.llama_vocab_fim_pre, llama_cpp.llama_vocab_fim_suf,
+                                         llama_cpp.llama_vocab_fim_mid, llama_cpp.llama_vocab_fim_pad,
+                                         llama_cpp.llama_vocab_fim_rep, llama_cpp.llama_vocab_fim_sep)]
+        return FimTokens(*(int(t) if t >= 0 else None for t in ids))
 
     def vocab_info(self) -> VocabInfo:
         h = hashlib.sha256()

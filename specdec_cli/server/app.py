@@ -1,7 +1,8 @@
 """The ASGI app: each API's routes over the worker, with FastAPI, server-sent events (sse-starlette) and uvicorn.
 
 Routes: GET /health, GET /v1/models (and /v1/models/{id}), and each translator's: POST /v1/chat/completions
-(`openai_chat`), POST /v1/completions (`openai_completions`). A translator turns its API's body into the one internal
+(`openai_chat`), POST /v1/completions (`openai_completions`), POST /infill (`llama_infill`: llama.cpp's
+fill-in-the-middle, for editors). A translator turns its API's body into the one internal
 `request.Request` and the reply's events into its wire format; `http.Context.respond` does the rest, the same for
 every API. Errors leave in the shape of the API they were sent to (`http.Context.error_body`): an invalid field or
 what the engine cannot honour is a 400 naming it, never 422.
@@ -22,14 +23,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from specdec_cli import __version__
-from specdec_cli.server import openai_chat, openai_completions
+from specdec_cli.server import llama_infill, openai_chat, openai_completions
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TRANSLATORS = (openai_chat, openai_completions)  # each mounts its routes: `routes(app, ctx)`
+TRANSLATORS = (openai_chat, openai_completions, llama_infill)  # each mounts its routes: `routes(app, ctx)`
 
 
 def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Optional[str] = None,

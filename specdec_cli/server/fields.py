@@ -83,6 +83,8 @@ FIELDS: tuple[Field, ...] = (
     Field("response_format", CHANGES, "implemented: `json_object`, `json_schema` (a grammar), `text`"),
     Field("logprobs, top_logprobs", CHANGES, "implemented (0-20 alternatives)"),
     Field("prediction", CHANGES, "implemented: drafted from, never evaluated"),
+    Field("suffix", CHANGES, "implemented on /v1/completions: fill in the middle with the model's FIM tokens (400 "
+          "naming the model when it has none)"),
     # -- changes what must come back: refused with a 400 naming the field unless left out or neutral -----------
     Field("n", CHANGES, "refused unless 1", "specdec serve generates one choice per request: send several requests",
           (1,)),
@@ -98,7 +100,6 @@ FIELDS: tuple[Field, ...] = (
     Field("web_search_options", CHANGES, "refused", "specdec serve does not search the web"),
     Field("moderation", CHANGES, "refused", "specdec serve does not moderate"),
     Field("echo", CHANGES, "refused unless false", "specdec serve does not echo the prompt", (False,)),
-    Field("suffix", CHANGES, "refused unless empty", "specdec serve does not insert text (suffix)", ("",)),
     Field("stream_options.include_obfuscation", CHANGES, "refused unless false",
           "specdec serve does not pad its stream chunks", (False,)),
     Field("tools, tool_choice, parallel_tool_calls, response_format on /v1/completions", CHANGES,

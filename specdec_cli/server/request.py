@@ -129,16 +129,37 @@ class Output:
     description: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Fim:
+    """A fill-in-the-middle prompt: the code before and after the cursor, and more context.
+
+    Attributes:
+        prefix: the text before the cursor. suffix: the text after it.
+        extra: more context, (filename, text) pairs (llama.cpp's `input_extra`: other files, recent edits).
+        prompt: text appended to the prefix (llama.cpp's `prompt`: the current line up to the cursor).
+        repo: llama-server's repo-level layout (`<|repo_name|>myproject`, `<|file_sep|>` per file, when the model
+            has those tokens; `/infill`); False: only prefix, suffix and middle markers (`suffix` on
+            `/v1/completions`, as Ollama's templates write it).
+    """
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+    repo: bool = False
+
+
 @dataclass(frozen=True)
 class Request:
     """One generation, as any API asks for it.
 
-    Exactly one of `messages` (a conversation, rendered with the model's chat template) and `prompt` (raw text or
-    token ids) is given.
+    Exactly one of `messages` (a conversation, rendered with the model's chat template), `prompt` (raw text or token
+    ids) and `fim` (fill in the middle, with the model's FIM tokens) is given.
 
     Attributes:
         messages: the conversation, oldest first.
         prompt: raw text (special tokens such as FIM markers parsed, as llama-server does) or int token ids.
+        fim: a fill-in-the-middle prompt (`server.fim.fim_prompt` lays it out).
         tools: the tools the model may call and whether it must (chat only); None: no tools.
         output: the constraint on the reply's text, or None for free text.
         config: max tokens, stop strings, sampling, log-probabilities (the engine's `GenerationConfig`; its grammar
@@ -151,6 +172,7 @@ class Request:
     config: GenerationConfig
     messages: tuple[Message, ...] = ()
     prompt: str | tuple[int, ...] | None = None
+    fim: Fim | None = None
     tools: Tools | None = None
     output: Output | None = None
     prediction: str | None = None
@@ -159,8 +181,8 @@ class Request:
 
     @property
     def is_chat(self) -> bool:
-        """True for a conversation (the chat template), False for a raw prompt."""
-        return self.prompt is None
+        """True for a conversation (the chat template), False for a raw prompt or a FIM one."""
+        return self.prompt is None and self.fim is None
 
     @property
     def calls_tools(self) -> bool:

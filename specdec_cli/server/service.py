@@ -25,7 +25,9 @@ from specdec_cli.driver import Drive, stream
 from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
+from specdec_cli.models.backend import FimTokens
 from specdec_cli.server.errors import ApiError
+from specdec_cli.server.fim import fim_prompt
 from specdec_cli.server.reply import PieceLogprob
 from specdec_cli.server.request import Message, Output, Request
 from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
@@ -57,6 +59,9 @@ class GenerationService:
         self.tool_tags: Tags = detect_tags(lambda t: target.tokenize(t, add_special=False, parse_special=True),
                                            target.piece)
         """How the vocabulary writes `<tool_call>` (special tokens or text), for the tools' grammar."""
+        self.fim: FimTokens = target.fim_tokens()
+        """The model's fill-in-the-middle tokens (`require_fim`)."""
+        self.n_vocab: int = target.n_vocab
 
     @property
     def method(self) -> str:
@@ -79,6 +84,23 @@ class GenerationService:
             grammar = tools_grammar(request.tools, self.tool_tags, reply=schema)
         return replace(request, config=replace(request.config, grammar=grammar))
 
+    def require_fim(self, param: str) -> None:
+        """Raise ApiError (400, `param`, naming the model) unless the model has fill-in-the-middle tokens."""
+        if not self.fim.usable:
+            raise ApiError(400, f"{self.session.target_path.name} has no fill-in-the-middle tokens (FIM prefix, "
+                           "suffix and middle), so it cannot complete between a prefix and a suffix. Serve a code "
+                           "model trained for it (e.g. -t qwen2.5-coder-1.5b), or send the prompt without a suffix.",
+                           param=param)
+
+    def check_token_ids(self, ids, param: str) -> tuple[int, ...]:
+        """`ids` (a prompt as token ids) as a tuple; raise ApiError (400, `param`) for an id outside the
+        vocabulary."""
+        bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"{param} holds token id {bad}, outside this model's vocabulary (0-{self.n_vocab - 1}).",
+                           param=param)
+        return tuple(ids)
+
     def parser(self, request: Request) -> ReplyParser:
         """The parser that splits `request`'s reply into text and tool calls (`reply.ReplyStream`): it passes text
         through when the request calls no tools; under `auto` without an output format, a reply that is one bare or
@@ -90,17 +112,22 @@ class GenerationService:
     # -- prompts (the worker thread) ------------------------------------------------------------------------------
     def prompt_tokens(self, request: Request) -> list[int]:
         """Token ids of `request`'s prompt: its messages through the target's chat template (tools included, the
-        assistant's generation prompt appended), its raw text (BOS as the model wants, special tokens not parsed),
-        or its token ids as they are.
+        assistant's generation prompt appended), its raw text (BOS as the model wants, special tokens such as
+        `<|fim_prefix|>` parsed, as llama-server does), its token ids as they are, or its FIM prompt
+        (`fim.fim_prompt`).
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`), or asks for
                 another tool-call format than `<tool_call>`.
             UsageError: the template refused the conversation. ModelError: the template failed.
         """
+        if request.fim is not None:
+            self.require_fim("suffix")
+            return fim_prompt(self.session.target, request.fim, n_ctx=self.n_ctx,
+                              n_predict=request.config.max_tokens)
         if not request.is_chat:
             if isinstance(request.prompt, str):
-                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=False)
+                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=True)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
         try:
