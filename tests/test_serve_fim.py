@@ -133,52 +133,30 @@ MISSING = r"return fib\(n ?- ?1\) ?\+ ?fib\(n ?- ?2\)"
 
 
 @pytest.mark.real
+@pytest.mark.qwen
 def test_qwen_coder_fills_the_missing_line_through_completions_and_infill(qwen_pair):
     """Qwen2.5-Coder-1.5B (its GGUF has no fim_* keys: llama.cpp finds <|fim_prefix|> ... by name) completes the
     missing line of fib through `suffix`, a raw FIM-token prompt, and `/infill` with another file as extra context."""
+    import http.client
     import re
-    import threading
-    import time
+    from urllib.parse import urlparse
 
-    from specdec_cli.server.app import base_url, bind, create_app, make_server
-    from specdec_cli.server.service import GenerationService
-    from specdec_cli.server.worker import Worker
-    from specdec_cli.session import open_session
-    from specdec_cli.spec import ModelOptions, SpecOptions
+    from test_serve_qwen import qwen_server
 
-    target, _ = qwen_pair
-    session = open_session(ModelOptions(target=str(target), ctx=2048, threads=2, prompt_cache=False), method="auto")
-    service = GenerationService(session, SpecOptions(method="auto"))
-    assert service.fim.usable and service.fim.rep is not None and service.fim.sep is not None
-    worker = Worker(service, log=lambda line: None)
-    sock = bind("127.0.0.1", 0)
-    server = make_server(create_app(worker))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    worker.start()
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        client = openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600)
+    with qwen_server(qwen_pair[0]) as (url, service):
+        assert service.fim.usable and service.fim.rep is not None and service.fim.sep is not None
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         by_suffix = client.completions.create(model="q", prompt=PREFIX, suffix=SUFFIX, max_tokens=24, temperature=0)
         raw = client.completions.create(model="q", prompt=f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>",
                                         max_tokens=24, temperature=0)
-        import http.client
-        host, port = sock.getsockname()[:2]
-        conn = http.client.HTTPConnection(host, port, timeout=600)
+        u = urlparse(url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
         conn.request("POST", "/infill", body=json.dumps({
             "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "temperature": 0,
             "input_extra": [{"filename": "main.py", "text": "from fib import fib\n"}]}),
             headers={"Content-Type": "application/json"})
         infill = json.loads(conn.getresponse().read())
         conn.close()
-    finally:
-        worker.stop()
-        server.should_exit = True
-        thread.join(30)
-        worker.join(30)
-        service.close()
-        sock.close()
     for text in (by_suffix.choices[0].text, raw.choices[0].text, infill["content"]):
         assert re.search(MISSING, text), text
     assert raw.usage.prompt_tokens < 40  # the FIM markers are single tokens (parsed), not text

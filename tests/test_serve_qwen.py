@@ -5,6 +5,7 @@ Slow (each generation takes seconds on a CPU): run one file at a time, `-m qwen`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -33,10 +34,11 @@ QUESTION = [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 
-@pytest.fixture(scope="module")
-def client(qwen_pair, tmp_path_factory):
-    target, _ = qwen_pair
-    session = open_session(ModelOptions(target=str(target), ctx=2048, threads=2, prompt_cache=False),
+@contextlib.contextmanager
+def qwen_server(target, *, ctx: int = 2048):
+    """`target` (Qwen2.5-Coder) served on a loopback port in this process, method auto: yields (base URL, the
+    service); stopped and closed after."""
+    session = open_session(ModelOptions(target=str(target), ctx=ctx, threads=2, prompt_cache=False),
                            method="auto")
     service = GenerationService(session, SpecOptions(method="auto"))
     worker = Worker(service, log=lambda line: None)
@@ -48,7 +50,7 @@ def client(qwen_pair, tmp_path_factory):
     while not server.started:
         time.sleep(0.05)
     try:
-        yield openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600)
+        yield base_url(sock), service
     finally:
         worker.stop()
         server.should_exit = True
@@ -56,6 +58,12 @@ def client(qwen_pair, tmp_path_factory):
         worker.join(30)
         service.close()
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def client(qwen_pair):
+    with qwen_server(qwen_pair[0]) as (url, _):
+        yield openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
 
 
 class Person(BaseModel):
