@@ -96,6 +96,25 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+def table(rows: dict, method: str) -> str:
+    """The markdown table: one row per case and method, medians (min-max) over the repeats so far."""
+    out = ["| case | method | tokens | time to first token, s | completion time, s | tokens/pass | accepted/drafted |",
+           "|---|---|---|---|---|---|---|"]
+    for (name, m), rs in rows.items():
+        tpp = statistics.median(r["specdec"].get("tokens_per_pass", 1.0) for r in rs)
+        sources = {}
+        for r in rs:
+            for src, v in r["specdec"].get("sources", {}).items():
+                acc = sources.setdefault(src, [0, 0])
+                acc[0] += v["accepted"]
+                acc[1] += v["drafted"]
+        shown = ", ".join(f"{s} {a}/{d}" for s, (a, d) in sorted(sources.items())) or "-"
+        tokens = statistics.median(r["tokens"] for r in rs)
+        out.append(f"| {name} | {m} | {tokens:g} | {spread([r['ttft_s'] for r in rs])} | "
+                   f"{spread([r['total_s'] for r in rs])} | {tpp:.2f} | {shown} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--target", default="qwen2.5-coder-1.5b")
@@ -125,24 +144,11 @@ def main() -> int:
                 if len(set(texts.values())) != 1:
                     print(f"note: {name} rep {rep}: the texts differ (near-tie?): {texts}", file=sys.stderr)
                 print(f"rep {rep + 1}/{args.repeats} {name}: {texts[args.method]!r}", file=sys.stderr, flush=True)
+            print(f"after {rep + 1} repeats:\n{table(rows, args.method)}", file=sys.stderr, flush=True)
     finally:
         for proc, _ in servers.values():
             stop_server(proc)
-
-    print(f"| case | method | tokens | time to first token, s | completion time, s | tokens/pass | sources |")
-    print("|---|---|---|---|---|---|---|")
-    for (name, method), rs in rows.items():
-        tpp = statistics.median(r["specdec"].get("tokens_per_pass", 1.0) for r in rs)
-        sources = {}
-        for r in rs:
-            for src, v in r["specdec"].get("sources", {}).items():
-                acc = sources.setdefault(src, [0, 0])
-                acc[0] += v["accepted"]
-                acc[1] += v["drafted"]
-        shown = ", ".join(f"{s} {a}/{d}" for s, (a, d) in sorted(sources.items())) or "-"
-        tokens = statistics.median(r["tokens"] for r in rs)
-        print(f"| {name} | {method} | {tokens:g} | {spread([r['ttft_s'] for r in rs])} | "
-              f"{spread([r['total_s'] for r in rs])} | {tpp:.2f} | {shown} |")
+    print(table(rows, args.method))
     return 0
 
 
