@@ -11,7 +11,7 @@ import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -60,9 +60,12 @@ class Session:
         """
         return self.tokenize_chat(self.chat_prompt(messages, tools=tools))
 
-    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None) -> str:
-        """The text of `chat_tokens`: the chat template rendered, the assistant's generation prompt appended."""
-        return self.target.format_chat(messages, add_generation_prompt=True, tools=tools)
+    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The text of `chat_tokens`: the chat template rendered, the assistant's generation prompt appended;
+        `template_kwargs`: extra template variables (`chat_template_kwargs`), passed only when there are some."""
+        extra = {"template_kwargs": dict(template_kwargs)} if template_kwargs else {}
+        return self.target.format_chat(messages, add_generation_prompt=True, tools=tools, **extra)
 
     def tokenize_chat(self, prompt: str) -> list[int]:
         """Tokens of a rendered chat prompt (special tokens parsed; the template wrote the BOS it wants)."""

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.models.backend import VocabInfo
+from specdec_cli.models.backend import FimTokens, VocabInfo
 from specdec_cli.errors import ContextOverflowError
 
 V = 32
@@ -193,7 +193,7 @@ class FakeBackend:
     def chat_template(self) -> str | None:
         return self.template if self.template is not None else TOY_TEMPLATE
 
-    def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None) -> str:
+    def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None, template_kwargs=None) -> str:
         """The given chat template rendered (`render_chat_template`, no BOS/EOS text); without one, the toy format:
         the contents joined with spaces (a past call as its JSON); with tools, first a line that names them in the
         `<tool_call>` format (as Qwen2.5's template asks for it)."""
@@ -201,12 +201,17 @@ class FakeBackend:
             from specdec_cli.models.llama import render_chat_template
 
             return render_chat_template(self.template, messages, bos_token="", eos_token="",
-                                        add_generation_prompt=add_generation_prompt, tools=tools)
+                                        add_generation_prompt=add_generation_prompt, tools=tools,
+                                        template_kwargs=template_kwargs)
         parts = [f"<tool_call> {' '.join(t['function']['name'] for t in tools)}\n"] if tools else []
         for m in messages:
             parts.append(m.get("content") or "")
             parts.extend(json.dumps(c["function"]) for c in m.get("tool_calls") or ())
         return " ".join(parts)
+
+    def fim_tokens(self) -> FimTokens:
+        """No fill-in-the-middle tokens (tests/test_serve_fim.py's backend has some)."""
+        return FimTokens()
 
     def close(self) -> None:
         pass

@@ -34,6 +34,7 @@ from specdec_cli.server.app import base_url, bind, create_app, make_server, vali
 from specdec_cli.server.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
 from specdec_cli.server import openai_base  # noqa: E402
 from specdec_cli.server.reply import RequestStats  # noqa: E402
+from specdec_cli.server.request import Defaults  # noqa: E402
 from specdec_cli.server.service import GenerationService  # noqa: E402
 from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import Session  # noqa: E402
@@ -109,7 +110,9 @@ def serving(backend: FakeBackend | None = None, *, method: str = "ngram", k: str
     lines: list[str] = []
     worker = Worker(service, bound=queue, log=lines.append)
     sock = bind("127.0.0.1", 0)
-    server = make_server(create_app(worker, api_key=api_key, max_body_bytes=max_body_bytes))
+    # greedy unless a request asks otherwise (`specdec serve --temperature 0`), so replies are known exactly
+    server = make_server(create_app(worker, defaults=Defaults(temperature=0.0), api_key=api_key,
+                                    max_body_bytes=max_body_bytes))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     worker.start()
     thread.start()
@@ -248,7 +251,8 @@ def test_models_health_and_unknown_paths():
         with pytest.raises(openai.NotFoundError) as missing:
             s.client().models.retrieve("gpt-9")
         status, body = s.raw("GET", "/v1/nothing")
-        assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0}
+        assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0,
+                              "queue": {"waiting": 0, "bound": 16, "running": None, "retry_after_s": 1}}
     assert missing.value.body["code"] == "model_not_found"
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
     assert "/v1/chat/completions" in body["error"]["message"]

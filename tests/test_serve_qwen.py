@@ -36,7 +36,8 @@ QUESTION = [{"role": "system", "content": SYSTEM},
 
 @contextlib.contextmanager
 def loopback(session, method: str):
-    """The real service over `session` on a free loopback port, in this process: (service, openai client)."""
+    """The real service over `session` on a free loopback port, in this process: yields (service, openai client,
+    base URL); stopped, and the session closed, after."""
     service = GenerationService(session, SpecOptions(method=method))
     worker = Worker(service, log=lambda line: None)
     sock = bind("127.0.0.1", 0)
@@ -47,7 +48,8 @@ def loopback(session, method: str):
     while not server.started:
         time.sleep(0.05)
     try:
-        yield service, openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600)
+        yield service, openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600), \
+            base_url(sock)
     finally:
         worker.stop()
         server.should_exit = True
@@ -58,12 +60,20 @@ def loopback(session, method: str):
 
 
 @pytest.fixture(scope="module")
-def client(qwen_pair, tmp_path_factory):
-    target, _ = qwen_pair
-    session = open_session(ModelOptions(target=str(target), ctx=2048, threads=2, prompt_cache=False),
+@contextlib.contextmanager
+def qwen_server(target, *, ctx: int = 2048):
+    """`target` (Qwen2.5-Coder) served on a loopback port in this process, method auto: yields (base URL, the
+    service); stopped and closed after."""
+    session = open_session(ModelOptions(target=str(target), ctx=ctx, threads=2, prompt_cache=False),
                            method="auto")
-    with loopback(session, "auto") as (_, client):
-        yield client
+    with loopback(session, "auto") as (service, _, url):
+        yield url, service
+
+
+@pytest.fixture(scope="module")
+def client(qwen_pair):
+    with qwen_server(qwen_pair[0]) as (url, _):
+        yield openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
 
 
 class Person(BaseModel):

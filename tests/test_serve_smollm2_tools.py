@@ -33,7 +33,7 @@ def served(smollm2_path):
 
 
 def test_a_template_without_tools_gets_the_generic_format_and_a_round_trip(served):
-    service, client = served
+    service, client, _ = served
     assert service.tool_format.name == "generic"
     first = client.chat.completions.create(model="smollm2", messages=QUESTION, tools=[WEATHER], tool_choice="required",
                                            max_tokens=60, temperature=0)

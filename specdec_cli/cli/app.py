@@ -517,12 +517,12 @@ def serve(
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
                               "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1, max=1 << 20, help="Tokens per reply when "
-                                   "a request sets no max_tokens. [default: until the context is full]",
+                                   "a request sets no max_tokens (never more than the context). [default: 4096]",
                                    rich_help_panel=o.SAMPLING),
-    temperature: o.Temperature = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
+    temperature: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
     seed: o.Seed = None,
     ctx: int = typer.Option(SERVE_CTX, "--ctx", min=64, max=1 << 20, help="Context window in tokens: coding "
                             "agents' prompts (Claude Code, Codex) are 6k-25k tokens; the KV cache takes ~28 KB a "
@@ -540,8 +540,9 @@ def serve(
     parked in memory while a side request runs, and swapped back for its next turn); the suffix
     store and --k auto learn across requests and are saved when the server stops (Ctrl-C or SIGTERM: the current
     step finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
-    the `prediction` field (predicted outputs) is accepted. Sampling options are the defaults for requests that
-    leave them out. One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
+    the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
+    documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
+    reply without max_tokens stops at --max-tokens (4096 unless given). One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
     """
     from specdec_cli.cli.commands.serve import execute, require_extra
 

@@ -14,7 +14,7 @@ prefix kept), which is what makes draft-model catch-up and multi-turn chat prefi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -39,6 +39,30 @@ class VocabInfo:
     bos: int
     eos: int
     fingerprint: str
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """A model's fill-in-the-middle token ids (llama.cpp's `llama_vocab_fim_pre/suf/mid/pad/rep/sep`, which it finds
+    by name at load even when the GGUF has no `tokenizer.ggml.fim_*` keys, e.g. Qwen2.5-Coder's `<|fim_prefix|>`);
+    None where the model has none.
+
+    Attributes:
+        pre, suf, mid: prefix, suffix and middle markers (all three needed to fill in the middle).
+        pad: padding. rep: the repository-name marker. sep: the file separator (repo-level FIM, with `rep`).
+    """
+
+    pre: int | None = None
+    suf: int | None = None
+    mid: int | None = None
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+    @property
+    def usable(self) -> bool:
+        """The model can fill in the middle (it has prefix, suffix and middle tokens)."""
+        return None not in (self.pre, self.suf, self.mid)
 
 
 @runtime_checkable
@@ -107,11 +131,16 @@ class Backend(Protocol):
         ...
 
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
-        """Render `messages` ({"role", "content"}, plus `tool_calls` / `tool_call_id` for tool turns) with the model's
-        own chat template (sandboxed Jinja); `tools` (OpenAI's tool dicts) are passed to the template as `tools`.
+                    tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """Render `messages` ({"role", "content"}, plus `name`, `reasoning_content`, `tool_calls` / `tool_call_id`)
+        with the model's own chat template (sandboxed Jinja); `tools` (OpenAI's tool dicts) are passed to the template
+        as `tools`, `template_kwargs` as variables of their own (e.g. `enable_thinking`).
         Raises ToolsUnsupportedError when tools are given (or the messages carry tool turns) and the template never
         reads them."""
+        ...
+
+    def fim_tokens(self) -> FimTokens:
+        """The model's fill-in-the-middle tokens (`FimTokens`; all None for a model without FIM)."""
         ...
 
     def close(self) -> None: ...

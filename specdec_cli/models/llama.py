@@ -17,14 +17,14 @@ import os
 import hashlib
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import llama_cpp
 from llama_cpp import _logger as _llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 import numpy as np
 
-from specdec_cli.models.backend import VocabInfo
+from specdec_cli.models.backend import FimTokens, VocabInfo
 from specdec_cli.errors import (
     CacheTrimError,
     ContextOverflowError,
@@ -67,7 +67,7 @@ def system_info() -> str:
 
 def render_chat_template(template: str, messages: list[dict], *, bos_token: str, eos_token: str,
                          add_generation_prompt: bool = True, model_name: str = "the model",
-                         tools: list[dict] | None = None) -> str:
+                         tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
     """Render a GGUF chat template with llama-cpp-python's `Jinja2ChatFormatter` (Jinja's ImmutableSandboxedEnvironment:
     no attribute starting with `_`, no mutating methods, no imports, so a template cannot reach Python objects).
 
@@ -75,6 +75,7 @@ def render_chat_template(template: str, messages: list[dict], *, bos_token: str,
     outside the sandbox. `tools` (OpenAI's tool dicts) are passed as the template's `tools` variable, as Hugging
     Face's `apply_chat_template` does; a template that never reads `tools` would drop them silently, so it is refused,
     and so is one that never mentions tool turns when the messages carry some (`tool_calls`, role "tool").
+    `template_kwargs` are more variables (`chat_template_kwargs`, as llama-server and vLLM pass them).
 
     Raises:
         ToolsUnsupportedError: tools (or tool turns) for a template that cannot express them.
@@ -93,7 +94,7 @@ def render_chat_template(template: str, messages: list[dict], *, bos_token: str,
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
                                         add_generation_prompt=add_generation_prompt)
-        return formatter(messages=messages, tools=tools).prompt
+        return formatter(messages=messages, tools=tools, **dict(template_kwargs or {})).prompt
     except jinja2.exceptions.SecurityError as e:
         raise ModelError(f"The chat template of {model_name} tried an unsafe operation ({_one_line(e)}); it was "
                          "stopped by the sandbox and nothing ran.", "Use --raw, or a model file you trust.") from None
@@ -417,6 +418,13 @@ class LlamaBackend:
         raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", "replace") if raw else ""
 
+    def fim_tokens(self) -> FimTokens:
+        """llama.cpp's FIM token ids for this vocabulary (-1 = none → None)."""
+        ids = [f(self._vocab) for f in (llama_cpp.llama_vocab_fim_pre, llama_cpp.llama_vocab_fim_suf,
+                                         llama_cpp.llama_vocab_fim_mid, llama_cpp.llama_vocab_fim_pad,
+                                         llama_cpp.llama_vocab_fim_rep, llama_cpp.llama_vocab_fim_sep)]
+        return FimTokens(*(int(t) if t >= 0 else None for t in ids))
+
     def vocab_info(self) -> VocabInfo:
         h = hashlib.sha256()
         for i in range(self._n_vocab):
@@ -451,7 +459,7 @@ class LlamaBackend:
         return template.decode("utf-8", "replace") if template else None
 
     def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
+                    tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
         """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
         template = self.chat_template()
         if not template:
@@ -466,6 +474,7 @@ class LlamaBackend:
             add_generation_prompt=add_generation_prompt,
             model_name=Path(self.path).name,
             tools=tools,
+            template_kwargs=template_kwargs,
         )
 
     def close(self) -> None:

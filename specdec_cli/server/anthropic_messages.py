@@ -61,7 +61,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
-from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, ToolMode, Tools
+from specdec_cli.server.request import ANTHROPIC, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.tools import NAME, check_parameters
 from specdec_cli.server.worker import Started
 
@@ -138,7 +138,7 @@ def to_request(body: Counted, ctx: Context, *, label: str = "messages") -> Reque
         if any(s == "" for s in stop):
             raise ApiError(400, "stop_sequences contains an empty string.", param="stop_sequences")
         limit = body.max_tokens if ctx.defaults.max_tokens is None else min(body.max_tokens, ctx.defaults.max_tokens)
-        sampling = ctx.defaults.sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+        sampling = ctx.defaults.sampling(ANTHROPIC, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
         config = GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling)
     else:
         config = GenerationConfig(max_tokens=1)

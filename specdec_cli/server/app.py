@@ -2,7 +2,8 @@
 
 Routes: GET /health, GET /v1/models (and /v1/models/{id}), and each translator's: POST /v1/chat/completions
 (`openai_chat`), POST /v1/completions (`openai_completions`), POST /v1/responses and GET /v1/responses/{id}
-(`openai_responses`). A translator turns its API's body into the one internal
+(`openai_responses`), POST /v1/messages and /v1/messages/count_tokens (`anthropic_messages`), POST /infill
+(`llama_infill`: llama.cpp's fill-in-the-middle, for editors). A translator turns its API's body into the one internal
 `request.Request` and the reply's events into its wire format; `http.Context.respond` does the rest, the same for
 every API. Errors leave in the shape of the API they were sent to (`http.Context.error_body`): an invalid field or
 what the engine cannot honour is a 400 naming it, never 422.
@@ -23,14 +24,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from specdec_cli import __version__
-from specdec_cli.server import anthropic_messages, openai_chat, openai_completions, openai_responses
+from specdec_cli.server import anthropic_messages, llama_infill, openai_chat, openai_completions, openai_responses
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_messages)  # each mounts its routes: `routes(app, ctx)`
+# each mounts its routes: `routes(app, ctx)`
+TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_messages, llama_infill)
 
 
 def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Optional[str] = None,
@@ -94,7 +96,11 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Opti
     # -- routes ----------------------------------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_id, "method": method, "busy": worker.busy, "queued": worker.queued}
+        """{"status": "ok", "model", "method", "busy", "queued", "queue": `Worker.status()` (waiting, bound, the
+        running request's age and tokens, the Retry-After a refused request would get)}."""
+        queue = worker.status()
+        return {"status": "ok", "model": model_id, "method": method, "busy": queue["running"] is not None,
+                "queued": queue["waiting"], "queue": queue}
 
     @app.get("/v1/models", dependencies=ctx.auth)
     async def models() -> dict:

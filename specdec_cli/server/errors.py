@@ -19,13 +19,14 @@ class ApiError(Exception):
     """An error to send as it is: HTTP `status` and OpenAI's error fields."""
 
     def __init__(self, status: int, message: str, *, type: str = INVALID, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # sent with the status (429's Retry-After)
 
     def body(self) -> dict:
         """The JSON body: {"error": {"message", "type", "param", "code"}}."""
@@ -33,11 +34,17 @@ class ApiError(Exception):
 
 
 class QueueFullError(Exception):
-    """The request queue is at its bound (`specdec serve --queue`)."""
+    """The request queue is at its bound (`specdec serve --queue`).
 
-    def __init__(self, bound: int) -> None:
+    Attributes:
+        retry_after: whole seconds until a place is likely free (`Worker.retry_after`), at least 1: sent as the
+            429's `Retry-After` header, which the openai client and others honour.
+    """
+
+    def __init__(self, bound: int, retry_after: int = 1) -> None:
+        self.retry_after = max(1, int(retry_after))
         super().__init__(f"The server is busy: {bound} requests are already waiting (specdec serve --queue {bound}). "
-                         "Retry later.")
+                         f"Retry in {self.retry_after} s.")
 
 
 class ShuttingDownError(Exception):
@@ -76,7 +83,9 @@ def to_api_error(exc: BaseException, *, param: str | None = None) -> ApiError:
         return exc
     for cls, status, type_, code in ERROR_TABLE:
         if isinstance(exc, cls):
+            retry = getattr(exc, "retry_after", None)
             return ApiError(status, str(exc), type=type_, code=code,
-                            param=param if cls in (ContextOverflowError, UsageError) else None)
+                            param=param if cls in (ContextOverflowError, UsageError) else None,
+                            headers={"Retry-After": str(retry)} if retry is not None else None)
     return ApiError(500, f"Internal error: {type(exc).__name__}: {exc} (a bug in specdec; the server goes on; "
                     "SPECDEC_DEBUG=1 logs the traceback).", type=SERVER, code="internal_error")

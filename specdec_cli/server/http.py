@@ -3,8 +3,11 @@ or a server-sent-event stream written by the dialect's `reply.Writer`.
 
 A request is submitted to the worker (queue full: 429), and the handler waits for the worker's first event:
 `Started` (the prompt fit and was evaluated) commits the response (200, streamed or not); `Failed` becomes the
-dialect's error JSON (e.g. 400 `context_length_exceeded`). A stream whose prompt takes longer than `STREAM_COMMIT_S`
-to evaluate is committed before it starts, with keep-alive comments (an agent's long first prefill). A client that goes away is noticed (its `http.disconnect`:
+dialect's error JSON (e.g. 400 `context_length_exceeded`). A stream is answered before its reply begins (200 and
+headers, then SSE keep-alive comments) when it has to wait behind another request, or when its prompt takes longer
+than `STREAM_COMMIT_S` to evaluate (an agent's long first prefill): an agent's read timeout must not fire meanwhile;
+an error after that travels in the stream, in the API's shape (the writer's `failure`). A client that goes away is
+noticed (its `http.disconnect`:
 listened for by the handler until a stream starts, then by sse-starlette) and its generation is cancelled at the next
 step, freeing the worker.
 
@@ -20,9 +23,10 @@ from typing import Any, Callable
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from specdec_cli.server.errors import ApiError, to_api_error
+from specdec_cli.server.fields import Ignored
 from specdec_cli.server.reply import Writer
 from specdec_cli.server.request import Defaults, Request
 from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Started, Worker
@@ -33,6 +37,7 @@ ErrorBody = Callable[[ApiError], dict]  # an API's error JSON for an ApiError
 # Code's Bun fetch, Codex's stream_idle_timeout_ms), and a 20k-token prompt takes minutes on a CPU. A failure after
 # that travels in the stream (the writer's `failure`), not as an HTTP status.
 STREAM_COMMIT_S = 10.0
+KEEPALIVE_S = 5  # seconds between SSE keep-alive comments while a stream waits (in the queue, or for its prefill)
 
 
 @dataclass
@@ -50,6 +55,17 @@ class Context:
     defaults: Defaults = field(default_factory=Defaults)
     auth: list[Any] = field(default_factory=list)
     error_bodies: dict[str, ErrorBody] = field(default_factory=dict)
+    ignored: Ignored = field(default_factory=Ignored)
+
+    def ignore(self, path: str, body: Any) -> None:
+        """Log, once per name, the fields of `body` (a pydantic wire model with `extra="allow"`) and of its
+        `messages` that nobody here knows: accepted and ignored (`fields.FIELDS`, "any other field")."""
+        names = list(body.model_extra or ())
+        for m in getattr(body, "messages", None) or ():
+            names.extend(f"messages[].{n}" for n in (getattr(m, "model_extra", None) or ()) if n != "cache_control")
+        for name in self.ignored.note(names):
+            self.worker.log(f"{path}: field {name!r} is not one specdec serve knows: accepted and ignored (logged "
+                            "once)")
 
     @property
     def service(self):
@@ -104,13 +120,16 @@ class Context:
             raise to_api_error(e) from None
         reply = job.reply  # parsed and collected on the worker thread; complete once `Done` came
         # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
+        if stream and worker.ahead(job):  # waiting behind another: headers now, keep-alive comments meanwhile
+            return EventSourceResponse(_stream(events, worker, job, writer, on_start=on_start,
+                                               queued=worker.ahead(job)), sep="\n", ping=KEEPALIVE_S)
         watcher = asyncio.ensure_future(_cancel_on_disconnect(http, worker, job))
         try:
             try:
                 first = await asyncio.wait_for(events.get(), STREAM_COMMIT_S if stream else None)
             except asyncio.TimeoutError:  # a long prefill: answer now, keep-alive comments until the reply begins
                 return EventSourceResponse(_stream(events, worker, job, writer, on_start=on_start),
-                                           sep="\n", ping=15)
+                                           sep="\n", ping=KEEPALIVE_S)
             if isinstance(first, Failed):
                 raise to_api_error(first.error, param=param)
             if on_start is not None and isinstance(first, Started):
@@ -137,15 +156,18 @@ async def _cancel_on_disconnect(http: HttpRequest, worker: Worker, job: Job) -> 
 
 
 async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, *, started: bool = False,
-                  on_start: Callable[[Started], None] | None = None):
+                  on_start: Callable[[Started], None] | None = None, queued: int = 0):
     """The server-sent events of a stream: the writer's opening, its events for each reply event, its closing. A
     failure mid-stream is the writer's `failure`. When the client disconnects, sse-starlette cancels this generator;
     `finally` cancels the generation.
 
-    Not `started`: the response was committed while the prompt was still being evaluated (`STREAM_COMMIT_S`); the
-    worker's `Started` (or `Failed`, then the writer's `failure`) comes first, meanwhile sse-starlette's keep-alive
-    comments flow."""
+    Not `started`: the response was committed before the worker's `Started` (waiting in the queue, or a prompt still
+    being evaluated after `STREAM_COMMIT_S`); `Started` (or `Failed`: the writer's `failure`) comes first, meanwhile
+    sse-starlette's keep-alive comments flow. `queued` > 0: `queued` requests were ahead of this one; a comment says
+    so at once (`: queued N`)."""
     try:
+        if queued:
+            yield ServerSentEvent(comment=f"queued {queued}")
         if not started:
             first = await events.get()
             if isinstance(first, Failed):

@@ -2,9 +2,11 @@
 fields and how they become the engine's `GenerationConfig`, the fields refused unless neutral, `usage`, finish
 reasons, log-probabilities, ids.
 
-Follows OpenAI's API reference as the official `openai` Python package parses it. A field OpenAI does not have is
-refused (pydantic's `extra="forbid"`: OpenAI answers "Unrecognized request argument"), except llama.cpp's and vLLM's
-`top_k` and `min_p`, which specdec implements.
+Follows OpenAI's API reference as the official `openai` Python package parses it. Which field informs and which changes
+what must come back is `fields.FIELDS`: a field that changes it is implemented or refused with a 400 naming it; one
+that only informs is accepted; a field nobody here knows is accepted and ignored (pydantic's `extra="allow"`, logged
+once per name by `http.Context.ignore`), as llama-server, vLLM, Ollama and LM Studio do, where OpenAI answers
+"Unrecognized request argument". llama.cpp's and vLLM's `top_k` and `min_p` are implemented.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any, Optional, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.request import Defaults
+from specdec_cli.server.fields import REFUSED
+from specdec_cli.server.request import OPENAI, Defaults
 from specdec_cli.server.reply import PieceLogprob, RequestStats
 
 # The engine's finish reasons → OpenAI's: an end-of-generation token or a stop string is "stop"; the token budget or
@@ -29,19 +31,27 @@ MAX_TOP_LOGPROBS = 20
 
 
 class Strict(BaseModel):
-    """A wire model that refuses fields it does not declare (as OpenAI does)."""
+    """A wire model that refuses fields it does not declare (a closed shape, e.g. a text part)."""
 
     model_config = ConfigDict(extra="forbid")
 
 
-class StreamOptions(Strict):
+class Open(BaseModel):
+    """A wire model that keeps fields it does not declare (`model_extra`), to be accepted and ignored: a request body
+    and its messages (`fields`: vendor extras and fields newer than this server only inform)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(Open):
     include_usage: bool = False
     include_obfuscation: Optional[bool] = None  # refused when true (`refuse_unsupported`)
 
 
 class Sampling(BaseModel):
     """The sampling fields of OpenAI's APIs (Chat Completions, Completions, Responses), with those llama.cpp's and
-    vLLM's servers accept too (`top_k`, `min_p`, `seed`); `sampling_params` fills in the server's defaults."""
+    vLLM's servers accept too (`top_k`, `min_p`, `seed`); `Defaults.sampling` fills in the server's defaults, else
+    the API's documented ones."""
 
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
@@ -50,8 +60,8 @@ class Sampling(BaseModel):
     seed: Optional[int] = Field(None, ge=-1, le=2**63 - 1)  # -1 = random, as llama.cpp's server
 
 
-class Generation(Strict, Sampling):
-    """The fields Chat Completions and Completions share."""
+class Generation(Open, Sampling):
+    """The fields Chat Completions and Completions share (unknown ones kept in `model_extra`: accepted, ignored)."""
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -60,40 +70,15 @@ class Generation(Strict, Sampling):
     stream_options: Optional[StreamOptions] = None
     n: Optional[int] = Field(1, ge=1)
     user: Optional[str] = None  # a label (accepted: it changes nothing)
-    # refused unless neutral (`REFUSED`)
+    # refused unless neutral (`fields.REFUSED`)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = None
 
 
-# field -> (what is neutral, why it is refused otherwise). A field left out, null, or at its neutral value is fine.
-REFUSED: dict[str, tuple[tuple, str]] = {
-    "frequency_penalty": ((0, 0.0), "specdec serve does not implement repetition penalties (they would change the "
-                          "target distribution speculation preserves)"),
-    "presence_penalty": ((0, 0.0), "specdec serve does not implement repetition penalties"),
-    "logit_bias": (({},), "specdec serve does not implement logit_bias"),
-    "audio": ((), "specdec serve generates text only"),
-    "modalities": ((["text"],), "specdec serve generates text only"),
-    "functions": ((), "functions is OpenAI's deprecated form of tools: send tools"),
-    "function_call": ((), "function_call is OpenAI's deprecated form of tool_choice: send tool_choice"),
-    "metadata": (({},), "specdec serve does not store completions"),
-    "store": ((False,), "specdec serve does not store completions"),
-    "moderation": ((), "specdec serve does not moderate"),
-    "prompt_cache_options": ((), "specdec serve keeps the KV cache of the longest common prefix on its own"),
-    "prompt_cache_retention": ((), "specdec serve keeps the KV cache of the longest common prefix on its own"),
-    "reasoning_effort": ((), "specdec serve does not steer reasoning"),
-    "verbosity": ((), "specdec serve does not steer verbosity"),
-    "web_search_options": ((), "specdec serve does not search the web"),
-    "service_tier": (("auto", "default"), "specdec serve has one service tier"),
-    "best_of": ((1,), "specdec serve generates one completion per request"),
-    "echo": ((False,), "specdec serve does not echo the prompt"),
-    "suffix": (("",), "specdec serve does not insert text (suffix)"),
-}
-
-
 def refuse_unsupported(req: Generation) -> None:
-    """Raise ApiError (400, `param` = the field) for a field of `REFUSED` set to anything but a neutral value, and
-    for a stream option specdec does not honour."""
+    """Raise ApiError (400, `param` = the field) for a field `fields.REFUSED` lists set to anything but a neutral
+    value (left out, null, or one of its neutral values), and for a stream option specdec does not honour."""
     for name, (neutral, why) in REFUSED.items():
         if name not in type(req).model_fields:
             continue
@@ -151,13 +136,11 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
 
     Args:
         max_tokens: the request's own limit (chat: `max_completion_tokens` or `max_tokens`); None: the server's
-            default, else until the context window is full.
+            default cap (`Defaults.limit`). Sampling left out: the server's own, else OpenAI's (temperature 1,
+            top_p 1).
         logprobs: None (off), 0 (each token's), or the number of top alternatives (checked by the translator).
     """
     refuse_unsupported(req)
-    if req.n not in (None, 1):
-        raise ApiError(400, f"n = {req.n}: specdec serve generates one choice per request. Send n = 1, or several "
-                       "requests.", param="n")
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -165,23 +148,10 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
         raise ApiError(400, "stop contains an empty string, which would stop before the first token.", param="stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
-    limit = max_tokens or req.max_tokens or defaults.max_tokens or n_ctx
-    sampling = sampling_params(defaults, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                               min_p=req.min_p, seed=req.seed)
+    limit = defaults.limit(max_tokens or req.max_tokens, n_ctx)
+    sampling = defaults.sampling(OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                 min_p=req.min_p, seed=req.seed)
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
-
-
-def sampling_params(defaults: Defaults, *, temperature: Optional[float] = None, top_k: Optional[int] = None,
-                    top_p: Optional[float] = None, min_p: Optional[float] = None,
-                    seed: Optional[int] = None) -> SamplingParams:
-    """The request's sampling values, the server's defaults for those it leaves out (None); seed -1 = random."""
-    return SamplingParams(
-        temperature=defaults.temperature if temperature is None else temperature,
-        top_k=defaults.top_k if top_k is None else top_k,
-        top_p=defaults.top_p if top_p is None else top_p,
-        min_p=defaults.min_p if min_p is None else min_p,
-        seed=defaults.seed if seed is None else (None if seed == -1 else seed),
-    )
 
 
 def new_id(prefix: str) -> str:

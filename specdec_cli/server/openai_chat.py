@@ -7,10 +7,11 @@ has `"usage": null` and one more chunk with `"choices": []` carries the usage; t
 `delta.tool_calls` (a call's first delta carries its index, id, type and name, the next ones pieces of
 `function.arguments`), as vLLM's Hermes tool parser streams them.
 
-Every field of OpenAI's request is declared here and either implemented or refused with a 400 that names it
-(`openai_base.REFUSED`), as OpenAI and llama-server answer what they do not support. Accepted without effect on the
-output, because they only label the request: `model` (the server serves one model), `user`, `safety_identifier`,
-`prompt_cache_key` (a routing hint: the KV cache keeps the longest common prefix anyway).
+Every field of OpenAI's request is declared here and is what `fields.FIELDS` says: a field that changes what must come
+back is implemented or refused with a 400 that names it (`fields.REFUSED`); one that only informs is used where the
+model has room (a message's `name` and an assistant's `reasoning_content` and `chat_template_kwargs` and
+`reasoning_effort` go to the chat template, a schema's `description` to a system-message line) and otherwise accepted
+(`metadata`, `store`, `service_tier`, `cache_control`, labels); a field nobody here knows is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from pydantic import BaseModel, Field
 from specdec_cli.core.constraint import GrammarError, json_object, json_schema
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
+from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config, new_id,
+    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config, new_id,
     usage_json,
 )
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
@@ -49,9 +51,10 @@ class Prediction(Strict):
     content: Union[str, list[TextPart]]
 
 
-class ChatMessage(Strict):
+class ChatMessage(Open):
     """One message of any role; what each role may carry is checked in `messages_of` (a message of the wrong shape
-    gets a 400 naming the field, e.g. `messages.2.tool_call_id`)."""
+    gets a 400 naming the field, e.g. `messages.2.tool_call_id`). Other fields (`cache_control`, vendor extras) are
+    accepted and ignored."""
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Any = None
@@ -61,6 +64,7 @@ class ChatMessage(Strict):
     refusal: Optional[str] = None
     audio: Any = None
     function_call: Any = None
+    reasoning_content: Optional[str] = None  # an assistant's reasoning sent back (informs: to the template)
 
 
 class ChatRequest(Generation):
@@ -75,19 +79,22 @@ class ChatRequest(Generation):
     top_logprobs: Optional[int] = None  # 0-20, checked in `to_request` (400 naming it)
     safety_identifier: Optional[str] = None  # a label (accepted)
     prompt_cache_key: Optional[str] = None  # a routing hint (accepted: the KV cache keeps common prefixes anyway)
-    # refused unless neutral (`openai_base.REFUSED`)
-    audio: Any = None
-    functions: Any = None
-    function_call: Any = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # llama-server's and vLLM's: to the chat template
+    reasoning_effort: Optional[str] = None  # informs: to the chat template
+    reasoning: Optional[dict[str, Any]] = None  # {"effort": ...} (OpenRouter's, Responses' shape): as reasoning_effort
+    # informs: accepted (`fields.FIELDS`)
     metadata: Any = None
-    modalities: Any = None
-    moderation: Any = None
     prompt_cache_options: Any = None
     prompt_cache_retention: Any = None
-    reasoning_effort: Any = None
     service_tier: Any = None
     store: Optional[bool] = None
     verbosity: Any = None
+    # refused unless neutral (`fields.REFUSED`)
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    modalities: Any = None
+    moderation: Any = None
     web_search_options: Any = None
 
 
@@ -103,8 +110,18 @@ def to_request(body: ChatRequest, ctx: Context) -> Request:
     config = generation_config(body, ctx.defaults, ctx.n_ctx, max_tokens=body.max_completion_tokens,
                                logprobs=logprobs)
     return Request(config=config, messages=messages_of(body), tools=tools_of(body),
-                   output=output_of(body.response_format), label="chat",
+                   output=output_of(body.response_format), label="chat", template_kwargs=template_kwargs_of(body),
                    prediction=_text(body.prediction.content, "prediction.content") if body.prediction else None)
+
+
+def template_kwargs_of(body: ChatRequest) -> dict[str, Any]:
+    """The chat template's extra variables: `chat_template_kwargs`, and `reasoning_effort` (or `reasoning.effort`)
+    as llama-server passes it. Raises ApiError (400) for a variable the template's caller sets itself."""
+    kwargs = check_template_kwargs(body.chat_template_kwargs, "chat_template_kwargs")
+    effort = body.reasoning_effort or (body.reasoning or {}).get("effort")
+    if isinstance(effort, str) and "reasoning_effort" not in kwargs:
+        kwargs["reasoning_effort"] = effort
+    return kwargs
 
 
 def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
@@ -120,7 +137,7 @@ def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
     for i, part in enumerate(content):
         part = part.model_dump() if isinstance(part, BaseModel) else part
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}:
+        if kind == "text" and isinstance(part.get("text"), str):  # other keys (cache_control) only inform
             out.append(part["text"])
         elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
             out.append(part["refusal"])
@@ -137,8 +154,9 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
     """The conversation: text content; `developer` (OpenAI's newer name) → `system`; an assistant's `tool_calls`
     checked (functions whose arguments are a JSON object); `tool` messages with their `tool_call_id`.
 
-    Raises ApiError (400) naming the field: parts other than text, a `name` (templates have no place for it), a tool
-    message without `tool_call_id`, tool calls that are not functions or whose arguments are not a JSON object, the
+    A message's `name` and an assistant's `reasoning_content` are kept (the template gets them).
+
+    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls that are not functions or whose arguments are not a JSON object, the
     deprecated `function` role, fields a role does not take.
     """
     out = []
@@ -147,9 +165,6 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
         if m.role == "function":
             raise ApiError(400, f"{where}.role 'function' is OpenAI's deprecated form of 'tool' messages: send role "
                            "'tool' with tool_call_id.", param=f"{where}.role")
-        if m.name is not None:
-            raise ApiError(400, f"{where}.name: chat templates have no place for participant names. Leave name out.",
-                           param=f"{where}.name")
         for field_, allowed in (("tool_calls", {"assistant"}), ("tool_call_id", {"tool"}), ("refusal", {"assistant"}),
                                 ("audio", set()), ("function_call", set())):
             if getattr(m, field_) is not None and m.role not in allowed:
@@ -160,15 +175,17 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
             if not m.tool_call_id:
                 raise ApiError(400, f"{where}: a tool message needs tool_call_id (the id of the call it answers).",
                                param=f"{where}.tool_call_id")
-            out.append(Message("tool", _text(m.content, f"{where}.content"), tool_call_id=m.tool_call_id))
+            out.append(Message("tool", _text(m.content, f"{where}.content"), name=m.name,
+                               tool_call_id=m.tool_call_id))
         elif m.role == "assistant":
             text = _text(m.content, f"{where}.content", refusal_ok=True)
             if m.refusal:
                 text = text or m.refusal
             calls = tuple(_tool_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ()))
-            out.append(Message("assistant", text, tool_calls=calls))
+            out.append(Message("assistant", text, name=m.name, tool_calls=calls, reasoning=m.reasoning_content))
         else:
-            out.append(Message("system" if m.role == "developer" else m.role, _text(m.content, f"{where}.content")))
+            out.append(Message("system" if m.role == "developer" else m.role, _text(m.content, f"{where}.content"),
+                               name=m.name))
     return tuple(out)
 
 
@@ -290,7 +307,8 @@ def output_of(response_format: Optional[dict]) -> Optional[Output]:
 
     `{"type": "text"}`: free text. `{"type": "json_object"}`: any JSON object. `{"type": "json_schema",
     "json_schema": {"name", "schema", "strict", "description"}}`: JSON valid against `schema` (always enforced,
-    `strict` or not; `description` is for the model and the template has no place for it, so it is refused).
+    `strict` or not; `description` informs: the service shows it to the model in a system-message line). Other
+    fields are accepted and ignored.
 
     Raises ApiError (400, `param` "response_format..."): an unknown type, a bad name, a schema llguidance cannot
     compile (the message says where).
@@ -298,38 +316,31 @@ def output_of(response_format: Optional[dict]) -> Optional[Output]:
     if response_format is None:
         return None
     kind = response_format.get("type")
-    if kind == "text" and set(response_format) == {"type"}:
+    if kind == "text":
         return None
-    if kind == "json_object" and set(response_format) == {"type"}:
+    if kind == "json_object":
         return Output({"type": "object"}, json_object(name="response_format"))
     if kind != "json_schema":
-        raise ApiError(400, f"response_format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'."
-                       if kind not in ("text", "json_object") else
-                       f"response_format of type {kind!r} takes no other field.", param="response_format.type"
-                       if kind not in ("text", "json_object") else "response_format")
-    unknown = set(response_format) - {"type", "json_schema"}
+        raise ApiError(400, f"response_format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.",
+                       param="response_format.type")
     spec = response_format.get("json_schema")
-    if unknown or not isinstance(spec, dict):
-        raise ApiError(400, "response_format of type 'json_schema' takes one field, json_schema: {\"name\", "
-                       "\"schema\", \"strict\"}.", param="response_format")
-    unknown = set(spec) - {"name", "schema", "strict", "description"}
-    if unknown:
-        raise ApiError(400, f"response_format.json_schema has unknown fields: {', '.join(sorted(unknown))}.",
-                       param="response_format.json_schema")
+    if not isinstance(spec, dict):
+        raise ApiError(400, "response_format of type 'json_schema' needs json_schema: {\"name\", \"schema\", "
+                       "\"strict\", \"description\"}.", param="response_format.json_schema")
     name = spec.get("name")
     if not isinstance(name, str) or not NAME.match(name):
         raise ApiError(400, f"response_format.json_schema.name {name!r} is not a name (letters, digits, _ and -, "
                        "at most 64).", param="response_format.json_schema.name")
-    if spec.get("description") is not None:
-        raise ApiError(400, "response_format.json_schema.description: specdec serve cannot show it to the model "
-                       "(the chat template has no place for it); put it in a message and leave description out.",
+    description = spec.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ApiError(400, "response_format.json_schema.description is not a string.",
                        param="response_format.json_schema.description")
     if spec.get("strict") not in (None, True, False):
         raise ApiError(400, "response_format.json_schema.strict is not a boolean.",
                        param="response_format.json_schema.strict")
     schema = spec.get("schema", {})
     try:
-        return Output(schema, json_schema(schema, name="response_format"), name=name)
+        return Output(schema, json_schema(schema, name="response_format"), name=name, description=description)
     except GrammarError as e:
         raise ApiError(400, str(e), param="response_format") from None
 
@@ -432,6 +443,7 @@ def routes(app: FastAPI, ctx: Context) -> None:
     @app.post("/v1/chat/completions", dependencies=ctx.auth)
     async def chat_completions(body: ChatRequest, http: HttpRequest) -> Response:
         request = to_request(body, ctx)
+        ctx.ignore(http.url.path, body)
         writer = ChatWriter(ctx.model_id, ctx.method, logprobs=request.config.logprobs is not None,
                             include_usage=bool(body.stream_options and body.stream_options.include_usage))
         return await ctx.respond(http, request, writer, stream=bool(body.stream))

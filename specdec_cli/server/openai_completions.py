@@ -15,35 +15,51 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import Response
 
 from specdec_cli.server.errors import ApiError
+from specdec_cli.server.fields import CHAT_ONLY
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
     FINISH_REASONS, Generation, check_logprobs, completion_logprobs, generation_config, new_id, usage_json,
 )
 from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse
-from specdec_cli.server.request import Request
+from specdec_cli.server.request import Fim, Request
 
 
 class CompletionRequest(Generation):
-    prompt: Union[str, list[str]]
+    prompt: Union[str, list[str], list[int], list[list[int]]]  # text, or token ids (one prompt per request)
+    suffix: Optional[str] = None  # fill in the middle: the text after the cursor (the prompt is the text before)
     logprobs: Optional[int] = None  # 0-20, checked in `to_request`
-    # refused unless neutral (`openai_base.REFUSED`)
+    # refused unless neutral (`fields.REFUSED`)
     best_of: Optional[int] = None
     echo: Optional[bool] = None
-    suffix: Optional[str] = None
 
 
 def to_request(body: CompletionRequest, ctx: Context) -> Request:
-    """The internal `Request` for a Completions body: the prompt as raw text. Raises ApiError (400, naming the
-    field): a list of several prompts, what the server cannot honour."""
+    """The internal `Request` for a Completions body: the prompt as raw text (special tokens parsed, as llama-server:
+    Continue's and Tabby's `<|fim_prefix|>...<|fim_middle|>` prompts work) or token ids; with a `suffix`, fill in
+    the middle with the model's FIM tokens (as Ollama's `suffix`).
+
+    Raises ApiError (400, naming the field): several prompts, token ids outside the vocabulary, a `suffix` for a
+    model without FIM tokens (naming the model) or with a token-id prompt, what the server cannot honour."""
     check_logprobs("logprobs", body.logprobs)
+    for name in CHAT_ONLY:
+        if (body.model_extra or {}).get(name) is not None:
+            raise ApiError(400, f"{name}: /v1/completions writes text from a raw prompt and cannot honour it. Send it "
+                           "to /v1/chat/completions.", param=name)
     config = generation_config(body, ctx.defaults, ctx.n_ctx, logprobs=body.logprobs)
-    if isinstance(body.prompt, str):
-        prompt = body.prompt
-    elif len(body.prompt) != 1:
-        raise ApiError(400, f"prompt is a list of {len(body.prompt)} strings; specdec serve takes one prompt per "
-                       "request. Send them one by one.", param="prompt")
-    else:
-        prompt = body.prompt[0]
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompt = ctx.service.check_token_ids(prompt, "prompt")
+    elif isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise ApiError(400, f"prompt is a list of {len(prompt)} prompts; specdec serve takes one prompt per "
+                           "request. Send them one by one.", param="prompt")
+        prompt = prompt[0] if isinstance(prompt[0], str) else ctx.service.check_token_ids(prompt[0], "prompt")
+    if body.suffix:
+        if not isinstance(prompt, str):
+            raise ApiError(400, "suffix needs a text prompt (the code before the cursor), not token ids.",
+                           param="suffix")
+        ctx.service.require_fim("suffix")
+        return Request(config=config, fim=Fim(prefix=prompt, suffix=body.suffix), label="completion")
     return Request(config=config, prompt=prompt, label="completion")
 
 
@@ -114,6 +130,7 @@ def routes(app: FastAPI, ctx: Context) -> None:
     @app.post("/v1/completions", dependencies=ctx.auth)
     async def completions(body: CompletionRequest, http: HttpRequest) -> Response:
         request = to_request(body, ctx)
+        ctx.ignore(http.url.path, body)
         writer = CompletionWriter(ctx.model_id, ctx.method, logprobs=body.logprobs is not None,
                                   include_usage=bool(body.stream_options and body.stream_options.include_usage))
         return await ctx.respond(http, request, writer, stream=bool(body.stream))

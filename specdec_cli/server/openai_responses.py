@@ -55,12 +55,12 @@ from specdec_cli.server.custom_tools import custom_tool, input_grammar
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
-    Sampling, chat_logprobs, check_logprobs, content_text, sampling_params,
+    Sampling, chat_logprobs, check_logprobs, content_text,
 )
 from specdec_cli.server.reply import (
     Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse,
 )
-from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, ToolMode, Tools
+from specdec_cli.server.request import OPENAI, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.tools import NAME, check_parameters
 
 STORE_SIZE = 64  # responses held for previous_response_id
@@ -243,9 +243,9 @@ def to_request(body: ResponsesRequest, ctx: Context, store: ResponseStore) -> Tr
     if body.top_logprobs is not None:
         check_logprobs("top_logprobs", body.top_logprobs)
     logprobs = (body.top_logprobs or 0) if LOGPROBS in include else None
-    limit = body.max_output_tokens or ctx.defaults.max_tokens or ctx.n_ctx
-    sampling = sampling_params(ctx.defaults, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                               min_p=body.min_p, seed=body.seed)
+    limit = ctx.defaults.limit(body.max_output_tokens, ctx.n_ctx)
+    sampling = ctx.defaults.sampling(OPENAI, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                     min_p=body.min_p, seed=body.seed)
     config = GenerationConfig(max_tokens=limit, sampling=sampling, logprobs=logprobs)
     request = Request(config=config, messages=messages, tools=tools, output=output_of(body.text),
                       label="responses")

@@ -166,16 +166,37 @@ class Output:
     description: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Fim:
+    """A fill-in-the-middle prompt: the code before and after the cursor, and more context.
+
+    Attributes:
+        prefix: the text before the cursor. suffix: the text after it.
+        extra: more context, (filename, text) pairs (llama.cpp's `input_extra`: other files, recent edits).
+        prompt: text appended to the prefix (llama.cpp's `prompt`: the current line up to the cursor).
+        repo: llama-server's repo-level layout (`<|repo_name|>myproject`, `<|file_sep|>` per file, when the model
+            has those tokens; `/infill`); False: only prefix, suffix and middle markers (`suffix` on
+            `/v1/completions`, as Ollama's templates write it).
+    """
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+    repo: bool = False
+
+
 @dataclass(frozen=True)
 class Request:
     """One generation, as any API asks for it.
 
-    Exactly one of `messages` (a conversation, rendered with the model's chat template) and `prompt` (raw text or
-    token ids) is given.
+    Exactly one of `messages` (a conversation, rendered with the model's chat template), `prompt` (raw text or token
+    ids) and `fim` (fill in the middle, with the model's FIM tokens) is given.
 
     Attributes:
         messages: the conversation, oldest first.
         prompt: raw text (special tokens such as FIM markers parsed, as llama-server does) or int token ids.
+        fim: a fill-in-the-middle prompt (`server.fim.fim_prompt` lays it out).
         tools: the tools the model may call and whether it must (chat only); None: no tools.
         output: the constraint on the reply's text, or None for free text.
         config: max tokens, stop strings, sampling, log-probabilities (the engine's `GenerationConfig`; its grammar
@@ -188,6 +209,7 @@ class Request:
     config: GenerationConfig
     messages: tuple[Message, ...] = ()
     prompt: str | tuple[int, ...] | None = None
+    fim: Fim | None = None
     tools: Tools | None = None
     output: Output | None = None
     prediction: str | None = None
@@ -196,8 +218,8 @@ class Request:
 
     @property
     def is_chat(self) -> bool:
-        """True for a conversation (the chat template), False for a raw prompt."""
-        return self.prompt is None
+        """True for a conversation (the chat template), False for a raw prompt or a FIM one."""
+        return self.prompt is None and self.fim is None
 
     @property
     def calls_tools(self) -> bool:
@@ -205,29 +227,80 @@ class Request:
         return self.tools is not None and self.tools.mode != "none"
 
 
-@dataclass(frozen=True)
-class Defaults:
-    """The server's values for what a request leaves out (`specdec serve --temperature ...`).
+DEFAULT_MAX_TOKENS = 4096
+"""A reply's token limit when neither the request nor `specdec serve --max-tokens` sets one (never more than the
+context window): a reply that would not end (a repeated tool call, a loop) stops here instead of at a full context."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiDefaults:
+    """What an API documents for the sampling fields a request leaves out (used unless the server has its own).
 
     Attributes:
-        temperature, top_k, top_p, min_p, seed: sampling.
-        max_tokens: the reply's token limit when the request sets none (None: until the context is full).
+        temperature: softmax temperature (0 = greedy). top_p: nucleus (1.0 = off). top_k: keep the k most likely
+            (0 = off). min_p: drop tokens under min_p x the top probability (0.0 = off).
     """
 
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+OPENAI = ApiDefaults(temperature=1.0, top_p=1.0)
+"""OpenAI's Chat Completions, Completions and Responses: temperature 1, top_p 1 (its API reference)."""
+ANTHROPIC = ApiDefaults(temperature=1.0)
+"""Anthropic's Messages: temperature 1.0; top_p and top_k unset (off) unless sent (its API reference)."""
+LLAMA_CPP = ApiDefaults(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)
+"""llama-server's own endpoints (`/infill`, `/completion`): its sampler defaults (`common_params_sampling`)."""
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The server's own values for what a request leaves out (`specdec serve --temperature ...`); None: the API's
+    documented default (`ApiDefaults`: each translator names its API's).
+
+    Attributes:
+        temperature, top_k, top_p, min_p: sampling (None: the API's default).
+        seed: the random stream's seed (None: random).
+        max_tokens: the reply's token limit when the request sets none (None: `DEFAULT_MAX_TOKENS`); never more
+            than the context window.
+    """
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
 
-    def sampling(self, *, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 min_p: float | None = None, seed: int | None = None) -> SamplingParams:
-        """A request's sampling: each value it sets (not None), else the server's."""
+    def sampling(self, api: ApiDefaults, *, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, min_p: float | None = None, seed: int | None = None) -> SamplingParams:
+        """The sampling of a request: each value the request sent (not None), else the server's, else `api`'s.
+
+        Args:
+            seed: the request's seed (-1: random, as llama-server; None: the server's).
+        """
+        def pick(asked, own, documented):
+            return asked if asked is not None else own if own is not None else documented
+
         return SamplingParams(
-            temperature=self.temperature if temperature is None else temperature,
-            top_k=self.top_k if top_k is None else top_k,
-            top_p=self.top_p if top_p is None else top_p,
-            min_p=self.min_p if min_p is None else min_p,
-            seed=self.seed if seed is None else seed,
+            temperature=pick(temperature, self.temperature, api.temperature),
+            top_k=pick(top_k, self.top_k, api.top_k),
+            top_p=pick(top_p, self.top_p, api.top_p),
+            min_p=pick(min_p, self.min_p, api.min_p),
+            seed=self.seed if seed is None else (None if seed == -1 else seed),
         )
+
+    def limit(self, asked: int | None, n_ctx: int) -> int:
+        """A reply's token limit: what the request asked (`asked`), else the server's `max_tokens`, else
+        `DEFAULT_MAX_TOKENS`; a default never exceeds the context window `n_ctx` (tokens). The engine ends a reply
+        at a full context in any case (finish "context")."""
+        if asked:
+            return asked
+        return min(self.max_tokens or DEFAULT_MAX_TOKENS, n_ctx)
+
+    @property
+    def cap(self) -> int:
+        """The default token limit (the server's `max_tokens` or `DEFAULT_MAX_TOKENS`), for the start-up line."""
+        return self.max_tokens or DEFAULT_MAX_TOKENS

@@ -26,11 +26,13 @@ from specdec_cli.driver import Drive, stream
 from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
+from specdec_cli.models.backend import FimTokens
 from specdec_cli.server.custom_tools import decode_calls, template_arguments
 from specdec_cli.server.errors import ApiError
+from specdec_cli.server.fim import fim_prompt
 from specdec_cli.server.guards import CallGuard
 from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
-from specdec_cli.server.request import Message, Request
+from specdec_cli.server.request import Message, Output, Request
 from specdec_cli.server.tool_formats import ToolFormat, detect as detect_tool_format
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
@@ -63,6 +65,9 @@ class GenerationService:
             target.chat_template(), lambda t: target.tokenize(t, add_special=False, parse_special=True), target.piece)
         """How the chat template takes tools and writes calls (`tool_formats`: Hermes, Llama 3, Mistral, Phi-4, or
         the generic JSON fallback)."""
+        self.fim: FimTokens = target.fim_tokens()
+        """The model's fill-in-the-middle tokens (`require_fim`)."""
+        self.n_vocab: int = target.n_vocab
 
     @property
     def method(self) -> str:
@@ -85,6 +90,23 @@ class GenerationService:
             schema = dict(request.output.schema) if request.output is not None else None
             grammar = self.tool_format.grammar(request.tools, schema)
         return replace(request, config=replace(request.config, grammar=grammar))
+
+    def require_fim(self, param: str) -> None:
+        """Raise ApiError (400, `param`, naming the model) unless the model has fill-in-the-middle tokens."""
+        if not self.fim.usable:
+            raise ApiError(400, f"{self.session.target_path.name} has no fill-in-the-middle tokens (FIM prefix, "
+                           "suffix and middle), so it cannot complete between a prefix and a suffix. Serve a code "
+                           "model trained for it (e.g. -t qwen2.5-coder-1.5b), or send the prompt without a suffix.",
+                           param=param)
+
+    def check_token_ids(self, ids, param: str) -> tuple[int, ...]:
+        """`ids` (a prompt as token ids) as a tuple; raise ApiError (400, `param`) for an id outside the
+        vocabulary."""
+        bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"{param} holds token id {bad}, outside this model's vocabulary (0-{self.n_vocab - 1}).",
+                           param=param)
+        return tuple(ids)
 
     def parser(self, request: Request) -> Parser:
         """The parser that splits `request`'s reply into text and tool calls (`reply.ReplyStream`), in the
@@ -109,20 +131,26 @@ class GenerationService:
     def prompt_tokens(self, request: Request) -> list[int]:
         """Token ids of `request`'s prompt: its messages through the target's chat template (tools and the history's
         calls as the template's tool-call format has them: `ToolFormat.render`; the assistant's generation prompt
-        appended), its raw text (BOS as the model wants, special tokens not parsed), or its token ids as they are.
+        appended), its raw text (BOS as the model wants, special tokens such as `<|fim_prefix|>` parsed, as
+        llama-server does), its token ids as they are, or its FIM prompt (`fim.fim_prompt`).
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).
             UsageError: the template refused the conversation. ModelError: the template failed.
         """
+        if request.fim is not None:
+            self.require_fim("suffix")
+            return fim_prompt(self.session.target, request.fim, n_ctx=self.n_ctx,
+                              n_predict=request.config.max_tokens)
         if not request.is_chat:
             if isinstance(request.prompt, str):
-                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=False)
+                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=True)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
-        messages, tools = self.tool_format.render(template_messages(request.messages), tools)
+        messages, tools = self.tool_format.render(
+            template_messages(with_description(request.messages, request.output)), tools)
         try:
-            prompt = self.session.chat_prompt(messages, tools=tools)
+            prompt = self.session.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
         return self.session.tokenize_chat(prompt)
@@ -168,14 +196,32 @@ class GenerationService:
             self.session.close()
 
 
+def with_description(messages: Sequence[Message], output: Output | None) -> Sequence[Message]:
+    """`messages` with a response format's description shown to the model, as OpenAI does: a line "Respond with JSON
+    (NAME): DESCRIPTION" appended to the first system message, or a system message of its own first."""
+    if output is None or not output.description:
+        return messages
+    line = f"Respond with JSON ({output.name}): {output.description}" if output.name else \
+        f"Respond with JSON: {output.description}"
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        return (replace(first, content=f"{first.content}\n\n{line}" if first.content else line), *messages[1:])
+    return (Message("system", line), *messages)
+
+
 def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """The conversation as chat templates take it (Hugging Face's convention): {"role", "content"}, an assistant's
-    `tool_calls` as [{"id", "type": "function", "function": {"name", "arguments": object}}] (Qwen2.5's template
-    writes them with `tojson`; arguments that are not a JSON object stay text; a custom tool's input is
-    {"input": text}: `custom_tools.template_arguments`), a tool turn's `tool_call_id`."""
+    """The conversation as chat templates take it (Hugging Face's convention): {"role", "content"}, a participant's
+    `name`, an assistant's `reasoning_content` (sent back) and `tool_calls` as [{"id", "type": "function",
+    "function": {"name", "arguments": object}}] (Qwen2.5's template writes them with `tojson`; arguments that are not
+    a JSON object stay text; a custom tool's input is {"input": text}: `custom_tools.template_arguments`), a tool
+    turn's `tool_call_id`."""
     out = []
     for m in messages:
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.reasoning is not None:
+            msg["reasoning_content"] = m.reasoning
         if m.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": template_arguments(c)}}

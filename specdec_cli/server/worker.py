@@ -8,7 +8,8 @@ output is parsed here, by the job's `reply.ReplyStream`, so a reply that must en
 stops its generation at once), then `Done` (the last events, `End` with the request's `RequestStats`); or `Failed`
 (an exception for `errors.to_api_error`) instead of any of them.
 
-A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429). `cancel` (the client went away)
+A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429 with `Retry-After`: the requests ahead
+times the mean time of the recent ones, less the running one's age). `status` is the queue as `/health` shows it. `cancel` (the client went away)
 drops a waiting request, or stops the running one at the next step: its `driver.Drive` is closed, so the engine's
 `finally` leaves the KV cache holding only committed tokens. Every request that did not finish gets a last `Failed`
 event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM) fails every waiting request
@@ -18,9 +19,11 @@ with `ShuttingDownError` and ends the running one after its current step.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -96,6 +99,12 @@ class Job:
         self.task = task
         self.result: Future = Future()
         self.cancelled = threading.Event()
+        self.started_at: float | None = None  # time.monotonic() when the worker took it
+        self.tokens = 0  # output tokens so far
+
+
+FIRST_GUESS_S = 10.0  # a request's wall time before any was served (Retry-After's first estimate), seconds
+MEAN_WEIGHT = 0.3  # weight of the latest request in the moving mean of wall times
 
 
 def _stderr(line: str) -> None:
@@ -120,6 +129,7 @@ class Worker:
         self._current: Job | None = None
         self._stopping = False
         self._ids = itertools.count(1)
+        self._mean_s = FIRST_GUESS_S  # a request's mean wall time (exponential moving average), for Retry-After
         self._thread = threading.Thread(target=self._run, name="specdec-serve-worker", daemon=True)
 
     # -- the HTTP side --------------------------------------------------------------------------------------------
@@ -150,7 +160,7 @@ class Worker:
                 raise ShuttingDownError()
             # while the worker is idle, the first waiting job is about to run: it does not count against the bound
             if len(self._pending) >= self.bound + (self._current is None):
-                raise QueueFullError(self.bound)
+                raise QueueFullError(self.bound, self._retry_after())
             reply = self.service.reply(request) if request is not None else None
             job = Job(next(self._ids), request, deliver, reply, task)
             self._pending.append(job)
@@ -196,6 +206,34 @@ class Worker:
         with self._cv:
             return self._current is not None
 
+    def ahead(self, job: Job) -> int:
+        """Requests `job` waits for (the running one and those queued before it); 0 once it runs or if it will be
+        taken next by an idle worker."""
+        with self._cv:
+            try:
+                index = self._pending.index(job)
+            except ValueError:
+                return 0
+            return index + (self._current is not None)
+
+    def status(self) -> dict:
+        """The queue as `/health` shows it: {"waiting": requests queued, "bound": `--queue`, "running": {"id",
+        "kind", "age_s" (seconds since it was taken), "tokens" (output so far)} or None, "retry_after_s": the
+        Retry-After a request refused now would get}."""
+        with self._cv:
+            job = self._current
+            running = None if job is None or job.started_at is None else {
+                "id": job.id, "kind": job.request.label if job.request is not None else "task", "age_s": round(time.monotonic() - job.started_at, 2),
+                "tokens": job.tokens}
+            return {"waiting": len(self._pending), "bound": self.bound, "running": running,
+                    "retry_after_s": self._retry_after()}
+
+    def _retry_after(self) -> int:
+        """Whole seconds until a queue place is likely free (>= 1): the waiting requests and the running one, each
+        the mean time of recent requests, less the running one's age (lock held)."""
+        age = time.monotonic() - self._current.started_at if self._current and self._current.started_at else 0.0
+        return max(1, math.ceil(self._mean_s * (len(self._pending) + (self._current is not None)) - age))
+
     # -- the worker thread ----------------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
@@ -205,6 +243,7 @@ class Worker:
                 if self._stopping:
                     return
                 job = self._current = self._pending.popleft()
+                job.started_at = time.monotonic()
             try:
                 if job.task is not None:
                     _run_task(job, self.service)
@@ -215,6 +254,9 @@ class Worker:
             finally:
                 with self._cv:
                     self._current = None
+                    if job.task is None:  # a request's wall time (a task's, e.g. count_tokens, is no guide)
+                        took = time.monotonic() - job.started_at
+                        self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
 
     def _serve(self, job: Job) -> None:
         """Generate one request, delivering its events; never raises (the server goes on whatever happens).
@@ -276,7 +318,10 @@ class Worker:
             if isinstance(record, Prefill):
                 if n_prompt is not None:  # the prompt fit and was evaluated
                     _send(job, Started(n_prompt, max(record.n_prompt - 1 - record.n_evaluated, 0)))
-            elif isinstance(record, Step) and (record.text or record.logprobs):
+            elif isinstance(record, Step):
+                job.tokens += len(record.emitted)
+                if not (record.text or record.logprobs):
+                    continue
                 events = reply.delta(record.text, self.service.pieces(record.logprobs))
                 if events:
                     _send(job, Delta(tuple(events)))

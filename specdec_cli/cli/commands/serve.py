@@ -47,9 +47,8 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     worker = Worker(service, bound=queue)
     server = make_server(create_app(worker, defaults=defaults, api_key=api_key), on_exit=worker.stop)
     worker.start()
-    err.print(f"specdec serve: {service.model_id} (--method {spec.method}) at {base_url(sock)}"
-              f"{' (API key required)' if api_key else ''}; one line per request below; Ctrl-C stops.",
-              highlight=False, markup=False)
+    err.print(startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
+                           api_key=bool(api_key)), highlight=False, markup=False)
     err.print(context_line(service.n_ctx), highlight=False, markup=False)
     try:
         with _signals_handled_by_server():
@@ -73,6 +72,20 @@ def context_line(n_ctx: int) -> str:
         return f"context window: {n_ctx} tokens (holds coding agents' prompts: Claude Code's, Codex's)."
     return (f"context window: {n_ctx} tokens: too small for coding agents' prompts (Claude Code's ~20k tokens); "
             "use --ctx 32768.")
+
+
+def startup_line(model_id: str, method: str, url: str, defaults, *, n_ctx: int, api_key: bool) -> str:
+    """The one line `specdec serve` prints when it is ready: the model, method and URL, what a request that leaves
+    sampling and max_tokens out gets (`defaults`: a `server.request.Defaults`), whether a key is required."""
+    own = [f"{name} {value:g}" for name, value in (("temperature", defaults.temperature), ("top_p", defaults.top_p),
+                                                   ("top_k", defaults.top_k), ("min_p", defaults.min_p))
+           if value is not None]
+    sampling = ", ".join(own) + " unless a request sets them" if own else \
+        "temperature and top_p as each API documents (OpenAI's: 1 and 1)"
+    cap = min(defaults.cap, n_ctx)
+    key = " (API key required)" if api_key else ""
+    return (f"specdec serve: {model_id} (--method {method}) at {url}{key}; {sampling}; at most {cap} tokens per "
+            f"reply when a request sets no max_tokens (--max-tokens); one line per request below; Ctrl-C stops.")
 
 
 def require_extra() -> None:
