@@ -75,13 +75,17 @@ class FakeBackend:
 
     Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more
     logits rows than one llama.cpp batch (n_logits > min(tokens, n_batch)) and a negative truncation (ValueError).
+    With `clock` and `cost` (ms of a pass over b tokens) every pass advances the virtual clock by cost(b): a scripted
+    verify curve.
     """
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
                  n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS,
-                 pieces: Sequence[bytes] | None = None) -> None:
+                 pieces: Sequence[bytes] | None = None, clock: Clock | None = None,
+                 cost: Callable[[int], float] | None = None) -> None:
         """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`."""
         self.fn = fn
+        self._clock, self._cost = clock, cost
         self.pieces = list(pieces) if pieces is not None else None
         self._lltok = None
         self.path = path
@@ -109,6 +113,10 @@ class FakeBackend:
     def tokens(self) -> np.ndarray:
         return np.asarray(self._tokens, dtype=np.int32)
 
+    def _pass(self, b: int) -> None:
+        if self._clock is not None and self._cost is not None:
+            self._clock.advance(self._cost(b) / 1e3)
+
     def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
         toks = [int(t) for t in tokens]
         if n_logits > min(len(toks), self._n_batch):
@@ -123,6 +131,7 @@ class FakeBackend:
         rows = [self.fn(self._tokens[: start + i + 1]) for i in range(len(toks) - n_logits, len(toks))]
         out = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self._vocab), np.float32)
         out.flags.writeable = False
+        self._pass(len(toks))
         return out
 
     def truncate(self, n: int) -> None:
@@ -187,6 +196,19 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+
+class Clock:
+    """A virtual monotonic clock in seconds: `clock()` reads it, `advance(s)` moves it (the fake backend's passes)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
 
 
 def greedy_tokenize(pieces: Sequence[bytes], data: bytes, skip=frozenset()) -> list[int]:

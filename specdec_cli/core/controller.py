@@ -31,6 +31,7 @@ from specdec_cli.drafters.base import Draft, cut
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
+    from specdec_cli.core.verify_curve import VerifyCurve
 
 PROBE_K = 3  # K of a probe step taken from K = 0
 MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_every x this
@@ -88,11 +89,11 @@ class KController(Protocol):
 class FixedK(KController):
     """`--k N`: always N. Still learns the cost model, so stats and tune can show what auto would have expected."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, curve: VerifyCurve | None = None) -> None:
         if not 0 <= k <= K_LIMIT:
             raise ValueError(f"K must be between 0 and {K_LIMIT}, got {k}.")
         self.k = k
-        self.model = CostModel(max(k, DEFAULT_K_MAX))
+        self.model = CostModel(max(k, DEFAULT_K_MAX), curve=curve)
 
     def next_k(self) -> int:
         return self.k
@@ -116,6 +117,8 @@ class AdaptiveK(KController):
         probe_every: steps between probes (K = 3 while plain decoding wins; an unmeasured batch size otherwise).
         half_life: steps (observations of a bucket, for match-length evidence) after which evidence weighs half.
         prior: what the cost model assumes before measuring. margin: K > 0 must beat K = 0 by this fraction.
+        curve: this machine's measured verify curve (`measure.verify_curve.measure`), or None: then v(b) is learnt
+            from the passes made, with probes of unmeasured sizes.
 
     Raises:
         ValueError: an argument out of range.
@@ -130,6 +133,7 @@ class AdaptiveK(KController):
         half_life: float = 32.0,
         prior: CostPrior | None = None,
         margin: float = MARGIN,
+        curve: VerifyCurve | None = None,
     ) -> None:
         if not 1 <= k_max <= K_LIMIT:
             raise ValueError(f"k_max must be between 1 and {K_LIMIT}, got {k_max}.")
@@ -143,7 +147,7 @@ class AdaptiveK(KController):
         self.lookup_k_max = max(k_max, lookup_k_max)
         self.probe_every = probe_every
         self.margin = margin
-        self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior())
+        self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior(), curve)
         # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
         self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
@@ -160,7 +164,7 @@ class AdaptiveK(KController):
         """K for the next step. The first step is plain (it times v(1)); a free lookup drafter with evidence is asked
         for `lookup_k_max` tokens (`choose` then picks and trims); otherwise the draft model's best K (`_model_k`)."""
         self.asked_all = False  # True: K is an ask for the whole lookup draft, which `trim` cuts
-        if not self.model.measured(1):  # a plain step measures v(1) first
+        if not self.model.measured(1) and self.model.curve is None:  # a plain step measures v(1) first
             self.k = self.best = 0
             return 0
         self.asked_all = self.evidence and self._free_drafts()
@@ -187,7 +191,7 @@ class AdaptiveK(KController):
                 k, self._since = min(PROBE_K, self.k_max), 0
         else:
             self.failures, self._interval, self._burst = 0, self.probe_every, [0, 0.0]
-            if self._since >= self.probe_every:
+            if self._since >= self.probe_every and self.model.curve is None:  # a measured curve knows every size
                 self._since = 0
                 grid = (best + 1, *EXPLORE_K)
                 unmeasured = [j for j in grid if best < j <= self.k_max and not self.model.measured(j + 1)]
@@ -243,7 +247,8 @@ class AdaptiveK(KController):
             return True
         # Only K whose verify batch lies within the sizes verify steps have timed: beyond them the curve is
         # interpolated towards the prefill's point, which is optimistic on a CPU and would keep futile probes alive.
-        k_top = min(self.k_max, max(PROBE_K, self.model.largest_verified() - 1))
+        top = self.model.largest_verified() - 1 if self.model.curve is None else self.k_max
+        k_top = min(self.k_max, max(PROBE_K, top))
         d, c = self.model.draft_cost()
         ms = expected_ms(v[: k_top + 1], d, c, np.ones(k_top))  # [k_top + 1]
         perfect = np.arange(1, k_top + 2) / ms  # tokens per ms by K, all accepted
@@ -280,14 +285,15 @@ class AdaptiveK(KController):
             accept = accept * draft.probs[:n]
         expected = expected_tokens(accept)  # [n + 1] tokens by K
         k = best_k(expected / v[: n + 1], self.margin)  # tokens per ms by K
-        if seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
+        if self.model.curve is None and seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
                 and expected[n] >= FRONTIER_ACCEPTANCE * (n + 1):
             # Every verified position is nearly always right, and so is the whole draft expected to be: verify all
             # of it (at most twice the verified depth: slow start), to learn the positions and batch sizes beyond.
             # Without this the verify curve traps K: beyond the largest batch a verify step has timed, v(b) is
             # extrapolated, and a CPU's bumpy curve (b = 5 to 9 costs a plain step per token, b = 33 to 65 a third
             # of one) makes a local optimum (K = 2..4) look best, while a pass over tokens that will nearly all be
-            # accepted costs little even where b turns out slow.
+            # accepted costs little even where b turns out slow. (A measured curve knows every size: the K with the
+            # best expected tokens per ms is taken as it is, on the curve's cheap sizes.)
             k = n
         state.since[b] += 1
         if k == 0:
@@ -356,7 +362,7 @@ class AdaptiveK(KController):
         KeyError when `state` does not fit this controller; it is then unchanged."""
         evidence = bool(state["evidence"])
         evidence_ms = [float(x) for x in state["evidence_ms"]][-8:]
-        model = CostModel(self.model.k_max, self.model.half_life, self.model.prior)
+        model = CostModel(self.model.k_max, self.model.half_life, self.model.prior, self.model.curve)
         model.restore(state["model"], max_weight)
         self.model, self.evidence, self._evidence_ms = model, evidence, evidence_ms
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
@@ -36,6 +36,7 @@ from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_lo
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
+    from specdec_cli.core.verify_curve import VerifyCurve
     from specdec_cli.stores.prompt_cache import PromptCache
 
 NO_DRAFT = Draft(source="")
@@ -76,11 +77,15 @@ class SpeculativeEngine:
         prompt_cache: KV states saved across runs (`prompt_cache.PromptCache`): the prefill first restores the longest
             saved prefix of the prompt, and `save_prompt` saves what a generation evaluated. None = off.
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
+        curve: the target's measured verify curve (`measure.verify_curve.measure`), which each `Step` is placed on
+            (`Step.curve_ms`, `Step.cheap`); None: not measured.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
-                 prompt_cache: PromptCache | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 prompt_cache: PromptCache | None = None, clock: Callable[[], float] = time.perf_counter,
+                 curve: VerifyCurve | None = None) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
+        self.curve = curve
         self.prompt_cache = prompt_cache
         self.target = target
         self.drafter = drafter
@@ -155,6 +160,9 @@ class SpeculativeEngine:
                     match_len=draft.match_len,
                     logprobs=() if config.logprobs is None else _logprobs(logits, masks, emitted, config.logprobs),
                 )
+                if self.curve is not None:  # where this pass's batch size fell on the measured curve
+                    step = replace(step, curve_ms=self.curve.at(step.batch_size),
+                                   cheap=self.curve.cheap(step.batch_size))
                 if drafter is not None and step.source != GRAMMAR:
                     self.controller.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
                 yield step

@@ -103,6 +103,8 @@ class Step:
             without evidence (a draft model) and for a plain step. `--k auto` learns acceptance by it.
         logprobs: one `TokenLogprob` per emitted token, in order, when `GenerationConfig.logprobs` asks for them;
             () otherwise.
+        curve_ms: the measured verify curve's cost of a pass of `batch_size` tokens (0.0: no curve measured).
+        cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
     """
 
     index: int
@@ -117,6 +119,8 @@ class Step:
     source: str = ""
     match_len: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    curve_ms: float = 0.0
+    cheap: bool = False
 
     @property
     def text(self) -> str:
