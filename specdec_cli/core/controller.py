@@ -27,6 +27,7 @@ from specdec_cli.core.cost_model import (
     expected_tokens,
 )
 
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.drafters.base import Draft, cut
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto 
 FRONTIER_ACCEPTANCE = 0.9  # a bucket whose verified positions all accept this often grows its K (slow start)
 EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
+BRANCH_PRIOR = 2.0  # pseudo-counts behind a second branch's prior chance of being right where the first is wrong
 
 
 class KController(Protocol):
@@ -74,6 +76,13 @@ class KController(Protocol):
             keep = self.trim(draft)
             return (k, draft) if keep >= len(draft) else (keep, cut(draft, keep))
         return (0 if self.asked_all and not has_model else k), None
+
+    def branch(self, draft: Draft, drafts: Sequence[Draft], room: int) -> Draft | None:
+        """A second candidate to verify in the same pass as `draft` (the chosen lookup draft, already trimmed),
+        taken from the other lookup drafts (`drafts`, each diverging from it somewhere) and cut so that the pass
+        stays within `room` tokens: the free slots of the verify curve filled. None: no second branch. Decided
+        from the drafts and past steps only, never from the target's logits. Default: none."""
+        return None
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """Learn from a prefill of `n_evaluated` tokens that took `ms` milliseconds (chunks of <= n_batch)."""
@@ -148,6 +157,7 @@ class AdaptiveK(KController):
         self.probe_every = probe_every
         self.margin = margin
         self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior(), curve)
+        self._branch_hits = np.zeros(2)  # decayed [right, tried]: a second branch right where the first was wrong
         # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
         self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
@@ -228,8 +238,9 @@ class AdaptiveK(KController):
         return (k, lookup) if k_lookup >= len(lookup) else (k_lookup, cut(lookup, k_lookup))
 
     def _value(self, draft: Draft) -> float:
-        """Expected tokens per ms of verifying all of `draft` (a lookup draft), at its source's acceptance after
-        matches of its length (0 without a measured verify curve)."""
+        """Expected tokens per ms of verifying `draft` (a lookup draft) at its best length, at its source's acceptance
+        after matches of its length (0 without a verify curve). At its best length, not whole: a long draft from a
+        source whose later positions are uncertain is worth what its first tokens are worth."""
         v = self.model.verify_curve()
         n = min(len(draft), self.model.k_max)
         if v is None or n == 0:
@@ -237,7 +248,7 @@ class AdaptiveK(KController):
         accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
         if draft.probs is not None:
             accept = accept * draft.probs[:n]
-        return float(expected_tokens(accept)[n] / v[n])
+        return float((expected_tokens(accept)[1:] / v[1 : n + 1]).max())  # [n] tokens per ms by K = 1..n
 
     def _could_pay(self) -> bool:
         """Would drafting beat plain decoding if every draft token were accepted, at the measured costs? When not
@@ -306,6 +317,48 @@ class AdaptiveK(KController):
         self.k = k
         return k
 
+    def branch(self, draft: Draft, drafts: Sequence[Draft], room: int) -> Draft | None:
+        """The second candidate that raises the pass's expected tokens per ms the most, cut to its best length, or
+        None. A tree of `draft` (A, m tokens, acceptance a_i by its source and match) and a candidate B that shares
+        its first c tokens yields (docs/design.md, "The free slots"):
+
+            E = E_A + P(A_1..A_c accepted) (1 - a_(c+1)) beta sum_(j>=1) prod_(c+1 < i <= c+j) b_i
+
+        where beta is the chance that B's token is right where A's is wrong (learnt from branch steps, prior b_(c+1):
+        B's own acceptance by its source and match), against the pass's cost v(1 + m + j). B is cut to the j with
+        the best E / v, kept only when that beats A alone by the margin: on a curve with free slots (v(8) = v(6)),
+        B's tokens cost nothing and any chance pays; on a linear one they rarely do."""
+        v = self.model.verify_curve()
+        m = len(draft)
+        if v is None or m == 0 or draft.match_len <= 0 or not drafts:
+            return None
+        room = min(room, self.model.k_max + 1, len(v))
+        a = self._accept(draft, m)  # [m]
+        e_a = float(expected_tokens(a)[m])
+        best_rate, best = (1.0 + self.margin) * e_a / float(v[m]), None
+        reach = np.concatenate(([1.0], np.cumprod(a)))  # [m + 1] P(A's first i tokens accepted)
+        for alt in drafts:
+            c = common_prefix(draft.tokens, alt.tokens)
+            n_new = min(len(alt) - c, room - 1 - m)  # B's tokens after the shared prefix that fit
+            if c >= m or n_new <= 0 or alt.match_len <= 0:
+                continue
+            b = self._accept(alt, c + n_new)[c:]  # [n_new] B's acceptance from its divergence on
+            hits, tried = self._branch_hits
+            beta = (hits + BRANCH_PRIOR * b[0]) / (tried + BRANCH_PRIOR)
+            p_b = reach[c] * (1.0 - a[c]) * beta * np.concatenate(([1.0], np.cumprod(b[1:])))  # [n_new]
+            rates = (e_a + np.cumsum(p_b)) / v[m + 1 : m + 1 + n_new]  # [n_new] tokens per ms by B's length j
+            j = int(np.argmax(rates))
+            if rates[j] > best_rate:
+                best_rate, best = float(rates[j]), cut(alt, c + j + 1)
+        return best
+
+    def _accept(self, draft: Draft, n: int) -> np.ndarray:
+        """a_i of a lookup draft's first n tokens (n <= k_max): its source's acceptance after matches of its length,
+        times its own continuation probabilities where it has them. float [n]."""
+        n = min(n, self.model.k_max)
+        accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
+        return accept * draft.probs[:n] if draft.probs is not None else accept
+
     def _lookup_state(self, source: str) -> _LookupState:
         state = self._lookup.get(source)
         if state is None:
@@ -322,6 +375,8 @@ class AdaptiveK(KController):
         verified while the draft model's best K is 0 is the model's probe."""
         if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
+        if step.branch:  # did the second branch have its token right where the first did not?
+            self._observe_branch(step)
         bucket = bucket_of(step.match_len) if step.drafted and step.match_len > 0 else None
         self.model.observe(step, bucket, step.source)
         if bucket is not None:
@@ -352,6 +407,18 @@ class AdaptiveK(KController):
             self.failures += 1
             self._interval = self.probe_every * min(2**self.failures, MAX_BACKOFF)
 
+    def _observe_branch(self, step: Step) -> None:
+        """Count a branch step for beta (`branch`): at the node where the branches part (c shared tokens), was the
+        second branch's token accepted, given the path reached the node and the first's was not? (Where the first's
+        token was accepted the second could not be: that says nothing of beta.)"""
+        first = step.branch if step.branch_won else step.drafted  # the controller's draft, A
+        c = common_prefix(np.asarray(step.drafted), np.asarray(step.branch))
+        self._branch_hits *= self.model.decay
+        if step.branch_won and step.n_accepted > c:
+            self._branch_hits += (1.0, 1.0)
+        elif not step.branch_won and step.n_accepted == c and c < len(first) and step.target_token is not None:
+            self._branch_hits += (0.0, 1.0)
+
     def state(self) -> dict[str, Any]:
         """What this controller learnt, for a later process (`specdec_cli.stores.learnt`): the cost model and whether
         its drafter's drafts are free lookup drafts with evidence."""
@@ -377,6 +444,7 @@ class AdaptiveK(KController):
             "steps": self.model.steps,
             "lookup_k_max": self.lookup_k_max,
             "trims_by_evidence": self.evidence,
+            "branch_hits": [round(float(x), 3) for x in self._branch_hits],
         } | self.model.snapshot()
 
 

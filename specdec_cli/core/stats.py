@@ -34,10 +34,12 @@ class RunStats:
         accepted_prediction_tokens / rejected_prediction_tokens: OpenAI's predicted-outputs counts: prediction
             tokens the target accepted / that were drafted from the prediction and rejected.
         ms_per_pass: verify_ms / n_target_passes (ms). mean_batch: tokens per target pass evaluated (the pending
-            token and the draft). batch_histogram: passes by batch size b.
+            token, the draft, a second branch's own tokens). batch_histogram: passes by batch size b.
         curve_passes / cheap_passes: passes placed on a measured verify curve, and those at a cheap size of it (no
             larger pass costs less: `core.verify_curve.VerifyCurve.cheap`). curve_ms: the sum of the curve's cost of
             every pass (ms), against verify_ms measured.
+        branch_passes / branch_won: passes that verified a second candidate branch, and those whose output
+            followed it.
     """
 
     n_prompt: int = 0
@@ -70,6 +72,8 @@ class RunStats:
     curve_passes: int = 0
     cheap_passes: int = 0
     curve_ms: float = 0.0
+    branch_passes: int = 0
+    branch_won: int = 0
 
     @property
     def n_cached(self) -> int:
@@ -159,4 +163,6 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         curve_passes=len(on_curve),
         cheap_passes=sum(1 for s in on_curve if s.cheap),
         curve_ms=sum(s.curve_ms for s in on_curve),
+        branch_passes=sum(1 for s in steps if s.branch),
+        branch_won=sum(1 for s in steps if s.branch_won),
     )
