@@ -14,7 +14,7 @@ from specdec_cli.cli import tables
 if TYPE_CHECKING:
     from specdec_cli.core.verify_curve import VerifyCurve
 
-CHEAP_MARK = "★"
+CHEAP_MARK = "*"
 PLOT_FORMATS = (".png", ".svg")
 
 
