@@ -142,6 +142,7 @@ def http_runs(client, messages: list[dict], max_tokens: int, repeats: int) -> li
 def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> list[dict]:
     """The same prompt through the engine in this process (the service `specdec serve` uses, method none)."""
     from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.request import Message, Request
     from specdec_cli.server.service import GenerationService
     from specdec_cli.session import open_session
     from specdec_cli.spec import ModelOptions, SpecOptions
@@ -152,7 +153,9 @@ def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> li
     try:
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            drive = service.stream(service.chat_tokens(messages), GenerationConfig(max_tokens=max_tokens))
+            request = Request(GenerationConfig(max_tokens=max_tokens),
+                              messages=tuple(Message(m["role"], m["content"]) for m in messages))
+            drive = service.stream(request, service.prompt_tokens(request))
             try:
                 for _record in drive:
                     pass

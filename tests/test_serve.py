@@ -32,8 +32,9 @@ from specdec_cli.errors import (  # noqa: E402
 from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
 from specdec_cli.server.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
 from specdec_cli.server.errors import ApiError, ClientGoneError, QueueFullError, ShuttingDownError, to_api_error  # noqa: E402
-from specdec_cli.server import schema  # noqa: E402
-from specdec_cli.server.service import GenerationService, RequestStats  # noqa: E402
+from specdec_cli.server import openai_base  # noqa: E402
+from specdec_cli.server.reply import RequestStats  # noqa: E402
+from specdec_cli.server.service import GenerationService  # noqa: E402
 from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import Session  # noqa: E402
 from specdec_cli.spec import SpecOptions  # noqa: E402
@@ -232,11 +233,11 @@ def test_prediction_usage_counts_steps_drafted_from_the_prediction():
         Finish("length"),
     ]
     stats = RequestStats(summarize(records))
-    details = schema.usage_json(stats)["completion_tokens_details"]
+    details = openai_base.usage_json(stats)["completion_tokens_details"]
     assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (6, 1)
-    assert schema.specdec_json(stats, "auto")["sources"] == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
+    assert stats.specdec("auto")["sources"] == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
                                                              "store": {"steps": 1, "drafted": 2, "accepted": 0}}
-    assert schema.openai_finish(stats) == "length" and stats.run.n_generated == 9
+    assert openai_base.openai_finish(stats) == "length" and stats.run.n_generated == 9
 
 
 def test_models_health_and_unknown_paths():

@@ -21,8 +21,9 @@ from fakes import CHARS, FakeBackend, greedy_tokenize, hashed_logits  # noqa: E4
 from specdec_cli.errors import ToolsUnsupportedError  # noqa: E402
 from specdec_cli.models.llama import render_chat_template  # noqa: E402
 from specdec_cli.server.tools import (  # noqa: E402
-    Arguments, CallStart, Content, ReplyParser, Tags, check_tools, grammar,
+    Arguments, CallStart, Content, ReplyParser, Tags, grammar,
 )
+from specdec_cli.server.openai_chat import check_tools  # noqa: E402
 from test_serve import PROMPT, PROMPT_TOKENS, chat, serving, text_of  # noqa: E402
 
 V = len(CHARS)

@@ -544,7 +544,7 @@ def serve(
     from specdec_cli.cli.commands.serve import execute, require_extra
 
     require_extra()  # one line with the pip command when the serve extra is missing
-    from specdec_cli.server.schema import Defaults
+    from specdec_cli.server.request import Defaults
 
     code = execute(
         models=_model_options(locals()),

@@ -1,12 +1,10 @@
-"""The ASGI app: OpenAI's routes over the worker, with FastAPI, server-sent events (sse-starlette) and uvicorn.
+"""The ASGI app: each API's routes over the worker, with FastAPI, server-sent events (sse-starlette) and uvicorn.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (and /v1/models/{id}), GET /health.
-
-A request is validated (an invalid field, or what the engine cannot honour: 400 naming it), submitted to the worker (queue full:
-429), and the handler waits for the worker's first event: `Started` (the prompt fit and was evaluated) commits the
-response (200, streamed or not); `Failed` becomes the error JSON (e.g. 400 `context_length_exceeded`). A client that
-goes away is noticed (its `http.disconnect`: listened for by the handler until a stream starts, then by
-sse-starlette) and its generation is cancelled at the next step, freeing the worker.
+Routes: GET /health, GET /v1/models (and /v1/models/{id}), and each translator's: POST /v1/chat/completions
+(`openai_chat`), POST /v1/completions (`openai_completions`). A translator turns its API's body into the one internal
+`request.Request` and the reply's events into its wire format; `http.Context.respond` does the rest, the same for
+every API. Errors leave in the shape of the API they were sent to (`http.Context.error_body`): an invalid field or
+what the engine cannot honour is a 400 naming it, never 422.
 
 Shaped after llama-cpp-python's server (`llama_cpp/server/app.py`: FastAPI + `EventSourceResponse`, Bearer key,
 OpenAI error JSON) and vLLM's OpenAI server (validation errors answered in OpenAI's error shape).
@@ -14,8 +12,6 @@ OpenAI error JSON) and vLLM's OpenAI server (validation errors answered in OpenA
 
 from __future__ import annotations
 
-import asyncio
-import json
 import secrets
 import socket
 import time
@@ -23,16 +19,20 @@ from typing import Callable, Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import JSONResponse
 
 from specdec_cli import __version__
-from specdec_cli.server import schema
+from specdec_cli.server import openai_chat, openai_completions
 from specdec_cli.server.errors import ApiError, to_api_error
-from specdec_cli.server.worker import Delta, Done, Event, Failed, GenRequest, Job, Started, Worker
+from specdec_cli.server.http import Context, json_error
+from specdec_cli.server.request import Defaults
+from specdec_cli.server.worker import Worker
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(), api_key: Optional[str] = None,
+TRANSLATORS = (openai_chat, openai_completions)  # each mounts its routes: `routes(app, ctx)`
+
+
+def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Optional[str] = None,
                max_body_bytes: Optional[int] = None) -> FastAPI:
     """The app serving `worker`'s model.
 
@@ -47,33 +47,6 @@ def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(),
     app = FastAPI(title="specdec serve", version=__version__, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx))
 
-    # -- errors: everything leaves as OpenAI's error JSON ---------------------------------------------------------
-    @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = validation_error(exc.errors())
-        return JSONResponse(err.body(), status_code=err.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            message = (f"Unknown path {request.url.path}. specdec serve offers POST /v1/chat/completions, "
-                       "POST /v1/completions, GET /v1/models and GET /health.")
-        elif exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}."
-        else:
-            message = str(exc.detail)
-        err = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
-        err = to_api_error(exc)
-        return JSONResponse(err.body(), status_code=err.status)
-
     # -- authentication ----------------------------------------------------------------------------------------------
     async def authenticate(request: Request) -> None:
         if api_key is None:
@@ -83,47 +56,53 @@ def create_app(worker: Worker, *, defaults: schema.Defaults = schema.Defaults(),
             raise ApiError(401, "Invalid or missing API key: send the header `Authorization: Bearer KEY` with the "
                            "key given to specdec serve --api-key.", code="invalid_api_key")
 
-    auth = [Depends(authenticate)]
+    ctx = Context(worker, defaults, auth=[Depends(authenticate)])
+
+    # -- errors: everything leaves as its API's error JSON --------------------------------------------------------
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return json_error(ctx, request.url.path, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return json_error(ctx, request.url.path, validation_error(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            paths = ", ".join(sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", ())
+                                      if m in ("GET", "POST") and r.path != "/v1/models/{name}"}))
+            message = f"Unknown path {request.url.path}. specdec serve offers {paths}."
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}."
+        else:
+            message = str(exc.detail)
+        err = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(ctx.error_body(request.url.path, err), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        return json_error(ctx, request.url.path, to_api_error(exc))
 
     # -- routes ----------------------------------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_id, "method": method, "busy": worker.busy, "queued": worker.queued}
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models", dependencies=ctx.auth)
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(model_id, created)]}
 
-    @app.get("/v1/models/{name}", dependencies=auth)
+    @app.get("/v1/models/{name}", dependencies=ctx.auth)
     async def model(name: str) -> dict:
         if name != model_id:
             raise ApiError(404, f"The model {name!r} does not exist: this server serves {model_id!r}.",
                            param="model", code="model_not_found")
         return _model_card(model_id, created)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat_completions(body: schema.ChatRequest, request: Request) -> Response:
-        tools = schema.chat_tools(body)
-        config = schema.generation_config(body, defaults, n_ctx, tools=tools, tags=service.tool_tags)
-        parse_calls = tools is not None and tools.mode != "none"
-        gen = GenRequest("chat", config, messages=schema.chat_messages(body),
-                         prediction=schema.prediction_text(body), tools=tools.specs if tools else (),
-                         parse_calls=parse_calls)
-        # a bare or fenced JSON call only under auto without response_format (`tools.grammar`)
-        reply = schema.ChatReply(parse_calls, config.logprobs is not None,
-                                 loose_calls=parse_calls and tools.mode == "auto" and body.response_format is None)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _respond(request, worker, gen, stream=bool(body.stream), include_usage=include_usage,
-                              model_id=model_id, method=method, reply=reply)
-
-    @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: schema.CompletionRequest, request: Request) -> Response:
-        config = schema.generation_config(body, defaults, n_ctx)
-        gen = GenRequest("completion", config, prompt=schema.completion_prompt(body))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _respond(request, worker, gen, stream=bool(body.stream), include_usage=include_usage,
-                              model_id=model_id, method=method)
-
+    for translator in TRANSLATORS:
+        translator.routes(app, ctx)
     return app
 
 
@@ -132,9 +111,9 @@ def _model_card(model_id: str, created: int) -> dict:
 
 
 def validation_error(errors: list[dict]) -> ApiError:
-    """OpenAI's error for pydantic's validation errors: 400 `invalid_request_error`, for a body that is not JSON
-    (code invalid_json) or naming the invalid field (`param`, e.g. "messages.0.role") and what is wrong with it, as
-    OpenAI answers (its client raises BadRequestError); never 422."""
+    """The error for pydantic's validation errors: 400 `invalid_request_error`, for a body that is not JSON (code
+    invalid_json) or naming the invalid field (`param`, e.g. "messages.0.role") and what is wrong with it, as OpenAI
+    answers (its client raises BadRequestError); never 422."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
@@ -147,99 +126,6 @@ def validation_error(errors: list[dict]) -> ApiError:
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     where = f"{param}: " if param else ""
     return ApiError(400, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")
-
-
-async def _respond(request: Request, worker: Worker, gen: GenRequest, *, stream: bool, include_usage: bool,
-                   model_id: str, method: str, reply: Optional[schema.ChatReply] = None) -> Response:
-    """Submit `gen`, wait for it to start, then answer: a JSON response, or a stream of chunks. `reply` assembles a
-    chat reply (content, tool calls, logprobs); None for completions."""
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
-
-    def deliver(event: Event) -> None:  # on the worker thread
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    param = "messages" if gen.kind == "chat" else "prompt"
-    want_logprobs = gen.config.logprobs is not None
-    try:
-        job = worker.submit(gen, deliver)
-    except Exception as e:  # QueueFullError (429), ShuttingDownError (503)
-        raise to_api_error(e) from None
-    # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, worker, job))
-    try:
-        first = await events.get()
-        if isinstance(first, Failed):
-            raise to_api_error(first.error, param=param)
-        writer = schema.ChunkWriter(gen.kind, model_id, include_usage)
-        if stream:
-            return EventSourceResponse(_chunks(events, worker, job, writer, method, reply, want_logprobs),
-                                       sep="\n", ping=15)
-        parts: list[str] = []
-        logprobs: list = []
-        while True:
-            event = await events.get()
-            if isinstance(event, Delta):
-                if reply is not None:
-                    reply.add(event.text, event.logprobs)
-                else:
-                    parts.append(event.text)
-                    logprobs.extend(event.logprobs)
-            elif isinstance(event, Done):
-                if reply is not None:
-                    reply.end()
-                    body = schema.chat_response(writer.id, model_id, writer.created, reply, event.stats, method)
-                else:
-                    body = schema.completion_response(writer.id, model_id, writer.created, "".join(parts),
-                                                      event.stats, method, logprobs if want_logprobs else None)
-                return JSONResponse(body)
-            elif isinstance(event, Failed):
-                raise to_api_error(event.error, param=param)
-    finally:
-        watcher.cancel()
-
-
-async def _cancel_on_disconnect(request: Request, worker: Worker, job: Job) -> None:
-    """Wait for the client's `http.disconnect` (the body is already read), then cancel `job`."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            worker.cancel(job)
-            return
-
-
-async def _chunks(events: asyncio.Queue, worker: Worker, job: Job, writer: schema.ChunkWriter, method: str,
-                  reply: Optional[schema.ChatReply], want_logprobs: bool):
-    """The SSE data lines of a stream: the role chunk, content / tool-call / text chunks, the finish chunk (with
-    `specdec`), the usage chunk when asked, `[DONE]`. A failure mid-stream is sent as `{"error": ...}` (the openai
-    client raises APIError on it). When the client disconnects, sse-starlette cancels this generator; `finally`
-    cancels the generation."""
-    try:
-        opening = writer.first()
-        if opening is not None:
-            yield json.dumps(opening)
-        while True:
-            event = await events.get()
-            if isinstance(event, Delta):
-                if reply is None:
-                    yield json.dumps(writer.text(event.text, event.logprobs if want_logprobs else None))
-                    continue
-                for chunk in writer.chat(reply, reply.add(event.text, event.logprobs), event.logprobs):
-                    yield json.dumps(chunk)
-            elif isinstance(event, Done):
-                if reply is not None:
-                    for chunk in writer.chat(reply, reply.end()):
-                        yield json.dumps(chunk)
-                yield json.dumps(writer.finish(event.stats, method, reply))
-                if writer.include_usage:
-                    yield json.dumps(writer.usage(event.stats))
-                yield "[DONE]"
-                return
-            elif isinstance(event, Failed):
-                yield json.dumps(to_api_error(event.error).body())
-                return
-    finally:
-        worker.cancel(job)  # finished: no-op; client gone: the worker stops it at its next step
 
 
 class BodyLimit:

@@ -1,32 +1,36 @@
 """The server's only contact with the engine: one loaded `Session`, one engine kept for the server's life.
 
-`GenerationService` tokenizes (chat template or raw text) and drives one request's generation through
-`specdec_cli.driver` (like every command): the driver times it, keeps its `RunStats` from the same records the client
-was sent (so the usage and the statistics cannot disagree with the stream) and saves a finished prompt to the prompt
-cache. Everything else in `specdec_cli.server` sees only token ids, text, records and `RequestStats`.
+`GenerationService` turns the internal `request.Request` (whatever API it came in through) into prompt tokens (the
+chat template with the tools, raw text, token ids) and the engine's `GenerationConfig` (the grammar of its tools and
+output format), and drives one request's generation through `specdec_cli.driver` (like every command): the driver
+times it, keeps its `RunStats` from the same records the client was sent (so the usage and the statistics cannot
+disagree with the stream) and saves a finished prompt to the prompt cache. Everything else in `specdec_cli.server`
+sees only requests, text, records and `RequestStats`.
 
 One engine (one drafter, one K controller) serves every request, so the suffix store and `--k auto` learn across
 requests; the target's KV cache is never cleared between requests: `backend.sync` at the start of each generation
 keeps the longest common prefix with the previous one (chat clients resend the whole conversation).
 
-Not thread-safe: llama.cpp's context is not. Call it from one thread (`specdec_cli.server.worker.Worker`).
+Not thread-safe: llama.cpp's context is not. `check` and `parser` touch no model (the HTTP side calls them); every
+other method runs on one thread (`specdec_cli.server.worker.Worker`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import replace
 from typing import Any, Sequence
 
 from specdec_cli.driver import Drive, stream
-from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.tools import OPEN, Tags, detect_tags
+from specdec_cli.server.reply import PieceLogprob
+from specdec_cli.server.request import Message, Request
+from specdec_cli.server.tools import OPEN, ReplyParser, Tags, detect_tags, grammar as tools_grammar
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
-from specdec_cli.core.stats import RunStats
 
 
 class GenerationService:
@@ -63,52 +67,70 @@ class GenerationService:
         """The target's context window (tokens)."""
         return self.session.target.n_ctx
 
-    # -- prompts ------------------------------------------------------------------------------------------------
-    def chat_tokens(self, messages: list[dict[str, Any]], tools: Sequence[dict] = (), *,
-                    parse_calls: bool = False) -> list[int]:
-        """Token ids of `messages` through the target's own chat template, with the assistant generation prompt
-        appended; `tools` (OpenAI's tool dicts) go to the template too.
+    # -- the HTTP side (no model contact) -----------------------------------------------------------------------
+    def check(self, request: Request) -> Request:
+        """`request` with the grammar its tools and output format ask for in its `config` (llguidance compiles
+        nothing here that the translator has not checked already: a bad schema was a 400 there).
 
-        Args:
-            parse_calls: the reply's tool calls will be parsed: the template must ask for the `<tool_call>` format.
+        Raises ApiError (400, param "tools"): llguidance refused the tools' grammar."""
+        grammar = request.output.grammar if request.output is not None else None
+        if request.tools is not None:
+            schema = dict(request.output.schema) if request.output is not None else None
+            grammar = tools_grammar(request.tools, self.tool_tags, reply=schema)
+        return replace(request, config=replace(request.config, grammar=grammar))
+
+    def parser(self, request: Request) -> ReplyParser:
+        """The parser that splits `request`'s reply into text and tool calls (`reply.ReplyStream`): it passes text
+        through when the request calls no tools; under `auto` without an output format, a reply that is one bare or
+        fenced JSON call is a call too (`tools.grammar`)."""
+        calls = request.calls_tools
+        loose = calls and request.tools.mode == "auto" and request.output is None
+        return ReplyParser(calls, loose=loose)
+
+    # -- prompts (the worker thread) ------------------------------------------------------------------------------
+    def prompt_tokens(self, request: Request) -> list[int]:
+        """Token ids of `request`'s prompt: its messages through the target's chat template (tools included, the
+        assistant's generation prompt appended), its raw text (BOS as the model wants, special tokens not parsed),
+        or its token ids as they are.
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`), or asks for
                 another tool-call format than `<tool_call>`.
             UsageError: the template refused the conversation. ModelError: the template failed.
         """
+        if not request.is_chat:
+            if isinstance(request.prompt, str):
+                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=False)
+            return list(request.prompt)
+        tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
         try:
-            prompt = self.session.chat_prompt(messages, tools=list(tools) or None)
+            prompt = self.session.chat_prompt(template_messages(request.messages), tools=tools)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
-        if tools and parse_calls and OPEN not in prompt:
+        if tools and request.calls_tools and OPEN not in prompt:
             raise ApiError(400, f"The chat template of {self.session.target_path.name} does not ask for tool calls "
                            f"in the {OPEN} format, the one specdec serve parses (Qwen2.5's, Hermes'). Use such a "
                            "model, or send no tools.", param="tools")
         return self.session.tokenize_chat(prompt)
 
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of raw text (`/v1/completions`): BOS added as the model wants, special tokens not parsed."""
-        return self.session.target.tokenize(text, add_special=True, parse_special=False)
-
     # -- generation ---------------------------------------------------------------------------------------------
-    def stream(self, prompt_tokens: Sequence[int], config: GenerationConfig,
-               prediction_text: str | None = None) -> Drive:
+    def stream(self, request: Request, prompt_tokens: Sequence[int]) -> Drive:
         """One request's generation (`driver.Drive`): iterate it for the engine's records, read its stats after.
 
         Closing it early (client gone, shutdown) leaves the target's KV cache holding only committed tokens, ready
         for the next request's prefix reuse; a request that finished is saved to the prompt cache.
 
         Args:
-            prompt_tokens: int [n] prompt (chat-templated or raw).
-            prediction_text: the request's predicted output (OpenAI `prediction.content`): drafted from by
-                `--method auto` and `predict` (its drafts carry `Step.source == "predict"`), never evaluated.
+            request: the request, `check`ed (its config holds its grammar); its `prediction` (predicted outputs) is
+                drafted from by `--method auto` and `predict` (its drafts carry `Step.source == "predict"`), never
+                evaluated.
+            prompt_tokens: int [n], from `prompt_tokens`.
 
         Raises:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
             UsageError: empty prompt. BackendError (from the iteration): llama.cpp failed.
         """
-        config = replace(config, prediction=self.session.prediction_tokens(prediction_text))
+        config = replace(request.config, prediction=self.session.prediction_tokens(request.prediction))
         return stream(self._engine, prompt_tokens, config)
 
     def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
@@ -129,34 +151,25 @@ class GenerationService:
             self.session.close()
 
 
-@dataclass(frozen=True, slots=True)
-class PieceLogprob:
-    """One emitted token's log-probability with the bytes of it and of its top alternatives (`TokenLogprob` with the
-    vocabulary applied, on the worker thread).
+def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The conversation as chat templates take it (Hugging Face's convention): {"role", "content"}, an assistant's
+    `tool_calls` as [{"id", "type": "function", "function": {"name", "arguments": object}}] (Qwen2.5's template
+    writes them with `tojson`; arguments that are not a JSON object stay text), a tool turn's `tool_call_id`."""
+    out = []
+    for m in messages:
+        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                                 for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
 
-    Attributes:
-        piece: the token's bytes (may be part of a UTF-8 character).
-        logprob: natural log-probability (<= 0).
-        top: (bytes, logprob) of the most likely tokens, most likely first.
-    """
 
-    piece: bytes
-    logprob: float
-    top: tuple[tuple[bytes, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class RequestStats:
-    """One request's numbers, from the records it was sent.
-
-    Attributes:
-        run: the driver's `RunStats` (prompt/cached/generated tokens, drafted, accepted by source, tok/s, ...).
-        wall_ms: wall time from the start of the prefill to the last record (ms).
-    """
-
-    run: RunStats
-    wall_ms: float = 0.0
-
-    @classmethod
-    def of(cls, drive: Drive) -> RequestStats:
-        return cls(run=drive.stats, wall_ms=drive.wall_ms)
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -35,6 +35,11 @@ from typing import Any, Callable, Literal, Optional
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark, json_schema
 from specdec_cli.server.errors import ApiError
+from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, ParsedCall, ReplyEvent
+from specdec_cli.server.request import NO_PARAMETERS, Tools
+
+__all__ = ["Arguments", "CallEnd", "CallStart", "Content", "ReplyParser", "Tags", "check_parameters", "detect_tags",
+           "grammar"]
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -44,131 +49,23 @@ INLINE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator":
 FREE = {"whitespace_flexible": True}
 FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"  # a call as a Markdown JSON block (auto only, the whole reply)
 FENCED_CALL = FENCE_OPEN + "{"
-Choice = Literal["auto", "none", "required"]
 
 
-@dataclass(frozen=True)
-class Tools:
-    """A request's tools, checked.
+def check_parameters(parameters: Any, param: str) -> dict:
+    """A tool's arguments schema, checked: compiled once by llguidance so a bad schema is a 400 that says where
+    (`param`: the field it came in, e.g. "tools.0.function.parameters"); None = a tool without parameters.
 
-    Attributes:
-        specs: the tools as the chat template takes them: {"type": "function", "function": {"name", "description",
-            "parameters"}} (OpenAI's shape; `strict` dropped: the arguments are always constrained).
-        allowed: the names the reply may call (all, a named function, or `allowed_tools`' subset).
-        mode: "auto" (text or calls), "required" (calls only), "none" (text only).
-        parallel: more than one call allowed (`parallel_tool_calls`, default true).
+    Raises ApiError (400, `param`).
     """
-
-    specs: tuple[dict, ...]
-    allowed: tuple[str, ...]
-    mode: Choice
-    parallel: bool = True
-
-    @property
-    def parameters(self) -> dict[str, dict]:
-        return {s["function"]["name"]: s["function"]["parameters"] for s in self.specs}
-
-
-_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # a function without parameters
-
-
-def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> Optional[Tools]:
-    """The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked; None without tools.
-
-    Args:
-        tools: OpenAI's `tools` (the request models give plain dicts/lists here).
-
-    Raises:
-        ApiError (400) naming the field (`param`): a tool that is not a function, a bad or repeated name, parameters
-        that are not a JSON schema llguidance can compile (the message says where), a `tool_choice` naming a tool
-        that is not there, `tool_choice` without `tools`.
-    """
-    if not tools:
-        if tools is not None:
-            raise ApiError(400, "tools is an empty list: send at least one tool, or leave tools out.", param="tools")
-        if tool_choice is not None and tool_choice != "none":
-            raise ApiError(400, "tool_choice is only allowed when tools are given.", param="tool_choice")
-        return None
-    specs, names = [], []
-    for i, tool in enumerate(tools):
-        where = f"tools.{i}"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise ApiError(400, f"{where}.type is {kind!r}: specdec serve calls tools of type 'function' only.",
-                           param=f"{where}.type")
-        unknown = set(tool) - {"type", "function"}
-        if unknown:
-            raise ApiError(400, f"{where} has unknown fields: {', '.join(sorted(unknown))}.", param=where)
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise ApiError(400, f"{where}.function is missing.", param=f"{where}.function")
-        unknown = set(fn) - {"name", "description", "parameters", "strict"}
-        if unknown:
-            raise ApiError(400, f"{where}.function has unknown fields: {', '.join(sorted(unknown))}.",
-                           param=f"{where}.function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ApiError(400, f"{where}.function.name {name!r} is not a function name (letters, digits, _ and -, "
-                           "at most 64).", param=f"{where}.function.name")
-        if name in names:
-            raise ApiError(400, f"Two tools are named {name!r}.", param=f"{where}.function.name")
-        names.append(name)
-        description = fn.get("description")
-        if description is not None and not isinstance(description, str):
-            raise ApiError(400, f"{where}.function.description is not a string.",
-                           param=f"{where}.function.description")
-        if fn.get("strict") not in (None, True, False):
-            raise ApiError(400, f"{where}.function.strict is not a boolean.", param=f"{where}.function.strict")
-        parameters = fn.get("parameters")
-        if parameters is not None:
-            try:
-                json_schema(parameters, name=f"{where}.function.parameters")  # a precise message for a bad schema
-            except GrammarError as e:
-                raise ApiError(400, str(e), param=f"{where}.function.parameters") from None
-        spec = {"name": name}
-        if description is not None:
-            spec["description"] = description
-        spec["parameters"] = parameters if parameters is not None else dict(_NO_PARAMETERS)
-        specs.append({"type": "function", "function": spec})
-    mode, allowed = _choice(tool_choice, names)
-    if parallel_tool_calls not in (None, True, False):
-        raise ApiError(400, "parallel_tool_calls is not a boolean.", param="parallel_tool_calls")
-    # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
-    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
-    return Tools(tuple(specs), allowed, mode, parallel=parallel_tool_calls is not False and not named)
-
-
-def _choice(tool_choice: Any, names: list[str]) -> tuple[Choice, tuple[str, ...]]:
-    """(mode, allowed names) of OpenAI's `tool_choice`."""
-    if tool_choice is None or tool_choice == "auto":
-        return "auto", tuple(names)
-    if tool_choice in ("none", "required"):
-        return tool_choice, tuple(names)
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name")
-        if name not in names:
-            raise ApiError(400, f"tool_choice names the function {name!r}, which is not among the tools "
-                           f"({', '.join(names)}).", param="tool_choice.function.name")
-        return "required", (name,)
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
-        spec = tool_choice.get("allowed_tools") or {}
-        mode = spec.get("mode")
-        if mode not in ("auto", "required"):
-            raise ApiError(400, f"tool_choice.allowed_tools.mode is {mode!r}; use 'auto' or 'required'.",
-                           param="tool_choice.allowed_tools.mode")
-        allowed = []
-        for i, tool in enumerate(spec.get("tools") or ()):
-            name = ((tool or {}).get("function") or {}).get("name") if isinstance(tool, dict) else None
-            if name not in names:
-                raise ApiError(400, f"tool_choice.allowed_tools.tools.{i} names {name!r}, which is not among the "
-                               "tools.", param=f"tool_choice.allowed_tools.tools.{i}")
-            allowed.append(name)
-        if not allowed:
-            raise ApiError(400, "tool_choice.allowed_tools.tools is empty.", param="tool_choice.allowed_tools.tools")
-        return mode, tuple(allowed)
-    raise ApiError(400, f"tool_choice {json.dumps(tool_choice)[:80]} is not one of 'auto', 'none', 'required', "
-                   '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}.',
-                   param="tool_choice")
+    if parameters is None:
+        return dict(NO_PARAMETERS)
+    if not isinstance(parameters, dict):
+        raise ApiError(400, f"{param} is not a JSON schema object.", param=param)
+    try:
+        json_schema(parameters, name=param)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=param) from None
+    return parameters
 
 
 # -- the grammar ----------------------------------------------------------------------------------------------------
@@ -259,42 +156,7 @@ def grammar(tools: Tools, tags: Tags, *, reply: Optional[dict] = None) -> Gramma
 
 
 # -- the reply ------------------------------------------------------------------------------------------------------
-@dataclass
-class ToolCall:
-    """One parsed call: OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}`."""
 
-    index: int
-    id: str
-    name: str
-    arguments: str = ""
-
-    def json(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass(frozen=True)
-class Content:
-    """Reply text for `delta.content` / `message.content`."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStart:
-    """A call begins: its index, id and function name (`arguments` starts empty)."""
-
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class Arguments:
-    """A piece of call `index`'s `function.arguments`."""
-
-    index: int
-    text: str
-
-
-Event = Content | CallStart | Arguments
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*', re.S)
 
@@ -314,7 +176,7 @@ class ReplyParser:
 
     tools: bool
     loose: bool = False
-    calls: list[ToolCall] = field(default_factory=list)
+    calls: list[ParsedCall] = field(default_factory=list)
     _buf: str = ""
     _state: Literal["text", "head", "args"] = "text"
     _spaces: str = ""  # whitespace-only content held back
@@ -323,22 +185,22 @@ class ReplyParser:
     _open: str = OPEN  # the current block's tags: <tool_call> ... </tool_call>, or a fenced call's
     _close: str = CLOSE
 
-    def feed(self, text: str) -> list[Event]:
+    def feed(self, text: str) -> list[ReplyEvent]:
         """Events for the next piece of reply text (possibly none: text is held back while it could be a tag)."""
         if not self.tools:
             return [Content(text)] if text else []
         self._buf += text
         return self._drain(final=False)
 
-    def close(self) -> list[Event]:
+    def close(self) -> list[ReplyEvent]:
         """Events for what was held back, at the end of the reply (a call cut short by max_tokens keeps the
         arguments written so far)."""
         if not self.tools:
             return []
         return self._drain(final=True)
 
-    def _drain(self, *, final: bool) -> list[Event]:
-        out: list[Event] = []
+    def _drain(self, *, final: bool) -> list[ReplyEvent]:
+        out: list[ReplyEvent] = []
         while True:
             if self._state == "text" and self._fresh and self.loose:
                 if FENCED_CALL.startswith(self._buf) and not final:
@@ -390,6 +252,7 @@ class ReplyParser:
                     args = self._buf[:end].rstrip()
                     args = args[:-1].rstrip() if args.endswith("}") else args
                     self._send_args(call, args, out)
+                    out.append(CallEnd(call.frozen(), call.index))
                     self._buf = self._buf[end + len(self._close):]
                     self._state = "text"
                     continue
@@ -398,26 +261,27 @@ class ReplyParser:
                     if not self._close and args.endswith("}"):  # a bare object's own closing brace
                         args = args[:-1].rstrip()
                     self._send_args(call, args, out)
+                    out.append(CallEnd(call.frozen(), call.index))
                     self._buf = ""
                     return out
                 self._send_args(call, self._buf[: _held_args_tail(self._buf, self._close)], out)
                 return out
 
-    def _start(self, name: str, out: list[Event]) -> ToolCall:
-        call = ToolCall(len(self.calls), f"call_{uuid.uuid4().hex[:24]}", name)
+    def _start(self, name: str, out: list[ReplyEvent]) -> ParsedCall:
+        call = ParsedCall(len(self.calls), f"call_{uuid.uuid4().hex[:24]}", name)
         self.calls.append(call)
         self._args_sent = 0
         out.append(CallStart(call))
         return call
 
-    def _send_args(self, call: ToolCall, args: str, out: list[Event]) -> None:
+    def _send_args(self, call: ParsedCall, args: str, out: list[ReplyEvent]) -> None:
         piece = args[self._args_sent:]
         if piece:
             call.arguments += piece
             self._args_sent += len(piece)
             out.append(Arguments(call.index, piece))
 
-    def _text(self, text: str, out: list[Event]) -> None:
+    def _text(self, text: str, out: list[ReplyEvent]) -> None:
         if not text:
             return
         body = text.rstrip()
@@ -426,7 +290,7 @@ class ReplyParser:
             self._spaces = ""
         self._spaces += text[len(body):]  # trailing whitespace waits for what follows it
 
-    def _fallback(self, block: str, close: str, out: list[Event]) -> None:
+    def _fallback(self, block: str, close: str, out: list[ReplyEvent]) -> None:
         try:
             obj = json.loads(block)
         except json.JSONDecodeError:
@@ -434,6 +298,7 @@ class ReplyParser:
         if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments"), dict):
             call = self._start(obj["name"], out)
             self._send_args(call, json.dumps(obj["arguments"], ensure_ascii=False), out)
+            out.append(CallEnd(call.frozen(), call.index))
         else:
             self._text(self._open + block + close, out)
 

@@ -1,8 +1,8 @@
 """One worker thread serves the requests one at a time, in arrival order, from a bounded queue.
 
 llama.cpp's context is not thread-safe, and one model pair cannot decode two sequences here anyway, so every
-contact with the models (tokenizing included) happens on this thread. The HTTP side submits a `GenRequest` with a
-`deliver` callback and receives, in order: `Started` (the prompt fit and was evaluated), `Delta`s (output text, one
+contact with the models (tokenizing included) happens on this thread. The HTTP side submits a `request.Request` (whatever
+API it came in through: the worker never learns which) with a `deliver` callback and receives, in order: `Started` (the prompt fit and was evaluated), `Delta`s (output text, one
 per target pass that added text), then `Done` (the request's `RequestStats`); or `Failed` (an exception for
 `errors.to_api_error`) instead of any of them.
 
@@ -21,35 +21,15 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Callable
 
-from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.records import Finish, Prefill, Step
+from specdec_cli.server.request import Request
 from specdec_cli.server.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
-from specdec_cli.server.service import GenerationService, PieceLogprob, RequestStats
+from specdec_cli.server.reply import PieceLogprob, RequestStats
+from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
 from specdec_cli.spec import Method
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    """What one HTTP request asks for.
-
-    Attributes:
-        kind: "chat" (`messages` through the chat template) or "completion" (`prompt` as raw text).
-        config: max tokens, stop strings, sampling, grammar, logprobs.
-        prediction: OpenAI's `prediction.content` (chat only), or None.
-        tools: OpenAI's tool dicts, for the chat template (chat only).
-        parse_calls: the reply's tool calls will be parsed (`GenerationService.chat_tokens`).
-    """
-
-    kind: Literal["chat", "completion"]
-    config: GenerationConfig
-    messages: tuple[dict[str, Any], ...] = ()
-    prompt: str = ""
-    prediction: str | None = None
-    tools: tuple[dict, ...] = ()
-    parse_calls: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +67,7 @@ Event = Started | Delta | Done | Failed
 class Job:
     """A submitted request: its id (for the log), its delivery callback, and whether it was cancelled."""
 
-    def __init__(self, job_id: int, request: GenRequest, deliver: Callable[[Event], None]) -> None:
+    def __init__(self, job_id: int, request: Request, deliver: Callable[[Event], None]) -> None:
         self.id = job_id
         self.request = request
         self.deliver = deliver
@@ -122,7 +102,7 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, request: GenRequest, deliver: Callable[[Event], None]) -> Job:
+    def submit(self, request: Request, deliver: Callable[[Event], None]) -> Job:
         """Queue `request`; its events go to `deliver` (called on the worker thread; it must not block).
 
         Raises: QueueFullError (the queue is at its bound), ShuttingDownError.
@@ -198,9 +178,8 @@ class Worker:
         drive = None
         outcome = "ok"
         try:
-            tokens = service.chat_tokens(list(request.messages), request.tools, parse_calls=request.parse_calls) \
-                if request.kind == "chat" else service.tokenize(request.prompt)
-            drive = service.stream(tokens, request.config, request.prediction)
+            tokens = service.prompt_tokens(request)
+            drive = service.stream(request, tokens)
             for record in drive:
                 if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
                     break  # closing the drive (finally) stops the engine before its next step
@@ -232,7 +211,7 @@ class Worker:
             if drive is not None:
                 drive.close()  # the engine's finally: the KV cache keeps only committed tokens
         stats = RequestStats.of(drive) if drive is not None else RequestStats(RunStats())
-        self.log(log_line(job.id, request.kind, stats, outcome, self.service.method))
+        self.log(log_line(job.id, request.label, stats, outcome, self.service.method))
 
 
 def _send(job: Job, event: Event) -> None:

@@ -18,7 +18,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
             queue: int) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
-    `defaults`: a `specdec_cli.server.schema.Defaults` (sampling and max tokens for requests that leave them out).
+    `defaults`: a `specdec_cli.server.request.Defaults` (sampling and max tokens for requests that leave them out).
     Raises UsageError (missing extra, bad --k, port unavailable), and what `open_session` raises.
     """
     require_extra()

@@ -1,0 +1,225 @@
+"""What OpenAI's APIs share, for their translators (`openai_chat`, `openai_completions`): the sampling and limit
+fields and how they become the engine's `GenerationConfig`, the fields refused unless neutral, `usage`, finish
+reasons, log-probabilities, ids.
+
+Follows OpenAI's API reference as the official `openai` Python package parses it. A field OpenAI does not have is
+refused (pydantic's `extra="forbid"`: OpenAI answers "Unrecognized request argument"), except llama.cpp's and vLLM's
+`top_k` and `min_p`, which specdec implements.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Optional, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.core.sampling import SamplingParams
+from specdec_cli.server.errors import ApiError
+from specdec_cli.server.request import Defaults
+from specdec_cli.server.reply import PieceLogprob, RequestStats
+
+# The engine's finish reasons → OpenAI's: an end-of-generation token or a stop string is "stop"; the token budget or
+# a full context window is "length".
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+class Strict(BaseModel):
+    """A wire model that refuses fields it does not declare (as OpenAI does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+    include_obfuscation: Optional[bool] = None  # refused when true (`refuse_unsupported`)
+
+
+class Generation(Strict):
+    """The fields Chat Completions and Completions share."""
+
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's servers accept it too
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)  # idem
+    seed: Optional[int] = Field(None, ge=-1, le=2**63 - 1)  # -1 = random, as llama.cpp's server
+    stop: Union[str, list[str], None] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    n: Optional[int] = Field(1, ge=1)
+    user: Optional[str] = None  # a label (accepted: it changes nothing)
+    # refused unless neutral (`REFUSED`)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+
+
+# field -> (what is neutral, why it is refused otherwise). A field left out, null, or at its neutral value is fine.
+REFUSED: dict[str, tuple[tuple, str]] = {
+    "frequency_penalty": ((0, 0.0), "specdec serve does not implement repetition penalties (they would change the "
+                          "target distribution speculation preserves)"),
+    "presence_penalty": ((0, 0.0), "specdec serve does not implement repetition penalties"),
+    "logit_bias": (({},), "specdec serve does not implement logit_bias"),
+    "audio": ((), "specdec serve generates text only"),
+    "modalities": ((["text"],), "specdec serve generates text only"),
+    "functions": ((), "functions is OpenAI's deprecated form of tools: send tools"),
+    "function_call": ((), "function_call is OpenAI's deprecated form of tool_choice: send tool_choice"),
+    "metadata": (({},), "specdec serve does not store completions"),
+    "store": ((False,), "specdec serve does not store completions"),
+    "moderation": ((), "specdec serve does not moderate"),
+    "prompt_cache_options": ((), "specdec serve keeps the KV cache of the longest common prefix on its own"),
+    "prompt_cache_retention": ((), "specdec serve keeps the KV cache of the longest common prefix on its own"),
+    "reasoning_effort": ((), "specdec serve does not steer reasoning"),
+    "verbosity": ((), "specdec serve does not steer verbosity"),
+    "web_search_options": ((), "specdec serve does not search the web"),
+    "service_tier": (("auto", "default"), "specdec serve has one service tier"),
+    "best_of": ((1,), "specdec serve generates one completion per request"),
+    "echo": ((False,), "specdec serve does not echo the prompt"),
+    "suffix": (("",), "specdec serve does not insert text (suffix)"),
+}
+
+
+def refuse_unsupported(req: Generation) -> None:
+    """Raise ApiError (400, `param` = the field) for a field of `REFUSED` set to anything but a neutral value, and
+    for a stream option specdec does not honour."""
+    for name, (neutral, why) in REFUSED.items():
+        if name not in type(req).model_fields:
+            continue
+        value = getattr(req, name)
+        if value is None or value in neutral:
+            continue
+        shown = json.dumps(value)[:60]
+        raise ApiError(400, f"{name} = {shown}: {why}. Leave {name} out.", param=name)
+    if req.stream_options is not None and req.stream_options.include_obfuscation:
+        raise ApiError(400, "stream_options.include_obfuscation = true: specdec serve does not pad its stream "
+                       "chunks. Leave it out, or send false.", param="stream_options.include_obfuscation")
+
+
+def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
+    """The text of a message's content: a string, a list of text parts, or null (""). Other parts (images, audio,
+    files) get a 400 naming them."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} is neither a string nor a list of parts.", param=where)
+    out = []
+    for i, part in enumerate(content):
+        part = part.model_dump() if isinstance(part, BaseModel) else part
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}:
+            out.append(part["text"])
+        elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
+            out.append(part["refusal"])
+        elif kind in ("image_url", "input_audio", "file", "input_image"):
+            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
+                           param=f"{where}.{i}.type")
+        else:
+            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"text\", \"text\": ...}}).",
+                           param=f"{where}.{i}")
+    return "".join(out)
+
+
+def check_logprobs(name: str, n: Optional[int]) -> None:
+    """Raise ApiError (400, param `name`) unless `n` (a number of top log-probabilities) is None or 0-20."""
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"{name} = {n}: it must be between 0 and {MAX_TOP_LOGPROBS}.", param=name)
+
+
+def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_tokens: Optional[int] = None,
+                      logprobs: Optional[int] = None) -> GenerationConfig:
+    """The engine's `GenerationConfig` for a request's limits, stop strings and sampling (the service adds the
+    grammar). Raises ApiError (400) for what the engine cannot honour.
+
+    Args:
+        max_tokens: the request's own limit (chat: `max_completion_tokens` or `max_tokens`); None: the server's
+            default, else until the context window is full.
+        logprobs: None (off), 0 (each token's), or the number of top alternatives (checked by the translator).
+    """
+    refuse_unsupported(req)
+    if req.n not in (None, 1):
+        raise ApiError(400, f"n = {req.n}: specdec serve generates one choice per request. Send n = 1, or several "
+                       "requests.", param="n")
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if any(s == "" for s in stop):
+        raise ApiError(400, "stop contains an empty string, which would stop before the first token.", param="stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
+    limit = max_tokens or req.max_tokens or defaults.max_tokens or n_ctx
+    seed = defaults.seed if req.seed is None else (None if req.seed == -1 else req.seed)
+    sampling = SamplingParams(
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_k=defaults.top_k if req.top_k is None else req.top_k,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        min_p=defaults.min_p if req.min_p is None else req.min_p,
+        seed=seed,
+    )
+    return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def openai_finish(stats: RequestStats) -> Optional[str]:
+    return FINISH_REASONS.get(stats.run.finish_reason or "", None)
+
+
+def usage_json(stats: RequestStats) -> dict:
+    """OpenAI's `usage`: prompt, completion, total tokens; the prompt tokens found in the KV cache
+    (`prompt_tokens_details.cached_tokens`); the prediction's accepted/rejected tokens."""
+    r = stats.run
+    return {
+        "prompt_tokens": r.n_prompt,
+        "completion_tokens": r.n_generated,
+        "total_tokens": r.n_prompt + r.n_generated,
+        "prompt_tokens_details": {"cached_tokens": r.n_cached},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": r.accepted_prediction_tokens,
+            "rejected_prediction_tokens": r.rejected_prediction_tokens,
+        },
+    }
+
+
+def token_string(piece: bytes) -> str:
+    """A token's text for `logprobs`: its UTF-8 text, or OpenAI's `bytes:\\xNN...` for part of a character."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
+
+
+def _logprob(value: float) -> float:
+    return max(float(value), -9999.0)  # OpenAI's floor: JSON has no -Infinity
+
+
+def chat_logprobs(entries: Sequence[PieceLogprob]) -> list[dict]:
+    """Chat's `logprobs.content`: per token {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}."""
+    return [{"token": token_string(e.piece), "logprob": _logprob(e.logprob), "bytes": list(e.piece),
+             "top_logprobs": [{"token": token_string(p), "logprob": _logprob(lp), "bytes": list(p)} for p, lp in e.top]}
+            for e in entries]
+
+
+def completion_logprobs(entries: Sequence[PieceLogprob], offset: int = 0) -> dict:
+    """The legacy completions' `logprobs`: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
+    (offsets in characters of the text, from `offset`)."""
+    tokens, offsets = [], []
+    for e in entries:
+        offsets.append(offset)
+        tokens.append(token_string(e.piece))
+        offset += len(e.piece.decode("utf-8", "ignore"))
+    return {"tokens": tokens, "token_logprobs": [_logprob(e.logprob) for e in entries],
+            "top_logprobs": [{token_string(p): _logprob(lp) for p, lp in e.top} for e in entries],
+            "text_offset": offsets}
+
+

@@ -1,0 +1,437 @@
+"""OpenAI's Chat Completions (`POST /v1/chat/completions`), translated: the wire body into a `request.Request`, the
+reply's events into `chat.completion` JSON or `chat.completion.chunk` events.
+
+Follows OpenAI's API reference as the official `openai` Python package parses it: the first chunk carries the role,
+the last choice chunk the finish_reason (and specdec's statistics); with `stream_options.include_usage` every chunk
+has `"usage": null` and one more chunk with `"choices": []` carries the usage; tool calls stream as OpenAI's
+`delta.tool_calls` (a call's first delta carries its index, id, type and name, the next ones pieces of
+`function.arguments`), as vLLM's Hermes tool parser streams them.
+
+Every field of OpenAI's request is declared here and either implemented or refused with a 400 that names it
+(`openai_base.REFUSED`), as OpenAI and llama-server answer what they do not support. Accepted without effect on the
+output, because they only label the request: `model` (the server serves one model), `user`, `safety_identifier`,
+`prompt_cache_key` (a routing hint: the KV cache keeps the longest common prefix anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal, Optional, Union
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from specdec_cli.core.constraint import GrammarError, json_object, json_schema
+from specdec_cli.server.errors import ApiError
+from specdec_cli.server.http import Context
+from specdec_cli.server.openai_base import (
+    FINISH_REASONS, Generation, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config, new_id,
+    usage_json,
+)
+from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, Tools, ToolMode
+from specdec_cli.server.reply import PieceLogprob
+from specdec_cli.server.tools import NAME, check_parameters
+
+
+# -- the wire format ------------------------------------------------------------------------------------------------
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(Strict):
+    """OpenAI predicted outputs: `{"type": "content", "content": "..."}` (or a list of text parts)."""
+
+    type: Literal["content"]
+    content: Union[str, list[TextPart]]
+
+
+class ChatMessage(Strict):
+    """One message of any role; what each role may carry is checked in `messages_of` (a message of the wrong shape
+    gets a 400 naming the field, e.g. `messages.2.tool_call_id`)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Any = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[Any]] = None
+    tool_call_id: Optional[str] = None
+    refusal: Optional[str] = None
+    audio: Any = None
+    function_call: Any = None
+
+
+class ChatRequest(Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    prediction: Optional[Prediction] = None
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Any = None
+    parallel_tool_calls: Optional[bool] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None  # 0-20, checked in `to_request` (400 naming it)
+    safety_identifier: Optional[str] = None  # a label (accepted)
+    prompt_cache_key: Optional[str] = None  # a routing hint (accepted: the KV cache keeps common prefixes anyway)
+    # refused unless neutral (`openai_base.REFUSED`)
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    metadata: Any = None
+    modalities: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    reasoning_effort: Any = None
+    service_tier: Any = None
+    store: Optional[bool] = None
+    verbosity: Any = None
+    web_search_options: Any = None
+
+
+# -- body → request -------------------------------------------------------------------------------------------------
+def to_request(body: ChatRequest, ctx: Context) -> Request:
+    """The internal `Request` for a Chat Completions body. Raises ApiError (400, naming the field) for what the
+    server cannot honour or a malformed message, tool or response format."""
+    if body.top_logprobs is not None:
+        check_logprobs("top_logprobs", body.top_logprobs)
+        if not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true.", param="top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    config = generation_config(body, ctx.defaults, ctx.n_ctx, max_tokens=body.max_completion_tokens,
+                               logprobs=logprobs)
+    return Request(config=config, messages=messages_of(body), tools=tools_of(body),
+                   output=output_of(body.response_format), label="chat",
+                   prediction=_text(body.prediction.content, "prediction.content") if body.prediction else None)
+
+
+def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
+    """The text of a message's content: a string, a list of text parts, or null (""). Other parts (images, audio,
+    files) get a 400 naming them."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} is neither a string nor a list of parts.", param=where)
+    out = []
+    for i, part in enumerate(content):
+        part = part.model_dump() if isinstance(part, BaseModel) else part
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}:
+            out.append(part["text"])
+        elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
+            out.append(part["refusal"])
+        elif kind in ("image_url", "input_audio", "file", "input_image"):
+            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
+                           param=f"{where}.{i}.type")
+        else:
+            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"text\", \"text\": ...}}).",
+                           param=f"{where}.{i}")
+    return "".join(out)
+
+
+def messages_of(body: ChatRequest) -> tuple[Message, ...]:
+    """The conversation: text content; `developer` (OpenAI's newer name) → `system`; an assistant's `tool_calls`
+    checked (functions whose arguments are a JSON object); `tool` messages with their `tool_call_id`.
+
+    Raises ApiError (400) naming the field: parts other than text, a `name` (templates have no place for it), a tool
+    message without `tool_call_id`, tool calls that are not functions or whose arguments are not a JSON object, the
+    deprecated `function` role, fields a role does not take.
+    """
+    out = []
+    for i, m in enumerate(body.messages):
+        where = f"messages.{i}"
+        if m.role == "function":
+            raise ApiError(400, f"{where}.role 'function' is OpenAI's deprecated form of 'tool' messages: send role "
+                           "'tool' with tool_call_id.", param=f"{where}.role")
+        if m.name is not None:
+            raise ApiError(400, f"{where}.name: chat templates have no place for participant names. Leave name out.",
+                           param=f"{where}.name")
+        for field_, allowed in (("tool_calls", {"assistant"}), ("tool_call_id", {"tool"}), ("refusal", {"assistant"}),
+                                ("audio", set()), ("function_call", set())):
+            if getattr(m, field_) is not None and m.role not in allowed:
+                hint = "; send tool_calls" if field_ == "function_call" else ""
+                raise ApiError(400, f"{where}.{field_} is not supported on a {m.role} message{hint}.",
+                               param=f"{where}.{field_}")
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise ApiError(400, f"{where}: a tool message needs tool_call_id (the id of the call it answers).",
+                               param=f"{where}.tool_call_id")
+            out.append(Message("tool", _text(m.content, f"{where}.content"), tool_call_id=m.tool_call_id))
+        elif m.role == "assistant":
+            text = _text(m.content, f"{where}.content", refusal_ok=True)
+            if m.refusal:
+                text = text or m.refusal
+            calls = tuple(_tool_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ()))
+            out.append(Message("assistant", text, tool_calls=calls))
+        else:
+            out.append(Message("system" if m.role == "developer" else m.role, _text(m.content, f"{where}.content")))
+    return tuple(out)
+
+
+def _tool_call(call: Any, where: str) -> ToolCall:
+    """An assistant's past tool call ({"id", "type": "function", "function": {"name", "arguments"}}), checked."""
+    if not isinstance(call, dict) or call.get("type", "function") != "function" or \
+            not isinstance(call.get("function"), dict):
+        raise ApiError(400, f"{where} is not a function call ({{\"id\", \"type\": \"function\", \"function\": "
+                       "{\"name\", \"arguments\"}}).", param=where)
+    fn = call["function"]
+    name, arguments = fn.get("name"), fn.get("arguments")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, f"{where}.function.name is missing.", param=f"{where}.function.name")
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"{where}.function.arguments is not JSON ({e.msg} at character {e.pos}).",
+                       param=f"{where}.function.arguments") from None
+    if not isinstance(args, dict):
+        raise ApiError(400, f"{where}.function.arguments is not a JSON object.", param=f"{where}.function.arguments")
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(str(call.get("id") or ""), name, text)
+
+
+def tools_of(body: ChatRequest) -> Optional[Tools]:
+    """The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked; None without tools (`check_tools`)."""
+    return check_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+
+
+def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> Optional[Tools]:
+    """OpenAI's `tools`, `tool_choice` and `parallel_tool_calls`, checked; None without tools.
+
+    Raises:
+        ApiError (400) naming the field (`param`): a tool that is not a function, a bad or repeated name, parameters
+        that are not a JSON schema llguidance can compile (the message says where), a `tool_choice` naming a tool
+        that is not there, `tool_choice` without `tools`.
+    """
+    if not tools:
+        if tools is not None:
+            raise ApiError(400, "tools is an empty list: send at least one tool, or leave tools out.", param="tools")
+        if tool_choice is not None and tool_choice != "none":
+            raise ApiError(400, "tool_choice is only allowed when tools are given.", param="tool_choice")
+        return None
+    specs: list[Tool] = []
+    for i, tool in enumerate(tools):
+        where = f"tools.{i}"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise ApiError(400, f"{where}.type is {kind!r}: specdec serve calls tools of type 'function' only.",
+                           param=f"{where}.type")
+        unknown = set(tool) - {"type", "function"}
+        if unknown:
+            raise ApiError(400, f"{where} has unknown fields: {', '.join(sorted(unknown))}.", param=where)
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise ApiError(400, f"{where}.function is missing.", param=f"{where}.function")
+        unknown = set(fn) - {"name", "description", "parameters", "strict"}
+        if unknown:
+            raise ApiError(400, f"{where}.function has unknown fields: {', '.join(sorted(unknown))}.",
+                           param=f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise ApiError(400, f"{where}.function.name {name!r} is not a function name (letters, digits, _ and -, "
+                           "at most 64).", param=f"{where}.function.name")
+        if any(t.name == name for t in specs):
+            raise ApiError(400, f"Two tools are named {name!r}.", param=f"{where}.function.name")
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ApiError(400, f"{where}.function.description is not a string.",
+                           param=f"{where}.function.description")
+        if fn.get("strict") not in (None, True, False):
+            raise ApiError(400, f"{where}.function.strict is not a boolean.", param=f"{where}.function.strict")
+        parameters = check_parameters(fn.get("parameters"), f"{where}.function.parameters")
+        specs.append(Tool(name, description, parameters))
+    names = [t.name for t in specs]
+    mode, allowed = _choice(tool_choice, names)
+    if parallel_tool_calls not in (None, True, False):
+        raise ApiError(400, "parallel_tool_calls is not a boolean.", param="parallel_tool_calls")
+    # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
+    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+    return Tools(tuple(specs), allowed, mode, parallel=parallel_tool_calls is not False and not named)
+
+
+def _choice(tool_choice: Any, names: list[str]) -> tuple[ToolMode, tuple[str, ...]]:
+    """(mode, allowed names) of OpenAI's `tool_choice`."""
+    if tool_choice is None or tool_choice == "auto":
+        return "auto", tuple(names)
+    if tool_choice in ("none", "required"):
+        return tool_choice, tuple(names)
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        if name not in names:
+            raise ApiError(400, f"tool_choice names the function {name!r}, which is not among the tools "
+                           f"({', '.join(names)}).", param="tool_choice.function.name")
+        return "required", (name,)
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
+        spec = tool_choice.get("allowed_tools") or {}
+        mode = spec.get("mode")
+        if mode not in ("auto", "required"):
+            raise ApiError(400, f"tool_choice.allowed_tools.mode is {mode!r}; use 'auto' or 'required'.",
+                           param="tool_choice.allowed_tools.mode")
+        allowed = []
+        for i, tool in enumerate(spec.get("tools") or ()):
+            name = ((tool or {}).get("function") or {}).get("name") if isinstance(tool, dict) else None
+            if name not in names:
+                raise ApiError(400, f"tool_choice.allowed_tools.tools.{i} names {name!r}, which is not among the "
+                               "tools.", param=f"tool_choice.allowed_tools.tools.{i}")
+            allowed.append(name)
+        if not allowed:
+            raise ApiError(400, "tool_choice.allowed_tools.tools is empty.", param="tool_choice.allowed_tools.tools")
+        return mode, tuple(allowed)
+    raise ApiError(400, f"tool_choice {json.dumps(tool_choice)[:80]} is not one of 'auto', 'none', 'required', "
+                   '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}.',
+                   param="tool_choice")
+
+
+def output_of(response_format: Optional[dict]) -> Optional[Output]:
+    """The constraint OpenAI's `response_format` puts on the reply; None for text.
+
+    `{"type": "text"}`: free text. `{"type": "json_object"}`: any JSON object. `{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict", "description"}}`: JSON valid against `schema` (always enforced,
+    `strict` or not; `description` is for the model and the template has no place for it, so it is refused).
+
+    Raises ApiError (400, `param` "response_format..."): an unknown type, a bad name, a schema llguidance cannot
+    compile (the message says where).
+    """
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text" and set(response_format) == {"type"}:
+        return None
+    if kind == "json_object" and set(response_format) == {"type"}:
+        return Output({"type": "object"}, json_object(name="response_format"))
+    if kind != "json_schema":
+        raise ApiError(400, f"response_format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'."
+                       if kind not in ("text", "json_object") else
+                       f"response_format of type {kind!r} takes no other field.", param="response_format.type"
+                       if kind not in ("text", "json_object") else "response_format")
+    unknown = set(response_format) - {"type", "json_schema"}
+    spec = response_format.get("json_schema")
+    if unknown or not isinstance(spec, dict):
+        raise ApiError(400, "response_format of type 'json_schema' takes one field, json_schema: {\"name\", "
+                       "\"schema\", \"strict\"}.", param="response_format")
+    unknown = set(spec) - {"name", "schema", "strict", "description"}
+    if unknown:
+        raise ApiError(400, f"response_format.json_schema has unknown fields: {', '.join(sorted(unknown))}.",
+                       param="response_format.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ApiError(400, f"response_format.json_schema.name {name!r} is not a name (letters, digits, _ and -, "
+                       "at most 64).", param="response_format.json_schema.name")
+    if spec.get("description") is not None:
+        raise ApiError(400, "response_format.json_schema.description: specdec serve cannot show it to the model "
+                       "(the chat template has no place for it); put it in a message and leave description out.",
+                       param="response_format.json_schema.description")
+    if spec.get("strict") not in (None, True, False):
+        raise ApiError(400, "response_format.json_schema.strict is not a boolean.",
+                       param="response_format.json_schema.strict")
+    schema = spec.get("schema", {})
+    try:
+        return Output(schema, json_schema(schema, name="response_format"), name=name)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="response_format") from None
+
+
+# -- reply → wire -----------------------------------------------------------------------------------------------------
+class ChatWriter:
+    """`chat.completion` JSON, or the `chat.completion.chunk` stream, of one reply (a `reply.Writer`).
+
+    Args:
+        model: the model id the response names. method: the drafter (specdec's statistics).
+        logprobs: the request asked for logprobs (then `logprobs.content` is a list, else null).
+        include_usage: `stream_options.include_usage`.
+    """
+
+    def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
+        self.id = new_id("chatcmpl")
+        self.created = int(time.time())
+        self.model, self.method = model, method
+        self.want_logprobs = logprobs
+        self.include_usage = include_usage
+
+    # -- a whole response
+    def body(self, reply: ReplyStream) -> dict:
+        end = reply.end
+        msg: dict = {"role": "assistant", "content": None if reply.calls and not reply.content else reply.content,
+                     "refusal": None}
+        if reply.calls:
+            msg["tool_calls"] = [_call_json(c) for c in reply.calls]
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": msg, "logprobs": self._logprobs(reply.logprobs),
+                         "finish_reason": finish_reason(end)}],
+            "usage": usage_json(end.stats),
+            "specdec": end.stats.specdec(self.method),
+        }
+
+    # -- a stream
+    def opening(self) -> list[Sse]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def events(self, event: ReplyEvent) -> list[Sse]:
+        if isinstance(event, Content):
+            if not event.text and not (self.want_logprobs and event.logprobs):
+                return []
+            delta = {"content": event.text} if event.text else {}
+            return [self._chunk(delta, self._logprobs(event.logprobs) if event.logprobs else None)]
+        if isinstance(event, CallStart):
+            c = event.call
+            return [self._chunk({"tool_calls": [{"index": c.index, "id": c.id, "type": "function",
+                                                 "function": {"name": c.name, "arguments": ""}}]})]
+        if isinstance(event, Arguments):
+            return [self._chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})]
+        if isinstance(event, End):
+            out = [self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))]
+            if self.include_usage:
+                out.append(_sse({**self._base(), "choices": [], "usage": usage_json(event.stats)}))
+            return out
+        return []  # CallEnd: nothing of its own in this format
+
+    def closing(self) -> list[Sse]:
+        return [{"data": "[DONE]"}]
+
+    def failure(self, error: ApiError) -> list[Sse]:
+        return [_sse(error.body())]  # the openai client raises APIError on a chunk with "error"
+
+    def _base(self) -> dict:
+        out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+               "system_fingerprint": None}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def _chunk(self, delta: dict, logprobs: Optional[dict] = None, *, finish: Optional[str] = None,
+               **extra) -> Sse:
+        return _sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                                  "finish_reason": finish}], **extra})
+
+    def _logprobs(self, entries: list[PieceLogprob] | tuple[PieceLogprob, ...]) -> Optional[dict]:
+        return {"content": chat_logprobs(entries), "refusal": None} if self.want_logprobs else None
+
+
+def finish_reason(end: End) -> Optional[str]:
+    """OpenAI's finish_reason: "tool_calls" when the reply ended (not cut short) after calling tools."""
+    return "tool_calls" if end.tool_calls else FINISH_REASONS.get(end.finish)
+
+
+def _call_json(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _sse(obj: dict) -> Sse:
+    return {"data": json.dumps(obj)}
+
+
+# -- the route --------------------------------------------------------------------------------------------------------
+def routes(app: FastAPI, ctx: Context) -> None:
+    """Mount `POST /v1/chat/completions`."""
+
+    @app.post("/v1/chat/completions", dependencies=ctx.auth)
+    async def chat_completions(body: ChatRequest, http: HttpRequest) -> Response:
+        request = to_request(body, ctx)
+        writer = ChatWriter(ctx.model_id, ctx.method, logprobs=request.config.logprobs is not None,
+                            include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        return await ctx.respond(http, request, writer, stream=bool(body.stream))

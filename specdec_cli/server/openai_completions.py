@@ -1,0 +1,119 @@
+"""OpenAI's (legacy) Completions (`POST /v1/completions`), translated: a raw prompt into a `request.Request`, the
+reply's text into `text_completion` JSON or chunks.
+
+Follows OpenAI's API reference as the official `openai` Python package parses it; `logprobs` is the legacy shape
+({tokens, token_logprobs, top_logprobs, text_offset}).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional, Union
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import Response
+
+from specdec_cli.server.errors import ApiError
+from specdec_cli.server.http import Context
+from specdec_cli.server.openai_base import (
+    FINISH_REASONS, Generation, check_logprobs, completion_logprobs, generation_config, new_id, usage_json,
+)
+from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.request import Request
+
+
+class CompletionRequest(Generation):
+    prompt: Union[str, list[str]]
+    logprobs: Optional[int] = None  # 0-20, checked in `to_request`
+    # refused unless neutral (`openai_base.REFUSED`)
+    best_of: Optional[int] = None
+    echo: Optional[bool] = None
+    suffix: Optional[str] = None
+
+
+def to_request(body: CompletionRequest, ctx: Context) -> Request:
+    """The internal `Request` for a Completions body: the prompt as raw text. Raises ApiError (400, naming the
+    field): a list of several prompts, what the server cannot honour."""
+    check_logprobs("logprobs", body.logprobs)
+    config = generation_config(body, ctx.defaults, ctx.n_ctx, logprobs=body.logprobs)
+    if isinstance(body.prompt, str):
+        prompt = body.prompt
+    elif len(body.prompt) != 1:
+        raise ApiError(400, f"prompt is a list of {len(body.prompt)} strings; specdec serve takes one prompt per "
+                       "request. Send them one by one.", param="prompt")
+    else:
+        prompt = body.prompt[0]
+    return Request(config=config, prompt=prompt, label="completion")
+
+
+class CompletionWriter:
+    """`text_completion` JSON, or its chunks, of one reply (a `reply.Writer`). `logprobs`: the request asked."""
+
+    def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
+        self.id = new_id("cmpl")
+        self.created = int(time.time())
+        self.model, self.method = model, method
+        self.want_logprobs = logprobs
+        self.include_usage = include_usage
+        self._offset = 0  # characters sent so far (`logprobs.text_offset`)
+
+    def body(self, reply: ReplyStream) -> dict:
+        end = reply.end
+        return {
+            "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "text": reply.content,
+                         "logprobs": completion_logprobs(reply.logprobs) if self.want_logprobs else None,
+                         "finish_reason": FINISH_REASONS.get(end.finish)}],
+            "usage": usage_json(end.stats),
+            "specdec": end.stats.specdec(self.method),
+        }
+
+    def opening(self) -> list[Sse]:
+        return []
+
+    def events(self, event: ReplyEvent) -> list[Sse]:
+        if isinstance(event, Content):
+            lp = completion_logprobs(event.logprobs, self._offset) if self.want_logprobs else None
+            self._offset += len(event.text)
+            return [self._chunk(event.text, lp)]
+        if isinstance(event, End):
+            out = [self._chunk("", None, finish=FINISH_REASONS.get(event.finish),
+                               specdec=event.stats.specdec(self.method))]
+            if self.include_usage:
+                out.append(_sse({**self._base(), "choices": [], "usage": usage_json(event.stats)}))
+            return out
+        return []
+
+    def closing(self) -> list[Sse]:
+        return [{"data": "[DONE]"}]
+
+    def failure(self, error: ApiError) -> list[Sse]:
+        return [_sse(error.body())]
+
+    def _base(self) -> dict:
+        out = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+               "system_fingerprint": None}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def _chunk(self, text: str, logprobs: Optional[dict], *, finish: Optional[str] = None, **extra) -> Sse:
+        return _sse({**self._base(), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+                                                  "finish_reason": finish}], **extra})
+
+
+def _sse(obj: dict) -> Sse:
+    return {"data": json.dumps(obj)}
+
+
+def routes(app: FastAPI, ctx: Context) -> None:
+    """Mount `POST /v1/completions`."""
+
+    @app.post("/v1/completions", dependencies=ctx.auth)
+    async def completions(body: CompletionRequest, http: HttpRequest) -> Response:
+        request = to_request(body, ctx)
+        writer = CompletionWriter(ctx.model_id, ctx.method, logprobs=body.logprobs is not None,
+                                  include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        return await ctx.respond(http, request, writer, stream=bool(body.stream))
