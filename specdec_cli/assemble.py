@@ -69,7 +69,8 @@ class Assembler:
         if controller is None and drafter is not None:
             controller = self.make_controller(spec, saved_k=saved_k, fresh=fresh)
         return SpeculativeEngine(self.session.target, drafter, controller,
-                                 prompt_cache=None if fresh else self.session.prompt_cache)
+                                 prompt_cache=None if fresh else self.session.prompt_cache,
+                                 curve=self.session.verify_curve(measure=drafter is not None))
 
     # -- drafters -----------------------------------------------------------------------------------------------
     def drafter(self, spec: SpecOptions) -> Drafter | None:
@@ -133,17 +134,18 @@ class Assembler:
         """
         from specdec_cli.core.controller import AdaptiveK, FixedK
 
+        curve = self.session.verify_curve()  # this machine's measured v(b): K is chosen on its cheap sizes
         if spec.fixed_k is not None:
-            return FixedK(spec.fixed_k)
+            return FixedK(spec.fixed_k, curve)
         if saved_k is not None:
-            return FixedK(saved_k)
+            return FixedK(saved_k, curve)
         if fresh:
-            return AdaptiveK(k_max=spec.k_max)
+            return AdaptiveK(k_max=spec.k_max, curve=curve)
         key = (spec.method, spec.k_max)
         if key not in self._controllers:
             from specdec_cli.stores import learnt
 
-            ctrl = AdaptiveK(k_max=spec.k_max)
+            ctrl = AdaptiveK(k_max=spec.k_max, curve=curve)
             learnt.restore(ctrl, self._learnt_key(*key))
             self._controllers[key] = ctrl
         return self._controllers[key]
@@ -156,7 +158,11 @@ class Assembler:
         return learnt.entry_key(s.target_path, draft, method, s.options.threads, k_max)
 
     def save_learnt(self) -> None:
-        """Save what each `--k auto` controller learnt (`specdec_cli.stores.learnt`; a failure warns)."""
+        """Save what each `--k auto` controller learnt (`specdec_cli.stores.learnt`; a failure warns), and mark the
+        verify curve stale when the b = 1 passes timed here drifted from it (`CostModel.drifted`): the next session
+        measures it again."""
+        from dataclasses import replace
+
         from specdec_cli.stores import learnt
 
         keyed, details = {}, {}
@@ -165,7 +171,13 @@ class Assembler:
             if key is not None:
                 keyed[key] = ctrl
                 details[key] = {"target": Path(self.session.target_path).name, "method": method, "k_max": k_max}
-        learnt.save(keyed, details)
+        curves, curve = {}, self.session.verify_curve() if self._controllers else None
+        if curve is not None and any(ctrl.model.drifted() for ctrl in self._controllers.values()):
+            key = learnt.curve_key(self.session.target_path, self.session.options.threads)
+            if key is not None:
+                curves[key] = {"curve": replace(curve, stale=True).to_dict(),
+                               "target": Path(self.session.target_path).name}
+        learnt.save(keyed, details, curves=curves)
 
     # -- closing ------------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """A loaded model pair: `open_session` resolves and loads the target (and, where `draft_policy` says so, a draft
 model); the `Session` is what a loaded model is: the backends and their files, the options they were loaded with,
-why a draft model is (not) loaded, the chat template and tokenizer, the prompt cache. Shared by every front end.
+why a draft model is (not) loaded, the chat template and tokenizer, the prompt cache, and the target's verify curve
+on this machine (`verify_curve`). Shared by every front end.
 
 Drafters and K controllers are not the session's: `specdec_cli.assemble.Assembler` builds and owns them.
 """
@@ -21,6 +22,7 @@ from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
 
 if TYPE_CHECKING:
+    from specdec_cli.core.verify_curve import VerifyCurve
     from specdec_cli.models.resolver import Reporter
 
 
@@ -38,6 +40,36 @@ class Session:
     draft_plan: DraftPlan = field(default_factory=lambda: DraftPlan(None))  # why a draft model is (not) loaded
     auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
     prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
+    reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
+    _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
+
+    def verify_curve(self, *, measure: bool = True) -> VerifyCurve | None:
+        """The target's measured verify curve on this machine (`core.verify_curve.VerifyCurve`: ms of one pass over
+        b tokens, b = 1..65): the one learnt.json keeps (`stores.learnt.curve_key`: model file, CPU, threads, build),
+        else measured now (`measure.verify_curve.measure`: seconds, a progress bar on `reporter`) and kept; with
+        `measure=False` (plain decoding, which needs none) only a kept one. None for a model file that cannot be
+        keyed (a fake) or with SPECDEC_VERIFY_CURVE=off. Measuring empties the target's KV cache: the engines ask for
+        it before their first generation (`Assembler.engine`)."""
+        if self._curve is None and measure:
+            from specdec_cli.core.verify_curve import B_MAX, REPEATS
+            from specdec_cli.measure.verify_curve import measure
+            from specdec_cli.stores import learnt
+
+            key = learnt.curve_key(self.target_path, self.options.threads)
+            curve = learnt.load_curve(key)
+            if curve is None and key is not None:
+                reporter = self.reporter if self.reporter is not None else _QUIET
+                with reporter.progress("measuring this machine's verify curve (once per model and machine)",
+                                       B_MAX * REPEATS, unit="steps") as task:
+                    curve = measure(self.target, progress=lambda done, total: task.advance())
+                reporter.say(f"verify curve measured in {curve.seconds:.1f} s and kept (specdec doctor shows it)")
+                learnt.save_curve(key, curve, self.target_path)
+            self._curve = curve if curve is not None else False
+        elif self._curve is None:
+            from specdec_cli.stores import learnt
+
+            return learnt.load_curve(learnt.curve_key(self.target_path, self.options.threads))
+        return self._curve or None
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -175,7 +207,7 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
-                      auto_draft=auto_draft)
+                      auto_draft=auto_draft, reporter=reporter)
     if draft_path is not None:
         try:
             session.attach_draft(draft_path, reporter=reporter)
@@ -183,6 +215,21 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
             session.close()
             raise
     return session
+
+
+class _Quiet:
+    """The reporter of a session opened without one: measuring the verify curve shows nothing."""
+
+    def say(self, text: str) -> None:
+        pass
+
+    def progress(self, description: str, total: int, *, unit: str = "bytes"):
+        from specdec_cli.models.resolver import TextReporter
+
+        return TextReporter().progress(description, total, unit=unit)
+
+
+_QUIET = _Quiet()
 
 
 def _status(reporter: Reporter | None, message: str) -> AbstractContextManager[None]:

@@ -16,6 +16,7 @@ def _isolated_home(tmp_path, monkeypatch):
     stays shared."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
     monkeypatch.setenv("SPECDEC_PROMPT_CACHE", str(tmp_path / "prompt-cache"))
+    monkeypatch.setenv("SPECDEC_VERIFY_CURVE", "off")  # no curve measured per test (tests that want one turn it on)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("COLUMNS", "120")
     yield

@@ -77,15 +77,24 @@ class FakeBackend:
 
     Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more
     logits rows than one llama.cpp batch (n_logits > min(tokens, n_batch)) and a negative truncation (ValueError).
+    With `clock` and `cost` (ms of a pass over b tokens) every pass advances the virtual clock by cost(b): a scripted
+    verify curve. `branches`: whether `decode_branches` works (a second branch's rows are fn of its own prefix,
+    exactly what a one-branch pass gives).
     """
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
                  n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS,
-                 pieces: Sequence[bytes] | None = None, chat_template: str | None = None) -> None:
+                 pieces: Sequence[bytes] | None = None, chat_template: str | None = None, clock: Clock | None = None,
+                 cost: Callable[[int], float] | None = None, branches: bool = True) -> None:
         """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`. chat_template: a
-        Jinja chat template `format_chat` renders (as `LlamaBackend` does); None = the toy format below."""
+        Jinja chat template `format_chat` renders (as `LlamaBackend` does); None = the toy format below. clock, cost:
+        a virtual clock advanced by `cost(b)` ms per pass of b tokens. branches: `decode_branches` is available."""
         self.template = chat_template
         self.fn = fn
+        self._clock, self._cost = clock, cost
+        self._branches = branches
+        self._branch: tuple[int, list[int]] | None = None  # (start, the second branch's tokens after t_0)
+        self.branch_passes = 0
         self.pieces = list(pieces) if pieces is not None else None
         self._lltok = None
         self.path = path
@@ -113,7 +122,16 @@ class FakeBackend:
     def tokens(self) -> np.ndarray:
         return np.asarray(self._tokens, dtype=np.int32)
 
+    @property
+    def branches(self) -> bool:
+        return self._branches
+
+    def _pass(self, b: int) -> None:
+        if self._clock is not None and self._cost is not None:
+            self._clock.advance(self._cost(b) / 1e3)
+
     def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
+        self._branch = None
         toks = [int(t) for t in tokens]
         if n_logits > min(len(toks), self._n_batch):
             raise ValueError(f"n_logits={n_logits} exceeds the batch ({len(toks)} tokens, n_batch {self._n_batch})")
@@ -127,12 +145,46 @@ class FakeBackend:
         rows = [self.fn(self._tokens[: start + i + 1]) for i in range(len(toks) - n_logits, len(toks))]
         out = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self._vocab), np.float32)
         out.flags.writeable = False
+        self._pass(len(toks))
         return out
 
-    def truncate(self, n: int) -> None:
+    def decode_branches(self, tokens, branch) -> np.ndarray:
+        if not self._branches:
+            raise NotImplementedError("this fake backend has no branches")
+        from specdec_cli.models.backend import common_prefix
+
+        toks, alt = [int(t) for t in tokens], [int(t) for t in branch]
+        c = common_prefix(np.asarray(toks[1:], np.int32), np.asarray(alt, np.int32))
+        b = len(toks) + len(alt) - c
+        if b > self._n_batch:
+            raise ValueError(f"a tree of {b} tokens exceeds the batch (n_batch {self._n_batch})")
+        if len(self._tokens) + 1 + max(len(toks) - 1, len(alt)) > self._n_ctx:
+            raise ContextOverflowError("fake context full")
+        main = self.decode(toks, n_logits=len(toks))  # advances the clock by len(toks): add the rest below
+        start = len(self._tokens) - len(toks)
+        path = self._tokens[: start + 1]
+        extra = [self.fn(path + alt[: i + 1]) for i in range(c, len(alt))]
+        self.n_evaluated += len(alt) - c
+        self.max_logit_rows = max(self.max_logit_rows, b)
+        self.branch_passes += 1
+        if self._clock is not None and self._cost is not None:
+            self._clock.advance((self._cost(b) - self._cost(len(toks))) / 1e3)
+        self._branch = (start, alt)
+        out = np.concatenate((main, np.stack(extra).astype(np.float32))) if extra else main.copy()
+        out.flags.writeable = False
+        return out
+
+    def truncate(self, n: int, *, branch: bool = False) -> None:
         if n < 0:
             raise ValueError(f"truncate({n}): a negative length")
+        pending, self._branch = self._branch, None
         self.truncations.append(n)
+        if branch:
+            if pending is None:
+                raise ValueError("truncate(branch=True) without a pending branch")
+            start, alt = pending
+            self._tokens[start + 1 :] = alt[: n - start - 1]
+            return
         del self._tokens[n:]
 
     def snapshot(self) -> bytes:
@@ -215,6 +267,19 @@ class FakeBackend:
 
     def close(self) -> None:
         pass
+
+
+class Clock:
+    """A virtual monotonic clock in seconds: `clock()` reads it, `advance(s)` moves it (the fake backend's passes)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
 
 
 def greedy_tokenize(pieces: Sequence[bytes], data: bytes, skip=frozenset()) -> list[int]:

@@ -211,3 +211,21 @@ def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
     assert notes(session, auto, used, predicted=True) == ("no draft model: CPU-only: why.",)
     assert any("prediction was never drafted from" in n for n in notes(session, auto, unused, predicted=True))
     assert notes(session, SpecOptions(method="ngram"), unused, predicted=False) == ()
+
+
+def test_a_copy_run_is_realigned_past_a_renamed_word():
+    # the reply copies the prompt, but writes token 99 where the prompt has prompt[30] (a rename): right after it,
+    # prompt lookup matches only the new token, while the realigned copy continues the prompt at prompt[31]
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(2, 90, 80).astype(np.int32)
+    drafter = SuffixDrafter(None)
+    drafter.begin(prompt)
+    reply = list(prompt[:30])
+    for i in range(8, 30):  # the copy run, as the engine would look it up step by step
+        drafter.continuations(np.concatenate((prompt, reply[:i])).astype(np.int32), 16, more=True)
+    context = np.concatenate((prompt, reply, [99])).astype(np.int32)
+    local, _, _, realigned = drafter.continuations(context, 16, more=True)
+    assert realigned.tokens.tolist() == prompt[31:47].tolist() and realigned.match_len == 8
+    assert not len(local.tokens) or local.tokens[0] != prompt[31]
+    (draft,) = [d for d in AutoDrafter(drafter).lookup(context, 16, None, None) if d.source == "realign"]
+    assert draft.tokens.tolist() == prompt[31:47].tolist()

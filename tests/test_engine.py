@@ -7,7 +7,7 @@ import pytest
 
 from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.base import DrafterBase
+from specdec_cli.drafters.base import Draft, DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
@@ -326,3 +326,74 @@ def test_a_learning_drafter_is_given_the_output_and_the_end_of_generation_token_
     _, steps, tokens = run(SpeculativeEngine(FakeBackend(fn), drafter, FixedK(3)), max_tokens=max_tokens)
     assert drafter.finished == (list(PROMPT), stored)  # a reply cut by --max-tokens has no end to learn
     assert EOS not in tokens
+
+
+# --- a second branch in the same pass --------------------------------------------------------------------------
+
+
+class TwoCandidates(DrafterBase):
+    """A lookup drafter with two candidates every step: the target's own greedy continuation (known from the
+    reference) and a copy of it changed at one position; which comes first alternates, so either branch wins."""
+
+    name = "two"
+
+    def __init__(self, reference: list[int], prompt_len: int) -> None:
+        self.reference, self.prompt_len, self.calls = reference, prompt_len, 0
+
+    def lookup(self, context, k, sampling, rng):
+        done = len(context) - self.prompt_len
+        right = np.asarray(self.reference[done : done + min(k, 6)], dtype=np.int32)
+        if len(right) < 2:
+            return []
+        wrong = right.copy()
+        wrong[self.calls % len(wrong)] = (wrong[self.calls % len(wrong)] + 3) % 28 + 2  # differs at one position
+        self.calls += 1
+        pair = [Draft(tokens=right, source="prompt", match_len=9), Draft(tokens=wrong, source="store", match_len=9)]
+        return pair if self.calls % 2 else pair[::-1]
+
+
+class AlwaysBranch(FixedK):
+    """K = 6, and the other draft as a second branch whenever there is one."""
+
+    def choose(self, drafts, has_model, k):
+        return (len(drafts[0]), drafts[0]) if drafts else (0, None)
+
+    def branch(self, draft, drafts, room):
+        return drafts[0] if drafts else None
+
+
+def test_two_branch_verification_returns_exactly_plain_greedy_decoding():
+    reference = greedy_reference(hashed_logits, PROMPT, 60)
+    target = FakeBackend(hashed_logits)
+    engine = SpeculativeEngine(target, TwoCandidates(reference, len(PROMPT)), AlwaysBranch(6))
+    _, steps, tokens = run(engine, max_tokens=60)
+    assert tokens == reference
+    branched = [s for s in steps if s.branch]
+    assert target.branch_passes == len(branched) > 5
+    assert any(s.branch_won for s in branched) and any(not s.branch_won for s in branched)
+    assert all(s.batch_size == 1 + len(s.drafted) + len(s.branch) - _shared(s.drafted, s.branch) for s in branched)
+    assert list(target.tokens) == [*PROMPT, *reference][: len(target.tokens)]  # only committed tokens cached
+
+
+def _shared(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_a_branch_pass_scores_each_branch_as_a_one_branch_pass_would():
+    from specdec_cli.models.backend import branch_rows
+
+    target = FakeBackend(hashed_logits)
+    target.decode(PROMPT[:-1])
+    a, b = np.array([3, 4, 5, 6], np.int32), np.array([3, 4, 9, 2, 7], np.int32)
+    logits = target.decode_branches([PROMPT[-1], *a], b).copy()
+    rows_a, rows_b = branch_rows(a, b)
+    assert logits.shape[0] == 1 + 4 + 3 and rows_b.tolist() == [0, 1, 2, 5, 6, 7]
+    target.truncate(len(PROMPT) + 2, branch=True)  # keep the branch's first two tokens (shared with a anyway)
+    assert list(target.tokens) == [*PROMPT, 3, 4]
+    for branch, rows in ((a, rows_a), (b, rows_b)):
+        alone = FakeBackend(hashed_logits)
+        alone.decode(PROMPT[:-1])
+        np.testing.assert_array_equal(logits[rows], alone.decode([PROMPT[-1], *branch], n_logits=len(branch) + 1))

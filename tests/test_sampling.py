@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 from specdec_cli.core import sampling
 from specdec_cli.drafters.base import Draft
 from specdec_cli.core.sampling import (
+    GREEDY,
     Dist,
     SamplingParams,
     make_rng,
@@ -524,3 +525,97 @@ def test_logprob_is_the_masked_log_softmax():
     lp_free, top_free = sampling.token_logprob(row, 0, 0)
     full = np.asarray(TARGET[0], dtype=np.float64)
     assert lp_free == pytest.approx(float(full[0] - np.log(np.exp(full).sum())), abs=1e-6) and top_free == ()
+
+
+# --- two branches in one pass: the multi-candidate rule (SpecInfer; recursive rejection sampling) -------------------
+
+# A token tree over TARGET-like rows: row 0 after the committed token, branch A = [1, 3] (rows 0, 1, 2) and branch
+# B = [4, 0] (rows 0, 3, 4): both candidates for the first position, then each its own continuation.
+TREE = frozen(
+    [
+        [2.0, 1.5, 0.2, -0.5, 1.0, -3.0],  # row 0: predicts position 1 (candidates 1 and 4)
+        [-1.0, 0.3, 1.8, 0.9, 0.0, 1.1],  # row 1: after A's 1 (candidate 3)
+        [0.4, 0.4, -2.0, 1.0, 0.1, 0.6],  # row 2: after A's 1, 3
+        [0.9, -0.2, 0.5, 1.4, -1.0, 0.3],  # row 3: after B's 4 (candidate 0)
+        [0.0, 1.0, 0.2, -0.3, 0.8, 0.1],  # row 4: after B's 4, 0
+    ]
+)
+BRANCHES = (np.array([1, 3], np.int32), np.array([4, 0], np.int32))
+TREE_ROWS = (np.array([0, 1, 2]), np.array([0, 3, 4]))
+TREE_MASKS = bitmask([[1, 2, 3, 4], [0, 1, 3, 4, 5], list(range(V)), [0, 1, 2, 4, 5], list(range(V))])
+
+
+def tree_run(n_trials: int, masks=None, seed: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`n_trials` verifications of the tree: counts [V] of the first emitted token, and of the second emitted token
+    after a first token of 1 (A's path) and of 4 (B's path)."""
+    rng = make_rng(seed)
+    out = [sampling.verify_branches(BRANCHES, TREE, TREE_ROWS, TRUNCATED, rng, masks) for _ in range(n_trials)]
+    first, after_a, after_b = np.zeros(V, np.int64), np.zeros(V, np.int64), np.zeros(V, np.int64)
+    for j, n, token in out:
+        path = [*BRANCHES[j][:n].tolist(), token]
+        first[path[0]] += 1
+        if len(path) > 1:
+            (after_a if path[0] == 1 else after_b)[path[1]] += 1
+    return first, after_a, after_b
+
+
+def tree_reference(row: int, masks=None) -> np.ndarray:
+    logits = np.asarray(TREE[row])
+    if masks is not None:
+        keep = np.unpackbits(masks[row].astype("<i4").view(np.uint8), count=V, bitorder="little").astype(bool)
+        logits = np.where(keep, logits, -np.inf)
+    return reference(logits, TRUNCATED)[0]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_two_branches_keep_the_target_distribution(monkeypatch, masked):
+    _memoised_process(monkeypatch)
+    masks = TREE_MASKS if masked else None
+    first, after_a, after_b = tree_run(N_TRIALS, masks)
+    for counts, row in ((first, 0), (after_a, 1), (after_b, 3)):
+        p = p_value(counts, tree_reference(row, masks))
+        assert p > ALPHA, f"tokens after row {row} do not follow the target (p-value {p:.2e})"
+
+
+def residual_kept(p, children, rng):  # the bug: a rejected candidate stays in the residual
+    for x in children:
+        if rng.random() < float(p.probs[p.ids == x].sum()):
+            return x, p.probs.copy()
+    return None, p.probs.copy()
+
+
+def unnormalised(p, children, rng):  # the bug: the second candidate accepted with r(x), not r(x) / sum(r)
+    r = p.probs.copy()
+    for x in children:
+        hit = p.ids == x
+        if rng.random() < float(r[hit].sum()):
+            return x, r
+        r[hit] = 0.0
+    return None, r
+
+
+@pytest.mark.parametrize("broken", [residual_kept, unnormalised])
+def test_broken_multi_candidate_rules_are_detected(monkeypatch, broken):
+    _memoised_process(monkeypatch)
+    monkeypatch.setattr(sampling, "_try_candidates", broken)
+    first, _, _ = tree_run(N_BROKEN)
+    assert p_value(first, tree_reference(0)) < ALPHA
+
+
+def test_two_branches_that_ignore_the_mask_are_detected(monkeypatch):
+    _memoised_process(monkeypatch)
+    monkeypatch.setattr(sampling, "_row", lambda logits, masks, i: logits[i])  # the bug: rows never masked
+    first, _, _ = tree_run(N_BROKEN, TREE_MASKS)
+    assert p_value(first, tree_reference(0, TREE_MASKS)) < ALPHA
+
+
+def test_two_branches_greedy_follow_the_branch_the_argmax_takes():
+    logits = np.asarray(TREE, np.float32)  # argmax: row 0 → 0, so neither 1 nor 4: n = 0, token 0
+    assert sampling.verify_branches(BRANCHES, logits, TREE_ROWS, GREEDY, make_rng(0)) == (0, 0, 0)
+    l2 = logits.copy()
+    l2[0, 4] = 9.0  # row 0 now prefers 4 (B); row 3's argmax is 3, not B's 0
+    assert sampling.verify_branches(BRANCHES, l2, TREE_ROWS, GREEDY, make_rng(0)) == (1, 1, 3)
+    l2[3, 0] = 9.0  # and after 4, B's 0; after 4, 0: row 4's argmax 1 is the bonus token
+    assert sampling.verify_branches(BRANCHES, l2, TREE_ROWS, GREEDY, make_rng(0)) == (1, 2, 1)
+    with pytest.raises(ValueError, match="one row more"):
+        sampling.verify_branches(BRANCHES, logits, (TREE_ROWS[0], TREE_ROWS[1][:2]), GREEDY, make_rng(0))

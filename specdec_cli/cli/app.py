@@ -268,6 +268,8 @@ def tune(
     save: bool = typer.Option(False, "--save", help="Save the best setting for this model pair, method and machine "
                               "(config dir/tuned.json); `specdec run` uses it when --k is not given.",
                               rich_help_panel=o.OUTPUT),
+    plot: str = typer.Option(None, "--plot", help="Draw this machine's measured verify curve to PATH (.png or .svg; "
+                             "needs pip install 'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
@@ -287,7 +289,7 @@ def tune(
         spec=SpecOptions(method=method, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
-        options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save),
+        options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save, plot=plot),
     )
     if code:
         raise typer.Exit(code)
@@ -455,6 +457,7 @@ DOCTOR_EXAMPLES = """
   specdec doctor                        [dim]# paste this into a bug report[/dim]
   specdec doctor --probe                [dim]# also try llama.cpp's AMX kernels now (Intel CPUs with AMX)[/dim]
   specdec doctor --json - > machine.json
+  specdec doctor --measure --plot curve.png [dim]# measure the verify curve now and draw it[/dim]
   SPECDEC_AMX=off specdec run p.txt     [dim]# force the safe (slower) load path[/dim]
 """
 
@@ -465,6 +468,11 @@ def doctor(
                                  rich_help_panel=o.OUTPUT),
     probe: bool = typer.Option(False, "--probe", help="If this llama.cpp has AMX kernels and they were never tried "
                                "on this CPU, try them now in a child process (a few seconds)."),
+    measure: bool = typer.Option(False, "--measure", help="Measure the verify curve (ms of one target pass by batch "
+                                 "size) of the default model now, and keep it (seconds; otherwise the first run "
+                                 "does)."),
+    plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
+                             "'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
 ) -> None:
     """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload, threads,
     AMX, and how models will be loaded. Paste it into a bug report.
@@ -475,7 +483,7 @@ def doctor(
     """
     from specdec_cli.cli.commands.doctor import execute
 
-    code = execute(json_path=json_out, probe=probe)
+    code = execute(json_path=json_out, probe=probe, measure=measure, plot=plot)
     if code:
         raise typer.Exit(code)
 

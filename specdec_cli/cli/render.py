@@ -19,6 +19,16 @@ from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
 
+def pass_placement(stats) -> str:
+    """Where the passes fell on the measured verify curve, one line: "92 % of passes at cheap sizes, 1.02× the
+    measured curve's ms; a second branch in 12 passes (followed in 5)"."""
+    line = (f"{stats.cheap_passes / stats.curve_passes:.0%} of passes at cheap sizes, "
+            f"{stats.verify_ms / stats.curve_ms:.2f}× the measured curve's ms" if stats.curve_ms > 0 else "")
+    if stats.branch_passes:
+        line += f"; a second branch in {stats.branch_passes} passes (followed in {stats.branch_won})"
+    return line
+
+
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
                       Source.grammar: "spec.accepted.grammar"}
@@ -121,7 +131,10 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
     table.add_row("generated", Text.assemble(f"{stats.n_generated} tokens in {_ms(stats.decode_ms)}: ",
                                              (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
                                              f"  ({stats.finish_reason or 'unfinished'})"))
-    table.add_row("target passes", f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass)")
+    table.add_row("target passes", f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass, "
+                  f"{stats.ms_per_pass:.1f} ms per pass, {stats.mean_batch:.1f} tokens in it)")
+    if stats.curve_passes:
+        table.add_row("verify curve", pass_placement(stats))
     if method != Method.none:
         table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
                       f"acceptance rate {stats.acceptance_rate:.1%}")

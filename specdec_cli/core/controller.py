@@ -27,10 +27,12 @@ from specdec_cli.core.cost_model import (
     expected_tokens,
 )
 
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.drafters.base import Draft, cut
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
+    from specdec_cli.core.verify_curve import VerifyCurve
 
 PROBE_K = 3  # K of a probe step taken from K = 0
 MAX_BACKOFF = 4  # failed probes stretch the probe interval to at most probe_every x this
@@ -39,6 +41,7 @@ LOOKUP_K_MAX = 64  # longest draft a lookup drafter is asked for under --k auto 
 FRONTIER_ACCEPTANCE = 0.9  # a bucket whose verified positions all accept this often grows its K (slow start)
 EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
+BRANCH_PRIOR = 2.0  # pseudo-counts behind a second branch's prior chance of being right where the first is wrong
 
 
 class KController(Protocol):
@@ -74,6 +77,13 @@ class KController(Protocol):
             return (k, draft) if keep >= len(draft) else (keep, cut(draft, keep))
         return (0 if self.asked_all and not has_model else k), None
 
+    def branch(self, draft: Draft, drafts: Sequence[Draft], room: int) -> Draft | None:
+        """A second candidate to verify in the same pass as `draft` (the chosen lookup draft, already trimmed),
+        taken from the other lookup drafts (`drafts`, each diverging from it somewhere) and cut so that the pass
+        stays within `room` tokens: the free slots of the verify curve filled. None: no second branch. Decided
+        from the drafts and past steps only, never from the target's logits. Default: none."""
+        return None
+
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """Learn from a prefill of `n_evaluated` tokens that took `ms` milliseconds (chunks of <= n_batch)."""
 
@@ -88,11 +98,11 @@ class KController(Protocol):
 class FixedK(KController):
     """`--k N`: always N. Still learns the cost model, so stats and tune can show what auto would have expected."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, curve: VerifyCurve | None = None) -> None:
         if not 0 <= k <= K_LIMIT:
             raise ValueError(f"K must be between 0 and {K_LIMIT}, got {k}.")
         self.k = k
-        self.model = CostModel(max(k, DEFAULT_K_MAX))
+        self.model = CostModel(max(k, DEFAULT_K_MAX), curve=curve)
 
     def next_k(self) -> int:
         return self.k
@@ -116,6 +126,8 @@ class AdaptiveK(KController):
         probe_every: steps between probes (K = 3 while plain decoding wins; an unmeasured batch size otherwise).
         half_life: steps (observations of a bucket, for match-length evidence) after which evidence weighs half.
         prior: what the cost model assumes before measuring. margin: K > 0 must beat K = 0 by this fraction.
+        curve: this machine's measured verify curve (`measure.verify_curve.measure`), or None: then v(b) is learnt
+            from the passes made, with probes of unmeasured sizes.
 
     Raises:
         ValueError: an argument out of range.
@@ -130,6 +142,7 @@ class AdaptiveK(KController):
         half_life: float = 32.0,
         prior: CostPrior | None = None,
         margin: float = MARGIN,
+        curve: VerifyCurve | None = None,
     ) -> None:
         if not 1 <= k_max <= K_LIMIT:
             raise ValueError(f"k_max must be between 1 and {K_LIMIT}, got {k_max}.")
@@ -143,7 +156,8 @@ class AdaptiveK(KController):
         self.lookup_k_max = max(k_max, lookup_k_max)
         self.probe_every = probe_every
         self.margin = margin
-        self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior())
+        self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior(), curve)
+        self._branch_hits = np.zeros(2)  # decayed [right, tried]: a second branch right where the first was wrong
         # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
         self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
@@ -160,7 +174,7 @@ class AdaptiveK(KController):
         """K for the next step. The first step is plain (it times v(1)); a free lookup drafter with evidence is asked
         for `lookup_k_max` tokens (`choose` then picks and trims); otherwise the draft model's best K (`_model_k`)."""
         self.asked_all = False  # True: K is an ask for the whole lookup draft, which `trim` cuts
-        if not self.model.measured(1):  # a plain step measures v(1) first
+        if not self.model.measured(1) and self.model.curve is None:  # a plain step measures v(1) first
             self.k = self.best = 0
             return 0
         self.asked_all = self.evidence and self._free_drafts()
@@ -187,7 +201,7 @@ class AdaptiveK(KController):
                 k, self._since = min(PROBE_K, self.k_max), 0
         else:
             self.failures, self._interval, self._burst = 0, self.probe_every, [0, 0.0]
-            if self._since >= self.probe_every:
+            if self._since >= self.probe_every and self.model.curve is None:  # a measured curve knows every size
                 self._since = 0
                 grid = (best + 1, *EXPLORE_K)
                 unmeasured = [j for j in grid if best < j <= self.k_max and not self.model.measured(j + 1)]
@@ -224,8 +238,9 @@ class AdaptiveK(KController):
         return (k, lookup) if k_lookup >= len(lookup) else (k_lookup, cut(lookup, k_lookup))
 
     def _value(self, draft: Draft) -> float:
-        """Expected tokens per ms of verifying all of `draft` (a lookup draft), at its source's acceptance after
-        matches of its length (0 without a measured verify curve)."""
+        """Expected tokens per ms of verifying `draft` (a lookup draft) at its best length, at its source's acceptance
+        after matches of its length (0 without a verify curve). At its best length, not whole: a long draft from a
+        source whose later positions are uncertain is worth what its first tokens are worth."""
         v = self.model.verify_curve()
         n = min(len(draft), self.model.k_max)
         if v is None or n == 0:
@@ -233,7 +248,7 @@ class AdaptiveK(KController):
         accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
         if draft.probs is not None:
             accept = accept * draft.probs[:n]
-        return float(expected_tokens(accept)[n] / v[n])
+        return float((expected_tokens(accept)[1:] / v[1 : n + 1]).max())  # [n] tokens per ms by K = 1..n
 
     def _could_pay(self) -> bool:
         """Would drafting beat plain decoding if every draft token were accepted, at the measured costs? When not
@@ -243,7 +258,8 @@ class AdaptiveK(KController):
             return True
         # Only K whose verify batch lies within the sizes verify steps have timed: beyond them the curve is
         # interpolated towards the prefill's point, which is optimistic on a CPU and would keep futile probes alive.
-        k_top = min(self.k_max, max(PROBE_K, self.model.largest_verified() - 1))
+        top = self.model.largest_verified() - 1 if self.model.curve is None else self.k_max
+        k_top = min(self.k_max, max(PROBE_K, top))
         d, c = self.model.draft_cost()
         ms = expected_ms(v[: k_top + 1], d, c, np.ones(k_top))  # [k_top + 1]
         perfect = np.arange(1, k_top + 2) / ms  # tokens per ms by K, all accepted
@@ -280,14 +296,15 @@ class AdaptiveK(KController):
             accept = accept * draft.probs[:n]
         expected = expected_tokens(accept)  # [n + 1] tokens by K
         k = best_k(expected / v[: n + 1], self.margin)  # tokens per ms by K
-        if seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
+        if self.model.curve is None and seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
                 and expected[n] >= FRONTIER_ACCEPTANCE * (n + 1):
             # Every verified position is nearly always right, and so is the whole draft expected to be: verify all
             # of it (at most twice the verified depth: slow start), to learn the positions and batch sizes beyond.
             # Without this the verify curve traps K: beyond the largest batch a verify step has timed, v(b) is
             # extrapolated, and a CPU's bumpy curve (b = 5 to 9 costs a plain step per token, b = 33 to 65 a third
             # of one) makes a local optimum (K = 2..4) look best, while a pass over tokens that will nearly all be
-            # accepted costs little even where b turns out slow.
+            # accepted costs little even where b turns out slow. (A measured curve knows every size: the K with the
+            # best expected tokens per ms is taken as it is, on the curve's cheap sizes.)
             k = n
         state.since[b] += 1
         if k == 0:
@@ -299,6 +316,48 @@ class AdaptiveK(KController):
             state.interval[b] = self.probe_every
         self.k = k
         return k
+
+    def branch(self, draft: Draft, drafts: Sequence[Draft], room: int) -> Draft | None:
+        """The second candidate that raises the pass's expected tokens per ms the most, cut to its best length, or
+        None. A tree of `draft` (A, m tokens, acceptance a_i by its source and match) and a candidate B that shares
+        its first c tokens yields (docs/design.md, "The free slots"):
+
+            E = E_A + P(A_1..A_c accepted) (1 - a_(c+1)) beta sum_(j>=1) prod_(c+1 < i <= c+j) b_i
+
+        where beta is the chance that B's token is right where A's is wrong (learnt from branch steps, prior b_(c+1):
+        B's own acceptance by its source and match), against the pass's cost v(1 + m + j). B is cut to the j with
+        the best E / v, kept only when that beats A alone by the margin: on a curve with free slots (v(8) = v(6)),
+        B's tokens cost nothing and any chance pays; on a linear one they rarely do."""
+        v = self.model.verify_curve()
+        m = len(draft)
+        if v is None or m == 0 or draft.match_len <= 0 or not drafts:
+            return None
+        room = min(room, self.model.k_max + 1, len(v))
+        a = self._accept(draft, m)  # [m]
+        e_a = float(expected_tokens(a)[m])
+        best_rate, best = (1.0 + self.margin) * e_a / float(v[m]), None
+        reach = np.concatenate(([1.0], np.cumprod(a)))  # [m + 1] P(A's first i tokens accepted)
+        for alt in drafts:
+            c = common_prefix(draft.tokens, alt.tokens)
+            n_new = min(len(alt) - c, room - 1 - m)  # B's tokens after the shared prefix that fit
+            if c >= m or n_new <= 0 or alt.match_len <= 0:
+                continue
+            b = self._accept(alt, c + n_new)[c:]  # [n_new] B's acceptance from its divergence on
+            hits, tried = self._branch_hits
+            beta = (hits + BRANCH_PRIOR * b[0]) / (tried + BRANCH_PRIOR)
+            p_b = reach[c] * (1.0 - a[c]) * beta * np.concatenate(([1.0], np.cumprod(b[1:])))  # [n_new]
+            rates = (e_a + np.cumsum(p_b)) / v[m + 1 : m + 1 + n_new]  # [n_new] tokens per ms by B's length j
+            j = int(np.argmax(rates))
+            if rates[j] > best_rate:
+                best_rate, best = float(rates[j]), cut(alt, c + j + 1)
+        return best
+
+    def _accept(self, draft: Draft, n: int) -> np.ndarray:
+        """a_i of a lookup draft's first n tokens (n <= k_max): its source's acceptance after matches of its length,
+        times its own continuation probabilities where it has them. float [n]."""
+        n = min(n, self.model.k_max)
+        accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
+        return accept * draft.probs[:n] if draft.probs is not None else accept
 
     def _lookup_state(self, source: str) -> _LookupState:
         state = self._lookup.get(source)
@@ -316,6 +375,8 @@ class AdaptiveK(KController):
         verified while the draft model's best K is 0 is the model's probe."""
         if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
+        if step.branch:  # did the second branch have its token right where the first did not?
+            self._observe_branch(step)
         bucket = bucket_of(step.match_len) if step.drafted and step.match_len > 0 else None
         self.model.observe(step, bucket, step.source)
         if bucket is not None:
@@ -346,6 +407,18 @@ class AdaptiveK(KController):
             self.failures += 1
             self._interval = self.probe_every * min(2**self.failures, MAX_BACKOFF)
 
+    def _observe_branch(self, step: Step) -> None:
+        """Count a branch step for beta (`branch`): at the node where the branches part (c shared tokens), was the
+        second branch's token accepted, given the path reached the node and the first's was not? (Where the first's
+        token was accepted the second could not be: that says nothing of beta.)"""
+        first = step.branch if step.branch_won else step.drafted  # the controller's draft, A
+        c = common_prefix(np.asarray(step.drafted), np.asarray(step.branch))
+        self._branch_hits *= self.model.decay
+        if step.branch_won and step.n_accepted > c:
+            self._branch_hits += (1.0, 1.0)
+        elif not step.branch_won and step.n_accepted == c and c < len(first) and step.target_token is not None:
+            self._branch_hits += (0.0, 1.0)
+
     def state(self) -> dict[str, Any]:
         """What this controller learnt, for a later process (`specdec_cli.stores.learnt`): the cost model and whether
         its drafter's drafts are free lookup drafts with evidence."""
@@ -356,7 +429,7 @@ class AdaptiveK(KController):
         KeyError when `state` does not fit this controller; it is then unchanged."""
         evidence = bool(state["evidence"])
         evidence_ms = [float(x) for x in state["evidence_ms"]][-8:]
-        model = CostModel(self.model.k_max, self.model.half_life, self.model.prior)
+        model = CostModel(self.model.k_max, self.model.half_life, self.model.prior, self.model.curve)
         model.restore(state["model"], max_weight)
         self.model, self.evidence, self._evidence_ms = model, evidence, evidence_ms
 
@@ -371,6 +444,7 @@ class AdaptiveK(KController):
             "steps": self.model.steps,
             "lookup_k_max": self.lookup_k_max,
             "trims_by_evidence": self.evidence,
+            "branch_hits": [round(float(x), 3) for x in self._branch_hits],
         } | self.model.snapshot()
 
 

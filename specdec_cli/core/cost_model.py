@@ -18,8 +18,10 @@ from specdec_cli.core.records import Source
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
+    from specdec_cli.core.verify_curve import VerifyCurve
 
 K_LIMIT = 64  # largest K accepted anywhere (--k, tune, k_max)
+CURVE_PRIOR = 4.0  # a measured curve's v(b) counts as this many passes at b against the passes timed since
 DEFAULT_K_MAX = 16
 MARGIN = 0.03  # hysteresis: K > 0 must beat plain decoding by this fraction
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
@@ -117,6 +119,7 @@ class CostModel:
     k_max: int = DEFAULT_K_MAX
     half_life: float = 32.0
     prior: CostPrior = field(default_factory=CostPrior)
+    curve: VerifyCurve | None = None  # the measured v(b) (`verify_curve.measure`): its shape is kept as it is
 
     def __post_init__(self) -> None:
         self.decay = 0.5 ** (1.0 / self.half_life)
@@ -132,6 +135,7 @@ class CostModel:
         # prediction are right at different rates after a match of the same length)
         self._acc_b: dict[str, np.ndarray] = {}
         self.by_source: dict[str, dict[str, float]] = {}
+        self._memo: dict[tuple[int | None, str], np.ndarray] = {}  # acceptance() until the counts change
 
     # ---- learning
 
@@ -141,6 +145,7 @@ class CostModel:
         """
         n = len(step.drafted)
         self.steps += 1
+        self._memo.clear()
         for counts in (self._acc, self._fill, self._acc_m, self._fill_m):
             counts *= self.decay  # evidence fades while a source is not used
         if bucket is not None and n:
@@ -245,7 +250,8 @@ class CostModel:
             trials = counts[..., 1:2, :]
             return counts * np.minimum(1.0, max_weight / np.maximum(trials, 1e-12))
 
-        self.points, self._curve = points, None
+        self.points, self._curve = points, None  # (the measured curve, `curve`, is the session's, not restored)
+        self._memo.clear()
         self._acc, self._fill, self._acc_m, self._fill_m = capped(acc), capped(fill), capped(acc_m), capped(fill_m)
         self._acc_b = {source: capped(counts) for source, counts in acc_b.items()}
         self._draft = draft * min(1.0, max_weight / draft[0]) if draft[0] > 0 else draft
@@ -272,14 +278,39 @@ class CostModel:
         return -1 if p is None else p.last
 
     def verify_curve(self) -> np.ndarray | None:
-        """v(b) for b = 1..k_max + 1: float [k_max + 1] (read-only), or None before any pass was timed. Fitted once per
-        change of the points: a step asks for it several times (next_k, each lookup draft's value, trim)."""
-        if not self.points:
+        """v(b) for b = 1..k_max + 1: float [k_max + 1] (read-only), or None before any pass was timed and without a
+        measured curve. Fitted once per change of the points: a step asks for it several times (next_k, each lookup
+        draft's value, trim).
+
+        With a measured curve (`curve`) its shape is kept, tile boundaries and all: v(b) = curve(b) x s, s the
+        weighted geometric mean of (timed / measured) over the sizes verify steps have timed (the machine's load
+        now), and at each timed size a blend of its own timings (EWMA, weight = passes, at most 50) and the scaled
+        curve (weight `CURVE_PRIOR`). Without one, the timed points are interpolated and made monotone (isotonic
+        regression: with few points, noise would otherwise invent bumps)."""
+        if not self.points and self.curve is None:
             return None
         if self._curve is None:
-            self._curve = self._fit_curve()
+            self._curve = self._fit_measured() if self.curve is not None else self._fit_curve()
             self._curve.flags.writeable = False
         return self._curve
+
+    def _fit_measured(self) -> np.ndarray:
+        base = self.curve.array(self.k_max + 1)  # [k_max + 1] measured v(b), b = 1..k_max + 1
+        timed = [(b, p) for b, p in self.points.items() if p.verified and b <= self.k_max + 1]
+        if not timed:
+            return base
+        w = np.array([min(p.n, 50) for _, p in timed], dtype=np.float64)
+        ratio = np.array([p.ms / base[b - 1] for b, p in timed])
+        out = base * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1] the curve at today's load
+        for (b, p), wb in zip(timed, w):
+            out[b - 1] = (wb * p.ms + CURVE_PRIOR * out[b - 1]) / (wb + CURVE_PRIOR)
+        return out
+
+    def drifted(self) -> bool:
+        """The b = 1 passes timed here (8 or more) cost more than `verify_curve.DRIFT` away from the measured curve's
+        v(1): it no longer describes this machine (another load, a governor, a rebuilt library)."""
+        p = self.points.get(1)
+        return self.curve is not None and p is not None and p.verified and p.n >= 8 and self.curve.drifted(p.ms)
 
     def _fit_curve(self) -> np.ndarray:
         pts = sorted(self.points.items())
@@ -326,16 +357,23 @@ class CostModel:
         source in `SOURCE_PRIOR` starts from its own a_1 instead) and
         the bucket below's a_i: a longer match is assumed at least as reliable as a shorter one, so what shorter
         matches taught carries over."""
+        key = (bucket, source if bucket is not None else "")
+        memo = self._memo.get(key)
+        if memo is not None:
+            return memo
         s = self.prior.strength
         if bucket is None:
-            return self._chain(self._acc, self.prior.acceptance, None, s)
-        pooled = float(self.acceptance()[0])
-        counts = self.bucket_counts(source)
-        below = None
-        for b in range(bucket + 1):
-            m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
-            below = self._chain(counts[b], m, below, s)
-        return below
+            out = self._chain(self._acc, self.prior.acceptance, None, s)
+        else:
+            pooled = float(self.acceptance()[0])
+            counts = self.bucket_counts(source)
+            out = None
+            for b in range(bucket + 1):
+                m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
+                out = self._chain(counts[b], m, out, s)
+        out.flags.writeable = False
+        self._memo[key] = out
+        return out
 
     def model_acceptance(self) -> np.ndarray:
         """a_i of drafts without evidence (the draft model's) alone: float [k_max] (the prior where none was seen)."""
@@ -380,6 +418,7 @@ class CostModel:
             return round(float(x), 4)
 
         return {
+            "verify_curve": self.curve is not None,
             "verify_ms": [[b, r(p.ms), p.n] for b, p in sorted(self.points.items())],
             "verify_model_ms": None if v is None else [r(x) for x in v],  # b = 1..k_max + 1
             "draft_ms_per_token": r(d),

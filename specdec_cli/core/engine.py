@@ -14,30 +14,31 @@ Invariant between steps: the target's KV cache holds context[:n-1]; context[n-1]
 evaluated at the start of the next step together with the draft. The engine yields frozen records and never prints.
 
 References: Leviathan et al. 2023 (Algorithm 1); Chen et al. 2023; gpt-fast `speculative_decode`;
-mlx-lm `speculative_generate_step`.
+mlx-lm `speculative_generate_step`; two branches: SpecInfer (Miao et al. 2024), llama.cpp examples/speculative.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend, common_prefix, sync
+from specdec_cli.models.backend import Backend, branch_rows, common_prefix, sync
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
 from specdec_cli.drafters.base import Draft, Drafter, cut
 from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Source, Step, TokenLogprob
-from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify
+from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify, verify_branches
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
     from specdec_cli.stores.kv_parking import KvParking
     from specdec_cli.stores.prompt_cache import PromptCache
+    from specdec_cli.core.verify_curve import VerifyCurve
 
 NO_DRAFT = Draft(source="")
 GRAMMAR = Source.grammar  # the source of a draft of the tokens a grammar forces
@@ -80,12 +81,15 @@ class SpeculativeEngine:
             is parked when a prompt would cut much of it, and a parked state that shares more with the prompt is
             swapped back in (a conversation's next turn after a side request). None = off.
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
+        curve: the target's measured verify curve (`measure.verify_curve.measure`), which each `Step` is placed on
+            (`Step.curve_ms`, `Step.cheap`); None: not measured.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
                  prompt_cache: PromptCache | None = None, parking: KvParking | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, curve: VerifyCurve | None = None) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
+        self.curve = curve
         self.prompt_cache = prompt_cache
         self.parking = parking
         self.target = target
@@ -120,19 +124,33 @@ class SpeculativeEngine:
             yield self._prefill(prompt, config.prediction)
             for index in itertools.count():
                 t_start = self.clock()
-                # 1-2. choose K and draft (cut at the first token the grammar forbids)
-                k, draft = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng, grammar)
+                # 1-2. choose K and draft (cut at the first token the grammar forbids); maybe a second branch `alt`
+                k, draft, alt = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng, grammar)
                 d = draft.tokens  # int32 [k']
                 t_draft = self.clock()
-                # 3. verify: one forward pass over [last committed, d_1..d_k], logits for all k + 1 rows
+                # 3. verify: one forward pass over [last committed, d_1..d_k] (and alt's tokens), logits for every row
                 batch = np.concatenate((ctx[n - 1 : n], d))
-                logits = target.decode(batch, n_logits=len(batch))  # float32 [k + 1, V] view
+                if alt is None:
+                    logits = target.decode(batch, n_logits=len(batch))  # float32 [k + 1, V] view
+                else:
+                    logits = target.decode_branches(batch, alt.tokens)  # float32 [k + 1 + alt's own tokens, V]
                 t_verify = self.clock()
                 # 4. accept, under the grammar's mask of each row when there is one: masks int32 [k + 1, V/32]
                 masks = grammar.masks(d) if grammar is not None else None
-                n_acc, token = verify(draft, logits, sampling, rng, masks)
-                # 5. roll back the rejected drafts: keep context + accepted drafts (token is pending)
-                target.truncate(n + n_acc)
+                won = 0  # the branch the target followed further: 1 = alt, which then becomes the draft
+                if alt is None:
+                    n_acc, token = verify(draft, logits, sampling, rng, masks)
+                else:
+                    rows = branch_rows(d, alt.tokens)  # int64 [k + 1], [len(alt) + 1]: each branch's rows
+                    won, n_acc, token = verify_branches((d, alt.tokens), logits, rows, sampling, rng)
+                    logits = logits[rows[won]] if config.logprobs is not None else logits  # the followed rows
+                    draft, alt = (draft, alt) if won == 0 else (alt, draft)
+                    d = draft.tokens
+                # 5. roll back the rejected drafts and the other branch: keep context + accepted drafts (token pending)
+                if won:  # the second branch's accepted tokens replace the draft's in the cache
+                    target.truncate(n + n_acc, branch=True)
+                else:
+                    target.truncate(n + n_acc)
                 if grammar is not None:
                     grammar.commit(n_acc, token)
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
@@ -160,7 +178,14 @@ class SpeculativeEngine:
                     source=draft.source if len(d) else "",
                     match_len=draft.match_len,
                     logprobs=() if config.logprobs is None else _logprobs(logits, masks, emitted, config.logprobs),
+                    branch=() if alt is None else tuple(map(int, alt.tokens)),
+                    branch_won=won == 1,
+                    branch_source=alt.source if alt is not None else "",
+                    branch_match_len=alt.match_len if alt is not None else 0,
                 )
+                if self.curve is not None:  # where this pass's batch size fell on the measured curve
+                    step = replace(step, curve_ms=self.curve.at(step.batch_size),
+                                   cheap=self.curve.cheap(step.batch_size))
                 if drafter is not None and step.source != GRAMMAR:
                     self.controller.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
                 yield step
@@ -204,13 +229,15 @@ class SpeculativeEngine:
         return self.prompt_cache.save(self.target) if self.prompt_cache is not None else 0
 
     def _choose_and_draft(self, context: np.ndarray, budget: int, sampling: SamplingParams,
-                          rng: np.random.Generator, grammar: Constraint | None = None) -> tuple[int, Draft]:
+                          rng: np.random.Generator,
+                          grammar: Constraint | None = None) -> tuple[int, Draft, Draft | None]:
         """Choose K, draft, and keep what is worth verifying. context: int32 [n]; budget: output tokens left.
         With a grammar: the tokens it forces are the draft when there are any (source "grammar"); otherwise every
         draft is cut at its first token the grammar forbids, before it is verified.
-        Returns (the K recorded for the step, the draft to verify)."""
+        Returns (the K recorded for the step, the draft to verify, a second branch for the same pass or None: one of
+        the other lookup drafts, `KController.branch`; only for a lookup draft, without a grammar)."""
         if self.drafter is None:
-            return 0, NO_DRAFT
+            return 0, NO_DRAFT, None
         target, drafter = self.target, self.drafter
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
         # never draft more than the token budget, the context window and one llama.cpp batch can take
@@ -218,10 +245,10 @@ class SpeculativeEngine:
         if grammar is not None and limit > 0:
             forced = grammar.forced()[:limit]  # a schema's next key, closing brackets: free and nearly always right
             if len(forced):
-                return len(forced), Draft(tokens=forced, source=GRAMMAR)
+                return len(forced), Draft(tokens=forced, source=GRAMMAR), None
         k = min(self.controller.next_k(), limit)
         if k <= 0:
-            return 0, NO_DRAFT
+            return 0, NO_DRAFT, None
         # the free lookup drafts (prompt lookup, suffix store, prediction: ~0.1 ms each), each at most k tokens
         drafts = [d if len(d) <= k else cut(d, k) for d in drafter.lookup(context, k, sampling, rng)]
         if grammar is not None:
@@ -235,7 +262,14 @@ class SpeculativeEngine:
                 draft = cut(draft, k)
             if grammar is not None and len(draft):
                 draft = cut(draft, grammar.cut(draft.tokens))
-        return k, draft
+            return k, draft, None
+        # the free slots: a second candidate from the other lookup drafts, in the same pass (the batch of both
+        # branches within the budget and one llama.cpp batch; the other branch's tokens stay within the context)
+        alt = None
+        if len(draft) and grammar is None and target.branches and len(drafts) > 1:
+            others = [x for x in drafts if x is not draft and common_prefix(x.tokens, draft.tokens) < len(x)]
+            alt = self.controller.branch(draft, others, min(limit, budget - 1) + 1) if others else None
+        return k, draft, alt
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
               budget: int) -> tuple[list[int], list, str | None]:

@@ -29,6 +29,7 @@ class Source(StrEnum):
     predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
     draft = "draft"  # a draft model
     grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
+    realign = "realign"  # prompt lookup realigned after a change: the old copy position + the tokens emitted since
 
     @property
     def label(self) -> str:
@@ -37,7 +38,8 @@ class Source(StrEnum):
 
 
 _LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
-           Source.draft: "draft model", Source.grammar: "grammar (forced)"}
+           Source.draft: "draft model", Source.grammar: "grammar (forced)",
+           Source.realign: "prompt lookup (realigned)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,13 @@ class Step:
             without evidence (a draft model) and for a plain step. `--k auto` learns acceptance by it.
         logprobs: one `TokenLogprob` per emitted token, in order, when `GenerationConfig.logprobs` asks for them;
             () otherwise.
+        branch: the other branch verified in the same pass (a second candidate filling the pass's free slots,
+            `KController.branch`), its whole tokens, including a prefix it may share with `drafted`; () for none.
+            `drafted` is always the branch the output followed.
+        branch_won: the output followed the second candidate (`drafted` is it, and `branch` the controller's draft).
+        branch_source / branch_match_len: the `branch` tokens' source and evidence.
+        curve_ms: the measured verify curve's cost of a pass of `batch_size` tokens (0.0: no curve measured).
+        cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
     """
 
     index: int
@@ -117,6 +126,12 @@ class Step:
     source: str = ""
     match_len: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    branch: tuple[int, ...] = ()
+    branch_won: bool = False
+    branch_source: str = ""
+    branch_match_len: int = 0
+    curve_ms: float = 0.0
+    cheap: bool = False
 
     @property
     def text(self) -> str:
@@ -125,8 +140,16 @@ class Step:
 
     @property
     def batch_size(self) -> int:
-        """Tokens in the target's verify pass: the pending committed token plus the draft."""
-        return len(self.drafted) + 1
+        """Tokens in the target's verify pass: the pending committed token, the draft, and a second branch's tokens
+        after what it shares with the draft."""
+        if not self.branch:
+            return len(self.drafted) + 1
+        shared = 0
+        for x, y in zip(self.drafted, self.branch):
+            if x != y:
+                break
+            shared += 1
+        return len(self.drafted) + len(self.branch) - shared + 1
 
     @property
     def rejected(self) -> bool:

@@ -23,6 +23,15 @@ Decoding with Speculative Sampling"): accept d_i with probability min(1, p_i(d_i
 rejection emit a token from norm(max(0, p_i − q_i)). Every emitted token is then distributed exactly as the
 target's processed distribution p_i, whatever the drafter: see `verify_stochastic`.
 
+Two drafts verified in one pass (a token tree: `verify_branches`) follow the multi-candidate rule of SpecInfer
+(Miao et al. 2024, "SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative Inference and
+Verification", multi-step speculative sampling) for deterministic candidates: at each node the distinct next tokens
+of the branches still on the accepted path are tried in order, each accepted with probability r(x) / sum(r), where
+the residual r starts as p and loses every rejected candidate; when none is accepted the token is drawn from r. For
+one-hot drafters this is recursive rejection sampling (Jeon et al. 2024) and equals drawing y ~ p and following the
+branch whose token is y, so every emitted token is distributed as p. Greedy: the branch the target's argmax follows
+furthest wins.
+
 Constrained generation (a grammar, `specdec_cli.core.constraint`) makes the target distribution the constrained one:
 each verified row's logits are masked by the grammar's allowed tokens at that position (a bitmask, llguidance's layout:
 int32 [rows, ceil(V/32)], token t allowed iff bit t % 32 of word t // 32 is set) before anything else, so greedy
@@ -35,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -355,6 +364,74 @@ def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.
     if params.greedy:
         return verify_greedy(draft.tokens, logits, masks)
     return verify_stochastic(draft.tokens, draft.dists, logits, params, rng, masks)
+
+
+def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequence[np.ndarray],
+                    params: SamplingParams, rng: np.random.Generator,
+                    masks: np.ndarray | None = None) -> tuple[int, int, int]:
+    """Verify deterministic drafts (q = one-hot) scored in one target pass, a token tree of a few branches.
+
+    Args:
+        drafts: int [k_j] the draft tokens of each branch (they may share a prefix: the tree's shared nodes).
+        logits: float32 [R, V] the pass's rows; never written to.
+        rows: int [k_j + 1] for each branch: the index in `logits` of the row after each of its prefixes
+            (rows[j][0] predicts the first draft token; branches share the rows of their shared prefix:
+            `backend.branch_rows`).
+        params: greedy at temperature 0, else the multi-candidate rejection rule (module docstring: SpecInfer, Miao
+            et al. 2024; Jeon et al. 2024), exact for the target's processed distribution p.
+        masks: int32 [R, W] the grammar's allowed tokens by row, or None.
+
+    Returns:
+        (branch, n_accepted, token): the branch the accepted path follows (the first of those that agree on it),
+        how many of its draft tokens were accepted, and the target's token after them (correction or bonus).
+
+    Raises:
+        ValueError: a branch whose rows do not fit its draft, or rows outside `logits`.
+    """
+    if any(len(r) != len(d) + 1 for d, r in zip(drafts, rows, strict=True)):
+        raise ValueError("each branch needs one row more than its draft tokens")
+    if max(int(np.max(r)) for r in rows) >= logits.shape[0]:
+        raise ValueError(f"rows beyond the {logits.shape[0]} logits rows of the pass")
+    if params.greedy:
+        best = np.argmax(logits, axis=1)  # [R] the target's token after every row
+        if masks is not None:
+            for i in np.flatnonzero(~allowed(masks, best)):
+                best[i] = np.argmax(apply_mask(logits[i], masks[i]))
+        agree = []
+        for d, r in zip(drafts, rows):
+            miss = np.flatnonzero(best[r[:-1]] != d)
+            agree.append(int(miss[0]) if len(miss) else len(d))
+        j = int(np.argmax(agree))  # the first branch among the longest
+        return j, agree[j], int(best[rows[j][agree[j]]])
+    alive = list(range(len(drafts)))  # branches on the accepted path so far
+    i = 0
+    while True:
+        p = process(_row(logits, masks, int(rows[alive[0]][i])), params)  # the node's p over its candidates
+        children = list(dict.fromkeys(int(drafts[j][i]) for j in alive if len(drafts[j]) > i))
+        if not children:  # every branch on the path ends here: the bonus token
+            return alive[0], i, sample(p, rng)
+        accepted, r = _try_candidates(p, children, rng)
+        if accepted is None:  # every candidate rejected: the correction comes from the residual
+            cum = r.cumsum()
+            if not cum[-1] > 0.0:
+                cum = p.probs.cumsum()
+            return alive[0], i, _draw(p.ids, cum, rng)
+        alive = [j for j in alive if len(drafts[j]) > i and int(drafts[j][i]) == accepted]
+        i += 1
+
+
+def _try_candidates(p: Dist, children: list[int], rng: np.random.Generator) -> tuple[int | None, np.ndarray]:
+    """One node of the multi-candidate rule: try the distinct deterministic candidates in order, each accepted with
+    probability r(x) / sum(r), the residual r (float64 [n] over p.ids, from p.probs) losing each rejected one.
+    Returns (the accepted candidate or None, r after the rejections)."""
+    r = p.probs.copy()
+    for x in children:
+        hit = p.ids == x
+        mass, r_x = float(r.sum()), float(r[hit].sum())
+        if r_x > 0.0 and rng.random() * mass < r_x:
+            return x, r
+        r[hit] = 0.0
+    return None, r
 
 
 def verify_greedy(draft: np.ndarray, logits: np.ndarray, masks: np.ndarray | None = None) -> tuple[int, int]:

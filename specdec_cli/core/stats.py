@@ -33,6 +33,13 @@ class RunStats:
             "accepted"}: where the accepted tokens came from.
         accepted_prediction_tokens / rejected_prediction_tokens: OpenAI's predicted-outputs counts: prediction
             tokens the target accepted / that were drafted from the prediction and rejected.
+        ms_per_pass: verify_ms / n_target_passes (ms). mean_batch: tokens per target pass evaluated (the pending
+            token, the draft, a second branch's own tokens). batch_histogram: passes by batch size b.
+        curve_passes / cheap_passes: passes placed on a measured verify curve, and those at a cheap size of it (no
+            larger pass costs less: `core.verify_curve.VerifyCurve.cheap`). curve_ms: the sum of the curve's cost of
+            every pass (ms), against verify_ms measured.
+        branch_passes / branch_won: passes that verified a second candidate branch, and those whose output
+            followed it.
     """
 
     n_prompt: int = 0
@@ -60,6 +67,14 @@ class RunStats:
     restore_ms: float = 0.0
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    ms_per_pass: float = 0.0
+    mean_batch: float = 0.0
+    batch_histogram: dict[int, int] = field(default_factory=dict)
+    curve_passes: int = 0
+    cheap_passes: int = 0
+    curve_ms: float = 0.0
+    branch_passes: int = 0
+    branch_won: int = 0
 
     @property
     def n_cached(self) -> int:
@@ -70,6 +85,7 @@ class RunStats:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
+        d["batch_histogram"] = {str(b): v for b, v in sorted(self.batch_histogram.items())}
         return d
 
 
@@ -115,6 +131,8 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         src["drafted"] += len(s.drafted)
         src["accepted"] += s.n_accepted
     predicted = by_source.get(Source.predict, {"drafted": 0, "accepted": 0})
+    on_curve = [s for s in steps if s.curve_ms > 0.0]
+    batches = Counter(s.batch_size for s in steps)
     return RunStats(
         n_prompt=prefill.n_prompt if prefill else 0,
         n_prefill_evaluated=prefill.n_evaluated if prefill else 0,
@@ -141,4 +159,12 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None, fini
         restore_ms=prefill.restore_ms if prefill else 0.0,
         accepted_prediction_tokens=predicted["accepted"],
         rejected_prediction_tokens=predicted["drafted"] - predicted["accepted"],
+        ms_per_pass=verify_ms / passes if passes else 0.0,
+        mean_batch=sum(b * c for b, c in batches.items()) / passes if passes else 0.0,
+        batch_histogram=dict(batches),
+        curve_passes=len(on_curve),
+        cheap_passes=sum(1 for s in on_curve if s.cheap),
+        curve_ms=sum(s.curve_ms for s in on_curve),
+        branch_passes=sum(1 for s in steps if s.branch),
+        branch_won=sum(1 for s in steps if s.branch_won),
     )

@@ -5,9 +5,13 @@ Each step that drafts, the engine collects the free lookup drafts (`lookup`), on
 * "prompt": prompt lookup over this prompt and output (the suffix drafter's local index: the longest suffix of the
   context that occurred before, and what followed it; Saxena 2023, "prompt lookup decoding");
 * "store": the suffix store of past outputs (SuffixDecoding, Oliaro et al. 2024);
-* "predict": the predicted output the user gave (OpenAI's predicted outputs), when there is one.
+* "realign": a copy run of the prompt continued past an edit (a renamed word: the copy's source position shifted
+  by the tokens written since), until prompt lookup matches again;
+* "predict": the predicted output the user gave (OpenAI's predicted outputs), when there is one;
+* and, where the prompt's occurrences of the context continue differently, the runner-up continuation ("prompt").
 
-They cost ~0.1-0.2 ms each, whatever their length. The controller (`AdaptiveK.choose`) values each by the acceptance
+The controller picks one, and may verify another as a second branch of the same pass (`KController.branch`). They
+cost ~0.1-0.2 ms each, whatever their length. The controller (`AdaptiveK.choose`) values each by the acceptance
 its source has shown after matches of its length, compares the best with what the draft model would yield at its
 best K (when one is loaded) and with a plain step, and picks; only a chosen draft model runs (`propose`), since it
 costs a forward pass per token. The choice is never made from the target's logits, so the output is the target's.
@@ -52,11 +56,14 @@ class AutoDrafter(DrafterBase):
             self.model.begin(context)
 
     def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
-        """The non-empty drafts of "prompt", "store" and "predict" (each <= k tokens, deterministic)."""
+        """The non-empty drafts of "prompt", "store", the prompt's runner-up continuation (where its occurrences part
+        ways), "realign" (a copy run continued past an edit: `SuffixDrafter._realigned`) and "predict" (each <= k
+        tokens, deterministic): the candidates the controller chooses from, and a second branch of the same pass."""
         drafts = []
         if self.suffix is not None:
-            local, glob = self.suffix.continuations(context, k)
-            drafts += [self.suffix.draft(local, Source.prompt), self.suffix.draft(glob, Source.store)]
+            local, glob, alt, realigned = self.suffix.continuations(context, k, more=True)
+            drafts += [self.suffix.draft(local, Source.prompt), self.suffix.draft(glob, Source.store),
+                       self.suffix.draft(alt, Source.prompt), self.suffix.draft(realigned, Source.realign)]
         if self.prediction is not None:
             drafts.append(self.prediction.propose(context, k, sampling, rng))
         return [d for d in drafts if len(d)]

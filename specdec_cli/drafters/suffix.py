@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from specdec_cli.core.sampling import SamplingParams
 
 _CHECK = 64  # tokens compared to detect a context that does not extend the indexed one
+REALIGN_MATCH = 8  # a local match this long is a copy run whose source position survives an edit (`_realigned`)
+REALIGN_WINDOW = 80  # tokens after its last long match within which a copy run is realigned (a pass, then a few)
 
 
 class LocalIndex:
@@ -130,11 +132,16 @@ class LocalIndex:
         m = int(lengths.max())
         return m, c[lengths == m]
 
-    def walk(self, ends: np.ndarray, match_len: int, max_len: int, min_prob: float) -> Continuation:
+    def walk(self, ends: np.ndarray, match_len: int, max_len: int, min_prob: float,
+             second: bool = False) -> Continuation:
         """Follow the most frequent continuation after the occurrences ending at `ends` (int64 [c], ascending).
 
         Same rule as the global walk: stop after `max_len` tokens, when every occurrence has run into the end of the
         sequence, or when count / parent count < `min_prob`. Ties go to the most recent occurrence.
+
+        second: instead, the runner-up: the same path up to the first position where the occurrences part ways,
+        then the second most frequent token there (the most recent among equals), then the most frequent again; an
+        empty continuation where they never part. A second candidate for the same pass (`KController.branch`).
         """
         n, buf = self.n, self.buf
         nxt = ends + 1  # [c] positions of the next token of each occurrence of the path
@@ -146,6 +153,8 @@ class LocalIndex:
             if len(live) == 0:
                 break
             if len(nxt) == 1:  # one occurrence: copy, probability 1 each
+                if second:
+                    return empty_continuation("local")
                 p = int(live[0])
                 rest = buf[p : min(n, p + max_len - len(out))].tolist()
                 first_count = first_count or 1
@@ -160,10 +169,19 @@ class LocalIndex:
                     counts[t] = counts.get(t, 0) + 1
                 best = max(counts.values())
                 tok = next(t for t in reversed(seq) if counts[t] == best)  # most recent of the most frequent
+                if second and len(counts) > 1:  # the first parting: the runner-up, then the usual walk
+                    best = max(c for t, c in counts.items() if t != tok)
+                    tok = next(t for t in reversed(seq) if t != tok and counts[t] == best)
+                    second = False
             else:
-                _, inv, cnt = np.unique(vals, return_inverse=True, return_counts=True)
+                uniq, inv, cnt = np.unique(vals, return_inverse=True, return_counts=True)
                 best = int(cnt.max())
                 tok = int(vals[np.flatnonzero(cnt[inv] == best)[-1]])  # most recent among the most frequent
+                if second and len(uniq) > 1:  # the first parting: the runner-up, then the usual walk
+                    cnt = np.where(uniq == tok, 0, cnt)
+                    best = int(cnt.max())
+                    tok = int(vals[np.flatnonzero(cnt[inv] == best)[-1]])
+                    second = False
             if best / len(nxt) < min_prob:
                 break
             if not out:
@@ -171,6 +189,8 @@ class LocalIndex:
             out.append(tok)
             probs.append(best / len(nxt))
             nxt = live[vals == tok] + 1
+        if second:  # never parted
+            return empty_continuation("local")
         tokens_out, probs_out = np.asarray(out, dtype=np.int32), np.asarray(probs, dtype=np.float64)
         return Continuation(tokens_out, probs_out, match_len, n_occ, first_count, "local")
 
@@ -225,6 +245,7 @@ class SuffixDrafter(DrafterBase):
         self.local = LocalIndex(max_candidates)
         self.last: Continuation | None = None
         self._hint: tuple[object, int, int] | None = None  # (corpus, context length, global match length)
+        self._anchor: tuple[int, int] | None = None  # (position copied from, context length) of the last long match
         if store is not None and preload:
             store.preload()  # read the file while the models load; the first propose waits for it
 
@@ -234,6 +255,7 @@ class SuffixDrafter(DrafterBase):
         self.local.clear()
         self.last = None
         self._hint = None
+        self._anchor = None
         self.local.sync(context)
         if self.store is not None:
             self.store.corpus
@@ -241,14 +263,22 @@ class SuffixDrafter(DrafterBase):
     def _max_len(self, k: int, match_len: int) -> int:
         return min(k, math.ceil(self.factor * match_len))
 
-    def continuations(self, context: np.ndarray, k: int) -> tuple[Continuation, Continuation]:
+    def continuations(self, context: np.ndarray, k: int, *, more: bool = False) -> tuple[Continuation, ...]:
         """The local (this prompt and output) and the global (the store of past outputs) continuation after
-        `context` (int32 [n]), each up to k tokens (empty when nothing matched)."""
+        `context` (int32 [n]), each up to k tokens (empty when nothing matched). With `more`, two further local
+        candidates for the same step: the runner-up where the prompt's occurrences of the context part ways
+        (`LocalIndex.walk(second=True)`), and the realigned copy (`_realigned`). Returns 2 or 4 continuations."""
         extended = self.local.sync(context)
-        local = glob = empty_continuation("local")
+        local = glob = alt = realigned = empty_continuation("local")
         m, ends = self.local.longest_match(self.max_depth)
         if m:
             local = self.local.walk(ends, m, self._max_len(k, m), self.min_token_prob)
+            if more:
+                alt = self.local.walk(ends, m, self._max_len(k, m), self.min_token_prob, second=True)
+        if m >= REALIGN_MATCH and len(ends) == 1:
+            self._anchor = (int(ends[0]) + 1, len(context))  # a copy run: where it copies from, and when
+        elif more:
+            realigned = self._realigned(len(context), local, k)
         if self.store is not None:
             corpus = self.store.corpus
             upper = None  # m <= previous m + tokens added, while the store and the generation are the same
@@ -258,7 +288,24 @@ class SuffixDrafter(DrafterBase):
             self._hint = (corpus, len(context), m)
             if m:
                 glob = corpus.walk(lo, hi, m, self._max_len(k, m), self.min_token_prob)
-        return local, glob
+        return (local, glob, alt, realigned) if more else (local, glob)
+
+    def _realigned(self, n: int, local: Continuation, k: int) -> Continuation:
+        """After a copy run broke (an edit renamed a word), the copy realigned: the text after the run's source
+        position p, shifted by the tokens emitted since the run's last long match (at context length n0), i.e.
+        buf[p + n - n0:], assuming the edit replaced as many tokens as it wrote. Up to k tokens, only within the
+        text before n0 and `REALIGN_WINDOW` tokens of the match, and only where it differs from `local`; its match
+        length is `REALIGN_MATCH` (the controller learns its acceptance as its own source, "realign")."""
+        if self._anchor is None:
+            return empty_continuation("local")
+        p, n0 = self._anchor
+        q = p + n - n0
+        if not 0 < n - n0 <= REALIGN_WINDOW or q >= n0:
+            return empty_continuation("local")
+        toks = self.local.buf[q : min(q + k, n0)].copy()
+        if not len(toks) or (len(local.tokens) and local.tokens[0] == toks[0]):
+            return empty_continuation("local")
+        return Continuation(toks, np.ones(len(toks)), REALIGN_MATCH, 1, 1, "local")
 
     def draft(self, c: Continuation, source: str) -> Draft:
         """A continuation as a deterministic draft (with its evidence) labelled `source`."""

@@ -120,6 +120,19 @@ class Measurement:
     verify: list[tuple[int, float]] = field(default_factory=list)
     drafts: list[tuple[int, float]] = field(default_factory=list)
     controller: dict[str, Any] | None = None
+    n_passes: int = 0
+    verify_ms: float = 0.0
+    cheap_passes: int = 0
+    curve_passes: int = 0
+    branch_passes: int = 0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.n_tokens / self.n_passes if self.n_passes else 0.0
+
+    @property
+    def ms_per_pass(self) -> float:
+        return self.verify_ms / self.n_passes if self.n_passes else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -149,6 +162,12 @@ class Measurement:
             "finish_reason": self.finish_reason,
             "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in verify_curve([self])],
             "draft_ms_per_token": rounded(draft_cost([self])),
+            "n_passes": self.n_passes,
+            "tokens_per_pass": round(self.tokens_per_pass, 3),
+            "ms_per_pass": round(self.ms_per_pass, 3),
+            "cheap_passes": self.cheap_passes,
+            "curve_passes": self.curve_passes,
+            "branch_passes": self.branch_passes,
             "controller": self.controller,
         }
 
@@ -175,6 +194,11 @@ def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measure
         finish_reason=st.finish_reason,
         verify=[(s.batch_size, s.verify_ms) for s in timed],
         drafts=[(len(s.drafted), s.draft_ms) for s in timed if s.drafted],
+        n_passes=st.n_target_passes,
+        verify_ms=st.verify_ms,
+        cheap_passes=st.cheap_passes,
+        curve_passes=st.curve_passes,
+        branch_passes=st.branch_passes,
     )
 
 
@@ -192,6 +216,9 @@ class ConfigSummary:
     k_histogram: dict[int, int]
     runs: int
     n_drafted: int = 0
+    tokens_per_pass: float = 0.0
+    ms_per_pass: float = 0.0
+    cheap_share: float | None = None  # passes at cheap sizes of the measured curve / passes placed on it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -207,6 +234,9 @@ class ConfigSummary:
             "k_histogram": {str(k): n for k, n in sorted(self.k_histogram.items())},
             "runs": self.runs,
             "n_drafted": self.n_drafted,
+            "tokens_per_pass": round(self.tokens_per_pass, 3),
+            "ms_per_pass": round(self.ms_per_pass, 3),
+            "cheap_share": rounded(self.cheap_share),
         }
 
 
@@ -234,6 +264,8 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
             for k, n in m.k_histogram.items():
                 khist[k] = khist.get(k, 0) + n
         steps = sum(khist.values())
+        passes = sum(m.n_passes for m in runs)
+        placed = sum(m.curve_passes for m in runs)
         out.append(ConfigSummary(
             config=c,
             tokens_per_s=tps,
@@ -245,6 +277,9 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
             k_histogram=khist,
             runs=len(runs),
             n_drafted=drafted,
+            tokens_per_pass=sum(m.n_tokens for m in runs) / passes if passes else 0.0,
+            ms_per_pass=sum(m.verify_ms for m in runs) / passes if passes else 0.0,
+            cheap_share=sum(m.cheap_passes for m in runs) / placed if placed else None,
         ))
     return out
 
@@ -287,6 +322,7 @@ class TuneOptions:
     repeats: int = 1
     json_path: str | None = None
     save: bool = False
+    plot: str | None = None  # draw the measured verify curve to this .png/.svg
 
 
 @dataclass
@@ -390,6 +426,7 @@ def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: Tune
         "summary": [s.to_dict() for s in summaries],
         "best": best.label if best else None,
         "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in curve],
+        "verify_curve": session.verify_curve().to_dict() if session.verify_curve() is not None else None,
         "draft_ms_per_token": rounded(d_ms),
         "saved": str(saved) if saved else None,
     }

@@ -7,8 +7,10 @@ it with a table of
 logits so the engine can be tested exactly.
 
 A backend owns one sequence and its KV cache. `tokens` is what the KV cache holds, in position order; `decode`
-appends, `truncate` rolls back. `sync` brings the cache to a given context with the least work (longest common
-prefix kept), which is what makes draft-model catch-up and multi-turn chat prefix reuse the same code.
+appends, `truncate` rolls back. A backend with `branches` can also score a second branch in the same pass
+(`decode_branches`: a token tree of two paths after the newest token, sharing the cache of the committed prefix) and
+then keep either branch (`truncate(n, branch=...)`). `sync` brings the cache to a given context with the least work
+(longest common prefix kept), which is what makes draft-model catch-up and multi-turn chat prefix reuse the same code.
 """
 
 from __future__ import annotations
@@ -99,8 +101,29 @@ class Backend(Protocol):
         """
         ...
 
-    def truncate(self, n: int) -> None:
-        """Keep the first `n` tokens of the KV cache and drop the rest. Raises `CacheTrimError` if refused."""
+    def truncate(self, n: int, *, branch: bool = False) -> None:
+        """Keep the first `n` tokens of the KV cache and drop the rest. Raises `CacheTrimError` if refused.
+
+        After `decode_branches`, every call drops the branch that is not kept: `branch=False` keeps the first n
+        tokens of `tokens` (the main path), `branch=True` makes the cache tokens[:start + 1] + branch[:n - start - 1]
+        (start: len(tokens) before the call), i.e. keeps the second branch's first tokens instead."""
+        ...
+
+    @property
+    def branches(self) -> bool:
+        """True when `decode_branches` works (llama.cpp: two sequences over one unified KV cache)."""
+        ...
+
+    def decode_branches(self, tokens: Sequence[int] | np.ndarray, branch: Sequence[int] | np.ndarray) -> np.ndarray:
+        """One forward pass over a tree of two branches after the cache: `tokens` = [t_0, a_1..a_m] appended like
+        `decode`, and `branch` = [b_1..b_n], a second continuation after t_0 at the same positions as a_1.. (sharing
+        the cache of the committed prefix, t_0 and the common prefix of a and b).
+
+        Returns float32 [R, n_vocab] logits for every row of the tree, R = 1 + m + n - c (c = the common prefix of a
+        and b), in the order of `branch_rows`: t_0, a_1..a_m, then b_(c+1)..b_n. A view valid until the next call.
+        Afterwards `tokens` holds the main path (tokens appended) until `truncate` keeps one branch. Raises what
+        `decode` raises, `ValueError` for more than one llama.cpp batch, `NotImplementedError` without `branches`.
+        """
         ...
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
@@ -153,6 +176,20 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
         return 0
     neq = np.flatnonzero(a[:n] != b[:n])
     return int(neq[0]) if len(neq) else n
+
+
+def branch_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The logits rows of a two-branch pass (`Backend.decode_branches`) over [t_0, a] and [t_0, b].
+
+    a: int [m], b: int [n]; c = their common prefix. Rows: 0 = t_0, 1..m = a_1..a_m, then m + 1.. = b_(c+1)..b_n.
+    Returns (rows_a int64 [m + 1], rows_b int64 [n + 1]): the row after each prefix of a and of b (rows_a[i] predicts
+    a_(i+1)); the shared prefix has the same rows in both.
+    """
+    c = common_prefix(np.asarray(a), np.asarray(b))
+    m, n = len(a), len(b)
+    rows_a = np.arange(m + 1, dtype=np.int64)
+    rows_b = np.concatenate((np.arange(c + 1, dtype=np.int64), np.arange(m + 1, m + 1 + n - c, dtype=np.int64)))
+    return rows_a, rows_b
 
 
 def sync(backend: Backend, context: np.ndarray) -> int:

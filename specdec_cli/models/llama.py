@@ -5,6 +5,10 @@ What it does differently from `llama_cpp.Llama`:
   `logits_all`, and read as a zero-copy numpy view of llama.cpp's output buffer;
 - the batch is allocated once and filled through numpy views of its arrays;
 - rollback is `llama_memory_seq_rm` on sequence 0 with its bool result checked (recurrent/hybrid models refuse);
+- a second draft branch can share a verify pass (`decode_branches`): the context has two sequences over one unified
+  KV cache (`n_seq_max = 2`, `kv_unified`: the committed prefix's cells belong to both, `llama_memory_seq_cp` is
+  metadata only, and the batch is evaluated as one ubatch, as llama.cpp's examples/speculative does with `-kvu`);
+  plain one-sequence decoding is bit-identical to a one-sequence context and costs the same;
 - `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted, < 0 = fatal);
 - the KV state of sequence 0 is saved and restored with llama.cpp's streaming `llama_state_seq_save_file` /
   `llama_state_seq_load_file` (one tensor row range at a time, never the whole state in memory), for the prompt cache.
@@ -127,6 +131,8 @@ class LlamaBackend:
         verbose: let llama.cpp log to stderr.
         extra_bufts: load with llama.cpp's extra buffer types (AMX kernels, repacked weights). None = as
             `specdec_cli.models.host.plan` decides for this host (off only where this build's AMX kernels crash).
+        branches: a second sequence over a unified KV cache for `decode_branches` (default). Plain decoding is
+            bit-identical either way (measured: Qwen2.5-Coder-1.5B, SmolLM2-135M); False = one sequence.
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -142,6 +148,7 @@ class LlamaBackend:
         n_gpu_layers: int = -1,
         verbose: bool = False,
         extra_bufts: bool | None = None,
+        branches: bool = True,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
@@ -169,7 +176,8 @@ class LlamaBackend:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = 2 if branches else 1  # sequence 1: the second branch of a verify pass
+        cparams.kv_unified = branches  # one KV stream: both sequences share the committed prefix's cells
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -188,7 +196,7 @@ class LlamaBackend:
         self.n_threads = threads
 
         # One batch for the whole life of the context, filled through numpy views of its C arrays.
-        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 2 if branches else 1)
         b = self._batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(self._n_batch,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self._n_batch,))
@@ -197,6 +205,12 @@ class LlamaBackend:
         self._b_nseq[:] = 1
         for i in range(self._n_batch):
             b.seq_id[i][0] = 0
+            if branches:
+                b.seq_id[i][1] = 1  # read only where n_seq_id is 2 (a branch pass's shared tokens)
+        self._seq1 = [0] * self._n_batch  # seq_id[i][0] as set: 0, or 1 for a second branch's own tokens
+        self._branches = branches and not (llama_cpp.llama_model_is_recurrent(model)
+                                           or llama_cpp.llama_model_is_hybrid(model))
+        self._branch: tuple[int, np.ndarray] | None = None  # (start, the pending second branch's tokens)
 
         # The tokens held in the KV cache, positions 0.._n-1.
         self._tokens = np.zeros(self._n_ctx, dtype=np.int32)
@@ -227,11 +241,24 @@ class LlamaBackend:
         return view
 
     # -- the KV cache ------------------------------------------------------------------------------------------
+    @property
+    def branches(self) -> bool:
+        """True: `decode_branches` works (False for recurrent and hybrid models, whose state cannot branch)."""
+        return self._branches
+
+    def _seq_ids(self, n: int, first: list[int]) -> None:
+        """Set batch rows 0..n-1 to one sequence each, `first[i]` (0 or 1), only where it changed."""
+        b, cur = self._batch, self._seq1
+        for i in range(n):
+            if cur[i] != first[i]:
+                b.seq_id[i][0] = cur[i] = first[i]
+
     def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
         """Evaluate `tokens` after the cache; return float32 [n_logits, n_vocab] logits of the last rows (a view).
 
         Raises ContextOverflowError (nothing evaluated) or DecodeError (cache rolled back to its state before the call).
         """
+        self._drop_branch()
         toks = np.asarray(tokens, dtype=np.int32)
         m = len(toks)
         if n_logits > min(m, self._n_batch):
@@ -250,6 +277,9 @@ class LlamaBackend:
                 self._b_token[:n] = toks[c0:c1]
                 self._b_pos[:n] = np.arange(start + c0, start + c1, dtype=np.int32)
                 self._b_logits[:n] = 0
+                self._b_nseq[:n] = 1
+                if any(self._seq1[:n]):
+                    self._seq_ids(n, [0] * n)
                 first_out = max(c0, m - n_logits)
                 if first_out < c1:
                     self._b_logits[first_out - c0 : n] = 1
@@ -274,10 +304,86 @@ class LlamaBackend:
         view.flags.writeable = False
         return view
 
-    def truncate(self, n: int) -> None:
-        """Keep positions [0, n) of sequence 0. Raises CacheTrimError when llama.cpp refuses (recurrent models)."""
+    def decode_branches(self, tokens: Sequence[int] | np.ndarray, branch: Sequence[int] | np.ndarray) -> np.ndarray:
+        """One pass over two branches after the cache (`Backend.decode_branches`): t_0 and the branches' common
+        prefix in sequences 0 and 1, the rest of `tokens` in sequence 0, the rest of `branch` in sequence 1 at the
+        same positions; sequence 1 first becomes a copy of sequence 0 (the committed prefix's cells, metadata only in
+        a unified cache). Logits for every row, float32 [R, n_vocab] in `backend.branch_rows` order (a view).
+
+        Raises ValueError (more than one batch), ContextOverflowError, DecodeError (the cache is left as before).
+        """
+        from specdec_cli.models.backend import common_prefix
+
+        if not self._branches:
+            raise NotImplementedError(f"{Path(self.path).name} cannot branch its KV cache")
+        self._drop_branch()
+        toks, alt = np.asarray(tokens, dtype=np.int32), np.asarray(branch, dtype=np.int32)
+        m, c = len(toks), common_prefix(toks[1:], alt)
+        rows = m + len(alt) - c
+        if rows > self._n_batch:
+            raise ValueError(f"a tree of {rows} tokens exceeds one batch (n_batch {self._n_batch})")
+        start = self._n
+        if start + max(m, 1 + len(alt)) > self._n_ctx:
+            raise ContextOverflowError(
+                f"The context window is full: {start} + {max(m, 1 + len(alt))} tokens > --ctx {self._n_ctx}.",
+                "Use a larger --ctx or a shorter prompt / --max-tokens.")
+        mem = llama_cpp.llama_memory_seq_rm  # sequence 1 := sequence 0 (both stop at start - 1)
+        mem(self._mem, 1, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._mem, 0, 1, -1, -1)
+        # rows: [t_0, a_1..a_c (shared), a_(c+1)..a_(m-1) (seq 0), b_(c+1)..b_n (seq 1)]
+        self._b_token[:m] = toks
+        self._b_token[m:rows] = alt[c:]
+        self._b_pos[:m] = np.arange(start, start + m, dtype=np.int32)
+        self._b_pos[m:rows] = np.arange(start + 1 + c, start + 1 + len(alt), dtype=np.int32)
+        self._b_nseq[:rows] = 1
+        self._b_nseq[: c + 1] = 2
+        self._seq_ids(rows, [0] * m + [1] * (rows - m))
+        self._b_logits[:rows] = 1
+        self._batch.n_tokens = rows
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+            self.n_decode_calls += 1
+            if rc != 0:
+                raise DecodeError(rc, rows)
+        except BaseException:
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, 1, -1, -1)
+            raise
+        self._tokens[start : start + m] = toks
+        self._n = start + m
+        self.n_evaluated += rows
+        self._branch = (start, alt)
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+        view.flags.writeable = False
+        return view
+
+    def _drop_branch(self) -> None:
+        """Drop a pending second branch (sequence 1) from the cache: a whole sequence, which never fails."""
+        if self._branch is not None:
+            llama_cpp.llama_memory_seq_rm(self._mem, 1, -1, -1)
+            self._branch = None
+
+    def truncate(self, n: int, *, branch: bool = False) -> None:
+        """Keep positions [0, n) of sequence 0, or (`branch`, after `decode_branches`) of the second branch, which
+        then becomes sequence 0. Raises CacheTrimError when llama.cpp refuses (recurrent models)."""
         if n < 0:
             raise ValueError(f"truncate({n}): a negative length")
+        if branch:
+            if self._branch is None:
+                raise ValueError("truncate(branch=True) without a pending branch")
+            start, alt = self._branch
+            keep = n - start - 1  # tokens of the branch after t_0
+            # sequence 0 drops its own path after t_0, takes the branch's cells [start + 1, n), then sequence 1 goes
+            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, start + 1, -1):
+                raise CacheTrimError(f"llama.cpp refused to drop a branch of {Path(self.path).name}.",
+                                     "Use --method none.")
+            llama_cpp.llama_memory_seq_cp(self._mem, 1, 0, start + 1, n)
+            self._drop_branch()
+            self._tokens[start + 1 : n] = alt[:keep]
+            self._n = n
+            return
+        self._drop_branch()
         if n >= self._n:
             return
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):

@@ -1,4 +1,5 @@
-"""What `--k auto` learnt, kept across runs: the verify-cost curve, drafting costs, acceptance by match length.
+"""What `--k auto` learnt, kept across runs: the verify curve this machine measured, the verify costs timed since,
+drafting costs, acceptance by match length.
 
 `specdec run` is one process per prompt. Without this, every run would start from nothing: a plain step to time
 v(1), probes, and a slow start in each match-length bucket before the long drafts of a repeated workload are trusted
@@ -15,7 +16,16 @@ The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file 
          "state": {"model": {"k_max": 64, "verify": [[b, ms, n, verified], ...], "draft": [5 floats],
                              "acc": [[...], [...]], "fill": [[...], [...]], "acc_model": [[...], [...]], "fill_model": [[...], [...]], "acc_by_source": {"prompt": [[[...], [...]], ...], ...}},
                    "evidence": true, "evidence_ms": [0.2, ...]},
-         "target": "...gguf", "method": "suffix", "saved_at": "2026-...Z"}}}
+         "target": "...gguf", "method": "suffix", "saved_at": "2026-...Z"}},
+     "curves": {
+       "<target id>|<machine id>|llama-cpp-python <version>": {   # the measured verify curve (verify_curve.py)
+         "curve": {"ms": [v(1), ..., v(65)], "spread": [...], "repeats": 2, "context": 256, "seconds": 31.2,
+                   "measured_at": "2026-...Z", "stale": false},
+         "target": "...gguf", "saved_at": "2026-...Z"}}}
+
+A curve is kept per model file, machine (CPU, threads, llama.cpp's system info: the build's features) and
+llama-cpp-python version; a session whose b = 1 passes drift from it (`CostModel.drifted`) marks it stale, and the
+next session measures it again (`VERIFY_ENV=off`, e.g. for tests, never measures).
 
 A stored state is a prior, not a verdict: restored, each estimate keeps its value but at most `MAX_WEIGHT`
 observations of evidence, so a few steps measured today outweigh it. Nothing here stops a generation: a file that
@@ -35,8 +45,10 @@ from specdec_cli.config import data_dir
 
 if TYPE_CHECKING:
     from specdec_cli.core.controller import AdaptiveK
+    from specdec_cli.core.verify_curve import VerifyCurve
 
 FILE_NAME = "learnt.json"
+VERIFY_ENV = "SPECDEC_VERIFY_CURVE"  # "off": never measure a verify curve (v(b) is then learnt from the passes made)
 VERSION = 1
 MAX_WEIGHT = 8.0  # observations of evidence a restored estimate keeps at most
 _LOCK_TIMEOUT_S = 10.0
@@ -69,8 +81,9 @@ def _warn(message: str) -> None:
     warnings.warn(message, LearntWarning, stacklevel=3)
 
 
-def _entries(path: Path) -> dict[str, Any]:
-    """The entries of learnt.json ({} when there is none). A broken file: `LearntWarning` and {}."""
+def _entries(path: Path, section: str = "entries") -> dict[str, Any]:
+    """A section of learnt.json: "entries" (controllers) or "curves" ({} when there is none). A broken file:
+    `LearntWarning` and {}."""
     fix = f"Delete {path}; --k auto then learns afresh."
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -83,7 +96,8 @@ def _entries(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("entries"), dict):
         _warn(f"Ignoring what --k auto learnt in earlier runs: {path} is not a version-{VERSION} learnt.json. {fix}")
         return {}
-    return doc["entries"]
+    found = doc.get(section, {})
+    return found if isinstance(found, dict) else {}
 
 
 def restore(controller: AdaptiveK, key: str | None) -> bool:
@@ -104,10 +118,12 @@ def restore(controller: AdaptiveK, key: str | None) -> bool:
     return True
 
 
-def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] | None = None) -> Path | None:
-    """Save each controller's state under its key, keeping the other entries; return the file (None: nothing to
-    save, or the save failed with a `LearntWarning`)."""
-    if not controllers:
+def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] | None = None, *,
+         curves: dict[str, dict[str, Any]] | None = None) -> Path | None:
+    """Save each controller's state under its key, and each of `curves` ({key: {"curve": VerifyCurve.to_dict(), ...}},
+    `curve_key`), keeping the other entries; return the file (None: nothing to save, or the save failed with a
+    `LearntWarning`)."""
+    if not controllers and not curves:
         return None
     import filelock
 
@@ -119,13 +135,74 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
         with files.lock(f"{path}.lock", _LOCK_TIMEOUT_S):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", LearntWarning)  # a broken file is replaced
-                entries = dict(_entries(path))
+                entries, kept = dict(_entries(path)), dict(_entries(path, "curves"))
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             for key, ctrl in controllers.items():
                 entries[key] = {"state": ctrl.state(), **(details or {}).get(key, {}), "saved_at": stamp}
-            files.write_atomic(path, json.dumps({"version": VERSION, "entries": entries}, ensure_ascii=False) + "\n")
+            for key, entry in (curves or {}).items():
+                kept[key] = {**entry, "saved_at": stamp}
+            files.write_atomic(path, json.dumps({"version": VERSION, "entries": entries, "curves": kept},
+                                                ensure_ascii=False) + "\n")
     except (OSError, filelock.Timeout) as e:
         _warn(f"Could not save what --k auto learnt to {path} ({getattr(e, 'strerror', None) or e}); the next run "
               f"learns afresh. Make {path.parent} writable, or set SPECDEC_HOME.")
         return None
     return path
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The measured verify curve (`specdec_cli.core.verify_curve`)
+
+
+def curve_key(target_path: str | os.PathLike[str], threads: int | None) -> str | None:
+    """The learnt.json key of a target's verify curve on this machine and build; None for a file that cannot be read
+    (a fake model) or when `VERIFY_ENV` is "off"."""
+    from specdec_cli.models.machine import package_version
+    from specdec_cli.stores.tuned import machine, model_id
+
+    if os.environ.get(VERIFY_ENV, "").strip().lower() in ("off", "0", "no") or not Path(target_path).is_file():
+        return None
+    try:
+        return f"{model_id(target_path)}|{machine(threads)['key']}|llama-cpp-python {package_version()}"
+    except OSError:
+        return None
+
+
+def load_curve(key: str | None, *, stale_ok: bool = False) -> VerifyCurve | None:
+    """The verify curve saved under `key` (None: none, one marked stale unless `stale_ok`, or one that does not
+    parse, which warns)."""
+    from specdec_cli.core.verify_curve import VerifyCurve
+
+    if key is None:
+        return None
+    entry = _entries(learnt_path(), "curves").get(key)
+    if entry is None:
+        return None
+    try:
+        curve = VerifyCurve.from_dict(entry["curve"])
+    except (ValueError, TypeError, KeyError) as e:
+        _warn(f"Ignoring the verify curve saved in {learnt_path()}: it does not parse ({e}); it is measured again.")
+        return None
+    return curve if stale_ok or not curve.stale else None
+
+
+def save_curve(key: str | None, curve: VerifyCurve, target: str | os.PathLike[str]) -> Path | None:
+    """Keep `curve` under `key` (None: nothing to do)."""
+    if key is None:
+        return None
+    return save({}, curves={key: {"curve": curve.to_dict(), "target": Path(target).name}})
+
+
+def forget_curve(key: str | None) -> None:
+    """Mark the curve kept under `key` stale (it is measured again at the next need); nothing when there is none."""
+    from dataclasses import replace
+
+    curve = load_curve(key, stale_ok=True)
+    if key is not None and curve is not None:
+        save({}, curves={key: {"curve": replace(curve, stale=True).to_dict(),
+                               "target": _entries(learnt_path(), "curves")[key].get("target", "?")}})
+
+
+def all_curves() -> dict[str, dict[str, Any]]:
+    """Every saved curve entry by key (for `specdec doctor`)."""
+    return dict(_entries(learnt_path(), "curves"))

@@ -200,6 +200,12 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: l
         s.n_drafted = sum(r["n_drafted"] for r in mine)
         s.n_accepted = sum(r["n_accepted"] for r in mine)
         s.n_spec_steps = sum(r["n_spec_steps"] for r in mine)
+        passes = sum(r.get("n_steps") or 0 for r in mine)  # the passes of ours (native and the peer: not counted)
+        if passes:
+            s.tokens_per_pass = sum(r["n_tokens"] for r in mine) / passes
+            s.ms_per_pass = sum(r.get("verify_ms") or 0.0 for r in mine) / passes
+            placed = sum(r.get("curve_passes") or 0 for r in mine)
+            s.cheap_share = sum(r.get("cheap_passes") or 0 for r in mine) / placed if placed else None
         peaks = [r["peak_rss_kib"] for r in runs if r["config"] == c.label and r.get("peak_rss_kib")]
         s.peak_rss_kib = max(peaks) if peaks else None
         same, compared, least = 0, 0, None

@@ -89,6 +89,9 @@ class ConfigSummary:
     ttft_by_prompt: dict[str, float] = field(default_factory=dict)
     peak_rss_kib: int | None = None
     agree: tuple[int, int, int | None] = (0, 0, None)
+    tokens_per_pass: float | None = None  # output tokens per target pass (ours only)
+    ms_per_pass: float | None = None  # verify ms per target pass (ours only)
+    cheap_share: float | None = None  # passes at a cheap size of the measured verify curve / passes placed on it
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -123,6 +126,9 @@ class ConfigSummary:
             "identical_to_none": self.agree[0],
             "compared_with_none": self.agree[1],
             "min_shared_tokens_when_different": self.agree[2],
+            "tokens_per_pass": r(self.tokens_per_pass, 3),
+            "ms_per_pass": r(self.ms_per_pass, 3),
+            "cheap_share": r(self.cheap_share),
         }
 
 
@@ -189,7 +195,8 @@ def report(doc: dict[str, Any], summaries: list[ConfigSummary]) -> Group:
 def results_table(summaries: list[ConfigSummary]) -> Table:
     t = tables.results_table()
     for name, just in (("config", "left"), ("tok/s", "right"), ("speedup", "right"), ("accept", "right"),
-                       ("mean\nacc. len", "right"), ("TTFT", "right"), ("peak RSS", "right"), ("= none", "right")):
+                       ("mean\nacc. len", "right"), ("tok/\npass", "right"), ("ms/\npass", "right"),
+                       ("cheap\nsizes", "right"), ("TTFT", "right"), ("peak RSS", "right"), ("= none", "right")):
         t.add_column(name, justify=just, no_wrap=True)
     for s in summaries:
         tps = Text("–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}")
@@ -206,7 +213,10 @@ def results_table(summaries: list[ConfigSummary]) -> Table:
         acc = "" if s.config.plain else ("n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}")
         mal = "" if s.config.plain else (
             "n/a" if s.mean_accepted_length is None else f"{s.mean_accepted_length:.2f}")
-        t.add_row(s.config.label, tps, speed, acc, mal, _fmt_ttft(s.ttft_ms),
+        passes = ("–" if s.tokens_per_pass is None else f"{s.tokens_per_pass:.2f}",
+                  "–" if s.ms_per_pass is None else f"{s.ms_per_pass:.0f}",
+                  "–" if s.cheap_share is None else f"{s.cheap_share:.0%}")
+        t.add_row(s.config.label, tps, speed, acc, mal, *passes, _fmt_ttft(s.ttft_ms),
                   _fmt_bytes(s.peak_rss_kib * 1024 if s.peak_rss_kib else None), _fmt_agree(s))
     return t
 

@@ -1,7 +1,9 @@
 """`specdec doctor`: what this machine and its llama.cpp look like, in one report to paste into a bug report.
 
 The report goes to stdout (a table, or JSON with --json); nothing is loaded unless --probe asks for the AMX trial
-decode (`specdec_cli.models.host`).
+decode (`specdec_cli.models.host`) or --measure for the verify curve (`specdec_cli.core.verify_curve`: the ms of one
+target pass by batch size, which `--k auto` chooses K on). The verify curves measured on this machine are shown as
+tables (cheap sizes marked) and, with --plot, drawn.
 """
 
 from __future__ import annotations
@@ -16,6 +18,47 @@ from rich.text import Text
 from specdec_cli import __version__
 from specdec_cli.models import host
 from specdec_cli.models.machine import cpu_model, package_version, physical_cores, usable_cpus
+
+
+def curves(threads: int | None = None) -> list[dict[str, Any]]:
+    """The verify curves learnt.json keeps for this machine (CPU, `threads`, llama.cpp build), one dict each:
+    {"key", "target", "curve": VerifyCurve.to_dict(), "cheap": [b, ...]}."""
+    from specdec_cli.core.verify_curve import VerifyCurve
+    from specdec_cli.stores import learnt
+    from specdec_cli.stores.tuned import machine
+
+    mine = machine(threads)["key"]
+    out = []
+    for key, entry in sorted(learnt.all_curves().items()):
+        if f"|{mine}|" not in f"|{key}|":
+            continue
+        try:
+            curve = VerifyCurve.from_dict(entry["curve"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        out.append({"key": key, "target": entry.get("target", "?"), "curve": curve.to_dict(),
+                    "cheap": curve.cheap_sizes()})
+    return out
+
+
+def measure_curve(console) -> str | None:
+    """Measure the verify curve of the catalog's default target (or the smallest downloaded model) now, with a
+    progress bar on `console`, and keep it; returns the model's path (None: no model downloaded)."""
+    from specdec_cli.cli.console import RichReporter
+    from specdec_cli.models.llama import LlamaBackend, default_threads
+    from specdec_cli.session import Session
+    from specdec_cli.spec import ModelOptions
+    from specdec_cli.stores import learnt
+
+    model = _probe_model()
+    if model is None:
+        return None
+    learnt.forget_curve(learnt.curve_key(model, None))  # measured again, even when one is kept
+    session = Session(target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads()), target_path=model,
+                      options=ModelOptions(), reporter=RichReporter(console))
+    with session:
+        session.verify_curve()
+    return str(model)
 
 
 def report(*, probe: bool = False) -> dict[str, Any]:
@@ -60,6 +103,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
             "reason": plan.reason,
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
+        "verify_curves": curves(),
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR")
                 if k in os.environ},
     }
@@ -106,16 +150,50 @@ def table(doc: dict[str, Any]) -> Table:
     return t
 
 
-def execute(*, json_path: str | None, probe: bool) -> int:
-    """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout). Returns 0."""
-    from specdec_cli.cli.console import make_console, write_json
+def curve_renderables(doc: dict[str, Any]) -> list[Any]:
+    """Each verify curve of the report as a title, a table with the cheap sizes marked, and a caption; or the line
+    that says how to measure one."""
+    from specdec_cli.cli.curve_view import curve_caption, curve_table
+    from specdec_cli.core.verify_curve import VerifyCurve
+
+    if not doc["verify_curves"]:
+        return [Text("verify curve: not measured on this machine yet (the first `specdec run` measures it, or "
+                     "`specdec doctor --measure` now)", style="spec.label")]
+    out: list[Any] = []
+    for entry in doc["verify_curves"]:
+        curve = VerifyCurve.from_dict(entry["curve"])
+        out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads: ms of one target pass "
+                     "over b tokens", style="bold"), curve_table(curve), curve_caption(curve)]
+    return out
+
+
+def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: str | None = None) -> int:
+    """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout); `measure`: the verify curve first
+    (a few seconds, progress on stderr); `plot`: draw the verify curves to that .png/.svg. Returns 0."""
+    from specdec_cli.cli.console import err_console, make_console, write_json
     from specdec_cli.cli.inputs import check_output_path
 
     check_output_path(json_path)
+    if plot:
+        from specdec_cli.cli.curve_view import check_plot_path
+
+        check_plot_path(plot)
+    if measure and measure_curve(err_console()) is None:
+        err_console().print(Text("No model downloaded to measure a verify curve with: specdec models pull "
+                                 "qwen2.5-coder-1.5b", style="spec.warn"))
     doc = report(probe=probe)
+    if plot and doc["verify_curves"]:
+        from specdec_cli.cli.curve_view import write_curve_plot
+        from specdec_cli.core.verify_curve import VerifyCurve
+
+        write_curve_plot(plot, [(e["target"], VerifyCurve.from_dict(e["curve"])) for e in doc["verify_curves"]],
+                         f"{doc['cpu']}, {doc['threads_default']} threads")
     if json_path:
         write_json(json_path, doc)
         if json_path == "-":
             return 0
-    make_console().print(table(doc))
+    console = make_console()
+    console.print(table(doc))
+    for part in curve_renderables(doc):
+        console.print(part)
     return 0

@@ -34,6 +34,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     try:
         session = open_session(models, method=spec.method, reporter=RichReporter(err))
         try:
+            session.verify_curve()  # measured before the first request when this machine has none
             saved_k = tuned_k(session, spec)
             announce_tuned_k(err, saved_k)
             service = GenerationService(session, spec, saved_k=saved_k)

@@ -15,6 +15,7 @@ from specdec_cli.cli.console import (
     RichReporter, RichTask, err_console, make_console, progress as progress_bar, write_json,
 )
 from specdec_cli.cli.commands.tune_report import header, report
+from specdec_cli.cli.curve_view import check_plot_path, write_curve_plot
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.measure.sweep import check_prompts, schedule
@@ -34,10 +35,13 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
     if spec.method == Method.none:
         raise UsageError("--method none has no K to tune.", "Use --method draft, ngram or suffix.")
     check_prompts(prompts, "tune on")
+    if options.plot:
+        check_plot_path(options.plot)
     err = err_console()
     out = err if options.json_path == "-" else make_console()
     configs = configs_for(options.ks)
     with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
+        measured = session.verify_curve()  # measured now (a progress bar) when this machine has none
         progress = progress_bar(err)
         with progress:
             task = RichTask(progress, progress.add_task("warm-up", total=len(schedule(len(configs), len(prompts),
@@ -49,8 +53,11 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
         curve = verify_curve(tune.measurements)
         d_ms = draft_cost([m for m in tune.measurements if m.config != "none"])
         out.print(report(summaries, names, best, curve, d_ms, header=header(session, spec, prompts, options, config),
-                         partial=f"{len(tune.measurements)} of {tune.planned} runs" if tune.interrupted else None),
-                  soft_wrap=False)
+                         partial=f"{len(tune.measurements)} of {tune.planned} runs" if tune.interrupted else None,
+                         measured=measured), soft_wrap=False)
+        if options.plot and measured is not None:
+            write_curve_plot(options.plot, [(session.target_path.name, measured)],
+                             f"{tune.machine.get('cpu')}, {tune.machine.get('threads')} threads")
         saved = _save(session, spec, config, options, summaries, best, tune.machine, names, err)
         if options.json_path:
             write_json(options.json_path, json_doc(session, spec, config, options, prompts, configs, tune, summaries,

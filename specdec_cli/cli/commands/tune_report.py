@@ -9,8 +9,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.cli import tables
+from specdec_cli.cli.curve_view import curve_caption, curve_table
 from specdec_cli.cli.tables import Bar, speed_cell, speed_style
 from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.measure.tune import AUTO_MARGIN, ConfigSummary, TuneConfig, TuneOptions
 from specdec_cli.prompts import PromptCase
 from specdec_cli.spec import SpecOptions
@@ -26,21 +28,29 @@ def header(session, spec: SpecOptions, prompts: list[PromptCase], options: TuneO
 
 def report(summaries: list[ConfigSummary], prompts: list[str], best: TuneConfig | None,
            curve: list[tuple[int, float, int]], draft_ms: float | None, *, header: str = "",
-           partial: str | None = None) -> Group:
-    """The results table, the speedup chart, the verify-cost curve and the verdict, as one Rich renderable."""
+           partial: str | None = None, measured: VerifyCurve | None = None) -> Group:
+    """The results table, the speedup chart, the verify-cost curve (the machine's measured one with its cheap sizes
+    starred and the tune's own median per size beside it, when there is one: `measured`) and the verdict, as one
+    Rich renderable."""
     parts: list[Any] = [Text(header, style="bold")] if header else []
     parts += [results_table(summaries, prompts, best),
               Text("per prompt: tok/s (median of repeats) and speedup over plain decoding on that prompt; "
-                   "overall: geometric mean of the speedups", style="spec.label")]
+                   "overall: geometric mean of the speedups; tok/pass, ms/pass: per target pass; cheap sizes: the "
+                   "share of passes whose b no larger pass undercuts on the measured curve", style="spec.label")]
     auto = next((s for s in summaries if s.config.label == "auto" and s.k_histogram), None)
     if auto is not None:
         hist = "  ".join(f"K={k}:{n}" for k, n in sorted(auto.k_histogram.items()))
         parts.append(Text(f"auto chose K = {auto.mean_k:.1f} on average (steps by K: {hist})", style="spec.label"))
-    parts += [Text(""), speedup_chart(summaries, best), Text(""),
-              Text("target forward pass by batch size (median over the tune's steps)", style="bold"),
-              cost_table(curve),
-              Text("drafting: " + (f"{draft_ms:.2f} ms per drafted token (median over steps)" if draft_ms is not None
-                                   else "nothing was drafted"), style="spec.label")]
+    parts += [Text(""), speedup_chart(summaries, best), Text("")]
+    if measured is not None:
+        parts += [Text("the verify curve measured on this machine: ms of one target pass over b tokens (run: the "
+                       "tune's own median)", style="bold"),
+                  curve_table(measured, {b: ms for b, ms, _ in curve}), curve_caption(measured)]
+    else:
+        parts += [Text("target forward pass by batch size (median over the tune's steps)", style="bold"),
+                  cost_table(curve)]
+    parts.append(Text("drafting: " + (f"{draft_ms:.2f} ms per drafted token (median over steps)"
+                                      if draft_ms is not None else "nothing was drafted"), style="spec.label"))
     if partial:
         parts.append(Text(f"Interrupted after {partial}: the numbers above cover only those.", style="spec.warn"))
     elif best is not None:
@@ -64,6 +74,9 @@ def results_table(summaries: list[ConfigSummary], prompts: list[str], best: Tune
     table.add_column("overall", justify="right", no_wrap=True)
     table.add_column("accept", justify="right", no_wrap=True)
     table.add_column("mean\nacc. len", justify="right", no_wrap=True)
+    table.add_column("tok/\npass", justify="right", no_wrap=True)
+    table.add_column("ms/\npass", justify="right", no_wrap=True)
+    table.add_column("cheap\nsizes", justify="right", no_wrap=True)
     for s in summaries:
         plain = s.config.label == "none"
         spec = s.n_drafted > 0  # acceptance means nothing without drafts
@@ -73,6 +86,8 @@ def results_table(summaries: list[ConfigSummary], prompts: list[str], best: Tune
         cells.append(Text("–") if g is None else Text(f"{g:.2f}×", style="spec.label" if plain else speed_style(g)))
         cells.append(f"{s.acceptance_rate:.0%}" if spec else ("" if plain else "–"))
         cells.append(f"{s.mean_accepted_length:.2f}" if spec else ("" if plain else "–"))
+        cells += [f"{s.tokens_per_pass:.2f}", f"{s.ms_per_pass:.0f}",
+                  f"{s.cheap_share:.0%}" if s.cheap_share is not None else "–"]
         table.add_row(*cells)
     return table
 
