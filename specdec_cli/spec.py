@@ -170,5 +170,5 @@ class SpecOptions:
     @property
     def wants_tuned_k(self) -> bool:
         """The tuned-K rule: the K saved by `specdec tune --save` applies when the user gave no K and the method
-        drafts (plain decoding has no K). `assemble.Assembler.tuned_k` looks it up."""
+        drafts (plain decoding has no K). `assemble.tuned_k` looks it up."""
         return not self.k_given and self.method is not Method.none

@@ -55,6 +55,19 @@ def test_nothing_outside_the_cli_imports_typer_or_rich():
         "\n".join(offenders)
 
 
+def test_nothing_outside_the_cli_imports_the_cli():
+    """The library and the server never reach into the command line (which draws on Rich): only `__main__` (the
+    entry point) imports `specdec_cli.cli`."""
+    offenders = []
+    for name, (path, tree) in modules().items():
+        if name.split(".")[1:2] == [FRONT_END] or name == "specdec_cli.__main__":
+            continue
+        for imported, line in imports(tree, name, path.name == "__init__.py"):
+            if imported.split(".")[:2] == ["specdec_cli", FRONT_END]:
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert offenders == [], "only specdec_cli/__main__.py may import the command line:\n" + "\n".join(offenders)
+
+
 def test_no_import_cycles():
     mods = modules()
     graph = {}

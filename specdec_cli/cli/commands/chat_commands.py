@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from specdec_cli.cli.console import RichReporter
 from specdec_cli.errors import SpecdecError, UsageError
 from specdec_cli.stores import files
-from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL
+from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL, USES_PREDICTION
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_session import Chat
@@ -67,7 +67,7 @@ def _predict(chat: Chat, arg: str) -> bool:
     if not arg.strip():
         raise UsageError("/predict needs a file: the text you expect the next reply to repeat.", "/predict FILE")
     chat.prediction = read_prediction(arg.strip())
-    uses = chat.spec.method in (Method.auto, Method.predict)
+    uses = chat.spec.method in USES_PREDICTION
     chat.view.note(f"The next reply drafts from {arg.strip()} ({len(chat.prediction):,} characters)."
                    + ("" if uses else f" The method {chat.spec.method} does not: /method auto uses it."))
     return False
