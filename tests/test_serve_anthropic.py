@@ -249,7 +249,8 @@ def test_claude_code_s_request_shape_becomes_one_system_prompt_and_plain_turns()
     assert [t.name for t in request.tools.specs] == ["Read"] and request.tools.mode == "auto"
     assert ctx.lines == ["messages: server tools left out of the prompt (a local server cannot run them): "
                          "web_search (web_search_20250305)"]
-    assert request.config.max_tokens == 32000 and request.config.sampling.temperature == 0.0  # the server's
+    assert request.config.max_tokens == 32000
+    assert request.config.sampling.temperature == 1.0  # Anthropic's documented default (the server was given none)
     assert request.output is None
 
 

@@ -237,11 +237,16 @@ def test_a_regex_custom_tool_and_a_text_custom_tool():
     with serving(chars_backend()) as s:
         client = s.client()
         loud = client.responses.create(model="fake", input="x", tools=[shout, note],
-                                       tool_choice={"type": "custom", "name": "shout"}, max_output_tokens=50)
+                                       tool_choice={"type": "custom", "name": "shout"}, max_output_tokens=120)
         free = client.responses.create(model="fake", input="x", tools=[shout, note],
-                                       tool_choice={"type": "custom", "name": "note"}, max_output_tokens=30)
+                                       tool_choice={"type": "custom", "name": "note"}, max_output_tokens=80)
+        cut = client.responses.create(model="fake", input="x", tools=[shout, note],
+                                      tool_choice={"type": "custom", "name": "note"}, max_output_tokens=30)
     assert re.fullmatch(r"(HEY|HO)!{1,3}", loud.output[0].input)
     assert free.output[0].type == "custom_tool_call" and free.output[0].name == "note"
+    # a call the token limit cut is never returned (issue 27): the reply is incomplete, with no call in it
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in cut.output] == ["message"]
 
 
 def test_a_past_custom_call_goes_back_to_the_template_as_its_input():
