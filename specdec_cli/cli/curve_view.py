@@ -24,7 +24,9 @@ def curve_table(curve: VerifyCurve, timed: dict[int, float] | None = None, *, bl
     t = tables.results_table()
     rows = -(-curve.b_max // blocks)
     for i in range(blocks):
-        t.add_column("b" if i == 0 else "│ b", justify="right", no_wrap=True)
+        if i:
+            t.add_column("│", no_wrap=True)  # its own column, so the rule stays straight whatever b's width
+        t.add_column("b", justify="right", no_wrap=True)
         t.add_column("ms", justify="right", no_wrap=True)
         t.add_column("ms/tok", justify="right", no_wrap=True)
         if timed is not None:
@@ -33,13 +35,14 @@ def curve_table(curve: VerifyCurve, timed: dict[int, float] | None = None, *, bl
         cells: list[Text | str] = []
         for i in range(blocks):
             b = i * rows + r + 1
+            if i:
+                cells.append("│")
             if b > curve.b_max:
                 cells += [""] * (4 if timed is not None else 3)
                 continue
             cheap = curve.cheap(b)
             style = "spec.accepted" if cheap else ""
-            cells += [Text(f"{b}{CHEAP_MARK if cheap else ' '}" if i == 0 else f"│ {b}{CHEAP_MARK if cheap else ' '}",
-                           style=style),
+            cells += [Text(f"{b}{CHEAP_MARK if cheap else ' '}", style=style),
                       Text(f"{curve.at(b):.1f}", style=style), f"{curve.at(b) / b:.1f}"]
             if timed is not None:
                 cells.append(f"{timed[b]:.1f}" if b in timed else "")
