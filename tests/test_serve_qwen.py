@@ -59,7 +59,6 @@ def loopback(session, method: str):
         sock.close()
 
 
-@pytest.fixture(scope="module")
 @contextlib.contextmanager
 def qwen_server(target, *, ctx: int = 2048):
     """`target` (Qwen2.5-Coder) served on a loopback port in this process, method auto: yields (base URL, the
