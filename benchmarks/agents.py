@@ -163,6 +163,23 @@ def check(work: Path) -> tuple[bool, bool]:
     return changed, test.returncode == 0
 
 
+def run_agent(agent: str, cmd: list[str], work: Path, env: dict, transcript: Path, timeout: float,
+              summary) -> Result:
+    """Run the agent's command in `work` (its output to `transcript`, at most `timeout` s; exit code -1 when it ran
+    out), then check the scratch directory."""
+    t0 = time.monotonic()
+    with open(transcript, "w") as out:
+        try:
+            done = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    seconds = time.monotonic() - t0
+    changed, passes = check(work)
+    return Result(agent, changed and passes, seconds, code, changed, transcript=transcript, note=summary(transcript))
+
+
 # -- the agents -----------------------------------------------------------------------------------------------------
 def run_claude(args, url: str, root: Path) -> Result:
     """Claude Code (`claude -p TASK`) against `url` in a scratch directory, with a temporary HOME."""
@@ -180,18 +197,7 @@ def run_claude(args, url: str, root: Path) -> Result:
     transcript = root / "claude-transcript.jsonl"
     cmd = [str(exe), "-p", TASK, "--model", "specdec", "--permission-mode", "acceptEdits",
            "--output-format", "stream-json", "--verbose"]
-    t0 = time.monotonic()
-    with open(transcript, "w") as out:
-        try:
-            done = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=args.timeout)
-            code = done.returncode
-        except subprocess.TimeoutExpired:
-            code = -1
-    seconds = time.monotonic() - t0
-    changed, passes = check(work)
-    return Result("claude", changed and passes, seconds, code, changed, transcript=transcript,
-                  note=claude_summary(transcript))
+    return run_agent("claude", cmd, work, env, transcript, args.timeout, claude_summary)
 
 
 def claude_summary(transcript: Path) -> str:
@@ -248,18 +254,7 @@ def run_codex(args, url: str, root: Path) -> Result:
         catalog = codex_catalog(exe, env, args.ctx or 32768, root / "codex-catalog.json")
         cmd += ["-c", f'model_catalog_json="{catalog}"']
     transcript = root / "codex-transcript.jsonl"
-    t0 = time.monotonic()
-    with open(transcript, "w") as out:
-        try:
-            done = subprocess.run([*cmd, TASK], cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=args.timeout)
-            code = done.returncode
-        except subprocess.TimeoutExpired:
-            code = -1
-    seconds = time.monotonic() - t0
-    changed, passes = check(work)
-    return Result("codex", changed and passes, seconds, code, changed, transcript=transcript,
-                  note=codex_summary(transcript))
+    return run_agent("codex", [*cmd, TASK], work, env, transcript, args.timeout, codex_summary)
 
 
 def codex_summary(transcript: Path) -> str:
