@@ -23,7 +23,8 @@ offers its `apply_patch` tool as a custom tool with a Lark grammar, which specde
 
 Claude Code 2.1 (the configuration README's "Claude Code" section gives): HOME is a temporary directory whose
 `.claude.json` has onboarding done; DISABLE_TELEMETRY, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, DISABLE_AUTOUPDATER
-and DISABLE_ERROR_REPORTING keep it off Anthropic's servers; API_TIMEOUT_MS gives a CPU's long first prefill time
+and DISABLE_ERROR_REPORTING keep it off Anthropic's servers; API_TIMEOUT_MS and CLAUDE_STREAM_IDLE_TIMEOUT_MS (its
+watchdog between stream events, 300 s by default) give a CPU's long first prefill time
 (its default is 600 s per request); `--permission-mode acceptEdits` lets it read and edit without asking
 (`--dangerously-skip-permissions` refuses to run as root); `--model specdec` is any name (the server serves one). The transcript is
 `--output-format stream-json` (every request, tool call and tool result of the session).
@@ -193,7 +194,8 @@ def run_claude(args, url: str, root: Path) -> Result:
         "projects": {str(work): {"hasTrustDialogAccepted": True}}}))
     env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "unused",
            "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "DISABLE_ERROR_REPORTING": "1", "API_TIMEOUT_MS": str(args.timeout * 1000)}
+           "DISABLE_ERROR_REPORTING": "1", "API_TIMEOUT_MS": str(args.timeout * 1000),
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(args.timeout * 1000)}
     transcript = root / "claude-transcript.jsonl"
     cmd = [str(exe), "-p", TASK, "--model", "specdec", "--permission-mode", "acceptEdits",
            "--output-format", "stream-json", "--verbose"]
