@@ -202,15 +202,19 @@ def run_claude(args, url: str, root: Path) -> Result:
     return run_agent("claude", cmd, work, env, transcript, args.timeout, claude_summary)
 
 
+def transcript_events(transcript: Path, out: list[str]):
+    """The JSON events of a JSON-lines transcript, in order; a line that is not JSON goes to `out` as text."""
+    for line in transcript.read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            out.append(f"  (text) {line[:200]}")
+
+
 def claude_summary(transcript: Path) -> str:
     """The session in one line per event: tool calls, tool results and the final result (from stream-json)."""
     out = []
-    for line in transcript.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            out.append(f"  (text) {line[:200]}")
-            continue
+    for event in transcript_events(transcript, out):
         kind = event.get("type")
         if kind in ("assistant", "user"):
             for block in event.get("message", {}).get("content", []):
@@ -262,12 +266,7 @@ def run_codex(args, url: str, root: Path) -> Result:
 def codex_summary(transcript: Path) -> str:
     """The session in one line per event (`codex exec --json`: commands run, patches, messages, errors)."""
     out = []
-    for line in transcript.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            out.append(f"  (text) {line[:200]}")
-            continue
+    for event in transcript_events(transcript, out):
         item = event.get("item") or {}
         kind = item.get("type") or event.get("type")
         if event.get("type") == "item.completed":
