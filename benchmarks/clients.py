@@ -50,7 +50,7 @@ def weather_tool_fn(city: str) -> str:
 
 
 def run_langchain(url: str, part: str) -> str:
-    from typing import Annotated, TypedDict
+    from typing_extensions import Annotated, TypedDict  # pydantic wants it before Python 3.12
 
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
     from langchain_core.tools import tool
