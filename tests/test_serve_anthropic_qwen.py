@@ -1,6 +1,7 @@
 """`specdec serve`'s Messages API with Qwen2.5-Coder-1.5B through the official `anthropic` client: a tool round trip
-streamed and not, and stop sequences, on a loopback server in this process. Greedy (the server's default temperature),
-so each reply is the model's own. Slow (seconds per generation on a CPU): `-m qwen`.
+streamed and not, and stop sequences, on a loopback server in this process. Greedy: each request sends temperature 0
+(in `extra_body`: this anthropic release's `messages.create` takes no `temperature`; left out, the server samples at
+Anthropic's documented 1.0), so each reply is the model's own. Slow (seconds per generation on a CPU): `-m qwen`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def client(openai_client):
 def _turn(client, messages, stream: bool, **kw):
     """One turn, the whole message (the stream accumulated by the anthropic client's helper)."""
     if not stream:
-        return client.messages.create(model="claude-any", system=SYSTEM, messages=messages, tools=[WEATHER], **kw)
-    with client.messages.stream(model="claude-any", system=SYSTEM, messages=messages, tools=[WEATHER], **kw) as s:
+        return client.messages.create(model="claude-any", system=SYSTEM, messages=messages, tools=[WEATHER],
+                                      extra_body={"temperature": 0}, **kw)
+    with client.messages.stream(model="claude-any", system=SYSTEM, messages=messages, tools=[WEATHER],
+                                extra_body={"temperature": 0}, **kw) as s:
         return s.get_final_message()
 
 
@@ -56,6 +59,7 @@ def test_a_tool_round_trip(client, stream):
 
 def test_a_stop_sequence_ends_the_reply_and_is_named(client):
     resp = client.messages.create(model="claude-any", max_tokens=60, stop_sequences=["3"],
+                                  extra_body={"temperature": 0},
                                   messages=[{"role": "user", "content": "Count from 1 to 5, digits separated by ', '."}])
     assert resp.stop_reason == "stop_sequence" and resp.stop_sequence == "3"
     assert "1" in resp.content[0].text and "3" not in resp.content[0].text
