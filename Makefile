@@ -25,7 +25,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# llama-cpp-python for this machine (AMX kernels compiled out on x86: llama.cpp issue 20824); ~10 min the first
+# llama-cpp-python for this machine (on AMX CPUs patched so its AMX kernels run: llama.cpp issue 20824); ~10 min the first
 # time on 2 cores, then the cached wheel; nothing at all when this venv already has it.
 llama-cpp: $(BIN)/python
 	PYTHON=$(BIN)/python bash scripts/install-llama-cpp.sh
