@@ -134,6 +134,7 @@ class CostModel:
         # lookup drafts by source: float [bucket, accepted/verified, position] (prompt lookup, suffix store and a
         # prediction are right at different rates after a match of the same length)
         self._acc_b: dict[str, np.ndarray] = {}
+        self._acc_b_run: dict[str, np.ndarray] = {}  # the same, counted by this model alone (never restored)
         self.by_source: dict[str, dict[str, float]] = {}
         self._memo: dict[tuple[int | None, str], np.ndarray] = {}  # acceptance() until the counts change
 
@@ -149,13 +150,14 @@ class CostModel:
         for counts in (self._acc, self._fill, self._acc_m, self._fill_m):
             counts *= self.decay  # evidence fades while a source is not used
         if bucket is not None and n:
-            acc = self.bucket_counts(source or step.source)[bucket]
-            acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
-            m = min(step.n_accepted, self.k_max)
-            if step.rejected and m < self.k_max:
-                acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
-                acc[1, m] += 1.0
-            acc[:, :m] += 1.0
+            for counts in (self.bucket_counts(source or step.source), self._run_counts(source or step.source)):
+                acc = counts[bucket]
+                acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
+                m = min(step.n_accepted, self.k_max)
+                if step.rejected and m < self.k_max:
+                    acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
+                    acc[1, m] += 1.0
+                acc[:, :m] += 1.0
         self._observe_verify(step.batch_size, step.verify_ms)
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
@@ -174,6 +176,12 @@ class CostModel:
         counts = self._acc_b.get(source)
         if counts is None:
             counts = self._acc_b[source] = np.zeros((len(BUCKET_EDGES), 2, self.k_max))
+        return counts
+
+    def _run_counts(self, source: str) -> np.ndarray:
+        counts = self._acc_b_run.get(source)
+        if counts is None:
+            counts = self._acc_b_run[source] = np.zeros((len(BUCKET_EDGES), 2, self.k_max))
         return counts
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
@@ -266,6 +274,11 @@ class CostModel:
         """Draft positions of `source` verified in `bucket` or a shorter-match bucket (whose acceptance its prior
         inherits)."""
         counts = self._acc_b.get(source)
+        return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
+
+    def run_depth(self, bucket: int, source: str) -> int:
+        """`verified_depth` counting this model's own steps alone (not what `restore` brought)."""
+        counts = self._acc_b_run.get(source)
         return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
 
     def largest_verified(self) -> int:
@@ -371,6 +384,22 @@ class CostModel:
             for b in range(bucket + 1):
                 m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
                 out = self._chain(counts[b], m, out, s)
+        out.flags.writeable = False
+        self._memo[key] = out
+        return out
+
+    def run_acceptance(self, bucket: int, source: str) -> np.ndarray:
+        """`acceptance(bucket, source)` as a fresh model would estimate it: from this model's own steps alone (not
+        what `restore` brought) and the prior: float [k_max]. A restored model uses the larger of the two at each
+        position (`controller.AdaptiveK`), so what earlier prompts taught never holds a new one below a fresh start."""
+        key = (bucket, f"run:{source}")
+        memo = self._memo.get(key)
+        if memo is not None:
+            return memo
+        counts, out = self._run_counts(source), None
+        for b in range(bucket + 1):
+            m = SOURCE_PRIOR.get(source, min(self.prior.acceptance, float(SHORT_MATCH_PRIOR[b])))
+            out = self._chain(counts[b], m, out, self.prior.strength)
         out.flags.writeable = False
         self._memo[key] = out
         return out
