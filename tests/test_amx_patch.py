@@ -48,7 +48,7 @@ def sdist(tmp_path_factory) -> Path:
 def test_the_amx_patch_applies_cleanly_and_puts_the_barrier_before_the_tile_load(sdist):
     if shutil.which("patch") is None:
         pytest.skip("no patch(1)")
-    proc = subprocess.run(["patch", "-p1", "--forward", "-d", str(sdist), "-i", str(PATCH)], capture_output=True,
+    proc = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "-d", str(sdist), "-i", str(PATCH)], capture_output=True,
                           text=True)
     assert proc.returncode == 0 and "FAILED" not in proc.stdout and "offset" not in proc.stdout, proc.stdout
     text = (sdist / "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp").read_text()
