@@ -13,6 +13,7 @@ import pytest
 
 from fakes import Clock, FakeBackend, greedy_reference
 from specdec_cli.core.controller import AdaptiveK
+from specdec_cli.core.cost_model import CostModel
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.core.verify_curve import VerifyCurve
@@ -114,3 +115,31 @@ def test_the_first_token_of_every_reply_comes_from_a_plain_pass():
         steps = run(ctrl, edit_every=None, seed=seed, n=120)
         assert steps[0].batch_size == 1 and steps[0].k == 0
         assert max(len(s.drafted) for s in steps[1:4]) >= 3  # drafting starts at the next pass
+
+
+def passes_at(model: CostModel, n_past: int, attention: float, sizes=(1, 4, 16, 1, 8, 32), repeat: int = 6) -> None:
+    """Time passes of `sizes` at a context of `n_past` tokens that pay `attention` ms per row per 1,000 tokens."""
+    for _ in range(repeat):
+        for b in sizes:
+            ms = CURVE.at(b) + attention * b * (n_past - CURVE.context) / 1000.0
+            model.observe(Step(index=0, k=b - 1, drafted=tuple(range(b - 1)), n_accepted=b - 1, target_token=1,
+                               emitted=(), segments=(), draft_ms=0.0, verify_ms=ms, n_past=n_past))
+
+
+def test_a_long_context_is_priced_by_the_attention_its_passes_pay():
+    # at 8k tokens each row of a pass attends to the whole cache: a 64-token pass costs 64 x that, a 1-token pass
+    # once; passes at 1..32 tokens teach it, and the sizes never tried (64) are priced with it
+    model = CostModel(64, curve=CURVE)
+    passes_at(model, 8000, attention=0.9)
+    s, a = model.attention()
+    assert s == pytest.approx(1.0, rel=0.02) and a == pytest.approx(0.9, rel=0.05)
+    v = model.verify_curve()
+    assert v[63] == pytest.approx(CURVE.at(64) + 0.9 * 64 * (model.context - CURVE.context) / 1000.0, rel=0.03)
+    assert model.snapshot()["attention_ms_per_row_per_1k"] == pytest.approx(0.9, rel=0.05)
+
+
+def test_at_the_curves_own_context_nothing_changes():
+    model = CostModel(64, curve=CURVE)
+    passes_at(model, 0, attention=0.9)  # n_past unknown (0): no attention term, the curve scaled by load alone
+    assert model.attention() is None
+    assert model.verify_curve()[63] == pytest.approx(CURVE.at(64), rel=0.01)
