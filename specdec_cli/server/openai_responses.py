@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -147,27 +148,32 @@ class Held:
 
 class ResponseStore:
     """The last `capacity` responses (created with `store` not false), oldest dropped first: what
-    `previous_response_id` and `item_reference` can name. In memory, for this process's life."""
+    `previous_response_id` and `item_reference` can name. In memory, for this process's life. Thread-safe: requests
+    are translated off the event loop (`to_request` in a thread) while finished responses are put on it."""
 
     def __init__(self, capacity: int = STORE_SIZE) -> None:
         self.capacity = capacity
         self._held: OrderedDict[str, Held] = OrderedDict()
+        self._lock = threading.Lock()
 
     def put(self, held: Held) -> None:
-        self._held[held.id] = held
-        self._held.move_to_end(held.id)
-        while len(self._held) > self.capacity:
-            self._held.popitem(last=False)
+        with self._lock:
+            self._held[held.id] = held
+            self._held.move_to_end(held.id)
+            while len(self._held) > self.capacity:
+                self._held.popitem(last=False)
 
     def get(self, response_id: str) -> Optional[Held]:
-        return self._held.get(response_id)
+        with self._lock:
+            return self._held.get(response_id)
 
     def item(self, item_id: str) -> Optional[dict]:
         """The held input or output item with this `id` (the newest response first)."""
-        for held in reversed(self._held.values()):
-            for item in held.items:
-                if isinstance(item, dict) and item.get("id") == item_id:
-                    return item
+        with self._lock:
+            for held in reversed(self._held.values()):
+                for item in held.items:
+                    if isinstance(item, dict) and item.get("id") == item_id:
+                        return item
         return None
 
 
