@@ -567,8 +567,8 @@ def serve(
     One model pair is loaded and requests are served one at a time in arrival order. The KV cache keeps the longest
     common prefix between consecutive requests, so a resent conversation evaluates only its new tokens (a long one is
     parked in memory while a side request runs, and swapped back for its next turn); the suffix
-    store and --k auto learn across requests and are saved when the server stops (Ctrl-C or SIGTERM: the current
-    step finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
+    store and --k auto learn across requests and are saved as it serves (every 16 requests or --save-interval
+    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
     the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
     documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
     reply without max_tokens stops at --max-tokens (4096 unless given), and none is longer than --max-tokens when it
