@@ -263,6 +263,20 @@ def test_a_connection_that_never_finishes_its_headers_is_closed():
         assert s.health()["status"] == "ok"
 
 
+def test_connections_beyond_the_limit_get_503():
+    with serving(server_kw={"max_connections": 3}) as s:
+        idle = [socket.create_connection(("127.0.0.1", _port(s))) for _ in range(2)]  # open, sending nothing
+        try:
+            time.sleep(0.2)  # accepted by the server's loop
+            status, _, _ = raw(s, "GET", "/health")
+        finally:
+            for c in idle:
+                c.close()
+        time.sleep(0.2)
+        after, _, _ = raw(s, "GET", "/health")
+    assert (status, after) == (503, 200)
+
+
 def test_a_body_that_stalls_gets_408():
     with serving(app_kw={"body_timeout": 0.5}) as s:
         conn = socket.create_connection(("127.0.0.1", _port(s)))
