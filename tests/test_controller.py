@@ -302,7 +302,7 @@ def test_auto_is_close_to_the_best_fixed_k(name: str) -> None:
 
 
 def lookup_draft(match_len: int, n: int = 64):
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
 
@@ -358,7 +358,7 @@ def test_a_buckets_draft_length_grows_only_with_verified_positions() -> None:
 
 
 def test_trim_keeps_drafts_without_evidence_and_never_exceeds_the_draft() -> None:
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     model_draft = Draft(tokens=np.arange(5, dtype=np.int32), source="draft")
@@ -421,7 +421,7 @@ def test_a_bumpy_verify_curve_does_not_trap_k_below_drafts_that_are_always_right
 
 
 def test_a_branch_in_the_draft_caps_k_where_past_continuations_part_ways() -> None:
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
@@ -480,7 +480,7 @@ def test_a_lookup_step_is_not_counted_as_the_draft_models_probe() -> None:
     whatever the lookup drafts do. The bug: a probe started in `choose` was taken over by a winning lookup draft, and
     `observe` counted that lookup step as the probe's outcome (a paying one), so the probes came every few steps
     (90 model steps of the last 400 before the fix)."""
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ import pytest
 
 from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.base import Draft, DrafterBase
+from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine

@@ -29,7 +29,7 @@ import numpy as np
 from specdec_cli.models.backend import Backend, branch_rows, common_prefix, sync
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
-from specdec_cli.drafters.base import Draft, Drafter, cut
+from specdec_cli.core.draft import Draft, Drafter, cut
 from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Source, Step, TokenLogprob
 from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify, verify_branches
@@ -81,7 +81,7 @@ class SpeculativeEngine:
             is parked when a prompt would cut much of it, and a parked state that shares more with the prompt is
             swapped back in (a conversation's next turn after a side request). None = off.
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
-        curve: the target's measured verify curve (`measure.verify_curve.measure`), which each `Step` is placed on
+        curve: the target's measured verify curve (`core.verify_timing.measure`), which each `Step` is placed on
             (`Step.curve_ms`, `Step.cheap`); None: not measured.
     """
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
+from specdec_cli.core.draft import Draft, Drafter, DrafterBase
 from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.core.records import Source
 from specdec_cli.core.sampling import SamplingParams

@@ -304,7 +304,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     catalog = load_catalog()
     target = resolve(models.target or catalog.default_target, catalog, reporter=RichReporter(console))
     need_draft = Method.draft in options.methods
-    from specdec_cli.models.draft_policy import paired_draft
+    from specdec_cli.draft_policy import paired_draft
 
     name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
     draft = resolve(name, catalog, reporter=RichReporter(console)) if need_draft else None
