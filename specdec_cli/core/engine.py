@@ -36,8 +36,7 @@ from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_lo
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
-    from specdec_cli.stores.kv_parking import KvParking
-    from specdec_cli.stores.prompt_cache import PromptCache
+    from specdec_cli.core.kv_states import StateCache, StateParking
     from specdec_cli.core.verify_curve import VerifyCurve
 
 NO_DRAFT = Draft(source="")
@@ -86,7 +85,7 @@ class SpeculativeEngine:
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
-                 prompt_cache: PromptCache | None = None, parking: KvParking | None = None,
+                 prompt_cache: StateCache | None = None, parking: StateParking | None = None,
                  clock: Callable[[], float] = time.perf_counter, curve: VerifyCurve | None = None) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
         self.curve = curve
