@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,37 +90,6 @@ def refuse_unsupported(req: Generation) -> None:
     if req.stream_options is not None and req.stream_options.include_obfuscation:
         raise ApiError(400, "stream_options.include_obfuscation = true: specdec serve does not pad its stream "
                        "chunks. Leave it out, or send false.", param="stream_options.include_obfuscation")
-
-
-def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: tuple[str, ...] = ("text",),
-                 sep: str = "") -> str:
-    """The text of a message's content: a string, a list of text parts (of a type in `kinds`: Chat's "text",
-    Responses' "input_text" / "output_text") joined with `sep`, or null (""). Other parts (images, audio, files) get
-    a 400 naming them.
-
-    Raises ApiError (400, param `where...`): content that is neither, a part that is not text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where} is neither a string nor a list of parts.", param=where)
-    out = []
-    for i, part in enumerate(content):
-        part = part.model_dump() if isinstance(part, BaseModel) else part
-        kind = part.get("type") if isinstance(part, dict) else None
-        strict = kinds == ("text",)  # Chat's text parts have no other field; Responses' output_text has annotations
-        if kind in kinds and isinstance(part.get("text"), str) and (not strict or set(part) <= {"type", "text"}):
-            out.append(part["text"])
-        elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
-            out.append(part["refusal"])
-        elif kind in ("image_url", "input_audio", "file", "input_image", "input_file"):
-            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
-                           param=f"{where}.{i}.type")
-        else:
-            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"{kinds[0]}\", \"text\": ...}}).",
-                           param=f"{where}.{i}")
-    return sep.join(out)
 
 
 def check_logprobs(name: str, n: Optional[int]) -> None:
