@@ -18,7 +18,8 @@ import pytest
 
 from specdec_cli.__main__ import main
 from bench_docs import run
-from specdec_cli.cli.commands import bench as B
+from specdec_cli.cli.commands.bench_report import markdown_table
+from specdec_cli.measure import bench as B
 from specdec_cli.measure import bench_process as bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.models.machine import model_file, physical_cores
@@ -124,7 +125,7 @@ def test_markdown_table_has_a_column_per_class_and_a_row_per_configuration() -> 
     doc = {"target": "/m/t.gguf", "draft": None, "prompts": [{"name": n, "kind": k, "n_tokens": 9} for n, k in prompts],
            "settings": {"repeats": 1, "max_tokens": 96, "k": "auto"}, "started_at": "now",
            "machine": {"cpu": "Test CPU", "cores": 2, "logical_cpus": 2, "threads": 2}}
-    lines = B.markdown_table(doc, B.summarize(runs, configs, prompts)).splitlines()
+    lines = markdown_table(doc, B.summarize(runs, configs, prompts)).splitlines()
     assert lines[0].startswith("<!-- specdec bench, now: t.gguf; 2 prompts") and "Test CPU" in lines[0]
     assert lines[1] == ("| configuration | decode tok/s | speedup | edit | write | acceptance | mean accepted length "
                         "| TTFT | peak RSS | greedy = none |")

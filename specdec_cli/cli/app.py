@@ -431,12 +431,13 @@ def bench(
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
     from specdec_cli.cli.commands import bench as B
     from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.measure.bench import BenchOptions, parse_methods
     from specdec_cli.prompts import CLASSES, builtin
 
-    options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
-                             ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
-                             json_path=json_out,
-                             plot_path=plot, markdown=markdown)
+    options = BenchOptions(methods=parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
+                           ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
+                           json_path=json_out,
+                           plot_path=plot, markdown=markdown)
     if from_json:
         code = B.from_json(from_json, options=options)
     else:
