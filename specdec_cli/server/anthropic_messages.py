@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from typing import Any, Iterator, Literal, Optional, Union
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -60,7 +59,9 @@ from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context
-from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.reply import (
+    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
+)
 from specdec_cli.server.request import ANTHROPIC, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.reading import MISSING, Named, choose, function_tool
 from specdec_cli.server.worker import Started
@@ -387,7 +388,7 @@ class MessageWriter:
     """
 
     def __init__(self, model: str, method: str) -> None:
-        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.id = new_id("msg")
         self.model, self.method = model, method
         self.started = Started(0)
         self._index = -1  # the content block being streamed

@@ -12,7 +12,6 @@ once per name by `http.Context.ignore`), as llama-server, vLLM, Ollama and LM St
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -121,10 +120,6 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
     sampling = defaults.sampling(OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                  min_p=req.min_p, seed=req.seed)
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def openai_finish(stats: RequestStats) -> Optional[str]:

@@ -29,10 +29,12 @@ from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
 from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config, new_id,
+    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config,
     usage_json,
 )
-from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.reply import (
+    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
+)
 from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, Tools, ToolMode
 from specdec_cli.server.reply import PieceLogprob
 from specdec_cli.server.reading import Named, choose, content_text, function_tool
@@ -314,7 +316,7 @@ class ChatWriter:
     """
 
     def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
-        self.id = new_id("chatcmpl")
+        self.id = new_id("chatcmpl", sep="-")
         self.created = int(time.time())
         self.model, self.method = model, method
         self.want_logprobs = logprobs

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -58,13 +57,14 @@ from specdec_cli.server.openai_base import (
     Sampling, chat_logprobs, check_logprobs,
 )
 from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse,
+    Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse, new_id,
 )
 from specdec_cli.server.request import OPENAI, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.reading import Named, choose, content_text, function_tool, tool_name
 from specdec_cli.server.tools import NAME
 
 STORE_SIZE = 64  # responses held for previous_response_id
+ID_DIGITS = 32  # hex digits of a Responses id after its prefix (resp_, msg_, fc_, ctc_)
 LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the text's log-probabilities
 # tool types a local server cannot run: left out of the prompt (logged once), never a 400
 HOSTED = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search", "code_interpreter",
@@ -487,11 +487,6 @@ def output_of(text: Optional[TextConfig]) -> Optional[Output]:
 
 
 # -- reply → wire ---------------------------------------------------------------------------------------------------
-def new_id(prefix: str) -> str:
-    """An id in OpenAI's Responses style: prefix, underscore, 32 hex digits (resp_, msg_, fc_, ctc_)."""
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
 def usage_json(end: End) -> dict:
     """The Responses `usage`: input tokens (and those found in the KV cache), output tokens (none reasoning)."""
     r = end.stats.run
@@ -513,7 +508,7 @@ class ResponsesWriter:
 
     def __init__(self, body: ResponsesRequest, translation: Translation, model: str, method: str,
                  on_done: Callable[[dict, list[dict]], None]) -> None:
-        self.id = new_id("resp")
+        self.id = new_id("resp", digits=ID_DIGITS)
         self.created = int(time.time())
         self.req, self.tr, self.model, self.method = body, translation, model, method
         self.want_logprobs = translation.request.config.logprobs is not None
@@ -529,7 +524,7 @@ class ResponsesWriter:
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
         if reply.content or not reply.calls:
-            item = self._message_item(new_id("msg"), reply.content, "completed")
+            item = self._message_item(new_id("msg", digits=ID_DIGITS), reply.content, "completed")
             if self.want_logprobs:
                 item["content"][0]["logprobs"] = chat_logprobs(reply.logprobs)
             self.output.append(item)
@@ -617,7 +612,7 @@ class ResponsesWriter:
 
     # -- pieces
     def _open_message(self) -> list[Sse]:
-        item = self._message_item(new_id("msg"), "", "in_progress")
+        item = self._message_item(new_id("msg", digits=ID_DIGITS), "", "in_progress")
         self.output.append(item)
         self._message = index = len(self.output) - 1
         shown = {**item, "content": []}
@@ -653,10 +648,10 @@ class ResponsesWriter:
     def _call_item(self, call_id: str, flat: str, kind: str, text: str, status: str) -> dict:
         namespace, name = self.tr.names.restore(flat)
         if kind == "custom":
-            item = {"id": new_id("ctc"), "type": "custom_tool_call", "status": status, "call_id": call_id,
-                    "name": name, "input": text}
+            item = {"id": new_id("ctc", digits=ID_DIGITS), "type": "custom_tool_call", "status": status,
+                    "call_id": call_id, "name": name, "input": text}
         else:
-            item = {"id": new_id("fc"), "type": "function_call", "status": status, "call_id": call_id,
+            item = {"id": new_id("fc", digits=ID_DIGITS), "type": "function_call", "status": status, "call_id": call_id,
                     "name": name, "arguments": text}
         if namespace is not None:
             item["namespace"] = namespace

@@ -13,6 +13,7 @@ Shaped after llama-server's `task_result_state` diffs (one stream of text/tool-c
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, Sequence
 
@@ -90,6 +91,13 @@ class Content:
 
     text: str
     logprobs: tuple[PieceLogprob, ...] = ()
+
+
+def new_id(prefix: str, *, sep: str = "_", digits: int = 24) -> str:
+    """A fresh random id in an API's own shape: `prefix`, `sep`, `digits` hex digits (at most 32): Chat's
+    "chatcmpl-" and Completions' "cmpl-" + 24, Responses' "resp_", "msg_", "fc_", "ctc_" + 32, Anthropic's "msg_" +
+    24, a tool call's "call_" + 24."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:digits]}"
 
 
 @dataclass

@@ -221,11 +221,6 @@ class Request:
         """True for a conversation (the chat template), False for a raw prompt or a FIM one."""
         return self.prompt is None and self.fim is None
 
-    @property
-    def calls_tools(self) -> bool:
-        """The reply may contain tool calls (tools given and tool_choice is not "none")."""
-        return self.tools is not None and self.tools.mode != "none"
-
 
 DEFAULT_MAX_TOKENS = 4096
 """A reply's token limit when neither the request nor `specdec serve --max-tokens` sets one (never more than the
