@@ -1,6 +1,6 @@
 """What OpenAI's APIs share, for their translators (`openai_chat`, `openai_completions`): the sampling and limit
 fields and how they become the engine's `GenerationConfig`, the fields refused unless neutral, `usage`, finish
-reasons, log-probabilities, ids.
+reasons, log-probabilities (message content, tools and ids: `reading`, `reply.new_id`).
 
 Follows OpenAI's API reference as the official `openai` Python package parses it. Which field informs and which changes
 what must come back is `fields.FIELDS`: a field that changes it is implemented or refused with a 400 naming it; one

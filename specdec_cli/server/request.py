@@ -77,7 +77,7 @@ class InputGrammar:
         syntax: "lark" (llguidance's Lark dialect) or "regex" (Rust regex syntax), as the client gave it.
         definition: the grammar or regex, as given.
         pattern: the same language as one anchored regex, which llguidance holds the input's JSON string to
-            (`custom_tools.input_pattern`).
+            (`core.lark_regex.input_pattern`).
     """
 
     syntax: Literal["lark", "regex"]
