@@ -291,7 +291,7 @@ def test_a_body_that_stalls_gets_408():
 
 
 def test_grammar_compilation_runs_off_the_event_loop(monkeypatch):
-    from specdec_cli.server import openai_chat, tools
+    from specdec_cli.server import reading, tools
 
     threads: dict[str, str] = {}
     real_check, real_params = GenerationService.check, tools.check_parameters
@@ -305,7 +305,7 @@ def test_grammar_compilation_runs_off_the_event_loop(monkeypatch):
         return real_params(*a, **kw)
 
     monkeypatch.setattr(GenerationService, "check", check)
-    monkeypatch.setattr(openai_chat, "check_parameters", check_parameters, raising=False)
+    monkeypatch.setattr(reading, "check_parameters", check_parameters)
     monkeypatch.setattr(tools, "check_parameters", check_parameters)
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with serving() as s:
