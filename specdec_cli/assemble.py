@@ -179,6 +179,14 @@ class Assembler:
                                "target": Path(self.session.target_path).name}
         learnt.save(keyed, details, curves=curves)
 
+    def save(self) -> None:
+        """Save what the drafters and `--k auto` learnt so far, and go on (`specdec serve` saves as it serves, so a
+        crash loses at most what was learnt since the last save); a failure only warns."""
+        for drafter in self._drafters.values():
+            if drafter is not None:
+                drafter.save()
+        self.save_learnt()
+
     # -- closing ------------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Close the drafters (learning drafters save what they learnt), then save what `--k auto` learnt (a failure

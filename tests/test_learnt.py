@@ -134,9 +134,10 @@ def test_a_broken_learnt_file_warns_starts_afresh_and_is_replaced_on_save(tmp_pa
     assert str(path) in str(caught[0].message) and "Delete" in str(caught[0].message)
     assert not ctrl.model.measured(1)
     feed(ctrl)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.warns(LearntWarning, match="Set aside as learnt.json.corrupt-") as saved:  # not lost (issue 35)
         s.close()
+    assert len(saved) == 1
+    assert [p.read_text() for p in path.parent.glob("learnt.json.corrupt-*")] == [text]
     assert json.loads(path.read_text())["version"] == 1
 
 

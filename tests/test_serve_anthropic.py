@@ -201,6 +201,7 @@ class Ctx:
         from specdec_cli.server.request import Defaults
 
         self.defaults = Defaults()
+        self.n_ctx = 32768  # max_tokens is capped at the context window (issue 35)
         self.lines: list[str] = []
 
         class W:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import typer
 
@@ -492,7 +493,7 @@ SERVE_EXAMPLES = """
 
   specdec serve                                   [dim]# default pair on http://127.0.0.1:8000/v1[/dim]
   specdec serve -t smollm2-135m --method suffix --port 0   [dim]# a free port; the URL is printed[/dim]
-  SPECDEC_API_KEY=secret specdec serve --host 0.0.0.0      [dim]# other machines too, Bearer key required[/dim]
+  specdec serve --host 0.0.0.0 --api-key-file ~/.specdec-key   [dim]# other machines too, Bearer key required[/dim]
   ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=unused claude -p "fix the bug in bug.py" \\
        --permission-mode acceptEdits              [dim]# Claude Code (README: Claude Code)[/dim]
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -515,12 +516,32 @@ def serve(
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
-                             "then set --api-key).", rich_help_panel="Server"),
+                             "then give a key, or --insecure-no-api-key).", rich_help_panel="Server"),
     port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0 = a free one; the URL "
                              "actually bound is printed).", rich_help_panel="Server"),
-    api_key: str = typer.Option(None, "--api-key", envvar="SPECDEC_API_KEY", help="Require `Authorization: "
-                                "Bearer KEY` on /v1 routes (401 otherwise). [env: SPECDEC_API_KEY]",
-                                show_envvar=False, rich_help_panel="Server"),
+    api_key: str = typer.Option(None, "--api-key", help="Require `Authorization: Bearer KEY` (or `x-api-key`) on "
+                                "/v1 routes (401 otherwise). Other users of this machine can read a command line: "
+                                "prefer --api-key-file or SPECDEC_SERVE_KEY.", rich_help_panel="Server"),
+    api_key_file: Path = typer.Option(None, "--api-key-file", help="Read the key from this file; one key per line "
+                                      "(one per client: each key's conversations are cached apart).",
+                                      rich_help_panel="Server"),
+    insecure_no_api_key: bool = typer.Option(False, "--insecure-no-api-key", help="Serve a --host other than "
+                                             "loopback without a key: anyone who reaches the port uses the model.",
+                                             rich_help_panel="Server"),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help="Also answer requests for this Host name "
+                                           "(repeatable; * = any). A loopback server answers only localhost, "
+                                           "127.0.0.1 and [::1] otherwise: web pages cannot reach it by DNS "
+                                           "rebinding.", rich_help_panel="Server"),
+    cors_origin: list[str] = typer.Option([], "--cors-origin", help="Let browser pages of this origin use the "
+                                          "server (repeatable; e.g. http://localhost:*; * = any). None by default: "
+                                          "a request with an Origin header gets 403.", rich_help_panel="Server"),
+    timeout: float = typer.Option(1800, "--timeout", min=1, help="Seconds one request may hold the model (its "
+                                  "prefill and reply) before it is stopped with 408.", rich_help_panel="Server"),
+    max_connections: int = typer.Option(128, "--max-connections", min=1, max=100_000, help="Open connections at "
+                                        "once; beyond: 503.", rich_help_panel="Server"),
+    save_interval: float = typer.Option(300, "--save-interval", min=1, help="Save what was learnt (the suffix "
+                                        "store, --k auto) at most this many seconds apart while serving, and after "
+                                        "every 16 requests.", rich_help_panel="Server"),
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
                               "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1, max=1 << 20, help="Tokens per reply when "
@@ -545,13 +566,18 @@ def serve(
     One model pair is loaded and requests are served one at a time in arrival order. The KV cache keeps the longest
     common prefix between consecutive requests, so a resent conversation evaluates only its new tokens (a long one is
     parked in memory while a side request runs, and swapped back for its next turn); the suffix
-    store and --k auto learn across requests and are saved when the server stops (Ctrl-C or SIGTERM: the current
-    step finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
+    store and --k auto learn across requests and are saved as it serves (every 16 requests or --save-interval
+    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
     the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
     documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
-    reply without max_tokens stops at --max-tokens (4096 unless given). One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
+    reply without max_tokens stops at --max-tokens (4096 unless given), and none is longer than --max-tokens when it
+    is given. One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
+
+    Protected by default: it listens on 127.0.0.1, answers only local Host names (no DNS rebinding) and no browser
+    origin (--allowed-host, --cors-origin open it), stops a request after --timeout, closes slow connections, and
+    refuses to serve another --host without a key (--api-key-file, SPECDEC_SERVE_KEY; or --insecure-no-api-key).
     """
-    from specdec_cli.cli.commands.serve import execute, require_extra
+    from specdec_cli.cli.commands.serve import Access, execute, require_extra, server_key
 
     require_extra()  # one line with the pip command when the serve extra is missing
     from specdec_cli.server.request import Defaults
@@ -563,8 +589,11 @@ def serve(
                           max_tokens=max_tokens),
         host=host,
         port=port,
-        api_key=api_key or None,
+        api_key=server_key(api_key, api_key_file),
         queue=queue,
+        access=Access(allowed_hosts=tuple(allowed_host), cors_origins=tuple(cors_origin),
+                      insecure_no_api_key=insecure_no_api_key, timeout=timeout, max_connections=max_connections,
+                      save_interval=save_interval),
     )
     if code:
         raise typer.Exit(code)

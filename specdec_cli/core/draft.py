@@ -93,6 +93,11 @@ class Drafter(Protocol):
         also learns where outputs end (and can draft the end, instead of text past it)."""
         ...
 
+    def save(self) -> None:
+        """Learning drafters save what they learnt so far and go on (a long-running server saves as it goes);
+        a failure only warns."""
+        ...
+
     def close(self) -> None:
         """Release what the drafter holds; learning drafters save what they learnt."""
         ...
@@ -119,6 +124,9 @@ class DrafterBase(Drafter):
         return Draft()
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
+        pass
+
+    def save(self) -> None:
         pass
 
     def close(self) -> None:

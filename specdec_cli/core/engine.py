@@ -58,6 +58,8 @@ class GenerationConfig:
         grammar: constrain the output to this grammar or JSON schema (`constraint.Grammar`); None = free text.
         logprobs: None = off; 0 = each emitted token's log-probability (`Step.logprobs`); 1..20 = also its top-n
             alternatives. Read from the verify rows already computed.
+        interrupt: called between the prefill's chunks (`backend.sync`); raises to stop the prefill (the server's
+            client gone, deadline, shutdown). None: the prompt is evaluated in one call.
     """
 
     max_tokens: int = 512
@@ -66,6 +68,7 @@ class GenerationConfig:
     prediction: tuple[int, ...] | None = None
     grammar: Grammar | None = None
     logprobs: int | None = None
+    interrupt: Callable[[], None] | None = None
 
 
 class SpeculativeEngine:
@@ -122,7 +125,7 @@ class SpeculativeEngine:
         text = TextStream(target.piece, config.stop)
         n_out = 0
         try:
-            yield self._prefill(prompt, config.prediction)
+            yield self._prefill(prompt, config.prediction, config.interrupt)
             for index in itertools.count():
                 t_start = self.clock()
                 # 1-2. choose K and draft (cut at the first token the grammar forbids); maybe a second branch `alt`
@@ -206,7 +209,8 @@ class SpeculativeEngine:
 
     # -- the phases of a generation -----------------------------------------------------------------------------
 
-    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None) -> Prefill:
+    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None,
+                 interrupt: Callable[[], None] | None = None) -> Prefill:
         """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
         t0 = self.clock()
         n_restored, restore_ms = 0, 0.0
@@ -215,7 +219,7 @@ class SpeculativeEngine:
         if self.prompt_cache is not None:  # a saved state of the longest shared prefix, when that beats the KV cache
             n_restored, restore_ms = self.prompt_cache.restore(self.target, prompt[:-1])
         t_eval = self.clock()
-        n_eval = sync(self.target, prompt[:-1])
+        n_eval = sync(self.target, prompt[:-1], interrupt)
         t1 = self.clock()
         draft_ms = 0.0
         if self.drafter is not None:

@@ -79,6 +79,11 @@ class AutoDrafter(DrafterBase):
             if d is not None:
                 d.finish(prompt, output)
 
+    def save(self) -> None:
+        for d in (self.suffix, self.model):
+            if d is not None:
+                d.save()
+
     def close(self) -> None:
         for d in (self.suffix, self.model):
             if d is not None:

@@ -332,7 +332,11 @@ class SuffixDrafter(DrafterBase):
         lead = prompt[len(prompt) - min(self.lead_in, len(prompt)) :]  # the assistant header: replies' openings
         self.store.add(np.concatenate((lead, output)).astype(np.int32))
 
-    def close(self) -> None:
+    def save(self) -> None:
         """Save the store (a failure is a `SuffixStoreWarning`, never an exception)."""
         if self.store is not None:
             self.store.save()
+
+    def close(self) -> None:
+        """Save the store (a failure is a `SuffixStoreWarning`, never an exception)."""
+        self.save()

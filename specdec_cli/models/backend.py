@@ -16,7 +16,7 @@ then keep either branch (`truncate(n, branch=...)`). `sync` brings the cache to 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -192,14 +192,22 @@ def branch_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows_a, rows_b
 
 
-def sync(backend: Backend, context: np.ndarray) -> int:
+def sync(backend: Backend, context: np.ndarray, interrupt: Callable[[], None] | None = None) -> int:
     """Make the KV cache hold exactly `context` (int32 [n]), reusing the longest common prefix.
 
-    Returns the number of tokens evaluated. Raises what `truncate` and `decode` raise.
+    What is missing is evaluated in chunks of `backend.n_batch` tokens (a prompt of 20k tokens is minutes on a CPU),
+    and `interrupt`, when given, is called before each chunk after the first: it raises to stop (a client gone, a
+    deadline, a shutdown: the server's `Worker`), so a prefill stops within one chunk; the chunks evaluated stay in
+    the cache, a prefix a retry reuses.
+
+    Returns the number of tokens evaluated. Raises what `truncate`, `decode` and `interrupt` raise.
     """
     keep = common_prefix(backend.tokens, context)
     if keep < len(backend.tokens):
         backend.truncate(keep)
-    if keep < len(context):
-        backend.decode(context[keep:], n_logits=0)
+    chunk = backend.n_batch if interrupt is not None else max(1, len(context))
+    for c0 in range(keep, len(context), chunk):
+        if interrupt is not None and c0 > keep:
+            interrupt()
+        backend.decode(context[c0:c0 + chunk], n_logits=0)
     return len(context) - keep

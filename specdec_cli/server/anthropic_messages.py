@@ -72,7 +72,7 @@ IMAGE_IN_RESULT = "[an image was here: this model reads text only]"
 
 # HTTP status → Anthropic's error type (docs: Errors); others: invalid_request_error below 500, api_error from 500
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+               404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                503: "overloaded_error", 529: "overloaded_error"}
 
 
@@ -138,7 +138,7 @@ def to_request(body: Counted, ctx: Context, *, label: str = "messages") -> Reque
         stop = tuple(body.stop_sequences or ())
         if any(s == "" for s in stop):
             raise ApiError(400, "stop_sequences contains an empty string.", param="stop_sequences")
-        limit = body.max_tokens if ctx.defaults.max_tokens is None else min(body.max_tokens, ctx.defaults.max_tokens)
+        limit = ctx.defaults.limit(body.max_tokens, ctx.n_ctx)
         sampling = ctx.defaults.sampling(ANTHROPIC, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
         config = GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling)
     else:
@@ -480,7 +480,7 @@ def routes(app: FastAPI, ctx: Context) -> None:
 
     @app.post(PATH, dependencies=ctx.auth)
     async def messages(body: MessagesRequest, http: HttpRequest) -> Response:
-        request = to_request(body, ctx)
+        request = await asyncio.to_thread(to_request, body, ctx)  # tools' schemas compile off the event loop
         writer = MessageWriter(body.model, ctx.method)
         return await ctx.respond(http, request, writer, stream=bool(body.stream), on_start=writer.start)
 
@@ -488,7 +488,7 @@ def routes(app: FastAPI, ctx: Context) -> None:
     async def count_tokens(body: Counted) -> dict:
         """{"input_tokens": n}: the prompt's tokens through the chat template, tools included (tokenized on the
         worker thread, in turn with the generations)."""
-        request = to_request(body, ctx, label="count_tokens")
+        request = await asyncio.to_thread(to_request, body, ctx, label="count_tokens")
         try:
             n = await asyncio.wrap_future(ctx.worker.run(lambda service: len(service.prompt_tokens(request))))
         except Exception as e:

@@ -14,18 +14,22 @@ OpenAI error JSON) and vLLM's OpenAI server (validation errors answered in OpenA
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import socket
 import time
-from typing import Callable, Optional
+import asyncio
+from typing import Callable, Optional, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.middleware.cors import CORSMiddleware
 
 from specdec_cli import __version__
+from specdec_cli.server.access import AccessGuard, HostCheck, OriginCheck, cors_options
 from specdec_cli.server import anthropic_messages, llama_infill, openai_chat, openai_completions, openai_responses
-from specdec_cli.server.errors import ApiError, to_api_error
+from specdec_cli.server.errors import ApiError, internal, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
@@ -33,33 +37,53 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # each mounts its routes: `routes(app, ctx)`
 TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_messages, llama_infill)
+BODY_TIMEOUT_S = 30.0  # a request body pausing longer between two parts is a slow client's: 408
 
 
-def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Optional[str] = None,
-               max_body_bytes: Optional[int] = None) -> FastAPI:
+def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str | Sequence[str] | None = None,
+               max_body_bytes: Optional[int] = None, bind_host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
+               cors_origins: Sequence[str] = (), body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app serving `worker`'s model.
 
     Args:
         defaults: sampling and max tokens for requests that leave them out.
-        api_key: when set, every /v1 route needs `Authorization: Bearer <api_key>` or `x-api-key: <api_key>`
-            (Anthropic's header; 401 otherwise); /health does not.
+        api_key: a key or several; when set, every /v1 route needs `Authorization: Bearer KEY` or `x-api-key: KEY`
+            (Anthropic's header; 401 otherwise); /health does not. A request's key is its scope (`Request.scope`):
+            the caches of one key's conversations never serve another's.
         max_body_bytes: larger request bodies get 413 (default: 64 bytes per context token, at least 1 MiB).
+        bind_host, allowed_hosts, cors_origins: who may reach it (`access`): on a loopback `bind_host` only local
+            `Host` names and `allowed_hosts`; browser `Origin`s only those `cors_origins` allows (403 otherwise).
+        body_timeout: seconds a request body may pause between two of its parts (408 after).
     """
     service = worker.service
     model_id, method, n_ctx = service.model_id, service.method, service.n_ctx
     created = int(time.time())
     app = FastAPI(title="specdec serve", version=__version__, docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx),
-                       error_body=lambda path, err: ctx.error_body(path, err))
+    error_body = lambda path, err: ctx.error_body(path, err)  # noqa: E731 (ctx is made below)
+    # middleware added last runs first: the access check, then CORS, then the body limit
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx), error_body=error_body,
+                       timeout=body_timeout)
+    origins = OriginCheck(cors_origins)
+    app.add_middleware(CORSMiddleware, **cors_options(origins))
+    app.add_middleware(AccessGuard, hosts=HostCheck(bind_host, allowed_hosts), origins=origins, error_body=error_body)
 
     # -- authentication ----------------------------------------------------------------------------------------------
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+
     async def authenticate(request: Request) -> None:
-        if api_key is None:
+        if not keys:
             return
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
         bearer = credentials.strip() if scheme.lower() == "bearer" else None
         for given in (bearer, request.headers.get("x-api-key")):
-            if given is not None and secrets.compare_digest(given.encode(), api_key.encode()):
+            if given is None:
+                continue
+            match = None
+            for key in keys:  # every key compared, in constant time
+                if secrets.compare_digest(given.encode(), key.encode()):
+                    match = key
+            if match is not None:
+                request.state.key_scope = hashlib.blake2b(match.encode(), digest_size=8).hexdigest()
                 return
         raise ApiError(401, "Invalid or missing API key: send the header `Authorization: Bearer KEY` (or "
                        "`x-api-key: KEY`) with the key given to specdec serve --api-key.", code="invalid_api_key")
@@ -91,6 +115,7 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: Opti
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        worker.log(f"{request.url.path}: {internal(exc)}")  # the client gets no internal message
         return json_error(ctx, request.url.path, to_api_error(exc))
 
     # -- routes ----------------------------------------------------------------------------------------------------
@@ -142,13 +167,16 @@ def validation_error(errors: list[dict]) -> ApiError:
 
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` gets 413 (read up to the limit, then replayed to the app),
-    its JSON made by `error_body(path, error)` (the API's shape; default: OpenAI's)."""
+    one that pauses more than `timeout` seconds between two parts 408 (a slow client must not hold a connection), its
+    JSON made by `error_body(path, error)` (the API's shape; default: OpenAI's)."""
 
     def __init__(self, app: Callable, max_bytes: int,
-                 error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body()) -> None:
+                 error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body(),
+                 timeout: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.error_body = error_body
+        self.timeout = timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -158,7 +186,14 @@ class BodyLimit:
         too_large = length is not None and length.isdigit() and int(length) > self.max_bytes
         body = bytearray()
         while not too_large:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout)
+            except asyncio.TimeoutError:
+                err = ApiError(408, f"The request body paused for more than {self.timeout:g} s.",
+                               code="request_timeout")
+                await JSONResponse(self.error_body(scope.get("path", ""), err), status_code=408,
+                                   headers={"Connection": "close"})(scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
@@ -201,9 +236,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_level: str = "warning"):
+HEADER_TIMEOUT_S = 10.0  # a connection must send a request's headers within this (slowloris), seconds
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this, seconds (uvicorn's default)
+MAX_CONNECTIONS = 128  # open connections at once (`--max-connections`); beyond: uvicorn's 503
+
+
+def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_level: str = "warning",
+                max_connections: int = MAX_CONNECTIONS, header_timeout: float = HEADER_TIMEOUT_S):
     """A uvicorn `Server` for `app` (no access log: the worker logs one line per request). `on_exit` runs first when
-    a signal (Ctrl-C, SIGTERM) asks the server to stop, so running generations end after their current step."""
+    a signal (Ctrl-C, SIGTERM) asks the server to stop, so running generations end after their current step.
+
+    Slow clients are bounded: a connection that has not sent a whole request's headers `header_timeout` seconds after
+    it opened (or after its last response) is closed (`_HeaderTimeout`: uvicorn has no such timeout), an idle one
+    after `KEEP_ALIVE_S`, and at most `max_connections` are served at once (uvicorn's `limit_concurrency`)."""
     import uvicorn
     from sse_starlette.sse import AppStatus
 
@@ -219,8 +264,45 @@ def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=10,
-                            lifespan="off")
+                            lifespan="off", http=_header_timeout_protocol(header_timeout),
+                            timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=max_connections)
     return _Server(config)
+
+
+def _header_timeout_protocol(timeout: float) -> type:
+    """uvicorn's h11 protocol, closing a connection that sends no complete request headers within `timeout` seconds
+    of opening or of its last response (uvicorn's keep-alive timer stops at the first byte, so a client that sends
+    a request a byte at a time would hold its connection forever)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class _HeaderTimeout(H11Protocol):
+        _header_timer = None
+
+        def _arm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            waiting_after = self.cycle  # a request parsed after this replaces it
+
+            def expire() -> None:
+                if self.cycle is waiting_after and not self.transport.is_closing():
+                    self.transport.close()
+
+            self._header_timer = self.loop.call_later(timeout, expire)
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # before a pipelined request is parsed (in super) and replaces the cycle
+            super().on_response_complete()
+
+        def connection_lost(self, exc) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            super().connection_lost(exc)
+
+    return _HeaderTimeout
 
 
 def base_url(sock: socket.socket) -> str:

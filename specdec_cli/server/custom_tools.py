@@ -84,7 +84,7 @@ def template_arguments(call: ToolCall) -> Any:
         return {INPUT: call.arguments}
     try:
         return json.loads(call.arguments)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return call.arguments
 
 

@@ -9,6 +9,9 @@ RateLimitError, 5xx InternalServerError) and `error.message` into its message.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from specdec_cli.errors import BackendError, ContextOverflowError, SpecdecError, UsageError
 
 INVALID = "invalid_request_error"
@@ -54,6 +57,16 @@ class ShuttingDownError(Exception):
         super().__init__("The server is shutting down.")
 
 
+class DeadlineError(Exception):
+    """The request held the worker longer than `specdec serve --timeout` allows; it was stopped (in its prefill,
+    between two chunks, or between two steps of its reply)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"The request took longer than this server's limit of {timeout:g} s (specdec serve "
+                         "--timeout) and was stopped. Ask for fewer tokens (max_tokens) or a shorter prompt; a retry "
+                         "finds the prompt evaluated so far in the cache.")
+
+
 class ClientGoneError(Exception):
     """The client disconnected; its request was dropped or stopped (the status is only logged: nobody reads it)."""
 
@@ -66,6 +79,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (QueueFullError, 429, "rate_limit_error", "queue_full"),
     (ShuttingDownError, 503, SERVER, "shutting_down"),
     (ClientGoneError, 499, INVALID, "client_gone"),  # nginx's "client closed request"
+    (DeadlineError, 408, INVALID, "request_timeout"),
     (ContextOverflowError, 400, INVALID, "context_length_exceeded"),
     (UsageError, 400, INVALID, None),
     (BackendError, 500, SERVER, "backend_error"),
@@ -87,5 +101,23 @@ def to_api_error(exc: BaseException, *, param: str | None = None) -> ApiError:
             return ApiError(status, str(exc), type=type_, code=code,
                             param=param if cls in (ContextOverflowError, UsageError) else None,
                             headers={"Retry-After": str(retry)} if retry is not None else None)
-    return ApiError(500, f"Internal error: {type(exc).__name__}: {exc} (a bug in specdec; the server goes on; "
-                    "SPECDEC_DEBUG=1 logs the traceback).", type=SERVER, code="internal_error")
+    # the exception's own text stays in the server's log (`internal`): it may name files, limits or code
+    return ApiError(500, "Internal error: a bug in specdec, logged by the server (SPECDEC_DEBUG=1 logs the "
+                    "traceback); the server goes on.", type=SERVER, code="internal_error")
+
+
+def internal(exc: BaseException) -> str:
+    """What the server's log says of `exc` when its client got `to_api_error`'s message: for a bug (500), the
+    exception's class and text, which the client is not sent."""
+    api = to_api_error(exc)
+    return f"{api.message} ({type(exc).__name__}: {exc})" if api.code == "internal_error" else api.message
+
+
+def loads(text: str, param: str) -> Any:
+    """`json.loads(text)` for a client's JSON inside a field (a past call's arguments). Raises json.JSONDecodeError
+    as json.loads does, and ApiError (400 naming `param`) for JSON nested deeper than Python parses (json.loads's
+    RecursionError, which would otherwise be a 500)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ApiError(400, f"{param} is JSON nested too deeply to read.", param=param) from None

@@ -25,7 +25,7 @@ def call_key(name: str, arguments: str) -> CallKey:
     layout and key order do not matter; arguments that are not JSON (a custom tool's raw input) compare as text."""
     try:
         canonical = json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (json.JSONDecodeError, TypeError):
+    except (json.JSONDecodeError, TypeError, RecursionError):
         canonical = arguments.strip()
     return name, canonical
 

@@ -18,7 +18,7 @@ Shaped after llama-cpp-python's server (`llama_cpp/server/app.py`: FastAPI + `Ev
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from fastapi import Request as HttpRequest
@@ -106,7 +106,9 @@ class Context:
         (the app's handlers answer it in the API's shape).
         """
         worker, service = self.worker, self.service
-        request = service.check(request)
+        request = replace(request, scope=getattr(http.state, "key_scope", None))  # the API key's (authenticate)
+        # the grammar of 1,500 tools takes a second to compile: off the event loop, so /health and streams go on
+        request = await asyncio.to_thread(service.check, request)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 

@@ -16,6 +16,7 @@ model has room (a message's `name` and an assistant's `reasoning_content` and `c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, Literal, Optional, Union
@@ -25,7 +26,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from specdec_cli.core.constraint import GrammarError, json_object, json_schema
-from specdec_cli.server.errors import ApiError
+from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.http import Context
 from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.openai_base import (
@@ -177,7 +178,7 @@ def _tool_call(call: Any, where: str) -> ToolCall:
     if not isinstance(name, str) or not name:
         raise ApiError(400, f"{where}.function.name is missing.", param=f"{where}.function.name")
     try:
-        args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        args = loads(arguments, f"{where}.function.arguments") if isinstance(arguments, str) else arguments
     except json.JSONDecodeError as e:
         raise ApiError(400, f"{where}.function.arguments is not JSON ({e.msg} at character {e.pos}).",
                        param=f"{where}.function.arguments") from None
@@ -402,7 +403,7 @@ def routes(app: FastAPI, ctx: Context) -> None:
 
     @app.post("/v1/chat/completions", dependencies=ctx.auth)
     async def chat_completions(body: ChatRequest, http: HttpRequest) -> Response:
-        request = to_request(body, ctx)
+        request = await asyncio.to_thread(to_request, body, ctx)  # tools' schemas compile off the event loop
         ctx.ignore(http.url.path, body)
         writer = ChatWriter(ctx.model_id, ctx.method, logprobs=request.config.logprobs is not None,
                             include_usage=bool(body.stream_options and body.stream_options.include_usage))

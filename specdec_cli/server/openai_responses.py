@@ -38,7 +38,10 @@ there are none), `context_management`, and unknown vendor extras.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -51,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specdec_cli.core.constraint import GrammarError, json_object, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.custom_tools import custom_tool, input_grammar
-from specdec_cli.server.errors import ApiError
+from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
     Sampling, chat_logprobs, check_logprobs,
@@ -146,27 +149,32 @@ class Held:
 
 class ResponseStore:
     """The last `capacity` responses (created with `store` not false), oldest dropped first: what
-    `previous_response_id` and `item_reference` can name. In memory, for this process's life."""
+    `previous_response_id` and `item_reference` can name. In memory, for this process's life. Thread-safe: requests
+    are translated off the event loop (`to_request` in a thread) while finished responses are put on it."""
 
     def __init__(self, capacity: int = STORE_SIZE) -> None:
         self.capacity = capacity
         self._held: OrderedDict[str, Held] = OrderedDict()
+        self._lock = threading.Lock()
 
     def put(self, held: Held) -> None:
-        self._held[held.id] = held
-        self._held.move_to_end(held.id)
-        while len(self._held) > self.capacity:
-            self._held.popitem(last=False)
+        with self._lock:
+            self._held[held.id] = held
+            self._held.move_to_end(held.id)
+            while len(self._held) > self.capacity:
+                self._held.popitem(last=False)
 
     def get(self, response_id: str) -> Optional[Held]:
-        return self._held.get(response_id)
+        with self._lock:
+            return self._held.get(response_id)
 
     def item(self, item_id: str) -> Optional[dict]:
         """The held input or output item with this `id` (the newest response first)."""
-        for held in reversed(self._held.values()):
-            for item in held.items:
-                if isinstance(item, dict) and item.get("id") == item_id:
-                    return item
+        with self._lock:
+            for held in reversed(self._held.values()):
+                for item in held.items:
+                    if isinstance(item, dict) and item.get("id") == item_id:
+                        return item
         return None
 
 
@@ -306,7 +314,10 @@ def messages_of(items: list, instructions: Any, names: Names, base: int = 0) -> 
                 raise ApiError(400, f"{where(i)}: a {kind} item needs call_id and name.", param=where(i))
             flat = names.flat(item.get("namespace"), name)
             if kind == "function_call":
-                call = ToolCall(call_id, flat, _string(item.get("arguments"), f"{where(i)}.arguments"))
+                arguments = _string(item.get("arguments"), f"{where(i)}.arguments")
+                with contextlib.suppress(json.JSONDecodeError):  # text that is not JSON stays text
+                    loads(arguments, f"{where(i)}.arguments")  # too deep: 400 (it is parsed for the template)
+                call = ToolCall(call_id, flat, arguments)
             else:
                 call = ToolCall(call_id, flat, _string(item.get("input"), f"{where(i)}.input"), kind="custom")
             if out and out[-1].role == "assistant":  # the calls of one turn join its text (llama-server does)
@@ -712,7 +723,7 @@ def routes(app: FastAPI, ctx: Context, *, store: Optional[ResponseStore] = None)
 
     @app.post("/v1/responses", dependencies=ctx.auth)
     async def responses(body: ResponsesRequest, http: HttpRequest) -> Response:
-        tr = to_request(body, ctx, store)
+        tr = await asyncio.to_thread(to_request, body, ctx, store)  # tools' schemas compile off the event loop
         if tr.hosted and tr.hosted not in noted:  # said once per set, not on every turn of an agent's session
             noted.add(tr.hosted)
             ctx.worker.log(f"responses: left out of the prompt, as a local server cannot run them: "

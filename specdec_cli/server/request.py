@@ -204,6 +204,8 @@ class Request:
         prediction: the expected output (OpenAI's predicted outputs), drafted from, never evaluated.
         template_kwargs: extra variables for the chat template (`chat_template_kwargs`, e.g. enable_thinking).
         label: what the log line calls the request ("chat", "completion", "responses", "messages", ...).
+        scope: whose request it is (a digest of the API key it came with; None: no keys): the KV cache, parked
+            states and the prompt cache are never shared between two scopes (`GenerationService.stream`).
     """
 
     config: GenerationConfig
@@ -215,6 +217,7 @@ class Request:
     prediction: str | None = None
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     label: str = "chat"
+    scope: str | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -288,11 +291,13 @@ class Defaults:
         )
 
     def limit(self, asked: int | None, n_ctx: int) -> int:
-        """A reply's token limit: what the request asked (`asked`), else the server's `max_tokens`, else
-        `DEFAULT_MAX_TOKENS`; a default never exceeds the context window `n_ctx` (tokens). The engine ends a reply
-        at a full context in any case (finish "context")."""
+        """A reply's token limit, the same for every API: what the request asked (`asked`) up to the server's
+        `max_tokens` when it has one (`--max-tokens` is the default and the maximum), else the server's `max_tokens`,
+        else `DEFAULT_MAX_TOKENS`; never more than the context window `n_ctx` (tokens), so a request cannot ask for
+        1e15 tokens. The engine ends a reply at a full context in any case (finish "context")."""
+        cap = min(self.max_tokens or n_ctx, n_ctx)
         if asked:
-            return asked
+            return min(asked, cap)
         return min(self.max_tokens or DEFAULT_MAX_TOKENS, n_ctx)
 
     @property

@@ -20,7 +20,7 @@ other method runs on one thread (`specdec_cli.server.worker.Worker`).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specdec_cli.driver import Drive, stream
 from specdec_cli.errors import ToolsUnsupportedError
@@ -59,6 +59,7 @@ class GenerationService:
         self.assembler = Assembler(session)  # the drafter and `--k auto`'s controller, saved by `close`
         self._engine = self.assembler.engine(spec, saved_k=saved_k)
         self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
+        self._scope: str | None = None  # whose requests the caches hold (`Request.scope`)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
         self.tool_format: ToolFormat = detect_tool_format(
@@ -156,7 +157,8 @@ class GenerationService:
         return self.session.tokenize_chat(prompt)
 
     # -- generation ---------------------------------------------------------------------------------------------
-    def stream(self, request: Request, prompt_tokens: Sequence[int]) -> Drive:
+    def stream(self, request: Request, prompt_tokens: Sequence[int],
+               interrupt: Callable[[], None] | None = None) -> Drive:
         """One request's generation (`driver.Drive`): iterate it for the engine's records, read its stats after.
 
         Closing it early (client gone, shutdown) leaves the target's KV cache holding only committed tokens, ready
@@ -167,19 +169,39 @@ class GenerationService:
                 drafted from by `--method auto` and `predict` (its drafts carry `Step.source == "predict"`), never
                 evaluated.
             prompt_tokens: int [n], from `prompt_tokens`.
+            interrupt: called between the prefill's chunks; raises to stop it (`GenerationConfig.interrupt`).
 
         Raises:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
             UsageError: empty prompt. BackendError (from the iteration): llama.cpp failed.
         """
-        config = replace(request.config, prediction=self.session.prediction_tokens(request.prediction))
+        config = replace(request.config, prediction=self.session.prediction_tokens(request.prediction),
+                         interrupt=interrupt)
+        if request.scope != self._scope:
+            self._enter_scope(request.scope)
         return stream(self._engine, prompt_tokens, config)
+
+    def _enter_scope(self, scope: str | None) -> None:
+        """Serve `scope`'s requests from now on: nothing another client's requests left may serve them (whose cached
+        prefix would also show in `usage.cached_tokens`): the KV cache is emptied, parked states dropped, the prompt
+        cache keyed by `scope`."""
+        self._engine.save_prompt()  # the previous scope's last state, under its own key
+        self.session.target.truncate(0)
+        self._engine.parking = KvParking()
+        if self.session.prompt_cache is not None:
+            self.session.prompt_cache.scope = scope
+        self._scope = scope
 
     def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
         """The step's `Step.logprobs` with each token's bytes (`Backend.piece`), for the response JSON."""
         piece = self.session.target.piece
         return tuple(PieceLogprob(piece(lp.token), lp.logprob, tuple((piece(t), p) for t, p in lp.top))
                      for lp in logprobs)
+
+    def save_learnt(self) -> None:
+        """Save what the drafter's store and `--k auto` learnt so far (`Assembler.save`), serving on: the worker
+        calls it between requests (`Saver`)."""
+        self.assembler.save()
 
     def close(self) -> None:
         """Save what was learnt (`Assembler.close`: the drafter's store, `--k auto`'s controller), then free the

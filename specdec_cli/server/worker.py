@@ -27,11 +27,14 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, TypeVar
 
 from specdec_cli.core.records import Finish, Prefill, Step
 from specdec_cli.server.request import Request
-from specdec_cli.server.errors import ClientGoneError, QueueFullError, ShuttingDownError, to_api_error
+from specdec_cli.server.errors import (
+    ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError, internal, to_api_error,
+)
 from specdec_cli.driver import Drive
 from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
 from specdec_cli.server.service import GenerationService
@@ -99,10 +102,14 @@ class Job:
         self.task = task
         self.result: Future = Future()
         self.cancelled = threading.Event()
+        self.submitted_at = time.monotonic()
         self.started_at: float | None = None  # time.monotonic() when the worker took it
+        self.cancelled_at: float | None = None  # time.monotonic() when its client went away
         self.tokens = 0  # output tokens so far
 
 
+OUTCOMES = {ClientGoneError: "cancelled (client gone)", ShuttingDownError: "cut short (shutting down)",
+            DeadlineError: "stopped at its deadline (--timeout)"}  # the log's word for each
 FIRST_GUESS_S = 10.0  # a request's wall time before any was served (Retry-After's first estimate), seconds
 MEAN_WEIGHT = 0.3  # weight of the latest request in the moving mean of wall times
 
@@ -120,10 +127,13 @@ class Worker:
         log: one line per request (default: stderr).
     """
 
-    def __init__(self, service: GenerationService, *, bound: int = 16, log: Callable[[str], None] = _stderr) -> None:
+    def __init__(self, service: GenerationService, *, bound: int = 16, log: Callable[[str], None] = _stderr,
+                 timeout: float | None = None, on_served: Callable[[], None] | None = None) -> None:
         self.service = service
         self.bound = bound
         self.log = log
+        self.timeout = timeout  # seconds a request may hold this thread (`--timeout`); None: no deadline
+        self.on_served = on_served  # called on this thread after each request (the learnt state's periodic save)
         self._cv = threading.Condition()
         self._pending: deque[Job] = deque()
         self._current: Job | None = None
@@ -171,6 +181,8 @@ class Worker:
         """The client went away: drop `job` if it is waiting, else stop it at its next step; either way its last
         event is `Failed(ClientGoneError())` (none if it had finished). Idempotent."""
         with self._cv:
+            if job.cancelled_at is None:
+                job.cancelled_at = time.monotonic()
             job.cancelled.set()
             try:
                 self._pending.remove(job)
@@ -193,6 +205,11 @@ class Worker:
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """True while the serving thread runs (after `stop`: until its request's current chunk or step ends)."""
+        return self._thread.is_alive()
 
     def ahead(self, job: Job) -> int:
         """Requests `job` waits for (the running one and those queued before it); 0 once it runs or if it will be
@@ -245,6 +262,11 @@ class Worker:
                     if job.task is None:  # a request's wall time (a task's, e.g. count_tokens, is no guide)
                         took = time.monotonic() - job.started_at
                         self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
+            if job.task is None and self.on_served is not None:
+                try:
+                    self.on_served()
+                except Exception as e:  # a failed save must not stop the serving thread
+                    self.log(f"after request #{job.id}: {type(e).__name__}: {e}")
 
     def _serve(self, job: Job) -> None:
         """Generate one request, delivering its events; never raises (the server goes on whatever happens).
@@ -255,33 +277,34 @@ class Worker:
         request, service, reply = job.request, self.service, job.reply
         drive = None
         outcome, note = "ok", ""
+        interrupt = partial(self._check, job)
         try:
             tokens = service.prompt_tokens(request)
-            drive = service.stream(request, tokens)
+            drive = service.stream(request, tokens, interrupt)
             ended = self._follow(job, drive, len(tokens))
             if not ended and reply.stopped and reply.empty:
                 note = " (a repeated tool call dropped: generated again without tools)"
                 drive.close()
                 request = service.without_calls(request)
                 reply.restart(service.parser(request))
-                drive = service.stream(request, tokens)
+                drive = service.stream(request, tokens, interrupt)
                 ended = self._follow(job, drive, None)
             elif not ended and reply.stopped:
                 note = " (ended before a repeated tool call)"
                 _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
                 ended = True
             if not ended:
-                if job.cancelled.is_set():
-                    outcome = "cancelled (client gone)"
-                    _send(job, Failed(ClientGoneError()))
-                elif self._stopping:
-                    outcome = "cut short (shutting down)"
-                    _send(job, Failed(ShuttingDownError()))
-                else:  # the engine ended without a finish reason (not expected): answer with what there is
-                    _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
+                stopped = self._stopped(job)
+                if stopped is not None:
+                    raise stopped
+                # the engine ended without a finish reason (not expected): answer with what there is
+                _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
+        except (ClientGoneError, ShuttingDownError, DeadlineError) as e:  # between steps or prefill chunks
+            outcome = OUTCOMES[type(e)]
+            _send(job, Failed(e))
         except Exception as e:  # a domain error (400) or a bug (500): reported to the client, the server goes on
             api = to_api_error(e)
-            outcome = f"error {api.status}: {api.message}"
+            outcome = f"error {api.status}: {internal(e)}"
             if api.status >= 500 and os.environ.get("SPECDEC_DEBUG", "") not in ("", "0"):
                 import traceback
 
@@ -293,7 +316,28 @@ class Worker:
         stats = RequestStats.of(drive) if drive is not None else RequestStats(RunStats())
         if reply.stopped and reply.end is not None:  # stopped here, not by the engine: the reply's own finish
             stats = reply.end.stats
+        if job.cancelled_at is not None and outcome == OUTCOMES[ClientGoneError]:  # the worker's time after it
+            note += f" (stopped {max(0.0, time.monotonic() - job.cancelled_at):.2f} s after the client left)"
+        note += f"; queued {job.started_at - job.submitted_at:.2f} s"
         self.log(log_line(job.id, request.label, stats, outcome, self.service.method) + note)
+
+    def _stopped(self, job: Job) -> Exception | None:
+        """Why `job` must stop now, or None: its client went away, the server is stopping, or its deadline
+        (`timeout` seconds after the worker took it) passed."""
+        if job.cancelled.is_set():
+            return ClientGoneError()
+        if self._stopping:
+            return ShuttingDownError()
+        if self.timeout is not None and job.started_at is not None \
+                and time.monotonic() - job.started_at > self.timeout:
+            return DeadlineError(self.timeout)
+        return None
+
+    def _check(self, job: Job) -> None:
+        """Raise `_stopped(job)` if there is a reason: called between the prefill's chunks (`backend.sync`)."""
+        stopped = self._stopped(job)
+        if stopped is not None:
+            raise stopped
 
     def _follow(self, job: Job, drive: Drive, n_prompt: int | None) -> bool:
         """Deliver one generation's events: `Started` after its prefill (unless `n_prompt` is None: a second
@@ -301,7 +345,7 @@ class Worker:
         False when the client went away, the server is stopping, or the reply stopped before a repeated call."""
         reply, ended = job.reply, False
         for record in drive:
-            if drive.finish_reason is None and (job.cancelled.is_set() or self._stopping):
+            if drive.finish_reason is None and self._stopped(job) is not None:
                 return False  # closing the drive (finally) stops the engine before its next step
             if isinstance(record, Prefill):
                 if n_prompt is not None:  # the prompt fit and was evaluated
@@ -320,6 +364,31 @@ class Worker:
                 _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
                 ended = True
         return ended
+
+
+SAVE_EVERY = 16  # requests between two saves of what was learnt, at most
+SAVE_INTERVAL_S = 300.0  # seconds between two saves, at most (`specdec serve --save-interval`)
+
+
+class Saver:
+    """Saves what was learnt while the server runs (`Worker(on_served=Saver(service.save_learnt))`): after a request,
+    when `every` requests were served since the last save or `interval` seconds passed, so a crash (kill -9) loses
+    at most that much. Called on the worker thread, between requests: nothing else touches the stores meanwhile;
+    each store writes atomically under its own file lock."""
+
+    def __init__(self, save: Callable[[], None], *, every: int = SAVE_EVERY, interval: float = SAVE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.save, self.every, self.interval, self.clock = save, every, interval, clock
+        self.served = 0
+        self.last = clock()
+        self.saves = 0
+
+    def __call__(self) -> None:
+        self.served += 1
+        if self.served >= self.every or self.clock() - self.last >= self.interval:
+            self.served, self.last = 0, self.clock()
+            self.save()
+            self.saves += 1
 
 
 def _run_task(job: Job, service: GenerationService) -> None:

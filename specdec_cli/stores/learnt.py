@@ -133,9 +133,13 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with files.lock(f"{path}.lock", _LOCK_TIMEOUT_S):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", LearntWarning)  # a broken file is replaced
+            files.remove_temporaries(path.parent, path.name)  # what a killed writer left
+            with warnings.catch_warnings(record=True) as broken:
+                warnings.simplefilter("always", LearntWarning)
                 entries, kept = dict(_entries(path)), dict(_entries(path, "curves"))
+            if broken and path.exists():  # kept for inspection, not overwritten: as the suffix store does
+                aside = files.set_aside(path)
+                _warn(f"{broken[0].message} Set aside as {aside.name}; it is written afresh.")
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             for key, ctrl in controllers.items():
                 entries[key] = {"state": ctrl.state(), **(details or {}).get(key, {}), "saved_at": stamp}

@@ -254,6 +254,9 @@ class PromptCache:
         self.min_tokens = min_tokens
         self.lock_timeout = lock_timeout
         self._filelock: filelock.FileLock | None = None
+        self.scope: str | None = None
+        """Whose states these are (`specdec serve`: a digest of the client's API key): part of every entry's key, so
+        one client never restores another's prompt. None: shared (one user)."""
 
     # -- restoring ------------------------------------------------------------------------------------------------
 
@@ -450,7 +453,8 @@ class PromptCache:
     def key(self, backend: StatefulBackend) -> dict:
         """The entry key for `backend`: {"model": model_identity(path), "backend": backend.state_key()}. Raises
         OSError when the model file cannot be read."""
-        return {"model": model_identity(backend.path), "backend": backend.state_key()}
+        key = {"model": model_identity(backend.path), "backend": backend.state_key()}
+        return key if self.scope is None else {**key, "scope": self.scope}
 
     def _entries(self, digest: str, key: dict) -> Iterator[_Entry]:
         """The valid entries of `key` (its files are named by its digest); corrupt ones are deleted with a warning."""

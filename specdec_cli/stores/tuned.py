@@ -24,7 +24,8 @@ Keys:
                 names the build's CPU features and backends, so a rebuilt llama-cpp-python gets tuned afresh.
 
 A file that cannot be read or parsed, or an entry that does not validate, is ignored with a `TunedWarning`
-(shown on stderr): a broken cache of measurements must never stop a generation. `save` replaces a corrupt file.
+(shown on stderr): a broken cache of measurements must never stop a generation. `save` sets a corrupt file aside
+(`tuned.json.corrupt-<time>`) and starts afresh.
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
          machine_desc: dict[str, Any], k: int | str, details: dict[str, Any] | None = None) -> Path:
     """Record K (an int 0..64 or "auto") for this pair, method and machine; return the file written.
 
-    Other entries are kept; a corrupt file is replaced (with a `TunedWarning` from `load`). The write is atomic and
+    Other entries are kept; a corrupt file is set aside (`files.set_aside`, with a `TunedWarning`) and a killed
+    writer's temporaries are deleted, under the file lock. The write is atomic and
     the file is created 0o600. Raises ValueError for a bad K, OSError when the directory is not writable.
     """
     if not _valid_k(k):
@@ -200,7 +202,13 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     with files.lock(f"{path}.lock", _LOCK_TIMEOUT_S):
-        settings = dict(load(path))
+        files.remove_temporaries(path.parent, path.name)  # what a killed writer left
+        with warnings.catch_warnings(record=True) as broken:
+            warnings.simplefilter("always", TunedWarning)
+            settings = dict(load(path))
+        if broken and path.exists():  # kept for inspection, not overwritten
+            aside = files.set_aside(path)
+            _warn(f"{broken[0].message} Set aside as {aside.name}; {path.name} holds only this setting now.")
         settings[key] = entry
         files.write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2,
                                             ensure_ascii=False) + "\n")

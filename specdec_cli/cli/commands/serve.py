@@ -4,30 +4,94 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import signal
 import socket
+import sys
 import threading
-from typing import Iterator, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
 
 from specdec_cli.errors import UsageError
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 
 
-def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, port: int, api_key: Optional[str],
-            queue: int) -> int:
+KEY_ENV = "SPECDEC_SERVE_KEY"  # the server's key; no client reads it (SPECDEC_API_KEY is Codex's client key)
+CLIENT_KEY_ENV = "SPECDEC_API_KEY"  # the README has Codex users export it (value `unused`): never the server's key
+STOP_WAIT_S = 60.0  # a stopping server waits this long for the running request's current chunk or step
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may reach the server and how long a request may take (`specdec serve`'s server options).
+
+    Attributes:
+        allowed_hosts: more `Host` names a loopback server answers (`--allowed-host`). cors_origins: the browser
+            origins answered (`--cors-origin`). insecure_no_api_key: serve a non-loopback --host without a key.
+        timeout: seconds a request may hold the model. max_connections: open connections at once.
+        save_interval: seconds between two saves of what was learnt, at most.
+    """
+
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    insecure_no_api_key: bool = False
+    timeout: float = 1800.0
+    max_connections: int = 128
+    save_interval: float = 300.0
+
+
+def server_key(api_key: Optional[str], api_key_file: Optional[Path]) -> tuple[str, ...]:
+    """The keys the server accepts: `--api-key`, else each line of `--api-key-file` (one key per client: each key's
+    conversations are cached apart), else $SPECDEC_SERVE_KEY; () for none. $SPECDEC_API_KEY is not read: it is the
+    key clients send (Codex's `env_key`, often `unused`), and a shell that exported it must not start a server whose
+    key everybody knows.
+
+    Raises UsageError: the file cannot be read, or holds no key."""
+    if api_key:
+        return (api_key,)
+    if api_key_file is not None:
+        try:
+            text = Path(api_key_file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"Cannot read the key file {api_key_file} ({getattr(e, 'strerror', None) or e}).",
+                             "Give a readable file with one key per line.") from None
+        keys = tuple(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+        if not keys:
+            raise UsageError(f"The key file {api_key_file} holds no key.", "Write one key per line.")
+        return keys
+    key = os.environ.get(KEY_ENV, "").strip()
+    return (key,) if key else ()
+
+
+def check_exposure(host: str, api_key: Sequence[str], insecure_no_api_key: bool) -> None:
+    """Refuse to serve a non-loopback `host` without a key unless `insecure_no_api_key` confirms it: anyone who
+    reaches the port would use the model. Raises UsageError (one line with both fixes)."""
+    from specdec_cli.server.access import is_loopback
+
+    if not api_key and not is_loopback(host) and not insecure_no_api_key:
+        raise UsageError(f"--host {host} lets other machines reach the server, and it has no API key.",
+                         f"Give one with --api-key-file FILE (or {KEY_ENV}=...), or serve without one with "
+                         "--insecure-no-api-key.")
+
+
+def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, port: int, api_key: Sequence[str],
+            queue: int, access: Access = Access()) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
     `defaults`: a `specdec_cli.server.request.Defaults` (sampling and max tokens for requests that leave them out).
-    Raises UsageError (missing extra, bad --k, port unavailable), and what `open_session` raises.
+    Raises UsageError (missing extra, bad --k, port unavailable, a non-loopback --host without a key), and what
+    `open_session` raises.
     """
     require_extra()
+    check_exposure(host, api_key, access.insecure_no_api_key)
     from specdec_cli.assemble import tuned_k
     from specdec_cli.cli.console import RichReporter, err_console
     from specdec_cli.cli.render import announce_tuned_k
     from specdec_cli.server.app import base_url, create_app, make_server
     from specdec_cli.server.service import GenerationService
-    from specdec_cli.server.worker import Worker
+    from specdec_cli.server.worker import Saver, Worker
 
     sock = _bind(host, port)  # before loading a model: a port in use fails at once
     err = err_console()
@@ -45,22 +109,58 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         sock.close()
         raise
 
-    worker = Worker(service, bound=queue)
-    server = make_server(create_app(worker, defaults=defaults, api_key=api_key), on_exit=worker.stop)
+    worker = Worker(service, bound=queue, timeout=access.timeout,
+                    on_served=Saver(service.save_learnt, interval=access.save_interval))
+    app = create_app(worker, defaults=defaults, api_key=api_key, bind_host=host, allowed_hosts=access.allowed_hosts,
+                     cors_origins=access.cors_origins)
+    server = make_server(app, on_exit=worker.stop, max_connections=access.max_connections)
     worker.start()
-    err.print(startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
-                           api_key=bool(api_key)), highlight=False, markup=False)
-    err.print(context_line(service.n_ctx), highlight=False, markup=False)
+    for line in (startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
+                              api_key=bool(api_key)),
+                 context_line(service.n_ctx), access_line(host, api_key, access),
+                 prompt_cache_line(service.session.prompt_cache)):
+        err.print(line, highlight=False, markup=False)
+    if not api_key and os.environ.get(CLIENT_KEY_ENV):
+        err.print(f"note: {CLIENT_KEY_ENV} is a client's variable and is not the server's key; give the server one "
+                  f"with --api-key-file or {KEY_ENV}.", highlight=False, markup=False)
     try:
         with _signals_handled_by_server():
             server.run(sockets=[sock])
     finally:
-        worker.stop()  # the running request ends after its current step; waiting ones get 503
-        worker.join(timeout=120)
+        worker.stop()  # the running request ends within one prefill chunk or step; waiting ones get 503
+        worker.join(timeout=STOP_WAIT_S)
+        if worker.alive:  # llama.cpp is still in a call: freeing the models under it would crash
+            err.print(f"specdec serve: the running request did not stop within {STOP_WAIT_S:g} s; exiting without "
+                      "saving (what was learnt is saved every --save-interval).", highlight=False, markup=False)
+            sys.stderr.flush()
+            os._exit(1)
         service.close()  # the suffix store and --k auto's controller are saved here
         sock.close()
     err.print("specdec serve: stopped; what was learnt is saved.", highlight=False, markup=False)
     return 0
+
+
+def access_line(host: str, api_key: Sequence[str], access: Access) -> str:
+    """The start-up line that says who may reach the server and how to open it further."""
+    from specdec_cli.server.access import is_loopback
+
+    who = ("this machine only, for the Host names localhost, 127.0.0.1 and [::1]"
+           + (f" and {', '.join(access.allowed_hosts)}" if access.allowed_hosts else " (--allowed-host adds one)")
+           if is_loopback(host) and "*" not in access.allowed_hosts else f"every machine that reaches {host}")
+    key = (f"an API key required ({len(api_key)} keys, each one's conversations cached apart)" if len(api_key) > 1
+           else "an API key required" if api_key else "no API key")
+    origins = ", ".join(access.cors_origins) if access.cors_origins else "none (--cors-origin allows one)"
+    return (f"access: {who}; {key}; browser origins: {origins}; a request may take {access.timeout:g} s "
+            f"(--timeout).")
+
+
+def prompt_cache_line(cache) -> str:
+    """The start-up line that says where finished prompts persist (a `PromptCache`, or None: not kept)."""
+    if cache is None:
+        return "prompt cache: off (--no-prompt-cache): nothing of a conversation is written to disk."
+    return (f"prompt cache: every finished request's prompt and reply (their KV state) is saved to {cache.directory} "
+            f"(up to {cache.max_bytes / 2**30:g} GiB) and reused after a restart; --no-prompt-cache turns it off, "
+            "`specdec cache clear --only prompts` deletes it.")
 
 
 AGENT_PROMPT_TOKENS = 25_000  # the longest coding-agent prompt seen (Claude Code 2.1's first request: ~20k tokens)
