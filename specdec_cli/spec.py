@@ -157,6 +157,7 @@ class SpecOptions:
     ngram_max: int = 4
     k_max: int = 16
     k_given: bool = True
+    corpus: str = "auto"  # `--corpus`: "auto" (every corpus `specdec learn` made for this tokenizer), "off", or a name
     fixed_k: int | None = field(init=False, default=None)  # the parsed K; None = auto
 
     def __post_init__(self) -> None:

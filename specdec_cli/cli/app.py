@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -42,7 +43,7 @@ def _spec_options(params: dict[str, Any]) -> SpecOptions:
     Raises UsageError for a bad --k (exit 2)."""
     k = params["k"]
     return SpecOptions(method=params["method"], k=k or "auto", k_given=k is not None, ngram_min=params["ngram_min"],
-                       ngram_max=params["ngram_max"])
+                       ngram_max=params["ngram_max"], corpus=params.get("corpus") or "auto")
 
 
 def _version(value: bool) -> None:
@@ -85,6 +86,7 @@ def run(
     predict: o.Predict = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
     max_tokens: o.MaxTokens = 512,
     stop: o.Stop = None,
     temperature: o.Temperature = 0.0,
@@ -173,6 +175,7 @@ def chat(
     k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
     max_tokens: o.MaxTokens = 512,
     stop: o.Stop = None,
     temperature: o.Temperature = 0.0,
@@ -488,11 +491,58 @@ def doctor(
         raise typer.Exit(code)
 
 
+LEARN_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec learn .                                 [dim]# this repository's tracked files (.gitignore honoured)[/dim]
+  specdec learn ~/code/app --include '*.py' --include '*.md'   [dim]# only these[/dim]
+  specdec learn ~/code/app --exclude 'tests/data/*' --name app
+  specdec learn .                                 [dim]# again later: only changed files are tokenized again[/dim]
+  specdec learn --list                            [dim]# every corpus: files, tokens, size on disk[/dim]
+  specdec learn --forget ~/code/app/secrets.py    [dim]# or a corpus's name: forget it all[/dim]
+  specdec run q.txt --corpus off                  [dim]# one run without it[/dim]
+"""
+
+
+@app.command(epilog=LEARN_EXAMPLES)
+def learn(
+    paths: list[Path] = typer.Argument(None, help="Folders and files to learn.", show_default=False),
+    target: o.Target = None,
+    name: str = typer.Option(None, "--name", help="The corpus's name [default: the git work tree's or the "
+                             "folder's name]."),
+    include: list[str] = typer.Option(None, "--include", help="Only files matching this glob (repeatable; "
+                                      "matched against the path relative to the folder, or the file name)."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Leave out files matching this glob (repeatable)."),
+    max_tokens: int = typer.Option(20_000_000, "--max-tokens", min=1, help="Size cap of the corpus, in tokens "
+                                   "(8 bytes on disk each); files past it are skipped and counted."),
+    max_file_bytes: int = typer.Option(1_000_000, "--max-file-bytes", min=1, help="Files larger than this are "
+                                       "skipped as huge."),
+    list_: bool = typer.Option(False, "--list", help="List the corpora learnt: files, tokens, size, roots."),
+    forget: str = typer.Option(None, "--forget", metavar="PATH|NAME", help="Forget the files learnt under PATH, "
+                               "or the whole corpus NAME."),
+) -> None:
+    """Learn your code and documents once, so --method auto drafts from them before you ever paste them.
+
+    Inside a git work tree it reads the tracked files (and new ones .gitignore does not exclude); elsewhere every
+    file. Binary, huge and generated files are skipped and counted. The files are tokenized with the target's
+    tokenizer into an index kept beside the suffix store (one per tokenizer and name, 8 bytes a token,
+    memory-mapped). Run it again after changes: only the files that changed are tokenized, and deleted files are
+    forgotten.
+    """
+    from specdec_cli.cli.commands.learn import execute
+
+    code = execute(paths or [], target=target, name=name, include=include or (), exclude=exclude or (),
+                   max_tokens=max_tokens, max_file_bytes=max_file_bytes, list_=list_, forget=forget)
+    if code:
+        raise typer.Exit(code)
+
+
 SERVE_EXAMPLES = """
 [bold]Examples[/bold]
 
   specdec serve                                   [dim]# default pair on http://127.0.0.1:8000/v1[/dim]
   specdec serve -t smollm2-135m --method suffix --port 0   [dim]# a free port; the URL is printed[/dim]
+  specdec serve --learn ~/code/app                [dim]# learns the repository in the background, drafts from it[/dim]
   SPECDEC_API_KEY=secret specdec serve --host 0.0.0.0      [dim]# other machines too, Bearer key required[/dim]
   ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=unused claude -p "fix the bug in bug.py" \\
        --permission-mode acceptEdits              [dim]# Claude Code (README: Claude Code)[/dim]
@@ -515,6 +565,7 @@ def serve(
     k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
                              "then set --api-key).", rich_help_panel="Server"),
     port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0 = a free one; the URL "
@@ -524,6 +575,10 @@ def serve(
                                 show_envvar=False, rich_help_panel="Server"),
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
                               "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
+    learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "
+                                     "only what changed) in the background at start-up; requests are served "
+                                     "meanwhile, and drafted from it once it is learnt. Repeatable.",
+                                     rich_help_panel=o.SPEC),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1, max=1 << 20, help="Tokens per reply when "
                                    "a request sets no max_tokens (never more than the context). [default: 4096]",
                                    rich_help_panel=o.SAMPLING),
@@ -566,6 +621,7 @@ def serve(
         port=port,
         api_key=api_key or None,
         queue=queue,
+        learn=tuple(learn or ()),
     )
     if code:
         raise typer.Exit(code)

@@ -66,7 +66,7 @@ def _human(n: float) -> str:
     "stats",
     help=_help(
         "Show each suffix store: its file, tokenizer fingerprint, documents, tokens, size on disk and last change; "
-        "then the prompt cache: each saved KV state's model, tokens, size on disk and last use, and the total.",
+        "then the corpora `specdec learn` made (files, tokens, size on disk); then the prompt cache: each saved KV state's model, tokens, size on disk and last use, and the total.",
         "Only headers are read, so this is instant even for large stores.",
         examples=["specdec cache stats", "SPECDEC_HOME=/tmp/specdec specdec cache stats"],
     ),
@@ -99,7 +99,19 @@ def stats() -> None:
     if aside:
         err_console().print(Text(f"{len(aside)} unusable store(s) set aside ({', '.join(a.name for a in aside)}); "
                           f"`specdec cache clear` deletes them."))  # fmt: skip
+    _corpus_stats(out)
     _prompt_stats()
+
+
+def _corpus_stats(out) -> None:
+    """The corpora `specdec learn` made (`specdec learn --list`'s table)."""
+    from specdec_cli.cli.commands.learn import corpus_table
+
+    table = corpus_table("corpora (specdec learn)")
+    if table is None:
+        err_console().print(Text("No corpora learnt yet: specdec learn PATH indexes your code for --method auto."))
+        return
+    out.print(table)
 
 
 def _prompt_stats() -> None:

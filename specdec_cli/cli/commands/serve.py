@@ -15,7 +15,7 @@ from specdec_cli.spec import ModelOptions, SpecOptions
 
 
 def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, port: int, api_key: Optional[str],
-            queue: int) -> int:
+            queue: int, learn: tuple = ()) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
     `defaults`: a `specdec_cli.server.request.Defaults` (sampling and max tokens for requests that leave them out).
@@ -48,6 +48,8 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
     worker = Worker(service, bound=queue)
     server = make_server(create_app(worker, defaults=defaults, api_key=api_key), on_exit=worker.stop)
     worker.start()
+    if learn:
+        learn_in_background(learn, session.target_path, session.vocab_fingerprint(), err)
     err.print(startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
                            api_key=bool(api_key)), highlight=False, markup=False)
     err.print(context_line(service.n_ctx), highlight=False, markup=False)
@@ -61,6 +63,31 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         sock.close()
     err.print("specdec serve: stopped; what was learnt is saved.", highlight=False, markup=False)
     return 0
+
+
+def learn_in_background(paths, model_path, fingerprint: str, err) -> threading.Thread:
+    """`specdec serve --learn PATH`: `specdec learn PATH` in a daemon thread (its own vocab-only tokenizer, not the
+    serving model), one line when it is done (or failed); each generation that starts after it drafts from it
+    (`CorpusSet.refresh`)."""
+    from specdec_cli.cli.commands.learn import LazyTokenizer, summary
+    from specdec_cli.config import data_dir
+    from specdec_cli.errors import reason
+    from specdec_cli.learn import learn
+
+    def run() -> None:
+        tok = LazyTokenizer(model_path, data_dir())
+        try:
+            report = learn(list(paths), tokenize=tok, fingerprint=fingerprint, data_dir=data_dir())
+            err.print(f"specdec serve: {summary(report)}", highlight=False, markup=False)
+        except Exception as e:  # a bad path, an unwritable data directory: serving goes on without it
+            err.print(f"specdec serve: could not learn {', '.join(map(str, paths))}: {reason(e)}", highlight=False,
+                      markup=False)
+        finally:
+            tok.close()
+
+    thread = threading.Thread(target=run, name="specdec-learn", daemon=True)
+    thread.start()
+    return thread
 
 
 AGENT_PROMPT_TOKENS = 25_000  # the longest coding-agent prompt seen (Claude Code 2.1's first request: ~20k tokens)
