@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,8 +95,14 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-learn-"))
+    from specdec_cli.stores.learnt import learnt_path
+
+    mine = learnt_path()  # this machine's measured verify curves: kept, so the sitting does not measure one again
     os.environ.setdefault("SPECDEC_HOME", str(work / "home"))  # a fresh suffix store and corpus (unless given)
     os.environ.setdefault("SPECDEC_PROMPT_CACHE", str(work / "prompt-cache"))
+    if mine.exists() and not learnt_path().exists():
+        learnt_path().parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mine, learnt_path())
 
     from rich.console import Console
     from rich.table import Table

@@ -311,3 +311,19 @@ def test_learn_command_summary_list_forget_and_cache_stats(tmp_path, fake_cli, c
     assert code == 2 and "Nothing learnt is named 'proj'" in out
     code, out = cli("learn", str(tmp_path / "missing"))
     assert code == 2 and "does not exist" in out
+
+
+def test_serve_learn_learns_in_the_background_and_says_so(tmp_path, fake_cli):
+    import io
+
+    from rich.console import Console
+
+    from specdec_cli.cli.commands.serve import learn_in_background
+
+    root = make_tree(tmp_path / "proj", 2)
+    out = io.StringIO()
+    learn_in_background([root], tmp_path / "fake.gguf", FP, Console(file=out)).join(timeout=60)
+    assert "specdec serve: learnt proj: 2 files" in out.getvalue()
+    assert [d.name for d in store.list_corpora(data_dir(), FP)] == ["proj"]
+    learn_in_background([tmp_path / "missing"], tmp_path / "fake.gguf", FP, Console(file=out)).join(timeout=60)
+    assert "specdec serve: could not learn" in out.getvalue() and "missing does not exist" in out.getvalue()
