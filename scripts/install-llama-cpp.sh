@@ -75,7 +75,7 @@ if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     "$py" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$tmp/src"
     tar -xzf "$tmp"/src/llama_cpp_python-*.tar.gz -C "$tmp/src"
     source="$(echo "$tmp"/src/llama_cpp_python-*/)"
-    patch -p1 --forward -d "$source" <"$patch_file"
+    patch -p1 --forward --fuzz=0 -d "$source" <"$patch_file"  # a changed source fails here, not at run time
   fi
   echo "Building llama-cpp-python $version (~10 min on 2 cores; CMake's steps follow); CMAKE_ARGS=$args" >&2
   # --verbose: CMake's configuration and every compile step ([n/N] ...) are printed, so a long build shows progress

@@ -39,7 +39,9 @@ def test_a_restored_controller_starts_where_the_last_one_left_off() -> None:
     state = json.loads(json.dumps(old.state()))  # as stored
     new, fresh = AdaptiveK(), AdaptiveK()
     new.restore(state, max_weight=8.0)
-    assert new.model.measured(1) and new.next_k() == 64  # no plain step to time v(1); free lookup drafts
+    assert new.model.measured(1) and new.next_k() == 0  # a reply's first pass is plain: its first token at once
+    new.observe(step(0, 0, 0, 0.0, cpu(1)))
+    assert new.next_k() == 64  # then no plain step to time v(1): free lookup drafts
     assert new.trim(lookup_draft(40)) >= 32  # long drafts at once ...
     assert fresh.next_k() == 0 and fresh.trim(lookup_draft(40)) <= 3  # ... where a fresh controller starts slow
 

@@ -91,10 +91,16 @@ def test_k_lands_on_the_cheap_sizes_of_a_measured_curve():
 
 
 def test_without_the_curve_k_lands_past_the_tile_boundaries():
-    # the control: learning v(b) from the sizes it happens to use, the controller does not find the cheap ones
-    steps = run_copy(None)
-    drafting = [s for s in steps if s.drafted]
-    assert sum(CURVE.cheap(s.batch_size) for s in drafting) <= 0.2 * len(drafting)
+    # the control: learning v(b) from the sizes it happens to use, the controller finds the cheap ones less often
+    # than with the measured curve, and needs more passes. (Before issue 34's run model it found them in <= 20 % of
+    # its passes; the run model now reaches b = 16 without the curve too, 34 % here, against 83 % with it.)
+    without = [s for s in run_copy(None) if s.drafted]
+    with_curve = [s for s in run_copy(CURVE) if s.drafted]
+
+    def share(steps):
+        return sum(CURVE.cheap(s.batch_size) for s in steps) / len(steps)
+
+    assert share(without) <= 0.5 * share(with_curve) and len(with_curve) < len(without)
 
 
 def test_the_curve_learnt_json_keeps_is_measured_again_once_stale(tmp_path, monkeypatch):

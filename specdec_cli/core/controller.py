@@ -42,6 +42,11 @@ FRONTIER_ACCEPTANCE = 0.9  # a bucket whose verified positions all accept this o
 EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first draft
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
 BRANCH_PRIOR = 2.0  # pseudo-counts behind a second branch's prior chance of being right where the first is wrong
+# The run model (`_RunModel`): how runs of accepted tokens continue, learnt from this controller's own steps
+RUN_HALF_LIFE = 8.0  # steps of a class after which its run evidence weighs half: a copy that ends is noticed at once
+RUN_PRIOR = (0.5, 1.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
+RUN_LONG_MATCH = 5  # matches this long and longer are one class ("inside a copy"); shorter ones the other
+SLOW_START_GROWTH = 4  # the cheapest size per token within this x the verified depth may be tried (see `trim`)
 
 
 class KController(Protocol):
@@ -163,18 +168,23 @@ class AdaptiveK(KController):
         self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
         self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
+        self._runs: dict[str, _RunModel] = {}  # per lookup source: how this controller's runs of accepted tokens go
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
         self._since = 0  # steps since the last probe / exploration
         self._interval = probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
+        self._reply_started = False  # a step was taken since the last prefill (the first one after it is plain)
 
     def next_k(self) -> int:
-        """K for the next step. The first step is plain (it times v(1)); a free lookup drafter with evidence is asked
-        for `lookup_k_max` tokens (`choose` then picks and trims); otherwise the draft model's best K (`_model_k`)."""
+        """K for the next step. The first step of every reply is plain: its token comes at once after the prefill, as
+        plain decoding's does, not after a verify pass over a draft (it also times v(1)); then a free lookup drafter
+        with evidence is asked for `lookup_k_max` tokens (`choose` then picks and trims); otherwise the draft model's
+        best K (`_model_k`)."""
         self.asked_all = False  # True: K is an ask for the whole lookup draft, which `trim` cuts
-        if not self.model.measured(1) and self.model.curve is None:  # a plain step measures v(1) first
+        first, self._reply_started = not self._reply_started, True
+        if first or (not self.model.measured(1) and self.model.curve is None):  # a plain step measures v(1) first
             self.k = self.best = 0
             return 0
         self.asked_all = self.evidence and self._free_drafts()
@@ -245,9 +255,7 @@ class AdaptiveK(KController):
         n = min(len(draft), self.model.k_max)
         if v is None or n == 0:
             return 0.0
-        accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
-        if draft.probs is not None:
-            accept = accept * draft.probs[:n]
+        accept = self._accept(draft, n)  # [n]
         return float((expected_tokens(accept)[1:] / v[1 : n + 1]).max())  # [n] tokens per ms by K = 1..n
 
     def _could_pay(self) -> bool:
@@ -284,16 +292,17 @@ class AdaptiveK(KController):
         self.evidence = True
         b = bucket_of(draft.match_len)
         state = self._lookup_state(draft.source)
-        # Slow start: at most twice the positions this bucket has been verified at, so a few lucky drafts do not
-        # send a 64-token pass on the strength of the prior alone (one failed pass costs ~37 plain steps on a CPU).
+        # Slow start: at most twice the positions this bucket has been verified at, or the size cheapest per token
+        # within four times them, so a few lucky drafts do not send a 64-token pass on the strength of the prior
+        # alone (one failed pass costs ~37 plain steps on a steep CPU curve), while a curve whose cheap size lies past
+        # a dear stretch (b = 16 after 5..15) is reached in one jump, not crept towards through the dear sizes.
         seen = self.model.verified_depth(b, draft.source)
-        n = min(n, self.model.k_max, max(PROBE_K, 2 * seen), int(state.window[b]))
         v = self.model.verify_curve()
+        allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
+        n = min(n, self.model.k_max, allowance, int(state.window[b]))
         if v is None:
             return n
-        accept = self.model.acceptance(b, draft.source)[:n]  # [n]
-        if draft.probs is not None:  # where past continuations part ways, the draft is a guess from there on
-            accept = accept * draft.probs[:n]
+        accept = self._accept(draft, n)  # [n]
         expected = expected_tokens(accept)  # [n + 1] tokens by K
         k = best_k(expected / v[: n + 1], self.margin)  # tokens per ms by K
         if self.model.curve is None and seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
@@ -316,6 +325,11 @@ class AdaptiveK(KController):
             state.interval[b] = self.probe_every
         self.k = k
         return k
+
+    def _known_k(self, k: int) -> int:
+        """k, or less: the largest K whose pass cost is known, on the measured curve or timed by a verify step (past
+        them a learnt curve is extrapolated, and its cost per token only falls)."""
+        return k if self.model.curve is not None else min(k, self.model.largest_verified() - 1)
 
     def branch(self, draft: Draft, drafts: Sequence[Draft], room: int) -> Draft | None:
         """The second candidate that raises the pass's expected tokens per ms the most, cut to its best length, or
@@ -354,9 +368,16 @@ class AdaptiveK(KController):
 
     def _accept(self, draft: Draft, n: int) -> np.ndarray:
         """a_i of a lookup draft's first n tokens (n <= k_max): its source's acceptance after matches of its length,
-        times its own continuation probabilities where it has them. float [n]."""
+        raised to what the run model says of this run (`_RunModel`: positions never verified are not held to the
+        prior or to what earlier prompts taught), times the draft's own continuation probabilities where it has
+        them (where past continuations part ways, the draft is a guess from there on). float [n]."""
         n = min(n, self.model.k_max)
-        accept = self.model.acceptance(bucket_of(max(draft.match_len, 1)), draft.source)[:n]
+        b = bucket_of(max(draft.match_len, 1))
+        accept = np.maximum(self.model.acceptance(b, draft.source)[:n], self.model.run_acceptance(b, draft.source)[:n])
+        run = self._runs.get(draft.source)
+        depth = self.model.run_depth(b, draft.source)
+        if run is not None and depth < n:  # positions this run never verified: what its runs say
+            accept[depth:] = np.maximum(accept[depth:], run.continues(draft.match_len))
         return accept * draft.probs[:n] if draft.probs is not None else accept
 
     def _lookup_state(self, source: str) -> _LookupState:
@@ -366,6 +387,7 @@ class AdaptiveK(KController):
         return state
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        self._reply_started = False  # a new reply: its first step is plain (`next_k`)
         self.model.observe_prefill(n_evaluated, ms, n_batch)
 
     def observe(self, step: Step) -> None:
@@ -373,6 +395,7 @@ class AdaptiveK(KController):
         draft's evidence `Step.match_len`); nothing is carried over from `choose` but the learnt statistics and the
         probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
         verified while the draft model's best K is 0 is the model's probe."""
+        self._reply_started = True
         if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         if step.branch:  # did the second branch have its token right where the first did not?
@@ -380,11 +403,14 @@ class AdaptiveK(KController):
         bucket = bucket_of(step.match_len) if step.drafted and step.match_len > 0 else None
         self.model.observe(step, bucket, step.source)
         if bucket is not None:
+            self._runs.setdefault(step.source, _RunModel()).observe(step)
             state = self._lookup_state(step.source)
             if step.rejected:
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
-            elif step.n_accepted == len(step.drafted):
-                state.window[bucket] = max(int(state.window[bucket]), 2 * len(step.drafted))
+            elif step.n_accepted == len(step.drafted):  # grows as the slow start does (`trim`)
+                n = len(step.drafted)
+                cheap = _cheapest_per_token(self.model.verify_curve(), n, self._known_k(SLOW_START_GROWTH * n + PROBE_K))
+                state.window[bucket] = max(int(state.window[bucket]), 2 * n, cheap)
             if state.since[bucket] == 0:
                 # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
                 v1 = self.model.verify_curve()
@@ -446,6 +472,46 @@ class AdaptiveK(KController):
             "trims_by_evidence": self.evidence,
             "branch_hits": [round(float(x), 3) for x in self._branch_hits],
         } | self.model.snapshot()
+
+
+def _cheapest_per_token(v: np.ndarray | None, seen: int, top: int) -> int:
+    """The K in (seen, top] whose pass costs least per token, v(K + 1) / (K + 1) (0: no curve, nothing verified yet,
+    or no such K). v: float [k_max + 1], v(b) for b = 1..k_max + 1."""
+    if v is None or seen <= 0:
+        return 0
+    top = min(top, len(v) - 1)
+    if top <= seen:
+        return 0
+    ks = np.arange(seen + 1, top + 1)  # [m] candidate K
+    return int(ks[np.argmin(v[ks] / (ks + 1))])
+
+
+class _RunModel:
+    """How runs of accepted tokens continue, learnt from this controller's own steps (not restored from earlier
+    prompts), for one lookup source: a geometric run whose every verified position breaks with hazard h, estimated
+    as (breaks + 0.5) / (verified positions + 1) from the steps of the draft's class (matches of >= 5 tokens: inside
+    a copy; shorter ones), decayed with a half-life of `RUN_HALF_LIFE` steps of that class.
+
+    A draft position never verified is worth what the run says of positions in general: where this run's drafts have
+    nearly always been right, a_i >= 1 - h at every position, so K can leave a local optimum of the verify curve
+    (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position estimates would hold it in, since positions past K are
+    never verified and their prior never moves. Where drafts break (free text, copies broken every few tokens), h is
+    large and the per-position estimates decide alone. docs/design.md, "K that cannot stick"."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = np.zeros((2, 2))  # [class: short, long][breaks, verified positions], decayed
+
+    def observe(self, step: Step) -> None:
+        c = self.counts[int(step.match_len >= RUN_LONG_MATCH)]
+        c *= 0.5 ** (1.0 / RUN_HALF_LIFE)
+        c += (1.0 if step.rejected else 0.0, step.n_accepted + (1 if step.rejected else 0))
+
+    def continues(self, match_len: int) -> float:
+        """1 - h for a draft after a match of `match_len` tokens: the chance that a verified position is accepted."""
+        breaks, verified = self.counts[int(match_len >= RUN_LONG_MATCH)]
+        return 1.0 - (breaks + RUN_PRIOR[0]) / (verified + RUN_PRIOR[1])
 
 
 @dataclass(slots=True)

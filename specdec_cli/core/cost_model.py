@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 K_LIMIT = 64  # largest K accepted anywhere (--k, tune, k_max)
 CURVE_PRIOR = 4.0  # a measured curve's v(b) counts as this many passes at b against the passes timed since
+ATTENTION_MIN_SPREAD = 0.05  # the passes separate load from attention when their features are this far from collinear
 DEFAULT_K_MAX = 16
 MARGIN = 0.03  # hysteresis: K > 0 must beat plain decoding by this fraction
 BUCKET_EDGES = np.array([1, 2, 3, 5, 9, 17, 33])  # lower edges of the match-length buckets
@@ -134,8 +135,13 @@ class CostModel:
         # lookup drafts by source: float [bucket, accepted/verified, position] (prompt lookup, suffix store and a
         # prediction are right at different rates after a match of the same length)
         self._acc_b: dict[str, np.ndarray] = {}
+        self._acc_b_run: dict[str, np.ndarray] = {}  # the same, counted by this model alone (never restored)
         self.by_source: dict[str, dict[str, float]] = {}
         self._memo: dict[tuple[int | None, str], np.ndarray] = {}  # acceptance() until the counts change
+        # the attention term of a measured curve (`attention`): decayed sums over verify passes of the features
+        # f1 = curve(b), f2 = b x (context - the curve's context) / 1000 and the ms y: f1 f1, f1 f2, f2 f2, f1 y, f2 y
+        self._attn = np.zeros(5)
+        self.context = 0  # tokens in the KV cache before the next pass (the last pass's context + its tokens)
 
     # ---- learning
 
@@ -149,14 +155,16 @@ class CostModel:
         for counts in (self._acc, self._fill, self._acc_m, self._fill_m):
             counts *= self.decay  # evidence fades while a source is not used
         if bucket is not None and n:
-            acc = self.bucket_counts(source or step.source)[bucket]
-            acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
-            m = min(step.n_accepted, self.k_max)
-            if step.rejected and m < self.k_max:
-                acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
-                acc[1, m] += 1.0
-            acc[:, :m] += 1.0
+            for counts in (self.bucket_counts(source or step.source), self._run_counts(source or step.source)):
+                acc = counts[bucket]
+                acc *= self.decay  # per observation of this bucket: rare buckets keep their evidence
+                m = min(step.n_accepted, self.k_max)
+                if step.rejected and m < self.k_max:
+                    acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
+                    acc[1, m] += 1.0
+                acc[:, :m] += 1.0
         self._observe_verify(step.batch_size, step.verify_ms)
+        self._observe_attention(step)
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
@@ -176,6 +184,12 @@ class CostModel:
             counts = self._acc_b[source] = np.zeros((len(BUCKET_EDGES), 2, self.k_max))
         return counts
 
+    def _run_counts(self, source: str) -> np.ndarray:
+        counts = self._acc_b_run.get(source)
+        if counts is None:
+            counts = self._acc_b_run[source] = np.zeros((len(BUCKET_EDGES), 2, self.k_max))
+        return counts
+
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """A prefill of `n_evaluated` tokens in `ms` milliseconds, evaluated in chunks of at most `n_batch`: one
         measurement of v(min(n_evaluated, n_batch)) (a longer prefill: its mean cost per chunk)."""
@@ -183,6 +197,31 @@ class CostModel:
             return
         b = min(n_evaluated, n_batch)
         self._observe_verify(b, ms * b / n_evaluated, verified=False)
+
+    def _observe_attention(self, step: Step) -> None:
+        if self.curve is None or step.n_past <= 0 or step.verify_ms <= 0.0:
+            return
+        self.context = step.n_past + step.n_accepted + 1
+        f1 = self.curve.at(step.batch_size)
+        f2 = step.batch_size * max(step.n_past - self.curve.context, 0) / 1000.0
+        y = step.verify_ms
+        self._attn = self._attn * self.decay + np.array([f1 * f1, f1 * f2, f2 * f2, f1 * y, f2 * y])
+        self._curve = None
+
+    def attention(self) -> tuple[float, float] | None:
+        """(s, A): the passes timed so far fitted as v(b, L) = s curve(b) + A b (L - L0) / 1000, L0 the context the
+        curve was measured at (256), A in ms per row per 1,000 tokens of context (llama.cpp's CPU attention runs
+        every row of a pass over the whole KV cache: a pass of b rows at a long context pays ~b x one row's
+        attention). Decayed least squares over the verify passes. None while the passes cannot tell load (s) from
+        attention (A): no measured curve, no pass past L0, or passes whose sizes keep the two collinear; then
+        `verify_curve` scales the curve by load alone, as it always did."""
+        s11, s12, s22, s1y, s2y = self._attn
+        det = s11 * s22 - s12 * s12
+        if s22 <= 0.0 or det <= ATTENTION_MIN_SPREAD * s11 * s22:
+            return None
+        s = (s22 * s1y - s12 * s2y) / det
+        a = (s11 * s2y - s12 * s1y) / det
+        return (float(s), float(a)) if s > 0.0 and a > 0.0 else None
 
     def _observe_verify(self, b: int, ms: float, verified: bool = True) -> None:
         if ms <= 0.0:
@@ -268,6 +307,11 @@ class CostModel:
         counts = self._acc_b.get(source)
         return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
 
+    def run_depth(self, bucket: int, source: str) -> int:
+        """`verified_depth` counting this model's own steps alone (not what `restore` brought)."""
+        counts = self._acc_b_run.get(source)
+        return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
+
     def largest_verified(self) -> int:
         """The largest batch size a verify step has been timed at (0: none)."""
         return max((b for b, p in self.points.items() if p.verified), default=0)
@@ -300,8 +344,14 @@ class CostModel:
         if not timed:
             return base
         w = np.array([min(p.n, 50) for _, p in timed], dtype=np.float64)
-        ratio = np.array([p.ms / base[b - 1] for b, p in timed])
-        out = base * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1] the curve at today's load
+        fit = self.attention()
+        if fit is not None:  # today's load and the attention of the context in use (docs/design.md, "Long contexts")
+            s, a = fit
+            b = np.arange(1, self.k_max + 2)  # [k_max + 1]
+            out = s * base + a * b * max(self.context - self.curve.context, 0) / 1000.0
+        else:
+            ratio = np.array([p.ms / base[b - 1] for b, p in timed])
+            out = base * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1] the curve at today's load
         for (b, p), wb in zip(timed, w):
             out[b - 1] = (wb * p.ms + CURVE_PRIOR * out[b - 1]) / (wb + CURVE_PRIOR)
         return out
@@ -375,6 +425,22 @@ class CostModel:
         self._memo[key] = out
         return out
 
+    def run_acceptance(self, bucket: int, source: str) -> np.ndarray:
+        """`acceptance(bucket, source)` as a fresh model would estimate it: from this model's own steps alone (not
+        what `restore` brought) and the prior: float [k_max]. A restored model uses the larger of the two at each
+        position (`controller.AdaptiveK`), so what earlier prompts taught never holds a new one below a fresh start."""
+        key = (bucket, f"run:{source}")
+        memo = self._memo.get(key)
+        if memo is not None:
+            return memo
+        counts, out = self._run_counts(source), None
+        for b in range(bucket + 1):
+            m = SOURCE_PRIOR.get(source, min(self.prior.acceptance, float(SHORT_MATCH_PRIOR[b])))
+            out = self._chain(counts[b], m, out, self.prior.strength)
+        out.flags.writeable = False
+        self._memo[key] = out
+        return out
+
     def model_acceptance(self) -> np.ndarray:
         """a_i of drafts without evidence (the draft model's) alone: float [k_max] (the prior where none was seen)."""
         return self._chain(self._acc_m, self.prior.acceptance, None, self.prior.strength)
@@ -419,6 +485,8 @@ class CostModel:
 
         return {
             "verify_curve": self.curve is not None,
+            "context": self.context,  # tokens in the KV cache the next pass is priced at
+            "attention_ms_per_row_per_1k": None if (fit := self.attention()) is None else r(fit[1]),
             "verify_ms": [[b, r(p.ms), p.n] for b, p in sorted(self.points.items())],
             "verify_model_ms": None if v is None else [r(x) for x in v],  # b = 1..k_max + 1
             "draft_ms_per_token": r(d),

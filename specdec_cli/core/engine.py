@@ -155,6 +155,7 @@ class SpeculativeEngine:
                     grammar.commit(n_acc, token)
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
                 new = [*map(int, d[:n_acc]), token]
+                n_past = n - 1  # the cache held context[:n - 1] when the pass ran
                 emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out)
                 ctx[n : n + len(new)] = new
                 n += len(new)
@@ -182,6 +183,7 @@ class SpeculativeEngine:
                     branch_won=won == 1,
                     branch_source=alt.source if alt is not None else "",
                     branch_match_len=alt.match_len if alt is not None else 0,
+                    n_past=n_past,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
                     step = replace(step, curve_ms=self.curve.at(step.batch_size),

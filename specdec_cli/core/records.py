@@ -112,6 +112,7 @@ class Step:
         branch_won: the output followed the second candidate (`drafted` is it, and `branch` the controller's draft).
         branch_source / branch_match_len: the `branch` tokens' source and evidence.
         curve_ms: the measured verify curve's cost of a pass of `batch_size` tokens (0.0: no curve measured).
+        n_past: tokens in the target's KV cache before this pass: the context its rows attended to (0: unknown).
         cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
     """
 
@@ -133,6 +134,7 @@ class Step:
     branch_match_len: int = 0
     curve_ms: float = 0.0
     cheap: bool = False
+    n_past: int = 0
 
     @property
     def text(self) -> str:

@@ -1,14 +1,18 @@
 """Host quirks that must never become a crash: llama.cpp's AMX kernels on Intel CPUs.
 
 llama-cpp-python builds llama.cpp with `GGML_NATIVE`, which on an Intel CPU with AMX (Sapphire Rapids and later,
-common in cloud VMs and CI runners) compiles llama.cpp's AMX kernels in. With llama-cpp-python 0.3.36 they fault on
-the first decode (`ggml_backend_amx_mul_mat`, at `ldtilecfg`: llama.cpp issue 20824; PR 26954 explains why: the
-tile configuration lives on the stack and is partly optimised away, and worker threads never request the XTILEDATA
-permission). The whole process dies with SIGSEGV, no message.
+common in cloud VMs and CI runners) compiles llama.cpp's AMX kernels in. Built by GCC < 13, llama-cpp-python 0.3.36's
+AMX kernels fault on the first decode (`ggml_backend_amx_mul_mat`, at `ldtilecfg`: llama.cpp issue 20824): GCC does
+not see that `_tile_loadconfig` reads the stack tile configuration and drops the stores that fill it. The whole
+process dies with SIGSEGV, no message. `scripts/install-llama-cpp.sh` builds the sdist with
+`patches/llama-cpp-python-amx-tileconfig.patch` (a compiler barrier before the load) on such CPUs, and the kernels
+run: a 512-token prefill ~1.6x faster than with AMX compiled out.
 
-Two ways around it, measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 4, 16, 64):
+Where an AMX build still crashes (a llama-cpp-python built elsewhere, without the patch), two ways around it,
+measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 4, 16, 64):
 
-* rebuild with AMX compiled out (`scripts/install-llama-cpp.sh`): 79, 125, 282, 812 ms — nothing lost;
+* rebuild (`scripts/install-llama-cpp.sh`: the patched AMX kernels; `SPECDEC_AMX=off` before it compiles AMX out:
+  79, 125, 282, 812 ms);
 * load the model with llama.cpp's *extra buffer types* off (`llama_model_params.use_extra_bufts = false`: no AMX
   and no repacked weight layouts): 135, 221, 380, 781 ms — works, plain decoding ~1.7x slower.
 
@@ -50,7 +54,8 @@ if TYPE_CHECKING:
 
 ENV = "SPECDEC_AMX"
 SETTINGS = ("auto", "keep", "off")
-REBUILD = "scripts/install-llama-cpp.sh (in a specdec checkout), or: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; " \
+REBUILD = "scripts/install-llama-cpp.sh in a specdec checkout (it patches the AMX kernels so that they run; " \
+          "SPECDEC_AMX=off before it compiles them out), or: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; " \
           "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='$f' -DCMAKE_CXX_FLAGS='$f'\" pip install --force-reinstall --no-cache-dir " \
           "llama-cpp-python==0.3.36"
 PROBE_TIMEOUT = 180.0  # seconds; a probe that takes longer gives no verdict
@@ -141,7 +146,7 @@ def warning_for(plan: LoadPlan) -> str | None:
     why = "as SPECDEC_AMX=off asks" if plan.setting == "off" else \
         f"because its AMX kernels crash on this CPU (llama.cpp issue 20824; {plan.verdict})"
     return (f"This llama.cpp build has AMX kernels; models load with its extra buffer types off {why}: no AMX and no "
-            f"repacked weights, so decoding is ~1.7x slower. Rebuild llama-cpp-python without AMX to avoid it: "
+            f"repacked weights, so decoding is ~1.7x slower. Rebuild llama-cpp-python to avoid it: "
             f"{REBUILD}")
 
 

@@ -100,6 +100,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
             "verdict": verdict,
             "probed_with": probed_with,
             "load_path": plan.path,
+            "in_use": plan.amx_build and plan.extra_bufts,  # the AMX kernels multiply the weights
             "reason": plan.reason,
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
@@ -140,6 +141,7 @@ def table(doc: dict[str, Any]) -> Table:
         (host.ENV, amx["setting"]),
         ("AMX trial decode", amx["verdict"] or "not needed" if not amx["build_has_amx"] else
          amx["verdict"] or "not run yet (specdec doctor --probe, or at the first model load)"),
+        ("AMX kernels in use", yes_no[amx["in_use"]]),
         ("models load", f"{amx['load_path']}: {amx['reason']}"),
         ("system info", doc["system_info"]),
         ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),

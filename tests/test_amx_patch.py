@@ -1,0 +1,66 @@
+"""The AMX patch applies cleanly to the pinned llama-cpp-python sdist, and the install script uses it on AMX CPUs.
+
+The sdist comes from PyPI (cached under the specdec cache: ~50 MB once); the test skips when it cannot be had.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCH = ROOT / "patches" / "llama-cpp-python-amx-tileconfig.patch"
+SCRIPT = ROOT / "scripts" / "install-llama-cpp.sh"
+
+
+def pinned_version() -> str:
+    return re.search(r'LLAMA_CPP_PYTHON_VERSION:-([0-9.]+)', SCRIPT.read_text()).group(1)
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    from specdec_cli.config import cache_dir
+
+    version = pinned_version()
+    where = cache_dir() / "sdist"
+    found = sorted(where.glob(f"llama_cpp_python-{version}.tar.gz"))
+    if not found:
+        where.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                               f"llama-cpp-python=={version}", "-d", str(where)], capture_output=True, text=True,
+                              timeout=600)
+        found = sorted(where.glob(f"llama_cpp_python-{version}.tar.gz"))
+        if proc.returncode != 0 or not found:
+            pytest.skip(f"the llama-cpp-python {version} sdist could not be downloaded: {proc.stderr[-300:]}")
+    out = tmp_path_factory.mktemp("sdist")
+    with tarfile.open(found[0]) as tar:
+        member = f"llama_cpp_python-{version}/vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"
+        tar.extract(member, out, filter="data")
+    return out / f"llama_cpp_python-{version}"
+
+
+def test_the_amx_patch_applies_cleanly_and_puts_the_barrier_before_the_tile_load(sdist):
+    if shutil.which("patch") is None:
+        pytest.skip("no patch(1)")
+    proc = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "-d", str(sdist), "-i", str(PATCH)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and "FAILED" not in proc.stdout and "offset" not in proc.stdout, proc.stdout
+    text = (sdist / "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp").read_text()
+    init = text[text.index("inline void ggml_tile_config_init(void)"):]
+    init = init[: init.index("\n}\n")]
+    barrier = init.index('__asm__ __volatile__("" : : "r"(&tc) : "memory");')
+    assert barrier < init.index("_tile_loadconfig(&tc);")
+    assert barrier > init.index("tc.rows[7] = 16;")  # after every store it protects
+
+
+def test_the_install_script_patches_only_on_amx_cpus_and_keys_the_wheel_by_the_patch():
+    script = SCRIPT.read_text()
+    assert 'grep -qw amx_tile <<<"$cpu"' in script and "patch_file=\"$amx_patch\"" in script
+    assert '"$patch_sum"' in script.split("key=")[1].splitlines()[0]  # the wheel's cache key includes the patch
+    assert "-mno-amx-tile" in script  # CPUs without AMX (and SPECDEC_AMX=off) build as before
