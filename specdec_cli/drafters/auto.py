@@ -62,8 +62,8 @@ class AutoDrafter(DrafterBase):
 
     def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
         """The non-empty drafts of "prompt", "store", the prompt's runner-up continuation (where its occurrences part
-        ways), "realign" (a copy run continued past an edit: `SuffixDrafter._realigned`) and "predict" (each <= k
-        tokens, deterministic): the candidates the controller chooses from, and a second branch of the same pass."""
+        ways), "realign" (a copy run continued past an edit: `SuffixDrafter._realigned`), "predict" and "corpus" (each
+        <= k tokens, deterministic): the candidates the controller chooses from, and a second branch of the same pass."""
         drafts = []
         if self.suffix is not None:
             local, glob, alt, realigned = self.suffix.continuations(context, k, more=True)
