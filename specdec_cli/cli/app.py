@@ -508,8 +508,8 @@ LEARN_EXAMPLES = """
 def learn(
     paths: list[Path] = typer.Argument(None, help="Folders and files to learn.", show_default=False),
     target: o.Target = None,
-    name: str = typer.Option(None, "--name", help="The corpus's name [default: the git work tree's or the "
-                             "folder's name]."),
+    name: str = typer.Option(None, "--name", help="The corpus's name (default: the git work tree's or the "
+                             "folder's name)."),
     include: list[str] = typer.Option(None, "--include", help="Only files matching this glob (repeatable; "
                                       "matched against the path relative to the folder, or the file name)."),
     exclude: list[str] = typer.Option(None, "--exclude", help="Leave out files matching this glob (repeatable)."),
