@@ -327,3 +327,35 @@ def test_serve_learn_learns_in_the_background_and_says_so(tmp_path, fake_cli):
     assert [d.name for d in store.list_corpora(data_dir(), FP)] == ["proj"]
     learn_in_background([tmp_path / "missing"], tmp_path / "fake.gguf", FP, Console(file=out)).join(timeout=60)
     assert "specdec serve: could not learn" in out.getvalue() and "missing does not exist" in out.getvalue()
+
+
+def test_run_drafts_from_the_corpus_and_corpus_off_or_a_bad_name_says_so(tmp_path, monkeypatch, capsys):
+    import json
+
+    from fakes import greedy_reference
+    from specdec_cli.__main__ import main
+    from specdec_cli.session import Session
+
+    def open_session(options, *, method=None, need_draft=False, reporter=None):
+        return Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "t.gguf",
+                       options=options)
+
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
+    prompt = [5, 9, 3, 17, 4, 22, 8]
+    (tmp_path / "p.txt").write_text(" ".join(f"w{t}" for t in prompt))
+    reply = greedy_reference(hashed_logits, prompt, 80)
+    fake_corpus(tmp_path, FakeBackend(), prompt[-4:] + reply, name="repo")
+
+    def run(*extra):
+        code = main(["run", str(tmp_path / "p.txt"), "--raw", "-n", "80", "--json", str(tmp_path / "r.json"),
+                     *extra])
+        out, err = capsys.readouterr()
+        return code, err, json.loads((tmp_path / "r.json").read_text()) if code == 0 else None
+
+    code, err, doc = run()
+    assert code == 0 and doc["tokens"] == reply and doc["config"]["corpus"] == "auto"
+    assert doc["stats"]["by_source"]["corpus"]["accepted"] >= 40 and "corpus " in err  # the sources line
+    code, err, doc = run("--corpus", "off")
+    assert code == 0 and doc["tokens"] == reply and "corpus" not in doc["stats"]["by_source"]
+    code, err, _ = run("--corpus", "nope")
+    assert code == 2 and "No corpus named 'nope'" in err
