@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec_cli.drafters.suffix import SuffixDrafter  # noqa: E402
 from specdec_cli.core.sampling import GREEDY  # noqa: E402
 from specdec_cli.stores.suffix_store import SuffixStore  # noqa: E402
-from specdec_cli.drafters.suffix_index import Corpus  # noqa: E402
+from specdec_cli.stores.suffix_index import Corpus  # noqa: E402
 
 VOCAB = 32_000
 FP = "ab" * 32

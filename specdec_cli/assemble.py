@@ -24,7 +24,7 @@ from specdec_cli.core.controller import KController
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
-from specdec_cli.drafters.base import Drafter
+from specdec_cli.core.draft import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, USES_PREDICTION, Method, SpecOptions
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.core.records import Finish, Prefill, Record, Step
+from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Step
 from specdec_cli.core.stats import RunStats, summarize
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Drive:
     def __init__(self, engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig) -> None:
         self.engine, self.prompt, self.config = engine, prompt, config
         self.records: list[Record] = []
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self._t0: float | None = None  # perf_counter s: the start (before the prefill)
         self._t_prefill: float | None = None  # when the prefill's record came
         self._t_last: float | None = None  # when the last record came
@@ -113,7 +113,7 @@ class Drive:
     def stats(self) -> RunStats:
         """The `RunStats` of the records so far (finish reason "interrupted" when stopped before the end)."""
         return summarize(self.records, decode_ms=self.decode_ms,
-                         finish_reason="interrupted" if self.interrupted else None)
+                         finish_reason=FinishReason.interrupted if self.interrupted else None)
 
     def result(self) -> Result:
         """The `Result` of the records so far."""

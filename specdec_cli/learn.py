@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specdec_cli.stores import corpus as store
-from specdec_cli.stores import files
+from specdec_cli import files
 
 MAX_FILE_BYTES = 1_000_000  # a file larger than this is "huge" (a data dump, a bundle), not code to learn
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".tox", ".nox",

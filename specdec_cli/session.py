@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from specdec_cli.models.backend import Backend
-from specdec_cli.models.draft_policy import DraftPlan
+from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
 
@@ -46,13 +46,13 @@ class Session:
     def verify_curve(self, *, measure: bool = True) -> VerifyCurve | None:
         """The target's measured verify curve on this machine (`core.verify_curve.VerifyCurve`: ms of one pass over
         b tokens, b = 1..65): the one learnt.json keeps (`stores.learnt.curve_key`: model file, CPU, threads, build),
-        else measured now (`measure.verify_curve.measure`: seconds, a progress bar on `reporter`) and kept; with
+        else measured now (`core.verify_timing.measure`: seconds, a progress bar on `reporter`) and kept; with
         `measure=False` (plain decoding, which needs none) only a kept one. None for a model file that cannot be
         keyed (a fake) or with SPECDEC_VERIFY_CURVE=off. Measuring empties the target's KV cache: the engines ask for
         it before their first generation (`Assembler.engine`)."""
         if self._curve is None and measure:
             from specdec_cli.core.verify_curve import B_MAX, REPEATS
-            from specdec_cli.measure.verify_curve import measure
+            from specdec_cli.core.verify_timing import measure
             from specdec_cli.stores import learnt
 
             key = learnt.curve_key(self.target_path, self.options.threads)
@@ -174,7 +174,7 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     Raises: ModelError (resolve/load), IncompatiblePairError, ConfigError (catalog), UsageError (`--method draft`
     with a target the catalog pairs with no draft model, before anything is fetched).
     """
-    from specdec_cli.models import draft_policy
+    from specdec_cli import draft_policy
     from specdec_cli.config import load_catalog
     from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.host import probe_load

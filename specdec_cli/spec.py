@@ -8,7 +8,7 @@ ValueError into Typer's usage error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from specdec_cli.core.cost_model import K_LIMIT
@@ -88,6 +88,25 @@ def parse_k_option(text: str) -> int | None:
         raise UsageError(str(e), "Use --k auto or a number from 0 to 64.") from None
 
 
+class K(str):
+    """K as asked once parsed: "auto" (the adaptive controller chooses it each step) or a fixed number "0".."64"
+    (0 = plain decoding), whatever spelling came in (" AUTO", 8). A str, so it prints, compares and serialises as
+    "auto" or the number (chat's status line, --json's `k`); `fixed` is the number, None for auto.
+
+    Raises UsageError (the message says the fix) for anything else."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: str | int = "auto") -> K:
+        fixed = parse_k_option(str(value))
+        return super().__new__(cls, "auto" if fixed is None else str(fixed))
+
+    @property
+    def fixed(self) -> int | None:
+        """The fixed K; None for auto."""
+        return None if self == "auto" else int(self)
+
+
 def k_values(spec: str) -> list[int]:
     """The K values `specdec tune --k SPEC` measures, sorted and without duplicates.
 
@@ -142,8 +161,8 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """How to speculate: the drafter (`Method`; its name is accepted too) and K ("auto" or a number 0..64, parsed
-    once, here: `k` is then "auto" or the number's text, `fixed_k` the number or None for auto).
+    """How to speculate: the drafter (`Method`; its name is accepted too) and K (`K`: "auto" or a number 0..64,
+    parsed once, here; `fixed_k` is the number or None for auto).
 
     `k_given`: the user chose K (`--k`, chat's /k). When False, the K `specdec tune --save` found best for these
     models, method and machine applies where there is one (`tuned_k`); the default True leaves K as `k` says.
@@ -152,21 +171,23 @@ class SpecOptions:
     --ngram-max (the message says the fix)."""
 
     method: Method = Method.auto
-    k: str = "auto"
+    k: K = K()
     ngram_min: int = 2
     ngram_max: int = 4
     k_max: int = 16
     k_given: bool = True
     corpus: str = "auto"  # `--corpus`: "auto" (every corpus `specdec learn` made for this tokenizer), "off", or a name
-    fixed_k: int | None = field(init=False, default=None)  # the parsed K; None = auto
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))
-        fixed = parse_k_option(str(self.k))
-        object.__setattr__(self, "fixed_k", fixed)
-        object.__setattr__(self, "k", "auto" if fixed is None else str(fixed))
+        object.__setattr__(self, "k", K(self.k))
         if self.method is Method.ngram and self.ngram_min > self.ngram_max:
             raise UsageError(f"--ngram-min {self.ngram_min} is larger than --ngram-max {self.ngram_max}.", "Swap them.")
+
+    @property
+    def fixed_k(self) -> int | None:
+        """The fixed K; None for auto."""
+        return self.k.fixed
 
     @property
     def wants_tuned_k(self) -> bool:

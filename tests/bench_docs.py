@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec_cli.cli.commands import bench as B
+from specdec_cli.measure import bench as B
 
 
 def run(config, prompt, tps, *, kind="edit", repeat=0, cold=False, tokens=(1, 2, 3, 4), drafted=0, accepted=0,

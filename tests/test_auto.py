@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeBackend, hashed_logits
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.drafters.auto import AutoDrafter
-from specdec_cli.drafters.base import Draft
+from specdec_cli.core.draft import Draft
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.predict import PredictionDrafter
 from specdec_cli.drafters.suffix import SuffixDrafter
@@ -198,7 +198,7 @@ def test_the_stream_styles_accepted_tokens_by_their_source():
 def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
     from pathlib import Path
 
-    from specdec_cli.models.draft_policy import DraftPlan
+    from specdec_cli.draft_policy import DraftPlan
     from specdec_cli.assemble import notes
     from specdec_cli.session import Session
     from specdec_cli.spec import SpecOptions

@@ -18,7 +18,8 @@ import pytest
 
 from specdec_cli.__main__ import main
 from bench_docs import run
-from specdec_cli.cli.commands import bench as B
+from specdec_cli.cli.commands.bench_report import markdown_table
+from specdec_cli.measure import bench as B
 from specdec_cli.measure import bench_process as bench_worker
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.models.machine import model_file, physical_cores
@@ -108,6 +109,22 @@ def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreem
     assert d["peak_rss_bytes"] == 1000 * 1024 and d["identical_to_none"] == 2 and d["compared_with_none"] == 4
 
 
+def test_a_run_record_reads_as_a_frozen_bench_result() -> None:
+    """The summary reads each --json run record as a `BenchResult`: what a worker did not report is 0 or None."""
+    native = B.BenchResult.from_dict({"config": "native-plain", "prompt": "p", "repeat": 1, "cold": False,
+                                      "tokens_per_s": 21.0, "tokens": None})
+    assert (native.repeat, native.tokens_per_s, native.tokens, native.n_steps, native.verify_ms) == \
+        (1, 21.0, None, 0, 0)
+    assert (native.ttft_ms, native.peak_rss_kib, native.n_drafted) == (None, None, 0)
+    ours = B.BenchResult.from_dict({**run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1, tokens=(1, 2),
+                                          cold=True, ttft=80), "n_steps": 2, "verify_ms": 9.5})
+    assert (ours.config, ours.cold, ours.tokens, ours.n_drafted, ours.n_accepted, ours.n_spec_steps) == \
+        ("ngram", True, (1, 2), 4, 3, 1)
+    assert (ours.ttft_ms, ours.peak_rss_kib, ours.n_steps, ours.verify_ms) == (80, 1000, 2, 9.5)
+    with pytest.raises(AttributeError):
+        ours.n_drafted = 5  # frozen
+
+
 def test_an_interrupted_bench_summarises_what_ran() -> None:
     configs = [c for c in B.configs_for(["none", "ngram"], peer=False) if not c.control]
     none, ngram = B.summarize([run("none", "p", 10)], configs, [("p", "edit"), ("q", "edit")])
@@ -124,7 +141,7 @@ def test_markdown_table_has_a_column_per_class_and_a_row_per_configuration() -> 
     doc = {"target": "/m/t.gguf", "draft": None, "prompts": [{"name": n, "kind": k, "n_tokens": 9} for n, k in prompts],
            "settings": {"repeats": 1, "max_tokens": 96, "k": "auto"}, "started_at": "now",
            "machine": {"cpu": "Test CPU", "cores": 2, "logical_cpus": 2, "threads": 2}}
-    lines = B.markdown_table(doc, B.summarize(runs, configs, prompts)).splitlines()
+    lines = markdown_table(doc, B.summarize(runs, configs, prompts)).splitlines()
     assert lines[0].startswith("<!-- specdec bench, now: t.gguf; 2 prompts") and "Test CPU" in lines[0]
     assert lines[1] == ("| configuration | decode tok/s | speedup | edit | write | acceptance | mean accepted length "
                         "| TTFT | peak RSS | greedy = none |")

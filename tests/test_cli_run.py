@@ -145,7 +145,7 @@ def test_method_takes_the_fields_names_and_the_old_spellings(fake_session, promp
     code, out, _ = cli(capsys, "run", str(prompt_file), "--method", alias, "--max-tokens", "5", "--json", "-")
     assert code == 0
     assert json.loads(out)["config"]["method"] == canonical
-    from specdec_cli.cli.commands.bench import parse_methods
+    from specdec_cli.measure.bench import parse_methods
     from specdec_cli.spec import Method
 
     assert Method(alias) is Method(canonical)

@@ -14,7 +14,8 @@ import pytest
 from bench_docs import bench_doc, run
 from fakes import FakeBackend, hashed_logits, wants_draft
 from specdec_cli.__main__ import main
-from specdec_cli.cli.commands import bench as B
+from specdec_cli.cli.commands.bench_report import markdown_table
+from specdec_cli.measure import bench as B
 from specdec_cli.cli.options import COMPARE_PAIRS, expand_optional_values
 from specdec_cli.measure.paired import measure
 from specdec_cli.session import Session
@@ -183,5 +184,5 @@ def test_the_control_row_is_plain_against_plain_with_its_range():
     none, control, ngram = B.summarize(runs, configs, prompts)
     assert control.config.method == "none" and control.speedup_by_prompt == pytest.approx({"p": 0.975, "q": 1.05})
     assert control.pair_range == pytest.approx((0.9, 1.05)) and control.agree == (3, 3, None)
-    md = B.markdown_table(bench_doc(runs, configs, prompts), [none, control, ngram]).splitlines()
+    md = markdown_table(bench_doc(runs, configs, prompts), [none, control, ngram]).splitlines()
     assert md[4].startswith("| none again (A/A control) | 15.4 | 1.01× |")

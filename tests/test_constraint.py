@@ -12,7 +12,7 @@ from fakes import CHARS, EOS, FakeBackend, hashed_logits
 from specdec_cli.core import constraint
 from specdec_cli.core.constraint import Constraint, GrammarError
 from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.base import Draft, DrafterBase
+from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Finish, Step

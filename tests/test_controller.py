@@ -6,6 +6,7 @@ Bernoulli(a) and costs from a verify curve, so they run in milliseconds without 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 
 from specdec_cli.core.controller import AdaptiveK, FixedK
 from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
-from specdec_cli.spec import k_values, parse_k
+from specdec_cli.errors import UsageError
+from specdec_cli.spec import K, SpecOptions, k_values, parse_k
 from specdec_cli.core.records import Step
 
 # Measured on a 2-core CPU, Qwen2.5-Coder-1.5B Q4_K_M: ms of one target pass over b tokens.
@@ -96,6 +98,17 @@ def test_parse_k() -> None:
                       ("", "'auto' or a whole number"), ("2.5", "'auto' or a whole number")]:
         with pytest.raises(ValueError, match=says):
             parse_k(bad)
+
+
+def test_k_is_auto_or_a_number_parsed_once_and_shown_as_given() -> None:
+    """`K`: a str ("auto" or the number, as chat and --json show it) whose `fixed` is the number (None: auto)."""
+    assert (K(), K(" AUTO "), K(8), K("08")) == ("auto", "auto", "8", "8")
+    assert (K().fixed, K(" AUTO ").fixed, K(0).fixed, K("64").fixed) == (None, None, 0, 64)
+    assert json.dumps({"k": K(" 4")}) == '{"k": "4"}' and f"K {K('auto')}" == "K auto"
+    spec = SpecOptions(method="ngram", k=" 12 ")
+    assert (spec.k, spec.k.fixed, spec.fixed_k, SpecOptions().fixed_k) == ("12", 12, 12, None)
+    with pytest.raises(UsageError, match="between 0 and 64"):
+        K("65")
 
 
 def test_k_values() -> None:
@@ -302,7 +315,7 @@ def test_auto_is_close_to_the_best_fixed_k(name: str) -> None:
 
 
 def lookup_draft(match_len: int, n: int = 64):
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
 
@@ -358,7 +371,7 @@ def test_a_buckets_draft_length_grows_only_with_verified_positions() -> None:
 
 
 def test_trim_keeps_drafts_without_evidence_and_never_exceeds_the_draft() -> None:
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     model_draft = Draft(tokens=np.arange(5, dtype=np.int32), source="draft")
@@ -421,7 +434,7 @@ def test_a_bumpy_verify_curve_does_not_trap_k_below_drafts_that_are_always_right
 
 
 def test_a_branch_in_the_draft_caps_k_where_past_continuations_part_ways() -> None:
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
@@ -480,7 +493,7 @@ def test_a_lookup_step_is_not_counted_as_the_draft_models_probe() -> None:
     whatever the lookup drafts do. The bug: a probe started in `choose` was taken over by a winning lookup draft, and
     `observe` counted that lookup step as the probe's outcome (a paying one), so the probes came every few steps
     (90 model steps of the last 400 before the fix)."""
-    from specdec_cli.drafters.base import Draft
+    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     rng = np.random.default_rng(0)

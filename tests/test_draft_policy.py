@@ -1,10 +1,10 @@
-"""Which draft model a generation loads (`specdec_cli.models.draft_policy`): catalog pairing, and auto's rule."""
+"""Which draft model a generation loads (`specdec_cli.draft_policy`): catalog pairing, and auto's rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec_cli.models import draft_policy as dp
+from specdec_cli import draft_policy as dp
 from specdec_cli.config import load_catalog
 from specdec_cli.errors import UsageError
 

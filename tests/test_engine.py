@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.base import Draft, DrafterBase
+from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.errors import ContextOverflowError, UsageError
-from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Step
+from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Source, Step
 from specdec_cli.core.stats import summarize
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
@@ -149,6 +151,18 @@ def test_max_tokens_is_exact_even_mid_draft():
                                  max_tokens=10)
     assert len(tokens) == 10
     assert finish_reason(records) == "length"
+
+
+def test_finish_reasons_and_sources_are_their_types_and_serialise_as_before():
+    """The engine's finish reason is a `FinishReason` and every step's draft source a `Source` (`Source.none` for a
+    plain step); both StrEnums, so --json and the server still see "length", "eog", "" and "draft"."""
+    records, steps, _ = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend()), FixedK(6)), max_tokens=10)
+    assert finish_reason(records) is FinishReason.length and summarize(records).finish_reason is FinishReason.length
+    assert json.dumps({"finish_reason": finish_reason(records)}) == '{"finish_reason": "length"}'
+    assert {type(s.source) for s in steps} == {Source} and steps[0].source == "draft"
+    _, plain, _ = run(SpeculativeEngine(FakeBackend(), None), max_tokens=3)
+    assert [s.source for s in plain] == [Source.none] * 3 and json.dumps(plain[0].source) == '""'
+    assert {type(s.source) for s in plain} == {type(s.branch_source) for s in plain} == {Source}
 
 
 def test_stop_string_cuts_output_and_nothing_after_it_is_emitted():

@@ -1,6 +1,6 @@
-"""The package's layers (issue 26, README "How it works inside"): the library at the root, the command line in
-specdec_cli/cli/. Read from the source with `ast`, so an import inside a function or under `if TYPE_CHECKING:`
-counts as much as one at the top of a module."""
+"""The package's layers (issues 26 and 33, README "How it works inside"): the library at the root, the command line in
+specdec_cli/cli/, and imports that point down the layer order the README states. Read from the source with `ast`, so
+an import inside a function or under `if TYPE_CHECKING:` counts as much as one at the top of a module."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 import specdec_cli
 
 PACKAGE = Path(specdec_cli.__file__).resolve().parent
+README = PACKAGE.parent / "README.md"
+LAYERS_MARKER = "<!-- layers: tests/test_layout.py reads the block below -->"
 FRONT_END = "cli"  # the only subpackage that may draw on a terminal or parse a command line
 TERMINAL_LIBRARIES = {"typer", "rich", "click"}
 
@@ -66,6 +68,67 @@ def test_nothing_outside_the_cli_imports_the_cli():
             if imported.split(".")[:2] == ["specdec_cli", FRONT_END]:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
     assert offenders == [], "only specdec_cli/__main__.py may import the command line:\n" + "\n".join(offenders)
+
+
+def readme_layers(text: str) -> list[list[str]]:
+    """The layer order the README states, top to bottom: the fenced block after `LAYERS_MARKER`, one layer a line,
+    its units separated by spaces ("cli/" a subpackage, "assemble" a module at the root, "__init__" the package's
+    own __init__); what follows " #" on a line is a comment."""
+    lines = text.split(LAYERS_MARKER, 1)[1].split("```", 2)[1].splitlines()[1:]
+    return [[unit.rstrip("/") for unit in line.split(" #")[0].split()] for line in lines if line.split(" #")[0].strip()]
+
+
+def unit_of(module: str) -> str:
+    """The unit a module belongs to: its subpackage or root module ("core", "session"), or "__init__"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(mods: dict[str, tuple[Path, ast.AST]], layers: list[list[str]]) -> list[str]:
+    """Every import from a unit to a unit of the same or a higher layer (other than itself), and every unit the
+    layers do not place: as "file:line imports module (layer i -> layer j)" lines."""
+    rank = {unit: i for i, layer in enumerate(layers) for unit in layer}
+    out = []
+    for name, (path, tree) in mods.items():
+        unit = unit_of(name)
+        if unit not in rank:
+            out.append(f"{path.relative_to(PACKAGE.parent)}: its unit {unit!r} is in no layer of the README")
+            continue
+        hits = set()
+        for imported, line in imports(tree, name, path.name == "__init__.py"):
+            if imported.split(".")[0] != PACKAGE.name:
+                continue
+            target = imported
+            while target not in mods and "." in target:  # `from pkg.mod import name`: the module holding the name
+                target = target.rsplit(".", 1)[0]
+            other = unit_of(target)
+            if other != unit and rank.get(other, -1) <= rank[unit]:
+                hits.add((line, target))
+        for line, target in sorted(hits):  # `from pkg import mod` names pkg and pkg.mod: report the module
+            if not any(l == line and t.startswith(target + ".") for l, t in hits):
+                other = unit_of(target)
+                out.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} "
+                           f"({unit}: layer {rank[unit]} -> {other}: layer {rank.get(other)})")
+    return out
+
+
+def test_imports_point_down_the_readme_layers():
+    """A module imports only from layers below its own (README "How it works inside"): what two layers share lives
+    in the lower one."""
+    layers = readme_layers(README.read_text(encoding="utf-8"))
+    assert [u for layer in layers for u in layer].count("core") == 1
+    offenders = upward_imports(modules(), layers)
+    assert offenders == [], "imports that climb the README's layers; move what both need into the lower one:\n" + \
+        "\n".join(offenders)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    tree = ast.parse("def f():\n    from specdec_cli.session import Session\n")
+    mods = {"specdec_cli.core.engine": (PACKAGE / "core" / "engine.py", tree),
+            "specdec_cli.session": (PACKAGE / "session.py", ast.parse(""))}
+    assert upward_imports(mods, [["session"], ["core"]]) == [
+        "specdec_cli/core/engine.py:2 imports specdec_cli.session (core: layer 1 -> session: layer 0)"]
+    assert upward_imports(mods, [["core"], ["session"]]) == []
 
 
 def test_no_import_cycles():

@@ -196,14 +196,18 @@ def test_the_corpus_drafts_its_continuation_with_frequencies(tmp_path):
 
 
 def test_auto_drafts_from_the_corpus_losslessly_and_learns_its_acceptance(tmp_path):
-    target = FakeBackend(hashed_logits, n_ctx=1024)
+    from test_auto import Clock, TimedBackend
+
+    clock = Clock()
+    target = TimedBackend(clock, lambda b: 30.0 + 2.0 * b)  # a CPU-like pass: 30 ms, 2 ms more per token
     prompt = np.arange(2, 14, dtype=np.int32)
     plain = plain_output(target, prompt, 120)
     fake_corpus(tmp_path, target, prompt.tolist()[-6:] + plain)  # the code the answer reuses, not in the prompt
     fp = target.vocab_info().fingerprint
     drafter = AutoDrafter(None, corpus=CorpusDrafter(store.CorpusSet(data_dir(), fp)))
     ctrl = AdaptiveK()
-    records = list(SpeculativeEngine(target, drafter, ctrl).generate(prompt, GenerationConfig(max_tokens=120)))
+    engine = SpeculativeEngine(target, drafter, ctrl, clock=clock)
+    records = list(engine.generate(prompt, GenerationConfig(max_tokens=120)))
     out = [t for r in records if isinstance(r, Step) for t in r.emitted]
     assert out == plain  # greedy: exactly the target's output
     stats = summarize(records)

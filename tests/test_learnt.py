@@ -173,7 +173,7 @@ def test_a_save_that_fails_warns_and_does_not_raise(tmp_path, monkeypatch) -> No
     def full(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("specdec_cli.stores.files.write_atomic", full)
+    monkeypatch.setattr("specdec_cli.files.write_atomic", full)
     with pytest.warns(LearntWarning, match="No space left on device"):
         assert learnt.save({"k": s.make_controller(SpecOptions(method="suffix"))}) is None
     s.close()  # warns again, never raises

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from specdec_cli.core import sampling
-from specdec_cli.drafters.base import Draft
+from specdec_cli.core.draft import Draft
 from specdec_cli.core.sampling import (
     GREEDY,
     Dist,

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from specdec_cli.server.custom_tools import input_pattern  # noqa: E402
+from specdec_cli.core.lark_regex import input_pattern  # noqa: E402
 from test_serve_qwen import client  # noqa: E402,F401  (the module's server: one loopback server over Qwen)
 from test_serve_responses import CODEX_GRAMMAR  # noqa: E402
 

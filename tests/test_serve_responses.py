@@ -18,9 +18,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import CHARS, FakeBackend, greedy_reference, hashed_logits  # noqa: E402
-from specdec_cli.server.custom_tools import (  # noqa: E402
-    CustomInputs, InputDecoder, Unsupported, input_pattern,
-)
+from specdec_cli.core.lark_regex import Unsupported, input_pattern  # noqa: E402
+from specdec_cli.server.custom_tools import CustomInputs, InputDecoder  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart  # noqa: E402
 from specdec_cli.server.tools import ReplyParser  # noqa: E402

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from specdec_cli.drafters.suffix import LocalIndex, SuffixDrafter
 from specdec_cli.core.sampling import GREEDY
 from specdec_cli.stores.suffix_store import SuffixStore, SuffixStoreWarning, read_info, store_path
-from specdec_cli.drafters.suffix_index import SEP, Corpus
+from specdec_cli.stores.suffix_index import SEP, Corpus
 
 FP = "ab" * 32  # a vocabulary fingerprint (sha256 hex)
 OTHER_FP = "cd" * 32

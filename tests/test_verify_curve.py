@@ -17,7 +17,7 @@ from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.core.stats import summarize
 from specdec_cli.core.verify_curve import VerifyCurve
-from specdec_cli.measure.verify_curve import measure
+from specdec_cli.core.verify_timing import measure
 
 
 def tiled(b: int) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -28,22 +27,20 @@ app = typer.Typer(
 )
 
 
-def _model_options(params: dict[str, Any]) -> ModelOptions:
+def _model_options(target: str | None, draft: str | None, ctx: int, threads: int | None, gpu_layers: int,
+                   verbose: bool, no_prompt_cache: bool = False) -> ModelOptions:
     """The one place the model options every command shares (--target, --draft, --ctx, --threads, --gpu-layers,
-    --verbose, and --no-prompt-cache where the command has it) become `ModelOptions`. `params`: the command's
-    `locals()` (each command names these parameters the same)."""
-    return ModelOptions(target=params["target"], draft=params["draft"], ctx=params["ctx"], threads=params["threads"],
-                        gpu_layers=params["gpu_layers"], verbose=params["verbose"],
-                        prompt_cache=not params.get("no_prompt_cache", False))
+    --verbose, and --no-prompt-cache where the command has it) become `ModelOptions`."""
+    return ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
+                        prompt_cache=not no_prompt_cache)
 
 
-def _spec_options(params: dict[str, Any]) -> SpecOptions:
-    """--method, --k, --ngram-min and --ngram-max as `SpecOptions`, built and validated once. A --k left out
-    (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
+def _spec_options(method: str, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
+    """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once. A --k left
+    out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
     Raises UsageError for a bad --k (exit 2)."""
-    k = params["k"]
-    return SpecOptions(method=params["method"], k=k or "auto", k_given=k is not None, ngram_min=params["ngram_min"],
-                       ngram_max=params["ngram_max"], corpus=params.get("corpus") or "auto")
+    return SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min,
+                       ngram_max=ngram_max, corpus=corpus or "auto")
 
 
 def _version(value: bool) -> None:
@@ -132,8 +129,8 @@ def run(
     prediction = read_prediction(predict) if predict is not None else None
     code = execute(
         text,
-        models=_model_options(locals()),
-        spec=_spec_options(locals()),
+        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -207,8 +204,8 @@ def chat(
 
     constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     code = execute(
-        models=_model_options(locals()),
-        spec=_spec_options(locals()),
+        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -288,7 +285,7 @@ def tune(
         cases = [next(c for c in builtin((kind,))) for kind in ("edit", "write")]  # one of each: short
     code = execute(
         cases,
-        models=_model_options(locals()),
+        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
         spec=SpecOptions(method=method, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
@@ -357,8 +354,8 @@ def check(
     refuse_sampling(config)  # before reading stdin or loading models
     code = execute(
         read_prompt(prompt_file),
-        models=_model_options(locals()),
-        spec=_spec_options(locals()),
+        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+        spec=_spec_options(method, k, ngram_min, ngram_max),
         config=config,
         json_path=json_out,
         raw=raw,
@@ -434,12 +431,13 @@ def bench(
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
     from specdec_cli.cli.commands import bench as B
     from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.measure.bench import BenchOptions, parse_methods
     from specdec_cli.prompts import CLASSES, builtin
 
-    options = B.BenchOptions(methods=B.parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
-                             ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
-                             json_path=json_out,
-                             plot_path=plot, markdown=markdown)
+    options = BenchOptions(methods=parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
+                           ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
+                           json_path=json_out,
+                           plot_path=plot, markdown=markdown)
     if from_json:
         code = B.from_json(from_json, options=options)
     else:
@@ -449,7 +447,8 @@ def bench(
             cases = builtin()
         else:
             cases = [builtin((kind,))[0] for kind in CLASSES]
-        code = B.execute(cases, models=_model_options(locals()), options=options)
+        code = B.execute(cases, models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
+                         options=options)
     if code:
         raise typer.Exit(code)
 
@@ -613,8 +612,8 @@ def serve(
     from specdec_cli.server.request import Defaults
 
     code = execute(
-        models=_model_options(locals()),
-        spec=_spec_options(locals()),
+        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                           max_tokens=max_tokens),
         host=host,

@@ -16,7 +16,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from specdec_cli.errors import UsageError
-from specdec_cli.stores import files
+from specdec_cli import files
 
 
 THEME = Theme(
@@ -69,7 +69,7 @@ def err_console() -> Console:
 
 
 def write_json(path: str, doc: dict, *, indent: int = 2) -> None:
-    """Write `doc` to `path` ('-' = stdout), atomically (`stores.files.write_atomic`: a reader never sees half a
+    """Write `doc` to `path` ('-' = stdout), atomically (`files.write_atomic`: a reader never sees half a
     document; the file gets the mode a plain write would). Raises UsageError when the file cannot be written."""
     text = json.dumps(doc, indent=indent, ensure_ascii=False)
     if path == "-":

@@ -110,7 +110,7 @@ def _bar(frac: float, width: int = 20) -> str:
 
 def _label(source: str) -> str:
     """A source's name for people ("prompt lookup"); an unknown one as it is."""
-    return Source(source).label if source in Source.__members__ else source
+    return Source(source).label if source in Source._value2member_map_ else source
 
 
 def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Table:

@@ -28,7 +28,7 @@ from specdec_cli.core.cost_model import (
 )
 
 from specdec_cli.models.backend import common_prefix
-from specdec_cli.drafters.base import Draft, cut
+from specdec_cli.core.draft import Draft, cut
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
@@ -131,7 +131,7 @@ class AdaptiveK(KController):
         probe_every: steps between probes (K = 3 while plain decoding wins; an unmeasured batch size otherwise).
         half_life: steps (observations of a bucket, for match-length evidence) after which evidence weighs half.
         prior: what the cost model assumes before measuring. margin: K > 0 must beat K = 0 by this fraction.
-        curve: this machine's measured verify curve (`measure.verify_curve.measure`), or None: then v(b) is learnt
+        curve: this machine's measured verify curve (`core.verify_timing.measure`), or None: then v(b) is learnt
             from the passes made, with probes of unmeasured sizes.
 
     Raises:

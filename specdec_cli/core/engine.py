@@ -29,18 +29,19 @@ import numpy as np
 from specdec_cli.models.backend import Backend, branch_rows, common_prefix, sync
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
-from specdec_cli.drafters.base import Draft, Drafter, cut
+from specdec_cli.core.draft import Draft, Drafter, cut
 from specdec_cli.core.constraint import start as start_constraint
-from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, Prefill, Record, Source, Step, TokenLogprob
+from specdec_cli.core.records import (
+    ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Record, Source, Step, TokenLogprob,
+)
 from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify, verify_branches
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
-    from specdec_cli.stores.kv_parking import KvParking
-    from specdec_cli.stores.prompt_cache import PromptCache
+    from specdec_cli.core.kv_states import StateCache, StateParking
     from specdec_cli.core.verify_curve import VerifyCurve
 
-NO_DRAFT = Draft(source="")
+NO_DRAFT = Draft()
 GRAMMAR = Source.grammar  # the source of a draft of the tokens a grammar forces
 
 
@@ -81,12 +82,12 @@ class SpeculativeEngine:
             is parked when a prompt would cut much of it, and a parked state that shares more with the prompt is
             swapped back in (a conversation's next turn after a side request). None = off.
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
-        curve: the target's measured verify curve (`measure.verify_curve.measure`), which each `Step` is placed on
+        curve: the target's measured verify curve (`core.verify_timing.measure`), which each `Step` is placed on
             (`Step.curve_ms`, `Step.cheap`); None: not measured.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
-                 prompt_cache: PromptCache | None = None, parking: KvParking | None = None,
+                 prompt_cache: StateCache | None = None, parking: StateParking | None = None,
                  clock: Callable[[], float] = time.perf_counter, curve: VerifyCurve | None = None) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
         self.curve = curve
@@ -161,10 +162,10 @@ class SpeculativeEngine:
                 n += len(new)
                 n_out += len(emitted)
                 if finish is None and grammar is not None and grammar.done:  # complete: nothing more allowed
-                    finish = "eog"
+                    finish = FinishReason.eog
                     segments.extend(text.flush())
                 if finish is None and n >= target.n_ctx:  # no room for the next verify batch
-                    finish = "context"
+                    finish = FinishReason.context
                     segments.extend(text.flush())
                 step = Step(
                     index=index,
@@ -176,12 +177,12 @@ class SpeculativeEngine:
                     segments=tuple(segments),
                     draft_ms=(t_draft - t_start) * 1e3,
                     verify_ms=(t_verify - t_draft) * 1e3,
-                    source=draft.source if len(d) else "",
+                    source=draft.source if len(d) else Source.none,
                     match_len=draft.match_len,
                     logprobs=() if config.logprobs is None else _logprobs(logits, masks, emitted, config.logprobs),
                     branch=() if alt is None else tuple(map(int, alt.tokens)),
                     branch_won=won == 1,
-                    branch_source=alt.source if alt is not None else "",
+                    branch_source=alt.source if alt is not None else Source.none,
                     branch_match_len=alt.match_len if alt is not None else 0,
                     n_past=n_past,
                 )
@@ -192,10 +193,10 @@ class SpeculativeEngine:
                     self.controller.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
                 yield step
                 if finish is not None:
-                    if drafter is not None and finish != "context":  # the output, and the end-of-generation token
-                        end = len(prompt) + n_out + (finish == "eog" and len(emitted) < len(new))
+                    if drafter is not None and finish is not FinishReason.context:  # the output and its end token
+                        end = len(prompt) + n_out + (finish is FinishReason.eog and len(emitted) < len(new))
                         drafter.finish(prompt, ctx[len(prompt) : end].copy())
-                    yield Finish(finish, text.hit if finish == "stop" else None)
+                    yield Finish(finish, text.hit if finish is FinishReason.stop else None)
                     return
         finally:
             # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).
@@ -288,18 +289,18 @@ class SpeculativeEngine:
             if j == n_acc and n_acc < len(drafted):
                 segments.append((REJECTED, piece_text(self.target.piece, drafted[n_acc:])))
             if self.target.is_eog(tok):
-                finish = "eog"
+                finish = FinishReason.eog
                 break
             emitted.append(tok)
             segs, hit = text.push(ACCEPTED if j < n_acc else TARGET, tok)
             segments.extend(segs)
             if hit:
-                finish = "stop"
+                finish = FinishReason.stop
                 break
             if len(emitted) >= budget:
-                finish = "length"
+                finish = FinishReason.length
                 break
-        if finish in ("eog", "length"):
+        if finish in (FinishReason.eog, FinishReason.length):
             segments.extend(text.flush())  # no stop string can follow: release held-back text
         return emitted, segments, finish
 

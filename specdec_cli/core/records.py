@@ -31,6 +31,7 @@ class Source(StrEnum):
     grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
     realign = "realign"  # prompt lookup realigned after a change: the old copy position + the tokens emitted since
     corpus = "corpus"  # the code and documents `specdec learn` indexed (REST-style retrieval; --method auto)
+    none = ""  # no draft: a plain step (K = 0), an empty draft
 
     @property
     def label(self) -> str:
@@ -40,7 +41,18 @@ class Source(StrEnum):
 
 _LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
            Source.draft: "draft model", Source.grammar: "grammar (forced)",
-           Source.realign: "prompt lookup (realigned)", Source.corpus: "corpus"}
+           Source.realign: "prompt lookup (realigned)", Source.corpus: "corpus", Source.none: "no draft"}
+
+
+class FinishReason(StrEnum):
+    """Why a generation ended: `Finish.finish_reason`, `RunStats.finish_reason`, --json's `finish_reason`. A
+    StrEnum: it prints, compares and serialises as its value."""
+
+    eog = "eog"  # an end-of-generation token, or a grammar that is complete and allows nothing more
+    stop = "stop"  # a stop string (`Finish.stop` says which)
+    length = "length"  # the token budget (--max-tokens)
+    context = "context"  # the context window is full
+    interrupted = "interrupted"  # stopped by its consumer (Ctrl-C, `close()`): no `Finish` came (`driver.Drive`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +112,7 @@ class Step:
             all steps gives the output text exactly.
         draft_ms: wall time the drafter took, in milliseconds.
         verify_ms: wall time of the target's forward pass over len(drafted) + 1 tokens, in milliseconds.
-        source: the `Source` of the draft verified ("" for plain decoding).
+        source: the `Source` of the draft verified (`Source.none`, "", for plain decoding).
         match_len: the evidence of the lookup draft the controller chose this step (`Draft.match_len`: how many
             context tokens match where it was copied from), also when it was trimmed to nothing; 0 for a draft
             without evidence (a draft model) and for a plain step. `--k auto` learns acceptance by it.
@@ -125,12 +137,12 @@ class Step:
     segments: tuple[Segment, ...]
     draft_ms: float
     verify_ms: float
-    source: str = ""
+    source: Source = Source.none
     match_len: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
     branch: tuple[int, ...] = ()
     branch_won: bool = False
-    branch_source: str = ""
+    branch_source: Source = Source.none
     branch_match_len: int = 0
     curve_ms: float = 0.0
     cheap: bool = False
@@ -168,13 +180,13 @@ class Finish:
     """The generation ended (the last record; it follows the `Step` that ended it).
 
     Attributes:
-        finish_reason: "eog" (end-of-generation token, or a grammar that is complete and allows nothing more),
-            "stop" (a --stop string), "length" (--max-tokens) or
-            "context" (the context window is full).
+        finish_reason: a `FinishReason` other than `interrupted`: eog (end-of-generation token, or a grammar that is
+            complete and allows nothing more), stop (a --stop string), length (--max-tokens) or context (the
+            context window is full).
         stop: the stop string that ended it (finish_reason "stop"), else None.
     """
 
-    finish_reason: str
+    finish_reason: FinishReason
     stop: str | None = None
 
 

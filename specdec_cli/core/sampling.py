@@ -349,7 +349,7 @@ def verify_stochastic(
 
 
 class Proposal(Protocol):
-    """What verification reads of a draft (`drafters.base.Draft`): int32 [k] tokens, and q_i for each (None for a
+    """What verification reads of a draft (`core.draft.Draft`): int32 [k] tokens, and q_i for each (None for a
     deterministic drafter: q = one-hot)."""
 
     tokens: np.ndarray

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from specdec_cli.core.records import Finish, Prefill, Record, Source, Step
+from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Source, Step
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class RunStats:
     mean_k: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop: str | None = None
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
     n_restored: int = 0
@@ -89,7 +89,8 @@ class RunStats:
         return d
 
 
-def summarize(records: Iterable[Record], *, decode_ms: float | None = None, finish_reason: str | None = None) -> RunStats:
+def summarize(records: Iterable[Record], *, decode_ms: float | None = None,
+              finish_reason: FinishReason | None = None) -> RunStats:
     """Aggregate records into `RunStats`.
 
     Args:

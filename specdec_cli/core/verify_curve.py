@@ -3,7 +3,7 @@
 On a CPU, v(b) is not monotone: llama.cpp's repacked kernels multiply in tiles of rows, and a batch one token past a
 tile boundary pays for a slow remainder path (measured on a 2-core Zen 5: 185 ms at b = 15, 146 ms at b = 16). Other
 machines have other tiles, and a GPU is flat, so nothing about the shape is assumed: every b is timed once per
-(model file, machine, threads, llama.cpp build), in seconds (`specdec_cli.measure.verify_curve.measure`), and
+(model file, machine, threads, llama.cpp build), in seconds (`specdec_cli.core.verify_timing.measure`), and
 `specdec_cli.stores.learnt` keeps the curve with the other learnt state. The K controller prices drafts on it
 (`cost_model.CostModel`), and the stats say where each pass's b fell on it (`cheap`, `waste_ms`).
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
+from specdec_cli.core.draft import Draft, Drafter, DrafterBase
 from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.core.records import Source
 from specdec_cli.core.sampling import SamplingParams
@@ -78,7 +78,7 @@ class AutoDrafter(DrafterBase):
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         """The draft model's draft (the engine asks only when the controller chose it)."""
         if self.model is None:
-            return Draft(source=self.name)
+            return Draft()
         return self.model.propose(context, k, sampling, rng)
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:

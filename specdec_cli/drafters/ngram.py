@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
+from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.core.records import Source
 

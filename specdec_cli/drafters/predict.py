@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
+from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
 from specdec_cli.core.records import Source
 from specdec_cli.core.sampling import SamplingParams
 

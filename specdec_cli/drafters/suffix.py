@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.drafters.base import EMPTY, Draft, DrafterBase
+from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
 from specdec_cli.core.records import Source
 from specdec_cli.stores.suffix_store import SuffixStore
-from specdec_cli.drafters.suffix_index import WINDOW, Continuation, empty_continuation
+from specdec_cli.stores.suffix_index import WINDOW, Continuation, empty_continuation
 
 if TYPE_CHECKING:
     from specdec_cli.core.sampling import SamplingParams

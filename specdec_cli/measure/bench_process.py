@@ -2,7 +2,7 @@
 
 The parent drives each with JSON lines over stdin/stdout (`BenchProcess.call`); the child (`worker_main`) serves
 one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
-only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.cli.commands.bench`).
+only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.measure.bench`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import numpy as np
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
 from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.controller import KController
-from specdec_cli.drafters.base import Drafter
+from specdec_cli.core.draft import Drafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Result, generate
 from specdec_cli.assemble import Assembler

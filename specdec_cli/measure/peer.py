@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec_cli.core.records import FinishReason
 from specdec_cli.errors import ModelError
 
 PEER_SETTINGS = (10, 2)  # num_pred_tokens: the documented default (GPU) and the documented CPU advice
@@ -115,7 +116,7 @@ class PeerRun:
 
     tokens: list[int]
     token_times_s: list[float]
-    finish_reason: str
+    finish_reason: FinishReason
     acceptance: LookupStats
     proposals: list[tuple[int, int]] = field(default_factory=list)  # (L, proposal length) per target pass
 
@@ -194,14 +195,14 @@ class PeerModel:
         prompt = [int(t) for t in prompt]
         tokens: list[int] = []
         times: list[float] = []
-        finish = "length"
+        finish = FinishReason.length
         t0 = time.perf_counter()
         gen = llm.generate(prompt, temp=0.0, repeat_penalty=1.0)
         try:
             for tok in gen:
                 t = time.perf_counter() - t0
                 if self.is_eog(tok):
-                    finish = "eog"
+                    finish = FinishReason.eog
                     break
                 tokens.append(int(tok))
                 times.append(t)

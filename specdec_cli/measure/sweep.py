@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.drafters.base import Draft, Drafter, DrafterBase
+from specdec_cli.core.draft import Draft, Drafter, DrafterBase
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PromptCase
 from specdec_cli.core.sampling import SamplingParams

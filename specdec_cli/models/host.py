@@ -287,7 +287,7 @@ def _probed() -> list[str]:
 def _remember_probed(key: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
     from specdec_cli.config import cache_dir
-    from specdec_cli.stores import files
+    from specdec_cli import files
 
     keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
     path = cache_dir() / _PROBED_FILE
@@ -333,7 +333,7 @@ def _verdicts() -> dict[str, str]:
 
 def _remember(key: str, verdict: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
-    from specdec_cli.stores import files
+    from specdec_cli import files
 
     path = _host_file()
     verdicts = _verdicts() | {key: verdict}

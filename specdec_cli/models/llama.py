@@ -1,4 +1,5 @@
-"""llama.cpp backend through llama-cpp-python's low-level API. The only module that imports `llama_cpp`.
+"""llama.cpp backend through llama-cpp-python's low-level API. The one module of the engine's that imports `llama_cpp`
+(besides it only `specdec_cli.measure.peer` does: it drives llama-cpp-python's own `Llama` as bench's peer).
 
 What it does differently from `llama_cpp.Llama`:
 - logits are requested only for the positions being verified (`llama_batch.logits[i] = 1` on the last rows), never

@@ -47,7 +47,7 @@ from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, 
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.models.gguf import check_gguf
 from specdec_cli.models.machine import marker_path
-from specdec_cli.stores import files
+from specdec_cli import files
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 

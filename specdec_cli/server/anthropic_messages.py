@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from typing import Any, Iterator, Literal, Optional, Union
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -60,9 +59,11 @@ from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context
-from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.reply import (
+    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
+)
 from specdec_cli.server.request import ANTHROPIC, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
-from specdec_cli.server.tools import NAME, check_parameters
+from specdec_cli.server.reading import MISSING, Named, choose, function_tool
 from specdec_cli.server.worker import Started
 
 PATH = "/v1/messages"
@@ -297,19 +298,8 @@ def tools_of(tools: Optional[list[dict]], tool_choice: Optional[dict], *, log=pr
         if kind not in (None, "custom"):  # web_search_20250305, bash_20250124, code_execution_..., mcp_toolset, ...
             skipped.append(f"{tool.get('name', '?')} ({kind})")
             continue
-        name = tool.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ApiError(400, f"{where}.name {name!r} is not a tool name (letters, digits, _ and -, at most 64).",
-                           param=f"{where}.name")
-        if any(t.name == name for t in specs):
-            raise ApiError(400, f"Two tools are named {name!r}.", param=f"{where}.name")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise ApiError(400, f"{where}.description is not a string.", param=f"{where}.description")
-        if "input_schema" not in tool:
-            raise ApiError(400, f"{where}.input_schema is missing.", param=f"{where}.input_schema")
-        parameters = check_parameters(tool["input_schema"], f"{where}.input_schema", lenient=True)
-        specs.append(Tool(name, description, parameters))
+        specs.append(function_tool(where, tool.get("name"), tool.get("description"), tool.get("input_schema", MISSING),
+                                   taken=[t.name for t in specs], schema="input_schema", lenient=True))
     if skipped:
         log(f"messages: server tools left out of the prompt (a local server cannot run them): {', '.join(skipped)}")
     if not specs:
@@ -317,27 +307,23 @@ def tools_of(tools: Optional[list[dict]], tool_choice: Optional[dict], *, log=pr
             raise ApiError(400, "tool_choice asks for a tool call, but no (client) tools are given.",
                            param="tool_choice")
         return None
-    names = tuple(t.name for t in specs)
     choice = tool_choice or {"type": "auto"}
     kind = choice.get("type")
+    named = None
     mode: ToolMode
     if kind == "auto":
-        mode, allowed = "auto", names
+        mode = "auto"
     elif kind == "any":
-        mode, allowed = "required", names
+        mode = "required"
     elif kind == "none":
-        mode, allowed = "none", names
+        mode = "none"
     elif kind == "tool":
-        name = choice.get("name")
-        if name not in names:
-            raise ApiError(400, f"tool_choice names the tool {name!r}, which is not among the tools "
-                           f"({', '.join(names)}).", param="tool_choice.name")
-        mode, allowed = "required", (name,)
+        mode, named = "required", [Named(choice.get("name"), "tool_choice", "tool_choice.name")]
     else:
         raise ApiError(400, f"tool_choice.type {kind!r} is not one of 'auto', 'any', 'tool', 'none'.",
                        param="tool_choice.type")
     single = choice.get("disable_parallel_tool_use") is True or kind == "tool"
-    return Tools(tuple(specs), allowed, mode, parallel=not single)
+    return choose(specs, mode, named, parallel=not single)
 
 
 def output_of(output_config: Optional[dict], output_format: Optional[dict]) -> Optional[Output]:
@@ -402,7 +388,7 @@ class MessageWriter:
     """
 
     def __init__(self, model: str, method: str) -> None:
-        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.id = new_id("msg")
         self.model, self.method = model, method
         self.started = Started(0)
         self._index = -1  # the content block being streamed

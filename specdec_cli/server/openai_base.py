@@ -1,6 +1,6 @@
 """What OpenAI's APIs share, for their translators (`openai_chat`, `openai_completions`): the sampling and limit
 fields and how they become the engine's `GenerationConfig`, the fields refused unless neutral, `usage`, finish
-reasons, log-probabilities, ids.
+reasons, log-probabilities (message content, tools and ids: `reading`, `reply.new_id`).
 
 Follows OpenAI's API reference as the official `openai` Python package parses it. Which field informs and which changes
 what must come back is `fields.FIELDS`: a field that changes it is implemented or refused with a 400 naming it; one
@@ -12,8 +12,7 @@ once per name by `http.Context.ignore`), as llama-server, vLLM, Ollama and LM St
 from __future__ import annotations
 
 import json
-import uuid
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,37 +91,6 @@ def refuse_unsupported(req: Generation) -> None:
                        "chunks. Leave it out, or send false.", param="stream_options.include_obfuscation")
 
 
-def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: tuple[str, ...] = ("text",),
-                 sep: str = "") -> str:
-    """The text of a message's content: a string, a list of text parts (of a type in `kinds`: Chat's "text",
-    Responses' "input_text" / "output_text") joined with `sep`, or null (""). Other parts (images, audio, files) get
-    a 400 naming them.
-
-    Raises ApiError (400, param `where...`): content that is neither, a part that is not text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where} is neither a string nor a list of parts.", param=where)
-    out = []
-    for i, part in enumerate(content):
-        part = part.model_dump() if isinstance(part, BaseModel) else part
-        kind = part.get("type") if isinstance(part, dict) else None
-        strict = kinds == ("text",)  # Chat's text parts have no other field; Responses' output_text has annotations
-        if kind in kinds and isinstance(part.get("text"), str) and (not strict or set(part) <= {"type", "text"}):
-            out.append(part["text"])
-        elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
-            out.append(part["refusal"])
-        elif kind in ("image_url", "input_audio", "file", "input_image", "input_file"):
-            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
-                           param=f"{where}.{i}.type")
-        else:
-            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"{kinds[0]}\", \"text\": ...}}).",
-                           param=f"{where}.{i}")
-    return sep.join(out)
-
-
 def check_logprobs(name: str, n: Optional[int]) -> None:
     """Raise ApiError (400, param `name`) unless `n` (a number of top log-probabilities) is None or 0-20."""
     if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
@@ -152,10 +120,6 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
     sampling = defaults.sampling(OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                  min_p=req.min_p, seed=req.seed)
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def openai_finish(stats: RequestStats) -> Optional[str]:

@@ -22,20 +22,23 @@ from typing import Any, Literal, Optional, Union
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from specdec_cli.core.constraint import GrammarError, json_object, json_schema
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
 from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config, new_id,
+    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config,
     usage_json,
 )
-from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.reply import (
+    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
+)
 from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, Tools, ToolMode
 from specdec_cli.server.reply import PieceLogprob
-from specdec_cli.server.tools import NAME, check_parameters
+from specdec_cli.server.reading import Named, choose, content_text, function_tool
+from specdec_cli.server.tools import NAME
 
 
 # -- the wire format ------------------------------------------------------------------------------------------------
@@ -111,7 +114,7 @@ def to_request(body: ChatRequest, ctx: Context) -> Request:
                                logprobs=logprobs)
     return Request(config=config, messages=messages_of(body), tools=tools_of(body),
                    output=output_of(body.response_format), label="chat", template_kwargs=template_kwargs_of(body),
-                   prediction=_text(body.prediction.content, "prediction.content") if body.prediction else None)
+                   prediction=content_text(body.prediction.content, "prediction.content") if body.prediction else None)
 
 
 def template_kwargs_of(body: ChatRequest) -> dict[str, Any]:
@@ -122,32 +125,6 @@ def template_kwargs_of(body: ChatRequest) -> dict[str, Any]:
     if isinstance(effort, str) and "reasoning_effort" not in kwargs:
         kwargs["reasoning_effort"] = effort
     return kwargs
-
-
-def _text(content: Any, where: str, *, refusal_ok: bool = False) -> str:
-    """The text of a message's content: a string, a list of text parts, or null (""). Other parts (images, audio,
-    files) get a 400 naming them."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where} is neither a string nor a list of parts.", param=where)
-    out = []
-    for i, part in enumerate(content):
-        part = part.model_dump() if isinstance(part, BaseModel) else part
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):  # other keys (cache_control) only inform
-            out.append(part["text"])
-        elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
-            out.append(part["refusal"])
-        elif kind in ("image_url", "input_audio", "file", "input_image"):
-            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
-                           param=f"{where}.{i}.type")
-        else:
-            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"text\", \"text\": ...}}).",
-                           param=f"{where}.{i}")
-    return "".join(out)
 
 
 def messages_of(body: ChatRequest) -> tuple[Message, ...]:
@@ -175,17 +152,17 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
             if not m.tool_call_id:
                 raise ApiError(400, f"{where}: a tool message needs tool_call_id (the id of the call it answers).",
                                param=f"{where}.tool_call_id")
-            out.append(Message("tool", _text(m.content, f"{where}.content"), name=m.name,
+            out.append(Message("tool", content_text(m.content, f"{where}.content"), name=m.name,
                                tool_call_id=m.tool_call_id))
         elif m.role == "assistant":
-            text = _text(m.content, f"{where}.content", refusal_ok=True)
+            text = content_text(m.content, f"{where}.content", refusal_ok=True)
             if m.refusal:
                 text = text or m.refusal
             calls = tuple(_tool_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ()))
             out.append(Message("assistant", text, name=m.name, tool_calls=calls, reasoning=m.reasoning_content))
         else:
-            out.append(Message("system" if m.role == "developer" else m.role, _text(m.content, f"{where}.content"),
-                               name=m.name))
+            out.append(Message("system" if m.role == "developer" else m.role,
+                               content_text(m.content, f"{where}.content"), name=m.name))
     return tuple(out)
 
 
@@ -246,41 +223,26 @@ def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Op
         if unknown:
             raise ApiError(400, f"{where}.function has unknown fields: {', '.join(sorted(unknown))}.",
                            param=f"{where}.function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ApiError(400, f"{where}.function.name {name!r} is not a function name (letters, digits, _ and -, "
-                           "at most 64).", param=f"{where}.function.name")
-        if any(t.name == name for t in specs):
-            raise ApiError(400, f"Two tools are named {name!r}.", param=f"{where}.function.name")
-        description = fn.get("description")
-        if description is not None and not isinstance(description, str):
-            raise ApiError(400, f"{where}.function.description is not a string.",
-                           param=f"{where}.function.description")
-        if fn.get("strict") not in (None, True, False):
-            raise ApiError(400, f"{where}.function.strict is not a boolean.", param=f"{where}.function.strict")
-        parameters = check_parameters(fn.get("parameters"), f"{where}.function.parameters")
-        specs.append(Tool(name, description, parameters))
-    names = [t.name for t in specs]
-    mode, allowed = _choice(tool_choice, names)
+        specs.append(function_tool(f"{where}.function", fn.get("name"), fn.get("description"), fn.get("parameters"),
+                                   strict=fn.get("strict"), taken=[t.name for t in specs], noun="function"))
+    mode, named = _choice(tool_choice)
+    # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
+    single = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+    out = choose(specs, mode, named, parallel=parallel_tool_calls is not False and not single)
     if parallel_tool_calls not in (None, True, False):
         raise ApiError(400, "parallel_tool_calls is not a boolean.", param="parallel_tool_calls")
-    # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
-    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
-    return Tools(tuple(specs), allowed, mode, parallel=parallel_tool_calls is not False and not named)
+    return out
 
 
-def _choice(tool_choice: Any, names: list[str]) -> tuple[ToolMode, tuple[str, ...]]:
-    """(mode, allowed names) of OpenAI's `tool_choice`."""
+def _choice(tool_choice: Any) -> tuple[ToolMode, Optional[list[Named]]]:
+    """(mode, the functions it names: None for all) of OpenAI's `tool_choice`; `reading.choose` checks the names."""
     if tool_choice is None or tool_choice == "auto":
-        return "auto", tuple(names)
+        return "auto", None
     if tool_choice in ("none", "required"):
-        return tool_choice, tuple(names)
+        return tool_choice, None
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")
-        if name not in names:
-            raise ApiError(400, f"tool_choice names the function {name!r}, which is not among the tools "
-                           f"({', '.join(names)}).", param="tool_choice.function.name")
-        return "required", (name,)
+        return "required", [Named(name, "tool_choice", "tool_choice.function.name", "function")]
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
         spec = tool_choice.get("allowed_tools") or {}
         mode = spec.get("mode")
@@ -290,13 +252,11 @@ def _choice(tool_choice: Any, names: list[str]) -> tuple[ToolMode, tuple[str, ..
         allowed = []
         for i, tool in enumerate(spec.get("tools") or ()):
             name = ((tool or {}).get("function") or {}).get("name") if isinstance(tool, dict) else None
-            if name not in names:
-                raise ApiError(400, f"tool_choice.allowed_tools.tools.{i} names {name!r}, which is not among the "
-                               "tools.", param=f"tool_choice.allowed_tools.tools.{i}")
-            allowed.append(name)
+            where = f"tool_choice.allowed_tools.tools.{i}"
+            allowed.append(Named(name, where, where, "function"))
         if not allowed:
             raise ApiError(400, "tool_choice.allowed_tools.tools is empty.", param="tool_choice.allowed_tools.tools")
-        return mode, tuple(allowed)
+        return mode, allowed
     raise ApiError(400, f"tool_choice {json.dumps(tool_choice)[:80]} is not one of 'auto', 'none', 'required', "
                    '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}.',
                    param="tool_choice")
@@ -356,7 +316,7 @@ class ChatWriter:
     """
 
     def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
-        self.id = new_id("chatcmpl")
+        self.id = new_id("chatcmpl", sep="-")
         self.created = int(time.time())
         self.model, self.method = model, method
         self.want_logprobs = logprobs

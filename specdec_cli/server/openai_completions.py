@@ -18,9 +18,9 @@ from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fields import CHAT_ONLY
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, check_logprobs, completion_logprobs, generation_config, new_id, usage_json,
+    FINISH_REASONS, Generation, check_logprobs, completion_logprobs, generation_config, usage_json,
 )
-from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse
+from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse, new_id
 from specdec_cli.server.request import Fim, Request
 
 
@@ -67,7 +67,7 @@ class CompletionWriter:
     """`text_completion` JSON, or its chunks, of one reply (a `reply.Writer`). `logprobs`: the request asked."""
 
     def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
-        self.id = new_id("cmpl")
+        self.id = new_id("cmpl", sep="-")
         self.created = int(time.time())
         self.model, self.method = model, method
         self.want_logprobs = logprobs

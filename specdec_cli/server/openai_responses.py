@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -55,15 +54,17 @@ from specdec_cli.server.custom_tools import custom_tool, input_grammar
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
-    Sampling, chat_logprobs, check_logprobs, content_text,
+    Sampling, chat_logprobs, check_logprobs,
 )
 from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse,
+    Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse, new_id,
 )
 from specdec_cli.server.request import OPENAI, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
-from specdec_cli.server.tools import NAME, check_parameters
+from specdec_cli.server.reading import Named, choose, content_text, function_tool, tool_name
+from specdec_cli.server.tools import NAME
 
 STORE_SIZE = 64  # responses held for previous_response_id
+ID_DIGITS = 32  # hex digits of a Responses id after its prefix (resp_, msg_, fc_, ctc_)
 LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the text's log-probabilities
 # tool types a local server cannot run: left out of the prompt (logged once), never a 400
 HOSTED = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search", "code_interpreter",
@@ -378,20 +379,12 @@ def tools_of(body: ResponsesRequest) -> tuple[Optional[Tools], Names, tuple[str,
     specs: list[Tool] = []
     for ns, tool, where in found:
         name = tool.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ApiError(400, f"{where}.name {name!r} is not a tool name (letters, digits, _ and -, at most 64).",
-                           param=f"{where}.name")
         flat = name if ns is None or bare.count(name) == 1 else f"{ns}__{name}"
-        if flat in names.original:
-            raise ApiError(400, f"Two tools are named {flat!r}.", param=f"{where}.name")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise ApiError(400, f"{where}.description is not a string.", param=f"{where}.description")
         if tool["type"] == "function":
-            if tool.get("strict") not in (None, True, False):
-                raise ApiError(400, f"{where}.strict is not a boolean.", param=f"{where}.strict")
-            specs.append(Tool(flat, description, check_parameters(tool.get("parameters"), f"{where}.parameters")))
+            specs.append(function_tool(where, name, tool.get("description"), tool.get("parameters"),
+                                       strict=tool.get("strict"), taken=names.original, flat=flat))
         else:
+            flat, description = tool_name(where, name, tool.get("description"), taken=names.original, flat=flat)
             specs.append(custom_tool(flat, description, _custom_format(tool.get("format"), f"{where}.format"),
                                      param=where))
         names.original[flat] = (ns, name)
@@ -405,9 +398,9 @@ def tools_of(body: ResponsesRequest) -> tuple[Optional[Tools], Names, tuple[str,
                            f"(function or custom tools; left out: {', '.join(hosted) or 'none'}).",
                            param="tool_choice")
         return None, names, tuple(hosted)
-    mode, allowed, named = _choice(choice, names, [t.name for t in specs])
-    parallel = body.parallel_tool_calls is not False and not named
-    return Tools(tuple(specs), allowed, mode, parallel=parallel), names, tuple(hosted)
+    mode, named, single = _choice(choice, names, [t.name for t in specs])
+    parallel = body.parallel_tool_calls is not False and not single
+    return choose(specs, mode, named, parallel=parallel), names, tuple(hosted)
 
 
 def _custom_format(fmt: Any, where: str):
@@ -420,29 +413,26 @@ def _custom_format(fmt: Any, where: str):
     return input_grammar(fmt.get("syntax"), fmt.get("definition"), param=where)
 
 
-def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, tuple[str, ...], bool]:
-    """(mode, allowed flat names, one named tool forced) of a Responses `tool_choice`."""
+def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, Optional[list[Named]], bool]:
+    """(mode, the tools it names by their flat names: None for all, one named tool forced) of a Responses
+    `tool_choice`; `reading.choose` checks the names."""
     if choice is None or choice == "auto":
-        return "auto", tuple(flat), False
+        return "auto", None, False
     if choice in ("none", "required"):
-        return choice, tuple(flat), False
+        return choice, None, False
     if not isinstance(choice, dict):
         raise ApiError(400, f"tool_choice {json.dumps(choice)[:60]} is not 'auto', 'none', 'required' or an object.",
                        param="tool_choice")
     kind = choice.get("type")
 
-    def resolve(entry: dict, where: str) -> str:
+    def resolve(entry: dict, where: str) -> Named:
+        """The tool `entry` names: its flat name, or a namespaced tool's by its own name when only one has it."""
         name = entry.get("name")
-        if name in flat:
-            return name
         matches = [f for f, (ns, n) in names.original.items() if n == name]
-        if len(matches) == 1:
-            return matches[0]
-        raise ApiError(400, f"{where} names the tool {name!r}, which is not among the tools ({', '.join(flat)}).",
-                       param=f"{where}.name")
+        return Named(matches[0] if name not in flat and len(matches) == 1 else name, where, f"{where}.name")
 
     if kind in ("function", "custom"):
-        return "required", (resolve(choice, "tool_choice"),), True
+        return "required", [resolve(choice, "tool_choice")], True
     if kind == "allowed_tools":
         mode = choice.get("mode")
         if mode not in ("auto", "required"):
@@ -453,13 +443,14 @@ def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, tuple
             if entry_kind in ("function", "custom"):
                 allowed.append(resolve(entry, f"tool_choice.tools.{i}"))
             elif entry_kind == "namespace":
-                allowed += [f for f, (ns, _) in names.original.items() if ns == entry.get("name")]
+                allowed += [Named(f, f"tool_choice.tools.{i}", f"tool_choice.tools.{i}.name")
+                            for f, (ns, _) in names.original.items() if ns == entry.get("name")]
         if not allowed:
             if mode == "required":
                 raise ApiError(400, "tool_choice.tools allows no function or custom tool, and mode is 'required'.",
                                param="tool_choice.tools")
-            return "none", tuple(flat), False
-        return mode, tuple(dict.fromkeys(allowed)), False
+            return "none", None, False
+        return mode, [n for i, n in enumerate(allowed) if all(m.name != n.name for m in allowed[:i])], False
     raise ApiError(400, f"tool_choice forces the tool type {kind!r}, which specdec serve cannot run (it runs no "
                    "hosted tools). Use 'auto', 'required', or a function or custom tool.", param="tool_choice")
 
@@ -496,11 +487,6 @@ def output_of(text: Optional[TextConfig]) -> Optional[Output]:
 
 
 # -- reply → wire ---------------------------------------------------------------------------------------------------
-def new_id(prefix: str) -> str:
-    """An id in OpenAI's Responses style: prefix, underscore, 32 hex digits (resp_, msg_, fc_, ctc_)."""
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
 def usage_json(end: End) -> dict:
     """The Responses `usage`: input tokens (and those found in the KV cache), output tokens (none reasoning)."""
     r = end.stats.run
@@ -522,7 +508,7 @@ class ResponsesWriter:
 
     def __init__(self, body: ResponsesRequest, translation: Translation, model: str, method: str,
                  on_done: Callable[[dict, list[dict]], None]) -> None:
-        self.id = new_id("resp")
+        self.id = new_id("resp", digits=ID_DIGITS)
         self.created = int(time.time())
         self.req, self.tr, self.model, self.method = body, translation, model, method
         self.want_logprobs = translation.request.config.logprobs is not None
@@ -538,7 +524,7 @@ class ResponsesWriter:
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
         if reply.content or not reply.calls:
-            item = self._message_item(new_id("msg"), reply.content, "completed")
+            item = self._message_item(new_id("msg", digits=ID_DIGITS), reply.content, "completed")
             if self.want_logprobs:
                 item["content"][0]["logprobs"] = chat_logprobs(reply.logprobs)
             self.output.append(item)
@@ -626,7 +612,7 @@ class ResponsesWriter:
 
     # -- pieces
     def _open_message(self) -> list[Sse]:
-        item = self._message_item(new_id("msg"), "", "in_progress")
+        item = self._message_item(new_id("msg", digits=ID_DIGITS), "", "in_progress")
         self.output.append(item)
         self._message = index = len(self.output) - 1
         shown = {**item, "content": []}
@@ -662,10 +648,10 @@ class ResponsesWriter:
     def _call_item(self, call_id: str, flat: str, kind: str, text: str, status: str) -> dict:
         namespace, name = self.tr.names.restore(flat)
         if kind == "custom":
-            item = {"id": new_id("ctc"), "type": "custom_tool_call", "status": status, "call_id": call_id,
-                    "name": name, "input": text}
+            item = {"id": new_id("ctc", digits=ID_DIGITS), "type": "custom_tool_call", "status": status,
+                    "call_id": call_id, "name": name, "input": text}
         else:
-            item = {"id": new_id("fc"), "type": "function_call", "status": status, "call_id": call_id,
+            item = {"id": new_id("fc", digits=ID_DIGITS), "type": "function_call", "status": status, "call_id": call_id,
                     "name": name, "arguments": text}
         if namespace is not None:
             item["namespace"] = namespace

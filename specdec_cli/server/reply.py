@@ -13,9 +13,11 @@ Shaped after llama-server's `task_result_state` diffs (one stream of text/tool-c
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, Sequence
 
+from specdec_cli.core.records import FinishReason
 from specdec_cli.core.stats import RunStats
 from specdec_cli.server.guards import CallGuard
 from specdec_cli.server.request import ToolCall, ToolKind
@@ -92,6 +94,13 @@ class Content:
     logprobs: tuple[PieceLogprob, ...] = ()
 
 
+def new_id(prefix: str, *, sep: str = "_", digits: int = 24) -> str:
+    """A fresh random id in an API's own shape: `prefix`, `sep`, `digits` hex digits (at most 32): Chat's
+    "chatcmpl-" and Completions' "cmpl-" + 24, Responses' "resp_", "msg_", "fc_", "ctc_" + 32, Anthropic's "msg_" +
+    24, a tool call's "call_" + 24."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:digits]}"
+
+
 @dataclass
 class ParsedCall:
     """A tool call as it is parsed: `arguments` grows while the call streams.
@@ -141,21 +150,21 @@ class End:
     """The reply ended.
 
     Attributes:
-        finish: the engine's reason ("eog": the model ended it or a grammar completed; "stop": a stop string, or
+        finish: the engine's `FinishReason` ("eog": the model ended it or a grammar completed; "stop": a stop string, or
             the reply ended before a repeated tool call; "length": max tokens; "context": the context window is
             full).
         tool_calls: the reply called tools (and was not cut short).
         stats: the request's numbers (usage, speculation statistics).
     """
 
-    finish: str
+    finish: FinishReason
     tool_calls: bool
     stats: RequestStats
 
     @property
     def truncated(self) -> bool:
         """Cut short by a limit (max tokens or the context window)."""
-        return self.finish in ("length", "context")
+        return self.finish in (FinishReason.length, FinishReason.context)
 
 
 ReplyEvent = Content | CallStart | Arguments | CallEnd | End
@@ -220,9 +229,9 @@ class ReplyStream:
     def done(self, stats: RequestStats) -> list[ReplyEvent]:
         """The last events: what the parser held back, then `End` (finish "stop" when the reply was `stopped`)."""
         if self.stopped:  # the worker stopped the generation: no `Finish` record said why
-            stats = RequestStats(replace(stats.run, finish_reason="stop"), stats.wall_ms)
-        finish = stats.run.finish_reason or "eog"
-        cut = finish in ("length", "context")
+            stats = RequestStats(replace(stats.run, finish_reason=FinishReason.stop), stats.wall_ms)
+        finish = stats.run.finish_reason or FinishReason.eog
+        cut = finish in (FinishReason.length, FinishReason.context)
         events = [] if self.stopped else self._collect(self._release(self.parser.close(cut=cut)))
         self._held = []  # a call still unfinished: never returned
         self.end = End(finish, bool(self.calls) and not cut, stats)

@@ -77,7 +77,7 @@ class InputGrammar:
         syntax: "lark" (llguidance's Lark dialect) or "regex" (Rust regex syntax), as the client gave it.
         definition: the grammar or regex, as given.
         pattern: the same language as one anchored regex, which llguidance holds the input's JSON string to
-            (`custom_tools.input_pattern`).
+            (`core.lark_regex.input_pattern`).
     """
 
     syntax: Literal["lark", "regex"]
@@ -220,11 +220,6 @@ class Request:
     def is_chat(self) -> bool:
         """True for a conversation (the chat template), False for a raw prompt or a FIM one."""
         return self.prompt is None and self.fim is None
-
-    @property
-    def calls_tools(self) -> bool:
-        """The reply may contain tool calls (tools given and tool_choice is not "none")."""
-        return self.tools is not None and self.tools.mode != "none"
 
 
 DEFAULT_MAX_TOKENS = 4096

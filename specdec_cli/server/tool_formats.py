@@ -27,13 +27,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, ParsedCall, Parser, ReplyEvent
+from specdec_cli.server.reply import (
+    Arguments, CallEnd, CallStart, Content, ParsedCall, Parser, ReplyEvent, new_id,
+)
 from specdec_cli.server.request import Tools
 from specdec_cli.server.tools import INLINE, ReplyParser, Tags, call_schema, detect_tags, grammar as hermes_grammar
 
@@ -462,7 +463,7 @@ def _partial_string(buf: str, start: int) -> tuple[Optional[str], bool]:
 
 def _call_events(calls: list[ParsedCall], name: str, arguments: Any) -> list[ReplyEvent]:
     """A complete call's events; its arguments as one-line JSON with ", " and ": " (as the grammar writes them)."""
-    call = ParsedCall(len(calls), f"call_{uuid.uuid4().hex[:24]}", name)
+    call = ParsedCall(len(calls), new_id("call"), name)
     call.arguments = json.dumps(arguments, ensure_ascii=False)
     calls.append(call)
     return [CallStart(call), Arguments(call.index, call.arguments), CallEnd(call.frozen(), call.index)]

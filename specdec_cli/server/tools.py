@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark, json_schema
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, ParsedCall, ReplyEvent
+from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, ParsedCall, ReplyEvent, new_id
 from specdec_cli.server.request import NO_PARAMETERS, Tools
 
 __all__ = ["Arguments", "CallEnd", "CallStart", "Content", "ReplyParser", "Tags", "check_parameters", "detect_tags",
@@ -278,7 +277,7 @@ class ReplyParser:
                 return out
 
     def _start(self, name: str, out: list[ReplyEvent]) -> ParsedCall:
-        call = ParsedCall(len(self.calls), f"call_{uuid.uuid4().hex[:24]}", name)
+        call = ParsedCall(len(self.calls), new_id("call"), name)
         self.calls.append(call)
         self._args_sent = 0
         out.append(CallStart(call))

@@ -194,18 +194,6 @@ class Worker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    @property
-    def queued(self) -> int:
-        """Requests waiting (not counting the running one)."""
-        with self._cv:
-            return len(self._pending)
-
-    @property
-    def busy(self) -> bool:
-        """True while a request is being served."""
-        with self._cv:
-            return self._current is not None
-
     def ahead(self, job: Job) -> int:
         """Requests `job` waits for (the running one and those queued before it); 0 once it runs or if it will be
         taken next by an idle worker."""

@@ -3,7 +3,7 @@
 REST (He, Zhong, Cai, Lee, He; "REST: Retrieval-Based Speculative Decoding", NAACL 2024) drafts from a datastore:
 the corpus's tokens in one array, a suffix array over it, the longest match of the context's suffix found by
 binary search, its continuations weighed by frequency. The index here is exactly that, and it is read through the
-suffix store's `Corpus` (`specdec_cli.drafters.suffix_index`: `longest_match`, `walk`), over memory maps.
+suffix store's `Corpus` (`specdec_cli.stores.suffix_index`: `longest_match`, `walk`), over memory maps.
 
 One corpus per name and tokenizer, in `<data_dir>/corpus/<fingerprint[:16]>/<name>/`:
 
@@ -37,9 +37,9 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.drafters.suffix_index import SEP, WINDOW, Corpus, suffix_array
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, suffix_array
 from specdec_cli.errors import reason
-from specdec_cli.stores import files
+from specdec_cli import files
 
 FORMAT = "specdec-corpus"
 VERSION = 1

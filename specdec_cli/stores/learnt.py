@@ -127,7 +127,7 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
         return None
     import filelock
 
-    from specdec_cli.stores import files
+    from specdec_cli import files
 
     path = learnt_path()
     try:

@@ -55,7 +55,7 @@ import numpy as np
 
 from specdec_cli.models.backend import common_prefix
 from specdec_cli.errors import CacheTrimError, StateError, reason
-from specdec_cli.stores import files
+from specdec_cli import files
 
 FORMAT = "specdec-prompt-cache"
 VERSION = 1

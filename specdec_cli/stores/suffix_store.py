@@ -1,6 +1,6 @@
 """The global store of SuffixDecoding: past outputs, one persistent store per tokenizer.
 
-The documents and their suffix array are a `specdec_cli.drafters.suffix_index.Corpus` (the index and how drafts are
+The documents and their suffix array are a `specdec_cli.stores.suffix_index.Corpus` (the index and how drafts are
 read from it are described there); this module keeps one on disk.
 
 On-disk format (`<fingerprint[:16]>.npz`, an uncompressed numpy zip; every member is CRC-checked when read):
@@ -9,7 +9,7 @@ On-disk format (`<fingerprint[:16]>.npz`, an uncompressed numpy zip; every membe
                             "window": 128, "n_docs", "n_tokens", "write_id", "updated" (Unix seconds)}
     tokens, offsets, added, sa: the `Corpus` arrays (int32 [T], int64 [D+1], float64 [D], int32 [T])
 
-Persistence (`specdec_cli.stores.files`): writes go to a temp file in the same directory, are fsynced, then
+Persistence (`specdec_cli.files`): writes go to a temp file in the same directory, are fsynced, then
 `os.replace`d over the store; a file lock (`<store>.lock`) serialises writers, and a writer re-reads the file under
 the lock and appends its own new documents to what is there, so concurrent runs all keep their additions. Files are
 0o600 in a 0o700 directory. A corrupt, truncated, other-version or other-tokenizer file is renamed to
@@ -35,9 +35,9 @@ from typing import Callable, Iterator, Sequence
 import filelock
 import numpy as np
 
-from specdec_cli.drafters.suffix_index import SEP, WINDOW, Corpus
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus
 from specdec_cli.errors import reason
-from specdec_cli.stores import files
+from specdec_cli import files
 
 FORMAT = "specdec-suffix"
 VERSION = 1

@@ -39,7 +39,7 @@ from typing import Any
 
 from specdec_cli.models.machine import cpu_model, usable_cpus
 from specdec_cli.config import config_dir
-from specdec_cli.stores import files
+from specdec_cli import files
 
 FILE_NAME = "tuned.json"
 VERSION = 1

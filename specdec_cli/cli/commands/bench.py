@@ -1,265 +1,31 @@
 """`specdec bench`: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on this machine.
 
-What runs. Our methods (`none` — plain decoding, the baseline — `A/A` — `none` again, the control: its speedup
-over `none` is the noise floor of the sitting — `auto`, `ngram`, `suffix`, `draft`) run in one
-worker process on one loaded target (and the draft model, loaded once, when `draft` is selected), with
-K = auto unless --k. The peer — `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N), logits_all=True)`
-for N = 10 and 2 (`specdec_cli.measure.peer`) — runs in a second worker process with its own `Llama`. All greedy.
-
-Order (`schedule`): the rotating order of `specdec_cli.measure.sweep.schedule`. In the first repeat each block
-starts with a *cold* run of every configuration (same rotated order, min(8, --max-tokens) tokens), which doubles as that
-configuration's warm-up on the prompt and measures time to first token; each worker also generates a few tokens
-from a short prompt when it starts, so model pages are resident before anything is timed.
-
-What is timed.
-* Decode tok/s, ours: output tokens / wall time of the decode loop (`RunStats.tokens_per_s`); the timed runs reuse
-  the prompt's KV cache (the engine keeps the longest common prefix, so consecutive configurations on one prompt do
-  not prefill again), and prefill is never in the timing. The peer: (n - 1) / (t_n - t_1) from the times its token
-  generator yields tokens (its first token comes out of the prompt's pass); `Llama.generate` reuses its cache the
-  same way.
-* Time to first token: the cold runs only. Both workers empty their KV caches first (target and draft model); TTFT is
-  the wall time from the generate call to the first token: prefill + the drafter's own prefill + the first step.
-* Peak RSS: VmHWM of the worker process, reset to the current RSS before every run (`/proc/self/clear_refs`, "5")
-  and read after it; a configuration's figure is the largest over its runs. The process holds everything its family
-  loads: ours = target + (when draft is selected) the draft model, so among our methods the figures differ
-  only by what each drafter adds (run `--methods none,ngram` for the target alone); the peer = its own Llama with
-  the logits_all buffer. Where clear_refs is unavailable (not Linux) it is the process's peak so far (ru_maxrss),
-  flagged `"peak_rss_reset": false` in --json.
-* Agreement: each timed run's tokens against `none`'s in the same repeat on the same prompt: identical, or how
-  many leading tokens they share (llama.cpp's logits depend on the batch size, so a near-tie may flip a token;
-  `specdec check` tells near-ties from real divergences).
-
-Summary (`summarize`, also used by --from-json). Per configuration and prompt: tok/s = median over repeats; speedup =
-median over repeats of the paired ratio (this run's tok/s / `none`'s in the same block). Per class and overall: the
-geometric mean of the per-prompt speedups (2x and 0.5x average to 1x); the table also shows the range over prompts.
-Spread: the median over prompts of (max - min) / median of tok/s over repeats (shown from --repeats 2). Acceptance
-rate and mean accepted length pool the timed runs. Learning drafters do not learn during a bench
-(`sweep.NoLearning`): `suffix` and `auto` read the suffix store as it is (its size is reported).
-
-The measuring processes (`specdec_cli.measure.bench_process`) speak JSON lines over stdin/stdout; they ignore
-SIGINT and run in their own session, so Ctrl-C reaches only this process, which stops them, reports what was
-measured, writes --json and exits 130. The report (`bench_report`) is a pure function of the --json document.
+What runs, in which order, what is timed and how it is summarised: `specdec_cli.measure.bench`. This command draws
+the spinners and the progress bar, prints the report (`bench_report`), writes --json, --plot and --markdown, and
+re-renders a saved --json document (`--from-json`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import statistics
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from specdec_cli.measure import sweep
-from specdec_cli.models.backend import common_prefix
-from specdec_cli.cli.commands.bench_report import (
-    CONTROL, BenchConfig, ConfigSummary, check_plot_path, markdown_table, report, write_plot,
-)
-from specdec_cli.measure.bench_process import BenchProcess
-from specdec_cli.errors import ContextOverflowError, UsageError
+from specdec_cli.cli.commands.bench_report import check_plot_path, markdown_table, report, write_plot
 from specdec_cli.cli.console import (
-    RichReporter, err_console, make_console, progress as progress_bar, status, write_json,
+    RichReporter, RichTask, err_console, make_console, progress as progress_bar, write_json,
+)
+from specdec_cli.errors import UsageError
+from specdec_cli.measure import sweep
+from specdec_cli.measure.bench import (
+    JSON_VERSION, BenchOptions, BenchSummary, config_from_label, configs_for, json_doc, run, summarize,
 )
 from specdec_cli.prompts import PromptCase
-from specdec_cli.measure.sweep import Slot, geomean
-from specdec_cli.spec import Method
-
-OUR_METHODS = (Method.none, Method.auto, Method.ngram, Method.suffix, Method.draft)  # auto, the default, is the headline row
-COLD_TOKENS = 8  # tokens generated by a cold (time-to-first-token + warm-up) run
-JSON_VERSION = 1
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Configurations and their order
-
-
-def parse_methods(spec: str) -> list[Method]:
-    """`--methods`: a comma-separated subset of OUR_METHODS, returned in canonical order; `none` (the baseline)
-    is always included. Raises UsageError for an unknown name."""
-    names = [_canonical(s) for s in spec.split(",") if s.strip()]
-    bad = [n for n in names if n not in OUR_METHODS]
-    if bad:
-        raise UsageError(f"Unknown method {bad[0]!r} in --methods.",
-                         f"Use a comma-separated list of: {', '.join(OUR_METHODS)}.")
-    return [m for m in OUR_METHODS if m in names or m is Method.none]
-
-
-def _canonical(name: str) -> str:
-    """A method's canonical name (`Method` aliases such as prompt-lookup → ngram), else the name as given."""
-    try:
-        return Method(name).value
-    except ValueError:
-        return name.strip().lower()
-
-
-NATIVE = ("plain", "ngram-simple")  # `--llama-cpp DIR`: llama-completion, llama-speculative-simple --spec-type
-
-
-def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[BenchConfig]:
-    """`none`, then the control (`CONTROL`: `none` again, timed like every other configuration, so its speedup
-    over `none` is the noise floor of the sitting), then our other methods in canonical order, then the peer at
-    each of `peer.PEER_SETTINGS`, then native llama.cpp."""
-    from specdec_cli.measure.peer import PEER_SETTINGS
-
-    out = [BenchConfig(m.value, "ours", method=m) for m in OUR_METHODS if m in methods]
-    out.insert(1, BenchConfig(CONTROL, "ours", method=Method.none))
-    if peer:
-        out += [BenchConfig(f"peer-{n}", "peer", num_pred_tokens=n) for n in PEER_SETTINGS]
-    if native:
-        out += [BenchConfig(f"native-{m}", "native", method=m) for m in NATIVE]
-    return out
-
-
-class NativeRunner:
-    """The native llama.cpp peer (`--llama-cpp DIR`, `specdec_cli.measure.native`): each run is one
-    `llama-completion` or `llama-speculative-simple` process on the prompt's chat-templated text, greedy, with our
-    budget, threads and context; it reports the tools' own decode rate (prefill excluded) and, for cold runs, their
-    prefill as TTFT. Output token ids are not available (the tools print text), so its runs are not compared with
-    `none`'s."""
-
-    def __init__(self, tools, target, rendered: list[str], threads: int, ctx: int) -> None:
-        self.tools, self.target, self.rendered, self.threads, self.ctx = tools, target, rendered, threads, ctx
-
-    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from specdec_cli.measure.native import run_plain, run_speculative
-
-        text, n = self.rendered[msg["prompt"]], msg["max_tokens"]
-        if msg["method"] == "plain":
-            r = run_plain(self.tools, self.target, text, n, self.threads, self.ctx)
-        else:
-            r = run_speculative(self.tools, self.target, text, n, self.threads, self.ctx, spec_type=msg["method"])
-        return {"tokens_per_s": r.decode_tok_s, "n_tokens": r.n_decoded, "decode_ms": 1e3 * r.decode_s,
-                "ttft_ms": r.prefill_ms if msg["cold"] else None, "n_drafted": r.n_drafted or 0,
-                "n_accepted": r.n_accepted or 0, "n_spec_steps": 0, "peak_rss_kib": None, "tokens": None,
-                "command": list(r.command)}
-
-    def close(self, kill: bool = False) -> None:
-        pass
-
-
-def schedule(n_configs: int, n_prompts: int, repeats: int) -> list[Slot]:
-    """The run order (`sweep.schedule`): in repeat 0 each block's cold runs (same order) come first."""
-    return sweep.schedule(n_configs, n_prompts, repeats, cold_first=True)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Summary: pure functions over the raw run dicts (the same dicts --json holds)
-
-
-def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: list[tuple[str, str]]) -> list[ConfigSummary]:
-    """Per-configuration summaries of the raw runs. `prompts`: (name, class) in report order.
-
-    Configurations or prompts without runs (an interrupted bench) are left out of the dicts.
-    """
-    timed = [r for r in runs if not r["cold"]]
-    base = {(r["prompt"], r["repeat"]): r for r in timed if r["config"] == "none"}
-    kind_of = dict(prompts)
-    out = []
-    for c in configs:
-        s = ConfigSummary(config=c)
-        mine = [r for r in timed if r["config"] == c.label]
-        s.runs = len(mine)
-        spreads, all_ratios = [], []
-        for name, _ in prompts:
-            rs = [r for r in mine if r["prompt"] == name]
-            tps = [r["tokens_per_s"] for r in rs if r["tokens_per_s"] > 0]
-            if tps:
-                med = statistics.median(tps)
-                s.tps_by_prompt[name] = med
-                if len(tps) > 1 and med > 0:
-                    spreads.append((max(tps) - min(tps)) / med)
-            ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r in rs
-                      if (b := base.get((name, r["repeat"]))) is not None and b["tokens_per_s"] > 0
-                      and r["tokens_per_s"] > 0]
-            all_ratios += ratios
-            if ratios:
-                s.speedup_by_prompt[name] = statistics.median(ratios)
-                s.speedup_spread_by_prompt[name] = (min(ratios), max(ratios))
-            ttft = [r["ttft_ms"] for r in runs if r["cold"] and r["config"] == c.label and r["prompt"] == name
-                    and r.get("ttft_ms") is not None]
-            if ttft:
-                s.ttft_by_prompt[name] = statistics.median(ttft)
-        if all_ratios:
-            s.pair_range = (min(all_ratios), max(all_ratios))
-        if s.tps_by_prompt:
-            s.tokens_per_s = statistics.median(s.tps_by_prompt.values())
-        s.tps_spread = statistics.median(spreads) if spreads else None
-        if s.speedup_by_prompt:
-            s.speedup = geomean(list(s.speedup_by_prompt.values()))
-            s.speedup_range = (min(s.speedup_by_prompt.values()), max(s.speedup_by_prompt.values()))
-            for kind in dict.fromkeys(k for _, k in prompts):
-                xs = [v for p, v in s.speedup_by_prompt.items() if kind_of[p] == kind]
-                if xs:
-                    s.speedup_by_class[kind] = geomean(xs)
-        s.ttft_ms = statistics.median(s.ttft_by_prompt.values()) if s.ttft_by_prompt else None
-        s.n_drafted = sum(r["n_drafted"] for r in mine)
-        s.n_accepted = sum(r["n_accepted"] for r in mine)
-        s.n_spec_steps = sum(r["n_spec_steps"] for r in mine)
-        passes = sum(r.get("n_steps") or 0 for r in mine)  # the passes of ours (native and the peer: not counted)
-        if passes:
-            s.tokens_per_pass = sum(r["n_tokens"] for r in mine) / passes
-            s.ms_per_pass = sum(r.get("verify_ms") or 0.0 for r in mine) / passes
-            placed = sum(r.get("curve_passes") or 0 for r in mine)
-            s.cheap_share = sum(r.get("cheap_passes") or 0 for r in mine) / placed if placed else None
-        peaks = [r["peak_rss_kib"] for r in runs if r["config"] == c.label and r.get("peak_rss_kib")]
-        s.peak_rss_kib = max(peaks) if peaks else None
-        same, compared, least = 0, 0, None
-        for r in mine:
-            b = base.get((r["prompt"], r["repeat"]))
-            if b is None:
-                continue
-            if r["tokens"] is None:  # the native peer prints text, not token ids
-                continue
-            compared += 1
-            if r["tokens"] == b["tokens"]:
-                same += 1
-            else:
-                n = common_prefix(np.asarray(r["tokens"]), np.asarray(b["tokens"]))
-                least = n if least is None else min(least, n)
-        s.agree = (same, compared, least)
-        out.append(s)
-    return out
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Running it
-
-
-@dataclass(frozen=True)
-class BenchOptions:
-    methods: list[str]
-    peer: bool = True
-    k: str = "auto"
-    ngram_min: int = 2
-    ngram_max: int = 4
-    max_tokens: int = 96
-    repeats: int = 1
-    llama_cpp: str | None = None  # a llama.cpp build dir: the native peer (`NativeRunner`)
-    json_path: str | None = None
-    plot_path: str | None = None
-    markdown: bool = False
-
-
-@dataclass
-class BenchRun:
-    """What a bench measured: the resolved models, the machine, each worker's reply to init, the prompts' tokens
-    (fewer when interrupted while loading), the raw run dicts, the planned number of runs, Ctrl-C."""
-
-    target: Path
-    draft: Path | None
-    machine: dict[str, Any]
-    ours_info: dict[str, Any] = field(default_factory=dict)
-    peer_info: dict[str, Any] | None = None
-    tokens: list[list[int]] = field(default_factory=list)
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    planned: int = 0
-    interrupted: bool = False
-    started: float = field(default_factory=time.time)
 
 
 def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
@@ -279,7 +45,8 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     err = err_console()
     out = err if options.json_path == "-" or options.markdown else make_console()
     configs = configs_for(options.methods, options.peer, native=options.llama_cpp is not None)
-    bench = run(prompts, configs, models=models, options=options, console=err)
+    bench = run(prompts, configs, models=models, options=options, reporter=RichReporter(err),
+                progress=lambda total: _progress(err, total))
     doc = json_doc(bench, prompts, configs, models=models, options=options)
     summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
     doc["summary"] = [s.to_dict() for s in summaries]
@@ -292,111 +59,15 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     return 130 if bench.interrupted else 0
 
 
-def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, options: BenchOptions, console) -> BenchRun:
-    """Start the workers, check every prompt fits, and run the schedule. Ctrl-C stops the workers and returns what
-    was measured (`BenchRun.interrupted`)."""
-    from specdec_cli.config import load_catalog
-    from specdec_cli.models import host
-    from specdec_cli.models.llama import system_info
-    from specdec_cli.models.machine import describe
-    from specdec_cli.models.resolver import resolve
-
-    catalog = load_catalog()
-    target = resolve(models.target or catalog.default_target, catalog, reporter=RichReporter(console))
-    need_draft = Method.draft in options.methods
-    from specdec_cli.models.draft_policy import paired_draft
-
-    name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
-    draft = resolve(name, catalog, reporter=RichReporter(console)) if need_draft else None
-    plan = host.current_plan()
-    bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else []),
-                                             system_info=system_info(),
-                                             load_plan=plan.to_dict() if plan is not None else None))
-    model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
-                 "ctx": models.ctx,
-                 "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
-    workers: dict[str, BenchProcess] = {}
-    plan = schedule(len(configs), len(prompts), options.repeats)
-    bench.planned = len(plan)
-    try:
-        with status(console, f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
-            workers["ours"] = BenchProcess("ours", {
-                "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
-                "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
-        bench.ours_info = workers["ours"].info
-        bench.tokens = bench.ours_info["tokens"]
-        for p, t in zip(prompts, bench.tokens):
-            need = len(t) + options.max_tokens + 16
-            if need > models.ctx:
-                raise ContextOverflowError(
-                    f"Prompt {p.name} is {len(t)} tokens; with --max-tokens {options.max_tokens} it needs more "
-                    f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
-        if options.peer:
-            with status(console, f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
-                workers["peer"] = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
-                                                  "warmup_tokens": bench.ours_info["warmup_tokens"]})
-            bench.peer_info = workers["peer"].info
-        if options.llama_cpp:
-            from specdec_cli.measure.native import find_tools
-
-            workers["native"] = NativeRunner(find_tools(options.llama_cpp), target, bench.ours_info["rendered"],
-                                             bench.ours_info["threads"] or models.threads or 1, models.ctx)
-
-        progress = progress_bar(console)
-        with progress:
-            task = progress.add_task("bench", total=len(plan))
-            for slot in plan:
-                c, p = configs[slot.config], prompts[slot.prompt]
-                progress.update(task, description=f"{c.label:>8} · {p.name} · "
-                                + ("cold" if slot.cold else f"repeat {slot.repeat + 1}"))
-                msg = {"op": "run", "prompt": slot.prompt, "cold": slot.cold,
-                       "max_tokens": min(COLD_TOKENS, options.max_tokens) if slot.cold else options.max_tokens}
-                if c.family in ("ours", "native"):
-                    msg["method"] = c.method
-                else:
-                    msg["num_pred_tokens"] = c.num_pred_tokens
-                result = workers[c.family].call(msg)
-                bench.runs.append({"config": c.label, "prompt": p.name, "kind": p.kind, "repeat": slot.repeat,
-                                   "cold": slot.cold, **result})
-                progress.advance(task)
-    except KeyboardInterrupt:
-        bench.interrupted = True
-    finally:
-        for w in workers.values():
-            w.close(kill=bench.interrupted)
-    return bench
+@contextlib.contextmanager
+def _progress(console: Console, total: int) -> Iterator[RichTask]:
+    """The bench's progress bar of `total` runs (hidden when `console` is not a terminal)."""
+    progress = progress_bar(console)
+    with progress:
+        yield RichTask(progress, progress.add_task("bench", total=total))
 
 
-def json_doc(bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConfig], *, models,
-             options: BenchOptions) -> dict[str, Any]:
-    """The --json document (version `JSON_VERSION`) without its summary: settings, machine, peer, every raw run."""
-    ours_info, peer_info, tokens = bench.ours_info, bench.peer_info, bench.tokens
-    return {
-        "version": JSON_VERSION,
-        "command": "specdec " + " ".join(sys.argv[1:]) if Path(sys.argv[0]).name == "specdec" else None,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(bench.started)),
-        "wall_s": round(time.time() - bench.started, 1),
-        "interrupted": bench.interrupted,
-        "machine": bench.machine,
-        "settings": {"methods": options.methods, "peer": options.peer, "k": options.k, "max_tokens": options.max_tokens,
-                     "cold_tokens": min(COLD_TOKENS, options.max_tokens), "repeats": options.repeats,
-                     "ctx": models.ctx, "threads": ours_info.get("threads", models.threads),
-                     "ngram_min": options.ngram_min, "ngram_max": options.ngram_max, "sampling": "greedy"},
-        "target": str(bench.target),
-        "draft": str(bench.draft) if bench.draft else None,
-        "suffix_store_tokens": ours_info.get("suffix_store_tokens"),
-        "peer": _peer_doc(peer_info, models.ctx) if options.peer else None,
-        "rss_after_load_bytes": {"ours": _kib_to_bytes(ours_info.get("rss_after_load_kib")),
-                                 "peer": _kib_to_bytes((peer_info or {}).get("rss_after_load_kib"))},
-        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": len(tokens[i]) if i < len(tokens) else None}
-                    for i, p in enumerate(prompts)],  # no tokens: interrupted while loading
-        "configs": [c.label for c in configs],
-        "schedule_runs": bench.planned,
-        "runs": bench.runs,
-    }
-
-
-def render(doc: dict[str, Any], summaries: list[ConfigSummary], *, out: Console, options: BenchOptions) -> None:
+def render(doc: dict[str, Any], summaries: list[BenchSummary], *, out: Console, options: BenchOptions) -> None:
     """The Rich report to `out`, then --markdown (stdout) and --plot."""
     out.print(report(doc, summaries), soft_wrap=False)
     if options.markdown:
@@ -420,46 +91,7 @@ def from_json(path: str, *, options: BenchOptions) -> int:
                          "Write one with specdec bench --json PATH.")
     if options.plot_path:
         check_plot_path(options.plot_path)
-    configs = [_config_from_label(label) for label in doc["configs"]]
+    configs = [config_from_label(label) for label in doc["configs"]]
     summaries = summarize(doc["runs"], configs, [(p["name"], p["kind"]) for p in doc["prompts"]])
     render(doc, summaries, out=err_console() if options.markdown else make_console(), options=options)
     return 0
-
-
-def _config_from_label(label: str) -> BenchConfig:
-    if label.startswith("peer-"):
-        return BenchConfig(label, "peer", num_pred_tokens=int(label[5:]))
-    if label == CONTROL:
-        return BenchConfig(label, "ours", method=Method.none)
-    return BenchConfig(label, "ours", method=label)
-
-
-def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
-    from specdec_cli.models.machine import package_version
-    from specdec_cli.measure.peer import MAX_NGRAM_SIZE, PEER_SETTINGS, peer_call
-
-    return {
-        "library": "llama-cpp-python",
-        "version": package_version(),
-        "calls": [peer_call(n, n_ctx) for n in PEER_SETTINGS],
-        "max_ngram_size": MAX_NGRAM_SIZE,
-        "driven_by": "Llama.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0), the generator create_completion "
-                     "wraps; llama-cpp-python's own defaults otherwise (flash attention off)",
-        "logits_all_note": "without logits_all=True, Llama(draft_model=...) fails in 0.3.36 with a numpy broadcast "
-                           "error once the context passes n_batch (512) tokens",
-        "scores_buffer_bytes": info.get("scores_bytes") if info else None,
-        "n_vocab": info.get("n_vocab") if info else None,
-        "acceptance": "derived: each proposal's common prefix with the final output (specdec_cli.measure.peer)",
-    }
-
-
-def _kib_to_bytes(kib: int | None) -> int | None:
-    return kib * 1024 if kib is not None else None
-
-
-
-
-
-
-
-

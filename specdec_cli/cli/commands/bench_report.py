@@ -1,13 +1,11 @@
-"""`specdec bench`'s report: what it summarises (`BenchConfig`, `ConfigSummary`), the terminal tables and chart, the
-README's Markdown table, the --plot image.
+"""`specdec bench`'s report: the terminal tables and chart, the README's Markdown table, the --plot image.
 
-Pure functions of the --json document and its `ConfigSummary`s, so `specdec bench --from-json` re-renders a saved
-run without measuring anything.
+Pure functions of the --json document and its `BenchSummary`s (`specdec_cli.measure.bench`), so
+`specdec bench --from-json` re-renders a saved run without measuring anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,119 +16,9 @@ from rich.text import Text
 from specdec_cli.cli import tables
 from specdec_cli.errors import UsageError
 from specdec_cli.cli.tables import Bar, speed_cell, speed_style
-from specdec_cli.measure.sweep import rounded
+from specdec_cli.measure.bench import BenchSummary
 
 PLOT_FORMATS = (".png", ".svg")
-CONTROL = "A/A"  # the control row: plain decoding timed against plain decoding
-
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    """One configuration. family "ours" (`method` is one of OUR_METHODS), "peer" (`num_pred_tokens` is N) or
-    "native" (`method` is "plain" or a llama.cpp --spec-type such as "ngram-simple")."""
-
-    label: str
-    family: str
-    method: str | None = None
-    num_pred_tokens: int | None = None
-
-    @property
-    def baseline(self) -> bool:
-        """`none`, which every speedup is over."""
-        return self.label == "none"
-
-    @property
-    def control(self) -> bool:
-        """The A/A row: plain decoding again, whose speedup over `none` is the sitting's noise."""
-        return self.label == CONTROL
-
-    @property
-    def plain(self) -> bool:
-        """The baseline or the control: plain decoding, with no drafts to count."""
-        return self.baseline or self.control
-
-    @property
-    def title(self) -> str:
-        """For Markdown and charts; the terminal table shows the short label (peer-N is explained below it)."""
-        if self.family == "native":
-            return f"llama.cpp native {self.method}"
-        if self.control:
-            return "none again (A/A control)"
-        return self.label if self.family == "ours" else f"llama-cpp-python lookup (N={self.num_pred_tokens})"
-
-
-@dataclass
-class ConfigSummary:
-    """One configuration over the prompts (see the module docstring for every definition).
-
-    tokens_per_s: decode tok/s, median over prompts of the per-prompt medians over repeats. tps_spread: median over
-    prompts of (max - min) / median over repeats (None below 2 repeats). speedup: geometric mean over prompts;
-    speedup_range: (min, max) over prompts; pair_range: (min, max) of every paired ratio (all prompts and
-    repeats: for the A/A control, the band of noise). ttft_ms: median over prompts of the cold runs' TTFT (ms).
-    peak_rss_kib: largest over its runs (KiB). agree: (timed runs identical to none's, runs compared, fewest
-    shared leading tokens among the others or None).
-    """
-
-    config: BenchConfig
-    runs: int = 0
-    tokens_per_s: float | None = None
-    tps_spread: float | None = None
-    tps_by_prompt: dict[str, float] = field(default_factory=dict)
-    speedup: float | None = None
-    speedup_range: tuple[float, float] | None = None
-    speedup_by_prompt: dict[str, float] = field(default_factory=dict)
-    speedup_spread_by_prompt: dict[str, tuple[float, float]] = field(default_factory=dict)
-    speedup_by_class: dict[str, float] = field(default_factory=dict)
-    pair_range: tuple[float, float] | None = None
-    n_drafted: int = 0
-    n_accepted: int = 0
-    n_spec_steps: int = 0
-    ttft_ms: float | None = None
-    ttft_by_prompt: dict[str, float] = field(default_factory=dict)
-    peak_rss_kib: int | None = None
-    agree: tuple[int, int, int | None] = (0, 0, None)
-    tokens_per_pass: float | None = None  # output tokens per target pass (ours only)
-    ms_per_pass: float | None = None  # verify ms per target pass (ours only)
-    cheap_share: float | None = None  # passes at a cheap size of the measured verify curve / passes placed on it
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.n_accepted / self.n_drafted if self.n_drafted else None
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        return self.n_accepted / self.n_spec_steps if self.n_spec_steps else None
-
-    def to_dict(self) -> dict[str, Any]:
-        r = rounded
-        return {
-            "config": self.config.label,
-            "title": self.config.title,
-            "timed_runs": self.runs,
-            "tokens_per_s": r(self.tokens_per_s, 3),
-            "tokens_per_s_spread": r(self.tps_spread),
-            "tokens_per_s_by_prompt": {p: r(v, 3) for p, v in self.tps_by_prompt.items()},
-            "speedup": r(self.speedup),
-            "speedup_range": [r(x) for x in self.speedup_range] if self.speedup_range else None,
-            "speedup_by_prompt": {p: r(v) for p, v in self.speedup_by_prompt.items()},
-            "speedup_min_max_over_repeats": {p: [r(a), r(b)] for p, (a, b) in self.speedup_spread_by_prompt.items()},
-            "speedup_by_class": {c: r(v) for c, v in self.speedup_by_class.items()},
-            "speedup_min_max_over_runs": [r(x) for x in self.pair_range] if self.pair_range else None,
-            "acceptance_rate": r(self.acceptance_rate),
-            "mean_accepted_length": r(self.mean_accepted_length),
-            "n_drafted": self.n_drafted,
-            "n_accepted": self.n_accepted,
-            "ttft_ms": r(self.ttft_ms, 1),
-            "ttft_ms_by_prompt": {p: r(v, 1) for p, v in self.ttft_by_prompt.items()},
-            "peak_rss_bytes": self.peak_rss_kib * 1024 if self.peak_rss_kib is not None else None,
-            "identical_to_none": self.agree[0],
-            "compared_with_none": self.agree[1],
-            "min_shared_tokens_when_different": self.agree[2],
-            "tokens_per_pass": r(self.tokens_per_pass, 3),
-            "ms_per_pass": r(self.ms_per_pass, 3),
-            "cheap_share": r(self.cheap_share),
-        }
-
 
 
 def _classes(doc: dict[str, Any]) -> list[str]:
@@ -147,7 +35,7 @@ def _fmt_ttft(ms: float | None) -> str:
     return "–" if ms is None else (f"{ms / 1e3:.2f} s" if ms >= 1000 else f"{ms:.0f} ms")
 
 
-def _fmt_agree(s: ConfigSummary) -> str:
+def _fmt_agree(s: BenchSummary) -> str:
     same, n, least = s.agree
     if s.config.baseline or n == 0:
         return ""
@@ -164,7 +52,7 @@ def header(doc: dict[str, Any]) -> str:
             f", {st['max_tokens']} tokens, K {st['k']}, greedy, --ctx {st['ctx']}\n{one_line(doc['machine'])}")
 
 
-def report(doc: dict[str, Any], summaries: list[ConfigSummary]) -> Group:
+def report(doc: dict[str, Any], summaries: list[BenchSummary]) -> Group:
     """The results table, the per-prompt table, the chart by class and the notes, as one renderable."""
     parts: list[Any] = [Text(header(doc), style="bold"), results_table(summaries),
                         Text("tok/s: decode only, median over prompts (± half the spread between repeats). speedup: "
@@ -192,7 +80,7 @@ def report(doc: dict[str, Any], summaries: list[ConfigSummary]) -> Group:
     return Group(*parts)
 
 
-def results_table(summaries: list[ConfigSummary]) -> Table:
+def results_table(summaries: list[BenchSummary]) -> Table:
     t = tables.results_table()
     for name, just in (("config", "left"), ("tok/s", "right"), ("speedup", "right"), ("accept", "right"),
                        ("mean\nacc. len", "right"), ("tok/\npass", "right"), ("ms/\npass", "right"),
@@ -221,7 +109,7 @@ def results_table(summaries: list[ConfigSummary]) -> Table:
     return t
 
 
-def prompt_table(summaries: list[ConfigSummary], doc: dict[str, Any]) -> Table:
+def prompt_table(summaries: list[BenchSummary], doc: dict[str, Any]) -> Table:
     """tok/s and speedup per prompt (columns: prompt, its class and length)."""
     t = tables.results_table(title="per prompt: tok/s, speedup", title_justify="left", title_style="bold")
     t.add_column("config", no_wrap=True)
@@ -237,7 +125,7 @@ def prompt_table(summaries: list[ConfigSummary], doc: dict[str, Any]) -> Table:
     return t
 
 
-def speedup_chart(summaries: list[ConfigSummary], classes: list[str], width: int = 36) -> Table:
+def speedup_chart(summaries: list[BenchSummary], classes: list[str], width: int = 36) -> Table:
     """Bars of the speedup over none, grouped by prompt class (then all prompts); a dim │ marks 1×."""
     shown = [s for s in summaries if not s.config.baseline and s.speedup is not None]
     groups = [(c, [Bar(s.config.label, v, plain=s.config.control) for s in shown
@@ -248,7 +136,7 @@ def speedup_chart(summaries: list[ConfigSummary], classes: list[str], width: int
     return tables.speedup_chart("speedup over none, by prompt class", groups if shown else [], width)
 
 
-def markdown_table(doc: dict[str, Any], summaries: list[ConfigSummary]) -> str:
+def markdown_table(doc: dict[str, Any], summaries: list[BenchSummary]) -> str:
     """The README's Results table (GitHub Markdown), with a comment naming the run it came from."""
     from specdec_cli.models.machine import one_line
 
@@ -282,7 +170,7 @@ def markdown_table(doc: dict[str, Any], summaries: list[ConfigSummary]) -> str:
     return "\n".join(lines)
 
 
-def write_plot(path: str, doc: dict[str, Any], summaries: list[ConfigSummary]) -> None:
+def write_plot(path: str, doc: dict[str, Any], summaries: list[BenchSummary]) -> None:
     """Grouped bars of the speedup over none by prompt class (and over all prompts), as PNG or SVG (matplotlib)."""
     import numpy as np
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 from specdec_cli.cli.console import RichReporter
 from specdec_cli.errors import SpecdecError, UsageError
-from specdec_cli.stores import files
+from specdec_cli import files
 from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL, USES_PREDICTION
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ class LazyTokenizer:
         return self._tok
 
     def fingerprint(self) -> str:
-        from specdec_cli.stores import files
+        from specdec_cli import files
 
         try:
             known = json.loads(self.cache.read_text())

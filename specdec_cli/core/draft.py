@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from specdec_cli.core.records import Source
+
 if TYPE_CHECKING:
     from specdec_cli.core.sampling import Dist, SamplingParams
 
@@ -27,8 +29,8 @@ class Draft:
         dists: for model drafters, q_i (a processed `Dist`) for each proposed token; None for deterministic drafters.
         score: the drafter's own confidence in the draft (0..1, e.g. the product of draft-model probabilities or the
             match-based estimate of a lookup drafter).
-        source: where it came from, a `records.Source` (the controller's per-source estimates, the stats, the
-            stream's colours): prompt lookup, the suffix store of past outputs, a prediction, a draft model.
+        source: where it came from (the controller's per-source estimates, the stats, the stream's colours): prompt
+            lookup, the suffix store of past outputs, a prediction, a draft model; `Source.none` for an empty draft.
         match_len: lookup drafters' evidence: how many tokens of the context (counting back from its end) match the
             text the draft was copied after (0 = no such evidence, e.g. a draft model). Under `--k auto` the
             controller trims the draft by the acceptance it has measured for matches of this length.
@@ -41,7 +43,7 @@ class Draft:
     tokens: np.ndarray = field(default_factory=lambda: EMPTY)
     dists: tuple[Dist, ...] | None = None
     score: float = 0.0
-    source: str = ""
+    source: Source = Source.none
     match_len: int = 0
     probs: np.ndarray | None = None
 
@@ -114,7 +116,7 @@ class DrafterBase(Drafter):
         return [draft] if len(draft) else []
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
-        return Draft(source=self.name)
+        return Draft()
 
     def finish(self, prompt: np.ndarray, output: np.ndarray) -> None:
         pass
