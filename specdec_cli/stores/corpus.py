@@ -15,7 +15,7 @@ One corpus per name and tokenizer, in `<data_dir>/corpus/<fingerprint[:16]>/<nam
     sa-<generation>.i32        int32 native [T]: the suffix array (`suffix_array`: sorted by their first 128 tokens)
 
 8 bytes of index per corpus token (and one separator per file). A writer (`write`) holds `<name>.lock` beside the
-directory, writes a new generation's two arrays, then the manifest (each atomically: `stores.files.staged`), then
+directory, writes a new generation's two arrays, then the manifest (each atomically: `specdec_cli.files.staged`), then
 deletes the old generation's arrays; a reader that mapped them keeps its maps (POSIX). An unreadable manifest or
 arrays that disagree with it: the directory is renamed `<name>.corrupt-<timestamp>` with a one-line
 `CorpusWarning`, as the other stores do, and drafting goes on without it.
