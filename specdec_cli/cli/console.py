@@ -38,6 +38,15 @@ THEME = Theme(
 )
 
 
+def human_size(n: float) -> str:
+    """A size in bytes for people: "512 B", "1.4 MB" (decimal units: `specdec cache stats`, `specdec learn`)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
 PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut
 
 

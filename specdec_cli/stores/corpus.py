@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, suffix_array
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, _concat, suffix_array
 from specdec_cli.errors import reason
 from specdec_cli import files
 
@@ -296,12 +296,7 @@ def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str],
     The caller holds `lock_path(directory)`. Returns the bytes on disk. Raises OSError."""
     directory = Path(directory)
     files.private_dir(directory)
-    lens = np.array([len(s) + 1 for s in segments], dtype=np.int64)
-    starts = np.zeros(len(segments) + 1, dtype=np.int64)
-    np.cumsum(lens, out=starts[1:])
-    tokens = np.full(int(starts[-1]), SEP, dtype=np.int32)
-    for s, a in zip(segments, starts[:-1]):
-        tokens[a : a + len(s)] = s
+    tokens, starts = _concat(segments)  # [T] each file's tokens then -1; [D+1] where each starts
     sa = suffix_array(tokens, WINDOW)
     generation = uuid.uuid4().hex[:12]
     tok_path, sa_path = _arrays(directory, generation)

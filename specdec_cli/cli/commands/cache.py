@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.console import err_console, make_console
+from specdec_cli.cli.console import err_console, human_size, make_console
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
@@ -54,12 +54,7 @@ def _stores(d: Path) -> list[Path]:
     return sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
+_human = human_size
 
 
 @cache_app.command(

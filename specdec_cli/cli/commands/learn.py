@@ -16,15 +16,8 @@ from typing import Callable, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.cli.console import human_size as _human
 from specdec_cli.errors import UsageError
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
 
 
 class LazyTokenizer:
