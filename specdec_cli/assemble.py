@@ -43,7 +43,7 @@ class Assembler:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._drafters: dict[tuple, Drafter | None] = {}  # (method, ngram_min, ngram_max) -> shared by its engines
+        self._drafters: dict[tuple, Drafter | None] = {}  # (method, ngram_min, ngram_max, corpus) -> shared by its engines
         self._controllers: dict[tuple, KController] = {}  # (method, k_max) -> the AdaptiveK that keeps learning
 
     # -- engines ------------------------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ class Assembler:
         """The assembler's drafter for `spec` (None for method none): built once (`make_drafter`), shared by every
         engine made for this method (a chat's /k, a server's requests), closed by `close`, so a learning drafter
         (the suffix store) learns across them and saves once. Raises what `make_drafter` raises."""
-        key = (spec.method, spec.ngram_min, spec.ngram_max)
+        key = (spec.method, spec.ngram_min, spec.ngram_max, spec.corpus)
         if key not in self._drafters:
             self._drafters[key] = self.make_drafter(spec)
         return self._drafters[key]
@@ -111,8 +111,24 @@ class Assembler:
             if method is Method.suffix:
                 return suffix
             model = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft else None
-            return AutoDrafter(suffix, model, predictor=self._predictor)
+            return AutoDrafter(suffix, model, predictor=self._predictor, corpus=self._corpus(spec, fingerprint))
         raise AssertionError(f"unhandled method {method}")  # every Method is handled above
+
+    def _corpus(self, spec: SpecOptions, fingerprint: str) -> Drafter | None:
+        """`--method auto`'s corpus source (`drafters.corpus`): every corpus `specdec learn` made for the target's
+        tokenizer (`--corpus auto`, including those learnt later: `specdec serve --learn`), the one named, or None
+        (`--corpus off`). Raises UsageError for a name that has no corpus."""
+        if spec.corpus == "off":
+            return None
+        from specdec_cli.config import data_dir
+        from specdec_cli.drafters.corpus import CorpusDrafter
+        from specdec_cli.stores.corpus import CorpusSet, list_corpora
+
+        name = None if spec.corpus == "auto" else spec.corpus
+        if name is not None and name not in {d.name for d in list_corpora(data_dir(), fingerprint)}:
+            raise UsageError(f"No corpus named {name!r} for this model's tokenizer.",
+                             "See them with specdec learn --list, or learn one: specdec learn PATH --name NAME.")
+        return CorpusDrafter(CorpusSet(data_dir(), fingerprint, name))
 
     def _predictor(self, prediction: np.ndarray) -> Drafter:
         """The drafter of one generation's predicted output (int32 [m] target tokens)."""

@@ -176,6 +176,7 @@ class SpecOptions:
     ngram_max: int = 4
     k_max: int = 16
     k_given: bool = True
+    corpus: str = "auto"  # `--corpus`: "auto" (every corpus `specdec learn` made for this tokenizer), "off", or a name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", Method(self.method))

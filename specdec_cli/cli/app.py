@@ -35,12 +35,12 @@ def _model_options(target: str | None, draft: str | None, ctx: int, threads: int
                         prompt_cache=not no_prompt_cache)
 
 
-def _spec_options(method: str, k: str | None, ngram_min: int, ngram_max: int) -> SpecOptions:
-    """--method, --k, --ngram-min and --ngram-max as `SpecOptions`, built and validated once. A --k left out
-    (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
+def _spec_options(method: str, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
+    """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once. A --k left
+    out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
     Raises UsageError for a bad --k (exit 2)."""
     return SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min,
-                       ngram_max=ngram_max)
+                       ngram_max=ngram_max, corpus=corpus or "auto")
 
 
 def _version(value: bool) -> None:
@@ -83,6 +83,7 @@ def run(
     predict: o.Predict = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
     max_tokens: o.MaxTokens = 512,
     stop: o.Stop = None,
     temperature: o.Temperature = 0.0,
@@ -129,7 +130,7 @@ def run(
     code = execute(
         text,
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-        spec=_spec_options(method, k, ngram_min, ngram_max),
+        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -171,6 +172,7 @@ def chat(
     k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
     max_tokens: o.MaxTokens = 512,
     stop: o.Stop = None,
     temperature: o.Temperature = 0.0,
@@ -203,7 +205,7 @@ def chat(
     constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     code = execute(
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-        spec=_spec_options(method, k, ngram_min, ngram_max),
+        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         config=GenerationConfig(
             max_tokens=max_tokens,
             stop=tuple(stop or ()),
@@ -488,12 +490,59 @@ def doctor(
         raise typer.Exit(code)
 
 
+LEARN_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec learn .                                 [dim]# this repository's tracked files (.gitignore honoured)[/dim]
+  specdec learn ~/code/app --include '*.py' --include '*.md'   [dim]# only these[/dim]
+  specdec learn ~/code/app --exclude 'tests/data/*' --name app
+  specdec learn .                                 [dim]# again later: only changed files are tokenized again[/dim]
+  specdec learn --list                            [dim]# every corpus: files, tokens, size on disk[/dim]
+  specdec learn --forget ~/code/app/secrets.py    [dim]# or a corpus's name: forget it all[/dim]
+  specdec run q.txt --corpus off                  [dim]# one run without it[/dim]
+"""
+
+
+@app.command(epilog=LEARN_EXAMPLES)
+def learn(
+    paths: list[Path] = typer.Argument(None, help="Folders and files to learn.", show_default=False),
+    target: o.Target = None,
+    name: str = typer.Option(None, "--name", help="The corpus's name (default: the git work tree's or the "
+                             "folder's name)."),
+    include: list[str] = typer.Option(None, "--include", help="Only files matching this glob (repeatable; "
+                                      "matched against the path relative to the folder, or the file name)."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Leave out files matching this glob (repeatable)."),
+    max_tokens: int = typer.Option(20_000_000, "--max-tokens", min=1, help="Size cap of the corpus, in tokens "
+                                   "(8 bytes on disk each); files past it are skipped and counted."),
+    max_file_bytes: int = typer.Option(1_000_000, "--max-file-bytes", min=1, help="Files larger than this are "
+                                       "skipped as huge."),
+    list_: bool = typer.Option(False, "--list", help="List the corpora learnt: files, tokens, size, roots."),
+    forget: str = typer.Option(None, "--forget", metavar="PATH|NAME", help="Forget the files learnt under PATH, "
+                               "or the whole corpus NAME."),
+) -> None:
+    """Learn your code and documents once, so --method auto drafts from them before you ever paste them.
+
+    Inside a git work tree it reads the tracked files (and new ones .gitignore does not exclude); elsewhere every
+    file. Binary, huge and generated files are skipped and counted. The files are tokenized with the target's
+    tokenizer into an index kept beside the suffix store (one per tokenizer and name, 8 bytes a token,
+    memory-mapped). Run it again after changes: only the files that changed are tokenized, and deleted files are
+    forgotten.
+    """
+    from specdec_cli.cli.commands.learn import execute
+
+    code = execute(paths or [], target=target, name=name, include=include or (), exclude=exclude or (),
+                   max_tokens=max_tokens, max_file_bytes=max_file_bytes, list_=list_, forget=forget)
+    if code:
+        raise typer.Exit(code)
+
+
 SERVE_EXAMPLES = """
 [bold]Examples[/bold]
 
   specdec serve                                   [dim]# default pair on http://127.0.0.1:8000/v1[/dim]
   specdec serve -t smollm2-135m --method suffix --port 0   [dim]# a free port; the URL is printed[/dim]
   specdec serve --host 0.0.0.0 --api-key-file ~/.specdec-key   [dim]# other machines too, Bearer key required[/dim]
+  specdec serve --learn ~/code/app                [dim]# learns the repository in the background, drafts from it[/dim]
   ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=unused claude -p "fix the bug in bug.py" \\
        --permission-mode acceptEdits              [dim]# Claude Code (README: Claude Code)[/dim]
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -515,6 +564,7 @@ def serve(
     k: o.K = None,
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
                              "then give a key, or --insecure-no-api-key).", rich_help_panel="Server"),
     port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0 = a free one; the URL "
@@ -544,6 +594,10 @@ def serve(
                                         "every 16 requests.", rich_help_panel="Server"),
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
                               "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
+    learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "
+                                     "only what changed) in the background at start-up; requests are served "
+                                     "meanwhile, and drafted from it once it is learnt. Repeatable.",
+                                     rich_help_panel=o.SPEC),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1, max=1 << 20, help="Tokens per reply when "
                                    "a request sets no max_tokens (never more than the context). [default: 4096]",
                                    rich_help_panel=o.SAMPLING),
@@ -584,7 +638,7 @@ def serve(
 
     code = execute(
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-        spec=_spec_options(method, k, ngram_min, ngram_max),
+        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                           max_tokens=max_tokens),
         host=host,
@@ -594,6 +648,7 @@ def serve(
         access=Access(allowed_hosts=tuple(allowed_host), cors_origins=tuple(cors_origin),
                       insecure_no_api_key=insecure_no_api_key, timeout=timeout, max_connections=max_connections,
                       save_interval=save_interval),
+        learn=tuple(learn or ()),
     )
     if code:
         raise typer.Exit(code)

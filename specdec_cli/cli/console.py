@@ -25,6 +25,7 @@ THEME = Theme(
         "spec.accepted.store": "magenta",  # the suffix store of past outputs
         "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
         "spec.accepted.draft": "blue",  # a draft model
+        "spec.accepted.corpus": "dark_orange",  # the corpus `specdec learn` indexed
         "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
         "spec.target": "bold",
         "spec.rejected": "red strike",
@@ -35,6 +36,15 @@ THEME = Theme(
         "spec.warn": "yellow",
     }
 )
+
+
+def human_size(n: float) -> str:
+    """A size in bytes for people: "512 B", "1.4 MB" (decimal units: `specdec cache stats`, `specdec learn`)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
 
 
 PIPE_WIDTH = 10_000  # columns of a console that is not a terminal: wide enough that no table is ever cut

@@ -50,7 +50,11 @@ GpuLayers = Annotated[
 MethodOpt = Annotated[Method, typer.Option("--method", "-m", parser=_method_option, metavar="METHOD",
                                            help=f"Where drafts come from: {METHOD_NAMES}. auto: each step the "
                                            "source that pays on this machine (prompt lookup, past outputs, "
-                                           "--predict, a draft model on GPUs) or none.", rich_help_panel=SPEC)]
+                                           "--predict, the code `specdec learn` indexed, a draft model on GPUs) "
+                                           "or none.", rich_help_panel=SPEC)]
+CorpusOpt = Annotated[str, typer.Option("--corpus", metavar="NAME|auto|off", help="--method auto also drafts from "
+                                        "the code `specdec learn` indexed: auto = every corpus learnt for this "
+                                        "model's tokenizer, a name = that one, off = none.", rich_help_panel=SPEC)]
 NoPromptCache = Annotated[
     bool,
     typer.Option("--no-prompt-cache", help="Neither restore nor save prompts' KV states (the prompt cache in "

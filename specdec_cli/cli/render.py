@@ -31,7 +31,7 @@ def pass_placement(stats) -> str:
 
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
-                      Source.grammar: "spec.accepted.grammar"}
+                      Source.corpus: "spec.accepted.corpus", Source.grammar: "spec.accepted.grammar"}
 
 
 def segment_style(kind: str, source: str) -> str:
@@ -50,6 +50,8 @@ def legend(method: str = "", *, grammar: bool = False) -> Text:
         for source, style in ACCEPTED_BY_SOURCE.items():
             if source == Source.grammar and not grammar:
                 continue  # shown only when a grammar constrains the reply
+            if source == Source.corpus and method != Method.auto:
+                continue  # the corpus `specdec learn` indexed drafts for auto only
             t.append(source.label, style=style)
             t.append(" ", style="spec.legend")
         t.append(" ", style="spec.legend")

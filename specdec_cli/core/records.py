@@ -30,6 +30,7 @@ class Source(StrEnum):
     draft = "draft"  # a draft model
     grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
     realign = "realign"  # prompt lookup realigned after a change: the old copy position + the tokens emitted since
+    corpus = "corpus"  # the code and documents `specdec learn` indexed (REST-style retrieval; --method auto)
     none = ""  # no draft: a plain step (K = 0), an empty draft
 
     @property
@@ -40,7 +41,7 @@ class Source(StrEnum):
 
 _LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
            Source.draft: "draft model", Source.grammar: "grammar (forced)",
-           Source.realign: "prompt lookup (realigned)", Source.none: "no draft"}
+           Source.realign: "prompt lookup (realigned)", Source.corpus: "corpus", Source.none: "no draft"}
 
 
 class FinishReason(StrEnum):

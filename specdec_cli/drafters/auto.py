@@ -8,6 +8,7 @@ Each step that drafts, the engine collects the free lookup drafts (`lookup`), on
 * "realign": a copy run of the prompt continued past an edit (a renamed word: the copy's source position shifted
   by the tokens written since), until prompt lookup matches again;
 * "predict": the predicted output the user gave (OpenAI's predicted outputs), when there is one;
+* "corpus": the code and documents `specdec learn` indexed (REST-style: `specdec_cli.drafters.corpus`);
 * and, where the prompt's occurrences of the context continue differently, the runner-up continuation ("prompt").
 
 The controller picks one, and may verify another as a second branch of the same pass (`KController.branch`). They
@@ -36,11 +37,13 @@ class AutoDrafter(DrafterBase):
         predictor: builds the prediction's drafter for one generation from its tokens (int32 [m]), e.g.
             `lambda p: PredictionDrafter(p, piece=target.piece, tokenize=...)`; None = predictions are ignored.
         name: "auto", or "predict" for `--method predict` (the prediction alone).
+        corpus: the learnt corpora's source (`CorpusDrafter`), or None (`--corpus off`, or a method without it).
     """
 
     def __init__(self, suffix: SuffixDrafter | None = None, model: Drafter | None = None, *,
-                 predictor: Callable[[np.ndarray], Drafter] | None = None, name: str = "auto") -> None:
-        self.suffix, self.model, self.predictor = suffix, model, predictor
+                 predictor: Callable[[np.ndarray], Drafter] | None = None, name: str = "auto",
+                 corpus: Drafter | None = None) -> None:
+        self.suffix, self.model, self.predictor, self.corpus = suffix, model, predictor, corpus
         self.has_model = model is not None
         self.name = name
         self.prediction: Drafter | None = None  # this generation's prediction drafter
@@ -48,6 +51,8 @@ class AutoDrafter(DrafterBase):
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         if self.suffix is not None:
             self.suffix.begin(context)
+        if self.corpus is not None:
+            self.corpus.begin(context)
         self.prediction = None
         if prediction is not None and len(prediction) and self.predictor is not None:
             self.prediction = self.predictor(np.asarray(prediction, dtype=np.int32))
@@ -57,8 +62,8 @@ class AutoDrafter(DrafterBase):
 
     def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
         """The non-empty drafts of "prompt", "store", the prompt's runner-up continuation (where its occurrences part
-        ways), "realign" (a copy run continued past an edit: `SuffixDrafter._realigned`) and "predict" (each <= k
-        tokens, deterministic): the candidates the controller chooses from, and a second branch of the same pass."""
+        ways), "realign" (a copy run continued past an edit: `SuffixDrafter._realigned`), "predict" and "corpus" (each
+        <= k tokens, deterministic): the candidates the controller chooses from, and a second branch of the same pass."""
         drafts = []
         if self.suffix is not None:
             local, glob, alt, realigned = self.suffix.continuations(context, k, more=True)
@@ -66,6 +71,8 @@ class AutoDrafter(DrafterBase):
                        self.suffix.draft(alt, Source.prompt), self.suffix.draft(realigned, Source.realign)]
         if self.prediction is not None:
             drafts.append(self.prediction.propose(context, k, sampling, rng))
+        if self.corpus is not None:
+            drafts.append(self.corpus.propose(context, k, sampling, rng))
         return [d for d in drafts if len(d)]
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -85,6 +92,6 @@ class AutoDrafter(DrafterBase):
                 d.save()
 
     def close(self) -> None:
-        for d in (self.suffix, self.model):
+        for d in (self.suffix, self.model, self.corpus):
             if d is not None:
                 d.close()

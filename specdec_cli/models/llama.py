@@ -602,6 +602,33 @@ class LlamaBackend:
             pass
 
 
+class VocabOnly:
+    """A GGUF's tokenizer alone (llama.cpp's vocab_only load: no weights, no context; ~0.2 s): `specdec learn` and
+    `specdec serve --learn` tokenize files with it, apart from the model that generates. `tokenize` and
+    `vocab_info` are `LlamaBackend`'s. Raises ModelError when llama.cpp cannot read the file."""
+
+    def __init__(self, path: str | Path) -> None:
+        _init_once(False)
+        self.path = str(path)
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.vocab_only = True
+        model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
+        if not model:
+            raise ModelError(f"llama.cpp could not read the tokenizer of {self.path}.",
+                             "Check that it is a GGUF model; SPECDEC_DEBUG=1 shows llama.cpp's log.")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+    tokenize = LlamaBackend.tokenize
+    vocab_info = LlamaBackend.vocab_info
+
+    def close(self) -> None:
+        if self._model is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+
 def probe_main(argv: list[str]) -> int:
     """Child side of a trial load: load argv[0] on the CPU, decode a few tokens, roll back, exit 0.
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.console import err_console, make_console
+from specdec_cli.cli.console import err_console, human_size, make_console
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
@@ -54,19 +54,14 @@ def _stores(d: Path) -> list[Path]:
     return sorted(d.glob(f"*{SUFFIX}")) if d.is_dir() else []
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
+_human = human_size
 
 
 @cache_app.command(
     "stats",
     help=_help(
         "Show each suffix store: its file, tokenizer fingerprint, documents, tokens, size on disk and last change; "
-        "then the prompt cache: each saved KV state's model, tokens, size on disk and last use, and the total.",
+        "then the corpora `specdec learn` made (files, tokens, size on disk); then the prompt cache: each saved KV state's model, tokens, size on disk and last use, and the total.",
         "Only headers are read, so this is instant even for large stores.",
         examples=["specdec cache stats", "SPECDEC_HOME=/tmp/specdec specdec cache stats"],
     ),
@@ -99,7 +94,19 @@ def stats() -> None:
     if aside:
         err_console().print(Text(f"{len(aside)} unusable store(s) set aside ({', '.join(a.name for a in aside)}); "
                           f"`specdec cache clear` deletes them."))  # fmt: skip
+    _corpus_stats(out)
     _prompt_stats()
+
+
+def _corpus_stats(out) -> None:
+    """The corpora `specdec learn` made (`specdec learn --list`'s table)."""
+    from specdec_cli.cli.commands.learn import corpus_table
+
+    table = corpus_table("corpora (specdec learn)")
+    if table is None:
+        err_console().print(Text("No corpora learnt yet: specdec learn PATH indexes your code for --method auto."))
+        return
+    out.print(table)
 
 
 def _prompt_stats() -> None:

@@ -148,6 +148,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "target": str(session.target_path),
             "draft": str(session.draft_path) if session.draft_path else None,
             "method": spec.method,
+            "corpus": spec.corpus,  # --corpus: auto (every corpus learnt for this tokenizer), off, or a name
             "k": k,
             "k_source": k_source,  # "option" (--k), "tuned" (specdec tune --save) or "default" (auto)
             "max_tokens": config.max_tokens,

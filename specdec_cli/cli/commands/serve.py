@@ -77,7 +77,7 @@ def check_exposure(host: str, api_key: Sequence[str], insecure_no_api_key: bool)
 
 
 def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, port: int, api_key: Sequence[str],
-            queue: int, access: Access = Access()) -> int:
+            queue: int, access: Access = Access(), learn: tuple = ()) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
     `defaults`: a `specdec_cli.server.request.Defaults` (sampling and max tokens for requests that leave them out).
@@ -115,6 +115,8 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
                      cors_origins=access.cors_origins)
     server = make_server(app, on_exit=worker.stop, max_connections=access.max_connections)
     worker.start()
+    if learn:
+        learn_in_background(learn, session.target_path, session.vocab_fingerprint(), err)
     for line in (startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
                               api_key=bool(api_key)),
                  context_line(service.n_ctx), access_line(host, api_key, access),
@@ -161,6 +163,31 @@ def prompt_cache_line(cache) -> str:
     return (f"prompt cache: every finished request's prompt and reply (their KV state) is saved to {cache.directory} "
             f"(up to {cache.max_bytes / 2**30:g} GiB) and reused after a restart; --no-prompt-cache turns it off, "
             "`specdec cache clear --only prompts` deletes it.")
+
+
+def learn_in_background(paths, model_path, fingerprint: str, err) -> threading.Thread:
+    """`specdec serve --learn PATH`: `specdec learn PATH` in a daemon thread (its own vocab-only tokenizer, not the
+    serving model), one line when it is done (or failed); each generation that starts after it drafts from it
+    (`CorpusSet.refresh`)."""
+    from specdec_cli.cli.commands.learn import LazyTokenizer, summary
+    from specdec_cli.config import data_dir
+    from specdec_cli.errors import reason
+    from specdec_cli.learn import learn
+
+    def run() -> None:
+        tok = LazyTokenizer(model_path, data_dir())
+        try:
+            report = learn(list(paths), tokenize=tok, fingerprint=fingerprint, data_dir=data_dir())
+            err.print(f"specdec serve: {summary(report)}", highlight=False, markup=False)
+        except Exception as e:  # a bad path, an unwritable data directory: serving goes on without it
+            err.print(f"specdec serve: could not learn {', '.join(map(str, paths))}: {reason(e)}", highlight=False,
+                      markup=False)
+        finally:
+            tok.close()
+
+    thread = threading.Thread(target=run, name="specdec-learn", daemon=True)
+    thread.start()
+    return thread
 
 
 AGENT_PROMPT_TOKENS = 25_000  # the longest coding-agent prompt seen (Claude Code 2.1's first request: ~20k tokens)

@@ -1,0 +1,199 @@
+"""`specdec learn`: drafting from a repository nobody here wrote, against the same default without it, in one sitting.
+
+1. A PyPI package's source (default: click 8.1.8's sdist, `pip download --no-deps --no-binary :all:`, unpacked into a
+   temporary directory at run time) is learnt with the target's tokenizer into a fresh SPECDEC_HOME: files, tokens,
+   seconds, tokens a minute, bytes of index a token; then learnt again unchanged (seconds: should be <= 2).
+2. Tasks whose answers reuse that code without it in the prompt (`TASKS`: a test in the package's style, functions
+   calling its public API, a docstring in its style, a CLI snippet) and controls (`CONTROLS`: free text, unrelated
+   code). Each is generated greedily with three configurations, in interleaved repeats (the order rotates each
+   round): `auto` with the corpus, `auto --corpus off` (the default without it) and `none` (plain decoding through
+   the same engine). Each configuration keeps its own `--k auto` controller across the sitting (learning from the
+   tasks, as a user's session would); the suffix store learns nothing (every run starts from the same state).
+3. Printed: per task, median decode tok/s of each configuration with the spread (min-max) of the repeats, the
+   speedups corpus/off and corpus/none, the corpus's accepted/drafted tokens; whether the greedy outputs of the
+   three are identical. Targets (issue 36): >= 1.3x corpus/off on the tasks, >= 0.98x on the controls, identical
+   greedy output, >= 1 M tokens a minute learning, <= 8 bytes a token, an unchanged re-learn <= 2 s.
+
+    python benchmarks/bench_learn.py                              # the default target, 3 repeats, 256 tokens
+    python benchmarks/bench_learn.py -t smollm2-135m -n 24 --repeats 1 --tasks test_style,control_story  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+TASKS = {
+    "test_style": "Write a pytest test module for a click command `greet` that takes a NAME argument and a --count "
+                  "option. Use click.testing.CliRunner, invoke the command, and assert on result.exit_code and "
+                  "result.output, in the style of click's own test suite.",
+    "group": "Write a click command group `cli` with two subcommands, `init` (a --force flag) and `sync` (a "
+             "required --remote option with a default from an environment variable). Use click.group, "
+             "click.option, click.argument and click.pass_context.",
+    "param_type": "Write a custom click.ParamType subclass `IntListParamType` that converts a comma-separated "
+                  "string into a list of ints, with a `name` attribute and a `convert(self, value, param, ctx)` "
+                  "method that calls self.fail(...) on bad input, the way click's built-in types do.",
+    "docstring": "Write the function `def echo_via_pager(text_or_generator, color=None):` with its full docstring "
+                 "in the style of click's own API docstrings (reStructuredText, :param ...: lines, "
+                 ".. versionchanged:: notes).",
+    "progress": "Write a click command `process` that takes several FILE paths (click.Path(exists=True)) and "
+                "iterates over them inside click.progressbar, echoing each file name with click.echo and "
+                "click.style.",
+    "context_obj": "Write a click program where the group stores a config dict with ctx.ensure_object(dict) and a "
+                   "subcommand reads it through @click.pass_obj; include the `if __name__ == \"__main__\":` entry.",
+    "choice_test": "Write a pytest test that checks the error message click prints for an invalid value of a "
+                   "click.Choice option, using CliRunner and asserting on the exit code 2 and the message text.",
+    "prompt": "Write a click command `create-user` that asks for a username with click.prompt, a password with "
+              "hide_input=True and confirmation_prompt=True, and then click.confirm before creating the user.",
+    "envvar_test": "Write a pytest test that checks a click option reads its value from an environment variable "
+                   "through auto_envvar_prefix, using CliRunner().invoke(..., env={...}, auto_envvar_prefix=...).",
+}
+CONTROLS = {
+    "control_story": "Write a short story (about 200 words) about a lighthouse keeper who finds a message in a "
+                     "bottle.",
+    "control_rust": "Write a Rust function that merges two sorted vectors of i64 into one sorted vector, with a "
+                    "short doc comment.",
+}
+CONFIGS = ("corpus", "off", "none")  # auto with the corpus, auto --corpus off, plain decoding
+
+
+def fetch_sdist(spec: str, dest: Path) -> Path:
+    """`pip download --no-deps --no-binary :all: SPEC` into dest, unpacked; the unpacked folder."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    "-d", str(dest), spec], check=True)
+    archive = next(p for p in dest.iterdir() if p.suffix in (".gz", ".zip"))
+    out = dest / "src"
+    if archive.suffix == ".zip":
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(out)
+    else:
+        with tarfile.open(archive) as t:
+            t.extractall(out, filter="data")
+    return next(p for p in out.iterdir() if p.is_dir())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-t", "--target", default=None)
+    ap.add_argument("-n", "--max-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--package", default="click==8.1.8", help="the sdist learnt (pip requirement)")
+    ap.add_argument("--source", default=None, help="learn this folder instead of downloading --package")
+    ap.add_argument("--tasks", default=",".join([*TASKS, *CONTROLS]))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-learn-"))
+    from specdec_cli.stores.learnt import learnt_path
+
+    mine = learnt_path()  # this machine's measured verify curves: kept, so the sitting does not measure one again
+    os.environ.setdefault("SPECDEC_HOME", str(work / "home"))  # a fresh suffix store and corpus (unless given)
+    os.environ.setdefault("SPECDEC_PROMPT_CACHE", str(work / "prompt-cache"))
+    if mine.exists() and not learnt_path().exists():
+        learnt_path().parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mine, learnt_path())
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from specdec_cli.assemble import Assembler
+    from specdec_cli.cli.commands.learn import LazyTokenizer, summary
+    from specdec_cli.cli.console import RichReporter
+    from specdec_cli.config import data_dir
+    from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.driver import generate
+    from specdec_cli.learn import learn
+    from specdec_cli.measure.sweep import NoLearning
+    from specdec_cli.session import open_session
+    from specdec_cli.spec import ModelOptions, SpecOptions
+
+    console = Console(stderr=True)
+    source = Path(args.source) if args.source else fetch_sdist(args.package, work / "sdist")
+    names = args.tasks.split(",")
+    prompts = {**TASKS, **CONTROLS}
+    results: dict = {"package": args.package if not args.source else str(source), "tasks": {}}
+    with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
+                      method="auto", reporter=RichReporter(console)) as session, Assembler(session) as assembler:
+        # 1. learn, then learn again unchanged
+        tok = LazyTokenizer(session.target_path, data_dir())
+        fp = session.vocab_fingerprint()
+        first = learn([source], tokenize=tok, fingerprint=fp, data_dir=data_dir(), name="bench")
+        tok.close()
+        again = learn([source], tokenize=LazyTokenizer(session.target_path, data_dir()), fingerprint=fp,
+                      data_dir=data_dir(), name="bench")
+        rate = first.tokenized_tokens / first.seconds * 60
+        per_token = first.size_bytes / first.tokens
+        print(summary(first))
+        print(f"learning: {first.tokens:,} tokens in {first.seconds:.2f} s = {rate / 1e6:.2f} M tokens/min "
+              f"(tokenizing {first.tokenize_s:.2f} s), {per_token:.2f} bytes/token on disk; unchanged re-run "
+              f"{again.seconds:.2f} s (written: {again.written})")
+        results["learn"] = {"files": first.files, "tokens": first.tokens, "seconds": first.seconds,
+                            "tokens_per_min": rate, "bytes_per_token": per_token, "rerun_s": again.seconds,
+                            "skipped": first.skipped}
+
+        # 2. the tasks, interleaved
+        specs = {"corpus": SpecOptions(method="auto", corpus="bench"), "off": SpecOptions(method="auto", corpus="off"),
+                 "none": SpecOptions(method="none")}
+        drafters = {c: assembler.make_drafter(s) for c, s in specs.items()}
+        controllers = {c: assembler.make_controller(s, fresh=True) if drafters[c] is not None else None
+                       for c, s in specs.items()}
+        runs: dict[str, dict[str, list]] = {n: {c: [] for c in CONFIGS} for n in names}
+        for r in range(args.repeats):
+            order = CONFIGS[r % 3:] + CONFIGS[: r % 3]
+            for n in names:
+                prompt = session.prompt_tokens(prompts[n])
+                for c in order:
+                    d = drafters[c]
+                    engine = assembler.engine(specs[c], drafter=NoLearning(d) if d is not None else None,
+                                              controller=controllers[c])
+                    g = generate(engine, prompt, GenerationConfig(max_tokens=args.max_tokens))
+                    src = g.stats.by_source.get("corpus", {"accepted": 0, "drafted": 0})
+                    runs[n][c].append({"tok_s": g.stats.tokens_per_s, "tokens": g.tokens,
+                                       "corpus": (src["accepted"], src["drafted"])})
+                    console.print(f"round {r + 1} {n:14s} {c:7s} {g.stats.tokens_per_s:6.1f} tok/s  corpus "
+                                  f"{src['accepted']}/{src['drafted']}", highlight=False)
+        for d in drafters.values():
+            if d is not None:
+                d.close()
+
+    table = Table(title=f"decode tok/s, median of {args.repeats} interleaved repeats (min-max); "
+                        f"{session.target_path.name}, {args.max_tokens} tokens, corpus: {results['package']}")
+    for col in ("task", "corpus", "off (default w/o corpus)", "none", "corpus/off", "corpus/none",
+                "corpus acc/drafted", "greedy identical"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    ratios = {"tasks": [], "controls": []}
+    for n in names:
+        med = {c: statistics.median(x["tok_s"] for x in runs[n][c]) for c in CONFIGS}
+        spread = {c: (min(x["tok_s"] for x in runs[n][c]), max(x["tok_s"] for x in runs[n][c])) for c in CONFIGS}
+        outs = [x["tokens"] for c in CONFIGS for x in runs[n][c]]
+        same = all(o == outs[0] for o in outs)
+        acc = sum(x["corpus"][0] for x in runs[n]["corpus"]) // len(runs[n]["corpus"])
+        dr = sum(x["corpus"][1] for x in runs[n]["corpus"]) // len(runs[n]["corpus"])
+        ratio = med["corpus"] / med["off"]
+        ratios["controls" if n in CONTROLS else "tasks"].append(ratio)
+        table.add_row(n, *(f"{med[c]:.1f} ({spread[c][0]:.1f}-{spread[c][1]:.1f})" for c in CONFIGS),
+                      f"{ratio:.2f}×", f"{med['corpus'] / med['none']:.2f}×", f"{acc}/{dr}", "yes" if same else "NO")
+        results["tasks"][n] = {"median": med, "spread": spread, "corpus_over_off": ratio,
+                               "corpus_over_none": med["corpus"] / med["none"], "identical": same,
+                               "corpus_accepted": acc, "corpus_drafted": dr}
+    Console(width=220).print(table)
+    for group, xs in ratios.items():
+        if xs:
+            print(f"{group}: median corpus/off {statistics.median(xs):.2f}× (min {min(xs):.2f}×, max {max(xs):.2f}×)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
