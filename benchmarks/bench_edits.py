@@ -4,8 +4,8 @@ one, against `--method none` and native llama.cpp n-gram speculation, in one sit
 Every specdec row is a new `specdec run` process, as a user runs it (`--no-prompt-cache`, greedy, the default target):
 - "fresh": a new SPECDEC_HOME that holds only this machine's verify curve (measured once, in the first home, and copied:
   a fresh *controller*, not 75 s of curve measuring in every row);
-- "shared": one home per repeat, first warmed by three other prompts (an explanation, a story, a long rewrite whose
-  copies break at every renamed call), then each prompt in turn: every prompt runs after the others of its repeat
+- "shared": one home per repeat, first warmed by three prompts that are not measured (a summary, an essay, a long
+  rewrite whose copies break at every renamed call), then each prompt in turn: every prompt runs after the others of its repeat
   (never after itself: the suffix store never holds the prompt's own reply), the order rotated per repeat;
 - "none": plain decoding through the same engine;
 - native `llama-speculative-simple --spec-type ngram-simple` and `ngram-mod` (with `--llama-cpp DIR`, a build of the
@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent / "specdec_cli" / "prompts"
 EDITS = ["textwrap_rename", "colorsys_type_hints", "bisect_rename", "heapq_type_hints", "posixpath_rename",
          "genericpath_type_hints"]
 FREE = {"story": "write/lighthouse_story.txt", "explain": "explain/shlex_quote.txt"}
-WARM = [("explain/shlex_quote.txt", 96), ("write/lighthouse_story.txt", 96), ("rewrite/sched_rename_method.txt", 384)]
+# the shared homes' warm-up: prompts that are not measured (the suffix store must never hold a measured prompt's reply)
+WARM = [("summarize/python_history.txt", 96), ("write/tests_essay.txt", 96), ("rewrite/sched_rename_method.txt", 384)]
 
 
 def prompt_file(name: str) -> Path:
@@ -76,6 +77,14 @@ def main() -> None:
     target = ["-t", args.target] if args.target else []
     base = Path(tempfile.mkdtemp(prefix="bench-edits-"))
     t0 = time.perf_counter()
+
+    # 0. which llama.cpp build runs (with AMX: whether its kernels are in use; the patched build's trial decode passes)
+    from specdec_cli.models import host
+    from specdec_cli.models.llama import system_info
+
+    info = system_info()
+    print(f"llama.cpp: {info.strip()}\nAMX kernels in this build: {host.amx_build(info)}; trial decode verdict on this "
+          f"CPU: {host.known_verdict(info) or 'not probed yet'}", file=sys.stderr)
 
     # 1. the curve, measured once (the first run of a new home measures it), then copied into every home
     first = base / "measure"

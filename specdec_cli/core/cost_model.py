@@ -304,13 +304,11 @@ class CostModel:
     def verified_depth(self, bucket: int, source: str) -> int:
         """Draft positions of `source` verified in `bucket` or a shorter-match bucket (whose acceptance its prior
         inherits)."""
-        counts = self._acc_b.get(source)
-        return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
+        return _depth(self._acc_b.get(source), bucket)
 
     def run_depth(self, bucket: int, source: str) -> int:
         """`verified_depth` counting this model's own steps alone (not what `restore` brought)."""
-        counts = self._acc_b_run.get(source)
-        return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
+        return _depth(self._acc_b_run.get(source), bucket)
 
     def largest_verified(self) -> int:
         """The largest batch size a verify step has been timed at (0: none)."""
@@ -415,12 +413,7 @@ class CostModel:
         if bucket is None:
             out = self._chain(self._acc, self.prior.acceptance, None, s)
         else:
-            pooled = float(self.acceptance()[0])
-            counts = self.bucket_counts(source)
-            out = None
-            for b in range(bucket + 1):
-                m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
-                out = self._chain(counts[b], m, out, s)
+            out = self._bucket_chain(self.bucket_counts(source), bucket, source, float(self.acceptance()[0]))
         out.flags.writeable = False
         self._memo[key] = out
         return out
@@ -433,12 +426,18 @@ class CostModel:
         memo = self._memo.get(key)
         if memo is not None:
             return memo
-        counts, out = self._run_counts(source), None
-        for b in range(bucket + 1):
-            m = SOURCE_PRIOR.get(source, min(self.prior.acceptance, float(SHORT_MATCH_PRIOR[b])))
-            out = self._chain(counts[b], m, out, self.prior.strength)
+        out = self._bucket_chain(self._run_counts(source), bucket, source, self.prior.acceptance)
         out.flags.writeable = False
         self._memo[key] = out
+        return out
+
+    def _bucket_chain(self, counts: np.ndarray, bucket: int, source: str, pooled: float) -> np.ndarray:
+        """a_i of `source`'s drafts in `bucket` from counts float [7, 2, k_max]: each bucket's chain from its prior
+        mean (`pooled` a_1 capped by `SHORT_MATCH_PRIOR`, or `SOURCE_PRIOR`), raised to the bucket below's."""
+        out = None
+        for b in range(bucket + 1):
+            m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
+            out = self._chain(counts[b], m, out, self.prior.strength)
         return out
 
     def model_acceptance(self) -> np.ndarray:
@@ -518,6 +517,11 @@ def _count(acc: np.ndarray, fill: np.ndarray, step: Step, n: int, k_max: int) ->
     acc[:, :accepted] += 1.0
     if step.rejected and accepted < k_max:
         acc[1, accepted] += 1.0  # the first rejected position
+
+
+def _depth(counts: np.ndarray | None, bucket: int) -> int:
+    """Draft positions verified (decayed trials >= 0.5) in `bucket` or a shorter-match one: counts float [7, 2, k]."""
+    return 0 if counts is None else int(np.count_nonzero((counts[: bucket + 1, 1] >= 0.5).any(axis=0)))
 
 
 def bucket_of(match_len: int) -> int:
