@@ -182,23 +182,31 @@ def run_agent(agent: str, cmd: list[str], work: Path, env: dict, transcript: Pat
 
 
 # -- the agents -----------------------------------------------------------------------------------------------------
-def run_claude(args, url: str, root: Path) -> Result:
-    """Claude Code (`claude -p TASK`) against `url` in a scratch directory, with a temporary HOME."""
-    exe = npm_bin("claude")
-    work = scratch(root, "claude")
+def claude_command(exe: Path, url: str, root: Path, work: Path, timeout: float, key: str = "unused"
+                   ) -> tuple[list[str], dict]:
+    """(command, environment) of Claude Code (`claude -p TASK`) against `url` with API key `key`, its HOME a
+    temporary directory under `root` that trusts `work`."""
     home = root / "home-claude"
     home.mkdir(exist_ok=True)
     (home / ".claude.json").write_text(json.dumps({
         "hasCompletedOnboarding": True, "lastOnboardingVersion": "2.1.197", "theme": "dark",
-        "customApiKeyResponses": {"approved": ["unused"], "rejected": []},
+        "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
         "projects": {str(work): {"hasTrustDialogAccepted": True}}}))
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "unused",
+    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key,
            "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "DISABLE_ERROR_REPORTING": "1", "API_TIMEOUT_MS": str(args.timeout * 1000),
-           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(args.timeout * 1000)}
-    transcript = root / "claude-transcript.jsonl"
+           "DISABLE_ERROR_REPORTING": "1", "API_TIMEOUT_MS": str(int(timeout * 1000)),
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000))}
     cmd = [str(exe), "-p", TASK, "--model", "specdec", "--permission-mode", "acceptEdits",
            "--output-format", "stream-json", "--verbose"]
+    return cmd, env
+
+
+def run_claude(args, url: str, root: Path, key: str = "unused") -> Result:
+    """Claude Code (`claude -p TASK`) against `url` in a scratch directory, with a temporary HOME."""
+    exe = npm_bin("claude")
+    work = scratch(root, "claude")
+    cmd, env = claude_command(exe, url, root, work, args.timeout, key)
+    transcript = root / "claude-transcript.jsonl"
     return run_agent("claude", cmd, work, env, transcript, args.timeout, claude_summary)
 
 
@@ -244,23 +252,32 @@ def codex_catalog(exe: Path, env: dict, ctx: int, path: Path) -> Path:
     return path
 
 
-def run_codex(args, url: str, root: Path) -> Result:
-    """Codex CLI (`codex exec TASK`) against `url` in a scratch repository, with temporary HOME and CODEX_HOME."""
-    exe = npm_bin("codex")
-    work = scratch(root, "codex")
+def codex_command(exe: Path, url: str, root: Path, timeout: float, metadata: str, ctx: int, key: str = "unused"
+                  ) -> tuple[list[str], dict]:
+    """(command without its task, environment) of Codex CLI (`codex exec`) against `url` with API key `key`: HOME
+    a temporary directory under `root`, CODEX_HOME emptied, its config.toml naming the server; `metadata` "catalog"
+    gives the model Codex's full metadata (`codex_catalog`, context window `ctx`)."""
     # CODEX_HOME outside /tmp: there Codex refuses to create its helper binaries (the `apply_patch` command on PATH)
     home, codex_home = root / "home-codex", NPM_DIR.parent / "codex-home"
     for d in (home, codex_home):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=url, idle_ms=args.timeout * 1000))
-    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(codex_home), "SPECDEC_API_KEY": "unused"}
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=url, idle_ms=int(timeout * 1000)))
+    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(codex_home), "SPECDEC_API_KEY": key}
     cmd = [str(exe), "exec", "--json", "--sandbox", "workspace-write"]
-    if args.codex_metadata == "catalog":
-        catalog = codex_catalog(exe, env, args.ctx or 32768, root / "codex-catalog.json")
+    if metadata == "catalog":
+        catalog = codex_catalog(exe, env, ctx, root / "codex-catalog.json")
         cmd += ["-c", f'model_catalog_json="{catalog}"']
+    return [*cmd, TASK], env
+
+
+def run_codex(args, url: str, root: Path, key: str = "unused") -> Result:
+    """Codex CLI (`codex exec TASK`) against `url` in a scratch repository, with temporary HOME and CODEX_HOME."""
+    exe = npm_bin("codex")
+    work = scratch(root, "codex")
+    cmd, env = codex_command(exe, url, root, args.timeout, args.codex_metadata, args.ctx or 32768, key)
     transcript = root / "codex-transcript.jsonl"
-    return run_agent("codex", [*cmd, TASK], work, env, transcript, args.timeout, codex_summary)
+    return run_agent("codex", cmd, work, env, transcript, args.timeout, codex_summary)
 
 
 def codex_summary(transcript: Path) -> str:

@@ -1,8 +1,10 @@
 """Speed on coding agents' traffic: replay captured multi-turn agent sessions against `specdec serve` and llama-server.
 
-    # once: a session from a capture directory of the recorder (/work/agents/recorder.py): its POST bodies in order
-    python benchmarks/agents_replay.py import /work/captures/claude-code --name claude-code
-    python benchmarks/agents_replay.py import /work/captures/codex-catalog --name codex
+    # once: capture a session (benchmarks/agent_capture.py: the agent against a scripted stub) and import it
+    python benchmarks/agent_capture.py claude --out /work/captures/claude --import claude-code
+    python benchmarks/agent_capture.py codex --out /work/captures/codex --import codex
+    # or import a capture directory made earlier: its POST bodies in order
+    python benchmarks/agents_replay.py import /work/captures/claude --name claude-code
     # the benchmark (llama-server built from the same vendored llama.cpp)
     python benchmarks/agents_replay.py run --session claude-code \\
         --llama-server /path/to/llama.cpp/build/bin/llama-server
@@ -45,8 +47,8 @@ DEFAULT_LLAMA_SERVER = Path("/work/native/llama_cpp_python-0.3.36/vendor/llama.c
 
 # -- sessions -------------------------------------------------------------------------------------------------------
 def import_session(capture: Path, name: str) -> Path:
-    """Copy the POST /v1/messages or /v1/responses bodies of a recorder capture directory (NNN-POST-*.json, each
-    {"path", "body_json", ...}) into SESSIONS/name/NNN.json as {"path", "body"}. Returns the session directory."""
+    """Copy the POST /v1/messages or /v1/responses bodies of a capture directory (`agent_capture.py --out`'s:
+    NNN-POST-*.json, each {"path", "body_json", ...}) into SESSIONS/name/NNN.json as {"path", "body"}. Returns the session directory."""
     out = SESSIONS / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -289,7 +291,7 @@ def run(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    imp = sub.add_parser("import", help="a session from a recorder capture directory")
+    imp = sub.add_parser("import", help="a session from a capture directory (agent_capture.py --out)")
     imp.add_argument("capture", type=Path)
     imp.add_argument("--name", required=True)
     go = sub.add_parser("run", help="replay a session against both servers, twice")
