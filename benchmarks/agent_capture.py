@@ -299,16 +299,6 @@ class Stub:
 
 
 # -- running an agent -------------------------------------------------------------------------------------------------
-def client_exe(agent: str, clients: Path | None) -> Path:
-    """The agent's executable: DIR/node_modules/.bin/NAME of `--clients`, else agents_e2e's npm install."""
-    if clients is not None:
-        exe = clients / "node_modules" / ".bin" / agents_e2e.PACKAGES[agent][1]
-        if not exe.exists():
-            raise SystemExit(f"no {exe}: run `npm install {agents_e2e.PACKAGES[agent][0]}` in {clients}")
-        return exe
-    return agents_e2e.npm_bin(agent)
-
-
 def capture(args) -> None:
     out = args.out.resolve()
     if out.exists():
@@ -319,7 +309,7 @@ def capture(args) -> None:
     root.mkdir(parents=True)
     work = agents_e2e.scratch(root, args.agent)
     stub = Stub(out, work)
-    exe = client_exe(args.agent, args.clients)
+    exe = agents_e2e.npm_bin(args.agent, args.clients)
     print(f"{args.agent}: {exe} in {work} against the stub at {stub.url}", file=sys.stderr, flush=True)
     try:
         if args.agent == "claude":

@@ -5,9 +5,10 @@
     python benchmarks/agents_e2e.py --agent codex -t qwen2.5-coder-7b --codex-metadata fallback --keep /tmp/agents
 
 For each agent: install its npm package into ~/.cache/specdec/agents/npm if it is missing (`npm install --prefix`),
-start `specdec serve` on a free loopback port (its stderr, one line per request, goes to a log), write a scratch
-git repository with `bug.py` (`return a - b` where `a + b` is meant) and `test_bug.py`, run the agent there, and
-print PASS (bug.py changed and its test passes) or FAIL, the seconds, the server's per-request lines and where the
+start `specdec serve` on a free loopback port with an API key (`--api-key-file`, a random key the agent is given as a
+user would give it: Claude Code's ANTHROPIC_API_KEY, Codex's `env_key`; its stderr, one line per request, goes to a
+log), write a scratch git repository with `bug.py` (`return a - b` where `a + b` is meant) and `test_bug.py`, run the
+agent there, and print PASS (bug.py changed and its test passes) or FAIL, the seconds, the server's per-request lines and where the
 agent's transcript is.
 
 Codex CLI 0.169 (`run_codex`; the configuration README's "Codex CLI" section gives): HOME is a temporary directory,
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -89,9 +91,15 @@ class Result:
 
 
 # -- the pieces -----------------------------------------------------------------------------------------------------
-def npm_bin(agent: str) -> Path:
-    """The agent's executable, installed from npm into NPM_DIR when missing. Exits when npm fails."""
+def npm_bin(agent: str, clients: Path | None = None) -> Path:
+    """The agent's executable: CLIENTS/node_modules/.bin/NAME when `clients` is given (a directory where the user ran
+    `npm install`), else installed from npm into NPM_DIR when missing. Exits when it is not there or npm fails."""
     package, name = PACKAGES[agent]
+    if clients is not None:
+        exe = clients / "node_modules" / ".bin" / name
+        if not exe.exists():
+            raise SystemExit(f"no {exe}: run `npm install {package}` in {clients}")
+        return exe
     exe = NPM_DIR / "node_modules" / ".bin" / name
     if not exe.exists():
         NPM_DIR.mkdir(parents=True, exist_ok=True)
@@ -106,12 +114,16 @@ def npm_bin(agent: str) -> Path:
 class Server:
     """`specdec serve` on a free loopback port, its stderr in `log` (read back with `lines`)."""
 
-    def __init__(self, args, log: Path) -> None:
+    def __init__(self, args, log: Path, key_file: Path | None = None) -> None:
         cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", "--method", args.method]
         if args.target:
             cmd += ["-t", args.target]
         if args.ctx:
             cmd += ["--ctx", str(args.ctx)]
+        if args.max_tokens:
+            cmd += ["--max-tokens", str(args.max_tokens)]
+        if key_file is not None:
+            cmd += ["--api-key-file", str(key_file)]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.log = log
         self._file = open(log, "w")
@@ -203,7 +215,7 @@ def claude_command(exe: Path, url: str, root: Path, work: Path, timeout: float, 
 
 def run_claude(args, url: str, root: Path, key: str = "unused") -> Result:
     """Claude Code (`claude -p TASK`) against `url` in a scratch directory, with a temporary HOME."""
-    exe = npm_bin("claude")
+    exe = npm_bin("claude", args.clients)
     work = scratch(root, "claude")
     cmd, env = claude_command(exe, url, root, work, args.timeout, key)
     transcript = root / "claude-transcript.jsonl"
@@ -273,7 +285,7 @@ def codex_command(exe: Path, url: str, root: Path, timeout: float, metadata: str
 
 def run_codex(args, url: str, root: Path, key: str = "unused") -> Result:
     """Codex CLI (`codex exec TASK`) against `url` in a scratch repository, with temporary HOME and CODEX_HOME."""
-    exe = npm_bin("codex")
+    exe = npm_bin("codex", args.clients)
     work = scratch(root, "codex")
     cmd, env = codex_command(exe, url, root, args.timeout, args.codex_metadata, args.ctx or 32768, key)
     transcript = root / "codex-transcript.jsonl"
@@ -314,18 +326,25 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=None,
                         help="--ctx for specdec serve (default: serve's, 32768; the agents' prompts are 9k-25k tokens)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one agent's whole session")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="--max-tokens for specdec serve: the longest reply (default: serve's)")
     parser.add_argument("--codex-metadata", choices=["catalog", "fallback"], default="catalog",
                         help="Codex's model metadata: catalog (apply_patch as a grammar tool) or fallback")
+    parser.add_argument("--clients", type=Path, default=None, help="take the agents from DIR/node_modules/.bin "
+                        "(a directory where `npm install @openai/codex @anthropic-ai/claude-code` was run)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the scratch dirs, logs and transcripts here")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="specdec-agents-"))
     root.mkdir(parents=True, exist_ok=True)
     agents = ["claude", "codex"] if args.agent == "all" else [args.agent]
     results = []
+    key_file = root / "serve-key"  # the server's key, as a user keeps it (off the command line); the agents send it
+    key_file.write_text(f"sk-{secrets.token_hex(16)}\n")
+    key = key_file.read_text().strip()
     for agent in agents:
-        server = Server(args, root / f"serve-{agent}.log")
+        server = Server(args, root / f"serve-{agent}.log", key_file)
         try:
-            result = AGENTS[agent](args, server.url, root)
+            result = AGENTS[agent](args, server.url, root, key)
         finally:
             server.stop()
         result.server_lines = server.lines()
