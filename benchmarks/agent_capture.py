@@ -301,8 +301,10 @@ class Stub:
 # -- running an agent -------------------------------------------------------------------------------------------------
 def capture(args) -> None:
     out = args.out.resolve()
-    if out.exists():
-        shutil.rmtree(out)
+    if out.exists() and any(out.iterdir()):
+        if not (out / "all").is_dir():
+            raise SystemExit(f"{out} is not empty and not a capture directory: give a new one")
+        shutil.rmtree(out)  # an earlier capture: made again
     out.mkdir(parents=True)
     root = args.work / args.agent  # a fixed path: the agents' prompts name it, so a capture made again is the same
     shutil.rmtree(root, ignore_errors=True)
@@ -371,7 +373,7 @@ def main() -> None:
     for agent in ("claude", "codex"):
         p = sub.add_parser(agent, help=f"capture a {agent} session against the scripted stub")
         p.set_defaults(agent=agent)
-        p.add_argument("--out", type=Path, required=True, help="the capture directory (emptied first)")
+        p.add_argument("--out", type=Path, required=True, help="the capture directory (new, or an earlier capture's: replaced)")
         p.add_argument("--import", dest="import_name", default=None, help="then import it as this session name")
         p.add_argument("--clients", type=Path, default=None,
                        help="a directory with node_modules/.bin/claude and codex (default: agents_e2e's npm install)")
