@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -336,7 +337,7 @@ def test_the_server_saves_the_suffix_store_while_it_serves():
         return list((data_dir() / "suffix").glob("*")) if (data_dir() / "suffix").exists() else []
 
     with serving(method="suffix") as s:
-        s.worker.on_served = Saver(s.worker.service.save_learnt, every=2)
+        s.worker.saver = Saver(s.worker.service.save_learnt, every=2)
         chat(s.client(), max_tokens=5)
         s.wait(lambda h: not h["busy"])
         assert stores() == []
@@ -345,6 +346,59 @@ def test_the_server_saves_the_suffix_store_while_it_serves():
         while not stores() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert stores()  # saved while the server still runs
+
+
+def _requests_served(worker, n: int) -> list:
+    """Submit `n` short requests at once (the queue is never empty until the last starts); their last events."""
+    done = [threading.Event() for _ in range(n)]
+    last: list = [None] * n
+
+    def deliver(i, event):
+        if isinstance(event, (Done, Failed)):
+            last[i] = event
+            done[i].set()
+
+    for i in range(n):
+        worker.submit(Request(config=GenerationConfig(max_tokens=4), prompt=PROMPT_TOKENS, label="completion"),
+                      partial(deliver, i))
+    for d in done:
+        assert d.wait(20)
+    return last
+
+
+def test_saves_land_while_requests_keep_coming():
+    saves: list[tuple[int, str]] = []  # (requests waiting at the save, the saving thread)
+    worker, _ = _worker(SlowBackend(hashed_logits, delay=0.01), bound=64)
+    worker.saver = Saver(lambda: saves.append((worker.status()["waiting"], threading.current_thread().name)),
+                         every=10**6, interval=0.05)
+    worker.start()
+    try:
+        last = _requests_served(worker, 30)
+    finally:
+        worker.stop()
+        worker.join(5)
+    assert all(isinstance(e, Done) for e in last)
+    assert any(waiting > 0 for waiting, _ in saves), saves  # not only once the queue ran dry
+    assert {name for _, name in saves} == {"specdec-serve-worker"}  # between two requests: none mutates the stores
+
+
+def test_the_last_requests_learning_is_saved_while_the_server_is_idle():
+    saved = threading.Event()
+    saves: list[str] = []
+    worker, lines = _worker(FakeBackend(hashed_logits))
+    worker.saver = Saver(lambda: (saves.append(threading.current_thread().name), saved.set()), every=10**6,
+                         interval=0.2)
+    worker.start()
+    try:
+        assert isinstance(_requests_served(worker, 1)[0], Done)
+        assert saved.wait(10)  # no other request came: the save fell due while the worker waited for one
+        time.sleep(0.5)  # two more intervals with nothing served: nothing more to write
+        assert saves == ["specdec-serve-worker"]
+        assert isinstance(_requests_served(worker, 1)[0], Done)  # the worker serves on after its idle save
+    finally:
+        worker.stop()
+        worker.join(5)
+    assert not any("saving" in line for line in lines)
 
 
 def test_a_corrupt_learnt_json_is_set_aside_and_temporaries_removed():

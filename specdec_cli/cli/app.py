@@ -590,8 +590,9 @@ def serve(
     max_connections: int = typer.Option(128, "--max-connections", min=1, max=100_000, help="Open connections at "
                                         "once; beyond: 503.", rich_help_panel="Server"),
     save_interval: float = typer.Option(300, "--save-interval", min=1, help="Save what was learnt (the suffix "
-                                        "store, --k auto) at most this many seconds apart while serving, and after "
-                                        "every 16 requests.", rich_help_panel="Server"),
+                                        "store, --k auto) this many seconds after the last save once a request was "
+                                        "served (between two requests, or at once when idle), and after every 16 "
+                                        "requests.", rich_help_panel="Server"),
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
                               "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
     learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "

@@ -200,7 +200,7 @@ class GenerationService:
 
     def save_learnt(self) -> None:
         """Save what the drafter's store and `--k auto` learnt so far (`Assembler.save`), serving on: the worker
-        calls it between requests (`Saver`)."""
+        calls it between requests and when idle (`Saver`)."""
         self.assembler.save()
 
     def close(self) -> None:
