@@ -278,6 +278,23 @@ def test_connections_beyond_the_limit_get_503():
     assert (status, after) == (503, 200)
 
 
+def test_connections_beyond_the_limit_get_503_in_each_apis_shape():
+    with serving(server_kw={"max_connections": 3}) as s:
+        idle = [socket.create_connection(("127.0.0.1", _port(s))) for _ in range(2)]  # open, sending nothing
+        try:
+            time.sleep(0.2)  # accepted by the server's loop
+            chat_status, chat_headers, chat_body = raw(s, "POST", "/v1/chat/completions", MESSAGES)
+            msg_status, _, msg_body = raw(s, "POST", "/v1/messages", MESSAGES)
+        finally:
+            for c in idle:
+                c.close()
+    assert chat_status == 503 and chat_body["error"]["code"] == "too_many_connections"
+    assert "--max-connections" in chat_body["error"]["message"]
+    assert chat_headers["content-type"] == "application/json" and chat_headers["retry-after"] == "1"
+    assert chat_headers["connection"] == "close"  # its place goes to the next connection
+    assert msg_status == 503 and msg_body["type"] == "error" and msg_body["error"]["type"] == "overloaded_error"
+
+
 def test_a_body_that_stalls_gets_408():
     with serving(app_kw={"body_timeout": 0.5}) as s:
         conn = socket.create_connection(("127.0.0.1", _port(s)))
