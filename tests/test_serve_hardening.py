@@ -332,6 +332,35 @@ def test_grammar_compilation_runs_off_the_event_loop(monkeypatch):
     assert threads["check"].startswith("asyncio") and threads["tools"].startswith("asyncio"), threads
 
 
+def test_serve_builds_the_grammar_tokenizer_before_it_answers(monkeypatch):
+    # llguidance builds its tokenizer in Rust holding the GIL (~0.5 s for a 152k vocabulary): on the worker thread at
+    # the first request with tools, the event loop (/health, every stream) would stand still meanwhile
+    from specdec_cli.cli.commands import serve as serve_cmd
+    from specdec_cli.spec import ModelOptions
+
+    class Backend(FakeBackend):
+        built_on: list[str] = []
+
+        def lltokenizer(self):
+            if self._lltok is None:
+                self.built_on.append(threading.current_thread().name)
+            return super().lltokenizer()
+
+    backend = Backend(hashed_logits)
+    seen: dict = {}
+
+    class Server:
+        def run(self, sockets):
+            seen["built before serving"] = list(backend.built_on)
+
+    monkeypatch.setattr(serve_cmd, "open_session",
+                        lambda *a, **kw: Session(target=backend, target_path=Path("fake.gguf")))
+    monkeypatch.setattr("specdec_cli.server.app.make_server", lambda app, **kw: Server())
+    assert serve_cmd.execute(models=ModelOptions(), spec=SpecOptions(method="none", k="4"), defaults=Defaults(),
+                             host="127.0.0.1", port=0, api_key=(), queue=4) == 0
+    assert seen["built before serving"] == ["MainThread"]
+
+
 # -- 5. learning saved as the server goes ---------------------------------------------------------------------------
 def test_saver_saves_every_n_requests_or_m_seconds():
     now = [0.0]

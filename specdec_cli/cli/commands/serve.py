@@ -102,6 +102,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
             saved_k = tuned_k(session, spec)
             announce_tuned_k(err, saved_k)
             service = GenerationService(session, spec, saved_k=saved_k)
+            service.prepare()  # the grammar tokenizer, built before the event loop runs (it holds the GIL)
         except BaseException:
             session.close()
             raise
