@@ -72,6 +72,29 @@ class Session:
             return learnt.load_curve(learnt.curve_key(self.target_path, self.options.threads))
         return self._curve or None
 
+    def kernels(self) -> dict[str, str]:
+        """Which of llama.cpp's kernels the target runs and why, for report headers and --json: {"amx": ...,
+        "flash_attn": ...}, each a short phrase (`kernels_line` joins them)."""
+        from specdec_cli.models import host
+
+        plan = host.current_plan()
+        if plan is None:
+            amx = "unknown (no llama.cpp model loaded)"
+        elif not plan.amx_build:
+            amx = "not in this build" + (" (the CPU has AMX)" if host.cpu_has_amx() else "")
+        else:
+            amx = "in use" if plan.extra_bufts else f"off ({plan.reason})"
+        fa = getattr(self.target, "flash_attn", None)
+        value = os.environ.get(FLASH_ATTN_ENV, "auto").strip().lower()
+        if value not in ("auto", ""):
+            why = FLASH_ATTN_ENV
+        elif fa is None:
+            why = "llama.cpp's auto; not measured here: specdec doctor --measure"
+        else:
+            why = "measured here: specdec doctor shows the times"
+        state = "auto" if fa is None else "on" if fa else "off"
+        return {"amx": amx, "flash_attn": f"{state} ({why})"}
+
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
         """int32 [n]: `text` through the target's chat template (with `system`), or as is with `raw`."""
@@ -239,6 +262,13 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
                           f"Unset it (the measured choice), or set it to on or off.")
     choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
     return None if choice is None else choice["on"]
+
+
+def kernels_line(kernels: dict[str, str] | None) -> str:
+    """"AMX kernels: in use; flash attention: off (measured here: ...)" from `Session.kernels` ("" for None)."""
+    if not kernels:
+        return ""
+    return f"AMX kernels: {kernels['amx']}; flash attention: {kernels['flash_attn']}"
 
 
 class _Quiet:

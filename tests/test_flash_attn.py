@@ -132,3 +132,20 @@ def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch)
     for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):
         console.print(part)
     assert f"flash attention: on ({FLASH_ATTN_ENV})" in console.export_text()
+
+
+def test_reports_say_which_kernels_the_target_runs_and_why(monkeypatch):
+    from pathlib import Path
+
+    from specdec_cli.session import Session, kernels_line
+
+    fake = FakeBackend()
+    session = Session(target=fake, target_path=Path("fake.gguf"))
+    assert session.kernels()["flash_attn"].startswith("auto (llama.cpp's auto; not measured here")
+    fake.flash_attn = False  # as LlamaBackend records what it was loaded with
+    assert session.kernels()["flash_attn"].startswith("off (measured here")
+    monkeypatch.setenv(FLASH_ATTN_ENV, "off")
+    assert session.kernels()["flash_attn"] == f"off ({FLASH_ATTN_ENV})"
+    line = kernels_line(session.kernels())
+    assert line.startswith("AMX kernels: ") and f"flash attention: off ({FLASH_ATTN_ENV})" in line
+    assert kernels_line(None) == ""
