@@ -48,10 +48,7 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
             backend.truncate(context)
         for r in range(repeats):
             for b in range(1, b_max + 1) if r % 2 == 0 else range(b_max, 0, -1):
-                t0 = clock()
-                backend.decode(tokens[context : context + b], n_logits=b)
-                times[b - 1].append((clock() - t0) * 1e3)
-                backend.truncate(context)
+                times[b - 1].append(_timed_pass(backend, tokens[context : context + b], b, clock))
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -61,6 +58,16 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
     spread = tuple((max(t) - min(t)) / min(t) for t in times)
     return VerifyCurve(ms=ms, spread=spread, repeats=repeats, context=context, seconds=clock() - start,
                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def _timed_pass(backend: Backend, tokens: np.ndarray, n_logits: int, clock: Callable[[], float]) -> float:
+    """ms of one pass over `tokens` with `n_logits` rows of logits; the cache is cut back to what it held."""
+    keep = len(backend.tokens)
+    t0 = clock()
+    backend.decode(tokens, n_logits=n_logits)
+    ms = (clock() - t0) * 1e3
+    backend.truncate(keep)
+    return ms
 
 
 def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (1, 4, 8, 16), chunk: int = 256,
@@ -92,11 +99,8 @@ def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (
         backend.truncate(depth)
         for _ in range(repeats):
             for b in (*sizes, 0):  # 0: the prefill chunk
-                n = b or chunk
-                t0 = clock()
-                backend.decode(tokens[depth : depth + n], n_logits=b)
-                (times[b] if b else chunk_times).append((clock() - t0) * 1e3)
-                backend.truncate(depth)
+                (times[b] if b else chunk_times).append(_timed_pass(backend, tokens[depth : depth + (b or chunk)], b,
+                                                                    clock))
                 done += 1
                 if progress is not None:
                     progress(done, total)
