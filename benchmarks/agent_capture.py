@@ -1,7 +1,7 @@
 """Capture a coding agent's session for `agents_replay.py`: the real agent CLI against a scripted stub on 127.0.0.1.
 
     python benchmarks/agent_capture.py claude --out /work/captures/claude-code --import claude-code
-    python benchmarks/agent_capture.py codex --out /work/captures/codex --import codex
+    python benchmarks/agent_capture.py codex --out /work/captures/codex-catalog --import codex
     python benchmarks/agent_capture.py count claude-code codex      # prompt tokens per turn (the default model's)
 
 The agent (Claude Code's `claude -p`, Codex's `codex exec`; installed as `agents_e2e.py` installs it, or taken from
@@ -20,7 +20,7 @@ A request with no tools (Claude Code's side requests: a quota probe, a title wit
 as Anthropic's server-sent events or not; `count_tokens`; `HEAD /`) and `POST /v1/responses` (streamed as the
 Responses API's events), `GET /v1/models`; anything else gets 404, and every request is logged.
 
-`--out DIR` gets every request as DIR/all/NNN-METHOD-path.json ({"path", "method", "headers", "body_json",
+`--out DIR` gets every request as DIR/all/NNN-METHOD-path.json (v1_messages) ({"path", "method", "headers", "body_json",
 "reply"}: what the client sent, headers included, and what the stub answered), and the agent's conversation turns
 (the requests that carry tools) as DIR/NNN-POST-path.json, the files `agents_replay.py import DIR` reads; `--import
 NAME` imports them at once into ~/.cache/specdec/agent-sessions/NAME. Never commit a capture: Claude Code's system
@@ -280,7 +280,7 @@ class Stub:
 
     def record(self, method: str, path: str, headers: dict, body, raw: bytes, status: int, reply: str) -> None:
         bare = path.split("?")[0]
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", bare).strip("-") or "root"
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", bare).strip("_") or "root"  # v1_messages, as the old recorder had it
         doc = {"path": path, "method": method, "headers": headers, "body_json": body,
                "body": None if body is not None else raw.decode("utf-8", "replace"), "status": status,
                "reply": reply}
@@ -373,7 +373,8 @@ def main() -> None:
     for agent in ("claude", "codex"):
         p = sub.add_parser(agent, help=f"capture a {agent} session against the scripted stub")
         p.set_defaults(agent=agent)
-        p.add_argument("--out", type=Path, required=True, help="the capture directory (new, or an earlier capture's: replaced)")
+        p.add_argument("--out", type=Path, required=True,
+                       help="the capture directory (new, or an earlier capture's: replaced)")
         p.add_argument("--import", dest="import_name", default=None, help="then import it as this session name")
         p.add_argument("--clients", type=Path, default=None,
                        help="a directory with node_modules/.bin/claude and codex (default: agents_e2e's npm install)")

@@ -1,10 +1,10 @@
 """Speed on coding agents' traffic: replay captured multi-turn agent sessions against `specdec serve` and llama-server.
 
     # once: capture a session (benchmarks/agent_capture.py: the agent against a scripted stub) and import it
-    python benchmarks/agent_capture.py claude --out /work/captures/claude --import claude-code
-    python benchmarks/agent_capture.py codex --out /work/captures/codex --import codex
+    python benchmarks/agent_capture.py claude --out /work/captures/claude-code --import claude-code
+    python benchmarks/agent_capture.py codex --out /work/captures/codex-catalog --import codex
     # or import a capture directory made earlier: its POST bodies in order
-    python benchmarks/agents_replay.py import /work/captures/claude --name claude-code
+    python benchmarks/agents_replay.py import /work/captures/claude-code --name claude-code
     # the benchmark (llama-server built from the same vendored llama.cpp)
     python benchmarks/agents_replay.py run --session claude-code \\
         --llama-server /path/to/llama.cpp/build/bin/llama-server
