@@ -305,6 +305,60 @@ def test_the_corpus_drafts_its_continuation_with_frequencies(tmp_path):
     assert not len(drafter.propose(np.array([20, 21, 9], dtype=np.int32), 8, None, None))
 
 
+def count_occurrences(tokens: list[int], pattern: list[int]) -> int:
+    m = len(pattern)
+    return sum(tokens[i : i + m] == pattern for i in range(len(tokens) - m + 1))
+
+
+@pytest.mark.parametrize("min_count", [1, 2, 3, 5])
+def test_longest_match_with_min_count_is_the_longest_suffix_found_that_often(min_count):
+    from specdec_cli.stores.suffix_index import Corpus
+
+    rng = np.random.default_rng(min_count)
+    docs = [rng.integers(0, 4, size=int(n)).astype(np.int32) for n in rng.integers(20, 200, size=12)]
+    corpus = Corpus.build(docs)
+    flat = [t for d in docs for t in [*d.tolist(), -1]]
+    for _ in range(200):
+        ctx = rng.integers(0, 4, size=int(rng.integers(1, 12))).astype(np.int32).tolist()
+        want = max((m for m in range(1, len(ctx) + 1) if count_occurrences(flat, ctx[-m:]) >= min_count), default=0)
+        m, lo, hi = corpus.longest_match(np.array(ctx, dtype=np.int32), 64, min_count=min_count)
+        assert m == want
+        if m:
+            assert hi - lo == count_occurrences(flat, ctx[-m:]) >= min_count
+
+
+def test_the_corpus_drafts_what_several_files_agree_on_not_what_one_file_says(tmp_path):
+    target = FakeBackend(hashed_logits, n_ctx=1024)
+    idiom = [10, 11, 12, 13, 14]  # "runner.invoke(cli" in several test files
+    one_file = [5, 5, *idiom, 15, 16, 17, 18]  # ... and once after "5 5" with its own arguments
+    tails = [[20, 21, 24], [20, 21, 25], [20, 21, 26], [22, 23, 27]]  # what the idiom's other occurrences go on with
+    fake_corpus(tmp_path, target, one_file + [2] + [t for x in tails for t in [*idiom, *x]])
+    drafter = CorpusDrafter(store.CorpusSet(data_dir(), target.vocab_info().fingerprint))
+    drafter.begin(np.array([1], dtype=np.int32))
+    # the longest match (5 5 10 11 12) is one file's: its suffix found 5 times (10 11 12) decides instead, and the
+    # draft stops where fewer than 2 occurrences go on (24, 25, 26)
+    d = drafter.propose(np.array([7, 5, 5, 10, 11, 12], dtype=np.int32), 16, None, None)
+    assert d.match_len == 3 and d.tokens.tolist() == [13, 14, 20, 21]
+    assert d.probs.tolist() == pytest.approx([1.0, 1.0, 0.6, 1.0])
+    # no suffix of 3 tokens found 3 times: the longest match's continuation, as weak evidence (probabilities halved)
+    drafter.begin(np.array([1], dtype=np.int32))  # another generation (the match-length hint holds within one)
+    d = drafter.propose(np.array([5, 5, 10, 11, 12, 13, 14, 15], dtype=np.int32), 3, None, None)
+    assert d.match_len == 8 and d.tokens.tolist() == [16, 17, 18] and d.probs.tolist() == pytest.approx([0.5] * 3)
+
+
+def test_a_long_match_copies_its_file(tmp_path):
+    target = FakeBackend(hashed_logits, n_ctx=1024)
+    doc = np.random.default_rng(3).permutation(np.tile(np.arange(2, 30), 2))[:40].tolist()
+    fake_corpus(tmp_path, target, doc)
+    drafter = CorpusDrafter(store.CorpusSet(data_dir(), target.vocab_info().fingerprint), copy_match=16)
+    drafter.begin(np.array([1], dtype=np.int32))
+    d = drafter.propose(np.array(doc[:20], dtype=np.int32), 8, None, None)
+    assert d.match_len == 20 and d.tokens.tolist() == doc[20:28] and d.probs.tolist() == [1.0] * 8
+    drafter.begin(np.array([1], dtype=np.int32))
+    d = drafter.propose(np.array([31, *doc[:15]], dtype=np.int32), 8, None, None)  # 15 < 16 tokens: weak
+    assert d.match_len == 15 and d.tokens.tolist() == doc[15:23] and d.probs.tolist() == [0.5] * 8
+
+
 def test_auto_drafts_from_the_corpus_losslessly_and_learns_its_acceptance(tmp_path):
     from test_auto import Clock, TimedBackend
 

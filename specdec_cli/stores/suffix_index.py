@@ -275,14 +275,17 @@ class Corpus:
             self._sav = memoryview(self.sa)
         return self._sav
 
-    def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None) -> tuple[int, int, int]:
-        """The longest suffix of `context` (int32 [n]) that occurs in the corpus, at most `max_depth` tokens.
+    def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None,
+                      min_count: int = 1) -> tuple[int, int, int]:
+        """The longest suffix of `context` (int32 [n]) that occurs in the corpus at least `min_count` times, at most
+        `max_depth` tokens.
 
         Returns (m, lo, hi): the match length and the range sa[lo:hi] of its occurrences (0, 0, 0 when not even
-        the last token occurs). A binary search over m (a suffix of an occurring pattern occurs), each probe a
-        `bisect` of the suffix array (~20 comparisons, ~15 µs). `upper`, a known bound on m, saves probes: when
-        the context grew by `a` tokens since a lookup that matched m' tokens, m <= m' + a, and m = m' + a is
-        probed first (it holds while the output keeps copying a stored document).
+        the last token occurs so often). A binary search over m (a suffix of a pattern occurs at least as often as
+        the pattern), each probe a `bisect` of the suffix array (~20 comparisons, ~15 µs; the count is one more
+        comparison, the occurrences being contiguous). `upper`, a known bound on m, saves probes: when the context
+        grew by `a` tokens since a lookup that matched m' tokens (with the same `min_count`), m <= m' + a, and
+        m = m' + a is probed first (it holds while the output keeps copying a stored document).
         """
         top = min(len(context), max_depth, WINDOW - 1)
         if upper is not None:
@@ -297,10 +300,13 @@ class Corpus:
         tail = _be_bytes(context[len(context) - top :], w)
         n = len(sav)
 
-        def find(m: int) -> int:
+        last = max(min_count, 1) - 1
+
+        def find(m: int) -> int:  # the first occurrence of the last m tokens, -1: fewer than min_count of them
             pat, size = tail[w * (top - m) :], w * m
             lo = bisect_left(sav, pat, key=lambda p: buf[w * p : w * p + size])
-            return lo if lo < n and buf[w * sav[lo] : w * sav[lo] + size] == pat else -1
+            at = lo + last
+            return lo if at < n and buf[w * sav[at] : w * sav[at] + size] == pat else -1
 
         best_m, best_lo, lo_m, hi_m = 0, 0, 1, top
         if upper is not None and top > 1:  # try the bound first
