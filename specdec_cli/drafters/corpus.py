@@ -12,8 +12,8 @@ repeats (in click's sources the longest match's continuation was right 24 % of t
 twice, 75 % when it occurred 4 times or more): so the match is the longest suffix found at least `min_count` times,
 and the draft is what at least `min_follow` of its occurrences go on with (an idiom, not one file's arguments),
 unless the match is `copy_match` tokens long (the output is copying a file). The controller learns the source's
-acceptance by match length like any other (`Source.corpus`), and verifies a draft only where it pays. Drafts are copied from the corpus: they never look at
-the target's logits, so the output is the target's.
+acceptance by match length like any other (`Source.corpus`), and verifies a draft only where it pays. Drafts are
+copied from the corpus: they never look at the target's logits, so the output is the target's.
 """
 
 from __future__ import annotations
