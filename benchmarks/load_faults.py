@@ -8,13 +8,15 @@ Meanwhile: `--slowloris` connections send a request's headers a byte every 2 s; 
 cross-origin preflight, an oversized body, a body nested 100,000 deep and a tool call whose arguments are nested
 too deep are sent (each must be refused: 403, 403, 413, 400, 400); `/health` is asked every 0.25 s.
 
-Then the server is killed (SIGKILL) as soon as a save of what it learnt is under way (a temporary file appears next
-to its stores; after two save intervals without one, it is killed anyway), started again on the same data, asked
+Then the server answers one more request and is killed (SIGKILL) as soon as a save of what it learnt is under way
+(the save that request made due, while the server is idle: a temporary file appears next to its stores; after two
+save intervals without one, it is killed anyway), started again on the same data, asked
 one request, and stopped (SIGTERM). Printed: a table of statuses per kind of request, the 5xx and crashes (target
 0), the worker time after a disconnect (from the server's log: "stopped X s after the client left"; target: at most
 one prefill chunk), the queue wait (p50/p99, from the log's "queued X s"), /health's latency (target < 100 ms),
-the learnt state's age at the kill (target <= one save interval), and the files after the restart (target: none
-corrupt, no temporaries).
+the saves seen during the load (the longest time without one; target: one save interval plus one request), the
+learnt state's age at the kill, the learning the kill lost (seconds of answers after the last save; target <= one
+save interval), and the files after the restart (target: none corrupt, no temporaries).
 
     python benchmarks/load_faults.py                                   # the full run: default model, 3 minutes
     python benchmarks/load_faults.py -t smollm2-135m --duration 45 --clients 6 --slowloris 10 --save-interval 10
@@ -136,6 +138,7 @@ class Tally:
         self.by_kind: dict[str, Counter] = defaultdict(Counter)
         self.errors: list[str] = []
         self.disconnects: list[float] = []  # client-side times of disconnects (monotonic)
+        self.last_answer = float("nan")  # time.time() of the last whole 200 answer (what the server learnt from)
 
     def add(self, kind: str, status: int | str) -> None:
         with self.lock:
@@ -178,6 +181,8 @@ def one_request(port: int, rng: random.Random, tally: Tally, max_tokens: int, ti
             return 0.0
         data = resp.read()
         tally.add(kind, status)
+        if status == 200:
+            tally.last_answer = time.time()
         if status >= 500 or status not in DOCUMENTED:
             tally.error(f"{kind}: {status} {data[:300]!r}")
         if status == 429:
@@ -300,6 +305,17 @@ def store_files(home: Path) -> list[Path]:
             and ".tmp-" not in p.name and ".corrupt-" not in p.name]
 
 
+def watch_saves(home: Path, done: threading.Event, saves: list[float]) -> None:
+    """Until `done`: every 0.25 s, the stores' newest modification time; each new one is a save (time.time())."""
+    last = 0.0
+    while not done.is_set():
+        newest = max((p.stat().st_mtime for p in store_files(home) if p.exists()), default=0.0)
+        if newest > last:
+            saves.append(newest)
+            last = newest
+        time.sleep(0.25)
+
+
 def kill_during_save(server: Server, home: Path, wait: float) -> tuple[bool, float]:
     """SIGKILL the server as soon as a temporary file appears among its stores (a save under way), or after `wait`
     seconds; returns (caught during a save, the kill's time.time())."""
@@ -372,6 +388,11 @@ def main() -> None:
     health_failures: list[str] = []
     closed = [0]
     health_done = threading.Event()  # /health is asked until the kill
+    saves: list[float] = []  # the stores' save times (time.time()), seen from outside
+    watch_done = threading.Event()
+    watcher = threading.Thread(target=watch_saves, args=(home, watch_done, saves), daemon=True)
+    watcher.start()
+    load_start = time.time()
     t_start = time.monotonic()
     until = t_start + args.duration
     threads = [threading.Thread(target=client_loop, args=(port, args.seed * 1000 + i, until, tally, args), daemon=True)
@@ -385,14 +406,26 @@ def main() -> None:
     for t in threads[:args.clients + 2]:
         t.join(max(0.0, hard_stop - time.monotonic()))
     stragglers = sum(t.is_alive() for t in threads[:args.clients])
+    load_end = time.time()  # the clients' last requests answered (the queue drained)
     crashed = server.proc.poll() is not None
 
     # kill -9 during a save, then a restart on the same data
     health_done.set()
     threads[-1].join(10)
+    if not crashed:  # one more answer, so a save falls due while the server is idle: the kill lands in it
+        if raw_status(port, "POST", "/v1/chat/completions", json.dumps(
+                {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),
+                {"Content-Type": "application/json"}) == 200:
+            tally.last_answer = time.time()
     caught, killed_at = (False, time.time()) if crashed else kill_during_save(server, home, 2 * args.save_interval)
     saved = [p.stat().st_mtime for p in store_files(home)]
-    age = killed_at - max(saved) if saved else float("nan")
+    last_save = max(saved) if saved else float("nan")
+    age = killed_at - last_save
+    lost = max(0.0, tally.last_answer - last_save)  # seconds of answers whose learning the kill lost
+    watch_done.set()
+    watcher.join(5)
+    during = [t for t in saves if load_start <= t <= load_end]
+    gaps = [b - a for a, b in zip([load_start, *during], [*during, min(load_end, killed_at)])]
     restarted = Server(args, home)
     after = raw_status(restarted.port, "POST", "/v1/chat/completions", json.dumps(
         {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),
@@ -426,8 +459,11 @@ def main() -> None:
          f"{pct(latencies, 0.5):.1f} / {pct(latencies, 0.99):.1f} / {max(latencies):.1f}" if latencies else "none"),
         ("/health failures (target 0)", f"{len(health_failures)} {sorted(set(health_failures))}"),
         ("kill -9 caught a save under way", "yes" if caught else "no (killed after waiting)"),
-        ("learnt state's age at the kill (s) (target <= save interval)",
-         f"{age:.1f} (interval {args.save_interval:g})"),
+        ("saves during the load; longest time without one (s)",
+         f"{len(during)}; {max(gaps):.1f} (target <= interval {args.save_interval:g} + one request)"),
+        ("learnt state's age at the kill (s): since the last save", f"{age:.1f} (interval {args.save_interval:g})"),
+        ("learning lost by the kill (s of answers after the last save)",
+         f"{lost:.1f} (target <= interval {args.save_interval:g})"),
         ("files after the restart: corrupt / temporaries / unreadable",
          f"{len(files['corrupt set aside'])} / {len(files['temporaries'])} / {len(files['unreadable'])}"),
         ("request after the restart", str(after)),

@@ -9,6 +9,7 @@ Drafters and K controllers are not the session's: `specdec_cli.assemble.Assemble
 from __future__ import annotations
 
 import contextlib
+import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,29 @@ class Session:
 
             return learnt.load_curve(learnt.curve_key(self.target_path, self.options.threads))
         return self._curve or None
+
+    def kernels(self) -> dict[str, str]:
+        """Which of llama.cpp's kernels the target runs and why, for report headers and --json: {"amx": ...,
+        "flash_attn": ...}, each a short phrase (`kernels_line` joins them)."""
+        from specdec_cli.models import host
+
+        plan = host.current_plan()
+        if plan is None:
+            amx = "unknown (no llama.cpp model loaded)"
+        elif not plan.amx_build:
+            amx = "not in this build" + (" (the CPU has AMX)" if host.cpu_has_amx() else "")
+        else:
+            amx = "in use" if plan.extra_bufts else f"off ({plan.reason})"
+        fa = getattr(self.target, "flash_attn", None)
+        value = os.environ.get(FLASH_ATTN_ENV, "auto").strip().lower()
+        if value not in ("auto", ""):
+            why = FLASH_ATTN_ENV
+        elif fa is None:
+            why = "llama.cpp's auto; not measured here: specdec doctor --measure"
+        else:
+            why = "measured here: specdec doctor shows the times"
+        state = "auto" if fa is None else "on" if fa else "off"
+        return {"amx": amx, "flash_attn": f"{state} ({why})"}
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -204,7 +228,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     probe_load(target_path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
-                              n_gpu_layers=options.gpu_layers, verbose=options.verbose)
+                              n_gpu_layers=options.gpu_layers, verbose=options.verbose,
+                              flash_attn=flash_attn(target_path, options.threads))
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
                       auto_draft=auto_draft, reporter=reporter)
@@ -215,6 +240,35 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
             session.close()
             raise
     return session
+
+
+FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
+
+
+def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None) -> bool | None:
+    """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
+    on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on where the
+    backend supports it). Raises ConfigError for another value of the variable."""
+    from specdec_cli.errors import ConfigError
+    from specdec_cli.stores import learnt
+
+    value = (os.environ if environ is None else environ).get(FLASH_ATTN_ENV, "auto").strip().lower()
+    if value in ("on", "1", "yes"):
+        return True
+    if value in ("off", "0", "no"):
+        return False
+    if value not in ("auto", ""):
+        raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, auto.",
+                          f"Unset it (the measured choice), or set it to on or off.")
+    choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
+    return None if choice is None else choice["on"]
+
+
+def kernels_line(kernels: dict[str, str] | None) -> str:
+    """"AMX kernels: in use; flash attention: off (measured here: ...)" from `Session.kernels` ("" for None)."""
+    if not kernels:
+        return ""
+    return f"AMX kernels: {kernels['amx']}; flash attention: {kernels['flash_attn']}"
 
 
 class _Quiet:

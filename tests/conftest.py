@@ -18,6 +18,7 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_PROMPT_CACHE", str(tmp_path / "prompt-cache"))
     monkeypatch.setenv("SPECDEC_VERIFY_CURVE", "off")  # no curve measured per test (tests that want one turn it on)
     monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("SPECDEC_FLASH_ATTN", raising=False)  # models load with the measured choice (none: auto)
     monkeypatch.setenv("COLUMNS", "120")
     yield
 

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -277,6 +278,23 @@ def test_connections_beyond_the_limit_get_503():
     assert (status, after) == (503, 200)
 
 
+def test_connections_beyond_the_limit_get_503_in_each_apis_shape():
+    with serving(server_kw={"max_connections": 3}) as s:
+        idle = [socket.create_connection(("127.0.0.1", _port(s))) for _ in range(2)]  # open, sending nothing
+        try:
+            time.sleep(0.2)  # accepted by the server's loop
+            chat_status, chat_headers, chat_body = raw(s, "POST", "/v1/chat/completions", MESSAGES)
+            msg_status, _, msg_body = raw(s, "POST", "/v1/messages", MESSAGES)
+        finally:
+            for c in idle:
+                c.close()
+    assert chat_status == 503 and chat_body["error"]["code"] == "too_many_connections"
+    assert "--max-connections" in chat_body["error"]["message"]
+    assert chat_headers["content-type"] == "application/json" and chat_headers["retry-after"] == "1"
+    assert chat_headers["connection"] == "close"  # its place goes to the next connection
+    assert msg_status == 503 and msg_body["type"] == "error" and msg_body["error"]["type"] == "overloaded_error"
+
+
 def test_a_body_that_stalls_gets_408():
     with serving(app_kw={"body_timeout": 0.5}) as s:
         conn = socket.create_connection(("127.0.0.1", _port(s)))
@@ -314,6 +332,35 @@ def test_grammar_compilation_runs_off_the_event_loop(monkeypatch):
     assert threads["check"].startswith("asyncio") and threads["tools"].startswith("asyncio"), threads
 
 
+def test_serve_builds_the_grammar_tokenizer_before_it_answers(monkeypatch):
+    # llguidance builds its tokenizer in Rust holding the GIL (~0.5 s for a 152k vocabulary): on the worker thread at
+    # the first request with tools, the event loop (/health, every stream) would stand still meanwhile
+    from specdec_cli.cli.commands import serve as serve_cmd
+    from specdec_cli.spec import ModelOptions
+
+    class Backend(FakeBackend):
+        built_on: list[str] = []
+
+        def lltokenizer(self):
+            if self._lltok is None:
+                self.built_on.append(threading.current_thread().name)
+            return super().lltokenizer()
+
+    backend = Backend(hashed_logits)
+    seen: dict = {}
+
+    class Server:
+        def run(self, sockets):
+            seen["built before serving"] = list(backend.built_on)
+
+    monkeypatch.setattr(serve_cmd, "open_session",
+                        lambda *a, **kw: Session(target=backend, target_path=Path("fake.gguf")))
+    monkeypatch.setattr("specdec_cli.server.app.make_server", lambda app, **kw: Server())
+    assert serve_cmd.execute(models=ModelOptions(), spec=SpecOptions(method="none", k="4"), defaults=Defaults(),
+                             host="127.0.0.1", port=0, api_key=(), queue=4) == 0
+    assert seen["built before serving"] == ["MainThread"]
+
+
 # -- 5. learning saved as the server goes ---------------------------------------------------------------------------
 def test_saver_saves_every_n_requests_or_m_seconds():
     now = [0.0]
@@ -336,7 +383,7 @@ def test_the_server_saves_the_suffix_store_while_it_serves():
         return list((data_dir() / "suffix").glob("*")) if (data_dir() / "suffix").exists() else []
 
     with serving(method="suffix") as s:
-        s.worker.on_served = Saver(s.worker.service.save_learnt, every=2)
+        s.worker.saver = Saver(s.worker.service.save_learnt, every=2)
         chat(s.client(), max_tokens=5)
         s.wait(lambda h: not h["busy"])
         assert stores() == []
@@ -345,6 +392,59 @@ def test_the_server_saves_the_suffix_store_while_it_serves():
         while not stores() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert stores()  # saved while the server still runs
+
+
+def _requests_served(worker, n: int) -> list:
+    """Submit `n` short requests at once (the queue is never empty until the last starts); their last events."""
+    done = [threading.Event() for _ in range(n)]
+    last: list = [None] * n
+
+    def deliver(i, event):
+        if isinstance(event, (Done, Failed)):
+            last[i] = event
+            done[i].set()
+
+    for i in range(n):
+        worker.submit(Request(config=GenerationConfig(max_tokens=4), prompt=PROMPT_TOKENS, label="completion"),
+                      partial(deliver, i))
+    for d in done:
+        assert d.wait(20)
+    return last
+
+
+def test_saves_land_while_requests_keep_coming():
+    saves: list[tuple[int, str]] = []  # (requests waiting at the save, the saving thread)
+    worker, _ = _worker(SlowBackend(hashed_logits, delay=0.01), bound=64)
+    worker.saver = Saver(lambda: saves.append((worker.status()["waiting"], threading.current_thread().name)),
+                         every=10**6, interval=0.05)
+    worker.start()
+    try:
+        last = _requests_served(worker, 30)
+    finally:
+        worker.stop()
+        worker.join(5)
+    assert all(isinstance(e, Done) for e in last)
+    assert any(waiting > 0 for waiting, _ in saves), saves  # not only once the queue ran dry
+    assert {name for _, name in saves} == {"specdec-serve-worker"}  # between two requests: none mutates the stores
+
+
+def test_the_last_requests_learning_is_saved_while_the_server_is_idle():
+    saved = threading.Event()
+    saves: list[str] = []
+    worker, lines = _worker(FakeBackend(hashed_logits))
+    worker.saver = Saver(lambda: (saves.append(threading.current_thread().name), saved.set()), every=10**6,
+                         interval=0.2)
+    worker.start()
+    try:
+        assert isinstance(_requests_served(worker, 1)[0], Done)
+        assert saved.wait(10)  # no other request came: the save fell due while the worker waited for one
+        time.sleep(0.5)  # two more intervals with nothing served: nothing more to write
+        assert saves == ["specdec-serve-worker"]
+        assert isinstance(_requests_served(worker, 1)[0], Done)  # the worker serves on after its idle save
+    finally:
+        worker.stop()
+        worker.join(5)
+    assert not any("saving" in line for line in lines)
 
 
 def test_a_corrupt_learnt_json_is_set_aside_and_temporaries_removed():

@@ -459,8 +459,9 @@ DOCTOR_EXAMPLES = """
   specdec doctor                        [dim]# paste this into a bug report[/dim]
   specdec doctor --probe                [dim]# also try llama.cpp's AMX kernels now (Intel CPUs with AMX)[/dim]
   specdec doctor --json - > machine.json
-  specdec doctor --measure --plot curve.png [dim]# measure the verify curve now and draw it[/dim]
+  specdec doctor --measure --plot curve.png [dim]# measure the verify curve and flash attention now, draw the curve[/dim]
   SPECDEC_AMX=off specdec run p.txt     [dim]# force the safe (slower) load path[/dim]
+  SPECDEC_FLASH_ATTN=on specdec serve   [dim]# flash attention on, whatever was measured[/dim]
 """
 
 
@@ -471,8 +472,9 @@ def doctor(
     probe: bool = typer.Option(False, "--probe", help="If this llama.cpp has AMX kernels and they were never tried "
                                "on this CPU, try them now in a child process (a few seconds)."),
     measure: bool = typer.Option(False, "--measure", help="Measure the verify curve (ms of one target pass by batch "
-                                 "size) of the default model now, and keep it (seconds; otherwise the first run "
-                                 "does)."),
+                                 "size) of the default model now, and time flash attention on and off at 2,048 "
+                                 "tokens of context; keep both (about two minutes; otherwise the first run measures "
+                                 "the curve and flash attention stays llama.cpp's default)."),
     plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
                              "'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
 ) -> None:
@@ -481,7 +483,8 @@ def doctor(
 
     On Intel CPUs with AMX, llama.cpp builds that include AMX kernels crash on the first decode (llama.cpp issue
     20824). specdec tries them once in a child process and, where they crash, loads models with llama.cpp's extra
-    buffer types off (slower, never a crash). SPECDEC_AMX=keep or off forces either choice.
+    buffer types off (slower, never a crash). SPECDEC_AMX=keep or off forces either choice. Flash attention: as
+    --measure chose, or SPECDEC_FLASH_ATTN=on|off.
     """
     from specdec_cli.cli.commands.doctor import execute
 
@@ -590,8 +593,9 @@ def serve(
     max_connections: int = typer.Option(128, "--max-connections", min=1, max=100_000, help="Open connections at "
                                         "once; beyond: 503.", rich_help_panel="Server"),
     save_interval: float = typer.Option(300, "--save-interval", min=1, help="Save what was learnt (the suffix "
-                                        "store, --k auto) at most this many seconds apart while serving, and after "
-                                        "every 16 requests.", rich_help_panel="Server"),
+                                        "store, --k auto) this many seconds after the last save once a request was "
+                                        "served (between two requests, or at once when idle), and after every 16 "
+                                        "requests.", rich_help_panel="Server"),
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
                               "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
     learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "

@@ -48,10 +48,7 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
             backend.truncate(context)
         for r in range(repeats):
             for b in range(1, b_max + 1) if r % 2 == 0 else range(b_max, 0, -1):
-                t0 = clock()
-                backend.decode(tokens[context : context + b], n_logits=b)
-                times[b - 1].append((clock() - t0) * 1e3)
-                backend.truncate(context)
+                times[b - 1].append(_timed_pass(backend, tokens[context : context + b], b, clock))
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -61,3 +58,53 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
     spread = tuple((max(t) - min(t)) / min(t) for t in times)
     return VerifyCurve(ms=ms, spread=spread, repeats=repeats, context=context, seconds=clock() - start,
                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def _timed_pass(backend: Backend, tokens: np.ndarray, n_logits: int, clock: Callable[[], float]) -> float:
+    """ms of one pass over `tokens` with `n_logits` rows of logits; the cache is cut back to what it held."""
+    keep = len(backend.tokens)
+    t0 = clock()
+    backend.decode(tokens, n_logits=n_logits)
+    ms = (clock() - t0) * 1e3
+    backend.truncate(keep)
+    return ms
+
+
+def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (1, 4, 8, 16), chunk: int = 256,
+                     repeats: int = 3, clock: Callable[[], float] = time.perf_counter,
+                     progress: Callable[[int, int], None] | None = None) -> dict:
+    """What a long context costs: after `depth` tokens in the KV cache, the ms of one prefill chunk of `chunk` tokens
+    (no logits) and of one verify pass over b tokens (logits for all b rows), b in `sizes`; median of `repeats`.
+
+    Returns {"depth", "chunk", "chunk_ms", "ms": {b: ms}, "seconds"} (depth cut to what the context window and one
+    batch allow). The cache is emptied first and left empty. Raises what `Backend.decode` and `truncate` raise;
+    ValueError for depth < 1 or repeats < 1.
+    """
+    if depth < 1 or repeats < 1:
+        raise ValueError(f"depth and repeats must be >= 1, got {depth}, {repeats}")
+    chunk = min(chunk, backend.n_batch)
+    depth = max(1, min(depth, backend.n_ctx - max(chunk, *sizes)))
+    vocab = backend.n_vocab
+    tokens = (np.arange(depth + max(chunk, *sizes), dtype=np.int64) * 7919 % max(vocab - 256, 1)
+              + min(256, vocab - 1)).astype(np.int32)
+    start = clock()
+    backend.truncate(0)
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    chunk_times: list[float] = []
+    total, done = (len(sizes) + 1) * repeats, 0
+    try:
+        for i in range(0, depth, backend.n_batch):  # the context, one batch at a time
+            backend.decode(tokens[i : min(depth, i + backend.n_batch)], n_logits=0)
+        backend.decode(tokens[depth : depth + 1], n_logits=1)  # warm-up
+        backend.truncate(depth)
+        for _ in range(repeats):
+            for b in (*sizes, 0):  # 0: the prefill chunk
+                (times[b] if b else chunk_times).append(_timed_pass(backend, tokens[depth : depth + (b or chunk)], b,
+                                                                    clock))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    finally:
+        backend.truncate(0)
+    return {"depth": depth, "chunk": chunk, "chunk_ms": statistics.median(chunk_times),
+            "ms": {b: statistics.median(t) for b, t in times.items()}, "seconds": clock() - start}

@@ -507,6 +507,7 @@ def json_doc(bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConf
         "target": str(bench.target),
         "draft": str(bench.draft) if bench.draft else None,
         "suffix_store_tokens": ours_info.get("suffix_store_tokens"),
+        "kernels": ours_info.get("kernels"),
         "peer": _peer_doc(peer_info, models.ctx) if options.peer else None,
         "rss_after_load_bytes": {"ours": _kib_to_bytes(ours_info.get("rss_after_load_kib")),
                                  "peer": _kib_to_bytes((peer_info or {}).get("rss_after_load_kib"))},

@@ -427,6 +427,7 @@ def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: Tune
         "best": best.label if best else None,
         "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in curve],
         "verify_curve": session.verify_curve().to_dict() if session.verify_curve() is not None else None,
+        "kernels": session.kernels(),
         "draft_ms_per_token": rounded(d_ms),
         "saved": str(saved) if saved else None,
     }

@@ -134,6 +134,9 @@ class LlamaBackend:
             `specdec_cli.models.host.plan` decides for this host (off only where this build's AMX kernels crash).
         branches: a second sequence over a unified KV cache for `decode_branches` (default). Plain decoding is
             bit-identical either way (measured: Qwen2.5-Coder-1.5B, SmolLM2-135M); False = one sequence.
+        flash_attn: llama.cpp's flash attention on (True) or off (False); None = llama.cpp's auto (on wherever the
+            backend supports it, the CPU's included). On the CPU it makes a prefill chunk at long context cheaper
+            and a short verify pass dearer (`specdec_cli.measure.flash_attn` measures both on the host).
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -150,6 +153,7 @@ class LlamaBackend:
         verbose: bool = False,
         extra_bufts: bool | None = None,
         branches: bool = True,
+        flash_attn: bool | None = None,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
@@ -182,6 +186,10 @@ class LlamaBackend:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
+                                   llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
+                                   llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self.flash_attn = flash_attn
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()

@@ -60,6 +60,7 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     created = int(time.time())
     app = FastAPI(title="specdec serve", version=__version__, docs_url=None, redoc_url=None)
     error_body = lambda path, err: ctx.error_body(path, err)  # noqa: E731 (ctx is made below)
+    app.state.error_body = error_body  # for `make_server`'s refusals beyond --max-connections
     # middleware added last runs first: the access check, then CORS, then the body limit
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx), error_body=error_body,
                        timeout=body_timeout)
@@ -238,7 +239,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 HEADER_TIMEOUT_S = 10.0  # a connection must send a request's headers within this (slowloris), seconds
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this, seconds (uvicorn's default)
-MAX_CONNECTIONS = 128  # open connections at once (`--max-connections`); beyond: uvicorn's 503
+MAX_CONNECTIONS = 128  # open connections at once (`--max-connections`); beyond: 503 (`_protocol`)
 
 
 def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_level: str = "warning",
@@ -247,8 +248,9 @@ def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_
     a signal (Ctrl-C, SIGTERM) asks the server to stop, so running generations end after their current step.
 
     Slow clients are bounded: a connection that has not sent a whole request's headers `header_timeout` seconds after
-    it opened (or after its last response) is closed (`_HeaderTimeout`: uvicorn has no such timeout), an idle one
-    after `KEEP_ALIVE_S`, and at most `max_connections` are served at once (uvicorn's `limit_concurrency`)."""
+    it opened (or after its last response) is closed (uvicorn has no such timeout), an idle one after `KEEP_ALIVE_S`,
+    and at most `max_connections` are served at once: a request beyond gets 503 in its API's error shape (the app's
+    `state.error_body`; uvicorn's own `limit_concurrency` answers plain text) and its connection is closed."""
     import uvicorn
     from sse_starlette.sse import AppStatus
 
@@ -264,19 +266,48 @@ def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=10,
-                            lifespan="off", http=_header_timeout_protocol(header_timeout),
-                            timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=max_connections)
+                            lifespan="off", timeout_keep_alive=KEEP_ALIVE_S,
+                            http=_protocol(header_timeout, max_connections,
+                                           getattr(app.state, "error_body", lambda path, err: err.body())))
     return _Server(config)
 
 
-def _header_timeout_protocol(timeout: float) -> type:
-    """uvicorn's h11 protocol, closing a connection that sends no complete request headers within `timeout` seconds
-    of opening or of its last response (uvicorn's keep-alive timer stops at the first byte, so a client that sends
-    a request a byte at a time would hold its connection forever)."""
+def _protocol(timeout: float, max_connections: int, error_body: Callable[[str, ApiError], dict]) -> type:
+    """uvicorn's h11 protocol, bounded:
+
+    - a connection that sends no complete request headers within `timeout` seconds of opening or of its last
+      response is closed (uvicorn's keep-alive timer stops at the first byte, so a client that sends a request a
+      byte at a time would hold its connection forever);
+    - a request that arrives while `max_connections` connections are open (its own included) or `max_connections`
+      requests are under way gets 503 `too_many_connections` in its API's error shape (`error_body(path, error)`),
+      with `Retry-After` and `Connection: close`, as uvicorn's `limit_concurrency` would but in plain text.
+    """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class _HeaderTimeout(H11Protocol):
+    async def refuse(scope, receive, send) -> None:
+        error = ApiError(503, f"The server has {max_connections} connections open, its limit (specdec serve "
+                         "--max-connections); this one is closed. Retry in a moment, or start the server with a "
+                         "higher --max-connections.", type="server_error", code="too_many_connections")
+        await JSONResponse(error_body(scope.get("path", ""), error), status_code=503,
+                           headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
+
+    class _Bounded(H11Protocol):
         _header_timer = None
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            app = self.app
+
+            async def bounded(scope, receive, send) -> None:
+                # as uvicorn counts: every open connection (this one too), the requests under way (this one's task
+                # was added before it ran)
+                if scope["type"] == "http" and (len(self.connections) >= max_connections
+                                                or len(self.tasks) > max_connections):
+                    await refuse(scope, receive, send)
+                else:
+                    await app(scope, receive, send)
+
+            self.app = bounded
 
         def _arm(self) -> None:
             if self._header_timer is not None:
@@ -302,7 +333,7 @@ def _header_timeout_protocol(timeout: float) -> type:
                 self._header_timer.cancel()
             super().connection_lost(exc)
 
-    return _HeaderTimeout
+    return _Bounded
 
 
 def base_url(sock: socket.socket) -> str:

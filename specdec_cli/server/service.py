@@ -79,6 +79,17 @@ class GenerationService:
         """The target's context window (tokens)."""
         return self.session.target.n_ctx
 
+    def prepare(self) -> None:
+        """Build now, before the server answers, what the first request would otherwise build on the worker thread
+        while holding the GIL: the target's llguidance tokenizer (`Backend.lltokenizer`, for grammars: tools and
+        JSON schemas). Its construction in Rust (0.4-1 s for a 152k vocabulary) does not release the GIL, so the
+        event loop (`/health`, every stream) would stand still that long at the first request with tools. A
+        vocabulary it cannot be built from is left to that request's error, as before."""
+        try:
+            self.session.target.lltokenizer()
+        except Exception:  # noqa: BLE001 (the first request with a grammar reports it)
+            pass
+
     # -- the HTTP side (no model contact) -----------------------------------------------------------------------
     def check(self, request: Request) -> Request:
         """`request` with the grammar its tools (in the template's tool-call format) and output format ask for in
@@ -200,7 +211,7 @@ class GenerationService:
 
     def save_learnt(self) -> None:
         """Save what the drafter's store and `--k auto` learnt so far (`Assembler.save`), serving on: the worker
-        calls it between requests (`Saver`)."""
+        calls it between requests and when idle (`Saver`)."""
         self.assembler.save()
 
     def close(self) -> None:

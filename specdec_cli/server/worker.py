@@ -128,12 +128,12 @@ class Worker:
     """
 
     def __init__(self, service: GenerationService, *, bound: int = 16, log: Callable[[str], None] = _stderr,
-                 timeout: float | None = None, on_served: Callable[[], None] | None = None) -> None:
+                 timeout: float | None = None, saver: Saver | None = None) -> None:
         self.service = service
         self.bound = bound
         self.log = log
         self.timeout = timeout  # seconds a request may hold this thread (`--timeout`); None: no deadline
-        self.on_served = on_served  # called on this thread after each request (the learnt state's periodic save)
+        self.saver = saver  # the learnt state's periodic save, run on this thread between requests and when idle
         self._cv = threading.Condition()
         self._pending: deque[Job] = deque()
         self._current: Job | None = None
@@ -244,11 +244,19 @@ class Worker:
         while True:
             with self._cv:
                 while not self._pending and not self._stopping:
-                    self._cv.wait()
+                    due = self.saver.due_in() if self.saver is not None else None
+                    if due is not None and due <= 0:
+                        break  # idle, and what the last requests taught is due on disk: save it now
+                    self._cv.wait(due)  # until a request comes, or the save falls due
                 if self._stopping:
                     return
-                job = self._current = self._pending.popleft()
-                job.started_at = time.monotonic()
+                job = None
+                if self._pending:
+                    job = self._current = self._pending.popleft()
+                    job.started_at = time.monotonic()
+            if job is None:
+                self._save("while idle", self.saver.save_now)
+                continue
             try:
                 if job.task is not None:
                     _run_task(job, self.service)
@@ -262,11 +270,15 @@ class Worker:
                     if job.task is None:  # a request's wall time (a task's, e.g. count_tokens, is no guide)
                         took = time.monotonic() - job.started_at
                         self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
-            if job.task is None and self.on_served is not None:
-                try:
-                    self.on_served()
-                except Exception as e:  # a failed save must not stop the serving thread
-                    self.log(f"after request #{job.id}: {type(e).__name__}: {e}")
+            if job.task is None and self.saver is not None:
+                self._save(f"after request #{job.id}", self.saver)  # counts it; saves when that made a save due
+
+    def _save(self, when: str, save: Callable[[], None]) -> None:
+        """Run `save` (the `Saver`) on this thread, where no request mutates the stores meanwhile."""
+        try:
+            save()
+        except Exception as e:  # a failed save must not stop the serving thread
+            self.log(f"saving what was learnt {when}: {type(e).__name__}: {e}")
 
     def _serve(self, job: Job) -> None:
         """Generate one request, delivering its events; never raises (the server goes on whatever happens).
@@ -371,24 +383,38 @@ SAVE_INTERVAL_S = 300.0  # seconds between two saves, at most (`specdec serve --
 
 
 class Saver:
-    """Saves what was learnt while the server runs (`Worker(on_served=Saver(service.save_learnt))`): after a request,
-    when `every` requests were served since the last save or `interval` seconds passed, so a crash (kill -9) loses
-    at most that much. Called on the worker thread, between requests: nothing else touches the stores meanwhile;
-    each store writes atomically under its own file lock."""
+    """When to save what was learnt while the server runs (`Worker(saver=Saver(service.save_learnt))`): once `every`
+    requests were served since the last save, or `interval` seconds passed with at least one served, so a crash
+    (kill -9) loses at most that much. The worker calls it on its own thread after each request (it saves when that
+    made a save due) and `save_now` when a save falls due while it is idle (the learning of the last requests before a
+    quiet hour is on disk within `interval`, not at the next request), so nothing mutates the stores during a save;
+    each store writes atomically under its own file lock. Nothing served since the last save: nothing to write."""
 
     def __init__(self, save: Callable[[], None], *, every: int = SAVE_EVERY, interval: float = SAVE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.save, self.every, self.interval, self.clock = save, every, interval, clock
-        self.served = 0
+        self.served = 0  # requests served since the last save (their learning is in memory only)
         self.last = clock()
         self.saves = 0
 
+    def due_in(self) -> float | None:
+        """Seconds until a save is due (0: now); None: nothing served since the last save, nothing to save."""
+        if self.served == 0:
+            return None
+        if self.served >= self.every:
+            return 0.0
+        return max(0.0, self.last + self.interval - self.clock())
+
     def __call__(self) -> None:
+        """One request was served: save if that made a save due."""
         self.served += 1
-        if self.served >= self.every or self.clock() - self.last >= self.interval:
-            self.served, self.last = 0, self.clock()
-            self.save()
-            self.saves += 1
+        if self.due_in() == 0:
+            self.save_now()
+
+    def save_now(self) -> None:
+        self.served, self.last = 0, self.clock()
+        self.save()
+        self.saves += 1
 
 
 def _run_task(job: Job, service: GenerationService) -> None:

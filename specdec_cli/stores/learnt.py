@@ -143,8 +143,8 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             for key, ctrl in controllers.items():
                 entries[key] = {"state": ctrl.state(), **(details or {}).get(key, {}), "saved_at": stamp}
-            for key, entry in (curves or {}).items():
-                kept[key] = {**entry, "saved_at": stamp}
+            for key, entry in (curves or {}).items():  # merged: a curve and the flash-attention choice share a key
+                kept[key] = {**kept.get(key, {}), **entry, "saved_at": stamp}
             files.write_atomic(path, json.dumps({"version": VERSION, "entries": entries, "curves": kept},
                                                 ensure_ascii=False) + "\n")
     except (OSError, filelock.Timeout) as e:
@@ -180,7 +180,7 @@ def load_curve(key: str | None, *, stale_ok: bool = False) -> VerifyCurve | None
     if key is None:
         return None
     entry = _entries(learnt_path(), "curves").get(key)
-    if entry is None:
+    if entry is None or "curve" not in entry:
         return None
     try:
         curve = VerifyCurve.from_dict(entry["curve"])
@@ -205,6 +205,23 @@ def forget_curve(key: str | None) -> None:
     if key is not None and curve is not None:
         save({}, curves={key: {"curve": replace(curve, stale=True).to_dict(),
                                "target": _entries(learnt_path(), "curves")[key].get("target", "?")}})
+
+
+def save_flash_attn(key: str | None, choice: dict[str, Any]) -> Path | None:
+    """Keep the measured flash-attention choice (`measure.flash_attn.Choice.to_dict()`) beside the curve of `key`."""
+    if key is None:
+        return None
+    return save({}, curves={key: {"flash_attn": choice}})
+
+
+def load_flash_attn(key: str | None) -> dict[str, Any] | None:
+    """The flash-attention choice kept under `key` ({"on": bool, ...}), or None (none measured, or not a dict with a
+    bool "on")."""
+    if key is None:
+        return None
+    entry = _entries(learnt_path(), "curves").get(key)
+    choice = entry.get("flash_attn") if isinstance(entry, dict) else None
+    return choice if isinstance(choice, dict) and isinstance(choice.get("on"), bool) else None
 
 
 def all_curves() -> dict[str, dict[str, Any]]:

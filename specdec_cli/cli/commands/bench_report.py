@@ -44,12 +44,14 @@ def _fmt_agree(s: BenchSummary) -> str:
 
 def header(doc: dict[str, Any]) -> str:
     from specdec_cli.models.machine import one_line
+    from specdec_cli.session import kernels_line
 
     st = doc["settings"]
     pair = Path(doc["target"]).name + (f" + {Path(doc['draft']).name}" if doc.get("draft") else "")
     n = len(doc["prompts"])
     return (f"specdec bench: {pair}; {n} prompt{'s' * (n != 1)} × {st['repeats']} repeat{'s' * (st['repeats'] != 1)}"
-            f", {st['max_tokens']} tokens, K {st['k']}, greedy, --ctx {st['ctx']}\n{one_line(doc['machine'])}")
+            f", {st['max_tokens']} tokens, K {st['k']}, greedy, --ctx {st['ctx']}\n{one_line(doc['machine'])}"
+            + (f"\n{kernels_line(doc['kernels'])}" if doc.get("kernels") else ""))
 
 
 def report(doc: dict[str, Any], summaries: list[BenchSummary]) -> Group:
@@ -139,6 +141,7 @@ def speedup_chart(summaries: list[BenchSummary], classes: list[str], width: int 
 def markdown_table(doc: dict[str, Any], summaries: list[BenchSummary]) -> str:
     """The README's Results table (GitHub Markdown), with a comment naming the run it came from."""
     from specdec_cli.models.machine import one_line
+    from specdec_cli.session import kernels_line
 
     classes = _classes(doc)
     st = doc["settings"]

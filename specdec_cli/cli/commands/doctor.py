@@ -37,7 +37,7 @@ def curves(threads: int | None = None) -> list[dict[str, Any]]:
         except (ValueError, TypeError, KeyError):
             continue
         out.append({"key": key, "target": entry.get("target", "?"), "curve": curve.to_dict(),
-                    "cheap": curve.cheap_sizes()})
+                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key)})
     return out
 
 
@@ -58,7 +58,21 @@ def measure_curve(console) -> str | None:
                       options=ModelOptions(), reporter=RichReporter(console))
     with session:
         session.verify_curve()
+    measure_flash_attn(model, RichReporter(console))
     return str(model)
+
+
+def measure_flash_attn(model, reporter) -> None:
+    """Time flash attention on and off at a long context (`measure.flash_attn`) and keep the choice beside the curve."""
+    from specdec_cli.measure import flash_attn
+    from specdec_cli.stores import learnt
+
+    total = 2 * (len(flash_attn.SIZES) + 1) * flash_attn.REPEATS
+    with reporter.progress(f"timing flash attention on and off at {flash_attn.DEPTH} tokens of context", total,
+                           unit="steps") as task:
+        choice = flash_attn.measure(model, progress=lambda done, total: task.advance())
+    learnt.save_flash_attn(learnt.curve_key(model, None), choice.to_dict())
+    reporter.say(choice.reason)
 
 
 def report(*, probe: bool = False) -> dict[str, Any]:
@@ -165,8 +179,26 @@ def curve_renderables(doc: dict[str, Any]) -> list[Any]:
     for entry in doc["verify_curves"]:
         curve = VerifyCurve.from_dict(entry["curve"])
         out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads: ms of one target pass "
-                     "over b tokens", style="bold"), curve_table(curve), curve_caption(curve)]
+                     "over b tokens", style="bold"), curve_table(curve), curve_caption(curve),
+                flash_attn_line(entry.get("flash_attn"))]
     return out
+
+
+def flash_attn_line(choice: dict[str, Any] | None) -> Text:
+    """What the verify curve's entry says of flash attention: the measured choice at a long context and why."""
+    from specdec_cli.session import FLASH_ATTN_ENV
+
+    if os.environ.get(FLASH_ATTN_ENV, "auto").strip().lower() not in ("auto", ""):
+        return Text(f"flash attention: {os.environ[FLASH_ATTN_ENV]} ({FLASH_ATTN_ENV})", style="spec.label")
+    if choice is None:
+        return Text("flash attention: llama.cpp's auto (not measured here: specdec doctor --measure times it on and "
+                    "off at a long context)", style="spec.label")
+    on, off = (choice["ms"][k] for k in ("on", "off"))
+    passes = ", ".join(f"v({b}) {off['ms'][b]:.0f} / {on['ms'][b]:.0f}" for b in off["ms"])
+    return Text(f"flash attention {'on' if choice['on'] else 'off'} (measured at {choice['depth']} tokens of context, "
+                f"off / on ms: a {off['chunk']}-token prefill chunk {off['chunk_ms']:.0f} / {on['chunk_ms']:.0f}, "
+                f"{passes}; a prompt token + an output token {choice['turn_ms']['off']:.1f} / "
+                f"{choice['turn_ms']['on']:.1f} ms)", style="spec.label")
 
 
 def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: str | None = None) -> int:

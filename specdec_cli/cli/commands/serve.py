@@ -102,6 +102,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
             saved_k = tuned_k(session, spec)
             announce_tuned_k(err, saved_k)
             service = GenerationService(session, spec, saved_k=saved_k)
+            service.prepare()  # the grammar tokenizer, built before the event loop runs (it holds the GIL)
         except BaseException:
             session.close()
             raise
@@ -110,7 +111,7 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         raise
 
     worker = Worker(service, bound=queue, timeout=access.timeout,
-                    on_served=Saver(service.save_learnt, interval=access.save_interval))
+                    saver=Saver(service.save_learnt, interval=access.save_interval))
     app = create_app(worker, defaults=defaults, api_key=api_key, bind_host=host, allowed_hosts=access.allowed_hosts,
                      cors_origins=access.cors_origins)
     server = make_server(app, on_exit=worker.stop, max_connections=access.max_connections)

@@ -22,8 +22,11 @@ def header(session, spec: SpecOptions, prompts: list[PromptCase], options: TuneO
             config: GenerationConfig) -> str:
     """The report's first line: the model pair, the method, prompts × repeats and the token budget."""
     pair = session.target_path.name + (f" + {session.draft_path.name}" if session.draft_path else "")
+    from specdec_cli.session import kernels_line
+
     return (f"specdec tune: {pair}, --method {spec.method}, {len(prompts)} prompt{'s' * (len(prompts) != 1)} × "
-            f"{options.repeats} repeat{'s' * (options.repeats != 1)}, {config.max_tokens} max tokens")
+            f"{options.repeats} repeat{'s' * (options.repeats != 1)}, {config.max_tokens} max tokens\n"
+            + kernels_line(session.kernels()))
 
 
 def report(summaries: list[ConfigSummary], prompts: list[str], best: TuneConfig | None,

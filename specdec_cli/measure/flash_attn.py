@@ -1,0 +1,111 @@
+"""Flash attention on or off, measured on this host at a long context (issue 34: long contexts priced).
+
+llama.cpp's flash attention is a context setting (`llama_context_params.flash_attn_type`; its default, auto, turns it
+on wherever the backend supports it, the CPU's included) and changes the KV cache's layout, so it cannot change
+between passes. On the CPU it pulls two ways at a long context: a prefill chunk gets cheaper, while a verify pass over
+2-63 rows gets dearer, since the CPU's flash-attention kernel walks the whole KV cache once per query row (llama.cpp
+`ggml-cpu/ops.cpp`, `ggml_compute_forward_flash_attn_ext_f16_one_chunk`). What wins depends on the machine, so
+`measure` times both (`core.verify_timing.measure_at_depth`: a prefill chunk and verify passes after `DEPTH` tokens,
+each setting in its own context) and `decide` picks the one with the lower cost of a turn at that depth: one prompt
+token prefilled plus one output token decoded by speculation (the cheapest verify size at an acceptance of
+`ACCEPTANCE`, the bonus token included). The choice is kept in learnt.json beside the verify curve (same key: model
+file, CPU, threads, build) and applied at every model load (`session.flash_attn`); SPECDEC_FLASH_ATTN=on|off
+overrides it. `specdec doctor --measure` measures it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+DEPTH = 2048  # tokens in the KV cache when both settings are timed
+SIZES = (1, 4, 8, 16)  # verify pass sizes timed
+CHUNK = 256  # prefill chunk timed
+ACCEPTANCE = 0.8  # per-token acceptance assumed when pricing a verify size (copy-heavy traffic: 0.8-1.0)
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The measured choice. `on`: flash attention on; `ms`: {"on"|"off": measure_at_depth's dict}; `turn_ms`: {"on"|
+    "off": ms of one prompt token prefilled plus one output token decoded at `depth`}."""
+
+    on: bool
+    depth: int
+    turn_ms: dict[str, float]
+    ms: dict[str, dict[str, Any]]
+
+    @property
+    def reason(self) -> str:
+        on, off = self.turn_ms["on"], self.turn_ms["off"]
+        return (f"flash attention {'on' if self.on else 'off'}: at {self.depth} tokens of context a prompt token plus "
+                f"an output token cost {on:.1f} ms with it, {off:.1f} ms without")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"on": self.on, "depth": self.depth, "turn_ms": self.turn_ms, "ms": self.ms}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Choice:
+        """Raises KeyError/TypeError/ValueError for a dict that is not one."""
+        if not isinstance(d["on"], bool):
+            raise TypeError("on must be a bool")
+        return cls(on=d["on"], depth=int(d["depth"]), turn_ms={k: float(d["turn_ms"][k]) for k in ("on", "off")},
+                   ms={k: dict(d["ms"][k]) for k in ("on", "off")})
+
+
+def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) -> float:
+    """ms per output token of the cheapest verify size in `ms` ({b: ms of one pass over b tokens}) when each draft
+    token is accepted with probability `acceptance` until the first rejection: a pass over b tokens yields
+    1 + a + ... + a^(b-1) tokens (the accepted drafts and the bonus token)."""
+    return min(v / sum(acceptance ** i for i in range(int(b))) for b, v in ms.items())
+
+
+def decide(off: dict[str, Any], on: dict[str, Any]) -> Choice:
+    """The setting with the lower turn cost (prefill ms per token + `decode_ms_per_token`); ties keep it off, whose
+    verify passes cost what the verify curve says. `off`/`on`: `measure_at_depth`'s dicts."""
+    turn = {name: m["chunk_ms"] / m["chunk"] + decode_ms_per_token(m["ms"]) for name, m in (("on", on), ("off", off))}
+    return Choice(on=turn["on"] < turn["off"], depth=int(off["depth"]), turn_ms=turn,
+                  ms={"on": _json(on), "off": _json(off)})
+
+
+def _json(m: dict[str, Any]) -> dict[str, Any]:
+    return {**m, "ms": {str(b): v for b, v in m["ms"].items()}}
+
+
+def measure(target_path: str | Path, *, threads: int | None = None, depth: int = DEPTH,
+            backend: Callable[[bool], Any] | None = None,
+            progress: Callable[[int, int], None] | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> Choice:
+    """Time both settings (off first, then on, each in a context of its own, loaded and closed in turn) and decide.
+    `backend(flash_attn)`: opens a `Backend` (default: `LlamaBackend` of `target_path` with room for `depth`);
+    `clock`: seconds (a virtual one in tests).
+    Seconds: two prefills of `depth` tokens and a few passes (~1 min for a 1.5B model on 2 cores).
+    Raises what the backends raise (ModelError, DecodeError)."""
+    from specdec_cli.core.verify_timing import measure_at_depth
+
+    if backend is None:
+        from specdec_cli.models.llama import LlamaBackend
+
+        def backend(flash_attn: bool):
+            return LlamaBackend(target_path, n_ctx=depth + 2 * CHUNK, n_batch=512, n_threads=threads,
+                                flash_attn=flash_attn)
+
+    done = [0]
+    total = 2 * (len(SIZES) + 1) * REPEATS
+
+    def tick(_d: int, _t: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    results = {}
+    for setting in (False, True):
+        b = backend(setting)
+        try:
+            results[setting] = measure_at_depth(b, depth=depth, sizes=SIZES, chunk=CHUNK, repeats=REPEATS,
+                                                progress=tick, clock=clock)
+        finally:
+            b.close()
+    return decide(results[False], results[True])

@@ -1,0 +1,151 @@
+"""Flash attention on or off, measured at a long context (issue 34): the rule, the timing, keeping the choice, and
+the setting a model loads with. Deterministic: the fake backend's passes advance a virtual clock by scripted costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes import Clock, FakeBackend
+from specdec_cli.core.verify_timing import measure_at_depth
+from specdec_cli.errors import ConfigError
+from specdec_cli.measure import flash_attn
+from specdec_cli.session import FLASH_ATTN_ENV
+from specdec_cli.session import flash_attn as flash_attn_for
+from specdec_cli.stores import learnt
+
+# Like this CPU at 2k tokens of context: flash attention halves the prefill chunk's cost per token but makes every
+# verify pass over several rows dear (the kernel walks the KV cache once per row).
+OFF = {"depth": 2048, "chunk": 256, "chunk_ms": 2560.0, "ms": {1: 100.0, 4: 150.0, 8: 200.0, 16: 300.0}}
+ON_DEAR_VERIFY = {"depth": 2048, "chunk": 256, "chunk_ms": 1280.0, "ms": {1: 100.0, 4: 400.0, 8: 800.0, 16: 1600.0}}
+ON_CHEAP = {"depth": 2048, "chunk": 256, "chunk_ms": 1280.0, "ms": {1: 90.0, 4: 140.0, 8: 190.0, 16: 290.0}}
+
+
+def test_a_speculative_output_token_costs_the_cheapest_size_over_the_tokens_it_yields():
+    # b = 8 at 0.8 acceptance yields 1 + 0.8 + ... + 0.8^7 = 4.16 tokens: 200 / 4.16 = 48.1 ms, below b = 4's 50.8
+    assert flash_attn.decode_ms_per_token(OFF["ms"]) == pytest.approx(200 / sum(0.8 ** i for i in range(8)))
+    assert flash_attn.decode_ms_per_token({1: 100.0}) == 100.0  # plain decoding: one token a pass
+
+
+def test_off_wins_where_dear_verify_passes_outweigh_a_cheaper_prefill():
+    choice = flash_attn.decide(OFF, ON_DEAR_VERIFY)
+    assert not choice.on
+    assert choice.turn_ms["off"] == pytest.approx(10.0 + 200 / sum(0.8 ** i for i in range(8)))
+    assert choice.turn_ms["on"] == pytest.approx(5.0 + 100.0)  # its cheapest: plain decoding
+    assert "off" in choice.reason and "2048" in choice.reason
+
+
+def test_on_wins_where_it_is_cheaper_at_both_and_a_tie_keeps_it_off():
+    assert flash_attn.decide(OFF, ON_CHEAP).on
+    assert not flash_attn.decide(OFF, dict(OFF)).on
+
+
+def test_a_choice_round_trips_through_its_dict_and_a_bad_one_is_refused():
+    choice = flash_attn.decide(OFF, ON_CHEAP)
+    assert flash_attn.Choice.from_dict(choice.to_dict()) == choice
+    with pytest.raises(TypeError):
+        flash_attn.Choice.from_dict({**choice.to_dict(), "on": "yes"})
+
+
+def test_measure_at_depth_times_a_chunk_and_each_size_after_the_context_and_empties_the_cache():
+    clock = Clock()
+    fake = FakeBackend(n_ctx=600, n_batch=64, clock=clock, cost=lambda b: 10.0 + 2.0 * b)
+    m = measure_at_depth(fake, depth=4096, sizes=(1, 8), chunk=256, repeats=3, clock=clock)
+    assert m["chunk"] == 64 and m["depth"] == 600 - 64  # the chunk fits one batch, the depth the context window
+    assert m["chunk_ms"] == pytest.approx(10.0 + 2.0 * 64)
+    assert m["ms"] == {1: pytest.approx(12.0), 8: pytest.approx(26.0)}
+    assert len(fake.tokens) == 0
+
+
+def test_measure_times_both_settings_each_in_its_own_backend_and_decides():
+    clock = Clock()
+    opened = []
+
+    def backend(on: bool) -> FakeBackend:
+        # on: prefill chunk cheap, every verify pass over several rows dear; off: the other way round
+        cost = (lambda b: 5.0 * b if b > 16 else 100.0 * b) if on else (lambda b: 10.0 * b if b > 16 else 60.0 + 10 * b)
+        fake = FakeBackend(n_ctx=2600, n_batch=512, clock=clock, cost=cost)
+        opened.append((on, fake))
+        return fake
+
+    choice = flash_attn.measure("unused.gguf", backend=backend, depth=2048, clock=clock)
+    assert [on for on, _ in opened] == [False, True]
+    assert all(len(fake.tokens) == 0 for _, fake in opened)
+    assert choice.ms["off"]["ms"] == pytest.approx({"1": 70.0, "4": 100.0, "8": 140.0, "16": 220.0})
+    assert choice.ms["on"]["chunk_ms"] == pytest.approx(1280.0)
+    # off: 10 ms a prompt token + 140 ms / 4.16 tokens at b = 8; on: 5 ms + 100 ms (plain decoding is its cheapest)
+    assert choice.turn_ms == {"off": pytest.approx(10.0 + 140 / sum(0.8 ** i for i in range(8))),
+                              "on": pytest.approx(105.0)}
+    assert not choice.on
+
+
+def test_the_choice_is_kept_beside_the_curve_and_neither_overwrites_the_other(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDEC_VERIFY_CURVE")  # curves (and choices) kept
+    from specdec_cli.core.verify_curve import VerifyCurve
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    key = learnt.curve_key(model, 2)
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
+    assert learnt.load_curve(key) is None  # a choice alone is no curve (and no warning)
+    learnt.save_curve(key, VerifyCurve(ms=(20.0, 30.0)), model)
+    assert learnt.load_flash_attn(key)["on"] is False
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_CHEAP).to_dict())
+    assert learnt.load_curve(key).ms == (20.0, 30.0)
+    assert learnt.load_flash_attn(key)["on"] is True
+
+
+def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp_auto(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    assert flash_attn_for(model, 2, {}) is None  # nothing measured: llama.cpp's auto
+    learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
+    assert flash_attn_for(model, 2, {}) is False
+    assert flash_attn_for(model, 4, {}) is None  # measured for 2 threads only
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "on"}) is True
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "OFF"}) is False
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "auto"}) is False
+    with pytest.raises(ConfigError, match=FLASH_ATTN_ENV):
+        flash_attn_for(model, 2, {FLASH_ATTN_ENV: "maybe"})
+
+
+def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from specdec_cli.cli.commands import doctor
+    from specdec_cli.core.verify_curve import VerifyCurve
+
+    monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    key = learnt.curve_key(model, None)  # doctor shows the default thread count's curves
+    learnt.save_curve(key, VerifyCurve(ms=(20.0, 30.0)), model)
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
+    console = Console(width=400, record=True)
+    for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):
+        console.print(part)
+    text = console.export_text()
+    assert "flash attention off (measured at 2048 tokens of context" in text
+    assert "v(8) 200 / 800" in text
+    monkeypatch.setenv(FLASH_ATTN_ENV, "on")
+    console = Console(width=400, record=True)
+    for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):
+        console.print(part)
+    assert f"flash attention: on ({FLASH_ATTN_ENV})" in console.export_text()
+
+
+def test_reports_say_which_kernels_the_target_runs_and_why(monkeypatch):
+    from pathlib import Path
+
+    from specdec_cli.session import Session, kernels_line
+
+    fake = FakeBackend()
+    session = Session(target=fake, target_path=Path("fake.gguf"))
+    assert session.kernels()["flash_attn"].startswith("auto (llama.cpp's auto; not measured here")
+    fake.flash_attn = False  # as LlamaBackend records what it was loaded with
+    assert session.kernels()["flash_attn"].startswith("off (measured here")
+    monkeypatch.setenv(FLASH_ATTN_ENV, "off")
+    assert session.kernels()["flash_attn"] == f"off ({FLASH_ATTN_ENV})"
+    line = kernels_line(session.kernels())
+    assert line.startswith("AMX kernels: ") and f"flash attention: off ({FLASH_ATTN_ENV})" in line
+    assert kernels_line(None) == ""
