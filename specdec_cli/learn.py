@@ -11,8 +11,8 @@ ones (lock files, minified and source-map files, protobuf output, a file whose h
 files past the corpus's size cap.
 
 Incremental: a file whose size and mtime are the ones the manifest recorded keeps its tokens (copied from the old
-index, never tokenized again); a file under a learnt root that is gone is forgotten; nothing changed = nothing
-written (an unchanged tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything
+index, never tokenized again); a file under a learnt root that is gone is forgotten; an index of an older format
+(version 1: 4-byte tokens) is rewritten in this one, its tokens kept; nothing changed = nothing written (an unchanged tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything
 changed (numpy, ~1 s per million tokens).
 """
 
@@ -61,6 +61,7 @@ class LearnReport:
     size_bytes: int = 0  # on disk after the run
     seconds: float = 0.0
     written: bool = False  # False: nothing changed, nothing written
+    upgraded: bool = False  # an index of an older format was rewritten in this one (its tokens kept)
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -247,8 +248,9 @@ def learn(paths: Sequence[Path | str], *, tokenize: Callable[[str], Sequence[int
         gone = [e for e in (old.files if old is not None else [])
                 if any(_under(e.path, r) for r in root_strs) and e.path not in found]
         report.forgotten = len(gone)
-        changed = (changed or bool(gone) or old is None or known_roots != list(old.meta.get("roots", ()))
-                   or excluded != list(old.meta.get("excluded", [])))
+        report.upgraded = old is not None and old.version != store.VERSION
+        changed = (changed or bool(gone) or old is None or report.upgraded
+                   or known_roots != list(old.meta.get("roots", ())) or excluded != list(old.meta.get("excluded", [])))
         if changed:
             report.size_bytes = store.write(directory, fingerprint=fingerprint, name=name, roots=known_roots,
                                              segments=segments, entries_=out_entries, extra={"excluded": excluded})

@@ -4,6 +4,8 @@ tokenizer and fake backend; tests/test_learn_real.py does it with a small real m
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -57,7 +59,7 @@ def test_a_rerun_tokenizes_only_what_changed_and_forgets_deleted_files(tmp_path)
     first = run(root, tok)
     assert first.written and first.files == 5 and first.tokenized_files == 5 and len(tok.texts) == 5
     assert first.tokens == sum(len(p.read_bytes()) for p in root.iterdir())
-    assert first.size_bytes <= store.BYTES_PER_TOKEN * (first.tokens + first.files) + 4096  # <= 8 bytes a token
+    assert first.size_bytes <= store.BYTES_PER_TOKEN * (first.tokens + first.files) + 4096  # <= 7 bytes a token
 
     tok.texts.clear()
     again = run(root, tok)
@@ -146,14 +148,15 @@ def test_a_corrupt_index_is_set_aside_with_a_warning(tmp_path, damage):
     root = make_tree(tmp_path / "proj", 2)
     report = run(root, CountingTokenizer())
     d = report.directory
-    gen = store.read_manifest(d)["generation"]
+    meta = store.read_manifest(d)
+    tok_path, sa_path = store._arrays(d, meta["generation"], store.token_bytes(meta))
     if damage == "manifest":
         (d / store.MANIFEST).write_text("{not json")
     elif damage == "truncated tokens":
-        p = d / f"tokens-{gen}.be32"
+        p = tok_path
         p.write_bytes(p.read_bytes()[:-8])
     else:
-        p = d / f"sa-{gen}.i32"
+        p = sa_path
         p.write_bytes(np.full(len(p.read_bytes()) // 4, 1 << 30, dtype=np.int32).tobytes())
     drafter = CorpusDrafter(store.CorpusSet(data_dir(), FP))
     with pytest.warns(store.CorpusWarning, match="was unusable.*moved it to proj.corrupt-"):
@@ -163,6 +166,113 @@ def test_a_corrupt_index_is_set_aside_with_a_warning(tmp_path, damage):
     # a new learn starts afresh beside it
     fresh = run(root, CountingTokenizer())
     assert fresh.written and fresh.files == 2
+
+
+# -- the index's format ---------------------------------------------------------------------------------------
+
+
+def write_corpus(name: str, docs: list[np.ndarray]) -> Path:
+    d = store.tokenizer_dir(data_dir(), FP) / name
+    with store.files.lock(store.lock_path(d), 5):
+        store.write(d, fingerprint=FP, name=name, roots=["/nowhere"], segments=docs,
+                    entries_=[(f"/nowhere/f{i}", 1, 1) for i in range(len(docs))])
+    return d
+
+
+def lookups(corpus, contexts, max_len=12):
+    """(match, continuation, probs) of each context, as the corpus drafter finds them."""
+    out = []
+    for ctx in contexts:
+        m, lo, hi = corpus.longest_match(ctx, 64)
+        c = corpus.walk(lo, hi, m, max_len, 0.0) if m else None
+        out.append((m, hi - lo, c.tokens.tolist() if c else [], c.probs.round(9).tolist() if c else []))
+    return out
+
+
+@pytest.mark.parametrize("top", [300, 0xFFFFFE])
+def test_three_byte_tokens_draft_as_the_tokens_themselves_do(top):
+    from specdec_cli.stores.suffix_index import Corpus
+
+    rng = np.random.default_rng(7)
+    base = np.array([0, 1, 255, 256, 65535, 65536, top - 1, top], dtype=np.int32)  # byte edges, the widest id
+    # repetitive documents (many occurrences: the walk's exact and sampled child counts), ids at the byte edges
+    docs = [rng.choice(base, size=int(n)).astype(np.int32) for n in rng.integers(50, 400, size=40)]
+    docs += [np.tile(base[:5], 600).astype(np.int32)]
+    d = write_corpus("packed", docs)
+    meta = store.read_manifest(d)
+    assert meta["version"] == store.VERSION == 2 and store.token_bytes(meta) == 3
+    info = store.info(d)
+    assert info.size_bytes <= 7 * (info.n_tokens + info.n_files) + 400 * info.n_files + 1024  # 3 + 4 bytes a token
+    mapped = store.Mapped(d, FP)
+    assert [mapped.segment(e).tolist() for e in mapped.files] == [x.tolist() for x in docs]
+    contexts = [rng.choice(base, size=int(n)).astype(np.int32) for n in rng.integers(1, 30, size=300)]
+    contexts += [doc[a : a + 20] for doc in docs for a in (0, 17)]
+    contexts += [np.array([top, top + 1], dtype=np.int32), np.array([0xFFFFFF + 5, 1, 255], dtype=np.int32)]
+    assert lookups(mapped.corpus, contexts) == lookups(Corpus.build(docs), contexts)
+
+
+def test_an_id_too_wide_for_three_bytes_keeps_four():
+    docs = [np.array([5, 0xFFFFFF, 6, 5, 0x1000000, 7], dtype=np.int32)]
+    d = write_corpus("wide", docs)
+    assert store.token_bytes(store.read_manifest(d)) == 4
+    corpus = store.Mapped(d, FP).corpus
+    m, lo, hi = corpus.longest_match(np.array([9, 5, 0x1000000], dtype=np.int32), 64)
+    assert m == 2 and corpus.walk(lo, hi, m, 4, 0.0).tokens.tolist() == [7]
+
+
+def write_version_1(name: str, docs: list[np.ndarray]) -> Path:
+    """An index as the first `specdec learn` wrote it: 4-byte big-endian tokens (`.be32`), version 1."""
+    from specdec_cli.stores.suffix_index import _concat, suffix_array
+
+    d = store.tokenizer_dir(data_dir(), FP) / name
+    d.mkdir(parents=True)
+    tokens, starts = _concat(docs)
+    tokens.astype(">i4").tofile(d / "tokens-0123456789ab.be32")
+    suffix_array(tokens).astype(np.int32).tofile(d / "sa-0123456789ab.i32")
+    files_ = [[f"/nowhere/f{i}", 1, 1, int(a), len(x)] for i, (a, x) in enumerate(zip(starts, docs))]
+    (d / store.MANIFEST).write_text(json.dumps({
+        "format": "specdec-corpus", "version": 1, "fingerprint": FP, "name": name, "roots": ["/nowhere"],
+        "generation": "0123456789ab", "n_tokens": int(sum(len(x) for x in docs)), "updated": 0.0, "files": files_}))
+    return d
+
+
+def test_a_version_1_index_is_read_then_rewritten_by_learn_without_tokenizing(tmp_path):
+    root = make_tree(tmp_path / "proj", 3)
+    tok = CountingTokenizer()
+    first = run(root, tok)
+    docs = [m for m in (store.Mapped(first.directory).segment(e) for e in store.Mapped(first.directory).files)]
+    entries = [(e.path, e.size, e.mtime_ns) for e in store.Mapped(first.directory).files]
+    shutil.rmtree(first.directory)
+    d = write_version_1("proj", docs)
+    meta = json.loads((d / store.MANIFEST).read_text())
+    meta["roots"], meta["files"] = [str(root.resolve())], [[p, s, m, f[3], f[4]]
+                                                          for (p, s, m), f in zip(entries, meta["files"])]
+    (d / store.MANIFEST).write_text(json.dumps(meta))
+    old = store.Mapped(d, FP)  # read as it is: 4-byte tokens
+    assert old.version == 1 and [old.segment(e).tolist() for e in old.files] == [x.tolist() for x in docs]
+    ctx = docs[1][:9]
+    before = lookups(old.corpus, [ctx])
+    assert before[0][0] == 9 and before[0][2]
+
+    tok.texts.clear()
+    again = run(root, tok)
+    assert again.written and again.upgraded and again.unchanged == 3 and tok.texts == []  # nothing tokenized
+    meta = store.read_manifest(d)
+    assert meta["version"] == 2 and store.token_bytes(meta) == 3
+    assert sorted(p.name.split("-")[0] for p in d.iterdir()) == ["manifest.json", "sa", "tokens"]  # v1's arrays gone
+    assert lookups(store.Mapped(d, FP).corpus, [ctx]) == before
+    assert not run(root, tok).written  # and then it is simply up to date
+
+
+def test_an_index_of_an_unknown_version_is_set_aside_never_misread():
+    d = write_version_1("future", [np.arange(5, 20, dtype=np.int32)])
+    meta = json.loads((d / store.MANIFEST).read_text())
+    meta["version"] = 3
+    (d / store.MANIFEST).write_text(json.dumps(meta))
+    drafter = CorpusDrafter(store.CorpusSet(data_dir(), FP))
+    with pytest.warns(store.CorpusWarning, match="format version 3 .*moved it to future.corrupt-"):
+        drafter.begin(np.arange(3, dtype=np.int32))
+    assert drafter.corpora.mapped == [] and not d.exists()
 
 
 # -- the corpus as a draft source -----------------------------------------------------------------------------
@@ -193,6 +303,60 @@ def test_the_corpus_drafts_its_continuation_with_frequencies(tmp_path):
     assert d.probs.tolist()[:2] == [1.0, 1.0] and d.probs[2] == pytest.approx(2 / 3)
     # a match shorter than min_match drafts nothing
     assert not len(drafter.propose(np.array([20, 21, 9], dtype=np.int32), 8, None, None))
+
+
+def count_occurrences(tokens: list[int], pattern: list[int]) -> int:
+    m = len(pattern)
+    return sum(tokens[i : i + m] == pattern for i in range(len(tokens) - m + 1))
+
+
+@pytest.mark.parametrize("min_count", [1, 2, 3, 5])
+def test_longest_match_with_min_count_is_the_longest_suffix_found_that_often(min_count):
+    from specdec_cli.stores.suffix_index import Corpus
+
+    rng = np.random.default_rng(min_count)
+    docs = [rng.integers(0, 4, size=int(n)).astype(np.int32) for n in rng.integers(20, 200, size=12)]
+    corpus = Corpus.build(docs)
+    flat = [t for d in docs for t in [*d.tolist(), -1]]
+    for _ in range(200):
+        ctx = rng.integers(0, 4, size=int(rng.integers(1, 12))).astype(np.int32).tolist()
+        want = max((m for m in range(1, len(ctx) + 1) if count_occurrences(flat, ctx[-m:]) >= min_count), default=0)
+        m, lo, hi = corpus.longest_match(np.array(ctx, dtype=np.int32), 64, min_count=min_count)
+        assert m == want
+        if m:
+            assert hi - lo == count_occurrences(flat, ctx[-m:]) >= min_count
+
+
+def test_the_corpus_drafts_what_several_files_agree_on_not_what_one_file_says(tmp_path):
+    target = FakeBackend(hashed_logits, n_ctx=1024)
+    idiom = [10, 11, 12, 13, 14]  # "runner.invoke(cli" in several test files
+    one_file = [5, 5, *idiom, 15, 16, 17, 18]  # ... and once after "5 5" with its own arguments
+    tails = [[20, 21, 24], [20, 21, 25], [20, 21, 26], [22, 23, 27]]  # what the idiom's other occurrences go on with
+    fake_corpus(tmp_path, target, one_file + [2] + [t for x in tails for t in [*idiom, *x]])
+    drafter = CorpusDrafter(store.CorpusSet(data_dir(), target.vocab_info().fingerprint))
+    drafter.begin(np.array([1], dtype=np.int32))
+    # the longest match (5 5 10 11 12) is one file's: its suffix found 5 times (10 11 12) decides instead, and the
+    # draft stops where fewer than 2 occurrences go on (24, 25, 26)
+    d = drafter.propose(np.array([7, 5, 5, 10, 11, 12], dtype=np.int32), 16, None, None)
+    assert d.match_len == 3 and d.tokens.tolist() == [13, 14, 20, 21]
+    assert d.probs.tolist() == pytest.approx([1.0, 1.0, 0.6, 1.0])
+    # no suffix of 3 tokens found 3 times: the longest match's continuation, as weak evidence (probabilities halved)
+    drafter.begin(np.array([1], dtype=np.int32))  # another generation (the match-length hint holds within one)
+    d = drafter.propose(np.array([5, 5, 10, 11, 12, 13, 14, 15], dtype=np.int32), 3, None, None)
+    assert d.match_len == 8 and d.tokens.tolist() == [16, 17, 18] and d.probs.tolist() == pytest.approx([0.5] * 3)
+
+
+def test_a_long_match_copies_its_file(tmp_path):
+    target = FakeBackend(hashed_logits, n_ctx=1024)
+    doc = np.random.default_rng(3).permutation(np.tile(np.arange(2, 30), 2))[:40].tolist()
+    fake_corpus(tmp_path, target, doc)
+    drafter = CorpusDrafter(store.CorpusSet(data_dir(), target.vocab_info().fingerprint), copy_match=16)
+    drafter.begin(np.array([1], dtype=np.int32))
+    d = drafter.propose(np.array(doc[:20], dtype=np.int32), 8, None, None)
+    assert d.match_len == 20 and d.tokens.tolist() == doc[20:28] and d.probs.tolist() == [1.0] * 8
+    drafter.begin(np.array([1], dtype=np.int32))
+    d = drafter.propose(np.array([31, *doc[:15]], dtype=np.int32), 8, None, None)  # 15 < 16 tokens: weak
+    assert d.match_len == 15 and d.tokens.tolist() == doc[15:23] and d.probs.tolist() == [0.5] * 8
 
 
 def test_auto_drafts_from_the_corpus_losslessly_and_learns_its_acceptance(tmp_path):

@@ -516,7 +516,7 @@ def learn(
                                       "matched against the path relative to the folder, or the file name)."),
     exclude: list[str] = typer.Option(None, "--exclude", help="Leave out files matching this glob (repeatable)."),
     max_tokens: int = typer.Option(20_000_000, "--max-tokens", min=1, help="Size cap of the corpus, in tokens "
-                                   "(8 bytes on disk each); files past it are skipped and counted."),
+                                   "(7 bytes on disk each); files past it are skipped and counted."),
     max_file_bytes: int = typer.Option(1_000_000, "--max-file-bytes", min=1, help="Files larger than this are "
                                        "skipped as huge."),
     list_: bool = typer.Option(False, "--list", help="List the corpora learnt: files, tokens, size, roots."),
@@ -527,7 +527,7 @@ def learn(
 
     Inside a git work tree it reads the tracked files (and new ones .gitignore does not exclude); elsewhere every
     file. Binary, huge and generated files are skipped and counted. The files are tokenized with the target's
-    tokenizer into an index kept beside the suffix store (one per tokenizer and name, 8 bytes a token,
+    tokenizer into an index kept beside the suffix store (one per tokenizer and name, 7 bytes a token,
     memory-mapped). Run it again after changes: only the files that changed are tokenized, and deleted files are
     forgotten.
     """

@@ -7,14 +7,20 @@ suffix store's `Corpus` (`specdec_cli.stores.suffix_index`: `longest_match`, `wa
 
 One corpus per name and tokenizer, in `<data_dir>/corpus/<fingerprint[:16]>/<name>/`:
 
-    manifest.json          {"format": "specdec-corpus", "version": 1, "fingerprint", "name", "roots": [abs paths],
-                            "generation": <hex>, "n_tokens", "updated", "files": [[path, size, mtime_ns, start,
-                            n_tokens], ...]} (file i's tokens are tokens[start : start + n_tokens], then -1)
-    tokens-<generation>.be32   int32 big-endian [T]: the files' tokens, each followed by the separator -1
-                               (big-endian: the bytes compare as the tokens do, so lookups bisect the map itself)
+    manifest.json          {"format": "specdec-corpus", "version": 2, "fingerprint", "name", "roots": [abs paths],
+                            "generation": <hex>, "token_bytes": 3 | 4, "n_tokens", "updated", "files": [[path,
+                            size, mtime_ns, start, n_tokens], ...]} (file i's tokens are tokens[start : start +
+                            n_tokens], then the separator)
+    tokens-<generation>.be24   the files' tokens, each followed by the separator, big-endian unsigned in 3 bytes
+                               (every id below 0xFFFFFF; the separator is 0xFFFFFF), or in 4 bytes (`.be32`, the
+                               separator 0xFFFFFFFF) for a vocabulary wider than that: big-endian, so the bytes
+                               compare as the tokens do and lookups bisect the map itself
     sa-<generation>.i32        int32 native [T]: the suffix array (`suffix_array`: sorted by their first 128 tokens)
 
-8 bytes of index per corpus token (and one separator per file). A writer (`write`) holds `<name>.lock` beside the
+7 bytes of index per corpus token (3 + 4; 8 with 4-byte tokens), one separator per file, and the manifest (~100 bytes
+a file). Version 1 (4-byte tokens, no "token_bytes") is read as it was, and `specdec learn` rewrites it as version 2
+(its tokens kept, nothing tokenized again); any other version is set aside, as a damaged index is. A writer
+(`write`) holds `<name>.lock` beside the
 directory, writes a new generation's two arrays, then the manifest (each atomically: `specdec_cli.files.staged`), then
 deletes the old generation's arrays; a reader that mapped them keeps its maps (POSIX). An unreadable manifest or
 arrays that disagree with it: the directory is renamed `<name>.corrupt-<timestamp>` with a one-line
@@ -37,16 +43,18 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, _concat, suffix_array
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, PackedTokens, _be_bytes, _concat, suffix_array
 from specdec_cli.errors import reason
 from specdec_cli import files
 
 FORMAT = "specdec-corpus"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1: 4-byte tokens (`.be32`), no "token_bytes"; rewritten as version 2 by the next learn
 MANIFEST = "manifest.json"
-DEFAULT_MAX_TOKENS = 20_000_000  # the size cap of one corpus: 160 MB of index
+DEFAULT_MAX_TOKENS = 20_000_000  # the size cap of one corpus: 140 MB of index
 LOCK_TIMEOUT_S = 30.0
-BYTES_PER_TOKEN = 8  # tokens (4) + suffix array (4)
+BYTES_PER_TOKEN = 7  # tokens (3) + suffix array (4), for a vocabulary below 0xFFFFFF ids
+_WIDE = 0xFFFFFF  # an id at or above this needs 4-byte tokens
 
 
 class CorpusWarning(UserWarning):
@@ -107,8 +115,11 @@ class CorpusInfo:
 def _check_manifest(meta: object, directory: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CorruptCorpus("not a specdec corpus")
-    if meta.get("version") != VERSION:
-        raise CorruptCorpus(f"format version {meta.get('version')} (this specdec reads version {VERSION})")
+    if meta.get("version") not in READS:
+        raise CorruptCorpus(f"format version {meta.get('version')} (this specdec reads versions "
+                            f"{', '.join(map(str, READS))})")
+    if meta.get("token_bytes", 4) not in (3, 4) or (meta["version"] == 1 and "token_bytes" in meta):
+        raise CorruptCorpus(f"{meta.get('token_bytes')}-byte tokens")
     fp = meta.get("fingerprint")
     if not isinstance(fp, str) or not fp or directory.parent.name != fp[:16]:
         raise CorruptCorpus("its tokenizer does not match its folder")
@@ -136,8 +147,13 @@ def entries(meta: dict) -> list[FileEntry]:
         raise CorruptCorpus("a malformed file entry in its manifest") from e
 
 
-def _arrays(directory: Path, generation: str) -> tuple[Path, Path]:
-    return directory / f"tokens-{generation}.be32", directory / f"sa-{generation}.i32"
+def token_bytes(meta: dict) -> int:
+    """Bytes a token in the manifest's token array: 3 or 4 (version 1: 4)."""
+    return int(meta.get("token_bytes", 4))
+
+
+def _arrays(directory: Path, generation: str, width: int = 3) -> tuple[Path, Path]:
+    return directory / f"tokens-{generation}.be{8 * width}", directory / f"sa-{generation}.i32"
 
 
 def info(directory: Path) -> CorpusInfo:
@@ -198,14 +214,17 @@ class Mapped:
         self.name = str(meta.get("name", self.directory.name))
         self.generation = meta["generation"]
         self.files = entries(meta)
-        tok_path, sa_path = _arrays(self.directory, self.generation)
+        self.version = int(meta["version"])
+        w = token_bytes(meta)
+        tok_path, sa_path = _arrays(self.directory, self.generation, w)
         t = sum(e.n_tokens + 1 for e in self.files)
         self._maps: list[mmap.mmap] = []
         if t == 0:
             self.corpus = Corpus.empty()
             return
-        tok_map, sa_map = self._map(tok_path, 4 * t), self._map(sa_path, 4 * t)
-        tokens = np.frombuffer(tok_map, dtype=">i4")  # [T] big-endian int32
+        tok_map, sa_map = self._map(tok_path, w * t), self._map(sa_path, 4 * t)
+        # [T] read as int32, the separator as -1: big-endian int32 over the map, or the 3-byte ids unpacked as read
+        tokens = np.frombuffer(tok_map, dtype=">i4") if w == 4 else PackedTokens(tok_map, 3)
         sa = np.frombuffer(sa_map, dtype=np.int32)  # [T]
         starts = np.array([e.start for e in self.files] + [t], dtype=np.int64)
         ends = starts[1:] - 1  # each file's separator
@@ -215,7 +234,7 @@ class Mapped:
         lo, hi = (int(sa[0]), int(sa[-1])) if t < 4 else (int(sa.min()), int(sa.max()))
         if lo < 0 or hi >= t:
             raise CorruptCorpus("its suffix array points outside its tokens")
-        corpus = Corpus(tokens, starts, np.zeros(len(self.files)), sa)
+        corpus = Corpus(tokens, starts, np.zeros(len(self.files)), sa, width=w)
         corpus._buf = tok_map  # the map's bytes are the lookups' big-endian token string: nothing is copied
         self.corpus = corpus
 
@@ -292,21 +311,24 @@ class CorpusSet:
 def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str], segments: Sequence[np.ndarray],
           entries_: Sequence[tuple[str, int, int]], extra: dict | None = None) -> int:
     """Write a corpus: `segments[i]` (int32 [n_i] token ids >= 0) is the file `entries_[i]` = (path, size,
-    mtime_ns). Builds the suffix array, writes a new generation and its manifest, deletes the old generation.
-    The caller holds `lock_path(directory)`. Returns the bytes on disk. Raises OSError."""
+    mtime_ns). Builds the suffix array, writes a new generation (3-byte tokens unless an id is >= 0xFFFFFF) and
+    its manifest, deletes the old generation. The caller holds `lock_path(directory)`. Returns the bytes on disk.
+    Raises OSError."""
     directory = Path(directory)
     files.private_dir(directory)
     tokens, starts = _concat(segments)  # [T] each file's tokens then -1; [D+1] where each starts
     sa = suffix_array(tokens, WINDOW)
+    width = 4 if tokens.size and int(tokens.max()) >= _WIDE else 3
     generation = uuid.uuid4().hex[:12]
-    tok_path, sa_path = _arrays(directory, generation)
+    tok_path, sa_path = _arrays(directory, generation, width)
     with files.staged(tok_path) as tmp:
-        tokens.astype(">i4").tofile(tmp)
+        Path(tmp).write_bytes(_be_bytes(tokens, width))
     with files.staged(sa_path) as tmp:
         sa.astype(np.int32).tofile(tmp)
     meta = {
         "format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "name": name, "roots": list(roots),
-        "generation": generation, "n_tokens": int(tokens.size - len(segments)), "updated": time.time(),
+        "generation": generation, "token_bytes": width, "n_tokens": int(tokens.size - len(segments)),
+        "updated": time.time(),
         "files": [FileEntry(p, s, m, int(a), len(seg)).to_list()
                   for (p, s, m), a, seg in zip(entries_, starts[:-1], segments)],
         **(extra or {}),

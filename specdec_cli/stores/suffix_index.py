@@ -38,9 +38,52 @@ _EXACT = 1024  # walk steps over at most this many occurrences count the childre
 _SAMPLES = 128  # ... above, they sample this many occurrences and bisect the few candidate children
 
 
-def _be_bytes(tokens: np.ndarray) -> bytes:
-    """int32 [n] -> 4n bytes, big-endian uint32: bytes order = lexicographic token order (-1 sorts last)."""
-    return np.asarray(tokens, dtype=np.int32).view(np.uint32).astype(">u4").tobytes()
+def _be_bytes(tokens: np.ndarray, width: int = 4) -> bytes:
+    """int32 [n] -> width·n bytes, big-endian unsigned: bytes order = lexicographic token order (-1 sorts last).
+    width 3 keeps the low 24 bits (the separator -1 becomes 0xFFFFFF, still after every token below it)."""
+    be = np.asarray(tokens, dtype=np.int32).view(np.uint32).astype(">u4")
+    return be.tobytes() if width == 4 else be.view(np.uint8).reshape(-1, 4)[:, 4 - width :].tobytes()
+
+
+class PackedTokens:
+    """Tokens stored big-endian in `width` bytes each (3: ids below 0xFFFFFF, the separator as 0xFFFFFF), read as
+    int32 (the separator as -1): what `Corpus` needs of its `tokens` (len, slices, integer-array indexing) over a
+    memory map of the packed bytes, without unpacking the whole array."""
+
+    __slots__ = ("_u8", "width", "_sep")
+
+    def __init__(self, data: bytes | memoryview, width: int = 3) -> None:
+        self._u8 = np.frombuffer(data, dtype=np.uint8)  # [width·T]
+        self.width = width
+        self._sep = (1 << (8 * width)) - 1
+
+    def __len__(self) -> int:
+        return len(self._u8) // self.width
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._u8)
+
+    def _unpack(self, rows: np.ndarray) -> np.ndarray:
+        """uint8 [n, width] -> int32 [n]."""
+        out = np.zeros(len(rows), dtype=np.int32)
+        for j in range(self.width):
+            out = (out << 8) | rows[:, j]
+        out[out == self._sep] = SEP
+        return out
+
+    def __getitem__(self, index: slice | np.ndarray) -> np.ndarray:
+        w = self.width
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise IndexError("PackedTokens: slices with a step are not supported")
+            return self._unpack(self._u8[w * start : w * max(start, stop)].reshape(-1, w))
+        idx = np.asarray(index, dtype=np.int64)
+        flat = idx.reshape(-1)
+        flat = np.where(flat < 0, flat + len(self), flat)
+        rows = self._u8[(w * flat)[:, None] + np.arange(w)]  # [n, width]
+        return self._unpack(rows).reshape(idx.shape)
 
 
 def suffix_array(tokens: np.ndarray, window: int = WINDOW) -> np.ndarray:
@@ -125,12 +168,16 @@ class Corpus:
     Build one with `Corpus.build(docs)`; `with_documents` and `evicted` return new corpora. Lookups build the
     big-endian byte string of `tokens` (4T bytes) lazily, so a store of 300k tokens costs ~4 MB in memory (12 bytes
     per token). A suffix array that is not sorted (a hand-made file) gives poor drafts, never an exception.
+    A learnt corpus (`specdec_cli.stores.corpus`) is read with `width` 3: its `tokens` a `PackedTokens` and its
+    byte string the 3-byte map itself; `with_documents` and `evicted` are for in-memory (width 4) corpora only.
     """
 
-    __slots__ = ("tokens", "offsets", "added", "sa", "_buf", "_sav")
+    __slots__ = ("tokens", "offsets", "added", "sa", "_buf", "_sav", "width")
 
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, added: np.ndarray, sa: np.ndarray) -> None:
-        self.tokens = tokens  # int32 [T]
+    def __init__(self, tokens: np.ndarray | PackedTokens, offsets: np.ndarray, added: np.ndarray, sa: np.ndarray,
+                 width: int = 4) -> None:
+        self.tokens = tokens  # int32 [T] (or a PackedTokens read as int32)
+        self.width = width  # bytes a token in the lookups' byte string (`_buf`): 4, or 3 (`PackedTokens`)
         self.offsets = offsets  # int64 [D+1]
         self.added = added  # float64 [D]
         self.sa = sa  # int32 [T]
@@ -218,7 +265,7 @@ class Corpus:
 
     def _bytes(self) -> bytes:
         if self._buf is None:
-            self._buf = _be_bytes(self.tokens)
+            self._buf = _be_bytes(self.tokens, self.width)
         return self._buf
 
     def _sa_view(self) -> memoryview:
@@ -228,28 +275,38 @@ class Corpus:
             self._sav = memoryview(self.sa)
         return self._sav
 
-    def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None) -> tuple[int, int, int]:
-        """The longest suffix of `context` (int32 [n]) that occurs in the corpus, at most `max_depth` tokens.
+    def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None,
+                      min_count: int = 1) -> tuple[int, int, int]:
+        """The longest suffix of `context` (int32 [n]) that occurs in the corpus at least `min_count` times, at most
+        `max_depth` tokens.
 
         Returns (m, lo, hi): the match length and the range sa[lo:hi] of its occurrences (0, 0, 0 when not even
-        the last token occurs). A binary search over m (a suffix of an occurring pattern occurs), each probe a
-        `bisect` of the suffix array (~20 comparisons, ~15 µs). `upper`, a known bound on m, saves probes: when
-        the context grew by `a` tokens since a lookup that matched m' tokens, m <= m' + a, and m = m' + a is
-        probed first (it holds while the output keeps copying a stored document).
+        the last token occurs so often). A binary search over m (a suffix of a pattern occurs at least as often as
+        the pattern), each probe a `bisect` of the suffix array (~20 comparisons, ~15 µs; the count is one more
+        comparison, the occurrences being contiguous). `upper`, a known bound on m, saves probes: when the context
+        grew by `a` tokens since a lookup that matched m' tokens (with the same `min_count`), m <= m' + a, and
+        m = m' + a is probed first (it holds while the output keeps copying a stored document).
         """
         top = min(len(context), max_depth, WINDOW - 1)
         if upper is not None:
             top = min(top, upper)
+        w = self.width
+        if w < 4 and top > 0:  # an id too wide for the packed tokens occurs nowhere: the match starts after it
+            wide = np.flatnonzero(np.asarray(context[len(context) - top :]).view(np.uint32) >= (1 << (8 * w)) - 1)
+            top = top - 1 - int(wide[-1]) if len(wide) else top
         if top <= 0 or len(self.tokens) == 0:
             return 0, 0, 0
         buf, sav = self._bytes(), self._sa_view()
-        tail = _be_bytes(context[len(context) - top :])
+        tail = _be_bytes(context[len(context) - top :], w)
         n = len(sav)
 
-        def find(m: int) -> int:
-            pat, size = tail[4 * (top - m) :], 4 * m
-            lo = bisect_left(sav, pat, key=lambda p: buf[4 * p : 4 * p + size])
-            return lo if lo < n and buf[4 * sav[lo] : 4 * sav[lo] + size] == pat else -1
+        last = max(min_count, 1) - 1
+
+        def find(m: int) -> int:  # the first occurrence of the last m tokens, -1: fewer than min_count of them
+            pat, size = tail[w * (top - m) :], w * m
+            lo = bisect_left(sav, pat, key=lambda p: buf[w * p : w * p + size])
+            at = lo + last
+            return lo if at < n and buf[w * sav[at] : w * sav[at] + size] == pat else -1
 
         best_m, best_lo, lo_m, hi_m = 0, 0, 1, top
         if upper is not None and top > 1:  # try the bound first
@@ -267,8 +324,8 @@ class Corpus:
                 best_m, best_lo, lo_m = mid, at, mid + 1
         if best_m == 0:
             return 0, 0, 0
-        pat, size = tail[4 * (top - best_m) :], 4 * best_m
-        hi = bisect_right(sav, pat, lo=best_lo, key=lambda p: buf[4 * p : 4 * p + size])
+        pat, size = tail[w * (top - best_m) :], w * best_m
+        hi = bisect_right(sav, pat, lo=best_lo, key=lambda p: buf[w * p : w * p + size])
         return best_m, best_lo, hi
 
     def walk(self, lo: int, hi: int, depth: int, max_len: int, min_prob: float) -> Continuation:
@@ -355,16 +412,16 @@ class Corpus:
             return None
         near = (hits >= top - 2) & (vals != SEP)
         cands = vals[near][np.argsort(-hits[near], kind="stable")[:8]]  # at most 8, the most sampled first
-        buf, sav = self._bytes(), self._sa_view()
-        path = buf[4 * sav[lo] : 4 * sav[lo] + 4 * depth]
-        size = 4 * (depth + 1)
+        buf, sav, w = self._bytes(), self._sa_view(), self.width
+        path = buf[w * sav[lo] : w * sav[lo] + w * depth]
+        size = w * (depth + 1)
 
         def key(p: int) -> bytes:
-            return buf[4 * p : 4 * p + size]
+            return buf[w * p : w * p + size]
 
         runs = []
         for tok in cands.tolist():
-            pat = path + tok.to_bytes(4, "big")
+            pat = path + tok.to_bytes(w, "big")
             a = bisect_left(sav, pat, lo, hi, key=key)
             runs.append((tok, a, bisect_right(sav, pat, a, hi, key=key)))
         best = max(b - a for _, a, b in runs)

@@ -93,6 +93,8 @@ def summary(report) -> str:
         parts.append(f"{report.unchanged} unchanged")
     if report.forgotten:
         parts.append(f"{report.forgotten} gone, forgotten")
+    if report.upgraded:
+        parts.append("rewritten in the new index format")
     if report.skipped:
         parts.append("skipped " + ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())))
     per = f", {report.size_bytes / report.tokens:.1f} bytes/token" if report.tokens else ""
