@@ -4,6 +4,7 @@ the translation of Claude Code's request shapes in unit tests."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -377,3 +378,30 @@ def test_a_prompt_whose_client_gave_up_is_saved_at_shutdown_for_the_restart(smol
                 proc.wait()
     [usage] = usages
     assert usage.cache_read_input_tokens >= 0.95 * (usage.input_tokens + usage.cache_read_input_tokens)
+
+
+def test_a_captured_claude_code_session_is_served_each_turn_from_the_last_ones_cache():
+    """The three turns of a Claude Code 2.1 session (`benchmarks/agent_capture.py claude`: its ~80 kB bodies with 24
+    tools, the billing header, a mid-conversation system message, the stub's Read and Edit calls and their results)
+    as `agents_replay.py` sends them: each is answered, and each finds the previous turn's prompt in the KV cache."""
+    capture = Path("/work/captures/claude-code")
+    turns = sorted(capture.glob("*-POST-v1_messages.json"))
+    if len(turns) < 3:
+        pytest.skip("no Claude Code capture on this machine")
+
+    def ascii_only(d: dict) -> dict:  # the toy vocabulary is ASCII: other characters become "?"
+        return {k: v.encode("ascii", "replace").decode() if isinstance(v, str) else v for k, v in d.items()}
+
+    backend = FakeBackend(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=65536, n_batch=512)
+    usage = []
+    with serving(backend) as s:
+        for f in turns[:3]:
+            body = json.loads(f.read_text(), object_hook=ascii_only)["body_json"]
+            body.update(stream=False, temperature=0, max_tokens=8)
+            status, answer = s.raw("POST", "/v1/messages?beta=true", json.dumps(body).encode())
+            assert status == 200 and answer["type"] == "message", answer
+            usage.append(answer["usage"])
+    prompts = [u["input_tokens"] + u["cache_read_input_tokens"] for u in usage]
+    assert prompts[0] > 5000 and prompts[0] < prompts[1] < prompts[2], usage
+    for before, u in zip(prompts, usage[1:]):
+        assert u["cache_read_input_tokens"] >= before - 1, usage  # all of the previous prompt (its last token aside)
