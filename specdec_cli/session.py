@@ -76,6 +76,7 @@ class Session:
         """Which of llama.cpp's kernels the target runs and why, for report headers and --json: {"amx": ...,
         "flash_attn": ...}, each a short phrase (`kernels_line` joins them)."""
         from specdec_cli.models import host
+        from specdec_cli.stores import learnt
 
         plan = host.current_plan()
         if plan is None:
@@ -88,10 +89,12 @@ class Session:
         value = os.environ.get(FLASH_ATTN_ENV, "auto").strip().lower()
         if value not in ("auto", ""):
             why = FLASH_ATTN_ENV
-        elif fa is None:
-            why = "llama.cpp's auto; not measured here: specdec doctor --measure"
-        else:
+        elif learnt.load_flash_attn(learnt.curve_key(self.target_path, self.options.threads)) is not None:
             why = "measured here: specdec doctor shows the times"
+        elif fa is None:
+            why = "llama.cpp's auto, for a GPU; specdec doctor --measure times it"
+        else:
+            why = "the CPU's default here: dearer verify passes with it; specdec doctor --measure times it"
         state = "auto" if fa is None else "on" if fa else "off"
         return {"amx": amx, "flash_attn": f"{state} ({why})"}
 
@@ -229,7 +232,7 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads))
+                              flash_attn=flash_attn(target_path, options.threads, gpu=gpu))
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
                       auto_draft=auto_draft, reporter=reporter)
@@ -245,10 +248,14 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
 
 
-def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None) -> bool | None:
+def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None, *,
+               gpu: bool = False) -> bool | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
-    on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on where the
-    backend supports it). Raises ConfigError for another value of the variable."""
+    on this host for this model and thread count (`measure.flash_attn`), else off on the CPU (`gpu` False: llama.cpp's
+    CPU kernel walks the KV cache once per query row for 2-63 rows, so a verify pass at a long context pays that
+    many times; measured on an AMX Xeon at 4,096 tokens of context with llama-bench: passes over 8 and 16 tokens
+    1.7x and 2.0x dearer with it, 1 and 512 the same), else None: llama.cpp's auto (on for a GPU). Raises ConfigError
+    for another value of the variable."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt
 
@@ -261,7 +268,9 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, auto.",
                           f"Unset it (the measured choice), or set it to on or off.")
     choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
-    return None if choice is None else choice["on"]
+    if choice is not None:
+        return choice["on"]
+    return None if gpu else False
 
 
 def kernels_line(kernels: dict[str, str] | None) -> str:
