@@ -76,10 +76,13 @@ def start_server(args, method: str, home: str) -> tuple[subprocess.Popen, str]:
 
 
 def launch(cmd: list[str], home: str) -> tuple[subprocess.Popen, str]:
-    """Run `cmd` (a `specdec serve --port 0 ...` command line) with SPECDEC_HOME=`home` and this checkout first on
+    """Run `cmd` (a `specdec serve --port 0 ...` command line) with SPECDEC_HOME=`home`, its prompt cache in
+    `home`/prompts (servers measured side by side must not restore each other's KV states: the shared default
+    directory let the second server of a pair skip the prefill the first had just saved) and this checkout first on
     PYTHONPATH; wait (at most 600 s) for the base URL it prints on stderr. Returns (process, base URL); exits with
     what it printed when it does not start."""
-    env = {**os.environ, "SPECDEC_HOME": home, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "SPECDEC_HOME": home, "SPECDEC_PROMPT_CACHE": str(Path(home) / "prompts"),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines = []
     deadline = time.monotonic() + 600
