@@ -92,9 +92,9 @@ class Session:
         elif learnt.load_flash_attn(learnt.curve_key(self.target_path, self.options.threads)) is not None:
             why = "measured here: specdec doctor shows the times"
         elif fa is None:
-            why = "llama.cpp's auto, for a GPU; specdec doctor --measure times it"
+            why = "llama.cpp's default; specdec doctor --measure times it on and off"
         else:
-            why = "the CPU's default here: dearer verify passes with it; specdec doctor --measure times it"
+            why = "as the backend was opened"
         state = "auto" if fa is None else "on" if fa else "off"
         return {"amx": amx, "flash_attn": f"{state} ({why})"}
 
@@ -165,7 +165,8 @@ class Session:
         probe_load(path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
         with _status(reporter, f"Loading {path.name}"):
             draft = LlamaBackend(path, n_ctx=o.ctx, n_batch=o.n_batch, n_threads=o.threads,
-                                 n_gpu_layers=o.gpu_layers, verbose=o.verbose)
+                                 n_gpu_layers=o.gpu_layers, verbose=o.verbose,
+                                 flash_attn=getattr(self.target, "flash_attn", None))  # the target's numerics
         try:
             check_compatible(self.target, draft)
         except BaseException:
@@ -232,7 +233,7 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads, gpu=gpu))
+                              flash_attn=flash_attn(target_path, options.threads))
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
                       auto_draft=auto_draft, reporter=reporter)
@@ -248,14 +249,14 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
 
 
-def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None, *,
-               gpu: bool = False) -> bool | None:
+def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None) -> bool | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
-    on this host for this model and thread count (`measure.flash_attn`), else off on the CPU (`gpu` False: llama.cpp's
-    CPU kernel walks the KV cache once per query row for 2-63 rows, so a verify pass at a long context pays that
-    many times; measured on an AMX Xeon at 4,096 tokens of context with llama-bench: passes over 8 and 16 tokens
-    1.7x and 2.0x dearer with it, 1 and 512 the same), else None: llama.cpp's auto (on for a GPU). Raises ConfigError
-    for another value of the variable."""
+    on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
+    backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
+    alone, so a row's attention is the same in a verify batch as in a one-token pass, and greedy speculative output
+    matches plain decoding at more near-ties; off, passes over 8-16 tokens at 4k tokens of context cost 1.7-2x less
+    on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
+    100 % acceptance fails with it off). Raises ConfigError for another value of the variable."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt
 
@@ -268,9 +269,7 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, auto.",
                           f"Unset it (the measured choice), or set it to on or off.")
     choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
-    if choice is not None:
-        return choice["on"]
-    return None if gpu else False
+    return None if choice is None else choice["on"]
 
 
 def kernels_line(kernels: dict[str, str] | None) -> str:

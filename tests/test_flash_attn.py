@@ -94,21 +94,19 @@ def test_the_choice_is_kept_beside_the_curve_and_neither_overwrites_the_other(tm
     assert learnt.load_flash_attn(key)["on"] is True
 
 
-def test_a_model_loads_with_the_variable_else_the_measured_choice_else_off_on_a_cpu(tmp_path, monkeypatch):
+def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp_auto(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
-    assert flash_attn_for(model, 2, {}) is False  # nothing measured, on the CPU: off
-    assert flash_attn_for(model, 2, {}, gpu=True) is None  # on a GPU: llama.cpp's auto
-    learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_CHEAP).to_dict())
-    assert flash_attn_for(model, 2, {}) is True  # the measured choice, wherever the model runs
-    assert flash_attn_for(model, 2, {}, gpu=True) is True
-    assert flash_attn_for(model, 4, {}) is False  # measured for 2 threads only
+    assert flash_attn_for(model, 2, {}) is None  # nothing measured: llama.cpp's auto
     learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
     assert flash_attn_for(model, 2, {}) is False
-    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "on"}) is True
-    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "OFF"}) is False
-    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "auto"}) is False
+    assert flash_attn_for(model, 4, {}) is None  # measured for 2 threads only
+    learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_CHEAP).to_dict())
+    assert flash_attn_for(model, 2, {}) is True
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "off"}) is False
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "ON"}) is True
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "auto"}) is True
     with pytest.raises(ConfigError, match=FLASH_ATTN_ENV):
         flash_attn_for(model, 2, {FLASH_ATTN_ENV: "maybe"})
 
@@ -145,9 +143,9 @@ def test_reports_say_which_kernels_the_target_runs_and_why(monkeypatch):
 
     fake = FakeBackend()
     session = Session(target=fake, target_path=Path("fake.gguf"))
-    assert session.kernels()["flash_attn"].startswith("auto (llama.cpp's auto, for a GPU")
+    assert session.kernels()["flash_attn"].startswith("auto (llama.cpp's default")
     fake.flash_attn = False  # as LlamaBackend records what it was loaded with
-    assert session.kernels()["flash_attn"].startswith("off (the CPU's default here")
+    assert session.kernels()["flash_attn"] == "off (as the backend was opened)"
     monkeypatch.setenv(FLASH_ATTN_ENV, "off")
     assert session.kernels()["flash_attn"] == f"off ({FLASH_ATTN_ENV})"
     line = kernels_line(session.kernels())
