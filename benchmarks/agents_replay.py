@@ -269,6 +269,10 @@ def run(args) -> None:
     model = model_path(args.target)
     print(f"replaying {args.session} ({len(turns)} turns, max tokens {args.max_tokens}) with {model.name}; "
           f"logs in {work}; load: {os.getloadavg()[0]:.1f}", flush=True)
+    from specdec_cli.models import host
+    from specdec_cli.models.llama import system_info
+
+    print(host.describe_build(system_info()), flush=True)  # which build specdec serve runs (this venv's)
     rows: list[Turn] = []
     servers = [s for s in ("specdec", "llama-server") if s in args.servers]
     plan = [(run_name, kind) for run_name in args.runs.split(",") for kind in servers

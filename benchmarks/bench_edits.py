@@ -82,9 +82,7 @@ def main() -> None:
     from specdec_cli.models import host
     from specdec_cli.models.llama import system_info
 
-    info = system_info()
-    print(f"llama.cpp: {info.strip()}\nAMX kernels in this build: {host.amx_build(info)}; trial decode verdict on this "
-          f"CPU: {host.known_verdict(info) or 'not probed yet'}", file=sys.stderr)
+    print(host.describe_build(system_info()), file=sys.stderr)
 
     # 1. the curve, measured once (the first run of a new home measures it), then copied into every home
     first = base / "measure"

@@ -125,6 +125,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
 
+    from specdec_cli.models import host
+    from specdec_cli.models.llama import system_info
+
+    print(host.describe_build(system_info()), file=sys.stderr)  # which build both servers run (this venv's)
     servers = {}
     for method in (args.method, "none"):
         cmd = [sys.executable, "-m", "specdec_cli", "serve", "-t", args.target, "--method", method, "--port", "0",

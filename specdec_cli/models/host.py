@@ -344,6 +344,13 @@ def _remember(key: str, verdict: str) -> None:
         pass
 
 
+def describe_build(system_info: str) -> str:
+    """Which llama.cpp a benchmark ran, for its header: llama.cpp's system info, whether it has AMX kernels and the
+    trial decode's remembered verdict on this CPU (the patched build's passes)."""
+    return (f"llama.cpp: {system_info.strip()}\nAMX kernels in this build: {amx_build(system_info)}; trial decode "
+            f"verdict on this CPU: {known_verdict(system_info) or 'not probed yet'}")
+
+
 def known_verdict(system_info: str) -> str | None:
     """The remembered probe verdict for this build (llama.cpp's `system_info`) and CPU (None when never probed)."""
     return _verdicts().get(_verdict_key(system_info))
