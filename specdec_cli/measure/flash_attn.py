@@ -6,9 +6,12 @@ between passes. On the CPU it pulls two ways at a long context: a prefill chunk 
 2-63 rows gets dearer, since the CPU's flash-attention kernel walks the whole KV cache once per query row (llama.cpp
 `ggml-cpu/ops.cpp`, `ggml_compute_forward_flash_attn_ext_f16_one_chunk`). What wins depends on the machine, so
 `measure` times both (`core.verify_timing.measure_at_depth`: a prefill chunk and verify passes after `DEPTH` tokens,
-each setting in its own context) and `decide` picks the one with the lower cost of a turn at that depth: one prompt
-token prefilled plus one output token decoded by speculation (the cheapest verify size at an acceptance of
-`ACCEPTANCE`, the bonus token included). The choice is kept in learnt.json beside the verify curve (same key: model
+each setting in its own context) and `decide` prices a turn at that depth: one prompt token prefilled plus one output
+token decoded by speculation (the cheapest verify size at an acceptance of `ACCEPTANCE`, the bonus token included).
+On, llama.cpp's default, is kept unless off's turn is cheaper by `OFF_MARGIN`: with it on, each query row's attention
+is computed alone, so a row of a verify pass rounds as it would in a one-token pass and greedy output parts from
+plain decoding at fewer near-ties; and its prefill lead grows past `DEPTH` (llama-bench on a 2-core Xeon, pp512 at
+8,192 tokens: 45.7 t/s on, 36.7 off), where agents' prompts live. A 4 % cheaper turn at 2,048 tokens pays for neither. The choice is kept in learnt.json beside the verify curve (same key: model
 file, CPU, threads, build) and applied at every model load (`session.flash_attn`); SPECDEC_FLASH_ATTN=on|off
 overrides it. `specdec doctor --measure` measures it.
 """
@@ -24,6 +27,7 @@ DEPTH = 2048  # tokens in the KV cache when both settings are timed
 SIZES = (1, 4, 8, 16)  # verify pass sizes timed
 CHUNK = 256  # prefill chunk timed
 ACCEPTANCE = 0.8  # per-token acceptance assumed when pricing a verify size (copy-heavy traffic: 0.8-1.0)
+OFF_MARGIN = 0.10  # off must make the turn this much cheaper (a fraction of on's) to be chosen
 REPEATS = 3
 
 
@@ -40,8 +44,9 @@ class Choice:
     @property
     def reason(self) -> str:
         on, off = self.turn_ms["on"], self.turn_ms["off"]
+        why = "" if not (self.on and off < on) else f" (off is chosen only when {OFF_MARGIN:.0%} cheaper)"
         return (f"flash attention {'on' if self.on else 'off'}: at {self.depth} tokens of context a prompt token plus "
-                f"an output token cost {on:.1f} ms with it, {off:.1f} ms without")
+                f"an output token cost {on:.1f} ms with it, {off:.1f} ms without{why}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"on": self.on, "depth": self.depth, "turn_ms": self.turn_ms, "ms": self.ms}
@@ -63,10 +68,10 @@ def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) ->
 
 
 def decide(off: dict[str, Any], on: dict[str, Any]) -> Choice:
-    """The setting with the lower turn cost (prefill ms per token + `decode_ms_per_token`); ties keep it off, whose
-    verify passes cost what the verify curve says. `off`/`on`: `measure_at_depth`'s dicts."""
+    """Off when its turn cost (prefill ms per token + `decode_ms_per_token`) is below on's by at least `OFF_MARGIN`
+    of on's, else on (llama.cpp's default; see the module's docstring). `off`/`on`: `measure_at_depth`'s dicts."""
     turn = {name: m["chunk_ms"] / m["chunk"] + decode_ms_per_token(m["ms"]) for name, m in (("on", on), ("off", off))}
-    return Choice(on=turn["on"] < turn["off"], depth=int(off["depth"]), turn_ms=turn,
+    return Choice(on=turn["off"] > turn["on"] * (1 - OFF_MARGIN), depth=int(off["depth"]), turn_ms=turn,
                   ms={"on": _json(on), "off": _json(off)})
 
 
