@@ -268,8 +268,13 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, auto.",
                           f"Unset it (the measured choice), or set it to on or off.")
+    from specdec_cli.measure.flash_attn import Choice
+
     choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
-    return None if choice is None else choice["on"]
+    try:
+        return None if choice is None else Choice.from_dict(choice).on
+    except (KeyError, TypeError, ValueError):  # an entry of another shape: as if not measured
+        return None
 
 
 def kernels_line(kernels: dict[str, str] | None) -> str:

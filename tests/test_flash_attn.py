@@ -111,6 +111,11 @@ def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp
     assert flash_attn_for(model, 2, {}) is None  # nothing measured: llama.cpp's auto
     learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
     assert flash_attn_for(model, 2, {}) is False
+    kept_before_the_margin = {**flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict(), "on": False,
+                              "turn_ms": {"off": 72.7, "on": 75.5}}  # off by 4 %: decided again, on
+    learnt.save_flash_attn(learnt.curve_key(model, 2), kept_before_the_margin)
+    assert flash_attn_for(model, 2, {}) is True
+    learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
     assert flash_attn_for(model, 4, {}) is None  # measured for 2 threads only
     learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_CHEAP).to_dict())
     assert flash_attn_for(model, 2, {}) is True

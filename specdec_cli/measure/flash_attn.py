@@ -53,10 +53,13 @@ class Choice:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Choice:
-        """Raises KeyError/TypeError/ValueError for a dict that is not one."""
+        """The choice kept in learnt.json, decided again from its turn costs under today's rule (`prefers_on`: one
+        kept before `OFF_MARGIN` existed may have chosen off by less). Raises KeyError/TypeError/ValueError for a
+        dict that is not one."""
         if not isinstance(d["on"], bool):
             raise TypeError("on must be a bool")
-        return cls(on=d["on"], depth=int(d["depth"]), turn_ms={k: float(d["turn_ms"][k]) for k in ("on", "off")},
+        turn_ms = {k: float(d["turn_ms"][k]) for k in ("on", "off")}
+        return cls(on=prefers_on(turn_ms), depth=int(d["depth"]), turn_ms=turn_ms,
                    ms={k: dict(d["ms"][k]) for k in ("on", "off")})
 
 
@@ -67,11 +70,16 @@ def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) ->
     return min(v / sum(acceptance ** i for i in range(int(b))) for b, v in ms.items())
 
 
+def prefers_on(turn_ms: dict[str, float]) -> bool:
+    """On unless off's turn (`turn_ms["off"]`, ms) is cheaper than on's by at least `OFF_MARGIN` of on's."""
+    return turn_ms["off"] > turn_ms["on"] * (1 - OFF_MARGIN)
+
+
 def decide(off: dict[str, Any], on: dict[str, Any]) -> Choice:
     """Off when its turn cost (prefill ms per token + `decode_ms_per_token`) is below on's by at least `OFF_MARGIN`
     of on's, else on (llama.cpp's default; see the module's docstring). `off`/`on`: `measure_at_depth`'s dicts."""
     turn = {name: m["chunk_ms"] / m["chunk"] + decode_ms_per_token(m["ms"]) for name, m in (("on", on), ("off", off))}
-    return Choice(on=turn["off"] > turn["on"] * (1 - OFF_MARGIN), depth=int(off["depth"]), turn_ms=turn,
+    return Choice(on=prefers_on(turn), depth=int(off["depth"]), turn_ms=turn,
                   ms={"on": _json(on), "off": _json(off)})
 
 

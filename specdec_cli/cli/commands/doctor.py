@@ -193,9 +193,16 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
     if choice is None:
         return Text("flash attention: llama.cpp's auto (not measured here: specdec doctor --measure times it on and "
                     "off at a long context)", style="spec.label")
+    from specdec_cli.measure.flash_attn import Choice
+
+    try:
+        chosen = Choice.from_dict(choice)  # decided again under today's rule
+    except (KeyError, TypeError, ValueError):
+        return Text("flash attention: llama.cpp's auto (the measured choice is unreadable: specdec doctor --measure)",
+                    style="spec.label")
     on, off = (choice["ms"][k] for k in ("on", "off"))
     passes = ", ".join(f"v({b}) {off['ms'][b]:.0f} / {on['ms'][b]:.0f}" for b in off["ms"])
-    return Text(f"flash attention {'on' if choice['on'] else 'off'} (measured at {choice['depth']} tokens of context, "
+    return Text(f"flash attention {'on' if chosen.on else 'off'} (measured at {choice['depth']} tokens of context, "
                 f"off / on ms: a {off['chunk']}-token prefill chunk {off['chunk_ms']:.0f} / {on['chunk_ms']:.0f}, "
                 f"{passes}; a prompt token + an output token {choice['turn_ms']['off']:.1f} / "
                 f"{choice['turn_ms']['on']:.1f} ms)", style="spec.label")
