@@ -6,14 +6,16 @@ Completions, Responses or Messages; streamed or not; plain, with a tool, or with
 are dropped after their first events, 10 % of the requests carry a long prompt and are dropped during its prefill.
 Meanwhile: `--slowloris` connections send a request's headers a byte every 2 s; every 5 s a forged `Host`, a
 cross-origin preflight, an oversized body, a body nested 100,000 deep and a tool call whose arguments are nested
-too deep are sent (each must be refused: 403, 403, 413, 400, 400); `/health` is asked every 0.25 s.
+too deep are sent (each must be refused: 403, 403, 413, 400, 400); `/health` is asked every 0.25 s by a process of
+its own. The load's long prompts wait in the queue, so they are dropped before they run: after the load, with the
+server otherwise idle, `--prefill-drops` long prompts are each given up 0.5-4 s into their running prefill.
 
 Then the server answers one more request and is killed (SIGKILL) as soon as a save of what it learnt is under way
 (the save that request made due, while the server is idle: a temporary file appears next to its stores; after two
 save intervals without one, it is killed anyway), started again on the same data, asked
 one request, and stopped (SIGTERM). Printed: a table of statuses per kind of request, the 5xx and crashes (target
 0), the worker time after a disconnect (from the server's log: "stopped X s after the client left"; target: at most
-one prefill chunk), the queue wait (p50/p99, from the log's "queued X s"), /health's latency (target < 100 ms),
+one prefill chunk: the log's "its prefill's chunks took Y s at most"), the queue wait (p50/p99, from the log's "queued X s"), /health's latency (target < 100 ms),
 the saves seen during the load (the longest time without one; target: one save interval plus one request), the
 learnt state's age at the kill, the learning the kill lost (seconds of answers after the last save; target <= one
 save interval), and the files after the restart (target: none corrupt, no temporaries).
@@ -289,14 +291,79 @@ def slowloris(port: int, n: int, until: float, closed: list[int]) -> None:
         s.close()
 
 
-def health_loop(port: int, done: threading.Event, latencies: list[float], failures: list[str]) -> None:
-    while not done.is_set():
-        t0 = time.perf_counter()
-        status = raw_status(port, "GET", "/health", None, {})
-        latencies.append((time.perf_counter() - t0) * 1e3)
-        if status != 200:
-            failures.append(str(status))
-        time.sleep(0.25)
+HEALTH_PROBE = """
+import http.client, json, sys, time
+port, out = int(sys.argv[1]), []
+while True:
+    t0, status = time.perf_counter(), None
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", "/health")
+        r = c.getresponse(); r.read(); status = r.status
+    except (OSError, http.client.HTTPException) as e:
+        status = type(e).__name__
+    out.append([time.time(), (time.perf_counter() - t0) * 1e3, status])
+    c.close()
+    if sys.stdin in __import__("select").select([sys.stdin], [], [], 0.25)[0]:
+        break
+print(json.dumps(out))
+"""
+
+
+class HealthProbe:
+    """/health asked every 0.25 s from a process of its own (so the load's 80-odd client threads, sharing one GIL,
+    do not delay the measuring): `stop()` returns [(time.time(), ms, status)]."""
+
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HEALTH_PROBE, str(port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def stop(self) -> list[tuple[float, float, int | str]]:
+        out, _ = self.proc.communicate("stop\n", timeout=60)
+        return [tuple(x) for x in json.loads(out)]
+
+
+def running(port: int) -> dict | None:
+    """/health's running request ({"id", "kind", "age_s", "tokens"}) or None."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read()).get("queue", {}).get("running")
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
+def drop_in_prefill(port: int, rng: random.Random, tally: Tally, n: int, wait_s: float = 120.0) -> None:
+    """`n` times, with the server otherwise idle: a long prompt (a nonce first, so no cached prefix shortens it),
+    given up once /health shows it running with no output yet, 0.5-4 s into its prefill; then wait for the worker
+    to be free. The server's log says how long it went on ("stopped X s after the client left; its prefill's chunks
+    took Y s at most")."""
+    for i in range(n):
+        deadline = time.monotonic() + wait_s
+        while running(port) is not None and time.monotonic() < deadline:  # the load's last request
+            time.sleep(0.2)
+        _, body = body_of("chat", "plain", False, f"Session {rng.randrange(10**9)}.\n" + LONG_TEXT + "\nSummarise.", 48)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        kind = "chat plain (dropped during its running prefill)"
+        try:
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            seen = None
+            while time.monotonic() < deadline and not (seen and seen.get("tokens") == 0):
+                time.sleep(0.1)
+                seen = running(port)
+            if seen is None or seen.get("tokens") != 0:
+                tally.add(kind, "not seen running")
+                continue
+            time.sleep(rng.uniform(0.5, 4.0))
+            tally.add(kind, "dropped")
+        finally:
+            conn.close()
+    deadline = time.monotonic() + wait_s
+    while running(port) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 # -- the kill and the restart ----------------------------------------------------------------------------------------
@@ -370,6 +437,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
     ap.add_argument("--ctx", type=int, help="the server's --ctx")
     ap.add_argument("--threads", type=int, help="the server's --threads")
+    ap.add_argument("--prefill-drops", type=int, default=3, help="after the load, requests given up during their "
+                    "running prefill, one at a time (default 3; the load's own are dropped while queued)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--measure-curve", action="store_true", help="let the server measure its verify curve at start "
                     "(the fresh SPECDEC_HOME has none; off by default: minutes, and not what this run measures)")
@@ -384,10 +453,8 @@ def main() -> None:
     print(f"serving at {server.url}; {args.clients} clients for {args.duration:g} s", file=sys.stderr)
 
     tally = Tally()
-    latencies: list[float] = []
-    health_failures: list[str] = []
     closed = [0]
-    health_done = threading.Event()  # /health is asked until the kill
+    probe = HealthProbe(port)  # /health is asked until the kill
     saves: list[float] = []  # the stores' save times (time.time()), seen from outside
     watch_done = threading.Event()
     watcher = threading.Thread(target=watch_saves, args=(home, watch_done, saves), daemon=True)
@@ -398,8 +465,7 @@ def main() -> None:
     threads = [threading.Thread(target=client_loop, args=(port, args.seed * 1000 + i, until, tally, args), daemon=True)
                for i in range(args.clients)]
     threads += [threading.Thread(target=faults_loop, args=(port, until, tally), daemon=True),
-                threading.Thread(target=slowloris, args=(port, args.slowloris, until, closed), daemon=True),
-                threading.Thread(target=health_loop, args=(port, health_done, latencies, health_failures), daemon=True)]
+                threading.Thread(target=slowloris, args=(port, args.slowloris, until, closed), daemon=True)]
     for t in threads:
         t.start()
     hard_stop = until + min(args.request_timeout, args.timeout) + 60  # the run stops by itself
@@ -407,11 +473,16 @@ def main() -> None:
         t.join(max(0.0, hard_stop - time.monotonic()))
     stragglers = sum(t.is_alive() for t in threads[:args.clients])
     load_end = time.time()  # the clients' last requests answered (the queue drained)
+    if server.proc.poll() is None and args.prefill_drops:  # the load's long prompts were dropped while queued
+        print(f"{args.prefill_drops} drops during a running prefill ...", file=sys.stderr)
+        drop_in_prefill(port, random.Random(args.seed), tally, args.prefill_drops)
     crashed = server.proc.poll() is not None
 
     # kill -9 during a save, then a restart on the same data
-    health_done.set()
-    threads[-1].join(10)
+    health = probe.stop()
+    latencies = [ms for _, ms, _ in health]
+    health_failures = [str(status) for _, _, status in health if status != 200]
+    slowest = sorted(health, key=lambda h: -h[1])[:3]
     if not crashed:  # one more answer, so a save falls due while the server is idle: the kill lands in it
         if raw_status(port, "POST", "/v1/chat/completions", json.dumps(
                 {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),
@@ -437,6 +508,8 @@ def main() -> None:
     lines = server.lines + restarted.lines
     stop_after = [float(m.group(1)) for line in lines for m in [re.search(r"stopped ([\d.]+) s after the client", line)]
                   if m]
+    in_prefill = [(float(m.group(1)), float(m.group(2))) for line in lines for m in [re.search(
+        r"stopped ([\d.]+) s after the client left; its prefill's chunks took ([\d.]+) s", line)] if m]
     queued = [float(m.group(1)) for line in lines for m in [re.search(r"queued ([\d.]+) s", line)] if m]
     logged = sum(1 for line in lines if re.match(r"#\d+ ", line))
     fives = sum(n for kinds in tally.by_kind.values() for status, n in kinds.items()
@@ -454,9 +527,14 @@ def main() -> None:
         ("worker time after a disconnect, max / p99 (s)",
          f"{max(stop_after):.2f} / {pct(stop_after, 0.99):.2f} ({len(stop_after)} disconnects seen)"
          if stop_after else "none seen"),
+        ("... of those during a running prefill: worker time / its longest chunk (s) (target <= 1 chunk)",
+         ", ".join(f"{a:.2f} / {c:.2f}" for a, c in in_prefill) if in_prefill else "none seen"),
         ("queue wait p50 / p99 (s)", f"{pct(queued, 0.5):.2f} / {pct(queued, 0.99):.2f}" if queued else "none"),
         ("/health latency p50 / p99 / max (ms) (target < 100)",
          f"{pct(latencies, 0.5):.1f} / {pct(latencies, 0.99):.1f} / {max(latencies):.1f}" if latencies else "none"),
+        ("/health's slowest answers (ms, s into the run, nearest save s)", "; ".join(
+            f"{ms:.0f} at {t - load_start:.0f} s ({min((abs(t - v) for v in saves), default=float('nan')):.1f})"
+            for t, ms, _ in slowest)),
         ("/health failures (target 0)", f"{len(health_failures)} {sorted(set(health_failures))}"),
         ("kill -9 caught a save under way", "yes" if caught else "no (killed after waiting)"),
         ("saves during the load; longest time without one (s)",

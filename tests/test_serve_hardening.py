@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import re
 import threading
 import time
 import warnings
@@ -219,6 +220,10 @@ def test_a_long_prefill_stops_within_one_chunk(how):
     assert isinstance(events[-1].error, expected)
     assert not any(isinstance(e, Started) for e in events)
     assert len(backend.tokens) == 64  # the evaluated chunk stays in the cache for a retry
+    if how == "cancel":  # the log says how long the worker went on, against what a chunk took (load_faults reads it)
+        m = re.search(r"stopped ([\d.]+) s after the client left; its prefill's chunks took ([\d.]+) s at most",
+                      lines[0])
+        assert m and float(m.group(1)) <= float(m.group(2)), lines
 
 
 def test_a_request_past_its_deadline_gets_408_in_each_apis_shape():

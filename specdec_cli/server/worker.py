@@ -106,6 +106,7 @@ class Job:
         self.started_at: float | None = None  # time.monotonic() when the worker took it
         self.cancelled_at: float | None = None  # time.monotonic() when its client went away
         self.tokens = 0  # output tokens so far
+        self.chunk_ends: list[float] = []  # time.monotonic() at each of its prefill's chunks' ends (`Worker._check`)
 
 
 OUTCOMES = {ClientGoneError: "cancelled (client gone)", ShuttingDownError: "cut short (shutting down)",
@@ -329,7 +330,8 @@ class Worker:
         if reply.stopped and reply.end is not None:  # stopped here, not by the engine: the reply's own finish
             stats = reply.end.stats
         if job.cancelled_at is not None and outcome == OUTCOMES[ClientGoneError]:  # the worker's time after it
-            note += f" (stopped {max(0.0, time.monotonic() - job.cancelled_at):.2f} s after the client left)"
+            note += f" (stopped {max(0.0, time.monotonic() - job.cancelled_at):.2f} s after the client left" + \
+                (f"; its prefill's chunks took {max(chunks):.2f} s at most)" if (chunks := _chunk_s(job)) else ")")
         note += f"; queued {job.started_at - job.submitted_at:.2f} s"
         self.log(log_line(job.id, request.label, stats, outcome, self.service.method) + note)
 
@@ -347,6 +349,7 @@ class Worker:
 
     def _check(self, job: Job) -> None:
         """Raise `_stopped(job)` if there is a reason: called between the prefill's chunks (`backend.sync`)."""
+        job.chunk_ends.append(time.monotonic())
         stopped = self._stopped(job)
         if stopped is not None:
             raise stopped
@@ -430,6 +433,14 @@ def _send(job: Job, event: Event) -> None:
         job.deliver(event)
     except Exception:  # the receiving side is gone (event loop closed at shutdown): nothing to tell
         pass
+
+
+def _chunk_s(job: Job) -> list[float]:
+    """Seconds each of `job`'s prefill chunks took, the first from when the worker took it (tokenizing included)."""
+    if job.started_at is None or not job.chunk_ends:
+        return []
+    ends = [job.started_at, *job.chunk_ends]
+    return [b - a for a, b in zip(ends, ends[1:])]
 
 
 def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:
