@@ -268,11 +268,11 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, auto.",
                           f"Unset it (the measured choice), or set it to on or off.")
-    from specdec_cli.measure.flash_attn import Choice
+    from specdec_cli.core.verify_timing import prefers_on
 
     choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
-    try:
-        return None if choice is None else Choice.from_dict(choice).on
+    try:  # decided again under today's rule: one kept before the margin may have chosen off by less
+        return None if choice is None else prefers_on(choice["turn_ms"])
     except (KeyError, TypeError, ValueError):  # an entry of another shape: as if not measured
         return None
 

@@ -108,3 +108,13 @@ def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (
         backend.truncate(0)
     return {"depth": depth, "chunk": chunk, "chunk_ms": statistics.median(chunk_times),
             "ms": {b: statistics.median(t) for b, t in times.items()}, "seconds": clock() - start}
+
+
+OFF_MARGIN = 0.10  # flash attention off must make a turn this much cheaper (a fraction of on's) to be chosen
+
+
+def prefers_on(turn_ms: dict[str, float]) -> bool:
+    """Flash attention on unless off's turn (`turn_ms["off"]`, ms of a prompt token plus an output token at a long
+    context) is cheaper than on's (`turn_ms["on"]`) by at least `OFF_MARGIN` of on's (`measure/flash_attn.py` says
+    why). Raises KeyError/TypeError for a dict without both."""
+    return float(turn_ms["off"]) > float(turn_ms["on"]) * (1 - OFF_MARGIN)

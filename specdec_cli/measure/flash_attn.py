@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specdec_cli.core.verify_timing import OFF_MARGIN, prefers_on
+
 DEPTH = 2048  # tokens in the KV cache when both settings are timed
 SIZES = (1, 4, 8, 16)  # verify pass sizes timed
 CHUNK = 256  # prefill chunk timed
 ACCEPTANCE = 0.8  # per-token acceptance assumed when pricing a verify size (copy-heavy traffic: 0.8-1.0)
-OFF_MARGIN = 0.10  # off must make the turn this much cheaper (a fraction of on's) to be chosen
 REPEATS = 3
 
 
@@ -68,11 +69,6 @@ def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) ->
     token is accepted with probability `acceptance` until the first rejection: a pass over b tokens yields
     1 + a + ... + a^(b-1) tokens (the accepted drafts and the bonus token)."""
     return min(v / sum(acceptance ** i for i in range(int(b))) for b, v in ms.items())
-
-
-def prefers_on(turn_ms: dict[str, float]) -> bool:
-    """On unless off's turn (`turn_ms["off"]`, ms) is cheaper than on's by at least `OFF_MARGIN` of on's."""
-    return turn_ms["off"] > turn_ms["on"] * (1 - OFF_MARGIN)
 
 
 def decide(off: dict[str, Any], on: dict[str, Any]) -> Choice:
