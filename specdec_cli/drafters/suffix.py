@@ -22,12 +22,14 @@ store (median; `benchmarks/bench_suffix.py`).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
 from specdec_cli.core.records import Source
+from specdec_cli.drafters.edits import CopyEdits
 from specdec_cli.stores.suffix_store import SuffixStore
 from specdec_cli.stores.suffix_index import WINDOW, Continuation, empty_continuation
 
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
     from specdec_cli.core.sampling import SamplingParams
 
 _CHECK = 64  # tokens compared to detect a context that does not extend the indexed one
-REALIGN_MATCH = 8  # a local match this long is a copy run whose source position survives an edit (`_realigned`)
-REALIGN_WINDOW = 80  # tokens after its last long match within which a copy run is realigned (a pass, then a few)
+REALIGN_MATCH = 8  # the evidence of a realigned copy's guess right after an edit (`CopyEdits.draft`)
+EDIT_ANCHOR = 4  # a unique local match this long into the prompt aligns the learnt edits' copy pointer
 
 
 class LocalIndex:
@@ -245,7 +247,7 @@ class SuffixDrafter(DrafterBase):
         self.local = LocalIndex(max_candidates)
         self.last: Continuation | None = None
         self._hint: tuple[object, int, int] | None = None  # (corpus, context length, global match length)
-        self._anchor: tuple[int, int] | None = None  # (position copied from, context length) of the last long match
+        self.edits = CopyEdits()  # the reply's copy of the prompt and the edits it repeats (`more` lookups only)
         if store is not None and preload:
             store.preload()  # read the file while the models load; the first propose waits for it
 
@@ -255,8 +257,8 @@ class SuffixDrafter(DrafterBase):
         self.local.clear()
         self.last = None
         self._hint = None
-        self._anchor = None
         self.local.sync(context)
+        self.edits.begin(context)
         if self.store is not None:
             self.store.corpus
 
@@ -267,18 +269,29 @@ class SuffixDrafter(DrafterBase):
         """The local (this prompt and output) and the global (the store of past outputs) continuation after
         `context` (int32 [n]), each up to k tokens (empty when nothing matched). With `more`, two further local
         candidates for the same step: the runner-up where the prompt's occurrences of the context part ways
-        (`LocalIndex.walk(second=True)`), and the realigned copy (`_realigned`). Returns 2 or 4 continuations."""
+        (`LocalIndex.walk(second=True)`), and the realigned copy (`CopyEdits.draft`: the reply's copy of the prompt
+        followed past its edits, the learnt ones applied ahead). Returns 2 or 4 continuations."""
         extended = self.local.sync(context)
+        if more:
+            if extended:
+                self.edits.update(context)
+            else:
+                self.edits.begin(context)
         local = glob = alt = realigned = empty_continuation("local")
         m, ends = self.local.longest_match(self.max_depth)
         if m:
             local = self.local.walk(ends, m, self._max_len(k, m), self.min_token_prob)
             if more:
                 alt = self.local.walk(ends, m, self._max_len(k, m), self.min_token_prob, second=True)
-        if m >= REALIGN_MATCH and len(ends) == 1:
-            self._anchor = (int(ends[0]) + 1, len(context))  # a copy run: where it copies from, and when
-        elif more:
-            realigned = self._realigned(len(context), local, k)
+        if more:
+            if m >= EDIT_ANCHOR and len(ends) == 1:
+                self.edits.anchor(int(ends[0]) + 1)
+            local, alt = self._edited(local), self._edited(alt)
+            copy = self.edits.draft(k)  # past every edit so far, the learnt ones applied ahead
+            if len(copy) and not np.array_equal(copy, local.tokens[:len(copy)]):
+                # its evidence: the run since the copy re-synced, or, re-syncing, a guess's
+                run = REALIGN_MATCH if self.edits.src is None else max(1, min(self.edits.run, self.max_depth))
+                realigned = Continuation(copy, np.ones(len(copy)), run, 1, 1, "local")
         if self.store is not None:
             corpus = self.store.corpus
             upper = None  # m <= previous m + tokens added, while the store and the generation are the same
@@ -290,22 +303,10 @@ class SuffixDrafter(DrafterBase):
                 glob = corpus.walk(lo, hi, m, self._max_len(k, m), self.min_token_prob)
         return (local, glob, alt, realigned) if more else (local, glob)
 
-    def _realigned(self, n: int, local: Continuation, k: int) -> Continuation:
-        """After a copy run broke (an edit renamed a word), the copy realigned: the text after the run's source
-        position p, shifted by the tokens emitted since the run's last long match (at context length n0), i.e.
-        buf[p + n - n0:], assuming the edit replaced as many tokens as it wrote. Up to k tokens, only within the
-        text before n0 and `REALIGN_WINDOW` tokens of the match, and only where it differs from `local`; its match
-        length is `REALIGN_MATCH` (the controller learns its acceptance as its own source, "realign")."""
-        if self._anchor is None:
-            return empty_continuation("local")
-        p, n0 = self._anchor
-        q = p + n - n0
-        if not 0 < n - n0 <= REALIGN_WINDOW or q >= n0:
-            return empty_continuation("local")
-        toks = self.local.buf[q : min(q + k, n0)].copy()
-        if not len(toks) or (len(local.tokens) and local.tokens[0] == toks[0]):
-            return empty_continuation("local")
-        return Continuation(toks, np.ones(len(toks)), REALIGN_MATCH, 1, 1, "local")
+    def _edited(self, c: Continuation) -> Continuation:
+        """`c` with the learnt replacements applied (`CopyEdits.apply`): a renamed word drafted as renamed."""
+        tokens = self.edits.apply(c.tokens)
+        return c if tokens is c.tokens else replace(c, tokens=tokens, probs=c.probs[:len(tokens)])
 
     def draft(self, c: Continuation, source: str) -> Draft:
         """A continuation as a deterministic draft (with its evidence) labelled `source`."""
