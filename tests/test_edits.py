@@ -52,7 +52,8 @@ def tokens_per_pass(drafter: SuffixDrafter, k: int = 32) -> float:
         best = 0
         for d in auto.lookup(ctx, k, None, None):
             want = REPLY[len(out):len(out) + len(d.tokens)]
-            n = next((i for i, (a, b) in enumerate(zip(d.tokens.tolist(), want)) if a != b), min(len(want), len(d.tokens)))
+            agree = [a == b for a, b in zip(d.tokens.tolist(), want)]
+            n = agree.index(False) if False in agree else len(agree)
             best = max(best, n)
         out += REPLY[len(out):len(out) + best + 1]
         passes += 1
@@ -109,7 +110,7 @@ def test_an_edit_the_reply_stops_making_is_no_longer_drafted():
 
 
 def scripted(prompt: np.ndarray, reply: list[int], vocab: int = 512):
-    """logits(prefix) peaking at the reply's next token (then the end token 1): the target's greedy decode is `reply`."""
+    """logits(prefix) peaking at the reply's next token (then the end token 1): its greedy decode is `reply`."""
     def fn(prefix):
         i = len(prefix) - len(prompt)
         logits = np.zeros(vocab, dtype=np.float32)

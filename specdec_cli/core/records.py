@@ -29,7 +29,7 @@ class Source(StrEnum):
     predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
     draft = "draft"  # a draft model
     grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
-    realign = "realign"  # prompt lookup realigned after a change: the old copy position + the tokens emitted since
+    realign = "realign"  # the reply's copy of the prompt past its edits, repeated ones applied (drafters/edits.py)
     corpus = "corpus"  # the code and documents `specdec learn` indexed (REST-style retrieval; --method auto)
     none = ""  # no draft: a plain step (K = 0), an empty draft
 

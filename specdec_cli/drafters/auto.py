@@ -5,8 +5,9 @@ Each step that drafts, the engine collects the free lookup drafts (`lookup`), on
 * "prompt": prompt lookup over this prompt and output (the suffix drafter's local index: the longest suffix of the
   context that occurred before, and what followed it; Saxena 2023, "prompt lookup decoding");
 * "store": the suffix store of past outputs (SuffixDecoding, Oliaro et al. 2024);
-* "realign": a copy run of the prompt continued past an edit (a renamed word: the copy's source position shifted
-  by the tokens written since), until prompt lookup matches again;
+* "realign": the reply's copy of the prompt followed past each edit, the edits it repeats applied ahead (a word
+  renamed at two places is drafted renamed at the next: `drafters/edits.py`; right after an edit, before the copy
+  re-syncs, the copy shifted by the tokens written since, while the reply's edits have been one for one);
 * "predict": the predicted output the user gave (OpenAI's predicted outputs), when there is one;
 * "corpus": the code and documents `specdec learn` indexed (REST-style: `specdec_cli.drafters.corpus`);
 * and, where the prompt's occurrences of the context continue differently, the runner-up continuation ("prompt").
@@ -62,8 +63,9 @@ class AutoDrafter(DrafterBase):
 
     def lookup(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Draft]:
         """The non-empty drafts of "prompt", "store", the prompt's runner-up continuation (where its occurrences part
-        ways), "realign" (a copy run continued past an edit: `SuffixDrafter._realigned`), "predict" and "corpus" (each
-        <= k tokens, deterministic): the candidates the controller chooses from, and a second branch of the same pass."""
+        ways), "realign" (the copy continued past the reply's edits: `CopyEdits.draft`), "predict" and "corpus"
+        (each <= k tokens, deterministic): the candidates the controller chooses from, and a second branch of the same
+        pass."""
         drafts = []
         if self.suffix is not None:
             local, glob, alt, realigned = self.suffix.continuations(context, k, more=True)

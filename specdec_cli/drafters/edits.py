@@ -39,10 +39,11 @@ LOST = 16  # output tokens after a divergence without a re-sync: the copy is los
 class Edit:
     """One learnt edit: the prompt's `old` tokens are written as `new` (tuples of token ids); `hits`/`misses`."""
 
-    __slots__ = ("old", "new", "hits", "misses")
+    __slots__ = ("old", "new", "insertion", "hits", "misses")
 
     def __init__(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
         self.old, self.new, self.hits, self.misses = old, new, 0, 0
+        self.insertion = new[:len(old)] == old  # text added after `old`, which stays
 
     @property
     def trusted(self) -> bool:
@@ -204,7 +205,10 @@ class CopyEdits:
         return np.asarray(out[:k], dtype=np.int32)
 
     def _copy(self, pos: int, k: int) -> list[int]:
+        """Up to k tokens of the prompt from `pos`, the trusted edits applied."""
         prompt, out = self.prompt, []
+        if not self.edits:  # nothing learnt yet (most steps of most replies): the prompt as it is
+            return prompt[pos:pos + k].tolist()
         while len(out) < k and pos < self.n_prompt:
             edits = self._at(pos)
             if edits:
@@ -228,7 +232,7 @@ class CopyEdits:
         i, changed = 0, False
         while i < len(toks) and len(out) < len(toks):
             for e in self.by_first.get(toks[i], ()):
-                if e.trusted and e.new[:len(e.old)] != e.old and tuple(toks[i:i + len(e.old)]) == e.old:
+                if e.trusted and not e.insertion and tuple(toks[i:i + len(e.old)]) == e.old:
                     out.extend(e.new)
                     i += len(e.old)
                     changed = True
