@@ -9,6 +9,12 @@
 # prefill ~1.6x faster on a 2-core Xeon. SPECDEC_AMX=off compiles AMX out instead (the build of earlier releases);
 # on a CPU without AMX, and on other architectures, nothing changes.
 #
+# Flash attention by phase: every build also gets patches/llama-cpp-python-flash-attn-switch.patch, which adds
+# `llama_set_flash_attn(ctx, on)`: flash attention on or off for the graphs built from then on. On the CPU specdec
+# runs prefill chunks with it on (cheaper at long contexts) and verify passes with it off (the CPU's flash-attention
+# kernel walks the KV cache once per query row, so a pass over b tokens pays b times one token's attention). Without
+# the patch (a llama-cpp-python installed some other way) specdec keeps one setting for both.
+#
 # The wheel is cached under a key made of the version, the CMake arguments, the patch, the Python tag and the CPU:
 # pip's own wheel cache is keyed by version only, so a wheel built with other flags (or for another CPU, since the
 # build uses -march=native) is never reused by mistake.
@@ -28,6 +34,7 @@ user_args="${CMAKE_ARGS:-}"
 
 here="$(cd "$(dirname "$0")" && pwd)"
 amx_patch="$here/../patches/llama-cpp-python-amx-tileconfig.patch"
+fa_patch="$here/../patches/llama-cpp-python-flash-attn-switch.patch"
 
 if [ -r /proc/cpuinfo ]; then
   cpu="$(grep -m1 -E '^(model name|Hardware)' /proc/cpuinfo || true) $(grep -m1 -E '^(flags|Features)' /proc/cpuinfo || true)"
@@ -36,21 +43,18 @@ else
 fi
 
 args="$user_args"
-patch_file=""
+patches=("$fa_patch")
 case "$(uname -m)" in
   x86_64 | amd64 | i686 | i386)
     if [ "${SPECDEC_AMX:-auto}" != off ] && grep -qw amx_tile <<<"$cpu" && grep -qw amx_int8 <<<"$cpu"; then
-      patch_file="$amx_patch"  # the AMX kernels, with the barrier that makes them run
+      patches+=("$amx_patch")  # the AMX kernels, with the barrier that makes them run
     else
       amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
       args="-DCMAKE_C_FLAGS='$amx_off' -DCMAKE_CXX_FLAGS='$amx_off'${user_args:+ $user_args}"
     fi
     ;;
 esac
-patch_sum="none"
-if [ -n "$patch_file" ]; then
-  patch_sum="$(sha256sum "$patch_file" | cut -c1-64)"
-fi
+patch_sum="$(cat "${patches[@]}" | sha256sum | cut -c1-64)"
 
 tag="$("$py" -c 'import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform())')"
 key="$(printf '%s\n%s\n%s\n%s\n%s\n' "$version" "$args" "$tag" "$cpu" "$patch_sum" | sha256sum | cut -c1-16)"
@@ -69,14 +73,13 @@ if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   mkdir -p "$root"
   tmp="$(mktemp -d "$root/.building.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
-  source="llama-cpp-python==$version"
-  if [ -n "$patch_file" ]; then
-    echo "This CPU has AMX: building llama-cpp-python $version from its sdist with $(basename "$patch_file")" >&2
-    "$py" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$tmp/src"
-    tar -xzf "$tmp"/src/llama_cpp_python-*.tar.gz -C "$tmp/src"
-    source="$(echo "$tmp"/src/llama_cpp_python-*/)"
-    patch -p1 --forward --fuzz=0 -d "$source" <"$patch_file"  # a changed source fails here, not at run time
-  fi
+  echo "Building llama-cpp-python $version from its sdist with $(for p in "${patches[@]}"; do basename "$p"; done | paste -sd' ')" >&2
+  "$py" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$tmp/src"
+  tar -xzf "$tmp"/src/llama_cpp_python-*.tar.gz -C "$tmp/src"
+  source="$(echo "$tmp"/src/llama_cpp_python-*/)"
+  for p in "${patches[@]}"; do
+    patch -p1 --forward --fuzz=0 -d "$source" <"$p"  # a changed source fails here, not at run time
+  done
   echo "Building llama-cpp-python $version (~10 min on 2 cores; CMake's steps follow); CMAKE_ARGS=$args" >&2
   # --verbose: CMake's configuration and every compile step ([n/N] ...) are printed, so a long build shows progress
   CMAKE_ARGS="$args" "$py" -m pip wheel --verbose --no-cache-dir --no-deps "$source" -w "$tmp/wheel"

@@ -93,9 +93,12 @@ class Session:
             why = "measured here: specdec doctor shows the times"
         elif fa is None:
             why = "llama.cpp's default; specdec doctor --measure times it on and off"
+        elif fa == "phased":
+            why = "the CPU's default where this build can switch it; specdec doctor --measure times it"
         else:
             why = "as the backend was opened"
-        state = "auto" if fa is None else "on" if fa else "off"
+        state = ("auto" if fa is None else "on for prefill, off for verify passes" if fa == "phased" else
+                 "on" if fa else "off")
         return {"amx": amx, "flash_attn": f"{state} ({why})"}
 
     # -- prompts ------------------------------------------------------------------------------------------------
@@ -249,32 +252,51 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
 
 
-def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None) -> bool | None:
+def flash_attn(target_path: str | Path, threads: int | None,
+               environ: Mapping[str, str] | None = None) -> bool | str | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
     on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
     alone, so a row's attention is the same in a verify batch as in a one-token pass, and greedy speculative output
     matches plain decoding at more near-ties; off, passes over 8-16 tokens at 4k tokens of context cost 1.7-2x less
     on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
-    100 % acceptance fails with it off). Raises ConfigError for another value of the variable."""
+    100 % acceptance fails with it off).
+    Where the build can switch it between passes (`models.llama.flash_attn_switch`, scripts/install-llama-cpp.sh's
+    patch) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks, off for verify
+    passes), unless a measurement that timed phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
+    Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt
+
+    from specdec_cli.models.llama import PHASED, flash_attn_switch, gpu_offload_supported
 
     value = (os.environ if environ is None else environ).get(FLASH_ATTN_ENV, "auto").strip().lower()
     if value in ("on", "1", "yes"):
         return True
     if value in ("off", "0", "no"):
         return False
+    switch = flash_attn_switch()
+    if value == PHASED:
+        if not switch:
+            raise ConfigError(f"{FLASH_ATTN_ENV}=phased needs a llama-cpp-python that can switch flash attention "
+                              "between passes.", "Install it with scripts/install-llama-cpp.sh (make), or unset it.")
+        return PHASED
     if value not in ("auto", ""):
-        raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, auto.",
-                          f"Unset it (the measured choice), or set it to on or off.")
-    from specdec_cli.core.verify_timing import prefers_on
+        raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
+                          f"Unset it (the measured choice), or set it to on, off or phased.")
+    from specdec_cli.core.verify_timing import prefers_on, prefers_phased
 
+    phased = PHASED if switch and not gpu_offload_supported() else None  # the CPU's default where it can switch
     choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
     try:  # decided again under today's rule: one kept before the margin may have chosen off by less
-        return None if choice is None else prefers_on(choice["turn_ms"])
+        if choice is None:
+            return phased
+        turn = choice["turn_ms"]
+        if phased and ("phased" not in turn or prefers_phased(turn)):  # phased pays on's prefill and off's decoding
+            return phased
+        return prefers_on(turn)
     except (KeyError, TypeError, ValueError):  # an entry of another shape: as if not measured
-        return None
+        return phased
 
 
 def kernels_line(kernels: dict[str, str] | None) -> str:

@@ -105,7 +105,10 @@ def test_the_choice_is_kept_beside_the_curve_and_neither_overwrites_the_other(tm
 
 
 def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp_auto(tmp_path, monkeypatch):
+    from specdec_cli.models import llama
+
     monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    monkeypatch.setattr(llama, "flash_attn_switch", lambda: False)  # a build that cannot switch between passes
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     assert flash_attn_for(model, 2, {}) is None  # nothing measured: llama.cpp's auto
@@ -124,6 +127,38 @@ def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp
     assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "auto"}) is True
     with pytest.raises(ConfigError, match=FLASH_ATTN_ENV):
         flash_attn_for(model, 2, {FLASH_ATTN_ENV: "maybe"})
+    with pytest.raises(ConfigError, match="install-llama-cpp.sh"):
+        flash_attn_for(model, 2, {FLASH_ATTN_ENV: "phased"})
+
+
+PHASED = {"depth": 2048, "chunk": 256, "chunk_ms": 1280.0, "ms": {1: 100.0, 4: 150.0, 8: 200.0, 16: 300.0}}
+
+
+def test_where_the_build_can_switch_the_cpu_runs_phased_unless_on_was_measured_cheaper(tmp_path, monkeypatch):
+    from specdec_cli.models import llama
+
+    monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    monkeypatch.setattr(llama, "flash_attn_switch", lambda: True)
+    monkeypatch.setattr(llama, "gpu_offload_supported", lambda: False)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    key = learnt.curve_key(model, 2)
+    assert flash_attn_for(model, 2, {}) == llama.PHASED  # nothing measured
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_CHEAP).to_dict())
+    assert flash_attn_for(model, 2, {}) == llama.PHASED  # measured before phased existed: on's prefill, off's passes
+    choice = flash_attn.decide(OFF, ON_DEAR_VERIFY, PHASED)
+    assert choice.phased and "phased" in choice.reason
+    assert choice.turn_ms["phased"] == pytest.approx(5.0 + 200 / sum(0.8 ** i for i in range(8)))
+    learnt.save_flash_attn(key, choice.to_dict())
+    assert flash_attn.Choice.from_dict(learnt.load_flash_attn(key)).phased
+    assert flash_attn_for(model, 2, {}) == llama.PHASED
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_CHEAP, {**PHASED, "chunk_ms": 2560.0}).to_dict())
+    assert flash_attn_for(model, 2, {}) is True  # phased timed and dearer than on: on
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "off"}) is False
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "phased"}) == llama.PHASED
+    monkeypatch.setattr(llama, "gpu_offload_supported", lambda: True)  # a GPU's kernels: as measured, else auto
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_CHEAP).to_dict())
+    assert flash_attn_for(model, 2, {}) is True
 
 
 def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch):
@@ -131,8 +166,10 @@ def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch)
 
     from specdec_cli.cli.commands import doctor
     from specdec_cli.core.verify_curve import VerifyCurve
+    from specdec_cli.models import llama
 
     monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    monkeypatch.setattr(llama, "flash_attn_switch", lambda: False)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     key = learnt.curve_key(model, None)  # doctor shows the default thread count's curves
@@ -144,6 +181,15 @@ def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch)
     text = console.export_text()
     assert "flash attention off (measured at 2048 tokens of context" in text
     assert "v(8) 200 / 800" in text
+    monkeypatch.setattr(llama, "flash_attn_switch", lambda: True)
+    monkeypatch.setattr(llama, "gpu_offload_supported", lambda: False)
+    learnt.save_flash_attn(key, flash_attn.decide(OFF, ON_DEAR_VERIFY, PHASED).to_dict())
+    console = Console(width=400, record=True)
+    for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):
+        console.print(part)
+    text = console.export_text()
+    assert "flash attention on for prefill chunks, off for verify passes (measured at 2048" in text
+    assert "phased 53.1 ms" in text  # 5 ms of prefill + 200 ms over 4.16 tokens
     monkeypatch.setenv(FLASH_ATTN_ENV, "on")
     console = Console(width=400, record=True)
     for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):

@@ -113,6 +113,12 @@ def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (
 OFF_MARGIN = 0.10  # flash attention off must make a turn this much cheaper (a fraction of on's) to be chosen
 
 
+def prefers_phased(turn_ms: dict[str, float]) -> bool:
+    """Flash attention phased (on for prefill chunks, off for verify passes: `models.llama.PHASED`) was timed
+    (`turn_ms["phased"]`) and its turn costs no more than on's."""
+    return "phased" in turn_ms and float(turn_ms["phased"]) <= float(turn_ms["on"])
+
+
 def prefers_on(turn_ms: dict[str, float]) -> bool:
     """Flash attention on unless off's turn (`turn_ms["off"]`, ms of a prompt token plus an output token at a long
     context) is cheaper than on's (`turn_ms["on"]`) by at least `OFF_MARGIN` of on's (`measure/flash_attn.py` says

@@ -1,8 +1,9 @@
 """Flash attention on or off, measured on this host at a long context (issue 34: long contexts priced).
 
 llama.cpp's flash attention is a context setting (`llama_context_params.flash_attn_type`; its default, auto, turns it
-on wherever the backend supports it, the CPU's included) and changes the KV cache's layout, so it cannot change
-between passes. On the CPU it pulls two ways at a long context: a prefill chunk gets cheaper, while a verify pass over
+on wherever the backend supports it, the CPU's included) and changes the KV cache's layout; stock llama.cpp cannot
+change it between passes, the build of scripts/install-llama-cpp.sh can (`llama_set_flash_attn`, a patch of ours).
+On the CPU it pulls two ways at a long context: a prefill chunk gets cheaper, while a verify pass over
 2-63 rows gets dearer, since the CPU's flash-attention kernel walks the whole KV cache once per query row (llama.cpp
 `ggml-cpu/ops.cpp`, `ggml_compute_forward_flash_attn_ext_f16_one_chunk`). What wins depends on the machine, so
 `measure` times both (`core.verify_timing.measure_at_depth`: a prefill chunk and verify passes after `DEPTH` tokens,
@@ -15,6 +16,10 @@ plain decoding at fewer near-ties; and its prefill lead grows past `DEPTH` (llam
 neither. The choice is kept in learnt.json beside the verify curve (same key: model file, CPU, threads, build) and
 applied at every model load (`session.flash_attn`); SPECDEC_FLASH_ATTN=on|off
 overrides it. `specdec doctor --measure` measures it.
+
+Phased (`models.llama.PHASED`, where the build can switch): on for prefill chunks, off for verify passes, so a turn
+pays on's prefill and off's decoding. It is timed as a third setting and kept unless on's turn is cheaper; where the
+build can switch and nothing was measured, it is the CPU's default (`session.flash_attn`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from specdec_cli.core.verify_timing import OFF_MARGIN, prefers_on
+from specdec_cli.core.verify_timing import OFF_MARGIN, prefers_on, prefers_phased
 
 DEPTH = 2048  # tokens in the KV cache when both settings are timed
 SIZES = (1, 4, 8, 16)  # verify pass sizes timed
@@ -44,8 +49,17 @@ class Choice:
     ms: dict[str, dict[str, Any]]
 
     @property
+    def phased(self) -> bool:
+        """Phased was timed and its turn costs no more than on's."""
+        return prefers_phased(self.turn_ms)
+
+    @property
     def reason(self) -> str:
         on, off = self.turn_ms["on"], self.turn_ms["off"]
+        if "phased" in self.turn_ms:
+            return (f"flash attention {'on for prefill, off for verify passes' if self.phased else 'on' if self.on else 'off'}"
+                    f": at {self.depth} tokens of context a prompt token plus an output token cost "
+                    f"{self.turn_ms['phased']:.1f} ms phased, {on:.1f} ms with it, {off:.1f} ms without")
         why = "" if not (self.on and off < on) else f" (off is chosen only when {OFF_MARGIN:.0%} cheaper)"
         return (f"flash attention {'on' if self.on else 'off'}: at {self.depth} tokens of context a prompt token plus "
                 f"an output token cost {on:.1f} ms with it, {off:.1f} ms without{why}")
@@ -60,9 +74,10 @@ class Choice:
         dict that is not one."""
         if not isinstance(d["on"], bool):
             raise TypeError("on must be a bool")
-        turn_ms = {k: float(d["turn_ms"][k]) for k in ("on", "off")}
+        names = ("on", "off", "phased") if "phased" in d["turn_ms"] else ("on", "off")
+        turn_ms = {k: float(d["turn_ms"][k]) for k in names}
         return cls(on=prefers_on(turn_ms), depth=int(d["depth"]), turn_ms=turn_ms,
-                   ms={k: dict(d["ms"][k]) for k in ("on", "off")})
+                   ms={k: dict(d["ms"][k]) for k in names})
 
 
 def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) -> float:
@@ -72,12 +87,14 @@ def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) ->
     return min(v / sum(acceptance ** i for i in range(int(b))) for b, v in ms.items())
 
 
-def decide(off: dict[str, Any], on: dict[str, Any]) -> Choice:
+def decide(off: dict[str, Any], on: dict[str, Any], phased: dict[str, Any] | None = None) -> Choice:
     """Off when its turn cost (prefill ms per token + `decode_ms_per_token`) is below on's by at least `OFF_MARGIN`
-    of on's, else on (llama.cpp's default; see the module's docstring). `off`/`on`: `measure_at_depth`'s dicts."""
-    turn = {name: m["chunk_ms"] / m["chunk"] + decode_ms_per_token(m["ms"]) for name, m in (("on", on), ("off", off))}
+    of on's, else on (llama.cpp's default; see the module's docstring); `Choice.phased` when phased was timed and
+    costs no more than on. `off`/`on`/`phased`: `measure_at_depth`'s dicts."""
+    timed = {"on": on, "off": off, **({"phased": phased} if phased is not None else {})}
+    turn = {name: m["chunk_ms"] / m["chunk"] + decode_ms_per_token(m["ms"]) for name, m in timed.items()}
     return Choice(on=prefers_on(turn), depth=int(off["depth"]), turn_ms=turn,
-                  ms={"on": _json(on), "off": _json(off)})
+                  ms={name: _json(m) for name, m in timed.items()})
 
 
 def _json(m: dict[str, Any]) -> dict[str, Any]:
@@ -88,22 +105,27 @@ def measure(target_path: str | Path, *, threads: int | None = None, depth: int =
             backend: Callable[[bool], Any] | None = None,
             progress: Callable[[int, int], None] | None = None,
             clock: Callable[[], float] = time.perf_counter) -> Choice:
-    """Time both settings (off first, then on, each in a context of its own, loaded and closed in turn) and decide.
+    """Time the settings (off, on, then phased where the build can switch: `models.llama.flash_attn_switch`; each in a
+    context of its own, loaded and closed in turn) and decide.
     `backend(flash_attn)`: opens a `Backend` (default: `LlamaBackend` of `target_path` with room for `depth`);
     `clock`: seconds (a virtual one in tests).
     Seconds: two prefills of `depth` tokens and a few passes (~1 min for a 1.5B model on 2 cores).
     Raises what the backends raise (ModelError, DecodeError)."""
     from specdec_cli.core.verify_timing import measure_at_depth
 
+    settings: tuple[Any, ...] = (False, True)
     if backend is None:
-        from specdec_cli.models.llama import LlamaBackend
+        from specdec_cli.models.llama import PHASED, LlamaBackend, flash_attn_switch
+
+        if flash_attn_switch():
+            settings = (False, True, PHASED)
 
         def backend(flash_attn: bool):
             return LlamaBackend(target_path, n_ctx=depth + 2 * CHUNK, n_batch=512, n_threads=threads,
                                 flash_attn=flash_attn)
 
     done = [0]
-    total = 2 * (len(SIZES) + 1) * REPEATS
+    total = len(settings) * (len(SIZES) + 1) * REPEATS
 
     def tick(_d: int, _t: int) -> None:
         done[0] += 1
@@ -111,11 +133,11 @@ def measure(target_path: str | Path, *, threads: int | None = None, depth: int =
             progress(done[0], total)
 
     results = {}
-    for setting in (False, True):
+    for setting in settings:
         b = backend(setting)
         try:
             results[setting] = measure_at_depth(b, depth=depth, sizes=SIZES, chunk=CHUNK, repeats=REPEATS,
                                                 progress=tick, clock=clock)
         finally:
             b.close()
-    return decide(results[False], results[True])
+    return decide(results[False], results[True], results.get(settings[-1]) if len(settings) > 2 else None)
