@@ -11,11 +11,11 @@
 #
 # Flash attention by phase: every build also gets patches/llama-cpp-python-flash-attn-switch.patch, which adds
 # `llama_set_flash_attn(ctx, on)`: flash attention on or off for the graphs built from then on. On the CPU specdec
-# runs prefill chunks with it on (cheaper at long contexts) and verify passes with it off (the CPU's flash-attention
-# kernel walks the KV cache once per query row, so a pass over b tokens pays b times one token's attention). Without
-# the patch (a llama-cpp-python installed some other way) specdec keeps one setting for both.
+# runs prefill chunks with it on (cheaper at long contexts) and, past 2,048 tokens of context, verify passes with it
+# off (the CPU's flash-attention kernel walks the KV cache once per query row, so a pass over b tokens pays b times
+# one token's attention). Without the patch (a llama-cpp-python installed some other way) specdec keeps one setting.
 #
-# The wheel is cached under a key made of the version, the CMake arguments, the patch, the Python tag and the CPU:
+# The wheel is cached under a key made of the version, the CMake arguments, the patches, the Python tag and the CPU:
 # pip's own wheel cache is keyed by version only, so a wheel built with other flags (or for another CPU, since the
 # build uses -march=native) is never reused by mistake.
 #

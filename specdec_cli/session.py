@@ -97,7 +97,7 @@ class Session:
             why = "the CPU's default where this build can switch it; specdec doctor --measure times it"
         else:
             why = "as the backend was opened"
-        state = ("auto" if fa is None else "on for prefill, off for verify passes" if fa == "phased" else
+        state = ("auto" if fa is None else "on for prefill, off for verify passes past 2,048 tokens" if fa == "phased" else
                  "on" if fa else "off")
         return {"amx": amx, "flash_attn": f"{state} ({why})"}
 
@@ -262,8 +262,9 @@ def flash_attn(target_path: str | Path, threads: int | None,
     on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
     100 % acceptance fails with it off).
     Where the build can switch it between passes (`models.llama.flash_attn_switch`, scripts/install-llama-cpp.sh's
-    patch) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks, off for verify
-    passes), unless a measurement that timed phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
+    patch) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks and short contexts,
+    off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a measurement that timed phased found on
+    cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt

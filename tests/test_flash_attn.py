@@ -188,7 +188,8 @@ def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch)
     for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):
         console.print(part)
     text = console.export_text()
-    assert "flash attention on for prefill chunks, off for verify passes (measured at 2048" in text
+    assert ("flash attention on for prefill chunks, off for verify passes past 2,048 tokens of context (measured at 2048"
+            in text)
     assert "phased 53.1 ms" in text  # 5 ms of prefill + 200 ms over 4.16 tokens
     monkeypatch.setenv(FLASH_ATTN_ENV, "on")
     console = Console(width=400, record=True)

@@ -192,23 +192,31 @@ def test_qwen_target_with_gemma_draft_is_refused(qwen_pair, gemma_path, tmp_path
     assert code == 4 and gemma_path.name in err and "qwen2.5-coder-1.5b" in err
 
 
-def test_phased_flash_attention_runs_prefill_chunks_with_it_on_and_verify_passes_with_it_off(smollm2_path):
+def test_phased_flash_attention_runs_prefill_chunks_and_short_contexts_with_it_on_and_long_verify_passes_off(
+        smollm2_path):
     from specdec_cli.models.llama import PHASE_ROWS, PHASED, flash_attn_switch
 
     if not flash_attn_switch():
         pytest.skip("this llama-cpp-python cannot switch flash attention (not built by scripts/install-llama-cpp.sh)")
-    long_prompt = [(i * 7919) % 40000 + 100 for i in range(PHASE_ROWS + 36)]
+    long_prompt = [(i * 7919) % 40000 + 100 for i in range(PHASE_ROWS + 36)]  # 100 tokens: one prefill chunk
     short = long_prompt[:12]
     logits = {}
     for setting in (True, False, PHASED):
-        b = LlamaBackend(smollm2_path, n_ctx=512, flash_attn=setting)
+        # phased: from 12 tokens of context on, verify passes run without flash attention
+        b = LlamaBackend(smollm2_path, n_ctx=512, flash_attn=setting, phase_depth=12)
         try:
-            logits[setting] = (b.decode(long_prompt, 4).copy(), (b.truncate(0), b.decode(short, 12).copy())[1])
+            chunk = b.decode(long_prompt, 4).copy()
+            b.truncate(0)
+            early = b.decode(short, 12).copy()  # starts at 0 tokens of context
+            late = b.decode(short, 12).copy()  # starts at 12
+            logits[setting] = (chunk, early, late)
         finally:
             b.close()
-    (on_long, on_short), (off_long, off_short), (ph_long, ph_short) = logits[True], logits[False], logits[PHASED]
-    assert not np.array_equal(on_long, off_long)  # the two kernels round differently: the test can tell them apart
-    # a prefill chunk runs flash attention (over a contiguous copy of the transposed V: the same values), a verify
-    # pass of 12 rows runs without it, each bit for bit as in a context made with that setting
-    assert np.array_equal(ph_long, on_long)
-    assert np.array_equal(ph_short, off_short)
+    on, off, ph = logits[True], logits[False], logits[PHASED]
+    assert not np.array_equal(on[0], off[0])  # the two kernels round differently: the test can tell them apart
+    # a prefill chunk runs flash attention (over a contiguous copy of the transposed V: the same values), and so does
+    # a pass before phase_depth, each bit for bit as in a context made with it on; a verify pass of 12 rows after
+    # phase_depth runs without it
+    assert np.array_equal(ph[0], on[0])
+    assert np.array_equal(ph[1], on[1])
+    assert not np.array_equal(ph[2], on[2])  # the same cache as on's, read without flash attention

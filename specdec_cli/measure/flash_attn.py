@@ -17,9 +17,10 @@ neither. The choice is kept in learnt.json beside the verify curve (same key: mo
 applied at every model load (`session.flash_attn`); SPECDEC_FLASH_ATTN=on|off
 overrides it. `specdec doctor --measure` measures it.
 
-Phased (`models.llama.PHASED`, where the build can switch): on for prefill chunks, off for verify passes, so a turn
-pays on's prefill and off's decoding. It is timed as a third setting and kept unless on's turn is cheaper; where the
-build can switch and nothing was measured, it is the CPU's default (`session.flash_attn`).
+Phased (`models.llama.PHASED`, where the build can switch): on for prefill chunks and below `PHASE_DEPTH` tokens of
+context, off for verify passes past it, so a long context's turn pays on's prefill and off's decoding. It is timed as
+a third setting and kept unless on's turn is cheaper; where the build can switch and nothing was measured, it is the
+CPU's default (`session.flash_attn`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Choice:
     def reason(self) -> str:
         on, off = self.turn_ms["on"], self.turn_ms["off"]
         if "phased" in self.turn_ms:
-            return (f"flash attention {'on for prefill, off for verify passes' if self.phased else 'on' if self.on else 'off'}"
+            state = "phased" if self.phased else "on" if self.on else "off"
+            return (f"flash attention {state}"
                     f": at {self.depth} tokens of context a prompt token plus an output token cost "
                     f"{self.turn_ms['phased']:.1f} ms phased, {on:.1f} ms with it, {off:.1f} ms without")
         why = "" if not (self.on and off < on) else f" (off is chosen only when {OFF_MARGIN:.0%} cheaper)"

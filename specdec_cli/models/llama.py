@@ -65,8 +65,12 @@ def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-PHASED = "phased"  # flash_attn: on for prefill chunks, off for verify passes (`LlamaBackend`)
+PHASED = "phased"  # flash_attn: on for prefill chunks and short contexts, off for long verify passes (`LlamaBackend`)
 PHASE_ROWS = 64  # phased: a llama_decode call over more rows than this is a prefill chunk, run with flash attention
+# phased: below this many tokens of context every pass runs with flash attention too. There it costs about what off
+# does (2,048 tokens, 2-core Xeon: v(1) 86 on / 96 off, v(16) 322 / 268 ms) and keeps each row's attention computed
+# alone, so a verify pass rounds as a one-token pass does; past it, off's verify passes are 1.2-2x cheaper.
+PHASE_DEPTH = 2048
 
 
 def _set_flash_attn_fn():
@@ -158,9 +162,12 @@ class LlamaBackend:
             backend supports it, the CPU's included). On the CPU it makes a prefill chunk at long context cheaper
             and a short verify pass dearer (`specdec_cli.measure.flash_attn` measures both on the host). `PHASED`
             ("phased"): both, by pass: the context is made with it off and each llama_decode call over more than
-            `PHASE_ROWS` rows (a prefill chunk) runs with it on; needs `flash_attn_switch()` (else ValueError).
+            `PHASE_ROWS` rows (a prefill chunk), or starting before `phase_depth` tokens of context, runs with it on;
+            needs `flash_attn_switch()` (else ValueError).
             Measured on a 2-core AMX Xeon at 8,000 tokens of context, Qwen2.5-Coder-1.5B: passes over 1/4/8/16
             tokens 130/257/348/487 ms off against 152/320/538/924 ms on, prefill 82-88 tok/s on, 72 off.
+        phase_depth: phased: a pass that starts before this many tokens of context runs with flash attention
+            (`PHASE_DEPTH`).
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -177,7 +184,8 @@ class LlamaBackend:
         verbose: bool = False,
         extra_bufts: bool | None = None,
         branches: bool = True,
-        flash_attn: bool | None = None,
+        flash_attn: bool | str | None = None,
+        phase_depth: int = PHASE_DEPTH,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
@@ -223,6 +231,7 @@ class LlamaBackend:
                                    llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)
         self.flash_attn = flash_attn
         self._fa_on = False  # phased: flash attention's setting for the next llama_decode call
+        self.phase_depth = phase_depth
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
@@ -326,8 +335,8 @@ class LlamaBackend:
                 if first_out < c1:
                     self._b_logits[first_out - c0 : n] = 1
                 self._batch.n_tokens = n
-                if self._set_fa is not None and (n > PHASE_ROWS) != self._fa_on:
-                    self._phase(n > PHASE_ROWS)
+                if self._set_fa is not None and (n > PHASE_ROWS or start + c0 < self.phase_depth) != self._fa_on:
+                    self._phase(not self._fa_on)
                 rc = llama_cpp.llama_decode(self._ctx, self._batch)
                 self.n_decode_calls += 1
                 if rc != 0:
@@ -384,8 +393,8 @@ class LlamaBackend:
         self._seq_ids(rows, [0] * m + [1] * (rows - m))
         self._b_logits[:rows] = 1
         self._batch.n_tokens = rows
-        if self._set_fa is not None and (rows > PHASE_ROWS) != self._fa_on:
-            self._phase(rows > PHASE_ROWS)
+        if self._set_fa is not None and (rows > PHASE_ROWS or start < self.phase_depth) != self._fa_on:
+            self._phase(not self._fa_on)
         try:
             rc = llama_cpp.llama_decode(self._ctx, self._batch)
             self.n_decode_calls += 1

@@ -198,7 +198,8 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
 
     phased = flash_attn_switch() and not gpu_offload_supported()
     if choice is None and phased:
-        return Text("flash attention: on for prefill chunks, off for verify passes (this build switches it between "
+        return Text("flash attention: on for prefill chunks, off for verify passes past 2,048 tokens of context (this "
+                    "build switches it between "
                     "passes; not measured here: specdec doctor --measure times it)", style="spec.label")
     if choice is None:
         return Text("flash attention: llama.cpp's auto (not measured here: specdec doctor --measure times it on and "
@@ -213,7 +214,7 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
     on, off = (choice["ms"][k] for k in ("on", "off"))
     passes = ", ".join(f"v({b}) {off['ms'][b]:.0f} / {on['ms'][b]:.0f}" for b in off["ms"])
     if phased and (chosen.phased or "phased" not in chosen.turn_ms):
-        state = "on for prefill chunks, off for verify passes"
+        state = "on for prefill chunks, off for verify passes past 2,048 tokens of context"
     else:
         state = "on" if chosen.on else "off"
     also = (f"; phased {choice['turn_ms']['phased']:.1f} ms" if "phased" in choice["turn_ms"] else "")
