@@ -97,9 +97,7 @@ class Session:
             why = "the CPU's default where this build can switch it; specdec doctor --measure times it"
         else:
             why = "as the backend was opened"
-        state = ("auto" if fa is None else "on for prefill, off for verify passes past 2,048 tokens" if fa == "phased" else
-                 "on" if fa else "off")
-        return {"amx": amx, "flash_attn": f"{state} ({why})"}
+        return {"amx": amx, "flash_attn": f"{flash_attn_state(fa)} ({why})"}
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -285,19 +283,36 @@ def flash_attn(target_path: str | Path, threads: int | None,
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
                           f"Unset it (the measured choice), or set it to on, off or phased.")
+    phased = PHASED if switch and not gpu_offload_supported() else None  # the CPU's default where it can switch
+    return flash_attn_choice(learnt.load_flash_attn(learnt.curve_key(target_path, threads)), phased)
+
+
+def flash_attn_choice(choice: dict | None, phased: str | None) -> bool | str | None:
+    """The setting a measured choice (learnt.json's entry, or None) gives, decided again under today's rule (one kept
+    before `OFF_MARGIN` may have chosen off by less): `phased` (`models.llama.PHASED`, or None where the build cannot
+    switch or the model is not on the CPU) unless phased was timed and on's turn is cheaper (phased pays on's prefill
+    and off's decoding, so an entry timed before phased existed keeps it), else on or off by `prefers_on`; an entry of
+    another shape counts as not measured."""
     from specdec_cli.core.verify_timing import prefers_on, prefers_phased
 
-    phased = PHASED if switch and not gpu_offload_supported() else None  # the CPU's default where it can switch
-    choice = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
-    try:  # decided again under today's rule: one kept before the margin may have chosen off by less
-        if choice is None:
-            return phased
+    if choice is None:
+        return phased
+    try:
         turn = choice["turn_ms"]
-        if phased and ("phased" not in turn or prefers_phased(turn)):  # phased pays on's prefill and off's decoding
+        if phased and ("phased" not in turn or prefers_phased(turn)):
             return phased
         return prefers_on(turn)
-    except (KeyError, TypeError, ValueError):  # an entry of another shape: as if not measured
+    except (KeyError, TypeError, ValueError):
         return phased
+
+
+def flash_attn_state(fa: bool | str | None) -> str:
+    """A flash attention setting in words, for `kernels` and doctor."""
+    from specdec_cli.models.llama import PHASE_DEPTH, PHASED
+
+    if fa == PHASED:
+        return f"on for prefill chunks, off for verify passes past {PHASE_DEPTH:,} tokens of context"
+    return "auto" if fa is None else "on" if fa else "off"
 
 
 def kernels_line(kernels: dict[str, str] | None) -> str:

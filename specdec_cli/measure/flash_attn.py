@@ -103,6 +103,14 @@ def _json(m: dict[str, Any]) -> dict[str, Any]:
     return {**m, "ms": {str(b): v for b, v in m["ms"].items()}}
 
 
+def settings() -> tuple[Any, ...]:
+    """The settings `measure` times with its default backend: off, on, and phased where the build can switch
+    (`models.llama.flash_attn_switch`)."""
+    from specdec_cli.models.llama import PHASED, flash_attn_switch
+
+    return (False, True, PHASED) if flash_attn_switch() else (False, True)
+
+
 def measure(target_path: str | Path, *, threads: int | None = None, depth: int = DEPTH,
             backend: Callable[[bool], Any] | None = None,
             progress: Callable[[int, int], None] | None = None,
@@ -115,19 +123,18 @@ def measure(target_path: str | Path, *, threads: int | None = None, depth: int =
     Raises what the backends raise (ModelError, DecodeError)."""
     from specdec_cli.core.verify_timing import measure_at_depth
 
-    settings: tuple[Any, ...] = (False, True)
+    timed: tuple[Any, ...] = (False, True)
     if backend is None:
-        from specdec_cli.models.llama import PHASED, LlamaBackend, flash_attn_switch
+        from specdec_cli.models.llama import LlamaBackend
 
-        if flash_attn_switch():
-            settings = (False, True, PHASED)
+        timed = settings()
 
         def backend(flash_attn: bool):
             return LlamaBackend(target_path, n_ctx=depth + 2 * CHUNK, n_batch=512, n_threads=threads,
                                 flash_attn=flash_attn)
 
     done = [0]
-    total = len(settings) * (len(SIZES) + 1) * REPEATS
+    total = len(timed) * (len(SIZES) + 1) * REPEATS
 
     def tick(_d: int, _t: int) -> None:
         done[0] += 1
@@ -135,11 +142,12 @@ def measure(target_path: str | Path, *, threads: int | None = None, depth: int =
             progress(done[0], total)
 
     results = {}
-    for setting in settings:
+    for setting in timed:
         b = backend(setting)
         try:
             results[setting] = measure_at_depth(b, depth=depth, sizes=SIZES, chunk=CHUNK, repeats=REPEATS,
                                                 progress=tick, clock=clock)
         finally:
             b.close()
-    return decide(results[False], results[True], results.get(settings[-1]) if len(settings) > 2 else None)
+    phased = next((r for s, r in results.items() if not isinstance(s, bool)), None)  # PHASED's, if timed
+    return decide(results[False], results[True], phased)

@@ -344,11 +344,32 @@ def _remember(key: str, verdict: str) -> None:
         pass
 
 
+def set_flash_attn_fn():
+    """llama.cpp's `llama_set_flash_attn(ctx, on) -> bool` (patches/llama-cpp-python-flash-attn-switch.patch, applied
+    by scripts/install-llama-cpp.sh), or None where this llama-cpp-python was built without it."""
+    import ctypes
+
+    import llama_cpp
+
+    fn = getattr(getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None), "llama_set_flash_attn", None)
+    if fn is not None:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+        fn.restype = ctypes.c_bool
+    return fn
+
+
+def flash_attn_switch() -> bool:
+    """Whether this build can turn flash attention on and off between passes (`llama.PHASED`)."""
+    return set_flash_attn_fn() is not None
+
+
 def describe_build(system_info: str) -> str:
     """Which llama.cpp a benchmark ran, for its header: llama.cpp's system info, whether it has AMX kernels and the
-    trial decode's remembered verdict on this CPU (the patched build's passes)."""
+    trial decode's remembered verdict on this CPU (the patched build's passes), and whether it can switch flash
+    attention between passes (scripts/install-llama-cpp.sh's patch, `llama.flash_attn_switch`)."""
     return (f"llama.cpp: {system_info.strip()}\nAMX kernels in this build: {amx_build(system_info)}; trial decode "
-            f"verdict on this CPU: {known_verdict(system_info) or 'not probed yet'}")
+            f"verdict on this CPU: {known_verdict(system_info) or 'not probed yet'}; flash attention switch "
+            f"(phased): {flash_attn_switch()}")
 
 
 def known_verdict(system_info: str) -> str | None:

@@ -27,6 +27,9 @@ from typing import Any, Mapping, Sequence
 import llama_cpp
 from llama_cpp import _logger as _llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from specdec_cli.models.host import flash_attn_switch  # noqa: F401  (re-exported: what `PHASED` needs)
+from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
 import numpy as np
 
 from specdec_cli.models.backend import FimTokens, VocabInfo
@@ -71,22 +74,6 @@ PHASE_ROWS = 64  # phased: a llama_decode call over more rows than this is a pre
 # does (2,048 tokens, 2-core Xeon: v(1) 86 on / 96 off, v(16) 322 / 268 ms) and keeps each row's attention computed
 # alone, so a verify pass rounds as a one-token pass does; past it, off's verify passes are 1.2-2x cheaper.
 PHASE_DEPTH = 2048
-
-
-def _set_flash_attn_fn():
-    """llama.cpp's `llama_set_flash_attn(ctx, on) -> bool` (patches/llama-cpp-python-flash-attn-switch.patch, applied
-    by scripts/install-llama-cpp.sh), or None where this llama-cpp-python was built without it."""
-    fn = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
-    fn = getattr(fn, "llama_set_flash_attn", None) if fn is not None else None
-    if fn is not None:
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_bool]
-        fn.restype = ctypes.c_bool
-    return fn
-
-
-def flash_attn_switch() -> bool:
-    """Whether this build can turn flash attention on and off between passes (`PHASED`)."""
-    return _set_flash_attn_fn() is not None
 
 
 def system_info() -> str:

@@ -67,11 +67,9 @@ def measure_flash_attn(model, reporter) -> None:
     from specdec_cli.measure import flash_attn
     from specdec_cli.stores import learnt
 
-    from specdec_cli.models.llama import flash_attn_switch
-
-    settings = 3 if flash_attn_switch() else 2
-    total = settings * (len(flash_attn.SIZES) + 1) * flash_attn.REPEATS
-    what = "on, off and phased" if settings == 3 else "on and off"
+    settings = flash_attn.settings()
+    total = len(settings) * (len(flash_attn.SIZES) + 1) * flash_attn.REPEATS
+    what = "on, off and phased" if len(settings) == 3 else "on and off"
     with reporter.progress(f"timing flash attention {what} at {flash_attn.DEPTH} tokens of context", total,
                            unit="steps") as task:
         choice = flash_attn.measure(model, progress=lambda done, total: task.advance())
@@ -194,13 +192,13 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
 
     if os.environ.get(FLASH_ATTN_ENV, "auto").strip().lower() not in ("auto", ""):
         return Text(f"flash attention: {os.environ[FLASH_ATTN_ENV]} ({FLASH_ATTN_ENV})", style="spec.label")
-    from specdec_cli.models.llama import flash_attn_switch, gpu_offload_supported
+    from specdec_cli.models.llama import PHASED, flash_attn_switch, gpu_offload_supported
+    from specdec_cli.session import flash_attn_choice, flash_attn_state
 
-    phased = flash_attn_switch() and not gpu_offload_supported()
+    phased = PHASED if flash_attn_switch() and not gpu_offload_supported() else None
     if choice is None and phased:
-        return Text("flash attention: on for prefill chunks, off for verify passes past 2,048 tokens of context (this "
-                    "build switches it between "
-                    "passes; not measured here: specdec doctor --measure times it)", style="spec.label")
+        return Text(f"flash attention: {flash_attn_state(phased)} (this build switches it between passes; not "
+                    "measured here: specdec doctor --measure times it)", style="spec.label")
     if choice is None:
         return Text("flash attention: llama.cpp's auto (not measured here: specdec doctor --measure times it on and "
                     "off at a long context)", style="spec.label")
@@ -213,10 +211,7 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
                     style="spec.label")
     on, off = (choice["ms"][k] for k in ("on", "off"))
     passes = ", ".join(f"v({b}) {off['ms'][b]:.0f} / {on['ms'][b]:.0f}" for b in off["ms"])
-    if phased and (chosen.phased or "phased" not in chosen.turn_ms):
-        state = "on for prefill chunks, off for verify passes past 2,048 tokens of context"
-    else:
-        state = "on" if chosen.on else "off"
+    state = flash_attn_state(flash_attn_choice(choice, phased))
     also = (f"; phased {choice['turn_ms']['phased']:.1f} ms" if "phased" in choice["turn_ms"] else "")
     return Text(f"flash attention {state} (measured at {choice['depth']} tokens of context, "
                 f"off / on ms: a {off['chunk']}-token prefill chunk {off['chunk_ms']:.0f} / {on['chunk_ms']:.0f}, "
