@@ -12,7 +12,14 @@
 3. Printed: per task, median decode tok/s of each configuration with the spread (min-max) of the repeats, the
    speedups corpus/off and corpus/none, the corpus's accepted/drafted tokens; whether the greedy outputs of the
    three are identical, and where one parts from none's, the batch-1 margin of the token it took there (one-token
-   re-scoring, `measure.audit.teacher_force`: below 1 logit a numerical near-tie of batched evaluation, above a bug). Targets (issue 36): >= 1.3x corpus/off on the tasks, >= 0.98x on the controls, identical
+   re-scoring, `measure.audit.teacher_force`: below 1 logit a numerical near-tie of batched evaluation, above a bug).
+4. What the corpus's text is worth on each task, in hindsight on `none`'s output (`copy_lengths`, `hindsight`): at
+   each position the longest right draft an oracle could copy from the longest match of the context, among all its
+   occurrences in the prompt and the output so far (what `off` drafts from), or there and in the corpus; each walk
+   through the output priced by this host's verify curve, a pass verifying exactly the right tokens. Their ratio
+   ("oracle corpus/off"; tokens a pass in brackets) is the gain of the corpus's information itself: the measured
+   configurations draft less than their oracles (which see every occurrence at once), both of them.
+   Targets (issue 36): >= 1.3x corpus/off on the tasks, >= 0.98x on the controls, identical
    greedy output, >= 1 M tokens a minute learning, <= 8 bytes a token, an unchanged re-learn <= 2 s. Tokens per target
    pass and accepted/drafted per source (the table's tok/pass column, the --json's runs) do not depend on the load.
 
@@ -34,6 +41,8 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+import numpy as np
 
 TASKS = {
     "test_style": "Write a pytest test module for a click command `greet` that takes a NAME argument and a --count "
@@ -82,6 +91,69 @@ def fetch_sdist(spec: str, dest: Path) -> Path:
         with tarfile.open(archive) as t:
             t.extractall(out, filter="data")
     return next(p for p in out.iterdir() if p.is_dir())
+
+
+def copy_lengths(out: list[int], prompt: list[int], corpus: list[int] | None = None, min_match: int = 2,
+                 max_match: int = 64, cap: int = 2000) -> list[int]:
+    """[len(out)] in hindsight on a finished output, the longest right draft a drafter of copies could make at each
+    position i: the longest suffix (min_match..max_match tokens) of prompt + out[:i] that occurs earlier in it (prompt
+    lookup, the suffix drafter's view of the output), and, when `corpus` (its tokens) is given, also the longest that
+    occurs in the corpus; among that suffix's occurrences (the first `cap`), the one whose continuation agrees longest
+    with out[i:]. That is REST's lookup (He et al. 2023: the longest match in the datastore, a tree of its
+    occurrences' continuations) with an oracle choosing among them, so more than any such drafter can draft."""
+    width = 3 if max([*out, *prompt, *(corpus or [0])], default=0) < 0xFFFFFF else 4
+    from specdec_cli.stores.suffix_index import _be_bytes
+
+    def enc(xs) -> bytes:
+        return _be_bytes(np.asarray(xs, dtype=np.int32), width)
+
+    seq = prompt + out
+    seen, store = enc(seq), enc(corpus) if corpus is not None else None
+
+    def best(buf: bytes, toks: list[int], i: int, end: int, limit: int) -> int:
+        ctx_end = len(prompt) + i  # the context: seq[:ctx_end]
+        m, occ = 0, []
+        for mm in range(min_match, min(max_match, ctx_end) + 1):
+            pat = enc(seq[ctx_end - mm : ctx_end])
+            at, found = buf.find(pat, 0, end), []
+            while at >= 0 and len(found) < cap:
+                if at % width == 0:
+                    found.append(at // width + mm)  # where the occurrence's continuation starts
+                at = buf.find(pat, at + 1, end)
+            if not found:
+                break
+            m, occ = mm, found
+        longest = 0
+        for j in occ:
+            n = 0
+            while i + n < len(out) and j + n < limit and toks[j + n] == out[i + n]:
+                n += 1
+            longest = max(longest, n)
+        return longest
+
+    lengths = []
+    for i in range(len(out)):
+        ctx_end = len(prompt) + i
+        n = best(seen, seq, i, width * (ctx_end - 1), ctx_end)  # an earlier occurrence; copies what is known
+        if store is not None:
+            n = max(n, best(store, corpus, i, len(store), len(corpus)))
+        lengths.append(n)
+    return lengths
+
+
+def hindsight(lengths: list[int], v) -> tuple[float, float]:
+    """The best any drafter of these copies could do: (tokens per pass when verification is free and each pass takes
+    the whole copy plus the bonus token; ms of the cheapest walk through the output when a pass verifying j drafted
+    tokens costs v(j + 1) ms and accepts them all: dynamic programming over where passes end)."""
+    n = len(lengths)
+    i = passes = 0
+    while i < n:
+        i += lengths[i] + 1
+        passes += 1
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = min(v(j + 1) + best[min(n, i + j + 1)] for j in range(lengths[i] + 1))
+    return n / max(passes, 1), best[0]
 
 
 def main() -> None:
@@ -190,10 +262,25 @@ def main() -> None:
                 parted.setdefault(n, []).append(f"{c} at token {i}: {classify(float(margin[i]))} (margin "
                                                 f"{float(margin[i]):.3f} logits)")
 
+        # 4. what the corpus's text is worth: oracle drafters of copies on none's output, with and without it
+        from specdec_cli.stores import corpus as corpus_store
+
+        mapped = corpus_store.load(corpus_store.tokenizer_dir(data_dir(), fp) / "bench")
+        learnt = [int(t) for t in mapped.corpus.tokens[: len(mapped.corpus.tokens)]] if mapped is not None else []
+        curve = session.verify_curve()
+        v = curve.at if curve is not None else (lambda b: float(b))
+        oracle: dict[str, dict] = {}
+        for n in names:
+            out, prompt = list(runs[n]["none"][0]["tokens"]), list(session.prompt_tokens(prompts[n]))
+            off_tpp, off_ms = hindsight(copy_lengths(out, prompt), v)
+            with_tpp, with_ms = hindsight(copy_lengths(out, prompt, learnt), v)
+            oracle[n] = {"tok_per_pass": {"corpus": with_tpp, "off": off_tpp}, "ms": {"corpus": with_ms,
+                          "off": off_ms}, "corpus_over_off": off_ms / with_ms}
+
     table = Table(title=f"decode tok/s, median of {args.repeats} interleaved repeats (min-max); "
                         f"{session.target_path.name}, {args.max_tokens} tokens, corpus: {results['package']}")
     for col in ("task", "corpus", "off (default w/o corpus)", "none", "corpus/off", "corpus/none",
-                "tok/pass corpus, off", "corpus acc/drafted", "greedy identical"):
+                "tok/pass corpus, off", "corpus acc/drafted", "oracle corpus/off", "greedy identical"):
         table.add_column(col, justify="left" if col == "task" else "right")
     ratios = {"tasks": [], "controls": []}
     for n in names:
@@ -210,11 +297,13 @@ def main() -> None:
         ratios["controls" if n in CONTROLS else "tasks"].append(ratio)
         table.add_row(n, *(f"{med[c]:.1f} ({spread[c][0]:.1f}-{spread[c][1]:.1f})" for c in CONFIGS),
                       f"{ratio:.2f}×", f"{med['corpus'] / med['none']:.2f}×",
-                      f"{tpp['corpus']:.2f}, {tpp['off']:.2f}", f"{acc}/{dr}", "yes" if same else "NO")
+                      f"{tpp['corpus']:.2f}, {tpp['off']:.2f}", f"{acc}/{dr}",
+                      f"{oracle[n]['corpus_over_off']:.2f}× ({oracle[n]['tok_per_pass']['corpus']:.2f}, "
+                      f"{oracle[n]['tok_per_pass']['off']:.2f})", "yes" if same else "NO")
         results["tasks"][n] = {"median": med, "spread": spread, "corpus_over_off": ratio,
                                "corpus_over_none": med["corpus"] / med["none"], "identical": same,
                                "corpus_accepted": acc, "corpus_drafted": dr, "tokens_per_pass": tpp,
-                               "parted": parted.get(n, []),
+                               "parted": parted.get(n, []), "oracle": oracle[n],
                                "runs": {c: [{"tok_s": x["tok_s"], "passes": x["passes"], "by_source": x["by_source"],
                                              "tokens": len(x["tokens"])} for x in runs[n][c]] for c in CONFIGS}}
     Console(width=220).print(table)
@@ -223,6 +312,12 @@ def main() -> None:
     for group, xs in ratios.items():
         if xs:
             print(f"{group}: median corpus/off {statistics.median(xs):.2f}× (min {min(xs):.2f}×, max {max(xs):.2f}×)")
+    print("oracle corpus/off: on none's output, the best walk of an oracle drafting copies from every occurrence of the "
+          "context's longest match, in the corpus and the prompt and output, against one without the corpus, priced "
+          "by this host's verify curve (tokens a pass in brackets): what the corpus's text is worth on the task")
+    xs = [oracle[n]["corpus_over_off"] for n in names if n in TASKS]
+    if xs:
+        print(f"tasks: median oracle corpus/off {statistics.median(xs):.2f}× (min {min(xs):.2f}×, max {max(xs):.2f}×)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
