@@ -101,8 +101,9 @@ def copy_lengths(out: list[int], prompt: list[int], corpus: list[int] | None = N
     occurs in the corpus; among that suffix's occurrences (the first `cap`), the one whose continuation agrees longest
     with out[i:]. That is REST's lookup (He et al. 2023: the longest match in the datastore, a tree of its
     occurrences' continuations) with an oracle choosing among them, so more than any such drafter can draft."""
-    width = 3 if max([*out, *prompt, *(corpus or [0])], default=0) < 0xFFFFFF else 4
     from specdec_cli.stores.suffix_index import _be_bytes
+
+    width = 4  # any token id; a match counts only at a multiple of it
 
     def enc(xs) -> bytes:
         return _be_bytes(np.asarray(xs, dtype=np.int32), width)
@@ -194,6 +195,10 @@ def main() -> None:
     from specdec_cli.spec import ModelOptions, SpecOptions
 
     console = Console(stderr=True)
+    from specdec_cli.models import host
+    from specdec_cli.models.llama import system_info
+
+    print(host.describe_build(system_info()), flush=True)  # which build runs (AMX kernels in use, flash attention)
     source = Path(args.source) if args.source else fetch_sdist(args.package, work / "sdist")
     names = args.tasks.split(",")
     prompts = {**TASKS, **CONTROLS}
@@ -266,7 +271,7 @@ def main() -> None:
         from specdec_cli.stores import corpus as corpus_store
 
         mapped = corpus_store.load(corpus_store.tokenizer_dir(data_dir(), fp) / "bench")
-        learnt = [int(t) for t in mapped.corpus.tokens[: len(mapped.corpus.tokens)]] if mapped is not None else []
+        learnt = mapped.corpus.tokens[: len(mapped.corpus.tokens)].tolist() if mapped is not None else []
         curve = session.verify_curve()
         v = curve.at if curve is not None else (lambda b: float(b))
         oracle: dict[str, dict] = {}
