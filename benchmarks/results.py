@@ -121,14 +121,18 @@ def _num(value, fmt: str = "{:.1f}") -> str:
     return "—" if value is None else fmt.format(value)
 
 
+def _pairs(n, lead: str) -> str:
+    return "" if not n else f"{lead}{n} pair{'s' * (n != 1)}"
+
+
 def _percent(value) -> str:
     return "—" if value is None else f"{100 * value:.0f} %"
 
 
 def _output(run: dict) -> str:
-    if run.get("identical"):
-        return "identical"
-    return run.get("verdict") or "—"
+    """How the outputs compare: "identical", "parted at a numerical near-tie", "DIVERGENCE" (`measure.audit`)."""
+    verdict = "identical" if run.get("identical") else run.get("verdict")
+    return f"parted at a {verdict}" if verdict and "near-tie" in verdict else verdict or "—"
 
 
 def readme_block(doc: dict) -> str:
@@ -137,8 +141,7 @@ def readme_block(doc: dict) -> str:
     host = doc["host"]
     where = ", ".join(str(x) for x in (host.get("cpu"), f"{host['threads']} threads" if host.get("threads") else None)
                       if x)
-    facts = [f"min-max {_x(quick['speedup_min'])}-{_x(quick['speedup_max'])}"
-             + (f" over {quick['pairs']} pairs" if quick.get("pairs") else "")]
+    facts = [f"min-max {_x(quick['speedup_min'])}-{_x(quick['speedup_max'])}{_pairs(quick.get('pairs'), ' over ')}"]
     if quick.get("tokens_per_pass") is not None:
         facts.append(f"{quick['tokens_per_pass']:.2f} tokens per target pass")
     if _output(quick) != "—":
@@ -175,7 +178,7 @@ def render(doc: dict) -> str:
         f"| specdec, llama-cpp-python | {host.get('specdec') or '—'}, {host.get('llama_cpp_python') or '—'} |",
         f"| AMX kernels in use | {_yes(host.get('amx_in_use'))}{': ' + host['amx_reason'] if host.get('amx_reason') else ''} |",
         f"| GPU offload | {_yes(host.get('gpu_offload'))} |",
-        f"| llama.cpp system info | `{host.get('system_info') or '—'}` |",
+        f"| llama.cpp system info | `{(host.get('system_info') or '—').replace('|', chr(92) + '|')}` |",  # \| in a cell
     ]
     curve = host.get("verify_curve_ms")
     if curve:
@@ -185,7 +188,7 @@ def render(doc: dict) -> str:
         "",
         "## Runs",
         "",
-        "Each row is one `specdec run ... --compare`: the run, then 3 pairs of it replayed and plain decoding, "
+        "Each row is one `specdec run ... --compare`: the run, then pairs of it replayed and plain decoding, "
         "interleaved in one process; the speedup is the median of the per-pair ratios, with their min-max.",
         "",
         "| run | command | speedup (min-max) | speculative / plain tok/s | tokens per pass | acceptance | output |",
@@ -193,7 +196,8 @@ def render(doc: dict) -> str:
     ]
     for r in doc["runs"]:
         lines.append(
-            f"| {r['name']} | `{r['command']}` | {_x(r['speedup'])} ({_x(r['speedup_min'])}-{_x(r['speedup_max'])}) "
+            f"| {r['name']} | `{r['command']}` | {_x(r['speedup'])} ({_x(r['speedup_min'])}-{_x(r['speedup_max'])}"
+            f"{_pairs(r.get('pairs'), ', ')}) "
             f"| {_num(r['speculative_tokens_per_s'])} / {_num(r['plain_tokens_per_s'])} "
             f"| {_num(r['tokens_per_pass'], '{:.2f}')} "
             f"| {_percent(r['acceptance_rate'])} | {_output(r)} |")
