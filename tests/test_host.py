@@ -260,3 +260,13 @@ def test_a_rebuilt_library_in_the_same_place_is_probed_again(monkeypatch, fresh_
     assert host.known_verdict(AMX) == "ok"
     (lib / "libggml-cpu.so").write_bytes(b"\x7fELF ggml-cpu build two")  # `pip install --force-reinstall` of another
     assert host.known_verdict(AMX) is None
+
+
+def test_library_hashes_are_kept_bounded_and_not_recomputed(monkeypatch, fresh_plan, tmp_path):
+    monkeypatch.setattr(host, "_HASHES_MAX", 2)
+    for i in range(4):
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(fake_build(tmp_path, f"build{i}", str(i).encode())))
+        first = host.build_id()
+    assert len(host._hashes()) == 2  # the last build's two files
+    monkeypatch.setattr(host, "_sha256", lambda path: pytest.fail(f"{path} hashed again"))
+    assert host.build_id() == first

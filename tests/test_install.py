@@ -6,6 +6,7 @@ replaced by a fake one."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -46,9 +47,13 @@ def test_the_distribution_name_is_ours_and_the_command_stays_specdec():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    """The wheel `pip wheel .` builds from this checkout (a few seconds; setuptools comes from the index)."""
+    """The wheel `pip wheel .` builds from a clean copy of this checkout (a few seconds; setuptools comes from the
+    index). A copy, because setuptools packs whatever an earlier build left in build/ and *.egg-info/."""
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)],
+    src = tmp_path_factory.mktemp("src") / "specdec"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache", ".hypothesis", "results"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "No matching distribution found for setuptools" in proc.stderr:
         pytest.skip("setuptools cannot be had from the index here")
