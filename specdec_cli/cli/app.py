@@ -478,8 +478,9 @@ def doctor(
     plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
                              "'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
 ) -> None:
-    """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload, threads,
-    AMX, and how models will be loaded. Paste it into a bug report.
+    """Show what this machine and its llama.cpp look like: versions, which llama.cpp build (PyPI's stock one or
+    specdec's patched one: specdec install-llama-cpp), llama.cpp's system info, GPU offload, threads, AMX, and how
+    models will be loaded. Paste it into a bug report.
 
     On Intel CPUs with AMX, llama.cpp builds that include AMX kernels crash on the first decode (llama.cpp issue
     20824). specdec tries them once in a child process and, where they crash, loads models with llama.cpp's extra
