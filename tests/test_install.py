@@ -115,7 +115,7 @@ def test_the_dry_run_says_what_it_costs_and_reuses_a_kept_wheel(wheels, monkeypa
     assert "llama-cpp-python-flash-attn-switch.patch" in plan.patches
     from specdec_cli.cli.commands.install_llama_cpp import describe
 
-    assert "10-20 min" in describe(plan) and "GB of temporary disk" in describe(plan)
+    assert "6 min on 2 free cores" in describe(plan) and "GB of temporary disk" in describe(plan)
     Path(plan.wheel_dir).mkdir(parents=True)
     (Path(plan.wheel_dir) / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl").write_bytes(b"")
     cached = build.install_plan(sys.executable)
@@ -194,3 +194,22 @@ def test_doctor_says_which_build_and_how_to_get_the_patched_one(monkeypatch, pat
     else:
         assert "stock build" in line and build.INSTALL_COMMAND in line
         assert named_commands(line) <= command_names()
+
+
+@pytest.mark.parametrize("patched", [True, False])
+def test_an_environment_is_done_only_while_it_still_loads_a_patched_build(tmp_path, wheels, patched):
+    """The script's marker (the wheel it installed) survives `uv tool install --reinstall`, which brings back PyPI's
+    stock llama-cpp-python: then the build must be installed again, not "nothing to do"."""
+    env = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    python = str(env / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    fake = Path(site) / "llama_cpp"  # a binding whose library has (or lacks) specdec's symbol
+    fake.mkdir()
+    (fake / "__init__.py").write_text("from . import llama_cpp\n")
+    (fake / "llama_cpp.py").write_text("class _Lib:\n    pass\n_lib = _Lib()\n"
+                                       + ("_lib.llama_set_flash_attn = print\n" if patched else ""))
+    plan = build.install_plan(python)
+    (env / ".llama-cpp-python-wheel").write_text(plan.wheel_dir + "\n")  # as after an install from that wheel
+    assert build.install_plan(python).state == ("installed" if patched else "build")

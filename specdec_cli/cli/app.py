@@ -520,9 +520,9 @@ def install_llama_cpp(
     pip, pipx and uv install PyPI's stock llama-cpp-python. The patched build adds a flash-attention switch (flash
     attention on for prefill, off for long verify passes) and, on Intel CPUs with AMX, the fix that makes
     llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or loads ~1.7x slower). It
-    compiles the pinned sdist (0.3.36) with the patches shipped in this package: about 10-20 min and ~1 GB of
-    temporary disk on 2 cores the first time; the wheel is kept in ~/.cache/specdec/wheels (SPECDEC_WHEELS), so
-    another environment on this machine installs it in seconds. CMAKE_ARGS is passed on (GPU builds). Needs a C and
+    compiles the pinned sdist (0.3.36) with the patches shipped in this package: about 6 min on 2 free cores and
+    ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in ~/.cache/specdec/wheels (SPECDEC_WHEELS),
+    so another environment on this machine installs it in seconds. CMAKE_ARGS is passed on (GPU builds). Needs a C and
     C++ compiler, patch and bash.
     """
     from specdec_cli.cli.commands.install_llama_cpp import execute

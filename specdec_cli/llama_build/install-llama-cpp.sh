@@ -78,10 +78,13 @@ root="${SPECDEC_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/specdec/wheels}"
 dir="$root/llama-cpp-python-$version-$key"
 
 # Already installed into this Python from this very wheel: nothing to do (a second `make` costs a second, not a
-# reinstall). The marker sits in the environment's prefix, so a new virtual environment installs afresh.
+# reinstall). The marker sits in the environment's prefix, so a new virtual environment installs afresh; and the
+# installed llama_cpp must still be a patched build (it has llama_set_flash_attn), since a reinstall in place
+# (`uv tool install --reinstall`, `pip install --force-reinstall`) brings back PyPI's stock build but keeps the marker.
 prefix="$("$py" -c 'import sys; print(sys.prefix)')"
 marker="$prefix/.llama-cpp-python-wheel"
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$dir" ] && "$py" -c 'import llama_cpp' 2>/dev/null; then
+patched_check='import sys, llama_cpp; sys.exit(0 if hasattr(llama_cpp.llama_cpp._lib, "llama_set_flash_attn") else 1)'
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$dir" ] && "$py" -c "$patched_check" 2>/dev/null; then
   state=installed
 elif ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   state=cached

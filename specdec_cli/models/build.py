@@ -34,10 +34,11 @@ SCRIPT = "install-llama-cpp.sh"
 PATCHES = ("llama-cpp-python-flash-attn-switch.patch", "llama-cpp-python-amx-tileconfig.patch")
 LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python loads its libraries from here when set
 _LIB_SUFFIXES = (".so", ".dylib", ".dll")
-# What a build costs, measured on a 2-core Xeon VM (shared, so noisy): the compile, the temporary disk it needs, and
-# the wheel kept for reinstalls.
-BUILD_COST = "about 10-20 min on 2 cores (less with more) and ~1 GB of temporary disk"
-WHEEL_SIZE = "~30 MB"
+# What a build costs, measured on a 2-CPU Xeon VM shared with other work (so rough): `make`'s build took 6 min with 2
+# compile jobs, PyPI's stock build 30 min with one job at nice 10 under a load of 13-16; either needed ~0.4 GB of
+# temporary disk (the unpacked sdist and CMake's build folder). The wheel kept for reinstalls is 24 MB.
+BUILD_COST = "about 6 min on 2 free cores (up to 30 min on a busy one) and ~0.4 GB of temporary disk"
+WHEEL_SIZE = "24 MB"
 
 
 def data_dir() -> Path:
