@@ -188,6 +188,7 @@ def test_doctor_says_which_build_and_how_to_get_the_patched_one(monkeypatch, pat
     assert doc["build"]["patched"] is patched
     table = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "250"}).stdout
     line = next(ln for ln in table.splitlines() if "llama.cpp build" in ln)
+    assert doc["build"]["installed_from"] is None or patched  # a stock build never claims the patched wheel
     if patched:
         assert "specdec's patched build" in line and "AMX kernels with the tile fix" in line
         assert build.INSTALL_COMMAND not in line

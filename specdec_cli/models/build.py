@@ -37,7 +37,7 @@ _LIB_SUFFIXES = (".so", ".dylib", ".dll")
 # What a build costs, measured on a 2-CPU Xeon VM shared with other work (so rough): `make`'s build took 6 min with 2
 # compile jobs, PyPI's stock build 30 min with one job at nice 10 under a load of 13-16; either needed ~0.4 GB of
 # temporary disk (the unpacked sdist and CMake's build folder). The wheel kept for reinstalls is 24 MB.
-BUILD_COST = "about 6 min on 2 free cores (up to 30 min on a busy one) and ~0.4 GB of temporary disk"
+BUILD_COST = "about 6 min on 2 free cores, up to 30 on a busy one, and ~0.4 GB of temporary disk"
 WHEEL_SIZE = "24 MB"
 
 
@@ -132,9 +132,10 @@ class BuildInfo:
 
 
 def describe(*, patched: bool, amx_kernels: bool) -> BuildInfo:
-    """The loaded build, from what the caller read off it (`host.flash_attn_switch()`, `host.amx_build(info)`)."""
+    """The loaded build, from what the caller read off it (`host.flash_attn_switch()`, `host.amx_build(info)`). The
+    script's marker names the wheel only while the build is patched: a reinstall in place of PyPI's build keeps it."""
     folder = library_dir()
-    return BuildInfo(patched, amx_kernels, str(folder) if folder else None, installed_from())
+    return BuildInfo(patched, amx_kernels, str(folder) if folder else None, installed_from() if patched else None)
 
 
 # --------------------------------------------------------------------------------------------------------------------
