@@ -25,13 +25,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# llama-cpp-python for this machine (on AMX CPUs patched so its AMX kernels run: llama.cpp issue 20824); ~10 min the first
-# time on 2 cores, then the cached wheel; nothing at all when this venv already has it.
+# llama-cpp-python for this machine, patched (the flash-attention switch; on AMX CPUs the fix that makes its AMX kernels
+# run: llama.cpp issue 20824); ~6 min the first time on 2 cores, then the cached wheel; nothing at all when this venv
+# already has it. An installed specdec runs the same script with `specdec install-llama-cpp`.
 llama-cpp: $(BIN)/python
 	PYTHON=$(BIN)/python bash scripts/install-llama-cpp.sh
 
-# specdec with its extras, after llama-cpp-python so that pip keeps the build above.
+# specdec with its extras, after llama-cpp-python so that pip keeps the build above. The distribution was called
+# "specdec" before it became specdec-cli: an older install of it in this venv is removed first.
 $(VENV)/.specdec-installed: pyproject.toml | llama-cpp
+	$(BIN)/python -m pip uninstall --yes --quiet specdec 2>/dev/null || true
 	$(BIN)/python -m pip install -e ".[test,plot,serve]"
 	$(BIN)/python -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
 	$(BIN)/specdec --version

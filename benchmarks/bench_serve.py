@@ -16,7 +16,7 @@ server uses, same method `none`), medians of 3 warm runs, overhead as a share of
     python benchmarks/bench_serve.py --methods none,suffix,auto --json serve.json
     python benchmarks/bench_serve.py -t smollm2-135m --methods none,suffix -n 48 --overhead-tokens 48   # smoke run
 
-Needs `pip install 'specdec[serve]' openai`.
+Needs `pip install 'specdec-cli[serve]' openai`.
 """
 
 from __future__ import annotations

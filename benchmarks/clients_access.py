@@ -16,7 +16,7 @@ PermissionDeniedError), a browser `Origin` (403). Prints one PASS/FAIL line per 
     python benchmarks/clients_access.py -t qwen2.5-coder-0.5b    # quicker
     python benchmarks/clients_access.py --url http://127.0.0.1:8000 --key KEY   # a server already running
 
-Needs `pip install 'specdec[serve]' openai anthropic`.
+Needs `pip install 'specdec-cli[serve]' openai anthropic`.
 """
 
 from __future__ import annotations

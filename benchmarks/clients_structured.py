@@ -5,7 +5,7 @@ client once, prints one PASS/FAIL line per client with what it got and how long 
     python benchmarks/clients_structured.py                       # Qwen2.5-Coder-1.5B, the default method
     python benchmarks/clients_structured.py -t qwen2.5-coder-0.5b --threads 2
 
-Needs `pip install 'specdec[serve]' instructor 'pydantic-ai-slim[openai]'` (not test dependencies).
+Needs `pip install 'specdec-cli[serve]' instructor 'pydantic-ai-slim[openai]'` (not test dependencies).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ save interval), and the files after the restart (target: none corrupt, no tempor
     python benchmarks/load_faults.py -t smollm2-135m --duration 45 --clients 6 --slowloris 10 --save-interval 10
                                                                        # a smoke run, ~1 minute
 
-Needs `pip install 'specdec[serve]'`; uses only the standard library as a client.
+Needs `pip install 'specdec-cli[serve]'`; uses only the standard library as a client.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Exit codes (documented in docs/reference.md, "Exit codes"):
  5   context overflow (prompt longer than the context)
  6   configuration error (malformed models.toml / user config)
  7   a losslessness check failed (`--strict`, `specdec check`)
+ 8   llama-cpp-python could not be built (`specdec install-llama-cpp`)
  130 interrupted (Ctrl-C)
 ==== ===========================================================
 """
@@ -77,6 +78,12 @@ class CheckFailedError(SpecdecError):
     """A losslessness check found a divergence that is not a numerical near-tie."""
 
     exit_code = 7
+
+
+class BuildError(SpecdecError):
+    """llama-cpp-python could not be built or installed (a tool is missing, or the build failed)."""
+
+    exit_code = 8
 
 
 class BackendError(SpecdecError):

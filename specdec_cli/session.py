@@ -259,10 +259,10 @@ def flash_attn(target_path: str | Path, threads: int | None,
     matches plain decoding at more near-ties; off, passes over 8-16 tokens at 4k tokens of context cost 1.7-2x less
     on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
     100 % acceptance fails with it off).
-    Where the build can switch it between passes (`models.llama.flash_attn_switch`, scripts/install-llama-cpp.sh's
-    patch) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks and short contexts,
-    off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a measurement that timed phased found on
-    cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
+    Where the build can switch it between passes (`models.llama.flash_attn_switch`, the patch of `specdec
+    install-llama-cpp`) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks and
+    short contexts, off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a measurement that timed
+    phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt
@@ -278,7 +278,8 @@ def flash_attn(target_path: str | Path, threads: int | None,
     if value == PHASED:
         if not switch:
             raise ConfigError(f"{FLASH_ATTN_ENV}=phased needs a llama-cpp-python that can switch flash attention "
-                              "between passes.", "Install it with scripts/install-llama-cpp.sh (make), or unset it.")
+                              "between passes (a stock build cannot).",
+                              "Build the patched one with specdec install-llama-cpp, or unset it.")
         return PHASED
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PATCH = ROOT / "patches" / "llama-cpp-python-amx-tileconfig.patch"
-FA_PATCH = ROOT / "patches" / "llama-cpp-python-flash-attn-switch.patch"
+BUILD = ROOT / "specdec_cli" / "llama_build"  # shipped in the package: `specdec install-llama-cpp` runs it
+PATCH = BUILD / "patches" / "llama-cpp-python-amx-tileconfig.patch"
+FA_PATCH = BUILD / "patches" / "llama-cpp-python-flash-attn-switch.patch"
 FA_FILES = ("include/llama.h", "src/llama-context.h", "src/llama-context.cpp", "src/llama-graph.h", "src/llama-graph.cpp",
             "src/llama-cparams.h")
-SCRIPT = ROOT / "scripts" / "install-llama-cpp.sh"
+SCRIPT = BUILD / "install-llama-cpp.sh"
 
 
 def pinned_version() -> str:

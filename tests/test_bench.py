@@ -200,7 +200,7 @@ def test_plot_needs_png_or_svg_and_matplotlib(capsys, monkeypatch, tmp_path) -> 
     assert code == 2 and "unknown image format" in err and ".png or .svg" in err
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
     code, _, err = cli(capsys, "bench", "--plot", str(tmp_path / "chart.png"), "--no-peer")
-    assert code == 2 and "--plot needs matplotlib" in err and "pip install 'specdec[plot]'" in err
+    assert code == 2 and "--plot needs matplotlib" in err and "pip install 'specdec-cli[plot]'" in err
 
 
 def test_usage_errors_are_one_line_with_the_fix(capsys, tmp_path) -> None:

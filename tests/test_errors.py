@@ -119,8 +119,9 @@ def test_exit_codes_are_distinct_and_documented():
         "context": errors.ContextOverflowError.exit_code,
         "config": errors.ConfigError.exit_code,
         "check": errors.CheckFailedError.exit_code,
+        "build": errors.BuildError.exit_code,
     }
-    assert codes == {"usage": 2, "model": 3, "pair": 4, "context": 5, "config": 6, "check": 7}
+    assert codes == {"usage": 2, "model": 3, "pair": 4, "context": 5, "config": 6, "check": 7, "build": 8}
     assert errors.ChecksumError.exit_code == 3
     reference = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text(encoding="utf-8")
     start = reference.index("## Exit codes")  # the table moved from the README's Troubleshooting (issue 43)

@@ -127,7 +127,7 @@ def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp
     assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "auto"}) is True
     with pytest.raises(ConfigError, match=FLASH_ATTN_ENV):
         flash_attn_for(model, 2, {FLASH_ATTN_ENV: "maybe"})
-    with pytest.raises(ConfigError, match="install-llama-cpp.sh"):
+    with pytest.raises(ConfigError, match="specdec install-llama-cpp"):
         flash_attn_for(model, 2, {FLASH_ATTN_ENV: "phased"})
 
 

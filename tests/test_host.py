@@ -58,7 +58,7 @@ def test_amx_build_whose_probe_fails_loads_without_extra_buffer_types(verdict):
     assert not plan.extra_bufts and plan.amx_build and plan.verdict == verdict
     assert plan.path == "extra buffer types off"
     message = host.warning_for(plan)
-    assert "20824" in message and "1.7x slower" in message and "install-llama-cpp.sh" in message
+    assert "20824" in message and "1.7x slower" in message and "specdec install-llama-cpp" in message
     assert "-mno-amx-tile" in message and "\n" not in message  # one line, with the rebuild command
 
 
@@ -212,3 +212,61 @@ def test_tune_records_the_load_path_and_keys_the_slow_path_apart(monkeypatch, fr
     slow = tuned.machine(2)
     assert slow["load_plan"]["path"] == "extra buffer types off"
     assert slow["key"] == as_built["key"] + "|extra-bufts-off"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One verdict per build: a stock and a patched llama-cpp-python on one machine share the cache, never a verdict
+
+
+def fake_build(root, name: str, payload: bytes):
+    """A llama-cpp-python build's library folder: the files llama-cpp-python loads (`LLAMA_CPP_LIB_PATH`)."""
+    lib = root / name / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libllama.so").write_bytes(b"\x7fELF llama " + payload)
+    (lib / "libggml-cpu.so").write_bytes(b"\x7fELF ggml-cpu " + payload)
+    return lib
+
+
+@pytest.mark.parametrize("first, second", [("patched", "stock"), ("stock", "patched")])
+def test_two_builds_sharing_one_cache_each_get_their_own_verdict(monkeypatch, fresh_plan, tmp_path, first, second):
+    """Same llama-cpp-python version, system info and CPU; only the library files differ (stock AMX kernels crash,
+    the patched ones run). Each build is probed once and loads at its own speed, in either order."""
+    builds = {"patched": fake_build(tmp_path, "patched", b"with the tile barrier"),
+              "stock": fake_build(tmp_path, "stock", b"without it")}
+    verdicts = {"patched": "ok", "stock": "crash: SIGILL"}
+    probed = []
+
+    def use(build):
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(builds[build]))
+        monkeypatch.setattr(host, "probe_child", lambda path, threads: probed.append(build) or verdicts[build])
+        host._reset_for_tests()  # a new process
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", host.HostWarning)
+            return host.plan("m.gguf", n_threads=2, system_info=AMX)
+
+    for build in (first, second, first, second):
+        plan = use(build)
+        # the patched build keeps its AMX kernels, the stock one never crashes
+        assert plan.extra_bufts is (build == "patched"), (build, plan)
+        assert host.known_verdict(AMX) == verdicts[build]
+    assert probed == [first, second]  # once per build, remembered across processes
+
+
+def test_a_rebuilt_library_in_the_same_place_is_probed_again(monkeypatch, fresh_plan, tmp_path):
+    lib = fake_build(tmp_path, "venv", b"build one")
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(lib))
+    monkeypatch.setattr(host, "probe_child", lambda path, threads: "ok")
+    host.plan("m.gguf", n_threads=2, system_info=AMX)
+    assert host.known_verdict(AMX) == "ok"
+    (lib / "libggml-cpu.so").write_bytes(b"\x7fELF ggml-cpu build two")  # `pip install --force-reinstall` of another
+    assert host.known_verdict(AMX) is None
+
+
+def test_library_hashes_are_kept_bounded_and_not_recomputed(monkeypatch, fresh_plan, tmp_path):
+    monkeypatch.setattr(host, "_HASHES_MAX", 2)
+    for i in range(4):
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(fake_build(tmp_path, f"build{i}", str(i).encode())))
+        first = host.build_id()
+    assert len(host._hashes()) == 2  # the last build's two files
+    monkeypatch.setattr(host, "_sha256", lambda path: pytest.fail(f"{path} hashed again"))
+    assert host.build_id() == first

@@ -269,7 +269,7 @@ def tune(
                               "(config dir/tuned.json); `specdec run` uses it when --k is not given.",
                               rich_help_panel=o.OUTPUT),
     plot: str = typer.Option(None, "--plot", help="Draw this machine's measured verify curve to PATH (.png or .svg; "
-                             "needs pip install 'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
+                             "needs pip install 'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
@@ -421,7 +421,7 @@ def bench(
     json_out: str = typer.Option(None, "--json", help="Write every raw measurement and the machine description as "
                                  "JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
     plot: str = typer.Option(None, "--plot", help="Write a chart of the speedup by method and prompt class to PATH "
-                             "(.png or .svg; needs pip install 'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
+                             "(.png or .svg; needs pip install 'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
     markdown: bool = typer.Option(False, "--markdown", help="Print the results as a Markdown table (one row per "
                                   "configuration) to stdout; the report goes to stderr.", rich_help_panel=o.OUTPUT),
     from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "
@@ -477,10 +477,11 @@ def doctor(
                                  "otherwise the first run measures the curve, and flash attention is phased where the "
                                  "build can switch it on a CPU, else llama.cpp's default)."),
     plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
-                             "'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
+                             "'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
 ) -> None:
-    """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload, threads,
-    AMX, and how models will be loaded. Paste it into a bug report.
+    """Show what this machine and its llama.cpp look like: versions, which llama.cpp build (PyPI's stock one or
+    specdec's patched one: specdec install-llama-cpp), llama.cpp's system info, GPU offload, threads, AMX, and how
+    models will be loaded. Paste it into a bug report.
 
     On Intel CPUs with AMX, a llama.cpp built by GCC < 13 without the patch `make` applies
     (scripts/install-llama-cpp.sh) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
@@ -492,6 +493,47 @@ def doctor(
     from specdec_cli.cli.commands.doctor import execute
 
     code = execute(json_path=json_out, probe=probe, measure=measure, plot=plot)
+    if code:
+        raise typer.Exit(code)
+
+
+INSTALL_LLAMA_CPP_EXAMPLES = """
+[bold]Examples[/bold]
+
+  specdec install-llama-cpp --dry-run   [dim]# what it would do for this Python, and what it costs[/dim]
+  specdec install-llama-cpp             [dim]# CPU; on an x86 CPU with AMX, the AMX kernels with their fix[/dim]
+  specdec install-llama-cpp --amx off   [dim]# x86: AMX compiled out instead[/dim]
+  CMAKE_ARGS="-DGGML_METAL=on" specdec install-llama-cpp   [dim]# Apple silicon[/dim]
+  CMAKE_ARGS="-DGGML_CUDA=on" specdec install-llama-cpp    [dim]# NVIDIA GPU[/dim]
+  specdec doctor                        [dim]# then: "llama.cpp build: specdec's patched build"[/dim]
+
+[bold]Exit codes[/bold]: 0 installed (or nothing to do), 2 a bad option, 8 the build failed (the lines above say why)
+"""
+
+
+@app.command("install-llama-cpp", epilog=INSTALL_LLAMA_CPP_EXAMPLES)
+def install_llama_cpp(
+    amx: str = typer.Option("auto", "--amx", help="x86 CPUs with AMX: auto = build the AMX kernels with the patch "
+                            "that makes them run; off = compile AMX out. Elsewhere nothing changes."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and what it costs; change "
+                                 "nothing."),
+) -> None:
+    """Build specdec's patched llama-cpp-python for this machine and install it into the Python specdec runs on.
+
+    pip, pipx and uv install PyPI's stock llama-cpp-python. The patched build adds a flash-attention switch (flash
+    attention on for prefill, off for long verify passes) and, on Intel CPUs with AMX, the fix that makes
+    llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or loads ~1.7x slower). It
+    compiles the pinned sdist (0.3.36) with the patches shipped in this package: about 6 min on 2 free cores and
+    ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in ~/.cache/specdec/wheels (SPECDEC_WHEELS),
+    so another environment on this machine installs it in seconds. CMAKE_ARGS is passed on (GPU builds). Needs a C and
+    C++ compiler, patch and bash.
+    """
+    from specdec_cli.cli.commands.install_llama_cpp import execute
+    from specdec_cli.errors import UsageError
+
+    if amx not in ("auto", "off"):
+        raise UsageError(f"--amx {amx!r} is not a choice.", "Use --amx auto or --amx off.")
+    code = execute(amx=amx, dry_run=dry_run)
     if code:
         raise typer.Exit(code)
 
@@ -632,7 +674,7 @@ def serve(
     the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
     documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
     reply without max_tokens stops at --max-tokens (4096 unless given), and none is longer than --max-tokens when it
-    is given. One log line per request goes to stderr. Needs pip install 'specdec[serve]'.
+    is given. One log line per request goes to stderr. Needs pip install 'specdec-cli[serve]'.
 
     Protected by default: it listens on 127.0.0.1, answers only local Host names (no DNS rebinding) and no browser
     origin (--allowed-host, --cors-origin open it), stops a request after --timeout, closes slow connections, and

@@ -2,7 +2,7 @@
 
 llama.cpp's flash attention is a context setting (`llama_context_params.flash_attn_type`; its default, auto, turns it
 on wherever the backend supports it, the CPU's included) and changes the KV cache's layout; stock llama.cpp cannot
-change it between passes, the build of scripts/install-llama-cpp.sh can (`llama_set_flash_attn`, a patch of ours).
+change it between passes, the build of `specdec install-llama-cpp` can (`llama_set_flash_attn`, a patch of ours).
 On the CPU it pulls two ways at a long context: a prefill chunk gets cheaper, while a verify pass over
 2-63 rows gets dearer, since the CPU's flash-attention kernel walks the whole KV cache once per query row (llama.cpp
 `ggml-cpu/ops.cpp`, `ggml_compute_forward_flash_attn_ext_f16_one_chunk`). What wins depends on the machine, so

@@ -4,15 +4,15 @@ llama-cpp-python builds llama.cpp with `GGML_NATIVE`, which on an Intel CPU with
 common in cloud VMs and CI runners) compiles llama.cpp's AMX kernels in. Built by GCC < 13, llama-cpp-python 0.3.36's
 AMX kernels fault on the first decode (`ggml_backend_amx_mul_mat`, at `ldtilecfg`: llama.cpp issue 20824): GCC does
 not see that `_tile_loadconfig` reads the stack tile configuration and drops the stores that fill it. The whole
-process dies with SIGSEGV, no message. `scripts/install-llama-cpp.sh` builds the sdist with
-`patches/llama-cpp-python-amx-tileconfig.patch` (a compiler barrier before the load) on such CPUs, and the kernels
+process dies with SIGSEGV (or SIGILL), no message. `specdec install-llama-cpp` (`models.build`; `make` in a
+checkout) builds the sdist with the AMX tile patch (a compiler barrier before the load) on such CPUs, and the kernels
 run: a 512-token prefill ~1.6x faster than with AMX compiled out.
 
 Where an AMX build still crashes (a llama-cpp-python built elsewhere, without the patch), two ways around it,
 measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 4, 16, 64):
 
-* rebuild (`scripts/install-llama-cpp.sh`: the patched AMX kernels; `SPECDEC_AMX=off` before it compiles AMX out:
-  79, 125, 282, 812 ms);
+* rebuild (`specdec install-llama-cpp`: the patched AMX kernels; `--amx off` compiles AMX out: 79, 125, 282,
+  812 ms);
 * load the model with llama.cpp's *extra buffer types* off (`llama_model_params.use_extra_bufts = false`: no AMX
   and no repacked weight layouts): 135, 221, 380, 781 ms — works, plain decoding ~1.7x slower.
 
@@ -22,10 +22,13 @@ measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 
 * `SPECDEC_AMX=keep`: load as built (you know this build works on this CPU);
 * `SPECDEC_AMX=off`: extra buffer types off;
 * otherwise (`auto`, the default): a child process loads the model as built and decodes a few tokens
-  (`llama.probe_main`); if it dies, only it dies. The verdict is remembered per llama-cpp-python version, llama.cpp
-  system info and CPU in `$SPECDEC_CACHE/host.json`, so this costs a few seconds once. A crash (or a probe that
-  could not give a verdict) means extra buffer types off, with one warning that says what it costs and the rebuild
-  command that avoids it.
+  (`llama.probe_main`); if it dies, only it dies. The verdict is remembered per build and CPU in
+  `$SPECDEC_CACHE/host.json`, so this costs a few seconds once per build. A build is its llama-cpp-python version,
+  llama.cpp's system info and its shared libraries themselves (name, size, mtime and sha256 of each file in
+  `llama_cpp/lib`, hashed once per new file): a stock and a patched build of one version on one machine share the
+  first two, and one must never inherit the other's verdict (the stock one would crash, or the patched one lose
+  AMX). A crash (or a probe that could not give a verdict) means extra buffer types off, with one warning that says
+  what it costs and the command that builds the patched llama-cpp-python.
 
 `decide()` is the pure rule, unit-tested with made-up system-info strings; `plan()` feeds it the real ones.
 
@@ -48,19 +51,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from specdec_cli.errors import ModelError
+from specdec_cli.models import build
 
 if TYPE_CHECKING:
     from specdec_cli.models.resolver import Reporter
 
 ENV = "SPECDEC_AMX"
 SETTINGS = ("auto", "keep", "off")
-REBUILD = "scripts/install-llama-cpp.sh in a specdec checkout (it patches the AMX kernels so that they run; " \
-          "SPECDEC_AMX=off before it compiles them out), or: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; " \
+REBUILD = f"{build.INSTALL_COMMAND} (it builds llama-cpp-python with the patch that makes the AMX kernels run; " \
+          "--amx off compiles them out), or by hand: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; " \
           "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='$f' -DCMAKE_CXX_FLAGS='$f'\" pip install --force-reinstall --no-cache-dir " \
           "llama-cpp-python==0.3.36"
 PROBE_TIMEOUT = 180.0  # seconds; a probe that takes longer gives no verdict
 LOAD_PROBE_TIMEOUT = 600.0  # seconds; a trial load of a model file that takes longer is not taken as a verdict
-_HOST_FILE = "host.json"  # in cache_dir(): probe verdicts by build and CPU
+_HOST_FILE = "host.json"  # in cache_dir(): probe verdicts by build and CPU, and the sha256 of library files
+_HASHES_MAX = 32  # library files whose sha256 host.json keeps, by (real path, size, mtime)
 _PROBED_FILE = "probed.json"  # in cache_dir(): files that passed a trial load, by (real path, size, mtime)
 _PROBED_MAX = 64
 PROBE_REFUSED = 3  # a trial load's exit code when llama.cpp refused the file cleanly (its message is on stderr)
@@ -170,9 +175,9 @@ def plan(model_path: str | os.PathLike[str], *, n_threads: int, system_info: str
     if _plan is not None:
         return _plan
     info = system_info
-    key = _verdict_key(info)
 
-    def probe() -> str:
+    def probe() -> str:  # only for a build with AMX kernels under SPECDEC_AMX=auto
+        key = _verdict_key(info)
         known = _verdicts().get(key)
         if known is not None:
             return known
@@ -309,10 +314,44 @@ def _probe_detail(stderr: str) -> str:
 
 
 def _verdict_key(system_info: str) -> str:
+    """The key of a verdict: llama-cpp-python's version, llama.cpp's system info, the CPU and the build's library
+    files (`build_id`)."""
     from specdec_cli.models.machine import cpu_model, package_version
 
-    text = f"{package_version()}|{system_info}|{cpu_model()}"
+    text = f"{package_version()}|{system_info}|{cpu_model()}|{build_id()}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_id() -> str:
+    """The loaded build's identity: "name:size:mtime_ns:sha256" of each llama.cpp/ggml library file in
+    `build.library_dir()`, joined by spaces ("no library found" when there is none). Each file's sha256 is computed
+    once (~0.2 s per 50 MB) and kept in host.json by real path, size and mtime, so a rebuilt file is hashed anew."""
+    files = build.library_files()
+    if not files:
+        return "no library found"
+    known = _hashes()
+    parts, new = [], {}
+    for path in files:
+        try:
+            st = path.stat()
+            where = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+            digest = known.get(where) or _sha256(path)
+        except OSError:
+            continue
+        if where not in known:
+            new[where] = digest
+        parts.append(f"{path.name}:{st.st_size}:{st.st_mtime_ns}:{digest}")
+    if new:
+        _remember_hashes(new)
+    return " ".join(parts)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _host_file() -> Path:
@@ -321,32 +360,54 @@ def _host_file() -> Path:
     return cache_dir() / _HOST_FILE
 
 
-def _verdicts() -> dict[str, str]:
+def _host_data() -> dict:
     try:
         data = json.loads(_host_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else {}
+
+
+def _strings(section: object) -> dict[str, str]:
+    if not isinstance(section, dict):
         return {}
-    return {k: v for k, v in data.get("amx_verdicts", {}).items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in section.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def _remember(key: str, verdict: str) -> None:
-    """Best effort: a read-only or full cache only means probing again next time."""
+def _verdicts() -> dict[str, str]:
+    return _strings(_host_data().get("amx_verdicts"))
+
+
+def _hashes() -> dict[str, str]:
+    return _strings(_host_data().get("library_sha256"))
+
+
+def _write_host(verdicts: dict[str, str], hashes: dict[str, str]) -> None:
+    """Best effort: a read-only or full cache only means probing (or hashing) again next time."""
     from specdec_cli import files
 
     path = _host_file()
-    verdicts = _verdicts() | {key: verdict}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(path, json.dumps({"amx_verdicts": verdicts}, indent=1), private=False)
+        files.write_atomic(path, json.dumps({"amx_verdicts": verdicts, "library_sha256": hashes}, indent=1),
+                           private=False)
     except OSError:
         pass
 
 
+def _remember(key: str, verdict: str) -> None:
+    _write_host(_verdicts() | {key: verdict}, _hashes())
+
+
+def _remember_hashes(new: dict[str, str]) -> None:
+    keep = max(0, _HASHES_MAX - len(new))
+    old = [(k, v) for k, v in _hashes().items() if k not in new]
+    _write_host(_verdicts(), dict((old[-keep:] if keep else []) + list(new.items())))
+
+
 def set_flash_attn_fn():
-    """llama.cpp's `llama_set_flash_attn(ctx, on) -> bool` (patches/llama-cpp-python-flash-attn-switch.patch, applied
-    by scripts/install-llama-cpp.sh), or None where this llama-cpp-python was built without it."""
+    """llama.cpp's `llama_set_flash_attn(ctx, on) -> bool` (the flash-attention patch `specdec install-llama-cpp`
+    applies: `models.build`), or None where this llama-cpp-python was built without it (a stock build)."""
     import ctypes
 
     import llama_cpp
@@ -364,16 +425,24 @@ def flash_attn_switch() -> bool:
 
 
 def describe_build(system_info: str) -> str:
-    """Which llama.cpp a benchmark ran, for its header: llama.cpp's system info, whether it has AMX kernels and the
-    trial decode's remembered verdict on this CPU (the patched build's passes), and whether it can switch flash
-    attention between passes (scripts/install-llama-cpp.sh's patch, `llama.flash_attn_switch`)."""
-    return (f"llama.cpp: {system_info.strip()}\nAMX kernels in this build: {amx_build(system_info)}; trial decode "
-            f"verdict on this CPU: {known_verdict(system_info) or 'not probed yet'}; flash attention switch "
+    """Which llama.cpp a benchmark ran, for its header: stock or specdec's patched build, llama.cpp's system info,
+    whether it has AMX kernels and the trial decode's remembered verdict for this build on this CPU (the patched
+    build's passes), and whether it can switch flash attention between passes (`llama.flash_attn_switch`)."""
+    verdict = known_verdict(system_info) or "not probed yet"
+    return (f"llama.cpp: {build_info(system_info).name}; {system_info.strip()}\nAMX kernels in this build: "
+            f"{amx_build(system_info)}; trial decode verdict on this CPU: {verdict}; flash attention switch "
             f"(phased): {flash_attn_switch()}")
 
 
+def build_info(system_info: str) -> build.BuildInfo:
+    """Which llama.cpp this Python loads: stock or specdec's patched build (it has `llama_set_flash_attn`), with or
+    without AMX kernels, from where, and how to get the patched one (`build.BuildInfo`)."""
+    return build.describe(patched=flash_attn_switch(), amx_kernels=amx_build(system_info))
+
+
 def known_verdict(system_info: str) -> str | None:
-    """The remembered probe verdict for this build (llama.cpp's `system_info`) and CPU (None when never probed)."""
+    """The remembered probe verdict for this build (llama.cpp's `system_info` and its library files) and CPU (None
+    when never probed)."""
     return _verdicts().get(_verdict_key(system_info))
 
 

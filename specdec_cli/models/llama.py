@@ -210,7 +210,7 @@ class LlamaBackend:
             self._set_fa = _set_flash_attn_fn()
             if self._set_fa is None:
                 self.close()
-                raise ValueError("flash_attn='phased' needs llama_set_flash_attn (scripts/install-llama-cpp.sh)")
+                raise ValueError("flash_attn='phased' needs llama_set_flash_attn (specdec install-llama-cpp)")
         elif flash_attn not in (None, True, False):
             raise ValueError(f"flash_attn={flash_attn!r}: one of None, True, False, {PHASED!r}")
         cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else

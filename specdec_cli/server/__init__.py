@@ -25,5 +25,5 @@ One internal request, one event stream, a translator per API (STYLE.md, habit 14
     errors    the one table mapping exceptions to HTTP status codes and error fields.
     app       the ASGI app (FastAPI + sse-starlette): mounts each translator's routes, authentication, errors.
 
-The HTTP stack is an optional extra: `pip install 'specdec[serve]'`.
+The HTTP stack is an optional extra: `pip install 'specdec-cli[serve]'`.
 """

@@ -215,5 +215,6 @@ def _matplotlib_figure():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed.", "pip install 'specdec[plot]'") from None
+        raise UsageError("--plot needs matplotlib, which is not installed.",
+                         "pip install 'specdec-cli[plot]'") from None
     return Figure

@@ -1,5 +1,8 @@
 """`specdec doctor`: what this machine and its llama.cpp look like, in one report to paste into a bug report.
 
+It says which llama.cpp build this Python loads (PyPI's stock build, or specdec's patched one: `models.build`) and,
+for a stock build, the command that builds the patched one.
+
 The report goes to stdout (a table, or JSON with --json); nothing is loaded unless --probe asks for the AMX trial
 decode (`specdec_cli.models.host`) or --measure for the verify curve (`specdec_cli.core.verify_curve`: the ms of one
 target pass by batch size, which `--k auto` chooses K on). The verify curves measured on this machine are shown as
@@ -103,6 +106,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
         "python": platform.python_version(),
         "os": platform.platform(),
         "llama_cpp_python": package_version(),
+        "build": host.build_info(info).to_dict(),
         "system_info": info,
         "gpu_offload": gpu_offload_supported(),
         "cpu": cpu_model(),
@@ -142,14 +146,18 @@ def table(doc: dict[str, Any]) -> Table:
     t = Table(title="specdec doctor", title_justify="left", show_header=False)
     t.add_column("what", style="spec.label", no_wrap=True)
     t.add_column("value", overflow="fold")
-    amx = doc["amx"]
+    amx, build = doc["amx"], doc["build"]
     yes_no = {True: "yes", False: "no", None: "unknown"}
     rows = [
         ("specdec", doc["specdec"]),
         ("python", f"{doc['python']} ({doc['os']})"),
         ("llama-cpp-python", doc["llama_cpp_python"] or "not installed"),
-        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: docs/gpu.md says how to "
-                                                      "build for Metal or CUDA)")),
+        ("llama.cpp build", build["name"] + (f"; {build['advice']}" if build["advice"] else "")),
+        ("llama.cpp libraries", (build["library_dir"] or "not found") + (
+            f" (installed from {build['installed_from']})" if build["installed_from"] else "")),
+        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: CMAKE_ARGS="
+                                                      "-DGGML_CUDA=on specdec install-llama-cpp builds for CUDA; "
+                                                      "docs/install.md, docs/gpu.md)")),
         ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
         ("threads", f"{doc['threads_default']} by default (--threads)"),
         ("AMX in the CPU", yes_no[amx["cpu_has_amx"]]),

@@ -224,7 +224,7 @@ def require_extra() -> None:
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise UsageError(f"specdec serve needs FastAPI, uvicorn and sse-starlette ({e.name} is missing).",
-                         "Install them with: pip install 'specdec[serve]'") from None
+                         "Install them with: pip install 'specdec-cli[serve]'") from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
