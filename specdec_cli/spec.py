@@ -157,6 +157,7 @@ class ModelOptions:
     n_batch: int = 512
     verbose: bool = False
     prompt_cache: bool = True  # restore and save prompts' KV states across runs (`--no-prompt-cache`: off)
+    lanes: int = 1  # sequences generated at once, each with `ctx` tokens of KV (`specdec serve --parallel`)
 
 
 @dataclass(frozen=True)
