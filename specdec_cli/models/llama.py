@@ -470,6 +470,15 @@ class LlamaBackend:
             )
         self._n = n
 
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token takes in the KV cache: layers x 2 (K and V) x KV heads x head size x the cache type's
+        bytes (2 for the default f16), e.g. 28 x 2 x 2 x 128 x 2 = 28,672 for Qwen2.5-Coder-1.5B."""
+        m = self._model
+        n_head = max(1, int(llama_cpp.llama_model_n_head(m)))
+        head = int(llama_cpp.llama_model_n_embd(m)) // n_head
+        size = 1 if int(self._cparams.type_k) == llama_cpp.GGML_TYPE_Q8_0 else 2
+        return int(llama_cpp.llama_model_n_layer(m)) * 2 * int(llama_cpp.llama_model_n_head_kv(m)) * head * size
+
     # -- lanes: several sequences side by side in one context ------------------------------------------------
     def lane(self, i: int) -> LlamaBackend:
         """Lane `i` (0 <= i < n_lanes) of this context: a `Backend` of its own sequence (2i; 2i + 1 for its second

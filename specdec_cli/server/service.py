@@ -95,6 +95,14 @@ class GenerationService:
                                                    parking=KvParking(), curve=engine.curve))
         self._scopes = [None] * n_lanes
 
+    def kv_memory(self) -> dict[str, int]:
+        """The KV cache's size: {"lanes", "ctx" (tokens per lane), "bytes_per_token", "bytes" (the whole pool,
+        allocated at load: lanes x ctx x bytes per token)}; bytes 0 where the backend cannot say (a fake)."""
+        target = self.session.target
+        per = target.kv_bytes_per_token() if hasattr(target, "kv_bytes_per_token") else 0
+        return {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
+                "bytes": per * target.n_ctx * self.lanes}
+
     @property
     def lanes(self) -> int:
         """Requests generated at once (`specdec serve --parallel`)."""

@@ -164,7 +164,7 @@ class Worker:
         self._stopping = False
         self._ids = itertools.count(1)
         self._mean_s = FIRST_GUESS_S  # a request's mean wall time (exponential moving average), for Retry-After
-        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"specdec-serve-lane-{i}", daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(i,), name="specdec-serve-worker" + (f"-{i}" if i else ""), daemon=True)
                          for i in range(self.n_lanes)]
 
     @property
