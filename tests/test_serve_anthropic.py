@@ -291,7 +291,7 @@ def test_error_types_follow_the_status():
 
 
 def test_serve_s_default_context_holds_an_agent_s_prompt_and_says_so():
-    from specdec_cli.cli.app import SERVE_CTX
+    from specdec_cli.cli.options import SERVE_CTX
     from specdec_cli.cli.commands.serve import AGENT_PROMPT_TOKENS, context_line
 
     assert SERVE_CTX >= AGENT_PROMPT_TOKENS

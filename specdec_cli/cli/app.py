@@ -557,9 +557,6 @@ SERVE_EXAMPLES = """
 """
 
 
-SERVE_PARALLEL = 4  # lanes: an editor and an agent (and two more) at once; 4 x 32768 tokens of KV = 3.7 GB for 1.5B
-SERVE_CTX = 32768  # holds a coding agent's prompt (Claude Code's ~20k tokens) and its reply; llama-server's -c in the
-# benchmarks. Every other command keeps 4096.
 
 
 @app.command(epilog=SERVE_EXAMPLES)
@@ -602,7 +599,7 @@ def serve(
     queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while every lane "
                               "is busy (interactive ones first, then in arrival order); beyond it: 429.",
                               rich_help_panel="Server"),
-    parallel: int = typer.Option(SERVE_PARALLEL, "--parallel", "-np", min=1, max=64, help="Requests generated at "
+    parallel: int = typer.Option(o.SERVE_PARALLEL, "--parallel", "-np", min=1, max=64, help="Requests generated at "
                                  "once (lanes, llama-server's -np): an editor's completions while an agent works. "
                                  "Their verify passes share one forward pass; each lane has its own --ctx of KV "
                                  "cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 lanes x 32768 = 3.7 GB, allocated "
@@ -620,7 +617,7 @@ def serve(
     top_p: o.TopP = None,
     min_p: o.MinP = None,
     seed: o.Seed = None,
-    ctx: int = typer.Option(SERVE_CTX, "--ctx", min=64, max=1 << 20, help="Context window in tokens: coding "
+    ctx: int = typer.Option(o.SERVE_CTX, "--ctx", min=64, max=1 << 20, help="Context window in tokens: coding "
                             "agents' prompts (Claude Code, Codex) are 6k-25k tokens; the KV cache takes ~28 KB a "
                             "token for Qwen2.5-Coder-1.5B (0.9 GB at 32768).", rich_help_panel=o.MODELS),
     threads: o.Threads = None,
