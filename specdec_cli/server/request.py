@@ -206,6 +206,8 @@ class Request:
         label: what the log line calls the request ("chat", "completion", "responses", "messages", ...).
         scope: whose request it is (a digest of the API key it came with; None: no keys): the KV cache, parked
             states and the prompt cache are never shared between two scopes (`GenerationService.stream`).
+        prompt_ids: the prompt's token ids once rendered and tokenized (`GenerationService.tokenized`, on the HTTP
+            side); None: not yet (the service renders it when asked).
     """
 
     config: GenerationConfig
@@ -218,6 +220,7 @@ class Request:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     label: str = "chat"
     scope: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
 
     @property
     def is_chat(self) -> bool:
