@@ -208,6 +208,8 @@ class Request:
             states and the prompt cache are never shared between two scopes (`GenerationService.stream`).
         deadline_ms: the client's time budget for the reply, ms from its arrival (llama.vim's `t_max_prompt_ms` +
             `t_max_predict_ms`); None: none. Earlier deadlines are served first (`Worker`, `server.lanes`).
+        prompt_ids: the prompt's token ids once rendered and tokenized (`GenerationService.tokenized`, on the HTTP
+            side); None: not yet (the service renders it when asked).
     """
 
     config: GenerationConfig
@@ -221,6 +223,7 @@ class Request:
     label: str = "chat"
     scope: str | None = None
     deadline_ms: float | None = None
+    prompt_ids: tuple[int, ...] | None = None
 
     @property
     def interactive(self) -> bool:

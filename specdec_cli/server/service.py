@@ -13,8 +13,10 @@ keeps the longest common prefix with the previous one (chat clients resend the w
 conversation's KV is parked in memory while a request with other tokens runs (`stores.kv_parking`: a coding agent's
 title request between two turns), then swapped back in for its next turn.
 
-Not thread-safe: llama.cpp's context is not. `check` and `parser` touch no model (the HTTP side calls them); every
-other method runs on one thread (`specdec_cli.server.worker.Worker`).
+Not thread-safe: llama.cpp's context is not. `check`, `parser` and `prompt_tokens` touch no model (the HTTP side calls
+them: a prompt is rendered and tokenized with `session.PromptText`, a vocabulary-only load apart from the context, so
+`count_tokens` and a request's tokenizing never wait for a generation); every other method runs on one thread
+(`specdec_cli.server.worker.Worker`).
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ class GenerationService:
             self._share(n_lanes)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
+        self.text = session.prompt_text()
+        """The target's tokenizer and chat template apart from its context (`session.PromptText`): any thread."""
         self.tool_format: ToolFormat = detect_tool_format(
             target.chat_template(), lambda t: target.tokenize(t, add_special=False, parse_special=True), target.piece)
         """How the chat template takes tools and writes calls (`tool_formats`: Hermes, Llama 3, Mistral, Phi-4, or
         the generic JSON fallback)."""
-        self.fim: FimTokens = target.fim_tokens()
+        self.fim: FimTokens = self.text.fim_tokens()
         """The model's fill-in-the-middle tokens (`require_fim`)."""
         self.n_vocab: int = target.n_vocab
 
@@ -186,33 +190,43 @@ class GenerationService:
             return request
         return self.check(replace(request, tools=replace(request.tools, mode="none")))
 
-    # -- prompts (the worker thread) ------------------------------------------------------------------------------
+    # -- prompts (any thread) -------------------------------------------------------------------------------------
+    def tokenized(self, request: Request) -> Request:
+        """`request` with its prompt's token ids (`prompt_tokens`) in `Request.prompt_ids`: the HTTP side calls it
+        (off the event loop) before queueing, so the worker only decodes. Raises what `prompt_tokens` raises."""
+        if request.prompt_ids is not None:
+            return request
+        return replace(request, prompt_ids=tuple(self.prompt_tokens(request)))
+
     def prompt_tokens(self, request: Request) -> list[int]:
-        """Token ids of `request`'s prompt: its messages through the target's chat template (tools and the history's
-        calls as the template's tool-call format has them: `ToolFormat.render`; the assistant's generation prompt
-        appended), its raw text (BOS as the model wants, special tokens such as `<|fim_prefix|>` parsed, as
-        llama-server does), its token ids as they are, or its FIM prompt (`fim.fim_prompt`).
+        """Token ids of `request`'s prompt: `Request.prompt_ids` when `tokenized` filled them in, else its messages
+        through the target's chat template (tools and the history's calls as the template's tool-call format has
+        them: `ToolFormat.render`; the assistant's generation prompt appended), its raw text (BOS as the model wants,
+        special tokens such as `<|fim_prefix|>` parsed, as llama-server does), its token ids as they are, or its FIM
+        prompt (`fim.fim_prompt`). Safe from any thread, while the worker decodes (`session.PromptText`).
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).
             UsageError: the template refused the conversation. ModelError: the template failed.
         """
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        text = self.text
         if request.fim is not None:
             self.require_fim("suffix")
-            return fim_prompt(self.session.target, request.fim, n_ctx=self.n_ctx,
-                              n_predict=request.config.max_tokens)
+            return fim_prompt(text, request.fim, n_ctx=self.n_ctx, n_predict=request.config.max_tokens)
         if not request.is_chat:
             if isinstance(request.prompt, str):
-                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=True)
+                return text.tokenize(request.prompt, add_special=True, parse_special=True)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
         messages, tools = self.tool_format.render(
             template_messages(with_description(request.messages, request.output)), tools)
         try:
-            prompt = self.session.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
+            prompt = text.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
-        return self.session.tokenize_chat(prompt)
+        return text.tokenize_chat(prompt)
 
     # -- generation ---------------------------------------------------------------------------------------------
     def stream(self, request: Request, prompt_tokens: Sequence[int],

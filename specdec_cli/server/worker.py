@@ -314,6 +314,9 @@ class Worker:
                     if due is not None and due <= 0 and not self._running:
                         break  # idle, and what the last requests taught is due on disk: save it now
                     self._cv.wait(due)
+                if job is not None and job.request is not None and job.prompt is None \
+                        and job.request.prompt_ids is not None:
+                    job.prompt = list(job.request.prompt_ids)  # tokenized on the HTTP side
                 if job is not None and job.request is not None and job.prompt is None and self.n_lanes > 1:
                     job.lane = lane  # held while its prompt is tokenized (outside the lock)
                 elif job is not None:
