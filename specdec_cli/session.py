@@ -330,7 +330,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads), n_lanes=options.lanes)
+                              flash_attn=flash_attn(target_path, options.threads), n_lanes=options.lanes,
+                              kv_unified=options.kv_unified)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
                       auto_draft=auto_draft, reporter=reporter)

@@ -35,15 +35,16 @@ def _out(records):
     return [t for r in records if isinstance(r, Step) for t in r.emitted]
 
 
-def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path):
+@pytest.mark.parametrize("unified", [False, True], ids=["stream-per-lane", "unified"])
+def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path, unified):
     alone_backend = LlamaBackend(smollm2_path, n_ctx=512)
     prompts = [_tokens(alone_backend, p) for p in PROMPTS]
     alone = []
     for p in prompts:
         alone_backend.truncate(0)
         alone.append(_out(SpeculativeEngine(alone_backend, NgramDrafter(1, 3), FixedK(4)).generate(
-            p, GenerationConfig(max_tokens=48))))
-    shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
+            p, GenerationConfig(max_tokens=32))))
+    shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3, kv_unified=unified)
     sched = PassScheduler(shared_backend, 3)
     out: dict[int, list[int]] = {}
     barrier = threading.Barrier(3)
@@ -54,7 +55,7 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
         sched.enter(lane, Priority(seq=i))
         try:
             engine = SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4))
-            out[i] = _out(engine.generate(prompts[i], GenerationConfig(max_tokens=48)))
+            out[i] = _out(engine.generate(prompts[i], GenerationConfig(max_tokens=32)))
         finally:
             sched.leave(lane)
 

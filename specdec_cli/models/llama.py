@@ -156,8 +156,13 @@ class LlamaBackend:
         phase_depth: phased: a pass that starts before this many tokens of context runs with flash attention
             (`PHASE_DEPTH`).
         n_lanes: sequences this context serves side by side (`lane(i)`, `decode_many`: the server's `--parallel`),
-            each with its own `n_ctx` tokens of a shared KV pool of `n_lanes * n_ctx` cells (llama.cpp's unified KV
-            cache, llama-server's `-kvu`: a lane's rows attend to its own cells only). 1 = one sequence, as before.
+            each with its own `n_ctx` tokens of KV cache. 1 = one sequence, as before.
+        kv_unified: with lanes, one KV pool of `n_lanes * n_ctx` cells for all (True, the default: llama.cpp's
+            unified KV cache, llama-server's `-kvu`; each lane keeps a second sequence for its branches, and a shared
+            pass is one ubatch whatever each lane's rows), or a KV stream per lane (False): a lane's rows then attend
+            only to its own stream's cells (an editor's short lane does not pay attention over an agent's 20k
+            tokens), but llama.cpp splits a pass into ubatches of equal rows per stream (a pass of lanes with 1, 5
+            and 17 rows is three ubatches), and lanes have no second branch. Ignored with one lane.
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -177,6 +182,7 @@ class LlamaBackend:
         flash_attn: bool | str | None = None,
         phase_depth: int = PHASE_DEPTH,
         n_lanes: int = 1,
+        kv_unified: bool = True,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
@@ -206,9 +212,12 @@ class LlamaBackend:
         cparams.n_ctx = n_ctx * n_lanes  # the KV pool; each lane may fill n_ctx of it
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        # lane i: sequence 2i, and 2i + 1 for the second branch of its verify passes (i without branches)
+        # lane i: sequence 2i, and 2i + 1 for the second branch of its verify passes (i without branches, or with a
+        # KV stream per lane)
+        if n_lanes > 1 and not kv_unified:
+            branches = False  # a branch's cells would be copied across streams
         cparams.n_seq_max = (2 if branches else 1) * n_lanes
-        cparams.kv_unified = branches or n_lanes > 1  # one KV stream: sequences share the committed prefix's cells
+        cparams.kv_unified = branches or (n_lanes > 1 and kv_unified)  # one pool: branches share the prefix's cells
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -494,7 +503,7 @@ class LlamaBackend:
         lane.__dict__.update(root.__dict__)  # the model, context, batch and its views, pieces: shared
         lane._root = root
         per = int(root._cparams.n_seq_max) // root.n_lanes  # sequences per lane: 2 with branches
-        lane._s0, lane._s1 = per * i, per * i + 1
+        lane._s0, lane._s1 = per * i, per * i + (per - 1)  # without branches s1 is s0, and never used
         lane._tokens = np.zeros(root._n_ctx, dtype=np.int32)
         lane._n = 0
         lane._branch = None
