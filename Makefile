@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 .DEFAULT_GOAL := all
-.PHONY: all setup llama-cpp models quickstart test
+.PHONY: all setup llama-cpp models quickstart test results
 
 all: setup quickstart
 
@@ -48,3 +48,8 @@ quickstart: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# docs/results.md and its data, docs/results.json (benchmarks/results.py): the quick start, the noise floor and free
+# text, each a `specdec run --compare`; about 10 minutes on 2 cores. Run it alone on the machine.
+results: setup
+	$(BIN)/python benchmarks/results.py

@@ -3,7 +3,7 @@
 Each error carries a message that says what went wrong and a `fix` that says what to do next. Library code never
 prints and never calls `sys.exit`; the CLI's error table (`specdec_cli.__main__`) does both.
 
-Exit codes (documented in the README, "Troubleshooting"):
+Exit codes (documented in docs/reference.md, "Exit codes"):
 
 ==== ===========================================================
  0   success

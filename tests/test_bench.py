@@ -322,7 +322,7 @@ def test_bench_cli_runs_every_configuration_and_writes_json_png_and_markdown(smo
     assert "logits_all=True is what makes it work" in " ".join(out.split())  # Rich wraps long lines
     data = out_png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
-    # the README table from the saved run, without measuring
+    # the Markdown table from the saved run, without measuring
     code, md, _ = cli(capsys, "bench", "--from-json", str(out_json), "--markdown")
     assert code == 0
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| -")]

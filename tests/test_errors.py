@@ -122,11 +122,12 @@ def test_exit_codes_are_distinct_and_documented():
     }
     assert codes == {"usage": 2, "model": 3, "pair": 4, "context": 5, "config": 6, "check": 7}
     assert errors.ChecksumError.exit_code == 3
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    start = readme.index("## Troubleshooting")
-    trouble = readme[start:readme.find("\n## ", start + 1)]
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text(encoding="utf-8")
+    start = reference.index("## Exit codes")  # the table moved from the README's Troubleshooting (issue 43)
+    end = reference.find("\n## ", start + 1)
+    table = reference[start:end if end != -1 else None]
     for code in (2, 3, 4, 5, 6, 7, 130):
-        assert f"| {code} " in trouble, code
+        assert f"| {code} " in table, code
 
 
 def test_a_domain_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):

@@ -1,5 +1,5 @@
-"""The package's layers (issues 26 and 33, README "How it works inside"): the library at the root, the command line in
-specdec_cli/cli/, and imports that point down the layer order the README states. Read from the source with `ast`, so
+"""The package's layers (issues 26 and 33, docs/architecture.md): the library at the root, the command line in
+specdec_cli/cli/, and imports that point down the layer order docs/architecture.md states. Read from the source with `ast`, so
 an import inside a function or under `if TYPE_CHECKING:` counts as much as one at the top of a module."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import specdec_cli
 
 PACKAGE = Path(specdec_cli.__file__).resolve().parent
-README = PACKAGE.parent / "README.md"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"  # its layers block (moved from the README, issue 43)
 LAYERS_MARKER = "<!-- layers: tests/test_layout.py reads the block below -->"
 FRONT_END = "cli"  # the only subpackage that may draw on a terminal or parse a command line
 TERMINAL_LIBRARIES = {"typer", "rich", "click"}
@@ -70,8 +70,8 @@ def test_nothing_outside_the_cli_imports_the_cli():
     assert offenders == [], "only specdec_cli/__main__.py may import the command line:\n" + "\n".join(offenders)
 
 
-def readme_layers(text: str) -> list[list[str]]:
-    """The layer order the README states, top to bottom: the fenced block after `LAYERS_MARKER`, one layer a line,
+def doc_layers(text: str) -> list[list[str]]:
+    """The layer order docs/architecture.md states, top to bottom: the fenced block after `LAYERS_MARKER`, one layer a line,
     its units separated by spaces ("cli/" a subpackage, "assemble" a module at the root, "__init__" the package's
     own __init__); what follows " #" on a line is a comment."""
     lines = text.split(LAYERS_MARKER, 1)[1].split("```", 2)[1].splitlines()[1:]
@@ -92,7 +92,7 @@ def upward_imports(mods: dict[str, tuple[Path, ast.AST]], layers: list[list[str]
     for name, (path, tree) in mods.items():
         unit = unit_of(name)
         if unit not in rank:
-            out.append(f"{path.relative_to(PACKAGE.parent)}: its unit {unit!r} is in no layer of the README")
+            out.append(f"{path.relative_to(PACKAGE.parent)}: its unit {unit!r} is in no layer of docs/architecture.md")
             continue
         hits = set()
         for imported, line in imports(tree, name, path.name == "__init__.py"):
@@ -112,13 +112,13 @@ def upward_imports(mods: dict[str, tuple[Path, ast.AST]], layers: list[list[str]
     return out
 
 
-def test_imports_point_down_the_readme_layers():
-    """A module imports only from layers below its own (README "How it works inside"): what two layers share lives
+def test_imports_point_down_the_doc_layers():
+    """A module imports only from layers below its own (docs/architecture.md): what two layers share lives
     in the lower one."""
-    layers = readme_layers(README.read_text(encoding="utf-8"))
+    layers = doc_layers(ARCHITECTURE.read_text(encoding="utf-8"))
     assert [u for layer in layers for u in layer].count("core") == 1
     offenders = upward_imports(modules(), layers)
-    assert offenders == [], "imports that climb the README's layers; move what both need into the lower one:\n" + \
+    assert offenders == [], "imports that climb the layers of docs/architecture.md; move what both need into the lower one:\n" + \
         "\n".join(offenders)
 
 

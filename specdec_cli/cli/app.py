@@ -152,7 +152,7 @@ def run(
 CHAT_EXAMPLES = """
 [bold]Examples[/bold]
 
-  specdec chat                          [dim]# the default pair, K automatic[/dim]
+  specdec chat                          [dim]# the default target, --method auto, K chosen each step[/dim]
   specdec chat -t smollm2-135m -d smollm2-135m --system "Be brief."
   specdec chat --method ngram -n 256    [dim]# prompt lookup, short replies[/dim]
   printf 'Hi\\nName a colour\\n' | specdec chat > replies.txt
@@ -299,7 +299,7 @@ def tune(
 CHECK_EXAMPLES = """
 [bold]Examples[/bold]
 
-  specdec check prompt.txt                            [dim]# default pair, draft model, K automatic[/dim]
+  specdec check prompt.txt                            [dim]# the default target, --method auto, K chosen each step[/dim]
   specdec check prompt.txt --method ngram --k 8 -n 128
   specdec check prompt.txt -t ./my-model.gguf -d ./my-draft.gguf --json report.json
   specdec check prompt.txt --threshold 0.5            [dim]# a stricter near-tie threshold (logits)[/dim]
@@ -372,7 +372,7 @@ BENCH_EXAMPLES = """
 
   specdec bench                                  [dim]# default pair, one built-in prompt per class, + the peer[/dim]
   specdec bench --json bench.json --plot speedup.svg
-  specdec bench --from-json bench.json --markdown   [dim]# the README's Results table from a saved run[/dim]
+  specdec bench --from-json bench.json --markdown   [dim]# a saved run as a Markdown table, measuring nothing[/dim]
   specdec bench prompts/ --methods none,ngram,suffix --no-peer -n 256 --repeats 3
   specdec bench -t smollm2-135m -d smollm2-135m -n 32   [dim]# a quick try on the tiny model[/dim]
   specdec bench --llama-cpp ~/llama.cpp/build/bin --no-peer   [dim]# + native llama.cpp, plain and ngram-simple[/dim]
@@ -423,8 +423,8 @@ def bench(
                                  "JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
     plot: str = typer.Option(None, "--plot", help="Write a chart of the speedup by method and prompt class to PATH "
                              "(.png or .svg; needs pip install 'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
-    markdown: bool = typer.Option(False, "--markdown", help="Print the README's Results table (Markdown) to stdout; "
-                                  "the report goes to stderr.", rich_help_panel=o.OUTPUT),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the results as a Markdown table (one row per "
+                                  "configuration) to stdout; the report goes to stderr.", rich_help_panel=o.OUTPUT),
     from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "
                                   "(with --markdown and --plot).", rich_help_panel=o.OUTPUT),
     verbose: o.Verbose = False,
@@ -473,19 +473,22 @@ def doctor(
     probe: bool = typer.Option(False, "--probe", help="If this llama.cpp has AMX kernels and they were never tried "
                                "on this CPU, try them now in a child process (a few seconds)."),
     measure: bool = typer.Option(False, "--measure", help="Measure the verify curve (ms of one target pass by batch "
-                                 "size) of the default model now, and time flash attention on and off at 2,048 "
-                                 "tokens of context; keep both (about two minutes; otherwise the first run measures "
-                                 "the curve and flash attention stays llama.cpp's default)."),
+                                 "size) of the default model now, and time flash attention on, off and phased (where "
+                                 "this build can switch it) at 2,048 tokens of context; keep both (about two minutes; "
+                                 "otherwise the first run measures the curve, and flash attention is phased where the "
+                                 "build can switch it on a CPU, else llama.cpp's default)."),
     plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
                              "'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
 ) -> None:
     """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload, threads,
     AMX, and how models will be loaded. Paste it into a bug report.
 
-    On Intel CPUs with AMX, llama.cpp builds that include AMX kernels crash on the first decode (llama.cpp issue
-    20824). specdec tries them once in a child process and, where they crash, loads models with llama.cpp's extra
-    buffer types off (slower, never a crash). SPECDEC_AMX=keep or off forces either choice. Flash attention: as
-    --measure chose, or SPECDEC_FLASH_ATTN=on|off.
+    On Intel CPUs with AMX, a llama.cpp built by GCC < 13 without the patch `make` applies
+    (scripts/install-llama-cpp.sh) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
+    tries them once in a child process and, where they crash, loads models with llama.cpp's extra buffer types off
+    (slower, never a crash). SPECDEC_AMX=keep or off forces either choice. Flash attention: SPECDEC_FLASH_ATTN=on,
+    off or phased when set; else as --measure chose; else phased (on for prefill, off for verify passes at long
+    contexts) where this build can switch it between passes and runs on the CPU; else llama.cpp's default.
     """
     from specdec_cli.cli.commands.doctor import execute
 
@@ -549,7 +552,7 @@ SERVE_EXAMPLES = """
   specdec serve --learn ~/code/app                [dim]# learns the repository in the background, drafts from it[/dim]
   specdec serve --parallel 2 --ctx 16384          [dim]# two lanes (an editor and an agent), less KV memory[/dim]
   ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=unused claude -p "fix the bug in bug.py" \\
-       --permission-mode acceptEdits              [dim]# Claude Code (README: Claude Code)[/dim]
+       --permission-mode acceptEdits              [dim]# Claude Code (docs/clients/claude-code.md)[/dim]
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"model": "any", "messages": [{"role": "user", "content": "Hi"}]}'
 
@@ -678,7 +681,8 @@ def _mount_subcommands() -> None:
     from specdec_cli.cli.commands.models import models_app
 
     app.add_typer(models_app, name="models", help="List and fetch the models in models.toml.")
-    app.add_typer(cache_app, name="cache", help="The suffix drafter's store of past outputs, and the prompt cache.")
+    app.add_typer(cache_app, name="cache", help="The suffix drafter's stores of past outputs and the prompt cache (stats "
+                  "also lists the corpora specdec learn made).")
 
 
 def _reflow(doc: str | None) -> str | None:

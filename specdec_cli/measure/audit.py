@@ -15,7 +15,7 @@ probability), >= 0. A margin below `NEAR_TIE_THRESHOLD` is a numerical near-tie;
 `DIVERGENCE`.
 
 The threshold, 1.0 logit (the emitted token is e ≈ 2.7 times less likely than the argmax), comes from measurement
-(README, "Is the output the same?"). A flip needs the batch-1 top-2 gap to be smaller than the drift of that gap
+(docs/check.md). A flip needs the batch-1 top-2 gap to be smaller than the drift of that gap
 between batch sizes, so the drift bounds every near-tie margin. With llama-cpp-python 0.3.36 on CPU the largest
 drift of the top-2 gap between a batch of B tokens and batch 1 was 0.44 / 0.47 / 0.50 logits at B = 4 / 16 / 64 on
 Qwen2.5-Coder-1.5B Q4_K_M (160 tokens of free text; 2.5-5 % of the tokens flipped, margins up to 0.27), and 0 at
@@ -48,7 +48,7 @@ from specdec_cli.models.backend import Backend, common_prefix
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Grammar
 
-NEAR_TIE_THRESHOLD = 1.0  # logits; see the module docstring and the README
+NEAR_TIE_THRESHOLD = 1.0  # logits; see the module docstring and docs/check.md
 NEAR_TIE = "numerical near-tie"
 DIVERGENCE = "DIVERGENCE"
 END = "<end of generation>"  # shown for the end-of-generation token where a run stopped

@@ -8,7 +8,7 @@ One internal request, one event stream, a translator per API (STYLE.md, habit 14
               translators: OpenAI's Chat Completions, Completions and Responses, Anthropic's Messages, llama.cpp's
               /infill (wire models in, wire JSON and events out; Responses also holds recent responses for
               previous_response_id).
-    fields    which request field informs and which changes what must come back (the README's table).
+    fields    which request field informs and which changes what must come back (docs/server.md's table).
     fim       fill-in-the-middle prompts with the model's FIM tokens (llama-server's layout, repo-level).
     http      answering one request for any translator: submit, wait for the start, JSON or server-sent events.
     service   the only contact with the engine: owns the loaded `Session`, renders prompts, drives generations.

@@ -1,5 +1,5 @@
 """Which request field only informs and which changes what must come back, and what `specdec serve` does with each:
-the one table (STYLE habit 12) that the translators' checks and the README's table are made from.
+the one table (STYLE habit 12) that the translators' checks and docs/server.md's table are made from.
 
 A field that *changes what must come back* (tools, a response format, `n`, log-probabilities, penalties, ...) is
 implemented or refused with a 400 naming it (`param`): a client that asked for it must get it or an error, never a
@@ -9,7 +9,7 @@ for it (the chat template, a system-message line) and otherwise accepted: llama-
 accept them, and LangChain, pydantic-ai, Codex and Claude Code send them on every request. A field nobody here knows
 is accepted and ignored (logged once per name), as those peers do, rather than refused as OpenAI refuses it.
 
-`python -m specdec_cli.server.fields` prints the README's table (`markdown_table`); a test checks they agree.
+`python -m specdec_cli.server.fields` prints docs/server.md's table (`markdown_table`); a test checks they agree.
 Sources: OpenAI's API reference (Chat Completions, Completions); llama-server (`tools/server/server-common.cpp`
 `oaicompat_chat_params_parse`: `chat_template_kwargs`, `reasoning_format`, a message's `name`), vLLM
 (`protocol.py`: `extra="allow"`, unknown fields logged), Ollama's and LM Studio's OpenAI compatibility pages.
@@ -34,7 +34,7 @@ class Field:
     Attributes:
         name: as the wire names it (`messages[].name` for a field of each message; several names joined by ", ").
         kind: INFORMS (accepted; used where the model has room) or CHANGES (implemented, or refused with a 400).
-        does: what specdec serve does with it (one line of the README's table).
+        does: what specdec serve does with it (one line of docs/server.md's table).
         refused: why a CHANGES field is refused (None: implemented or accepted); it is refused only when set to
             something other than left out, null, or one of `neutral`.
         neutral: the values of a refused field that ask for nothing (e.g. `frequency_penalty: 0`).
@@ -117,7 +117,7 @@ checks."""
 
 
 def markdown_table() -> str:
-    """The README's table of fields: | field | informs or changes the reply | what specdec serve does |."""
+    """docs/server.md's table of fields: | field | informs or changes the reply | what specdec serve does |."""
     rows = ["| field | kind | what specdec serve does |", "|---|---|---|"]
     for f in FIELDS:
         names = ", ".join(n if " " in n else f"`{n}`" for n in f.name.split(", "))

@@ -1,4 +1,4 @@
-"""`specdec bench`'s report: the terminal tables and chart, the README's Markdown table, the --plot image.
+"""`specdec bench`'s report: the terminal tables and chart, the Markdown table (--markdown), the --plot image.
 
 Pure functions of the --json document and its `BenchSummary`s (`specdec_cli.measure.bench`), so
 `specdec bench --from-json` re-renders a saved run without measuring anything.
@@ -139,7 +139,7 @@ def speedup_chart(summaries: list[BenchSummary], classes: list[str], width: int 
 
 
 def markdown_table(doc: dict[str, Any], summaries: list[BenchSummary]) -> str:
-    """The README's Results table (GitHub Markdown), with a comment naming the run it came from."""
+    """The results as a GitHub Markdown table, with a comment naming the run it came from."""
     from specdec_cli.models.machine import one_line
     from specdec_cli.session import kernels_line
 

@@ -29,7 +29,7 @@ def refuse_sampling(config: GenerationConfig) -> None:
         raise UsageError(
             f"specdec check is greedy only (got --temperature {config.sampling.temperature:g}): with sampling the "
             "output is random by design, and rejection sampling is checked statistically instead "
-            "(chi-square tests against the target distribution; README, \"Is the output the same?\").",
+            "(chi-square tests against the target distribution; docs/check.md).",
             "Drop --temperature.",
         )
 

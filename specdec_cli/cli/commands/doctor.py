@@ -171,8 +171,8 @@ def table(doc: dict[str, Any]) -> Table:
         ("specdec", doc["specdec"]),
         ("python", f"{doc['python']} ({doc['os']})"),
         ("llama-cpp-python", doc["llama_cpp_python"] or "not installed"),
-        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: see the README's "
-                                                      "GPU section to build for Metal or CUDA)")),
+        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: docs/gpu.md says how to "
+                                                      "build for Metal or CUDA)")),
         ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
         ("threads", f"{doc['threads_default']} by default (--threads)"),
         ("AMX in the CPU", yes_no[amx["cpu_has_amx"]]),
