@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend
+from specdec_cli.models.backend import Backend, FimTokens
 from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
@@ -43,6 +44,7 @@ class Session:
     prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
     reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
     _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
+    _text: PromptText | None = None  # `prompt_text()` once built
 
     def verify_curve(self, *, measure: bool = True) -> VerifyCurve | None:
         """The target's measured verify curve on this machine (`core.verify_curve.VerifyCurve`: ms of one pass over
@@ -131,6 +133,18 @@ class Session:
         """Tokens of a rendered chat prompt (special tokens parsed; the template wrote the BOS it wants)."""
         return self.target.tokenize(prompt, add_special=False, parse_special=True)
 
+    def prompt_text(self) -> PromptText:
+        """The target's tokenizer and chat template apart from its context (`PromptText`), built once: call it first on
+        the thread that loaded the models (a server does, before its worker starts); the object is then usable from
+        any thread.
+
+        Raises ModelError: llama.cpp could not load the target's vocabulary again (`models.llama.VocabOnly`)."""
+        if self._text is None:
+            self._text = PromptText.of(self.target, self.target_path)
+            if self._text.vocab is not None and self._fingerprint is None:
+                self._fingerprint = self._text.vocab.fingerprint  # read once already: the suffix store's key
+        return self._text
+
     def vocab_fingerprint(self) -> str:
         """The target vocabulary's `VocabInfo.fingerprint` (sha256 hex; read once): the suffix store's key."""
         if self._fingerprint is None:
@@ -178,6 +192,8 @@ class Session:
     def close(self) -> None:
         """Free the models (close the `Assembler` first: its drafters may still use the draft model)."""
         try:
+            if self._text is not None:
+                self._text.close()
             if self.draft is not None:
                 self.draft.close()
         finally:
@@ -188,6 +204,86 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class PromptText:
+    """A target's prompts apart from its context: rendering a conversation with the chat template and tokenizing it,
+    safe from any thread while another decodes (a server's HTTP side counts tokens and tokenizes requests while its
+    worker runs passes; llama-server tokenizes on its HTTP threads the same way). Build it with `Session.prompt_text`.
+
+    For a llama.cpp target the tokenizer is a second, vocabulary-only load of the same file (`models.llama.VocabOnly`:
+    no weights, no context, ~0.2 s and tens of MB for a 152k vocabulary), so nothing here touches the context or the
+    backend the engine drives; the chat template, its BOS/EOS text and the FIM tokens are read once from the target
+    at construction. Any other backend (the tests' fakes) is used as it is. One lock of its own serialises tokenizing
+    (milliseconds; the decoding thread never takes it). Same vocabulary, same template: the tokens equal the target's
+    (`Backend.tokenize`, `Backend.format_chat`).
+
+    Attributes:
+        fim: the model's fill-in-the-middle tokens (`Backend.fim_tokens`).
+        vocab: the vocabulary's `VocabInfo` where it was read here (a llama.cpp target), else None.
+    """
+
+    def __init__(self, tokenize: Callable[..., list[int]], format_chat: Callable[..., str], fim: FimTokens, *,
+                 vocab=None, close: Callable[[], None] | None = None) -> None:
+        self._tokenize, self._format_chat, self.fim, self.vocab = tokenize, format_chat, fim, vocab
+        self._close = close
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, target: Backend, path: str | Path) -> PromptText:
+        """The prompts of `target` (loaded from `path`). Raises ModelError (the vocabulary-only load failed)."""
+        from specdec_cli.models.llama import LlamaBackend, VocabOnly, render_chat_template
+
+        if not isinstance(target, LlamaBackend):
+            return cls(target.tokenize, target.format_chat, target.fim_tokens())
+        template, name = target.chat_template(), Path(path).name
+        vocab = VocabOnly(path)
+        try:
+            info = vocab.vocab_info()
+            bos = target.token_text(info.bos) if info.bos >= 0 else ""
+            eos = target.token_text(info.eos) if info.eos >= 0 else ""
+        except BaseException:
+            vocab.close()
+            raise
+
+        def format_chat(messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                        template_kwargs: Mapping[str, Any] | None = None) -> str:
+            # what `LlamaBackend.format_chat` does, from the values read above
+            if not template:
+                from specdec_cli.errors import UsageError
+
+                raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
+            return render_chat_template(template, messages, bos_token=bos, eos_token=eos,
+                                        add_generation_prompt=add_generation_prompt, model_name=name, tools=tools,
+                                        template_kwargs=template_kwargs)
+
+        return cls(vocab.tokenize, format_chat, target.fim_tokens(), vocab=info, close=vocab.close)
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """`Backend.tokenize`: int ids [n] of `text`."""
+        with self._lock:
+            return self._tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def fim_tokens(self) -> FimTokens:
+        """`Backend.fim_tokens` (read once)."""
+        return self.fim
+
+    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """`Session.chat_prompt`: the chat template rendered, the assistant's generation prompt appended. Raises
+        ToolsUnsupportedError, UsageError (the template refused the conversation), ModelError (it failed)."""
+        extra = {"template_kwargs": dict(template_kwargs)} if template_kwargs else {}
+        return self._format_chat(messages, add_generation_prompt=True, tools=tools, **extra)
+
+    def tokenize_chat(self, prompt: str) -> list[int]:
+        """`Session.tokenize_chat`: tokens of a rendered chat prompt (special tokens parsed)."""
+        return self.tokenize(prompt, add_special=False, parse_special=True)
+
+    def close(self) -> None:
+        """Free the vocabulary-only load (idempotent); the target is the session's."""
+        if self._close is not None:
+            self._close()
+            self._close = None
 
 
 def open_session(options: ModelOptions, *, method: Method | str | None = None, need_draft: bool = False,
@@ -234,7 +330,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=options.gpu_layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads))
+                              flash_attn=flash_attn(target_path, options.threads), n_lanes=options.lanes,
+                              kv_unified=options.kv_unified)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
                       auto_draft=auto_draft, reporter=reporter)

@@ -111,6 +111,42 @@ class FakeBackend:
     n_vocab = property(lambda self: self._vocab)
     n_ctx = property(lambda self: self._n_ctx)
     n_batch = property(lambda self: self._n_batch)
+    draft_limit = property(lambda self: self._n_batch - 1)
+    shared_rows = 0
+
+    # -- lanes (`LlamaBackend.lane`, `decode_many`): sequences side by side, for `server.lanes` -----------------
+    def lane(self, i: int) -> "FakeBackend":
+        """Lane i: lane 0 is this backend; others are fakes of the same model with their own tokens, made once. A
+        shared pass (`decode_many`) is recorded in `passes` as the (lane, rows) of its parts."""
+        lanes = self.__dict__.setdefault("_lanes", {0: self})
+        if i not in lanes:
+            import copy
+
+            lane = copy.copy(self)
+            lane._tokens, lane._branch, lane.truncations = [], None, []
+            lane.n_evaluated = lane.n_decode_calls = 0
+            lane._root = self
+            lanes[i] = lane
+            lane.lane_index = i
+        return lanes[i]
+
+    def decode_many(self, parts) -> list[np.ndarray]:
+        """One shared pass: each part (lane, tokens, n_logits) gets exactly what its own `decode` gives (logits are a
+        function of the lane's own prefix), and the virtual clock advances once, by cost(rows of all parts)."""
+        root = self.__dict__.get("_root", self)
+        root.__dict__.setdefault("passes", []).append(tuple((getattr(l, "lane_index", 0), len(t)) for l, t, _ in parts))
+        clock, cost = self._clock, self._cost
+        out = []
+        try:
+            for lane, toks, n_logits in parts:
+                lane._clock = None  # one clock advance for the whole pass, below
+                out.append(lane.decode(toks, n_logits))
+        finally:
+            for lane, _, _ in parts:
+                lane._clock = clock
+        if clock is not None and cost is not None:
+            clock.advance(cost(sum(len(t) for _, t, _ in parts)) / 1e3)
+        return out
 
     @property
     def n_threads(self) -> int:  # as LlamaBackend's default: every CPU this process may use

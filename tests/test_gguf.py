@@ -209,3 +209,19 @@ def test_real_models_header_implies_their_size(name):
     assert info.implied_size == info.file_size == spec.size
     assert info.architecture in {"llama", "gemma3", "qwen2"} and not info.unknown_types
     assert elapsed < 2.0
+
+
+def test_kv_bytes_per_token_from_the_header():
+    """Layers x (K + V head sizes) x KV heads x 2 bytes (f16): what `specdec serve --parallel` and doctor state."""
+    from specdec_cli.models.gguf import GGUFInfo, kv_bytes_per_token
+
+    def info(meta):
+        return GGUFInfo(path=None, version=3, n_tensors=0, n_kv=0, architecture="qwen2", name=None,
+                        tokenizer_model=None, alignment=32, data_offset=0, implied_size=0, file_size=0, tensors=(),
+                        metadata=meta, array_lengths={})
+
+    qwen = {"qwen2.block_count": 28, "qwen2.attention.head_count": 12, "qwen2.attention.head_count_kv": 2,
+            "qwen2.embedding_length": 1536}
+    assert kv_bytes_per_token(info(qwen)) == 28 * 2 * 128 * 2 * 2 == 28672
+    assert kv_bytes_per_token(info({**qwen, "qwen2.attention.key_length": 64})) == 28 * (64 + 128) * 2 * 2
+    assert kv_bytes_per_token(info({"qwen2.block_count": 28})) is None

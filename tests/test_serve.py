@@ -256,7 +256,8 @@ def test_models_health_and_unknown_paths():
             s.client().models.retrieve("gpt-9")
         status, body = s.raw("GET", "/v1/nothing")
         assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0,
-                              "queue": {"waiting": 0, "bound": 16, "running": None, "retry_after_s": 1}}
+                              "queue": {"waiting": 0, "bound": 16, "lanes": 1, "running": None, "busy": [],
+                                            "retry_after_s": 1}}
     assert missing.value.body["code"] == "model_not_found"
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
     assert "/v1/chat/completions" in body["error"]["message"]
@@ -407,7 +408,7 @@ def test_stop_ends_the_running_request_and_fails_the_waiting_ones():
         for t in threads:
             t.join(10)
         s.worker.join(5)
-        assert not s.worker._thread.is_alive()
+        assert not s.worker.alive
     assert len(errors) == 2 and all(e.status_code == 503 for e in errors)
     assert backend.n_decode_calls < 100
 

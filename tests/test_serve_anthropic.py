@@ -15,7 +15,8 @@ from fakes import CHARS, FakeBackend, greedy_reference, greedy_tokenize, hashed_
 from specdec_cli.server.anthropic_messages import MessagesRequest, error_body, messages_of, to_request, tools_of  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.request import Message, ToolCall  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, serving, text_of  # noqa: E402
+from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, serving, text_of  # noqa: E402
+from test_serve_queue import start_blocking_request  # noqa: E402
 
 V = len(CHARS)
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
@@ -143,6 +144,20 @@ def test_count_tokens_is_the_prompt_a_request_would_evaluate():
     assert counted.input_tokens == resp.usage.input_tokens + resp.usage.cache_read_input_tokens
     assert counted.input_tokens == len(s.backend.tokenize(f"{system} {PROMPT}"))
     assert line == f"count_tokens: {counted.input_tokens} prompt tokens"
+
+
+def test_count_tokens_answers_while_a_generation_holds_the_worker():
+    """Issue 44 item 5: Claude Code calls count_tokens between turns; it must not wait for the running generation (it
+    waited 142 s behind an agent's cold 8k-token request): the prompt is rendered and tokenized apart from the worker."""
+    backend = SlowBackend(hashed_logits)
+    with serving(backend) as s:
+        first = start_blocking_request(s, backend)  # the worker is inside its prefill until the gate opens
+        counted = client_of(s).with_options(timeout=3).messages.count_tokens(model="m", system="You are terse.", messages=USER)
+        held = not backend.gate.is_set() and s.health()["busy"]  # answered while the generation still held it
+        backend.gate.set()
+        first.join(10)
+    assert held
+    assert counted.input_tokens == len(backend.tokenize(f"You are terse. {PROMPT}"))
 
 
 def test_errors_are_anthropic_s_json_and_the_client_s_exception_classes():
@@ -291,7 +306,7 @@ def test_error_types_follow_the_status():
 
 
 def test_serve_s_default_context_holds_an_agent_s_prompt_and_says_so():
-    from specdec_cli.cli.app import SERVE_CTX
+    from specdec_cli.cli.options import SERVE_CTX
     from specdec_cli.cli.commands.serve import AGENT_PROMPT_TOKENS, context_line
 
     assert SERVE_CTX >= AGENT_PROMPT_TOKENS

@@ -92,3 +92,55 @@ def test_queue_full_carries_retry_after_and_health_shows_the_queue():
     assert retry is not None and int(retry) >= 1
     assert full.value.body["code"] == "queue_full"
     assert idle["queue"]["running"] is None and idle["queue"]["waiting"] == 0
+
+
+class ThreadNoting(SlowBackend):
+    """Notes the threads its chat template and tokenizer run on."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.threads: set[str] = set()
+
+    def format_chat(self, messages, **kw):
+        self.threads.add(threading.current_thread().name)
+        return super().format_chat(messages, **kw)
+
+    def tokenize(self, text: str, **kw):
+        self.threads.add(threading.current_thread().name)
+        return super().tokenize(text, **kw)
+
+
+def test_prompts_are_rendered_and_tokenized_off_the_worker_thread():
+    """Issue 44 item 5: the worker thread only decodes; a request's chat template and tokenizing run on the HTTP side
+    (before it is queued), so a long conversation's rendering never holds up the generations of others."""
+    backend = ThreadNoting(hashed_logits)
+    with serving(backend) as s:
+        backend.threads.clear()  # what the service read at construction
+        first = start_blocking_request(s, backend)
+        second = threading.Thread(target=chat, args=(s.client(),), kwargs={"max_tokens": 2}, daemon=True)
+        second.start()
+        s.wait(lambda h: h["queued"] == 1)
+        backend.gate.set()
+        first.join(10)
+        second.join(10)
+    assert backend.threads and not any(name.startswith("specdec-serve-worker") for name in backend.threads)
+
+
+def test_a_template_that_refuses_the_conversation_is_a_400_before_the_queue():
+    """A prompt the template refuses is answered at once (400 naming messages), even while another request runs."""
+    backend = SlowBackend(hashed_logits, chat_template="{{ raise_exception('roles must alternate') }}")
+    with serving(backend) as s:
+        first = threading.Thread(target=s.raw, args=("POST", "/v1/completions",
+                                                     json.dumps({"model": "f", "prompt": PROMPT, "max_tokens": 3})
+                                                     .encode()), daemon=True)
+        backend.gate.clear()
+        first.start()
+        s.wait(lambda h: h["busy"])
+        status, body = s.raw("POST", "/v1/chat/completions", json.dumps(
+            {"model": "f", "stream": True, "messages": [{"role": "user", "content": PROMPT}]}).encode())
+        held = not backend.gate.is_set()
+        backend.gate.set()
+        first.join(10)
+    assert held
+    assert status == 400 and "roles must alternate" in body["error"]["message"]
+    assert body["error"]["param"] == "messages"

@@ -142,3 +142,27 @@ def test_the_template_is_hermes_and_a_required_call_ends_after_it(client):
     assert choice.finish_reason == "tool_calls" and resp.usage.completion_tokens < 100, resp
     assert [c.function.name for c in choice.message.tool_calls] == ["final_result"]
     assert json.loads(choice.message.tool_calls[0].function.arguments)["city"] == "Paris"
+
+
+def test_the_http_side_s_tokenizer_gives_the_target_s_tokens(qwen_pair):
+    """`session.PromptText` (a vocabulary-only load, for count_tokens and requests tokenized off the worker thread)
+    renders and tokenizes exactly as the loaded target: a conversation with tools, raw text, and a repo-level FIM
+    prompt."""
+    from specdec_cli.server.fim import fim_prompt
+    from specdec_cli.server.request import Fim
+
+    session = open_session(ModelOptions(target=str(qwen_pair[0]), ctx=512, threads=2, prompt_cache=False),
+                           method="none")
+    with session:
+        text = session.prompt_text()
+        rendered = text.chat_prompt(QUESTION, tools=[WEATHER])
+        assert rendered == session.chat_prompt(QUESTION, tools=[WEATHER])
+        assert text.tokenize_chat(rendered) == session.tokenize_chat(rendered)
+        raw = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # <|fim_prefix|> é"
+        assert text.tokenize(raw, add_special=True, parse_special=True) == \
+            session.target.tokenize(raw, add_special=True, parse_special=True)
+        fim = Fim(prefix="def area(w, h):\n", suffix="\n\nprint(area(2, 3))\n",
+                  extra=(("shapes.py", "def perimeter(w, h):\n    return 2 * (w + h)\n"),), repo=True)
+        assert fim_prompt(text, fim, n_ctx=512, n_predict=16) == fim_prompt(session.target, fim, n_ctx=512,
+                                                                            n_predict=16)
+        assert text.vocab.fingerprint == session.target.vocab_info().fingerprint

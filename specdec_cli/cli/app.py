@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -591,6 +592,7 @@ SERVE_EXAMPLES = """
   specdec serve -t smollm2-135m --method suffix --port 0   [dim]# a free port; the URL is printed[/dim]
   specdec serve --host 0.0.0.0 --api-key-file ~/.specdec-key   [dim]# other machines too, Bearer key required[/dim]
   specdec serve --learn ~/code/app                [dim]# learns the repository in the background, drafts from it[/dim]
+  specdec serve --parallel 2 --ctx 16384          [dim]# two lanes (an editor and an agent), less KV memory[/dim]
   ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=unused claude -p "fix the bug in bug.py" \\
        --permission-mode acceptEdits              [dim]# Claude Code (docs/clients/claude-code.md)[/dim]
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -600,8 +602,6 @@ SERVE_EXAMPLES = """
 """
 
 
-SERVE_CTX = 32768  # holds a coding agent's prompt (Claude Code's ~20k tokens) and its reply; llama-server's -c in the
-# benchmarks. Every other command keeps 4096.
 
 
 @app.command(epilog=SERVE_EXAMPLES)
@@ -641,8 +641,20 @@ def serve(
                                         "store, --k auto) this many seconds after the last save once a request was "
                                         "served (between two requests, or at once when idle), and after every 16 "
                                         "requests.", rich_help_panel="Server"),
-    queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while one is "
-                              "served (one at a time, in arrival order); beyond it: 429.", rich_help_panel="Server"),
+    queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while every lane "
+                              "is busy (interactive ones first, then in arrival order); beyond it: 429.",
+                              rich_help_panel="Server"),
+    parallel: int = typer.Option(o.SERVE_PARALLEL, "--parallel", "-np", min=1, max=64, help="Requests generated at "
+                                 "once (lanes, llama-server's -np): an editor's completions while an agent works. "
+                                 "Their verify passes share one forward pass; each lane has its own --ctx of KV "
+                                 "cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 lanes x 32768 = 3.7 GB, allocated "
+                                 "at start; /health and the start-up line say how much). 1: one at a time.",
+                                 rich_help_panel="Server"),
+    kv_unified: bool = typer.Option(True, "--kv-unified/--kv-per-lane", help="With --parallel: one KV pool for "
+                                    "every lane (llama-server's -kvu: a shared pass is one batch whatever each "
+                                    "lane's rows), or a KV stream per lane (each lane's rows attend to its own "
+                                    "tokens only, but llama.cpp splits a pass by lane and there are no second "
+                                    "branches).", rich_help_panel="Server"),
     learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "
                                      "only what changed) in the background at start-up; requests are served "
                                      "meanwhile, and drafted from it once it is learnt. Repeatable.",
@@ -655,7 +667,7 @@ def serve(
     top_p: o.TopP = None,
     min_p: o.MinP = None,
     seed: o.Seed = None,
-    ctx: int = typer.Option(SERVE_CTX, "--ctx", min=64, max=1 << 20, help="Context window in tokens: coding "
+    ctx: int = typer.Option(o.SERVE_CTX, "--ctx", min=64, max=1 << 20, help="Context window in tokens: coding "
                             "agents' prompts (Claude Code, Codex) are 6k-25k tokens; the KV cache takes ~28 KB a "
                             "token for Qwen2.5-Coder-1.5B (0.9 GB at 32768).", rich_help_panel=o.MODELS),
     threads: o.Threads = None,
@@ -666,9 +678,11 @@ def serve(
     """Serve OpenAI's API (chat and text completions) and Anthropic's Messages API (Claude Code) locally, with
     speculative decoding that learns from the traffic.
 
-    One model pair is loaded and requests are served one at a time in arrival order. The KV cache keeps the longest
-    common prefix between consecutive requests, so a resent conversation evaluates only its new tokens (a long one is
-    parked in memory while a side request runs, and swapped back for its next turn); the suffix
+    One model pair is loaded and --parallel requests (4 by default) generate at once, each in a lane of its own: their
+    verify passes and prompt pieces share one forward pass, interactive requests (FIM, short replies, deadlines) go
+    first, and each lane's K is chosen with the others' rows priced on the verify curve. A request goes to the lane
+    whose KV cache shares the longest prefix with it, so a resent conversation evaluates only its new tokens (a long one
+    is parked in memory while a side request runs, and swapped back for its next turn); the suffix
     store and --k auto learn across requests and are saved as it serves (every 16 requests or --save-interval
     seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
     the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
@@ -686,7 +700,8 @@ def serve(
     from specdec_cli.server.request import Defaults
 
     code = execute(
-        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+        models=replace(_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+                       lanes=parallel, kv_unified=kv_unified),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                           max_tokens=max_tokens),

@@ -178,3 +178,8 @@ def expand_optional_values(argv: list[str]) -> list[str]:
             arg = f"{arg}={OPTIONAL_VALUES[arg]}"
         out.append(arg)
     return out
+
+
+SERVE_PARALLEL = 4  # lanes: an editor and an agent (and two more) at once; 4 x 32768 tokens of KV = 3.7 GB for 1.5B
+SERVE_CTX = 32768  # holds a coding agent's prompt (Claude Code's ~20k tokens) and its reply; llama-server's -c in the
+# benchmarks. Every other command keeps 4096.

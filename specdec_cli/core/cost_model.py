@@ -163,8 +163,11 @@ class CostModel:
                     acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
                     acc[1, m] += 1.0
                 acc[:, :m] += 1.0
-        self._observe_verify(step.batch_size, step.verify_ms)
-        self._observe_attention(step)
+        if not step.shared_rows or self.curve is None:
+            # a pass shared with other sequences times their rows too: with a measured curve, it is not this step's
+            # cost to learn; without one, it is the only timing there is (K then shrinks with the others' rows)
+            self._observe_verify(step.batch_size, step.verify_ms)
+            self._observe_attention(step)
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])

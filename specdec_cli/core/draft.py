@@ -102,6 +102,12 @@ class Drafter(Protocol):
         """Release what the drafter holds; learning drafters save what they learnt."""
         ...
 
+    def fork(self) -> Drafter:
+        """A drafter for another sequence generating at the same time (`server.lanes`): its own per-generation state,
+        sharing what persists (the suffix store, the corpora), so what one sequence learns the others draft from. A
+        draft model is not shared (its KV cache is one sequence's): a fork drafts without it."""
+        ...
+
 
 class DrafterBase(Drafter):
     """The no-op default of every `Drafter` hook: a drafter that proposes nothing, learns nothing, holds nothing.
@@ -131,6 +137,10 @@ class DrafterBase(Drafter):
 
     def close(self) -> None:
         pass
+
+    def fork(self) -> Drafter:
+        """A drafter without per-generation state forks as itself."""
+        return self
 
 
 def cut(draft: Draft, k: int) -> Draft:

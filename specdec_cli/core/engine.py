@@ -188,6 +188,7 @@ class SpeculativeEngine:
                     branch_source=alt.source if alt is not None else Source.none,
                     branch_match_len=alt.match_len if alt is not None else 0,
                     n_past=n_past,
+                    shared_rows=target.shared_rows,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
                     step = replace(step, curve_ms=self.curve.at(step.batch_size),
@@ -247,8 +248,9 @@ class SpeculativeEngine:
             return 0, NO_DRAFT, None
         target, drafter = self.target, self.drafter
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
-        # never draft more than the token budget, the context window and one llama.cpp batch can take
-        limit = min(budget - 1, room - 1, target.n_batch - 1)
+        # never draft more than the token budget, the context window and one llama.cpp batch can take (or, with
+        # other sequences in the same passes, what the joint K allows: `server.lanes`)
+        limit = min(budget - 1, room - 1, target.draft_limit)
         if grammar is not None and limit > 0:
             forced = grammar.forced()[:limit]  # a schema's next key, closing brackets: free and nearly always right
             if len(forced):

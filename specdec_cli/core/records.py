@@ -126,6 +126,8 @@ class Step:
         curve_ms: the measured verify curve's cost of a pass of `batch_size` tokens (0.0: no curve measured).
         n_past: tokens in the target's KV cache before this pass: the context its rows attended to (0: unknown).
         cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
+        shared_rows: rows other sequences had in the same forward pass (`server.lanes`; 0: it ran alone), so
+            `verify_ms` is the whole shared pass's time, not this step's alone.
     """
 
     index: int
@@ -147,6 +149,7 @@ class Step:
     curve_ms: float = 0.0
     cheap: bool = False
     n_past: int = 0
+    shared_rows: int = 0
 
     @property
     def text(self) -> str:

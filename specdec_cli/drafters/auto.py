@@ -49,6 +49,11 @@ class AutoDrafter(DrafterBase):
         self.name = name
         self.prediction: Drafter | None = None  # this generation's prediction drafter
 
+    def fork(self) -> AutoDrafter:
+        """Forks of the lookup sources, without the draft model (one sequence's KV cache)."""
+        return AutoDrafter(self.suffix.fork() if self.suffix is not None else None, None, predictor=self.predictor,
+                           name=self.name, corpus=self.corpus.fork() if self.corpus is not None else None)
+
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         if self.suffix is not None:
             self.suffix.begin(context)

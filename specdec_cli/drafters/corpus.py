@@ -18,6 +18,7 @@ copied from the corpus: they never look at the target's logits, so the output is
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -59,6 +60,12 @@ class CorpusDrafter(DrafterBase):
         self.max_depth, self.min_match, self.factor, self.min_token_prob = max_depth, min_match, factor, min_token_prob
         self.min_count, self.min_follow, self.copy_match = min_count, min_follow, copy_match
         self._hints: dict[int, tuple[int, int]] = {}  # id(corpus) -> (context length, match length) at the last step
+
+    def fork(self) -> CorpusDrafter:
+        """The same corpora, hints of its own."""
+        other = copy.copy(self)
+        other._hints = {}
+        return other
 
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         """A generation starts: map the corpora learnt since the last one (a stat per corpus)."""

@@ -34,6 +34,10 @@ class ModelDrafter(DrafterBase):
         self.backend = backend
         self.min_prob = min_prob
 
+    def fork(self) -> DrafterBase:
+        """The draft model's KV cache holds one sequence: another sequence drafts nothing (plain decoding)."""
+        return DrafterBase()
+
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         """Evaluate the prompt, int32 [n], but its last token (a cached common prefix is reused), so the first
         step's draft cost is only drafting."""

@@ -251,6 +251,13 @@ class SuffixDrafter(DrafterBase):
         if store is not None and preload:
             store.preload()  # read the file while the models load; the first propose waits for it
 
+    def fork(self) -> SuffixDrafter:
+        """The same store (what any sequence learns, every sequence drafts from), a prompt index and edits of its
+        own."""
+        return SuffixDrafter(self.store, max_depth=self.max_depth, factor=self.factor,
+                             min_token_prob=self.min_token_prob, store_prompt=self.store_prompt, lead_in=self.lead_in,
+                             max_candidates=self.local.max_candidates, preload=False)
+
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         """Start a generation: index the prompt (int32 [n]) afresh and collect the store, so the engine counts both
         as drafter prefill time instead of slowing the first step."""

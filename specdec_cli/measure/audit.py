@@ -203,6 +203,14 @@ class FirstMismatchProbe:
         return self.inner.n_batch
 
     @property
+    def draft_limit(self) -> int:
+        return self.inner.draft_limit
+
+    @property
+    def shared_rows(self) -> int:
+        return self.inner.shared_rows
+
+    @property
     def n_vocab(self) -> int:
         return self.inner.n_vocab
 

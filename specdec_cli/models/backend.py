@@ -92,6 +92,15 @@ class Backend(Protocol):
         """int32 [n]: the tokens held in the KV cache, positions 0..n-1 (a read-only view)."""
         ...
 
+    @property
+    def draft_limit(self) -> int:
+        """The most draft tokens one verify pass should carry: n_batch - 1 (one llama.cpp batch), or less for a
+        lane sharing its passes with other sequences (`server.lanes.SharedLane`: the joint K)."""
+        ...
+
+    shared_rows: int
+    """Rows other sequences had in this backend's last forward pass (0: it ran alone; `server.lanes`)."""
+
     def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
         """Append `tokens` at positions len(tokens).. and evaluate them in one forward pass per n_batch chunk.
 

@@ -304,3 +304,21 @@ def _check(path: Path, buf: mmap.mmap, size: int) -> GGUFInfo:
         array_lengths=arrays,
         unknown_types=tuple(sorted(unknown)),
     )
+
+
+def kv_bytes_per_token(info: GGUFInfo, type_bytes: int = 2) -> int | None:
+    """Bytes one token takes in llama.cpp's KV cache for this model: layers x (K head size + V head size) x KV heads x
+    `type_bytes` (2: the default f16 cache), from the header's `{arch}.block_count`, `.attention.head_count(_kv)`,
+    `.attention.key_length`/`.value_length` (else `.embedding_length` / heads). None when the header lacks them (a
+    recurrent model's state is not per token). E.g. Qwen2.5-Coder-1.5B: 28 x (128 + 128) x 2 x 2 = 28,672."""
+    meta, arch = info.metadata, info.architecture
+    try:
+        layers = int(meta[f"{arch}.block_count"])
+        heads = int(meta[f"{arch}.attention.head_count"])
+        kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+        head = int(meta[f"{arch}.embedding_length"]) // heads
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    k = int(meta.get(f"{arch}.attention.key_length", head))
+    v = int(meta.get(f"{arch}.attention.value_length", head))
+    return layers * (k + v) * kv_heads * type_bytes

@@ -155,6 +155,14 @@ class LlamaBackend:
             tokens 130/257/348/487 ms off against 152/320/538/924 ms on, prefill 82-88 tok/s on, 72 off.
         phase_depth: phased: a pass that starts before this many tokens of context runs with flash attention
             (`PHASE_DEPTH`).
+        n_lanes: sequences this context serves side by side (`lane(i)`, `decode_many`: the server's `--parallel`),
+            each with its own `n_ctx` tokens of KV cache. 1 = one sequence, as before.
+        kv_unified: with lanes, one KV pool of `n_lanes * n_ctx` cells for all (True, the default: llama.cpp's
+            unified KV cache, llama-server's `-kvu`; each lane keeps a second sequence for its branches, and a shared
+            pass is one ubatch whatever each lane's rows), or a KV stream per lane (False): a lane's rows then attend
+            only to its own stream's cells (an editor's short lane does not pay attention over an agent's 20k
+            tokens), but llama.cpp splits a pass into ubatches of equal rows per stream (a pass of lanes with 1, 5
+            and 17 rows is three ubatches), and lanes have no second branch. Ignored with one lane.
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -173,6 +181,8 @@ class LlamaBackend:
         branches: bool = True,
         flash_attn: bool | str | None = None,
         phase_depth: int = PHASE_DEPTH,
+        n_lanes: int = 1,
+        kv_unified: bool = True,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
@@ -197,11 +207,17 @@ class LlamaBackend:
             )
         self._model = model
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        if n_lanes < 1:
+            raise ValueError(f"n_lanes={n_lanes}: at least 1")
+        cparams.n_ctx = n_ctx * n_lanes  # the KV pool; each lane may fill n_ctx of it
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 2 if branches else 1  # sequence 1: the second branch of a verify pass
-        cparams.kv_unified = branches  # one KV stream: both sequences share the committed prefix's cells
+        # lane i: sequence 2i, and 2i + 1 for the second branch of its verify passes (i without branches, or with a
+        # KV stream per lane)
+        if n_lanes > 1 and not kv_unified:
+            branches = False  # a branch's cells would be copied across streams
+        cparams.n_seq_max = (2 if branches else 1) * n_lanes
+        cparams.kv_unified = branches or (n_lanes > 1 and kv_unified)  # one pool: branches share the prefix's cells
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -229,7 +245,10 @@ class LlamaBackend:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._mem = llama_cpp.llama_get_memory(ctx)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self._n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self._n_ctx = int(llama_cpp.llama_n_ctx(ctx)) // n_lanes
+        self.n_lanes = n_lanes
+        self._root = self  # the lane that owns the model, context and batch (`lane`)
+        self._s0, self._s1 = 0, 1  # this lane's sequence ids: its own, and its second branch's
         self._n_batch = int(llama_cpp.llama_n_batch(ctx))
         self.n_threads = threads
 
@@ -245,7 +264,8 @@ class LlamaBackend:
             b.seq_id[i][0] = 0
             if branches:
                 b.seq_id[i][1] = 1  # read only where n_seq_id is 2 (a branch pass's shared tokens)
-        self._seq1 = [0] * self._n_batch  # seq_id[i][0] as set: 0, or 1 for a second branch's own tokens
+        self._seq1 = [0] * self._n_batch  # seq_id[i][0] as set: a lane's sequence, or its second branch's
+        self._seq2 = [1] * self._n_batch  # seq_id[i][1] as set (read only where n_seq_id is 2)
         self._branches = branches and not (llama_cpp.llama_model_is_recurrent(model)
                                            or llama_cpp.llama_model_is_hybrid(model))
         self._branch: tuple[int, np.ndarray] | None = None  # (start, the pending second branch's tokens)
@@ -272,6 +292,12 @@ class LlamaBackend:
     def n_batch(self) -> int:
         return self._n_batch
 
+    shared_rows = 0  # a lane's passes are shared through `server.lanes.SharedLane`, never here
+
+    @property
+    def draft_limit(self) -> int:
+        return self._n_batch - 1
+
     @property
     def tokens(self) -> np.ndarray:
         view = self._tokens[: self._n]
@@ -284,12 +310,18 @@ class LlamaBackend:
         """True: `decode_branches` works (False for recurrent and hybrid models, whose state cannot branch)."""
         return self._branches
 
-    def _seq_ids(self, n: int, first: list[int]) -> None:
-        """Set batch rows 0..n-1 to one sequence each, `first[i]` (0 or 1), only where it changed."""
+    def _seq_ids(self, n: int, first: list[int], second: int | None = None) -> None:
+        """Set batch rows 0..n-1 to sequence `first[i]` each, only where it changed; `second`: the sequence the
+        rows marked n_seq_id = 2 also belong to (a lane's second branch)."""
         b, cur = self._batch, self._seq1
         for i in range(n):
             if cur[i] != first[i]:
                 b.seq_id[i][0] = cur[i] = first[i]
+        if second is not None:
+            cur2 = self._seq2
+            for i in range(n):
+                if cur2[i] != second:
+                    b.seq_id[i][1] = cur2[i] = second
 
     def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
         """Evaluate `tokens` after the cache; return float32 [n_logits, n_vocab] logits of the last rows (a view).
@@ -316,14 +348,15 @@ class LlamaBackend:
                 self._b_pos[:n] = np.arange(start + c0, start + c1, dtype=np.int32)
                 self._b_logits[:n] = 0
                 self._b_nseq[:n] = 1
-                if any(self._seq1[:n]):
-                    self._seq_ids(n, [0] * n)
+                if self._seq1[:n] != [self._s0] * n:
+                    self._seq_ids(n, [self._s0] * n)
                 first_out = max(c0, m - n_logits)
                 if first_out < c1:
                     self._b_logits[first_out - c0 : n] = 1
                 self._batch.n_tokens = n
-                if self._set_fa is not None and (n > PHASE_ROWS or start + c0 < self.phase_depth) != self._fa_on:
-                    self._phase(not self._fa_on)
+                root = self._root
+                if root._set_fa is not None and (n > PHASE_ROWS or start + c0 < self.phase_depth) != root._fa_on:
+                    root._phase(not root._fa_on)
                 rc = llama_cpp.llama_decode(self._ctx, self._batch)
                 self.n_decode_calls += 1
                 if rc != 0:
@@ -333,7 +366,7 @@ class LlamaBackend:
                 self.n_evaluated += n
         except BaseException:
             # A failed or interrupted call leaves the cache as it was before the call.
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start, -1)
             self._n = start
             raise
         if n_logits == 0:
@@ -368,8 +401,8 @@ class LlamaBackend:
                 f"The context window is full: {start} + {max(m, 1 + len(alt))} tokens > --ctx {self._n_ctx}.",
                 "Use a larger --ctx or a shorter prompt / --max-tokens.")
         mem = llama_cpp.llama_memory_seq_rm  # sequence 1 := sequence 0 (both stop at start - 1)
-        mem(self._mem, 1, -1, -1)
-        llama_cpp.llama_memory_seq_cp(self._mem, 0, 1, -1, -1)
+        mem(self._mem, self._s1, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._mem, self._s0, self._s1, -1, -1)
         # rows: [t_0, a_1..a_c (shared), a_(c+1)..a_(m-1) (seq 0), b_(c+1)..b_n (seq 1)]
         self._b_token[:m] = toks
         self._b_token[m:rows] = alt[c:]
@@ -377,19 +410,20 @@ class LlamaBackend:
         self._b_pos[m:rows] = np.arange(start + 1 + c, start + 1 + len(alt), dtype=np.int32)
         self._b_nseq[:rows] = 1
         self._b_nseq[: c + 1] = 2
-        self._seq_ids(rows, [0] * m + [1] * (rows - m))
+        self._seq_ids(rows, [self._s0] * m + [self._s1] * (rows - m), self._s1)
         self._b_logits[:rows] = 1
         self._batch.n_tokens = rows
-        if self._set_fa is not None and (rows > PHASE_ROWS or start < self.phase_depth) != self._fa_on:
-            self._phase(not self._fa_on)
+        root = self._root
+        if root._set_fa is not None and (rows > PHASE_ROWS or start < self.phase_depth) != root._fa_on:
+            root._phase(not root._fa_on)
         try:
             rc = llama_cpp.llama_decode(self._ctx, self._batch)
             self.n_decode_calls += 1
             if rc != 0:
                 raise DecodeError(rc, rows)
         except BaseException:
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
-            llama_cpp.llama_memory_seq_rm(self._mem, 1, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s1, -1, -1)
             raise
         self._tokens[start : start + m] = toks
         self._n = start + m
@@ -412,7 +446,7 @@ class LlamaBackend:
     def _drop_branch(self) -> None:
         """Drop a pending second branch (sequence 1) from the cache: a whole sequence, which never fails."""
         if self._branch is not None:
-            llama_cpp.llama_memory_seq_rm(self._mem, 1, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s1, -1, -1)
             self._branch = None
 
     def truncate(self, n: int, *, branch: bool = False) -> None:
@@ -426,10 +460,10 @@ class LlamaBackend:
             start, alt = self._branch
             keep = n - start - 1  # tokens of the branch after t_0
             # sequence 0 drops its own path after t_0, takes the branch's cells [start + 1, n), then sequence 1 goes
-            if not llama_cpp.llama_memory_seq_rm(self._mem, 0, start + 1, -1):
+            if not llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start + 1, -1):
                 raise CacheTrimError(f"llama.cpp refused to drop a branch of {Path(self.path).name}.",
                                      "Use --method none.")
-            llama_cpp.llama_memory_seq_cp(self._mem, 1, 0, start + 1, n)
+            llama_cpp.llama_memory_seq_cp(self._mem, self._s1, self._s0, start + 1, n)
             self._drop_branch()
             self._tokens[start + 1 : n] = alt[:keep]
             self._n = n
@@ -437,13 +471,106 @@ class LlamaBackend:
         self._drop_branch()
         if n >= self._n:
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1):
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self._s0, n, -1):
             raise CacheTrimError(
                 f"llama.cpp refused to roll back the KV cache of {Path(self.path).name} to {n} tokens "
                 "(recurrent and hybrid models cannot drop a partial sequence).",
                 "Use a transformer model, or --method none.",
             )
         self._n = n
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token takes in the KV cache: layers x 2 (K and V) x KV heads x head size x the cache type's
+        bytes (2 for the default f16), e.g. 28 x 2 x 2 x 128 x 2 = 28,672 for Qwen2.5-Coder-1.5B."""
+        m = self._model
+        n_head = max(1, int(llama_cpp.llama_model_n_head(m)))
+        head = int(llama_cpp.llama_model_n_embd(m)) // n_head
+        size = 1 if int(self._cparams.type_k) == llama_cpp.GGML_TYPE_Q8_0 else 2
+        return int(llama_cpp.llama_model_n_layer(m)) * 2 * int(llama_cpp.llama_model_n_head_kv(m)) * head * size
+
+    # -- lanes: several sequences side by side in one context ------------------------------------------------
+    def lane(self, i: int) -> LlamaBackend:
+        """Lane `i` (0 <= i < n_lanes) of this context: a `Backend` of its own sequence (2i; 2i + 1 for its second
+        branch) and its own `tokens`, sharing the model, the context and the batch with every other lane; lane 0
+        is this object. Not thread-safe: llama.cpp's context is shared, so one thread at a time calls any lane
+        (`server.lanes.PassScheduler` does). Raises ValueError for a lane the context was not made with."""
+        if not 0 <= i < self.n_lanes:
+            raise ValueError(f"lane {i}: this context has {self.n_lanes} (n_lanes)")
+        root = self._root
+        if i == 0:
+            return root
+        lane = object.__new__(LlamaBackend)
+        lane.__dict__.update(root.__dict__)  # the model, context, batch and its views, pieces: shared
+        lane._root = root
+        per = int(root._cparams.n_seq_max) // root.n_lanes  # sequences per lane: 2 with branches
+        lane._s0, lane._s1 = per * i, per * i + (per - 1)  # without branches s1 is s0, and never used
+        lane._tokens = np.zeros(root._n_ctx, dtype=np.int32)
+        lane._n = 0
+        lane._branch = None
+        lane.n_decode_calls = lane.n_evaluated = 0
+        llama_cpp.llama_memory_seq_rm(root._mem, lane._s0, -1, -1)
+        return lane
+
+    def decode_many(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
+        """One `llama_decode` over several lanes' tokens: each part (lane, int32 tokens [m], n_logits) is appended
+        to its lane's sequence as `decode` would, and gets float32 [n_logits, n_vocab] logits of its last rows (a
+        view, valid until the next call on this context). Rows of one lane attend to that lane's cells only, so
+        each part's logits are what its own pass gives, up to the rounding of a larger batch (llama.cpp's kernels
+        are not batch-invariant). The parts' lanes are distinct; their rows together fit one batch (n_batch).
+
+        Raises ValueError (rows over n_batch, a lane twice), ContextOverflowError (nothing evaluated) or
+        DecodeError (every part's lane rolled back to its state before the call). After llama.cpp's
+        `server_context::update_slots`, which puts every slot's tokens into one batch.
+        """
+        rows = sum(len(t) for _, t, _ in parts)
+        if rows > self._n_batch:
+            raise ValueError(f"{rows} rows exceed one batch (n_batch {self._n_batch})")
+        if len({id(lane) for lane, _, _ in parts}) != len(parts):
+            raise ValueError("a lane appears twice in one pass")
+        for lane, toks, n_logits in parts:
+            if lane._n + len(toks) > lane._n_ctx:
+                raise ContextOverflowError(
+                    f"The context window is full: {lane._n} + {len(toks)} tokens > --ctx {lane._n_ctx}.",
+                    "Use a larger --ctx or a shorter prompt / --max-tokens.")
+            if n_logits > len(toks):
+                raise ValueError(f"n_logits={n_logits} exceeds the part ({len(toks)} tokens)")
+        first: list[int] = []
+        off, depth = 0, self._n_ctx
+        for lane, toks, n_logits in parts:
+            lane._drop_branch()
+            m, start = len(toks), lane._n
+            self._b_token[off : off + m] = toks
+            self._b_pos[off : off + m] = np.arange(start, start + m, dtype=np.int32)
+            self._b_logits[off : off + m] = 0
+            if n_logits:
+                self._b_logits[off + m - n_logits : off + m] = 1
+            first += [lane._s0] * m
+            depth = min(depth, start)
+            off += m
+        self._b_nseq[:rows] = 1
+        self._seq_ids(rows, first)
+        self._batch.n_tokens = rows
+        root = self._root
+        if root._set_fa is not None and (rows > PHASE_ROWS or depth < self.phase_depth) != root._fa_on:
+            root._phase(not root._fa_on)
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            for lane, _, _ in parts:
+                llama_cpp.llama_memory_seq_rm(self._mem, lane._s0, lane._n, -1)
+            raise DecodeError(rc, rows)
+        n_out = sum(n for _, _, n in parts)
+        out = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(max(n_out, 1), self._n_vocab))
+        out.flags.writeable = False
+        views, row = [], 0
+        for lane, toks, n_logits in parts:
+            m = len(toks)
+            lane._tokens[lane._n : lane._n + m] = toks
+            lane._n += m
+            lane.n_evaluated += m
+            lane.n_decode_calls += 1
+            views.append(out[row : row + n_logits] if n_logits else np.zeros((0, self._n_vocab), np.float32))
+            row += n_logits
+        return views
 
     # -- saving and restoring the KV cache (the prompt cache) --------------------------------------------------
     def state_key(self) -> dict[str, str | int]:
@@ -481,7 +608,7 @@ class LlamaBackend:
 
     def state_size(self) -> int:
         """Bytes the KV state of sequence 0 takes when saved (without the file's header and token list)."""
-        return int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
+        return int(llama_cpp.llama_state_seq_get_size(self._ctx, self._s0))
 
     def save_state(self, path: str | Path) -> int:
         """Write the KV state of sequence 0 and its token list to `path` (llama.cpp's sequence-state file: magic,
@@ -493,7 +620,7 @@ class LlamaBackend:
         """
         toks = self._tokens[: self._n]
         ptr = toks.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        written = llama_cpp.llama_state_seq_save_file(self._ctx, os.fsencode(path), 0, ptr, self._n)
+        written = llama_cpp.llama_state_seq_save_file(self._ctx, os.fsencode(path), self._s0, ptr, self._n)
         if written == 0:
             raise StateError(f"llama.cpp could not save the KV state of {Path(self.path).name} to {path}.",
                              "Check the free disk space and the directory's permissions.")  # fmt: skip
@@ -513,12 +640,12 @@ class LlamaBackend:
         self._n = 0  # llama.cpp drops sequence 0 before it reads the cells
         n_out = ctypes.c_size_t(0)
         ptr = self._tokens.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        read = llama_cpp.llama_state_seq_load_file(self._ctx, os.fsencode(path), 0, ptr, self._n_ctx,
+        read = llama_cpp.llama_state_seq_load_file(self._ctx, os.fsencode(path), self._s0, ptr, self._n_ctx,
                                                     ctypes.byref(n_out))  # fmt: skip
         n = int(n_out.value)
-        pos_max = int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+        pos_max = int(llama_cpp.llama_memory_seq_pos_max(self._mem, self._s0))
         if read == 0 or n == 0 or n > self._n_ctx or pos_max != n - 1:
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s0, -1, -1)
             why = "refused the file" if read == 0 else f"restored {pos_max + 1} positions for {n} tokens"
             raise StateError(f"llama.cpp {why} when loading the KV state {path} into {Path(self.path).name}.",
                              "The file is not a state of this model and context; it is not used.")  # fmt: skip
@@ -529,9 +656,9 @@ class LlamaBackend:
         """A copy in memory of the KV state of sequence 0 (its cells; `llama_state_seq_get_data`), for
         `restore_snapshot` (`specdec_cli.stores.kv_parking`). Its len() is its size in bytes (~28 KB per token for
         Qwen2.5-Coder-1.5B). Raises StateError when llama.cpp copies nothing."""
-        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, 0))
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, self._s0))
         buf = (ctypes.c_uint8 * size)()
-        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, self._s0))
         if written == 0 and self._n:
             raise StateError(f"llama.cpp could not copy the KV state of {Path(self.path).name}.",
                              "Run with less context (--ctx) or more free memory.")  # fmt: skip
@@ -540,12 +667,12 @@ class LlamaBackend:
     def restore_snapshot(self, data: ctypes.Array, tokens: np.ndarray) -> None:
         """Replace the KV cache of sequence 0 by `data` (from `snapshot`), which holds `tokens` (int32 [n]).
         Raises StateError when llama.cpp refuses it; the cache is then empty."""
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._mem, self._s0, -1, -1)
         self._n = 0
-        read = int(llama_cpp.llama_state_seq_set_data(self._ctx, data, len(data), 0))
+        read = int(llama_cpp.llama_state_seq_set_data(self._ctx, data, len(data), self._s0))
         n = len(tokens)
-        if read == 0 or int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) != n - 1:
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        if read == 0 or int(llama_cpp.llama_memory_seq_pos_max(self._mem, self._s0)) != n - 1:
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s0, -1, -1)
             raise StateError(f"llama.cpp refused a parked KV state of {n} tokens for {Path(self.path).name}.",
                              "It is evaluated again instead.")  # fmt: skip
         self._tokens[:n] = tokens
@@ -602,6 +729,8 @@ class LlamaBackend:
         """The vocabulary as an llguidance `LLTokenizer` (`llguidance.llamacpp.lltokenizer_from_vocab`: every token's
         piece, control tokens marked special, llama.cpp's own tokenizer for forced text), with the model's
         end-of-generation tokens as its end-of-sequence tokens. Built once (~1 s for a 152k vocabulary), cached."""
+        if self._root is not self:
+            return self._root.lltokenizer()
         if self._lltokenizer is None:
             from llguidance.llamacpp import lltokenizer_from_vocab
 
@@ -638,6 +767,8 @@ class LlamaBackend:
         )
 
     def close(self) -> None:
+        if self._root is not self:  # a lane: the root lane frees the context and the model
+            return
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

@@ -486,11 +486,11 @@ def routes(app: FastAPI, ctx: Context) -> None:
 
     @app.post(f"{PATH}/count_tokens", dependencies=ctx.auth)
     async def count_tokens(body: Counted) -> dict:
-        """{"input_tokens": n}: the prompt's tokens through the chat template, tools included (tokenized on the
-        worker thread, in turn with the generations)."""
+        """{"input_tokens": n}: the prompt's tokens through the chat template, tools included (rendered and
+        tokenized on a thread of its own, apart from the model's context: it never waits for a generation)."""
         request = await asyncio.to_thread(to_request, body, ctx, label="count_tokens")
         try:
-            n = await asyncio.wrap_future(ctx.worker.run(lambda service: len(service.prompt_tokens(request))))
+            n = len(await asyncio.to_thread(ctx.service.prompt_tokens, request))
         except Exception as e:
             raise to_api_error(e, param="messages") from None
         ctx.worker.log(f"count_tokens: {n} prompt tokens")

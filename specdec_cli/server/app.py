@@ -122,11 +122,16 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     # -- routes ----------------------------------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> dict:
-        """{"status": "ok", "model", "method", "busy", "queued", "queue": `Worker.status()` (waiting, bound, the
-        running request's age and tokens, the Retry-After a refused request would get)}."""
+        """{"status": "ok", "model", "method", "busy", "queued", "queue": `Worker.status()` (waiting, bound, lanes,
+        each running request's age and tokens, the Retry-After a refused request would get), and with a real model
+        "kv": `GenerationService.kv_memory()` (lanes, tokens per lane, bytes per token, bytes in all)}."""
         queue = worker.status()
-        return {"status": "ok", "model": model_id, "method": method, "busy": queue["running"] is not None,
+        body = {"status": "ok", "model": model_id, "method": method, "busy": queue["running"] is not None,
                 "queued": queue["waiting"], "queue": queue}
+        kv = worker.service.kv_memory()
+        if kv["bytes"]:
+            body["kv"] = kv
+        return body
 
     @app.get("/v1/models", dependencies=ctx.auth)
     async def models() -> dict:

@@ -16,14 +16,25 @@ and the other files: completions often copy nearby code.
 
 from __future__ import annotations
 
-from specdec_cli.models.backend import Backend
+from typing import Protocol
+
+from specdec_cli.models.backend import FimTokens
 from specdec_cli.server.request import Fim
+
+
+class Vocabulary(Protocol):
+    """What a FIM prompt needs of a model: `Backend`'s tokenizer and FIM tokens (a `Backend`, or the server's
+    `session.PromptText`)."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def fim_tokens(self) -> FimTokens: ...
 
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator for models without FIM_SEP
 MAX_WINDOW = 2048  # llama-server's default n_batch: the prefix+suffix window
 
 
-def fim_prompt(backend: Backend, fim: Fim, *, n_ctx: int, n_predict: int) -> list[int]:
+def fim_prompt(backend: Vocabulary, fim: Fim, *, n_ctx: int, n_predict: int) -> list[int]:
     """Token ids of `fim` for `backend`'s model (its `fim_tokens()` must be usable: the caller checked).
 
     Args:

@@ -101,21 +101,30 @@ class Context:
         `on_start` is called with the worker's `Started` (prompt tokens, how many were cached) before the writer
         writes anything, for a wire format that opens with the prompt's usage (Anthropic's `message_start`).
 
-        The request is checked (`GenerationService.check`: the grammar of its tools and output format) before it is
-        queued, so a bad request is a 400 without waiting. Raises ApiError: the request failed before its reply began
-        (the app's handlers answer it in the API's shape).
+        The request is checked (`GenerationService.check`: the grammar of its tools and output format) and its prompt
+        rendered and tokenized (`GenerationService.tokenized`: apart from the decoding thread, which only decodes)
+        before it is queued, so a bad request is a 400 without waiting. Raises ApiError: the request failed before its
+        reply began (the app's handlers answer it in the API's shape).
         """
         worker, service = self.worker, self.service
         request = replace(request, scope=getattr(http.state, "key_scope", None))  # the API key's (authenticate)
-        # the grammar of 1,500 tools takes a second to compile: off the event loop, so /health and streams go on
-        request = await asyncio.to_thread(service.check, request)
+        param = "messages" if request.is_chat else "prompt"
+        # the grammar of 1,500 tools takes a second to compile, a long conversation's template and tokenizing tens of
+        # ms: off the event loop (so /health and streams go on) and off the worker (so generations go on)
+        try:
+            request = await asyncio.to_thread(lambda: service.tokenized(service.check(request)))
+        except Exception as e:  # a bad tool or schema, a template that refused the conversation (400) or failed
+            api = to_api_error(e, param=param)
+            if api.status >= 500:
+                raise  # a bug: the app's handler logs it
+            worker.log(f"{request.label}: error {api.status}: {api.message}")
+            raise api from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
         def deliver(event: Event) -> None:  # on the worker thread
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        param = "messages" if request.is_chat else "prompt"
         try:
             job = worker.submit(request, deliver)
         except Exception as e:  # QueueFullError (429), ShuttingDownError (503)

@@ -14,9 +14,10 @@ stop, model, tokens_predicted, tokens_evaluated, generation_settings, prompt, ha
 prompt_per_second, predicted_n, predicted_ms, predicted_per_token_ms, predicted_per_second}} and specdec's `specdec`
 statistics. Errors: llama-server's {"error": {"code", "message", "type"}}.
 
-Accepted and not applied (they only bound latency or pick samplers llama.cpp has and specdec does not):
-`n_indent`, `t_max_prompt_ms`, `t_max_predict_ms`, `samplers`, `cache_prompt` (the KV cache keeps the longest common
-prefix anyway), `id_slot`; any other field is accepted and ignored.
+`t_max_prompt_ms` + `t_max_predict_ms` are the request's deadline: the scheduler serves earlier deadlines first
+(`Request.deadline_ms`). Accepted and not applied (they pick samplers llama.cpp has and specdec does not, or slots):
+`n_indent`, `samplers`, `cache_prompt` (the KV cache keeps the longest common prefix anyway), `id_slot`; any other
+field is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def to_request(body: InfillRequest, ctx: Context) -> Request:
                                      min_p=body.min_p, seed=body.seed)
     fim = Fim(prefix=body.input_prefix, suffix=body.input_suffix, prompt=body.prompt, repo=True,
               extra=tuple((c.filename, c.text) for c in body.input_extra))
-    return Request(config=GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling), fim=fim, label="infill")
+    budget = [t for t in (body.t_max_prompt_ms, body.t_max_predict_ms) if t is not None and t > 0]
+    return Request(config=GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling), fim=fim, label="infill",
+                   deadline_ms=float(sum(budget)) if budget else None)
 
 
 class InfillWriter:

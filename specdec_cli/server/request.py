@@ -206,6 +206,10 @@ class Request:
         label: what the log line calls the request ("chat", "completion", "responses", "messages", ...).
         scope: whose request it is (a digest of the API key it came with; None: no keys): the KV cache, parked
             states and the prompt cache are never shared between two scopes (`GenerationService.stream`).
+        deadline_ms: the client's time budget for the reply, ms from its arrival (llama.vim's `t_max_prompt_ms` +
+            `t_max_predict_ms`); None: none. Earlier deadlines are served first (`Worker`, `server.lanes`).
+        prompt_ids: the prompt's token ids once rendered and tokenized (`GenerationService.tokenized`, on the HTTP
+            side); None: not yet (the service renders it when asked).
     """
 
     config: GenerationConfig
@@ -218,12 +222,23 @@ class Request:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     label: str = "chat"
     scope: str | None = None
+    deadline_ms: float | None = None
+    prompt_ids: tuple[int, ...] | None = None
+
+    @property
+    def interactive(self) -> bool:
+        """Served before long requests (`server.lanes.INTERACTIVE`): a fill-in-the-middle request (an editor's
+        completion), a warm-up or a short reply (at most `SHORT_REPLY` tokens), or one with a deadline."""
+        return self.fim is not None or self.deadline_ms is not None or self.config.max_tokens <= SHORT_REPLY
 
     @property
     def is_chat(self) -> bool:
         """True for a conversation (the chat template), False for a raw prompt or a FIM one."""
         return self.prompt is None and self.fim is None
 
+
+SHORT_REPLY = 64
+"""A reply of at most this many tokens is interactive (`Request.interactive`): an editor's completion, a title."""
 
 DEFAULT_MAX_TOKENS = 4096
 """A reply's token limit when neither the request nor `specdec serve --max-tokens` sets one (never more than the

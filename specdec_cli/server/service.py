@@ -13,14 +13,18 @@ keeps the longest common prefix with the previous one (chat clients resend the w
 conversation's KV is parked in memory while a request with other tokens runs (`stores.kv_parking`: a coding agent's
 title request between two turns), then swapped back in for its next turn.
 
-Not thread-safe: llama.cpp's context is not. `check` and `parser` touch no model (the HTTP side calls them); every
-other method runs on one thread (`specdec_cli.server.worker.Worker`).
+Not thread-safe: llama.cpp's context is not. `check`, `parser` and `prompt_tokens` touch no model (the HTTP side calls
+them: a prompt is rendered and tokenized with `session.PromptText`, a vocabulary-only load apart from the context, so
+`count_tokens` and a request's tokenizing never wait for a generation); every other method runs on one thread
+(`specdec_cli.server.worker.Worker`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from specdec_cli.driver import Drive, stream
 from specdec_cli.errors import ToolsUnsupportedError
@@ -32,6 +36,7 @@ from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fim import fim_prompt
 from specdec_cli.server.guards import CallGuard
 from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
+from specdec_cli.server.lanes import PassScheduler
 from specdec_cli.server.request import Message, Output, Request
 from specdec_cli.server.tool_formats import ToolFormat, detect as detect_tool_format
 from specdec_cli.session import Session
@@ -59,16 +64,62 @@ class GenerationService:
         self.assembler = Assembler(session)  # the drafter and `--k auto`'s controller, saved by `close`
         self._engine = self.assembler.engine(spec, saved_k=saved_k)
         self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
-        self._scope: str | None = None  # whose requests the caches hold (`Request.scope`)
+        self.scheduler: PassScheduler | None = None
+        self._engines = [self._engine]  # one per lane
+        self._scopes: list[str | None] = [None]  # whose requests each lane's caches hold (`Request.scope`)
+        n_lanes = getattr(session.target, "n_lanes", 1)
+        if n_lanes > 1:
+            self._share(n_lanes)
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
+        self.text = session.prompt_text()
+        """The target's tokenizer and chat template apart from its context (`session.PromptText`): any thread."""
         self.tool_format: ToolFormat = detect_tool_format(
             target.chat_template(), lambda t: target.tokenize(t, add_special=False, parse_special=True), target.piece)
         """How the chat template takes tools and writes calls (`tool_formats`: Hermes, Llama 3, Mistral, Phi-4, or
         the generic JSON fallback)."""
-        self.fim: FimTokens = target.fim_tokens()
+        self.fim: FimTokens = self.text.fim_tokens()
         """The model's fill-in-the-middle tokens (`require_fim`)."""
         self.n_vocab: int = target.n_vocab
+
+    def _share(self, n_lanes: int) -> None:
+        """Serve `n_lanes` requests at once (`server.lanes`): an engine per lane over its `SharedLane`, each with
+        its own drafter state (`Drafter.fork`: the suffix store and corpora shared), parked states and prompt-cache
+        scope; the K controller is shared, so what `--k auto` learns from one lane serves all."""
+        from specdec_cli.core.engine import SpeculativeEngine
+        from specdec_cli.stores.prompt_cache import PromptCache
+
+        engine = self._engine
+        self.scheduler = PassScheduler(self.session.target, n_lanes, curve=engine.curve)
+        engine.target = self.scheduler.lanes[0]
+        for lane in self.scheduler.lanes[1:]:
+            drafter = engine.drafter.fork() if engine.drafter is not None else None
+            cache = PromptCache() if engine.prompt_cache is not None else None
+            self._engines.append(SpeculativeEngine(lane, drafter, engine.controller, prompt_cache=cache,
+                                                   parking=KvParking(), curve=engine.curve))
+        self._scopes = [None] * n_lanes
+
+    def kv_memory(self) -> dict[str, int]:
+        """The KV cache's size: {"lanes", "ctx" (tokens per lane), "bytes_per_token", "bytes" (the whole pool,
+        allocated at load: lanes x ctx x bytes per token)}; bytes 0 where the backend cannot say (a fake)."""
+        target = self.session.target
+        per = target.kv_bytes_per_token() if hasattr(target, "kv_bytes_per_token") else 0
+        return {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
+                "bytes": per * target.n_ctx * self.lanes}
+
+    @property
+    def lanes(self) -> int:
+        """Requests generated at once (`specdec serve --parallel`)."""
+        return len(self._engines)
+
+    def lane_tokens(self, lane: int) -> list[np.ndarray]:
+        """What lane `lane` could reuse for a prompt: the tokens its KV cache holds and those of its parked states
+        (for choosing the lane that shares the longest prefix with a request, as llama-server picks a slot)."""
+        engine = self._engines[lane]
+        held = [np.asarray(engine.target.tokens)]
+        if engine.parking is not None:
+            held += engine.parking.parked_tokens()
+        return held
 
     @property
     def method(self) -> str:
@@ -139,37 +190,47 @@ class GenerationService:
             return request
         return self.check(replace(request, tools=replace(request.tools, mode="none")))
 
-    # -- prompts (the worker thread) ------------------------------------------------------------------------------
+    # -- prompts (any thread) -------------------------------------------------------------------------------------
+    def tokenized(self, request: Request) -> Request:
+        """`request` with its prompt's token ids (`prompt_tokens`) in `Request.prompt_ids`: the HTTP side calls it
+        (off the event loop) before queueing, so the worker only decodes. Raises what `prompt_tokens` raises."""
+        if request.prompt_ids is not None:
+            return request
+        return replace(request, prompt_ids=tuple(self.prompt_tokens(request)))
+
     def prompt_tokens(self, request: Request) -> list[int]:
-        """Token ids of `request`'s prompt: its messages through the target's chat template (tools and the history's
-        calls as the template's tool-call format has them: `ToolFormat.render`; the assistant's generation prompt
-        appended), its raw text (BOS as the model wants, special tokens such as `<|fim_prefix|>` parsed, as
-        llama-server does), its token ids as they are, or its FIM prompt (`fim.fim_prompt`).
+        """Token ids of `request`'s prompt: `Request.prompt_ids` when `tokenized` filled them in, else its messages
+        through the target's chat template (tools and the history's calls as the template's tool-call format has
+        them: `ToolFormat.render`; the assistant's generation prompt appended), its raw text (BOS as the model wants,
+        special tokens such as `<|fim_prefix|>` parsed, as llama-server does), its token ids as they are, or its FIM
+        prompt (`fim.fim_prompt`). Safe from any thread, while the worker decodes (`session.PromptText`).
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).
             UsageError: the template refused the conversation. ModelError: the template failed.
         """
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        text = self.text
         if request.fim is not None:
             self.require_fim("suffix")
-            return fim_prompt(self.session.target, request.fim, n_ctx=self.n_ctx,
-                              n_predict=request.config.max_tokens)
+            return fim_prompt(text, request.fim, n_ctx=self.n_ctx, n_predict=request.config.max_tokens)
         if not request.is_chat:
             if isinstance(request.prompt, str):
-                return self.session.target.tokenize(request.prompt, add_special=True, parse_special=True)
+                return text.tokenize(request.prompt, add_special=True, parse_special=True)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
         messages, tools = self.tool_format.render(
             template_messages(with_description(request.messages, request.output)), tools)
         try:
-            prompt = self.session.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
+            prompt = text.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
-        return self.session.tokenize_chat(prompt)
+        return text.tokenize_chat(prompt)
 
     # -- generation ---------------------------------------------------------------------------------------------
     def stream(self, request: Request, prompt_tokens: Sequence[int],
-               interrupt: Callable[[], None] | None = None) -> Drive:
+               interrupt: Callable[[], None] | None = None, lane: int = 0) -> Drive:
         """One request's generation (`driver.Drive`): iterate it for the engine's records, read its stats after.
 
         Closing it early (client gone, shutdown) leaves the target's KV cache holding only committed tokens, ready
@@ -181,6 +242,7 @@ class GenerationService:
                 evaluated.
             prompt_tokens: int [n], from `prompt_tokens`.
             interrupt: called between the prefill's chunks; raises to stop it (`GenerationConfig.interrupt`).
+            lane: the lane generating it (0..lanes - 1; its thread holds the lane's baton: `server.lanes`).
 
         Raises:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
@@ -188,20 +250,21 @@ class GenerationService:
         """
         config = replace(request.config, prediction=self.session.prediction_tokens(request.prediction),
                          interrupt=interrupt)
-        if request.scope != self._scope:
-            self._enter_scope(request.scope)
-        return stream(self._engine, prompt_tokens, config)
+        if request.scope != self._scopes[lane]:
+            self._enter_scope(request.scope, lane)
+        return stream(self._engines[lane], prompt_tokens, config)
 
-    def _enter_scope(self, scope: str | None) -> None:
-        """Serve `scope`'s requests from now on: nothing another client's requests left may serve them (whose cached
-        prefix would also show in `usage.cached_tokens`): the KV cache is emptied, parked states dropped, the prompt
-        cache keyed by `scope`."""
-        self._engine.save_prompt()  # the previous scope's last state, under its own key
-        self.session.target.truncate(0)
-        self._engine.parking = KvParking()
-        if self.session.prompt_cache is not None:
-            self.session.prompt_cache.scope = scope
-        self._scope = scope
+    def _enter_scope(self, scope: str | None, lane: int = 0) -> None:
+        """Serve `scope`'s requests from now on on `lane`: nothing another client's requests left may serve them
+        (whose cached prefix would also show in `usage.cached_tokens`): the lane's KV cache is emptied, its parked
+        states dropped, its prompt cache keyed by `scope`."""
+        engine = self._engines[lane]
+        engine.save_prompt()  # the previous scope's last state, under its own key
+        engine.target.truncate(0)
+        engine.parking = KvParking()
+        if engine.prompt_cache is not None:
+            engine.prompt_cache.scope = scope
+        self._scopes[lane] = scope
 
     def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
         """The step's `Step.logprobs` with each token's bytes (`Backend.piece`), for the response JSON."""
@@ -223,7 +286,8 @@ class GenerationService:
             return
         self._closed = True
         try:
-            self._engine.save_prompt()
+            for engine in self._engines:
+                engine.save_prompt()
             self.assembler.close()
         finally:
             self.session.close()

@@ -1,7 +1,11 @@
-"""One worker thread serves the requests one at a time, in arrival order, from a bounded queue.
+"""The serving threads: one per lane (`specdec serve --parallel N`), taking requests from one bounded queue.
 
-llama.cpp's context is not thread-safe, and one model pair cannot decode two sequences here anyway, so every
-contact with the models (tokenizing included) happens on this thread. The HTTP side submits a `request.Request`
+With one lane, one thread serves the requests one at a time. With N lanes (`server.lanes`), N requests generate at once:
+each lane's thread runs its own generation, and the lanes' verify passes and prefill pieces share `llama_decode` calls
+(`lanes.PassScheduler`, which also lets only one lane run Python at a time: llama.cpp's context is not thread-safe). A
+free lane takes the waiting request that comes first — interactive requests (FIM, warm-ups, short replies: `Request.
+interactive`) before long ones, earlier deadlines first, then arrival — and hands it to the idle lane whose KV cache (or
+parked state) shares the longest prefix with its prompt, as llama-server picks a slot. The HTTP side submits a `request.Request`
 (whatever API it came in through: the worker never learns which) with a `deliver` callback and receives, in order:
 `Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each target pass that added text: the
 output is parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a repeated tool call —
@@ -30,7 +34,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, TypeVar
 
+import numpy as np
+
 from specdec_cli.core.records import Finish, Prefill, Step
+from specdec_cli.models.backend import common_prefix
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
 from specdec_cli.server.request import Request
 from specdec_cli.server.errors import (
     ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError, internal, to_api_error,
@@ -106,6 +114,8 @@ class Job:
         self.started_at: float | None = None  # time.monotonic() when the worker took it
         self.cancelled_at: float | None = None  # time.monotonic() when its client went away
         self.tokens = 0  # output tokens so far
+        self.prompt: list[int] | None = None  # its prompt tokens, once a lane has computed them
+        self.lane: int | None = None  # the lane it must run on (the one sharing its prompt's longest prefix)
         self.chunk_ends: list[float] = []  # time.monotonic() at each of its prefill's chunks' ends (`Worker._check`)
 
 
@@ -113,6 +123,16 @@ OUTCOMES = {ClientGoneError: "cancelled (client gone)", ShuttingDownError: "cut 
             DeadlineError: "stopped at its deadline (--timeout)"}  # the log's word for each
 FIRST_GUESS_S = 10.0  # a request's wall time before any was served (Retry-After's first estimate), seconds
 MEAN_WEIGHT = 0.3  # weight of the latest request in the moving mean of wall times
+PLACE_MARGIN = 32  # tokens of prefix another idle lane must share beyond the taking lane's to be handed a request
+
+
+def _rank(job: Job) -> tuple:
+    """A waiting job's place in line: tasks and interactive requests first, then the earliest deadline, arrival."""
+    request = job.request
+    if request is None:
+        return (INTERACTIVE, math.inf, job.id)
+    deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
+    return (INTERACTIVE if request.interactive else BATCH, deadline, job.id)
 
 
 def _stderr(line: str) -> None:
@@ -120,11 +140,11 @@ def _stderr(line: str) -> None:
 
 
 class Worker:
-    """The serving thread and its queue.
+    """The serving threads (one per lane: `GenerationService.lanes`) and their queue.
 
     Args:
-        service: the models and engine (used on this thread only).
-        bound: requests that may wait behind the running one (0 = none; a request arriving while one runs gets 429).
+        service: the models and engines (a lane's engine used on its own thread only).
+        bound: requests that may wait while every lane is busy (0 = none: a request arriving then gets 429).
         log: one line per request (default: stderr).
     """
 
@@ -133,30 +153,40 @@ class Worker:
         self.service = service
         self.bound = bound
         self.log = log
-        self.timeout = timeout  # seconds a request may hold this thread (`--timeout`); None: no deadline
-        self.saver = saver  # the learnt state's periodic save, run on this thread between requests and when idle
+        self.timeout = timeout  # seconds a request may hold a lane (`--timeout`); None: no deadline
+        self.saver = saver  # the learnt state's periodic save, run between requests and when idle
+        self.n_lanes = getattr(service, "lanes", 1)
+        self.scheduler = getattr(service, "scheduler", None)
         self._cv = threading.Condition()
         self._pending: deque[Job] = deque()
-        self._current: Job | None = None
+        self._running: dict[int, Job] = {}  # lane -> the job it serves
+        self._used = [0.0] * self.n_lanes  # time.monotonic() each lane last finished a job (least recently used)
         self._stopping = False
         self._ids = itertools.count(1)
         self._mean_s = FIRST_GUESS_S  # a request's mean wall time (exponential moving average), for Retry-After
-        self._thread = threading.Thread(target=self._run, name="specdec-serve-worker", daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(i,), name="specdec-serve-worker" + (f"-{i}" if i else ""), daemon=True)
+                         for i in range(self.n_lanes)]
+
+    @property
+    def _current(self) -> Job | None:
+        """The running job of the lowest lane (one lane: the running job), or None."""
+        return self._running[min(self._running)] if self._running else None
 
     # -- the HTTP side --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, request: Request, deliver: Callable[[Event], None]) -> Job:
-        """Queue `request`; its events go to `deliver` (called on the worker thread; it must not block).
+        """Queue `request`; its events go to `deliver` (called on a lane's thread; it must not block).
 
         Raises: QueueFullError (the queue is at its bound), ShuttingDownError.
         """
         return self._queue(request, deliver)
 
     def run(self, task: Callable[[GenerationService], T]) -> Future[T]:
-        """Queue `task(service)` to run on this thread in turn (what touches the models without generating, e.g.
-        tokenizing a prompt to count it: llama.cpp's context must not be used by two threads at once).
+        """Queue `task(service)` to run on a lane's thread in turn (what touches the models without generating):
+        llama.cpp's context must not be used by two threads at once.
 
         Returns a `concurrent.futures.Future` with the task's result or exception (await it with
         `asyncio.wrap_future`); a task dropped at shutdown fails with ShuttingDownError.
@@ -169,13 +199,13 @@ class Worker:
         with self._cv:
             if self._stopping:
                 raise ShuttingDownError()
-            # while the worker is idle, the first waiting job is about to run: it does not count against the bound
-            if len(self._pending) >= self.bound + (self._current is None):
+            # jobs that idle lanes are about to take do not count against the bound
+            if len(self._pending) >= self.bound + (self.n_lanes - len(self._running)):
                 raise QueueFullError(self.bound, self._retry_after())
             reply = self.service.reply(request) if request is not None else None
             job = Job(next(self._ids), request, deliver, reply, task)
             self._pending.append(job)
-            self._cv.notify()
+            self._cv.notify_all()
         return job
 
     def cancel(self, job: Job) -> None:
@@ -192,7 +222,8 @@ class Worker:
         _send(job, Failed(ClientGoneError()))
 
     def stop(self) -> None:
-        """Stop serving: waiting requests fail with ShuttingDownError, the running one ends after its current step."""
+        """Stop serving: waiting requests fail with ShuttingDownError, the running ones end after their current
+        step."""
         with self._cv:
             self._stopping = True
             waiting = list(self._pending)
@@ -204,103 +235,182 @@ class Worker:
                 job.result.set_exception(ShuttingDownError())
 
     def join(self, timeout: float | None = None) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     @property
     def alive(self) -> bool:
-        """True while the serving thread runs (after `stop`: until its request's current chunk or step ends)."""
-        return self._thread.is_alive()
+        """True while a serving thread runs (after `stop`: until its request's current chunk or step ends)."""
+        return any(thread.is_alive() for thread in self._threads)
 
     def ahead(self, job: Job) -> int:
-        """Requests `job` waits for (the running one and those queued before it); 0 once it runs or if it will be
-        taken next by an idle worker."""
+        """Requests `job` waits for (those running and those queued before it, beyond the free lanes); 0 once it
+        runs or if an idle lane will take it next."""
         with self._cv:
             try:
                 index = self._pending.index(job)
             except ValueError:
                 return 0
-            return index + (self._current is not None)
+            return max(0, index + len(self._running) - (self.n_lanes - 1))
 
     def status(self) -> dict:
-        """The queue as `/health` shows it: {"waiting": requests queued, "bound": `--queue`, "running": {"id",
-        "kind", "age_s" (seconds since it was taken), "tokens" (output so far)} or None, "retry_after_s": the
-        Retry-After a request refused now would get}."""
+        """The queue as `/health` shows it: {"waiting": requests queued, "bound": `--queue`, "lanes": N, "running":
+        the first lane's {"id", "kind", "age_s" (seconds since it was taken), "tokens" (output so far), "lane"} or
+        None, "busy": [the same for every running request], "retry_after_s": the Retry-After a request refused now
+        would get}."""
         with self._cv:
-            job = self._current
-            running = None if job is None or job.started_at is None else {
-                "id": job.id, "kind": job.request.label if job.request is not None else "task", "age_s": round(time.monotonic() - job.started_at, 2),
-                "tokens": job.tokens}
-            return {"waiting": len(self._pending), "bound": self.bound, "running": running,
-                    "retry_after_s": self._retry_after()}
+            busy = [{"id": job.id, "kind": job.request.label if job.request is not None else "task",
+                     "age_s": round(time.monotonic() - job.started_at, 2), "tokens": job.tokens, "lane": lane}
+                    for lane, job in sorted(self._running.items()) if job.started_at is not None]
+            return {"waiting": len(self._pending), "bound": self.bound, "lanes": self.n_lanes,
+                    "running": busy[0] if busy else None, "busy": busy, "retry_after_s": self._retry_after()}
 
     def _retry_after(self) -> int:
-        """Whole seconds until a queue place is likely free (>= 1): the waiting requests and the running one, each
-        the mean time of recent requests, less the running one's age (lock held)."""
-        age = time.monotonic() - self._current.started_at if self._current and self._current.started_at else 0.0
-        return max(1, math.ceil(self._mean_s * (len(self._pending) + (self._current is not None)) - age))
+        """Whole seconds until a queue place is likely free (>= 1): the waiting requests and the running ones, each
+        the mean time of recent requests, over the lanes, less the oldest running one's age (lock held)."""
+        now = time.monotonic()
+        age = max((now - j.started_at for j in self._running.values() if j.started_at), default=0.0)
+        work = self._mean_s * (len(self._pending) + len(self._running)) / self.n_lanes
+        return max(1, math.ceil(work - age))
 
-    # -- the worker thread ----------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    # -- the serving threads --------------------------------------------------------------------------------------
+    def _take(self, lane: int) -> Job | None:
+        """The job `lane` runs next (lock held): one handed to it, else the first waiting one no other lane was
+        handed, interactive requests first, then the earliest deadline, then arrival."""
+        mine = [j for j in self._pending if j.lane == lane]
+        if mine:
+            return mine[0]
+        free = [j for j in self._pending if j.lane is None]
+        return min(free, key=_rank) if free else None
+
+    def _place(self, lane: int, job: Job) -> int:
+        """The lane `job` should run on (lock held): the idle lane (`lane` included) whose KV cache or parked states
+        share the longest prefix with its prompt, the least recently used on a tie."""
+        if self.n_lanes == 1 or job.prompt is None:
+            return lane
+        prompt = np.asarray(job.prompt, dtype=np.int32)
+        idle = [i for i in range(self.n_lanes) if i not in self._running]
+
+        def shared(i: int) -> int:
+            return max((common_prefix(held, prompt) for held in self.service.lane_tokens(i)), default=0)
+
+        scores = {i: shared(i) for i in idle}
+        best = max(idle, key=lambda i: (scores[i], -self._used[i]))
+        return lane if scores[best] <= scores.get(lane, 0) + PLACE_MARGIN and lane in scores else best
+
+    def _run(self, lane: int) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._stopping:
-                    due = self.saver.due_in() if self.saver is not None else None
-                    if due is not None and due <= 0:
-                        break  # idle, and what the last requests taught is due on disk: save it now
-                    self._cv.wait(due)  # until a request comes, or the save falls due
-                if self._stopping:
-                    return
                 job = None
-                if self._pending:
-                    job = self._current = self._pending.popleft()
+                while True:
+                    if self._stopping:
+                        return
+                    job = self._take(lane)
+                    if job is not None:
+                        break
+                    due = self.saver.due_in() if self.saver is not None and lane == 0 else None
+                    if due is not None and due <= 0 and not self._running:
+                        break  # idle, and what the last requests taught is due on disk: save it now
+                    self._cv.wait(due)
+                if job is not None and job.request is not None and job.prompt is None \
+                        and job.request.prompt_ids is not None:
+                    job.prompt = list(job.request.prompt_ids)  # tokenized on the HTTP side
+                if job is not None and job.request is not None and job.prompt is None and self.n_lanes > 1:
+                    job.lane = lane  # held while its prompt is tokenized (outside the lock)
+                elif job is not None:
+                    other = self._place(lane, job)
+                    if other != lane:  # another idle lane holds more of its prompt: hand it over
+                        job.lane = other
+                        self._cv.notify_all()
+                        continue
+                    self._pending.remove(job)
+                    job.lane = lane
+                    self._running[lane] = job
                     job.started_at = time.monotonic()
             if job is None:
-                self._save("while idle", self.saver.save_now)
+                self._guarded(lane, lambda: self._save("while idle", self.saver.save_now))
+                continue
+            if job.started_at is None:  # tokenize, then place it (next time round)
+                try:
+                    job.prompt = self.service.prompt_tokens(job.request)
+                except Exception:  # noqa: BLE001 (its own lane reports it: `_serve` tokenizes again)
+                    job.prompt = []
+                with self._cv:
+                    job.lane = None if job in self._pending else job.lane
+                    self._cv.notify_all()
                 continue
             try:
                 if job.task is not None:
-                    _run_task(job, self.service)
+                    self._guarded(lane, lambda: _run_task(job, self.service))
                 else:
-                    self._serve(job)
+                    self._serve(job, lane)
             except Exception as e:  # not expected (`_serve` catches); the thread must outlive it all the same
                 _send(job, Failed(e))
             finally:
                 with self._cv:
-                    self._current = None
+                    self._running.pop(lane, None)
+                    self._used[lane] = time.monotonic()
                     if job.task is None:  # a request's wall time (a task's, e.g. count_tokens, is no guide)
                         took = time.monotonic() - job.started_at
                         self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
+                    self._cv.notify_all()
             if job.task is None and self.saver is not None:
-                self._save(f"after request #{job.id}", self.saver)  # counts it; saves when that made a save due
+                self._guarded(lane, lambda: self._save(f"after request #{job.id}", self.saver))
+
+    def _guarded(self, lane: int, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on this lane's thread while no other lane runs Python (`PassScheduler.run`; directly with one
+        lane): what touches the models or the shared stores outside a generation."""
+        if self.scheduler is None:
+            return fn()
+        return self.scheduler.run(self.scheduler.lanes[lane], fn, Priority(INTERACTIVE))
 
     def _save(self, when: str, save: Callable[[], None]) -> None:
-        """Run `save` (the `Saver`) on this thread, where no request mutates the stores meanwhile."""
+        """Run `save` (the `Saver`) while no request mutates the stores."""
         try:
             save()
         except Exception as e:  # a failed save must not stop the serving thread
             self.log(f"saving what was learnt {when}: {type(e).__name__}: {e}")
 
-    def _serve(self, job: Job) -> None:
-        """Generate one request, delivering its events; never raises (the server goes on whatever happens).
+    def _serve(self, job: Job, lane: int = 0) -> None:
+        """Generate one request on `lane`, delivering its events; never raises (the server goes on whatever
+        happens). With lanes, the generation holds the lane's baton (`PassScheduler.enter`) throughout and gives it
+        up at each pass.
 
         A reply that stops before a repeated tool call (`reply.ReplyStream.stopped`) ends there: its generation is
         stopped; when it said nothing yet, the request is generated once more without tool calls
         (`GenerationService.without_calls`: same prompt, so the KV cache holds all of it but its last token)."""
+        shared = self.scheduler.lanes[lane] if self.scheduler is not None else None
+        if shared is not None:
+            request = job.request
+            deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
+            sampling = request.config.sampling
+            shared.pinned = sampling.temperature > 0 and sampling.seed is not None  # reproducible whatever runs beside
+            self.scheduler.enter(shared, Priority(INTERACTIVE if request.interactive else BATCH, deadline, job.id))
+        try:
+            self._generate(job, lane)
+        finally:
+            if shared is not None:
+                self.scheduler.leave(shared)
+
+    def _generate(self, job: Job, lane: int) -> None:
         request, service, reply = job.request, self.service, job.reply
         drive = None
         outcome, note = "ok", ""
         interrupt = partial(self._check, job)
         try:
-            tokens = service.prompt_tokens(request)
-            drive = service.stream(request, tokens, interrupt)
+            tokens = job.prompt or service.prompt_tokens(request)  # tokenized when it was placed (lanes), or now
+            drive = service.stream(request, tokens, interrupt, lane) if self.n_lanes > 1 else \
+                service.stream(request, tokens, interrupt)
             ended = self._follow(job, drive, len(tokens))
             if not ended and reply.stopped and reply.empty:
                 note = " (a repeated tool call dropped: generated again without tools)"
                 drive.close()
                 request = service.without_calls(request)
                 reply.restart(service.parser(request))
-                drive = service.stream(request, tokens, interrupt)
+                drive = service.stream(request, tokens, interrupt, lane) if self.n_lanes > 1 else \
+                    service.stream(request, tokens, interrupt)
                 ended = self._follow(job, drive, None)
             elif not ended and reply.stopped:
                 note = " (ended before a repeated tool call)"
@@ -333,6 +443,8 @@ class Worker:
             note += f" (stopped {max(0.0, time.monotonic() - job.cancelled_at):.2f} s after the client left" + \
                 (f"; its prefill's chunks took {max(chunks):.2f} s at most)" if (chunks := _chunk_s(job)) else ")")
         note += f"; queued {job.started_at - job.submitted_at:.2f} s"
+        if self.n_lanes > 1:
+            note += f"; lane {lane}"
         self.log(log_line(job.id, request.label, stats, outcome, self.service.method) + note)
 
     def _stopped(self, job: Job) -> Exception | None:

@@ -75,6 +75,10 @@ class KvParking:
     n_restored: int = 0
     _entries: list[_Parked] = field(default_factory=list)
 
+    def parked_tokens(self) -> list[np.ndarray]:
+        """The tokens of each parked state (int32 [n] each)."""
+        return [e.tokens for e in self._entries]
+
     def prepare(self, backend: ParkableBackend, context: np.ndarray) -> int:
         """Before `context` (int [n]) is evaluated: swap in the parked state that shares the most with it, when it
         shares at least `min_tokens` more than the KV cache does; and park the KV cache first when at least

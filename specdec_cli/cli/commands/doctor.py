@@ -125,9 +125,32 @@ def report(*, probe: bool = False) -> dict[str, Any]:
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
         "verify_curves": curves(),
+        "serve_kv": serve_kv(),
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR")
                 if k in os.environ},
     }
+
+
+def serve_kv() -> dict[str, Any] | None:
+    """What `specdec serve`'s lanes take in KV cache with the catalog's default target (when downloaded): {"model",
+    "lanes", "ctx", "bytes_per_token", "bytes"}; None without the model or its header's sizes."""
+    from specdec_cli.cli.options import SERVE_CTX, SERVE_PARALLEL
+    from specdec_cli.config import cache_dir, load_catalog
+    from specdec_cli.models.gguf import check_gguf, kv_bytes_per_token
+
+    catalog = load_catalog()
+    spec = catalog.models.get(catalog.default_target)
+    path = cache_dir() / spec.file if spec is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        per = kv_bytes_per_token(check_gguf(path))
+    except Exception:  # noqa: BLE001 (doctor reports what it can)
+        return None
+    if per is None:
+        return None
+    return {"model": catalog.default_target, "lanes": SERVE_PARALLEL, "ctx": SERVE_CTX, "bytes_per_token": per,
+            "bytes": per * SERVE_CTX * SERVE_PARALLEL}
 
 
 def _probe_model():
@@ -170,6 +193,10 @@ def table(doc: dict[str, Any]) -> Table:
         ("system info", doc["system_info"]),
         ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),
     ]
+    kv = doc.get("serve_kv")
+    if kv:
+        rows.append(("serve's KV cache", f"{kv['lanes']} lanes x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} "
+                     f"KB = {kv['bytes'] / 2**30:.1f} GB for {kv['model']} (specdec serve --parallel, --ctx)"))
     rows += [(k, v) for k, v in doc["env"].items() if k != host.ENV]
     for what, value in rows:
         t.add_row(what, Text(str(value)))

@@ -120,7 +120,8 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         learn_in_background(learn, session.target_path, session.vocab_fingerprint(), err)
     for line in (startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
                               api_key=bool(api_key)),
-                 context_line(service.n_ctx), access_line(host, api_key, access),
+                 context_line(service.n_ctx), lanes_line(service.kv_memory(), spec.method),
+                 access_line(host, api_key, access),
                  prompt_cache_line(service.session.prompt_cache)):
         err.print(line, highlight=False, markup=False)
     if not api_key and os.environ.get(CLIENT_KEY_ENV):
@@ -201,6 +202,19 @@ def context_line(n_ctx: int) -> str:
         return f"context window: {n_ctx} tokens (holds coding agents' prompts: Claude Code's, Codex's)."
     return (f"context window: {n_ctx} tokens: too small for coding agents' prompts (Claude Code's ~20k tokens); "
             "use --ctx 32768.")
+
+
+def lanes_line(kv: dict, method: str) -> str:
+    """The start-up line about lanes: how many requests generate at once, and the KV cache they take
+    (`GenerationService.kv_memory`)."""
+    size = f"{kv['bytes'] / 2**30:.1f} GB" if kv["bytes"] >= 2**30 else f"{kv['bytes'] / 2**20:.0f} MB"
+    memory = f"; KV cache {size} ({kv['lanes']} x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} KB)" \
+        if kv["bytes"] else ""
+    if kv["lanes"] == 1:
+        return f"lanes: 1 (one request at a time; --parallel N serves N at once){memory}."
+    note = "; a draft model drafts for lane 0 only" if method == "draft" else ""
+    return (f"lanes: {kv['lanes']} requests at once (--parallel), sharing each forward pass, interactive ones "
+            f"first{memory}{note}.")
 
 
 def startup_line(model_id: str, method: str, url: str, defaults, *, n_ctx: int, api_key: bool) -> str:

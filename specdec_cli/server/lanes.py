@@ -1,0 +1,371 @@
+"""Several generations at once on one loaded model: lanes, and the scheduler that shares verify passes among them.
+
+A lane is one sequence of the target's context (`LlamaBackend.lane`: its own KV cells and tokens in a unified KV pool)
+wrapped as a `Backend` (`SharedLane`) whose `decode` and `decode_branches` do not call llama.cpp themselves: they hand
+their rows to the `PassScheduler` and wait. Each lane's generation runs the ordinary engine (`SpeculativeEngine`,
+unchanged) on a thread of its own, but only one of them runs Python at a time: a lane holds the *baton* while it
+drafts, verifies and emits, and gives it back when it submits its next rows. When every active lane has submitted,
+the scheduler puts their rows into one `llama_decode` (`LlamaBackend.decode_many`) and wakes them, the interactive
+ones first. So the engine's step stays on one screen, lanes never race over the shared stores (the suffix store, the
+K controller's statistics), and the model sees one batch per pass, as llama-server's `update_slots` builds it.
+
+What a pass holds (`PassScheduler._compose`), in priority order (interactive requests — FIM, warm-ups, short replies —
+first, then earliest deadline, then arrival):
+- every decoding lane's verify rows (its newest token and its draft): a step is never split;
+- prefill rows of the lanes still reading their prompts, cut into pieces: a piece of about `piece_s` seconds of
+  prefill (measured per row, so a request that arrives meanwhile joins within about that), and while an interactive
+  lane is in the pass, a long request's piece is cut to `share_rows` rows: it still advances every pass (it never
+  starves) but does not slow the interactive lane's steps much;
+- a lane's second-branch pass (`decode_branches`) runs alone: branches are offered only while a lane is alone.
+
+K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
+tokens of the others' last passes on the measured verify curve, (E_lane(k) + T_others) / v(k + 1 + R_others)
+maximised over k, with E(k) = 1 + a + ... + a^k from the lane's measured acceptance a; the lane's controller then
+chooses K within it. As the batch grows, a lane's extra rows must beat the batch's own tokens per ms, so speculation
+shrinks, and never below plain batched decoding (k = 0 is always allowed). After TurboSpec/SmartSpec (Liu et al.
+2024, arXiv 2406.14066): speculate by goodput, less as the batch grows.
+
+Lossless per lane: each lane's rows attend to its own cells only, so its logits are those of its own pass up to the
+rounding of a larger batch (llama.cpp's kernels are not batch-invariant: near-ties, which `specdec check` explains);
+each request's sampling has its own random generator (`sampling.make_rng(seed)` per generation), and a seeded one's K
+does not follow its neighbours (`SharedLane.pinned`), so its output is the same whatever runs beside it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from specdec_cli.core.verify_curve import VerifyCurve
+
+INTERACTIVE, BATCH = 0, 1  # priority classes: lower first
+PIECE_S = 0.75  # seconds of prefill in one pass (its piece), so a request that arrives waits about that at most
+SHARE_ROWS = 32  # a long request's prefill rows per pass while an interactive lane is in the pass (its guaranteed share)
+FIRST_PIECE = 128  # prefill rows per pass before any pass was timed
+MIN_PIECE = 16
+ACCEPT_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejections) behind a lane's acceptance estimate
+ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
+
+
+@dataclass(order=True)
+class Priority:
+    """A lane's place in line: class (INTERACTIVE before BATCH), then deadline (time.monotonic() s; inf: none),
+    then arrival order."""
+
+    cls: int = BATCH
+    deadline: float = math.inf
+    seq: int = 0
+
+
+@dataclass
+class _Sub:
+    """A lane's rows waiting for a pass: `tokens` int32 [m] of which `done` are evaluated (a prefill part is
+    evaluated in pieces), `n_logits` rows at the end want logits; `branch`: a second branch (a pass of its own)."""
+
+    lane: SharedLane
+    tokens: np.ndarray
+    n_logits: int
+    branch: np.ndarray | None = None
+    done: int = 0
+    result: Any = None
+    error: BaseException | None = None
+    finished: bool = False
+
+    @property
+    def left(self) -> int:
+        return len(self.tokens) - self.done
+
+    @property
+    def splittable(self) -> int:
+        """Rows that may go in an earlier pass than the logits rows (a prefill's rows)."""
+        return max(0, len(self.tokens) - self.n_logits - self.done)
+
+
+class SharedLane:
+    """A `Backend` for one lane: everything is the lane's own `LlamaBackend` (or fake lane), except `decode` and
+    `decode_branches` (through the scheduler), `branches` (only while the lane is alone), `draft_limit` (the joint K
+    bound) and `shared_rows` (rows of other lanes in its last pass). Use from the lane's thread while it holds the
+    baton (`PassScheduler.enter`)."""
+
+    def __init__(self, scheduler: PassScheduler, backend: Any, index: int) -> None:
+        self._s = scheduler
+        self.inner = backend
+        self.index = index
+        self.path = backend.path
+        self.priority = Priority()
+        self.pinned = False  # a seeded sampled request: its K must not follow its neighbours (`draft_limit`)
+        self.shared_rows = 0
+        self.last_rows = 1  # rows of its last verify pass
+        self._pass_start: int | None = None  # len(tokens) before its last verify pass
+        self._acc = list(ACCEPT_PRIOR)  # decayed (accepted tokens, rejections)
+
+    # -- what goes through the scheduler ------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
+        toks = np.asarray(tokens, dtype=np.int32)
+        if n_logits:
+            self._pass_start, self.last_rows = len(self.inner.tokens), len(toks)
+        return self._s.submit(_Sub(self, toks, n_logits))
+
+    def decode_branches(self, tokens: Sequence[int] | np.ndarray, branch: Sequence[int] | np.ndarray) -> np.ndarray:
+        toks = np.asarray(tokens, dtype=np.int32)
+        self._pass_start, self.last_rows = len(self.inner.tokens), len(toks)
+        return self._s.submit(_Sub(self, toks, len(toks), branch=np.asarray(branch, dtype=np.int32)))
+
+    def truncate(self, n: int, *, branch: bool = False) -> None:
+        start, self._pass_start = self._pass_start, None
+        if start is not None and self.last_rows > 1:  # after a verify pass: its accepted drafts, for the joint K
+            accepted = max(0, min(n - start - 1, self.last_rows - 1))
+            self._acc[0] = ACCEPT_DECAY * self._acc[0] + accepted
+            self._acc[1] = ACCEPT_DECAY * self._acc[1] + (accepted < self.last_rows - 1)
+        self.inner.truncate(n, branch=branch)
+
+    @property
+    def acceptance(self) -> float:
+        """This lane's chance that a draft token is accepted, given the one before it was (a geometric fit)."""
+        acc, rej = self._acc
+        return acc / (acc + rej)
+
+    @property
+    def branches(self) -> bool:
+        return self.inner.branches and self._s.alone(self)
+
+    @property
+    def draft_limit(self) -> int:
+        return self._s.draft_limit(self)
+
+    # -- the lane's own backend ----------------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self.inner.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.inner.n_ctx
+
+    @property
+    def n_batch(self) -> int:
+        return self.inner.n_batch
+
+    @property
+    def n_threads(self) -> int:
+        return self.inner.n_threads
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.inner.tokens
+
+    def __getattr__(self, name: str) -> Any:  # tokenize, piece, is_eog, snapshot, save_state, lltokenizer, ...
+        return getattr(self.inner, name)
+
+
+class PassScheduler:
+    """The lanes of one target and the passes they share.
+
+    Args:
+        backend: the target's root lane (`LlamaBackend` made with n_lanes = `n_lanes`, or a fake with `lane(i)` and
+            `decode_many`).
+        n_lanes: lanes (`specdec serve --parallel`).
+        curve: the target's measured verify curve (prices the joint K); None: an affine guess, v(b) = 1 + 0.1 (b - 1).
+        clock: seconds, monotonic.
+        piece_s, share_rows: see the module's docstring.
+
+    Thread use: a lane's thread calls `enter` before using its lane, the lane's `decode` (through `submit`) while
+    holding the baton, and `leave` when done; `run` is `enter` + a function + `leave`.
+    """
+
+    def __init__(self, backend: Any, n_lanes: int, *, curve: VerifyCurve | None = None,
+                 clock: Callable[[], float] = time.perf_counter, piece_s: float = PIECE_S,
+                 share_rows: int = SHARE_ROWS) -> None:
+        self.backend = backend
+        self.lanes = [SharedLane(self, backend.lane(i), i) for i in range(n_lanes)]
+        self.curve = curve
+        self.clock = clock
+        self.piece_s, self.share_rows = piece_s, share_rows
+        self._cv = threading.Condition(threading.Lock())
+        self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
+        self._passing = False
+        self._ready: list[tuple[Priority, int, SharedLane]] = []  # lanes waiting for the baton (a heap)
+        self._subs: dict[int, _Sub] = {}  # lane index -> its rows waiting for a pass
+        self._active: set[int] = set()
+        self._order = itertools.count()
+        self._ms_per_row: float | None = None  # prefill ms per row, from passes that were mostly prefill
+        self.passes = 0  # llama_decode calls made
+        self.log: list[tuple[tuple[int, int], ...]] = []  # per pass: (lane, rows) of each part (the last 256)
+
+    # -- a lane's thread -----------------------------------------------------------------------------------------
+    def enter(self, lane: SharedLane, priority: Priority | None = None) -> None:
+        """`lane`'s generation starts: wait for the baton (after the lanes before it in line)."""
+        with self._cv:
+            if priority is not None:
+                lane.priority = priority
+            self._active.add(lane.index)
+            self._want(lane)
+            if self._holder is None and not self._passing:
+                self._hand_over()
+            while self._holder is not lane:
+                self._cv.wait()
+
+    def leave(self, lane: SharedLane) -> None:
+        """`lane`'s generation ended (or failed): give the baton back."""
+        with self._cv:
+            self._active.discard(lane.index)
+            self._subs.pop(lane.index, None)
+            lane.shared_rows = 0
+            if self._holder is lane:
+                self._holder = None
+                self._next()
+
+    def run(self, lane: SharedLane, fn: Callable[[], Any], priority: Priority | None = None) -> Any:
+        """Run `fn()` on the calling thread as `lane`, holding the baton (what touches the shared stores)."""
+        self.enter(lane, priority)
+        try:
+            return fn()
+        finally:
+            self.leave(lane)
+
+    def submit(self, sub: _Sub) -> np.ndarray:
+        """Hand `sub`'s rows to the next passes, wait until they are evaluated and the baton is back; the logits.
+        Raises what the pass raised for these rows."""
+        lane = sub.lane
+        with self._cv:
+            assert self._holder is lane, "a lane decodes only while it holds the baton"
+            self._subs[lane.index] = sub
+            self._holder = None
+            self._next()
+            while not (sub.finished and self._holder is lane):
+                self._cv.wait()
+        if sub.error is not None:
+            raise sub.error
+        return sub.result
+
+    # -- what the lanes read ---------------------------------------------------------------------------------------
+    def alone(self, lane: SharedLane) -> bool:
+        """No other lane is generating (then a second branch is offered: it needs a pass of its own)."""
+        return len(self._active) <= 1
+
+    def draft_limit(self, lane: SharedLane) -> int:
+        """The most draft tokens `lane` should verify in its next pass: all a batch can take while it is alone (or
+        `pinned`: a seeded sampled request, whose draws follow its K, gives the same output whatever runs beside it);
+        with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other lanes' rows in their last passes and
+        the tokens those are expected to give)."""
+        top = lane.n_batch - 1
+        others = [x for x in self.lanes if x is not lane and x.index in self._active]
+        if not others or lane.pinned:
+            return top
+        rows = sum(max(1, x.last_rows) for x in others)
+        tokens = sum(_expected(x.acceptance, max(1, x.last_rows) - 1)[-1] for x in others)
+        top = max(0, min(top, lane.n_batch - 1 - rows))
+        v = self._v(np.arange(rows + 1, rows + top + 2))  # [top + 1] ms of a pass over R + k + 1 rows
+        rate = (_expected(lane.acceptance, top) + tokens) / v
+        return int(np.argmax(rate))
+
+    def _v(self, b: np.ndarray) -> np.ndarray:
+        if self.curve is not None:
+            return np.array([self.curve.at(int(x)) for x in b], dtype=np.float64)
+        return 1.0 + 0.1 * (b.astype(np.float64) - 1.0)
+
+    # -- the baton and the passes (lock held) ----------------------------------------------------------------------
+    def _want(self, lane: SharedLane) -> None:
+        heapq.heappush(self._ready, (lane.priority, next(self._order), lane))
+
+    def _hand_over(self) -> bool:
+        if not self._ready:
+            return False
+        self._holder = heapq.heappop(self._ready)[2]
+        self._cv.notify_all()
+        return True
+
+    def _next(self) -> None:
+        """The baton is free: the next lane in line runs; when every active lane waits for a pass, run passes (on this
+        thread) until some lane can run."""
+        while not self._hand_over():
+            if not self._subs or len(self._subs) < len(self._active):
+                return  # idle, or a lane is still entering (it will call _next)
+            self._pass()
+
+    def _pass(self) -> None:
+        """Compose one pass, evaluate it (the lock released meanwhile, `_passing` set), and put the lanes whose rows
+        are all evaluated in line for the baton."""
+        parts = self._compose()
+        self._passing = True
+        self._cv.release()
+        error: BaseException | None = None
+        t0 = self.clock()
+        try:
+            if len(parts) == 1 and parts[0][0].branch is not None:
+                sub = parts[0][0]
+                results = [sub.lane.inner.decode_branches(sub.tokens, sub.branch)]
+            else:
+                results = self.backend.decode_many([(s.lane.inner, s.tokens[s.done : s.done + m], s.n_logits
+                                                     if s.done + m == len(s.tokens) else 0) for s, m in parts])
+        except BaseException as e:  # noqa: BLE001 (delivered to every lane of the pass, which raises it)
+            error, results = e, [None] * len(parts)
+        ms = (self.clock() - t0) * 1e3
+        self._cv.acquire()
+        self._passing = False
+        self.passes += 1
+        self.log = [*self.log[-255:], tuple((s.lane.index, m) for s, m in parts)]
+        total = sum(m for _, m in parts)
+        prefill = sum(m for s, m in parts if s.n_logits == 0 or s.done + m < len(s.tokens))
+        if error is None and prefill >= max(MIN_PIECE, total // 2):
+            per = ms / total
+            self._ms_per_row = per if self._ms_per_row is None else 0.7 * self._ms_per_row + 0.3 * per
+        for (sub, m), result in zip(parts, results):
+            lane = sub.lane
+            lane.shared_rows = total - m
+            if error is not None:
+                sub.error, sub.finished = error, True
+            else:
+                sub.done += m
+                if sub.done == len(sub.tokens):
+                    sub.result, sub.finished = result, True
+            if sub.finished:
+                self._subs.pop(lane.index, None)
+                self._want(lane)
+
+    def _compose(self) -> list[tuple[_Sub, int]]:
+        """(sub, rows it gets) for the next pass; see the module's docstring."""
+        subs = sorted(self._subs.values(), key=lambda s: s.lane.priority)
+        branch = next((s for s in subs if s.branch is not None), None)
+        if branch is not None:
+            return [(branch, len(branch.tokens))]
+        budget = self.backend.n_batch
+        interactive = any(s.lane.priority.cls == INTERACTIVE for s in subs) and \
+            any(s.lane.priority.cls != INTERACTIVE for s in subs)
+        parts: list[tuple[_Sub, int]] = []
+        for s in subs:  # whole steps first: the rows that want logits, with whatever prefill precedes them
+            if s.splittable == 0 and s.left <= budget:
+                parts.append((s, s.left))
+                budget -= s.left
+        piece = self._piece()
+        for s in subs:  # then prefill pieces
+            if s.splittable == 0 or budget <= 0:
+                continue
+            cap = self.share_rows if interactive and s.lane.priority.cls != INTERACTIVE else piece
+            m = min(s.splittable, budget, cap)
+            if s.left - m <= s.n_logits and s.left <= min(budget, cap):
+                m = s.left  # the rest fits: take the logits rows too
+            parts.append((s, m))
+            budget -= m
+        if not parts:  # one step larger than the budget left: it goes alone
+            parts = [(subs[0], min(subs[0].left, self.backend.n_batch))]
+        return parts
+
+    def _piece(self) -> int:
+        """Prefill rows per pass: about `piece_s` seconds at the measured ms per row."""
+        if self._ms_per_row is None:
+            return FIRST_PIECE
+        return int(min(self.backend.n_batch, max(MIN_PIECE, self.piece_s * 1e3 / self._ms_per_row)))
+
+
+def _expected(a: float, k: int) -> np.ndarray:
+    """E[tokens] of a pass verifying k' = 0..k draft tokens accepted in a row with chance a each: float [k + 1]."""
+    return np.cumsum(a ** np.arange(k + 1, dtype=np.float64))

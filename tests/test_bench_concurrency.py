@@ -1,0 +1,60 @@
+"""benchmarks/bench_concurrency.py's arithmetic and request shapes (issue 44), without a model: the decode phase's
+aggregate tok/s counts overlapping replies' time once, a reply is compared with its run alone character by character,
+both APIs' stream events are read, and the editor's requests have llama.vim's shape."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+bc = pytest.importorskip("bench_concurrency")
+
+
+def reply(sent: float, first: float, end: float, tokens: int, text: str = "") -> "bc.Streamed":
+    return bc.Streamed(sent=sent, first=first, end=end, text=text, tokens=tokens)
+
+
+def test_decode_phase_tok_s_counts_the_time_overlapping_replies_share_once():
+    serial = [reply(0, 2, 6, 9), reply(6, 8, 12, 9)]  # decoding 4 s each, one after another
+    together = [reply(0, 3, 7, 9), reply(0, 4, 8, 9)]  # decoding 3-7 and 4-8: 5 s of wall time
+    assert bc.union_s([(3, 7), (4, 8), (10, 11), (10.5, 10.7)]) == pytest.approx(6.0)
+    s, t = bc.aggregate(serial), bc.aggregate(together)
+    assert s["decode_tok_s"] == pytest.approx(16 / 8) and s["tok_s"] == pytest.approx(18 / 12)
+    assert t["decode_tok_s"] == pytest.approx(16 / 5) and t["tok_s"] == pytest.approx(18 / 8)
+
+
+def test_a_reply_is_equal_or_says_where_it_diverges():
+    assert bc.divergence("def f(x):", "def f(x):") == "equal"
+    assert bc.divergence("def f(x):\n    return x", "def f(y):").startswith("diverges at char 6: 'x")
+    assert bc.divergence("abc", "abcd").startswith("diverges at char 3")
+
+
+def test_stream_events_of_both_apis_are_read():
+    assert bc._piece({"choices": [{"delta": {"content": "hi"}}]}) == ("hi", None)
+    assert bc._piece({"choices": [], "usage": {"completion_tokens": 5}}) == ("", {"completion_tokens": 5})
+    assert bc._piece({"choices": [{"delta": {}}], "timings": {"predicted_n": 7}}) == ("", {"completion_tokens": 7})
+    assert bc._piece({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"}}) == ("x", None)
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 3, "cache_read_input_tokens": 4}}}
+    assert bc._piece(start) == ("", {"input_tokens": 7})
+    assert bc._piece({"type": "message_delta", "usage": {"output_tokens": 9}}) == ("", {"output_tokens": 9})
+
+
+def test_the_editor_sends_llama_vim_s_requests_typing_one_character_further_each_time():
+    editor = bc.Editor(lines=[f"line {i}\n" for i in range(400)], at=300, extra=[{"filename": "a.py", "text": "x"}],
+                       typed="    ", n_predict=128)
+    warm, first, second = editor.body(-1, warm_up=True), editor.body(1), editor.body(2)
+    assert warm["n_predict"] == 0 and first["n_predict"] == 128
+    assert first["input_prefix"] == "".join(f"line {i}\n" for i in range(44, 300))  # llama.vim's n_prefix 256
+    assert first["input_suffix"] == "".join(f"line {i}\n" for i in range(301, 365))  # and n_suffix 64
+    assert second["prompt"].startswith(first["prompt"]) and len(second["prompt"]) == len(first["prompt"]) + 1
+    for key in ("input_extra", "cache_prompt", "t_max_prompt_ms", "t_max_predict_ms", "n_indent", "samplers"):
+        assert key in first
+
+
+def test_a_target_is_met_or_not_on_the_median():
+    assert bc._target([0.05, 0.3, 0.08], 0.1, "latency", "s").endswith(": met")
+    assert bc._target([1.2, 1.1, 1.0], 1.3, "ratio", "x", at_least=True).endswith("NOT met")
+    assert bc.pct([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0

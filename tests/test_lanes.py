@@ -1,0 +1,255 @@
+"""Several sequences at once (`server.lanes`): shared verify passes, the scheduler's order, the joint K."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from specdec_cli.core.controller import FixedK
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.records import Finish, Step
+from specdec_cli.core.sampling import SamplingParams
+from specdec_cli.core.verify_curve import VerifyCurve
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, PassScheduler, Priority, _Sub
+
+from fakes import FakeBackend, greedy_reference, hashed_logits
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [10, 11, 12, 10, 11, 12, 10], [3, 4, 3, 4, 3, 4, 3, 4], [20, 21, 22, 23]]
+
+
+def _engines(backend: FakeBackend, n: int, k: int = 4) -> tuple[PassScheduler, list[SpeculativeEngine]]:
+    sched = PassScheduler(backend, n)
+    return sched, [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(k)) for lane in sched.lanes]
+
+
+def _run(sched: PassScheduler, jobs: list[tuple[int, SpeculativeEngine, list[int], GenerationConfig, Priority]],
+         start: threading.Barrier | None = None) -> dict[int, list[int]]:
+    """Run each (lane, engine, prompt, config, priority) on a thread of its own; the output tokens by lane."""
+    out: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def go(i, engine, prompt, config, priority):
+        lane = sched.lanes[i]
+        if start is not None:
+            start.wait()
+        sched.enter(lane, priority)
+        try:
+            out[i] = [t for r in engine.generate(prompt, config) if isinstance(r, Step) for t in r.emitted]
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            sched.leave(lane)
+
+    threads = [threading.Thread(target=go, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads), "a lane never finished"
+    if errors:
+        raise errors[0]
+    return out
+
+
+def test_shared_passes_give_each_sequence_its_own_greedy_output():
+    backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
+    sched, engines = _engines(backend, 4)
+    config = GenerationConfig(max_tokens=40)
+    jobs = [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(4)]
+    out = _run(sched, jobs, threading.Barrier(4))
+    for i in range(4):
+        assert out[i] == greedy_reference(hashed_logits, PROMPTS[i], 40), f"lane {i}"
+    shared = [p for p in backend.passes if len(p) > 1]
+    assert shared, "no pass was shared between lanes"
+    assert max(len(p) for p in backend.passes) == 4  # all four lanes in one llama_decode
+    assert sched.passes == len(backend.passes)
+
+
+def test_seeded_sampled_request_unchanged_by_a_neighbour():
+    backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
+    sampled = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=0.9, seed=1234))
+    sched, engines = _engines(backend, 2)
+    alone = _run(sched, [(0, engines[0], PROMPTS[0], sampled, Priority())])[0]
+    backend2 = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
+    sched2, engines2 = _engines(backend2, 2)
+    sched2.lanes[0].pinned = True  # what the worker sets for a seeded sampled request
+    other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
+    both = _run(sched2, [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)),
+                         (1, engines2[1], PROMPTS[1], other, Priority(seq=1))], threading.Barrier(2))
+    assert any(len(p) > 1 for p in backend2.passes)
+    assert both[0] == alone
+
+
+def test_a_cancelled_sequence_leaves_the_others_kv_intact():
+    backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
+    sched, engines = _engines(backend, 2)
+    config = GenerationConfig(max_tokens=40)
+    results: dict[str, list[int]] = {}
+    barrier = threading.Barrier(2)
+
+    def stopped_early():
+        lane = sched.lanes[1]
+        barrier.wait()
+        sched.enter(lane, Priority(seq=1))
+        try:
+            gen = engines[1].generate(PROMPTS[1], config)
+            got = []
+            for r in gen:
+                if isinstance(r, Step):
+                    got += r.emitted
+                    if len(got) >= 5:
+                        gen.close()  # the client went away: the engine's finally trims the lane's KV cache
+                        break
+            results["b"] = got
+        finally:
+            sched.leave(lane)
+
+    t = threading.Thread(target=stopped_early)
+    t.start()
+    out = _run(sched, [(0, engines[0], PROMPTS[0], config, Priority(seq=0))], barrier)
+    t.join(10)
+    assert out[0] == greedy_reference(hashed_logits, PROMPTS[0], 40)
+    lane_b = sched.lanes[1]
+    committed = list(PROMPTS[1]) + results["b"]
+    assert list(lane_b.tokens) == committed[: len(lane_b.tokens)]  # only committed tokens left, none of A's
+    assert len(lane_b.tokens) >= len(committed) - 1
+
+
+def _fake_subs(sched: PassScheduler, spec: list[tuple[int, int, int, Priority]]) -> list[_Sub]:
+    """Waiting rows for `_compose`: (lane, tokens, n_logits, priority) each."""
+    subs = []
+    for lane, n, n_logits, priority in spec:
+        sched.lanes[lane].priority = priority
+        sub = _Sub(sched.lanes[lane], np.zeros(n, np.int32), n_logits)
+        sched._subs[lane] = sub
+        subs.append(sub)
+    return subs
+
+
+def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_share():
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = PassScheduler(backend, 3, share_rows=32)
+    agent, fim, chat = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1)),  # an agent's prefill chunk
+                                          (1, 5, 5, Priority(INTERACTIVE, seq=2)),  # an editor's verify step
+                                          (2, 3, 3, Priority(BATCH, seq=3))])
+    parts = sched._compose()
+    assert parts[0] == (fim, 5)  # the interactive step first
+    assert (chat, 3) in parts  # every waiting step rides along
+    assert (agent, 32) in parts  # the long prefill advances by its guaranteed share, no more
+
+
+def test_compose_earliest_deadline_first_among_interactive():
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
+    sched = PassScheduler(backend, 2)
+    late, soon = _fake_subs(sched, [(0, 60, 0, Priority(INTERACTIVE, deadline=50.0, seq=1)),
+                                    (1, 60, 0, Priority(INTERACTIVE, deadline=10.0, seq=2))])
+    parts = sched._compose()
+    assert parts[0][0] is soon and parts[0][1] == 60  # the earlier deadline's prefill first, whole
+    assert parts[1] == (late, 4)  # the other takes what the batch has left
+
+
+def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
+    """An agent's prefill runs alone in pieces; an editor's request that arrives meanwhile is in the next pass."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = PassScheduler(backend, 2)
+    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
+    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
+    first_piece = threading.Event()
+    seen = {}
+
+    class Marker(FakeBackend):
+        pass
+
+    orig = backend.decode_many
+
+    def spy(parts):
+        if len(backend.__dict__.get("passes", [])) == 1:
+            first_piece.set()
+            time.sleep(0.2)  # the editor arrives during the second piece
+        return orig(parts)
+
+    backend.decode_many = spy
+
+    def editor():
+        first_piece.wait(5)
+        seen["arrived_at"] = len(backend.passes)
+        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
+        try:
+            for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=8)):
+                if isinstance(r, Step) and "first_step" not in seen:
+                    seen["first_step"] = len(backend.passes)
+        finally:
+            sched.leave(sched.lanes[1])
+
+    t = threading.Thread(target=editor)
+    t.start()
+    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
+    t.join(10)
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    pieces = [p for p in backend.passes if p[0][0] == 0 and p[0][1] > 8]
+    assert len(pieces) >= 3  # the prompt went in pieces, not in 512-token chunks only
+    joined = next(i for i, p in enumerate(backend.passes) if any(lane == 1 for lane, _ in p))
+    assert joined <= seen["arrived_at"] + 1  # the editor's prompt was in the pass after it arrived
+
+
+def _curve(cost) -> VerifyCurve:
+    sizes = list(range(1, 129))
+    return VerifyCurve(ms=tuple(float(cost(b)) for b in sizes))
+
+
+def test_joint_k_shrinks_as_the_batch_grows_on_a_cpu_curve_and_not_on_a_flat_one():
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
+    cpu = _curve(lambda b: 86.0 + 9.0 * (b - 1))  # a pass over 16 rows ~2.6x one row
+    sched = PassScheduler(backend, 4, curve=cpu)
+    lanes = sched.lanes
+    for lane in lanes:
+        lane._acc = [7.0, 1.0]  # acceptance 0.875
+    sched._active = {0}
+    assert lanes[0].draft_limit == 127  # alone: as deep as a batch (its controller decides)
+    sched._active = {0, 1}
+    lanes[1].last_rows = 8
+    two = lanes[0].draft_limit
+    sched._active = {0, 1, 2, 3}
+    lanes[2].last_rows = lanes[3].last_rows = 8
+    four = lanes[0].draft_limit
+    assert 0 < four < two < 127
+    flat = PassScheduler(backend, 4, curve=_curve(lambda b: 10.0 + 0.01 * b))
+    for lane in flat.lanes:
+        lane._acc, lane.last_rows = [99.0, 1.0], 8  # a copy: drafts nearly always right
+    flat._active = {0, 1, 2, 3}
+    assert flat.lanes[0].draft_limit >= 32  # a flat curve: rows are nearly free, speculate deep
+    sched_copy = PassScheduler(backend, 4, curve=cpu)
+    for lane in sched_copy.lanes:
+        lane._acc, lane.last_rows = [99.0, 1.0], 8
+    sched_copy._active = {0, 1, 2, 3}
+    assert sched_copy.lanes[0].draft_limit < flat.lanes[0].draft_limit  # the steep curve prices the rows
+
+
+def test_joint_k_never_below_plain_batched_decoding():
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
+    sched = PassScheduler(backend, 4, curve=_curve(lambda b: 10.0 * b))  # every row costs a full pass
+    for lane in sched.lanes:
+        lane._acc, lane.last_rows = [0.0, 5.0], 1  # drafts never accepted
+    sched._active = {0, 1, 2, 3}
+    assert sched.lanes[0].draft_limit == 0  # plain decoding rows only
+
+
+def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
+    """A waiting request joins within one piece: pieces are cut to ~piece_s seconds of prefill once a pass is timed."""
+    from fakes import Clock
+
+    clock = Clock()
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 * b)
+    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5)
+    engine = SpeculativeEngine(sched.lanes[0], NgramDrafter(1, 3), FixedK(4))
+    long_prompt = [int(x) for x in np.random.default_rng(1).integers(2, 30, 1200)]
+    out = _run(sched, [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH))])
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    prefill = [rows for p in backend.passes for lane, rows in p if rows > 8]
+    assert prefill[0] <= 128  # before any pass was timed: a small first piece
+    assert all(rows <= 50 for rows in prefill[1:])  # 0.5 s at 10 ms a row
+    assert sum(prefill) >= 1199 - 8

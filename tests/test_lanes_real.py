@@ -1,0 +1,80 @@
+"""Lanes on a real model: several sequences in one llama.cpp context, their verify passes shared (`server.lanes`).
+
+A shared pass is a larger batch, and llama.cpp's kernels are not batch-invariant: each lane's greedy output must be its
+output alone up to numerical near-ties. Where they part, the two tokens' logits are within a near-tie of each other.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from specdec_cli.core.controller import FixedK
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.records import Step
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.models.llama import LlamaBackend
+from specdec_cli.server.lanes import PassScheduler, Priority
+
+pytestmark = pytest.mark.real
+
+PROMPTS = ["Write a Python function `is_prime(n)` with a docstring.",
+           "Rename x to total in:\ndef f(x):\n    y = x + 1\n    return x * y\n",
+           "List the planets of the solar system, one per line."]
+NEAR_TIE = 1.0  # logits: a larger gap at a divergence would be a bug, not rounding
+
+
+def _tokens(backend, text):
+    prompt = backend.format_chat([{"role": "user", "content": text}])
+    return backend.tokenize(prompt, add_special=False, parse_special=True)
+
+
+def _out(records):
+    return [t for r in records if isinstance(r, Step) for t in r.emitted]
+
+
+@pytest.mark.parametrize("unified", [False, True], ids=["stream-per-lane", "unified"])
+def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path, unified):
+    alone_backend = LlamaBackend(smollm2_path, n_ctx=512)
+    prompts = [_tokens(alone_backend, p) for p in PROMPTS]
+    alone = []
+    for p in prompts:
+        alone_backend.truncate(0)
+        alone.append(_out(SpeculativeEngine(alone_backend, NgramDrafter(1, 3), FixedK(4)).generate(
+            p, GenerationConfig(max_tokens=32))))
+    shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3, kv_unified=unified)
+    sched = PassScheduler(shared_backend, 3)
+    out: dict[int, list[int]] = {}
+    barrier = threading.Barrier(3)
+
+    def go(i):
+        lane = sched.lanes[i]
+        barrier.wait()
+        sched.enter(lane, Priority(seq=i))
+        try:
+            engine = SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4))
+            out[i] = _out(engine.generate(prompts[i], GenerationConfig(max_tokens=32)))
+        finally:
+            sched.leave(lane)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert max(len(p) for p in sched.log) >= 2, "no pass was shared"
+    for i in range(3):
+        a, b = out[i], alone[i]
+        part = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if part is None and len(a) == len(b):
+            continue
+        part = min(len(a), len(b)) if part is None else part  # one of them ended (an end token) where the other went on
+        # a divergence: at the context they share, evaluated alone, the two best tokens are a near-tie
+        alone_backend.truncate(0)
+        logits = alone_backend.decode(np.asarray(prompts[i] + a[:part], np.int32), n_logits=1)[0]
+        top2 = np.sort(logits)[-2:]
+        assert part >= 8 and float(top2[1] - top2[0]) < NEAR_TIE, (i, part, float(top2[1] - top2[0]))
+    shared_backend.close()
+    alone_backend.close()
