@@ -47,10 +47,10 @@ if TYPE_CHECKING:
     from specdec_cli.core.verify_curve import VerifyCurve
 
 INTERACTIVE, BATCH = 0, 1  # priority classes: lower first
-PIECE_S = 0.75  # seconds of prefill in one pass (its piece), so a request that arrives waits about that at most
+PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that arrives waits about that at most
 SHARE_ROWS = 32  # a long request's prefill rows per pass while an interactive lane is in the pass (its guaranteed share)
-FIRST_PIECE = 128  # prefill rows per pass before any pass was timed
-MIN_PIECE = 16
+FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
+MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
 ACCEPT_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejections) behind a lane's acceptance estimate
 ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
 
