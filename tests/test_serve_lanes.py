@@ -79,3 +79,44 @@ def test_one_lane_serves_one_at_a_time_as_before():
         reply = chat(s.client(), max_tokens=6).choices[0].message.content
     assert reply == text_of(greedy_reference(backend.fn, PROMPT_TOKENS, 6))
     assert not backend.__dict__.get("passes")  # no shared passes: the backend is called directly
+
+
+@pytest.mark.real
+def test_real_server_answers_the_openai_and_anthropic_sdks_at_once(smollm2_path):
+    """Two official SDKs' requests sent together to `specdec serve --parallel 2` on a real model: both answered, on
+    lanes of their own, each the reply it gets alone (greedy; up to near-ties, which a 16-token reply rarely meets)."""
+    import anthropic
+
+    from test_serve import start_real_server
+
+    proc, url = start_real_server(smollm2_path, "--parallel", "2", "--ctx", "1024", "--no-prompt-cache",
+                                   "--temperature", "0")  # greedy where a request sets no temperature
+    try:
+        oa = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+        an = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=300)
+        ask = [{"role": "user", "content": "Name three colours."}]
+
+        def via_openai():
+            return oa.chat.completions.create(model="m", messages=ask, max_tokens=16, temperature=0).choices[0].message.content
+
+        def via_anthropic():
+            return an.messages.create(model="m", messages=ask, max_tokens=16).content[0].text
+
+        alone = (via_openai(), via_anthropic())
+        got: dict[str, str] = {}
+        threads = [threading.Thread(target=lambda: got.__setitem__("openai", via_openai())),
+                   threading.Thread(target=lambda: got.__setitem__("anthropic", via_anthropic()))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        proc.send_signal(__import__("signal").SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert got == {"openai": alone[0], "anthropic": alone[1]}
+    assert alone[0] and alone[1]
+    lanes = {line.rsplit("lane ", 1)[1] for line in err.splitlines() if line.startswith("#") and "lane " in line}
+    assert len(lanes) == 2, err
