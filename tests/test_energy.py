@@ -346,18 +346,25 @@ def test_the_table_cells_show_a_figure_or_n_a():
 
 
 class SlowBackend(FakeBackend):
-    """The fake target, each pass taking `PASS_S` of wall time (the counter's thread runs meanwhile)."""
+    """The fake target, each pass taking `PASS_S` of wall time (the counter's thread runs meanwhile); `hooks` are
+    called (once) at its first pass: the shown run's prefill."""
 
     PASS_S = 0.004
 
+    def __init__(self, *args, hooks: list | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hooks = hooks if hooks is not None else []
+
     def _pass(self, b: int) -> None:
+        while self.hooks:
+            self.hooks.pop()()
         time.sleep(self.PASS_S)
         super()._pass(b)
 
 
 class PowerThread(threading.Thread):
     """Raises package-0 at `watts` from `go` on (and core-0 inside it at 60 % of that, psys at 1.5×: neither to be
-    added), every 0.5 ms; the counter starts 30 ms short of its range, so it wraps once, early in the shown run."""
+    added), every 0.5 ms; the counter starts 30 ms short of its range, so it wraps once, 30 ms into the shown run."""
 
     def __init__(self, zones: dict[str, Path], watts: float, max_uj: int) -> None:
         super().__init__(daemon=True)
@@ -384,13 +391,11 @@ def slow_session(monkeypatch, tmp_path):
     started = []
 
     def open_session(options, *, method=None, need_draft=False, reporter=None):
-        s = Session(target=SlowBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
-                    options=options)
+        s = Session(target=SlowBackend(hashed_logits, n_ctx=options.ctx, hooks=started),
+                    target_path=tmp_path / "target.gguf", options=options)
         if wants_draft(options, method, need_draft):
             s.draft = FakeBackend(hashed_logits, n_ctx=options.ctx)
             s.draft_path = tmp_path / "draft.gguf"
-        for hook in started:
-            hook()
         return s
 
     monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
@@ -416,7 +421,7 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     monkeypatch.setenv(E.POWERCAP_ENV, str(root))
     power = PowerThread(zones, WATTS, max_uj)
     power.start()
-    slow_session.append(power.go.set)  # the counter starts rising as the models "load"
+    slow_session.append(power.go.set)  # the counter starts rising at the shown run's prefill
     try:
         code = main(["run", str(prompt_file), "--method", "ngram", "--k", "3", "-n", "40", "--compare", "2",
                      "--json", "-"])
@@ -427,6 +432,7 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     assert code == 0, err
     assert power.wrapped
     doc = json.loads(out)
+    assert doc["stats"]["decode_ms"] > 2 * 30  # the wrap came inside the shown run
     e = doc["stats"]["energy"]
     assert e["available"] and e["counted"] == ["RAPL package-0"]
     assert e["watts"] == pytest.approx(WATTS, rel=0.2)
