@@ -349,7 +349,7 @@ class SlowBackend(FakeBackend):
     """The fake target, each pass taking `PASS_S` of wall time (the counter's thread runs meanwhile); `hooks` are
     called (once) at its first pass: the shown run's prefill."""
 
-    PASS_S = 0.004
+    PASS_S = 0.005
 
     def __init__(self, *args, hooks: list | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -372,12 +372,17 @@ class PowerThread(threading.Thread):
         self.start_uj = max_uj - round(watts * 0.030 * 1e6)
         write_uj(zones["package-0"] / "energy_uj", self.start_uj)
         self.go, self.stop, self.wrapped = threading.Event(), threading.Event(), False
+        self.t0 = 0.0
+
+    def begin(self) -> None:
+        """Start the counter rising now (the thread catches up from this moment, however late it wakes)."""
+        self.t0 = time.perf_counter()
+        self.go.set()
 
     def run(self) -> None:
         self.go.wait()
-        t0 = time.perf_counter()
         while not self.stop.is_set():
-            uj = self.watts * (time.perf_counter() - t0) * 1e6
+            uj = self.watts * (time.perf_counter() - self.t0) * 1e6
             total = self.start_uj + round(uj)
             self.wrapped |= total >= self.max_uj
             write_uj(self.zones["package-0"] / "energy_uj", total % self.max_uj)
@@ -421,9 +426,9 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     monkeypatch.setenv(E.POWERCAP_ENV, str(root))
     power = PowerThread(zones, WATTS, max_uj)
     power.start()
-    slow_session.append(power.go.set)  # the counter starts rising at the shown run's prefill
+    slow_session.append(power.begin)  # the counter starts rising at the shown run's prefill
     try:
-        code = main(["run", str(prompt_file), "--method", "ngram", "--k", "3", "-n", "40", "--compare", "2",
+        code = main(["run", str(prompt_file), "--method", "ngram", "--k", "3", "-n", "60", "--compare", "2",
                      "--json", "-"])
     finally:
         power.stop.set()
@@ -439,7 +444,7 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     assert e["decode_watts"] == pytest.approx(WATTS, rel=0.2)
     assert e["joules"] == pytest.approx(e["prefill_joules"] + e["decode_joules"], abs=1e-3)
     n = doc["stats"]["n_generated"]
-    assert n == 40 and e["j_per_token"] == pytest.approx(e["decode_joules"] / n, rel=1e-3)
+    assert n == 60 and e["j_per_token"] == pytest.approx(e["decode_joules"] / n, rel=1e-3)
     c = doc["compare"]["energy"]
     assert c["available"] and len(c["speculative_decode_joules"]) == len(c["plain_decode_joules"]) == 2
     assert all(j > 0 for j in c["speculative_decode_joules"] + c["plain_decode_joules"])
@@ -497,3 +502,28 @@ def test_doctor_lists_the_counters_it_can_read(tmp_path, monkeypatch):
     monkeypatch.setenv(E.POWERCAP_ENV, str(tmp_path / "none"))
     r = energy_report()
     assert r["counters"] == [] and r["missing"][0]["source"] == "RAPL"
+
+
+def test_run_idle_baseline_measures_idle_first_and_nets_it_out(slow_session, prompt_file, tmp_path, monkeypatch,
+                                                               capsys):
+    """The counter rises at 25 W throughout: the idle second reads 25 W, and decoding net of it is about nothing."""
+    root = tmp_path / "powercap"
+    max_uj = round(WATTS * 20 * 1e6)
+    zones = powercap_tree(root, max_uj=max_uj)
+    monkeypatch.setenv(E.POWERCAP_ENV, str(root))
+    power = PowerThread(zones, WATTS, max_uj)
+    power.start()
+    power.begin()
+    try:
+        code = main(["run", str(prompt_file), "--method", "ngram", "-n", "20", "--idle-baseline", "--json", "-"])
+    finally:
+        power.stop.set()
+        power.join()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    e = json.loads(out)["stats"]["energy"]
+    assert e["idle_watts"] == pytest.approx(WATTS, rel=0.2)
+    assert e["decode_joules_net_of_idle"] == pytest.approx(e["decode_joules"] - e["idle_watts"] * e["decode_seconds"],
+                                                           abs=2e-3)
+    assert e["j_per_token_net_of_idle"] == pytest.approx(e["decode_joules_net_of_idle"] / 20, abs=1e-4)
+    assert "net of idle" in err
