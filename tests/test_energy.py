@@ -527,3 +527,16 @@ def test_run_idle_baseline_measures_idle_first_and_nets_it_out(slow_session, pro
                                                            abs=2e-3)
     assert e["j_per_token_net_of_idle"] == pytest.approx(e["decode_joules_net_of_idle"] / 20, abs=1e-4)
     assert "net of idle" in err
+
+
+def test_the_server_and_chat_carry_j_per_token_only_where_counted():
+    from specdec_cli.cli.commands.chat_history import Turn
+    from specdec_cli.cli.commands.chat_view import footer_text
+    from specdec_cli.server.reply import RequestStats
+
+    counted = RunStats(n_generated=20, energy=E.Energy(1.0, 0.1, 5.0, 1.0, ("RAPL package-0",)))
+    none = RunStats(n_generated=20, energy_note="no energy counter: RAPL: absent")
+    assert RequestStats(counted).specdec("ngram")["j_per_token"] == pytest.approx(0.25)
+    assert RequestStats(none).specdec("ngram")["j_per_token"] is None
+    assert "0.25 J/token" in footer_text(Turn("hi", "hello", stats=counted, method="none"))
+    assert "J/token" not in footer_text(Turn("hi", "hello", stats=none, method="none"))
