@@ -2,7 +2,9 @@
 
 `stream` checks the prompt and hands back a `Drive`: iterating it yields the engine's records as they come (one
 `Prefill`, a `Step` per target pass, one `Finish`), while the `Drive` times them, keeps them for its `RunStats`, and,
-once a generation has finished, saves the target's KV state to the prompt cache, outside the timing. A consumer that
+once a generation has finished, saves the target's KV state to the prompt cache, outside the timing. Energy is
+read beside the timing (`models.energy.Gauge`: the counters at the start, at the prefill's record and at the end, no
+reading per target pass), so every consumer's `RunStats` carries joules or why there are none. A consumer that
 stops early (`close`, Ctrl-C, a client gone) leaves the target's cache holding only committed tokens and saves
 nothing. `generate` is the common consumer: the whole generation, each `Step` handed to a callback.
 
@@ -20,6 +22,7 @@ import numpy as np
 from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Step
 from specdec_cli.core.stats import RunStats, summarize
+from specdec_cli.models.energy import Gauge, Meter, default_meter
 
 if TYPE_CHECKING:
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
@@ -49,8 +52,11 @@ class Drive:
         finish_reason: the `Finish` record's reason, None until it came (or when stopped early).
     """
 
-    def __init__(self, engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig) -> None:
+    def __init__(self, engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
+                 meter: Meter | None = None) -> None:
         self.engine, self.prompt, self.config = engine, prompt, config
+        self.meter = meter if meter is not None else default_meter()
+        self.gauge: Gauge | None = None  # the generation's energy (started with the timing)
         self.records: list[Record] = []
         self.finish_reason: FinishReason | None = None
         self._t0: float | None = None  # perf_counter s: the start (before the prefill)
@@ -69,6 +75,7 @@ class Drive:
             return
         engine = self.engine
         gen = engine.generate(self.prompt, self.config)
+        gauge = self.gauge = Gauge(self.meter)
         self._t0 = time.perf_counter()
         try:
             for record in gen:
@@ -76,11 +83,16 @@ class Drive:
                 self.records.append(record)
                 if isinstance(record, Prefill):
                     self._t_prefill = self._t_last
+                    gauge.prefill_done()
                 elif isinstance(record, Finish):
                     self.finish_reason = record.finish_reason
+                    gauge.end()
+                else:
+                    gauge.tick(self._t_last)  # reads the counters only when one could otherwise wrap twice
                 yield record
         finally:
             gen.close()  # the engine's finally: the KV cache keeps only committed tokens
+            gauge.end()  # stopped early: up to now
             self._closed = True
             if self.finish_reason is not None:
                 engine.save_prompt()  # for a later run that starts with the same tokens (not timed)
@@ -112,8 +124,11 @@ class Drive:
     @property
     def stats(self) -> RunStats:
         """The `RunStats` of the records so far (finish reason "interrupted" when stopped before the end)."""
+        gauge = self.gauge
         return summarize(self.records, decode_ms=self.decode_ms,
-                         finish_reason=FinishReason.interrupted if self.interrupted else None)
+                         finish_reason=FinishReason.interrupted if self.interrupted else None,
+                         energy=gauge.energy if gauge is not None else None,
+                         energy_note=gauge.note if gauge is not None else "energy not measured: not started")
 
     def result(self) -> Result:
         """The `Result` of the records so far."""
@@ -122,8 +137,10 @@ class Drive:
                       stats=self.stats, steps=steps, interrupted=self.interrupted)
 
 
-def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig) -> Drive:
-    """Drive `engine` over `prompt` (int [n], n >= 1): the `Drive` to iterate for its records.
+def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,
+           meter: Meter | None = None) -> Drive:
+    """Drive `engine` over `prompt` (int [n], n >= 1): the `Drive` to iterate for its records. `meter`: the energy
+    counters to read (default: `models.energy.default_meter()`, this host's).
 
     Raises (at once, before anything is evaluated):
         UsageError: the prompt is empty.
@@ -138,7 +155,7 @@ def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config
     if n >= n_ctx:
         raise ContextOverflowError(f"The prompt is {n} tokens but the context window is {n_ctx} tokens.",
                                    f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.")
-    return Drive(engine, prompt, config)
+    return Drive(engine, prompt, config, meter)
 
 
 def generate(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,

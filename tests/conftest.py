@@ -20,6 +20,7 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("SPECDEC_FLASH_ATTN", raising=False)  # models load with the measured choice (none: auto)
     monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setenv("SPECDEC_POWERCAP", str(tmp_path / "no-powercap"))  # energy: this host's counters never read
     yield
 
 

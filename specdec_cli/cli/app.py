@@ -104,6 +104,7 @@ def run(
     strict: bool = typer.Option(False, "--strict", help="Implies --compare. Exit with code 7 when the greedy "
                                 "output leaves plain decoding at a token that is not a numerical near-tie.",
                                 rich_help_panel=o.OUTPUT),
+    idle_baseline: o.IdleBaseline = False,
     logprobs: o.Logprobs = None,
     json_object: o.JsonObject = False,
     json_schema: o.JsonSchema = None,
@@ -140,7 +141,7 @@ def run(
             logprobs=logprobs,
         ),
         output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or (o.COMPARE_PAIRS if strict else 0),
-                             strict=strict),
+                             strict=strict, idle_baseline=idle_baseline),
         raw=raw,
         system=system,
         prediction=prediction,

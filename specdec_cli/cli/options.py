@@ -111,6 +111,9 @@ JsonOut = Annotated[
                  rich_help_panel=OUTPUT),
 ]
 COMPARE_PAIRS = 3  # `--compare` without a number
+IdleBaseline = Annotated[bool, typer.Option(
+    "--idle-baseline", help="Before the run, measure a second of idle power from the same energy counters; the "
+    "energy per token is then also given net of it (docs/energy.md).", rich_help_panel=OUTPUT)]
 Compare = Annotated[int, typer.Option(
     "--compare", metavar="[N]", min=0,
     help=f"Then measure the speedup over plain decoding in this process: after an untimed warm-up, N pairs "

@@ -103,6 +103,29 @@ def _ms(x: float) -> str:
     return f"{x / 1e3:.2f} s" if x >= 1000 else f"{x:.0f} ms"
 
 
+def joules(x: float) -> str:
+    """"12.3 J", "0.845 J", "1.23 kJ": three significant digits."""
+    return f"{x / 1e3:.3g} kJ" if abs(x) >= 1e4 else f"{x:.3g} J"
+
+
+def energy_rows(stats: RunStats) -> list[tuple[str, Text]]:
+    """The statistics' energy rows: joules, mean watts and J per output token (prefill apart), what was counted and
+    left out; or "n/a" and why, with no number."""
+    e = stats.energy
+    if e is None:
+        return [("energy", Text(f"n/a: {stats.energy_note or 'not measured'}", style="spec.warn"))]
+    rows = [("energy", Text(f"{joules(e.joules)} in {_ms(e.seconds * 1e3)}, {e.watts:.1f} W mean: prefill "
+                            f"{joules(e.prefill_j)}, decoding {joules(e.decode_j)} ({e.decode_watts:.1f} W)")),
+            ("J / token", Text.assemble((f"{e.per_token(stats.n_generated) or 0:.3g} J", "bold"),
+                                        " per output token (decoding)"))]
+    if e.idle_w is not None and stats.n_generated:
+        net = (e.decode_j - e.idle_w * e.decode_s) / stats.n_generated
+        rows.append(("net of idle", Text(f"{net:.3g} J per output token (idle {e.idle_w:.1f} W measured before)")))
+    counted = " + ".join(e.counted) + "".join(f"; leaves out {x}" for x in e.left_out)
+    rows.append(("counted", Text(counted, style="spec.label")))
+    return rows
+
+
 def _bar(frac: float, width: int = 20) -> str:
     full = int(round(frac * width))
     return "█" * full + "·" * (width - full)
@@ -133,6 +156,8 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
     table.add_row("generated", Text.assemble(f"{stats.n_generated} tokens in {_ms(stats.decode_ms)}: ",
                                              (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
                                              f"  ({stats.finish_reason or 'unfinished'})"))
+    for what, cell in energy_rows(stats):
+        table.add_row(what, cell)
     table.add_row("target passes", f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass, "
                   f"{stats.ms_per_pass:.1f} ms per pass, {stats.mean_batch:.1f} tokens in it)")
     if stats.curve_passes:
@@ -171,13 +196,14 @@ def print_stats(console: Console, stats: RunStats, *, method: str, title: str | 
 
 
 def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int, n_plain: int, divergence=None,
-                  control: bool = False) -> None:
+                  control: bool = False, energy: Paired | None = None, energy_note: str | None = None) -> None:
     """The speedup against plain decoding measured in the same process (`paired`: a = speculative, b = plain, rates
     in tok/s): the median over the pairs and its spread; then how much of the output agrees.
 
     `divergence`: an `audit.Divergence` (greedy: where the outputs first differ, the plain run's margin there and
     the verdict), or a note to print as is, or None. `control`: both sides are plain decoding (`--method none`),
-    so the ratio is the noise floor of this sitting.
+    so the ratio is the noise floor of this sitting. `energy`: the same pairs in J per output token
+    (`comparison.energy_pairs`), or None with `energy_note` saying why.
     """
     speedup = paired.median
     n = len(paired.pairs)
@@ -191,6 +217,16 @@ def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int,
     if control:
         console.print(Text("        --method none against plain decoding: both sides are plain, so this ratio is "
                            "this machine's noise right now", style="spec.label"))
+    if energy is not None:
+        ratio = energy.median
+        e_style = "spec.label" if control else ("spec.good" if ratio <= 1.0 else "spec.bad")
+        e_spread = f" (median of {n} pairs, {energy.low:.2f}–{energy.high:.2f}×)" if n > 1 else " (1 pair)"
+        console.print(Text.assemble(
+            ("energy  ", "spec.label"),
+            f"plain decoding {energy.b_median:.3g} J/token, {'plain again' if control else 'speculative'} "
+            f"{energy.a_median:.3g} J/token → ", (f"{ratio:.2f}× the energy per token", e_style), e_spread))
+    else:
+        console.print(Text(f"energy  n/a: {energy_note or 'not measured'}", style="spec.warn"))
     same = shared == n_spec == n_plain
     agree = Text.assemble(("        ", "spec.label"),
                           (f"outputs identical ({shared} tokens)", "spec.good") if same else

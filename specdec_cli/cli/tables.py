@@ -1,5 +1,5 @@
 """The Rich tables and charts `specdec tune` and `specdec bench` share: one table style, tok/s cells with their
-speedup coloured, and horizontal speedup bars."""
+speedup coloured, J/token cells, and horizontal speedup bars."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ def speed_cell(tokens_per_s: float | None, speedup: float | None) -> Text:
     if speedup is not None:
         cell.append(f" {speedup:.2f}×", style=speed_style(speedup))
     return cell
+
+
+ENERGY_HEADER = "J/\ntoken"  # the energy column's heading (decoding's joules per output token)
+
+
+def energy_cell(j_per_token: float | None) -> Text:
+    """"0.253": decoding's joules per output token from the host's counters; a dim "n/a" without them (the report's
+    note says why): never an estimate."""
+    return Text("n/a", style="spec.label") if j_per_token is None else Text(f"{j_per_token:.3g}")
 
 
 @dataclass(frozen=True, slots=True)

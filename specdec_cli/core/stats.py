@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Source, Step
+from specdec_cli.models.energy import Energy, unavailable_dict
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class RunStats:
             every pass (ms), against verify_ms measured.
         branch_passes / branch_won: passes that verified a second candidate branch, and those whose output
             followed it.
+        energy: the joules the host's counters counted (`models.energy.Energy`: prefill and decoding apart), or None;
+            energy_note: why it is None (no counter and why, a read error), else None. Nothing is estimated.
     """
 
     n_prompt: int = 0
@@ -75,6 +78,13 @@ class RunStats:
     curve_ms: float = 0.0
     branch_passes: int = 0
     branch_won: int = 0
+    energy: Energy | None = None
+    energy_note: str | None = None
+
+    @property
+    def j_per_token(self) -> float | None:
+        """Decoding's joules per output token (J; prefill apart), None without a counter or tokens."""
+        return self.energy.per_token(self.n_generated) if self.energy is not None else None
 
     @property
     def n_cached(self) -> int:
@@ -86,17 +96,22 @@ class RunStats:
         d = asdict(self)
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
         d["batch_histogram"] = {str(b): v for b, v in sorted(self.batch_histogram.items())}
+        d["energy"] = self.energy.to_dict(self.n_generated) if self.energy is not None else \
+            unavailable_dict(self.energy_note)
+        del d["energy_note"]
         return d
 
 
 def summarize(records: Iterable[Record], *, decode_ms: float | None = None,
-              finish_reason: FinishReason | None = None) -> RunStats:
+              finish_reason: FinishReason | None = None, energy: Energy | None = None,
+              energy_note: str | None = "energy not measured") -> RunStats:
     """Aggregate records into `RunStats`.
 
     Args:
         decode_ms: wall time of the decode loop if the caller measured it (ms); default: the sum of the steps'
             draft + verify time.
         finish_reason: overrides the `Finish` record's (e.g. "interrupted").
+        energy / energy_note: what the driver's `models.energy.Gauge` read, or why nothing (kept as given).
     """
     prefill = None
     steps: list[Step] = []
@@ -168,4 +183,6 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None,
         curve_ms=sum(s.curve_ms for s in on_curve),
         branch_passes=sum(1 for s in steps if s.branch),
         branch_won=sum(1 for s in steps if s.branch_won),
+        energy=energy,
+        energy_note=None if energy is not None else energy_note,
     )

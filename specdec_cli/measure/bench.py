@@ -145,6 +145,8 @@ class BenchSummary:
     tokens_per_pass: float | None = None  # output tokens per target pass (ours only)
     ms_per_pass: float | None = None  # verify ms per target pass (ours only)
     cheap_share: float | None = None  # passes at a cheap size of the measured verify curve / passes placed on it
+    j_per_token: float | None = None  # decoding's joules / output tokens, timed runs pooled (ours only; models.energy)
+    energy_note: str | None = None  # why j_per_token is None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -182,6 +184,8 @@ class BenchSummary:
             "tokens_per_pass": r(self.tokens_per_pass, 3),
             "ms_per_pass": r(self.ms_per_pass, 3),
             "cheap_share": r(self.cheap_share),
+            "j_per_token": r(self.j_per_token, 6),
+            "energy_note": self.energy_note,
         }
 
 
@@ -207,6 +211,8 @@ class BenchResult:
     curve_passes: int = 0
     cheap_passes: int = 0
     peak_rss_kib: int | None = None
+    decode_j: float | None = None  # decoding's joules from the host's counters (ours only)
+    energy_note: str | None = None  # why decode_j is None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BenchResult:
@@ -218,7 +224,8 @@ class BenchResult:
                    n_accepted=d.get("n_accepted") or 0, n_spec_steps=d.get("n_spec_steps") or 0,
                    n_steps=d.get("n_steps") or 0, verify_ms=d.get("verify_ms") or 0.0,
                    curve_passes=d.get("curve_passes") or 0, cheap_passes=d.get("cheap_passes") or 0,
-                   peak_rss_kib=d.get("peak_rss_kib"))
+                   peak_rss_kib=d.get("peak_rss_kib"), decode_j=d.get("decode_joules"),
+                   energy_note=d.get("energy_note"))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -281,6 +288,7 @@ class NativeRunner:
         else:
             r = run_speculative(self.tools, self.target, text, n, self.threads, self.ctx, spec_type=msg["method"])
         return {"tokens_per_s": r.decode_tok_s, "n_tokens": r.n_decoded, "decode_ms": 1e3 * r.decode_s,
+                "energy_note": "native llama.cpp runs in its own process, not metered",
                 "ttft_ms": r.prefill_ms if msg["cold"] else None, "n_drafted": r.n_drafted or 0,
                 "n_accepted": r.n_accepted or 0, "n_spec_steps": 0, "peak_rss_kib": None, "tokens": None,
                 "command": list(r.command)}
@@ -356,6 +364,11 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig],
             s.ms_per_pass = sum(r.verify_ms for r in mine) / passes
             placed = sum(r.curve_passes for r in mine)
             s.cheap_share = sum(r.cheap_passes for r in mine) / placed if placed else None
+        if mine and all(r.decode_j is not None for r in mine) and (n := sum(r.n_tokens for r in mine)):
+            s.j_per_token = sum(r.decode_j for r in mine) / n
+        elif mine:
+            s.energy_note = next((r.energy_note for r in mine if r.energy_note), None) or \
+                "not recorded (a --json from before energy was measured)"
         peaks = [r.peak_rss_kib for r in results if r.config == c.label and r.peak_rss_kib]
         s.peak_rss_kib = max(peaks) if peaks else None
         same, compared, least = 0, 0, None

@@ -255,6 +255,8 @@ class _OursRunner:
             "curve_passes": st.curve_passes,
             "branch_passes": st.branch_passes,
             "batch_histogram": {str(b): v for b, v in sorted(st.batch_histogram.items())},
+            "decode_joules": st.energy.decode_j if st.energy is not None else None,  # models.energy: or why not
+            "energy_note": st.energy_note,
             "finish_reason": st.finish_reason,
             "peak_rss_kib": hwm,
             "rss_kib": rss,
@@ -300,6 +302,7 @@ class _PeerRunner:
             "n_spec_steps": a.n_spec_steps,
             "n_steps": a.n_steps,
             "k_histogram": {str(k): v for k, v in sorted(a.k_histogram.items())},
+            "energy_note": "llama-cpp-python's own generation is not metered",
             "finish_reason": r.finish_reason,
             "peak_rss_kib": hwm,
             "rss_kib": rss,

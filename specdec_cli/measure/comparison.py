@@ -8,6 +8,10 @@ shown run's own output in the suffix store) and the plain side (plain decoding t
 warm-up too, reuses the prompt's KV cache the shown run left (the engine keeps the longest common prefix): the
 prompt is not evaluated again, prefill is never timed, and all see the prompt with the shown run's numerics.
 
+Energy (where the host has counters, `models.energy`): each side's decoding joules per output token, paired as the
+rates are: the median over the pairs of speculative J/token / plain J/token (below 1: speculation spends less energy
+per token), with its min and max.
+
 Agreement (greedy): how many leading tokens the shown run's output shares with plain decoding's, and at the first
 difference, the plain run's own logit margin there (`audit.FirstMismatchProbe` on the first plain side).
 """
@@ -27,7 +31,7 @@ from specdec_cli.core.draft import Drafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Result, generate
 from specdec_cli.assemble import Assembler
-from specdec_cli.measure.paired import Paired, measure
+from specdec_cli.measure.paired import Pair, Paired, measure
 from specdec_cli.measure.sweep import NoLearning
 from specdec_cli.spec import Method, SpecOptions
 
@@ -58,6 +62,37 @@ class Comparison:
     def speedup(self) -> float:
         """The median over the pairs of speculative tok/s / plain tok/s."""
         return self.paired.median
+
+    @property
+    def energy(self) -> Paired[Result, Result] | None:
+        """The pairs in decoding's J per output token (a = speculative, b = plain; `Paired.median` is the median of
+        speculative J/token / plain J/token), or None when a side of any pair has no energy figure."""
+        return energy_pairs(self.paired)
+
+    @property
+    def energy_note(self) -> str | None:
+        """Why `energy` is None: the first side's reason (None when there is a figure)."""
+        if self.energy is not None:
+            return None
+        for g in self.paired.a_results + self.paired.b_results:
+            if g.stats.j_per_token is None:
+                return g.stats.energy_note or "no output tokens"
+            if g.stats.j_per_token <= 0:
+                return "a side's counters did not advance (a run shorter than their update interval: NVML's is " \
+                       "20-100 ms); use more --max-tokens"
+        return "no pairs"
+
+
+def energy_pairs(paired: Paired[Result, Result]) -> Paired[Result, Result] | None:
+    """`paired` (decode tok/s) as the same pairs in J per output token (decoding), in the order they ran; None when
+    any side has no figure (no counter, a read error, no tokens, counters that did not advance)."""
+    pairs = []
+    for p, a, b in zip(paired.pairs, paired.a_results, paired.b_results):
+        ja, jb = a.stats.j_per_token, b.stats.j_per_token
+        if ja is None or jb is None or ja <= 0 or jb <= 0:
+            return None
+        pairs.append(Pair(ja, jb, p.a_first))
+    return Paired(tuple(pairs), paired.a_results, paired.b_results) if pairs else None
 
 
 def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,

@@ -125,6 +125,8 @@ class Measurement:
     cheap_passes: int = 0
     curve_passes: int = 0
     branch_passes: int = 0
+    decode_j: float | None = None  # decoding's joules from the host's counters (models.energy), None without
+    energy_note: str | None = None  # why decode_j is None
 
     @property
     def tokens_per_pass(self) -> float:
@@ -168,6 +170,9 @@ class Measurement:
             "cheap_passes": self.cheap_passes,
             "curve_passes": self.curve_passes,
             "branch_passes": self.branch_passes,
+            "decode_joules": rounded(self.decode_j),
+            "j_per_token": rounded(self.decode_j / self.n_tokens if self.decode_j is not None and self.n_tokens
+                                   else None, 6),
             "controller": self.controller,
         }
 
@@ -199,6 +204,8 @@ def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measure
         cheap_passes=st.cheap_passes,
         curve_passes=st.curve_passes,
         branch_passes=st.branch_passes,
+        decode_j=st.energy.decode_j if st.energy is not None else None,
+        energy_note=st.energy_note,
     )
 
 
@@ -219,6 +226,8 @@ class ConfigSummary:
     tokens_per_pass: float = 0.0
     ms_per_pass: float = 0.0
     cheap_share: float | None = None  # passes at cheap sizes of the measured curve / passes placed on it
+    j_per_token: float | None = None  # decoding's joules over its output tokens, all runs pooled (None: see note)
+    energy_note: str | None = None  # why j_per_token is None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -237,6 +246,8 @@ class ConfigSummary:
             "tokens_per_pass": round(self.tokens_per_pass, 3),
             "ms_per_pass": round(self.ms_per_pass, 3),
             "cheap_share": rounded(self.cheap_share),
+            "j_per_token": rounded(self.j_per_token, 6),
+            "energy_note": self.energy_note,
         }
 
 
@@ -280,8 +291,18 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
             tokens_per_pass=sum(m.n_tokens for m in runs) / passes if passes else 0.0,
             ms_per_pass=sum(m.verify_ms for m in runs) / passes if passes else 0.0,
             cheap_share=sum(m.cheap_passes for m in runs) / placed if placed else None,
+            **_energy(runs),
         ))
     return out
+
+
+def _energy(runs: list[Measurement]) -> dict[str, Any]:
+    """A configuration's J per output token: every run's decoding joules over every run's tokens, or None (with the
+    first reason) when any run has no figure: a sum over some of the runs would not be this configuration's."""
+    if runs and all(m.decode_j is not None for m in runs) and (n := sum(m.n_tokens for m in runs)):
+        return {"j_per_token": sum(m.decode_j for m in runs) / n}
+    note = next((m.energy_note for m in runs if m.decode_j is None and m.energy_note), None)
+    return {"energy_note": note or ("no runs" if not runs else "no output tokens")}
 
 
 def choose_best(summaries: list[ConfigSummary], margin: float = AUTO_MARGIN) -> TuneConfig | None:

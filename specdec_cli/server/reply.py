@@ -66,7 +66,8 @@ class RequestStats:
         accepted / drafted. tokens_per_pass: output tokens per target forward pass (1.0 = plain decoding).
         target_passes: forward passes in the decode loop. sources: drafted / accepted per drafter source. mean_k: the
         mean draft length chosen. prefill_ms / decode_ms: target prefill / decode loop wall time (ms). tokens_per_s:
-        output tokens per second of the decode loop.
+        output tokens per second of the decode loop. j_per_token: decoding's joules per output token from the host's
+        energy counters (docs/energy.md), null where it has none.
         """
         r = self.run
         return {
@@ -81,6 +82,7 @@ class RequestStats:
             "prefill_ms": round(r.prefill_ms, 2),
             "decode_ms": round(r.decode_ms, 2),
             "tokens_per_s": round(r.tokens_per_s, 2),
+            "j_per_token": round(r.j_per_token, 6) if r.j_per_token is not None else None,
             "finish_reason": r.finish_reason,
         }
 

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from specdec_cli.cli import tables
 from specdec_cli.errors import UsageError
-from specdec_cli.cli.tables import Bar, speed_cell, speed_style
+from specdec_cli.cli.tables import ENERGY_HEADER, Bar, energy_cell, speed_cell, speed_style
 from specdec_cli.measure.bench import BenchSummary
 
 PLOT_FORMATS = (".png", ".svg")
@@ -62,7 +62,10 @@ def report(doc: dict[str, Any], summaries: list[BenchSummary]) -> Group:
                              "prompts. peak RSS: of the process running it. = none: runs whose greedy output is "
                              "none's (≥ n: fewest leading tokens shared by the others). A/A: none again, timed like "
                              "the others: its speedup (and the min–max of its paired ratios) is the noise of this "
-                             "sitting; a speedup inside that band means nothing.", style="spec.label"),
+                             "sitting; a speedup inside that band means nothing. J/token: decoding's joules per output "
+                             "token from this host's counters, timed runs pooled (docs/energy.md)."
+                             + _energy_note(summaries),
+                             style="spec.label"),
                         Text(""), prompt_table(summaries, doc), Text(""), speedup_chart(summaries, _classes(doc))]
     notes = []
     if doc.get("peer"):
@@ -82,11 +85,18 @@ def report(doc: dict[str, Any], summaries: list[BenchSummary]) -> Group:
     return Group(*parts)
 
 
+def _energy_note(summaries: list[BenchSummary]) -> str:
+    """" J/token n/a: why." for the first configuration of ours without a figure ("" where every one has one)."""
+    note = next((s.energy_note for s in summaries if s.j_per_token is None and s.energy_note), None)
+    return f" J/token n/a: {note}" if note else ""
+
+
 def results_table(summaries: list[BenchSummary]) -> Table:
     t = tables.results_table()
     for name, just in (("config", "left"), ("tok/s", "right"), ("speedup", "right"), ("accept", "right"),
                        ("mean\nacc. len", "right"), ("tok/\npass", "right"), ("ms/\npass", "right"),
-                       ("cheap\nsizes", "right"), ("TTFT", "right"), ("peak RSS", "right"), ("= none", "right")):
+                       ("cheap\nsizes", "right"), (ENERGY_HEADER, "right"), ("TTFT", "right"), ("peak RSS", "right"),
+                       ("= none", "right")):
         t.add_column(name, justify=just, no_wrap=True)
     for s in summaries:
         tps = Text("–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}")
@@ -106,7 +116,7 @@ def results_table(summaries: list[BenchSummary]) -> Table:
         passes = ("–" if s.tokens_per_pass is None else f"{s.tokens_per_pass:.2f}",
                   "–" if s.ms_per_pass is None else f"{s.ms_per_pass:.0f}",
                   "–" if s.cheap_share is None else f"{s.cheap_share:.0%}")
-        t.add_row(s.config.label, tps, speed, acc, mal, *passes, _fmt_ttft(s.ttft_ms),
+        t.add_row(s.config.label, tps, speed, acc, mal, *passes, energy_cell(s.j_per_token), _fmt_ttft(s.ttft_ms),
                   _fmt_bytes(s.peak_rss_kib * 1024 if s.peak_rss_kib else None), _fmt_agree(s))
     return t
 

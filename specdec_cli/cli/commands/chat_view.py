@@ -31,6 +31,8 @@ def footer_text(turn: Turn) -> str:
     s = turn.stats
     assert s is not None
     parts = [f"{s.n_generated} tokens", f"{s.tokens_per_s:.1f} tok/s"]
+    if s.j_per_token is not None:  # the host's energy counters (docs/energy.md); nothing shown where there are none
+        parts.append(f"{s.j_per_token:.3g} J/token")
     if s.n_drafted:
         parts += [f"acceptance {s.acceptance_rate:.0%}", f"mean accepted {s.mean_accepted_length:.2f}"]
     elif turn.method != Method.none:

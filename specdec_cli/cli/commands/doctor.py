@@ -126,6 +126,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
         "verify_curves": curves(),
         "serve_kv": serve_kv(),
+        "energy": energy_report(),
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR")
                 if k in os.environ},
     }
@@ -151,6 +152,17 @@ def serve_kv() -> dict[str, Any] | None:
         return None
     return {"model": catalog.default_target, "lanes": SERVE_PARALLEL, "ctx": SERVE_CTX, "bytes_per_token": per,
             "bytes": per * SERVE_CTX * SERVE_PARALLEL}
+
+
+def energy_report() -> dict[str, Any]:
+    """The energy counters this process can read (`models.energy.discover`), and each source that applies and cannot
+    be read, with why and the fix."""
+    from specdec_cli.models.energy import discover, powercap_root
+
+    meter = discover()
+    return {"powercap": str(powercap_root()),
+            "counters": [{"name": c.name, "covers": c.covers, "wraps_at_joules": c.wrap_j} for c in meter.counters],
+            "missing": [{"source": m.source, "reason": m.reason, "fix": m.fix} for m in meter.missing]}
 
 
 def _probe_model():
@@ -190,6 +202,10 @@ def table(doc: dict[str, Any]) -> Table:
          amx["verdict"] or "not run yet (specdec doctor --probe, or at the first model load)"),
         ("AMX kernels in use", yes_no[amx["in_use"]]),
         ("models load", f"{amx['load_path']}: {amx['reason']}"),
+        ("energy counters", " + ".join(f"{c['name']} ({c['covers']})" for c in doc["energy"]["counters"])
+         or "none: energy is reported as n/a"),
+        *[("energy: " + m["source"], m["reason"] + (f" (fix: {m['fix']})" if m["fix"] else ""))
+          for m in doc["energy"]["missing"]],
         ("system info", doc["system_info"]),
         ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),
     ]

@@ -13,6 +13,7 @@ from specdec_cli.measure.audit import DIVERGENCE
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import CheckFailedError, UsageError
 from specdec_cli.measure.comparison import against_plain
+from specdec_cli.models.energy import unavailable_dict
 from specdec_cli.driver import Result, generate
 from specdec_cli.assemble import Assembler, notes, tuned_k
 from specdec_cli.spec import Method, ModelOptions, SpecOptions
@@ -29,6 +30,7 @@ class OutputOptions:
     json_path: str | None = None
     compare: int = 0  # pairs of `--compare N` (speculative against plain decoding, interleaved); 0 = no comparison
     strict: bool = False  # with compare: a greedy divergence that is not a near-tie raises CheckFailedError (exit 7)
+    idle_baseline: bool = False  # measure a second of idle power first; energy is then also given net of it
 
 
 def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
@@ -68,7 +70,10 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         # --compare replays this run: a drafter in the state this one starts in (built now, before this run's reply
         # is learnt; owned here, not the assembler's) and a copy of the controller this one starts with
         replay = (assembler.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
+        idle_w = _idle_baseline(err) if output.idle_baseline else None
         result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
+        if idle_w is not None and result.stats.energy is not None:
+            result = replace(result, stats=replace(result.stats, energy=result.stats.energy.net_of(idle_w)))
         if renderer is not None:
             renderer.end()
 
@@ -99,6 +104,32 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     return 130 if result.interrupted else 0
 
 
+def _idle_baseline(err) -> float | None:
+    """`--idle-baseline`: the mean power (W) of a second of doing nothing, from the same counters (None without
+    any: the run's figures say why)."""
+    from specdec_cli.models.energy import IDLE_SECONDS, default_meter, idle_watts
+
+    meter = default_meter()
+    if not meter.available:
+        return None
+    with status(err, f"--idle-baseline: {IDLE_SECONDS:.0f} s of idle power"):
+        return idle_watts(meter)
+
+
+def _compare_energy(c) -> dict:
+    """--json's compare.energy: each side's decoding joules and J per output token (medians over the pairs, and per
+    pair), their ratio's median, min and max; or why there is none, with no number."""
+    e = c.energy
+    if e is None:
+        return unavailable_dict(c.energy_note)
+    joules = lambda rs: [round(g.stats.energy.decode_j, 4) for g in rs]  # noqa: E731
+    return {"available": True,
+            "speculative_j_per_token": e.a_median, "plain_j_per_token": e.b_median,
+            "ratio": e.median, "ratio_min": e.low, "ratio_max": e.high,  # speculative / plain, per pair
+            "speculative_decode_joules": joules(e.a_results), "plain_decode_joules": joules(e.b_results),
+            "each_pair": e.to_dict("speculative_j_per_token", "plain_j_per_token")["each"]}
+
+
 def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
              shown: Result, pairs: int, replay, err) -> dict:
     """Plain decoding of the same prompt in this process, in `pairs` interleaved pairs with a replay of the shown
@@ -112,7 +143,8 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
         "sampling: the two runs drew different random numbers; speculative sampling is lossless in distribution, "
         "not token by token")
     print_compare(err, c.paired, shared=c.shared, n_spec=len(shown.tokens), n_plain=len(plain.tokens),
-                  divergence=note, control=spec.method == Method.none)
+                  divergence=note, control=spec.method == Method.none, energy=c.energy,
+                  energy_note=c.energy_note)
     return {
         "pairs": len(c.paired.pairs),
         "speculative_tokens_per_s": c.paired.a_median,  # medians over the pairs
@@ -131,6 +163,7 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
         if config.sampling.greedy else None,
         "plain_text": plain.text,
         "plain_stats": plain.stats.to_dict(),
+        "energy": _compare_energy(c),
     }
 
 

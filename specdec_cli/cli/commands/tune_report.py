@@ -10,7 +10,7 @@ from rich.text import Text
 
 from specdec_cli.cli import tables
 from specdec_cli.cli.curve_view import curve_caption, curve_table
-from specdec_cli.cli.tables import Bar, speed_cell, speed_style
+from specdec_cli.cli.tables import ENERGY_HEADER, Bar, energy_cell, speed_cell, speed_style
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.measure.tune import AUTO_MARGIN, ConfigSummary, TuneConfig, TuneOptions
@@ -39,7 +39,11 @@ def report(summaries: list[ConfigSummary], prompts: list[str], best: TuneConfig 
     parts += [results_table(summaries, prompts, best),
               Text("per prompt: tok/s (median of repeats) and speedup over plain decoding on that prompt; "
                    "overall: geometric mean of the speedups; tok/pass, ms/pass: per target pass; cheap sizes: the "
-                   "share of passes whose b no larger pass undercuts on the measured curve", style="spec.label")]
+                   "share of passes whose b no larger pass undercuts on the measured curve; J/token: decoding's "
+                   "joules per output token from this host's counters (docs/energy.md)", style="spec.label")]
+    note = next((s.energy_note for s in summaries if s.j_per_token is None and s.energy_note), None)
+    if note:
+        parts.append(Text(f"J/token n/a: {note}", style="spec.label"))
     auto = next((s for s in summaries if s.config.label == "auto" and s.k_histogram), None)
     if auto is not None:
         hist = "  ".join(f"K={k}:{n}" for k, n in sorted(auto.k_histogram.items()))
@@ -80,6 +84,7 @@ def results_table(summaries: list[ConfigSummary], prompts: list[str], best: Tune
     table.add_column("tok/\npass", justify="right", no_wrap=True)
     table.add_column("ms/\npass", justify="right", no_wrap=True)
     table.add_column("cheap\nsizes", justify="right", no_wrap=True)
+    table.add_column(ENERGY_HEADER, justify="right", no_wrap=True)
     for s in summaries:
         plain = s.config.label == "none"
         spec = s.n_drafted > 0  # acceptance means nothing without drafts
@@ -90,7 +95,7 @@ def results_table(summaries: list[ConfigSummary], prompts: list[str], best: Tune
         cells.append(f"{s.acceptance_rate:.0%}" if spec else ("" if plain else "–"))
         cells.append(f"{s.mean_accepted_length:.2f}" if spec else ("" if plain else "–"))
         cells += [f"{s.tokens_per_pass:.2f}", f"{s.ms_per_pass:.0f}",
-                  f"{s.cheap_share:.0%}" if s.cheap_share is not None else "–"]
+                  f"{s.cheap_share:.0%}" if s.cheap_share is not None else "–", energy_cell(s.j_per_token)]
         table.add_row(*cells)
     return table
 
