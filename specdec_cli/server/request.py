@@ -208,6 +208,7 @@ class Request:
             states and the prompt cache are never shared between two scopes (`GenerationService.stream`).
         prompt_ids: the prompt's token ids once rendered and tokenized (`GenerationService.tokenized`, on the HTTP
             side); None: not yet (the service renders it when asked).
+        prediction_ids: `prediction`'s token ids, tokenized with the prompt (None: not yet, or no prediction).
     """
 
     config: GenerationConfig
@@ -221,6 +222,7 @@ class Request:
     label: str = "chat"
     scope: str | None = None
     prompt_ids: tuple[int, ...] | None = None
+    prediction_ids: tuple[int, ...] | None = None
 
     @property
     def is_chat(self) -> bool:
