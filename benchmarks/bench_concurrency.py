@@ -732,6 +732,13 @@ def main() -> int:
     print(f"model: {model.name} (KV cache {kv_per_token(model) / 1024:g} KiB per token); threads {args.threads}; "
           f"repeats {args.repeats}{'; --quick' if q else ''}", flush=True)
 
+    if "editor" in scenarios:
+        what = f"{args.agent_body} (its body)" if args.agent_body else \
+            f"built: Claude Code's shape, specdec's {', '.join(AGENT_FILES)} at {SOURCE_COMMIT[:10]} cut to ~" \
+            f"{args.agent_prompt} tokens, and a question"
+        print(f"agent request: POST /v1/messages, streamed, greedy, max_tokens {args.agent_tokens}; {what}")
+        print(f"editor: POST /infill as llama.vim sends it, n_predict {args.fim_n_predict}, every {FIM_PERIOD_S:g} s, "
+              f"in {FIM_FILE} at {SOURCE_COMMIT[:10]}; count_tokens {COUNT_AT_S:g} s into the agent's request")
     work = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
     seed = seed_home(work)
     print(f"server logs in {work}", file=sys.stderr)
