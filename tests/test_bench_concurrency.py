@@ -58,3 +58,11 @@ def test_a_target_is_met_or_not_on_the_median():
     assert bc._target([0.05, 0.3, 0.08], 0.1, "latency", "s").endswith(": met")
     assert bc._target([1.2, 1.1, 1.0], 1.3, "ratio", "x", at_least=True).endswith("NOT met")
     assert bc.pct([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0
+
+
+def test_the_agent_s_budget_counts_the_service_of_the_fims_answered_while_it_ran():
+    fims = [bc.Fim(sent=1.0, latency=2.0, service_s=1.5, text=""),  # answered at 3: during the agent
+            bc.Fim(sent=4.0, latency=9.0, service_s=1.0, text=""),  # queued behind it, answered at 13: after
+            bc.Fim(sent=12.0, latency=1.0, service_s=0.5, text="")]  # sent after its end (10)
+    latencies, service = bc.fim_costs(fims, agent_end=10.0)
+    assert latencies == [2.0, 9.0] and service == pytest.approx(1.5)

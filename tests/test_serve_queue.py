@@ -117,7 +117,8 @@ def test_prompts_are_rendered_and_tokenized_off_the_worker_thread():
     with serving(backend) as s:
         backend.threads.clear()  # what the service read at construction
         first = start_blocking_request(s, backend)
-        second = threading.Thread(target=chat, args=(s.client(),), kwargs={"max_tokens": 2}, daemon=True)
+        second = threading.Thread(target=chat, args=(s.client(),), daemon=True, kwargs={
+            "max_tokens": 2, "prediction": {"type": "content", "content": "w3 w17 w4"}})  # tokenized too
         second.start()
         s.wait(lambda h: h["queued"] == 1)
         backend.gate.set()

@@ -210,6 +210,7 @@ class Request:
             `t_max_predict_ms`); None: none. Earlier deadlines are served first (`Worker`, `server.lanes`).
         prompt_ids: the prompt's token ids once rendered and tokenized (`GenerationService.tokenized`, on the HTTP
             side); None: not yet (the service renders it when asked).
+        prediction_ids: `prediction`'s token ids, tokenized with the prompt (None: not yet, or no prediction).
     """
 
     config: GenerationConfig
@@ -224,6 +225,7 @@ class Request:
     scope: str | None = None
     deadline_ms: float | None = None
     prompt_ids: tuple[int, ...] | None = None
+    prediction_ids: tuple[int, ...] | None = None
 
     @property
     def interactive(self) -> bool:

@@ -192,11 +192,14 @@ class GenerationService:
 
     # -- prompts (any thread) -------------------------------------------------------------------------------------
     def tokenized(self, request: Request) -> Request:
-        """`request` with its prompt's token ids (`prompt_tokens`) in `Request.prompt_ids`: the HTTP side calls it
-        (off the event loop) before queueing, so the worker only decodes. Raises what `prompt_tokens` raises."""
+        """`request` with its prompt's token ids (`prompt_tokens`) in `Request.prompt_ids` and its prediction's in
+        `Request.prediction_ids`: the HTTP side calls it (off the event loop) before queueing, so the worker only
+        decodes. Raises what `prompt_tokens` raises."""
         if request.prompt_ids is not None:
             return request
-        return replace(request, prompt_ids=tuple(self.prompt_tokens(request)))
+        prediction = None if request.prediction is None else \
+            tuple(self.text.tokenize(request.prediction, add_special=False, parse_special=False))
+        return replace(request, prompt_ids=tuple(self.prompt_tokens(request)), prediction_ids=prediction)
 
     def prompt_tokens(self, request: Request) -> list[int]:
         """Token ids of `request`'s prompt: `Request.prompt_ids` when `tokenized` filled them in, else its messages
@@ -248,8 +251,9 @@ class GenerationService:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
             UsageError: empty prompt. BackendError (from the iteration): llama.cpp failed.
         """
-        config = replace(request.config, prediction=self.session.prediction_tokens(request.prediction),
-                         interrupt=interrupt)
+        prediction = request.prediction_ids if request.prediction_ids is not None else \
+            self.session.prediction_tokens(request.prediction)
+        config = replace(request.config, prediction=prediction, interrupt=interrupt)
         if request.scope != self._scopes[lane]:
             self._enter_scope(request.scope, lane)
         return stream(self._engines[lane], prompt_tokens, config)
