@@ -2,7 +2,9 @@
 
 `stream` checks the prompt and hands back a `Drive`: iterating it yields the engine's records as they come (one
 `Prefill`, a `Step` per target pass, one `Finish`), while the `Drive` times them, keeps them for its `RunStats`, and,
-once a generation has finished, saves the target's KV state to the prompt cache, outside the timing. A consumer that
+once a generation has finished, saves the target's KV state to the prompt cache, outside the timing. Every pass is
+also shown to the engine's `watch` where the `Assembler` gave it one (`verify_curve.CurveWatch`: has the machine
+drifted from the measured verify curve?). A consumer that
 stops early (`close`, Ctrl-C, a client gone) leaves the target's cache holding only committed tokens and saves
 nothing. `generate` is the common consumer: the whole generation, each `Step` handed to a callback.
 
@@ -68,12 +70,15 @@ class Drive:
         if self._closed:
             return
         engine = self.engine
+        watch = getattr(engine, "watch", None)  # the Assembler's `CurveWatch`: every pass timed against the curve
         gen = engine.generate(self.prompt, self.config)
         self._t0 = time.perf_counter()
         try:
             for record in gen:
                 self._t_last = time.perf_counter()
                 self.records.append(record)
+                if watch is not None and isinstance(record, Step):
+                    watch.observe(record.batch_size, record.verify_ms, record.n_past)
                 if isinstance(record, Prefill):
                     self._t_prefill = self._t_last
                 elif isinstance(record, Finish):
