@@ -477,9 +477,13 @@ def doctor(
                                  "the curve and flash attention stays llama.cpp's default)."),
     plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
                              "'specdec\\[plot]').", rich_help_panel=o.OUTPUT),
+    target: o.Target = None,
+    gpu_layers: o.GpuLayers = -1,
 ) -> None:
-    """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload, threads,
-    AMX, and how models will be loaded. Paste it into a bug report.
+    """Show what this machine and its llama.cpp look like: versions, llama.cpp's system info, GPU offload (the
+    backend, its devices and their memory, the layers a model would offload), threads, AMX, and how models will be
+    loaded. Paste it into a bug report. --target: the model --measure times and the GPU lines size (default: the
+    catalog's default target, else the smallest downloaded model).
 
     On Intel CPUs with AMX, llama.cpp builds that include AMX kernels crash on the first decode (llama.cpp issue
     20824). specdec tries them once in a child process and, where they crash, loads models with llama.cpp's extra
@@ -488,7 +492,7 @@ def doctor(
     """
     from specdec_cli.cli.commands.doctor import execute
 
-    code = execute(json_path=json_out, probe=probe, measure=measure, plot=plot)
+    code = execute(json_path=json_out, probe=probe, measure=measure, plot=plot, target=target, gpu_layers=gpu_layers)
     if code:
         raise typer.Exit(code)
 
