@@ -52,7 +52,7 @@ def test_measure_times_every_size_on_the_backend_and_leaves_its_cache_empty():
     assert curve.ms == pytest.approx(CURVE.ms) and curve.b_max == 65 and curve.repeats == 2
     assert seen == list(range(1, 131)) and len(target.tokens) == 0
     assert curve.seconds == pytest.approx((tiled(64) + sum(2 * tiled(b) for b in range(1, 66)) + tiled(65)
-                                           + tiled(1) + 2 * tiled(1)) / 1e3)  # then b = 1 again at the end, twice
+                                           + tiled(1) + 4 * tiled(1)) / 1e3)  # b = 1 twice before, twice after
     assert curve.disturbed == ""
 
 
@@ -166,7 +166,7 @@ def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, 
 
     first, target = session()
     assert first.verify_curve().b_max == 65
-    assert target.n_decode_calls == 1 + 2 + 130 + 2  # context, warm-up, sizes, b = 1 again at the end
+    assert target.n_decode_calls == 1 + 2 + 2 + 130 + 2  # context, warm-up, b = 1 before, sizes, b = 1 after
     assert len(Reporter.advanced) == 130 and "measured" in Reporter.lines[0]
     again, target = session()
     assert again.verify_curve().to_dict() == first.verify_curve().to_dict()  # kept in learnt.json: not measured again

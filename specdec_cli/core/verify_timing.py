@@ -26,8 +26,9 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
 
     The cache is emptied first and left empty (measure before a generation, not in the middle of one). Order: an
     untimed warm-up pass at b_max and at 1, then b ascending, then descending (a slow drift of the machine then
-    biases no size), then b = 1 again `repeats` times: the curve's `disturbed` says why the machine disturbed the
-    measurement (`disturbance`: b = 1 at the end against the start, the repeats' spread, `load()`: the load average,
+    biases no size), with b = 1 timed `repeats` times before the rounds and again after them: the curve's `disturbed`
+    says why the machine disturbed the measurement (`disturbance`: the fastest b = 1 at the end against the start's
+    (the fastest: one pass preempted once is not a busy machine), the repeats' spread, `load()`: the load average,
     default `os.getloadavg`'s 1-minute one with the real clock, none with another), "" when it did not. `progress(done, total)` is called after every timed
     pass of the rounds. On this kind of host (2 cores, Qwen2.5-Coder-1.5B Q4_K_M) one round takes ~15 s.
 
@@ -50,6 +51,7 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
         for b in (b_max, 1):  # warm-up: weights paged in, buffers at their largest
             backend.decode(tokens[context : context + b], n_logits=b)
             backend.truncate(context)
+        first = [_timed_pass(backend, tokens[context : context + 1], 1, clock) for _ in range(repeats)]
         for r in range(repeats):
             for b in range(1, b_max + 1) if r % 2 == 0 else range(b_max, 0, -1):
                 times[b - 1].append(_timed_pass(backend, tokens[context : context + b], b, clock))
@@ -63,14 +65,14 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
     spread = tuple((max(t) - min(t)) / min(t) for t in times)
     if load is None:  # the host's load matters to its own clock, not to a virtual one
         load = _load_average if clock is time.perf_counter else lambda: None
-    why = disturbance(times[0][0], min(end), spread, load())
+    why = disturbance(min(first), min(end), spread, load())
     return VerifyCurve(ms=ms, spread=spread, repeats=repeats, context=context, seconds=clock() - start,
                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), disturbed=why)
 
 
 def disturbance(start_ms: float, end_ms: float, spread: tuple[float, ...], load: float | None) -> str:
     """Why a verify-curve measurement cannot be trusted, in one phrase ("" when it can): b = 1 timed at the start
-    (`start_ms`) and again at the end (`end_ms`, the fastest of its repeats) more than `DRIFT` apart (another process
+    (`start_ms`) and again at the end (`end_ms`; the fastest of their repeats each) more than `DRIFT` apart (another process
     came or went), the median of the repeats' spreads (float [b_max]) above `SPREAD_MAX`, or the load average `load`
     (None: unknown) above the usable CPUs + `LOAD_EXTRA`."""
     from specdec_cli.models.machine import usable_cpus

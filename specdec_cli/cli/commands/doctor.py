@@ -62,9 +62,14 @@ def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> s
                       target_path=model, options=ModelOptions(), reporter=RichReporter(console),
                       offload={"target": off})
     with session:
-        session.verify_curve()
+        curve = session.verify_curve()
     measure_flash_attn(model, RichReporter(console))
+    if curve is not None and curve.disturbed:  # not kept: the report shows it all the same, marked
+        _UNKEPT[str(model)] = curve
     return str(model)
+
+
+_UNKEPT: dict = {}  # the curve `measure_curve` measured but did not keep (the machine disturbed it), by model path
 
 
 def measure_flash_attn(model, reporter) -> None:
@@ -170,7 +175,8 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
             "reason": plan.reason,
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
-        "verify_curves": curves(),
+        "verify_curves": curves() + [{"key": None, "target": os.path.basename(m), "curve": c.to_dict(),
+                                      "cheap": c.cheap_sizes(), "flash_attn": None} for m, c in _UNKEPT.items()],
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR",
                                            "SPECDEC_GPU_LAYERS", "CUDA_VISIBLE_DEVICES")
                 if k in os.environ},
