@@ -46,7 +46,7 @@ class Session:
     reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
     _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
-    clock: Callable[[], float] = time.perf_counter  # seconds: what measuring the curve times passes with (tests: virtual)
+    clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
     offload: dict[str, Offload] = field(default_factory=dict)  # "target", "draft": n_gpu_layers each loaded with, why
 
     def verify_curve(self, *, measure: bool = True) -> VerifyCurve | None:

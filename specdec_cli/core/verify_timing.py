@@ -26,11 +26,12 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
 
     The cache is emptied first and left empty (measure before a generation, not in the middle of one). Order: an
     untimed warm-up pass at b_max and at 1, then b ascending, then descending (a slow drift of the machine then
-    biases no size), with b = 1 timed `repeats` times before the rounds and again after them: the curve's `disturbed`
-    says why the machine disturbed the measurement (`disturbance`: the fastest b = 1 at the end against the start's
-    (the fastest: one pass preempted once is not a busy machine), the repeats' spread, `load()`: the load average,
-    default `os.getloadavg`'s 1-minute one with the real clock, none with another), "" when it did not. `progress(done, total)` is called after every timed
-    pass of the rounds. On this kind of host (2 cores, Qwen2.5-Coder-1.5B Q4_K_M) one round takes ~15 s.
+    biases no size), with b = 1 timed `repeats` times before the rounds and again after them. The curve's
+    `disturbed` says why the machine disturbed the measurement, "" when it did not (`disturbance`: the fastest b = 1
+    pass after the rounds against the fastest before them, since one pass preempted once is not a busy machine; the
+    repeats' spread; `load()`, the load average: by default `os.getloadavg`'s 1-minute one with the real clock, none
+    with another). `progress(done, total)` is called after every timed pass of the rounds. On this kind of host
+    (2 cores, Qwen2.5-Coder-1.5B Q4_K_M) one round takes ~15 s.
 
     Raises what `Backend.decode` and `truncate` raise; ValueError for b_max or repeats < 1.
     """
@@ -72,9 +73,9 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
 
 def disturbance(start_ms: float, end_ms: float, spread: tuple[float, ...], load: float | None) -> str:
     """Why a verify-curve measurement cannot be trusted, in one phrase ("" when it can): b = 1 timed at the start
-    (`start_ms`) and again at the end (`end_ms`; the fastest of their repeats each) more than `DRIFT` apart (another process
-    came or went), the median of the repeats' spreads (float [b_max]) above `SPREAD_MAX`, or the load average `load`
-    (None: unknown) above the usable CPUs + `LOAD_EXTRA`."""
+    (`start_ms`) and again at the end (`end_ms`; the fastest of their repeats each) more than `DRIFT` apart
+    (another process came or went), the median of the repeats' spreads (float [b_max]) above `SPREAD_MAX`, or the
+    load average `load` (None: unknown) above the usable CPUs + `LOAD_EXTRA`."""
     from specdec_cli.models.machine import usable_cpus
 
     if not (1.0 - DRIFT) * start_ms <= end_ms <= (1.0 + DRIFT) * start_ms:
