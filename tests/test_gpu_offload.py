@@ -170,3 +170,29 @@ def test_doctor_says_n_a_on_a_cpu_build(monkeypatch) -> None:
     monkeypatch.setattr(llama, "gpu_offload_supported", lambda: False)
     table = CliRunner().invoke(app, ["doctor"]).stdout
     assert "none: a CPU build" in table and "n/a" in table
+
+
+@pytest.mark.real
+def test_every_catalog_pair_shares_a_vocabulary_and_a_foreign_draft_is_refused_with_the_reason() -> None:
+    from specdec_cli.config import load_catalog
+    from specdec_cli.errors import IncompatiblePairError
+    from specdec_cli.models.llama import LlamaBackend
+    from specdec_cli.models.resolver import resolve
+    from specdec_cli.models.vocab import check_compatible
+
+    catalog = load_catalog()
+    loaded: dict[str, LlamaBackend] = {}
+
+    def backend(name: str) -> LlamaBackend:
+        if name not in loaded:
+            loaded[name] = LlamaBackend(resolve(name, catalog), n_ctx=64, n_batch=64, branches=False)
+        return loaded[name]
+
+    try:
+        for pair in catalog.pairs.values():
+            check_compatible(backend(pair.target), backend(pair.draft))
+        with pytest.raises(IncompatiblePairError, match="cannot speculate for the target .*: vocab"):
+            check_compatible(backend(catalog.default_target), backend("gemma3-270m"))
+    finally:
+        for b in loaded.values():
+            b.close()
