@@ -4,7 +4,6 @@ backend's virtual clock: a pass of b tokens advances it by a scripted cost, whic
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
