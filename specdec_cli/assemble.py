@@ -15,6 +15,7 @@ they want to say (the tuned K, `notes`).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from specdec_cli.core.controller import KController
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
+from specdec_cli.core.verify_curve import CurveWatch, VerifyCurve
 from specdec_cli.core.draft import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, USES_PREDICTION, Method, SpecOptions
@@ -45,6 +47,7 @@ class Assembler:
         self.session = session
         self._drafters: dict[tuple, Drafter | None] = {}  # (method, ngram_min, ngram_max, corpus) -> shared by its engines
         self._controllers: dict[tuple, KController] = {}  # (method, k_max) -> the AdaptiveK that keeps learning
+        self._watch: CurveWatch | None = None  # the passes timed here against the verify curve (`watch`)
 
     # -- engines ------------------------------------------------------------------------------------------------
     def engine(self, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
@@ -68,9 +71,27 @@ class Assembler:
             drafter = self.drafter(spec)
         if controller is None and drafter is not None:
             controller = self.make_controller(spec, saved_k=saved_k, fresh=fresh)
-        return SpeculativeEngine(self.session.target, drafter, controller,
-                                 prompt_cache=None if fresh else self.session.prompt_cache,
-                                 curve=self.session.verify_curve(measure=drafter is not None))
+        curve = self.session.verify_curve(measure=drafter is not None)
+        engine = SpeculativeEngine(self.session.target, drafter, controller,
+                                   prompt_cache=None if fresh else self.session.prompt_cache, curve=curve,
+                                   clock=getattr(self.session, "clock", time.perf_counter))
+        engine.watch = self.watch(curve)  # `driver.Drive` shows it every pass (plain decoding's too)
+        return engine
+
+    def watch(self, curve: VerifyCurve | None) -> CurveWatch | None:
+        """The `CurveWatch` of this session's verify curve, shared by every engine made here (None: no curve).
+        `save_learnt` marks the curve stale when it says the passes drifted; `specdec tune` asks it too."""
+        if curve is None:
+            return None
+        if self._watch is None or self._watch.curve != curve:  # (a kept curve is read afresh for plain decoding)
+            self._watch = CurveWatch(curve)
+        return self._watch
+
+    def curve_drifted(self) -> bool:
+        """The passes timed by this assembler's engines (`watch`), or the b = 1 passes a `--k auto` controller timed
+        (`CostModel.drifted`), disagree with the measured verify curve."""
+        return (self._watch is not None and self._watch.drifted()) or \
+            any(ctrl.model.drifted() for ctrl in self._controllers.values())
 
     # -- drafters -----------------------------------------------------------------------------------------------
     def drafter(self, spec: SpecOptions) -> Drafter | None:
@@ -149,19 +170,24 @@ class Assembler:
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
         from specdec_cli.core.controller import AdaptiveK, FixedK
+        from specdec_cli.core.cost_model import CostPrior
 
         curve = self.session.verify_curve()  # this machine's measured v(b): K is chosen on its cheap sizes
+        # the draft model's cost per token where `open_session` timed it (auto on a GPU): its K follows it at once
+        draft_ms = getattr(self.session, "draft_ms", None)
+        prior = CostPrior(draft_ms_per_token=draft_ms) if draft_ms is not None and spec.method in USES_DRAFT_MODEL \
+            else None
         if spec.fixed_k is not None:
             return FixedK(spec.fixed_k, curve)
         if saved_k is not None:
             return FixedK(saved_k, curve)
         if fresh:
-            return AdaptiveK(k_max=spec.k_max, curve=curve)
+            return AdaptiveK(k_max=spec.k_max, curve=curve, prior=prior)
         key = (spec.method, spec.k_max)
         if key not in self._controllers:
             from specdec_cli.stores import learnt
 
-            ctrl = AdaptiveK(k_max=spec.k_max, curve=curve)
+            ctrl = AdaptiveK(k_max=spec.k_max, curve=curve, prior=prior)
             learnt.restore(ctrl, self._learnt_key(*key))
             self._controllers[key] = ctrl
         return self._controllers[key]
@@ -175,8 +201,8 @@ class Assembler:
 
     def save_learnt(self) -> None:
         """Save what each `--k auto` controller learnt (`specdec_cli.stores.learnt`; a failure warns), and mark the
-        verify curve stale when the b = 1 passes timed here drifted from it (`CostModel.drifted`): the next session
-        measures it again."""
+        verify curve stale when the passes timed here drifted from it (`curve_drifted`): the next session measures it
+        again."""
         from dataclasses import replace
 
         from specdec_cli.stores import learnt
@@ -187,8 +213,9 @@ class Assembler:
             if key is not None:
                 keyed[key] = ctrl
                 details[key] = {"target": Path(self.session.target_path).name, "method": method, "k_max": k_max}
-        curves, curve = {}, self.session.verify_curve() if self._controllers else None
-        if curve is not None and any(ctrl.model.drifted() for ctrl in self._controllers.values()):
+        curves = {}
+        curve = self.session.verify_curve(measure=False) if self._controllers or self._watch is not None else None
+        if curve is not None and not curve.disturbed and self.curve_drifted():  # (a disturbed one was never kept)
             key = learnt.curve_key(self.session.target_path, self.session.options.threads)
             if key is not None:
                 curves[key] = {"curve": replace(curve, stale=True).to_dict(),

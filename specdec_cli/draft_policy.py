@@ -10,6 +10,10 @@ unless asked. Rules (`plan`):
 * `--method auto`: `--draft` when given; else the target's paired draft when llama.cpp offloads to a GPU, or when
   `specdec tune --save` measured on this machine that the draft model pays; else none, and the reason says why.
 * any other method: none.
+
+Where a GPU put the paired draft in, `open_session` then times one draft-model token and keeps the model only when
+that cost pays against the target's measured verify curve at a prior acceptance (`draft_pays`); the reason says
+the ratio either way (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -17,11 +21,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specdec_cli.core.cost_model import DEFAULT_K_MAX, MARGIN, best_k, expected_ms, expected_tokens
 
 from specdec_cli.config import Catalog
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import Method
 
+PRIOR_ACCEPTANCE = 0.7  # a paired draft model's acceptance before any is measured (Qwen2.5-Coder 0.5B -> 1.5B: 0.6-0.8)
 CPU_ONLY = "CPU-only llama.cpp: a draft model costs about as much per token as a target step here"
 
 
@@ -69,6 +79,27 @@ def plan(method: Method | str, target: str | None, draft: str | None, catalog: C
     if tuned_pays:
         return DraftPlan(name, "specdec tune measured that it pays on this machine")
     return DraftPlan(None, f"{CPU_ONLY}; --draft NAME includes one anyway")
+
+
+def draft_pays(draft_ms: float, verify_ms: Sequence[float], *, acceptance: float = PRIOR_ACCEPTANCE,
+               margin: float = MARGIN) -> tuple[bool, str]:
+    """Would a draft model whose drafted token costs `draft_ms` (ms) beat plain decoding on the target's verify curve
+    `verify_ms` (float [m], v(b) ms for b = 1..m, m >= 2) at `acceptance` per position? The best K's expected
+    tokens per ms (`cost_model.expected_tokens` / `expected_ms`, every draft filled) against 1 / v(1), by `margin`.
+    Returns (pays, one line with the ratio draft_ms / v(1) and the expected speedup at the best K)."""
+    v = np.asarray(verify_ms, dtype=np.float64)[:DEFAULT_K_MAX + 1]  # [k_max + 1]
+    k_max = len(v) - 1
+    a = np.full(k_max, acceptance)
+    rates = expected_tokens(a) / expected_ms(v, draft_ms, 0.0, np.ones(k_max))  # [k_max + 1] tokens per ms by K
+    k = best_k(rates, margin)
+    ratio = draft_ms / float(v[0])
+    speedup = float(rates[k] / rates[0])
+    if k > 0:
+        return True, (f"a draft token costs {draft_ms:.2f} ms, {ratio:.2f} x the target's pass: "
+                      f"{speedup:.2f}x expected at K = {k} and {acceptance:.0%} acceptance")
+    best = float(rates[1:].max() / rates[0])
+    return False, (f"a draft token costs {draft_ms:.2f} ms, {ratio:.2f} x the target's pass: at {acceptance:.0%} "
+                   f"acceptance even its best K would run at {best:.2f}x plain decoding")
 
 
 def tuned_draft_pays(target_path: str | os.PathLike[str], threads: int | None) -> bool:

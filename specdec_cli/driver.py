@@ -4,7 +4,10 @@
 `Prefill`, a `Step` per target pass, one `Finish`), while the `Drive` times them, keeps them for its `RunStats`, and,
 once a generation has finished, saves the target's KV state to the prompt cache, outside the timing. Energy is
 read beside the timing (`models.energy.Gauge`: the counters at the start, at the prefill's record and at the end, no
-reading per target pass), so every consumer's `RunStats` carries joules or why there are none. A consumer that
+reading per target pass), so every consumer's `RunStats` carries joules or why there are none. Every pass is also
+shown to the engine's `watch` where the `Assembler` gave it one (`verify_curve.CurveWatch`: has the machine drifted
+from the measured verify curve?; a pass shared with other sequences is not this machine's single-sequence cost and is
+not shown). A consumer that
 stops early (`close`, Ctrl-C, a client gone) leaves the target's cache holding only committed tokens and saves
 nothing. `generate` is the common consumer: the whole generation, each `Step` handed to a callback.
 
@@ -74,6 +77,7 @@ class Drive:
         if self._closed:
             return
         engine = self.engine
+        watch = getattr(engine, "watch", None)  # the Assembler's `CurveWatch`: every pass timed against the curve
         gen = engine.generate(self.prompt, self.config)
         gauge = self.gauge = Gauge(self.meter)
         self._t0 = time.perf_counter()
@@ -81,6 +85,8 @@ class Drive:
             for record in gen:
                 self._t_last = time.perf_counter()
                 self.records.append(record)
+                if watch is not None and isinstance(record, Step) and not record.shared_rows:
+                    watch.observe(record.batch_size, record.verify_ms, record.n_past)
                 if isinstance(record, Prefill):
                     self._t_prefill = self._t_last
                     gauge.prefill_done()

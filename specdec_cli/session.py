@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from specdec_cli.models.backend import Backend, FimTokens
+from specdec_cli.models.devices import Offload
 from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
@@ -45,6 +47,9 @@ class Session:
     reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
     _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
     _text: PromptText | None = None  # `prompt_text()` once built
+    draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
+    clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
+    offload: dict[str, Offload] = field(default_factory=dict)  # "target", "draft": n_gpu_layers each loaded with, why
 
     def verify_curve(self, *, measure: bool = True) -> VerifyCurve | None:
         """The target's measured verify curve on this machine (`core.verify_curve.VerifyCurve`: ms of one pass over
@@ -54,25 +59,57 @@ class Session:
         keyed (a fake) or with SPECDEC_VERIFY_CURVE=off. Measuring empties the target's KV cache: the engines ask for
         it before their first generation (`Assembler.engine`)."""
         if self._curve is None and measure:
-            from specdec_cli.core.verify_curve import B_MAX, REPEATS
-            from specdec_cli.core.verify_timing import measure
             from specdec_cli.stores import learnt
 
             key = learnt.curve_key(self.target_path, self.options.threads)
             curve = learnt.load_curve(key)
             if curve is None and key is not None:
-                reporter = self.reporter if self.reporter is not None else _QUIET
-                with reporter.progress("measuring this machine's verify curve (once per model and machine)",
-                                       B_MAX * REPEATS, unit="steps") as task:
-                    curve = measure(self.target, progress=lambda done, total: task.advance())
-                reporter.say(f"verify curve measured in {curve.seconds:.1f} s and kept (specdec doctor shows it)")
-                learnt.save_curve(key, curve, self.target_path)
+                curve = self._measure_curve(key)
             self._curve = curve if curve is not None else False
         elif self._curve is None:
             from specdec_cli.stores import learnt
 
             return learnt.load_curve(learnt.curve_key(self.target_path, self.options.threads))
         return self._curve or None
+
+    def _measure_curve(self, key: str) -> VerifyCurve:
+        """Measure the verify curve now (`verify_timing.measure_steady`: a measurement the machine disturbed is
+        repeated once), with a progress bar on the reporter, and keep it under `key`, unless every attempt was
+        disturbed: then this session uses it and the reporter says why it was not kept."""
+        from specdec_cli.core.verify_curve import B_MAX, REPEATS
+        from specdec_cli.core.verify_timing import measure_steady
+        from specdec_cli.stores import learnt
+
+        reporter = self.reporter if self.reporter is not None else _QUIET
+
+        def once(**kw) -> VerifyCurve:
+            with reporter.progress("measuring this machine's verify curve (once per model and machine)",
+                                   B_MAX * REPEATS, unit="steps") as task:
+                from specdec_cli.core.verify_timing import measure
+
+                return measure(self.target, progress=lambda done, total: task.advance(), clock=self.clock, **kw)
+
+        curve = measure_steady(self.target, say=reporter.say, measure_fn=once)
+        if curve.disturbed:
+            reporter.say(f"verify curve measured in {curve.seconds:.1f} s but not kept: {curve.disturbed} (the "
+                         "machine was busy); the next run measures it again")
+        else:
+            reporter.say(f"verify curve measured in {curve.seconds:.1f} s and kept (specdec doctor shows it)")
+            learnt.save_curve(key, curve, self.target_path)
+        return curve
+
+    def remeasure_curve(self, why: str) -> VerifyCurve | None:
+        """Mark the kept verify curve stale (`why`, one phrase, said on the reporter) and measure it again now
+        (`specdec tune` when the passes it timed disagree with it). None where no curve can be kept."""
+        from specdec_cli.stores import learnt
+
+        key = learnt.curve_key(self.target_path, self.options.threads)
+        if key is None:
+            return None
+        (self.reporter if self.reporter is not None else _QUIET).say(f"verify curve stale: {why}; measuring it again")
+        learnt.forget_curve(key)
+        self._curve = self._measure_curve(key)
+        return self._curve
 
     def kernels(self) -> dict[str, str]:
         """Which of llama.cpp's kernels the target runs and why, for report headers and --json: {"amx": ...,
@@ -178,9 +215,10 @@ class Session:
 
         o = self.options
         probe_load(path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
+        off = gpu_layers(path, o)  # the GPU's memory as the target left it
         with _status(reporter, f"Loading {path.name}"):
             draft = LlamaBackend(path, n_ctx=o.ctx, n_batch=o.n_batch, n_threads=o.threads,
-                                 n_gpu_layers=o.gpu_layers, verbose=o.verbose,
+                                 n_gpu_layers=off.layers, verbose=o.verbose,
                                  flash_attn=getattr(self.target, "flash_attn", None))  # the target's numerics
         try:
             check_compatible(self.target, draft)
@@ -188,6 +226,7 @@ class Session:
             draft.close()
             raise
         self.draft, self.draft_path = draft, path
+        self.offload["draft"] = off
 
     def close(self) -> None:
         """Free the models (close the `Assembler` first: its drafters may still use the draft model)."""
@@ -287,10 +326,12 @@ class PromptText:
 
 
 def open_session(options: ModelOptions, *, method: Method | str | None = None, need_draft: bool = False,
-                 reporter: Reporter | None = None) -> Session:
+                 reporter: Reporter | None = None, clock: Callable[[], float] = time.perf_counter) -> Session:
     """Resolve and load the target and, when `method` calls for one (`draft_policy.plan`: `--method draft`; `auto`
     where a draft model pays or `--draft` names one) or `need_draft`, the draft model; check their vocabularies.
-    `reporter` shows fetching and loading (`models.resolver.Reporter`; None: notes as plain stderr lines).
+    `reporter` shows fetching and loading (`models.resolver.Reporter`; None: notes as plain stderr lines). Each
+    model loads with the layers `gpu_layers` gives (all on a GPU build where they fit). `clock` times the passes the
+    session measures (the verify curve, a draft token).
 
     The draft plan is computed once for `method` (for `auto` after the target is resolved: whether `specdec tune`
     measured that a draft model pays needs its file); auto's own plan is asked besides only when another method
@@ -327,21 +368,58 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
         auto_draft = plan.name is not None and auto_plan(target_path).name == plan.name
     draft_path = resolve(plan.name, catalog, reporter=reporter) if plan.name is not None else None
     probe_load(target_path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
+    off = gpu_layers(target_path, options)
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
-                              n_gpu_layers=options.gpu_layers, verbose=options.verbose,
+                              n_gpu_layers=off.layers, verbose=options.verbose,
                               flash_attn=flash_attn(target_path, options.threads), n_lanes=options.lanes,
                               kv_unified=options.kv_unified)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
-                      auto_draft=auto_draft, reporter=reporter)
+                      auto_draft=auto_draft, reporter=reporter, clock=clock, offload={"target": off})
     if draft_path is not None:
         try:
             session.attach_draft(draft_path, reporter=reporter)
+            if method is Method.auto and gpu and options.draft is None:
+                keep_draft_if_it_pays(session)
         except BaseException:
             session.close()
             raise
     return session
+
+
+def gpu_layers(path: Path, options: ModelOptions) -> Offload:
+    """n_gpu_layers for the model at `path` (`models.devices.offload`): `--gpu-layers` / SPECDEC_GPU_LAYERS when
+    given, else all layers on a build that offloads, fewer when the GPUs' free memory (now: what models loaded before
+    left) cannot hold them."""
+    from specdec_cli.models import devices
+    from specdec_cli.models.llama import gpu_offload_supported
+
+    gpu = gpu_offload_supported()
+    free = devices.gpu_free(devices.devices()) if gpu and options.gpu_layers == devices.ALL else None
+    return devices.offload(path, options.gpu_layers, gpu=gpu, free=free, n_ctx=options.ctx * options.lanes)
+
+
+def keep_draft_if_it_pays(session: Session) -> None:
+    """Auto's paired draft model, loaded because llama.cpp offloads: time one drafted token
+    (`verify_timing.measure_token_ms`) and keep the model only when that cost pays against the target's verify curve
+    (`draft_policy.draft_pays`); otherwise close it. Either way `draft_plan.reason` gives the ratio. Nothing without
+    a verify curve (a model file that cannot be keyed, SPECDEC_VERIFY_CURVE=off)."""
+    from specdec_cli import draft_policy
+    from specdec_cli.core.cost_model import DEFAULT_K_MAX
+    from specdec_cli.core.verify_timing import measure_token_ms
+
+    curve = session.verify_curve()
+    if curve is None or session.draft is None:
+        return
+    session.draft_ms = measure_token_ms(session.draft, clock=session.clock)
+    pays, why = draft_policy.draft_pays(session.draft_ms, curve.array(DEFAULT_K_MAX + 1))
+    if pays:
+        session.draft_plan = DraftPlan(session.draft_plan.name, f"{session.draft_plan.reason}: {why}")
+        return
+    session.draft.close()
+    session.draft, session.draft_path, session.auto_draft = None, None, False
+    session.draft_plan = DraftPlan(None, f"{why}; --draft NAME includes it anyway")
 
 
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)

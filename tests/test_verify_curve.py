@@ -52,7 +52,8 @@ def test_measure_times_every_size_on_the_backend_and_leaves_its_cache_empty():
     assert curve.ms == pytest.approx(CURVE.ms) and curve.b_max == 65 and curve.repeats == 2
     assert seen == list(range(1, 131)) and len(target.tokens) == 0
     assert curve.seconds == pytest.approx((tiled(64) + sum(2 * tiled(b) for b in range(1, 66)) + tiled(65)
-                                           + tiled(1)) / 1e3)
+                                           + tiled(1) + 4 * tiled(1)) / 1e3)  # b = 1 twice before, twice after
+    assert curve.disturbed == ""
 
 
 def copying_target(prompt: list[int], every: int = 23):
@@ -161,10 +162,11 @@ def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, 
     def session():
         clock = Clock()
         target = FakeBackend(n_ctx=512, n_batch=128, clock=clock, cost=tiled)
-        return Session(target=target, target_path=model, reporter=Reporter()), target
+        return Session(target=target, target_path=model, reporter=Reporter(), clock=clock), target
 
     first, target = session()
-    assert first.verify_curve().b_max == 65 and target.n_decode_calls == 1 + 2 + 130  # context, warm-up, sizes
+    assert first.verify_curve().b_max == 65
+    assert target.n_decode_calls == 1 + 2 + 2 + 130 + 2  # context, warm-up, b = 1 before, sizes, b = 1 after
     assert len(Reporter.advanced) == 130 and "measured" in Reporter.lines[0]
     again, target = session()
     assert again.verify_curve().to_dict() == first.verify_curve().to_dict()  # kept in learnt.json: not measured again

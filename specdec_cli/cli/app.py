@@ -480,10 +480,14 @@ def doctor(
                                  "build can switch it on a CPU, else llama.cpp's default)."),
     plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
                              "'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
+    target: o.Target = None,
+    gpu_layers: o.GpuLayers = -1,
 ) -> None:
     """Show what this machine and its llama.cpp look like: versions, which llama.cpp build (PyPI's stock one or
-    specdec's patched one: specdec install-llama-cpp), llama.cpp's system info, GPU offload, threads, AMX, and how
-    models will be loaded. Paste it into a bug report.
+    specdec's patched one: specdec install-llama-cpp), llama.cpp's system info, GPU offload (the backend, its devices
+    and their memory, the layers a model would offload), threads, AMX, and how models will be loaded. Paste it into a
+    bug report. --target: the model --measure times and the GPU lines size (default: the catalog's default target,
+    else the smallest downloaded model).
 
     On Intel CPUs with AMX, a llama.cpp built by GCC < 13 without the patch `make` applies
     (scripts/install-llama-cpp.sh) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
@@ -494,7 +498,7 @@ def doctor(
     """
     from specdec_cli.cli.commands.doctor import execute
 
-    code = execute(json_path=json_out, probe=probe, measure=measure, plot=plot)
+    code = execute(json_path=json_out, probe=probe, measure=measure, plot=plot, target=target, gpu_layers=gpu_layers)
     if code:
         raise typer.Exit(code)
 

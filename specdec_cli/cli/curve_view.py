@@ -57,7 +57,8 @@ def curve_caption(curve: VerifyCurve) -> Text:
     return Text(f"{CHEAP_MARK} cheap: no larger pass costs less ({cheap}); measured {curve.measured_at or '?'} in "
                 f"{curve.seconds:.1f} s, {curve.repeats} pass(es) per size after {curve.context} tokens"
                 f"{f', largest spread {spread:.0%}' if curve.repeats > 1 else ''}"
-                f"{'; STALE: measured again at the next run' if curve.stale else ''}", style="spec.label")
+                f"{'; STALE: measured again at the next run' if curve.stale else ''}"
+                f"{f'; NOT KEPT: {curve.disturbed}' if curve.disturbed else ''}", style="spec.label")
 
 
 def check_plot_path(path: str) -> None:

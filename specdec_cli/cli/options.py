@@ -44,8 +44,9 @@ Threads = Annotated[
 ]
 GpuLayers = Annotated[
     int,
-    typer.Option("--gpu-layers", min=-1, help="Layers to offload with a Metal/CUDA build of llama-cpp-python "
-                 "(-1 = all; CPU builds ignore it).", rich_help_panel=MODELS),
+    typer.Option("--gpu-layers", min=-1, envvar="SPECDEC_GPU_LAYERS", help="Layers to offload with a Metal/CUDA "
+                 "build of llama-cpp-python (-1 = all that fit in the GPU's free memory; CPU builds ignore it).",
+                 rich_help_panel=MODELS),
 ]
 MethodOpt = Annotated[Method, typer.Option("--method", "-m", parser=_method_option, metavar="METHOD",
                                            help=f"Where drafts come from: {METHOD_NAMES}. auto: each step the "

@@ -47,6 +47,10 @@ RUN_HALF_LIFE = 8.0  # steps of a class after which its run evidence weighs half
 RUN_PRIOR = (0.5, 1.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
 RUN_LONG_MATCH = 5  # matches this long and longer are one class ("inside a copy"); shorter ones the other
 SLOW_START_GROWTH = 4  # the cheapest size per token within this x the verified depth may be tried (see `trim`)
+# A flat verify curve (a GPU's: v(64) <= FLAT x v(1)): a failed deep pass costs at most 1.3 plain steps, so lookup
+# drafts are verified as deep as their match and acceptance allow from the first one (no slow start), and are asked
+# for in full whatever a lookup call costs (it costs the same whatever its length). docs/gpu.md, "The flat curve".
+FLAT = 1.3
 
 
 class KController(Protocol):
@@ -278,7 +282,8 @@ class AdaptiveK(KController):
         call of a process can be 40 x slower while numpy and the store warm up) decides whether they are free."""
         if not self._evidence_ms:
             return False
-        return min(self._evidence_ms) < CHEAP_DRAFT * float(self.model.verify_curve()[0])
+        v = self.model.verify_curve()
+        return flat(v) or min(self._evidence_ms) < CHEAP_DRAFT * float(v[0])
 
     def trim(self, draft: Draft) -> int:
         """K for a draft with evidence (`Draft.match_len` > 0): the best K <= len(draft) for its match-length
@@ -299,6 +304,8 @@ class AdaptiveK(KController):
         seen = self.model.verified_depth(b, draft.source)
         v = self.model.verify_curve()
         allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
+        if flat(v) and self.model.curve is not None:
+            allowance = K_LIMIT  # a measured flat curve: a deep pass that fails costs little more than a plain step
         n = min(n, self.model.k_max, allowance, int(state.window[b]))
         if v is None:
             return n
@@ -474,6 +481,14 @@ class AdaptiveK(KController):
         } | self.model.snapshot()
 
 
+def flat(v: np.ndarray | None) -> bool:
+    """A flat verify curve (a GPU's): v(b) at b = 64 (or the largest b it has, at least 33) <= `FLAT` x v(1).
+    v: float [m], v(b) for b = 1..m, or None (False)."""
+    if v is None or len(v) < 33:
+        return False
+    return bool(v[min(len(v), 64) - 1] <= FLAT * v[0])
+
+
 def _cheapest_per_token(v: np.ndarray | None, seen: int, top: int) -> int:
     """The K in (seen, top] whose pass costs least per token, v(K + 1) / (K + 1) (0: no curve, nothing verified yet,
     or no such K). v: float [k_max + 1], v(b) for b = 1..k_max + 1."""
@@ -535,4 +550,4 @@ class _LookupState:
                    window=np.full(len(BUCKET_EDGES), K_LIMIT, dtype=np.int64))
 
 
-__all__ = ["AdaptiveK", "FixedK", "KController"]
+__all__ = ["AdaptiveK", "FixedK", "KController", "flat"]

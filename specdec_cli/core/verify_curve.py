@@ -23,6 +23,13 @@ CONTEXT = 256  # tokens in the KV cache while timing (a short prompt's worth: at
 REPEATS = 2  # passes per size; the curve takes the fastest (interference only ever adds time)
 TOLERANCE = 0.02  # a size is cheap when no larger size is more than 2 % cheaper
 DRIFT = 0.25  # v(1) measured by real passes this far from the curve's (either way): the curve is stale
+# A measurement the machine disturbed (`VerifyCurve.disturbed`, `verify_timing.measure`): b = 1 timed again at the end
+# this far from its start (either way), the median spread of the repeats above SPREAD_MAX (a quiet machine: 1-5 %),
+# or the load average above the usable CPUs + LOAD_EXTRA (this process's own threads are up to the CPUs).
+SPREAD_MAX = 0.25
+LOAD_EXTRA = 1.0
+WATCH_MIN = 8  # passes `CurveWatch` needs before it says a curve drifted
+WATCH_CONTEXT = 1024  # passes over a longer context are left out of the all-sizes ratio (attention adds to them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,8 @@ class VerifyCurve:
         repeats: passes timed per size. context: tokens in the KV cache while timing. seconds: wall time it took.
         measured_at: UTC time stamp ("2026-...Z").
         stale: the b = 1 cost of real passes drifted more than `DRIFT` from it (`drifted`): measure it again.
+        disturbed: why the machine disturbed the measurement ("" when it did not): such a curve is used by the
+            session that measured it and not kept (`Session.verify_curve`).
     """
 
     ms: tuple[float, ...]
@@ -44,6 +53,7 @@ class VerifyCurve:
     seconds: float = 0.0
     measured_at: str = ""
     stale: bool = False
+    disturbed: str = ""
     _floor: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -91,7 +101,7 @@ class VerifyCurve:
     def to_dict(self) -> dict[str, Any]:
         return {"ms": [round(x, 3) for x in self.ms], "spread": [round(x, 4) for x in self.spread],
                 "repeats": self.repeats, "context": self.context, "seconds": round(self.seconds, 2),
-                "measured_at": self.measured_at, "stale": self.stale}
+                "measured_at": self.measured_at, "stale": self.stale, "disturbed": self.disturbed}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VerifyCurve:
@@ -99,4 +109,44 @@ class VerifyCurve:
         return cls(ms=tuple(float(x) for x in d["ms"]), spread=tuple(float(x) for x in d.get("spread", ())),
                    repeats=int(d.get("repeats", 1)), context=int(d.get("context", CONTEXT)),
                    seconds=float(d.get("seconds", 0.0)), measured_at=str(d.get("measured_at", "")),
-                   stale=bool(d.get("stale", False)))
+                   stale=bool(d.get("stale", False)), disturbed=str(d.get("disturbed", "")))
+
+
+class CurveWatch:
+    """The passes a session times, against the measured curve they were placed on: has the machine drifted from it?
+
+    Fed every `Step` a front end drives (`driver.Drive`: run, chat, serve, tune, bench, plain decoding included).
+    The ratio is the median of timed / curve over the b = 1 passes (attention-free, the cleanest), or, while fewer
+    than `WATCH_MIN` of those were timed (a fixed K's passes), over the passes of every size before
+    `WATCH_CONTEXT` tokens of context. Drifted: that ratio more than `DRIFT` from 1 (either way). Only the last 256
+    ratios of each kind are kept."""
+
+    __slots__ = ("curve", "b1", "every")
+
+    def __init__(self, curve: VerifyCurve) -> None:
+        self.curve = curve
+        self.b1: list[float] = []  # timed / curve, b = 1 passes
+        self.every: list[float] = []  # timed / curve, passes of every size at short contexts
+
+    def observe(self, batch_size: int, verify_ms: float, n_past: int = 0) -> None:
+        """One pass over `batch_size` tokens that took `verify_ms` ms after `n_past` tokens of context."""
+        if verify_ms <= 0.0 or batch_size < 1 or batch_size > self.curve.b_max:
+            return
+        ratio = verify_ms / self.curve.at(batch_size)
+        if batch_size == 1:
+            self.b1 = [*self.b1[-255:], ratio]
+        if n_past <= WATCH_CONTEXT:
+            self.every = [*self.every[-255:], ratio]
+
+    def ratio(self) -> float | None:
+        """Median timed / curve (1.0: the curve holds), None before `WATCH_MIN` passes were timed."""
+        for xs in (self.b1, self.every):
+            if len(xs) >= WATCH_MIN:
+                return float(np.median(xs))
+        return None
+
+    def drifted(self) -> bool:
+        """The passes timed cost more than `DRIFT` away from the curve (either way): it no longer describes this
+        machine (another load, a governor, a rebuilt library)."""
+        r = self.ratio()
+        return r is not None and not 1.0 - DRIFT <= r <= 1.0 + DRIFT

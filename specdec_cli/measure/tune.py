@@ -383,6 +383,7 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
 
     interrupted = False
     try:
+        check_curve(session)  # before anything is timed on it
         warm = GenerationConfig(max_tokens=min(WARMUP_TOKENS, config.max_tokens), sampling=config.sampling)
         interrupted = generate(engine(TuneConfig("4")), tokens[0], warm).interrupted
         for slot in plan if not interrupted else ():
@@ -404,7 +405,27 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
         interrupted = True
     finally:
         inner.close()
+        assembler.save_learnt()  # nothing learnt to save (fresh controllers), but a curve the runs found drifted
     return TuneRun(tokens, measurements, len(plan), interrupted, mach)
+
+
+def check_curve(session) -> bool:
+    """Time `WATCH_MIN` one-token passes of the target (`verify_timing.measure_token_ms`, on `session.clock`) and,
+    when they cost more than `verify_curve.DRIFT` away from the kept verify curve's v(1) (another load, a rebuilt
+    library: a tune once chose K on a curve 6x off its own passes), mark it stale and measure it again now
+    (`Session.remeasure_curve`), so the runs are priced on this machine as it is. Returns True when it re-measured.
+    Nothing without a curve."""
+    from specdec_cli.core.verify_curve import WATCH_MIN
+    from specdec_cli.core.verify_timing import measure_token_ms
+
+    curve = session.verify_curve()
+    if curve is None:
+        return False
+    ms = measure_token_ms(session.target, passes=WATCH_MIN, context=curve.context, clock=session.clock)
+    if not curve.drifted(ms):
+        return False
+    session.remeasure_curve(f"one-token passes take {ms:.1f} ms now, the kept curve says {curve.ms[0]:.1f} ms")
+    return True
 
 
 def save_best(session, spec: SpecOptions, config: GenerationConfig, options: TuneOptions,

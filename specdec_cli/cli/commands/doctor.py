@@ -44,25 +44,35 @@ def curves(threads: int | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def measure_curve(console) -> str | None:
-    """Measure the verify curve of the catalog's default target (or the smallest downloaded model) now, with a
-    progress bar on `console`, and keep it; returns the model's path (None: no model downloaded)."""
+def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> str | None:
+    """Measure the verify curve of `target` (a catalog name or .gguf path; None: the catalog's default target, or
+    the smallest downloaded model) now, with a progress bar on `console`, and keep it; returns the model's path
+    (None: no model downloaded). The model loads as `session.gpu_layers` says (all layers on a GPU build where they
+    fit). Raises ModelError for a target that cannot be resolved or loaded."""
     from specdec_cli.cli.console import RichReporter
     from specdec_cli.models.llama import LlamaBackend, default_threads
-    from specdec_cli.session import Session
+    from specdec_cli.session import Session, gpu_layers as layers_for
     from specdec_cli.spec import ModelOptions
     from specdec_cli.stores import learnt
 
-    model = _probe_model()
+    model = _probe_model() if target is None else _resolve(target)
     if model is None:
         return None
     learnt.forget_curve(learnt.curve_key(model, None))  # measured again, even when one is kept
-    session = Session(target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads()), target_path=model,
-                      options=ModelOptions(), reporter=RichReporter(console))
+    options = ModelOptions(ctx=1024, gpu_layers=gpu_layers)
+    off = layers_for(model, options)
+    session = Session(target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads(), n_gpu_layers=off.layers),
+                      target_path=model, options=ModelOptions(), reporter=RichReporter(console),
+                      offload={"target": off})
     with session:
-        session.verify_curve()
+        curve = session.verify_curve()
     measure_flash_attn(model, RichReporter(console))
+    if curve is not None and curve.disturbed:  # not kept: the report shows it all the same, marked
+        _UNKEPT[str(model)] = curve
     return str(model)
+
+
+_UNKEPT: dict = {}  # the curve `measure_curve` measured but did not keep (the machine disturbed it), by model path
 
 
 def measure_flash_attn(model, reporter) -> None:
@@ -80,7 +90,51 @@ def measure_flash_attn(model, reporter) -> None:
     reporter.say(choice.reason)
 
 
-def report(*, probe: bool = False) -> dict[str, Any]:
+def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
+    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names ("" on
+    a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build hides ggml's device API), "model":
+    the file the layers are sized for (`target`, else the default/smallest downloaded model; None: none), "layers":
+    n_gpu_layers it would load with, "why": one line}."""
+    from specdec_cli.models import devices
+    from specdec_cli.models.llama import gpu_offload_supported, system_info
+    from specdec_cli.session import gpu_layers as layers_for
+    from specdec_cli.spec import ModelOptions
+
+    offload = gpu_offload_supported()
+    info = system_info()
+    backends = [name for name in ("CUDA", "METAL", "Metal", "VULKAN", "Vulkan", "HIP", "ROCm", "SYCL", "OPENCL",
+                                  "MUSA", "CANN", "KOMPUTE", "BLAS") if f"{name} :" in info or f"{name}:" in info]
+    devs = devices.devices()
+    try:
+        model = _probe_model() if target is None else _resolve(target)
+    except Exception:  # noqa: BLE001 - a report never fails on a model it cannot find
+        model = None
+    off = layers_for(model, ModelOptions(gpu_layers=gpu_layers)) if model is not None else None
+    return {"offload": offload, "backend": ", ".join(dict.fromkeys(b.upper() for b in backends)),
+            "devices": None if devs is None else [d.to_dict() for d in devs],
+            "model": None if model is None else str(model),
+            "layers": None if off is None else off.layers, "why": "" if off is None else off.why}
+
+
+def gpu_rows(g: dict[str, Any]) -> list[tuple[str, str]]:
+    """The report's GPU lines: backend, each device with its free/total memory, the layers a model offloads."""
+    rows = [("GPU backend", g["backend"] or ("none: a CPU build (docs/gpu.md builds one for CUDA or Metal)"
+                                             if not g["offload"] else "a GPU build (llama_supports_gpu_offload)"))]
+    if g["devices"] is None:
+        rows.append(("devices", "n/a (this llama.cpp does not expose ggml's device API)"))
+    for d in g["devices"] or ():
+        rows.append((f"device {d['name']}", f"{d['kind']}: {d['description']}; memory {d['free_mib']:,} MiB free of "
+                                           f"{d['total_mib']:,} MiB"))
+    if g["model"] is None:
+        rows.append(("layers offloaded", "n/a (no model downloaded to size)"))
+    elif not g["offload"]:
+        rows.append(("layers offloaded", "n/a: a CPU build runs every layer on the CPU"))
+    else:
+        rows.append(("layers offloaded", f"{'all' if g['layers'] == -1 else g['layers']} ({g['why']})"))
+    return rows
+
+
+def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
     """The machine facts as a JSON-serialisable dict.
 
     probe: when this llama.cpp has AMX kernels and no verdict is remembered for them on this CPU, run the trial
@@ -109,6 +163,7 @@ def report(*, probe: bool = False) -> dict[str, Any]:
         "build": host.build_info(info).to_dict(),
         "system_info": info,
         "gpu_offload": gpu_offload_supported(),
+        "gpu": gpu(target, gpu_layers),
         "cpu": cpu_model(),
         "cores": physical_cores(),
         "usable_cpus": usable_cpus(),
@@ -124,10 +179,12 @@ def report(*, probe: bool = False) -> dict[str, Any]:
             "reason": plan.reason,
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
-        "verify_curves": curves(),
+        "verify_curves": curves() + [{"key": None, "target": os.path.basename(m), "curve": c.to_dict(),
+                                      "cheap": c.cheap_sizes(), "flash_attn": None} for m, c in _UNKEPT.items()],
         "serve_kv": serve_kv(),
         "energy": energy_report(),
-        "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR")
+        "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR",
+                                           "SPECDEC_GPU_LAYERS", "CUDA_VISIBLE_DEVICES")
                 if k in os.environ},
     }
 
@@ -163,6 +220,15 @@ def energy_report() -> dict[str, Any]:
     return {"powercap": str(powercap_root()),
             "counters": [{"name": c.name, "covers": c.covers, "wraps_at_joules": c.wrap_j} for c in meter.counters],
             "missing": [{"source": m.source, "reason": m.reason, "fix": m.fix} for m in meter.missing]}
+
+
+def _resolve(target: str):
+    """A catalog name or a .gguf path, as the model commands resolve it (a catalog model not downloaded is fetched).
+    Raises ModelError, ConfigError."""
+    from specdec_cli.config import load_catalog
+    from specdec_cli.models.resolver import resolve
+
+    return resolve(target, load_catalog())
 
 
 def _probe_model():
@@ -209,6 +275,7 @@ def table(doc: dict[str, Any]) -> Table:
         ("system info", doc["system_info"]),
         ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),
     ]
+    rows[4:4] = gpu_rows(doc["gpu"]) if "gpu" in doc else []
     kv = doc.get("serve_kv")
     if kv:
         rows.append(("serve's KV cache", f"{kv['lanes']} lanes x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} "
@@ -270,7 +337,8 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
                 f"{choice['turn_ms']['on']:.1f} ms{also})", style="spec.label")
 
 
-def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: str | None = None) -> int:
+def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: str | None = None,
+            target: str | None = None, gpu_layers: int = -1) -> int:
     """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout); `measure`: the verify curve first
     (a few seconds, progress on stderr); `plot`: draw the verify curves to that .png/.svg. Returns 0."""
     from specdec_cli.cli.console import err_console, make_console, write_json
@@ -281,10 +349,10 @@ def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: 
         from specdec_cli.cli.curve_view import check_plot_path
 
         check_plot_path(plot)
-    if measure and measure_curve(err_console()) is None:
+    if measure and measure_curve(err_console(), target, gpu_layers) is None:
         err_console().print(Text("No model downloaded to measure a verify curve with: specdec models pull "
                                  "qwen2.5-coder-1.5b", style="spec.warn"))
-    doc = report(probe=probe)
+    doc = report(probe=probe, target=target, gpu_layers=gpu_layers)
     if plot and doc["verify_curves"]:
         from specdec_cli.cli.curve_view import write_curve_plot
         from specdec_cli.core.verify_curve import VerifyCurve

@@ -1,0 +1,348 @@
+"""The device check: on a machine with an NVIDIA GPU and nvcc but no network, build llama-cpp-python for the card,
+make a model, time the verify curve, a copy-heavy edit against plain decoding and the host's work per pass, and
+print one table. It also runs on a CPU (`--no-build`: the llama-cpp-python already installed), so it is tested here
+(tests/test_gpu_check.py). docs/gpu.md says how to run it and how to read the table.
+
+    python benchmarks/gpu_check.py prepare          # here, with network: .cache/gpu_check/ (~6 MiB + wheels)
+    python benchmarks/gpu_check.py                  # on the GPU machine (8 minutes): build, model, commands, table
+    python benchmarks/gpu_check.py --no-build --shape tiny --tokens 48   # on a CPU, in a minute
+
+`prepare` downloads the pinned sdist (llama-cpp-python==0.3.36) with pip and trims it to what the library build
+needs (no models, docs, tests, examples, tools, other backends, git objects: 77 MB -> ~5 MB), and downloads the
+wheels the build and specdec need where the GPU machine has no network (scikit-build-core, gguf, typer, rich, ...),
+all under .cache/gpu_check/ (ignored by git, carried beside the repository; 64 MiB in all).
+
+The check: (1) the card from nvidia-smi (name, compute capability, memory, driver); (2) unless --no-build, a venv
+with the wheels, the trimmed sdist patched as scripts/install-llama-cpp.sh patches it and built with
+CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=<the card's>" (-DLLAVA_BUILD=OFF: no multimodal library);
+(3) a random-weight GGUF at Qwen2.5-Coder-1.5B's shape (`benchmarks/random_gguf.py`, f16), and the catalog's
+smollm2-135m where the model cache has it; (4) `specdec doctor --measure --target M` (the verify curve, flash
+attention, the GPU lines), `specdec run EDIT --raw --compare` on each model (speculative vs plain decoding in one
+process) and, from that run's own clock, the host's work per target pass: the decode loop's wall time less the
+target's passes and drafting, per pass. Every step's seconds are in the table; a step that fails says why in its row
+and the check goes on. Exit 0 when every step ran, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "gpu_check"
+VERSION = "0.3.36"
+SDIST = f"llama_cpp_python-{VERSION}"
+TRIMMED = CACHE / f"{SDIST}-trimmed.tar.gz"
+WHEELS = CACHE / "wheels"
+EDIT = ROOT / "specdec_cli" / "prompts" / "edit" / "textwrap_rename.txt"
+REAL = "smollm2-135m"  # the catalog's small real model, used where the model cache has it
+# what the trimmed sdist leaves out (relative to its root): not needed to build the library
+DROP = [".git", ".github", "docs", "examples", "tests", "docker",
+        *(f"vendor/llama.cpp/{d}" for d in (".git", ".github", ".devops", "models", "docs", "media", "benches",
+                                            "tests", "examples", "conversion", "scripts", "tools", "pocs", "app")),
+        *(f"vendor/llama.cpp/ggml/src/ggml-{b}" for b in ("cann", "et", "hexagon", "hip", "musa", "opencl", "openvino",
+                                                          "sycl", "virtgpu", "vulkan", "webgpu", "zdnn", "zendnn"))]
+# wheels for a machine without network: the build backend, then specdec's and gguf's dependencies
+BUILD_WHEELS = ["scikit-build-core", "pathspec", "packaging", "ninja"]
+RUN_WHEELS = ["typer>=0.29,<0.30", "rich", "filelock", "huggingface-hub", "llguidance>=1.9,<1.10", "jinja2",
+              "diskcache", "typing-extensions", "gguf", "pyyaml", "tqdm", "numpy"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# prepare (with network)
+
+
+def prepare(python: str = sys.executable) -> int:
+    """Download and trim the sdist, and download the wheels, into `CACHE`. Returns 0."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = CACHE / "download"
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run([python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={VERSION}", "-d", str(tmp)], check=True)
+    with tarfile.open(next(tmp.glob("*.tar.gz"))) as tar:
+        tar.extractall(tmp, filter="data")
+    src = tmp / SDIST
+    for rel in DROP:
+        shutil.rmtree(src / rel, ignore_errors=True)
+        (src / rel).unlink(missing_ok=True) if (src / rel).is_file() else None
+    with tarfile.open(TRIMMED, "w:gz") as tar:
+        tar.add(src, arcname=SDIST)
+    shutil.rmtree(tmp)
+    shutil.rmtree(WHEELS, ignore_errors=True)
+    subprocess.run([python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "-d", str(WHEELS),
+                    *BUILD_WHEELS, *RUN_WHEELS], check=True)
+    total = sum(f.stat().st_size for f in CACHE.rglob("*") if f.is_file())
+    print(f"{TRIMMED.relative_to(ROOT)}: {TRIMMED.stat().st_size / 2**20:.1f} MiB; {WHEELS.relative_to(ROOT)}: "
+          f"{len(list(WHEELS.iterdir()))} wheels; {total / 2**20:.1f} MiB in all under {CACHE.relative_to(ROOT)}",
+          file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the check
+
+
+class Row:
+    """One line of the table: what, the result, seconds, ok."""
+
+    def __init__(self, what: str, result: str, seconds: float | None = None, ok: bool = True) -> None:
+        self.what, self.result, self.seconds, self.ok = what, result, seconds, ok
+
+
+def card() -> dict:
+    """nvidia-smi's first GPU: {"name", "compute_cap" ("8.9"), "memory", "driver"}; {} without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    name, cap, mem, driver = (x.strip() for x in (out.splitlines() or [",,,"])[0].split(",")[:4])
+    return {"name": name, "compute_cap": cap, "memory": mem, "driver": driver}
+
+
+def build(work: Path, arch: str, log: Path) -> tuple[str, str]:
+    """A venv under `work` with the wheels, and llama-cpp-python built for CUDA `arch` ("89") from the trimmed
+    sdist, patched like scripts/install-llama-cpp.sh. Returns (the venv's python, a one-line description).
+    Raises RuntimeError with the step that failed (its output is in `log`)."""
+    if not TRIMMED.is_file():
+        raise RuntimeError(f"{TRIMMED.relative_to(ROOT)} is missing: run `python benchmarks/gpu_check.py prepare` "
+                           "where there is network, and carry .cache/gpu_check")
+    venv = work / "venv"
+    py = str(venv / "bin" / "python")
+
+    def step(what: str, cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> None:
+        with open(log, "a") as f:
+            f.write(f"\n$ {' '.join(cmd)}\n")
+            f.flush()
+            if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd).returncode:
+                raise RuntimeError(f"{what} failed (see {log})")
+
+    if not Path(py).exists():
+        step("venv", [sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+    wheels = ["--no-index", "--find-links", str(WHEELS)] if WHEELS.is_dir() else []
+    for w in (*BUILD_WHEELS, *RUN_WHEELS):  # one at a time: what the machine has already may stand in for the rest
+        try:
+            step(f"wheel {w}", [py, "-m", "pip", "install", "--quiet", *wheels, w])
+        except RuntimeError:
+            pass  # the venv sees the system's packages; the build or the check says what is still missing
+    src = work / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    with tarfile.open(TRIMMED) as tar:
+        tar.extractall(src, filter="data")
+    source = src / SDIST
+    patches = [ROOT / "patches" / "llama-cpp-python-flash-attn-switch.patch"]
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = ""
+    if platform.machine() in ("x86_64", "AMD64"):
+        if " amx_tile" in cpu and " amx_int8" in cpu:
+            patches.append(ROOT / "patches" / "llama-cpp-python-amx-tileconfig.patch")
+        else:
+            off = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            flags = f"-DCMAKE_C_FLAGS='{off}' -DCMAKE_CXX_FLAGS='{off}' "
+    for p in patches:
+        step(f"patch {p.name}", ["patch", "-p1", "--forward", "--fuzz=0", "-i", str(p)], cwd=source)
+    args = f"{flags}-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES={arch} -DLLAVA_BUILD=OFF"
+    env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 4))
+    step("build", [py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--verbose", str(source),
+                   "-w", str(work / "wheel")], env=env)
+    step("install", [py, "-m", "pip", "install", "--force-reinstall", "--no-deps",
+                     str(next((work / "wheel").glob("llama_cpp_python-*.whl")))])
+    return py, f"llama-cpp-python {VERSION}, CMAKE_ARGS={args}"
+
+
+def model_cache() -> Path:
+    env = os.environ.get("SPECDEC_CACHE")
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+
+
+def real_model() -> Path | None:
+    """The catalog's small real model where the model cache has it."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from specdec_cli.config import load_catalog
+
+        path = model_cache() / load_catalog().models[REAL].file
+    except Exception:  # noqa: BLE001 - no catalog, no model: the check goes on with the random one
+        return None
+    return path if path.is_file() else None
+
+
+def specdec(py: str, args: list[str], env: dict, log: Path, timeout: float) -> tuple[int, float, str]:
+    """Run `python -m specdec_cli ARGS`; (exit code, seconds, its stdout); stderr goes to `log`."""
+    t0 = time.monotonic()
+    with open(log, "a") as f:
+        f.write(f"\n$ specdec {' '.join(args)}\n")
+        f.flush()
+        try:
+            p = subprocess.run([py, "-m", "specdec_cli", *args], stdout=subprocess.PIPE, stderr=f, text=True,
+                               env=env, cwd=ROOT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return 124, time.monotonic() - t0, ""
+    return p.returncode, time.monotonic() - t0, p.stdout
+
+
+def host_ms(stats: dict) -> float | None:
+    """The host's work per target pass from a run's own clock: (decode wall - target passes - drafting) / passes."""
+    n = stats.get("n_target_passes") or 0
+    return (stats["decode_ms"] - stats["verify_ms"] - stats["draft_ms"]) / n if n else None
+
+
+def check(a: argparse.Namespace) -> int:
+    t_start = time.monotonic()
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "gpu_check.log"
+    log.write_text("")
+    rows: list[Row] = []
+    gpu = card()
+    rows.append(Row("card", f"{gpu['name']}, compute {gpu['compute_cap']}, {gpu['memory']}, driver {gpu['driver']}"
+                    if gpu else "no NVIDIA GPU (nvidia-smi not found or failed): a CPU run"))
+    py = sys.executable
+    if a.no_build:
+        try:
+            import llama_cpp
+
+            rows.append(Row("build", f"--no-build: llama-cpp-python {llama_cpp.__version__} as installed ("
+                            f"{'GPU offload' if llama_cpp.llama_supports_gpu_offload() else 'CPU'})"))
+        except ImportError:
+            rows.append(Row("build", "--no-build, and no llama-cpp-python installed", ok=False))
+    else:
+        arch = a.arch or (gpu.get("compute_cap", "").replace(".", "") if gpu else "")
+        t0 = time.monotonic()
+        if not arch or shutil.which("nvcc") is None:
+            rows.append(Row("build", "skipped: " + ("no nvcc on PATH" if arch else "no card to build for (--arch)"),
+                            ok=False))
+        else:
+            try:
+                py, what = build(work, arch, log)
+                rows.append(Row("build", what, time.monotonic() - t0))
+            except RuntimeError as e:
+                rows.append(Row("build", str(e), time.monotonic() - t0, ok=False))
+    env = dict(os.environ, SPECDEC_HOME=str(work / "home"), NO_COLOR="1", COLUMNS="200",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env.pop("SPECDEC_VERIFY_CURVE", None)
+    # the model: a random GGUF at the shape asked for (gguf from the environment, else the sdist's gguf-py)
+    t0 = time.monotonic()
+    model = work / f"random-{a.shape}.gguf"
+    gguf_py = work / "src" / SDIST / "vendor" / "llama.cpp" / "gguf-py"
+    mk_env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(gguf_py)]))
+    if not model.is_file():
+        p = subprocess.run([py, str(ROOT / "benchmarks" / "random_gguf.py"), str(model), "--shape", a.shape],
+                           env=mk_env, capture_output=True, text=True)
+        if p.returncode:
+            rows.append(Row("model", f"random_gguf.py failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}",
+                            time.monotonic() - t0, ok=False))
+    models = [model] if model.is_file() else []
+    if models:
+        rows.append(Row("model", f"{model.name}: random weights at {a.shape}'s shape, "
+                        f"{model.stat().st_size / 2**20:,.1f} MiB", time.monotonic() - t0))
+    real = None if a.no_real else real_model()
+    if real is not None:
+        models.append(real)
+        rows.append(Row("model", f"{real.name}: the catalog's {REAL} (real weights)"))
+    left = lambda: max(30.0, a.budget - (time.monotonic() - t_start))  # noqa: E731
+    if models:
+        code, s, out = specdec(py, ["doctor", "--measure", "--target", str(models[0]), "--json", "-"], env, log,
+                               left())
+        rows += doctor_rows(code, s, out, models[0])
+    for m in models:
+        doc = work / f"run-{m.stem}.json"
+        code, s, _ = specdec(py, ["run", a.edit, "--target", str(m), "--raw", "-n", str(a.tokens), "--compare",
+                                  "--json", str(doc), "--no-prompt-cache"], env, log, left())
+        rows += run_rows(code, s, doc, m)
+    table = render(rows, time.monotonic() - t_start)
+    print(table)
+    out_dir = os.environ.get("OUT")
+    for d in (work, Path(out_dir) if out_dir else None):
+        if d is not None:
+            (d / "gpu_check.txt").write_text(table + "\n")
+            (d / "gpu_check.json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+            if d != work:
+                shutil.copy(log, d / "gpu_check.log")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+def doctor_rows(code: int, seconds: float, out: str, model: Path) -> list[Row]:
+    what = f"specdec doctor --measure -t {model.name}"
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return [Row(what, f"exit {code}: no report (see gpu_check.log)", seconds, ok=False)]
+    curve = next((c["curve"] for c in doc.get("verify_curves", []) if c.get("target") == model.name), None)
+    g = doc.get("gpu", {})
+    devs = ", ".join(f"{d['name']} {d['free_mib']:,}/{d['total_mib']:,} MiB" for d in g.get("devices") or [])
+    rows = [Row("GPU lines", f"backend {g.get('backend') or 'none'}; devices {devs or 'n/a'}; layers "
+                f"{g.get('layers')} ({g.get('why') or 'n/a'})")]
+    if curve is None:
+        return [Row(what, f"exit {code}: no curve kept (see gpu_check.log)", seconds, ok=False), *rows]
+    ms = curve["ms"]
+    v = {b: ms[b - 1] for b in (1, 2, 4, 8, 16, 32, 64) if b <= len(ms)}
+    flat = len(ms) >= 64 and ms[63] <= 1.3 * ms[0]
+    text = "  ".join(f"v({b}) {x:.2f}" for b, x in v.items()) + f" ms; {'flat' if flat else 'not flat'} " \
+        f"(v(64)/v(1) = {ms[min(63, len(ms) - 1)] / ms[0]:.2f})" + (f"; disturbed: {curve['disturbed']}"
+                                                                  if curve.get("disturbed") else "")
+    return [Row(what, text, seconds, ok=code == 0), *rows]
+
+
+def run_rows(code: int, seconds: float, path: Path, model: Path) -> list[Row]:
+    what = f"specdec run EDIT -t {model.name} --compare"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [Row(what, f"exit {code}: no --json written (see gpu_check.log)", seconds, ok=False)]
+    st, c = doc["stats"], doc.get("compare") or {}
+    speed = (f"{c['speedup']:.2f}x plain ({c['speculative_tokens_per_s']:.1f} vs {c['plain_tokens_per_s']:.1f} "
+             f"tok/s, {'identical' if c.get('identical') else 'outputs differ: ' + str(c.get('verdict'))})"
+             if c else "no comparison")
+    rows = [Row(what, f"{speed}; {st['tokens_per_pass']:.2f} tokens/pass, {st['ms_per_pass']:.2f} ms/pass, "
+                f"mean K {st['mean_k']:.1f}", seconds, ok=code == 0)]
+    spec, plain = host_ms(st), host_ms(c.get("plain_stats") or {}) if c else None
+    if spec is not None:
+        rows.append(Row("host work per pass", f"{spec:.2f} ms speculative ({st['n_target_passes']} passes)"
+                        + (f", {plain:.2f} ms plain" if plain is not None else "")
+                        + f"; a target pass {st['ms_per_pass']:.2f} ms"))
+    return rows
+
+
+def render(rows: list[Row], total: float) -> str:
+    """The one table, as plain text (it goes to logs and reports): what | result | seconds."""
+    width = max(len(r.what) for r in rows)
+    lines = [f"gpu_check ({platform.node() or '?'}, {total:.0f} s in all)", f"{'what':<{width}}  {'s':>6}  result",
+             f"{'-' * width}  {'-' * 6}  {'-' * 40}"]
+    for r in rows:
+        s = f"{r.seconds:6.1f}" if r.seconds is not None else " " * 6
+        lines.append(f"{r.what:<{width}}  {s}  {'' if r.ok else 'FAILED: '}{r.result}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd")
+    sub.add_parser("prepare", help="download and trim the sdist and the wheels into .cache/gpu_check (network)")
+    ap.add_argument("--no-build", action="store_true", help="use the llama-cpp-python installed (a CPU run)")
+    ap.add_argument("--arch", help="CMAKE_CUDA_ARCHITECTURES (default: the card's compute capability)")
+    ap.add_argument("--shape", default="qwen2.5-coder-1.5b", help="the random model's shape (random_gguf.SHAPES)")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens the edit generates (default 128)")
+    ap.add_argument("--edit", default=str(EDIT), help="the copy-heavy edit's prompt file (default: textwrap_rename)")
+    ap.add_argument("--no-real", action="store_true", help="skip the real model even where the cache has it")
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check (default 480)")
+    ap.add_argument("--work", default=str(CACHE / "work"), help="where the venv, build, models and home go")
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        return prepare()
+    return check(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
