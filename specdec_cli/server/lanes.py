@@ -197,6 +197,7 @@ class PassScheduler:
         self._active: set[int] = set()
         self._order = itertools.count()
         self._ms_per_row: float | None = None  # prefill ms per row, from passes that were mostly prefill
+        self._table: np.ndarray | None = None  # the curve's v(b), b = 1.., for `draft_limit`
         self.passes = 0  # llama_decode calls made
         self.log: list[tuple[tuple[int, int], ...]] = []  # per pass: (lane, rows) of each part (the last 256)
 
@@ -268,9 +269,13 @@ class PassScheduler:
         return int(np.argmax(rate))
 
     def _v(self, b: np.ndarray) -> np.ndarray:
-        if self.curve is not None:
-            return np.array([self.curve.at(int(x)) for x in b], dtype=np.float64)
-        return 1.0 + 0.1 * (b.astype(np.float64) - 1.0)
+        """v(b) in ms for sizes b (int [n], ascending, >= 1), from the curve's table (computed once per size)."""
+        if self.curve is None:
+            return 1.0 + 0.1 * (b.astype(np.float64) - 1.0)
+        top = int(b[-1])
+        if self._table is None or len(self._table) < top:
+            self._table = self.curve.array(max(top, 2 * self.backend.n_batch))
+        return self._table[b - 1]
 
     # -- the baton and the passes (lock held) ----------------------------------------------------------------------
     def _want(self, lane: SharedLane) -> None:
