@@ -22,6 +22,16 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [10, 11, 12, 10, 11, 12, 10], [3, 4, 
 
 
 def _engines(backend: FakeBackend, n: int, k: int = 4) -> tuple[PassScheduler, list[SpeculativeEngine]]:
+    """A scheduler of n lanes over `backend` whose first pass lasts 0.3 s, so every lane's thread has entered before
+    the first lane could finish alone; an engine per lane."""
+    first = backend.decode_many
+
+    def slow_first(parts):
+        if not backend.__dict__.get("passes"):
+            time.sleep(0.3)
+        return first(parts)
+
+    backend.decode_many = slow_first
     sched = PassScheduler(backend, n)
     return sched, [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(k)) for lane in sched.lanes]
 
