@@ -68,9 +68,11 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         # --compare replays this run: a drafter in the state this one starts in (built now, before this run's reply
         # is learnt; owned here, not the assembler's) and a copy of the controller this one starts with
         replay = (assembler.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
-        result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
-        if renderer is not None:
-            renderer.end()
+        try:
+            result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
+        finally:
+            if renderer is not None:
+                renderer.end()  # also before an error's message: the text gathered for the screen is shown
 
         print_stats(err, result.stats, method=spec.method,
                     notes=notes(session, spec, result.stats, predicted=prediction is not None))
