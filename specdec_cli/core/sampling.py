@@ -493,5 +493,5 @@ def argmax_rows(logits: np.ndarray) -> np.ndarray:
     out = np.empty(rows, dtype=np.int64)
     for i, j in enumerate(first):
         lo = j * _CHUNK
-        out[i] = lo + int(np.argmax(logits[i, lo : lo + _CHUNK]))
+        out[i] = lo + int(logits[i, lo : lo + _CHUNK].argmax())
     return out
