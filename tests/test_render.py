@@ -17,7 +17,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Terminal(io.StringIO):
-    """A terminal that keeps what it is sent, and counts the writes."""
+    """A terminal that keeps what it is sent, and counts the writes of something."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -27,7 +27,7 @@ class Terminal(io.StringIO):
         return True
 
     def write(self, s: str) -> int:
-        self.writes += 1
+        self.writes += bool(s)
         return super().write(s)
 
     def shown(self) -> str:
@@ -99,3 +99,29 @@ def test_a_pipe_gets_every_steps_text_as_it_comes():
         assert out.getvalue() == so_far
     renderer.end()
     assert out.getvalue() == text
+
+
+def test_the_stream_is_written_byte_for_byte_as_rich_prints_it():
+    from rich.text import Text
+
+    from specdec_cli.cli.console import make_console
+    from specdec_cli.cli.render import segment_style
+    from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Step
+
+    texts = ["def f(x):\n", "    return x\n\n", "é [bold]not markup[/]", "a\rb\x07c", "\n", "x\x1b[31my", "  ",
+             "tab\there", "end"]
+    steps = []
+    for i, t in enumerate(texts):
+        segments = ((ACCEPTED, t), (REJECTED, texts[-1 - i]), (TARGET, texts[(i + 3) % len(texts)]))
+        steps.append(Step(index=i, k=2, drafted=(1, 2), n_accepted=1, target_token=3, emitted=(1, 3),
+                          segments=segments, draft_ms=0.0, verify_ms=1.0, source=("prompt", "store")[i % 2]))
+    out, expected = Terminal(), Terminal()
+    renderer = StreamRenderer(out, styled=True, refresh_s=0.0, clock=Clock())  # each step printed on its own
+    rich = make_console(file=expected)
+    for step in steps:
+        renderer.step(step)
+        text = Text()
+        for kind, t in step.segments:
+            text.append(t, style=segment_style(kind, step.source))
+        rich.print(text, end="")
+    assert "\x1b[" in out.getvalue() and out.getvalue() == expected.getvalue()
