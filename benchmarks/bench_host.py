@@ -31,6 +31,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import platform
@@ -254,7 +255,7 @@ def fake_table(repeats: int, n_prompt: int, n_out: int) -> list[dict]:
         texts = {r["text"] for r in rs}
         assert len(texts) == 1, f"{name}: the output changed between repeats"
         host = [r["host_ms"] for r in rs]
-        table.append({"config": name, "rows": statistics.median(r["rows"] for r in rs),
+        table.append({"config": name, "text": texts.pop(), "rows": statistics.median(r["rows"] for r in rs),
                       "passes": statistics.median(r["passes"] for r in rs), "host": host,
                       "draft": statistics.median(r["draft_ms"] for r in rs)})
     return table
@@ -270,6 +271,8 @@ def print_fake(table: list[dict], repeats: int, n_prompt: int, n_out: int) -> No
         budget = 1.0 + 0.1 * r["rows"]
         print(f"{r['config']:<12} {r['rows']:>9.1f} {r['passes']:>6.0f} {med:>8.3f} ({lo:.3f}-{hi:.3f}) "
               f"{r['draft']:>14.3f} {budget:>7.2f} {'yes' if med <= budget else 'NO':>6}")
+    outputs = hashlib.sha256("".join(r["text"] for r in table).encode()).hexdigest()[:16]
+    print(f"outputs sha256 {outputs} (the same before and after a change that keeps greedy output)")
 
 
 def profile(k: int, n_prompt: int, n_out: int, top: int = 30) -> None:
@@ -363,7 +366,7 @@ def real_table(args) -> None:
             runs.append({"wall": wall, "target": target_ms, "draft": draft_ms, "host": wall - target_ms - draft_ms, "cpu": cpu,
                          "backend": backend, "cpu_median": statistics.median(per_pass),
                          "passes": passes, "rows": rows / passes, "calls": clock["calls"],
-                         "tokens": len(drive.result().tokens)})
+                         "tokens": len(drive.result().tokens), "text": drive.result().text})
     llama_cpp.llama_decode = inner
     print(f"\n(b) real: specdec run --method auto -n {args.n} {Path(args.prompt).name} (prompt cache off; median of "
           f"{len(runs)} repeats, min-max)")
@@ -384,7 +387,8 @@ def real_table(args) -> None:
     row("  median pass", [r["cpu_median"] for r in runs], "{:.2f}")  # without the first steps' one-off costs
     row("  in the backend", [r["backend"] / r["passes"] for r in runs], "{:.2f}")  # models/llama.py's Python
     row("budget ms/pass", [1.0 + 0.1 * r["rows"] for r in runs], "{:.2f}")
-    print(f"tokens: {sorted({r['tokens'] for r in runs})}")
+    print(f"tokens: {sorted({r['tokens'] for r in runs})}; output sha256 "
+          f"{sorted({hashlib.sha256(r['text'].encode()).hexdigest()[:16] for r in runs})}")
 
 
 def _cpu_timed(fn, clock: dict):
