@@ -67,3 +67,11 @@ def test_markup_like_text_is_plain_text():
 
 def test_piece_text_replaces_invalid_utf8():
     assert piece_text(PIECES.__getitem__, [5]) == "\ufffd"
+
+
+def test_text_is_everything_released_with_or_without_stop_strings():
+    for stop in ((), ("END",), ("wor", "zz")):
+        s = TextStream(PIECES.__getitem__, stop)
+        shown, _ = push_all(s, [1, 2, 5, 6, 3, 4, 7, 9, 1])
+        shown += "".join(t for _, t in s.flush())
+        assert s.text == shown and shown.startswith("Helloé")

@@ -9,6 +9,8 @@ why the CPU's verify curve is treated as it is) is in docs/design.md.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +129,7 @@ class CostModel:
         self.steps = 0
         self.points: dict[int, _Point] = {b: _Point(ms, 1, -1) for b, ms in self.prior.verify_ms if b >= 1}
         self._curve: np.ndarray | None = None  # verify_curve() of the current points (None: to be fitted)
+        self._base: tuple[VerifyCurve, np.ndarray] | None = None  # (the measured curve, its v(b) for b <= k_max + 1)
         self._draft = np.zeros(5)  # decayed sums over draft-model calls: w, w n, w n^2, w ms, w n ms
         self._acc = np.zeros((2, self.k_max))  # [accepted, verified] by position, every draft
         self._fill = np.zeros((2, self.k_max))  # [proposed, asked] by position, every draft
@@ -136,6 +139,7 @@ class CostModel:
         # prediction are right at different rates after a match of the same length)
         self._acc_b: dict[str, np.ndarray] = {}
         self._acc_b_run: dict[str, np.ndarray] = {}  # the same, counted by this model alone (never restored)
+        self._run_chains: dict[str, list[np.ndarray]] = {}  # run_acceptance by source: the chains of buckets 0..len-1
         self.by_source: dict[str, dict[str, float]] = {}
         self._memo: dict[tuple[int | None, str], np.ndarray] = {}  # acceptance() until the counts change
         # the attention term of a measured curve (`attention`): decayed sums over verify passes of the features
@@ -163,6 +167,7 @@ class CostModel:
                     acc *= REJECTION_DECAY  # multiplicative decrease: a rejection weighs more than a long good run
                     acc[1, m] += 1.0
                 acc[:, :m] += 1.0
+            del self._run_chains.get(source or step.source, [])[bucket:]  # run_acceptance's chains from here up
         if not step.shared_rows or self.curve is None:
             # a pass shared with other sequences times their rows too: with a measured curve, it is not this step's
             # cost to learn; without one, it is the only timing there is (K then shrinks with the others' rows)
@@ -340,7 +345,10 @@ class CostModel:
         return self._curve
 
     def _fit_measured(self) -> np.ndarray:
-        base = self.curve.array(self.k_max + 1)  # [k_max + 1] measured v(b), b = 1..k_max + 1
+        if self._base is None or self._base[0] is not self.curve:  # once per curve, not per step
+            self._base = (self.curve, self.curve.array(self.k_max + 1))
+            self._base[1].flags.writeable = False
+        base = self._base[1]  # [k_max + 1] measured v(b), b = 1..k_max + 1 (read-only)
         timed = [(b, p) for b, p in self.points.items() if p.verified and b <= self.k_max + 1]
         if not timed:
             return base
@@ -416,7 +424,7 @@ class CostModel:
         if bucket is None:
             out = self._chain(self._acc, self.prior.acceptance, None, s)
         else:
-            out = self._bucket_chain(self.bucket_counts(source), bucket, source, float(self.acceptance()[0]))
+            out = self._bucket_chain(self.bucket_counts(source), bucket, source, float(self.acceptance()[0]), source)
         out.flags.writeable = False
         self._memo[key] = out
         return out
@@ -425,22 +433,32 @@ class CostModel:
         """`acceptance(bucket, source)` as a fresh model would estimate it: from this model's own steps alone (not
         what `restore` brought) and the prior: float [k_max]. A restored model uses the larger of the two at each
         position (`controller.AdaptiveK`), so what earlier prompts taught never holds a new one below a fresh start."""
-        key = (bucket, f"run:{source}")
-        memo = self._memo.get(key)
-        if memo is not None:
-            return memo
-        out = self._bucket_chain(self._run_counts(source), bucket, source, self.prior.acceptance)
-        out.flags.writeable = False
-        self._memo[key] = out
-        return out
+        # Kept across steps: bucket b's chain depends on the run counts of buckets 0..b alone (and the prior), and a
+        # step changes only its own bucket's (`observe` drops the chains from that bucket up): the same arrays the
+        # `_bucket_chain` of these counts gives, without recomputing every bucket below on every step.
+        chains = self._run_chains.setdefault(source, [])
+        if len(chains) <= bucket:
+            counts, s = self._run_counts(source), self.prior.strength
+            for b in range(len(chains), bucket + 1):
+                m = SOURCE_PRIOR.get(source, min(self.prior.acceptance, float(SHORT_MATCH_PRIOR[b])))
+                out = self._chain(counts[b], m, chains[-1] if chains else None, s)
+                out.flags.writeable = False
+                chains.append(out)
+        return chains[bucket]
 
-    def _bucket_chain(self, counts: np.ndarray, bucket: int, source: str, pooled: float) -> np.ndarray:
+    def _bucket_chain(self, counts: np.ndarray, bucket: int, source: str, pooled: float,
+                      memo: str | None = None) -> np.ndarray:
         """a_i of `source`'s drafts in `bucket` from counts float [7, 2, k_max]: each bucket's chain from its prior
-        mean (`pooled` a_1 capped by `SHORT_MATCH_PRIOR`, or `SOURCE_PRIOR`), raised to the bucket below's."""
+        mean (`pooled` a_1 capped by `SHORT_MATCH_PRIOR`, or `SOURCE_PRIOR`), raised to the bucket below's. `memo`:
+        the memo's source key under which the lower buckets' chains, computed on the way, are kept too (they are
+        what `acceptance` or `run_acceptance` of those buckets would compute)."""
         out = None
         for b in range(bucket + 1):
             m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
             out = self._chain(counts[b], m, out, self.prior.strength)
+            if memo is not None and b < bucket:
+                out.flags.writeable = False
+                self._memo.setdefault((b, memo), out)
         return out
 
     def model_acceptance(self) -> np.ndarray:
@@ -449,13 +467,23 @@ class CostModel:
 
     @staticmethod
     def _chain(acc: np.ndarray, m: float, floor: np.ndarray | None, s: float) -> np.ndarray:
-        """(A_i + s m_i) / (N_i + s) with m_1 = m, m_i = a_(i-1), raised to floor[i] where given: float [k_max]."""
+        """(A_i + s m_i) / (N_i + s) with m_1 = m, m_i = a_(i-1), raised to floor[i] where given: float [k_max].
+
+        Positions past the last one with evidence (A_i = N_i = 0) give (s max(m, f)) / s, which is max(m, f) exactly
+        when s is a power of two >= 1 (the default 2): there the chain is a running maximum, not a loop."""
         hits, trials = acc.tolist()
         floors = floor.tolist() if floor is not None else [0.0] * len(hits)
+        k = seen = len(hits)
+        if s >= 1.0 and math.frexp(s)[0] == 0.5:
+            while seen and hits[seen - 1] == 0.0 and trials[seen - 1] == 0.0:
+                seen -= 1
         out = []
-        for h, t, f in zip(hits, trials, floors, strict=True):
+        for h, t, f in zip(hits[:seen], trials[:seen], floors[:seen]):
             m = (h + s * max(m, f)) / (t + s)
             out.append(m)
+        if seen < k:  # the running maximum of m and the floors (Python's max: the same value as the loop's)
+            out.extend(itertools.accumulate(floors[seen:], max, initial=m))
+            del out[seen]  # the initial m
         return np.array(out)
 
     def fill(self) -> np.ndarray:

@@ -41,6 +41,11 @@ class TextStream:
         After a hit the stream is finished: the stop string and anything after it are dropped.
         """
         s = self._decoder.decode(self._piece(token))
+        if not self._stop and not self._pending:  # nothing held back, nothing to hold: released as it comes
+            if not s:
+                return [], False
+            self.text_parts.append(s)
+            return [(kind, s)], False
         if s:
             self._pending.append((kind, s))
         pending = "".join(t for _, t in self._pending)

@@ -14,7 +14,7 @@ import numpy as np
 from specdec_cli.models.backend import Backend, common_prefix, sync
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.records import Source
-from specdec_cli.core.sampling import Dist, SamplingParams, process, sample
+from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample
 
 
 class ModelDrafter(DrafterBase):
@@ -62,7 +62,7 @@ class ModelDrafter(DrafterBase):
                 p_top = _top_prob(logits) if self.min_prob > 0.0 else 1.0
                 if i > 0 and p_top < self.min_prob:
                     break
-                tok = int(np.argmax(logits))
+                tok = int(argmax_rows(logits[None])[0])  # read in place: np.argmax copies a read-only row
                 score *= p_top
             else:
                 q = process(logits, sampling)  # q_i over its candidates

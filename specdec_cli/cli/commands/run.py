@@ -71,11 +71,13 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         # is learnt; owned here, not the assembler's) and a copy of the controller this one starts with
         replay = (assembler.make_drafter(spec), copy.deepcopy(engine.controller)) if output.compare else None
         idle_w = _idle_baseline(err) if output.idle_baseline else None
-        result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
+        try:
+            result = generate(engine, prompt, config, renderer.step if renderer is not None else None)
+        finally:
+            if renderer is not None:
+                renderer.end()  # also before an error's message: the text gathered for the screen is shown
         if idle_w is not None and result.stats.energy is not None:
             result = replace(result, stats=replace(result.stats, energy=result.stats.energy.net_of(idle_w)))
-        if renderer is not None:
-            renderer.end()
 
         print_stats(err, result.stats, method=spec.method,
                     notes=notes(session, spec, result.stats, predicted=prediction is not None))
