@@ -20,7 +20,8 @@ first, then earliest deadline, then arrival):
 
 K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
 tokens of the others' last passes on the measured verify curve, (E_lane(k) + T_others) / v(k + 1 + R_others)
-maximised over k, with E(k) = 1 + a + ... + a^k from the lane's measured acceptance a; the lane's controller then
+maximised over k (v: the measured curve as a straight line), with E(k) = 1 + a + ... + a^k from the lane's
+measured acceptance a (0.9 before any evidence); the lane's controller then
 chooses K within it. As the batch grows, a lane's extra rows must beat the batch's own tokens per ms, so speculation
 shrinks, and never below plain batched decoding (k = 0 is always allowed). After TurboSpec/SmartSpec (Liu et al.
 2024, arXiv 2406.14066): speculate by goodput, less as the batch grows.
@@ -51,7 +52,7 @@ PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that a
 SHARE_ROWS = 32  # a long request's prefill rows per pass while an interactive lane is in the pass (its guaranteed share)
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
 MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
-ACCEPT_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejections) behind a lane's acceptance estimate
+ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
 ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
 
 
@@ -197,7 +198,7 @@ class PassScheduler:
         self._active: set[int] = set()
         self._order = itertools.count()
         self._ms_per_row: float | None = None  # prefill ms per row, from passes that were mostly prefill
-        self._table: np.ndarray | None = None  # the curve's v(b), b = 1.., for `draft_limit`
+        self._line: tuple[float, float] | None = None  # (ms, ms per row): the curve as a line, for `draft_limit`
         self.passes = 0  # llama_decode calls made
         self.log: list[tuple[tuple[int, int], ...]] = []  # per pass: (lane, rows) of each part (the last 256)
 
@@ -269,13 +270,18 @@ class PassScheduler:
         return int(np.argmax(rate))
 
     def _v(self, b: np.ndarray) -> np.ndarray:
-        """v(b) in ms for sizes b (int [n], ascending, >= 1), from the curve's table (computed once per size)."""
+        """v(b) in ms for sizes b (int [n], >= 1): a straight line fitted to the measured curve (least squares over its
+        sizes, made once). A CPU's curve is bumpy from one size to the next (kernel tiles), and a best response on the
+        bumps jumps between extremes; the line keeps what matters: the pass's fixed cost and the cost of a row."""
         if self.curve is None:
             return 1.0 + 0.1 * (b.astype(np.float64) - 1.0)
-        top = int(b[-1])
-        if self._table is None or len(self._table) < top:
-            self._table = self.curve.array(max(top, 2 * self.backend.n_batch))
-        return self._table[b - 1]
+        if self._line is None:
+            sizes = np.arange(1, self.curve.b_max + 1, dtype=np.float64)
+            slope, intercept = np.polyfit(sizes, np.asarray(self.curve.ms, dtype=np.float64), 1)
+            slope = max(float(slope), 0.0)
+            self._line = (max(float(intercept), 1e-3), slope)
+        intercept, slope = self._line
+        return intercept + slope * b.astype(np.float64)
 
     # -- the baton and the passes (lock held) ----------------------------------------------------------------------
     def _want(self, lane: SharedLane) -> None:
