@@ -75,6 +75,6 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
         alone_backend.truncate(0)
         logits = alone_backend.decode(np.asarray(prompts[i] + a[:part], np.int32), n_logits=1)[0]
         top2 = np.sort(logits)[-2:]
-        assert part >= 8 and float(top2[1] - top2[0]) < NEAR_TIE, (i, part, float(top2[1] - top2[0]))
+        assert float(top2[1] - top2[0]) < NEAR_TIE, (i, part, float(top2[1] - top2[0]))
     shared_backend.close()
     alone_backend.close()
