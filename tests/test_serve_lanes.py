@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -120,3 +122,25 @@ def test_real_server_answers_the_openai_and_anthropic_sdks_at_once(smollm2_path)
     assert alone[0] and alone[1]
     lanes = {line.rsplit("lane ", 1)[1] for line in err.splitlines() if line.startswith("#") and "lane " in line}
     assert len(lanes) == 2, err
+
+
+def test_a_completion_waits_for_the_finishing_lane_that_holds_its_prefix():
+    """An editor's next FIM arrives as its previous one's lane is finishing: it is placed on that lane (which holds
+    its prefix), not on an idle lane where its whole prompt would be evaluated again."""
+    from types import SimpleNamespace
+
+    from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.request import Fim, Request
+    from specdec_cli.server.worker import Job, Worker
+
+    held = {0: [], 1: list(range(100, 600))}  # lane 1 served the previous completion
+    service = SimpleNamespace(lanes=2, scheduler=None, lane_tokens=lambda i: [np.asarray(held[i], np.int32)],
+                              reply=lambda r: None)
+    worker = Worker(service)
+    fim = Request(config=GenerationConfig(max_tokens=32), fim=Fim(prefix="a", suffix="b"), label="infill")
+    worker._running[1] = Job(1, fim, lambda e: None)  # still finishing its previous completion
+    job = Job(2, fim, lambda e: None)
+    job.prompt = list(range(100, 590)) + [7, 8]
+    assert worker._place(0, job) == 1
+    worker._running[1] = Job(3, Request(config=GenerationConfig(max_tokens=4096)), lambda e: None)  # a long request
+    assert worker._place(0, job) == 0  # not worth waiting for

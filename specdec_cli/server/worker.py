@@ -286,12 +286,15 @@ class Worker:
         return min(free, key=_rank) if free else None
 
     def _place(self, lane: int, job: Job) -> int:
-        """The lane `job` should run on (lock held): the idle lane (`lane` included) whose KV cache or parked states
-        share the longest prefix with its prompt, the least recently used on a tie."""
+        """The lane `job` should run on (lock held): the lane whose KV cache or parked states share the longest prefix
+        with its prompt, the least recently used on a tie, among the idle lanes (`lane` included) and the lanes
+        finishing an interactive request (an editor's next completion arrives as its previous one ends: it waits
+        for that lane rather than evaluate its prompt again on another)."""
         if self.n_lanes == 1 or job.prompt is None:
             return lane
         prompt = np.asarray(job.prompt, dtype=np.int32)
-        idle = [i for i in range(self.n_lanes) if i not in self._running]
+        idle = [i for i in range(self.n_lanes) if i not in self._running or (
+            self._running[i].request is not None and self._running[i].request.interactive)]
 
         def shared(i: int) -> int:
             return max((common_prefix(held, prompt) for held in self.service.lane_tokens(i)), default=0)
