@@ -124,6 +124,7 @@ OUTCOMES = {ClientGoneError: "cancelled (client gone)", ShuttingDownError: "cut 
 FIRST_GUESS_S = 10.0  # a request's wall time before any was served (Retry-After's first estimate), seconds
 MEAN_WEIGHT = 0.3  # weight of the latest request in the moving mean of wall times
 PLACE_MARGIN = 32  # tokens of prefix another idle lane must share beyond the taking lane's to be handed a request
+WAIT_MARGIN = 256  # tokens of prefix a finishing interactive lane must share beyond every idle lane's to be waited for
 
 
 def _rank(job: Job) -> tuple:
@@ -301,6 +302,10 @@ class Worker:
 
         scores = {i: shared(i) for i in idle}
         best = max(idle, key=lambda i: (scores[i], -self._used[i]))
+        if best in self._running and scores[best] <= max(scores.get(i, 0) for i in idle if i not in self._running) \
+                + WAIT_MARGIN:
+            idle = [i for i in idle if i not in self._running]  # not worth waiting for: the best idle lane
+            best = max(idle, key=lambda i: (scores[i], -self._used[i]))
         return lane if scores[best] <= scores.get(lane, 0) + PLACE_MARGIN and lane in scores else best
 
     def _run(self, lane: int) -> None:
