@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fakes import EOS, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
+from fakes import CHARS, EOS, Clock, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.drafters.model import ModelDrafter
@@ -411,3 +411,32 @@ def test_a_branch_pass_scores_each_branch_as_a_one_branch_pass_would():
         alone = FakeBackend(hashed_logits)
         alone.decode(PROMPT[:-1])
         np.testing.assert_array_equal(logits[rows], alone.decode([PROMPT[-1], *branch], n_logits=len(branch) + 1))
+
+
+def test_past_the_line_time_the_output_ends_after_the_next_newline_and_not_before():
+    """llama-server's t_max_predict_ms (`GenerationConfig.line_time_ms`): lines of "ab" then a newline, 100 ms a
+    pass, plain decoding: a newline before the limit does not end the reply, the first one after it does (and the rest
+    of a speculative step after it is dropped); without a limit the reply runs to max_tokens."""
+    line = [ord("a"), ord("b"), 10]
+
+    def lines(prefix):
+        logits = np.zeros(len(CHARS), np.float32)
+        logits[line[len(prefix) % 3]] = 5.0
+        return logits
+
+    def engine(k):
+        clock = Clock()
+        target = FakeBackend(lines, vocab=len(CHARS), pieces=CHARS, clock=clock, cost=lambda b: 100.0)
+        drafter = ModelDrafter(FakeBackend(lines, vocab=len(CHARS), pieces=CHARS)) if k else None
+        return SpeculativeEngine(target, drafter, FixedK(k), clock=clock)
+
+    prompt = [ord("a"), ord("b"), 10]  # the next line starts at a multiple of 3
+    records, steps, tokens = run(engine(0), prompt, max_tokens=30, line_time_ms=450)
+    text = bytes(CHARS[t][0] for t in tokens).decode()
+    # passes end at 100, 200, ... ms after the prefill: the newline of 300 ms is early, the one of 600 ms ends it
+    assert text == "ab\nab\n" and finish_reason(records) == "length"
+    _, _, unlimited = run(engine(0), prompt, max_tokens=30)
+    assert len(unlimited) == 30
+    records, steps, tokens = run(engine(8), prompt, max_tokens=30, line_time_ms=50)
+    # the first pass (100 ms) accepts 8 drafts and a bonus token: cut after its first newline
+    assert bytes(CHARS[t][0] for t in tokens).decode() == "ab\n" and len(steps) == 1

@@ -161,3 +161,20 @@ def test_qwen_coder_fills_the_missing_line_through_completions_and_infill(qwen_p
         assert re.search(MISSING, text), text
     assert raw.usage.prompt_tokens < 40  # the FIM markers are single tokens (parsed), not text
     assert by_suffix.choices[0].text == raw.choices[0].text  # the same prompt, sent either way
+
+
+def test_infill_applies_t_max_predict_ms_as_llama_server_does_and_orders_by_the_whole_budget():
+    """`t_max_predict_ms` changes what comes back (the reply ends at the first newline after that much generation:
+    `GenerationConfig.line_time_ms`, tested in test_engine), so it is applied, not only accepted; with
+    `t_max_prompt_ms` it is the scheduler's deadline. Left out or 0: no time limit, no deadline."""
+    from types import SimpleNamespace
+
+    from specdec_cli.server.llama_infill import InfillRequest, to_request
+    from specdec_cli.server.request import Defaults
+
+    ctx = SimpleNamespace(service=SimpleNamespace(require_fim=lambda param: None), defaults=Defaults(), n_ctx=512)
+    body = {"input_prefix": "w5", "input_suffix": "w7", "n_predict": 128}
+    timed = to_request(InfillRequest(**body, t_max_prompt_ms=500, t_max_predict_ms=1000), ctx)
+    assert timed.config.line_time_ms == 1000.0 and timed.deadline_ms == 1500.0
+    for untimed in (to_request(InfillRequest(**body), ctx), to_request(InfillRequest(**body, t_max_predict_ms=0), ctx)):
+        assert untimed.config.line_time_ms is None and untimed.deadline_ms is None

@@ -20,6 +20,7 @@ mlx-lm `speculative_generate_step`; two branches: SpecInfer (Miao et al. 2024), 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -60,6 +61,10 @@ class GenerationConfig:
             alternatives. Read from the verify rows already computed.
         interrupt: called between the prefill's chunks (`backend.sync`); raises to stop the prefill (the server's
             client gone, deadline, shutdown). None: the prompt is evaluated in one call.
+        line_time_ms: once the generation has run this many ms (from the end of the prefill, by the engine's clock),
+            the output ends after the next token holding a newline (finish `length`): llama-server's
+            `t_max_predict_ms` (tools/server/server-context.cpp `process_token`), which llama.vim sends so a slow
+            completion still ends on a whole line. None: no time limit.
     """
 
     max_tokens: int = 512
@@ -69,6 +74,7 @@ class GenerationConfig:
     grammar: Grammar | None = None
     logprobs: int | None = None
     interrupt: Callable[[], None] | None = None
+    line_time_ms: float | None = None
 
 
 class SpeculativeEngine:
@@ -126,6 +132,8 @@ class SpeculativeEngine:
         n_out = 0
         try:
             yield self._prefill(prompt, config.prediction, config.interrupt)
+            # past this clock time, a newline ends the output (llama-server's t_max_predict_ms); inf: never
+            t_lines = self.clock() + config.line_time_ms / 1e3 if config.line_time_ms is not None else math.inf
             for index in itertools.count():
                 t_start = self.clock()
                 # 1-2. choose K and draft (cut at the first token the grammar forbids); maybe a second branch `alt`
@@ -160,7 +168,8 @@ class SpeculativeEngine:
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
                 new = [*map(int, d[:n_acc]), token]
                 n_past = n - 1  # the cache held context[:n - 1] when the pass ran
-                emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out)
+                emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out,
+                                                       t_verify > t_lines)
                 ctx[n : n + len(new)] = new
                 n += len(new)
                 n_out += len(emitted)
@@ -281,9 +290,9 @@ class SpeculativeEngine:
         return k, draft, alt
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
-              budget: int) -> tuple[list[int], list, str | None]:
+              budget: int, late: bool = False) -> tuple[list[int], list, str | None]:
         """Commit `new` (accepted drafts, then the target token) to the output, in order, stopping at an
-        end-of-generation token, a stop string or the token budget.
+        end-of-generation token, a stop string, the token budget or, when `late` (past `line_time_ms`), a newline.
 
         Returns (emitted tokens, display segments, finish reason or None). Segments are in display order: accepted
         drafts, the rejected drafts (shown where they were proposed, never part of the output), the target token.
@@ -303,7 +312,7 @@ class SpeculativeEngine:
             if hit:
                 finish = FinishReason.stop
                 break
-            if len(emitted) >= budget:
+            if len(emitted) >= budget or (late and b"\n" in self.target.piece(tok)):
                 finish = FinishReason.length
                 break
         if finish in (FinishReason.eog, FinishReason.length):

@@ -14,7 +14,9 @@ stop, model, tokens_predicted, tokens_evaluated, generation_settings, prompt, ha
 prompt_per_second, predicted_n, predicted_ms, predicted_per_token_ms, predicted_per_second}} and specdec's `specdec`
 statistics. Errors: llama-server's {"error": {"code", "message", "type"}}.
 
-`t_max_prompt_ms` + `t_max_predict_ms` are the request's deadline: the scheduler serves earlier deadlines first
+`t_max_predict_ms` is applied as llama-server applies it: once the generation has run that long, the reply ends
+after the next token holding a newline (`stop_type` "limit"; `GenerationConfig.line_time_ms`). `t_max_prompt_ms` +
+`t_max_predict_ms` are also the request's deadline: the scheduler serves earlier deadlines first
 (`Request.deadline_ms`). Accepted and not applied (they pick samplers llama.cpp has and specdec does not, or slots):
 `n_indent`, `samplers`, `cache_prompt` (the KV cache keeps the longest common prefix anyway), `id_slot`; any other
 field is accepted and ignored.
@@ -59,10 +61,10 @@ class InfillRequest(Open):
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     seed: Optional[int] = None
     response_fields: Optional[list[str]] = None
+    t_max_predict_ms: Optional[int] = None  # after this many ms of generation, end at the next newline
+    t_max_prompt_ms: Optional[int] = None  # with t_max_predict_ms, the deadline the scheduler orders by
     # accepted, not applied (module docstring)
     n_indent: Optional[int] = None
-    t_max_prompt_ms: Optional[int] = None
-    t_max_predict_ms: Optional[int] = None
     samplers: Any = None
     cache_prompt: Optional[bool] = None
     id_slot: Optional[int] = None
@@ -82,8 +84,9 @@ def to_request(body: InfillRequest, ctx: Context) -> Request:
     fim = Fim(prefix=body.input_prefix, suffix=body.input_suffix, prompt=body.prompt, repo=True,
               extra=tuple((c.filename, c.text) for c in body.input_extra))
     budget = [t for t in (body.t_max_prompt_ms, body.t_max_predict_ms) if t is not None and t > 0]
-    return Request(config=GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling), fim=fim, label="infill",
-                   deadline_ms=float(sum(budget)) if budget else None)
+    lines = float(body.t_max_predict_ms) if body.t_max_predict_ms is not None and body.t_max_predict_ms > 0 else None
+    config = GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, line_time_ms=lines)
+    return Request(config=config, fim=fim, label="infill", deadline_ms=float(sum(budget)) if budget else None)
 
 
 class InfillWriter:
