@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -149,7 +150,64 @@ def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_sha
     parts = sched._compose()
     assert parts[0] == (fim, 5)  # the interactive step first
     assert (chat, 3) in parts  # every waiting step rides along
-    assert (agent, 32) in parts  # the long prefill advances by its guaranteed share, no more
+    assert (agent, 32) in parts  # before any pass was timed: the long prefill advances by share_rows, no more
+    sched._ms_per_row, sched._owed_ms = 10.0, 0.0
+    assert agent not in [s for s, _ in sched._compose()]  # timed, nothing owed yet: the interactive pass runs light
+    sched._owed_ms = 45.0
+    assert (agent, 5) in sched._compose()  # what 45 ms owed buys at 10 ms a row
+
+
+def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_more():
+    """An agent's long prefill and an editor's completion at once (a virtual clock, passes of 10 + 5 ms a row): while
+    the editor decodes, the prefill takes about `share` of the time (it never starves, and does not slow each
+    editor step by a whole piece or a fixed number of rows); both outputs are their greedy ones."""
+    from fakes import Clock
+
+    clock = Clock()
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
+    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
+    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
+    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, 1500)]
+    first_piece = threading.Event()
+    orig = backend.decode_many
+
+    def spy(parts):
+        if len(backend.__dict__.get("passes", [])) == 2:
+            first_piece.set()
+            time.sleep(0.2)  # the editor arrives now
+        return orig(parts)
+
+    backend.decode_many = spy
+    editor_out = {}
+
+    def editor():
+        first_piece.wait(5)
+        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
+        try:
+            editor_out[1] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=60))
+                             if isinstance(r, Step) for t in r.emitted]
+        finally:
+            sched.leave(sched.lanes[1])
+
+    t = threading.Thread(target=editor)
+    t.start()
+    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
+    t.join(10)
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    assert editor_out[1] == greedy_reference(hashed_logits, PROMPTS[3], 60)
+    # the passes with the editor in them while the agent was still reading its prompt
+    read, both = 0, []
+    for p in backend.passes:
+        rows = dict(p)
+        if read < len(long_prompt) - 1 and 1 in rows:
+            both.append(p)
+        read += rows.get(0, 0)
+    assert len(both) >= 10
+    agent_ms = sum(5.0 * dict(p).get(0, 0) for p in both)
+    total_ms = sum(10.0 + 5.0 * sum(r for _, r in p) for p in both)
+    assert 0.15 <= agent_ms / total_ms <= 0.35  # about its share of the time
+    longest_wait = max(len(list(g)) for k, g in itertools.groupby(both, key=lambda p: 0 in dict(p)) if not k)
+    assert longest_wait <= 4  # never starved for long: owed time buys a row every few passes
 
 
 def test_compose_earliest_deadline_first_among_interactive():

@@ -13,9 +13,10 @@ What a pass holds (`PassScheduler._compose`), in priority order (interactive req
 first, then earliest deadline, then arrival):
 - every decoding lane's verify rows (its newest token and its draft): a step is never split;
 - prefill rows of the lanes still reading their prompts, cut into pieces: a piece of about `piece_s` seconds of
-  prefill (measured per row, so a request that arrives meanwhile joins within about that), and while an interactive
-  lane is in the pass, a long request's piece is cut to `share_rows` rows: it still advances every pass (it never
-  starves) but does not slow the interactive lane's steps much;
+  prefill (measured per row, so a request that arrives meanwhile joins within about that); while an interactive
+  lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes' time (the rows its
+  owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it never starves and an
+  interactive lane's steps run at about (1 - `share`) of their speed alone;
 - a lane's second-branch pass (`decode_branches`) runs alone: branches are offered only while a lane is alone.
 
 K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 
 INTERACTIVE, BATCH = 0, 1  # priority classes: lower first
 PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that arrives waits about that at most
-SHARE_ROWS = 32  # a long request's prefill rows per pass while an interactive lane is in the pass (its guaranteed share)
+SHARE = 0.25  # a long request's share of the passes' time while an interactive lane is in them (its guaranteed share)
+SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive lane before any pass was timed
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
 MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
 ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
@@ -176,7 +178,7 @@ class PassScheduler:
         n_lanes: lanes (`specdec serve --parallel`).
         curve: the target's measured verify curve (prices the joint K); None: an affine guess, v(b) = 1 + 0.1 (b - 1).
         clock: seconds, monotonic.
-        piece_s, share_rows: see the module's docstring.
+        piece_s, share, share_rows: see the module's docstring.
 
     Thread use: a lane's thread calls `enter` before using its lane, the lane's `decode` (through `submit`) while
     holding the baton, and `leave` when done; `run` is `enter` + a function + `leave`.
@@ -184,12 +186,13 @@ class PassScheduler:
 
     def __init__(self, backend: Any, n_lanes: int, *, curve: VerifyCurve | None = None,
                  clock: Callable[[], float] = time.perf_counter, piece_s: float = PIECE_S,
-                 share_rows: int = SHARE_ROWS) -> None:
+                 share: float = SHARE, share_rows: int = SHARE_ROWS) -> None:
         self.backend = backend
         self.lanes = [SharedLane(self, backend.lane(i), i) for i in range(n_lanes)]
         self.curve = curve
         self.clock = clock
-        self.piece_s, self.share_rows = piece_s, share_rows
+        self.piece_s, self.share, self.share_rows = piece_s, share, share_rows
+        self._owed_ms = 0.0  # time owed to long requests' prefill while interactive lanes run (negative: ahead)
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
         self._passing = False
@@ -326,6 +329,7 @@ class PassScheduler:
         self.log = [*self.log[-255:], tuple((s.lane.index, m) for s, m in parts)]
         total = sum(m for _, m in parts)
         prefill = sum(m for s, m in parts if s.n_logits == 0 or s.done + m < len(s.tokens))
+        self._account(parts, ms, total)
         if error is None and prefill >= max(MIN_PIECE, total // 2):
             per = ms / total
             self._ms_per_row = per if self._ms_per_row is None else 0.7 * self._ms_per_row + 0.3 * per
@@ -342,6 +346,28 @@ class PassScheduler:
                 self._subs.pop(lane.index, None)
                 self._want(lane)
 
+    def _account(self, parts: list[tuple[_Sub, int]], ms: float, total: int) -> None:
+        """Keep the long requests' time share while an interactive lane is in the passes: owed += share x the pass's
+        ms - the ms its long prefill rows took (rows x the measured ms per row), within one piece either way;
+        nothing owed once no interactive lane shares a pass (the share is for the time they are slowed)."""
+        shared = any(s.lane.priority.cls == INTERACTIVE for s, _ in parts) and \
+            any(s.lane.priority.cls != INTERACTIVE and s.splittable for s in self._subs.values())
+        if not shared:
+            self._owed_ms = 0.0
+            return
+        rows = sum(m for s, m in parts if s.lane.priority.cls != INTERACTIVE and s.splittable)
+        per = self._ms_per_row if self._ms_per_row is not None else ms / max(1, total)
+        bound = self.piece_s * 1e3
+        self._owed_ms = min(bound, max(-bound, self._owed_ms + self.share * ms - rows * per))
+
+    def _share(self) -> int:
+        """Prefill rows a long request may add to a pass with an interactive lane: what its owed time buys."""
+        if self._ms_per_row is None:
+            return self.share_rows
+        if self._owed_ms <= 0.0:
+            return 0
+        return max(1, math.ceil(self._owed_ms / self._ms_per_row))
+
     def _compose(self) -> list[tuple[_Sub, int]]:
         """(sub, rows it gets) for the next pass; see the module's docstring."""
         subs = sorted(self._subs.values(), key=lambda s: s.lane.priority)
@@ -356,16 +382,20 @@ class PassScheduler:
             if s.splittable == 0 and s.left <= budget:
                 parts.append((s, s.left))
                 budget -= s.left
-        piece = self._piece()
+        piece, share = self._piece(), self._share()
         for s in subs:  # then prefill pieces
             if s.splittable == 0 or budget <= 0:
                 continue
-            cap = self.share_rows if interactive and s.lane.priority.cls != INTERACTIVE else piece
+            shared = interactive and s.lane.priority.cls != INTERACTIVE  # a long request beside an interactive one
+            cap = min(share, piece) if shared else piece
+            if cap <= 0:
+                continue
             m = min(s.splittable, budget, cap)
             if s.left - m <= s.n_logits and s.left <= min(budget, cap):
                 m = s.left  # the rest fits: take the logits rows too
             parts.append((s, m))
             budget -= m
+            share -= m if shared else 0
         if not parts:  # one step larger than the budget left: it goes alone
             parts = [(subs[0], min(subs[0].left, self.backend.n_batch))]
         return parts
