@@ -178,6 +178,7 @@ def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_mo
         return orig(parts)
 
     backend.decode_many = spy
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))  # the editor's warm-up: it is in use
     editor_out = {}
 
     def editor():
@@ -221,9 +222,11 @@ def test_compose_earliest_deadline_first_among_interactive():
 
 
 def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
-    """An agent's prefill runs alone in pieces; an editor's request that arrives meanwhile is in the next pass."""
+    """With an editor in use (its warm-up ran), an agent's prefill runs alone in pieces; an editor's request that
+    arrives meanwhile is in the next pass."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     sched = PassScheduler(backend, 2)
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))
     engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
     long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
     first_piece = threading.Event()
@@ -312,12 +315,24 @@ def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
 
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 5.0 * b)
-    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5)
+    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, quiet_s=60.0)
     engine = SpeculativeEngine(sched.lanes[0], NgramDrafter(1, 3), FixedK(4))
     long_prompt = [int(x) for x in np.random.default_rng(1).integers(2, 30, 1200)]
-    out = _run(sched, [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH))])
+    job = [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH))]
+    out = _run(sched, job)  # no interactive request yet: whole batches (a CPU pays ~0.2 s a pass besides its rows)
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
     prefill = [rows for p in backend.passes for lane, rows in p if rows > 8]
-    assert prefill[0] <= 256  # before any pass was timed: a first piece smaller than a batch
-    assert all(rows <= 100 for rows in prefill[1:])  # 0.5 s at 5 ms a row
+    assert prefill[:2] == [512, 512] and sum(prefill) >= 1199 - 8
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))  # an editor's warm-up: it is in use now
+    backend.passes.clear()
+    engine.target.truncate(0)
+    out = _run(sched, job)
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    prefill = [rows for p in backend.passes for lane, rows in p if rows > 8]
+    assert all(rows <= 100 for rows in prefill)  # 0.5 s at 5 ms a row (timed by the first run's passes)
     assert sum(prefill) >= 1199 - 8
+    clock.advance(61.0)  # the editor went quiet: whole batches again
+    backend.passes.clear()
+    engine.target.truncate(0)
+    _run(sched, job)
+    assert [rows for p in backend.passes for lane, rows in p if rows > 8][:2] == [512, 512]

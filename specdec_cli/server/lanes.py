@@ -12,8 +12,10 @@ K controller's statistics), and the model sees one batch per pass, as llama-serv
 What a pass holds (`PassScheduler._compose`), in priority order (interactive requests — FIM, warm-ups, short replies —
 first, then earliest deadline, then arrival):
 - every decoding lane's verify rows (its newest token and its draft): a step is never split;
-- prefill rows of the lanes still reading their prompts, cut into pieces: a piece of about `piece_s` seconds of
-  prefill (measured per row, so a request that arrives meanwhile joins within about that); while an interactive
+- prefill rows of the lanes still reading their prompts, cut into pieces: while interactive requests come (one ran in
+  the last `quiet_s` seconds), a piece of about `piece_s` seconds of prefill (measured per row, so an editor's next
+  completion joins within about that); when none has for `quiet_s`, a whole batch (`n_batch` rows: on a CPU each
+  pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 % slower to read); while an interactive
   lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes' time (the rows its
   owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it never starves and an
   interactive lane's steps run at about (1 - `share`) of their speed alone;
@@ -53,6 +55,7 @@ PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that a
 SHARE = 0.25  # a long request's share of the passes' time while an interactive lane is in them (its guaranteed share)
 SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive lane before any pass was timed
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
+QUIET_S = 60.0  # no interactive request for this long: prefill pieces are whole batches
 MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
 ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
 ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
@@ -178,7 +181,7 @@ class PassScheduler:
         n_lanes: lanes (`specdec serve --parallel`).
         curve: the target's measured verify curve (prices the joint K); None: an affine guess, v(b) = 1 + 0.1 (b - 1).
         clock: seconds, monotonic.
-        piece_s, share, share_rows: see the module's docstring.
+        piece_s, quiet_s, share, share_rows: see the module's docstring.
 
     Thread use: a lane's thread calls `enter` before using its lane, the lane's `decode` (through `submit`) while
     holding the baton, and `leave` when done; `run` is `enter` + a function + `leave`.
@@ -186,12 +189,13 @@ class PassScheduler:
 
     def __init__(self, backend: Any, n_lanes: int, *, curve: VerifyCurve | None = None,
                  clock: Callable[[], float] = time.perf_counter, piece_s: float = PIECE_S,
-                 share: float = SHARE, share_rows: int = SHARE_ROWS) -> None:
+                 quiet_s: float = QUIET_S, share: float = SHARE, share_rows: int = SHARE_ROWS) -> None:
         self.backend = backend
         self.lanes = [SharedLane(self, backend.lane(i), i) for i in range(n_lanes)]
         self.curve = curve
         self.clock = clock
-        self.piece_s, self.share, self.share_rows = piece_s, share, share_rows
+        self.piece_s, self.quiet_s, self.share, self.share_rows = piece_s, quiet_s, share, share_rows
+        self._interactive_at = -math.inf  # when an interactive request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests' prefill while interactive lanes run (negative: ahead)
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
@@ -211,6 +215,8 @@ class PassScheduler:
         with self._cv:
             if priority is not None:
                 lane.priority = priority
+            if lane.priority.cls == INTERACTIVE:
+                self._interactive_at = self.clock()
             self._active.add(lane.index)
             self._want(lane)
             if self._holder is None and not self._passing:
@@ -221,6 +227,8 @@ class PassScheduler:
     def leave(self, lane: SharedLane) -> None:
         """`lane`'s generation ended (or failed): give the baton back."""
         with self._cv:
+            if lane.priority.cls == INTERACTIVE:
+                self._interactive_at = self.clock()
             self._active.discard(lane.index)
             self._subs.pop(lane.index, None)
             lane.shared_rows = 0
@@ -401,7 +409,11 @@ class PassScheduler:
         return parts
 
     def _piece(self) -> int:
-        """Prefill rows per pass: about `piece_s` seconds at the measured ms per row."""
+        """Prefill rows per pass: a whole batch when no interactive request came for `quiet_s` seconds, else about
+        `piece_s` seconds at the measured ms per row."""
+        if self.clock() - self._interactive_at > self.quiet_s and \
+                all(x.priority.cls != INTERACTIVE for x in self.lanes if x.index in self._active):
+            return self.backend.n_batch
         if self._ms_per_row is None:
             return FIRST_PIECE
         return int(min(self.backend.n_batch, max(MIN_PIECE, self.piece_s * 1e3 / self._ms_per_row)))
