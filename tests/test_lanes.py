@@ -178,7 +178,7 @@ def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_mo
         return orig(parts)
 
     backend.decode_many = spy
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))  # the editor's warm-up: it is in use
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
     editor_out = {}
 
     def editor():
@@ -226,7 +226,7 @@ def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
     arrives meanwhile is in the next pass."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     sched = PassScheduler(backend, 2)
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))
     engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
     long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
     first_piece = threading.Event()
@@ -319,11 +319,12 @@ def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
     engine = SpeculativeEngine(sched.lanes[0], NgramDrafter(1, 3), FixedK(4))
     long_prompt = [int(x) for x in np.random.default_rng(1).integers(2, 30, 1200)]
     job = [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH))]
-    out = _run(sched, job)  # no interactive request yet: whole batches (a CPU pays ~0.2 s a pass besides its rows)
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))  # a short chat, or a save: not an editor's
+    out = _run(sched, job)  # no editor in use: whole batches (a CPU pays ~0.2 s a pass besides its rows)
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
     prefill = [rows for p in backend.passes for lane, rows in p if rows > 8]
     assert prefill[:2] == [512, 512] and sum(prefill) >= 1199 - 8
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))  # an editor's warm-up: it is in use now
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor's warm-up: it is in use now
     backend.passes.clear()
     engine.target.truncate(0)
     out = _run(sched, job)

@@ -12,13 +12,13 @@ K controller's statistics), and the model sees one batch per pass, as llama-serv
 What a pass holds (`PassScheduler._compose`), in priority order (interactive requests — FIM, warm-ups, short replies —
 first, then earliest deadline, then arrival):
 - every decoding lane's verify rows (its newest token and its draft): a step is never split;
-- prefill rows of the lanes still reading their prompts, cut into pieces: while interactive requests come (one ran in
-  the last `quiet_s` seconds), a piece of about `piece_s` seconds of prefill (measured per row, so an editor's next
-  completion joins within about that); when none has for `quiet_s`, a whole batch (`n_batch` rows: on a CPU each
-  pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 % slower to read); while an interactive
-  lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes' time (the rows its
-  owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it never starves and an
-  interactive lane's steps run at about (1 - `share`) of their speed alone;
+- prefill rows of the lanes still reading their prompts, cut into pieces: while an editor is in use (one of its
+  requests ran in the last `quiet_s` seconds: `Priority.editor`), a piece of about `piece_s` seconds of prefill
+  (measured per row, so an editor's next completion joins within about that); otherwise a whole batch (`n_batch`
+  rows: on a CPU each pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 % slower to read); while
+  an interactive lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes'
+  time (the rows its owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it
+  never starves and an interactive lane's steps run at about (1 - `share`) of their speed alone;
 - a lane's second-branch pass (`decode_branches`) runs alone: branches are offered only while a lane is alone.
 
 K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
@@ -52,10 +52,10 @@ if TYPE_CHECKING:
 
 INTERACTIVE, BATCH = 0, 1  # priority classes: lower first
 PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that arrives waits about that at most
-SHARE = 0.25  # a long request's share of the passes' time while an interactive lane is in them (its guaranteed share)
+SHARE = 0.1  # a long request's share of the passes' time while an interactive lane is in them (its guaranteed share)
 SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive lane before any pass was timed
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
-QUIET_S = 60.0  # no interactive request for this long: prefill pieces are whole batches
+QUIET_S = 60.0  # no editor's request for this long: prefill pieces are whole batches
 MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
 ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
 ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
@@ -64,11 +64,13 @@ ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current t
 @dataclass(order=True)
 class Priority:
     """A lane's place in line: class (INTERACTIVE before BATCH), then deadline (time.monotonic() s; inf: none),
-    then arrival order."""
+    then arrival order. `editor`: an editor's request (a completion, a warm-up, one with a deadline), whose next one
+    comes soon: prefill pieces stay short for `quiet_s` after it (not part of the order)."""
 
     cls: int = BATCH
     deadline: float = math.inf
     seq: int = 0
+    editor: bool = field(default=False, compare=False)
 
 
 @dataclass
@@ -195,7 +197,7 @@ class PassScheduler:
         self.curve = curve
         self.clock = clock
         self.piece_s, self.quiet_s, self.share, self.share_rows = piece_s, quiet_s, share, share_rows
-        self._interactive_at = -math.inf  # when an interactive request last started or ended (clock s)
+        self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests' prefill while interactive lanes run (negative: ahead)
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
@@ -215,8 +217,8 @@ class PassScheduler:
         with self._cv:
             if priority is not None:
                 lane.priority = priority
-            if lane.priority.cls == INTERACTIVE:
-                self._interactive_at = self.clock()
+            if lane.priority.editor:
+                self._editor_at = self.clock()
             self._active.add(lane.index)
             self._want(lane)
             if self._holder is None and not self._passing:
@@ -227,8 +229,8 @@ class PassScheduler:
     def leave(self, lane: SharedLane) -> None:
         """`lane`'s generation ended (or failed): give the baton back."""
         with self._cv:
-            if lane.priority.cls == INTERACTIVE:
-                self._interactive_at = self.clock()
+            if lane.priority.editor:
+                self._editor_at = self.clock()
             self._active.discard(lane.index)
             self._subs.pop(lane.index, None)
             lane.shared_rows = 0
@@ -409,10 +411,10 @@ class PassScheduler:
         return parts
 
     def _piece(self) -> int:
-        """Prefill rows per pass: a whole batch when no interactive request came for `quiet_s` seconds, else about
+        """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else about
         `piece_s` seconds at the measured ms per row."""
-        if self.clock() - self._interactive_at > self.quiet_s and \
-                all(x.priority.cls != INTERACTIVE for x in self.lanes if x.index in self._active):
+        if self.clock() - self._editor_at > self.quiet_s and \
+                not any(x.priority.editor for x in self.lanes if x.index in self._active):
             return self.backend.n_batch
         if self._ms_per_row is None:
             return FIRST_PIECE

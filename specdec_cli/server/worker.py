@@ -395,7 +395,9 @@ class Worker:
             deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
             sampling = request.config.sampling
             shared.pinned = sampling.temperature > 0 and sampling.seed is not None  # reproducible whatever runs beside
-            self.scheduler.enter(shared, Priority(INTERACTIVE if request.interactive else BATCH, deadline, job.id))
+            editor = request.fim is not None or request.deadline_ms is not None  # its next request comes soon
+            self.scheduler.enter(shared, Priority(INTERACTIVE if request.interactive else BATCH, deadline, job.id,
+                                                  editor=editor))
         try:
             self._generate(job, lane)
         finally:
