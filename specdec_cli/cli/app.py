@@ -655,11 +655,11 @@ def serve(
                                  "cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 lanes x 32768 = 3.7 GB, allocated "
                                  "at start; /health and the start-up line say how much). 1: one at a time.",
                                  rich_help_panel="Server"),
-    kv_unified: bool = typer.Option(True, "--kv-unified/--kv-per-lane", help="With --parallel: one KV pool for "
-                                    "every lane (llama-server's -kvu: a shared pass is one batch whatever each "
-                                    "lane's rows), or a KV stream per lane (each lane's rows attend to its own "
-                                    "tokens only, but llama.cpp splits a pass by lane and there are no second "
-                                    "branches).", rich_help_panel="Server"),
+    kv_unified: bool = typer.Option(False, "--kv-unified/--kv-per-lane", help="With --parallel: a KV stream per "
+                                    "lane (each lane's rows attend to its own tokens only; no second draft "
+                                    "branches), or one KV pool for every lane (llama-server's -kvu: every pass "
+                                    "attends over all lanes' cells, slower here once lanes hold long prompts; a "
+                                    "lone lane keeps its second branch).", rich_help_panel="Server"),
     learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "
                                      "only what changed) in the background at start-up; requests are served "
                                      "meanwhile, and drafted from it once it is learnt. Repeatable.",
