@@ -8,11 +8,11 @@ The sources, summed only where they do not nest:
   (one per socket). `SPECDEC_POWERCAP` points the reader at another tree (a container's, a test's). Root-only since
   the CVE-2020-8694 fix unless the admin opens it (docs/energy.md).
 * NVML (NVIDIA GPUs, Volta and newer): `nvmlDeviceGetTotalEnergyConsumption` (mJ since the driver loaded) of every
-  board NVML sees, through the official `nvidia-ml-py` (`pip install 'specdec[energy-nvidia]'`); read only when
+  board NVML sees, through the official `nvidia-ml-py` (the `energy-nvidia` extra: `NVML_FIX`); read only when
   llama.cpp is a CUDA build, the one case where a generation runs on the board. It updates every 20-100 ms: a whole
   reply is measured, never a step.
 * Apple Silicon: `zeus-apple-silicon`'s `AppleEnergyMonitor.get_cumulative_energy` (mJ, what `powermetrics` reads,
-  without sudo; `pip install 'specdec[energy-apple]'`): the SoC's CPU, GPU, ANE and DRAM channels (the per-core and
+  without sudo; the `energy-apple` extra: `APPLE_FIX`): the SoC's CPU, GPU, ANE and DRAM channels (the per-core and
   per-cluster channels nest in the CPU's and are not added).
 
     meter = default_meter()          # discovered once per process (and per SPECDEC_POWERCAP)
@@ -42,6 +42,12 @@ MAX_WATTS = 1000.0  # no one counter draws more: a counter is read at least once
 PACKAGE_ZONE = re.compile(r"intel-rapl:\d+")  # a top-level RAPL zone (subdomains are intel-rapl:N:M)
 AUTO: Any = object()  # `discover`'s default for a module: import it where it applies
 IDLE_SECONDS = 1.0  # the idle baseline's length
+# what to run when a meter's library is missing: the distribution is specdec-cli, not on PyPI, so the extra is named
+# from a checkout (docs/install.md) and the package itself is the short way
+NVML_FIX = ("install nvidia-ml-py into specdec's environment: uv tool install './specdec[energy-nvidia]', or "
+            "pip install nvidia-ml-py")
+APPLE_FIX = ("install zeus-apple-silicon into specdec's environment: uv tool install './specdec[energy-apple]', or "
+             "pip install zeus-apple-silicon")
 
 
 @dataclass(frozen=True)
@@ -423,7 +429,7 @@ def discover(powercap: str | Path | None = None, *, nvml_module: Any = AUTO, app
             nvml_module = _import("pynvml")
             if nvml_module is None:
                 missing.append(Missing("NVML", "llama.cpp runs on an NVIDIA GPU and nvidia-ml-py is not installed",
-                                       "pip install 'specdec[energy-nvidia]'"))
+                                       NVML_FIX))
     if nvml_module is not None:
         c, m = nvml(nvml_module)
         counters += c
@@ -434,7 +440,7 @@ def discover(powercap: str | Path | None = None, *, nvml_module: Any = AUTO, app
             apple_module = _import("zeus_apple_silicon")
             if apple_module is None:
                 missing.append(Missing("Apple Silicon", "zeus-apple-silicon is not installed",
-                                       "pip install 'specdec[energy-apple]'"))
+                                       APPLE_FIX))
     if apple_module is not None:
         c, m = apple(apple_module)
         counters += c
