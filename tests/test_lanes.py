@@ -337,3 +337,20 @@ def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
     engine.target.truncate(0)
     _run(sched, job)
     assert [rows for p in backend.passes for lane, rows in p if rows > 8][:2] == [512, 512]
+
+
+def test_beside_a_long_prefill_a_decoding_lane_speculates_deeper():
+    """A lane reading its prompt adds its next piece to the pass and no token: beside it a decoding lane's draft rows
+    are nearly free (9 ms against a pass of ~4.7 s on a CPU-shaped curve), so its K is deep; counted as a lane
+    decoding one row (what it verified last), the pass looked small and K stayed shallow."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = PassScheduler(backend, 2, curve=_curve(lambda b: 86.0 + 9.0 * (b - 1)))
+    reader, decoder = sched.lanes
+    decoder._acc = [3.0, 1.0]  # acceptance 0.75
+    sched._active = {0, 1}
+    _fake_subs(sched, [(0, 1500, 0, Priority(BATCH, seq=1))])  # lane 0's prompt, waiting for its pieces
+    beside_prefill = decoder.draft_limit
+    sched._subs.clear()
+    reader.last_rows = 1  # lane 0 decoding plain steps instead
+    beside_decoding = decoder.draft_limit
+    assert beside_prefill >= 12 and beside_decoding <= 6

@@ -118,8 +118,10 @@ class SharedLane:
     # -- what goes through the scheduler ------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
         toks = np.asarray(tokens, dtype=np.int32)
-        if n_logits:
+        if n_logits == len(toks):  # a verify pass (a prefill wants logits of its last rows only)
             self._pass_start, self.last_rows = len(self.inner.tokens), len(toks)
+        elif n_logits:  # a prompt: its next pass verifies a draft; until then it counts as one row
+            self._pass_start, self.last_rows = None, 1
         return self._s.submit(_Sub(self, toks, n_logits))
 
     def decode_branches(self, tokens: Sequence[int] | np.ndarray, branch: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -270,14 +272,22 @@ class PassScheduler:
         """The most draft tokens `lane` should verify in its next pass: all a batch can take while it is alone (or
         `pinned`: a seeded sampled request, whose draws follow its K, gives the same output whatever runs beside it);
         with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other lanes' rows in their last passes and
-        the tokens those are expected to give)."""
+        the tokens those are expected to give; a lane still reading its prompt adds its next piece to R and nothing
+        to T, and its piece gives way to verify rows, so beside a long prefill a draft's rows are nearly free)."""
         top = lane.n_batch - 1
         others = [x for x in self.lanes if x is not lane and x.index in self._active]
         if not others or lane.pinned:
             return top
-        rows = sum(max(1, x.last_rows) for x in others)
-        tokens = sum(_expected(x.acceptance, max(1, x.last_rows) - 1)[-1] for x in others)
-        top = max(0, min(top, lane.n_batch - 1 - rows))
+        rows = tokens = reading = 0
+        for x in others:
+            sub = self._subs.get(x.index)
+            if sub is not None and len(sub.tokens) > sub.n_logits:  # reading its prompt: a piece, giving no token
+                reading += min(sub.left, self._piece())
+            else:
+                rows += max(1, x.last_rows)
+                tokens += _expected(x.acceptance, max(1, x.last_rows) - 1)[-1]
+        top = max(0, min(top, lane.n_batch - 1 - rows))  # a prefill piece yields the batch to verify rows
+        rows += min(reading, lane.n_batch - 1 - rows)
         v = self._v(np.arange(rows + 1, rows + top + 2))  # [top + 1] ms of a pass over R + k + 1 rows
         rate = (_expected(lane.acceptance, top) + tokens) / v
         return int(np.argmax(rate))
