@@ -292,8 +292,8 @@ def lists_parallel(checkout: Path) -> bool:
     """Whether `specdec serve --help` of `checkout` lists --parallel."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "NO_COLOR": "1", "COLUMNS": "200"}
     try:
-        out = subprocess.run([sys.executable, "-m", "specdec_cli", "serve", "--help"], capture_output=True, text=True,
-                             env=env, timeout=120).stdout
+        out = subprocess.run([sys.executable, "-P", "-m", "specdec_cli", "serve", "--help"], capture_output=True,
+                             text=True, env=env, timeout=120).stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "--parallel" in out
@@ -350,7 +350,8 @@ class Cell:
         else:
             self.home = Path(tempfile.mkdtemp(prefix="home-", dir=self.work))
             shutil.copytree(self.seed, self.home, dirs_exist_ok=True)
-            cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", str(port), "--threads", str(a.threads),
+            # -P: not the working directory's specdec_cli (the checkout this script is in) but the PYTHONPATH's
+            cmd = [sys.executable, "-P", "-m", "specdec_cli", "serve", "--port", str(port), "--threads", str(a.threads),
                    "--no-prompt-cache"]
             cmd += ["--ctx", str(a.ctx)] if a.ctx else []
             cmd += ["-t", a.target] if a.target else []

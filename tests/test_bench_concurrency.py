@@ -66,3 +66,15 @@ def test_the_agent_s_budget_counts_the_service_of_the_fims_answered_while_it_ran
             bc.Fim(sent=12.0, latency=1.0, service_s=0.5, text="")]  # sent after its end (10)
     latencies, service = bc.fim_costs(fims, agent_end=10.0)
     assert latencies == [2.0, 9.0] and service == pytest.approx(1.5)
+
+
+def test_a_baseline_checkout_runs_its_own_code_not_the_working_directorys(tmp_path, monkeypatch):
+    """`--baseline DIR` must serve DIR's specdec: run from this checkout, `python -m specdec_cli` found the working
+    directory's package first, so the baseline of two sittings was this checkout (its log said "lanes: 4")."""
+    pkg = tmp_path / "specdec_cli"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("print('an old serve --help without lanes')\n")
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # where the benchmark runs
+    assert bc.lists_parallel(tmp_path) is False
+    assert bc.lists_parallel(Path(__file__).resolve().parent.parent) is True
