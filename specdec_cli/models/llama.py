@@ -162,9 +162,9 @@ class LlamaBackend:
             1, 5 and 17 rows is three ubatches), and lanes have no second branch; or one KV pool of
             `n_lanes * n_ctx` cells for all (True: llama.cpp's unified KV cache, llama-server's `-kvu`; each lane
             keeps a second sequence for its branches, and a shared pass is one ubatch), where every pass attends
-            over the pool's cells, other lanes' too: measured on a 2-core Xeon, 8 verify rows of a lane 2,500 deep
-            took 397 ms beside a lane holding 8,000 cells against 239 ms with streams, and four lanes' 8 rows each
-            766 against 713 ms. Ignored with one lane.
+            over the pool's cells, other lanes' too: on a 2-core Xeon (`benchmarks/bench_kv_pool.py`), 8 verify rows
+            of a lane 2,500 deep took 396 ms beside a lane holding 8,000 cells against 239 ms with streams, and four
+            lanes' 8 rows each 762 against 704 ms. Ignored with one lane.
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
