@@ -1,7 +1,7 @@
 """Several generations at once on one loaded model: lanes, and the scheduler that shares verify passes among them.
 
-A lane is one sequence of the target's context (`LlamaBackend.lane`: its own KV cells and tokens in a unified KV pool)
-wrapped as a `Backend` (`SharedLane`) whose `decode` and `decode_branches` do not call llama.cpp themselves: they hand
+A lane is one sequence of the target's context (`LlamaBackend.lane`: its own KV stream and tokens, or its cells in one
+unified pool with `--kv-unified`) wrapped as a `Backend` (`SharedLane`) whose `decode` and `decode_branches` do not call llama.cpp themselves: they hand
 their rows to the `PassScheduler` and wait. Each lane's generation runs the ordinary engine (`SpeculativeEngine`,
 unchanged) on a thread of its own, but only one of them runs Python at a time: a lane holds the *baton* while it
 drafts, verifies and emits, and gives it back when it submits its next rows. When every active lane has submitted,
