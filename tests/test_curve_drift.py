@@ -92,6 +92,26 @@ def test_the_watch_says_drift_from_the_b1_passes_or_else_from_every_size() -> No
     assert watch.ratio() == pytest.approx(1.1) and not watch.drifted()
 
 
+def test_one_token_passes_over_a_long_context_do_not_say_drift() -> None:
+    # An agent's plain steps over 6,000 tokens: each 1-token pass pays attention the curve (timed over 256 tokens)
+    # does not hold. Counted, every long session marked a true curve stale and the next start measured it again.
+    from specdec_cli.core.cost_model import CostModel
+    from specdec_cli.core.records import Step
+
+    curve = VerifyCurve(ms=tuple(base_ms(b) for b in range(1, 66)))
+    watch, model = CurveWatch(curve), CostModel(16, curve=curve)
+    for _ in range(20):
+        watch.observe(1, 1.5 * base_ms(1), n_past=6000)
+        model.observe(Step(index=0, k=0, drafted=(), n_accepted=0, target_token=1, emitted=(1,), segments=(),
+                           draft_ms=0.0, verify_ms=1.5 * base_ms(1), n_past=6000))
+    assert not watch.drifted() and not model.drifted()
+    for _ in range(8):  # the same cost over a short context: the machine did change
+        watch.observe(1, 1.5 * base_ms(1), n_past=100)
+        model.observe(Step(index=0, k=0, drafted=(), n_accepted=0, target_token=1, emitted=(1,), segments=(),
+                           draft_ms=0.0, verify_ms=1.5 * base_ms(1), n_past=100))
+    assert watch.drifted() and model.drifted()
+
+
 def kept_curve(tmp_path, monkeypatch, scale: float):
     """A model file whose kept curve is `scale` x what the fake backend's passes cost (`base_ms`)."""
     from specdec_cli.stores import learnt

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_cli.core.records import Source
+from specdec_cli.core.verify_curve import WATCH_CONTEXT
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
@@ -146,6 +147,7 @@ class CostModel:
         # f1 = curve(b), f2 = b x (context - the curve's context) / 1000 and the ms y: f1 f1, f1 f2, f2 f2, f1 y, f2 y
         self._attn = np.zeros(5)
         self.context = 0  # tokens in the KV cache before the next pass (the last pass's context + its tokens)
+        self._v1 = (0.0, 0)  # (mean ms, passes) of this model's b = 1 passes at short contexts, for `drifted`
 
     # ---- learning
 
@@ -173,6 +175,9 @@ class CostModel:
             # cost to learn; without one, it is the only timing there is (K then shrinks with the others' rows)
             self._observe_verify(step.batch_size, step.verify_ms)
             self._observe_attention(step)
+            if step.batch_size == 1 and step.verify_ms > 0.0 and step.n_past <= WATCH_CONTEXT:
+                v1_ms, v1_n = self._v1
+                self._v1 = (v1_ms + (step.verify_ms - v1_ms) / (v1_n + 1), v1_n + 1)
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
@@ -366,10 +371,12 @@ class CostModel:
         return out
 
     def drifted(self) -> bool:
-        """The b = 1 passes timed here (8 or more) cost more than `verify_curve.DRIFT` away from the measured curve's
-        v(1): it no longer describes this machine (another load, a governor, a rebuilt library)."""
-        p = self.points.get(1)
-        return self.curve is not None and p is not None and p.verified and p.n >= 8 and self.curve.drifted(p.ms)
+        """The b = 1 passes timed here at short contexts (8 or more, at most `verify_curve.WATCH_CONTEXT` tokens:
+        deeper ones pay attention the curve, timed over `VerifyCurve.context` tokens, does not hold) cost more than
+        `verify_curve.DRIFT` away from the measured curve's v(1): it no longer describes this machine (another load,
+        a governor, a rebuilt library)."""
+        ms, n = self._v1
+        return self.curve is not None and n >= 8 and self.curve.drifted(ms)
 
     def _fit_curve(self) -> np.ndarray:
         pts = sorted(self.points.items())

@@ -116,9 +116,11 @@ class CurveWatch:
     """The passes a session times, against the measured curve they were placed on: has the machine drifted from it?
 
     Fed every `Step` a front end drives (`driver.Drive`: run, chat, serve, tune, bench, plain decoding included).
-    The ratio is the median of timed / curve over the b = 1 passes (attention-free, the cleanest), or, while fewer
-    than `WATCH_MIN` of those were timed (a fixed K's passes), over the passes of every size before
-    `WATCH_CONTEXT` tokens of context. Drifted: that ratio more than `DRIFT` from 1 (either way). Only the last 256
+    Only passes over at most `WATCH_CONTEXT` tokens of context count (a deeper pass pays attention the curve, timed
+    over `VerifyCurve.context` tokens, does not hold: an agent's 1-token passes over 6k tokens cost ~1.3x v(1) on a
+    CPU, and counting them made every long session mark a true curve stale). The ratio is the median of timed / curve
+    over the b = 1 passes (the cleanest), or, while fewer than `WATCH_MIN` of those were timed (a fixed K's passes),
+    over the passes of every size. Drifted: that ratio more than `DRIFT` from 1 (either way). Only the last 256
     ratios of each kind are kept."""
 
     __slots__ = ("curve", "b1", "every")
@@ -133,10 +135,11 @@ class CurveWatch:
         if verify_ms <= 0.0 or batch_size < 1 or batch_size > self.curve.b_max:
             return
         ratio = verify_ms / self.curve.at(batch_size)
+        if n_past > WATCH_CONTEXT:
+            return  # attention over a long context adds to every size, b = 1 too: not the curve's business
         if batch_size == 1:
             self.b1 = [*self.b1[-255:], ratio]
-        if n_past <= WATCH_CONTEXT:
-            self.every = [*self.every[-255:], ratio]
+        self.every = [*self.every[-255:], ratio]
 
     def ratio(self) -> float | None:
         """Median timed / curve (1.0: the curve holds), None before `WATCH_MIN` passes were timed."""
