@@ -267,6 +267,42 @@ def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
     assert joined <= seen["arrived_at"] + 1  # the editor's prompt was in the pass after it arrived
 
 
+def test_a_lane_that_leaves_is_free_at_once_while_another_lane_reads_its_prompt():
+    """A lane whose request ended (or that ran the server's save: `PassScheduler.run`) returns at once, whatever
+    another lane's prefill still has to read: it does not run that prefill's passes on its own thread (an editor's next
+    completion waits for this lane; it waited 7-16 s for an agent's 512-token chunk to be read in pieces)."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = PassScheduler(backend, 2)
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor is in use: pieces
+    engine = SpeculativeEngine(sched.lanes[0], NgramDrafter(1, 3), FixedK(4))
+    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
+    first_piece = threading.Event()
+    ran_on: list[str] = []
+    orig = backend.decode_many
+
+    def spy(parts):
+        ran_on.append(threading.current_thread().name)
+        first_piece.set()
+        time.sleep(0.02)
+        return orig(parts)
+
+    backend.decode_many = spy
+    seen = {}
+
+    def editor():
+        first_piece.wait(5)
+        sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, seq=2))  # e.g. the save after a request
+        seen["back_after"] = len(ran_on)
+
+    t = threading.Thread(target=editor, name="editor")
+    t.start()
+    out = _run(sched, [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
+    t.join(10)
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    assert "editor" not in ran_on  # no pass ran on the leaving lane's thread
+    assert seen["back_after"] <= 3 < len(ran_on) - 3  # back within a pass or two, long before the prefill's end
+
+
 def _curve(cost) -> VerifyCurve:
     sizes = list(range(1, 129))
     return VerifyCurve(ms=tuple(float(cost(b)) for b in sizes))

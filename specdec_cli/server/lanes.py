@@ -250,7 +250,9 @@ class PassScheduler:
 
     def submit(self, sub: _Sub) -> np.ndarray:
         """Hand `sub`'s rows to the next passes, wait until they are evaluated and the baton is back; the logits.
-        Raises what the pass raised for these rows."""
+        The passes run on the threads waiting here (`_due`), never on a thread that only enters or leaves: a lane
+        whose request ended must be free to take the next one (an editor's next completion waits for that lane),
+        not run another lane's prefill to its end. Raises what the pass raised for these rows."""
         lane = sub.lane
         with self._cv:
             assert self._holder is lane, "a lane decodes only while it holds the baton"
@@ -258,7 +260,11 @@ class PassScheduler:
             self._holder = None
             self._next()
             while not (sub.finished and self._holder is lane):
-                self._cv.wait()
+                if self._due():
+                    self._pass()
+                    self._next()
+                else:
+                    self._cv.wait()
         if sub.error is not None:
             raise sub.error
         return sub.result
@@ -318,12 +324,16 @@ class PassScheduler:
         return True
 
     def _next(self) -> None:
-        """The baton is free: the next lane in line runs; when every active lane waits for a pass, run passes (on this
-        thread) until some lane can run."""
-        while not self._hand_over():
-            if not self._subs or len(self._subs) < len(self._active):
-                return  # idle, or a lane is still entering (it will call _next)
-            self._pass()
+        """The baton is free (or a pass ended): the next lane in line runs; else wake the lanes waiting for a pass,
+        one of which runs it when every active lane waits (`_due`)."""
+        if not self._hand_over():
+            self._cv.notify_all()
+
+    def _due(self) -> bool:
+        """A pass should start now: no lane runs Python or is in line for the baton, no pass is under way, and every
+        active lane has its rows waiting (a lane still entering submits soon)."""
+        return self._holder is None and not self._passing and not self._ready and bool(self._subs) \
+            and len(self._subs) >= len(self._active)
 
     def _pass(self) -> None:
         """Compose one pass, evaluate it (the lock released meanwhile, `_passing` set), and put the lanes whose rows
