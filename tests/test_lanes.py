@@ -211,6 +211,71 @@ def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_mo
     assert longest_wait <= 4  # never starved for long: owed time buys a row every few passes
 
 
+def test_with_a_kv_stream_per_lane_a_long_prefill_gets_its_share_in_passes_of_its_own():
+    """A KV stream per lane (`LlamaBackend.kv_streams`): llama.cpp would run an agent's rows beside an editor's as
+    ubatches of their own anyway, so no pass mixes them; the agent's passes take about `share` of the time while the
+    editor decodes (never starving), and both outputs are their greedy ones (a virtual clock, 10 + 5 ms a row)."""
+    from fakes import Clock
+
+    clock = Clock()
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
+    backend.kv_streams = True
+    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
+    assert sched.split
+    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
+    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, 3000)]
+    first_piece = threading.Event()
+    orig = backend.decode_many
+
+    def spy(parts):
+        if len(backend.__dict__.get("passes", [])) == 2:
+            first_piece.set()
+            time.sleep(0.2)  # the editor arrives now
+        return orig(parts)
+
+    backend.decode_many = spy
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
+    editor_out = {}
+
+    def editor():
+        first_piece.wait(5)
+        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
+        try:
+            editor_out[1] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=400))
+                             if isinstance(r, Step) for t in r.emitted]
+        finally:
+            sched.leave(sched.lanes[1])
+
+    t = threading.Thread(target=editor)
+    t.start()
+    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
+    t.join(10)
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    assert editor_out[1] == greedy_reference(hashed_logits, PROMPTS[3], 400)
+    assert not any(len(p) > 1 for p in backend.passes)  # never an agent's rows beside the editor's
+    first = next(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
+    last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
+    window = backend.passes[first:last + 1]  # from the editor's first pass to its last
+    ms = [10.0 + 5.0 * p[0][1] for p in window]
+    agent_ms = sum(m for m, p in zip(ms, window) if p[0][0] == 0)
+    assert 0.12 <= agent_ms / sum(ms) <= 0.3  # about its share of the time
+    assert sum(1 for p in window if p[0][0] == 0) >= 3  # and in several passes: it never starved
+
+
+def test_an_editor_request_alone_reads_its_prompt_in_whole_batches():
+    """Pieces let a newcomer in; an editor's completion with no other interactive lane beside it has none to let in,
+    and a CPU reads 512 rows a pass ~25 % faster per row than 64 (a FIM re-reads ~500 tokens after the cursor)."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = PassScheduler(backend, 2)
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor is in use
+    sched._ms_per_row = 20.0  # timed: 1-s pieces would be 50 rows
+    engine = SpeculativeEngine(sched.lanes[1], NgramDrafter(1, 3), FixedK(4))
+    prompt = [int(x) for x in np.random.default_rng(3).integers(2, 30, 1100)]
+    out = _run(sched, [(1, engine, prompt, GenerationConfig(max_tokens=4), Priority(INTERACTIVE, seq=2, editor=True))])
+    assert out[1] == greedy_reference(hashed_logits, prompt, 4)
+    assert [p[0][1] for p in backend.passes[:2]] == [512, 512]
+
+
 def test_compose_earliest_deadline_first_among_interactive():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
     sched = PassScheduler(backend, 2)

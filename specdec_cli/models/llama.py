@@ -249,6 +249,7 @@ class LlamaBackend:
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._n_ctx = int(llama_cpp.llama_n_ctx(ctx)) // n_lanes
         self.n_lanes = n_lanes
+        self.kv_streams = n_lanes > 1 and not cparams.kv_unified  # a KV stream per lane (`server.lanes` splits passes)
         self._root = self  # the lane that owns the model, context and batch (`lane`)
         self._s0, self._s1 = 0, 1  # this lane's sequence ids: its own, and its second branch's
         self._n_batch = int(llama_cpp.llama_n_batch(ctx))

@@ -18,7 +18,12 @@ first, then earliest deadline, then arrival):
   rows: on a CPU each pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 % slower to read); while
   an interactive lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes'
   time (the rows its owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it
-  never starves and an interactive lane's steps run at about (1 - `share`) of their speed alone;
+  never starves and an interactive lane's steps run at about (1 - `share`) of their speed alone; an interactive
+  lane with no other interactive lane beside it reads its prompt in whole batches (nothing waits behind it);
+- with a KV stream per lane (the default), a pass never mixes interactive lanes' rows with the others': llama.cpp
+  would run them as ubatches of their own, each paying the weights' read and more (`benchmarks/bench_kv_pool.py`),
+  so the others get passes of their own once they are owed as much as such a pass costs (`share` of the
+  interactive passes' time, paid by the measured time of theirs);
 - a lane's second-branch pass (`decode_branches`) runs alone: branches are offered only while a lane is alone.
 
 K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
@@ -201,6 +206,11 @@ class PassScheduler:
         self.piece_s, self.quiet_s, self.share, self.share_rows = piece_s, quiet_s, share, share_rows
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests' prefill while interactive lanes run (negative: ahead)
+        # a KV stream per lane (`LlamaBackend.kv_streams`): llama.cpp runs a pass's lanes as ubatches of equal rows per
+        # stream, so a long request's rows beside an interactive lane's cost a ubatch of their own and more (a FIM's 64
+        # prefill rows: 1,069 ms alone, 1,955 ms with an agent's 10 beside): they get passes of their own instead
+        self.split = bool(getattr(backend, "kv_streams", False))
+        self._turn: int | None = None  # split: whose pass the last one was (INTERACTIVE, BATCH), None: not split
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
         self._passing = False
@@ -377,9 +387,14 @@ class PassScheduler:
                 self._want(lane)
 
     def _account(self, parts: list[tuple[_Sub, int]], ms: float, total: int) -> None:
-        """Keep the long requests' time share while an interactive lane is in the passes: owed += share x the pass's
-        ms - the ms its long prefill rows took (rows x the measured ms per row), within one piece either way;
-        nothing owed once no interactive lane shares a pass (the share is for the time they are slowed)."""
+        """Keep the long requests' time share while an interactive lane is in the passes. Split (`split`): owed +=
+        share x an interactive pass's ms, -= a long requests' pass's ms. Else: owed += share x the pass's ms - the ms
+        its long prefill rows took (rows x the measured ms per row), within one piece either way. Nothing owed once
+        no interactive lane shares the passes (the share is for the time they are slowed)."""
+        if self._turn is not None:
+            self._owed_ms += self.share * ms if self._turn == INTERACTIVE else -ms
+            self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms)
+            return
         shared = any(s.lane.priority.cls == INTERACTIVE for s, _ in parts) and \
             any(s.lane.priority.cls != INTERACTIVE and s.splittable for s in self._subs.values())
         if not shared:
@@ -402,22 +417,38 @@ class PassScheduler:
         """(sub, rows it gets) for the next pass; see the module's docstring."""
         subs = sorted(self._subs.values(), key=lambda s: s.lane.priority)
         branch = next((s for s in subs if s.branch is not None), None)
+        self._turn = None
         if branch is not None:
             return [(branch, len(branch.tokens))]
         budget = self.backend.n_batch
-        interactive = any(s.lane.priority.cls == INTERACTIVE for s in subs) and \
-            any(s.lane.priority.cls != INTERACTIVE for s in subs)
+        inter = [s for s in subs if s.lane.priority.cls == INTERACTIVE]
+        rest = [s for s in subs if s.lane.priority.cls != INTERACTIVE]
+        interactive = bool(inter) and bool(rest)
+        piece, share = self._piece(), self._share()
+        if interactive and self.split:  # a pass for the interactive lanes, or one for the others when they are owed it
+            per = self._ms_per_row if self._ms_per_row is not None else 0.0
+            steps = sum(s.left for s in rest if s.splittable == 0)
+            cost = (self._v(np.array([steps]))[0] if steps else 0.0) + \
+                (MIN_PIECE * per if any(s.splittable for s in rest) else 0.0)
+            if self._owed_ms >= cost:
+                self._turn, subs = BATCH, rest
+                piece = min(piece, max(MIN_PIECE, int(self._owed_ms / per))) if per > 0 else piece
+            else:
+                self._turn, subs = INTERACTIVE, inter
+            interactive = False
+        # an interactive lane alone among the interactive ones reads its prompt in whole batches: nothing waits
+        # behind it that a piece would let in sooner, and a CPU reads 512 rows ~25 % faster per row than 64
+        alone = sum(1 for x in self.lanes if x.index in self._active and x.priority.cls == INTERACTIVE) <= 1
         parts: list[tuple[_Sub, int]] = []
         for s in subs:  # whole steps first: the rows that want logits, with whatever prefill precedes them
             if s.splittable == 0 and s.left <= budget:
                 parts.append((s, s.left))
                 budget -= s.left
-        piece, share = self._piece(), self._share()
         for s in subs:  # then prefill pieces
             if s.splittable == 0 or budget <= 0:
                 continue
             shared = interactive and s.lane.priority.cls != INTERACTIVE  # a long request beside an interactive one
-            cap = min(share, piece) if shared else piece
+            cap = min(share, piece) if shared else budget if s.lane.priority.cls == INTERACTIVE and alone else piece
             if cap <= 0:
                 continue
             m = min(s.splittable, budget, cap)
