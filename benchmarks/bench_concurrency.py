@@ -321,15 +321,24 @@ def seed_home(work: Path) -> Path:
 
 
 def harvest(seed: Path, home: Path) -> None:
-    """Keep in `seed` the curves a cell measured (when the user had none): the next cells do not measure again."""
-    if (seed / "learnt.json").is_file() or not (home / "learnt.json").is_file():
+    """Keep in `seed` the curves a cell measured (in `home`'s data_dir, $SPECDEC_HOME/data) where the seed had none or a
+    stale one (the user's learnt.json marked it for measuring again): the next cells do not measure again."""
+    learnt = home / "data" / "learnt.json"
+    if not learnt.is_file():
         return
     try:
-        doc = json.loads((home / "learnt.json").read_text())
-        doc["entries"] = {}
-        (seed / "learnt.json").write_text(json.dumps(doc))
+        doc = json.loads(learnt.read_text())
+        kept = json.loads((seed / "learnt.json").read_text()) if (seed / "learnt.json").is_file() else {}
     except (OSError, ValueError):
-        pass
+        return
+    curves = kept.setdefault("curves", {})
+    fresh = {k: v for k, v in (doc.get("curves") or {}).items()
+             if not (v.get("curve") or {}).get("stale") and (k not in curves or (curves[k].get("curve") or {}).get("stale"))}
+    if not fresh and (seed / "learnt.json").is_file():
+        return
+    curves.update(fresh)
+    kept = {**doc, **kept, "entries": {}}
+    (seed / "learnt.json").write_text(json.dumps(kept))
 
 
 class Cell:
@@ -349,7 +358,7 @@ class Cell:
             self.server = Server(self.kind.name, cmd, f"http://127.0.0.1:{port}", log)
         else:
             self.home = Path(tempfile.mkdtemp(prefix="home-", dir=self.work))
-            shutil.copytree(self.seed, self.home, dirs_exist_ok=True)
+            shutil.copytree(self.seed, self.home / "data", dirs_exist_ok=True)  # data_dir(): $SPECDEC_HOME/data
             # -P: not the working directory's specdec_cli (the checkout this script is in) but the PYTHONPATH's
             cmd = [sys.executable, "-P", "-m", "specdec_cli", "serve", "--port", str(port), "--threads", str(a.threads),
                    "--no-prompt-cache"]

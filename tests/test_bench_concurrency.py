@@ -78,3 +78,23 @@ def test_a_baseline_checkout_runs_its_own_code_not_the_working_directorys(tmp_pa
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # where the benchmark runs
     assert bc.lists_parallel(tmp_path) is False
     assert bc.lists_parallel(Path(__file__).resolve().parent.parent) is True
+
+
+def test_a_stale_seed_curve_is_replaced_by_the_one_a_cell_measured(tmp_path):
+    """The user's learnt.json held a curve marked stale: the first cell measures it again, and the next cells start
+    from that measurement (each cell measured it again: 73 s a cell on 2 cores). The server keeps it in its data_dir,
+    $SPECDEC_HOME/data (the seed went to $SPECDEC_HOME itself, where no server looked)."""
+    import json
+
+    seed, home = tmp_path / "seed", tmp_path / "home"
+    seed.mkdir(), (home / "data").mkdir(parents=True)  # the server's data_dir: $SPECDEC_HOME/data
+    stale = {"curves": {"m|cpu": {"curve": {"ms": [9.0], "stale": True}}, "d|cpu": {"curve": {"ms": [1.0]}}}}
+    (seed / "learnt.json").write_text(json.dumps({**stale, "entries": {}}))
+    fresh = {"curves": {"m|cpu": {"curve": {"ms": [5.0], "stale": False}}, "d|cpu": {"curve": {"ms": [2.0]}}},
+             "entries": {"x": 1}}
+    (home / "data" / "learnt.json").write_text(json.dumps(fresh))
+    bc.harvest(seed, home)
+    kept = json.loads((seed / "learnt.json").read_text())
+    assert kept["curves"]["m|cpu"]["curve"]["ms"] == [5.0]  # the stale one replaced
+    assert kept["curves"]["d|cpu"]["curve"]["ms"] == [1.0]  # a good one kept
+    assert kept["entries"] == {}
