@@ -144,3 +144,29 @@ def test_a_completion_waits_for_the_finishing_lane_that_holds_its_prefix():
     assert worker._place(0, job) == 1
     worker._running[1] = Job(3, Request(config=GenerationConfig(max_tokens=4096)), lambda e: None)  # a long request
     assert worker._place(0, job) == 0  # not worth waiting for
+
+
+def test_a_lane_takes_the_baton_after_a_request_only_when_a_save_is_due():
+    """After each request a lane counts it for the save of what was learnt; it waits for the baton (a pass of a long
+    request beside it, ~1 s on a CPU) only when that made a save due, so an editor's next completion, handed to this
+    lane for its cached prefix, does not wait for another lane's pass."""
+    from specdec_cli.server.worker import Saver
+
+    backend = _laned(SlowBackend(hashed_logits, n_ctx=1024, delay=0.01), 2)
+    with serving(backend) as s:
+        saves: list[int] = []
+        s.worker.saver = Saver(lambda: saves.append(1), every=3, interval=1e6)
+        scheduler = s.worker.scheduler
+        taken: list[str] = []
+        run = scheduler.run
+
+        def spy(lane, fn, priority=None):
+            taken.append(threading.current_thread().name)
+            return run(lane, fn, priority)
+
+        scheduler.run = spy
+        for i in range(4):
+            chat(s.client(), CHATS[i], max_tokens=4)
+        time.sleep(0.2)
+    assert saves == [1]  # the third request made a save due: saved, under the baton
+    assert len(taken) == 1  # and only then was the baton taken

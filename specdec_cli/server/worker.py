@@ -365,7 +365,10 @@ class Worker:
                         self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
                     self._cv.notify_all()
             if job.task is None and self.saver is not None:
-                self._guarded(lane, lambda: self._save(f"after request #{job.id}", self.saver))
+                with self._cv:
+                    due = self.saver.note()
+                if due:  # the baton only when a save is due: an editor's next completion may be waiting for this lane
+                    self._guarded(lane, lambda: self._save(f"after request #{job.id}", self._save_if_due))
 
     def _guarded(self, lane: int, fn: Callable[[], Any]) -> Any:
         """Run `fn` on this lane's thread while no other lane runs Python (`PassScheduler.run`; directly with one
@@ -373,6 +376,10 @@ class Worker:
         if self.scheduler is None:
             return fn()
         return self.scheduler.run(self.scheduler.lanes[lane], fn, Priority(INTERACTIVE))
+
+    def _save_if_due(self) -> None:
+        if self.saver is not None and self.saver.due_in() == 0:  # (another lane may have saved meanwhile)
+            self.saver.save_now()
 
     def _save(self, when: str, save: Callable[[], None]) -> None:
         """Run `save` (the `Saver`) while no request mutates the stores."""
@@ -530,10 +537,14 @@ class Saver:
             return 0.0
         return max(0.0, self.last + self.interval - self.clock())
 
+    def note(self) -> bool:
+        """One request was served: whether that made a save due (nothing saved yet)."""
+        self.served += 1
+        return self.due_in() == 0
+
     def __call__(self) -> None:
         """One request was served: save if that made a save due."""
-        self.served += 1
-        if self.due_in() == 0:
+        if self.note():
             self.save_now()
 
     def save_now(self) -> None:
