@@ -517,8 +517,8 @@ SAVE_INTERVAL_S = 300.0  # seconds between two saves, at most (`specdec serve --
 class Saver:
     """When to save what was learnt while the server runs (`Worker(saver=Saver(service.save_learnt))`): once `every`
     requests were served since the last save, or `interval` seconds passed with at least one served, so a crash
-    (kill -9) loses at most that much. The worker calls it on its own thread after each request (it saves when that
-    made a save due) and `save_now` when a save falls due while it is idle (the learning of the last requests before a
+    (kill -9) loses at most that much. The worker calls `note` after each request (and, when that made a save due,
+    saves on its own thread while no lane runs Python) and `save_now` when a save falls due while it is idle (the learning of the last requests before a
     quiet hour is on disk within `interval`, not at the next request), so nothing mutates the stores during a save;
     each store writes atomically under its own file lock. Nothing served since the last save: nothing to write."""
 
