@@ -276,6 +276,27 @@ def test_an_editor_request_alone_reads_its_prompt_in_whole_batches():
     assert [p[0][1] for p in backend.passes[:2]] == [512, 512]
 
 
+def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
+    """KV stream per lane: the agent's piece that ran while no editor request was in (the one the editor's next request
+    waited for as it arrived) pays for the share of that request's passes, so they need not stop for another piece
+    until that much is owed again (ms per row 15, share 0.1: a 64-row piece, 960 ms, is due after 9.6 s of the
+    editor's passes, 19.2 s after a piece in the gap); and it does come: the agent never starves."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    backend.kv_streams = True
+    sched = PassScheduler(backend, 2, piece_s=1.0, share=0.1)
+    sched._ms_per_row = 15.0
+    agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
+    sched._account([(agent, 64)], 960.0, 64)  # between two editor requests
+    fim, = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
+    for n in range(1, 200):
+        parts = sched._compose()
+        if parts[0][0] is agent:
+            break
+        assert parts == [(fim, 4)]
+        sched._account(parts, 200.0, 4)
+    assert 94 <= n <= 98  # (960 + 960) / (0.1 x 200 ms) passes
+
+
 def test_compose_earliest_deadline_first_among_interactive():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
     sched = PassScheduler(backend, 2)

@@ -210,7 +210,6 @@ class PassScheduler:
         # stream, so a long request's rows beside an interactive lane's cost a ubatch of their own and more (a FIM's 64
         # prefill rows: 1,069 ms alone, 1,955 ms with an agent's 10 beside): they get passes of their own instead
         self.split = bool(getattr(backend, "kv_streams", False))
-        self._turn: int | None = None  # split: whose pass the last one was (INTERACTIVE, BATCH), None: not split
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
         self._passing = False
@@ -388,12 +387,17 @@ class PassScheduler:
 
     def _account(self, parts: list[tuple[_Sub, int]], ms: float, total: int) -> None:
         """Keep the long requests' time share while an interactive lane is in the passes. Split (`split`): owed +=
-        share x an interactive pass's ms, -= a long requests' pass's ms. Else: owed += share x the pass's ms - the ms
+        share x an interactive pass's ms while they wait, -= the ms of each pass of theirs, the ones between an
+        editor's requests too (down to one piece ahead: the piece an editor's next request waits for as it arrives
+        counts as the share of its passes, which then need not stop for another). Else: owed += share x the pass's ms - the ms
         its long prefill rows took (rows x the measured ms per row), within one piece either way. Nothing owed once
         no interactive lane shares the passes (the share is for the time they are slowed)."""
-        if self._turn is not None:
-            self._owed_ms += self.share * ms if self._turn == INTERACTIVE else -ms
-            self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms)
+        if self.split:
+            inter = any(s.lane.priority.cls == INTERACTIVE for s, _ in parts)
+            if not inter:  # the long requests' pass, or theirs between an editor's requests: it pays what is owed
+                self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms - ms)  # (ahead by one piece at most)
+            elif any(s.lane.priority.cls != INTERACTIVE for s in self._subs.values()):  # they waited for it
+                self._owed_ms += self.share * ms
             return
         shared = any(s.lane.priority.cls == INTERACTIVE for s, _ in parts) and \
             any(s.lane.priority.cls != INTERACTIVE and s.splittable for s in self._subs.values())
@@ -417,7 +421,6 @@ class PassScheduler:
         """(sub, rows it gets) for the next pass; see the module's docstring."""
         subs = sorted(self._subs.values(), key=lambda s: s.lane.priority)
         branch = next((s for s in subs if s.branch is not None), None)
-        self._turn = None
         if branch is not None:
             return [(branch, len(branch.tokens))]
         budget = self.backend.n_batch
@@ -431,10 +434,10 @@ class PassScheduler:
             cost = (self._v(np.array([steps]))[0] if steps else 0.0) + \
                 (MIN_PIECE * per if any(s.splittable for s in rest) else 0.0)
             if self._owed_ms >= cost:
-                self._turn, subs = BATCH, rest
+                subs = rest
                 piece = min(piece, max(MIN_PIECE, int(self._owed_ms / per))) if per > 0 else piece
             else:
-                self._turn, subs = INTERACTIVE, inter
+                subs = inter
             interactive = False
         # an interactive lane alone among the interactive ones reads its prompt in whole batches: nothing waits
         # behind it that a piece would let in sooner, and a CPU reads 512 rows ~25 % faster per row than 64
