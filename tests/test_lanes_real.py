@@ -78,3 +78,23 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
         assert float(top2[1] - top2[0]) < NEAR_TIE, (i, part, float(top2[1] - top2[0]))
     shared_backend.close()
     alone_backend.close()
+
+
+def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path):
+    """With a KV stream per lane, `decode_many` puts unequal parts in the batch in descending sequence ids (each then
+    gets a ubatch of its own); every part still gets the logits of its own rows, in the order the parts were given."""
+    solo = LlamaBackend(smollm2_path, n_ctx=512)
+    shared = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
+    assert shared.kv_streams
+    lanes = [shared.lane(i) for i in range(3)]
+    prompts = [_tokens(solo, p) for p in PROMPTS]
+    rows = [3, 9, 1]  # rows of each lane's part (logits of all)
+    got = shared.decode_many([(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i])
+                              for i in range(3)])
+    for i in range(3):
+        solo.truncate(0)
+        want = solo.decode(np.asarray(prompts[i][: 20 + rows[i]], np.int32), n_logits=rows[i])
+        assert got[i].shape == want.shape
+        assert (got[i].argmax(-1) == want.argmax(-1)).all() and np.abs(got[i] - want).max() < NEAR_TIE, i
+    shared.close()
+    solo.close()
