@@ -422,6 +422,20 @@ def test_joint_k_shrinks_as_the_batch_grows_on_a_cpu_curve_and_not_on_a_flat_one
     assert sched_copy.lanes[0].draft_limit < flat.lanes[0].draft_limit  # the steep curve prices the rows
 
 
+def test_with_a_kv_stream_per_lane_a_lane_keeps_its_own_k():
+    """Each lane's rows are a ubatch of their own (`LlamaBackend.decode_many`): the others' rows do not make its
+    draft dearer, so no joint bound shrinks it."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
+    backend.kv_streams = True
+    sched = PassScheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b))
+    for x in sched.lanes:
+        sched._active.add(x.index)
+        x.last_rows = 17
+    assert sched.draft_limit(sched.lanes[0]) == 63
+    backend.kv_streams = False
+    assert PassScheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b)).split is False
+
+
 def test_joint_k_never_below_plain_batched_decoding():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
     sched = PassScheduler(backend, 4, curve=_curve(lambda b: 10.0 * b))  # every row costs a full pass
