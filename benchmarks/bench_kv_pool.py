@@ -6,7 +6,10 @@ One context of 4 lanes (`LlamaBackend(n_lanes=4)`), phased flash attention as th
    editor's completion, or an idle lane keeping its prefix for the next request);
 2. the same 8 rows sharing the pass with 256 prefill rows of the deep lane;
 3. four lanes 1,000-2,500 deep verify 8 rows each (four chats decoding), and one of them alone;
-4. three lanes' 8 rows with a fourth lane's 256 prefill rows.
+4. three lanes' 8 rows with a fourth lane's 256 prefill rows;
+5. four lanes' verify rows of unequal lengths (1, 4, 12, 2: chats decoding at once);
+6. 64 prefill rows of one lane with another's 10 (an editor's completion and an agent's rows), and each alone.
+With a stream per lane, `decode_many` puts unequal parts in descending sequence ids, so each is a ubatch of its own.
 Each figure: the median of `--repeats` passes after one unmeasured (ms), with min-max; the two layouts run in
 separate processes, alternately, `--rounds` times. CPU-heavy: run it alone.
 
@@ -24,7 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ["8 rows, a lane of 8,000 beside", "8 rows + 256 prefill rows (8,000 deep)", "4 lanes x 8 rows",
-         "1 lane x 8 rows, 3 lanes beside", "3 lanes x 8 rows + 256 prefill rows"]
+         "1 lane x 8 rows, 3 lanes beside", "3 lanes x 8 rows + 256 prefill rows", "4 lanes x 1, 4, 12, 2 rows",
+         "64 rows (2,500 deep) + 10 rows of another lane", "64 rows (2,500 deep) alone",
+         "10 rows (1,500 deep) alone"]
 
 
 def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
@@ -67,7 +72,9 @@ def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
     fill(lanes[2], 1000)
     fill(lanes[3], 2000)
     res += [timed([(lane, 8) for lane in lanes]), timed([(lanes[1], 8)]),
-            timed([(lanes[0], 8), (lanes[1], 8), (lanes[2], 8), (lanes[3], 256)])]
+            timed([(lanes[0], 8), (lanes[1], 8), (lanes[2], 8), (lanes[3], 256)]),
+            timed([(lanes[0], 1), (lanes[1], 4), (lanes[2], 12), (lanes[3], 2)]),
+            timed([(lanes[1], 64), (lanes[0], 10)]), timed([(lanes[1], 64)]), timed([(lanes[0], 10)])]
     be.close()
     return res
 
