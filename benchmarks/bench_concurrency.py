@@ -439,12 +439,13 @@ def editor_cells(kind: Kind, args, work: Path, seed: Path, rep: int, editor: Edi
             elif cell == "agent":
                 agent = stream(c.url, path, body)
                 _check(agent, "agent alone")
-                got = {"agent_alone": agent.wall, "agent_prompt": agent.prompt, "agent_out": agent.tokens}
+                got = {"agent_alone": agent.wall, "agent_prompt": agent.prompt, "agent_out": agent.tokens,
+                       "agent_text": agent.text}
             else:
                 got = during(c.url, editor, path, body)
         res.update(got)
-        print(f"  {kind.name} rep {rep + 1} {cell}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in got.items()),
-              file=sys.stderr, flush=True)
+        shown = ", ".join(f"{k} {_fmt(v)}" for k, v in got.items() if not k.endswith("_text"))
+        print(f"  {kind.name} rep {rep + 1} {cell}: {shown}", file=sys.stderr, flush=True)
     return res
 
 
@@ -478,7 +479,8 @@ def during(url: str, editor: Editor, path: str, body: dict) -> dict:
     status, n, count_s = box.get("count", (None, None, float("nan")))
     if status not in (None, 200):
         print(f"  count_tokens: HTTP {status}", file=sys.stderr)
-    return {"fim_during": latencies, "agent_during": agent.wall, "fim_service": service, "count_s": count_s,
+    return {"fim_during": latencies, "agent_during": agent.wall, "agent_during_text": agent.text,
+            "agent_during_out": agent.tokens, "fim_service": service, "count_s": count_s,
             "count_n": n}
 
 
@@ -542,6 +544,11 @@ def editor_table(kind: str, reps: list[dict]) -> str:
     out = [f"### {kind}: an editor during an agent's cold request ({spread(prompt, 0)} prompt tokens, "
            f"{spread(col('agent_out'), 0)} out)", "", "| measure | median (min-max) | target |", "|---|---|---|"]
     out += [f"| {name} | {spread(vals)} | {target} |" for name, vals, target in rows]
+    same = [f"repeat {i + 1}: " + divergence(r["agent_text"], r["agent_during_text"]) +
+            f" ({r.get('agent_out')} tokens alone, {r.get('agent_during_out')} during)"
+            for i, r in enumerate(reps) if "agent_text" in r and "agent_during_text" in r]
+    if same:  # greedy: the agent's reply beside the FIMs is its reply alone, up to near-ties (`specdec check`)
+        out += ["", "the agent's reply during the FIMs against alone: " + "; ".join(same)]
     return "\n".join(out)
 
 

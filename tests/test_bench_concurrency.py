@@ -98,3 +98,11 @@ def test_a_stale_seed_curve_is_replaced_by_the_one_a_cell_measured(tmp_path):
     assert kept["curves"]["m|cpu"]["curve"]["ms"] == [5.0]  # the stale one replaced
     assert kept["curves"]["d|cpu"]["curve"]["ms"] == [1.0]  # a good one kept
     assert kept["entries"] == {}
+
+
+def test_the_editor_table_says_whether_the_agent_s_reply_during_the_fims_is_its_reply_alone():
+    rep = {"fim_alone": [1.0, 2.0], "fim_during": [2.0, 3.0], "agent_alone": 10.0, "agent_during": 20.0,
+           "fim_service": 9.0, "count_s": 0.05, "agent_prompt": 6000, "agent_out": 256, "agent_during_out": 66,
+           "agent_text": "The request goes through", "agent_during_text": "The request passes"}
+    table = bc.editor_table("specdec", [rep])
+    assert "diverges at char 12" in table and "256 tokens alone, 66 during" in table
