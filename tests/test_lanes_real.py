@@ -81,8 +81,8 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
 
 
 def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path):
-    """With a KV stream per lane, `decode_many` puts unequal parts in the batch in descending sequence ids (each then
-    gets a ubatch of its own); every part still gets the logits of its own rows, in the order the parts were given."""
+    """With a KV stream per lane, `decode_many` evaluates unequal parts one `llama_decode` each (`_decode_apart`):
+    every part gets the logits of its own rows, in the order the parts were given, the earlier ones copied."""
     solo = LlamaBackend(smollm2_path, n_ctx=512)
     shared = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
     assert shared.kv_streams

@@ -514,10 +514,32 @@ class LlamaBackend:
         llama_cpp.llama_memory_seq_rm(root._mem, lane._s0, -1, -1)
         return lane
 
+    def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
+        """`decode_many` of unequal parts over KV streams: one `llama_decode` per part, each with its own
+        flash-attention phase. llama.cpp would split them into ubatches of equal rows per stream anyway (consecutive sequence ids
+        together), which cost more than a ubatch each (a 2-core Xeon: 1, 4, 12 and 2 rows 911 against 813 ms; 64 and
+        10 rows 1,955 against 1,474 ms), and one call runs every ubatch with the phase of its largest part: a verify
+        step beside a prefill chunk ran with flash attention on, up to twice as slow. Every part's logits but the last
+        are copied (the next call overwrites them). A part that fails rolls the earlier ones back too."""
+        views: list[np.ndarray] = []
+        done: list[tuple[LlamaBackend, int]] = []
+        try:
+            for k, (lane, toks, n_logits) in enumerate(parts):
+                before = lane._n
+                view = self.decode_many([(lane, toks, n_logits)])[0]
+                done.append((lane, before))
+                views.append(view.copy() if k < len(parts) - 1 and n_logits else view)
+        except BaseException:
+            for lane, before in done:
+                lane.truncate(before)
+            raise
+        return views
+
     def decode_many(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
-        """One `llama_decode` over several lanes' tokens: each part (lane, int32 tokens [m], n_logits) is appended
-        to its lane's sequence as `decode` would, and gets float32 [n_logits, n_vocab] logits of its last rows (a
-        view, valid until the next call on this context). Rows of one lane attend to that lane's cells only, so
+        """One `llama_decode` over several lanes' tokens (with KV streams and parts of unequal rows, one per part:
+        `_decode_apart`): each part (lane, int32 tokens [m], n_logits) is appended to its lane's sequence as `decode`
+        would, and gets float32 [n_logits, n_vocab] logits of its last rows (a view, valid until the next call on
+        this context). Rows of one lane attend to that lane's cells only, so
         each part's logits are what its own pass gives, up to the rounding of a larger batch (llama.cpp's kernels
         are not batch-invariant). The parts' lanes are distinct; their rows together fit one batch (n_batch).
 
@@ -537,17 +559,11 @@ class LlamaBackend:
                     "Use a larger --ctx or a shorter prompt / --max-tokens.")
             if n_logits > len(toks):
                 raise ValueError(f"n_logits={n_logits} exceeds the part ({len(toks)} tokens)")
-        order = range(len(parts))
         if self.kv_streams and len({len(t) for _, t, _ in parts}) > 1:
-            # llama.cpp splits a pass over several KV streams into ubatches of equal rows per stream, taking streams
-            # of consecutive sequence ids together; unequal parts in descending ids each get a ubatch of their own,
-            # which costs less than the mixed ones (a 2-core Xeon: 1, 4, 12 and 2 rows 813 against 911 ms; 64 and
-            # 10 rows 1,474 against 1,955 ms)
-            order = sorted(order, key=lambda i: -parts[i][0]._s0)
-        ordered = [parts[i] for i in order]
+            return self._decode_apart(parts)
         first: list[int] = []
         off, depth = 0, self._n_ctx
-        for lane, toks, n_logits in ordered:
+        for lane, toks, n_logits in parts:
             lane._drop_branch()
             m, start = len(toks), lane._n
             self._b_token[off : off + m] = toks
@@ -572,15 +588,14 @@ class LlamaBackend:
         n_out = sum(n for _, _, n in parts)
         out = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(max(n_out, 1), self._n_vocab))
         out.flags.writeable = False
-        views: list[np.ndarray] = [out[:0]] * len(parts)
-        row = 0
-        for i, (lane, toks, n_logits) in zip(order, ordered):
+        views, row = [], 0
+        for lane, toks, n_logits in parts:
             m = len(toks)
             lane._tokens[lane._n : lane._n + m] = toks
             lane._n += m
             lane.n_evaluated += m
             lane.n_decode_calls += 1
-            views[i] = out[row : row + n_logits] if n_logits else np.zeros((0, self._n_vocab), np.float32)
+            views.append(out[row : row + n_logits] if n_logits else np.zeros((0, self._n_vocab), np.float32))
             row += n_logits
         return views
 

@@ -34,9 +34,9 @@ measured acceptance a (0.9 before any evidence); the lane's controller then
 chooses K within it. As the batch grows, a lane's extra rows must beat the batch's own tokens per ms, so speculation
 shrinks, and never below plain batched decoding (k = 0 is always allowed). After TurboSpec/SmartSpec (Liu et al.
 2024, arXiv 2406.14066): speculate by goodput, less as the batch grows. That is for one KV pool (`--kv-unified`),
-where a pass is one ubatch. With a KV stream per lane (the default) llama.cpp runs each lane's rows of unequal parts
-in a ubatch of their own (`LlamaBackend.decode_many` orders them so), so a lane's draft costs the others nothing and
-its own controller's K stands.
+where a pass is one ubatch. With a KV stream per lane (the default) lanes of unequal rows are evaluated one
+`llama_decode` each (`LlamaBackend.decode_many`), so a lane's draft costs the others nothing and its own controller's
+K stands.
 
 Lossless per lane: each lane's rows attend to its own cells only, so its logits are those of its own pass up to the
 rounding of a larger batch (llama.cpp's kernels are not batch-invariant: near-ties, which `specdec check` explains);
@@ -291,14 +291,14 @@ class PassScheduler:
     def draft_limit(self, lane: SharedLane) -> int:
         """The most draft tokens `lane` should verify in its next pass: all a batch can take while it is alone (or
         `pinned`: a seeded sampled request, whose draws follow its K, gives the same output whatever runs beside it;
-        or with a KV stream per lane, `split`: llama.cpp runs its rows in a ubatch of their own, so they cost what
-        they cost alone and its controller's K is the one to use);
+        or with a KV stream per lane, `split`: its rows are evaluated apart, so they cost what they cost alone and
+        its controller's K is the one to use);
         with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other lanes' rows in their last passes and
         the tokens those are expected to give; a lane still reading its prompt adds its next piece to R and nothing
         to T, and its piece gives way to verify rows, so beside a long prefill a draft's rows are nearly free)."""
         top = lane.n_batch - 1
         others = [x for x in self.lanes if x is not lane and x.index in self._active]
-        if not others or lane.pinned or self.split:  # split: its rows are a ubatch of their own, priced as alone
+        if not others or lane.pinned or self.split:  # split: its rows are evaluated apart, priced as alone
             return top
         rows = tokens = reading = 0
         for x in others:
