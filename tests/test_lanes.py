@@ -316,6 +316,30 @@ def test_a_lanes_pieces_are_priced_at_its_own_cost_per_row():
     assert sched._piece(sched.lanes[0]) == 40 and sched._piece(sched.lanes[1]) == 100
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["cpu-curve", "flat-curve"])
+def test_with_kv_streams_on_a_cpu_long_requests_run_one_at_a_time(flat):
+    """KV stream per lane, a CPU's curve: three chats sent at once run one after another in arrival order (their rows
+    could not share a ubatch, so interleaving only made each wait for the others), each its greedy reply; on a flat
+    curve (a GPU) they share the passes."""
+    backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
+    backend.kv_streams = True
+    sched, engines = _engines(backend, 3)
+    sched.curve = _curve(lambda b: 50.0 + (0.1 if flat else 10.0) * b)
+    config = GenerationConfig(max_tokens=30)
+    out = _run(sched, [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)],
+               threading.Barrier(3))
+    for i in range(3):
+        assert out[i] == greedy_reference(hashed_logits, PROMPTS[i], 30), f"lane {i}"
+    lanes = [tuple(lane for lane, _ in p) for p in backend.passes]
+    if flat:
+        assert any(len(p) > 1 for p in lanes)
+    else:
+        assert all(len(p) == 1 for p in lanes)
+        switches = sum(1 for a, b in zip(lanes, lanes[1:]) if a != b)
+        assert switches <= 4  # one lane's passes, then the next one's (a lane may get one pass before the others
+        # have entered); interleaved, they switch at every pass
+
+
 def test_compose_earliest_deadline_first_among_interactive():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
     sched = PassScheduler(backend, 2)

@@ -436,6 +436,9 @@ class PassScheduler:
         budget = self.backend.n_batch
         inter = [s for s in subs if s.lane.priority.cls == INTERACTIVE]
         rest = [s for s in subs if s.lane.priority.cls != INTERACTIVE]
+        if self.split and len(rest) > 1 and self._steep():
+            rest = rest[:1]  # one long request at a time, the first in line: see `_steep`
+            subs = inter + rest
         interactive = bool(inter) and bool(rest)
         share = self._share()
         owed: float | None = None  # split: the long requests' pass, with this many ms to spend
@@ -475,6 +478,15 @@ class PassScheduler:
         if not parts:  # one step larger than the budget left: it goes alone
             parts = [(subs[0], min(subs[0].left, self.backend.n_batch))]
         return parts
+
+    def _steep(self) -> bool:
+        """A CPU's verify curve (v(64) > 1.3 v(1), as `--k auto` calls it): with a KV stream per lane, long requests
+        then run one at a time beside the interactive ones. Their rows cannot share a ubatch (each lane's are evaluated
+        apart) and a row costs nearly the same in any pass, so interleaving them shared nothing and made each one's
+        steps wait for the others' prefill: four chats at once took 10.73 tok/s interleaved against 11.94 one at a
+        time on a 2-core Xeon (docs/results-history.md). On a flat curve (a GPU) they still share the passes."""
+        v = self._v(np.array([1, 64]))
+        return bool(v[1] > 1.3 * v[0])
 
     def _per(self, lane: SharedLane | None) -> float:
         """Prefill ms per row for `lane`: its own measured figure, else the passes' (0.0 before any was timed)."""
