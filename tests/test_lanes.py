@@ -157,17 +157,19 @@ def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_sha
     assert (agent, 5) in sched._compose()  # what 45 ms owed buys at 10 ms a row
 
 
-def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_more():
-    """An agent's long prefill and an editor's completion at once (a virtual clock, passes of 10 + 5 ms a row): while
-    the editor decodes, the prefill takes about `share` of the time (it never starves, and does not slow each
-    editor step by a whole piece or a fixed number of rows); both outputs are their greedy ones."""
+def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) -> FakeBackend:
+    """An agent's long prefill (lane 0) and an editor's completion arriving during its third pass (lane 1), on a
+    virtual clock (passes of 10 + 5 ms a row), share 0.25, pieces of 0.5 s; both outputs checked against their greedy
+    ones. Returns the backend (its `passes`)."""
     from fakes import Clock
 
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
+    backend.kv_streams = kv_streams
     sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
+    assert sched.split is kv_streams
     engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
-    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, 1500)]
+    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, n_prompt)]
     first_piece = threading.Event()
     orig = backend.decode_many
 
@@ -185,7 +187,7 @@ def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_mo
         first_piece.wait(5)
         sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
         try:
-            editor_out[1] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=60))
+            editor_out[1] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=editor_tokens))
                              if isinstance(r, Step) for t in r.emitted]
         finally:
             sched.leave(sched.lanes[1])
@@ -195,12 +197,20 @@ def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_mo
     out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
     t.join(10)
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
-    assert editor_out[1] == greedy_reference(hashed_logits, PROMPTS[3], 60)
+    assert editor_out[1] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
+    return backend
+
+
+def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_more():
+    """One KV pool: while the editor decodes, the agent's prefill rows ride in its passes and take about `share` of the
+    time (it never starves, and does not slow each editor step by a whole piece or a fixed number of rows)."""
+    n_prompt = 1500
+    backend = _agent_beside_editor(False, n_prompt, 60)
     # the passes with the editor in them while the agent was still reading its prompt
     read, both = 0, []
     for p in backend.passes:
         rows = dict(p)
-        if read < len(long_prompt) - 1 and 1 in rows:
+        if read < n_prompt - 1 and 1 in rows:
             both.append(p)
         read += rows.get(0, 0)
     assert len(both) >= 10
@@ -214,44 +224,8 @@ def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_mo
 def test_with_a_kv_stream_per_lane_a_long_prefill_gets_its_share_in_passes_of_its_own():
     """A KV stream per lane (`LlamaBackend.kv_streams`): llama.cpp would run an agent's rows beside an editor's as
     ubatches of their own anyway, so no pass mixes them; the agent's passes take about `share` of the time while the
-    editor decodes (never starving), and both outputs are their greedy ones (a virtual clock, 10 + 5 ms a row)."""
-    from fakes import Clock
-
-    clock = Clock()
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
-    backend.kv_streams = True
-    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
-    assert sched.split
-    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
-    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, 3000)]
-    first_piece = threading.Event()
-    orig = backend.decode_many
-
-    def spy(parts):
-        if len(backend.__dict__.get("passes", [])) == 2:
-            first_piece.set()
-            time.sleep(0.2)  # the editor arrives now
-        return orig(parts)
-
-    backend.decode_many = spy
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
-    editor_out = {}
-
-    def editor():
-        first_piece.wait(5)
-        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
-        try:
-            editor_out[1] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=400))
-                             if isinstance(r, Step) for t in r.emitted]
-        finally:
-            sched.leave(sched.lanes[1])
-
-    t = threading.Thread(target=editor)
-    t.start()
-    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
-    t.join(10)
-    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
-    assert editor_out[1] == greedy_reference(hashed_logits, PROMPTS[3], 400)
+    editor decodes (never starving)."""
+    backend = _agent_beside_editor(True, 3000, 400)
     assert not any(len(p) > 1 for p in backend.passes)  # never an agent's rows beside the editor's
     first = next(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
     last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
