@@ -13,14 +13,13 @@ What a pass holds (`PassScheduler._compose`), in priority order (interactive req
 first, then earliest deadline, then arrival):
 - every decoding lane's verify rows (its newest token and its draft): a step is never split;
 - prefill rows of the lanes still reading their prompts, cut into pieces: while an editor is in use (one of its
-  requests ran in the last `quiet_s` seconds: `Priority.editor`), a piece of about `piece_s` seconds of prefill (at
-  the lane's own measured cost per row, so an editor's next completion joins within about that); otherwise a whole
-  batch (`n_batch` rows: on a CPU each pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 %
-  slower to read); while an interactive lane is in the pass, a long request's prefill gets a time share instead:
-  `share` of the passes' time (the rows its owed milliseconds buy at the measured cost per row, carried over from
-  pass to pass), so it never starves and an interactive lane's steps run at about (1 - `share`) of their speed
-  alone; an interactive lane with no other interactive lane beside it reads its prompt in whole batches (nothing
-  waits behind it);
+  requests ran in the last `quiet_s` seconds: `Priority.editor`), a piece of about `piece_s` seconds of prefill
+  (measured per row, so an editor's next completion joins within about that); otherwise a whole batch (`n_batch`
+  rows: on a CPU each pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 % slower to read); while
+  an interactive lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes'
+  time (the rows its owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it
+  never starves and an interactive lane's steps run at about (1 - `share`) of their speed alone; an interactive
+  lane with no other interactive lane beside it reads its prompt in whole batches (nothing waits behind it);
 - with a KV stream per lane (the default), a pass never mixes interactive lanes' rows with the others': llama.cpp
   would run them as ubatches of their own, each paying the weights' read and more (`benchmarks/bench_kv_pool.py`),
   so the others get passes of their own once they are owed as much as such a pass costs (`share` of the
@@ -65,7 +64,7 @@ SHARE = 0.1  # a long request's share of the passes' time while an interactive l
 SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive lane before any pass was timed
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
 QUIET_S = 60.0  # no editor's request for this long: prefill pieces are whole batches
-MIN_PIECE = 32  # smaller pieces cost a CPU more per row than they save a newcomer (a pass's fixed cost, ~0.1-0.2 s)
+MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
 ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
 ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
 
@@ -123,7 +122,6 @@ class SharedLane:
         self.last_rows = 1  # rows of its last verify pass
         self._pass_start: int | None = None  # len(tokens) before its last verify pass
         self._acc = list(ACCEPT_PRIOR)  # decayed (accepted tokens, rejections)
-        self.ms_per_row: float | None = None  # its own prefill's ms per row (passes it had alone): its pieces' price
 
     # -- what goes through the scheduler ------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
@@ -304,7 +302,7 @@ class PassScheduler:
         for x in others:
             sub = self._subs.get(x.index)
             if sub is not None and len(sub.tokens) > sub.n_logits:  # reading its prompt: a piece, giving no token
-                reading += min(sub.left, self._piece(x))
+                reading += min(sub.left, self._piece())
             else:
                 rows += max(1, x.last_rows)
                 tokens += _expected(x.acceptance, max(1, x.last_rows) - 1)[-1]
@@ -379,9 +377,6 @@ class PassScheduler:
         if error is None and prefill >= max(MIN_PIECE, total // 2):
             per = ms / total
             self._ms_per_row = per if self._ms_per_row is None else 0.7 * self._ms_per_row + 0.3 * per
-            if len(parts) == 1:  # the lane's own cost per row at its own depth (an agent's rows 6k tokens deep cost
-                lane = parts[0][0].lane  # more than an editor's 512-row pass over 4k: one figure misprices both)
-                lane.ms_per_row = per if lane.ms_per_row is None else 0.5 * lane.ms_per_row + 0.5 * per
         for (sub, m), result in zip(parts, results):
             lane = sub.lane
             lane.shared_rows = total - m
@@ -440,14 +435,15 @@ class PassScheduler:
             rest = rest[:1]  # one long request at a time, the first in line: see `_steep`
             subs = inter + rest
         interactive = bool(inter) and bool(rest)
-        share = self._share()
-        owed: float | None = None  # split: the long requests' pass, with this many ms to spend
+        piece, share = self._piece(), self._share()
         if interactive and self.split:  # a pass for the interactive lanes, or one for the others when they are owed it
+            per = self._ms_per_row if self._ms_per_row is not None else 0.0
             steps = sum(s.left for s in rest if s.splittable == 0)
             cost = (self._v(np.array([steps]))[0] if steps else 0.0) + \
-                max((MIN_PIECE * self._per(s.lane) for s in rest if s.splittable), default=0.0)
+                (MIN_PIECE * per if any(s.splittable for s in rest) else 0.0)
             if self._owed_ms >= cost:
-                subs, owed = rest, self._owed_ms
+                subs = rest
+                piece = min(piece, max(MIN_PIECE, int(self._owed_ms / per))) if per > 0 else piece
             else:
                 subs = inter
             interactive = False
@@ -463,9 +459,6 @@ class PassScheduler:
             if s.splittable == 0 or budget <= 0:
                 continue
             shared = interactive and s.lane.priority.cls != INTERACTIVE  # a long request beside an interactive one
-            piece = self._piece(s.lane)
-            if owed is not None and self._per(s.lane) > 0:  # what it is owed buys, one piece at most
-                piece = min(piece, max(MIN_PIECE, int(owed / self._per(s.lane))))
             cap = min(share, piece) if shared else budget if s.lane.priority.cls == INTERACTIVE and alone else piece
             if cap <= 0:
                 continue
@@ -488,22 +481,15 @@ class PassScheduler:
         v = self._v(np.array([1, 64]))
         return bool(v[1] > 1.3 * v[0])
 
-    def _per(self, lane: SharedLane | None) -> float:
-        """Prefill ms per row for `lane`: its own measured figure, else the passes' (0.0 before any was timed)."""
-        if lane is not None and lane.ms_per_row is not None:
-            return lane.ms_per_row
-        return self._ms_per_row if self._ms_per_row is not None else 0.0
-
-    def _piece(self, lane: SharedLane | None = None) -> int:
-        """Prefill rows per pass (for `lane`): a whole batch when no editor's request came for `quiet_s` seconds,
-        else about `piece_s` seconds at its measured ms per row (`_per`)."""
+    def _piece(self) -> int:
+        """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else about
+        `piece_s` seconds at the measured ms per row."""
         if self.clock() - self._editor_at > self.quiet_s and \
                 not any(x.priority.editor for x in self.lanes if x.index in self._active):
             return self.backend.n_batch
-        per = self._per(lane)
-        if per <= 0.0:
+        if self._ms_per_row is None:
             return FIRST_PIECE
-        return int(min(self.backend.n_batch, max(MIN_PIECE, self.piece_s * 1e3 / per)))
+        return int(min(self.backend.n_batch, max(MIN_PIECE, self.piece_s * 1e3 / self._ms_per_row)))
 
 
 def _expected(a: float, k: int) -> np.ndarray:
