@@ -16,6 +16,7 @@ from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.models.llama import LlamaBackend
+from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.server.lanes import PassScheduler, Priority
 
 pytestmark = pytest.mark.real
@@ -45,7 +46,8 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
         alone.append(_out(SpeculativeEngine(alone_backend, NgramDrafter(1, 3), FixedK(4)).generate(
             p, GenerationConfig(max_tokens=32))))
     shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3, kv_unified=unified)
-    sched = PassScheduler(shared_backend, 3)
+    # a flat curve (a GPU's): long requests share the passes with KV streams too (on a CPU's they run one at a time)
+    sched = PassScheduler(shared_backend, 3, curve=VerifyCurve(ms=tuple(50.0 for _ in range(65))))
     out: dict[int, list[int]] = {}
     barrier = threading.Barrier(3)
 
