@@ -516,8 +516,8 @@ class LlamaBackend:
 
     def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
         """`decode_many` of unequal parts over KV streams: one `llama_decode` per part, each with its own
-        flash-attention phase. llama.cpp would split them into ubatches of equal rows per stream anyway (consecutive sequence ids
-        together), which cost more than a ubatch each (a 2-core Xeon: 1, 4, 12 and 2 rows 911 against 813 ms; 64 and
+        flash-attention phase. llama.cpp would split them into ubatches of equal rows per stream anyway
+        (consecutive sequence ids together), which cost more than a ubatch each (a 2-core Xeon: 1, 4, 12 and 2 rows 911 against 813 ms; 64 and
         10 rows 1,955 against 1,474 ms), and one call runs every ubatch with the phase of its largest part: a verify
         step beside a prefill chunk ran with flash attention on, up to twice as slow. Every part's logits but the last
         are copied (the next call overwrites them). A part that fails rolls the earlier ones back too."""

@@ -1,7 +1,8 @@
 """Several generations at once on one loaded model: lanes, and the scheduler that shares verify passes among them.
 
 A lane is one sequence of the target's context (`LlamaBackend.lane`: its own KV stream and tokens, or its cells in one
-unified pool with `--kv-unified`) wrapped as a `Backend` (`SharedLane`) whose `decode` and `decode_branches` do not call llama.cpp themselves: they hand
+unified pool with `--kv-unified`) wrapped as a `Backend` (`SharedLane`) whose `decode` and `decode_branches` do not
+call llama.cpp themselves: they hand
 their rows to the `PassScheduler` and wait. Each lane's generation runs the ordinary engine (`SpeculativeEngine`,
 unchanged) on a thread of its own, but only one of them runs Python at a time: a lane holds the *baton* while it
 drafts, verifies and emits, and gives it back when it submits its next rows. When every active lane has submitted,
@@ -394,9 +395,9 @@ class PassScheduler:
         """Keep the long requests' time share while an interactive lane is in the passes. Split (`split`): owed +=
         share x an interactive pass's ms while they wait, -= the ms of each pass of theirs, the ones between an
         editor's requests too (down to one piece ahead: the piece an editor's next request waits for as it arrives
-        counts as the share of its passes, which then need not stop for another). Else: owed += share x the pass's ms - the ms
-        its long prefill rows took (rows x the measured ms per row), within one piece either way. Nothing owed once
-        no interactive lane shares the passes (the share is for the time they are slowed)."""
+        counts as the share of its passes, which then need not stop for another). Else: owed += share x the pass's
+        ms - the ms its long prefill rows took (rows x the measured ms per row), within one piece either way.
+        Nothing owed once no interactive lane shares the passes (the share is for the time they are slowed)."""
         if self.split:
             inter = any(s.lane.priority.cls == INTERACTIVE for s, _ in parts)
             if not inter:  # the long requests' pass, or theirs between an editor's requests: it pays what is owed
