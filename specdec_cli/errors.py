@@ -105,6 +105,17 @@ class DecodeError(BackendError):
         )
         self.code = code
 
+    @staticmethod
+    def of(code: int, n_tokens: int) -> DecodeError:
+        """The error for `llama_decode`'s return code: `PassInterrupted` for 2 (aborted), else a DecodeError."""
+        return PassInterrupted(code, n_tokens) if code == 2 else DecodeError(code, n_tokens)
+
+
+class PassInterrupted(DecodeError):
+    """`llama_decode` stopped between two graph nodes because `LlamaBackend.interrupt` was called (the server's
+    scheduler preempting a long request's pass for an interactive one). The lanes' KV cells are as before the call:
+    evaluate the same rows again."""
+
 
 class CacheTrimError(BackendError):
     """`llama_memory_seq_rm` refused to remove a range (recurrent or hybrid models cannot roll back)."""

@@ -351,6 +351,59 @@ def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
     assert joined <= seen["arrived_at"] + 1  # the editor's prompt was in the pass after it arrived
 
 
+def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
+    """An editor's request that arrives while a pass holds only an agent's prefill piece stops that pass (the backend
+    raises PassInterrupted, nothing evaluated): the editor's prompt is the next pass, the agent's piece goes again
+    after it, both outputs are their own, and the request to stop is cleared so later passes run whole."""
+    from specdec_cli.errors import PassInterrupted
+
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = PassScheduler(backend, 2)
+    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor is in use: pieces
+    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
+    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
+    stop, blocked, asked = threading.Event(), threading.Event(), []
+    backend.interruptible = True
+
+    def interrupt(on=True):
+        asked.append(on)
+        stop.set() if on else stop.clear()
+
+    backend.interrupt = interrupt
+    orig = backend.decode_many
+
+    def slow_second(parts):  # the agent's second piece takes 5 s unless interrupted
+        if len(backend.__dict__.get("passes", [])) == 1 and not blocked.is_set():
+            blocked.set()
+            if stop.wait(5):
+                raise PassInterrupted(2, sum(len(t) for _, t, _ in parts))
+        return orig(parts)
+
+    backend.decode_many = slow_second
+    seen = {}
+
+    def editor():
+        blocked.wait(5)
+        t0 = time.monotonic()
+        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
+        seen["waited"] = time.monotonic() - t0
+        try:
+            seen["out"] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=8))
+                           if isinstance(r, Step) for t in r.emitted]
+        finally:
+            sched.leave(sched.lanes[1])
+
+    t = threading.Thread(target=editor)
+    t.start()
+    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
+    t.join(10)
+    assert sched.interrupted == 1 and seen["waited"] < 2.0
+    assert [lane for lane, _ in backend.passes[1]] == [1]  # the editor's prompt: the pass after the interrupted one
+    assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)  # the agent's piece went again, its KV intact
+    assert seen["out"] == greedy_reference(hashed_logits, PROMPTS[3], 8)
+    assert asked[-1] is False and not stop.is_set()
+
+
 def test_a_lane_that_leaves_is_free_at_once_while_another_lane_reads_its_prompt():
     """A lane whose request ended (or that ran the server's save: `PassScheduler.run`) returns at once, whatever
     another lane's prefill still has to read: it does not run that prefill's passes on its own thread (an editor's next

@@ -100,3 +100,33 @@ def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path):
         assert (got[i].argmax(-1) == want.argmax(-1)).all() and np.abs(got[i] - want).max() < NEAR_TIE, i
     shared.close()
     solo.close()
+
+
+@pytest.mark.parametrize("parts", [1, 2], ids=["one-part", "unequal-parts"])
+def test_an_interrupted_pass_leaves_every_lanes_kv_as_before(smollm2_path, parts):
+    """`LlamaBackend.interrupt` (llama.cpp's abort callback) stops a pass: it raises PassInterrupted, every lane of
+    the pass keeps its tokens and KV cells as before (the parts evaluated before the stop are rolled back too), and
+    once cleared the same rows give what a lane never interrupted gives."""
+    from specdec_cli.errors import PassInterrupted
+
+    backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
+    lanes = [backend.lane(i) for i in range(3)]
+    prompts = [_tokens(backend, p) for p in PROMPTS]
+    assert backend.interruptible
+    for i in range(3):
+        backend.decode_many([(lanes[i], np.asarray(prompts[i][:16], np.int32), 0)])
+    pass_ = [(lanes[i], np.asarray(prompts[i][16 : 20 + 3 * i], np.int32), 2) for i in range(parts)]
+    backend.interrupt()
+    with pytest.raises(PassInterrupted):
+        backend.decode_many(pass_)
+    with pytest.raises(PassInterrupted):
+        lanes[0].decode(np.asarray(prompts[0][16:20], np.int32), n_logits=1)
+    assert [len(x.tokens) for x in lanes] == [16, 16, 16]
+    backend.interrupt(False)
+    got = [v.copy() for v in backend.decode_many(pass_)]
+    # lane 2, never interrupted, reads lane i's rows as a reference (its own cells replaced, same positions)
+    for i in range(parts):
+        lanes[2].truncate(0)
+        want = lanes[2].decode(np.asarray(prompts[i][: 20 + 3 * i], np.int32), n_logits=2)
+        assert (got[i].argmax(-1) == want.argmax(-1)).all() and np.abs(got[i] - want).max() < NEAR_TIE, i
+    backend.close()

@@ -10,7 +10,11 @@ What it does differently from `llama_cpp.Llama`:
   KV cache (`n_seq_max = 2`, `kv_unified`: the committed prefix's cells belong to both, `llama_memory_seq_cp` is
   metadata only, and the batch is evaluated as one ubatch, as llama.cpp's examples/speculative does with `-kvu`);
   plain one-sequence decoding is bit-identical to a one-sequence context and costs the same;
-- `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted, < 0 = fatal);
+- `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted: `PassInterrupted`, < 0 = fatal);
+- a pass can be interrupted from another thread (`interrupt`): llama.cpp's abort callback, checked by ggml's CPU
+  backend after every graph node, is libc's `strlen` over a one-byte flag, so the check runs no Python and takes no
+  GIL (a Python callback would take the GIL ~1,000 times a pass); a backend that does not check it (CUDA, Metal)
+  simply finishes the pass;
 - the KV state of sequence 0 is saved and restored with llama.cpp's streaming `llama_state_seq_save_file` /
   `llama_state_seq_load_file` (one tensor row range at a time, never the whole state in memory), for the prompt cache.
 """
@@ -74,6 +78,23 @@ PHASE_ROWS = 64  # phased: a llama_decode call over more rows than this is a pre
 # does (2,048 tokens, 2-core Xeon: v(1) 86 on / 96 off, v(16) 322 / 268 ms) and keeps each row's attention computed
 # alone, so a verify pass rounds as a one-token pass does; past it, off's verify passes are 1.2-2x cheaper.
 PHASE_DEPTH = 2048
+
+
+def _install_abort(ctx: Any) -> tuple[ctypes.Array | None, Any]:
+    """Install llama.cpp's abort callback on `ctx`: libc's `strlen` over a 2-byte buffer, so `buffer[0] = 1` stops
+    the pass under way (`LlamaBackend.interrupt`). ggml's CPU backend calls it on its first thread after every graph
+    node with the buffer as its argument and reads the result as a bool; strlen returns 0 or 1 here, which every ABI
+    reads as that bool, and runs no Python (no GIL while the pass computes). Returns (buffer, the callback; both
+    must outlive the context), or (None, None) where libc or the symbol is missing: passes are then not
+    interruptible, nothing else changes."""
+    try:
+        libc = ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)  # the process's C library
+        fn = llama_cpp.ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
+        flag = ctypes.create_string_buffer(2)
+        llama_cpp.llama_set_abort_callback(ctx, fn, ctypes.cast(flag, ctypes.c_void_p))
+        return flag, fn
+    except (AttributeError, OSError, TypeError, ValueError):  # no libc / strlen / llama_set_abort_callback
+        return None, None
 
 
 def system_info() -> str:
@@ -281,6 +302,7 @@ class LlamaBackend:
         self._piece_buf = ctypes.create_string_buffer(256)
         self.n_decode_calls = 0  # llama_decode calls (for stats and tests)
         self.n_evaluated = 0  # tokens evaluated in total
+        self._abort_flag, self._abort_fn = _install_abort(ctx)
 
     # -- sizes ---------------------------------------------------------------------------------------------------
     @property
@@ -363,7 +385,7 @@ class LlamaBackend:
                 rc = llama_cpp.llama_decode(self._ctx, self._batch)
                 self.n_decode_calls += 1
                 if rc != 0:
-                    raise DecodeError(rc, n)
+                    raise DecodeError.of(rc, n)
                 self._tokens[start + c0 : start + c1] = toks[c0:c1]
                 self._n = start + c1
                 self.n_evaluated += n
@@ -423,7 +445,7 @@ class LlamaBackend:
             rc = llama_cpp.llama_decode(self._ctx, self._batch)
             self.n_decode_calls += 1
             if rc != 0:
-                raise DecodeError(rc, rows)
+                raise DecodeError.of(rc, rows)
         except BaseException:
             llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start, -1)
             llama_cpp.llama_memory_seq_rm(self._mem, self._s1, -1, -1)
@@ -584,7 +606,7 @@ class LlamaBackend:
         if rc != 0:
             for lane, _, _ in parts:
                 llama_cpp.llama_memory_seq_rm(self._mem, lane._s0, lane._n, -1)
-            raise DecodeError(rc, rows)
+            raise DecodeError.of(rc, rows)
         n_out = sum(n for _, _, n in parts)
         out = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(max(n_out, 1), self._n_vocab))
         out.flags.writeable = False
@@ -792,6 +814,19 @@ class LlamaBackend:
             tools=tools,
             template_kwargs=template_kwargs,
         )
+
+    # -- interrupting a pass from another thread -----------------------------------------------------------------
+    @property
+    def interruptible(self) -> bool:
+        """`interrupt` can stop a pass (the abort callback is installed; a GPU backend may still finish it)."""
+        return self._abort_flag is not None
+
+    def interrupt(self, on: bool = True) -> None:
+        """From any thread: make the `llama_decode` under way (or the next one) stop after its current graph node
+        and raise `PassInterrupted`, the cache as it was before the call (~15 ms on a 2-core Xeon); `on=False`
+        clears the request (the caller's duty once that pass has returned, or every later pass stops at once)."""
+        if self._abort_flag is not None:
+            self._abort_flag[0] = b"\x01" if on else b"\x00"
 
     def close(self) -> None:
         if self._root is not self:  # a lane: the root lane frees the context and the model

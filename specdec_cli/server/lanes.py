@@ -27,6 +27,12 @@ first, then earliest deadline, then arrival):
   interactive passes' time, paid by the measured time of theirs);
 - a lane's second-branch pass (`decode_branches`) runs alone: branches are offered only while a lane is alone.
 
+An interactive request that arrives while a pass of long requests' rows only is under way (begun while no interactive
+lane was in) interrupts it (`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node
+(~15 ms) instead of after the rest of a piece (up to ~2 s at an agent's 6k-token depth on a 2-core CPU), and the
+piece is evaluated again after its first pass (a piece's time, lost once per such arrival). Passes paid as the long
+requests' share while an interactive lane waits are never interrupted, so the share stands.
+
 K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
 tokens of the others' last passes on the measured verify curve, (E_lane(k) + T_others) / v(k + 1 + R_others)
 maximised over k (v: the measured curve as a straight line), with E(k) = 1 + a + ... + a^k from the lane's
@@ -55,6 +61,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
+
+from specdec_cli.errors import PassInterrupted
 
 if TYPE_CHECKING:
     from specdec_cli.core.verify_curve import VerifyCurve
@@ -217,6 +225,8 @@ class PassScheduler:
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
         self._passing = False
+        self._preemptible = False  # the pass under way may be interrupted (`enter`)
+        self.interrupted = 0  # passes interrupted
         self._ready: list[tuple[Priority, int, SharedLane]] = []  # lanes waiting for the baton (a heap)
         self._subs: dict[int, _Sub] = {}  # lane index -> its rows waiting for a pass
         self._active: set[int] = set()
@@ -227,13 +237,19 @@ class PassScheduler:
         self.log: list[tuple[tuple[int, int], ...]] = []  # per pass: (lane, rows) of each part (the last 256)
 
     # -- a lane's thread -----------------------------------------------------------------------------------------
-    def enter(self, lane: SharedLane, priority: Priority | None = None) -> None:
-        """`lane`'s generation starts: wait for the baton (after the lanes before it in line)."""
+    def enter(self, lane: SharedLane, priority: Priority | None = None, *, preempt: bool = True) -> None:
+        """`lane`'s generation starts: wait for the baton (after the lanes before it in line). An interactive one
+        (`preempt`) interrupts a pass under way that holds only long requests' rows, begun while no interactive lane
+        was in (`_pass`): that pass is evaluated again after the newcomer's first pass, which starts within a graph
+        node (~15 ms) instead of after up to a second or two of another's prefill piece."""
         with self._cv:
             if priority is not None:
                 lane.priority = priority
             if lane.priority.editor:
                 self._editor_at = self.clock()
+            if preempt and lane.priority.cls == INTERACTIVE and self._preemptible:
+                self._preemptible = False
+                self.backend.interrupt()
             self._active.add(lane.index)
             self._want(lane)
             if self._holder is None and not self._passing:
@@ -255,7 +271,7 @@ class PassScheduler:
 
     def run(self, lane: SharedLane, fn: Callable[[], Any], priority: Priority | None = None) -> Any:
         """Run `fn()` on the calling thread as `lane`, holding the baton (what touches the shared stores)."""
-        self.enter(lane, priority)
+        self.enter(lane, priority, preempt=False)  # (what it runs is short: a pass under way may finish)
         try:
             return fn()
         finally:
@@ -283,6 +299,11 @@ class PassScheduler:
         return sub.result
 
     # -- what the lanes read ---------------------------------------------------------------------------------------
+    @property
+    def interruptible(self) -> bool:
+        """The backend can stop a pass under way (`LlamaBackend.interrupt`)."""
+        return bool(getattr(self.backend, "interruptible", False))
+
     def alone(self, lane: SharedLane) -> bool:
         """No other lane is generating (then a second branch is offered: it needs a pass of its own)."""
         return len(self._active) <= 1
@@ -355,6 +376,11 @@ class PassScheduler:
         are all evaluated in line for the baton."""
         parts = self._compose()
         self._passing = True
+        # only long requests' rows, and no interactive lane waiting for them to be paid their share: an interactive
+        # newcomer may interrupt it (`enter`)
+        may_stop = self._preemptible = self.interruptible and all(
+            s.lane.priority.cls != INTERACTIVE for s in self._subs.values()) and all(
+            x.priority.cls != INTERACTIVE for x in self.lanes if x.index in self._active)
         self._cv.release()
         error: BaseException | None = None
         t0 = self.clock()
@@ -370,6 +396,12 @@ class PassScheduler:
         ms = (self.clock() - t0) * 1e3
         self._cv.acquire()
         self._passing = False
+        if may_stop:
+            self._preemptible = False
+            self.backend.interrupt(False)  # (one asked for as this pass ended must not stop the next)
+            if isinstance(error, PassInterrupted):  # nothing evaluated: the same rows go again, after the newcomer's
+                self.interrupted += 1
+                return
         self.passes += 1
         self.log = [*self.log[-255:], tuple((s.lane.index, m) for s, m in parts)]
         total = sum(m for _, m in parts)
