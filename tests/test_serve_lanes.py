@@ -146,6 +146,29 @@ def test_a_completion_waits_for_the_finishing_lane_that_holds_its_prefix():
     assert worker._place(0, job) == 0  # not worth waiting for
 
 
+def test_a_new_request_goes_to_the_least_recently_used_lane_not_the_one_that_took_it():
+    """An agent's request taken by the thread of the lane that just served an editor's completion goes to the
+    least recently used idle lane: the editor's lane keeps its cached prefix for the next completion (which would
+    otherwise queue for the agent's whole turn); a request that shares that lane's prefix stays on it."""
+    from types import SimpleNamespace
+
+    from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.request import Request
+    from specdec_cli.server.worker import Job, Worker
+
+    held = {0: [], 1: list(range(100, 600)), 2: []}  # lane 1 served the editor's last completion
+    service = SimpleNamespace(lanes=3, scheduler=None, lane_tokens=lambda i: [np.asarray(held[i], np.int32)],
+                              reply=lambda r: None)
+    worker = Worker(service)
+    worker._used = [5.0, 9.0, 3.0]
+    agent = Job(1, Request(config=GenerationConfig(max_tokens=4096)), lambda e: None)
+    agent.prompt = list(range(1000, 1600))
+    assert worker._place(1, agent) == 2
+    again = Job(2, Request(config=GenerationConfig(max_tokens=32)), lambda e: None)
+    again.prompt = list(range(100, 590))
+    assert worker._place(0, again) == 1
+
+
 def test_a_lane_takes_the_baton_after_a_request_only_when_a_save_is_due():
     """After each request a lane counts it for the save of what was learnt; it waits for the baton (a pass of a long
     request beside it, ~1 s on a CPU) only when that made a save due, so an editor's next completion, handed to this

@@ -288,9 +288,11 @@ class Worker:
 
     def _place(self, lane: int, job: Job) -> int:
         """The lane `job` should run on (lock held): the lane whose KV cache or parked states share the longest prefix
-        with its prompt, the least recently used on a tie, among the idle lanes (`lane` included) and the lanes
-        finishing an interactive request (an editor's next completion arrives as its previous one ends: it waits
-        for that lane rather than evaluate its prompt again on another)."""
+        with its prompt, among the idle lanes (`lane` included) and the lanes finishing an interactive request (an
+        editor's next completion arrives as its previous one ends: it waits for that lane rather than evaluate its
+        prompt again on another); where no idle lane shares more than `PLACE_MARGIN` tokens beyond the others, the
+        least recently used of them (an agent's new request taken by the editor's lane as it finished would evict
+        the editor's cached prefix and make its next completion queue for the agent's whole turn)."""
         if self.n_lanes == 1 or job.prompt is None:
             return lane
         prompt = np.asarray(job.prompt, dtype=np.int32)
@@ -306,7 +308,15 @@ class Worker:
                 + WAIT_MARGIN:
             idle = [i for i in idle if i not in self._running]  # not worth waiting for: the best idle lane
             best = max(idle, key=lambda i: (scores[i], -self._used[i]))
-        return lane if scores[best] <= scores.get(lane, 0) + PLACE_MARGIN and lane in scores else best
+        if best in self._running:
+            return best
+        # no lane holds much more of it: the least recently used of those near the best, which keeps the caches of the
+        # lanes used last for their clients' next requests (the lane that took it is a handover's worth ahead)
+        near = [i for i in idle if i not in self._running and scores[i] + PLACE_MARGIN >= scores[best]]
+        lru = min(near, key=lambda i: (self._used[i], -scores[i]))
+        if lane in near and scores[lane] + PLACE_MARGIN >= scores[best] and self._used[lane] <= self._used[lru]:
+            return lane
+        return lru
 
     def _run(self, lane: int) -> None:
         while True:
