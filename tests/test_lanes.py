@@ -305,6 +305,20 @@ def test_compose_earliest_deadline_first_among_interactive():
     assert parts[1] == (late, 4)  # the other takes what the batch has left
 
 
+def test_with_kv_streams_one_interactive_prompt_is_read_at_a_time():
+    """KV streams and an interruptible backend: the interactive prompt first in line (the earlier deadline: a FIM
+    beside a short reply) is read in whole batches, and the other's waits (its piece would be a llama_decode of its
+    own in the same pass, slowing the first); a newcomer ahead of it would interrupt the pass."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    backend.kv_streams = backend.interruptible = True
+    sched = PassScheduler(backend, 3)
+    sched._ms_per_row, sched._editor_at = 20.0, sched.clock()  # an editor in use: 1-s pieces would be 64 rows
+    late, soon = _fake_subs(sched, [(0, 600, 1, Priority(INTERACTIVE, seq=1)),
+                                    (1, 300, 1, Priority(INTERACTIVE, deadline=10.0, seq=2))])
+    sched._active = {0, 1}
+    assert sched._compose() == [(soon, 300)]
+
+
 def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
     """With an editor in use (its warm-up ran), an agent's prefill runs alone in pieces; an editor's request that
     arrives meanwhile is in the next pass."""
@@ -402,6 +416,26 @@ def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)  # the agent's piece went again, its KV intact
     assert seen["out"] == greedy_reference(hashed_logits, PROMPTS[3], 8)
     assert asked[-1] is False and not stop.is_set()
+
+
+def test_who_may_interrupt_a_pass():
+    """`_preemption`: a newcomer ahead of every lane in the pass may stop it: a long request's piece (any interactive
+    request), an interactive prefill read in a whole batch (an earlier deadline); never the long requests' share while
+    an interactive lane waits for it, nor an interactive lane's verify step."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    backend.interruptible = True
+    sched = PassScheduler(backend, 3)
+    agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
+    below = sched._preemption([(agent, 64)])
+    assert Priority(INTERACTIVE, seq=9) < below  # any interactive newcomer
+    chat, = _fake_subs(sched, [(1, 600, 1, Priority(INTERACTIVE, seq=2))])  # a short reply reading its prompt
+    assert sched._preemption([(agent, 64)]) is None  # the share, paid while `chat` waits
+    below = sched._preemption([(chat, 512)])
+    assert Priority(INTERACTIVE, deadline=5.0, seq=9) < below  # a FIM with a deadline
+    assert not Priority(INTERACTIVE, seq=9) < below  # a later short reply waits its turn
+    assert sched._preemption([(chat, 600)]) is None  # its last rows want logits: it finishes
+    backend.interruptible = False
+    assert sched._preemption([(chat, 512)]) is None
 
 
 def test_a_lane_that_leaves_is_free_at_once_while_another_lane_reads_its_prompt():

@@ -27,11 +27,12 @@ first, then earliest deadline, then arrival):
   interactive passes' time, paid by the measured time of theirs);
 - a lane's second-branch pass (`decode_branches`) runs alone: branches are offered only while a lane is alone.
 
-An interactive request that arrives while a pass of long requests' rows only is under way (begun while no interactive
-lane was in) interrupts it (`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node
-(~15 ms) instead of after the rest of a piece (up to ~2 s at an agent's 6k-token depth on a 2-core CPU), and the
-piece is evaluated again after its first pass (a piece's time, lost once per such arrival). Passes paid as the long
-requests' share while an interactive lane waits are never interrupted, so the share stands.
+An interactive request that arrives while a pass of lanes that all come after it is under way (a long request's
+piece; an interactive prompt read in a whole batch, by a newcomer with an earlier deadline) interrupts it
+(`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node (~15 ms) instead of after the
+rest of the pass (a piece: up to ~2 s at an agent's 6k-token depth on a 2-core CPU), and the pass is evaluated again
+after its first one (the time it had run is lost, once per such arrival). Passes paid as the long requests' share
+while an interactive lane waits, and interactive verify steps, are never interrupted (`_preemption`).
 
 K per lane is chosen jointly through `SharedLane.draft_limit`: each lane's best response to the rows and expected
 tokens of the others' last passes on the measured verify curve, (E_lane(k) + T_others) / v(k + 1 + R_others)
@@ -225,7 +226,7 @@ class PassScheduler:
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
         self._passing = False
-        self._preemptible = False  # the pass under way may be interrupted (`enter`)
+        self._stop_below: Priority | None = None  # a newcomer ahead of this may interrupt the pass under way
         self.interrupted = 0  # passes interrupted
         self._ready: list[tuple[Priority, int, SharedLane]] = []  # lanes waiting for the baton (a heap)
         self._subs: dict[int, _Sub] = {}  # lane index -> its rows waiting for a pass
@@ -239,16 +240,17 @@ class PassScheduler:
     # -- a lane's thread -----------------------------------------------------------------------------------------
     def enter(self, lane: SharedLane, priority: Priority | None = None, *, preempt: bool = True) -> None:
         """`lane`'s generation starts: wait for the baton (after the lanes before it in line). An interactive one
-        (`preempt`) interrupts a pass under way that holds only long requests' rows, begun while no interactive lane
-        was in (`_pass`): that pass is evaluated again after the newcomer's first pass, which starts within a graph
-        node (~15 ms) instead of after up to a second or two of another's prefill piece."""
+        (`preempt`) interrupts a pass under way whose lanes all come after it (`_preemption`): that pass is evaluated
+        again after the newcomer's first pass, which starts within a graph node (~15 ms) instead of after up to a
+        second or two of another's prefill piece (or ~9 s of a whole batch)."""
         with self._cv:
             if priority is not None:
                 lane.priority = priority
             if lane.priority.editor:
                 self._editor_at = self.clock()
-            if preempt and lane.priority.cls == INTERACTIVE and self._preemptible:
-                self._preemptible = False
+            if preempt and lane.priority.cls == INTERACTIVE and self._stop_below is not None \
+                    and lane.priority < self._stop_below:
+                self._stop_below = None
                 self.backend.interrupt()
             self._active.add(lane.index)
             self._want(lane)
@@ -376,11 +378,8 @@ class PassScheduler:
         are all evaluated in line for the baton."""
         parts = self._compose()
         self._passing = True
-        # only long requests' rows, and no interactive lane waiting for them to be paid their share: an interactive
-        # newcomer may interrupt it (`enter`)
-        may_stop = self._preemptible = self.interruptible and all(
-            s.lane.priority.cls != INTERACTIVE for s in self._subs.values()) and all(
-            x.priority.cls != INTERACTIVE for x in self.lanes if x.index in self._active)
+        self._stop_below = self._preemption(parts)
+        may_stop = self._stop_below is not None
         self._cv.release()
         error: BaseException | None = None
         t0 = self.clock()
@@ -397,7 +396,7 @@ class PassScheduler:
         self._cv.acquire()
         self._passing = False
         if may_stop:
-            self._preemptible = False
+            self._stop_below = None
             self.backend.interrupt(False)  # (one asked for as this pass ended must not stop the next)
             if isinstance(error, PassInterrupted):  # nothing evaluated: the same rows go again, after the newcomer's
                 self.interrupted += 1
@@ -422,6 +421,19 @@ class PassScheduler:
             if sub.finished:
                 self._subs.pop(lane.index, None)
                 self._want(lane)
+
+    def _preemption(self, parts: list[tuple[_Sub, int]]) -> Priority | None:
+        """Who may interrupt the pass of `parts` (`enter`): an interactive newcomer ahead of every lane in it, unless
+        an interactive lane waits outside it (it is then the long requests' share, paid while that lane waits) or
+        an interactive lane's part has logits rows (a verify step is short: it finishes); None: nobody."""
+        if not self.interruptible:
+            return None
+        inside = {id(s) for s, _ in parts}
+        if any(s.lane.priority.cls == INTERACTIVE and id(s) not in inside for s in self._subs.values()):
+            return None
+        if any(s.lane.priority.cls == INTERACTIVE and s.n_logits and s.done + m == len(s.tokens) for s, m in parts):
+            return None
+        return min(s.lane.priority for s, _ in parts)
 
     def _account(self, parts: list[tuple[_Sub, int]], ms: float, total: int) -> None:
         """Keep the long requests' time share while an interactive lane is in the passes. Split (`split`): owed +=
@@ -488,11 +500,19 @@ class PassScheduler:
             if s.splittable == 0 and s.left <= budget:
                 parts.append((s, s.left))
                 budget -= s.left
+        reader: _Sub | None = None  # the first interactive lane in line still reading its prompt
         for s in subs:  # then prefill pieces
             if s.splittable == 0 or budget <= 0:
                 continue
-            shared = interactive and s.lane.priority.cls != INTERACTIVE  # a long request beside an interactive one
-            cap = min(share, piece) if shared else budget if s.lane.priority.cls == INTERACTIVE and alone else piece
+            urgent = s.lane.priority.cls == INTERACTIVE
+            if urgent and reader is not None and self.split:
+                continue  # KV streams: one interactive prompt at a time (its piece would be a llama_decode of its own)
+            shared = interactive and not urgent  # a long request beside an interactive one
+            # an interactive lane reads its prompt in whole batches when it is the only interactive one (nothing waits
+            # behind it) or the first in line and a newcomer ahead of it could interrupt the pass (`_preemption`)
+            whole = urgent and (alone or (s is subs[0] and self.interruptible))
+            reader = s if urgent and reader is None else reader
+            cap = min(share, piece) if shared else budget if whole else piece
             if cap <= 0:
                 continue
             m = min(s.splittable, budget, cap)
