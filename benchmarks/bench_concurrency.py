@@ -108,7 +108,7 @@ def source(path: str) -> str:
 
 def agent_body(tokens: int, max_tokens: int, nonce: str, capture: Path | None) -> tuple[str, dict]:
     """(path, body) of the agent's request: a capture's, or built from AGENT_FILES up to about `tokens` prompt tokens.
-    `nonce` starts the system prompt, so no cell finds another's prompt cached."""
+    `nonce` starts the system prompt: a repeat's own (its cells, each on a fresh server, send the same prompt)."""
     if capture is not None:
         doc = json.loads(capture.read_text())
         body = dict(doc.get("body_json") or doc.get("body") or doc)
@@ -427,10 +427,11 @@ def editor_cells(kind: Kind, args, work: Path, seed: Path, rep: int, editor: Edi
     res: dict = {}
     order = ["fim", "agent", "during"]
     order = order[rep % 3:] + order[:rep % 3]
+    # one prompt for the repeat's agent cells (each on a fresh server with no prompt cache), so its reply during the
+    # FIMs can be compared with its reply alone
+    path, body = agent_body(args.agent_prompt, args.agent_tokens, f"r{rep}", args.agent_body)
     for cell in order:
-        nonce = f"r{rep}-{cell}"
-        path, body = agent_body(args.agent_prompt, args.agent_tokens, nonce, args.agent_body)
-        with Cell(kind, args, work, seed, nonce) as c:
+        with Cell(kind, args, work, seed, f"r{rep}-{cell}") as c:
             warm_fim(c.url, editor)
             if cell == "fim":
                 fims: list[Fim] = []

@@ -106,3 +106,30 @@ def test_the_editor_table_says_whether_the_agent_s_reply_during_the_fims_is_its_
            "agent_text": "The request goes through", "agent_during_text": "The request passes"}
     table = bc.editor_table("specdec", [rep])
     assert "diverges at char 12" in table and "256 tokens alone, 66 during" in table
+
+
+def test_the_agent_sends_one_prompt_alone_and_during_the_fims(tmp_path, monkeypatch):
+    """The agent's reply during the FIMs is compared with its reply alone: both cells of a repeat send the same body
+    (a nonce per cell made them different prompts, so the comparison said nothing)."""
+    sent: dict[str, dict] = {}
+
+    class FakeCell:
+        def __init__(self, kind, args, work, seed, label):
+            self.label, self.url = label, "http://x"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(bc, "Cell", FakeCell)
+    monkeypatch.setattr(bc, "warm_fim", lambda url, editor: None)
+    monkeypatch.setattr(bc, "fim_loop", lambda url, editor, until, out, start=0: None)
+    monkeypatch.setattr(bc, "stream", lambda url, path, body: sent.setdefault("agent", body) and
+                        reply(0.0, 0.1, 1.0, 8, "same"))
+    monkeypatch.setattr(bc, "_check", lambda s, what: None)
+    monkeypatch.setattr(bc, "during", lambda url, editor, path, body: sent.setdefault("during", body) and {})
+    args = type("Args", (), {"agent_prompt": 400, "agent_tokens": 8, "agent_body": None, "fim_alone": 1})()
+    bc.editor_cells(bc.Kind("specdec"), args, tmp_path, tmp_path, 0, None)
+    assert sent["agent"] == sent["during"]
