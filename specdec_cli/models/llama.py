@@ -13,8 +13,8 @@ What it does differently from `llama_cpp.Llama`:
 - `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted: `PassInterrupted`, < 0 = fatal);
 - a pass can be interrupted from another thread (`interrupt`): llama.cpp's abort callback, checked by ggml's CPU
   backend after every graph node, is libc's `strlen` over a one-byte flag, so the check runs no Python and takes no
-  GIL (a Python callback would take the GIL ~1,000 times a pass); a backend that does not check it (CUDA, Metal)
-  simply finishes the pass;
+  GIL (a Python callback would take the GIL ~1,000 times a pass); Metal checks it too; a backend that does not
+  (CUDA) simply finishes the pass;
 - the KV state of sequence 0 is saved and restored with llama.cpp's streaming `llama_state_seq_save_file` /
   `llama_state_seq_load_file` (one tensor row range at a time, never the whole state in memory), for the prompt cache.
 """
@@ -823,7 +823,7 @@ class LlamaBackend:
 
     def interrupt(self, on: bool = True) -> None:
         """From any thread: make the `llama_decode` under way (or the next one) stop after its current graph node
-        and raise `PassInterrupted`, the cache as it was before the call (~15 ms on a 2-core Xeon); `on=False`
+        and raise `PassInterrupted`, the cache as it was before the call (milliseconds: one graph node); `on=False`
         clears the request (the caller's duty once that pass has returned, or every later pass stops at once)."""
         if self._abort_flag is not None:
             self._abort_flag[0] = b"\x01" if on else b"\x00"

@@ -29,7 +29,7 @@ first, then earliest deadline, then arrival):
 
 An interactive request that arrives while a pass of lanes that all come after it is under way (a long request's
 piece; an interactive prompt read in a whole batch, by a newcomer with an earlier deadline) interrupts it
-(`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node (~15 ms) instead of after the
+(`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node (milliseconds) instead of after the
 rest of the pass (a piece: up to ~2 s at an agent's 6k-token depth on a 2-core CPU), and the pass is evaluated again
 after its first one (the time it had run is lost, once per such arrival). Passes paid as the long requests' share
 while an interactive lane waits, and interactive verify steps, are never interrupted (`_preemption`).
@@ -241,7 +241,7 @@ class PassScheduler:
     def enter(self, lane: SharedLane, priority: Priority | None = None, *, preempt: bool = True) -> None:
         """`lane`'s generation starts: wait for the baton (after the lanes before it in line). An interactive one
         (`preempt`) interrupts a pass under way whose lanes all come after it (`_preemption`): that pass is evaluated
-        again after the newcomer's first pass, which starts within a graph node (~15 ms) instead of after up to a
+        again after the newcomer's first pass, which starts within a graph node (milliseconds) instead of after up to a
         second or two of another's prefill piece (or ~9 s of a whole batch)."""
         with self._cv:
             if priority is not None:
