@@ -157,6 +157,27 @@ def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_sha
     assert (agent, 5) in sched._compose()  # what 45 ms owed buys at 10 ms a row
 
 
+def _editor_during(sched: PassScheduler, engine: SpeculativeEngine, arrives: threading.Event, max_tokens: int,
+                   seen: dict) -> threading.Thread:
+    """An editor's completion on lane 1, on a thread started here, entering once `arrives` is set: `seen["waited"]`
+    (s until it held the baton) and `seen["out"]` (its greedy tokens for PROMPTS[3])."""
+
+    def editor():
+        arrives.wait(5)
+        t0 = time.monotonic()
+        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
+        seen["waited"] = time.monotonic() - t0
+        try:
+            seen["out"] = [t for r in engine.generate(PROMPTS[3], GenerationConfig(max_tokens=max_tokens))
+                           if isinstance(r, Step) for t in r.emitted]
+        finally:
+            sched.leave(sched.lanes[1])
+
+    t = threading.Thread(target=editor)
+    t.start()
+    return t
+
+
 def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) -> FakeBackend:
     """An agent's long prefill (lane 0) and an editor's completion arriving during its third pass (lane 1), on a
     virtual clock (passes of 10 + 5 ms a row), share 0.25, pieces of 0.5 s; both outputs checked against their greedy
@@ -181,23 +202,12 @@ def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) ->
 
     backend.decode_many = spy
     sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
-    editor_out = {}
-
-    def editor():
-        first_piece.wait(5)
-        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
-        try:
-            editor_out[1] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=editor_tokens))
-                             if isinstance(r, Step) for t in r.emitted]
-        finally:
-            sched.leave(sched.lanes[1])
-
-    t = threading.Thread(target=editor)
-    t.start()
+    seen: dict = {}
+    t = _editor_during(sched, engines[1], first_piece, editor_tokens, seen)
     out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
     t.join(10)
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
-    assert editor_out[1] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
+    assert seen["out"] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
     return backend
 
 
@@ -394,21 +404,8 @@ def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
         return orig(parts)
 
     backend.decode_many = slow_second
-    seen = {}
-
-    def editor():
-        blocked.wait(5)
-        t0 = time.monotonic()
-        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
-        seen["waited"] = time.monotonic() - t0
-        try:
-            seen["out"] = [t for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=8))
-                           if isinstance(r, Step) for t in r.emitted]
-        finally:
-            sched.leave(sched.lanes[1])
-
-    t = threading.Thread(target=editor)
-    t.start()
+    seen: dict = {}
+    t = _editor_during(sched, engines[1], blocked, 8, seen)
     out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
     t.join(10)
     assert sched.interrupted == 1 and seen["waited"] < 2.0

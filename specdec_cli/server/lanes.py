@@ -500,18 +500,18 @@ class PassScheduler:
             if s.splittable == 0 and s.left <= budget:
                 parts.append((s, s.left))
                 budget -= s.left
-        reader: _Sub | None = None  # the first interactive lane in line still reading its prompt
+        reading = False  # an interactive lane earlier in line reads its prompt in this pass
         for s in subs:  # then prefill pieces
             if s.splittable == 0 or budget <= 0:
                 continue
             urgent = s.lane.priority.cls == INTERACTIVE
-            if urgent and reader is not None and self.split:
+            if urgent and reading and self.split:
                 continue  # KV streams: one interactive prompt at a time (its piece would be a llama_decode of its own)
+            reading = reading or urgent
             shared = interactive and not urgent  # a long request beside an interactive one
             # an interactive lane reads its prompt in whole batches when it is the only interactive one (nothing waits
             # behind it) or the first in line and a newcomer ahead of it could interrupt the pass (`_preemption`)
             whole = urgent and (alone or (s is subs[0] and self.interruptible))
-            reader = s if urgent and reader is None else reader
             cap = min(share, piece) if shared else budget if whole else piece
             if cap <= 0:
                 continue

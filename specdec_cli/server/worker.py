@@ -314,9 +314,7 @@ class Worker:
         # lanes used last for their clients' next requests (the lane that took it is a handover's worth ahead)
         near = [i for i in idle if i not in self._running and scores[i] + PLACE_MARGIN >= scores[best]]
         lru = min(near, key=lambda i: (self._used[i], -scores[i]))
-        if lane in near and scores[lane] + PLACE_MARGIN >= scores[best] and self._used[lane] <= self._used[lru]:
-            return lane
-        return lru
+        return lane if lane in near and self._used[lane] <= self._used[lru] else lru
 
     def _run(self, lane: int) -> None:
         while True:
