@@ -19,8 +19,12 @@ CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=<the card's>" (-DLLAVA_BUI
 smollm2-135m where the model cache has it; (4) `specdec doctor --measure --target M` (the verify curve, flash
 attention, the GPU lines), `specdec run EDIT --raw --compare` on each model (speculative vs plain decoding in one
 process) and, from that run's own clock, the host's work per target pass: the decode loop's wall time less the
-target's passes and drafting, per pass. Every step's seconds are in the table; a step that fails says why in its row
-and the check goes on. Exit 0 when every step ran, 1 otherwise.
+target's passes and drafting, per pass, and decoding's joules per token where the run's counters read any (NVML on
+an NVIDIA card); (5) `specdec serve --parallel 4` on the random model (issue 44's shared verify passes where a pass over
+64 rows costs about what one row does): four greedy `/v1/completions` one after another and at once, with --method
+auto and none, each cell on a fresh server, aggregate tok/s and whether each reply at once equals its reply alone.
+Every step's seconds are in the table; a step that fails says why in its row and the check goes on. Exit 0 when every
+step ran, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "gpu_check"
@@ -53,7 +59,19 @@ DROP = [".git", ".github", "docs", "examples", "tests", "docker",
 # wheels for a machine without network: the build backend, then specdec's and gguf's dependencies
 BUILD_WHEELS = ["scikit-build-core", "pathspec", "packaging", "ninja"]
 RUN_WHEELS = ["typer>=0.29,<0.30", "rich", "filelock", "huggingface-hub", "llguidance>=1.9,<1.10", "jinja2",
-              "diskcache", "typing-extensions", "gguf", "pyyaml", "tqdm", "numpy"]
+              "diskcache", "typing-extensions", "gguf", "pyyaml", "tqdm", "numpy",
+              # specdec serve (the concurrency step): the ASGI stack and pydantic
+              "fastapi", "uvicorn", "sse-starlette"]
+# the GPU machine's Python (its CUDA image: Python 3.12 on manylinux x86-64): compiled wheels must match it
+DEVICE_PYTHON = "3.12"
+DEVICE_PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+                    "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+                    "manylinux1_x86_64"]
+# the concurrency step's four prompts: source files of this repository, cut to 0.6-2k tokens of the random model's
+# tokenizer (about a token a character)
+SERVE_FILES = ["specdec_cli/server/fim.py", "specdec_cli/core/detok.py", "specdec_cli/stores/kv_parking.py",
+               "specdec_cli/server/reply.py"]
+SERVE_CHARS = [600, 1000, 1400, 2000]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -77,7 +95,9 @@ def prepare(python: str = sys.executable) -> int:
         tar.add(src, arcname=SDIST)
     shutil.rmtree(tmp)
     shutil.rmtree(WHEELS, ignore_errors=True)
-    subprocess.run([python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "-d", str(WHEELS),
+    platforms = [x for p in DEVICE_PLATFORMS for x in ("--platform", p)]
+    subprocess.run([python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--python-version",
+                    DEVICE_PYTHON, "--implementation", "cp", *platforms, "-d", str(WHEELS),
                     *BUILD_WHEELS, *RUN_WHEELS], check=True)
     total = sum(f.stat().st_size for f in CACHE.rglob("*") if f.is_file())
     print(f"{TRIMMED.relative_to(ROOT)}: {TRIMMED.stat().st_size / 2**20:.1f} MiB; {WHEELS.relative_to(ROOT)}: "
@@ -256,6 +276,8 @@ def check(a: argparse.Namespace) -> int:
         code, s, out = specdec(py, ["doctor", "--measure", "--target", str(models[0]), "--json", "-"], env, log,
                                left())
         rows += doctor_rows(code, s, out, models[0])
+        if a.serve_repeats:
+            rows += serve_rows(py, models[0], a, env, work, log, left)
     for m in models:
         doc = work / f"run-{m.stem}.json"
         code, s, _ = specdec(py, ["run", a.edit, "--target", str(m), "--raw", "-n", str(a.tokens), "--compare",
@@ -271,6 +293,133 @@ def check(a: argparse.Namespace) -> int:
             if d != work:
                 shutil.copy(log, d / "gpu_check.log")
     return 0 if all(r.ok for r in rows) else 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the concurrency step: `specdec serve --parallel N` on the card
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post(url: str, body: dict, timeout: float) -> dict:
+    """POST `body` as JSON; the reply's JSON. Raises OSError (urllib's errors) or ValueError."""
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[str], a: argparse.Namespace,
+               env: dict, home: Path, log: Path, timeout: float) -> dict:
+    """One cell on a fresh server (`home`: a SPECDEC_HOME holding only the verify curve): the prompts as greedy
+    `/v1/completions` of `a.serve_tokens` tokens each, one after another or all at once. Returns {"wall_s", "tokens",
+    "texts"}. Raises RuntimeError (the server did not start, a request failed)."""
+    import threading
+    import urllib.request
+
+    port = free_port()
+    cmd = [py, "-m", "specdec_cli", "serve", "--port", str(port), "--parallel", str(a.parallel), "-t", str(model),
+           "--method", method, "--ctx", "8192", "--no-prompt-cache"]
+    url = f"http://127.0.0.1:{port}"
+    t_end = time.monotonic() + timeout
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(env, SPECDEC_HOME=str(home)),
+                                cwd=ROOT)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode}; see {log.name})")
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"the server did not start in {timeout:.0f} s (see {log.name})")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        out: list[dict | None] = [None] * len(prompts)
+        errors: list[str] = []
+
+        def one(i: int) -> None:
+            body = {"model": "any", "prompt": prompts[i], "max_tokens": a.serve_tokens, "temperature": 0}
+            try:
+                out[i] = post(f"{url}/v1/completions", body, max(5.0, t_end - time.monotonic()))
+            except (OSError, ValueError) as e:
+                errors.append(f"request {i}: {e}")
+
+        t0 = time.monotonic()
+        if at_once:
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            for i in range(len(prompts)):
+                one(i)
+        wall = time.monotonic() - t0
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return {"wall_s": wall, "tokens": sum(r["usage"]["completion_tokens"] for r in out),
+                "texts": [r["choices"][0]["text"] for r in out]}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve_rows(py: str, model: Path, a: argparse.Namespace, env: dict, work: Path, log: Path,
+               left: Callable[[], float]) -> list[Row]:
+    """`specdec serve --parallel N` on `model`: for --method auto and none, four greedy completions one after another
+    and then at once, each cell on a fresh server holding the verify curve that `doctor --measure` kept (nothing else
+    learnt), the cells interleaved over `a.serve_repeats`. A row per method: aggregate tok/s (output tokens over the
+    wall time from the first send to the last reply) one after another and at once, their ratio (medians), and
+    whether each reply at once equals its reply one after another; and speculative against plain at once."""
+    prompts = [(ROOT / f).read_text()[:n] for f, n in zip(SERVE_FILES, SERVE_CHARS)]
+    curve = Path(env["SPECDEC_HOME"]) / "data" / "learnt.json"
+    results: dict[tuple[str, bool], list[dict]] = {}
+    failed: list[Row] = []
+    t_all = time.monotonic()
+    for rep in range(a.serve_repeats):
+        for method in ("auto", "none"):
+            for at_once in ((False, True) if rep % 2 == 0 else (True, False)):
+                home = work / f"serve-{method}-{'once' if at_once else 'serial'}-{rep}"
+                shutil.rmtree(home, ignore_errors=True)
+                (home / "data").mkdir(parents=True)
+                if curve.is_file():
+                    shutil.copy(curve, home / "data" / "learnt.json")
+                try:
+                    r = serve_cell(py, model, method, at_once, prompts, a, env, home, log, left())
+                except RuntimeError as e:
+                    failed.append(Row(f"serve --parallel {a.parallel} --method {method}", str(e), ok=False))
+                    return failed
+                results.setdefault((method, at_once), []).append(r)
+    med = lambda rs: statistics.median(r["tokens"] / r["wall_s"] for r in rs)  # noqa: E731
+    rows = []
+    for method in ("auto", "none"):
+        serial, once = results[(method, False)], results[(method, True)]
+        same = sum(x == y for s, o in zip(serial, once) for x, y in zip(s["texts"], o["texts"]))
+        rows.append(Row(f"serve --parallel {a.parallel} --method {method}",
+                        f"4 completions of {a.serve_tokens} tokens ({serial[0]['tokens']} made): one after another "
+                        f"{med(serial):.1f} tok/s, at once "
+                        f"{med(once):.1f} tok/s: {med(once) / med(serial):.2f}x; replies at once equal to one after "
+                        f"another: {same}/{len(prompts) * len(serial)}"))
+    rows.append(Row("serve: speculative vs plain at once",
+                    f"{med(results[('auto', True)]) / med(results[('none', True)]):.2f}x "
+                    f"(medians of {a.serve_repeats} interleaved repeat(s))", time.monotonic() - t_all))
+    return rows
 
 
 def doctor_rows(code: int, seconds: float, out: str, model: Path) -> list[Row]:
@@ -312,7 +461,20 @@ def run_rows(code: int, seconds: float, path: Path, model: Path) -> list[Row]:
         rows.append(Row("host work per pass", f"{spec:.2f} ms speculative ({st['n_target_passes']} passes)"
                         + (f", {plain:.2f} ms plain" if plain is not None else "")
                         + f"; a target pass {st['ms_per_pass']:.2f} ms"))
+    rows.append(energy_row(st.get("energy") or {}, ((c.get("plain_stats") or {}).get("energy") or {}) if c else {}))
     return rows
+
+
+def energy_row(spec: dict, plain: dict) -> Row:
+    """Decoding's joules per output token from the run's own counters (`models.energy`: NVML on an NVIDIA card), or
+    why there is none."""
+    if not spec.get("available"):
+        return Row("energy per token", f"n/a: {spec.get('reason') or 'not in the report'}")
+    text = f"{spec['j_per_token']:.4f} J/token speculative"
+    if plain.get("available") and plain.get("j_per_token"):
+        text += f", {plain['j_per_token']:.4f} plain ({plain['j_per_token'] / spec['j_per_token']:.2f}x less)"
+    return Row("energy per token", f"{text}; {spec['decode_watts']:.1f} W decoding; counted: "
+               f"{', '.join(spec.get('counted') or []) or '?'}")
 
 
 def render(rows: list[Row], total: float) -> str:
@@ -336,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="tokens the edit generates (default 128)")
     ap.add_argument("--edit", default=str(EDIT), help="the copy-heavy edit's prompt file (default: textwrap_rename)")
     ap.add_argument("--no-real", action="store_true", help="skip the real model even where the cache has it")
+    ap.add_argument("--parallel", type=int, default=4, help="the concurrency step's specdec serve --parallel")
+    ap.add_argument("--serve-tokens", type=int, default=128, help="tokens of each of its completions (default 128)")
+    ap.add_argument("--serve-repeats", type=int, default=1, help="its interleaved repeats (0: skip the step)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check (default 480)")
     ap.add_argument("--work", default=str(CACHE / "work"), help="where the venv, build, models and home go")
     a = ap.parse_args(argv)

@@ -24,6 +24,7 @@ def test_the_device_check_runs_end_to_end_on_the_cpu(tmp_path) -> None:
     table = p.stdout
     assert p.returncode == 0, table + p.stderr[-2000:]
     for row in ("card", "build", "random-tiny.gguf", "specdec doctor --measure", "v(1)", "GPU lines",
-                "specdec run EDIT", "x plain", "host work per pass"):
+                "specdec run EDIT", "x plain", "host work per pass", "energy per token",
+                "serve --parallel 4 --method auto", "serve --parallel 4 --method none", "replies at once equal"):
         assert row in table, row
     assert (tmp_path / "work" / "gpu_check.txt").read_text().strip() == table.strip()
