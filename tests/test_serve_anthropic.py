@@ -160,6 +160,67 @@ def test_count_tokens_answers_while_a_generation_holds_the_worker():
     assert counted.input_tokens == len(backend.tokenize(f"You are terse. {PROMPT}"))
 
 
+class CountingTokenizer(FakeBackend):
+    """Counts the tokenizations of rendered chat prompts (special tokens parsed)."""
+
+    chat_tokenized = 0
+
+    def tokenize(self, text, add_special=True, parse_special=False):
+        if parse_special and not add_special:
+            self.chat_tokenized += 1
+        return super().tokenize(text, add_special=add_special, parse_special=parse_special)
+
+
+def test_count_tokens_of_a_conversation_just_tokenized_reuses_its_tokens():
+    """Issue 44 item 5: Claude Code counts a conversation the server has just tokenized to answer it; the count takes
+    the ids kept from that request (`PromptText.tokenize_chat`), not another tokenization of thousands of tokens on
+    cores a generation keeps busy. Seen failing with nothing kept."""
+    backend = CountingTokenizer(hashed_logits)
+    with serving(backend) as s:
+        client = client_of(s)
+        resp = client.messages.create(model="m", system="You are terse.", max_tokens=3, messages=USER)
+        before = backend.chat_tokenized
+        counted = client.messages.count_tokens(model="m", system="You are terse.", messages=USER)
+        other = client.messages.count_tokens(model="m", system="You are brief.", messages=USER)
+    assert before >= 1 and backend.chat_tokenized == before + 1  # the second count only
+    assert counted.input_tokens == resp.usage.input_tokens + resp.usage.cache_read_input_tokens
+    assert other.input_tokens == len(backend.tokenize(f"You are brief. {PROMPT}"))
+
+
+def test_the_kept_prompts_are_the_newest_and_never_shared():
+    from specdec_cli.server.service import KEPT_PROMPTS, GenerationService
+    from specdec_cli.session import Session
+    from specdec_cli.spec import SpecOptions
+
+    backend = CountingTokenizer(hashed_logits)
+    service = GenerationService(Session(target=backend, target_path=Path("fake.gguf")), SpecOptions(method="none"))
+    requests = [service.check(to_request(MessagesRequest(model="m", max_tokens=1, messages=[
+        {"role": "user", "content": f"w{i} w{i}"}]), Ctx())) for i in range(KEPT_PROMPTS + 1)]
+    base = backend.chat_tokenized  # (the tool format's detection tokenizes too)
+    first = service.prompt_tokens(requests[0])
+    first.append(-1)  # a caller's list is its own: the kept ids are unchanged
+    assert service.prompt_tokens(requests[0]) == first[:-1] and backend.chat_tokenized == base + 1
+    for r in requests[1:]:  # KEPT_PROMPTS more: the first, least recently used, is dropped
+        service.prompt_tokens(r)
+    assert backend.chat_tokenized == base + KEPT_PROMPTS + 1
+    service.prompt_tokens(requests[-1])
+    assert backend.chat_tokenized == base + KEPT_PROMPTS + 1
+    service.prompt_tokens(requests[0])
+    assert backend.chat_tokenized == base + KEPT_PROMPTS + 2
+    with_tools = service.check(to_request(MessagesRequest(model="m", max_tokens=1, messages=[
+        {"role": "user", "content": "w0 w0"}], tools=[WEATHER]), Ctx()))
+    service.prompt_tokens(with_tools)  # the same messages with tools: another prompt
+    assert backend.chat_tokenized == base + KEPT_PROMPTS + 3
+    calls = [service.check(to_request(MessagesRequest(model="m", max_tokens=1, messages=[
+        {"role": "user", "content": "w0"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": args}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "w1"}]}],
+        tools=[WEATHER]), Ctx())) for args in ({"city": "Paris", "unit": "C"}, {"unit": "C", "city": "Paris"})]
+    for r in calls:  # the same arguments in another order: a template's tojson writes another prompt
+        service.prompt_tokens(r)
+    assert backend.chat_tokenized == base + KEPT_PROMPTS + 5
+
+
 def test_errors_are_anthropic_s_json_and_the_client_s_exception_classes():
     with serving(api_key="secret", max_body_bytes=4096) as s:
         client = client_of(s, api_key="secret")

@@ -21,6 +21,9 @@ them: a prompt is rendered and tokenized with `session.PromptText`, a vocabulary
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -42,6 +45,9 @@ from specdec_cli.server.tool_formats import ToolFormat, detect as detect_tool_fo
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 from specdec_cli.stores.kv_parking import KvParking
+
+
+KEPT_PROMPTS = 8  # conversations whose prompt token ids `GenerationService.prompt_tokens` keeps
 
 
 class GenerationService:
@@ -81,6 +87,8 @@ class GenerationService:
         self.fim: FimTokens = self.text.fim_tokens()
         """The model's fill-in-the-middle tokens (`require_fim`)."""
         self.n_vocab: int = target.n_vocab
+        self._kept: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # `prompt_tokens`' conversations, newest last
+        self._kept_lock = threading.Lock()
 
     def _share(self, n_lanes: int) -> None:
         """Serve `n_lanes` requests at once (`server.lanes`): an engine per lane over its `SharedLane`, each with
@@ -208,6 +216,12 @@ class GenerationService:
         special tokens such as `<|fim_prefix|>` parsed, as llama-server does), its token ids as they are, or its FIM
         prompt (`fim.fim_prompt`). Safe from any thread, while the worker decodes (`session.PromptText`).
 
+        The token ids of the last `KEPT_PROMPTS` conversations are kept, keyed by what the template is given (the
+        messages, tools and template arguments): one rendered again (Anthropic's `count_tokens` of a conversation just
+        sent to be answered, a client's retry) is neither rendered nor tokenized again. Rendering and tokenizing
+        Claude Code's 6.6k-token request took 25-30 ms on an idle 2-core machine and 70-160 ms while a generation's
+        compute threads held both cores.
+
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).
             UsageError: the template refused the conversation. ModelError: the template failed.
@@ -223,13 +237,28 @@ class GenerationService:
                 return text.tokenize(request.prompt, add_special=True, parse_special=True)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
-        messages, tools = self.tool_format.render(
-            template_messages(with_description(request.messages, request.output)), tools)
+        messages = template_messages(with_description(request.messages, request.output))
+        try:  # in the order given: a template's `tojson` keeps a dict's order, so {"b", "a"} is another prompt
+            key: str | None = json.dumps([messages, tools, request.template_kwargs])
+        except (TypeError, ValueError):  # a value JSON cannot write: not kept
+            key = None
+        with self._kept_lock:
+            kept = self._kept.get(key) if key is not None else None
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return list(kept)
+        messages, tools = self.tool_format.render(messages, tools)
         try:
             prompt = text.chat_prompt(messages, tools=tools, template_kwargs=request.template_kwargs)
         except ToolsUnsupportedError as e:
             raise ApiError(400, str(e), param="tools") from None
-        return text.tokenize_chat(prompt)
+        ids = text.tokenize_chat(prompt)
+        if key is not None:
+            with self._kept_lock:
+                self._kept[key] = tuple(ids)
+                while len(self._kept) > KEPT_PROMPTS:
+                    self._kept.popitem(last=False)
+        return ids
 
     # -- generation ---------------------------------------------------------------------------------------------
     def stream(self, request: Request, prompt_tokens: Sequence[int],
