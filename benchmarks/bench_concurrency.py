@@ -21,7 +21,9 @@ interleaved repeats and their spread (min-max).
    a fresh server) sent at once. Reported: aggregate tok/s (all output tokens over the wall time from the first send
    to the last reply's end) at once vs one after another; the decode phase's aggregate tok/s apart (output tokens
    after each reply's first, over the union of the replies' first-token-to-end intervals); each reply at once
-   compared with its reply one after another (equal, or where it diverges); with `--llama-server PATH`, the same on
+   compared with its reply one after another (equal, or where it diverges); the ceiling of at once / one after
+   another on this machine (`ceiling`: the prefills as long as one after another, decoding at once at most as much
+   faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`); with `--llama-server PATH`, the same on
    llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and specdec at once
    against it.
 
@@ -597,14 +599,43 @@ def union_s(intervals: list[tuple[float, float]]) -> float:
 
 def aggregate(replies: list[Streamed]) -> dict:
     """{"tok_s": all output tokens / wall from the first send to the last end, "decode_tok_s": tokens after each
-    reply's first / the union of first-token-to-end intervals, "wall_s", "tokens"}."""
+    reply's first / the union of first-token-to-end intervals, "wall_s", "tokens", "first_s": the replies' times to
+    first token added up (one after another: the prefills' time)}."""
     tokens = sum(r.tokens for r in replies)
     wall = max(r.end for r in replies) - min(r.sent for r in replies)
     decode = union_s([(r.first, r.end) for r in replies if r.first is not None])
     after_first = sum(max(0, r.tokens - 1) for r in replies)
     return {"tok_s": tokens / wall if wall > 0 else float("nan"), "wall_s": wall, "tokens": tokens,
             "decode_tok_s": after_first / decode if decode > 0 else float("nan"),
+            "first_s": sum(r.first - r.sent for r in replies if r.first is not None),
             "prompts": [r.prompt for r in replies]}
+
+
+def sharing_gain(seed: Path, model: Path, n: int, rows: int = 16) -> float | None:
+    """The most one pass shared by `n` lanes can save over their passes apart on this machine's verify curve (the
+    seed's learnt.json, `model`'s curve, v(b) ms): the largest (v(r_1) + ... + v(r_n)) / v(r_1 + ... + r_n) over
+    1 <= r_i <= `rows` (a verify pass of up to `rows` - 1 drafts) within the curve's sizes. None without a curve."""
+    import itertools
+
+    try:
+        curves = json.loads((seed / "learnt.json").read_text()).get("curves") or {}
+    except (OSError, ValueError):
+        return None
+    ms = next(((v.get("curve") or {}).get("ms") for k, v in curves.items()
+               if k.startswith(f"{model.name}:") and not (v.get("curve") or {}).get("stale")), None)
+    if not ms or len(ms) < n:
+        return None
+    return max(sum(ms[r - 1] for r in rs) / ms[sum(rs) - 1]
+               for rs in itertools.combinations_with_replacement(range(1, rows + 1), n) if sum(rs) <= len(ms))
+
+
+def ceiling(serial: dict, gain: float) -> float:
+    """The most four chats at once can gain over the same four one after another (`serial`, their `aggregate`) when
+    the prefills take what they took one after another (a prompt is read in batches of up to 512 rows either way:
+    a CPU's prompt pass is as fast alone as beside another) and decoding at once is at most `gain` times as fast:
+    wall / (prefills + decoding / gain)."""
+    first, wall = serial["first_s"], serial["wall_s"]
+    return wall / (first + (wall - first) / gain)
 
 
 def divergence(a: str, b: str) -> str:
@@ -637,8 +668,9 @@ def chats_cells(kind: Kind, args, work: Path, seed: Path, rep: int) -> dict:
     return res
 
 
-def chats_table(kind: str, reps: list[dict], peer: list[dict] | None) -> str:
-    """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured)."""
+def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: float | None = None) -> str:
+    """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured; and with
+    `gain`, `sharing_gain`, the `ceiling` of at once / one after another on this machine)."""
     col = lambda cell, key: [r[cell][key] for r in reps]  # noqa: E731
     ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"))]
     dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"))]
@@ -653,6 +685,12 @@ def chats_table(kind: str, reps: list[dict], peer: list[dict] | None) -> str:
            f"| decode phase: at once / one after another | {spread(dratio)} | |",
            f"| one after another: wall s | {spread(col('serial', 'wall_s'))} | |",
            f"| at once: wall s | {spread(col('together', 'wall_s'))} | |"]
+    if gain is not None:
+        top = [ceiling(r["serial"], gain) for r in reps]
+        first = statistics.median(col("serial", "first_s"))
+        out.append(f"| ceiling of at once / one after another here | {spread(top)} | prefills {first:.1f} s of "
+                   f"{statistics.median(col('serial', 'wall_s')):.1f} s one after another; decoding at once at most "
+                   f"{gain:.2f}x as fast (the most a pass shared by 4 lanes saves on the verify curve) |")
     if peer:
         vs = [t / p["together"]["tok_s"] for t, p in zip(col("together", "tok_s"), peer)]
         out.append(f"| at once / llama-server at once | {spread(vs)} | {_target(vs, 1.5, 'ratio', 'x', at_least=True)} |")
@@ -771,11 +809,13 @@ def main() -> int:
         if peer is not None and "chats" in scenarios:
             results.setdefault(("chats", peer.name), []).append(chats_cells(peer, args, work, seed, rep))
     print()
+    gain = sharing_gain(seed, model, 4)
     for (scenario, name), reps in results.items():
         if scenario == "editor":
             print(editor_table(name, reps))
         else:
-            print(chats_table(name, reps, results.get(("chats", "llama-server")) if name != "llama-server" else None))
+            print(chats_table(name, reps, results.get(("chats", "llama-server")) if name != "llama-server" else None,
+                              gain if name != "llama-server" else None))
         print()
     base = results.get(("chats", kinds[-1].name)) if len(kinds) > 1 else None
     if base is not None and "chats" in scenarios:  # one client at a time: this checkout against the baseline's

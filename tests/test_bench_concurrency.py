@@ -26,6 +26,29 @@ def test_decode_phase_tok_s_counts_the_time_overlapping_replies_share_once():
     assert t["decode_tok_s"] == pytest.approx(16 / 5) and t["tok_s"] == pytest.approx(18 / 8)
 
 
+def test_the_ceiling_of_chats_at_once_comes_from_the_prefills_and_the_verify_curve(tmp_path):
+    """A CPU's prompt passes are as fast alone as beside another, and four lanes' decoding in shared passes is at most
+    as much faster as the verify curve's best merge of four passes: at once / one after another cannot pass
+    wall / (prefills + decoding / that)."""
+    import json
+
+    serial = bc.aggregate([reply(0, 10, 14, 9), reply(14, 24, 28, 9)])  # 20 s of prefill, 8 s of decoding
+    assert serial["first_s"] == pytest.approx(20.0)
+    assert bc.ceiling(serial, 2.0) == pytest.approx(28 / (20 + 8 / 2))
+    ms = [40.0 + 12.0 * b for b in range(1, 65)]  # v(b) = 40 + 12 b ms: one-row passes merge best
+    (tmp_path / "learnt.json").write_text(json.dumps({"curves": {  # a stale curve and another model's are not it
+        "m.gguf:1:y|old": {"curve": {"ms": [1.0] * 64, "stale": True}},
+        "other.gguf:1:x|cpu": {"curve": {"ms": [1.0] * 64}}, "m.gguf:1:x|cpu": {"curve": {"ms": ms}}}}))
+    assert bc.sharing_gain(tmp_path, Path("/models/m.gguf"), 4) == pytest.approx(4 * 52 / 88)
+    ms[31] = 100.0  # a cheap 32-row pass (a kernel tile): four passes of 32 rows in all merge best
+    (tmp_path / "learnt.json").write_text(json.dumps({"curves": {"m.gguf:1:x|cpu": {"curve": {"ms": ms}}}}))
+    assert bc.sharing_gain(tmp_path, Path("/models/m.gguf"), 4) == pytest.approx((4 * 40 + 12 * 32) / 100)
+    assert bc.sharing_gain(tmp_path, Path("/models/none.gguf"), 4) is None
+    table = bc.chats_table("specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None,
+                           gain=2.0)
+    assert "| ceiling of at once / one after another here | 1.17 |" in table
+
+
 def test_a_reply_is_equal_or_says_where_it_diverges():
     assert bc.divergence("def f(x):", "def f(x):") == "equal"
     assert bc.divergence("def f(x):\n    return x", "def f(y):").startswith("diverges at char 6: 'x")
