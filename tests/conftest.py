@@ -10,6 +10,24 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
 
 
+ISOLATED = {"SPECDEC_VERIFY_CURVE": "off"}  # no curve measured (tests that want one turn it on)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_session(tmp_path_factory):
+    """What `_isolated_home` sets, for the fixtures wider than a test (a module's real server, made before the first
+    test's own home): without it they read the user's data directory and measured verify curves into it (a busy
+    machine's curve, marked stale, replaced the one the user's runs used)."""
+    root = tmp_path_factory.mktemp("session-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_HOME", str(root / "specdec-home"))
+        mp.setenv("SPECDEC_PROMPT_CACHE", str(root / "prompt-cache"))
+        mp.setenv("SPECDEC_POWERCAP", str(root / "no-powercap"))
+        for name, value in ISOLATED.items():
+            mp.setenv(name, value)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     """SPECDEC_HOME → a fresh tmp dir (config, suffix store), SPECDEC_PROMPT_CACHE too; the model cache (SPECDEC_CACHE)
