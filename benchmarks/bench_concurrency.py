@@ -614,15 +614,17 @@ def aggregate(replies: list[Streamed]) -> dict:
 def sharing_gain(seed: Path, model: Path, n: int, rows: int = 16) -> float | None:
     """The most one pass shared by `n` lanes can save over their passes apart on this machine's verify curve (the
     seed's learnt.json, `model`'s curve, v(b) ms): the largest (v(r_1) + ... + v(r_n)) / v(r_1 + ... + r_n) over
-    1 <= r_i <= `rows` (a verify pass of up to `rows` - 1 drafts) within the curve's sizes. None without a curve."""
+    1 <= r_i <= `rows` (a verify pass of up to `rows` - 1 drafts) within the curve's sizes; from a curve marked stale
+    where there is no other. None without a curve."""
     import itertools
 
     try:
         curves = json.loads((seed / "learnt.json").read_text()).get("curves") or {}
     except (OSError, ValueError):
         return None
-    ms = next(((v.get("curve") or {}).get("ms") for k, v in curves.items()
-               if k.startswith(f"{model.name}:") and not (v.get("curve") or {}).get("stale")), None)
+    ours = sorted(((v.get("curve") or {}) for k, v in curves.items() if k.startswith(f"{model.name}:")),
+                  key=lambda c: bool(c.get("stale")))  # a stale curve (drifted, or measured on a busy machine) last
+    ms = ours[0].get("ms") if ours else None
     if not ms or len(ms) < n:
         return None
     return max(sum(ms[r - 1] for r in rs) / ms[sum(rs) - 1]
