@@ -23,9 +23,9 @@ interleaved repeats and their spread (min-max).
    after each reply's first, over the union of the replies' first-token-to-end intervals); each reply at once
    compared with its reply one after another (equal, or where it diverges); the ceiling of at once / one after
    another on this machine (`ceiling`: the prefills as long as one after another, decoding at once at most as much
-   faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`); with `--llama-server PATH`, the same on
-   llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and specdec at once
-   against it.
+   faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`); with `--llama-server PATH`,
+   the same on llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and
+   specdec at once against it.
 
 Every cell runs on a fresh server (a fresh SPECDEC_HOME holding only this machine's verify curve and flash-attention
 choice, copied from the user's learnt.json or measured by the first cell; no prompt cache): nothing one cell's

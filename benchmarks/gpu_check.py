@@ -299,14 +299,6 @@ def check(a: argparse.Namespace) -> int:
 # the concurrency step: `specdec serve --parallel N` on the card
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def post(url: str, body: dict, timeout: float) -> dict:
     """POST `body` as JSON; the reply's JSON. Raises OSError (urllib's errors) or ValueError."""
     import urllib.request
@@ -323,6 +315,8 @@ def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[s
     "texts"}. Raises RuntimeError (the server did not start, a request failed)."""
     import threading
     import urllib.request
+
+    from agents_replay import free_port  # benchmarks/ is on sys.path when a script in it runs
 
     port = free_port()
     cmd = [py, "-m", "specdec_cli", "serve", "--port", str(port), "--parallel", str(a.parallel), "-t", str(model),

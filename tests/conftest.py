@@ -10,35 +10,33 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
 
 
-ISOLATED = {"SPECDEC_VERIFY_CURVE": "off"}  # no curve measured (tests that want one turn it on)
+def _isolate(mp: pytest.MonkeyPatch, root: Path) -> None:
+    """SPECDEC_HOME → `root`/specdec-home (config, suffix store), SPECDEC_PROMPT_CACHE too, no verify curve measured
+    (tests that want one turn it on), and this host's energy counters never read."""
+    mp.setenv("SPECDEC_HOME", str(root / "specdec-home"))
+    mp.setenv("SPECDEC_PROMPT_CACHE", str(root / "prompt-cache"))
+    mp.setenv("SPECDEC_VERIFY_CURVE", "off")
+    mp.setenv("SPECDEC_POWERCAP", str(root / "no-powercap"))
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_session(tmp_path_factory):
-    """What `_isolated_home` sets, for the fixtures wider than a test (a module's real server, made before the first
-    test's own home): without it they read the user's data directory and measured verify curves into it (a busy
-    machine's curve, marked stale, replaced the one the user's runs used)."""
-    root = tmp_path_factory.mktemp("session-home")
+    """`_isolate` for the fixtures wider than a test (a module's real server, made before the first test's own home):
+    without it they read the user's data directory and measured verify curves into it (a busy machine's curve, marked
+    stale, replaced the one the user's runs used)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECDEC_HOME", str(root / "specdec-home"))
-        mp.setenv("SPECDEC_PROMPT_CACHE", str(root / "prompt-cache"))
-        mp.setenv("SPECDEC_POWERCAP", str(root / "no-powercap"))
-        for name, value in ISOLATED.items():
-            mp.setenv(name, value)
+        _isolate(mp, tmp_path_factory.mktemp("session-home"))
         yield
 
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
-    """SPECDEC_HOME → a fresh tmp dir (config, suffix store), SPECDEC_PROMPT_CACHE too; the model cache (SPECDEC_CACHE)
-    stays shared."""
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec-home"))
-    monkeypatch.setenv("SPECDEC_PROMPT_CACHE", str(tmp_path / "prompt-cache"))
-    monkeypatch.setenv("SPECDEC_VERIFY_CURVE", "off")  # no curve measured per test (tests that want one turn it on)
+    """`_isolate` into the test's own tmp dir (the model cache, SPECDEC_CACHE, stays shared), colour and width as a
+    terminal of 120 columns gives, and models loaded with the measured flash-attention choice."""
+    _isolate(monkeypatch, tmp_path)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("SPECDEC_FLASH_ATTN", raising=False)  # models load with the measured choice (none: auto)
     monkeypatch.setenv("COLUMNS", "120")
-    monkeypatch.setenv("SPECDEC_POWERCAP", str(tmp_path / "no-powercap"))  # energy: this host's counters never read
     yield
 
 

@@ -44,7 +44,8 @@ def test_the_ceiling_of_chats_at_once_comes_from_the_prefills_and_the_verify_cur
     (tmp_path / "learnt.json").write_text(json.dumps({"curves": {"m.gguf:1:x|cpu": {"curve": {"ms": ms}}}}))
     assert bc.sharing_gain(tmp_path, Path("/models/m.gguf"), 4) == pytest.approx((4 * 40 + 12 * 32) / 100)
     assert bc.sharing_gain(tmp_path, Path("/models/none.gguf"), 4) is None
-    (tmp_path / "learnt.json").write_text(json.dumps({"curves": {"m.gguf:1:x|cpu": {"curve": {"ms": ms, "stale": True}}}}))
+    stale_only = {"curves": {"m.gguf:1:x|cpu": {"curve": {"ms": ms, "stale": True}}}}
+    (tmp_path / "learnt.json").write_text(json.dumps(stale_only))
     assert bc.sharing_gain(tmp_path, Path("/models/m.gguf"), 4) == pytest.approx((4 * 40 + 12 * 32) / 100)  # no other
     table = bc.chats_table("specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None,
                            gain=2.0)

@@ -173,8 +173,8 @@ class CountingTokenizer(FakeBackend):
 
 def test_count_tokens_of_a_conversation_just_tokenized_reuses_its_tokens():
     """Issue 44 item 5: Claude Code counts a conversation the server has just tokenized to answer it; the count takes
-    the ids kept from that request (`PromptText.tokenize_chat`), not another tokenization of thousands of tokens on
-    cores a generation keeps busy. Seen failing with nothing kept."""
+    the ids kept from that request (`GenerationService.prompt_tokens`), not another tokenization of thousands of
+    tokens on cores a generation keeps busy. Seen failing with nothing kept."""
     backend = CountingTokenizer(hashed_logits)
     with serving(backend) as s:
         client = client_of(s)
