@@ -120,6 +120,14 @@ class Assembler:
 
         if method is Method.draft:
             return ModelDrafter(session.draft)
+        if method is Method.mtp:
+            from specdec_cli.drafters.mtp import MtpDrafter
+
+            head = session.mtp_head()
+            if head is None:
+                raise UsageError(f"--method mtp needs a target with an MTP block, and {session.target_path.name} has "
+                                 "none.", "Use a model with one (e.g. Qwen3.5), or --method auto.")
+            return MtpDrafter(head)
         if method is Method.predict:
             return AutoDrafter(predictor=self._predictor, name="predict")
         if method in (Method.suffix, Method.auto):
@@ -132,6 +140,10 @@ class Assembler:
             if method is Method.suffix:
                 return suffix
             model = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft else None
+            if model is None and (head := session.mtp_head()) is not None:  # the target's own MTP block
+                from specdec_cli.drafters.mtp import MtpDrafter
+
+                model = MtpDrafter(head)
             return AutoDrafter(suffix, model, predictor=self._predictor, corpus=self._corpus(spec, fingerprint))
         raise AssertionError(f"unhandled method {method}")  # every Method is handled above
 

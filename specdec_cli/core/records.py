@@ -28,6 +28,7 @@ class Source(StrEnum):
     store = "store"  # the suffix store of past outputs (SuffixDecoding; --method suffix and auto)
     predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
     draft = "draft"  # a draft model
+    mtp = "mtp"  # the target's own multi-token-prediction block (--method mtp; auto where the target has one)
     grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
     realign = "realign"  # the reply's copy of the prompt past its edits, repeated ones applied (drafters/edits.py)
     corpus = "corpus"  # the code and documents `specdec learn` indexed (REST-style retrieval; --method auto)
@@ -40,7 +41,7 @@ class Source(StrEnum):
 
 
 _LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
-           Source.draft: "draft model", Source.grammar: "grammar (forced)",
+           Source.draft: "draft model", Source.mtp: "MTP head", Source.grammar: "grammar (forced)",
            Source.realign: "prompt lookup (realigned)", Source.corpus: "corpus", Source.none: "no draft"}
 
 

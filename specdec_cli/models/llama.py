@@ -26,7 +26,7 @@ import os
 import hashlib
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import llama_cpp
 from llama_cpp import _logger as _llama_logger
@@ -221,6 +221,8 @@ class LlamaBackend:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.use_extra_bufts = extra_bufts
+        if hasattr(mparams, "load_mtp"):  # an MTP block's weights, where the model has one (`LlamaMtp`)
+            mparams.load_mtp = True
         model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
             raise ModelError(
@@ -318,6 +320,13 @@ class LlamaBackend:
         return self._n_batch
 
     shared_rows = 0  # a lane's passes are shared through `server.lanes.SharedLane`, never here
+    # called after each llama_decode of `decode` with (its first position, its tokens): `LlamaMtp`'s catch-up
+    on_hidden: Callable[[int, np.ndarray], None] | None = None
+
+    @property
+    def n_nextn(self) -> int:
+        """The model's MTP (nextn) layers: 0 for most models, 1 for Qwen3.5's single trained head (`LlamaMtp`)."""
+        return int(llama_cpp.llama_model_n_layer_nextn(self._model))
 
     @property
     def draft_limit(self) -> int:
@@ -389,6 +398,8 @@ class LlamaBackend:
                 self._tokens[start + c0 : start + c1] = toks[c0:c1]
                 self._n = start + c1
                 self.n_evaluated += n
+                if self.on_hidden is not None:  # an MTP drafter catches up on this call's hidden states
+                    self.on_hidden(start + c0, toks[c0:c1])
         except BaseException:
             # A failed or interrupted call leaves the cache as it was before the call.
             llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start, -1)
@@ -909,3 +920,134 @@ def probe_main(argv: list[str]) -> int:
         print(str(e), file=sys.stderr)
         return PROBE_REFUSED
     return 0
+
+
+class LlamaMtp:
+    """The target's own multi-token-prediction (MTP, "nextn") block as a drafter: a second llama.cpp context of type
+    `LLAMA_CONTEXT_TYPE_MTP` on the target's model, linked to the target's context (`ctx_other`), after llama.cpp's
+    `common_speculative_impl_draft_mtp` (common/speculative.cpp, a single trained head as in Qwen3.5).
+
+    The MTP block predicts the token after position p from the token at p and the target's hidden state at p - 1
+    (`llama_get_embeddings_nextn`). So after every target `decode` call (`LlamaBackend.on_hidden`), the block's own
+    KV cache catches up on the pairs (token at p, target state at p - 1) of that call's tokens, and `draft` then
+    chains the block from the newest committed token: each step feeds back the block's own state. Rows the target
+    rejected are dropped from the block's cache at the next catch-up or draft (its cache is attention only, and
+    dropping a suffix of it is always allowed). A draft only proposes: the target verifies every token, so a stale
+    state costs acceptance, never correctness.
+
+    Args:
+        target: the target (a `LlamaBackend` of one sequence whose model has nextn layers).
+
+    Raises:
+        ModelError: the model has no MTP block, or llama.cpp could not create the MTP context.
+    """
+
+    def __init__(self, target: LlamaBackend) -> None:
+        from llama_cpp import llama_cpp_ext as ext
+
+        model = target._model
+        self.n_heads = int(llama_cpp.llama_model_n_layer_nextn(model))
+        if self.n_heads < 1:
+            raise ModelError(f"{Path(target.path).name} has no MTP block (no nextn layers).",
+                             "Use another --method, or a model with an MTP head (e.g. Qwen3.5).")  # fmt: skip
+        self._ext = ext
+        self.target = target
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
+        tp = target._cparams
+        cp = llama_cpp.llama_context_default_params()
+        cp.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        cp.ctx_other = target._ctx
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = cp.n_ubatch = target.n_batch
+        cp.n_seq_max = 1
+        cp.n_rs_seq = 0
+        cp.n_threads = cp.n_threads_batch = target.n_threads
+        cp.flash_attn_type = tp.flash_attn_type
+        cp.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cp)
+        if not ctx:
+            raise ModelError(f"llama.cpp could not create the MTP context of {Path(target.path).name}.",
+                             "Use another --method; SPECDEC_DEBUG=1 shows llama.cpp's log.")  # fmt: skip
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._n_vocab = target.n_vocab
+        ext.llama_set_embeddings_nextn(target._ctx, True, False)  # every row of a target call: its hidden state
+        ext.llama_set_embeddings_nextn(ctx, True, True)  # the block's own state, for the rows it outputs
+        self._pos = (llama_cpp.llama_pos * 1)()
+        # the target's hidden states of its last call: float32 [m, n_embd] for positions h_start .. h_start + m - 1
+        self._h = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._h_start = 0
+        self._zero = np.zeros(self.n_embd, dtype=np.float32)
+        self.n_process_calls = 0  # llama_process calls on the MTP context (catch-up and draft steps)
+        target._branches = False  # a second branch's rows would break the pairing of tokens and states
+        target.on_hidden = self._catch_up
+
+    def _state(self, pos: int) -> np.ndarray:
+        """The target's hidden state at `pos` (float32 [n_embd]) where the last call has it, else zeros."""
+        i = pos - self._h_start
+        return self._h[i] if 0 <= i < len(self._h) else self._zero
+
+    def _add(self, token: int, pos: int, state: np.ndarray, output: bool) -> int:
+        b = self._batch
+        idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token))
+        if idx < 0:  # -1: the batch is full, -2/-3: an invalid token or sequence
+            raise DecodeError(-1, llama_cpp.llama_n_batch(self._ctx))
+        self._pos[0] = pos
+        llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+        embd = llama_cpp.llama_embd(state.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd)
+        if output:
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        return idx
+
+    def _process(self, n: int = 1) -> None:
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        self.n_process_calls += 1
+        if rc != 0:
+            raise DecodeError.of(rc, n)
+
+    def _catch_up(self, start: int, tokens: np.ndarray) -> None:
+        """After a target call over `tokens` (int32 [m]) at positions start..: the block's cache gets the pairs
+        (token at p, target state at p - 1), and the call's states are kept for the next catch-up and draft."""
+        h = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self.target._ctx),
+                                  shape=(len(tokens), self.n_embd)).copy()
+        prev = self._state(start - 1).copy()
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+        llama_cpp.llama_batch_ext_clear(self._batch)
+        for i, tok in enumerate(tokens):
+            self._add(int(tok), start + i, prev if i == 0 else h[i - 1], False)
+        self._process(len(tokens))
+        self._h, self._h_start = h, start
+
+    def draft(self, last: int, pos: int, k: int, choose: Callable[[np.ndarray, int], int]) -> list[int]:
+        """Up to `k` tokens after `last`, the newest committed token, at position `pos` (the target's cache holds
+        positions < pos). `choose(logits, i)` picks draft token i from the block's float32 [n_vocab] logits (argmax,
+        or a draw from q that the caller keeps) and may return -1 to stop. Returns the tokens."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1)  # earlier drafts, rejected rows
+        state = self._state(pos - 1).copy()
+        out: list[int] = []
+        tok = int(last)
+        for i in range(k):
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            idx = self._add(tok, pos + i, state, True)
+            self._process()
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, idx), shape=(self._n_vocab,))
+            tok = choose(logits, i)
+            if tok < 0:
+                break
+            out.append(tok)
+            if i + 1 < k:
+                state = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self._ctx, idx),
+                                              shape=(self.n_embd,)).copy()
+        return out
+
+    def close(self) -> None:
+        if self.target.on_hidden == self._catch_up:
+            self.target.on_hidden = None
+        if self._batch is not None:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
