@@ -128,6 +128,20 @@ def has_amx(cpu: str) -> bool:
     return "amx_tile" in words and "amx_int8" in words
 
 
+def cpu_patches_and_flags(cpu: str, amx: str = "auto", system: str | None = None,
+                          machine: str | None = None) -> tuple[list[str], str]:
+    """The patches (names in PATCH_DIR) and the CMake flags a build for this CPU gets: the flash-attention switch
+    always; on x86 (not Windows) with `amx` "auto" and AMX in `cpu`'s flags the AMX tile fix, else AMX compiled out
+    (-mno-amx-* in CMAKE_C_FLAGS and CMAKE_CXX_FLAGS); elsewhere no flags."""
+    system = system or platform.system()
+    machine = (machine or platform.machine()).lower()
+    if machine not in _X86 or system == "Windows":  # MSVC takes no -m flags; other architectures have no AMX
+        return [FA_PATCH], ""
+    if amx == "auto" and has_amx(cpu):
+        return [FA_PATCH, AMX_PATCH], ""  # the AMX kernels, with the barrier that makes them run
+    return [FA_PATCH], f"-DCMAKE_C_FLAGS='{AMX_OFF}' -DCMAKE_CXX_FLAGS='{AMX_OFF}'"
+
+
 def _output(cmd: list[str], timeout: float = 15) -> str:
     """`cmd`'s stripped stdout, or "" when it is missing, fails or hangs."""
     try:
@@ -283,14 +297,8 @@ def make_plan(python: str | None = None, *, backend: str = "auto", amx: str = "a
     system, machine = platform.system(), platform.machine()
     chosen = choose_backend(backend, user_args=user_args, system=system, machine=machine)
     cpu = cpu_description(system)
-    patches = [FA_PATCH]
-    ours = []
-    if machine.lower() in _X86 and system != "Windows":
-        if amx == "auto" and has_amx(cpu):
-            patches.append(AMX_PATCH)  # the AMX kernels, with the barrier that makes them run
-        else:
-            ours.append(f"-DCMAKE_C_FLAGS='{AMX_OFF}' -DCMAKE_CXX_FLAGS='{AMX_OFF}'")
-    args = " ".join(a for a in (*ours, chosen.flags, user_args) if a)
+    patches, amx_flags = cpu_patches_and_flags(cpu, amx, system, machine)
+    args = " ".join(a for a in (amx_flags, chosen.flags, user_args) if a)
     patch_sum = hashlib.sha256(b"".join((PATCH_DIR / p).read_bytes() for p in patches)).hexdigest()
     info = _probe(python)
     wheel_dir = wheels_root() / f"llama-cpp-python-{version}-{cache_key(version, args, info['tag'], cpu, patch_sum)}"
