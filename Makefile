@@ -1,5 +1,5 @@
 # specdec in two commands:
-#   make          set up (virtual environment, llama-cpp-python built for this CPU, specdec with its extras, the
+#   make          set up (virtual environment, llama-cpp-python built for this machine, specdec with its extras, the
 #                 models the tests use), then run the quick start: the default target and method on an edit
 #   make test     the tests (after the same set-up, which is then already done)
 # Every step reuses what is there: the venv, the llama-cpp-python wheel cached under ~/.cache/specdec/wheels, the
