@@ -5,16 +5,15 @@ wheel's key, its strict patcher, and the build path with every subprocess stood 
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import subprocess
 import sys
-import tarfile
 import types
 from pathlib import Path
 
 import pytest
 
+from fakes import fake_sdist
 from specdec_cli.llama_build import install as installer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,28 +285,6 @@ def test_a_missing_newline_at_the_end_and_a_malformed_patch(tmp_path):
 
 # --------------------------------------------------------------------------------------------------------------------
 # The build, every subprocess stood in for
-
-
-def fake_sdist(tmp_path: Path, version: str) -> Path:
-    """An sdist tarball holding, for each file the shipped patches touch, a file they apply to (the hunks' old side
-    at their line numbers, filler lines between)."""
-    top = f"llama_cpp_python-{version}"
-    files: dict[str, list[bytes]] = {}
-    for name in installer.PATCHES:
-        for rel, hunks in installer._parse_patch((installer.PATCH_DIR / name).read_bytes(), name):
-            lines = files.setdefault(rel, [])
-            for hunk in hunks:
-                while len(lines) < hunk.old_start - 1:
-                    lines.append(f"// filler {len(lines) + 1}\n".encode())
-                lines[hunk.old_start - 1:hunk.old_start - 1 + len(hunk.old)] = hunk.old
-    out = tmp_path / f"{top}.tar.gz"
-    with tarfile.open(out, "w:gz") as tar:
-        for rel, lines in files.items():
-            data = b"".join(lines)
-            info = tarfile.TarInfo(f"{top}/{rel}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out
 
 
 class FakePip:
