@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py, tests/random_models.py
+
+from random_models import tiny_gguf  # noqa: E402
 
 
 def _isolate(mp: pytest.MonkeyPatch, root: Path) -> None:
@@ -64,37 +65,19 @@ def qwen_pair() -> tuple[Path, Path]:
     return _resolve("qwen2.5-coder-1.5b"), _resolve("qwen2.5-coder-0.5b")
 
 
-def random_gguf():
-    """benchmarks/random_gguf.py as a module: the generator of random-weight GGUFs (it needs the `gguf` package)."""
-    if "random_gguf" not in sys.modules:
-        path = Path(__file__).parents[1] / "benchmarks" / "random_gguf.py"
-        spec = importlib.util.spec_from_file_location("random_gguf", path)
-        module = sys.modules["random_gguf"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["random_gguf"]
-
-
-def _tiny_gguf(tmp_path_factory, arch: str) -> Path:
-    """The tiny random-weight GGUF of `arch` (random_gguf.ARCH_SHAPES[arch]["tiny"], f16, seed 0), written once per
-    session; skips the test where the `gguf` package is missing."""
-    pytest.importorskip("gguf")
-    rg = random_gguf()
-    return rg.write(tmp_path_factory.mktemp(f"{arch}-tiny") / f"{arch}-tiny.gguf", rg.ARCH_SHAPES[arch]["tiny"])
-
-
 @pytest.fixture(scope="session")
 def lfm2_tiny(tmp_path_factory) -> Path:
     """A hybrid: lfm2, short-convolution and attention layers (llama.cpp rolls it back by snapshots)."""
-    return _tiny_gguf(tmp_path_factory, "lfm2")
+    return tiny_gguf(tmp_path_factory, "lfm2")
 
 
 @pytest.fixture(scope="session")
 def qwen35_tiny(tmp_path_factory) -> Path:
     """A hybrid with an MTP block: qwen35, Gated DeltaNet and attention layers, one nextn layer."""
-    return _tiny_gguf(tmp_path_factory, "qwen35")
+    return tiny_gguf(tmp_path_factory, "qwen35")
 
 
 @pytest.fixture(scope="session")
 def mamba2_tiny(tmp_path_factory) -> Path:
     """A recurrent model: mamba2 (no snapshots in llama.cpp: rolled back by checkpoint and replay)."""
-    return _tiny_gguf(tmp_path_factory, "mamba2")
+    return tiny_gguf(tmp_path_factory, "mamba2")

@@ -7,7 +7,7 @@ import numpy as np
 
 import pytest
 
-from conftest import random_gguf
+from random_models import random_gguf
 
 KINDS = {  # fixture: (llama_model_is_hybrid, llama_model_is_recurrent, nextn layers)
     "lfm2_tiny": (True, False, 0),
