@@ -14,7 +14,9 @@ src/models/{lfm2,qwen35,mamba2}.cpp, and what its converter writes (conversion/l
 `Qwen3NextModel`/`_QwenMtpMixin`/`Qwen3_5TextModel`, conversion/mamba.py `Mamba2Model`). Keys are written by name
 (`ARCH.key`), not through GGUFWriter helpers, so that older gguf-py releases without those helpers write them too.
 
-Where each published shape's numbers come from (config.json of the Hugging Face repo, as the converter reads it):
+Where each published shape's numbers come from: config.json of the Hugging Face repo, as the converter reads it,
+copied by hand (nothing is fetched; llama.cpp's own size names, quoted, cross-check the layer counts and widths).
+A real file's numbers override these:
 
   arch    shape               numbers and their source
   qwen2   qwen2.5-coder-1.5b  Qwen/Qwen2.5-Coder-1.5B-Instruct: hidden 1536, 28 layers, intermediate 8960, 12 heads,
@@ -29,8 +31,7 @@ Where each published shape's numbers come from (config.json of the Hugging Face 
                               linear_num_key_heads 16, linear_num_value_heads 16, linear_key/value_head_dim 128,
                               linear_conv_kernel_dim 4, full_attention_interval 4, mtp_num_hidden_layers 1,
                               vocab 248320, partial_rotary_factor 0.25, mrope_section [11, 11, 10] (the converter's
-                              default), rope_theta 1e7, rms_norm_eps 1e-6, tied embeddings; recalled from the published
-                              config, not read here (no network): a real file's shape overrides these
+                              default), rope_theta 1e7, rms_norm_eps 1e-6, tied embeddings
   mamba2  mamba2-1.3b         state-spaces/mamba2-1.3b: d_model 2048, 48 layers (llama.cpp names 48 x 2048 "XL"),
                               vocab 50277 padded to 50288 (pad_vocab_size_multiple 16), d_state 128, headdim 64,
                               expand 2, ngroups 1, d_conv 4 (mamba_ssm's Mamba2 defaults)
