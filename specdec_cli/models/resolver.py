@@ -375,9 +375,10 @@ def resolve_hf(ref: HfRef, *, download: bool = True, reporter: Reporter | None =
 def hub_listing(ref: HfRef, revision: str = "main") -> tuple[str, dict[str, tuple[int | None, str | None]]]:
     """The repo's commit and its files with their size (bytes) and sha256 (the LFS oid; None for a file kept in git),
     from `HfApi.model_info(files_metadata=True)`. Raises ModelError naming the cause and the fix."""
-    fix = f"Run `specdec models pull {ref}` with the network, or pass a .gguf path."
     if _hf_offline():
-        raise ModelError(f"{ref} is not in the cache and HF_HUB_OFFLINE is set.", fix)
+        raise ModelError(f"{ref} is not in the cache and HF_HUB_OFFLINE is set.",
+                         f"Unset HF_HUB_OFFLINE and run `specdec models pull {ref}`, or pass a .gguf path.")
+    fix = f"Check the network, then run `specdec models pull {ref}`; or pass a .gguf path."
     if not _hf_reachable():
         raise ModelError(f"{ref} is not in the cache and the Hugging Face Hub is unreachable (DNS lookup failed).", fix)
     from huggingface_hub import errors
