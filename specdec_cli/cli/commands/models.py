@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -108,8 +109,8 @@ def pull(
         typer.Argument(metavar="NAME...", help="Model or pair names from `specdec models list`, or Hugging Face repos "
                        "(owner/repo[:QUANT], hf.co/owner/repo[:QUANT], a huggingface.co URL).", show_default=False),
     ] = None,
-    all_models: Annotated[bool, typer.Option("--all", help="Fetch every model of the catalog fetched in CI (not "
-                                             "those marked 'not in CI': name them).")] = False,
+    all_models: Annotated[bool, typer.Option("--all", help="Fetch every model of the catalog but those "
+                                             "marked 'not in CI' (name them to fetch them).")] = False,
 ) -> None:
     catalog = config.load_catalog()
     items = _selected(catalog, names or [], all_models)
@@ -138,7 +139,7 @@ def pull(
         )
 
 
-def _pull_one(item: ModelSpec | resolver.HfRef, err) -> Path:
+def _pull_one(item: ModelSpec | resolver.HfRef, err: Console) -> Path:
     """Fetch one catalog model or Hub repo (noting on `err` what happens) and return its path."""
     if isinstance(item, resolver.HfRef):
         cached = resolver.cached_hf(item)
