@@ -394,7 +394,7 @@ def hub_listing(ref: HfRef, revision: str = "main") -> tuple[str, dict[str, tupl
                          "Check the name (owner/repo, as in its huggingface.co URL), or pass a .gguf path.") from None
     except errors.RevisionNotFoundError:
         raise ModelError(f"{ref.repo} has no revision {revision!r}.", "Check the name.") from None
-    except Exception as e:  # a network error, a 5xx, an offline huggingface_hub
+    except Exception as e:  # noqa: BLE001 (a network error, a 5xx, an offline huggingface_hub: one line)
         raise ModelError(f"Could not list {ref.repo} on the Hugging Face Hub: {type(e).__name__}: {_first_line(e)}.",
                          fix) from None
     listing: dict[str, tuple[int | None, str | None]] = {}
