@@ -456,3 +456,11 @@ def test_models_list_shows_kind_rollback_mtp_and_not_in_ci():
     assert "(not in CI)" in out
     smollm2 = out.split("smollm2-135m", 1)[1].split("\n", 2)[1]  # the line under its name
     assert "(not in CI)" not in smollm2
+
+
+def test_a_hub_that_fails_is_one_line_naming_the_repo(hub):
+    hub.down = True
+    with pytest.raises(ModelError) as e:
+        resolver.resolve("owner/Model-GGUF:Q8_0", empty_catalog())
+    assert e.value.message == "Could not list owner/Model-GGUF on the Hugging Face Hub: ConnectionError: the Hub is down."
+    assert hf_listing() == []
