@@ -130,8 +130,11 @@ def hf_listing() -> list[str]:
     ("https://huggingface.co/owner/Model-GGUF", HfRef("owner/Model-GGUF", explicit=True)),
     ("https://huggingface.co/owner/Model-GGUF/", HfRef("owner/Model-GGUF", explicit=True)),
     ("https://huggingface.co/owner/Model-GGUF/tree/main", HfRef("owner/Model-GGUF", explicit=True)),
+    ("https://huggingface.co/owner/Model-GGUF/tree/v2", HfRef("owner/Model-GGUF", explicit=True, revision="v2")),
     ("https://huggingface.co/owner/Model-GGUF/blob/main/Model-Q8_0.gguf",
      HfRef("owner/Model-GGUF", file="Model-Q8_0.gguf", explicit=True)),
+    ("https://huggingface.co/owner/Model-GGUF/blob/" + COMMIT + "/Model-Q8_0.gguf",
+     HfRef("owner/Model-GGUF", file="Model-Q8_0.gguf", explicit=True, revision=COMMIT)),
     ("https://huggingface.co/owner/Model-GGUF/resolve/main/BF16/Model-BF16-00001-of-00002.gguf?download=true",
      HfRef("owner/Model-GGUF", file="BF16/Model-BF16-00001-of-00002.gguf", explicit=True)),
 ])
@@ -464,3 +467,8 @@ def test_a_hub_that_fails_is_one_line_naming_the_repo(hub):
         resolver.resolve("owner/Model-GGUF:Q8_0", empty_catalog())
     assert e.value.message == "Could not list owner/Model-GGUF on the Hugging Face Hub: ConnectionError: the Hub is down."
     assert hf_listing() == []
+
+
+def test_a_url_s_revision_is_the_one_listed(hub):
+    path = resolver.resolve("https://huggingface.co/owner/Model-GGUF/tree/v2", empty_catalog())
+    assert path.name == "Model-Q4_K_M.gguf" and ("model_info", "owner/Model-GGUF", "v2") in hub.calls

@@ -244,16 +244,18 @@ _QUANT_TAG = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d|TQ\d|MXFP\d|BF16|F16|F32)
 @dataclass(frozen=True, slots=True)
 class HfRef:
     """A model named by its Hugging Face repo: `repo` (owner/name), an optional `quant` or exact `file` (a URL to a
-    file), and whether the name could only mean the Hub (`explicit`: hf.co/ or a huggingface.co URL)."""
+    file), the `revision` a URL names, and whether the name could only mean the Hub (`explicit`: hf.co/ or a
+    huggingface.co URL)."""
 
     repo: str
     quant: str | None = None
     file: str | None = None
     explicit: bool = False
+    revision: str = "main"
 
     def __str__(self) -> str:
         if self.file:
-            return f"https://huggingface.co/{self.repo}/blob/main/{self.file}"
+            return f"https://huggingface.co/{self.repo}/blob/{self.revision}/{self.file}"
         return f"{self.repo}:{self.quant}" if self.quant else self.repo
 
 
@@ -267,9 +269,10 @@ def parse_hf_ref(text: str) -> HfRef | None:
         text = _HF_URL.sub("", text).split("?", 1)[0].split("#", 1)[0].rstrip("/")
         parts = text.split("/")
         if len(parts) >= 5 and parts[2] in ("blob", "resolve") and parts[-1].lower().endswith(".gguf"):
-            return HfRef(f"{parts[0]}/{parts[1]}", file="/".join(parts[4:]), explicit=True)
-        if len(parts) >= 3 and parts[2] == "tree":
-            text = "/".join(parts[:2])
+            return HfRef(f"{parts[0]}/{parts[1]}", file="/".join(parts[4:]), explicit=True, revision=parts[3])
+        if len(parts) >= 4 and parts[2] == "tree":
+            return HfRef(f"{parts[0]}/{parts[1]}", explicit=True, revision=parts[3]) if _HF_REF.match(
+                "/".join(parts[:2])) else None
     elif text.lower().endswith(".gguf") or text.startswith((".", "~", "/")):
         return None
     m = _HF_REF.match(text)
@@ -363,7 +366,7 @@ def resolve_hf(ref: HfRef, *, download: bool = True, reporter: Reporter | None =
         return path
     if not download:
         raise ModelError(f"{ref} is not downloaded yet.", f"Run `specdec models pull {ref}`.")
-    commit, listing = hub_listing(ref)
+    commit, listing = hub_listing(ref, ref.revision)
     parts = select_files(list(listing), ref)
     specs = [_hf_spec(ref, commit, f, *listing[f]) for f in parts]
     for spec in specs:
