@@ -401,6 +401,19 @@ def test_builtin_catalog_lists_the_2026_families_unpinned_and_not_in_ci():
         assert c.pairs[pair].target in c.models and c.pairs[pair].draft in c.models
 
 
+def test_docs_models_md_names_every_catalog_model_with_its_kind_and_rollback():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    for m in config.load_catalog().models.values():
+        if m.ci:
+            assert f"| `{m.name}` |" in text, m.name
+            continue
+        row = next((r for r in rows.values() if f"`{m.name}`" in r), None)
+        assert row is not None, f"docs/models.md lacks {m.name}"
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[3].startswith(m.kind) and cells[4] == m.rollback, m.name
+
+
 def test_the_models_the_tests_pull_are_untouched():
     c = config.load_catalog()
     pins = {
