@@ -28,12 +28,14 @@ OUTPUT = "Output"
 
 Target = Annotated[
     Optional[str],
-    typer.Option("--target", "-t", help="Target model: a name from models.toml or a path to a .gguf file. "
+    typer.Option("--target", "-t", help="Target model: a name from models.toml, a path to a .gguf file, or a "
+                 "Hugging Face repo (owner/repo[:QUANT], hf.co/owner/repo[:QUANT]; fetched and verified once). "
                  "[default: the catalog's default target]", rich_help_panel=MODELS),
 ]
 DraftModel = Annotated[
     Optional[str],
-    typer.Option("--draft", "-d", help="Draft model: a name or a .gguf path. --method auto includes it only where "
+    typer.Option("--draft", "-d", help="Draft model: a name, a .gguf path or owner/repo[:QUANT]. --method auto "
+                 "includes it only where "
                  "it pays (a GPU build) unless named here. [default: the catalog's draft for the target]",
                  rich_help_panel=MODELS),
 ]

@@ -235,7 +235,7 @@ def _probe_model():
     from specdec_cli.config import cache_dir, load_catalog
 
     catalog = load_catalog()
-    present = [(s.size, cache_dir() / s.file) for s in catalog.models.values() if (cache_dir() / s.file).is_file()]
+    present = [(p.stat().st_size, p) for p in (cache_dir() / s.file for s in catalog.models.values()) if p.is_file()]
     default = catalog.models.get(catalog.default_target)
     if default is not None and (cache_dir() / default.file).is_file():
         return cache_dir() / default.file
