@@ -185,6 +185,21 @@ def test_model_digest_comes_from_the_resolver_marker_without_hashing(tmp_path) -
     assert model_file(model)["sha256"] is None
 
 
+def test_the_bench_worker_runs_without_resource_or_proc_and_reports_rss_as_missing(monkeypatch, tmp_path) -> None:
+    """Windows has neither /proc nor the POSIX-only `resource` module: the worker's module imports and its RSS
+    reader gives the figures it can (none here, on Linux without /proc) instead of raising ImportError."""
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` raises ImportError
+    monkeypatch.delitem(sys.modules, "specdec_cli.measure.bench_process")
+    monkeypatch.setattr(sys.modules["specdec_cli.measure"], "bench_process", bench_worker)  # restored after
+    fresh = importlib.import_module("specdec_cli.measure.bench_process")
+    monkeypatch.setattr(fresh, "_PROC_STATUS", str(tmp_path / "no-proc" / "status"))
+    assert fresh._rss_kib() == (None, None)
+    monkeypatch.setattr(sys, "platform", "win32")  # Windows' own counters: not callable on this Linux, so n/a
+    assert fresh._rss_kib() == (None, None)
+
+
 def test_physical_cores_counts_distinct_package_and_core_ids() -> None:
     block = "processor\t: {i}\nphysical id\t: {p}\ncore id\t\t: {c}\n"
     text = "\n".join(block.format(i=i, p=p, c=c) for i, (p, c) in enumerate([(0, 0), (0, 0), (0, 1), (1, 0)]))
