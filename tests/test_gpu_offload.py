@@ -137,6 +137,52 @@ def test_the_device_list_names_this_cpu() -> None:
     assert devs is None or any(d.kind == "CPU" for d in devs)
 
 
+class _Lib:
+    """A loaded library as ctypes shows it: one attribute per exported function, each callable and typed."""
+
+    def __init__(self, **exports) -> None:
+        for name, fn in exports.items():
+            setattr(self, name, type("Fn", (), {"__call__": staticmethod(fn), "restype": None, "argtypes": None})())
+
+
+def _memory(dev, free, total) -> None:  # writes through the byref()s as ggml_backend_dev_memory does
+    free._obj.value, total._obj.value = (8 * GIB, 24 * GIB) if dev == 2 else (1 * GIB, 2 * GIB)
+
+
+_COUNT_GET = {"ggml_backend_dev_count": lambda: 2, "ggml_backend_dev_get": lambda i: i + 1}
+_NAME_TYPE_MEMORY = {"ggml_backend_dev_name": lambda dev: [b"CPU", b"CUDA0"][dev - 1],
+                     "ggml_backend_dev_description": lambda dev: b"a device",
+                     "ggml_backend_dev_type": lambda dev: [0, 1][dev - 1], "ggml_backend_dev_memory": _memory}
+
+
+@pytest.mark.parametrize("exports", [
+    {"ggml": _COUNT_GET, "ggml-base": _NAME_TYPE_MEMORY},  # as the sources build them (ggml-backend-reg.cpp in ggml)
+    {"ggml": {}, "ggml-base": {**_COUNT_GET, **_NAME_TYPE_MEMORY}},  # every function from ggml-base alone
+])
+def test_the_device_memory_is_found_where_llama_dll_does_not_export_ggml(monkeypatch, tmp_path, exports) -> None:
+    """Windows: llama.dll exports none of ggml's device functions (a DLL exports only its own); they are looked up in
+    ggml-base.dll and ggml.dll next to it, so the GPU's free memory decides the layers instead of "unknown"."""
+    import types
+
+    for name in exports:
+        (tmp_path / f"{name}.dll").write_bytes(b"")
+    opened: list[str] = []
+
+    def open_library(path: str) -> _Lib:
+        opened.append(Path(path).name)
+        return _Lib(**exports[Path(path).stem])
+
+    monkeypatch.setattr(devices, "_open_library", open_library)
+    bindings = types.SimpleNamespace(_lib=_Lib(), _base_path=tmp_path, __file__=str(tmp_path / "llama_cpp.py"))
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(llama_backend_init=lambda: None,
+                                                                        llama_cpp=bindings))
+    devs = devices.devices()
+    assert devs == [devices.Device("CPU", "a device", "CPU", 1 * GIB, 2 * GIB),
+                    devices.Device("CUDA0", "a device", "GPU", 8 * GIB, 24 * GIB)]
+    assert devices.gpu_free(devs) == 8 * GIB
+    assert sorted(opened) == ["ggml-base.dll", "ggml.dll"]
+
+
 def test_doctor_shows_the_backend_the_devices_their_memory_and_the_layers(monkeypatch, tmp_path) -> None:
     import json
 
