@@ -63,11 +63,11 @@ def _init_once(verbose: bool) -> None:
 
 
 def default_threads() -> int:
-    """Threads for generation: the CPUs this process may use, `machine.usable_cpus` (llama.cpp is memory-bound past
-    physical cores, so more would not help)."""
-    from specdec_cli.models.machine import usable_cpus
+    """Threads for generation: `machine.default_threads` (the CPUs this process may use; on Apple Silicon its
+    performance cores)."""
+    from specdec_cli.models import machine
 
-    return usable_cpus()
+    return machine.default_threads()[0]
 
 
 def gpu_offload_supported() -> bool:
