@@ -108,6 +108,26 @@ def test_a_draft_model_that_costs_too_much_per_token_is_closed_and_says_why(gpu_
         assert "0.83 x the target's pass" in session.draft_plan.reason and "--draft NAME" in session.draft_plan.reason
 
 
+def test_gpu_layers_0_on_a_gpu_build_runs_phased_flash_attention_as_the_cpu_does(gpu_build, monkeypatch) -> None:
+    """Phased flash attention is the CPU's default where the build can switch it: it follows what this run offloads
+    (--gpu-layers 0: nothing, the CPU's kernels), not whether the build could."""
+    from specdec_cli.models import llama
+
+    asked = []
+    load = llama.LlamaBackend
+    monkeypatch.setattr(llama, "LlamaBackend", lambda path, **kw: asked.append(kw["flash_attn"]) or load(path, **kw))
+    monkeypatch.setattr(llama, "flash_attn_switch", lambda: True)
+    with open_auto(gpu_build, gpu_layers=0):
+        assert gpu_build["loaded"][0] == ("qwen2.5-coder-1.5b.gguf", 0) and asked[0] == llama.PHASED
+    asked.clear()
+    loads = len(gpu_build["loaded"])
+    with open_auto(gpu_build):  # every layer on the GPU: its kernels, llama.cpp's auto
+        assert gpu_build["loaded"][loads] == ("qwen2.5-coder-1.5b.gguf", -1) and asked[0] is None
+    asked.clear()
+    with open_auto(gpu_build, gpu_layers=7):  # some layers on the GPU: not the CPU's setting
+        assert asked[0] is None
+
+
 def test_draft_pays_on_a_flat_curve_and_not_on_a_cpus() -> None:
     flat = [gpu_ms(b) for b in range(1, 18)]
     from test_controller import CPU_B, CPU_MS, DRAFT_MODEL_MS
