@@ -42,7 +42,9 @@ DraftModel = Annotated[
 Ctx = Annotated[int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)]
 Threads = Annotated[
     Optional[int],
-    typer.Option("--threads", min=1, max=1024, help="CPU threads. [default: all CPUs]", rich_help_panel=MODELS),
+    typer.Option("--threads", min=1, max=1024,
+                 help="CPU threads. [default: every usable CPU; the performance cores on Apple Silicon]",
+                 rich_help_panel=MODELS),
 ]
 GpuLayers = Annotated[
     int,
