@@ -324,7 +324,8 @@ SGR = re.compile(r"\x1b\[([0-9;:]*)m")  # a Select Graphic Rendition escape: col
 
 def unstrike(screen: str) -> tuple[str, list[str]]:
     """Read a screen's escape codes as a terminal does: the text that is not struck through (SGR 9, which only the
-    rejected drafts' style `spec.rejected` uses) with every escape code removed, and the struck-through runs.
+    rejected drafts' style `spec.rejected` uses) with every escape code removed, and the struck-through runs, each
+    within one row (a newline is a row's end, kept with the text).
 
     Follows ECMA-48's SGR: 9 starts striking, 29, 0 and an empty list end it; 38/48/58 colours' arguments
     (`5;N`, `2;R;G;B`) are skipped, so a colour index 9 is not read as a strike. Works on Rich's output and on
@@ -335,11 +336,14 @@ def unstrike(screen: str) -> tuple[str, list[str]]:
     pos = 0
     for m in [*SGR.finditer(screen), None]:
         chunk = screen[pos:m.start() if m else len(screen)]
-        if chunk:
-            if struck:
-                spans[-1] += chunk
-            else:
-                kept.append(chunk)
+        if chunk and struck:  # a newline ends a row: no cell, never struck (tmux keeps the state across rows)
+            first, *rows = chunk.split("\n")
+            spans[-1] += first
+            for row in rows:
+                kept.append("\n")
+                spans.append(row)
+        elif chunk:
+            kept.append(chunk)
         if m is None:
             break
         pos = m.end()

@@ -38,7 +38,7 @@ def _load():
 fh = _load()
 
 # A first run's stderr as a terminal shows it: a progress bar, a disturbed attempt, the kept curve, the stats.
-CURVE_STDERR = """\x1b[?25lmeasuring this machine's verify curve (once per model and machine) ━━━━━━  64/130 steps\r
+CURVE_STDERR = """\x1b[?25lmeasuring this machine's verify curve (once per model and machine) ━━━━ 64/130 steps\r
 verify curve disturbed (a one-token pass took 66.4 ms at the start and 2291.1 ms at the end): measuring it again
 measuring this machine's verify curve (once per model and machine) ━━━━━━ 130/130 steps\x1b[?25h
 verify curve measured in 164.2 s and kept (specdec doctor shows it)
@@ -85,8 +85,8 @@ def test_tune_speedups_from_its_json():
         {"config": "k4", "speedup_geomean": 1.24, "speedup": {"bisect_rename": 1.24}},
         {"config": "k6", "speedup_geomean": 1.32, "speedup": {"bisect_rename": 1.32}},
         {"config": "auto", "speedup_geomean": 1.04, "speedup": {"bisect_rename": 1.06, "free": 1.02}}]}
-    assert fh.parse_tune(doc) == "k4 1.24×, k6 1.32×, auto 1.04×; auto by prompt: bisect_rename 1.06×, free 1.02×; " \
-                                 "best k6"
+    assert fh.parse_tune(doc) == ("k4 1.24×, k6 1.32×, auto 1.04×; auto by prompt: bisect_rename 1.06×, "
+                                  "free 1.02×; best k6")
     assert fh.parse_tune({"summary": []}) is None
 
 
@@ -98,7 +98,8 @@ def test_learnt_curves_that_changed_are_counted():
 
 
 def test_the_table_has_a_row_per_step_and_the_totals():
-    rows = [fh.Row("quick start", 190.0, fh.parse_curves(CURVE_STDERR), 1, "2.08× (1.98–2.13×), plain 8.1 tok/s", 0),
+    rows = [fh.Row("quick start", 190.0, fh.parse_curves(CURVE_STDERR), 1, "2.08× (1.98–2.13×), plain 8.1 tok/s",
+                   0),
             fh.Row("second run", 20.0, fh.Curves(), 0, "2.10×", 0)]
     text = fh.table(rows)
     lines = text.splitlines()

@@ -131,7 +131,8 @@ def test_rejected_drafts_never_take_the_replys_lines_or_indentation(refresh_s):
     renderer.end()
     kept, rejected = unstrike(out.getvalue())
     assert kept.splitlines() == text.splitlines()  # the reply's lines and indentation, exactly
-    assert rejected and all("\n" not in r and "\t" not in r for r in rejected)  # shown, each on one line
+    # shown where they were proposed, each whole on one line
+    assert rejected == [rejected_mark(t) for s in steps for kind, t in s.segments if kind == REJECTED]
     assert rejected[0] == "↵import re↵" and "⇥the same↵↵" in rejected[2]
     assert any(r.endswith(f"…+{len(steps[3].segments[1][1]) - REJECTED_SHOWN}") for r in rejected)  # cut short
 

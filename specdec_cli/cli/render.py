@@ -73,8 +73,8 @@ REJECTED_SHOWN = 16  # characters of a rejected draft shown; the rest are counte
 
 
 def rejected_mark(text: str, *, limit: int = REJECTED_SHOWN, ascii_only: bool = False) -> str:
-    """A rejected draft as the stream shows it: on one line, its newlines and tabs as visible marks ("↵", "⇥"; "\\n",
-    "\\t" with `ascii_only`), other control codes dropped, and past `limit` characters cut, with "…+N" saying how
+    """A rejected draft as the stream shows it: on one line, its newlines and tabs as visible marks ("↵", "⇥";
+    "\\n", "\\t" with `ascii_only`), other control codes dropped, and past `limit` characters cut, with "…+N" saying how
     many more characters the target rejected. The reply's own text is never touched."""
     text = strip_control_codes(text)
     hidden = len(text) - limit if len(text) > limit else 0

@@ -1,4 +1,5 @@
-"""`specdec chat`'s slash commands (/help /reset /stats /k /method /predict /rejected /save /quit) and the transcripts /save writes.
+"""`specdec chat`'s slash commands (/help /reset /stats /k /method /predict /rejected /save /quit) and the transcripts
+/save writes.
 
 `COMMANDS` is the table: each entry runs with the `Chat` and the text after the command, and returns True to end
 the chat. `dispatch` looks a line up in it.
