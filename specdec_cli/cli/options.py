@@ -109,7 +109,8 @@ Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 Plain = Annotated[bool, typer.Option("--plain", help="No colours: print only the generated text.", rich_help_panel=OUTPUT)]
-Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream.", rich_help_panel=OUTPUT)]
+Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream (shown on one line "
+                                     "otherwise; never part of the text).", rich_help_panel=OUTPUT)]
 JsonOut = Annotated[
     Optional[str],
     typer.Option("--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).",
