@@ -388,7 +388,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=off.layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads), n_lanes=options.lanes,
+                              flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers),
+                              n_lanes=options.lanes,
                               kv_unified=options.kv_unified)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
@@ -441,8 +442,8 @@ def keep_draft_if_it_pays(session: Session) -> None:
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
 
 
-def flash_attn(target_path: str | Path, threads: int | None,
-               environ: Mapping[str, str] | None = None) -> bool | str | None:
+def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None, *,
+               gpu_layers: int | None = None) -> bool | str | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
     on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
@@ -451,9 +452,10 @@ def flash_attn(target_path: str | Path, threads: int | None,
     on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
     100 % acceptance fails with it off).
     Where the build can switch it between passes (`models.llama.flash_attn_switch`, the patch of `specdec
-    install-llama-cpp`) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks and
-    short contexts, off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a measurement that timed
-    phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
+    install-llama-cpp`) and the model runs on the CPU (a CPU build, or `gpu_layers` 0: the n_gpu_layers this run
+    loads it with; None = as the build can, every layer on a GPU build): "phased" (`models.llama.PHASED`: on for
+    prefill chunks and short contexts, off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a
+    measurement that timed phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt
@@ -475,7 +477,8 @@ def flash_attn(target_path: str | Path, threads: int | None,
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
                           f"Unset it (the measured choice), or set it to on, off or phased.")
-    phased = PHASED if switch and not gpu_offload_supported() else None  # the CPU's default where it can switch
+    on_cpu = gpu_layers == 0 or not gpu_offload_supported()  # what this run offloads, not what the build could
+    phased = PHASED if switch and on_cpu else None  # the CPU's default where it can switch
     return flash_attn_choice(learnt.load_flash_attn(learnt.curve_key(target_path, threads)), phased)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -319,6 +320,49 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+SGR = re.compile(r"\x1b\[([0-9;:]*)m")  # a Select Graphic Rendition escape: colours and attributes
+
+
+def unstrike(screen: str) -> tuple[str, list[str]]:
+    """Read a screen's escape codes as a terminal does: the text that is not struck through (SGR 9, which only the
+    rejected drafts' style `spec.rejected` uses) with every escape code removed, and the struck-through runs, each
+    within one row (a newline is a row's end, kept with the text).
+
+    Follows ECMA-48's SGR: 9 starts striking, 29, 0 and an empty list end it; 38/48/58 colours' arguments
+    (`5;N`, `2;R;G;B`) are skipped, so a colour index 9 is not read as a strike. Works on Rich's output and on
+    `tmux capture-pane -e`'s alike."""
+    kept: list[str] = []
+    spans: list[str] = []
+    struck = False
+    pos = 0
+    for m in [*SGR.finditer(screen), None]:
+        chunk = screen[pos:m.start() if m else len(screen)]
+        if chunk and struck:  # a newline ends a row: no cell, never struck (tmux keeps the state across rows)
+            first, *rows = chunk.split("\n")
+            spans[-1] += first
+            for row in rows:
+                kept.append("\n")
+                spans.append(row)
+        elif chunk:
+            kept.append(chunk)
+        if m is None:
+            break
+        pos = m.end()
+        params = [p.split(":")[0] for p in m.group(1).split(";")]
+        i = 0
+        while i < len(params):
+            p = params[i]
+            if p in ("", "0", "29") and struck:
+                struck = False
+            elif p == "9" and not struck:
+                struck = True
+                spans.append("")
+            elif p in ("38", "48", "58") and i + 1 < len(params):
+                i += {"5": 2, "2": 4}.get(params[i + 1], 1)
+            i += 1
+    return "".join(kept), [s for s in spans if s]
 
 
 def greedy_tokenize(pieces: Sequence[bytes], data: bytes, skip=frozenset()) -> list[int]:

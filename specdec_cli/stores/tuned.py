@@ -38,7 +38,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.models.machine import cpu_model, usable_cpus
+from specdec_cli.models.machine import cpu_model, default_threads
 from specdec_cli.config import config_dir
 from specdec_cli import files
 
@@ -78,7 +78,7 @@ def model_id(path: str | os.PathLike[str]) -> str:
 def machine(threads: int | None) -> dict[str, Any]:
     """{"cpu", "threads", "system_info", "system_info_sha256", "load_plan", "key"}: what a tuned setting is valid for.
 
-    threads: the generation threads (None = llama.cpp's default for this process, `machine.usable_cpus()`, as in
+    threads: the generation threads (None = llama.cpp's default for this process, `machine.default_threads()`, as in
     `machine.describe`).
     """
     from specdec_cli.models.llama import system_info
@@ -86,7 +86,7 @@ def machine(threads: int | None) -> dict[str, Any]:
     info = system_info()
     desc = {
         "cpu": cpu_model(),
-        "threads": int(threads or usable_cpus()),
+        "threads": int(threads or default_threads()[0]),
         "system_info": info,
         "system_info_sha256": hashlib.sha256(info.encode()).hexdigest()[:12],
     }

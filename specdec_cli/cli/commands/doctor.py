@@ -21,6 +21,7 @@ from rich.text import Text
 from specdec_cli import __version__
 from specdec_cli.models import host
 from specdec_cli.models.machine import cpu_model, package_version, physical_cores, usable_cpus
+from specdec_cli.models.machine import default_threads as threads_choice
 
 
 def curves(threads: int | None = None) -> list[dict[str, Any]]:
@@ -168,6 +169,7 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
         "cores": physical_cores(),
         "usable_cpus": usable_cpus(),
         "threads_default": default_threads(),
+        "threads_why": threads_choice()[1],
         "amx": {
             "cpu_has_amx": host.cpu_has_amx(),
             "build_has_amx": host.amx_build(info),
@@ -235,7 +237,7 @@ def _probe_model():
     from specdec_cli.config import cache_dir, load_catalog
 
     catalog = load_catalog()
-    present = [(s.size, cache_dir() / s.file) for s in catalog.models.values() if (cache_dir() / s.file).is_file()]
+    present = [(p.stat().st_size, p) for p in (cache_dir() / s.file for s in catalog.models.values()) if p.is_file()]
     default = catalog.models.get(catalog.default_target)
     if default is not None and (cache_dir() / default.file).is_file():
         return cache_dir() / default.file
@@ -260,7 +262,7 @@ def table(doc: dict[str, Any]) -> Table:
                                                       "install-llama-cpp --backend cuda builds for CUDA; "
                                                       "docs/install.md, docs/gpu.md)")),
         ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
-        ("threads", f"{doc['threads_default']} by default (--threads)"),
+        ("threads", f"{doc['threads_default']} by default: {doc['threads_why']} (--threads)"),
         ("AMX in the CPU", yes_no[amx["cpu_has_amx"]]),
         ("AMX kernels in llama.cpp", yes_no[amx["build_has_amx"]]),
         (host.ENV, amx["setting"]),
