@@ -40,7 +40,8 @@ def curves(threads: int | None = None) -> list[dict[str, Any]]:
         except (ValueError, TypeError, KeyError):
             continue
         out.append({"key": key, "target": entry.get("target", "?"), "curve": curve.to_dict(),
-                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key)})
+                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key),
+                    "placement": (entry.get("timed") or {}).get("placement", "")})
     return out
 
 
@@ -58,21 +59,16 @@ def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> s
     model = _probe_model() if target is None else _resolve(target)
     if model is None:
         return None
-    learnt.forget_curve(learnt.curve_key(model, None))  # measured again, even when one is kept
     options = ModelOptions(ctx=1024, gpu_layers=gpu_layers)
     off = layers_for(model, options)
     session = Session(target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads(), n_gpu_layers=off.layers),
                       target_path=model, options=ModelOptions(), reporter=RichReporter(console),
                       offload={"target": off})
+    learnt.forget_curve(session.curve_key(), "specdec doctor --measure asked for it")  # even when one is kept
     with session:
-        curve = session.verify_curve()
+        session.verify_curve()
     measure_flash_attn(model, RichReporter(console))
-    if curve is not None and curve.disturbed:  # not kept: the report shows it all the same, marked
-        _UNKEPT[str(model)] = curve
     return str(model)
-
-
-_UNKEPT: dict = {}  # the curve `measure_curve` measured but did not keep (the machine disturbed it), by model path
 
 
 def measure_flash_attn(model, reporter) -> None:
@@ -179,8 +175,7 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
             "reason": plan.reason,
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
-        "verify_curves": curves() + [{"key": None, "target": os.path.basename(m), "curve": c.to_dict(),
-                                      "cheap": c.cheap_sizes(), "flash_attn": None} for m, c in _UNKEPT.items()],
+        "verify_curves": curves(),
         "serve_kv": serve_kv(),
         "energy": energy_report(),
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR",
@@ -298,8 +293,9 @@ def curve_renderables(doc: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     for entry in doc["verify_curves"]:
         curve = VerifyCurve.from_dict(entry["curve"])
-        out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads: ms of one target pass "
-                     "over b tokens", style="bold"), curve_table(curve), curve_caption(curve),
+        where = f", {entry['placement']}" if entry.get("placement") else ""
+        out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads{where}: ms of one target "
+                     "pass over b tokens", style="bold"), curve_table(curve), curve_caption(curve),
                 flash_attn_line(entry.get("flash_attn"))]
     return out
 
