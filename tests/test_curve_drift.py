@@ -1,6 +1,7 @@
-"""A verify curve that stays true (issue 46, docs/gpu.md): a measurement the machine disturbed is repeated or not
-kept, and passes that drift from a kept curve mark it stale; `tune` measures a stale one again. On the fake
-backend's virtual clock: a pass of b tokens advances it by a scripted cost, which a "CPU-bound process" raises."""
+"""A verify curve that stays true (issues 46 and 55, docs/gpu.md): a measurement the machine disturbed stops early,
+is repeated, then kept as provisional and measured again once; passes that drift from a kept curve's prediction at
+their depth mark it stale, with the reason; `tune` measures a stale one again. On the fake backend's virtual clock:
+a pass of b tokens advances it by a scripted cost, which a "CPU-bound process" raises and a deeper context too."""
 
 from __future__ import annotations
 
@@ -72,6 +73,11 @@ def test_a_busy_neighbour_stops_the_measurement_at_the_first_round() -> None:
     assert target.n_decode_calls < plan_passes() // 2 + 4, target.n_decode_calls
 
 
+def busy(b: int, t: float) -> float:
+    """A machine that slows down all the while (another job ramping up): ms of a pass over b tokens at t s."""
+    return base_ms(b) * (1.0 + t / 20.0)
+
+
 def test_a_curve_a_busy_neighbour_disturbed_is_provisional_and_measured_again_once(tmp_path, monkeypatch) -> None:
     from specdec_cli.session import Session
     from specdec_cli.stores import learnt
@@ -86,7 +92,6 @@ def test_a_curve_a_busy_neighbour_disturbed_is_provisional_and_measured_again_on
         say = Say()
         return Session(target=target, target_path=model, reporter=say, clock=clock), target, say
 
-    busy = lambda b, t: base_ms(b) * (1.0 + t / 20.0)  # noqa: E731 - the machine slows down all the while
     first, _, say = session(busy)
     curve = first.verify_curve()
     assert curve is not None and curve.disturbed and curve.provisional  # this session uses it ...
@@ -96,6 +101,7 @@ def test_a_curve_a_busy_neighbour_disturbed_is_provisional_and_measured_again_on
     curve = again.verify_curve()
     assert target.n_decode_calls > 0 and not curve.disturbed and not curve.provisional
     assert "provisional" in curve.measured_for and learnt.load_curve(key).to_dict() == curve.to_dict()
+    assert any("(the kept curve is provisional" in line for line in say.lines), say.lines  # the reason, named
     third, target, _ = session(lambda b, t: base_ms(b))
     assert third.verify_curve().to_dict() == curve.to_dict() and target.n_decode_calls == 0  # and then kept
 
@@ -108,7 +114,6 @@ def test_a_machine_busy_at_both_measurements_blocks_one_run_only(tmp_path, monke
     monkeypatch.setenv("SPECDEC_VERIFY_CURVE", "on")
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF fake")
-    busy = lambda b, t: base_ms(b) * (1.0 + t / 20.0)  # noqa: E731
     calls = []
     for _ in range(3):
         target, clock = backend(busy)
@@ -316,6 +321,7 @@ def test_passes_off_the_prediction_for_a_whole_run_mark_the_curve_stale_once_wit
     assert stale.stale and "1.50x it at depth" in stale.stale_why, stale.stale_why
     session, say = run(1.5)  # measures it again (the reason said), then runs on it
     assert "stale: passes off the curve's prediction" in session.verify_curve().measured_for
+    assert any("stale: passes off the curve's prediction" in line for line in say.lines), say.lines
     fresh = learnt.load_curve(key)
     assert fresh is not None and fresh.ms[0] == pytest.approx(1.5 * curve_at_256(1))
     clock = Clock()
