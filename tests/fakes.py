@@ -8,7 +8,10 @@ the logits, which the engine tests then see as a different output.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import tarfile
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -349,3 +352,28 @@ def wants_draft(options, method: str | None, need_draft: bool) -> bool:
     """Whether a fake `open_session(options, method=..., need_draft=...)` loads a draft model, as the real one does
     on a CPU build (`draft_policy.plan`): for --method draft, or auto with --draft named."""
     return need_draft or method == "draft" or (method == "auto" and options.draft is not None)
+
+
+def fake_sdist(folder: Path, version: str) -> Path:
+    """A llama-cpp-python sdist tarball in `folder` holding, for each file the shipped patches touch, a file they apply
+    to exactly (each hunk's old side at its line numbers, filler lines between): the installer's build path without
+    the 77 MB sdist."""
+    from specdec_cli.llama_build import install as installer
+
+    top = f"llama_cpp_python-{version}"
+    files: dict[str, list[bytes]] = {}
+    for name in installer.PATCHES:
+        for rel, hunks in installer._parse_patch((installer.PATCH_DIR / name).read_bytes(), name):
+            lines = files.setdefault(rel, [])
+            for hunk in hunks:
+                while len(lines) < hunk.old_start - 1:
+                    lines.append(f"// filler {len(lines) + 1}\n".encode())
+                lines[hunk.old_start - 1:hunk.old_start - 1 + len(hunk.old)] = hunk.old
+    out = folder / f"{top}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        for rel, lines in files.items():
+            data = b"".join(lines)
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out

@@ -251,8 +251,8 @@ def table(doc: dict[str, Any]) -> Table:
         ("llama.cpp build", build["name"] + (f"; {build['advice']}" if build["advice"] else "")),
         ("llama.cpp libraries", (build["library_dir"] or "not found") + (
             f" (installed from {build['installed_from']})" if build["installed_from"] else "")),
-        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: CMAKE_ARGS="
-                                                      "-DGGML_CUDA=on specdec install-llama-cpp builds for CUDA; "
+        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: specdec "
+                                                      "install-llama-cpp --backend cuda builds for CUDA; "
                                                       "docs/install.md, docs/gpu.md)")),
         ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
         ("threads", f"{doc['threads_default']} by default (--threads)"),
