@@ -69,7 +69,7 @@ def test_a_busy_neighbour_stops_the_measurement_at_the_first_round() -> None:
 
     target, clock = backend(lambda b, t: base_ms(b) * (3.0 if t > 5.0 else 1.0))
     curve = measure(target, clock=clock)
-    assert "at the start" in curve.disturbed and curve.depth == 0
+    assert "at the start" in curve.disturbed and curve.depth == 0 and curve.repeats == 1  # one round, as it says
     assert target.n_decode_calls < plan_passes() // 2 + 4, target.n_decode_calls
 
 

@@ -127,7 +127,8 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
     if load is None:  # the host's load matters to its own clock, not to a virtual one
         load = _load_average if clock is time.perf_counter else lambda: None
     why = busy or disturbance(min(first), min(end), spread, load())
-    return VerifyCurve(ms=_interpolate(fast, b_max), spread=spread, repeats=repeats, context=context,
+    done_rounds = min(len(t) for t in times.values())  # (fewer than `repeats` where a busy machine stopped it)
+    return VerifyCurve(ms=_interpolate(fast, b_max), spread=spread, repeats=done_rounds, context=context,
                        seconds=clock() - start, measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        disturbed=why, sizes=sizes, depth=deep if deep_sizes and not busy else 0, depth_ms=depth_ms)
 
