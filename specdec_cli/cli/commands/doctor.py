@@ -24,8 +24,10 @@ from specdec_cli.models.machine import cpu_model, package_version, physical_core
 
 
 def curves(threads: int | None = None) -> list[dict[str, Any]]:
-    """The verify curves learnt.json keeps for this machine (CPU, `threads`, llama.cpp build), one dict each:
-    {"key", "target", "curve": VerifyCurve.to_dict(), "cheap": [b, ...]}."""
+    """The verify curves learnt.json keeps for this machine (CPU, `threads`, llama.cpp build; every device and
+    offload), one dict each: {"key", "target", "curve": VerifyCurve.to_dict(), "cheap": [b, ...], "flash_attn": the
+    choice kept beside it or under the same key without its placement (`session.flash_attn` reads it there),
+    "placement": where it was timed ("" on a build that cannot offload)}."""
     from specdec_cli.core.verify_curve import VerifyCurve
     from specdec_cli.stores import learnt
     from specdec_cli.stores.tuned import machine
@@ -39,9 +41,11 @@ def curves(threads: int | None = None) -> list[dict[str, Any]]:
             curve = VerifyCurve.from_dict(entry["curve"])
         except (ValueError, TypeError, KeyError):
             continue
+        placement = (entry.get("timed") or {}).get("placement", "")
+        plain = key.replace(f"|{placement}|llama-cpp-python", "|llama-cpp-python")  # where the choice is kept
         out.append({"key": key, "target": entry.get("target", "?"), "curve": curve.to_dict(),
-                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key),
-                    "placement": (entry.get("timed") or {}).get("placement", "")})
+                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key) or
+                    learnt.load_flash_attn(plain), "placement": placement})
     return out
 
 
