@@ -200,7 +200,7 @@ class SpeculativeEngine:
                     shared_rows=target.shared_rows,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
-                    step = replace(step, curve_ms=self.curve.at(step.batch_size),
+                    step = replace(step, curve_ms=self.curve.predict(step.batch_size, n_past or self.curve.context),
                                    cheap=self.curve.cheap(step.batch_size))
                 if drafter is not None and step.source != GRAMMAR:
                     self.controller.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
