@@ -3,8 +3,9 @@
 `KController` states every hook the engine calls, each with its no-op default. `AdaptiveK` re-chooses K before
 every step from a `cost_model.CostModel` learnt from the `Step` records: the K with the highest expected tokens/s,
 K = 0 (a plain step) unless drafting beats plain decoding by 3 %; probes at K = 3 while plain decoding wins; a free
-lookup draft is asked for up to 64 tokens and trimmed by the acceptance measured for its match length. Why each
-rule is there (the formulas, the CPU's verify curve, the back-off schedules) is explained in docs/design.md.
+lookup draft is asked for up to 64 tokens and trimmed by how this run's drafts of its source went (before any, by
+the acceptance measured for its match length), deep on a steep curve only behind a long match or run. Why each rule
+is there (the formulas, the CPU's verify curve, the back-off schedules) is explained in docs/design.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from specdec_cli.core.cost_model import (
     DEFAULT_K_MAX,
     K_LIMIT,
     MARGIN,
+    REJECTION_DECAY,
+    SOURCE_PRIOR,
     CostModel,
     CostPrior,
     best_k,
@@ -43,8 +46,14 @@ EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first 
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
 BRANCH_PRIOR = 2.0  # pseudo-counts behind a second branch's prior chance of being right where the first is wrong
 # The run model (`_RunModel`): how runs of accepted tokens continue, learnt from this controller's own steps
-RUN_HALF_LIFE = 8.0  # steps of a class after which its run evidence weighs half: a copy that ends is noticed at once
-RUN_PRIOR = (0.5, 1.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
+RUN_HALF_LIFE = 16.0  # steps of a class after which its run evidence weighs half: a copy that ends is noticed at once
+RUN_PRIOR = (1.0, 2.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
+RUN_WEIGHT = 64.0  # verified positions at most behind a class's h: a copy that ends is noticed within a few steps
+CLASS_PRIOR = 2.0  # verified positions' worth of both classes' pooled h behind each class's own (a copy's edits)
+# On a steep curve a draft longer than DEEP_K needs a match, or a run of tokens since the reply's last rejected draft,
+# at least 1 / DEEP_EVIDENCE of its length: a deep pass that breaks early costs many plain steps there
+DEEP_K = 8
+DEEP_EVIDENCE = 2
 RUN_LONG_MATCH = 5  # matches this long and longer are one class ("inside a copy"); shorter ones the other
 SLOW_START_GROWTH = 4  # the cheapest size per token within this x the verified depth may be tried (see `trim`)
 # A flat verify curve (a GPU's: v(64) <= FLAT x v(1)): a failed deep pass costs at most 1.3 plain steps, so lookup
@@ -180,6 +189,7 @@ class AdaptiveK(KController):
         self._interval = probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
         self._reply_started = False  # a step was taken since the last prefill (the first one after it is plain)
+        self._run = 0  # tokens this reply made since its last rejected draft
 
     def next_k(self) -> int:
         """K for the next step. The first step of every reply is plain: its token comes at once after the prefill, as
@@ -306,6 +316,10 @@ class AdaptiveK(KController):
         allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
         if flat(v) and self.model.curve is not None:
             allowance = K_LIMIT  # a measured flat curve: a deep pass that fails costs little more than a plain step
+        else:
+            # deep only behind evidence of a long run: its match, or the tokens this reply has made since its last
+            # rejected draft (on a steep curve a deep pass that fails early costs many plain steps)
+            allowance = min(allowance, max(DEEP_K, DEEP_EVIDENCE * max(draft.match_len, self._run)))
         n = min(n, self.model.k_max, allowance, int(state.window[b]))
         if v is None:
             return n
@@ -374,17 +388,24 @@ class AdaptiveK(KController):
         return best
 
     def _accept(self, draft: Draft, n: int) -> np.ndarray:
-        """a_i of a lookup draft's first n tokens (n <= k_max): its source's acceptance after matches of its length,
-        raised to what the run model says of this run (`_RunModel`: positions never verified are not held to the
-        prior or to what earlier prompts taught), times the draft's own continuation probabilities where it has
-        them (where past continuations part ways, the draft is a guess from there on). float [n]."""
+        """a_i of a lookup draft's first n tokens (n <= k_max): what the run model says of this run (`_RunModel`: its
+        evidence pooled over positions, since per-position estimates from a few drafts are noise that sends K up and
+        down, and the chain past the last verified position only repeats that position's), raised to what earlier
+        runs (a restored state) measured at positions this run has not verified; before the run model has any
+        evidence, its source's acceptance after matches of its length. Times the draft's own continuation
+        probabilities where it has them (where past continuations part ways, the draft is a guess from there on).
+        float [n]."""
         n = min(n, self.model.k_max)
         b = bucket_of(max(draft.match_len, 1))
         accept = np.maximum(self.model.acceptance(b, draft.source)[:n], self.model.run_acceptance(b, draft.source)[:n])
         run = self._runs.get(draft.source)
-        depth = self.model.run_depth(b, draft.source)
-        if run is not None and depth < n:  # positions this run never verified: what its runs say
-            accept[depth:] = np.maximum(accept[depth:], run.continues(draft.match_len))
+        if run is not None:
+            p = run.continues(draft.match_len)
+            depth = min(self.model.run_depth(b, draft.source), n)
+            known = min(max(depth, self.model.verified_depth(b, draft.source)), n)
+            accept[:depth] = p
+            accept[depth:known] = np.maximum(accept[depth:known], p)
+            accept[known:] = p
         return accept * draft.probs[:n] if draft.probs is not None else accept
 
     def _lookup_state(self, source: str) -> _LookupState:
@@ -395,6 +416,7 @@ class AdaptiveK(KController):
 
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         self._reply_started = False  # a new reply: its first step is plain (`next_k`)
+        self._run = 0
         self.model.observe_prefill(n_evaluated, ms, n_batch)
 
     def observe(self, step: Step) -> None:
@@ -403,6 +425,7 @@ class AdaptiveK(KController):
         probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
         verified while the draft model's best K is 0 is the model's probe."""
         self._reply_started = True
+        self._run = 0 if step.rejected else self._run + len(step.emitted)
         if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         if step.branch:  # did the second branch have its token right where the first did not?
@@ -410,7 +433,7 @@ class AdaptiveK(KController):
         bucket = bucket_of(step.match_len) if step.drafted and step.match_len > 0 else None
         self.model.observe(step, bucket, step.source)
         if bucket is not None:
-            self._runs.setdefault(step.source, _RunModel()).observe(step)
+            self._runs.setdefault(step.source, _RunModel(step.source)).observe(step)
             state = self._lookup_state(step.source)
             if step.rejected:
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
@@ -504,29 +527,41 @@ def _cheapest_per_token(v: np.ndarray | None, seen: int, top: int) -> int:
 class _RunModel:
     """How runs of accepted tokens continue, learnt from this controller's own steps (not restored from earlier
     prompts), for one lookup source: a geometric run whose every verified position breaks with hazard h, estimated
-    as (breaks + 0.5) / (verified positions + 1) from the steps of the draft's class (matches of >= 5 tokens: inside
-    a copy; shorter ones), decayed with a half-life of `RUN_HALF_LIFE` steps of that class.
+    from the steps of the draft's class (matches of >= 5 tokens: inside a copy; shorter ones) as (breaks + 2 h0) /
+    (verified positions + 2), h0 both classes' pooled estimate (from the prior h = 0.5, or the source's own prior).
+    Decayed with a half-life of `RUN_HALF_LIFE` steps of the class, halved by a rejection (as a bucket's evidence is)
+    and held to `RUN_WEIGHT` verified positions, so a copy that ends is noticed within a few steps.
 
-    A draft position never verified is worth what the run says of positions in general: where this run's drafts have
-    nearly always been right, a_i >= 1 - h at every position, so K can leave a local optimum of the verify curve
-    (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position estimates would hold it in, since positions past K are
-    never verified and their prior never moves. Where drafts break (free text, copies broken every few tokens), h is
-    large and the per-position estimates decide alone. docs/design.md, "K that cannot stick"."""
+    Every position of a draft is worth 1 - h (`AdaptiveK._accept`): where this run's drafts have nearly always been
+    right, K can leave a local optimum of the verify curve (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position
+    estimates would hold it in, since positions past K are never verified and their prior never moves; where they
+    break every few tokens, as in free text or a copy edited often, K stays short; and positions are pooled, since
+    estimates per position from a few drafts are noise that sends K up and down. The short class borrowing from the
+    pooled h lets the few tokens matched right after an edit go on as the copy does. docs/design.md, "K that cannot
+    stick"."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "prior")
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "") -> None:
         self.counts = np.zeros((2, 2))  # [class: short, long][breaks, verified positions], decayed
+        # h before any evidence: 0.5, or what a source whose drafts are right from the first token starts from
+        self.prior = 1.0 - SOURCE_PRIOR.get(source, 1.0 - RUN_PRIOR[0] / RUN_PRIOR[1])
 
     def observe(self, step: Step) -> None:
         c = self.counts[int(step.match_len >= RUN_LONG_MATCH)]
-        c *= 0.5 ** (1.0 / RUN_HALF_LIFE)
+        c *= 0.5 ** (1.0 / RUN_HALF_LIFE) * (REJECTION_DECAY if step.rejected else 1.0)
         c += (1.0 if step.rejected else 0.0, step.n_accepted + (1 if step.rejected else 0))
+        if c[1] > RUN_WEIGHT:
+            c *= RUN_WEIGHT / c[1]
 
     def continues(self, match_len: int) -> float:
-        """1 - h for a draft after a match of `match_len` tokens: the chance that a verified position is accepted."""
+        """1 - h for a draft after a match of `match_len` tokens: the chance that a verified position is accepted.
+        Each class's h starts from both classes' pooled (`CLASS_PRIOR`): in a copy, the few tokens matched right after
+        an edit go on as the copy does; in free text neither class has runs."""
+        breaks, verified = self.counts.sum(axis=0)
+        h_all = (breaks + RUN_PRIOR[1] * self.prior) / (verified + RUN_PRIOR[1])
         breaks, verified = self.counts[int(match_len >= RUN_LONG_MATCH)]
-        return 1.0 - (breaks + RUN_PRIOR[0]) / (verified + RUN_PRIOR[1])
+        return 1.0 - (breaks + CLASS_PRIOR * h_all) / (verified + CLASS_PRIOR)
 
 
 @dataclass(slots=True)
