@@ -10,6 +10,7 @@ is there (the formulas, the CPU's verify curve, the back-off schedules) is expla
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -108,6 +109,16 @@ class KController(Protocol):
     def observe(self, step: Step) -> None:
         """Learn from the step just taken."""
 
+    def end_reply(self) -> None:
+        """The reply under way ended (finished, stopped or abandoned): what it taught becomes what every sequence
+        of this controller starts its next reply from."""
+
+    def sequence(self) -> KController:
+        """The controller one sequence generates with (each lane of a server has its own): every hook above, on
+        state of its own for the reply under way, sharing what is learnt across replies. Default: this controller
+        itself (one without per-reply state)."""
+        return self
+
     def snapshot(self) -> dict[str, Any]:
         """The current cost model and choice, JSON-serialisable (stats, tune, --json)."""
         return {}
@@ -174,19 +185,30 @@ class AdaptiveK(KController):
         self.lookup_k_max = max(k_max, lookup_k_max)
         self.probe_every = probe_every
         self.margin = margin
+        # What is learnt across replies (a sequence's own copy while its reply is under way: `sequence`):
         self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior(), curve)
         self._branch_hits = np.zeros(2)  # decayed [right, tried]: a second branch right where the first was wrong
-        # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
-        self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
-        self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self._runs: dict[str, _RunModel] = {}  # per lookup source: how this controller's runs of accepted tokens go
+        self._version = 0  # bumped each time a sequence hands its reply's learning back (`end_reply`)
+        self._last: AdaptiveK = self  # the sequence that last ended a reply (its choice is what `snapshot` shows)
+        # A sequence's (`sequence`): the controller it shares its learning with (None: itself, learning in place),
+        # the version of it this reply's copy was taken from, and what this reply learnt, in order
+        self._root: AdaptiveK | None = None
+        self._base = -1
+        self._log: list[tuple] | None = None  # None: no reply under way on a copy
+        self._begin_sequence()
+
+    def _begin_sequence(self) -> None:
+        """The per-sequence state, as a new sequence starts it: K, probe schedules and windows, the current run."""
+        self.asked_all = False  # the last next_k was an ask for a whole lookup draft (empty: a plain step, K = 0)
+        self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
         self._since = 0  # steps since the last probe / exploration
-        self._interval = probe_every
+        self._interval = self.probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
         self._reply_started = False  # a step was taken since the last prefill (the first one after it is plain)
         self._run = 0  # tokens this reply made since its last rejected draft
@@ -414,18 +436,66 @@ class AdaptiveK(KController):
             state = self._lookup[source] = _LookupState.new(self.probe_every)
         return state
 
-    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
-        self._reply_started = False  # a new reply: its first step is plain (`next_k`)
-        self._run = 0
-        self.model.observe_prefill(n_evaluated, ms, n_batch)
+    # -- sequences: per-reply state of their own, learning shared across replies ---------------------------------
 
-    def observe(self, step: Step) -> None:
-        """Learn from the step just taken. What it drafted from is in the record (`Step.source`, and the lookup
-        draft's evidence `Step.match_len`); nothing is carried over from `choose` but the learnt statistics and the
-        probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
-        verified while the draft model's best K is 0 is the model's probe."""
-        self._reply_started = True
-        self._run = 0 if step.rejected else self._run + len(step.emitted)
+    def sequence(self) -> AdaptiveK:
+        """A controller for one sequence (a lane of `specdec serve`) of this one: with the same settings, its own
+        per-reply state (K, probe schedules and windows, the current run) and this controller's learning (the cost
+        model, acceptance by source and match, draft costs, the run model). While a reply is under way it
+        learns on a copy of that learning as the reply found it, which `end_reply` hands back, so sequences that
+        generate at once never see each other's half-done replies; one sequence alone decides exactly as this
+        controller would in place."""
+        root = self._root or self
+        seq = AdaptiveK(root.k_max, lookup_k_max=root.lookup_k_max, probe_every=root.probe_every,
+                        half_life=root.model.half_life, prior=root.model.prior, margin=root.margin,
+                        curve=root.model.curve)
+        seq._root = root
+        seq._share(root)
+        return seq
+
+    def _share(self, root: AdaptiveK) -> None:
+        """Take `root`'s learning as this sequence's (the same objects: nothing is copied until a reply begins)."""
+        self.model, self.evidence, self._runs = root.model, root.evidence, root._runs
+        self._evidence_ms, self._branch_hits, self._base = root._evidence_ms, root._branch_hits, root._version
+
+    def _start_reply(self) -> None:
+        """A sequence's reply begins: a copy of the shared learning as it is now (a verify curve is shared, not
+        copied: it never changes) to learn on, and an empty log of what the reply teaches."""
+        root = self._root
+        if root is None:
+            return
+        self.end_reply()  # a reply abandoned without its end (a generator never closed): hand it back first
+        self._share(root)
+        self.model = copy.deepcopy(root.model, {id(root.model.curve): root.model.curve})
+        self._evidence_ms, self._branch_hits = list(root._evidence_ms), root._branch_hits.copy()
+        self._runs = {source: run.copy() for source, run in root._runs.items()}
+        self._log = []
+
+    def end_reply(self) -> None:
+        """Hand this reply's learning back to the shared controller: its copy as it is when no other sequence
+        handed one back since the copy was taken (one sequence alone: exactly what learning in place gives), else
+        the reply's steps learnt again on top of what the others handed back. Nothing on the controller itself."""
+        root, log = self._root, self._log
+        if root is None or log is None:
+            return
+        self._log = None
+        if root._version == self._base:
+            root.model, root._evidence_ms, root._branch_hits = self.model, self._evidence_ms, self._branch_hits
+            root._runs = self._runs
+        else:
+            for entry in log:
+                if entry[0] == "prefill":
+                    root.model.observe_prefill(*entry[1:])
+                else:
+                    root._learn(entry[1])
+        root.evidence = root.evidence or self.evidence
+        root._version += 1
+        root._last = self
+        self._share(root)
+
+    def _learn(self, step: Step) -> int | None:
+        """What a step teaches across replies: the lookup drafts' cost, the second branch's chance, the cost model,
+        the run model. Returns the step's match-length bucket (None: no draft with evidence)."""
         if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         if step.branch:  # did the second branch have its token right where the first did not?
@@ -434,6 +504,27 @@ class AdaptiveK(KController):
         self.model.observe(step, bucket, step.source)
         if bucket is not None:
             self._runs.setdefault(step.source, _RunModel(step.source)).observe(step)
+        return bucket
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        self._start_reply()
+        self._reply_started = False  # a new reply: its first step is plain (`next_k`)
+        self._run = 0
+        self.model.observe_prefill(n_evaluated, ms, n_batch)
+        if self._log is not None:
+            self._log.append(("prefill", n_evaluated, ms, n_batch))
+
+    def observe(self, step: Step) -> None:
+        """Learn from the step just taken. What it drafted from is in the record (`Step.source`, and the lookup
+        draft's evidence `Step.match_len`); nothing is carried over from `choose` but the learnt statistics and the
+        probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
+        verified while the draft model's best K is 0 is the model's probe."""
+        self._reply_started = True
+        self._run = 0 if step.rejected else self._run + len(step.emitted)
+        bucket = self._learn(step)
+        if self._log is not None:
+            self._log.append(("step", step))
+        if bucket is not None:
             state = self._lookup_state(step.source)
             if step.rejected:
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
@@ -488,15 +579,18 @@ class AdaptiveK(KController):
         model = CostModel(self.model.k_max, self.model.half_life, self.model.prior, self.model.curve)
         model.restore(state["model"], max_weight)
         self.model, self.evidence, self._evidence_ms = model, evidence, evidence_ms
+        self._version += 1  # a reply under way on a copy of the old learning is learnt again on this one
 
     def snapshot(self) -> dict[str, Any]:
+        """The learning, and the choice of the sequence that last ended a reply (this controller's own when none)."""
+        seq = self._last
         return {
             "mode": "auto",
-            "k": self.k,
-            "best_k": self.best,
+            "k": seq.k,
+            "best_k": seq.best,
             "k_max": self.k_max,
-            "probe_interval": self._interval,
-            "failed_probes": self.failures,
+            "probe_interval": seq._interval,
+            "failed_probes": seq.failures,
             "steps": self.model.steps,
             "lookup_k_max": self.lookup_k_max,
             "trims_by_evidence": self.evidence,
@@ -546,6 +640,11 @@ class _RunModel:
         self.counts = np.zeros((2, 2))  # [class: short, long][breaks, verified positions], decayed
         # h before any evidence: 0.5, or what a source whose drafts are right from the first token starts from
         self.prior = 1.0 - SOURCE_PRIOR.get(source, 1.0 - RUN_PRIOR[0] / RUN_PRIOR[1])
+
+    def copy(self) -> _RunModel:
+        run = _RunModel()
+        run.counts, run.prior = self.counts.copy(), self.prior
+        return run
 
     def observe(self, step: Step) -> None:
         c = self.counts[int(step.match_len >= RUN_LONG_MATCH)]
