@@ -51,8 +51,8 @@ RUN_HALF_LIFE = 16.0  # steps of a class after which its run evidence weighs hal
 RUN_PRIOR = (1.0, 2.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
 RUN_WEIGHT = 64.0  # verified positions at most behind a class's h: a copy that ends is noticed within a few steps
 CLASS_PRIOR = 2.0  # verified positions' worth of both classes' pooled h behind each class's own (a copy's edits)
-# On a steep curve a draft longer than DEEP_K needs a match, or a run of tokens since the reply's last rejected draft,
-# at least 1 / DEEP_EVIDENCE of its length: a deep pass that breaks early costs many plain steps there
+# On a steep measured curve a draft longer than DEEP_K needs a match, or a run of tokens since the reply's last
+# rejected draft, at least 1 / DEEP_EVIDENCE of its length: a deep pass that breaks early costs many plain steps there
 DEEP_K = 8
 DEEP_EVIDENCE = 2
 RUN_LONG_MATCH = 5  # matches this long and longer are one class ("inside a copy"); shorter ones the other
@@ -338,7 +338,7 @@ class AdaptiveK(KController):
         allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
         if flat(v) and self.model.curve is not None:
             allowance = K_LIMIT  # a measured flat curve: a deep pass that fails costs little more than a plain step
-        else:
+        elif self.model.curve is not None:
             # deep only behind evidence of a long run: its match, or the tokens this reply has made since its last
             # rejected draft (on a steep curve a deep pass that fails early costs many plain steps)
             allowance = min(allowance, max(DEEP_K, DEEP_EVIDENCE * max(draft.match_len, self._run)))
@@ -410,13 +410,14 @@ class AdaptiveK(KController):
         return best
 
     def _accept(self, draft: Draft, n: int) -> np.ndarray:
-        """a_i of a lookup draft's first n tokens (n <= k_max): what the run model says of this run (`_RunModel`: its
-        evidence pooled over positions, since per-position estimates from a few drafts are noise that sends K up and
-        down, and the chain past the last verified position only repeats that position's), raised to what earlier
-        runs (a restored state) measured at positions this run has not verified; before the run model has any
-        evidence, its source's acceptance after matches of its length. Times the draft's own continuation
-        probabilities where it has them (where past continuations part ways, the draft is a guess from there on).
-        float [n]."""
+        """a_i of a lookup draft's first n tokens (n <= k_max). With a measured curve: what the run model says of
+        this run (`_RunModel`: its evidence pooled over positions, since per-position estimates from a few drafts are
+        noise that sends K up and down, and the chain past the last verified position only repeats that position's),
+        raised to what earlier runs (a restored state) measured at positions this run has not verified. With a learnt
+        one (whose slow start reads them): the source's acceptance after matches of its length at the positions this
+        run verified, raised to the run model's past them. Before the run model has any evidence, the source's
+        acceptance. Times the draft's own continuation probabilities where it has them (where past continuations part
+        ways, the draft is a guess from there on). float [n]."""
         n = min(n, self.model.k_max)
         b = bucket_of(max(draft.match_len, 1))
         accept = np.maximum(self.model.acceptance(b, draft.source)[:n], self.model.run_acceptance(b, draft.source)[:n])
@@ -424,10 +425,13 @@ class AdaptiveK(KController):
         if run is not None:
             p = run.continues(draft.match_len)
             depth = min(self.model.run_depth(b, draft.source), n)
-            known = min(max(depth, self.model.verified_depth(b, draft.source)), n)
-            accept[:depth] = p
-            accept[depth:known] = np.maximum(accept[depth:known], p)
-            accept[known:] = p
+            if self.model.curve is None:  # a learnt curve: its slow start reads the verified positions' own estimates
+                accept[depth:] = np.maximum(accept[depth:], p)
+            else:
+                known = min(max(depth, self.model.verified_depth(b, draft.source)), n)
+                accept[:depth] = p
+                accept[depth:known] = np.maximum(accept[depth:known], p)
+                accept[known:] = p
         return accept * draft.probs[:n] if draft.probs is not None else accept
 
     def _lookup_state(self, source: str) -> _LookupState:
@@ -626,13 +630,13 @@ class _RunModel:
     Decayed with a half-life of `RUN_HALF_LIFE` steps of the class, halved by a rejection (as a bucket's evidence is)
     and held to `RUN_WEIGHT` verified positions, so a copy that ends is noticed within a few steps.
 
-    Every position of a draft is worth 1 - h (`AdaptiveK._accept`): where this run's drafts have nearly always been
-    right, K can leave a local optimum of the verify curve (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position
-    estimates would hold it in, since positions past K are never verified and their prior never moves; where they
-    break every few tokens, as in free text or a copy edited often, K stays short; and positions are pooled, since
-    estimates per position from a few drafts are noise that sends K up and down. The short class borrowing from the
-    pooled h lets the few tokens matched right after an edit go on as the copy does. docs/design.md, "K that cannot
-    stick"."""
+    With a measured curve every position of a draft is worth 1 - h (`AdaptiveK._accept`; with a learnt one, every
+    position this run has not verified): where this run's drafts have nearly always been right, K can leave a local
+    optimum of the verify curve (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position estimates would hold it in,
+    since positions past K are never verified and their prior never moves; where they break every few tokens, as in
+    free text or a copy edited often, K stays short; and positions are pooled, since estimates per position from a
+    few drafts are noise that sends K up and down. The short class borrowing from the pooled h lets the few tokens
+    matched right after an edit go on as the copy does. docs/design.md, "K that cannot stick"."""
 
     __slots__ = ("counts", "prior")
 
