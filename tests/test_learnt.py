@@ -53,8 +53,9 @@ def test_restored_evidence_is_capped_so_todays_measurements_outweigh_it() -> Non
     b = 6  # the bucket of 33+ token matches
     assert new.model._acc_b["ngram"][b, 1].max() <= 8.0 + 1e-9 and old.model._acc_b["ngram"][b, 1].max() > 8.0
     assert new.model.acceptance(b, "ngram")[0] == pytest.approx(old.model.acceptance(b, "ngram")[0], abs=0.02)
-    for _ in range(8):  # today these matches are wrong at once (8-token drafts: `trim` stops drafting at the first)
-        new.observe(replace(step(8, 8, 0, 0.02, cpu(9)), source="ngram", match_len=40))
+    for _ in range(8):  # today these matches are wrong at once
+        keep = new.trim(lookup_draft(40))
+        new.observe(replace(step(keep, keep, 0, 0.02, cpu(keep + 1)), source="ngram", match_len=40))
     assert new.model.acceptance(b, "ngram")[0] < 0.6
 
 
