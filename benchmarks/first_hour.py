@@ -39,8 +39,10 @@ CHAT_TOKENS = 256
 STEP_TIMEOUT_S = 3600.0  # one step; a first hour is an hour
 
 # the lines `specdec_cli/session.py` and `core/verify_timing.py` say when they measure a verify curve
-CURVE_DONE = re.compile(r"verify curve measured in ([0-9.]+) s (and kept|but not kept)")
-CURVE_AGAIN = re.compile(r"verify curve disturbed \(.*?\): measuring it again")
+# "measured in 49.1 s (none kept for this model here) and kept", "... and kept as provisional: ...", "..., the machine
+# still busy (...): kept as it is"; the older wording without the reason reads the same
+CURVE_DONE = re.compile(r"verify curve measured in ([0-9.]+) s.*?(and kept|but not kept|the machine still busy)")
+CURVE_AGAIN = re.compile(r"verify curve disturbed \(.*?\): (?:waiting [0-9]+ s and )?measuring it again")
 CURVE_STALE = re.compile(r"verify curve stale: (.*?); measuring it again")
 # `render.print_compare`: "compare plain decoding 8.1 tok/s, speculative 16.9 tok/s → 2.08× speedup (median of 3
 # pairs, 1.98–2.13×)"
@@ -77,7 +79,7 @@ class Curves:
 def parse_curves(stderr: str) -> Curves:
     """The curve measurements announced in a step's stderr (colour codes and progress bars allowed)."""
     text = ANSI.sub("", stderr)
-    return Curves(done=[(float(m.group(1)), m.group(2) == "and kept") for m in CURVE_DONE.finditer(text)],
+    return Curves(done=[(float(m.group(1)), m.group(2) != "but not kept") for m in CURVE_DONE.finditer(text)],
                   disturbed=len(CURVE_AGAIN.findall(text)), stale=CURVE_STALE.findall(text))
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.models.backend import FimTokens, VocabInfo
+from specdec_cli.models.backend import Backend, FimTokens, VocabInfo
 from specdec_cli.errors import ContextOverflowError
 
 V = 32
@@ -76,7 +76,7 @@ def bigram_logits(prefix: Sequence[int], vocab: int = V, table: np.ndarray | Non
     return logits
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """Implements `specdec_cli.models.backend.Backend` with `fn(prefix) -> logits`.
 
     Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more

@@ -131,3 +131,13 @@ def test_the_home_is_empty_and_the_models_are_linked_not_downloaded(tmp_path, mo
     assert "SPECDEC_VERIFY_CURVE" not in env  # a newcomer's environment: the curve is measured
     for var in ("SPECDEC_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "SPECDEC_PROMPT_CACHE"):
         assert env[var].startswith(str(tmp_path / "run"))
+
+
+def test_the_curve_lines_of_this_version_are_counted() -> None:
+    text = ("verify curve disturbed (a one-token pass took 66.4 ms at the start and 2291.1 ms at the end): waiting 10 s "
+            "and measuring it again\n"
+            "verify curve measured in 49.1 s (another device or offload (CPU, 0 layers offloaded here)) and kept as "
+            "provisional: a one-token pass took 70 ms (the machine was busy); the next run measures it again, once\n"
+            "verify curve measured in 52.0 s (provisional) and kept (specdec doctor shows it)\n")
+    curves = fh.parse_curves(text)
+    assert curves.done == [(49.1, True), (52.0, True)] and curves.disturbed == 1

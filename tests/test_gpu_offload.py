@@ -128,6 +128,28 @@ def test_gpu_layers_0_on_a_gpu_build_runs_phased_flash_attention_as_the_cpu_does
         assert asked[0] is None
 
 
+def test_a_curve_timed_with_no_layers_offloaded_does_not_price_a_fully_offloaded_run(gpu_build) -> None:
+    # Issue 53: the curve was kept per model file, CPU, threads and build only, so a curve timed with --gpu-layers 0
+    # priced a run with every layer on the GPU. The device and the layers offloaded are part of its key now.
+    from specdec_cli.session import open_session
+
+    def session(**options):
+        return open_session(ModelOptions(target="qwen2.5-coder-1.5b", **options), method="ngram",
+                            clock=gpu_build["clock"])
+
+    with session(gpu_layers=0) as cpu:
+        assert cpu.placement() == "CPU, 0 layers offloaded"
+        assert "none kept" in cpu.verify_curve().measured_for
+    with session() as gpu:
+        assert gpu.placement() == "CUDA0 a GPU, 29 layers offloaded"
+        assert gpu.verify_curve().measured_for == ("another device or offload (CUDA0 a GPU, 29 layers offloaded "
+                                                   "here, CPU, 0 layers offloaded kept)")
+    with session() as again:
+        before = gpu_build["clock"]()
+        assert again.verify_curve().to_dict() == gpu.verify_curve().to_dict()
+        assert gpu_build["clock"]() == before  # kept under its own key: not measured again
+
+
 def test_draft_pays_on_a_flat_curve_and_not_on_a_cpus() -> None:
     flat = [gpu_ms(b) for b in range(1, 18)]
     from test_controller import CPU_B, CPU_MS, DRAFT_MODEL_MS

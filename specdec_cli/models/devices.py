@@ -167,3 +167,25 @@ def offload(path: str | os.PathLike[str], requested: int, *, gpu: bool, free: in
     fit = max(0, int(layers * (free - (COMPUTE_MIB << 20)) / max(need - (COMPUTE_MIB << 20), 1))) if layers else 0
     return Offload(fit, f"{fit} of {layers} layers: {Path(path).name} needs {mib(need)} and {mib(free)} is free "
                         "(--gpu-layers N sets it)", need * fit // layers if layers else 0)
+
+
+def placement(path: str | os.PathLike[str], layers: int, *, gpu: bool, devs: list[Device] | None) -> str:
+    """Where a model loaded with n_gpu_layers = `layers` (-1: all) runs its passes, one phrase for the keys of what
+    was timed on it (`stores.tuned.machine`): "" on a build that cannot offload (every pass on the CPU, as keys
+    written before this phrase existed assumed); else the device that holds the offloaded layers (the first GPU of
+    `devs`: ggml's name and description, "CUDA0 NVIDIA ...", "Vulkan0 llvmpipe (...)"; "CPU" when none go) and
+    the effective count of layers offloaded ("CPU, 0 layers offloaded", "Vulkan0 ..., 29 layers offloaded"): what
+    llama.cpp offloads, the repeating layers and the output layer, at most (`model_need`'s count + 1; a header that
+    cannot be read: the count asked, "all" for -1). Never raises."""
+    if not gpu:
+        return ""
+    try:
+        n = model_need(path, 0)[1]
+    except Exception:  # noqa: BLE001 - the count asked is then the best there is
+        n = 0
+    count: int | str = (n + 1 if n else "all") if layers == ALL else (min(layers, n + 1) if n else layers)
+    if count == 0:
+        return "CPU, 0 layers offloaded"
+    gpus = [d for d in devs or () if d.kind in GPU_KINDS]
+    device = " ".join(x for x in (gpus[0].name, gpus[0].description) if x) if gpus else "a GPU"
+    return f"{device}, {count} layers offloaded"

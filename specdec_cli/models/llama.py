@@ -862,6 +862,11 @@ class LlamaBackend:
         except Exception:
             pass
 
+    def synchronize(self) -> None:
+        """Wait until the device finished this context's last pass (`llama_synchronize`; the CPU has finished when
+        `decode` returns, a GPU may not have where no logits were read)."""
+        llama_cpp.llama_synchronize(self._root._ctx)
+
 
 class VocabOnly:
     """A GGUF's tokenizer alone (llama.cpp's vocab_only load: no weights, no context; ~0.2 s): `specdec learn` and
