@@ -600,6 +600,12 @@ class LlamaBackend(RecurrentGuard):
             self._state_bytes = size
         return self._state_bytes
 
+    def describe(self) -> dict[str, Any]:
+        """What kind of model this is and how it rolls back: {"kind", "rollback", "n_rs_seq", "state_bytes" (one
+        sequence's recurrent state, 0 for a transformer), "snapshot_bytes" (its snapshots, per sequence)}."""
+        return {"kind": self.kind, "rollback": self.rollback, "n_rs_seq": self.n_rs_seq,
+                "state_bytes": self.recurrent_state_bytes(), "snapshot_bytes": self.snapshot_bytes}
+
     @property
     def snapshot_bytes(self) -> int:
         """Memory the recurrent-state snapshots take per sequence, in bytes: n_rs_seq x `recurrent_state_bytes`."""
@@ -959,6 +965,18 @@ class LlamaBackend(RecurrentGuard):
             self.close()
         except Exception:
             pass
+
+
+def describe_model(path: str | Path, *, rs_snapshots: int = RS_SNAPSHOTS) -> dict[str, Any]:
+    """`LlamaBackend.describe` of the model at `path`, loaded on the CPU with a small context (its weights are
+    mmapped; the recurrent state's size is read after a one-token pass). Raises ModelError when llama.cpp cannot load
+    it."""
+    backend = LlamaBackend(path, n_ctx=256, n_batch=64, n_gpu_layers=0, extra_bufts=False, branches=False,
+                           rs_snapshots=rs_snapshots)
+    try:
+        return backend.describe()
+    finally:
+        backend.close()
 
 
 class VocabOnly:
