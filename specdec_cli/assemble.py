@@ -272,9 +272,4 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     if spec.method is not Method.none and rollback == "none":
         out.append(f"plain decoding: llama.cpp cannot copy the recurrent state of this {session.target.kind} model, "
                    "so a rejected draft could not be rolled back.")
-    elif spec.method is not Method.none and rollback == "checkpoint" and stats.n_generated and not stats.n_drafted \
-            and session.target.rollback_ms > 0:  # drafts were tried (a checkpoint timed), then given up
-        out.append(f"plain decoding: this {session.target.kind} model has no recurrent-state snapshots in llama.cpp, "
-                   f"and rolling a draft back by checkpoint and replay (~{session.target.rollback_ms:.0f} ms a pass) "
-                   "did not pay here.")
     return tuple(out)
