@@ -381,3 +381,14 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     configs = [c for c in B.configs_for(["none"], peer=False, native=True) if not c.control][:2]
     (_, nat) = B.summarize(runs, configs, [("p", "edit")])
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)
+
+
+def test_the_draft_method_is_left_out_with_a_line_for_a_target_no_draft_model_goes_with(tmp_path):
+    from specdec_cli.spec import ModelOptions
+
+    options = B.BenchOptions(methods=B.parse_methods("none,ngram,draft"))
+    kept, note = B.without_unpaired_draft(options, ModelOptions(target=str(tmp_path / "lfm2-tiny.gguf")))
+    assert B.Method.draft not in kept.methods and B.Method.ngram in kept.methods
+    assert note and "--draft" in note
+    for models in (ModelOptions(target=None), ModelOptions(target=str(tmp_path / "x.gguf"), draft="qwen2.5-coder-0.5b")):
+        assert B.without_unpaired_draft(options, models) == (options, None)  # the default pair, or a named draft

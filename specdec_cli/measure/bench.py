@@ -48,7 +48,7 @@ import statistics
 import sys
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -254,6 +254,20 @@ def _canonical(name: str) -> str:
 NATIVE = ("plain", "ngram-simple")  # `--llama-cpp DIR`: llama-completion, llama-speculative-simple --spec-type
 
 
+def without_unpaired_draft(options: BenchOptions, models) -> tuple[BenchOptions, str | None]:
+    """`options` without the `draft` method where no draft model goes with the target (no --draft, and the catalog
+    pairs none with it: a target given by path outside the catalog), and the line that says so; else as they are."""
+    from specdec_cli.config import load_catalog
+    from specdec_cli.draft_policy import paired_draft
+
+    if Method.draft not in options.methods or models.draft is not None \
+            or paired_draft(models.target, load_catalog()) is not None:
+        return options, None
+    kept = [m for m in options.methods if m is not Method.draft]
+    return replace(options, methods=kept), ("draft: not measured: the catalog pairs no draft model with this target "
+                                            "(--draft names one with the same tokenizer).")
+
+
 def configs_for(methods: list[str], peer: bool, native: bool = False) -> list[BenchConfig]:
     """`none`, then the control (`CONTROL`: `none` again, timed like every other configuration, so its speedup
     over `none` is the noise floor of the sitting), then our other methods in canonical order, then the peer at
@@ -420,6 +434,7 @@ class BenchRun:
     peer_info: dict[str, Any] | None = None
     tokens: list[list[int]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # configurations left out, and why (one line each)
     planned: int = 0
     interrupted: bool = False
     started: float = field(default_factory=time.time)
@@ -444,8 +459,8 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     need_draft = Method.draft in options.methods
     from specdec_cli.draft_policy import paired_draft
 
-    name = models.draft or paired_draft(models.target, catalog) or catalog.default_draft
-    draft = resolve(name, catalog, reporter=reporter) if need_draft else None
+    name = models.draft or paired_draft(models.target, catalog)
+    draft = resolve(name, catalog, reporter=reporter) if need_draft and name is not None else None
     plan = host.current_plan()
     bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else []),
                                              system_info=system_info(),
@@ -463,13 +478,21 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                 "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
         bench.ours_info = workers["ours"].info
         bench.tokens = bench.ours_info["tokens"]
+        kind = bench.ours_info.get("kind", "transformer")
+        if kind != "transformer" and any(c.family == "peer" for c in configs):
+            # llama-cpp-python's Llama drafts with a KV-cache trim this model's recurrent state cannot take
+            configs[:] = [c for c in configs if c.family != "peer"]
+            plan = schedule(len(configs), len(prompts), options.repeats)
+            bench.planned = len(plan)
+            bench.notes.append(f"peer: not measured: llama-cpp-python's prompt lookup rolls back by trimming the KV "
+                               f"cache, which this {kind} model's recurrent state cannot take (its decode fails).")
         for p, t in zip(prompts, bench.tokens):
             need = len(t) + options.max_tokens + 16
             if need > models.ctx:
                 raise ContextOverflowError(
                     f"Prompt {p.name} is {len(t)} tokens; with --max-tokens {options.max_tokens} it needs more "
                     f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
-        if options.peer:
+        if options.peer and any(c.family == "peer" for c in configs):
             with reporter.status(f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
                 workers["peer"] = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
                                                   "warmup_tokens": bench.ours_info["warmup_tokens"]})
@@ -521,7 +544,7 @@ def json_doc(bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConf
         "draft": str(bench.draft) if bench.draft else None,
         "suffix_store_tokens": ours_info.get("suffix_store_tokens"),
         "kernels": ours_info.get("kernels"),
-        "peer": _peer_doc(peer_info, models.ctx) if options.peer else None,
+        "peer": _peer_doc(peer_info, models.ctx) if options.peer and any(c.family == "peer" for c in configs) else None,
         "rss_after_load_bytes": {"ours": _kib_to_bytes(ours_info.get("rss_after_load_kib")),
                                  "peer": _kib_to_bytes((peer_info or {}).get("rss_after_load_kib"))},
         "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": len(tokens[i]) if i < len(tokens) else None}
