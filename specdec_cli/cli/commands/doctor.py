@@ -216,16 +216,21 @@ def model_row(m: dict[str, Any]) -> str:
         return f"{m['model']}: {m['error']}"
     kind = {"transformer": "a transformer (KV cache: rolls back to any position)",
             "hybrid": "hybrid (attention and recurrent layers)", "recurrent": "recurrent"}[m["kind"]]
-    state = f"{m['state_bytes'] / 2**20:.2f} MB"
+    state = _size(m["state_bytes"])
     how = {"kv": "",
            "snapshots": f"; rolls back by {m['n_rs_seq']} recurrent-state snapshots per sequence "
-                        f"({m['snapshot_bytes'] / 2**20:.1f} MB per sequence: {m['n_rs_seq']} x {state}), so a draft "
+                        f"({_size(m['snapshot_bytes'])} per sequence: {m['n_rs_seq']} x {state}), so a draft "
                         f"is at most {m['n_rs_seq']} tokens",
            "checkpoint": f"; no snapshots in llama.cpp for {m['architecture']}: rolls back by a checkpoint of its "
                          f"{state} state before each verify pass and a replay of the kept tokens",
            "none": "; cannot roll back: plain decoding"}[m["rollback"]]
     mtp = f"; MTP block: {m['mtp_layers']} layer(s)" if m["mtp_layers"] else "; no MTP block"
     return f"{m['architecture']}: {kind}{how}{mtp} ({m['model']})"
+
+
+def _size(n: int) -> str:
+    """Bytes as KB, MB or GB (binary units), one decimal from MB up."""
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB"
 
 
 def serve_kv() -> dict[str, Any] | None:

@@ -224,8 +224,9 @@ def recurrent_note(kv: dict) -> str:
     of such a target)."""
     snap = kv.get("snapshot_bytes", 0)
     if kv["rollback"] == "snapshots":
-        return (f"a {kv['kind']} model: {kv['n_rs_seq']} recurrent-state snapshots per lane "
-                f"({snap / 2**20:.1f} MB each lane), drafts of at most {kv['n_rs_seq']} tokens")
+        size = f"{snap / 2**20:.1f} MB" if snap >= 2**20 else f"{snap / 2**10:.0f} KB"
+        return (f"a {kv['kind']} model: {kv['n_rs_seq']} recurrent-state snapshots per lane ({size} each lane), "
+                f"drafts of at most {kv['n_rs_seq']} tokens")
     if kv["rollback"] == "checkpoint":
         return f"a {kv['kind']} model: rolled back by checkpoint and replay (no snapshots for this architecture)"
     return f"a {kv['kind']} model that cannot roll back: plain decoding"
