@@ -1,5 +1,5 @@
 """Plain batch-1 decoding speed of whatever llama-cpp-python this Python has (no specdec): run it in two venvs to
-compare builds, e.g. scripts/install-llama-cpp.sh (AMX compiled out) against a default `pip install`, in one sitting.
+compare builds, e.g. specdec install-llama-cpp --amx off (AMX compiled out) against a default `pip install`, in one sitting.
 
     python benchmarks/bench_plain_decode.py ~/.cache/specdec/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 """

@@ -185,6 +185,58 @@ def test_model_digest_comes_from_the_resolver_marker_without_hashing(tmp_path) -
     assert model_file(model)["sha256"] is None
 
 
+def test_the_bench_worker_runs_without_resource_or_proc_and_reports_rss_as_missing(monkeypatch, tmp_path) -> None:
+    """Windows has neither /proc nor the POSIX-only `resource` module: the worker's module imports and its RSS
+    reader gives the figures it can (none here, on Linux without /proc) instead of raising ImportError."""
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` raises ImportError
+    monkeypatch.delitem(sys.modules, "specdec_cli.measure.bench_process")
+    monkeypatch.setattr(sys.modules["specdec_cli.measure"], "bench_process", bench_worker)  # restored after
+    fresh = importlib.import_module("specdec_cli.measure.bench_process")
+    monkeypatch.setattr(fresh, "_PROC_STATUS", str(tmp_path / "no-proc" / "status"))
+    assert fresh._rss_kib() == (None, None)
+    monkeypatch.setattr(sys, "platform", "win32")  # Windows' own counters: not callable on this Linux, so n/a
+    assert fresh._rss_kib() == (None, None)
+
+
+@pytest.mark.parametrize("sysctl, threads, why", [
+    ({"hw.perflevel0.physicalcpu": "8\n", "hw.physicalcpu": "12\n"}, 8, "the performance cores"),
+    ({"hw.physicalcpu": "10\n"}, 10, "the physical cores"),  # a macOS without performance levels
+    ({}, 12, "the CPUs this process may use")])  # sysctl says nothing
+def test_threads_default_to_the_performance_cores_on_apple_silicon(monkeypatch, sysctl, threads, why) -> None:
+    import platform
+    import subprocess
+
+    from specdec_cli.models import machine
+
+    def fake_sysctl(args, **kw):  # macOS's sysctl; any other command fails
+        found = args[:2] == ["sysctl", "-n"] and args[2] in sysctl
+        return subprocess.CompletedProcess(args, 0 if found else 1, sysctl[args[2]] if found else "", "")
+
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(subprocess, "run", fake_sysctl)
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 12)  # 8 performance + 4 efficiency cores
+    n, reason = machine.default_threads()
+    assert n == threads and reason.startswith(why)
+    assert machine.describe(None, system_info="", load_plan=None)["threads"] == threads
+    pytest.importorskip("llama_cpp")
+    from specdec_cli.models import llama
+
+    assert llama.default_threads() == threads
+    from rich.console import Console
+
+    from specdec_cli.cli.commands import doctor
+    from specdec_cli.cli.console import THEME
+
+    console = Console(width=200, record=True, theme=THEME)
+    console.print(doctor.table(doctor.report()))  # doctor shows the choice and why
+    assert f"{threads} by default: {why}" in console.export_text()
+    monkeypatch.setattr(platform, "system", lambda: "Linux")  # every usable CPU elsewhere
+    assert llama.default_threads() == 12
+
+
 def test_physical_cores_counts_distinct_package_and_core_ids() -> None:
     block = "processor\t: {i}\nphysical id\t: {p}\ncore id\t\t: {c}\n"
     text = "\n".join(block.format(i=i, p=p, c=c) for i, (p, c) in enumerate([(0, 0), (0, 0), (0, 1), (1, 0)]))

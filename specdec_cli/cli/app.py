@@ -490,7 +490,7 @@ def doctor(
     else the smallest downloaded model).
 
     On Intel CPUs with AMX, a llama.cpp built by GCC < 13 without the patch `make` applies
-    (scripts/install-llama-cpp.sh) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
+    (specdec install-llama-cpp) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
     tries them once in a child process and, where they crash, loads models with llama.cpp's extra buffer types off
     (slower, never a crash). SPECDEC_AMX=keep or off forces either choice. Flash attention: SPECDEC_FLASH_ATTN=on,
     off or phased when set; else as --measure chose; else phased (on for prefill, off for verify passes at long
@@ -506,11 +506,12 @@ def doctor(
 INSTALL_LLAMA_CPP_EXAMPLES = """
 [bold]Examples[/bold]
 
-  specdec install-llama-cpp --dry-run   [dim]# what it would do for this Python, and what it costs[/dim]
-  specdec install-llama-cpp             [dim]# CPU; on an x86 CPU with AMX, the AMX kernels with their fix[/dim]
+  specdec install-llama-cpp --dry-run   [dim]# the backend and why, what it would do, what it costs[/dim]
+  specdec install-llama-cpp             [dim]# Metal on Apple Silicon, CUDA with nvcc and a GPU, else CPU[/dim]
+  specdec install-llama-cpp --backend cuda     [dim]# CUDA even where no driver answers (a container, say)[/dim]
+  specdec install-llama-cpp --backend vulkan   [dim]# Vulkan (its SDK and glslc installed)[/dim]
   specdec install-llama-cpp --amx off   [dim]# x86: AMX compiled out instead[/dim]
-  CMAKE_ARGS="-DGGML_METAL=on" specdec install-llama-cpp   [dim]# Apple silicon[/dim]
-  CMAKE_ARGS="-DGGML_CUDA=on" specdec install-llama-cpp    [dim]# NVIDIA GPU[/dim]
+  CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=89" specdec install-llama-cpp   [dim]# extra CMake flags, after ours[/dim]
   specdec doctor                        [dim]# then: "llama.cpp build: specdec's patched build"[/dim]
 
 [bold]Exit codes[/bold]: 0 installed (or nothing to do), 2 a bad option, 8 the build failed (the lines above say why)
@@ -521,25 +522,32 @@ INSTALL_LLAMA_CPP_EXAMPLES = """
 def install_llama_cpp(
     amx: str = typer.Option("auto", "--amx", help="x86 CPUs with AMX: auto = build the AMX kernels with the patch "
                             "that makes them run; off = compile AMX out. Elsewhere nothing changes."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and what it costs; change "
-                                 "nothing."),
+    backend: str = typer.Option("auto", "--backend", help="llama.cpp's backend: auto (Metal on macOS on Apple "
+                                "Silicon, llama-cpp-python's default there; CUDA where nvcc is found and nvidia-smi "
+                                "lists a GPU; else the CPU), cpu, metal, cuda or vulkan."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say which backend and why, what would be done and what it "
+                                 "costs; change nothing."),
 ) -> None:
     """Build specdec's patched llama-cpp-python for this machine and install it into the Python specdec runs on.
 
     pip, pipx and uv install PyPI's stock llama-cpp-python. The patched build adds a flash-attention switch (flash
     attention on for prefill, off for long verify passes) and, on Intel CPUs with AMX, the fix that makes
     llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or loads ~1.7x slower). It
-    compiles the pinned sdist (0.3.36) with the patches shipped in this package: about 6 min on 2 free cores and
-    ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in ~/.cache/specdec/wheels (SPECDEC_WHEELS),
-    so another environment on this machine installs it in seconds. CMAKE_ARGS is passed on (GPU builds). Needs a C and
-    C++ compiler, patch and bash.
+    compiles the pinned sdist (0.3.36) with the patches shipped in this package, for the GPU it finds (--backend):
+    about 6 min on 2 free cores and ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in
+    ~/.cache/specdec/wheels (SPECDEC_WHEELS), so another environment on this machine installs it in seconds.
+    CMAKE_ARGS is appended to the build's CMake flags. Needs a C and C++ compiler (Windows: Visual Studio's C++ build
+    tools); no bash, no make.
     """
     from specdec_cli.cli.commands.install_llama_cpp import execute
     from specdec_cli.errors import UsageError
+    from specdec_cli.models.build import BACKENDS
 
     if amx not in ("auto", "off"):
         raise UsageError(f"--amx {amx!r} is not a choice.", "Use --amx auto or --amx off.")
-    code = execute(amx=amx, dry_run=dry_run)
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend!r} is not a choice.", f"Use one of: {', '.join(BACKENDS)}.")
+    code = execute(amx=amx, dry_run=dry_run, backend=backend)
     if code:
         raise typer.Exit(code)
 

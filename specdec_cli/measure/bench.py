@@ -23,8 +23,8 @@ What is timed.
   and read after it; a configuration's figure is the largest over its runs. The process holds everything its family
   loads: ours = target + (when draft is selected) the draft model, so among our methods the figures differ
   only by what each drafter adds (run `--methods none,ngram` for the target alone); the peer = its own Llama with
-  the logits_all buffer. Where clear_refs is unavailable (not Linux) it is the process's peak so far (ru_maxrss),
-  flagged `"peak_rss_reset": false` in --json.
+  the logits_all buffer. Where clear_refs is unavailable (not Linux) it is the process's peak so far (ru_maxrss; on
+  Windows the peak working set, `GetProcessMemoryInfo`), flagged `"peak_rss_reset": false` in --json.
 * Agreement: each timed run's tokens against `none`'s in the same repeat on the same prompt: identical, or how
   many leading tokens they share (llama.cpp's logits depend on the batch size, so a near-tie may flip a token;
   `specdec check` tells near-ties from real divergences).

@@ -2,7 +2,8 @@
 
 The parent drives each with JSON lines over stdin/stdout (`BenchProcess.call`); the child (`worker_main`) serves
 one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
-only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.measure.bench`).
+only the parent, which stops them. Peak RSS is read per run from /proc, or what the platform offers where there is
+none (Windows: the peak working set; see `specdec_cli.measure.bench`).
 """
 
 from __future__ import annotations
@@ -140,11 +141,16 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+_PROC_STATUS = "/proc/self/status"  # Linux: VmHWM and VmRSS
+
+
 def _rss_kib() -> tuple[int | None, int | None]:
-    """(VmHWM, VmRSS) of this process in KiB; VmHWM falls back to ru_maxrss where /proc is missing."""
+    """(peak RSS, RSS) of this process in KiB: VmHWM and VmRSS from /proc on Linux; elsewhere what the platform
+    offers (`_platform_rss_kib`: Windows' peak working set and working set, getrusage's peak on macOS), None for a
+    figure it does not give (the report shows it as missing)."""
     hwm = rss = None
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        with open(_PROC_STATUS, encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     hwm = int(line.split()[1])
@@ -153,11 +159,50 @@ def _rss_kib() -> tuple[int | None, int | None]:
     except (OSError, ValueError):
         pass
     if hwm is None:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        hwm = peak // 1024 if sys.platform == "darwin" else peak  # macOS: bytes, Linux: KiB
+        peak, now = _platform_rss_kib()
+        hwm, rss = peak, rss if rss is not None else now
     return hwm, rss
+
+
+def _platform_rss_kib() -> tuple[int | None, int | None]:
+    """(peak, current) resident KiB without /proc: `GetProcessMemoryInfo`'s PeakWorkingSetSize and WorkingSetSize on
+    Windows (no `resource` module there), `resource.getrusage`'s ru_maxrss and no current figure elsewhere; (None,
+    None) where neither can be read. Never raises."""
+    if sys.platform == "win32":
+        return _windows_rss_kib()
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None, None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (peak // 1024 if sys.platform == "darwin" else peak), None  # macOS: bytes, Linux: KiB
+
+
+def _windows_rss_kib() -> tuple[int | None, int | None]:
+    """(PeakWorkingSetSize, WorkingSetSize) of this process in KiB from psapi's `GetProcessMemoryInfo` (exported by
+    kernel32 as K32GetProcessMemoryInfo since Windows 7); (None, None) where it cannot be called."""
+    import ctypes
+
+    size_t = ctypes.c_size_t
+
+    class Counters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS (psapi.h)
+        _fields_ = [("cb", ctypes.c_uint32), ("PageFaultCount", ctypes.c_uint32), ("PeakWorkingSetSize", size_t),
+                    ("WorkingSetSize", size_t), ("QuotaPeakPagedPoolUsage", size_t), ("QuotaPagedPoolUsage", size_t),
+                    ("QuotaPeakNonPagedPoolUsage", size_t), ("QuotaNonPagedPoolUsage", size_t),
+                    ("PagefileUsage", size_t), ("PeakPagefileUsage", size_t)]
+
+    try:
+        kernel32 = ctypes.WinDLL("kernel32")
+        kernel32.GetCurrentProcess.restype = ctypes.c_void_p
+        info = kernel32.K32GetProcessMemoryInfo
+        info.argtypes = [ctypes.c_void_p, ctypes.POINTER(Counters), ctypes.c_uint32]
+        info.restype = ctypes.c_int
+        counters = Counters(cb=ctypes.sizeof(Counters))
+        if not info(kernel32.GetCurrentProcess(), ctypes.byref(counters), counters.cb):
+            return None, None
+    except (AttributeError, OSError):  # not Windows (no WinDLL), or no such export
+        return None, None
+    return counters.PeakWorkingSetSize // 1024, counters.WorkingSetSize // 1024
 
 
 class _OursRunner:
