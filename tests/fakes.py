@@ -86,7 +86,7 @@ class FakeBackend(RecurrentGuard, Backend):
     verify curve. `branches`: whether `decode_branches` works (a second branch's rows are fn of its own prefix,
     exactly what a one-branch pass gives).
 
-    `recurrent` ("snapshots" or "checkpoint") makes it a hybrid model as llama.cpp b11312 holds one: `truncate` goes
+    `recurrent` ("snapshots" or "checkpoints") makes it a hybrid model as llama.cpp b11312 holds one: `truncate` goes
     through the same `rollback.RecurrentGuard` as `LlamaBackend`'s, over raw operations that follow llama.cpp's
     rules (`_seq_rm`): a partial trim drops the last 1..n_rs_seq tokens of the last decode call, once per call;
     without snapshots, or a second time, it is refused; dropping a token the last call did not hold (or all of its
@@ -107,7 +107,7 @@ class FakeBackend(RecurrentGuard, Backend):
         """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`. chat_template: a
         Jinja chat template `format_chat` renders (as `LlamaBackend` does); None = the toy format below. clock, cost:
         a virtual clock advanced by `cost(b)` ms per pass of b tokens. branches: `decode_branches` is available.
-        recurrent: None (a transformer), "snapshots" (n_rs_seq of them) or "checkpoint" (none granted)."""
+        recurrent: None (a transformer), "snapshots" (n_rs_seq of them) or "checkpoints" (none granted)."""
         if recurrent is not None:
             assert recurrent in (SNAPSHOTS, CHECKPOINT), recurrent
             self.kind, self.rollback, branches = HYBRID, recurrent, False

@@ -60,7 +60,7 @@ def test_the_kind_and_rollback_of_each_tiny_model(tiny):
     name, path = tiny
     d = describe_model(path)
     want = {"lfm2_tiny": ("hybrid", "snapshots"), "qwen35_tiny": ("hybrid", "snapshots"),
-            "mamba2_tiny": ("recurrent", "checkpoint")}[name]
+            "mamba2_tiny": ("recurrent", "checkpoints")}[name]
     assert (d["kind"], d["rollback"]) == want
     assert d["state_bytes"] > 0
     assert (d["n_rs_seq"] > 0) == (want[1] == "snapshots")

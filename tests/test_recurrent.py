@@ -39,7 +39,7 @@ def generate(engine, prompt=PROMPT, max_tokens=40):
     return records, steps, [t for s in steps for t in s.emitted]
 
 
-@pytest.mark.parametrize("mode", ["snapshots", "checkpoint"])
+@pytest.mark.parametrize("mode", ["snapshots", "checkpoints"])
 def test_speculative_greedy_output_on_a_recurrent_target_equals_plain_decoding(mode):
     target = FakeBackend(hashed_logits, recurrent=mode, n_rs_seq=4)
     engine = SpeculativeEngine(target, ModelDrafter(FakeBackend(noisy(hashed_logits))), FixedK(4))
@@ -94,7 +94,7 @@ def test_a_rollback_inside_the_last_pass_is_a_snapshot_and_only_once():
 def test_checkpoint_and_replay_restores_exactly():
     # no snapshots (a Mamba-2): a checkpoint before the verify pass, restored, then the kept tokens evaluated again;
     # the next logits are exactly those of a cache that never saw the rejected tokens
-    target = FakeBackend(hashed_logits, recurrent="checkpoint")
+    target = FakeBackend(hashed_logits, recurrent="checkpoints")
     target.decode(PROMPT, n_logits=1)
     target.decode([7, 8, 9, 10, 11], n_logits=5)
     target.truncate(len(PROMPT) + 2)

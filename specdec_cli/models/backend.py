@@ -105,7 +105,7 @@ class Backend(Protocol):
     """"transformer", "hybrid" or "recurrent" (a recurrent state cannot be cut at any position)."""
 
     rollback: str
-    """"kv" (any prefix can be kept), "snapshots" (a verify pass's own tokens, at most `draft_limit`), "checkpoint"
+    """"kv" (any prefix can be kept), "snapshots" (a verify pass's own tokens, at most `draft_limit`), "checkpoints"
     (the state saved before a verify pass restored and the kept tokens evaluated again) or "none". With anything but
     "kv", `truncate` outside a verify pass may clear the sequence: keep only whole saved states (prompt cache,
     parking) and re-read `tokens` after a truncate."""

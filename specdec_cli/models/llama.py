@@ -207,7 +207,7 @@ class LlamaBackend(RecurrentGuard):
         kind: "transformer", "hybrid" (attention and recurrent layers) or "recurrent" (llama.cpp's
             `llama_model_is_hybrid` / `llama_model_is_recurrent`).
         rollback: how `truncate` drops a verify pass's rejected tokens: "kv" (any suffix of a KV cache), "snapshots"
-            (the last pass's own tokens, at most `n_rs_seq`, once per pass), "checkpoint" (restore the recurrent
+            (the last pass's own tokens, at most `n_rs_seq`, once per pass), "checkpoints" (restore the recurrent
             state saved before the pass, then evaluate the kept tokens again) or "none" (no draft is verified).
         n_rs_seq: the snapshots llama.cpp granted (`llama_n_rs_seq`), 0 for a transformer.
 

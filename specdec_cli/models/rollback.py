@@ -24,7 +24,7 @@ from typing import Any
 
 TRANSFORMER, HYBRID, RECURRENT = "transformer", "hybrid", "recurrent"  # a backend's `kind`
 # a backend's `rollback`: how a verify pass's rejected tokens leave the cache
-KV, SNAPSHOTS, CHECKPOINT, NO_ROLLBACK = "kv", "snapshots", "checkpoint", "none"
+KV, SNAPSHOTS, CHECKPOINT, NO_ROLLBACK = "kv", "snapshots", "checkpoints", "none"
 
 
 def draft_limit(rollback: str, n_batch: int, n_rs_seq: int) -> int:

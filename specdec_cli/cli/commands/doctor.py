@@ -193,7 +193,7 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
 
 def model_report(target: str) -> dict[str, Any] | None:
     """What `-t MODEL` is to specdec: {"model" (its file), "architecture", "kind" (transformer, hybrid, recurrent),
-    "rollback" (kv, snapshots, checkpoint, none), "n_rs_seq", "state_bytes", "snapshot_bytes" (per sequence),
+    "rollback" (kv, snapshots, checkpoints, none), "n_rs_seq", "state_bytes", "snapshot_bytes" (per sequence),
     "mtp_layers" (the GGUF's `nextn_predict_layers`; 0: no MTP block)}, from a small CPU load of it
     (`llama.describe_model`); {"model", "error"} when it cannot be loaded; None when it cannot be found."""
     from specdec_cli.models.gguf import check_gguf, nextn_layers
@@ -222,7 +222,7 @@ def model_row(m: dict[str, Any]) -> str:
            "snapshots": f"; rolls back by {m['n_rs_seq']} recurrent-state snapshots per sequence "
                         f"({_size(m['snapshot_bytes'])} per sequence: {m['n_rs_seq']} x {state}), so a draft "
                         f"is at most {m['n_rs_seq']} tokens",
-           "checkpoint": f"; no snapshots in llama.cpp for {m['architecture']}: rolls back by a checkpoint of its "
+           "checkpoints": f"; no snapshots in llama.cpp for {m['architecture']}: rolls back by a checkpoint of its "
                          f"{state} state before each verify pass and a replay of the kept tokens",
            "none": "; cannot roll back: plain decoding"}[m["rollback"]]
     mtp = f"; MTP block: {m['mtp_layers']} layer(s)" if m["mtp_layers"] else "; no MTP block"

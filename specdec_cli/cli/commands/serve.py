@@ -227,7 +227,7 @@ def recurrent_note(kv: dict) -> str:
         size = f"{snap / 2**20:.1f} MB" if snap >= 2**20 else f"{snap / 2**10:.0f} KB"
         return (f"a {kv['kind']} model: {kv['n_rs_seq']} recurrent-state snapshots per lane ({size} each lane), "
                 f"drafts of at most {kv['n_rs_seq']} tokens")
-    if kv["rollback"] == "checkpoint":
+    if kv["rollback"] == "checkpoints":
         return f"a {kv['kind']} model: rolled back by checkpoint and replay (no snapshots for this architecture)"
     return f"a {kv['kind']} model that cannot roll back: plain decoding"
 
