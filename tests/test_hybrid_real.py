@@ -130,3 +130,32 @@ def test_a_three_turn_chat_gives_plain_decodings_replies(tiny, tmp_path, capsys,
         assert err.count(" tokens · ") == 3  # three replies, each with its statistics line
         replies.append(out)
     assert replies[0] and replies[0] == replies[1]
+
+
+def test_a_failed_pass_on_a_recurrent_state_is_undone_whole_never_trimmed(tiny):
+    # an interrupted verify pass (llama_decode returns 2 after its first graph node): the state is restored from the
+    # checkpoint or cleared, and evaluating the context again gives a fresh context's logits
+    from specdec_cli.errors import DecodeError
+    from specdec_cli.models.backend import sync
+    from specdec_cli.models.llama import LlamaBackend
+
+    _, path = tiny
+    b = LlamaBackend(path, n_ctx=256, n_batch=64, n_threads=2, n_gpu_layers=0, extra_bufts=False)
+    if not b.interruptible:
+        b.close()
+        pytest.skip("no abort callback in this build")
+    try:
+        prompt = [int(t) for t in b.tokenize(PROMPT)][:12]
+        b.decode(prompt, n_logits=1)
+        b.decode([5, 6], n_logits=2)
+        b.truncate(len(prompt) + 1)  # a snapshot (or checkpoint) rollback of the last pass
+        b.interrupt(True)
+        with pytest.raises(DecodeError):
+            b.decode([7, 8, 9], n_logits=3)
+        b.interrupt(False)
+        assert len(b.tokens) in (0, len(prompt) + 1)
+        sync(b, np.asarray(prompt + [5], np.int32))
+        got = b.decode([10], n_logits=1)[0].copy()
+        np.testing.assert_array_equal(got, fresh_logits(path, [prompt, [5], [10]]))
+    finally:
+        b.close()
