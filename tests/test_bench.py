@@ -69,6 +69,25 @@ def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
     assert (peer.family, peer.num_pred_tokens, peer.title) == ("peer", 10, "llama-cpp-python lookup (N=10)")
 
 
+def test_workload_configurations_warm_auto_native_names_and_their_labels_read_back() -> None:
+    """--workload auto/verify: `auto-warm` keeps its controller, --native picks llama.cpp's configurations, and
+    --from-json reads every label back to the configuration that made it."""
+    assert B.parse_methods("auto-warm,none") == ["none", "auto-warm"]
+    assert B.parse_native(" ngram-mod,plain,plain") == ("ngram-mod", "plain")
+    with pytest.raises(UsageError, match="--native names no configuration"):
+        B.parse_native(" , ")
+    configs = B.configs_for(["none", "auto", "auto-warm"], peer=False, native=("ngram-mod",))
+    assert [c.label for c in configs] == ["none", "A/A", "auto", "auto-warm", "native-ngram-mod"]
+    warm, native = configs[3], configs[4]
+    assert (warm.method, warm.warm, configs[2].warm, native.family, native.method) == \
+        ("auto", True, False, "native", "ngram-mod")
+    assert [B.config_from_label(c.label) for c in configs] == configs
+    from specdec_cli.measure.bench_workloads import check_workload
+
+    with pytest.raises(UsageError, match="Unknown workload 'chat'.*default, plain, auto, verify, predict"):
+        check_workload("chat")
+
+
 # ---- the summary, with literal numbers
 
 
