@@ -377,7 +377,7 @@ BENCH_EXAMPLES = """
   specdec bench prompts/ --methods none,ngram,suffix --no-peer -n 256 --repeats 3
   specdec bench -t smollm2-135m -d smollm2-135m -n 32   [dim]# a quick try on the tiny model[/dim]
   specdec bench --llama-cpp ~/llama.cpp/build/bin --no-peer   [dim]# + native llama.cpp, plain and ngram-simple[/dim]
-  specdec bench --workload verify -r 3 --llama-cpp DIR   [dim]# auto (learning) vs none vs native ngram-simple/-mod[/dim]
+  specdec bench --workload verify -r 3 --llama-cpp DIR   [dim]# learning auto vs none vs native ngram-*[/dim]
   specdec bench --workload predict -n 512          [dim]# --predict on whole-file edits, and iterating on one[/dim]
   specdec bench --workload plain                   [dim]# plain decoding only: compare two llama-cpp-python builds[/dim]
 

@@ -187,7 +187,8 @@ def _predict(emit, info, models, options, reporter) -> Path:
                     emit(label, pc, repeat, {**run_record(g), "accepted_prediction_tokens":
                                              g.stats.accepted_prediction_tokens})
                     first = first or g
-            # iterate on the instruction: a changed prompt, the previous reply as the prediction vs a store that learnt it
+            # iterate on the instruction: a changed prompt; the previous reply as the prediction vs a store that
+            # learnt it
             case = predict_cases()[0]
             changed = PromptCase(f"{case.name}-changed", "iterate", case.prompt.replace(
                 "Return the whole file", "Return the complete file", 1) + "\nKeep every comment as it is.")
