@@ -896,19 +896,14 @@ def kv_pool_main(argv: list[str]) -> int:
     return 0
 
 def main(argv: list[str] | None = None) -> int:
-    """`--part P` picks the benchmark; the rest of the command line is its own options."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    ap.add_argument("--part", choices=PARTS, default=None)
+    """`--part P` picks the benchmark; the rest of the command line is its own options (`--part P --help`)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 add_help=False)
+    ap.add_argument("--part", choices=PARTS, required=True)
     args, rest = ap.parse_known_args(argv)
-    if args.part is None:
-        if "--help" in rest or "-h" in rest:
-            print(__doc__)
-            return 0
-        ap.error("--part is needed: " + ", ".join(PARTS))
     run = {"predict-drafter": predict_main, "sampling": sampling_main, "suffix-store": suffix_main, "host": host_main,
            "kv-pool": kv_pool_main}[args.part]
     return run(rest) or 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

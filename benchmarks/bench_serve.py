@@ -1229,15 +1229,10 @@ def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: floa
 
 # -- the sitting --------------------------------------------------------------------------------------------------
 def host_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"host: {cpu}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at start, Python " \
+    """The host's CPU, its count and load, Python and the OS, in one line."""
+    from specdec_cli.models.machine import cpu_model
+
+    return f"host: {cpu_model()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at start, Python " \
            f"{platform.python_version()}, {platform.system()} {platform.release()}"
 
 

@@ -155,9 +155,8 @@ def _generate(assembler, method: str, prompt, config, *, k: str = "auto", learn:
     `drafter` as given; a new --k auto controller when `fresh`."""
     from specdec_cli.driver import generate
     from specdec_cli.measure.sweep import NoLearning
-    from specdec_cli.spec import SpecOptions
 
-    spec = SpecOptions(method=Method(method), k=k)
+    spec = _spec(method, k)
     own = assembler.make_drafter(spec) if drafter is None else None
     used = drafter if drafter is not None else (own if own is None or learn else NoLearning(own))
     try:
