@@ -452,6 +452,7 @@ def bench(
     preset = PRESET.get(check_workload(workload))
     if preset is not None:  # a preset's methods and peers; its prompts unless prompt files are given
         methods, no_peer = preset.methods, no_peer or not preset.peer
+    no_peer = no_peer or workload in OWN  # a sitting of its own names its configurations itself
     options = BenchOptions(methods=parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
                            ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
                            native=parse_native(native) if native else (preset.native if preset else NATIVE),
