@@ -400,3 +400,34 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     configs = [c for c in B.configs_for(["none"], peer=False, native=True) if not c.control][:2]
     (_, nat) = B.summarize(runs, configs, [("p", "edit")])
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)
+
+
+def test_a_workload_of_its_own_is_summarised_as_the_bench_is(monkeypatch) -> None:
+    """--workload predict|suffix|edits: what a workload emits becomes bench's run dicts, configurations (in the order
+    they first ran, none first) and prompts (their token counts from ours), so the same summary reads them."""
+    from types import SimpleNamespace
+
+    from specdec_cli.measure import bench_workloads as W
+    from specdec_cli.prompts import PromptCase
+
+    p, q = PromptCase("p", "pass 1", "x"), PromptCase("p (pass 2)", "pass 2", "x")
+
+    def fake(emit, info, models, options, reporter):
+        info["threads"] = 2
+        for case, tps in ((p, 10.0), (q, 12.0)):
+            emit("native-ngram-mod", case, 0, {"tokens_per_s": 30.0, "tokens": None})
+            emit("none", case, 0, {"tokens_per_s": tps, "tokens": [1, 2], "n_prompt": 7})
+            emit("suffix-fresh", case, 0, {"tokens_per_s": 2 * tps, "tokens": [1, 2], "n_prompt": 7})
+        return Path("/models/m.gguf")
+
+    monkeypatch.setattr(W, "_suffix", fake)
+    notes: list[str] = []
+    sitting = W.run_workload("suffix", models=SimpleNamespace(threads=2, target=None), options=None,
+                             reporter=SimpleNamespace(note=notes.append))
+    assert [c.label for c in sitting.configs] == ["none", "native-ngram-mod", "suffix-fresh"]
+    assert sitting.configs[1].family == "native" and sitting.configs[2].family == "ours"
+    assert [(c.name, c.kind) for c in sitting.prompts] == [("p", "pass 1"), ("p (pass 2)", "pass 2")]
+    assert [len(t) for t in sitting.bench.tokens] == [7, 7] and len(sitting.bench.runs) == len(notes) == 6
+    summaries = B.summarize(sitting.bench.runs, sitting.configs, [(c.name, c.kind) for c in sitting.prompts])
+    assert summaries[2].speedup_by_class == {"pass 1": pytest.approx(2.0), "pass 2": pytest.approx(2.0)}
+    assert summaries[2].agree == (2, 2, None)

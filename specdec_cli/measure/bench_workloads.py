@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from specdec_cli.errors import UsageError
-from specdec_cli.measure.bench import AUTO_WARM, BenchConfig, BenchRun
+from specdec_cli.measure.bench import AUTO_WARM, BenchConfig, BenchRun, config_from_label
 from specdec_cli.prompts import PromptCase, builtin, predict_cases
 from specdec_cli.spec import Method
 
@@ -109,13 +109,14 @@ def run_workload(name: str, *, models, options, reporter) -> Sitting:
     runs: list[dict[str, Any]] = []
     prompts: dict[str, PromptCase] = {}
     labels: dict[str, None] = {"none": None}
-    tokens: dict[str, list[int]] = {}
+    n_prompt: dict[str, int] = {}  # the prompt's tokens, as the first run of ours on it counted them
     info: dict[str, Any] = {}
 
-    def emit(config: str, case: PromptCase, repeat: int, record: dict[str, Any], n_prompt: int | None = None) -> None:
+    def emit(config: str, case: PromptCase, repeat: int, record: dict[str, Any]) -> None:
         labels.setdefault(config, None)
         prompts.setdefault(case.name, case)
-        tokens.setdefault(case.name, [0] * (n_prompt or record.get("n_prompt") or 0))
+        if record.get("n_prompt"):
+            n_prompt.setdefault(case.name, record["n_prompt"])
         runs.append({"config": config, "prompt": case.name, "kind": case.kind, "repeat": repeat, "cold": False,
                      **record})
         reporter.note(f"{config:>14} · {case.name} · repeat {repeat + 1}: {record['tokens_per_s']:.1f} tok/s")
@@ -131,11 +132,9 @@ def run_workload(name: str, *, models, options, reporter) -> Sitting:
     machine = describe(models.threads, [target] if target.exists() else [], system_info=system_info(),
                        load_plan=plan.to_dict() if plan is not None else None)
     bench = BenchRun(target, None, machine,
-                     ours_info=info, tokens=[tokens[p] for p in prompts], runs=runs, planned=len(runs),
-                     interrupted=interrupted)
-    configs = [BenchConfig(label, "native", method=label[7:]) if label.startswith("native-")
-               else BenchConfig(label, "ours", method=label) for label in labels]
-    return Sitting(configs, list(prompts.values()), bench)
+                     ours_info=info, tokens=[[0] * n_prompt.get(p, 0) for p in prompts],  # json_doc counts them
+                     runs=runs, planned=len(runs), interrupted=interrupted)
+    return Sitting([config_from_label(label) for label in labels], list(prompts.values()), bench)
 
 
 @contextmanager
