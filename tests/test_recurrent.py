@@ -139,3 +139,24 @@ def test_the_prompt_cache_of_a_recurrent_backend_restores_whole_states_only_and_
     records, _, tokens = generate(SpeculativeEngine(target, None, prompt_cache=cache), shorter, max_tokens=6)
     assert records[0].n_restored == 0 and target.n_loads == 0 and target.n_cleared == 0
     assert tokens == greedy_reference(hashed_logits, shorter, 6)
+
+
+def test_a_checkpoint_rollback_is_timed_as_part_of_its_step_and_priced_by_the_cost_model():
+    # a virtual clock: a pass over b tokens costs 10 + b ms, so the replay of the kept tokens after a partial
+    # acceptance (the pending token and the accepted drafts) shows in the step as rollback_ms
+    from fakes import Clock
+
+    from specdec_cli.core.cost_model import CostModel
+
+    clock = Clock()
+    target = FakeBackend(hashed_logits, recurrent="checkpoints", clock=clock, cost=lambda b: 10.0 + b)
+    engine = SpeculativeEngine(target, ModelDrafter(FakeBackend(noisy(hashed_logits))), FixedK(4), clock=clock)
+    _, steps, tokens = generate(engine)
+    assert tokens == greedy_reference(hashed_logits, PROMPT, 40)
+    rolled = [s for s in steps if s.n_accepted < len(s.drafted)]
+    assert rolled and all(s.rollback_ms == pytest.approx(10.0 + s.n_accepted + 1) for s in rolled)
+    assert all(s.rollback_ms == 0.0 for s in steps if s.n_accepted == len(s.drafted))
+    model = CostModel()
+    step = rolled[0]
+    model.observe(step)
+    assert model.points[step.batch_size].ms == pytest.approx(step.verify_ms + step.rollback_ms)
