@@ -159,3 +159,15 @@ def test_a_failed_pass_on_a_recurrent_state_is_undone_whole_never_trimmed(tiny):
         np.testing.assert_array_equal(got, fresh_logits(path, [prompt, [5], [10]]))
     finally:
         b.close()
+
+
+def test_doctor_says_the_kind_the_rollback_its_memory_and_the_mtp_block(tiny, tmp_path, capsys):
+    name, path = tiny
+    out = tmp_path / "doctor.json"
+    code, _, err = cli(capsys, "doctor", "-t", str(path), "--json", str(out))
+    assert code == 0, err
+    m = json.loads(out.read_text(encoding="utf-8"))["model"]
+    want = {"lfm2_tiny": ("hybrid", "snapshots", 0), "qwen35_tiny": ("hybrid", "snapshots", 1),
+            "mamba2_tiny": ("recurrent", "checkpoints", 0)}[name]
+    assert (m["kind"], m["rollback"], m["mtp_layers"]) == want
+    assert m["snapshot_bytes"] == m["n_rs_seq"] * m["state_bytes"] and m["state_bytes"] > 0
