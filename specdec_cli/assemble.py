@@ -293,4 +293,8 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     if predicted and spec.method in USES_PREDICTION and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
+    rollback = getattr(session.target, "rollback", "kv")
+    if spec.method is not Method.none and rollback == "none":
+        out.append(f"plain decoding: llama.cpp cannot copy the recurrent state of this {session.target.kind} model, "
+                   "so a rejected draft could not be rolled back.")
     return tuple(out)

@@ -130,6 +130,9 @@ class Step:
         cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
         shared_rows: rows other sequences had in the same forward pass (`server.lanes`; 0: it ran alone), so
             `verify_ms` is the whole shared pass's time, not this step's alone.
+        rollback_ms: wall time of the rollback after the pass, in milliseconds: a KV trim or a recurrent snapshot
+            costs ~0; a recurrent state's checkpoint restored and its kept tokens evaluated again costs a pass
+            (`rollback.RecurrentGuard`). The cost model counts it as part of the pass.
     """
 
     index: int
@@ -152,6 +155,7 @@ class Step:
     cheap: bool = False
     n_past: int = 0
     shared_rows: int = 0
+    rollback_ms: float = 0.0
 
     @property
     def text(self) -> str:
