@@ -147,8 +147,8 @@ class SpeculativeEngine:
             # past this clock time, a newline ends the output (llama-server's t_max_predict_ms); inf: never
             t_lines = self.clock() + config.line_time_ms / 1e3 if config.line_time_ms is not None else math.inf
             for index in itertools.count():
-                if len(target.tokens) != n - 1:  # a recurrent state cleared by a rollback it could not do exactly
-                    sync(target, ctx[: n - 1])
+                if len(target.tokens) < n - 1:  # a recurrent state cleared by a rollback it could not do exactly
+                    sync(target, ctx[: n - 1])  # (never a longer cache: that is a rollback bug, left for `check`)
                 t_start = self.clock()
                 # 1-2. choose K and draft (cut at the first token the grammar forbids); maybe a second branch `alt`
                 k, draft, alt = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng, grammar)
