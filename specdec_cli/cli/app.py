@@ -532,7 +532,7 @@ def install_llama_cpp(
 
     pip, pipx and uv install PyPI's stock llama-cpp-python. The patched build adds a flash-attention switch (flash
     attention on for prefill, off for long verify passes) and, on Intel CPUs with AMX, the fix that makes
-    llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or loads a slower path). It
+    llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or falls back to slower loading). It
     compiles the pinned sdist (0.3.36) with the patches shipped in this package, for the GPU it finds (--backend):
     minutes and some temporary disk the first time (it says how much before it starts); the wheel is kept in
     ~/.cache/specdec/wheels (SPECDEC_WHEELS), so another environment on this machine installs it in seconds.
