@@ -315,7 +315,7 @@ def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[s
     import threading
     import urllib.request
 
-    from agents_replay import free_port  # benchmarks/ is on sys.path when a script in it runs
+    from bench_serve import free_port  # benchmarks/ is on sys.path when a script in it runs
 
     port = free_port()
     cmd = [py, "-m", "specdec_cli", "serve", "--port", str(port), "--parallel", str(a.parallel), "-t", str(model),

@@ -50,6 +50,7 @@ class Session:
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
     clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
     offload: dict[str, Offload] = field(default_factory=dict)  # "target", "draft": n_gpu_layers each loaded with, why
+    _mtp: Any = None  # `mtp_head()` once made; False: the target has no MTP block
     _placement: str | None = None  # `placement()` once known
 
     def placement(self) -> str:
@@ -260,11 +261,26 @@ class Session:
         self.draft, self.draft_path = draft, path
         self.offload["draft"] = off
 
+    def mtp_head(self) -> Any:
+        """The target's MTP block as a drafter's head (`models.llama.LlamaMtp`, `drafters.mtp.MtpHead`), made on
+        first use; None where the target has no MTP block (no nextn layers, or a backend that cannot run one).
+        Raises ModelError when llama.cpp cannot create the block's context."""
+        if self._mtp is None:
+            if int(getattr(self.target, "n_nextn", 0)) < 1:
+                self._mtp = False
+            else:
+                from specdec_cli.models.llama import LlamaMtp
+
+                self._mtp = LlamaMtp(self.target)
+        return self._mtp or None
+
     def close(self) -> None:
         """Free the models (close the `Assembler` first: its drafters may still use the draft model)."""
         try:
             if self._text is not None:
                 self._text.close()
+            if self._mtp:
+                self._mtp.close()
             if self.draft is not None:
                 self.draft.close()
         finally:

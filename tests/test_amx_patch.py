@@ -22,7 +22,9 @@ PATCH = installer.PATCH_DIR / installer.AMX_PATCH
 FA_PATCH = installer.PATCH_DIR / installer.FA_PATCH
 FA_FILES = ("include/llama.h", "src/llama-context.h", "src/llama-context.cpp", "src/llama-graph.h", "src/llama-graph.cpp",
             "src/llama-cparams.h")
-FILES = ("ggml/src/ggml-cpu/amx/mmq.cpp", *FA_FILES)
+VK_PATCH = installer.PATCH_DIR / installer.VK_PATCH
+VK_FILE = "ggml/src/ggml-vulkan/ggml-vulkan.cpp"
+FILES = ("ggml/src/ggml-cpu/amx/mmq.cpp", *FA_FILES, VK_FILE)
 
 
 def pinned_version() -> str:
@@ -120,3 +122,19 @@ def test_the_installer_patches_and_keys_the_wheel_by_the_patches(tmp_path, monke
     assert installer.make_plan(sys.executable, backend="cpu").wheel_dir == plain.wheel_dir
     (patches / installer.FA_PATCH).write_bytes((patches / installer.FA_PATCH).read_bytes() + b"\n")
     assert installer.make_plan(sys.executable, backend="cpu").wheel_dir != plain.wheel_dir
+
+
+def test_the_vulkan_patch_applies_exactly_and_keeps_the_layer_settings_where_the_headers_have_them(sdist):
+    assert installer.apply_patch(VK_PATCH, sdist) == [sdist / "vendor/llama.cpp" / VK_FILE]
+    text = (sdist / "vendor/llama.cpp" / VK_FILE).read_text()
+    start = text.index("#ifdef VK_EXT_layer_settings\n    VkBool32 enable_best_practice")
+    block = text[start:text.index("#endif", start)]
+    assert "vk::LayerSettingsCreateInfoEXT layer_setting_info(settings);" in block
+    assert "#else" in block and "instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);" in block
+
+
+def test_a_vulkan_build_gets_the_layer_settings_patch_and_no_other_backend_does(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_WHEELS", str(tmp_path))
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    assert installer.VK_PATCH in installer.make_plan(backend="vulkan").patches
+    assert installer.VK_PATCH not in installer.make_plan(backend="cpu").patches

@@ -69,6 +69,25 @@ def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
     assert (peer.family, peer.num_pred_tokens, peer.title) == ("peer", 10, "llama-cpp-python lookup (N=10)")
 
 
+def test_workload_configurations_warm_auto_native_names_and_their_labels_read_back() -> None:
+    """--workload auto/verify: `auto-warm` keeps its controller, --native picks llama.cpp's configurations, and
+    --from-json reads every label back to the configuration that made it."""
+    assert B.parse_methods("auto-warm,none") == ["none", "auto-warm"]
+    assert B.parse_native(" ngram-mod,plain,plain") == ("ngram-mod", "plain")
+    with pytest.raises(UsageError, match="--native names no configuration"):
+        B.parse_native(" , ")
+    configs = B.configs_for(["none", "auto", "auto-warm"], peer=False, native=("ngram-mod",))
+    assert [c.label for c in configs] == ["none", "A/A", "auto", "auto-warm", "native-ngram-mod"]
+    warm, native = configs[3], configs[4]
+    assert (warm.method, warm.warm, configs[2].warm, native.family, native.method) == \
+        ("auto", True, False, "native", "ngram-mod")
+    assert [B.config_from_label(c.label) for c in configs] == configs
+    from specdec_cli.measure.bench_workloads import check_workload
+
+    with pytest.raises(UsageError, match="Unknown workload 'chat'.*default, plain, auto, verify, predict"):
+        check_workload("chat")
+
+
 # ---- the summary, with literal numbers
 
 
@@ -433,3 +452,45 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     configs = [c for c in B.configs_for(["none"], peer=False, native=True) if not c.control][:2]
     (_, nat) = B.summarize(runs, configs, [("p", "edit")])
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)
+
+
+def test_the_draft_method_is_left_out_with_a_line_for_a_target_no_draft_model_goes_with(tmp_path):
+    from specdec_cli.spec import ModelOptions
+
+    options = B.BenchOptions(methods=B.parse_methods("none,ngram,draft"))
+    kept, note = B.without_unpaired_draft(options, ModelOptions(target=str(tmp_path / "lfm2-tiny.gguf")))
+    assert B.Method.draft not in kept.methods and B.Method.ngram in kept.methods
+    assert note and "--draft" in note
+    for models in (ModelOptions(target=None), ModelOptions(target=str(tmp_path / "x.gguf"), draft="qwen2.5-coder-0.5b")):
+        assert B.without_unpaired_draft(options, models) == (options, None)  # the default pair, or a named draft
+
+
+def test_a_workload_of_its_own_is_summarised_as_the_bench_is(monkeypatch) -> None:
+    """--workload predict|suffix|edits: what a workload emits becomes bench's run dicts, configurations (in the order
+    they first ran, none first) and prompts (their token counts from ours), so the same summary reads them."""
+    from types import SimpleNamespace
+
+    from specdec_cli.measure import bench_workloads as W
+    from specdec_cli.prompts import PromptCase
+
+    p, q = PromptCase("p", "pass 1", "x"), PromptCase("p (pass 2)", "pass 2", "x")
+
+    def fake(emit, info, models, options, reporter):
+        info["threads"] = 2
+        for case, tps in ((p, 10.0), (q, 12.0)):
+            emit("native-ngram-mod", case, 0, {"tokens_per_s": 30.0, "tokens": None})
+            emit("none", case, 0, {"tokens_per_s": tps, "tokens": [1, 2], "n_prompt": 7})
+            emit("suffix-fresh", case, 0, {"tokens_per_s": 2 * tps, "tokens": [1, 2], "n_prompt": 7})
+        return Path("/models/m.gguf")
+
+    monkeypatch.setattr(W, "_suffix", fake)
+    notes: list[str] = []
+    sitting = W.run_workload("suffix", models=SimpleNamespace(threads=2, target=None), options=None,
+                             reporter=SimpleNamespace(note=notes.append))
+    assert [c.label for c in sitting.configs] == ["none", "native-ngram-mod", "suffix-fresh"]
+    assert sitting.configs[1].family == "native" and sitting.configs[2].family == "ours"
+    assert [(c.name, c.kind) for c in sitting.prompts] == [("p", "pass 1"), ("p (pass 2)", "pass 2")]
+    assert [len(t) for t in sitting.bench.tokens] == [7, 7] and len(sitting.bench.runs) == len(notes) == 6
+    summaries = B.summarize(sitting.bench.runs, sitting.configs, [(c.name, c.kind) for c in sitting.prompts])
+    assert summaries[2].speedup_by_class == {"pass 1": pytest.approx(2.0), "pass 2": pytest.approx(2.0)}
+    assert summaries[2].agree == (2, 2, None)

@@ -572,3 +572,20 @@ def test_beside_a_long_prefill_a_decoding_lane_speculates_deeper():
     reader.last_rows = 1  # lane 0 decoding plain steps instead
     beside_decoding = decoder.draft_limit
     assert beside_prefill >= 12 and beside_decoding <= 6
+
+
+def test_lanes_of_a_recurrent_target_draft_within_its_snapshots_and_give_greedy_output():
+    # a hybrid target with 2 snapshots per sequence: every lane's drafts stay within them (the joint K takes the
+    # target's draft_limit), so each rollback is a snapshot's, and each lane's output is its own greedy one
+    from fakes import bigram_logits
+
+    backend = FakeBackend(bigram_logits, n_ctx=256, n_batch=64, recurrent="snapshots", n_rs_seq=2)
+    sched, engines = _engines(backend, 2, k=8)
+    config = GenerationConfig(max_tokens=40)
+    prompts = [[2, 3, 4], [9, 10, 11]]
+    out = _run(sched, [(i, engines[i], prompts[i], config, Priority(BATCH, seq=i)) for i in range(2)],
+               threading.Barrier(2))
+    for i, lane in enumerate(sched.lanes):
+        assert out[i] == greedy_reference(bigram_logits, prompts[i], 40), f"lane {i}"
+        assert lane.inner.n_checkpoint_rollbacks == 0 and lane.inner.n_poisoned == 0, f"lane {i}"
+        assert lane.inner.n_decode_calls < 30  # it speculated: plain decoding takes a pass per token

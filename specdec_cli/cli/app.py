@@ -377,6 +377,12 @@ BENCH_EXAMPLES = """
   specdec bench prompts/ --methods none,ngram,suffix --no-peer -n 256 --repeats 3
   specdec bench -t smollm2-135m -d smollm2-135m -n 32   [dim]# a quick try on the tiny model[/dim]
   specdec bench --llama-cpp ~/llama.cpp/build/bin --no-peer   [dim]# + native llama.cpp, plain and ngram-simple[/dim]
+  specdec bench --workload verify -r 3 --llama-cpp DIR   [dim]# learning auto vs none vs native ngram-*[/dim]
+  specdec bench --workload predict -n 512          [dim]# --predict on whole-file edits, and iterating on one[/dim]
+  specdec bench --workload plain                   [dim]# plain decoding only: compare two llama-cpp-python builds[/dim]
+
+[bold]Workloads[/bold] (--workload): default (the above); plain, auto, verify: presets of --methods, prompts and
+--native; predict, suffix, edits: sittings of their own (docs/bench.md).
 
 [bold]How long[/bold]: prompts × configurations × (repeats + one cold run) generations; the cold runs pay a full
 prefill each. The defaults (4 prompts, 7 configurations, 96 tokens, 1 repeat) take about 10 minutes with the
@@ -428,29 +434,44 @@ def bench(
                                   "configuration) to stdout; the report goes to stderr.", rich_help_panel=o.OUTPUT),
     from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "
                                   "(with --markdown and --plot).", rich_help_panel=o.OUTPUT),
+    workload: str = typer.Option("default", "--workload", "-w", help="What to measure: default, plain, auto, verify "
+                                 "(presets of --methods, prompts and --native), predict, suffix or edits (sittings of "
+                                 "their own; they take -n, --repeats, --k and --llama-cpp).", rich_help_panel=o.SPEC),
+    native: str = typer.Option(None, "--native", help="With --llama-cpp: the native configurations, comma-separated: "
+                               "plain and llama-speculative-simple --spec-type names (default: plain,ngram-simple).",
+                               rich_help_panel=o.SPEC),
     verbose: o.Verbose = False,
 ) -> None:
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
     from specdec_cli.cli.commands import bench as B
     from specdec_cli.cli.inputs import from_paths
-    from specdec_cli.measure.bench import BenchOptions, parse_methods
+    from specdec_cli.measure.bench import NATIVE, BenchOptions, parse_methods, parse_native
+    from specdec_cli.measure.bench_workloads import OWN, PRESET, check_workload
     from specdec_cli.prompts import CLASSES, builtin
 
+    preset = PRESET.get(check_workload(workload))
+    if preset is not None:  # a preset's methods and peers; its prompts unless prompt files are given
+        methods, no_peer = preset.methods, no_peer or not preset.peer
+    no_peer = no_peer or workload in OWN  # a sitting of its own names its configurations itself
     options = BenchOptions(methods=parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
                            ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
-                           json_path=json_out,
-                           plot_path=plot, markdown=markdown)
+                           native=parse_native(native) if native else (preset.native if preset else NATIVE),
+                           json_path=json_out, plot_path=plot, markdown=markdown)
+    models = _model_options(target, draft, ctx, threads, gpu_layers, verbose)
     if from_json:
         code = B.from_json(from_json, options=options)
+    elif workload in OWN:
+        code = B.execute_workload(workload, models=models, options=options)
     else:
         if prompts:
             cases = from_paths(list(prompts))
+        elif preset is not None:
+            cases = preset.prompts()
         elif all_builtin:
             cases = builtin()
         else:
             cases = [builtin((kind,))[0] for kind in CLASSES]
-        code = B.execute(cases, models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
-                         options=options)
+        code = B.execute(cases, models=models, options=options)
     if code:
         raise typer.Exit(code)
 

@@ -36,6 +36,7 @@ def pass_placement(stats) -> str:
 
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
+                      Source.mtp: "spec.accepted.mtp",
                       Source.corpus: "spec.accepted.corpus", Source.grammar: "spec.accepted.grammar"}
 
 

@@ -60,6 +60,9 @@ VERSION = "0.3.36"
 PATCH_DIR = Path(__file__).resolve().parent / "patches"
 FA_PATCH = "llama-cpp-python-flash-attn-switch.patch"
 AMX_PATCH = "llama-cpp-python-amx-tileconfig.patch"
+# Vulkan: ggml-vulkan uses VK_EXT_layer_settings (the validation layer's best-practice switch, a debugging aid), which
+# Vulkan headers before 1.3.261 lack (Debian 12 ships 1.3.239): compiled only where the headers have it
+VK_PATCH = "llama-cpp-python-vulkan-layer-settings.patch"
 PATCHES = (FA_PATCH, AMX_PATCH)
 BACKENDS = ("auto", "cpu", "metal", "cuda", "vulkan")
 BACKEND_FLAGS = {"cpu": "", "metal": "-DGGML_METAL=on", "cuda": "-DGGML_CUDA=on", "vulkan": "-DGGML_VULKAN=on"}
@@ -298,6 +301,8 @@ def make_plan(python: str | None = None, *, backend: str = "auto", amx: str = "a
     chosen = choose_backend(backend, user_args=user_args, system=system, machine=machine)
     cpu = cpu_description(system)
     patches, amx_flags = cpu_patches_and_flags(cpu, amx, system, machine)
+    if chosen.name == "vulkan":
+        patches = [*patches, VK_PATCH]
     args = " ".join(a for a in (amx_flags, chosen.flags, user_args) if a)
     patch_sum = hashlib.sha256(b"".join((PATCH_DIR / p).read_bytes() for p in patches)).hexdigest()
     info = _probe(python)

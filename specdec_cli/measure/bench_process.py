@@ -205,6 +205,37 @@ def _windows_rss_kib() -> tuple[int | None, int | None]:
     return counters.PeakWorkingSetSize // 1024, counters.WorkingSetSize // 1024
 
 
+def run_record(g) -> dict[str, Any]:
+    """One generation's run dict as --json stores it and `measure.bench.BenchResult.from_dict` reads it, less its
+    place in the schedule. g: a `driver` Result."""
+    st = g.stats
+    return {
+        "tokens_per_s": st.tokens_per_s,
+        "n_tokens": st.n_generated,
+        "decode_ms": st.decode_ms,
+        "n_prompt": st.n_prompt,
+        "n_prefill_evaluated": st.n_prefill_evaluated,
+        "prefill_ms": st.prefill_ms,
+        "draft_prefill_ms": st.draft_prefill_ms,
+        "n_drafted": st.n_drafted,
+        "n_accepted": st.n_accepted,
+        "n_spec_steps": sum(1 for s in g.steps if s.drafted),
+        "n_steps": st.n_target_passes,
+        "mean_k": st.mean_k,
+        "k_histogram": {str(k): v for k, v in sorted(st.k_histogram.items())},
+        "draft_ms": st.draft_ms,
+        "verify_ms": st.verify_ms,
+        "cheap_passes": st.cheap_passes,
+        "curve_passes": st.curve_passes,
+        "branch_passes": st.branch_passes,
+        "batch_histogram": {str(b): v for b, v in sorted(st.batch_histogram.items())},
+        "decode_joules": st.energy.decode_j if st.energy is not None else None,  # models.energy: or why not
+        "energy_note": st.energy_note,
+        "finish_reason": st.finish_reason,
+        "tokens": g.tokens,
+    }
+
+
 class _OursRunner:
     """Our engine: one session (target + optional draft model), a drafter per method built once."""
 
@@ -227,7 +258,7 @@ class _OursRunner:
         for method in (Method.none, Method.draft) if self.session.draft is not None else (Method.none,):
             self._generate(method, warm, 4)  # page the weights in before anything is timed
         store_tokens = None
-        if {Method.suffix, Method.auto} & {Method(m) for m in msg["methods"]}:
+        if {"suffix", "auto", "auto-warm"} & {str(m) for m in msg["methods"]}:
             from specdec_cli.config import data_dir
             from specdec_cli.stores.suffix_store import SuffixStore, store_path
 
@@ -238,6 +269,7 @@ class _OursRunner:
                      "rendered": [self.session.target.format_chat([{"role": "user", "content": t}])
                                   for t in msg["prompts"]],
                      "threads": self.session.target.n_threads, "suffix_store_tokens": store_tokens,
+                     "kind": self.session.target.kind,  # a recurrent or hybrid model: the peer cannot run it
                      "rss_after_load_kib": _rss_kib()[1], "kernels": self.session.kernels()}
 
     def _drafter(self, method: Method):
@@ -251,14 +283,15 @@ class _OursRunner:
             self._drafters[method] = NoLearning(self.assembler.make_drafter(spec))
         return self._drafters[method]
 
-    def _generate(self, method: Method, prompt, max_tokens: int):
-        """One generation; returns (the `Result`, ms from the call to the first step: TTFT)."""
+    def _generate(self, method: Method, prompt, max_tokens: int, warm: bool = False):
+        """One generation; returns (the `Result`, ms from the call to the first step: TTFT). warm: keep the
+        session's --k auto controller (what it learnt from the runs before), as learnt.json carries it."""
         from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
         from specdec_cli.spec import SpecOptions
 
-        # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
-        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=True,
+        # a fresh --k auto per run (unless warm), as the drafters do not learn either: a cold start each time
+        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=not warm,
                                        drafter=self._drafter(method))
         first: list[float] = []  # perf_counter s when the first step arrived
 
@@ -276,38 +309,11 @@ class _OursRunner:
             if self.session.draft is not None:
                 self.session.draft.truncate(0)
         reset = _reset_peak_rss()
-        g, ttft = self._generate(Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"])
+        g, ttft = self._generate(Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"],
+                                 warm=msg.get("warm", False))
         hwm, rss = _rss_kib()
-        st = g.stats
-        return {
-            "tokens_per_s": st.tokens_per_s,
-            "n_tokens": st.n_generated,
-            "decode_ms": st.decode_ms,
-            "ttft_ms": ttft if msg["cold"] else None,
-            "n_prompt": st.n_prompt,
-            "n_prefill_evaluated": st.n_prefill_evaluated,
-            "prefill_ms": st.prefill_ms,
-            "draft_prefill_ms": st.draft_prefill_ms,
-            "n_drafted": st.n_drafted,
-            "n_accepted": st.n_accepted,
-            "n_spec_steps": sum(1 for s in g.steps if s.drafted),
-            "n_steps": st.n_target_passes,
-            "mean_k": st.mean_k,
-            "k_histogram": {str(k): v for k, v in sorted(st.k_histogram.items())},
-            "draft_ms": st.draft_ms,
-            "verify_ms": st.verify_ms,
-            "cheap_passes": st.cheap_passes,
-            "curve_passes": st.curve_passes,
-            "branch_passes": st.branch_passes,
-            "batch_histogram": {str(b): v for b, v in sorted(st.batch_histogram.items())},
-            "decode_joules": st.energy.decode_j if st.energy is not None else None,  # models.energy: or why not
-            "energy_note": st.energy_note,
-            "finish_reason": st.finish_reason,
-            "peak_rss_kib": hwm,
-            "rss_kib": rss,
-            "peak_rss_reset": reset,
-            "tokens": g.tokens,
-        }
+        return {**run_record(g), "ttft_ms": ttft if msg["cold"] else None, "peak_rss_kib": hwm, "rss_kib": rss,
+                "peak_rss_reset": reset}
 
     def close(self) -> None:
         try:

@@ -318,7 +318,7 @@ class PassScheduler:
         with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other lanes' rows in their last passes and
         the tokens those are expected to give; a lane still reading its prompt adds its next piece to R and nothing
         to T, and its piece gives way to verify rows, so beside a long prefill a draft's rows are nearly free)."""
-        top = lane.n_batch - 1
+        top = min(lane.n_batch - 1, lane.inner.draft_limit)  # a recurrent target: its snapshots
         others = [x for x in self.lanes if x is not lane and x.index in self._active]
         if not others or lane.pinned or self.split:  # split: its rows are evaluated apart, priced as alone
             return top

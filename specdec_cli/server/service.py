@@ -108,13 +108,19 @@ class GenerationService:
                                                    parking=KvParking(), curve=engine.curve))
         self._scopes = [None] * n_lanes
 
-    def kv_memory(self) -> dict[str, int]:
+    def kv_memory(self) -> dict[str, Any]:
         """The KV cache's size: {"lanes", "ctx" (tokens per lane), "bytes_per_token", "bytes" (the whole pool,
-        allocated at load: lanes x ctx x bytes per token)}; bytes 0 where the backend cannot say (a fake)."""
+        allocated at load: lanes x ctx x bytes per token)}; bytes 0 where the backend cannot say (a fake). A recurrent
+        or hybrid target adds "kind", "rollback", "n_rs_seq" (snapshots per sequence) and "snapshot_bytes" (what
+        they take per lane, `LlamaBackend.snapshot_bytes`)."""
         target = self.session.target
         per = target.kv_bytes_per_token() if hasattr(target, "kv_bytes_per_token") else 0
-        return {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
-                "bytes": per * target.n_ctx * self.lanes}
+        doc: dict[str, Any] = {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
+                               "bytes": per * target.n_ctx * self.lanes}
+        if getattr(target, "kind", "transformer") != "transformer":
+            doc.update(kind=target.kind, rollback=target.rollback, n_rs_seq=getattr(target, "n_rs_seq", 0),
+                       snapshot_bytes=target.snapshot_bytes if hasattr(target, "snapshot_bytes") else 0)
+        return doc
 
     @property
     def lanes(self) -> int:
