@@ -293,7 +293,7 @@ class SpeculativeEngine:
         k = min(controller.next_k(), limit)
         if k <= 0:
             return 0, NO_DRAFT, None
-        # the free lookup drafts (prompt lookup, suffix store, prediction: ~0.1 ms each), each at most k tokens
+        # the free lookup drafts (prompt lookup, suffix store, prediction: cheap beside a pass), each at most k tokens
         drafts = [d if len(d) <= k else cut(d, k) for d in drafter.lookup(context, k, sampling, rng)]
         if grammar is not None:
             drafts = [c for c in (cut(d, grammar.cut(d.tokens)) for d in drafts) if len(c)]

@@ -164,7 +164,7 @@ class Backend(Protocol):
 
     def lltokenizer(self) -> LLTokenizer:
         """The vocabulary as an llguidance tokenizer, for grammars (`specdec_cli.core.constraint`): built on first use
-        (~1 s for a 152k vocabulary), then cached. Its end-of-sequence tokens are the model's end-of-generation
+        (it walks the whole vocabulary), then cached. Its end-of-sequence tokens are the model's end-of-generation
         tokens."""
         ...
 

@@ -6,15 +6,13 @@ AMX kernels fault on the first decode (`ggml_backend_amx_mul_mat`, at `ldtilecfg
 not see that `_tile_loadconfig` reads the stack tile configuration and drops the stores that fill it. The whole
 process dies with SIGSEGV (or SIGILL), no message. `specdec install-llama-cpp` (`models.build`; `make` in a
 checkout) builds the sdist with the AMX tile patch (a compiler barrier before the load) on such CPUs, and the kernels
-run: a 512-token prefill ~1.6x faster than with AMX compiled out.
+run, faster at prefill than with AMX compiled out.
 
-Where an AMX build still crashes (a llama-cpp-python built elsewhere, without the patch), two ways around it,
-measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 4, 16, 64):
+Where an AMX build still crashes (a llama-cpp-python built elsewhere, without the patch), two ways around it:
 
-* rebuild (`specdec install-llama-cpp`: the patched AMX kernels; `--amx off` compiles AMX out: 79, 125, 282,
-  812 ms);
+* rebuild (`specdec install-llama-cpp`: the patched AMX kernels; `--amx off` compiles AMX out);
 * load the model with llama.cpp's *extra buffer types* off (`llama_model_params.use_extra_bufts = false`: no AMX
-  and no repacked weight layouts): 135, 221, 380, 781 ms — works, plain decoding ~1.7x slower.
+  and no repacked weight layouts): it works, but plain decoding is slower, so it is the fallback, not the default.
 
 `plan()` decides, once per process, how `LlamaBackend` loads models:
 

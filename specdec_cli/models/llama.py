@@ -17,7 +17,7 @@ What it does differently from `llama_cpp.Llama`:
 - `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted: `PassInterrupted`, < 0 = fatal);
 - a pass can be interrupted from another thread (`interrupt`): llama.cpp's abort callback, checked by ggml's CPU
   backend after every graph node, is libc's `strlen` over a one-byte flag, so the check runs no Python and takes no
-  GIL (a Python callback would take the GIL ~1,000 times a pass). llama.cpp hands the callback only to a backend whose
+  GIL (a Python callback would take the GIL at every graph node). llama.cpp hands the callback only to a backend whose
   registry exports `ggml_backend_set_abort_callback` (`llama_context::set_abort_callback`): the CPU's alone. CUDA
   and Vulkan never check it, nor does Metal (its own setter, `ggml_backend_metal_set_abort_callback`, is not called by
   llama.cpp, and its check runs only while a GPU trace is captured), so a pass with every layer on such a device
@@ -85,8 +85,8 @@ def gpu_offload_supported() -> bool:
 PHASED = "phased"  # flash_attn: on for prefill chunks and short contexts, off for long verify passes (`LlamaBackend`)
 PHASE_ROWS = 64  # phased: a llama_decode call over more rows than this is a prefill chunk, run with flash attention
 # phased: below this many tokens of context every pass runs with flash attention too. There it costs about what off
-# does (2,048 tokens, 2-core Xeon: v(1) 86 on / 96 off, v(16) 322 / 268 ms) and keeps each row's attention computed
-# alone, so a verify pass rounds as a one-token pass does; past it, off's verify passes are 1.2-2x cheaper.
+# does and keeps each row's attention computed alone, so a verify pass rounds as a one-token pass does; past it,
+# off's verify passes are cheaper, so long contexts verify with it off.
 PHASE_DEPTH = 2048
 RS_SNAPSHOTS = 16  # recurrent-state snapshots per sequence asked of llama.cpp (`n_rs_seq`): the controller's K_max
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent part alone (a recurrent model's whole state)
@@ -184,8 +184,6 @@ class LlamaBackend(RecurrentGuard):
             ("phased"): both, by pass: the context is made with it off and each llama_decode call over more than
             `PHASE_ROWS` rows (a prefill chunk), or starting before `phase_depth` tokens of context, runs with it on;
             needs `flash_attn_switch()` (else ValueError).
-            Measured on a 2-core AMX Xeon at 8,000 tokens of context, Qwen2.5-Coder-1.5B: passes over 1/4/8/16
-            tokens 130/257/348/487 ms off against 152/320/538/924 ms on, prefill 82-88 tok/s on, 72 off.
         phase_depth: phased: a pass that starts before this many tokens of context runs with flash attention
             (`PHASE_DEPTH`).
         n_lanes: sequences this context serves side by side (`lane(i)`, `decode_many`: the server's `--parallel`),
@@ -195,9 +193,8 @@ class LlamaBackend(RecurrentGuard):
             1, 5 and 17 rows is three ubatches), and lanes have no second branch; or one KV pool of
             `n_lanes * n_ctx` cells for all (True: llama.cpp's unified KV cache, llama-server's `-kvu`; each lane
             keeps a second sequence for its branches, and a shared pass is one ubatch), where every pass attends
-            over the pool's cells, other lanes' too: on a 2-core Xeon (`benchmarks/bench_kv_pool.py`), 8 verify rows
-            of a lane 2,500 deep took 396 ms beside a lane holding 8,000 cells against 239 ms with streams, and four
-            lanes' 8 rows each 762 against 704 ms. Ignored with one lane.
+            over the pool's cells, other lanes' too, so a shallow lane's pass pays for a deep lane's cells
+            (`benchmarks/bench_kv_pool.py` times both layouts). Ignored with one lane.
         rs_snapshots: recurrent-state snapshots per sequence to ask llama.cpp for (`llama_context_params.n_rs_seq`)
             on a recurrent or hybrid model; llama.cpp grants them only to the architectures in its
             `llm_arch_supports_rs_rollback` (0 otherwise: then rollback is by checkpoint and replay). Each snapshot
@@ -662,9 +659,9 @@ class LlamaBackend(RecurrentGuard):
     def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
         """`decode_many` of unequal parts over KV streams: one `llama_decode` per part, each with its own
         flash-attention phase. llama.cpp would split them into ubatches of equal rows per stream anyway
-        (consecutive sequence ids together), which cost more than a ubatch each (a 2-core Xeon: 1, 4, 12 and 2 rows 911 against 813 ms; 64 and
-        10 rows 1,955 against 1,474 ms), and one call runs every ubatch with the phase of its largest part: a verify
-        step beside a prefill chunk ran with flash attention on, up to twice as slow. Every part's logits but the last
+        (consecutive sequence ids together), which cost more than a call each, and one call runs every ubatch with
+        the phase of its largest part: a verify step beside a prefill chunk would run with flash attention on, the
+        slow setting for it. Every part's logits but the last
         are copied (the next call overwrites them). A part that fails rolls the earlier ones back too."""
         views: list[np.ndarray] = []
         done: list[tuple[LlamaBackend, int]] = []
@@ -910,7 +907,7 @@ class LlamaBackend(RecurrentGuard):
     def lltokenizer(self):
         """The vocabulary as an llguidance `LLTokenizer` (`llguidance.llamacpp.lltokenizer_from_vocab`: every token's
         piece, control tokens marked special, llama.cpp's own tokenizer for forced text), with the model's
-        end-of-generation tokens as its end-of-sequence tokens. Built once (~1 s for a 152k vocabulary), cached."""
+        end-of-generation tokens as its end-of-sequence tokens. Built once (it walks the whole vocabulary), cached."""
         if self._root is not self:
             return self._root.lltokenizer()
         if self._lltokenizer is None:
@@ -1000,7 +997,7 @@ def describe_model(path: str | Path, *, rs_snapshots: int = RS_SNAPSHOTS) -> dic
 
 
 class VocabOnly:
-    """A GGUF's tokenizer alone (llama.cpp's vocab_only load: no weights, no context; ~0.2 s): `specdec learn` and
+    """A GGUF's tokenizer alone (llama.cpp's vocab_only load: no weights, no context, so cheap): `specdec learn` and
     `specdec serve --learn` tokenize files with it, apart from the model that generates. `tokenize` and
     `vocab_info` are `LlamaBackend`'s. Raises ModelError when llama.cpp cannot read the file."""
 

@@ -148,7 +148,7 @@ class GenerationService:
     def prepare(self) -> None:
         """Build now, before the server answers, what the first request would otherwise build on the worker thread
         while holding the GIL: the target's llguidance tokenizer (`Backend.lltokenizer`, for grammars: tools and
-        JSON schemas). Its construction in Rust (0.4-1 s for a 152k vocabulary) does not release the GIL, so the
+        JSON schemas). Its construction in Rust (long for a large vocabulary) does not release the GIL, so the
         event loop (`/health`, every stream) would stand still that long at the first request with tools. A
         vocabulary it cannot be built from is left to that request's error, as before."""
         try:
@@ -225,9 +225,8 @@ class GenerationService:
 
         The token ids of the last `KEPT_PROMPTS` conversations are kept, keyed by what the template is given (the
         messages, tools and template arguments): one rendered again (Anthropic's `count_tokens` of a conversation just
-        sent to be answered, a client's retry) is neither rendered nor tokenized again. Rendering and tokenizing
-        Claude Code's 6.6k-token request took 25-30 ms on an idle 2-core machine and 70-160 ms while a generation's
-        compute threads held both cores.
+        sent to be answered, a client's retry) is neither rendered nor tokenized again, since rendering and tokenizing
+        an agent's long request is slow while a generation's compute threads hold the cores.
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).

@@ -11,8 +11,8 @@ and copies it back (`llama_state_seq_set_data`) when a later prompt shares more 
     sync(backend, context)              # evaluates only what neither held
 
 A state is parked only when at least `min_tokens` of it would be lost, and entries are kept most recently used first
-within `max_bytes` (one 20k-token Qwen2.5-Coder-1.5B state is ~560 MB). A copy costs about a memcpy of the state
-(~0.2 s for 560 MB), far less than evaluating it again. Like llama-server's per-slot caches and its `--cache-ram`
+within `max_bytes` (one 20k-token Qwen2.5-Coder-1.5B state is ~560 MB). A copy costs about a memcpy of the state,
+far less than evaluating it again. Like llama-server's per-slot caches and its `--cache-ram`
 prompt cache, whose idea this is (the server's `server_prompt_cache` keeps states in host memory). A recurrent or
 hybrid model's state (`Backend.rollback` not "kv") cannot be cut: a parked state, or the held one, counts only when
 it is a whole prefix of the context.

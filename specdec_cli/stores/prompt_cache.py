@@ -1,7 +1,7 @@
 """The prompt cache: KV states saved across runs, restored for the longest shared token prefix.
 
-Each `specdec run` is a new process, so a prompt that was evaluated before is evaluated again from scratch (~95 tok/s
-on 2 CPU cores: 19 s for 1,800 tokens). Like llama.cpp's `--prompt-cache FILE` (tools/main: load the session file,
+Each `specdec run` is a new process, so a prompt that was evaluated before is evaluated again from scratch (slow on a
+CPU for a long prompt). Like llama.cpp's `--prompt-cache FILE` (tools/main: load the session file,
 keep the matching token prefix, `llama_memory_seq_rm` the rest) and llama-cpp-python's `LlamaDiskCache`, this saves
 the KV state of sequence 0 after a prefill and, on a later prompt that shares a long enough token prefix with a saved
 one, restores it and truncates it to the shared prefix; the caller evaluates only the rest:
@@ -279,7 +279,7 @@ class PromptCache:
             align: when a strict prefix of `tokens` is restored, cut it down to a multiple of `align` tokens. With
                 align = backend.n_batch, the rest is then evaluated in the same n_batch chunks as a cold prefill, so
                 the logits are bit-identical to a run without the cache (llama.cpp's numerics depend on how tokens
-                are batched: the rest as one odd-sized batch moves logits by up to ~0.6 on smollm2), at the cost of
+                are batched: the rest as one odd-sized batch moves logits enough to flip near-ties), at the cost of
                 up to align - 1 more tokens evaluated. None: restore the whole shared prefix (fastest; differences
                 are near-ties). A restore of all of `tokens` is never cut.
 
