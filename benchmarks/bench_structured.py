@@ -1,6 +1,6 @@
 """Structured outputs: grammar-aware speculation against constrained plain decoding and native llama.cpp.
 
-Tasks (the documents are held out: written for this benchmark, in benchmarks/structured/):
+Tasks (the documents are held out: written for this benchmark, in tests/data/structured/):
   (a) extract: JSON extraction from an invoice (17 fields and 4 line items, most values copied from the text),
       constrained by invoice.schema.json;
   (b) tool call: a tool-call turn in Qwen2.5's `<tool_call>` format, constrained by a grammar of the tool's schema
@@ -44,7 +44,7 @@ from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 from specdec_cli.measure.sweep import NoLearning
 
-HERE = Path(__file__).resolve().parent / "structured"
+HERE = Path(__file__).resolve().parents[1] / "tests" / "data" / "structured"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 
 EXTRACT_PROMPT = (

@@ -4,7 +4,7 @@ For each prompt, plain greedy decoding runs in a child with `SPECDEC_AMX=off` (l
 no AMX kernels, no repacked weights: other kernels, other summation orders), then this process, with the AMX kernels
 in use, re-scores that output one token at a time (`measure.audit.audit_output`, what `specdec check` does) and
 judges every position where its own argmax differs by the margin in logits: below 1.0 a numerical near-tie, above it
-a divergence (a kernel bug). Run it on a CPU with AMX after `scripts/install-llama-cpp.sh`.
+a divergence (a kernel bug). Run it on a CPU with AMX after `specdec install-llama-cpp` (or `make`).
 
     python benchmarks/check_amx.py                 # the edits and the free-text prompts, 128 tokens each
     python benchmarks/check_amx.py -n 32 --prompts edit/textwrap_rename.txt

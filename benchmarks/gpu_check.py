@@ -13,7 +13,7 @@ wheels the build and specdec need where the GPU machine has no network (scikit-b
 all under .cache/gpu_check/ (ignored by git, carried beside the repository; 64 MiB in all).
 
 The check: (1) the card from nvidia-smi (name, compute capability, memory, driver); (2) unless --no-build, a venv
-with the wheels, the trimmed sdist patched as scripts/install-llama-cpp.sh patches it and built with
+with the wheels, the trimmed sdist patched as specdec's installer patches it (specdec_cli/llama_build) and built with
 CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=<the card's>" (-DLLAVA_BUILD=OFF: no multimodal library);
 (3) a random-weight GGUF at Qwen2.5-Coder-1.5B's shape (`benchmarks/random_gguf.py`, f16), and the catalog's
 smollm2-135m where the model cache has it; (4) `specdec doctor --measure --target M` (the verify curve, flash
@@ -132,8 +132,8 @@ def card() -> dict:
 
 def build(work: Path, arch: str, log: Path) -> tuple[str, str]:
     """A venv under `work` with the wheels, and llama-cpp-python built for CUDA `arch` ("89") from the trimmed
-    sdist, patched like scripts/install-llama-cpp.sh. Returns (the venv's python, a one-line description).
-    Raises RuntimeError with the step that failed (its output is in `log`)."""
+    sdist, patched by specdec's installer (specdec_cli/llama_build/install.py, its patcher and AMX choice). Returns
+    (the venv's python, a one-line description). Raises RuntimeError with the step that failed (its output is in `log`)."""
     if not TRIMMED.is_file():
         raise RuntimeError(f"{TRIMMED.relative_to(ROOT)} is missing: run `python benchmarks/gpu_check.py prepare` "
                            "where there is network, and carry .cache/gpu_check")
@@ -161,17 +161,16 @@ def build(work: Path, arch: str, log: Path) -> tuple[str, str]:
     with tarfile.open(TRIMMED) as tar:
         tar.extractall(src, filter="data")
     source = src / SDIST
-    patches = [ROOT / "patches" / "llama-cpp-python-flash-attn-switch.patch"]
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = ""
-    if platform.machine() in ("x86_64", "AMD64"):
-        if " amx_tile" in cpu and " amx_int8" in cpu:
-            patches.append(ROOT / "patches" / "llama-cpp-python-amx-tileconfig.patch")
-        else:
-            off = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-            flags = f"-DCMAKE_C_FLAGS='{off}' -DCMAKE_CXX_FLAGS='{off}' "
-    for p in patches:
-        step(f"patch {p.name}", ["patch", "-p1", "--forward", "--fuzz=0", "-i", str(p)], cwd=source)
+    sys.path.insert(0, str(ROOT))
+    from specdec_cli.llama_build import install as installer  # standard library only: no venv needed
+
+    patches, amx_flags = installer.cpu_patches_and_flags(installer.cpu_description())
+    for name in patches:
+        try:
+            installer.apply_patch(installer.PATCH_DIR / name, source)
+        except installer.PatchError as e:
+            raise RuntimeError(f"patch {name} failed: {e}") from e
+    flags = f"{amx_flags} " if amx_flags else ""
     args = f"{flags}-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES={arch} -DLLAVA_BUILD=OFF"
     env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 4))
     step("build", [py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--verbose", str(source),
@@ -316,7 +315,7 @@ def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[s
     import threading
     import urllib.request
 
-    from agents_replay import free_port  # benchmarks/ is on sys.path when a script in it runs
+    from bench_serve import free_port  # benchmarks/ is on sys.path when a script in it runs
 
     port = free_port()
     cmd = [py, "-m", "specdec_cli", "serve", "--port", str(port), "--parallel", str(a.parallel), "-t", str(model),

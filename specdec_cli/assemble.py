@@ -25,7 +25,7 @@ from specdec_cli.core.controller import KController
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
-from specdec_cli.core.verify_curve import CurveWatch, VerifyCurve
+from specdec_cli.core.verify_curve import DRIFT, PASSES_OFF, CurveWatch, VerifyCurve
 from specdec_cli.core.draft import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, USES_PREDICTION, Method, SpecOptions
@@ -92,6 +92,15 @@ class Assembler:
         (`CostModel.drifted`), disagree with the measured verify curve."""
         return (self._watch is not None and self._watch.drifted()) or \
             any(ctrl.model.drifted() for ctrl in self._controllers.values())
+
+    def drift_why(self) -> str:
+        """How the passes timed here disagreed with the curve, one phrase beginning with `PASSES_OFF` ("" when they
+        did not)."""
+        if self._watch is not None and self._watch.drifted():
+            return self._watch.why()
+        if any(ctrl.model.drifted() for ctrl in self._controllers.values()):
+            return f"{PASSES_OFF}: --k auto's one-token passes cost more than {DRIFT:.0%} away from it"
+        return ""
 
     # -- drafters -----------------------------------------------------------------------------------------------
     def drafter(self, spec: SpecOptions) -> Drafter | None:
@@ -197,12 +206,15 @@ class Assembler:
 
         s = self.session
         draft = s.draft_path if method in USES_DRAFT_MODEL else None
-        return learnt.entry_key(s.target_path, draft, method, s.options.threads, k_max)
+        return learnt.entry_key(s.target_path, draft, method, s.options.threads, k_max, s.placement())
 
     def save_learnt(self) -> None:
         """Save what each `--k auto` controller learnt (`specdec_cli.stores.learnt`; a failure warns), and mark the
-        verify curve stale when the passes timed here drifted from it (`curve_drifted`): the next session measures it
-        again."""
+        verify curve stale, with the reason (`drift_why`), when the passes timed here drifted from its prediction at
+        their depth (`curve_drifted`): the next session measures it again. Not a provisional curve, nor one timed at
+        one depth (both measured again anyway), nor one measured because passes had drifted from the curve before it
+        (`PASSES_OFF`): a machine whose passes never meet a fresh curve gets one measurement for it, not one per
+        run."""
         from dataclasses import replace
 
         from specdec_cli.stores import learnt
@@ -215,10 +227,11 @@ class Assembler:
                 details[key] = {"target": Path(self.session.target_path).name, "method": method, "k_max": k_max}
         curves = {}
         curve = self.session.verify_curve(measure=False) if self._controllers or self._watch is not None else None
-        if curve is not None and not curve.disturbed and self.curve_drifted():  # (a disturbed one was never kept)
-            key = learnt.curve_key(self.session.target_path, self.session.options.threads)
+        if curve is not None and curve.depth and not curve.provisional and not curve.stale \
+                and PASSES_OFF not in curve.measured_for and self.curve_drifted():
+            key = self.session.curve_key()
             if key is not None:
-                curves[key] = {"curve": replace(curve, stale=True).to_dict(),
+                curves[key] = {"curve": replace(curve, stale=True, stale_why=self.drift_why()).to_dict(),
                                "target": Path(self.session.target_path).name}
         learnt.save(keyed, details, curves=curves)
 
@@ -256,7 +269,7 @@ def tuned_k(session: Session, spec: SpecOptions) -> int | None:
         return None
     from specdec_cli.stores.tuned import lookup
 
-    return lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads)
+    return lookup(session.target_path, session.draft_path, spec.method, session.target.n_threads, session.placement())
 
 
 def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bool) -> tuple[str, ...]:

@@ -73,13 +73,14 @@ def builtin_catalog_path() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class HfSource:
-    """A file in a Hugging Face Hub repository, fetched with `huggingface_hub.hf_hub_download`."""
+    """A file in a Hugging Face Hub repository, fetched with `huggingface_hub.hf_hub_download`. `sha256` None: not
+    pinned, the file is verified against the sha256 the Hub publishes for it (its LFS oid) when it is fetched."""
 
     kind: ClassVar[str] = "hf"
     repo: str
     file: str
     revision: str
-    sha256: str
+    sha256: str | None
 
     def describe(self) -> str:
         return f"hf:{self.repo}/{self.file}@{self.revision[:12]}"
@@ -114,17 +115,35 @@ class PypiSource:
 Source = HfSource | PypiSource
 
 
+KINDS = ("transformer", "hybrid", "recurrent")
+ROLLBACKS = ("kv", "snapshots", "checkpoints")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
+    """One catalog model. What it supports (`kind`, `rollback`, `mtp`, `swa`) is what the catalog states about its
+    architecture; the loaded model's own metadata is the authority where the two differ."""
+
     name: str
     description: str
     file: str  # file name in cache_dir()
-    size: int  # bytes
+    size: int | None  # bytes; None: not pinned, the Hub's size is checked at fetch time
     sources: tuple[Source, ...]  # tried in order
+    kind: str = "transformer"  # KINDS: plain attention, attention mixed with recurrent layers, recurrent only
+    rollback: str = "kv"  # ROLLBACKS: trim the KV cache, llama.cpp's recurrent-state snapshots, checkpoint + replay
+    mtp: bool = False  # the GGUF carries a multi-token-prediction (nextn) block
+    swa: bool = False  # sliding-window attention layers
+    ci: bool = True  # fetched by `models pull --all` and the tests; false: only when named
 
     @property
     def sha256s(self) -> frozenset[str]:
-        return frozenset(s.sha256 for s in self.sources)
+        """The pinned digests (a source without one is verified against the Hub's at fetch time)."""
+        return frozenset(s.sha256 for s in self.sources if s.sha256 is not None)
+
+    @property
+    def pinned(self) -> bool:
+        """Every source pins a sha256 (and the size is known): the cache can be checked without the Hub."""
+        return self.size is not None and all(s.sha256 is not None for s in self.sources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,29 +223,52 @@ class _Schema:
         if not _NAME.match(name):
             raise self.error(where, "a model name may use letters, digits, '.', '_' and '-' only")
         t = self.table(value, where)
-        self.keys(t, where, {"description", "file", "size", "sources"})
+        self.keys(t, where, {"description", "file", "sources"}, {"size", "kind", "rollback", "mtp", "swa", "ci"})
         file = self.string(t, "file", where)
         if "/" in file or "\\" in file or file.startswith(".") or not file.endswith(".gguf"):
             raise self.error(f"{where}.file", f"expected a plain file name ending in .gguf, got {file!r}")
-        size = t["size"]
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        size = t.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             raise self.error(f"{where}.size", f"expected a positive integer (bytes), got {_show(size)}")
         sources = t["sources"]
+        hub_verified = isinstance(sources, list) and bool(sources) and all(
+            isinstance(s, dict) and s.get("kind") == "hf" and "sha256" not in s for s in sources)
+        if size is None and not hub_verified:  # only a file the Hub verifies may leave its size to the Hub
+            raise self.error(where, "missing key 'size'")
         if not isinstance(sources, list) or not sources:
             raise self.error(f"{where}.sources", "expected a non-empty array of tables ([[...sources]])")
+        parsed = tuple(self.source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources))
+        kind = self.choice(t, "kind", where, KINDS, "transformer")
         return ModelSpec(
             name=name,
             description=self.string(t, "description", where),
             file=file,
             size=size,
-            sources=tuple(self.source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources)),
+            sources=parsed,
+            kind=kind,
+            rollback=self.choice(t, "rollback", where, ROLLBACKS, "kv" if kind == "transformer" else "checkpoints"),
+            mtp=self.flag(t, "mtp", where, False),
+            swa=self.flag(t, "swa", where, False),
+            ci=self.flag(t, "ci", where, True),
         )
+
+    def choice(self, table: dict[str, Any], key: str, where: str, allowed: tuple[str, ...], default: str) -> str:
+        value = table.get(key, default)
+        if value not in allowed:
+            raise self.error(f"{where}.{key}", f"expected one of {', '.join(map(repr, allowed))}, got {_show(value)}")
+        return value
+
+    def flag(self, table: dict[str, Any], key: str, where: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(f"{where}.{key}", f"expected true or false, got {_show(value)}")
+        return value
 
     def source(self, value: Any, where: str) -> Source:
         t = self.table(value, where)
         kind = t.get("kind")
         if kind == "hf":
-            self.keys(t, where, {"kind", "repo", "file", "sha256"}, {"revision"})
+            self.keys(t, where, {"kind", "repo", "file"}, {"revision", "sha256"})
             revision = t.get("revision", "main")
             if not isinstance(revision, str) or not revision:
                 raise self.error(f"{where}.revision", f"expected a non-empty string, got {_show(revision)}")
@@ -234,7 +276,7 @@ class _Schema:
                 repo=self.string(t, "repo", where, _HF_REPO),
                 file=self.string(t, "file", where),
                 revision=revision,
-                sha256=self.sha256(t, where),
+                sha256=self.sha256(t, where) if "sha256" in t else None,
             )
         if kind == "pypi":
             self.keys(t, where, {"kind", "wheels", "sha256"})

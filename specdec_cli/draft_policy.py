@@ -111,9 +111,9 @@ def tuned_draft_pays(target_path: str | os.PathLike[str], threads: int | None) -
         prefix = tuned.model_id(Path(target_path)) + "|"
     except OSError:
         return False
-    machine = tuned.machine(threads)["key"]
+    mark = f"|draft|{tuned.machine(threads)['key']}"  # then the placement, on a build that offloads
     for key, entry in tuned.load().items():
-        if key.startswith(prefix) and key.endswith(f"|draft|{machine}") and entry.get("k") != 0 \
+        if key.startswith(prefix) and (key.endswith(mark) or f"{mark}|" in key) and entry.get("k") != 0 \
                 and float(entry.get("speedup") or 0.0) > 1.0:
             return True
     return False

@@ -30,23 +30,27 @@ PRIVATE_DIR = 0o700
 
 
 def fsync_dir(directory: Path) -> None:
-    """Flush `directory`'s entries to disk, so a rename into it survives a crash (best effort: some platforms and
-    file systems refuse, and nothing is lost then but that durability)."""
+    """Flush `directory`'s entries to disk, so a rename into it survives a crash. POSIX only (Windows cannot open a
+    directory as a file, and its renames need no such flush); best effort: a platform or file system that refuses
+    loses that durability and nothing else."""
+    if os.name != "posix":
+        return
     try:
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - not supported on every platform
+    except OSError:  # pragma: no cover - not supported on every file system
         return
     try:
         os.fsync(fd)
-    except OSError:  # pragma: no cover
+    except OSError:
         pass
     finally:
         os.close(fd)
 
 
 def fsync_file(path: Path) -> None:
-    """Flush a file's data to disk. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY)
+    """Flush a file's data to disk through a handle opened for writing (Windows refuses to flush a read-only one:
+    EBADF). Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_BINARY", 0))
     try:
         os.fsync(fd)
     finally:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -293,7 +292,7 @@ def forget(target: str, data_dir: Path) -> ForgetReport:
                 rep.files_forgotten += len(m.files)
                 rep.corpora_deleted.append(f"{d.parent.name}/{d.name}")
                 del m
-                shutil.rmtree(d)
+                store.remove(d)
                 continue
             if dropped or len(roots) != len(m.meta.get("roots", ())):
                 rep.files_forgotten += dropped

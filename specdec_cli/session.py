@@ -50,65 +50,97 @@ class Session:
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
     clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
     offload: dict[str, Offload] = field(default_factory=dict)  # "target", "draft": n_gpu_layers each loaded with, why
+    _placement: str | None = None  # `placement()` once known
+
+    def placement(self) -> str:
+        """Where the target's passes run, for the keys of what is timed on it (`models.devices.placement`: the device
+        and the layers offloaded): "" on a build that cannot offload, and for a target `open_session` did not load
+        (no `offload` recorded: a test's fake)."""
+        if self._placement is None:
+            off = self.offload.get("target")
+            if off is None:
+                self._placement = ""
+            else:
+                from specdec_cli.models import devices
+                from specdec_cli.models.llama import gpu_offload_supported
+
+                gpu = gpu_offload_supported()
+                self._placement = devices.placement(self.target_path, off.layers, gpu=gpu,
+                                                    devs=devices.devices() if gpu else None)
+        return self._placement
+
+    def curve_key(self) -> str | None:
+        """The learnt.json key of the target's verify curve here (`stores.learnt.curve_key`: model file, CPU, threads,
+        build, `placement`); None where none is kept (a fake model file, SPECDEC_VERIFY_CURVE=off)."""
+        from specdec_cli.stores import learnt
+
+        return learnt.curve_key(self.target_path, self.options.threads, self.placement())
 
     def verify_curve(self, *, measure: bool = True) -> VerifyCurve | None:
         """The target's measured verify curve on this machine (`core.verify_curve.VerifyCurve`: ms of one pass over
-        b tokens, b = 1..65): the one learnt.json keeps (`stores.learnt.curve_key`: model file, CPU, threads, build),
-        else measured now (`core.verify_timing.measure`: seconds, a progress bar on `reporter`) and kept; with
-        `measure=False` (plain decoding, which needs none) only a kept one. None for a model file that cannot be
-        keyed (a fake) or with SPECDEC_VERIFY_CURVE=off. Measuring empties the target's KV cache: the engines ask for
-        it before their first generation (`Assembler.engine`)."""
-        if self._curve is None and measure:
-            from specdec_cli.stores import learnt
+        b tokens, b = 1..65, and its cost per token of context): the one learnt.json keeps (`curve_key`), else, or
+        where `stores.learnt.why_measure` gives a reason (stale, provisional, one depth only), measured now
+        (`core.verify_timing.measure`: a progress bar on `reporter` that names the reason) and kept;
+        with `measure=False` (plain decoding, which needs none) only a kept one. None for a model file that cannot be
+        keyed (a fake) or with SPECDEC_VERIFY_CURVE=off. Measuring empties the target's KV cache: the engines ask
+        for it before their first generation (`Assembler.engine`)."""
+        from specdec_cli.stores import learnt
 
-            key = learnt.curve_key(self.target_path, self.options.threads)
-            curve = learnt.load_curve(key)
-            if curve is None and key is not None:
-                curve = self._measure_curve(key)
+        if self._curve is None and measure:
+            key = self.curve_key()
+            kept = learnt.load_curve(key, stale_ok=True)
+            why = learnt.why_measure(key, kept, learnt.timed_on(self.options.threads, self.placement())
+                                     if key is not None and kept is None else None)
+            curve = self._measure_curve(key, why, retry=kept is None or not kept.provisional) if why else kept
             self._curve = curve if curve is not None else False
         elif self._curve is None:
-            from specdec_cli.stores import learnt
-
-            return learnt.load_curve(learnt.curve_key(self.target_path, self.options.threads))
+            return learnt.load_curve(self.curve_key())
         return self._curve or None
 
-    def _measure_curve(self, key: str) -> VerifyCurve:
-        """Measure the verify curve now (`verify_timing.measure_steady`: a measurement the machine disturbed is
-        repeated once), with a progress bar on the reporter, and keep it under `key`, unless every attempt was
-        disturbed: then this session uses it and the reporter says why it was not kept."""
-        from specdec_cli.core.verify_curve import B_MAX, REPEATS
-        from specdec_cli.core.verify_timing import measure_steady
+    def _measure_curve(self, key: str, why: str, *, retry: bool = True) -> VerifyCurve:
+        """Measure the verify curve now, for the reason `why` (one phrase, shown with the progress bar), and keep it
+        under `key`. A measurement the machine disturbed is repeated once after a short wait (`retry`;
+        `verify_timing.measure_steady`); one still disturbed is kept as provisional (the next session measures it
+        again, once: `retry` False there, and what that one gives is kept as it is)."""
+        from dataclasses import replace
+
+        from specdec_cli.core.verify_timing import ATTEMPTS, measure, measure_steady, plan_passes
         from specdec_cli.stores import learnt
 
         reporter = self.reporter if self.reporter is not None else _QUIET
 
         def once(**kw) -> VerifyCurve:
-            with reporter.progress("measuring this machine's verify curve (once per model and machine)",
-                                   B_MAX * REPEATS, unit="steps") as task:
-                from specdec_cli.core.verify_timing import measure
-
+            with reporter.progress(f"measuring this machine's verify curve: {why}", plan_passes(),
+                                   unit="steps") as task:
                 return measure(self.target, progress=lambda done, total: task.advance(), clock=self.clock, **kw)
 
-        curve = measure_steady(self.target, say=reporter.say, measure_fn=once)
-        if curve.disturbed:
-            reporter.say(f"verify curve measured in {curve.seconds:.1f} s but not kept: {curve.disturbed} (the "
-                         "machine was busy); the next run measures it again")
+        wait = time.sleep if self.clock is time.perf_counter else None  # a virtual clock has no machine to settle
+        curve = measure_steady(self.target, attempts=ATTEMPTS if retry else 1, say=reporter.say, measure_fn=once,
+                               wait=wait)
+        curve = replace(curve, measured_for=why, provisional=bool(curve.disturbed) and retry)
+        if curve.provisional:
+            reporter.say(f"verify curve measured in {curve.seconds:.1f} s ({why}) and kept as provisional: "
+                         f"{curve.disturbed} (the machine was busy); the next run measures it again, once")
+        elif curve.disturbed:
+            reporter.say(f"verify curve measured in {curve.seconds:.1f} s ({why}), the machine still busy "
+                         f"({curve.disturbed}): kept as it is (specdec doctor --measure times it afresh)")
         else:
-            reporter.say(f"verify curve measured in {curve.seconds:.1f} s and kept (specdec doctor shows it)")
-            learnt.save_curve(key, curve, self.target_path)
+            reporter.say(f"verify curve measured in {curve.seconds:.1f} s ({why}) and kept (specdec doctor shows it)")
+        learnt.save_curve(key, curve, self.target_path, learnt.timed_on(self.options.threads, self.placement()))
         return curve
 
     def remeasure_curve(self, why: str) -> VerifyCurve | None:
-        """Mark the kept verify curve stale (`why`, one phrase, said on the reporter) and measure it again now
-        (`specdec tune` when the passes it timed disagree with it). None where no curve can be kept."""
+        """Mark the kept verify curve stale (`why`, one phrase, said on the reporter and kept as its reason) and
+        measure it again now (`specdec tune` when the passes it timed disagree with it). None where no curve can be
+        kept."""
         from specdec_cli.stores import learnt
 
-        key = learnt.curve_key(self.target_path, self.options.threads)
+        key = self.curve_key()
         if key is None:
             return None
         (self.reporter if self.reporter is not None else _QUIET).say(f"verify curve stale: {why}; measuring it again")
-        learnt.forget_curve(key)
-        self._curve = self._measure_curve(key)
+        learnt.forget_curve(key, why)
+        self._curve = self._measure_curve(key, f"the kept curve is stale: {why}")
         return self._curve
 
     def kernels(self) -> dict[str, str]:
@@ -372,7 +404,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=off.layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads), n_lanes=options.lanes,
+                              flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers),
+                              n_lanes=options.lanes,
                               kv_unified=options.kv_unified)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
                       prompt_cache=PromptCache() if options.prompt_cache else None,
@@ -425,8 +458,8 @@ def keep_draft_if_it_pays(session: Session) -> None:
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
 
 
-def flash_attn(target_path: str | Path, threads: int | None,
-               environ: Mapping[str, str] | None = None) -> bool | str | None:
+def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None, *,
+               gpu_layers: int | None = None) -> bool | str | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
     on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
@@ -435,9 +468,10 @@ def flash_attn(target_path: str | Path, threads: int | None,
     on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
     100 % acceptance fails with it off).
     Where the build can switch it between passes (`models.llama.flash_attn_switch`, the patch of `specdec
-    install-llama-cpp`) and the model runs on the CPU: "phased" (`models.llama.PHASED`: on for prefill chunks and
-    short contexts, off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a measurement that timed
-    phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
+    install-llama-cpp`) and the model runs on the CPU (a CPU build, or `gpu_layers` 0: the n_gpu_layers this run
+    loads it with; None = as the build can, every layer on a GPU build): "phased" (`models.llama.PHASED`: on for
+    prefill chunks and short contexts, off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a
+    measurement that timed phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
     from specdec_cli.stores import learnt
@@ -459,7 +493,8 @@ def flash_attn(target_path: str | Path, threads: int | None,
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
                           f"Unset it (the measured choice), or set it to on, off or phased.")
-    phased = PHASED if switch and not gpu_offload_supported() else None  # the CPU's default where it can switch
+    on_cpu = gpu_layers == 0 or not gpu_offload_supported()  # what this run offloads, not what the build could
+    phased = PHASED if switch and on_cpu else None  # the CPU's default where it can switch
     return flash_attn_choice(learnt.load_flash_attn(learnt.curve_key(target_path, threads)), phased)
 
 

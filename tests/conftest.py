@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py, tests/random_models.py
+
+from random_models import tiny_gguf  # noqa: E402
 
 
 def _isolate(mp: pytest.MonkeyPatch, root: Path) -> None:
@@ -61,3 +63,21 @@ def gemma_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen_pair() -> tuple[Path, Path]:
     return _resolve("qwen2.5-coder-1.5b"), _resolve("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def lfm2_tiny(tmp_path_factory) -> Path:
+    """A hybrid: lfm2, short-convolution and attention layers (llama.cpp rolls it back by snapshots)."""
+    return tiny_gguf(tmp_path_factory, "lfm2")
+
+
+@pytest.fixture(scope="session")
+def qwen35_tiny(tmp_path_factory) -> Path:
+    """A hybrid with an MTP block: qwen35, Gated DeltaNet and attention layers, one nextn layer."""
+    return tiny_gguf(tmp_path_factory, "qwen35")
+
+
+@pytest.fixture(scope="session")
+def mamba2_tiny(tmp_path_factory) -> Path:
+    """A recurrent model: mamba2 (no snapshots in llama.cpp: rolled back by checkpoint and replay)."""
+    return tiny_gguf(tmp_path_factory, "mamba2")

@@ -8,12 +8,16 @@ the logits, which the engine tests then see as a different output.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
+import tarfile
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.models.backend import FimTokens, VocabInfo
+from specdec_cli.models.backend import Backend, FimTokens, VocabInfo
 from specdec_cli.errors import ContextOverflowError
 
 V = 32
@@ -72,7 +76,7 @@ def bigram_logits(prefix: Sequence[int], vocab: int = V, table: np.ndarray | Non
     return logits
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """Implements `specdec_cli.models.backend.Backend` with `fn(prefix) -> logits`.
 
     Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more
@@ -318,6 +322,49 @@ class Clock:
         self.t += seconds
 
 
+SGR = re.compile(r"\x1b\[([0-9;:]*)m")  # a Select Graphic Rendition escape: colours and attributes
+
+
+def unstrike(screen: str) -> tuple[str, list[str]]:
+    """Read a screen's escape codes as a terminal does: the text that is not struck through (SGR 9, which only the
+    rejected drafts' style `spec.rejected` uses) with every escape code removed, and the struck-through runs, each
+    within one row (a newline is a row's end, kept with the text).
+
+    Follows ECMA-48's SGR: 9 starts striking, 29, 0 and an empty list end it; 38/48/58 colours' arguments
+    (`5;N`, `2;R;G;B`) are skipped, so a colour index 9 is not read as a strike. Works on Rich's output and on
+    `tmux capture-pane -e`'s alike."""
+    kept: list[str] = []
+    spans: list[str] = []
+    struck = False
+    pos = 0
+    for m in [*SGR.finditer(screen), None]:
+        chunk = screen[pos:m.start() if m else len(screen)]
+        if chunk and struck:  # a newline ends a row: no cell, never struck (tmux keeps the state across rows)
+            first, *rows = chunk.split("\n")
+            spans[-1] += first
+            for row in rows:
+                kept.append("\n")
+                spans.append(row)
+        elif chunk:
+            kept.append(chunk)
+        if m is None:
+            break
+        pos = m.end()
+        params = [p.split(":")[0] for p in m.group(1).split(";")]
+        i = 0
+        while i < len(params):
+            p = params[i]
+            if p in ("", "0", "29") and struck:
+                struck = False
+            elif p == "9" and not struck:
+                struck = True
+                spans.append("")
+            elif p in ("38", "48", "58") and i + 1 < len(params):
+                i += {"5": 2, "2": 4}.get(params[i + 1], 1)
+            i += 1
+    return "".join(kept), [s for s in spans if s]
+
+
 def greedy_tokenize(pieces: Sequence[bytes], data: bytes, skip=frozenset()) -> list[int]:
     """Longest-match tokenization of `data` over `pieces` (ids in `skip` never used). ValueError at a byte no piece
     starts with."""
@@ -349,3 +396,28 @@ def wants_draft(options, method: str | None, need_draft: bool) -> bool:
     """Whether a fake `open_session(options, method=..., need_draft=...)` loads a draft model, as the real one does
     on a CPU build (`draft_policy.plan`): for --method draft, or auto with --draft named."""
     return need_draft or method == "draft" or (method == "auto" and options.draft is not None)
+
+
+def fake_sdist(folder: Path, version: str) -> Path:
+    """A llama-cpp-python sdist tarball in `folder` holding, for each file the shipped patches touch, a file they apply
+    to exactly (each hunk's old side at its line numbers, filler lines between): the installer's build path without
+    the 77 MB sdist."""
+    from specdec_cli.llama_build import install as installer
+
+    top = f"llama_cpp_python-{version}"
+    files: dict[str, list[bytes]] = {}
+    for name in installer.PATCHES:
+        for rel, hunks in installer._parse_patch((installer.PATCH_DIR / name).read_bytes(), name):
+            lines = files.setdefault(rel, [])
+            for hunk in hunks:
+                while len(lines) < hunk.old_start - 1:
+                    lines.append(f"// filler {len(lines) + 1}\n".encode())
+                lines[hunk.old_start - 1:hunk.old_start - 1 + len(hunk.old)] = hunk.old
+    out = folder / f"{top}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        for rel, lines in files.items():
+            data = b"".join(lines)
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out

@@ -69,6 +69,25 @@ def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
     assert (peer.family, peer.num_pred_tokens, peer.title) == ("peer", 10, "llama-cpp-python lookup (N=10)")
 
 
+def test_workload_configurations_warm_auto_native_names_and_their_labels_read_back() -> None:
+    """--workload auto/verify: `auto-warm` keeps its controller, --native picks llama.cpp's configurations, and
+    --from-json reads every label back to the configuration that made it."""
+    assert B.parse_methods("auto-warm,none") == ["none", "auto-warm"]
+    assert B.parse_native(" ngram-mod,plain,plain") == ("ngram-mod", "plain")
+    with pytest.raises(UsageError, match="--native names no configuration"):
+        B.parse_native(" , ")
+    configs = B.configs_for(["none", "auto", "auto-warm"], peer=False, native=("ngram-mod",))
+    assert [c.label for c in configs] == ["none", "A/A", "auto", "auto-warm", "native-ngram-mod"]
+    warm, native = configs[3], configs[4]
+    assert (warm.method, warm.warm, configs[2].warm, native.family, native.method) == \
+        ("auto", True, False, "native", "ngram-mod")
+    assert [B.config_from_label(c.label) for c in configs] == configs
+    from specdec_cli.measure.bench_workloads import check_workload
+
+    with pytest.raises(UsageError, match="Unknown workload 'chat'.*default, plain, auto, verify, predict"):
+        check_workload("chat")
+
+
 # ---- the summary, with literal numbers
 
 
@@ -183,6 +202,58 @@ def test_model_digest_comes_from_the_resolver_marker_without_hashing(tmp_path) -
     assert (d["sha256"], d["size"], d["name"]) == (fake, 64, "m.gguf")
     (tmp_path / "m.gguf.sha256").write_text("not-a-digest  m.gguf\n", encoding="ascii")
     assert model_file(model)["sha256"] is None
+
+
+def test_the_bench_worker_runs_without_resource_or_proc_and_reports_rss_as_missing(monkeypatch, tmp_path) -> None:
+    """Windows has neither /proc nor the POSIX-only `resource` module: the worker's module imports and its RSS
+    reader gives the figures it can (none here, on Linux without /proc) instead of raising ImportError."""
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` raises ImportError
+    monkeypatch.delitem(sys.modules, "specdec_cli.measure.bench_process")
+    monkeypatch.setattr(sys.modules["specdec_cli.measure"], "bench_process", bench_worker)  # restored after
+    fresh = importlib.import_module("specdec_cli.measure.bench_process")
+    monkeypatch.setattr(fresh, "_PROC_STATUS", str(tmp_path / "no-proc" / "status"))
+    assert fresh._rss_kib() == (None, None)
+    monkeypatch.setattr(sys, "platform", "win32")  # Windows' own counters: not callable on this Linux, so n/a
+    assert fresh._rss_kib() == (None, None)
+
+
+@pytest.mark.parametrize("sysctl, threads, why", [
+    ({"hw.perflevel0.physicalcpu": "8\n", "hw.physicalcpu": "12\n"}, 8, "the performance cores"),
+    ({"hw.physicalcpu": "10\n"}, 10, "the physical cores"),  # a macOS without performance levels
+    ({}, 12, "the CPUs this process may use")])  # sysctl says nothing
+def test_threads_default_to_the_performance_cores_on_apple_silicon(monkeypatch, sysctl, threads, why) -> None:
+    import platform
+    import subprocess
+
+    from specdec_cli.models import machine
+
+    def fake_sysctl(args, **kw):  # macOS's sysctl; any other command fails
+        found = args[:2] == ["sysctl", "-n"] and args[2] in sysctl
+        return subprocess.CompletedProcess(args, 0 if found else 1, sysctl[args[2]] if found else "", "")
+
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(subprocess, "run", fake_sysctl)
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 12)  # 8 performance + 4 efficiency cores
+    n, reason = machine.default_threads()
+    assert n == threads and reason.startswith(why)
+    assert machine.describe(None, system_info="", load_plan=None)["threads"] == threads
+    pytest.importorskip("llama_cpp")
+    from specdec_cli.models import llama
+
+    assert llama.default_threads() == threads
+    from rich.console import Console
+
+    from specdec_cli.cli.commands import doctor
+    from specdec_cli.cli.console import THEME
+
+    console = Console(width=200, record=True, theme=THEME)
+    console.print(doctor.table(doctor.report()))  # doctor shows the choice and why
+    assert f"{threads} by default: {why}" in console.export_text()
+    monkeypatch.setattr(platform, "system", lambda: "Linux")  # every usable CPU elsewhere
+    assert llama.default_threads() == 12
 
 
 def test_physical_cores_counts_distinct_package_and_core_ids() -> None:
@@ -381,3 +452,34 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     configs = [c for c in B.configs_for(["none"], peer=False, native=True) if not c.control][:2]
     (_, nat) = B.summarize(runs, configs, [("p", "edit")])
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)
+
+
+def test_a_workload_of_its_own_is_summarised_as_the_bench_is(monkeypatch) -> None:
+    """--workload predict|suffix|edits: what a workload emits becomes bench's run dicts, configurations (in the order
+    they first ran, none first) and prompts (their token counts from ours), so the same summary reads them."""
+    from types import SimpleNamespace
+
+    from specdec_cli.measure import bench_workloads as W
+    from specdec_cli.prompts import PromptCase
+
+    p, q = PromptCase("p", "pass 1", "x"), PromptCase("p (pass 2)", "pass 2", "x")
+
+    def fake(emit, info, models, options, reporter):
+        info["threads"] = 2
+        for case, tps in ((p, 10.0), (q, 12.0)):
+            emit("native-ngram-mod", case, 0, {"tokens_per_s": 30.0, "tokens": None})
+            emit("none", case, 0, {"tokens_per_s": tps, "tokens": [1, 2], "n_prompt": 7})
+            emit("suffix-fresh", case, 0, {"tokens_per_s": 2 * tps, "tokens": [1, 2], "n_prompt": 7})
+        return Path("/models/m.gguf")
+
+    monkeypatch.setattr(W, "_suffix", fake)
+    notes: list[str] = []
+    sitting = W.run_workload("suffix", models=SimpleNamespace(threads=2, target=None), options=None,
+                             reporter=SimpleNamespace(note=notes.append))
+    assert [c.label for c in sitting.configs] == ["none", "native-ngram-mod", "suffix-fresh"]
+    assert sitting.configs[1].family == "native" and sitting.configs[2].family == "ours"
+    assert [(c.name, c.kind) for c in sitting.prompts] == [("p", "pass 1"), ("p (pass 2)", "pass 2")]
+    assert [len(t) for t in sitting.bench.tokens] == [7, 7] and len(sitting.bench.runs) == len(notes) == 6
+    summaries = B.summarize(sitting.bench.runs, sitting.configs, [(c.name, c.kind) for c in sitting.prompts])
+    assert summaries[2].speedup_by_class == {"pass 1": pytest.approx(2.0), "pass 2": pytest.approx(2.0)}
+    assert summaries[2].agree == (2, 2, None)

@@ -1,5 +1,5 @@
-"""benchmarks/bench_concurrency.py's arithmetic and request shapes (issue 44), without a model: the decode phase's
-aggregate tok/s counts overlapping replies' time once, a reply is compared with its run alone character by character,
+"""benchmarks/bench_serve.py's editor-during-agent and chats workloads (once bench_concurrency.py): their arithmetic
+and request shapes (issue 44), without a model: the decode phase's aggregate tok/s counts overlapping replies' time once, a reply is compared with its run alone character by character,
 both APIs' stream events are read, and the editor's requests have llama.vim's shape."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-bc = pytest.importorskip("bench_concurrency")
+import bench_serve as bc  # noqa: E402  (a broken import fails here, it is not skipped)
 
 
 def reply(sent: float, first: float, end: float, tokens: int, text: str = "") -> "bc.Streamed":
@@ -159,3 +159,18 @@ def test_the_agent_sends_one_prompt_alone_and_during_the_fims(tmp_path, monkeypa
     args = type("Args", (), {"agent_prompt": 400, "agent_tokens": 8, "agent_body": None, "fim_alone": 1})()
     bc.editor_cells(bc.Kind("specdec"), args, tmp_path, tmp_path, 0, None)
     assert sent["agent"] == sent["during"]
+
+
+def test_the_workload_picks_the_sitting_and_passes_the_rest_of_the_command_line_on(monkeypatch):
+    """bench_serve.py --workload: the two scenarios of bench_concurrency.py run together, with its own options; an
+    unknown workload or an impossible pair is one error line."""
+    calls = []
+    monkeypatch.setattr(bc, "concurrency_main", lambda argv, workloads: calls.append(("c", argv, workloads)) or 0)
+    monkeypatch.setattr(bc, "fim_main", lambda argv: calls.append(("fim", argv)) or 0)
+    assert bc.main(["--workload", "editor-during-agent,chats", "--quick", "--repeats", "1"]) == 0
+    assert bc.main(["-w", "fim", "--repeats", "3"]) == 0
+    assert calls == [("c", ["--quick", "--repeats", "1"], {"editor-during-agent", "chats"}), ("fim", ["--repeats", "3"])]
+    for bad in (["--workload", "chat,fim"], ["--workload", "agents"], []):
+        with pytest.raises(SystemExit) as e:
+            bc.main(bad)
+        assert e.value.code == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fakes import wants_draft, FakeBackend, bigram_logits, hashed_logits
+from fakes import wants_draft, FakeBackend, bigram_logits, hashed_logits, unstrike
 from specdec_cli.cli.app import app
 from specdec_cli.cli.commands import chat as chat_mod
 from specdec_cli.cli.commands.chat import Chat, ChatView, Conversation, LineReader, Turn, dispatch
@@ -311,6 +311,42 @@ def test_save_writes_the_transcript_for_the_user_only(tmp_path, name):
     else:
         assert text.count("## You") == 2 and "## System\n\nbe brief" in text
         assert f"## Assistant\n\n{chat.conversation.turns[0].assistant}\n" in text
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_save_and_a_pipe_get_the_clean_text_while_the_terminal_shows_rejected_drafts(tmp_path):
+    tty = Tty()
+    view = ChatView(out=tty, err=make_console(file=io.StringIO()), interactive=False, styled=True, show_rejected=True)
+    chat = Chat(fake_session(), spec=SpecOptions(method="ngram", k="4"), config=GenerationConfig(max_tokens=60),
+                view=view)
+    chat.turn(words(5, 9, 3, 17, 4, 22, 8, 5, 9, 3, 17))
+    reply = chat.conversation.turns[0].assistant
+    kept, rejected = unstrike(tty.getvalue())
+    assert rejected and kept == reply + "\n"  # shown in their own style, never in the reply's text
+    dispatch(chat, f"/save {tmp_path / 'chat.json'}")
+    assert json.loads((tmp_path / "chat.json").read_text())["turns"][0]["assistant"] == reply
+    piped, _, _ = make_chat(method="ngram", k="4", max_tokens=60)  # styled=False: a pipe
+    piped.turn(words(5, 9, 3, 17, 4, 22, 8, 5, 9, 3, 17))
+    assert piped.view.out.getvalue() == reply + "\n" and piped.conversation.turns[0].assistant == reply
+
+
+def test_rejected_command_shows_or_hides_rejected_drafts():
+    chat, _, err = make_chat()
+    chat.view.styled = True
+    dispatch(chat, "/rejected off")
+    assert chat.view.show_rejected is False and chat.view.stream().show_rejected is False
+    dispatch(chat, "/rejected on")
+    assert chat.view.show_rejected is True and chat.view.stream().show_rejected is True
+    dispatch(chat, "/rejected")
+    assert "Rejected drafts are shown. Change it with /rejected on or /rejected off." in err.getvalue()
+    with pytest.raises(UsageError, match="/rejected takes on or off"):
+        dispatch(chat, "/rejected maybe")
+    dispatch(chat, "/help")
+    assert "/rejected on|off" in err.getvalue()
 
 
 def test_save_needs_a_known_extension(tmp_path):

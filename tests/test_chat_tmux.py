@@ -1,4 +1,5 @@
-"""`specdec chat` in a real terminal (tmux): a message, Ctrl-C during a long reply, another message, /save, /quit.
+"""`specdec chat` in a real terminal (tmux): a message, Ctrl-C during a long reply, another message, /save, /quit; and a
+reply whose rejected drafts are shown without taking its lines and indentation.
 
 Drives the tiny SmolLM2 pair (target = draft) through a pseudo-terminal so the interactive paths run for real:
 readline prompts, SIGINT from the keyboard during generation, the history file. Polls the screen with a timeout
@@ -9,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from fakes import SGR, unstrike
 
 pytestmark = [
     pytest.mark.real,
@@ -49,6 +54,10 @@ class Tmux:
             return self._tmux("capture-pane", "-p", "-J", "-t", "chat", "-S", "-2000")
         except subprocess.CalledProcessError:
             return "(the session has ended)"
+
+    def coloured(self) -> str:
+        """The whole pane as `screen`, with each cell's colours and attributes as escape codes (capture-pane -e)."""
+        return self._tmux("capture-pane", "-p", "-e", "-J", "-t", "chat", "-S", "-2000")
 
     def wait_for(self, predicate, what: str, timeout: float = TIMEOUT) -> str:
         deadline = time.monotonic() + timeout
@@ -112,3 +121,50 @@ def test_chat_in_a_terminal_survives_ctrl_c(tmp_path, smollm2_path):
     history = home / "chat_history"
     assert stat.S_IMODE(os.stat(history).st_mode) == 0o600
     assert long_message in history.read_text()
+
+
+FOOTER = re.compile(r"^\d+ tokens · ")
+
+
+def lines(text: str) -> list[str]:
+    """Lines as a terminal keeps them: trailing spaces dropped (tmux trims them), trailing empty lines too."""
+    out = [line.rstrip() for line in text.split("\n")]
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def test_rejected_drafts_never_take_the_replys_lines_in_a_terminal(tmp_path, smollm2_path):
+    """The reply as the terminal shows it, its struck-through cells (the rejected drafts' style, `spec.rejected`, the
+    only one that strikes) removed, is the reply's text line for line; and rejected drafts were shown."""
+    rc_file = tmp_path / "rc"
+    saved = tmp_path / "chat.json"
+    chat = [sys.executable, "-m", "specdec_cli", "chat", "-t", "smollm2-135m", "--method", "ngram", "--ngram-min", "1",
+            "--k", "8", "-n", "160", "--threads", "2"]
+    root = str(Path(__file__).resolve().parent.parent)  # this checkout's specdec_cli, whatever is installed
+    command = (f"cd {shlex.quote(str(tmp_path))} && env SPECDEC_HOME={shlex.quote(str(tmp_path / 'home'))} "
+               f"PYTHONPATH={shlex.quote(root)} {shlex.join(chat)}; echo $? > {shlex.quote(str(rc_file))}")
+    tmux = Tmux(tmp_path / "tmux.sock", command)
+    message = "Write a Python function is_palindrome(s) with a docstring, and show how to call it."
+    try:
+        tmux.wait_for(lambda s: prompts(s) == 1, "the first prompt")
+        tmux.type(message)
+        tmux.wait_for(lambda s: prompts(s) == 2, "the reply")
+        screen = tmux.coloured()
+        tmux.type(f"/save {saved}")
+        tmux.wait_for(lambda s: "Saved 1 turn" in s, "/save")
+        tmux.type("/quit")
+        tmux.wait_for(lambda s: rc_file.exists() and rc_file.read_text().strip() != "", "the exit code")
+        assert rc_file.read_text().strip() == "0", tmux.screen()
+    finally:
+        tmux.kill()
+
+    reply = json.loads(saved.read_text())["turns"][0]["assistant"]
+    rows = screen.split("\n")
+    plain = [SGR.sub("", row) for row in rows]
+    start = max(i for i, row in enumerate(plain) if message in row) + 1
+    end = next(i for i in range(start, len(rows)) if FOOTER.match(plain[i]))
+    shown, rejected = unstrike("\n".join(rows[start:end]))
+    assert rejected, "no rejected draft was shown: the test proves nothing"
+    assert lines(shown) == lines(reply.expandtabs()), "\n".join(plain[start:end])
+    assert any("↵" in r for r in rejected)  # a rejected newline was shown as its mark, not as a line break

@@ -157,3 +157,42 @@ def test_an_unknown_method_is_one_usage_line_listing_the_names(prompt_file, caps
     code, _, err = cli(capsys, "run", str(prompt_file), "--method", "bogus")
     assert code == 2
     assert "'bogus' is not a method" in err and "prompt-lookup" in err
+
+
+class Cp1252Terminal(io.TextIOWrapper):
+    """A terminal that displays cp1252 (a legacy Windows code page)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_cp1252_pipe_gets_utf8_and_nothing_is_reported_as_a_bug(monkeypatch, tmp_path):
+    """Windows gives a pipe cp1252: the CLI chooses UTF-8 for stdout and stderr before it writes anything."""
+    text = "→ é 中文 ✓\n"
+    pieces = [piece.encode() for piece in ("→ ", "é ", "中文 ", "✓\n")] * 8
+    pieces[1] = b""  # EOS
+    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", lambda options, **kw: Session(
+        target=FakeBackend(hashed_logits, pieces=pieces, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
+        options=options))
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(text * 3, encoding="utf-8")
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="cp1252", write_through=True))
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="cp1252", write_through=True))
+    code = main(["run", str(prompt), "--method", "ngram", "-n", "24"])
+    shown = out.getvalue().decode("utf-8")  # UTF-8, not cp1252
+    assert code == 0, err.getvalue().decode("utf-8", "replace")
+    assert len(shown) >= 24 and set(shown) <= set(text) and ("中文" in shown or "✓" in shown)
+    assert "acceptance rate" in err.getvalue().decode("utf-8")
+    code = main(["run", str(tmp_path / "nowhere → 中文.txt")])  # an error's message on stderr
+    assert code == 2 and "nowhere → 中文.txt" in err.getvalue().decode("utf-8")
+
+
+def test_a_cp1252_terminal_keeps_its_encoding_and_replaces_what_it_cannot_show():
+    from specdec_cli.cli.console import choose_encoding
+
+    raw = io.BytesIO()
+    tty = Cp1252Terminal(raw, encoding="cp1252", write_through=True)
+    choose_encoding(tty)
+    tty.write("é 中文 ✓")
+    assert raw.getvalue() == "é ?? ?".encode("cp1252")

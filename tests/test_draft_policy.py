@@ -52,3 +52,17 @@ def test_auto_takes_a_named_draft_and_no_unpaired_one(catalog):
 @pytest.mark.parametrize("method", ["none", "ngram", "suffix", "predict"])
 def test_lookup_methods_load_no_draft_model(catalog, method):
     assert dp.plan(method, None, "smollm2-135m", catalog, gpu_offload=True, tuned_pays=True) == dp.DraftPlan(None)
+
+
+@pytest.mark.parametrize("placement", ["", "CUDA0 a GPU, 29 layers offloaded"])
+def test_a_saved_tune_where_the_draft_paid_counts_wherever_the_passes_ran(tmp_path, placement) -> None:
+    # the tuned key ends with the placement on a build that offloads (`tuned.machine`): auto must still find it
+    from specdec_cli.stores import tuned
+
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    target.write_bytes(b"GGUF" + bytes(64))
+    draft.write_bytes(b"GGUF" + bytes(32))
+    tuned.save(target, draft, "draft", tuned.machine(None, placement), 8, {"speedup": 1.4})
+    assert dp.tuned_draft_pays(target, None)
+    tuned.save(target, draft, "draft", tuned.machine(None, placement), 0, {"speedup": 0.9})
+    assert not dp.tuned_draft_pays(target, None)

@@ -213,3 +213,20 @@ def test_reports_say_which_kernels_the_target_runs_and_why(monkeypatch):
     line = kernels_line(session.kernels())
     assert line.startswith("AMX kernels: ") and f"flash attention: off ({FLASH_ATTN_ENV})" in line
     assert kernels_line(None) == ""
+
+
+def test_doctor_shows_the_choice_beside_a_curve_kept_per_device(tmp_path, monkeypatch):
+    # On a build that offloads, the curve's key names the device and layers; the flash-attention choice is kept
+    # under the key without them (it is read before the model loads). Doctor finds it for the curve all the same.
+    from specdec_cli.cli.commands import doctor
+    from specdec_cli.core.verify_curve import VerifyCurve
+
+    monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    where = "Vulkan0 llvmpipe, 29 layers offloaded"
+    learnt.save_curve(learnt.curve_key(model, None, where), VerifyCurve(ms=(20.0, 30.0), depth=640), model,
+                      learnt.timed_on(None, where))
+    learnt.save_flash_attn(learnt.curve_key(model, None), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
+    (entry,) = doctor.curves()
+    assert entry["placement"] == where and entry["flash_attn"]["on"] is False

@@ -7,6 +7,7 @@ tests drive the decision without such a CPU: the system info, the probe's verdic
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import warnings
 
@@ -14,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.models import host
-from specdec_cli.errors import UsageError
+from specdec_cli.errors import ModelError, UsageError
 
 NO_AMX = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
 AMX = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
@@ -125,6 +126,27 @@ def test_probe_child_maps_the_child_exit(monkeypatch, tmp_path, returncode, verd
     monkeypatch.setattr(subprocess, "run", fake_run)
     assert host.probe_child(tmp_path / "m.gguf", 4) == verdict
     assert seen["command"][-2:] == [str(tmp_path / "m.gguf"), "4"]  # loaded as built, with the real thread count
+
+
+@pytest.mark.parametrize("returncode, verdict", [
+    (0xC0000005, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)"),  # as subprocess gives it on Windows: unsigned
+    (0xC0000005 - 2**32, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)"),  # the same read as a signed int32
+    (0xC000001D, "crash: STATUS_ILLEGAL_INSTRUCTION (0xC000001D)"),  # an AMX kernel on a CPU without it
+    (0xC0000409, "crash: STATUS_STACK_BUFFER_OVERRUN (0xC0000409)"),  # abort() in a release build (fail fast)
+    (0xC0000135 - 2**32, "crash: NTSTATUS (0xC0000135)"),  # any other error-severity code
+    (0x40010004, "no verdict: the trial decode exited with 1073807364")])  # not an error: no crash
+def test_a_windows_exception_exit_is_a_crash_like_a_signal(monkeypatch, tmp_path, returncode, verdict):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # probed.json stays here
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: subprocess.CompletedProcess(command, returncode, "",
+                                                                                             "fault\n"))
+    assert host.probe_child(tmp_path / "m.gguf", 4) == verdict
+    model = tmp_path / "user.gguf"
+    model.write_bytes(b"GGUF")
+    if verdict.startswith("crash"):  # a trial load that died the same way refuses the file, as a signal does
+        with pytest.raises(ModelError, match=rf"llama.cpp crashed \({re.escape(verdict[7:])}\) on a trial load"):
+            host.probe_load(model)
+    else:
+        host.probe_load(model)  # no verdict on the file: the real load goes ahead
 
 
 def test_probe_child_timeout_is_no_verdict(monkeypatch, tmp_path):

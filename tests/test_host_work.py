@@ -1,6 +1,7 @@
-"""What the host loop's shortcuts must keep exact (benchmarks/bench_host.py, docs/host-work.md): the argmax of read-only
-logits rows read in place, greedy verification that stops reading at the first rejection, and the cost model's kept
-values (run acceptance chains, the measured curve's array) that must follow what they are computed from."""
+"""What the host loop's shortcuts must keep exact (benchmarks/bench_parts.py --part host, docs/host-work.md): the
+argmax of read-only logits rows read in place, greedy verification that stops reading at the first rejection, and the
+cost model's kept values (run acceptance chains, the measured curve's array) that must follow what they are computed
+from."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Installing specdec as a tool (issue 43): the distribution's wheel carries the llama.cpp build script and its
-patches, `specdec install-llama-cpp` runs that script for the Python specdec runs on, and every piece of advice
-names a command the installed package has. No models, no compiler: the script is asked for its --dry-run, or
-replaced by a fake one."""
+"""Installing specdec as a tool (issue 43): the distribution's wheel carries the llama.cpp installer (a module, run by
+`make` as a script) and its patches, `specdec install-llama-cpp` runs it for the Python specdec runs on, and every piece
+of advice names a command the installed package has. No models, no compiler: the installer is asked for its plan, or
+its subprocesses are stood in for (the installer itself: tests/test_llama_build.py)."""
 
 from __future__ import annotations
 
@@ -62,30 +62,27 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     return zipfile.ZipFile(found)
 
 
-def test_the_wheel_ships_the_build_script_and_every_patch_it_applies(wheel):
+def test_the_wheel_ships_the_installer_and_every_patch_it_applies(wheel):
     names = set(wheel.namelist())
-    script = "specdec_cli/llama_build/install-llama-cpp.sh"
-    assert script in names
-    text = wheel.read(script).decode()
-    applied = set(re.findall(r'\$here/(patches/[\w.-]+\.patch)', text))
-    assert applied == {f"patches/{p}" for p in build.PATCHES}
-    for rel in applied:
-        data = wheel.read(f"specdec_cli/llama_build/{rel}")
-        assert data == (build.data_dir() / rel).read_bytes()  # byte for byte what the checkout applies
+    module = "specdec_cli/llama_build/install.py"
+    assert module in names and "specdec_cli/llama_build/__init__.py" in names
+    assert wheel.read(module) == (build.data_dir() / "install.py").read_bytes()
+    assert "specdec_cli/llama_build/install-llama-cpp.sh" not in names  # no bash on the route
+    for name in build.PATCHES:
+        data = wheel.read(f"specdec_cli/llama_build/patches/{name}")
+        assert data == (build.data_dir() / "patches" / name).read_bytes()  # byte for byte what the checkout applies
     assert "specdec_cli/models.toml" in names
     meta = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "Name: specdec-cli" in meta
 
 
-def test_the_checkout_script_and_make_run_the_shipped_one(tmp_path):
-    wrapper = (ROOT / "scripts" / "install-llama-cpp.sh").read_text()
-    assert "specdec_cli/llama_build/install-llama-cpp.sh" in wrapper
-    assert "scripts/install-llama-cpp.sh" in (ROOT / "Makefile").read_text()
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install-llama-cpp.sh"), "--dry-run"], capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path)},
+def test_make_runs_the_shipped_installer_as_a_script(tmp_path):
+    assert "$(BIN)/python specdec_cli/llama_build/install.py" in (ROOT / "Makefile").read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "specdec_cli" / "llama_build" / "install.py"), "--dry-run"],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert f"python={sys.executable}" in proc.stdout and "state=" in proc.stdout
+    assert f"python={sys.executable}" in proc.stdout and "state=" in proc.stdout and "backend=" in proc.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -97,7 +94,7 @@ def test_install_llama_cpp_answers_help_with_examples_and_exit_codes():
 
     result = CliRunner().invoke(app, ["install-llama-cpp", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    for text in ("--dry-run", "--amx", "CMAKE_ARGS", "Examples", "Exit codes", "specdec doctor"):
+    for text in ("--dry-run", "--amx", "--backend", "CMAKE_ARGS", "Examples", "Exit codes", "specdec doctor"):
         assert text in result.stdout
 
 
@@ -122,45 +119,48 @@ def test_the_dry_run_says_what_it_costs_and_reuses_a_kept_wheel(wheels, monkeypa
     assert cached.state == "cached" and "a few seconds" in describe(cached)
 
 
-FAKE_SCRIPT = """#!/usr/bin/env bash
-if [ "${1:-}" = --dry-run ]; then
-  printf 'version=0.3.36\\npython=%s\\nprefix=/p\\n' "$PYTHON"
-  printf 'patches=llama-cpp-python-flash-attn-switch.patch\\ncmake_args=\\nwheel_dir=/w\\nstate=build\\n'
-  exit 0
-fi
-printf '%s|%s' "$PYTHON" "${SPECDEC_AMX:-unset}" > "$(dirname "$0")/ran"
-echo "the compiler said no" >&2
-exit 3
-"""
-
-
-def test_the_command_runs_the_script_for_this_python_and_a_failed_build_is_exit_8(tmp_path, monkeypatch, capfd):
+def test_the_command_builds_for_this_python_and_a_failed_build_is_exit_8(wheels, monkeypatch, capfd):
+    """Every subprocess of the installer stood in for: the sdist's download fails, and the command says so."""
     from specdec_cli.__main__ import main
+    from specdec_cli.llama_build import install as installer
 
-    fake = tmp_path / "install-llama-cpp.sh"
-    fake.write_text(FAKE_SCRIPT)
-    monkeypatch.setattr(build, "script_path", lambda: fake)
-    monkeypatch.setattr(build, "missing_tools", lambda: [])
-    monkeypatch.setenv("SPECDEC_AMX", "keep")
-    assert main(["install-llama-cpp", "--amx", "off"]) == 8
-    assert (tmp_path / "ran").read_text() == f"{sys.executable}|off"  # this Python, the build's AMX choice
+    real_run, calls = subprocess.run, []
+
+    def run(cmd, **kw):
+        if cmd[1:3] != ["-m", "pip"]:
+            return real_run(cmd, **kw)  # the installer asking the Python for its tag and prefix
+        calls.append((cmd, (kw.get("env") or {}).get("CMAKE_ARGS")))
+        if cmd[3] == "download":
+            print("the index said no", file=sys.stderr)
+            return subprocess.CompletedProcess(cmd, 3)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(installer.subprocess, "run", run)
+    monkeypatch.setattr(installer, "missing_tools", lambda: [])
+    monkeypatch.setenv("SPECDEC_AMX", "keep")  # the run-time setting; the build must not read it
+    assert main(["install-llama-cpp", "--amx", "off", "--backend", "cpu"]) == 8
+    assert [c[0][0] for c in calls] == [sys.executable] * 2  # this Python: pip --version, then pip download
+    assert [c[0][3] for c in calls] == ["--version", "download"]
     err = capfd.readouterr().err
-    assert "Building llama-cpp-python 0.3.36" in err and "the compiler said no" in err
-    assert "error: Building llama-cpp-python failed (install-llama-cpp.sh exit 3)" in err
+    assert "Backend: cpu (asked for with --backend cpu)." in err
+    assert "Building llama-cpp-python 0.3.36 (cpu)" in err and "the index said no" in err
+    assert "error: Downloading the llama-cpp-python sdist failed (exit 3)" in err
     assert main(["install-llama-cpp", "--amx", "maybe"]) == 2
+    assert main(["install-llama-cpp", "--backend", "rocm"]) == 2
 
 
-def test_a_missing_compiler_is_one_line_with_the_fix(wheels, monkeypatch, capfd):
+def test_a_missing_compiler_is_one_line_with_the_fix_and_bash_patch_tar_are_not_needed(wheels, monkeypatch, capfd):
     import shutil
 
     from specdec_cli.__main__ import main
 
     real = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name: None if name in ("patch", "c++", "g++", "clang++") else
-                        real(name))
+    monkeypatch.setattr(shutil, "which", lambda name: None if name in ("bash", "patch", "tar", "c++", "g++",
+                                                                       "clang++") else real(name))
     assert main(["install-llama-cpp"]) == 8
     err = capfd.readouterr().err.strip().splitlines()[-1]
-    assert "needs patch, a C++ compiler (c++)" in err and "apt-get install build-essential patch" in err
+    assert "needs a C++ compiler (c++), not found on PATH" in err and "apt-get install build-essential" in err
+    assert "bash" not in err and "patch" not in err
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -120,6 +120,64 @@ def test_the_size_cap_skips_files_past_it(tmp_path):
     assert report.files == 2 and report.skipped == {"size cap": 2} and report.tokens <= 2 * size + 1
 
 
+def _refusing_to_delete(mp: pytest.MonkeyPatch, names: set[str]) -> None:
+    """Windows: a file another process has memory-mapped cannot be deleted, nor replaced (PermissionError)."""
+    import os
+
+    def refuse(real):
+        def call(*paths, **kw):
+            if any(Path(p).name in names for p in paths[:2]):
+                raise PermissionError(13, "The process cannot access the file because it is being used by another "
+                                          "process", str(paths[0]))
+            return real(*paths, **kw)
+        return call
+
+    for fn in ("remove", "unlink", "replace", "rename"):
+        mp.setattr(os, fn, refuse(getattr(os, fn)))
+
+
+def test_learn_writes_a_new_generation_beside_one_a_reader_maps_where_it_cannot_be_deleted(tmp_path, monkeypatch):
+    root = make_tree(tmp_path / "proj")
+    first = run(root, CountingTokenizer())
+    reader = store.Mapped(first.directory)  # a running server's maps of the first generation
+    mapped = {p.name for p in first.directory.iterdir() if p.name != store.MANIFEST}
+    assert {n.split("-")[0] for n in mapped} == {"tokens", "sa"}
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    with monkeypatch.context() as mp:
+        _refusing_to_delete(mp, mapped)
+        (root / "mod1.py").write_text("def changed():\n    pass\n")
+        second = run(root, CountingTokenizer())  # never fails for a file it cannot delete
+        assert second.written and mapped <= {p.name for p in second.directory.iterdir()}  # the old one stays
+        fresh = store.Mapped(second.directory)
+        assert fresh.generation != reader.generation
+        assert {Path(e.path).name: bytes(fresh.segment(e).astype(np.uint8)) for e in fresh.files}["mod1.py"] == \
+            b"def changed():\n    pass\n"
+        for e in reader.files:  # the reader still reads its generation, mod1.py as it was
+            assert bytes(reader.segment(e).astype(np.uint8)) == before[Path(e.path).name]
+    del reader, fresh
+    (root / "mod2.py").write_text("import os\n")
+    third = run(root, CountingTokenizer())  # nobody maps the old generation now: it goes
+    assert not mapped & {p.name for p in third.directory.iterdir()}
+    assert len(list(third.directory.iterdir())) == 3  # the manifest and one generation's two arrays
+
+
+@pytest.mark.parametrize("how", ["name", "root"])
+def test_forget_deletes_a_corpus_a_reader_maps_where_its_arrays_cannot_be_deleted(tmp_path, monkeypatch, how):
+    root = make_tree(tmp_path / "proj", 2)
+    first = run(root, CountingTokenizer())
+    reader = store.Mapped(first.directory)
+    mapped = {p.name for p in first.directory.iterdir() if p.name != store.MANIFEST}
+    with monkeypatch.context() as mp:
+        _refusing_to_delete(mp, mapped)
+        rep = forget("proj" if how == "name" else str(root), data_dir())  # never fails for a file it cannot delete
+        assert rep.corpora_deleted == [f"{FP[:16]}/proj"] and store.list_corpora(data_dir()) == []
+        assert {p.name for p in first.directory.iterdir()} == mapped  # the mapped arrays stay, the manifest went
+        assert bytes(reader.segment(reader.files[0]).astype(np.uint8)) == Path(reader.files[0].path).read_bytes()
+    del reader
+    again = run(root, CountingTokenizer())  # learning the name again clears what was left
+    assert again.written and not mapped & {p.name for p in again.directory.iterdir()}
+
+
 def test_forget_a_file_keeps_it_out_and_forget_a_name_deletes_the_corpus(tmp_path):
     root = make_tree(tmp_path / "proj", 3)
     report = run(root, CountingTokenizer())

@@ -197,7 +197,7 @@ def test_phased_flash_attention_runs_prefill_chunks_and_short_contexts_with_it_o
     from specdec_cli.models.llama import PHASE_ROWS, PHASED, flash_attn_switch
 
     if not flash_attn_switch():
-        pytest.skip("this llama-cpp-python cannot switch flash attention (not built by scripts/install-llama-cpp.sh)")
+        pytest.skip("this llama-cpp-python cannot switch flash attention (not built by specdec install-llama-cpp)")
     long_prompt = [(i * 7919) % 40000 + 100 for i in range(PHASE_ROWS + 36)]  # 100 tokens: one prefill chunk
     short = long_prompt[:12]
     logits = {}

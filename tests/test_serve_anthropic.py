@@ -457,9 +457,10 @@ def test_a_prompt_whose_client_gave_up_is_saved_at_shutdown_for_the_restart(smol
 
 
 def test_a_captured_claude_code_session_is_served_each_turn_from_the_last_ones_cache():
-    """The three turns of a Claude Code 2.1 session (`benchmarks/agent_capture.py claude`: its ~80 kB bodies with 24
+    """The three turns of a Claude Code 2.1 session (`clients/agent_capture.py claude`: its ~80 kB bodies with 24
     tools, the billing header, a mid-conversation system message, the stub's Read and Edit calls and their results)
-    as `agents_replay.py` sends them: each is answered, and each finds the previous turn's prompt in the KV cache."""
+    as `bench_serve.py --workload replay` sends them: each is answered, and each finds the previous turn's prompt in
+    the KV cache."""
     capture = Path("/work/captures/claude-code")
     turns = sorted(capture.glob("*-POST-v1_messages.json"))
     if len(turns) < 3:

@@ -146,8 +146,9 @@ MACHINE = {"cpu": "Test CPU", "threads": 2, "system_info_sha256": "abc", "key": 
 
 @pytest.fixture
 def fixed_machine(monkeypatch):
-    monkeypatch.setattr(tuned, "machine", lambda threads: {**MACHINE, "threads": threads or 2,
-                                                           "key": f"Test CPU|{threads or 2}|abc"})
+    monkeypatch.setattr(tuned, "machine", lambda threads, placement="": {
+        **MACHINE, "threads": threads or 2, "placement": placement,
+        "key": f"Test CPU|{threads or 2}|abc" + (f"|{placement}" if placement else "")})
 
 
 def test_tuned_round_trip(models, fixed_machine) -> None:

@@ -43,17 +43,42 @@ def test_cheap_sizes_are_those_no_larger_pass_undercuts():
         VerifyCurve(ms=(20.0, 0.0))
 
 
-def test_measure_times_every_size_on_the_backend_and_leaves_its_cache_empty():
+def test_measure_times_the_planned_sizes_interpolates_between_and_leaves_its_cache_empty():
+    from specdec_cli.core.verify_timing import plan, plan_passes
+
     clock = Clock()
-    target = FakeBackend(n_ctx=512, n_batch=128, clock=clock, cost=tiled)
+    target = FakeBackend(n_ctx=1024, n_batch=128, clock=clock, cost=tiled)
     target.decode([5, 6, 7])
     seen = []
     curve = measure(target, repeats=2, context=64, clock=clock, progress=lambda done, total: seen.append(done))
-    assert curve.ms == pytest.approx(CURVE.ms) and curve.b_max == 65 and curve.repeats == 2
-    assert seen == list(range(1, 131)) and len(target.tokens) == 0
-    assert curve.seconds == pytest.approx((tiled(64) + sum(2 * tiled(b) for b in range(1, 66)) + tiled(65)
-                                           + tiled(1) + 4 * tiled(1)) / 1e3)  # b = 1 twice before, twice after
+    sizes = plan(65)
+    assert curve.sizes == sizes == (*range(1, 18), 24, 32, 40, 48, 56, 64) and curve.b_max == 65
+    assert [curve.at(b) for b in sizes] == pytest.approx([tiled(b) for b in sizes])  # every size as timed
+    assert curve.at(28) == pytest.approx((tiled(24) + tiled(32)) / 2)  # between the spaced sizes: interpolated
+    assert curve.at(65) == pytest.approx(tiled(64) + (tiled(64) - tiled(56)) / 8)  # past them: the last slope
+    assert seen == list(range(1, plan_passes(65, 2) + 1)) and len(target.tokens) == 0
+    assert curve.depth == 640 and curve.depth_ms == pytest.approx((0.0, 0.0), abs=1e-6)  # the same at any depth
     assert curve.disturbed == ""
+
+
+def epyc_ms(b: int) -> float:
+    """A 2-core Zen 3's pass over b tokens (Qwen2.5-Coder-1.5B Q4_K_M): nearly linear, v(1) = 75 ms, v(64) ~ 2 s;
+    a prefill chunk costs the same per token."""
+    return 75.0 + 30.0 * (b - 1)
+
+
+def test_the_plan_measures_a_steep_cpu_in_under_a_minute_with_few_passes():
+    # The old scheme timed all 65 sizes twice (130 passes plus warm-ups: ~165 s on this curve); the plan times what
+    # the controller uses (1..17) and a spaced set beyond, and the same sizes again at a second depth.
+    from specdec_cli.core.verify_timing import plan, plan_passes
+
+    clock = Clock()
+    target = FakeBackend(n_ctx=4096, n_batch=512, clock=clock, cost=epyc_ms)
+    curve = measure(target, clock=clock)
+    assert curve.seconds <= 60.0, curve.seconds
+    assert plan_passes() <= 70 and target.n_decode_calls <= plan_passes() + 3  # + the untimed warm-ups
+    assert len(plan()) <= 24
+    assert curve.array(65) == pytest.approx([epyc_ms(b) for b in range(1, 66)])  # linear: interpolation is exact
 
 
 def copying_target(prompt: list[int], every: int = 23):
@@ -115,13 +140,19 @@ def test_without_the_curve_k_lands_past_the_tile_boundaries():
     assert spent["with"] < spent["without"], spent
 
 
+def fake_machine(threads, placement=""):
+    """`stores.tuned.machine` of a fake CPU with a build that may offload (`placement`)."""
+    return {"cpu": "cpu", "threads": threads, "system_info_sha256": "abc",
+            "key": f"cpu|{threads}|abc" + (f"|{placement}" if placement else "")}
+
+
 def test_the_curve_learnt_json_keeps_is_measured_again_once_stale(tmp_path, monkeypatch):
     from specdec_cli.stores import learnt
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     monkeypatch.setenv(learnt.VERIFY_ENV, "auto")
-    monkeypatch.setattr("specdec_cli.stores.tuned.machine", lambda threads: {"key": f"cpu|{threads}|abc"})
+    monkeypatch.setattr("specdec_cli.stores.tuned.machine", fake_machine)
     key = learnt.curve_key(model, 2)
     assert key is not None and key != learnt.curve_key(model, 4)  # per thread count (and build, CPU, model file)
     assert learnt.load_curve(key) is None
@@ -135,6 +166,62 @@ def test_the_curve_learnt_json_keeps_is_measured_again_once_stale(tmp_path, monk
     assert learnt.curve_key(model, 2) is None
 
 
+def test_curves_and_tuned_k_are_kept_per_device_and_layers_offloaded(tmp_path, monkeypatch):
+    # A curve timed with --gpu-layers 0 must not price a fully offloaded run (issue 53): the device and the layers
+    # that went to it are part of both keys; a build that cannot offload keeps an older specdec's keys.
+    from specdec_cli.models import devices
+    from specdec_cli.stores import learnt, tuned
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setenv(learnt.VERIFY_ENV, "auto")
+    gpu = [devices.Device("CPU", "a CPU", "CPU", 0, 0),
+           devices.Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "GPU", 1 << 30, 1 << 30)]
+    monkeypatch.setattr(devices, "model_need", lambda path, n_ctx: (1 << 30, 28))
+    cpu_build = devices.placement(model, -1, gpu=False, devs=None)
+    none_on = devices.placement(model, 0, gpu=True, devs=gpu)
+    all_on = devices.placement(model, -1, gpu=True, devs=gpu)
+    assert cpu_build == "" and none_on == "CPU, 0 layers offloaded"
+    assert all_on == "Vulkan0 llvmpipe (LLVM 15.0.6, 256 bits), 29 layers offloaded"
+    assert devices.placement(model, 99, gpu=True, devs=gpu) == all_on  # the count offloaded, not the option
+    assert devices.placement(model, 10, gpu=True, devs=gpu) == "Vulkan0 llvmpipe (LLVM 15.0.6, 256 bits), 10 layers " \
+        "offloaded"
+    keys = [learnt.curve_key(model, 2, p) for p in (cpu_build, none_on, all_on)]
+    assert len(set(keys)) == 3 and keys[0] == learnt.curve_key(model, 2)  # a CPU build: an older specdec's key
+    assert len({learnt.entry_key(model, None, "ngram", 2, 16, p) for p in (cpu_build, none_on, all_on)}) == 3
+    tuned.save(model, None, "ngram", tuned.machine(2, all_on), 6)
+    assert tuned.lookup(model, None, "ngram", 2, all_on) == 6
+    assert tuned.lookup(model, None, "ngram", 2, none_on) is None and tuned.lookup(model, None, "ngram", 2) is None
+
+
+def test_a_curve_is_measured_only_for_a_reason_and_the_reason_is_named(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from specdec_cli.stores import learnt
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setenv(learnt.VERIFY_ENV, "auto")
+    monkeypatch.setattr("specdec_cli.stores.tuned.machine", fake_machine)
+    cpu, vulkan = "CPU, 0 layers offloaded", "Vulkan0 llvmpipe, 29 layers offloaded"
+    key = learnt.curve_key(model, 2, cpu)
+    deep = replace(CURVE, depth=640)
+    assert learnt.why_measure(key, None, learnt.timed_on(2, cpu)) == "none kept for this model, machine and device yet"
+    learnt.save_curve(key, deep, model, learnt.timed_on(2, cpu))
+    assert learnt.why_measure(key, deep) == ""  # kept and true: used as it is
+    assert learnt.why_measure(learnt.curve_key(model, 4, cpu), None, learnt.timed_on(4, cpu)) == \
+        "other threads (4 here, 2 kept)"
+    assert learnt.why_measure(learnt.curve_key(model, 2, vulkan), None, learnt.timed_on(2, vulkan)) == \
+        f"another device or offload ({vulkan} here, {cpu} kept)"
+    assert "stale: 12 passes" in learnt.why_measure(key, replace(deep, stale=True, stale_why="12 passes cost 2x"))
+    assert "provisional" in learnt.why_measure(key, replace(deep, provisional=True, disturbed="busy"))
+    assert "one depth" in learnt.why_measure(key, CURVE)  # an older specdec's curve, timed at 256 tokens only
+    learnt.learnt_path().unlink()
+    learnt.save_curve(learnt.curve_key(model, 2), deep, model)  # an older specdec's entry: no device in its key
+    assert learnt.why_measure(learnt.curve_key(model, 2, vulkan), None, learnt.timed_on(2, vulkan)).startswith(
+        f"another device or offload ({vulkan} here; the kept curve does not say where it was timed)")
+
+
 def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, monkeypatch):
     from contextlib import contextmanager
 
@@ -144,7 +231,7 @@ def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     monkeypatch.setenv(learnt.VERIFY_ENV, "auto")
-    monkeypatch.setattr("specdec_cli.stores.tuned.machine", lambda threads: {"key": f"cpu|{threads}|abc"})
+    monkeypatch.setattr("specdec_cli.stores.tuned.machine", fake_machine)
 
     class Reporter:
         lines, advanced = [], []
@@ -164,10 +251,12 @@ def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, 
         target = FakeBackend(n_ctx=512, n_batch=128, clock=clock, cost=tiled)
         return Session(target=target, target_path=model, reporter=Reporter(), clock=clock), target
 
+    from specdec_cli.core.verify_timing import plan_passes
+
     first, target = session()
     assert first.verify_curve().b_max == 65
-    assert target.n_decode_calls == 1 + 2 + 2 + 130 + 2  # context, warm-up, b = 1 before, sizes, b = 1 after
-    assert len(Reporter.advanced) == 130 and "measured" in Reporter.lines[0]
+    assert target.n_decode_calls == plan_passes(65) + 3  # the untimed warm-ups; the deeper context in two batches
+    assert len(Reporter.advanced) == plan_passes(65) and "measured" in Reporter.lines[0]
     again, target = session()
     assert again.verify_curve().to_dict() == first.verify_curve().to_dict()  # kept in learnt.json: not measured again
     assert target.n_decode_calls == 0

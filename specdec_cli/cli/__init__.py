@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     from specdec_cli.cli.app import app
+    from specdec_cli.cli.console import choose_encoding
     from specdec_cli.cli.options import expand_optional_values
 
+    choose_encoding()  # stdout and stderr write any text (a Windows pipe would be cp1252), before any console exists
     if not _debug():
         warnings.showwarning = _show_warning
 

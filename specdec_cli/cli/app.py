@@ -377,6 +377,12 @@ BENCH_EXAMPLES = """
   specdec bench prompts/ --methods none,ngram,suffix --no-peer -n 256 --repeats 3
   specdec bench -t smollm2-135m -d smollm2-135m -n 32   [dim]# a quick try on the tiny model[/dim]
   specdec bench --llama-cpp ~/llama.cpp/build/bin --no-peer   [dim]# + native llama.cpp, plain and ngram-simple[/dim]
+  specdec bench --workload verify -r 3 --llama-cpp DIR   [dim]# learning auto vs none vs native ngram-*[/dim]
+  specdec bench --workload predict -n 512          [dim]# --predict on whole-file edits, and iterating on one[/dim]
+  specdec bench --workload plain                   [dim]# plain decoding only: compare two llama-cpp-python builds[/dim]
+
+[bold]Workloads[/bold] (--workload): default (the above); plain, auto, verify: presets of --methods, prompts and
+--native; predict, suffix, edits: sittings of their own (docs/bench.md).
 
 [bold]How long[/bold]: prompts × configurations × (repeats + one cold run) generations; the cold runs pay a full
 prefill each. The defaults (4 prompts, 7 configurations, 96 tokens, 1 repeat) take about 10 minutes with the
@@ -428,29 +434,44 @@ def bench(
                                   "configuration) to stdout; the report goes to stderr.", rich_help_panel=o.OUTPUT),
     from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "
                                   "(with --markdown and --plot).", rich_help_panel=o.OUTPUT),
+    workload: str = typer.Option("default", "--workload", "-w", help="What to measure: default, plain, auto, verify "
+                                 "(presets of --methods, prompts and --native), predict, suffix or edits (sittings of "
+                                 "their own; they take -n, --repeats, --k and --llama-cpp).", rich_help_panel=o.SPEC),
+    native: str = typer.Option(None, "--native", help="With --llama-cpp: the native configurations, comma-separated: "
+                               "plain and llama-speculative-simple --spec-type names (default: plain,ngram-simple).",
+                               rich_help_panel=o.SPEC),
     verbose: o.Verbose = False,
 ) -> None:
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
     from specdec_cli.cli.commands import bench as B
     from specdec_cli.cli.inputs import from_paths
-    from specdec_cli.measure.bench import BenchOptions, parse_methods
+    from specdec_cli.measure.bench import NATIVE, BenchOptions, parse_methods, parse_native
+    from specdec_cli.measure.bench_workloads import OWN, PRESET, check_workload
     from specdec_cli.prompts import CLASSES, builtin
 
+    preset = PRESET.get(check_workload(workload))
+    if preset is not None:  # a preset's methods and peers; its prompts unless prompt files are given
+        methods, no_peer = preset.methods, no_peer or not preset.peer
+    no_peer = no_peer or workload in OWN  # a sitting of its own names its configurations itself
     options = BenchOptions(methods=parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
                            ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
-                           json_path=json_out,
-                           plot_path=plot, markdown=markdown)
+                           native=parse_native(native) if native else (preset.native if preset else NATIVE),
+                           json_path=json_out, plot_path=plot, markdown=markdown)
+    models = _model_options(target, draft, ctx, threads, gpu_layers, verbose)
     if from_json:
         code = B.from_json(from_json, options=options)
+    elif workload in OWN:
+        code = B.execute_workload(workload, models=models, options=options)
     else:
         if prompts:
             cases = from_paths(list(prompts))
+        elif preset is not None:
+            cases = preset.prompts()
         elif all_builtin:
             cases = builtin()
         else:
             cases = [builtin((kind,))[0] for kind in CLASSES]
-        code = B.execute(cases, models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
-                         options=options)
+        code = B.execute(cases, models=models, options=options)
     if code:
         raise typer.Exit(code)
 
@@ -490,7 +511,7 @@ def doctor(
     else the smallest downloaded model).
 
     On Intel CPUs with AMX, a llama.cpp built by GCC < 13 without the patch `make` applies
-    (scripts/install-llama-cpp.sh) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
+    (specdec install-llama-cpp) crashes on the first decode in its AMX kernels (llama.cpp issue 20824). specdec
     tries them once in a child process and, where they crash, loads models with llama.cpp's extra buffer types off
     (slower, never a crash). SPECDEC_AMX=keep or off forces either choice. Flash attention: SPECDEC_FLASH_ATTN=on,
     off or phased when set; else as --measure chose; else phased (on for prefill, off for verify passes at long
@@ -506,11 +527,12 @@ def doctor(
 INSTALL_LLAMA_CPP_EXAMPLES = """
 [bold]Examples[/bold]
 
-  specdec install-llama-cpp --dry-run   [dim]# what it would do for this Python, and what it costs[/dim]
-  specdec install-llama-cpp             [dim]# CPU; on an x86 CPU with AMX, the AMX kernels with their fix[/dim]
+  specdec install-llama-cpp --dry-run   [dim]# the backend and why, what it would do, what it costs[/dim]
+  specdec install-llama-cpp             [dim]# Metal on Apple Silicon, CUDA with nvcc and a GPU, else CPU[/dim]
+  specdec install-llama-cpp --backend cuda     [dim]# CUDA even where no driver answers (a container, say)[/dim]
+  specdec install-llama-cpp --backend vulkan   [dim]# Vulkan (its SDK and glslc installed)[/dim]
   specdec install-llama-cpp --amx off   [dim]# x86: AMX compiled out instead[/dim]
-  CMAKE_ARGS="-DGGML_METAL=on" specdec install-llama-cpp   [dim]# Apple silicon[/dim]
-  CMAKE_ARGS="-DGGML_CUDA=on" specdec install-llama-cpp    [dim]# NVIDIA GPU[/dim]
+  CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=89" specdec install-llama-cpp   [dim]# extra CMake flags, after ours[/dim]
   specdec doctor                        [dim]# then: "llama.cpp build: specdec's patched build"[/dim]
 
 [bold]Exit codes[/bold]: 0 installed (or nothing to do), 2 a bad option, 8 the build failed (the lines above say why)
@@ -521,25 +543,32 @@ INSTALL_LLAMA_CPP_EXAMPLES = """
 def install_llama_cpp(
     amx: str = typer.Option("auto", "--amx", help="x86 CPUs with AMX: auto = build the AMX kernels with the patch "
                             "that makes them run; off = compile AMX out. Elsewhere nothing changes."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and what it costs; change "
-                                 "nothing."),
+    backend: str = typer.Option("auto", "--backend", help="llama.cpp's backend: auto (Metal on macOS on Apple "
+                                "Silicon, llama-cpp-python's default there; CUDA where nvcc is found and nvidia-smi "
+                                "lists a GPU; else the CPU), cpu, metal, cuda or vulkan."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say which backend and why, what would be done and what it "
+                                 "costs; change nothing."),
 ) -> None:
     """Build specdec's patched llama-cpp-python for this machine and install it into the Python specdec runs on.
 
     pip, pipx and uv install PyPI's stock llama-cpp-python. The patched build adds a flash-attention switch (flash
     attention on for prefill, off for long verify passes) and, on Intel CPUs with AMX, the fix that makes
     llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or loads ~1.7x slower). It
-    compiles the pinned sdist (0.3.36) with the patches shipped in this package: about 6 min on 2 free cores and
-    ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in ~/.cache/specdec/wheels (SPECDEC_WHEELS),
-    so another environment on this machine installs it in seconds. CMAKE_ARGS is passed on (GPU builds). Needs a C and
-    C++ compiler, patch and bash.
+    compiles the pinned sdist (0.3.36) with the patches shipped in this package, for the GPU it finds (--backend):
+    about 6 min on 2 free cores and ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in
+    ~/.cache/specdec/wheels (SPECDEC_WHEELS), so another environment on this machine installs it in seconds.
+    CMAKE_ARGS is appended to the build's CMake flags. Needs a C and C++ compiler (Windows: Visual Studio's C++ build
+    tools); no bash, no make.
     """
     from specdec_cli.cli.commands.install_llama_cpp import execute
     from specdec_cli.errors import UsageError
+    from specdec_cli.models.build import BACKENDS
 
     if amx not in ("auto", "off"):
         raise UsageError(f"--amx {amx!r} is not a choice.", "Use --amx auto or --amx off.")
-    code = execute(amx=amx, dry_run=dry_run)
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend!r} is not a choice.", f"Use one of: {', '.join(BACKENDS)}.")
+    code = execute(amx=amx, dry_run=dry_run, backend=backend)
     if code:
         raise typer.Exit(code)
 

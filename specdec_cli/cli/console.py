@@ -63,6 +63,33 @@ def make_console(*, stderr: bool = False, file: TextIO | None = None) -> Console
     return console
 
 
+def choose_encoding(*streams: TextIO) -> None:
+    """Write `streams` (default: sys.stdout and sys.stderr) so that any text can be written, whatever the platform
+    would have inherited: a pipe or a file gets UTF-8 (Windows would give cp1252, so "→" or "中文" in a reply raised
+    UnicodeEncodeError); a terminal keeps the encoding it displays, with characters it lacks written as "?". Streams
+    already in UTF-8, and objects that are not `io.TextIOWrapper`s (no `reconfigure`), are left as they are. Call it
+    before any console is made; the CLI's `main` does. Follows Python's `TextIOWrapper.reconfigure`."""
+    import codecs
+
+    for stream in streams or (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is None:
+            continue
+        try:
+            if codecs.lookup(getattr(stream, "encoding", None) or "ascii").name == "utf-8":
+                continue
+        except LookupError:
+            pass
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        try:
+            reconfigure(errors="replace") if tty else reconfigure(encoding="utf-8")
+        except (ValueError, OSError):  # a closed or detached stream: nothing will be written to it
+            continue
+
+
 def wants_color(stream: TextIO, plain: bool) -> bool:
     """Styled streaming only on a terminal, without --plain and without NO_COLOR."""
     if plain or os.environ.get("NO_COLOR"):

@@ -54,11 +54,22 @@ def curve_caption(curve: VerifyCurve) -> Text:
     """One line under the table: what ★ means, the cheap sizes, how and when it was measured."""
     cheap = ", ".join(str(b) for b in curve.cheap_sizes())
     spread = max(curve.spread, default=0.0)
+    sizes = f"{len(curve.sizes)} sizes (the rest interpolated)" if curve.sizes else "every size"
+    per_pass, per_row = curve.depth_ms
+    deep = (f"; at {curve.depth} tokens a pass costs {per_pass:.1f} + {per_row:.2f} b ms more per 1,000 tokens of "
+            "context" if curve.depth else "; timed at one depth only")
+    if curve.stale:
+        state = f"; STALE ({curve.stale_why or 'marked so by an earlier run'}): measured again at the next run"
+    elif curve.provisional:
+        state = f"; PROVISIONAL ({curve.disturbed}): measured again, once, at the next run"
+    elif curve.disturbed:
+        state = f"; timed on a busy machine ({curve.disturbed})"
+    else:
+        state = ""
     return Text(f"{CHEAP_MARK} cheap: no larger pass costs less ({cheap}); measured {curve.measured_at or '?'} in "
-                f"{curve.seconds:.1f} s, {curve.repeats} pass(es) per size after {curve.context} tokens"
-                f"{f', largest spread {spread:.0%}' if curve.repeats > 1 else ''}"
-                f"{'; STALE: measured again at the next run' if curve.stale else ''}"
-                f"{f'; NOT KEPT: {curve.disturbed}' if curve.disturbed else ''}", style="spec.label")
+                f"{curve.seconds:.1f} s{f' ({curve.measured_for})' if curve.measured_for else ''}, {sizes}, "
+                f"{curve.repeats} pass(es) each after {curve.context} tokens"
+                f"{f', largest spread {spread:.0%}' if curve.repeats > 1 else ''}{deep}{state}", style="spec.label")
 
 
 def check_plot_path(path: str) -> None:

@@ -28,19 +28,23 @@ OUTPUT = "Output"
 
 Target = Annotated[
     Optional[str],
-    typer.Option("--target", "-t", help="Target model: a name from models.toml or a path to a .gguf file. "
+    typer.Option("--target", "-t", help="Target model: a name from models.toml, a path to a .gguf file, or a "
+                 "Hugging Face repo (owner/repo[:QUANT], hf.co/owner/repo[:QUANT]; fetched and verified once). "
                  "[default: the catalog's default target]", rich_help_panel=MODELS),
 ]
 DraftModel = Annotated[
     Optional[str],
-    typer.Option("--draft", "-d", help="Draft model: a name or a .gguf path. --method auto includes it only where "
+    typer.Option("--draft", "-d", help="Draft model: a name, a .gguf path or owner/repo[:QUANT]. --method auto "
+                 "includes it only where "
                  "it pays (a GPU build) unless named here. [default: the catalog's draft for the target]",
                  rich_help_panel=MODELS),
 ]
 Ctx = Annotated[int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)]
 Threads = Annotated[
     Optional[int],
-    typer.Option("--threads", min=1, max=1024, help="CPU threads. [default: all CPUs]", rich_help_panel=MODELS),
+    typer.Option("--threads", min=1, max=1024,
+                 help="CPU threads. [default: every usable CPU; the performance cores on Apple Silicon]",
+                 rich_help_panel=MODELS),
 ]
 GpuLayers = Annotated[
     int,
@@ -105,7 +109,8 @@ Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 Plain = Annotated[bool, typer.Option("--plain", help="No colours: print only the generated text.", rich_help_panel=OUTPUT)]
-Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream.", rich_help_panel=OUTPUT)]
+Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream (shown on one line "
+                                     "otherwise; never part of the text).", rich_help_panel=OUTPUT)]
 JsonOut = Annotated[
     Optional[str],
     typer.Option("--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).",

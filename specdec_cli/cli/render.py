@@ -23,10 +23,12 @@ from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
 
 def pass_placement(stats) -> str:
-    """Where the passes fell on the measured verify curve, one line: "92 % of passes at cheap sizes, 1.02× the
-    measured curve's ms; a second branch in 12 passes (followed in 5)"."""
-    line = (f"{stats.cheap_passes / stats.curve_passes:.0%} of passes at cheap sizes, "
-            f"{stats.verify_ms / stats.curve_ms:.2f}× the measured curve's ms" if stats.curve_ms > 0 else "")
+    """Where the passes fell on the measured verify curve, one line: "92 % of passes at cheap sizes, passes 1.02×
+    the curve's prediction at depth 700; a second branch in 12 passes (followed in 5)" (depth: the passes' mean
+    context, `RunStats.curve_depth`)."""
+    line = (f"{stats.cheap_passes / stats.curve_passes:.0%} of passes at cheap sizes, passes "
+            f"{stats.verify_ms / stats.curve_ms:.2f}× the curve's prediction at depth {stats.curve_depth}"
+            if stats.curve_ms > 0 else "")
     if stats.branch_passes:
         line += f"; a second branch in {stats.branch_passes} passes (followed in {stats.branch_won})"
     return line
@@ -67,6 +69,37 @@ def legend(method: str = "", *, grammar: bool = False) -> Text:
     return t
 
 
+REJECTED_MARKS = {"\n": "↵", "\t": "⇥"}  # a rejected draft's newline and tab, as shown: never the reply's layout
+REJECTED_MARKS_ASCII = {"\n": "\\n", "\t": "\\t"}  # the same where the stream's encoding cannot write the marks
+REJECTED_SHOWN = 16  # characters of a rejected draft shown; the rest are counted ("…+N")
+
+
+def rejected_mark(text: str, *, limit: int = REJECTED_SHOWN, ascii_only: bool = False) -> str:
+    """A rejected draft as the stream shows it: on one line, its newlines and tabs as visible marks ("↵", "⇥";
+    "\\n", "\\t" with `ascii_only`), other control codes dropped, and past `limit` characters cut, with "…+N" saying how
+    many more characters the target rejected. The reply's own text is never touched."""
+    text = strip_control_codes(text)
+    hidden = len(text) - limit if len(text) > limit else 0
+    if hidden:
+        text = text[:limit]
+    marks = REJECTED_MARKS_ASCII if ascii_only else REJECTED_MARKS
+    for char, mark in marks.items():
+        text = text.replace(char, mark)
+    return text + (f"{'...' if ascii_only else '…'}+{hidden}" if hidden else "")
+
+
+def _writes(out: TextIO, text: str) -> bool:
+    """`out`'s encoding can write `text` (a stream without an encoding is taken to write anything)."""
+    encoding = getattr(out, "encoding", None)
+    if not encoding:
+        return True
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
 REFRESH_S = 1 / 25  # a styled stream is printed at most 25 times a second (a terminal's useful refresh rate)
 
 
@@ -82,7 +115,9 @@ class StreamRenderer:
     Args:
         out: where the text goes (stdout for `run`).
         styled: colour by kind (accepted draft / target / rejected draft); False writes only the output text.
-        show_rejected: show rejected drafts struck through where they were proposed (styled mode only; --clean hides).
+        show_rejected: show rejected drafts where they were proposed (styled mode only; --clean and /rejected off
+            hide them), in their own style, on one line and shortened (`rejected_mark`), so the reply's text keeps
+            the model's lines and indentation exactly.
         refresh_s: seconds; the shortest interval between two prints of a styled stream (0: print every step).
         clock: seconds, monotonic (tests pass a virtual one).
     """
@@ -99,12 +134,15 @@ class StreamRenderer:
         self._pending: list[list] = []  # [style, [texts]] gathered since the last print, adjacent styles merged
         self._last_print = -math.inf  # clock() of the last print
         self._codes: dict[str, tuple[str, str]] = {}  # style -> the escape codes around its text (`_style_codes`)
+        self._ascii_marks = not _writes(out, "".join(REJECTED_MARKS.values()) + "…")
 
     def step(self, step: Step) -> None:
         pending = self._pending
         for kind, text in step.segments:
             if not text or (kind == REJECTED and not self.show_rejected):
                 continue
+            if kind == REJECTED:
+                text = rejected_mark(text, ascii_only=self._ascii_marks)
             if self.console is not None:
                 style = segment_style(kind, step.source)
                 if pending and pending[-1][0] == style:

@@ -3,12 +3,14 @@
 `KController` states every hook the engine calls, each with its no-op default. `AdaptiveK` re-chooses K before
 every step from a `cost_model.CostModel` learnt from the `Step` records: the K with the highest expected tokens/s,
 K = 0 (a plain step) unless drafting beats plain decoding by 3 %; probes at K = 3 while plain decoding wins; a free
-lookup draft is asked for up to 64 tokens and trimmed by the acceptance measured for its match length. Why each
-rule is there (the formulas, the CPU's verify curve, the back-off schedules) is explained in docs/design.md.
+lookup draft is asked for up to 64 tokens and trimmed by how this run's drafts of its source went (before any, by
+the acceptance measured for its match length), deep on a steep curve only behind a long match or run. Why each rule
+is there (the formulas, the CPU's verify curve, the back-off schedules) is explained in docs/design.md.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -19,6 +21,8 @@ from specdec_cli.core.cost_model import (
     DEFAULT_K_MAX,
     K_LIMIT,
     MARGIN,
+    REJECTION_DECAY,
+    SOURCE_PRIOR,
     CostModel,
     CostPrior,
     best_k,
@@ -43,8 +47,14 @@ EARLY_PROBE_MATCH = 5  # buckets of matches this long are probed on their first 
 CHEAP_DRAFT = 0.1  # a lookup drafter is "free" when one call costs < this x v(1)
 BRANCH_PRIOR = 2.0  # pseudo-counts behind a second branch's prior chance of being right where the first is wrong
 # The run model (`_RunModel`): how runs of accepted tokens continue, learnt from this controller's own steps
-RUN_HALF_LIFE = 8.0  # steps of a class after which its run evidence weighs half: a copy that ends is noticed at once
-RUN_PRIOR = (0.5, 1.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
+RUN_HALF_LIFE = 16.0  # steps of a class after which its run evidence weighs half: a copy that ends is noticed at once
+RUN_PRIOR = (1.0, 2.0)  # pseudo-counts (breaks, verified positions): h = 0.5 before any evidence
+RUN_WEIGHT = 64.0  # verified positions at most behind a class's h: a copy that ends is noticed within a few steps
+CLASS_PRIOR = 2.0  # verified positions' worth of both classes' pooled h behind each class's own (a copy's edits)
+# On a steep measured curve a draft longer than DEEP_K needs a match, or a run of tokens since the reply's last
+# rejected draft, at least 1 / DEEP_EVIDENCE of its length: a deep pass that breaks early costs many plain steps there
+DEEP_K = 8
+DEEP_EVIDENCE = 2
 RUN_LONG_MATCH = 5  # matches this long and longer are one class ("inside a copy"); shorter ones the other
 SLOW_START_GROWTH = 4  # the cheapest size per token within this x the verified depth may be tried (see `trim`)
 # A flat verify curve (a GPU's: v(64) <= FLAT x v(1)): a failed deep pass costs at most 1.3 plain steps, so lookup
@@ -98,6 +108,16 @@ class KController(Protocol):
 
     def observe(self, step: Step) -> None:
         """Learn from the step just taken."""
+
+    def end_reply(self) -> None:
+        """The reply under way ended (finished, stopped or abandoned): what it taught becomes what every sequence
+        of this controller starts its next reply from."""
+
+    def sequence(self) -> KController:
+        """The controller one sequence generates with (each lane of a server has its own): every hook above, on
+        state of its own for the reply under way, sharing what is learnt across replies. Default: this controller
+        itself (one without per-reply state)."""
+        return self
 
     def snapshot(self) -> dict[str, Any]:
         """The current cost model and choice, JSON-serialisable (stats, tune, --json)."""
@@ -165,21 +185,33 @@ class AdaptiveK(KController):
         self.lookup_k_max = max(k_max, lookup_k_max)
         self.probe_every = probe_every
         self.margin = margin
+        # What is learnt across replies (a sequence's own copy while its reply is under way: `sequence`):
         self.model = CostModel(self.lookup_k_max, half_life, prior or CostPrior(), curve)
         self._branch_hits = np.zeros(2)  # decayed [right, tried]: a second branch right where the first was wrong
-        # Trimming drafts with evidence (lookup drafters), per match-length bucket:
         self.evidence = False  # a draft with a match length was seen: ask for lookup_k_max, then trim
-        self.asked_all = False  # the last next_k was such an ask (an empty draft then makes a plain step, K = 0)
         self._evidence_ms: list[float] = []  # draft_ms of the last 8 steps whose draft had evidence
-        self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self._runs: dict[str, _RunModel] = {}  # per lookup source: how this controller's runs of accepted tokens go
+        self._version = 0  # bumped each time a sequence hands its reply's learning back (`end_reply`)
+        self._last: AdaptiveK = self  # the sequence that last ended a reply (its choice is what `snapshot` shows)
+        # A sequence's (`sequence`): the controller it shares its learning with (None: itself, learning in place),
+        # the version of it this reply's copy was taken from, and what this reply learnt, in order
+        self._root: AdaptiveK | None = None
+        self._base = -1
+        self._log: list[tuple] | None = None  # None: no reply under way on a copy
+        self._begin_sequence()
+
+    def _begin_sequence(self) -> None:
+        """The per-sequence state, as a new sequence starts it: K, probe schedules and windows, the current run."""
+        self.asked_all = False  # the last next_k was an ask for a whole lookup draft (empty: a plain step, K = 0)
+        self._lookup: dict[str, _LookupState] = {}  # per lookup source: probe schedule and window by bucket
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
         self._since = 0  # steps since the last probe / exploration
-        self._interval = probe_every
+        self._interval = self.probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
         self._reply_started = False  # a step was taken since the last prefill (the first one after it is plain)
+        self._run = 0  # tokens this reply made since its last rejected draft
 
     def next_k(self) -> int:
         """K for the next step. The first step of every reply is plain: its token comes at once after the prefill, as
@@ -306,6 +338,10 @@ class AdaptiveK(KController):
         allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
         if flat(v) and self.model.curve is not None:
             allowance = K_LIMIT  # a measured flat curve: a deep pass that fails costs little more than a plain step
+        elif self.model.curve is not None:
+            # deep only behind evidence of a long run: its match, or the tokens this reply has made since its last
+            # rejected draft (on a steep curve a deep pass that fails early costs many plain steps)
+            allowance = min(allowance, max(DEEP_K, DEEP_EVIDENCE * max(draft.match_len, self._run)))
         n = min(n, self.model.k_max, allowance, int(state.window[b]))
         if v is None:
             return n
@@ -374,17 +410,28 @@ class AdaptiveK(KController):
         return best
 
     def _accept(self, draft: Draft, n: int) -> np.ndarray:
-        """a_i of a lookup draft's first n tokens (n <= k_max): its source's acceptance after matches of its length,
-        raised to what the run model says of this run (`_RunModel`: positions never verified are not held to the
-        prior or to what earlier prompts taught), times the draft's own continuation probabilities where it has
-        them (where past continuations part ways, the draft is a guess from there on). float [n]."""
+        """a_i of a lookup draft's first n tokens (n <= k_max). With a measured curve: what the run model says of
+        this run (`_RunModel`: its evidence pooled over positions, since per-position estimates from a few drafts are
+        noise that sends K up and down, and the chain past the last verified position only repeats that position's),
+        raised to what earlier runs (a restored state) measured at positions this run has not verified. With a learnt
+        one (whose slow start reads them): the source's acceptance after matches of its length at the positions this
+        run verified, raised to the run model's past them. Before the run model has any evidence, the source's
+        acceptance. Times the draft's own continuation probabilities where it has them (where past continuations part
+        ways, the draft is a guess from there on). float [n]."""
         n = min(n, self.model.k_max)
         b = bucket_of(max(draft.match_len, 1))
         accept = np.maximum(self.model.acceptance(b, draft.source)[:n], self.model.run_acceptance(b, draft.source)[:n])
         run = self._runs.get(draft.source)
-        depth = self.model.run_depth(b, draft.source)
-        if run is not None and depth < n:  # positions this run never verified: what its runs say
-            accept[depth:] = np.maximum(accept[depth:], run.continues(draft.match_len))
+        if run is not None:
+            p = run.continues(draft.match_len)
+            depth = min(self.model.run_depth(b, draft.source), n)
+            if self.model.curve is None:  # a learnt curve: its slow start reads the verified positions' own estimates
+                accept[depth:] = np.maximum(accept[depth:], p)
+            else:
+                known = min(max(depth, self.model.verified_depth(b, draft.source)), n)
+                accept[:depth] = p
+                accept[depth:known] = np.maximum(accept[depth:known], p)
+                accept[known:] = p
         return accept * draft.probs[:n] if draft.probs is not None else accept
 
     def _lookup_state(self, source: str) -> _LookupState:
@@ -393,16 +440,66 @@ class AdaptiveK(KController):
             state = self._lookup[source] = _LookupState.new(self.probe_every)
         return state
 
-    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
-        self._reply_started = False  # a new reply: its first step is plain (`next_k`)
-        self.model.observe_prefill(n_evaluated, ms, n_batch)
+    # -- sequences: per-reply state of their own, learning shared across replies ---------------------------------
 
-    def observe(self, step: Step) -> None:
-        """Learn from the step just taken. What it drafted from is in the record (`Step.source`, and the lookup
-        draft's evidence `Step.match_len`); nothing is carried over from `choose` but the learnt statistics and the
-        probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
-        verified while the draft model's best K is 0 is the model's probe."""
-        self._reply_started = True
+    def sequence(self) -> AdaptiveK:
+        """A controller for one sequence (a lane of `specdec serve`) of this one: with the same settings, its own
+        per-reply state (K, probe schedules and windows, the current run) and this controller's learning (the cost
+        model, acceptance by source and match, draft costs, the run model). While a reply is under way it
+        learns on a copy of that learning as the reply found it, which `end_reply` hands back, so sequences that
+        generate at once never see each other's half-done replies; one sequence alone decides exactly as this
+        controller would in place."""
+        root = self._root or self
+        seq = AdaptiveK(root.k_max, lookup_k_max=root.lookup_k_max, probe_every=root.probe_every,
+                        half_life=root.model.half_life, prior=root.model.prior, margin=root.margin,
+                        curve=root.model.curve)
+        seq._root = root
+        seq._share(root)
+        return seq
+
+    def _share(self, root: AdaptiveK) -> None:
+        """Take `root`'s learning as this sequence's (the same objects: nothing is copied until a reply begins)."""
+        self.model, self.evidence, self._runs = root.model, root.evidence, root._runs
+        self._evidence_ms, self._branch_hits, self._base = root._evidence_ms, root._branch_hits, root._version
+
+    def _start_reply(self) -> None:
+        """A sequence's reply begins: a copy of the shared learning as it is now (a verify curve is shared, not
+        copied: it never changes) to learn on, and an empty log of what the reply teaches."""
+        root = self._root
+        if root is None:
+            return
+        self.end_reply()  # a reply abandoned without its end (a generator never closed): hand it back first
+        self._share(root)
+        self.model = copy.deepcopy(root.model, {id(root.model.curve): root.model.curve})
+        self._evidence_ms, self._branch_hits = list(root._evidence_ms), root._branch_hits.copy()
+        self._runs = {source: run.copy() for source, run in root._runs.items()}
+        self._log = []
+
+    def end_reply(self) -> None:
+        """Hand this reply's learning back to the shared controller: its copy as it is when no other sequence
+        handed one back since the copy was taken (one sequence alone: exactly what learning in place gives), else
+        the reply's steps learnt again on top of what the others handed back. Nothing on the controller itself."""
+        root, log = self._root, self._log
+        if root is None or log is None:
+            return
+        self._log = None
+        if root._version == self._base:
+            root.model, root._evidence_ms, root._branch_hits = self.model, self._evidence_ms, self._branch_hits
+            root._runs = self._runs
+        else:
+            for entry in log:
+                if entry[0] == "prefill":
+                    root.model.observe_prefill(*entry[1:])
+                else:
+                    root._learn(entry[1])
+        root.evidence = root.evidence or self.evidence
+        root._version += 1
+        root._last = self
+        self._share(root)
+
+    def _learn(self, step: Step) -> int | None:
+        """What a step teaches across replies: the lookup drafts' cost, the second branch's chance, the cost model,
+        the run model. Returns the step's match-length bucket (None: no draft with evidence)."""
         if step.match_len > 0:  # a lookup draft with evidence was chosen (possibly trimmed to nothing)
             self._evidence_ms = [*self._evidence_ms[-7:], step.draft_ms]
         if step.branch:  # did the second branch have its token right where the first did not?
@@ -410,7 +507,28 @@ class AdaptiveK(KController):
         bucket = bucket_of(step.match_len) if step.drafted and step.match_len > 0 else None
         self.model.observe(step, bucket, step.source)
         if bucket is not None:
-            self._runs.setdefault(step.source, _RunModel()).observe(step)
+            self._runs.setdefault(step.source, _RunModel(step.source)).observe(step)
+        return bucket
+
+    def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
+        self._start_reply()
+        self._reply_started = False  # a new reply: its first step is plain (`next_k`)
+        self._run = 0
+        self.model.observe_prefill(n_evaluated, ms, n_batch)
+        if self._log is not None:
+            self._log.append(("prefill", n_evaluated, ms, n_batch))
+
+    def observe(self, step: Step) -> None:
+        """Learn from the step just taken. What it drafted from is in the record (`Step.source`, and the lookup
+        draft's evidence `Step.match_len`); nothing is carried over from `choose` but the learnt statistics and the
+        probe schedules: a bucket's probe is the one trim that sets its `since` to 0, and a draft without evidence
+        verified while the draft model's best K is 0 is the model's probe."""
+        self._reply_started = True
+        self._run = 0 if step.rejected else self._run + len(step.emitted)
+        bucket = self._learn(step)
+        if self._log is not None:
+            self._log.append(("step", step))
+        if bucket is not None:
             state = self._lookup_state(step.source)
             if step.rejected:
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
@@ -465,15 +583,18 @@ class AdaptiveK(KController):
         model = CostModel(self.model.k_max, self.model.half_life, self.model.prior, self.model.curve)
         model.restore(state["model"], max_weight)
         self.model, self.evidence, self._evidence_ms = model, evidence, evidence_ms
+        self._version += 1  # a reply under way on a copy of the old learning is learnt again on this one
 
     def snapshot(self) -> dict[str, Any]:
+        """The learning, and the choice of the sequence that last ended a reply (this controller's own when none)."""
+        seq = self._last
         return {
             "mode": "auto",
-            "k": self.k,
-            "best_k": self.best,
+            "k": seq.k,
+            "best_k": seq.best,
             "k_max": self.k_max,
-            "probe_interval": self._interval,
-            "failed_probes": self.failures,
+            "probe_interval": seq._interval,
+            "failed_probes": seq.failures,
             "steps": self.model.steps,
             "lookup_k_max": self.lookup_k_max,
             "trims_by_evidence": self.evidence,
@@ -504,29 +625,46 @@ def _cheapest_per_token(v: np.ndarray | None, seen: int, top: int) -> int:
 class _RunModel:
     """How runs of accepted tokens continue, learnt from this controller's own steps (not restored from earlier
     prompts), for one lookup source: a geometric run whose every verified position breaks with hazard h, estimated
-    as (breaks + 0.5) / (verified positions + 1) from the steps of the draft's class (matches of >= 5 tokens: inside
-    a copy; shorter ones), decayed with a half-life of `RUN_HALF_LIFE` steps of that class.
+    from the steps of the draft's class (matches of >= 5 tokens: inside a copy; shorter ones) as (breaks + 2 h0) /
+    (verified positions + 2), h0 both classes' pooled estimate (from the prior h = 0.5, or the source's own prior).
+    Decayed with a half-life of `RUN_HALF_LIFE` steps of the class, halved by a rejection (as a bucket's evidence is)
+    and held to `RUN_WEIGHT` verified positions, so a copy that ends is noticed within a few steps.
 
-    A draft position never verified is worth what the run says of positions in general: where this run's drafts have
-    nearly always been right, a_i >= 1 - h at every position, so K can leave a local optimum of the verify curve
-    (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position estimates would hold it in, since positions past K are
-    never verified and their prior never moves. Where drafts break (free text, copies broken every few tokens), h is
-    large and the per-position estimates decide alone. docs/design.md, "K that cannot stick"."""
+    With a measured curve every position of a draft is worth 1 - h (`AdaptiveK._accept`; with a learnt one, every
+    position this run has not verified): where this run's drafts have nearly always been right, K can leave a local
+    optimum of the verify curve (b = 4 cheap, 5..15 dear, 16 cheapest) that per-position estimates would hold it in,
+    since positions past K are never verified and their prior never moves; where they break every few tokens, as in
+    free text or a copy edited often, K stays short; and positions are pooled, since estimates per position from a
+    few drafts are noise that sends K up and down. The short class borrowing from the pooled h lets the few tokens
+    matched right after an edit go on as the copy does. docs/design.md, "K that cannot stick"."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "prior")
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "") -> None:
         self.counts = np.zeros((2, 2))  # [class: short, long][breaks, verified positions], decayed
+        # h before any evidence: 0.5, or what a source whose drafts are right from the first token starts from
+        self.prior = 1.0 - SOURCE_PRIOR.get(source, 1.0 - RUN_PRIOR[0] / RUN_PRIOR[1])
+
+    def copy(self) -> _RunModel:
+        run = _RunModel()
+        run.counts, run.prior = self.counts.copy(), self.prior
+        return run
 
     def observe(self, step: Step) -> None:
         c = self.counts[int(step.match_len >= RUN_LONG_MATCH)]
-        c *= 0.5 ** (1.0 / RUN_HALF_LIFE)
+        c *= 0.5 ** (1.0 / RUN_HALF_LIFE) * (REJECTION_DECAY if step.rejected else 1.0)
         c += (1.0 if step.rejected else 0.0, step.n_accepted + (1 if step.rejected else 0))
+        if c[1] > RUN_WEIGHT:
+            c *= RUN_WEIGHT / c[1]
 
     def continues(self, match_len: int) -> float:
-        """1 - h for a draft after a match of `match_len` tokens: the chance that a verified position is accepted."""
+        """1 - h for a draft after a match of `match_len` tokens: the chance that a verified position is accepted.
+        Each class's h starts from both classes' pooled (`CLASS_PRIOR`): in a copy, the few tokens matched right after
+        an edit go on as the copy does; in free text neither class has runs."""
+        breaks, verified = self.counts.sum(axis=0)
+        h_all = (breaks + RUN_PRIOR[1] * self.prior) / (verified + RUN_PRIOR[1])
         breaks, verified = self.counts[int(match_len >= RUN_LONG_MATCH)]
-        return 1.0 - (breaks + RUN_PRIOR[0]) / (verified + RUN_PRIOR[1])
+        return 1.0 - (breaks + CLASS_PRIOR * h_all) / (verified + CLASS_PRIOR)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_cli.core.records import Source
-from specdec_cli.core.verify_curve import WATCH_CONTEXT
+from specdec_cli.core.verify_curve import DRIFT, WATCH_CONTEXT
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
@@ -147,7 +147,7 @@ class CostModel:
         # f1 = curve(b), f2 = b x (context - the curve's context) / 1000 and the ms y: f1 f1, f1 f2, f2 f2, f1 y, f2 y
         self._attn = np.zeros(5)
         self.context = 0  # tokens in the KV cache before the next pass (the last pass's context + its tokens)
-        self._v1 = (0.0, 0)  # (mean ms, passes) of this model's b = 1 passes at short contexts, for `drifted`
+        self._v1 = (0.0, 0)  # (mean timed / predicted, passes) of the b = 1 passes at short contexts (`drifted`)
 
     # ---- learning
 
@@ -175,9 +175,11 @@ class CostModel:
             # cost to learn; without one, it is the only timing there is (K then shrinks with the others' rows)
             self._observe_verify(step.batch_size, step.verify_ms)
             self._observe_attention(step)
-            if step.batch_size == 1 and step.verify_ms > 0.0 and step.n_past <= WATCH_CONTEXT:
-                v1_ms, v1_n = self._v1
-                self._v1 = (v1_ms + (step.verify_ms - v1_ms) / (v1_n + 1), v1_n + 1)
+            if self.curve is not None and step.batch_size == 1 and step.verify_ms > 0.0 \
+                    and step.n_past <= WATCH_CONTEXT:
+                v1, v1_n = self._v1
+                ratio = step.verify_ms / self.curve.predict(1, step.n_past or self.curve.context)  # at its depth
+                self._v1 = (v1 + (ratio - v1) / (v1_n + 1), v1_n + 1)
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
@@ -354,29 +356,32 @@ class CostModel:
             self._base = (self.curve, self.curve.array(self.k_max + 1))
             self._base[1].flags.writeable = False
         base = self._base[1]  # [k_max + 1] measured v(b), b = 1..k_max + 1 (read-only)
+        sizes = np.arange(1, self.k_max + 2)  # [k_max + 1]
+        per_pass, per_row = self.curve.depth_ms  # the curve's own price of the context in use (`VerifyCurve.predict`)
+        extra = ((self.context or self.curve.context) - self.curve.context) / 1000.0
+        priced = base if extra == 0.0 or (per_pass, per_row) == (0.0, 0.0) else \
+            np.maximum(base + (per_pass + per_row * sizes) * extra, 0.5 * base)  # [k_max + 1]
         timed = [(b, p) for b, p in self.points.items() if p.verified and b <= self.k_max + 1]
         if not timed:
-            return base
+            return priced
         w = np.array([min(p.n, 50) for _, p in timed], dtype=np.float64)
         fit = self.attention()
         if fit is not None:  # today's load and the attention of the context in use (docs/design.md, "Long contexts")
             s, a = fit
-            b = np.arange(1, self.k_max + 2)  # [k_max + 1]
-            out = s * base + a * b * max(self.context - self.curve.context, 0) / 1000.0
-        else:
-            ratio = np.array([p.ms / base[b - 1] for b, p in timed])
-            out = base * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1] the curve at today's load
+            out = s * base + a * sizes * max(self.context - self.curve.context, 0) / 1000.0
+        else:  # the curve's price at the context in use, at today's load
+            ratio = np.array([p.ms / priced[b - 1] for b, p in timed])
+            out = priced * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1]
         for (b, p), wb in zip(timed, w):
             out[b - 1] = (wb * p.ms + CURVE_PRIOR * out[b - 1]) / (wb + CURVE_PRIOR)
         return out
 
     def drifted(self) -> bool:
-        """The b = 1 passes timed here at short contexts (8 or more, at most `verify_curve.WATCH_CONTEXT` tokens:
-        deeper ones pay attention the curve, timed over `VerifyCurve.context` tokens, does not hold) cost more than
-        `verify_curve.DRIFT` away from the measured curve's v(1): it no longer describes this machine (another load,
-        a governor, a rebuilt library)."""
-        ms, n = self._v1
-        return self.curve is not None and n >= 8 and self.curve.drifted(ms)
+        """The b = 1 passes timed here (8 or more, over at most `verify_curve.WATCH_CONTEXT` tokens of context) cost
+        more than `verify_curve.DRIFT` away from the measured curve's v(1) at their depth (`VerifyCurve.predict`): it
+        no longer describes this machine (another load, a governor, a rebuilt library)."""
+        ratio, n = self._v1
+        return self.curve is not None and n >= 8 and not 1.0 - DRIFT <= ratio <= 1.0 + DRIFT
 
     def _fit_curve(self) -> np.ndarray:
         pts = sorted(self.points.items())

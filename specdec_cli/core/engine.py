@@ -84,7 +84,9 @@ class SpeculativeEngine:
         target: the model whose output distribution is preserved.
         drafter: proposes draft tokens; None = plain decoding (K = 0 every step, no controller consulted) through
             the same loop.
-        controller: chooses K and the draft's source each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`.
+        controller: chooses K and the draft's source each step (`FixedK`, `AdaptiveK`); default `FixedK(4)`. The
+            engine drafts with a sequence of it (`KController.sequence`): engines that share a controller (a
+            server's lanes) share what it learns across replies, each with per-reply state of its own.
         prompt_cache: KV states saved across runs (`prompt_cache.PromptCache`): the prefill first restores the longest
             saved prefix of the prompt, and `save_prompt` saves what a generation evaluated. None = off.
         parking: KV states kept in memory (`kv_parking.KvParking`, the server's): before the prefill, the KV cache
@@ -105,6 +107,16 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
+        self._sequence: tuple[KController, KController] | None = None  # (controller, this engine's sequence of it)
+
+    @property
+    def sequence(self) -> KController:
+        """This engine's sequence of its controller (`KController.sequence`): its per-reply state, kept across the
+        engine's generations (a chat's turns, a server lane's requests), its learning shared with every engine of
+        the same controller."""
+        if self._sequence is None or self._sequence[0] is not self.controller:
+            self._sequence = (self.controller, self.controller.sequence())
+        return self._sequence[1]
 
     def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
@@ -200,10 +212,10 @@ class SpeculativeEngine:
                     shared_rows=target.shared_rows,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
-                    step = replace(step, curve_ms=self.curve.at(step.batch_size),
+                    step = replace(step, curve_ms=self.curve.predict(step.batch_size, n_past or self.curve.context),
                                    cheap=self.curve.cheap(step.batch_size))
                 if drafter is not None and step.source != GRAMMAR:
-                    self.controller.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
+                    self.sequence.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
                 yield step
                 if finish is not None:
                     if drafter is not None and finish is not FinishReason.context:  # the output and its end token
@@ -212,6 +224,8 @@ class SpeculativeEngine:
                     yield Finish(finish, text.hit if finish is FinishReason.stop else None)
                     return
         finally:
+            if drafter is not None:
+                self.sequence.end_reply()  # what this reply taught, for every sequence's next one
             # Leave only committed tokens in the target's cache (also on Ctrl-C or an early close()).
             keep = common_prefix(target.tokens, ctx[: max(n - 1, 0)])
             if keep < len(target.tokens):
@@ -235,7 +249,7 @@ class SpeculativeEngine:
         if self.drafter is not None:
             self.drafter.begin(prompt, None if prediction is None else np.asarray(prediction, dtype=np.int32))
             draft_ms = (self.clock() - t1) * 1e3
-            self.controller.observe_prefill(n_eval, (t1 - t_eval) * 1e3, self.target.n_batch)  # a free v(b) point
+            self.sequence.observe_prefill(n_eval, (t1 - t_eval) * 1e3, self.target.n_batch)  # a free v(b) point
         return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms,
                        n_restored=n_restored, restore_ms=restore_ms)
 
@@ -264,7 +278,8 @@ class SpeculativeEngine:
             forced = grammar.forced()[:limit]  # a schema's next key, closing brackets: free and nearly always right
             if len(forced):
                 return len(forced), Draft(tokens=forced, source=GRAMMAR), None
-        k = min(self.controller.next_k(), limit)
+        controller = self.sequence
+        k = min(controller.next_k(), limit)
         if k <= 0:
             return 0, NO_DRAFT, None
         # the free lookup drafts (prompt lookup, suffix store, prediction: ~0.1 ms each), each at most k tokens
@@ -273,7 +288,7 @@ class SpeculativeEngine:
             drafts = [c for c in (cut(d, grammar.cut(d.tokens)) for d in drafts) if len(c)]
         # the controller picks the source with the best expected tokens/s: a lookup draft (trimmed), the draft model
         # (which only now pays for its K forward passes), or a plain step
-        k, draft = self.controller.choose(drafts, drafter.has_model, k)
+        k, draft = controller.choose(drafts, drafter.has_model, k)
         if draft is None:
             draft = drafter.propose(context, min(k, limit), sampling, rng) if k > 0 and drafter.has_model else NO_DRAFT
             if len(draft) > k:
@@ -286,7 +301,7 @@ class SpeculativeEngine:
         alt = None
         if len(draft) and grammar is None and target.branches and len(drafts) > 1:
             others = [x for x in drafts if x is not draft and common_prefix(x.tokens, draft.tokens) < len(x)]
-            alt = self.controller.branch(draft, others, min(limit, budget - 1) + 1) if others else None
+            alt = controller.branch(draft, others, min(limit, budget - 1) + 1) if others else None
         return k, draft, alt
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,

@@ -123,7 +123,8 @@ class Step:
             `drafted` is always the branch the output followed.
         branch_won: the output followed the second candidate (`drafted` is it, and `branch` the controller's draft).
         branch_source / branch_match_len: the `branch` tokens' source and evidence.
-        curve_ms: the measured verify curve's cost of a pass of `batch_size` tokens (0.0: no curve measured).
+        curve_ms: the measured verify curve's cost of a pass of `batch_size` tokens after `n_past` tokens of context
+            (`VerifyCurve.predict`; 0.0: no curve measured).
         n_past: tokens in the target's KV cache before this pass: the context its rows attended to (0: unknown).
         cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
         shared_rows: rows other sequences had in the same forward pass (`server.lanes`; 0: it ran alone), so

@@ -38,7 +38,8 @@ class RunStats:
             token, the draft, a second branch's own tokens). batch_histogram: passes by batch size b.
         curve_passes / cheap_passes: passes placed on a measured verify curve, and those at a cheap size of it (no
             larger pass costs less: `core.verify_curve.VerifyCurve.cheap`). curve_ms: the sum of the curve's cost of
-            every pass (ms), against verify_ms measured.
+            every pass at its depth of context (ms, `VerifyCurve.predict`), against verify_ms measured; curve_depth:
+            the mean context of those passes (tokens).
         branch_passes / branch_won: passes that verified a second candidate branch, and those whose output
             followed it.
         energy: the joules the host's counters counted (`models.energy.Energy`: prefill and decoding apart), or None;
@@ -76,6 +77,7 @@ class RunStats:
     curve_passes: int = 0
     cheap_passes: int = 0
     curve_ms: float = 0.0
+    curve_depth: int = 0
     branch_passes: int = 0
     branch_won: int = 0
     energy: Energy | None = None
@@ -181,6 +183,7 @@ def summarize(records: Iterable[Record], *, decode_ms: float | None = None,
         curve_passes=len(on_curve),
         cheap_passes=sum(1 for s in on_curve if s.cheap),
         curve_ms=sum(s.curve_ms for s in on_curve),
+        curve_depth=round(sum(s.n_past for s in on_curve) / len(on_curve)) if on_curve else 0,
         branch_passes=sum(1 for s in steps if s.branch),
         branch_won=sum(1 for s in steps if s.branch_won),
         energy=energy,

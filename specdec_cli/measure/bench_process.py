@@ -2,7 +2,8 @@
 
 The parent drives each with JSON lines over stdin/stdout (`BenchProcess.call`); the child (`worker_main`) serves
 one family's requests until its input ends. Workers ignore SIGINT and run in their own session, so Ctrl-C reaches
-only the parent, which stops them. Peak RSS is read per run from /proc (see `specdec_cli.measure.bench`).
+only the parent, which stops them. Peak RSS is read per run from /proc, or what the platform offers where there is
+none (Windows: the peak working set; see `specdec_cli.measure.bench`).
 """
 
 from __future__ import annotations
@@ -140,11 +141,16 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+_PROC_STATUS = "/proc/self/status"  # Linux: VmHWM and VmRSS
+
+
 def _rss_kib() -> tuple[int | None, int | None]:
-    """(VmHWM, VmRSS) of this process in KiB; VmHWM falls back to ru_maxrss where /proc is missing."""
+    """(peak RSS, RSS) of this process in KiB: VmHWM and VmRSS from /proc on Linux; elsewhere what the platform
+    offers (`_platform_rss_kib`: Windows' peak working set and working set, getrusage's peak on macOS), None for a
+    figure it does not give (the report shows it as missing)."""
     hwm = rss = None
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        with open(_PROC_STATUS, encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     hwm = int(line.split()[1])
@@ -153,11 +159,81 @@ def _rss_kib() -> tuple[int | None, int | None]:
     except (OSError, ValueError):
         pass
     if hwm is None:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        hwm = peak // 1024 if sys.platform == "darwin" else peak  # macOS: bytes, Linux: KiB
+        peak, now = _platform_rss_kib()
+        hwm, rss = peak, rss if rss is not None else now
     return hwm, rss
+
+
+def _platform_rss_kib() -> tuple[int | None, int | None]:
+    """(peak, current) resident KiB without /proc: `GetProcessMemoryInfo`'s PeakWorkingSetSize and WorkingSetSize on
+    Windows (no `resource` module there), `resource.getrusage`'s ru_maxrss and no current figure elsewhere; (None,
+    None) where neither can be read. Never raises."""
+    if sys.platform == "win32":
+        return _windows_rss_kib()
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None, None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (peak // 1024 if sys.platform == "darwin" else peak), None  # macOS: bytes, Linux: KiB
+
+
+def _windows_rss_kib() -> tuple[int | None, int | None]:
+    """(PeakWorkingSetSize, WorkingSetSize) of this process in KiB from psapi's `GetProcessMemoryInfo` (exported by
+    kernel32 as K32GetProcessMemoryInfo since Windows 7); (None, None) where it cannot be called."""
+    import ctypes
+
+    size_t = ctypes.c_size_t
+
+    class Counters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS (psapi.h)
+        _fields_ = [("cb", ctypes.c_uint32), ("PageFaultCount", ctypes.c_uint32), ("PeakWorkingSetSize", size_t),
+                    ("WorkingSetSize", size_t), ("QuotaPeakPagedPoolUsage", size_t), ("QuotaPagedPoolUsage", size_t),
+                    ("QuotaPeakNonPagedPoolUsage", size_t), ("QuotaNonPagedPoolUsage", size_t),
+                    ("PagefileUsage", size_t), ("PeakPagefileUsage", size_t)]
+
+    try:
+        kernel32 = ctypes.WinDLL("kernel32")
+        kernel32.GetCurrentProcess.restype = ctypes.c_void_p
+        info = kernel32.K32GetProcessMemoryInfo
+        info.argtypes = [ctypes.c_void_p, ctypes.POINTER(Counters), ctypes.c_uint32]
+        info.restype = ctypes.c_int
+        counters = Counters(cb=ctypes.sizeof(Counters))
+        if not info(kernel32.GetCurrentProcess(), ctypes.byref(counters), counters.cb):
+            return None, None
+    except (AttributeError, OSError):  # not Windows (no WinDLL), or no such export
+        return None, None
+    return counters.PeakWorkingSetSize // 1024, counters.WorkingSetSize // 1024
+
+
+def run_record(g) -> dict[str, Any]:
+    """One generation's run dict as --json stores it and `measure.bench.BenchResult.from_dict` reads it, less its
+    place in the schedule. g: a `driver` Result."""
+    st = g.stats
+    return {
+        "tokens_per_s": st.tokens_per_s,
+        "n_tokens": st.n_generated,
+        "decode_ms": st.decode_ms,
+        "n_prompt": st.n_prompt,
+        "n_prefill_evaluated": st.n_prefill_evaluated,
+        "prefill_ms": st.prefill_ms,
+        "draft_prefill_ms": st.draft_prefill_ms,
+        "n_drafted": st.n_drafted,
+        "n_accepted": st.n_accepted,
+        "n_spec_steps": sum(1 for s in g.steps if s.drafted),
+        "n_steps": st.n_target_passes,
+        "mean_k": st.mean_k,
+        "k_histogram": {str(k): v for k, v in sorted(st.k_histogram.items())},
+        "draft_ms": st.draft_ms,
+        "verify_ms": st.verify_ms,
+        "cheap_passes": st.cheap_passes,
+        "curve_passes": st.curve_passes,
+        "branch_passes": st.branch_passes,
+        "batch_histogram": {str(b): v for b, v in sorted(st.batch_histogram.items())},
+        "decode_joules": st.energy.decode_j if st.energy is not None else None,  # models.energy: or why not
+        "energy_note": st.energy_note,
+        "finish_reason": st.finish_reason,
+        "tokens": g.tokens,
+    }
 
 
 class _OursRunner:
@@ -182,7 +258,7 @@ class _OursRunner:
         for method in (Method.none, Method.draft) if self.session.draft is not None else (Method.none,):
             self._generate(method, warm, 4)  # page the weights in before anything is timed
         store_tokens = None
-        if {Method.suffix, Method.auto} & {Method(m) for m in msg["methods"]}:
+        if {"suffix", "auto", "auto-warm"} & {str(m) for m in msg["methods"]}:
             from specdec_cli.config import data_dir
             from specdec_cli.stores.suffix_store import SuffixStore, store_path
 
@@ -206,14 +282,15 @@ class _OursRunner:
             self._drafters[method] = NoLearning(self.assembler.make_drafter(spec))
         return self._drafters[method]
 
-    def _generate(self, method: Method, prompt, max_tokens: int):
-        """One generation; returns (the `Result`, ms from the call to the first step: TTFT)."""
+    def _generate(self, method: Method, prompt, max_tokens: int, warm: bool = False):
+        """One generation; returns (the `Result`, ms from the call to the first step: TTFT). warm: keep the
+        session's --k auto controller (what it learnt from the runs before), as learnt.json carries it."""
         from specdec_cli.core.engine import GenerationConfig
         from specdec_cli.driver import generate
         from specdec_cli.spec import SpecOptions
 
-        # a fresh --k auto per run, as the drafters do not learn either: every run is measured from a cold start
-        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=True,
+        # a fresh --k auto per run (unless warm), as the drafters do not learn either: a cold start each time
+        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=not warm,
                                        drafter=self._drafter(method))
         first: list[float] = []  # perf_counter s when the first step arrived
 
@@ -231,38 +308,11 @@ class _OursRunner:
             if self.session.draft is not None:
                 self.session.draft.truncate(0)
         reset = _reset_peak_rss()
-        g, ttft = self._generate(Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"])
+        g, ttft = self._generate(Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"],
+                                 warm=msg.get("warm", False))
         hwm, rss = _rss_kib()
-        st = g.stats
-        return {
-            "tokens_per_s": st.tokens_per_s,
-            "n_tokens": st.n_generated,
-            "decode_ms": st.decode_ms,
-            "ttft_ms": ttft if msg["cold"] else None,
-            "n_prompt": st.n_prompt,
-            "n_prefill_evaluated": st.n_prefill_evaluated,
-            "prefill_ms": st.prefill_ms,
-            "draft_prefill_ms": st.draft_prefill_ms,
-            "n_drafted": st.n_drafted,
-            "n_accepted": st.n_accepted,
-            "n_spec_steps": sum(1 for s in g.steps if s.drafted),
-            "n_steps": st.n_target_passes,
-            "mean_k": st.mean_k,
-            "k_histogram": {str(k): v for k, v in sorted(st.k_histogram.items())},
-            "draft_ms": st.draft_ms,
-            "verify_ms": st.verify_ms,
-            "cheap_passes": st.cheap_passes,
-            "curve_passes": st.curve_passes,
-            "branch_passes": st.branch_passes,
-            "batch_histogram": {str(b): v for b, v in sorted(st.batch_histogram.items())},
-            "decode_joules": st.energy.decode_j if st.energy is not None else None,  # models.energy: or why not
-            "energy_note": st.energy_note,
-            "finish_reason": st.finish_reason,
-            "peak_rss_kib": hwm,
-            "rss_kib": rss,
-            "peak_rss_reset": reset,
-            "tokens": g.tokens,
-        }
+        return {**run_record(g), "ttft_ms": ttft if msg["cold"] else None, "peak_rss_kib": hwm, "rss_kib": rss,
+                "peak_rss_reset": reset}
 
     def close(self) -> None:
         try:

@@ -375,7 +375,7 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
     assembler = Assembler(session)  # every engine is fresh, with the drafter below: it owns nothing to close
     inner = assembler.make_drafter(spec)
     drafter = NoLearning(inner)
-    mach = machine(session.target.n_threads)
+    mach = machine(session.target.n_threads, session.placement())
 
     def engine(c: TuneConfig):  # a fresh controller for every run
         return assembler.engine(replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,

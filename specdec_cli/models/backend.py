@@ -175,6 +175,11 @@ class Backend(Protocol):
         """The model's fill-in-the-middle tokens (`FimTokens`; all None for a model without FIM)."""
         ...
 
+    def synchronize(self) -> None:
+        """Wait until the device finished the last pass (llama.cpp's `llama_synchronize`): a pass that reads no
+        logits may return before a GPU finished it, so a timed pass calls this before its clock stops. The default
+        does nothing (a backend that computes as it is called: the CPU, the test fakes)."""
+
     def close(self) -> None: ...
 
 

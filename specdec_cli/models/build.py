@@ -10,10 +10,11 @@ two patches of ours, shipped as package data in `specdec_cli/llama_build/`:
 * `patches/llama-cpp-python-amx-tileconfig.patch`, on x86 CPUs with AMX: the compiler barrier that makes llama.cpp's
   AMX kernels run when built by GCC < 13 (llama.cpp issue 20824). Elsewhere on x86 AMX is compiled out.
 
-`install-llama-cpp.sh` does the work (a bash script, so that `make` runs it before specdec is installed); this
-module finds it and its patches, asks it what it would do (`install_plan`) and runs it for a given Python
-(`install`). It also finds the loaded build's shared libraries without importing the binding (`library_files`),
-which `models.host` fingerprints so that a verdict about one build is never applied to another.
+`llama_build/install.py` does the work (standard library only, so that `make` runs it as a script before specdec is
+installed, on any platform); this module asks it what it would do (`install_plan`) and runs it for a given Python
+(`install`), its errors turned into BuildError. It also finds the loaded build's shared libraries without importing
+the binding (`library_files`), which `models.host` fingerprints so that a verdict about one build is never applied to
+another.
 """
 
 from __future__ import annotations
@@ -21,17 +22,17 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdec_cli.errors import BuildError
+from specdec_cli.llama_build import install as installer
 
 INSTALL_COMMAND = "specdec install-llama-cpp"
-SCRIPT = "install-llama-cpp.sh"
-PATCHES = ("llama-cpp-python-flash-attn-switch.patch", "llama-cpp-python-amx-tileconfig.patch")
+PATCHES = installer.PATCHES
+BACKENDS = installer.BACKENDS
+InstallPlan = installer.Plan  # what an install would do for a Python (its --dry-run)
 LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python loads its libraries from here when set
 _LIB_SUFFIXES = (".so", ".dylib", ".dll")
 # What a build costs, measured on a 2-CPU Xeon VM shared with other work (so rough): `make`'s build took 6 min with 2
@@ -42,12 +43,8 @@ WHEEL_SIZE = "24 MB"
 
 
 def data_dir() -> Path:
-    """The folder that holds install-llama-cpp.sh and patches/ (inside the installed package, or the checkout)."""
+    """The folder that holds install.py and patches/ (inside the installed package, or the checkout)."""
     return Path(str(importlib.resources.files("specdec_cli").joinpath("llama_build")))
-
-
-def script_path() -> Path:
-    return data_dir() / SCRIPT
 
 
 def patch_paths() -> list[Path]:
@@ -86,9 +83,9 @@ def library_files(folder: Path | None = None) -> list[Path]:
 
 
 def installed_from(python_prefix: str | None = None) -> str | None:
-    """The wheel folder install-llama-cpp.sh installed this environment's llama-cpp-python from (its marker in
+    """The wheel folder specdec's installer installed this environment's llama-cpp-python from (its marker in
     `sys.prefix`), or None when it did not."""
-    marker = Path(python_prefix or sys.prefix) / ".llama-cpp-python-wheel"
+    marker = Path(python_prefix or sys.prefix) / installer.MARKER
     try:
         return marker.read_text(encoding="utf-8").strip() or None
     except OSError:
@@ -103,7 +100,7 @@ class BuildInfo:
         patched: the build has specdec's flash-attention switch (`llama_set_flash_attn`), i.e. specdec built it.
         amx_kernels: llama.cpp's system info reports AMX kernels (`AMX_INT8 = 1`).
         library_dir: where its shared libraries are (None: not found).
-        installed_from: the cached wheel folder install-llama-cpp.sh installed it from (None: installed otherwise).
+        installed_from: the cached wheel folder specdec's installer installed it from (None: installed otherwise).
     """
 
     patched: bool
@@ -133,7 +130,8 @@ class BuildInfo:
 
 def describe(*, patched: bool, amx_kernels: bool) -> BuildInfo:
     """The loaded build, from what the caller read off it (`host.flash_attn_switch()`, `host.amx_build(info)`). The
-    script's marker names the wheel only while the build is patched: a reinstall in place of PyPI's build keeps it."""
+    installer's marker names the wheel only while the build is patched: a reinstall in place of PyPI's build keeps
+    it."""
     folder = library_dir()
     return BuildInfo(patched, amx_kernels, str(folder) if folder else None, installed_from() if patched else None)
 
@@ -142,87 +140,30 @@ def describe(*, patched: bool, amx_kernels: bool) -> BuildInfo:
 # Building the patched one
 
 
-@dataclass(frozen=True, slots=True)
-class InstallPlan:
-    """What install-llama-cpp.sh would do for a Python (its --dry-run).
-
-    Attributes:
-        version: the llama-cpp-python version it builds.
-        python, prefix: the interpreter it installs into and its `sys.prefix`.
-        patches: the patch files it applies, by name.
-        cmake_args: the CMake arguments it passes (ours, then $CMAKE_ARGS).
-        wheel_dir: where the wheel is (or will be) kept.
-        state: "installed" (nothing to do), "cached" (a reinstall from the kept wheel: seconds) or "build".
-    """
-
-    version: str
-    python: str
-    prefix: str
-    patches: tuple[str, ...]
-    cmake_args: str
-    wheel_dir: str
-    state: str
-
-
-def _environment(python: str, amx: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHON": python}
-    if amx == "off":
-        env["SPECDEC_AMX"] = "off"
-    else:
-        env.pop("SPECDEC_AMX", None)  # the run-time setting (auto, keep, off) must not change the build
-    return env
-
-
 def missing_tools() -> list[str]:
-    """The tools the build needs that are not on PATH: bash, patch, tar, a C and a C++ compiler (CMake and Ninja
-    come from PyPI through pip)."""
-    out = [tool for tool in ("bash", "patch", "tar") if shutil.which(tool) is None]
-    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
-        out.append("a C compiler (cc)")
-    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
-        out.append("a C++ compiler (c++)")
-    return out
+    """The tools the build needs that are not on PATH: a C and a C++ compiler (CMake and Ninja come from PyPI
+    through pip; nothing on Windows, where CMake finds Visual Studio's compiler)."""
+    return installer.missing_tools()
 
 
-def _check_tools() -> None:
-    if missing := missing_tools():
-        raise BuildError(f"Building llama-cpp-python needs {', '.join(missing)}, not found on PATH.",
-                         "Install them (Debian/Ubuntu: apt-get install build-essential patch; macOS: "
-                         "xcode-select --install) and run it again.")
-
-
-def install_plan(python: str = sys.executable, *, amx: str = "auto") -> InstallPlan:
-    """Ask install-llama-cpp.sh what it would do for `python` (its --dry-run: no download, no build). `amx`: "auto"
-    (the AMX tile fix on CPUs with AMX) or "off" (AMX compiled out). Raises BuildError when the script cannot run."""
-    if shutil.which("bash") is None:
-        raise BuildError("Building llama-cpp-python needs bash, not found on PATH.", "Install bash and run it again.")
+def install_plan(python: str = sys.executable, *, amx: str = "auto", backend: str = "auto") -> InstallPlan:
+    """What the installer would do for `python` (its --dry-run: no download, no build). `amx`: "auto" (the AMX tile
+    fix on CPUs with AMX) or "off" (AMX compiled out); `backend`: one of BACKENDS. The run-time SPECDEC_AMX (auto,
+    keep, off) is not read. Raises BuildError when `python` cannot be run or a choice is bad."""
     try:
-        proc = subprocess.run(["bash", str(script_path()), "--dry-run"], env=_environment(python, amx),
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BuildError(f"install-llama-cpp.sh could not run: {e}.") from e
-    fields = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    if proc.returncode != 0 or "state" not in fields:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BuildError(f"install-llama-cpp.sh --dry-run failed (exit {proc.returncode}): {last}")
-    return InstallPlan(fields["version"], fields["python"], fields["prefix"], tuple(fields["patches"].split()),
-                       fields["cmake_args"], fields["wheel_dir"], fields["state"])
+        return installer.make_plan(python, backend=backend, amx=amx)
+    except installer.InstallError as e:
+        raise BuildError(str(e), e.fix) from e
 
 
-def install(python: str = sys.executable, *, amx: str = "auto") -> None:
-    """Build (or reuse the kept wheel) and install the patched llama-cpp-python into `python`'s environment, the
-    script's output (CMake's steps) going to this process's stderr. Raises BuildError when a tool is missing or
-    the script fails (its own output says where)."""
-    _check_tools()
+def install(plan: InstallPlan) -> None:
+    """Carry out `plan` (build or reuse the kept wheel, install it into `plan.python`), every tool's output (CMake's
+    steps) going to this process's stderr. Raises BuildError when a compiler is missing or a step fails (its own
+    output says where)."""
     try:
-        proc = subprocess.run(["bash", str(script_path())], env=_environment(python, amx), stdin=subprocess.DEVNULL,
-                              stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None)
-    except OSError as e:
-        raise BuildError(f"install-llama-cpp.sh could not run: {e}.") from e
-    if proc.returncode != 0:
-        raise BuildError(f"Building llama-cpp-python failed (install-llama-cpp.sh exit {proc.returncode}); the "
-                         "lines above say where.", "Fix what they name and run it again; set CMAKE_ARGS for GPU "
-                         "builds (see docs/install.md).")
+        installer.install(plan, out=sys.stderr.fileno() if _has_fileno(sys.stderr) else None)
+    except installer.InstallError as e:
+        raise BuildError(str(e), e.fix) from e
 
 
 def _has_fileno(stream) -> bool:

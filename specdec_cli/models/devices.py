@@ -3,7 +3,8 @@
 `devices()` lists ggml's backend devices (the CPU, and a CUDA/Metal/Vulkan GPU where the build has one) with their
 free and total memory, through ggml's device API (`ggml_backend_dev_count`, `_get`, `_name`, `_description`,
 `_type`, `_memory` in ggml-backend.h), which llama-cpp-python does not bind: the functions are looked up in the
-library it loaded (`llama_cpp.llama_cpp._lib`, whose dependencies export them). None where they cannot be found.
+library it loaded (`llama_cpp.llama_cpp._lib`, whose dependencies export them on Linux and macOS), else in ggml-base
+and ggml next to it (Windows, where each DLL exports only its own functions). None where they cannot be found.
 
 `offload(...)` decides `n_gpu_layers` for one model: what the user asked (`--gpu-layers`, SPECDEC_GPU_LAYERS), else
 every layer (-1) on a build that offloads, unless the model's weights, its KV cache and a compute buffer do not fit
@@ -38,6 +39,15 @@ class Device:
                 "free_mib": self.free >> 20, "total_mib": self.total >> 20}
 
 
+# ggml's device API lives in two libraries: ggml-backend-reg.cpp (`_count`, `_get`) is built into ggml,
+# ggml-backend.cpp (`_name`, `_description`, `_type`, `_memory`) into ggml-base (ggml/src/CMakeLists.txt). Linux and
+# macOS find them through llama's dependencies; Windows exports a function only from the DLL that defines it.
+_GGML_LIBRARIES = ("ggml-base", "ggml")
+_DEVICE_API = ("ggml_backend_dev_count", "ggml_backend_dev_get", "ggml_backend_dev_name",
+               "ggml_backend_dev_description", "ggml_backend_dev_type", "ggml_backend_dev_memory")
+_open_library = ctypes.CDLL
+
+
 def devices() -> list[Device] | None:
     """ggml's backend devices in its order, or None where the device API cannot be reached (an older build, no
     llama-cpp-python). Initialises llama.cpp's backends first (`llama_backend_init`, idempotent)."""
@@ -45,10 +55,7 @@ def devices() -> list[Device] | None:
         import llama_cpp
 
         llama_cpp.llama_backend_init()
-        lib = llama_cpp.llama_cpp._lib
-        count, get = lib.ggml_backend_dev_count, lib.ggml_backend_dev_get
-        name, desc, kind, memory = (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description,
-                                    lib.ggml_backend_dev_type, lib.ggml_backend_dev_memory)
+        count, get, name, desc, kind, memory = _device_api(llama_cpp.llama_cpp)
     except (ImportError, AttributeError, OSError):
         return None
     count.restype, count.argtypes = ctypes.c_size_t, []
@@ -70,6 +77,37 @@ def devices() -> list[Device] | None:
                           description=(desc(dev) or b"").decode("utf-8", "replace"),
                           kind=KINDS[k] if 0 <= k < len(KINDS) else "?", free=int(free.value),
                           total=int(total.value)))
+    return out
+
+
+def _device_api(bindings: object) -> list:
+    """The functions of `_DEVICE_API`, each from the first library that exports it: llama-cpp-python's `_lib` (the
+    `bindings` module's), then ggml-base and ggml from the folder it loaded llama from (`_base_path`: its lib/ or
+    LLAMA_CPP_LIB_PATH), as lib<name>.so, lib<name>.dylib, <name>.dll or lib<name>.dll. Raises AttributeError for a
+    function none exports."""
+    libraries = [bindings._lib]
+    if not all(hasattr(bindings._lib, fn) for fn in _DEVICE_API):
+        libraries += _ggml_libraries(Path(getattr(bindings, "_base_path", Path(bindings.__file__).parent / "lib")))
+    out = []
+    for fn in _DEVICE_API:
+        lib = next((lib for lib in libraries if hasattr(lib, fn)), None)
+        if lib is None:
+            raise AttributeError(f"no library exports {fn}")
+        out.append(getattr(lib, fn))
+    return out
+
+
+def _ggml_libraries(base: Path) -> list:
+    """ggml-base and ggml from the folder `base`, those found and loadable (already loaded by llama: no new copy)."""
+    out = []
+    for name in _GGML_LIBRARIES:
+        for file in (f"lib{name}.so", f"lib{name}.dylib", f"{name}.dll", f"lib{name}.dll"):
+            if (base / file).is_file():
+                try:
+                    out.append(_open_library(str(base / file)))
+                except OSError:
+                    continue
+                break
     return out
 
 
@@ -129,3 +167,25 @@ def offload(path: str | os.PathLike[str], requested: int, *, gpu: bool, free: in
     fit = max(0, int(layers * (free - (COMPUTE_MIB << 20)) / max(need - (COMPUTE_MIB << 20), 1))) if layers else 0
     return Offload(fit, f"{fit} of {layers} layers: {Path(path).name} needs {mib(need)} and {mib(free)} is free "
                         "(--gpu-layers N sets it)", need * fit // layers if layers else 0)
+
+
+def placement(path: str | os.PathLike[str], layers: int, *, gpu: bool, devs: list[Device] | None) -> str:
+    """Where a model loaded with n_gpu_layers = `layers` (-1: all) runs its passes, one phrase for the keys of what
+    was timed on it (`stores.tuned.machine`): "" on a build that cannot offload (every pass on the CPU, as keys
+    written before this phrase existed assumed); else the device that holds the offloaded layers (the first GPU of
+    `devs`: ggml's name and description, "CUDA0 NVIDIA ...", "Vulkan0 llvmpipe (...)"; "CPU" when none go) and
+    the effective count of layers offloaded ("CPU, 0 layers offloaded", "Vulkan0 ..., 29 layers offloaded"): what
+    llama.cpp offloads, the repeating layers and the output layer, at most (`model_need`'s count + 1; a header that
+    cannot be read: the count asked, "all" for -1). Never raises."""
+    if not gpu:
+        return ""
+    try:
+        n = model_need(path, 0)[1]
+    except Exception:  # noqa: BLE001 - the count asked is then the best there is
+        n = 0
+    count: int | str = (n + 1 if n else "all") if layers == ALL else (min(layers, n + 1) if n else layers)
+    if count == 0:
+        return "CPU, 0 layers offloaded"
+    gpus = [d for d in devs or () if d.kind in GPU_KINDS]
+    device = " ".join(x for x in (gpus[0].name, gpus[0].description) if x) if gpus else "a GPU"
+    return f"{device}, {count} layers offloaded"

@@ -196,7 +196,8 @@ def plan(model_path: str | os.PathLike[str], *, n_threads: int, system_info: str
 
 def probe_child(model_path: Path, n_threads: int) -> str:
     """Load `model_path` as built (extra buffer types on) in a child process and decode a prefill and a verify
-    batch with `n_threads` threads. Returns "ok", "crash: SIGSEGV" (any death by a signal) or "no verdict: ..."."""
+    batch with `n_threads` threads. Returns "ok", "crash: SIGSEGV" (any death by a signal, or by an exception on
+    Windows: `crash_name`) or "no verdict: ..."."""
     try:
         proc = _probe_process([str(model_path), str(n_threads)], PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -205,8 +206,9 @@ def probe_child(model_path: Path, n_threads: int) -> str:
         return f"no verdict: {e.strerror or e}"
     if proc.returncode == 0:
         return "ok"
-    if proc.returncode < 0:
-        return f"crash: {_signal_name(proc.returncode)}"
+    crash = crash_name(proc.returncode)
+    if crash is not None:
+        return f"crash: {crash}"
     return f"no verdict: the trial decode exited with {proc.returncode}"
 
 
@@ -218,6 +220,25 @@ def _probe_process(args: list[str], timeout: float) -> subprocess.CompletedProce
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
                           env=env, timeout=timeout)
+
+
+# NTSTATUS codes a Windows process dies with (ntstatus.h); any other code of severity "error" (0xC0000000 and up)
+# is a crash too, named by its hex value.
+_NTSTATUS = {0xC0000005: "STATUS_ACCESS_VIOLATION", 0xC000001D: "STATUS_ILLEGAL_INSTRUCTION",
+             0xC0000094: "STATUS_INTEGER_DIVIDE_BY_ZERO", 0xC00000FD: "STATUS_STACK_OVERFLOW",
+             0xC0000374: "STATUS_HEAP_CORRUPTION", 0xC0000409: "STATUS_STACK_BUFFER_OVERRUN"}
+
+
+def crash_name(returncode: int) -> str | None:
+    """What killed a child, from its exit code, or None for an ordinary exit: "SIGSEGV" for a POSIX signal
+    (`subprocess`'s returncode -11); "STATUS_ACCESS_VIOLATION (0xC0000005)" for a Windows exception (an NTSTATUS of
+    severity error, >= 0xC0000000, seen as the unsigned exit code `subprocess` gives or as its negative int32)."""
+    if -256 < returncode < 0:
+        return _signal_name(returncode)
+    code = returncode & 0xFFFFFFFF
+    if code >= 0xC0000000:
+        return f"{_NTSTATUS.get(code, 'NTSTATUS')} (0x{code:08X})"
+    return None
 
 
 def _signal_name(returncode: int) -> str:
@@ -263,9 +284,10 @@ def probe_load(path: Path, *, reporter: Reporter | None = None) -> None:
         last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
         raise ModelError(last[-1][:300] if last else f"llama.cpp could not load {path}.")
     detail = _probe_detail(proc.stderr)
-    if proc.returncode < 0:
+    crash = crash_name(proc.returncode)
+    if crash is not None:
         raise ModelError(
-            f"llama.cpp crashed ({_signal_name(proc.returncode)}) on a trial load of {path}"
+            f"llama.cpp crashed ({crash}) on a trial load of {path}"
             + (f": {detail}" if detail else "") + ".",
             "The file is corrupt or not supported by this llama-cpp-python: fetch or convert it again.")
     # Any other exit (the child's own Python failed): no verdict on the file; the real load reports what it finds.

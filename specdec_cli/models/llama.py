@@ -13,8 +13,11 @@ What it does differently from `llama_cpp.Llama`:
 - `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted: `PassInterrupted`, < 0 = fatal);
 - a pass can be interrupted from another thread (`interrupt`): llama.cpp's abort callback, checked by ggml's CPU
   backend after every graph node, is libc's `strlen` over a one-byte flag, so the check runs no Python and takes no
-  GIL (a Python callback would take the GIL ~1,000 times a pass); Metal checks it too; a backend that does not
-  (CUDA) simply finishes the pass;
+  GIL (a Python callback would take the GIL ~1,000 times a pass). llama.cpp hands the callback only to a backend whose
+  registry exports `ggml_backend_set_abort_callback` (`llama_context::set_abort_callback`): the CPU's alone. CUDA
+  and Vulkan never check it, nor does Metal (its own setter, `ggml_backend_metal_set_abort_callback`, is not called by
+  llama.cpp, and its check runs only while a GPU trace is captured), so a pass with every layer on such a device
+  runs to its end; layers left on the CPU still stop at the next node;
 - the KV state of sequence 0 is saved and restored with llama.cpp's streaming `llama_state_seq_save_file` /
   `llama_state_seq_load_file` (one tensor row range at a time, never the whole state in memory), for the prompt cache.
 """
@@ -60,11 +63,11 @@ def _init_once(verbose: bool) -> None:
 
 
 def default_threads() -> int:
-    """Threads for generation: the CPUs this process may use, `machine.usable_cpus` (llama.cpp is memory-bound past
-    physical cores, so more would not help)."""
-    from specdec_cli.models.machine import usable_cpus
+    """Threads for generation: `machine.default_threads` (the CPUs this process may use; on Apple Silicon its
+    performance cores)."""
+    from specdec_cli.models import machine
 
-    return usable_cpus()
+    return machine.default_threads()[0]
 
 
 def gpu_offload_supported() -> bool:
@@ -818,7 +821,8 @@ class LlamaBackend:
     # -- interrupting a pass from another thread -----------------------------------------------------------------
     @property
     def interruptible(self) -> bool:
-        """`interrupt` can stop a pass (the abort callback is installed; a GPU backend may still finish it)."""
+        """`interrupt` can stop a pass (the abort callback is installed; only the CPU backend checks it, so the layers
+        on a GPU finish their part of the pass)."""
         return self._abort_flag is not None
 
     def interrupt(self, on: bool = True) -> None:
@@ -846,6 +850,11 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+    def synchronize(self) -> None:
+        """Wait until the device finished this context's last pass (`llama_synchronize`; the CPU has finished when
+        `decode` returns, a GPU may not have where no logits were read)."""
+        llama_cpp.llama_synchronize(self._root._ctx)
 
 
 class VocabOnly:

@@ -3,7 +3,7 @@
     describe(threads, model_paths) -> {
         "cpu": "AMD EPYC 7B13",            # /proc/cpuinfo "model name" (sysctl on macOS)
         "cores": 1, "logical_cpus": 2,     # physical cores (distinct (package, core id) pairs), os.cpu_count()
-        "usable_cpus": 2, "threads": 2,    # CPUs this process may run on; llama.cpp threads used
+        "usable_cpus": 2, "threads": 2,    # CPUs this process may run on; llama.cpp threads used (default_threads)
         "memory_bytes": 25275486208,       # MemTotal (None when unknown)
         "os": "Linux-6.8…", "python": "3.11.7",
         "llama_cpp_python": "0.3.36",      # the installed distribution's version (no import)
@@ -83,12 +83,36 @@ def memory_bytes() -> int | None:
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask; all CPUs where there is none, e.g. macOS), >= 1. Also
-    the default number of llama.cpp threads (`llama.default_threads`), so both machine descriptions agree."""
+    """The CPUs this process may run on (its affinity mask; all CPUs where there is none, e.g. macOS), >= 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS
+    except AttributeError:  # macOS, Windows
         return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> tuple[int, str]:
+    """(llama.cpp threads when --threads is not given, why), so every machine description agrees with the run
+    (`llama.default_threads`, `describe`, tuned.json's key). On Apple Silicon the performance cores
+    (`sysctl -n hw.perflevel0.physicalcpu`, else hw.physicalcpu, as llama.cpp's `cpu_get_num_physical_cores` in
+    common/common.cpp): a thread on an efficiency core finishes its share of a pass last, and the pass waits for it.
+    Elsewhere every usable CPU (`usable_cpus`). Never raises."""
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        for key, what in (("hw.perflevel0.physicalcpu", "performance cores"), ("hw.physicalcpu", "physical cores")):
+            n = _sysctl_int(key)
+            if n:
+                return min(n, usable_cpus()), f"the {what} (sysctl {key})"
+    return usable_cpus(), "the CPUs this process may use"
+
+
+def _sysctl_int(key: str) -> int | None:
+    """`sysctl -n key` as a positive int (macOS), None where it fails or says something else."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=2, check=False).stdout
+        return int(out.strip()) if out.strip().isdigit() and int(out.strip()) > 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def package_version(dist: str = "llama_cpp_python") -> str | None:
@@ -130,7 +154,7 @@ def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = (), *, system_info: str,
              load_plan: dict[str, Any] | None) -> dict[str, Any]:
-    """The machine description (see the module docstring). `threads`: llama.cpp threads (None = all usable CPUs);
+    """The machine description (see the module docstring). `threads`: llama.cpp threads (None = `default_threads`);
     `system_info`: llama.cpp's (`llama.system_info()`); `load_plan`: how this process loads models
     (`host.current_plan().to_dict()`, None before the first load)."""
     return {
@@ -138,7 +162,7 @@ def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = ()
         "cores": physical_cores(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": usable_cpus(),
-        "threads": int(threads or usable_cpus()),
+        "threads": int(threads or default_threads()[0]),
         "memory_bytes": memory_bytes(),
         "os": platform.platform(),
         "python": platform.python_version(),

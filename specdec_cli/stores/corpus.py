@@ -21,9 +21,10 @@ One corpus per name and tokenizer, in `<data_dir>/corpus/<fingerprint[:16]>/<nam
 a file). Version 1 (4-byte tokens, no "token_bytes") is read as it was, and `specdec learn` rewrites it as version 2
 (its tokens kept, nothing tokenized again); any other version is set aside, as a damaged index is. A writer
 (`write`) holds `<name>.lock` beside the
-directory, writes a new generation's two arrays, then the manifest (each atomically: `specdec_cli.files.staged`), then
-deletes the old generation's arrays; a reader that mapped them keeps its maps (POSIX). An unreadable manifest or
-arrays that disagree with it: the directory is renamed `<name>.corrupt-<timestamp>` with a one-line
+directory, writes a new generation's two arrays under new names, then the manifest (each atomically:
+`specdec_cli.files.staged`), then deletes the old generations' arrays, best effort: a reader that mapped them keeps
+its maps (POSIX unlinks a mapped file; Windows refuses, and the file stays until a later write). An unreadable
+manifest or arrays that disagree with it: the directory is renamed `<name>.corrupt-<timestamp>` with a one-line
 `CorpusWarning`, as the other stores do, and drafting goes on without it.
 """
 
@@ -167,14 +168,16 @@ def info(directory: Path) -> CorpusInfo:
 
 
 def list_corpora(data_dir: Path, fingerprint: str | None = None) -> list[Path]:
-    """The corpus folders (of one tokenizer, or of every one), sorted; set-aside ones are not listed."""
+    """The corpus folders (of one tokenizer, or of every one), sorted; set-aside ones are not listed, nor is a folder
+    with no manifest (a forgotten corpus whose arrays a reader still mapped: `remove`)."""
     base = root_dir(data_dir)
     tok_dirs = [tokenizer_dir(data_dir, fingerprint)] if fingerprint else (
         sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else [])
     out = []
     for t in tok_dirs:
         if t.is_dir():
-            out += sorted(p for p in t.iterdir() if p.is_dir() and ".corrupt-" not in p.name)
+            out += sorted(p for p in t.iterdir()
+                          if p.is_dir() and ".corrupt-" not in p.name and (p / MANIFEST).exists())
     return out
 
 
@@ -337,13 +340,32 @@ def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str],
     keep = {tok_path.name, sa_path.name, MANIFEST}
     for p in directory.iterdir():  # the old generations, and temporaries a killed writer left
         if p.name not in keep and p.is_file():
-            p.unlink(missing_ok=True)
+            _remove_old(p)
     return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
 
 
+def _remove_old(path: Path) -> None:
+    """Delete a file of an old generation, best effort: one a reader still maps stays (Windows refuses to delete a
+    mapped file: PermissionError) and goes at a later write, when no reader maps it any more."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def delete(directory: Path) -> None:
-    """Forget a whole corpus (under its lock). Raises OSError."""
+    """Forget a whole corpus (under its lock: `remove`). Raises OSError."""
     directory = Path(directory)
     with files.lock(lock_path(directory), LOCK_TIMEOUT_S):
-        shutil.rmtree(directory, ignore_errors=False)
-    lock_path(directory).unlink(missing_ok=True)
+        remove(directory)
+    if not directory.exists():
+        lock_path(directory).unlink(missing_ok=True)
+
+
+def remove(directory: Path) -> None:
+    """Delete a corpus folder, the caller holding its lock: the manifest first (then no reader or list sees a
+    corpus there), then the rest, best effort: arrays a reader still maps stay (Windows refuses to delete them) in a
+    folder without a manifest, and go when that name is learnt again (`write`). Raises OSError when the manifest
+    cannot be deleted."""
+    (Path(directory) / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)

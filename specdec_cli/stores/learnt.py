@@ -19,13 +19,18 @@ The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file 
          "target": "...gguf", "method": "suffix", "saved_at": "2026-...Z"}},
      "curves": {
        "<target id>|<machine id>|llama-cpp-python <version>": {   # the measured verify curve (verify_curve.py)
-         "curve": {"ms": [v(1), ..., v(65)], "spread": [...], "repeats": 2, "context": 256, "seconds": 31.2,
-                   "measured_at": "2026-...Z", "stale": false},
+         "curve": {"ms": [v(1), ..., v(65)], "spread": [...], "repeats": 2, "context": 256, "seconds": 48.2,
+                   "sizes": [1, ..., 17, 24, ..., 64], "depth": 640, "depth_ms": [per pass, per row],
+                   "measured_at": "2026-...Z", "stale": false, "stale_why": "", "disturbed": "",
+                   "provisional": false, "measured_for": "..."},
+         "timed": {"cpu": "...", "threads": "2", "build": "...", "placement": "..."},
          "target": "...gguf", "saved_at": "2026-...Z"}}}
 
-A curve is kept per model file, machine (CPU, threads, llama.cpp's system info: the build's features) and
-llama-cpp-python version; a session whose b = 1 passes drift from it (`CostModel.drifted`) marks it stale, and the
-next session measures it again (`VERIFY_ENV=off`, e.g. for tests, never measures).
+A curve is kept per model file, machine (CPU, threads, llama.cpp's system info: the build's features),
+llama-cpp-python version and placement (the device and the layers offloaded, on a build that can offload); a
+session whose passes drift from its prediction at their depth (`verify_curve.CurveWatch`) marks it stale, with the
+reason, and the next session measures it again, saying why (`why_measure`; `VERIFY_ENV=off`, e.g. for tests, never
+measures).
 
 A stored state is a prior, not a verdict: restored, each estimate keeps its value but at most `MAX_WEIGHT`
 observations of evidence, so a few steps measured today outweigh it. Nothing here stops a generation: a file that
@@ -64,15 +69,15 @@ def learnt_path() -> Path:
 
 
 def entry_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-              threads: int | None, k_max: int) -> str | None:
-    """The learnt.json key of a pair, method, machine and K limit; None when a model file cannot be read (a fake or
-    vanished model: nothing is kept for it)."""
+              threads: int | None, k_max: int, placement: str = "") -> str | None:
+    """The learnt.json key of a pair, method, machine, placement (`stores.tuned.machine`) and K limit; None when a
+    model file cannot be read (a fake or vanished model: nothing is kept for it)."""
     from specdec_cli.stores.tuned import machine, setting_key
 
     if not Path(target_path).is_file():  # before `machine`, which asks llama.cpp
         return None
     try:
-        return f"{setting_key(target_path, draft_path, method, machine(threads)['key'])}|k_max={k_max}"
+        return f"{setting_key(target_path, draft_path, method, machine(threads, placement)['key'])}|k_max={k_max}"
     except OSError:
         return None
 
@@ -158,18 +163,71 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
 # The measured verify curve (`specdec_cli.core.verify_curve`)
 
 
-def curve_key(target_path: str | os.PathLike[str], threads: int | None) -> str | None:
-    """The learnt.json key of a target's verify curve on this machine and build; None for a file that cannot be read
-    (a fake model) or when `VERIFY_ENV` is "off"."""
+def curve_key(target_path: str | os.PathLike[str], threads: int | None, placement: str = "") -> str | None:
+    """The learnt.json key of a target's verify curve on this machine, build and placement (`stores.tuned.machine`:
+    the device and the layers offloaded; "" on a build that cannot offload, whose key is an older specdec's); None
+    for a file that cannot be read (a fake model) or when `VERIFY_ENV` is "off"."""
     from specdec_cli.models.machine import package_version
     from specdec_cli.stores.tuned import machine, model_id
 
     if os.environ.get(VERIFY_ENV, "").strip().lower() in ("off", "0", "no") or not Path(target_path).is_file():
         return None
     try:
-        return f"{model_id(target_path)}|{machine(threads)['key']}|llama-cpp-python {package_version()}"
+        return f"{model_id(target_path)}|{machine(threads, placement)['key']}|llama-cpp-python {package_version()}"
     except OSError:
         return None
+
+
+def timed_on(threads: int | None, placement: str = "") -> dict[str, str]:
+    """What a curve is timed on, kept beside it so that the next measurement can say why it is needed (`why_measure`):
+    {"cpu", "threads", "build", "placement"}."""
+    from specdec_cli.models.machine import package_version
+    from specdec_cli.stores.tuned import machine
+
+    m = machine(threads, placement)
+    plan = ", extra-bufts off" if "extra-bufts-off" in m["key"].split("|") else ""
+    return {"cpu": str(m.get("cpu", "?")), "threads": str(m.get("threads", threads)),
+            "build": f"system info {m.get('system_info_sha256', '?')}, llama-cpp-python {package_version()}{plan}",
+            "placement": placement}
+
+
+_CHANGES = {"build": "another llama.cpp build", "threads": "other threads", "placement": "another device or offload",
+            "cpu": "another CPU"}
+
+
+def why_measure(key: str | None, kept: VerifyCurve | None, timed: dict[str, str] | None = None) -> str:
+    """Why the curve under `key` is to be measured now, one phrase; "" when `kept` (the curve kept under it, stale
+    ones included) serves. A kept curve is measured again when it is stale (`stale_why`), provisional (timed on a
+    busy machine: once) or timed at one depth of context only (an older specdec); without one, the phrase names
+    what differs from the nearest curve kept for the same model file (`timed`: `timed_on` here): another build,
+    threads, device or offload, CPU; or that none was kept."""
+    if key is None:
+        return ""
+    if kept is not None:
+        if kept.stale:
+            return f"the kept curve is stale: {kept.stale_why or 'marked so by an earlier run'}"
+        if kept.provisional:
+            return f"the kept curve is provisional, timed on a busy machine ({kept.disturbed})"
+        if not kept.depth and not kept.sizes:
+            return "the kept curve was timed at one depth of context (by an older specdec)"
+        return ""
+    model, here = key.split("|", 1)[0] + "|", timed or {}
+    nearest: list[str] | None = None
+    for other, entry in all_curves().items():
+        if other == key or not other.startswith(model) or not isinstance(entry, dict) or "curve" not in entry:
+            continue
+        theirs = entry.get("timed")
+        placement = here.get("placement", "")
+        if not isinstance(theirs, dict):  # an older specdec's: no device in its key
+            older = placement and other == key.replace(f"|{placement}|llama-cpp-python", "|llama-cpp-python")
+            diff = [f"{_CHANGES['placement']} ({placement} here; the kept curve does not say where it was timed)"
+                    if older else "another build or machine"]
+        else:
+            diff = [f"{_CHANGES[f]} ({here[f] or 'the CPU'} here, {theirs.get(f) or 'the CPU'} kept)" for f in _CHANGES
+                    if f in here and theirs.get(f, "") != here[f]] or ["another build or machine"]
+        if nearest is None or len(diff) < len(nearest):
+            nearest = diff
+    return "; ".join(nearest) if nearest else "none kept for this model, machine and device yet"
 
 
 def load_curve(key: str | None, *, stale_ok: bool = False) -> VerifyCurve | None:
@@ -190,20 +248,25 @@ def load_curve(key: str | None, *, stale_ok: bool = False) -> VerifyCurve | None
     return curve if stale_ok or not curve.stale else None
 
 
-def save_curve(key: str | None, curve: VerifyCurve, target: str | os.PathLike[str]) -> Path | None:
-    """Keep `curve` under `key` (None: nothing to do)."""
+def save_curve(key: str | None, curve: VerifyCurve, target: str | os.PathLike[str],
+               timed: dict[str, str] | None = None) -> Path | None:
+    """Keep `curve` under `key` (None: nothing to do), with what it was timed on (`timed_on`) where given."""
     if key is None:
         return None
-    return save({}, curves={key: {"curve": curve.to_dict(), "target": Path(target).name}})
+    entry: dict[str, Any] = {"curve": curve.to_dict(), "target": Path(target).name}
+    if timed is not None:
+        entry["timed"] = timed
+    return save({}, curves={key: entry})
 
 
-def forget_curve(key: str | None) -> None:
-    """Mark the curve kept under `key` stale (it is measured again at the next need); nothing when there is none."""
+def forget_curve(key: str | None, why: str = "") -> None:
+    """Mark the curve kept under `key` stale (it is measured again at the next need), `why` (one phrase) kept as its
+    `stale_why`; nothing when there is none."""
     from dataclasses import replace
 
     curve = load_curve(key, stale_ok=True)
     if key is not None and curve is not None:
-        save({}, curves={key: {"curve": replace(curve, stale=True).to_dict(),
+        save({}, curves={key: {"curve": replace(curve, stale=True, stale_why=why).to_dict(),
                                "target": _entries(learnt_path(), "curves")[key].get("target", "?")}})
 
 

@@ -20,8 +20,11 @@ Keys:
     model id    "<file name>:<size in bytes>:<sha256 of the first and last MiB, 16 hex digits>". Hashing a whole
                 1 GB model would cost seconds on every `run`; the ends (GGUF header + tokenizer, last tensors) and
                 the size tell a re-quantised or replaced file from the one that was tuned in ~1 ms.
-    machine id  "<CPU model>|<threads>|<sha256 of llama.cpp's system info line, 12 hex digits>": the system info
-                names the build's CPU features and backends, so a rebuilt llama-cpp-python gets tuned afresh.
+    machine id  "<CPU model>|<threads>|<sha256 of llama.cpp's system info line, 12 hex digits>[|<placement>]": the
+                system info names the build's CPU features and backends, so a rebuilt llama-cpp-python gets tuned
+                afresh; on a build that can offload, the placement ("Vulkan0 llvmpipe (...), 29 layers offloaded",
+                "CPU, 0 layers offloaded": the device and the layers that went to it) keeps a K tuned on the GPU
+                from a run on the CPU.
 
 A file that cannot be read or parsed, or an entry that does not validate, is ignored with a `TunedWarning`
 (shown on stderr): a broken cache of measurements must never stop a generation. `save` sets a corrupt file aside
@@ -38,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.models.machine import cpu_model, usable_cpus
+from specdec_cli.models.machine import cpu_model, default_threads
 from specdec_cli.config import config_dir
 from specdec_cli import files
 
@@ -75,18 +78,20 @@ def model_id(path: str | os.PathLike[str]) -> str:
     return f"{p.name}:{size}:{h.hexdigest()[:16]}"
 
 
-def machine(threads: int | None) -> dict[str, Any]:
-    """{"cpu", "threads", "system_info", "system_info_sha256", "load_plan", "key"}: what a tuned setting is valid for.
+def machine(threads: int | None, placement: str = "") -> dict[str, Any]:
+    """{"cpu", "threads", "system_info", "system_info_sha256", "load_plan", "placement", "key"}: what a tuned
+    setting (and a verify curve, `stores.learnt`) is valid for.
 
-    threads: the generation threads (None = llama.cpp's default for this process, `machine.usable_cpus()`, as in
-    `machine.describe`).
+    threads: the generation threads (None = llama.cpp's default for this process, `machine.default_threads()`, as in
+    `machine.describe`). placement: where the target's passes run (`models.devices.placement`: the device and the
+    layers offloaded; "" on a build that cannot offload, whose keys are those of an older specdec).
     """
     from specdec_cli.models.llama import system_info
 
     info = system_info()
     desc = {
         "cpu": cpu_model(),
-        "threads": int(threads or usable_cpus()),
+        "threads": int(threads or default_threads()[0]),
         "system_info": info,
         "system_info_sha256": hashlib.sha256(info.encode()).hexdigest()[:12],
     }
@@ -97,6 +102,9 @@ def machine(threads: int | None) -> dict[str, Any]:
     desc["load_plan"] = plan.to_dict() if plan is not None else None
     if plan is not None and not plan.extra_bufts:
         desc["key"] += "|extra-bufts-off"
+    desc["placement"] = placement
+    if placement:
+        desc["key"] += f"|{placement}"
     return desc
 
 
@@ -142,13 +150,14 @@ def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
 
 
 def lookup_entry(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-                 threads: int | None) -> dict[str, Any] | None:
-    """The saved entry for this pair, method and machine (its "k" is an int 0..64 or "auto"), or None."""
+                 threads: int | None, placement: str = "") -> dict[str, Any] | None:
+    """The saved entry for this pair, method, machine and placement (`machine`; its "k" is an int 0..64 or "auto"),
+    or None."""
     settings = load()
     if not settings:
         return None
     try:
-        key = setting_key(target_path, draft_path, method, machine(threads)["key"])
+        key = setting_key(target_path, draft_path, method, machine(threads, placement)["key"])
     except OSError:
         return None  # a model file that cannot be read fails to load anyway, with a better message
     entry = settings.get(key)
@@ -162,14 +171,14 @@ def lookup_entry(target_path: str | os.PathLike[str], draft_path: str | os.PathL
 
 
 def lookup(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-           threads: int | None) -> int | None:
+           threads: int | None, placement: str = "") -> int | None:
     """The K `specdec tune --save` found best for this pair, method and machine; None = use AdaptiveK.
 
     None covers both "nothing saved" and a saved "auto". `draft_path` is None for methods without a draft model
-    (ngram, suffix). `threads`: the generation threads (None = the default). Never raises for a broken tuned.json
-    (a `TunedWarning` instead).
+    (ngram, suffix). `threads`: the generation threads (None = the default); `placement`: where the target's passes
+    run (`machine`). Never raises for a broken tuned.json (a `TunedWarning` instead).
     """
-    entry = lookup_entry(target_path, draft_path, method, threads)
+    entry = lookup_entry(target_path, draft_path, method, threads, placement)
     if entry is None or entry["k"] == "auto":
         return None
     return int(entry["k"])
@@ -197,7 +206,7 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
         "target": Path(target_path).name,
         "draft": Path(draft_path).name if draft_path is not None else None,
         "method": method,
-        "machine": {m: machine_desc[m] for m in ("cpu", "threads", "system_info_sha256")},
+        "machine": {m: machine_desc.get(m, "") for m in ("cpu", "threads", "system_info_sha256", "placement")},
         **(details or {}),
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -44,7 +44,7 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
         check_plot_path(options.plot_path)
     err = err_console()
     out = err if options.json_path == "-" or options.markdown else make_console()
-    configs = configs_for(options.methods, options.peer, native=options.llama_cpp is not None)
+    configs = configs_for(options.methods, options.peer, native=options.native if options.llama_cpp else False)
     bench = run(prompts, configs, models=models, options=options, reporter=RichReporter(err),
                 progress=lambda total: _progress(err, total))
     doc = json_doc(bench, prompts, configs, models=models, options=options)
@@ -57,6 +57,29 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     if options.json_path:
         write_json(options.json_path, doc)
     return 130 if bench.interrupted else 0
+
+
+def execute_workload(name: str, *, models, options: BenchOptions) -> int:
+    """`--workload NAME` for a sitting of its own (`measure.bench_workloads.OWN`): measure, then report and write
+    --json/--plot/--markdown as `execute` does. Returns 0, or 130 when interrupted."""
+    from specdec_cli.measure.bench_workloads import run_workload
+
+    err = err_console()
+    out = err if options.json_path == "-" or options.markdown else make_console()
+    if options.plot_path:
+        check_plot_path(options.plot_path)
+    sitting = run_workload(name, models=models, options=options, reporter=RichReporter(err))
+    doc = json_doc(sitting.bench, sitting.prompts, sitting.configs, models=models, options=options)
+    doc.update(workload=name, peer=None)
+    summaries = summarize(sitting.bench.runs, sitting.configs, [(p.name, p.kind) for p in sitting.prompts])
+    doc["summary"] = [s.to_dict() for s in summaries]
+    if sitting.bench.interrupted:
+        out.print(Text(f"Interrupted after {len(sitting.bench.runs)} runs: the numbers below cover only those.",
+                       style="spec.warn"))
+    render(doc, summaries, out=out, options=options)
+    if options.json_path:
+        write_json(options.json_path, doc)
+    return 130 if sitting.bench.interrupted else 0
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ Five parts, each usable alone (this module: input, the loop and the command; the
                 ends the chat.
     history     `chat_history.Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
                 `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
-    commands    `chat_commands.COMMANDS`: the slash-command table (/help /reset /stats /k /method /save /quit).
+    commands    `chat_commands.COMMANDS`: the slash-command table (/help /reset /stats /k /method /rejected /save
+                /quit).
     generation  `chat_session.Chat.turn`: one reply through `driver.generate`, the same engine loop as `specdec run`.
     rendering   `chat_view.ChatView`: the reply stream (stdout), the per-turn footer, messages and statistics (stderr).
 

@@ -1,4 +1,5 @@
-"""`specdec chat`'s slash commands (/help /reset /stats /k /method /save /quit) and the transcripts /save writes.
+"""`specdec chat`'s slash commands (/help /reset /stats /k /method /predict /rejected /save /quit) and the transcripts
+/save writes.
 
 `COMMANDS` is the table: each entry runs with the `Chat` and the text after the command, and returns True to end
 the chat. `dispatch` looks a line up in it.
@@ -119,6 +120,21 @@ def _save(chat: Chat, arg: str) -> bool:
     return False
 
 
+def _rejected(chat: Chat, arg: str) -> bool:
+    """/rejected on|off: show the drafts the target rejected in the stream, or not (--clean starts with off)."""
+    choice = arg.strip().lower()
+    if choice not in ("", "on", "off"):
+        raise UsageError(f"/rejected takes on or off, not {arg.strip()!r}.", "Use /rejected on or /rejected off.")
+    if choice:
+        chat.view.show_rejected = choice == "on"
+    shown = "shown" if chat.view.show_rejected else "hidden"
+    chat.view.note(f"Rejected drafts are {shown} from the next reply on." if choice else
+                   f"Rejected drafts are {shown}. Change it with /rejected on or /rejected off.")
+    if choice == "on" and not chat.view.styled:
+        chat.view.note("They are shown only in colour, on a terminal (not with --plain, NO_COLOR or a pipe).")
+    return False
+
+
 def _quit(chat: Chat, arg: str) -> bool:
     return True
 
@@ -131,6 +147,8 @@ COMMANDS: dict[str, Command] = {
     "/method": Command(_method, "/method NAME", "drafter: auto, none, draft, ngram, suffix, predict (loads a draft "
                        "model if needed)"),
     "/predict": Command(_predict, "/predict FILE", "draft the next reply from FILE, the text you expect back"),
+    "/rejected": Command(_rejected, "/rejected on|off", "show the drafts the target rejected in the reply, or hide "
+                         "them (on one line, in their own style; never in /save)"),
     "/save": Command(_save, "/save PATH", "write the transcript: PATH.md as Markdown, PATH.json as JSON (mode 600)"),
     "/quit": Command(_quit, "/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at an empty prompt)"),
     "/exit": Command(_quit, "", ""),  # an alias, not listed

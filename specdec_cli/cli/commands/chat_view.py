@@ -54,7 +54,7 @@ class ChatView:
     Args:
         interactive: stdin is a terminal (a banner, blank lines between turns).
         styled: colour the reply by token kind (a terminal without --plain / NO_COLOR).
-        show_rejected: show rejected drafts struck through (--clean hides them).
+        show_rejected: show rejected drafts in their own style (--clean and /rejected off hide them).
     """
 
     def __init__(self, *, out: TextIO, err: Console, interactive: bool, styled: bool, show_rejected: bool) -> None:

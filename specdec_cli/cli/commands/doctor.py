@@ -21,11 +21,14 @@ from rich.text import Text
 from specdec_cli import __version__
 from specdec_cli.models import host
 from specdec_cli.models.machine import cpu_model, package_version, physical_cores, usable_cpus
+from specdec_cli.models.machine import default_threads as threads_choice
 
 
 def curves(threads: int | None = None) -> list[dict[str, Any]]:
-    """The verify curves learnt.json keeps for this machine (CPU, `threads`, llama.cpp build), one dict each:
-    {"key", "target", "curve": VerifyCurve.to_dict(), "cheap": [b, ...]}."""
+    """The verify curves learnt.json keeps for this machine (CPU, `threads`, llama.cpp build; every device and
+    offload), one dict each: {"key", "target", "curve": VerifyCurve.to_dict(), "cheap": [b, ...], "flash_attn": the
+    choice kept beside it or under the same key without its placement (`session.flash_attn` reads it there),
+    "placement": where it was timed ("" on a build that cannot offload)}."""
     from specdec_cli.core.verify_curve import VerifyCurve
     from specdec_cli.stores import learnt
     from specdec_cli.stores.tuned import machine
@@ -39,8 +42,11 @@ def curves(threads: int | None = None) -> list[dict[str, Any]]:
             curve = VerifyCurve.from_dict(entry["curve"])
         except (ValueError, TypeError, KeyError):
             continue
+        placement = (entry.get("timed") or {}).get("placement", "")
+        plain = key.replace(f"|{placement}|llama-cpp-python", "|llama-cpp-python")  # where the choice is kept
         out.append({"key": key, "target": entry.get("target", "?"), "curve": curve.to_dict(),
-                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key)})
+                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key) or
+                    learnt.load_flash_attn(plain), "placement": placement})
     return out
 
 
@@ -58,21 +64,16 @@ def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> s
     model = _probe_model() if target is None else _resolve(target)
     if model is None:
         return None
-    learnt.forget_curve(learnt.curve_key(model, None))  # measured again, even when one is kept
     options = ModelOptions(ctx=1024, gpu_layers=gpu_layers)
     off = layers_for(model, options)
     session = Session(target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads(), n_gpu_layers=off.layers),
                       target_path=model, options=ModelOptions(), reporter=RichReporter(console),
                       offload={"target": off})
+    learnt.forget_curve(session.curve_key(), "specdec doctor --measure asked for it")  # even when one is kept
     with session:
-        curve = session.verify_curve()
+        session.verify_curve()
     measure_flash_attn(model, RichReporter(console))
-    if curve is not None and curve.disturbed:  # not kept: the report shows it all the same, marked
-        _UNKEPT[str(model)] = curve
     return str(model)
-
-
-_UNKEPT: dict = {}  # the curve `measure_curve` measured but did not keep (the machine disturbed it), by model path
 
 
 def measure_flash_attn(model, reporter) -> None:
@@ -168,6 +169,7 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
         "cores": physical_cores(),
         "usable_cpus": usable_cpus(),
         "threads_default": default_threads(),
+        "threads_why": threads_choice()[1],
         "amx": {
             "cpu_has_amx": host.cpu_has_amx(),
             "build_has_amx": host.amx_build(info),
@@ -179,8 +181,7 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
             "reason": plan.reason,
         },
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
-        "verify_curves": curves() + [{"key": None, "target": os.path.basename(m), "curve": c.to_dict(),
-                                      "cheap": c.cheap_sizes(), "flash_attn": None} for m, c in _UNKEPT.items()],
+        "verify_curves": curves(),
         "serve_kv": serve_kv(),
         "energy": energy_report(),
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR",
@@ -235,7 +236,7 @@ def _probe_model():
     from specdec_cli.config import cache_dir, load_catalog
 
     catalog = load_catalog()
-    present = [(s.size, cache_dir() / s.file) for s in catalog.models.values() if (cache_dir() / s.file).is_file()]
+    present = [(p.stat().st_size, p) for p in (cache_dir() / s.file for s in catalog.models.values()) if p.is_file()]
     default = catalog.models.get(catalog.default_target)
     if default is not None and (cache_dir() / default.file).is_file():
         return cache_dir() / default.file
@@ -256,11 +257,11 @@ def table(doc: dict[str, Any]) -> Table:
         ("llama.cpp build", build["name"] + (f"; {build['advice']}" if build["advice"] else "")),
         ("llama.cpp libraries", (build["library_dir"] or "not found") + (
             f" (installed from {build['installed_from']})" if build["installed_from"] else "")),
-        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: CMAKE_ARGS="
-                                                      "-DGGML_CUDA=on specdec install-llama-cpp builds for CUDA; "
+        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: specdec "
+                                                      "install-llama-cpp --backend cuda builds for CUDA; "
                                                       "docs/install.md, docs/gpu.md)")),
         ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
-        ("threads", f"{doc['threads_default']} by default (--threads)"),
+        ("threads", f"{doc['threads_default']} by default: {doc['threads_why']} (--threads)"),
         ("AMX in the CPU", yes_no[amx["cpu_has_amx"]]),
         ("AMX kernels in llama.cpp", yes_no[amx["build_has_amx"]]),
         (host.ENV, amx["setting"]),
@@ -298,8 +299,9 @@ def curve_renderables(doc: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     for entry in doc["verify_curves"]:
         curve = VerifyCurve.from_dict(entry["curve"])
-        out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads: ms of one target pass "
-                     "over b tokens", style="bold"), curve_table(curve), curve_caption(curve),
+        where = f", {entry['placement']}" if entry.get("placement") else ""
+        out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads{where}: ms of one target "
+                     "pass over b tokens", style="bold"), curve_table(curve), curve_caption(curve),
                 flash_attn_line(entry.get("flash_attn"))]
     return out
 

@@ -12,9 +12,9 @@ then, with the key, through both of the names a user types (`127.0.0.1` and `loc
 and what must be refused: no key and a wrong key (401, the SDKs' AuthenticationError), a forged `Host` (403,
 PermissionDeniedError), a browser `Origin` (403). Prints one PASS/FAIL line per check and exits 1 if any failed.
 
-    python benchmarks/clients_access.py                          # the default model, --max-tokens 16
-    python benchmarks/clients_access.py -t qwen2.5-coder-0.5b    # quicker
-    python benchmarks/clients_access.py --url http://127.0.0.1:8000 --key KEY   # a server already running
+    python clients/clients_access.py                          # the default model, --max-tokens 16
+    python clients/clients_access.py -t qwen2.5-coder-0.5b    # quicker
+    python clients/clients_access.py --url http://127.0.0.1:8000 --key KEY   # a server already running
 
 Needs `pip install 'specdec-cli[serve]' openai anthropic`.
 """
@@ -33,7 +33,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bench_serve import launch, stop_server  # benchmarks/ is on sys.path when a script in it runs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench_serve: the server helpers
+from bench_serve import launch, stop_server  # noqa: E402
 
 ASK = "Say hello in three words."
 IDLE_S = 6.5  # past the server's keep-alive (5 s): the client's pooled connection was closed by the server

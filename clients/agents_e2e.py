@@ -1,8 +1,8 @@
 """Coding agents end to end through `specdec serve`: each fixes a one-line bug in a scratch directory.
 
-    python benchmarks/agents_e2e.py --agent claude                     # Claude Code (`claude -p`, ANTHROPIC_BASE_URL)
-    python benchmarks/agents_e2e.py --agent codex                      # Codex CLI (`codex exec`, wire_api = "responses")
-    python benchmarks/agents_e2e.py --agent codex -t qwen2.5-coder-7b --codex-metadata fallback --keep /tmp/agents
+    python clients/agents_e2e.py --agent claude                     # Claude Code (`claude -p`, ANTHROPIC_BASE_URL)
+    python clients/agents_e2e.py --agent codex                      # Codex CLI (`codex exec`, wire_api = "responses")
+    python clients/agents_e2e.py --agent codex -t qwen2.5-coder-7b --codex-metadata fallback --keep /tmp/agents
 
 For each agent: install its npm package into ~/.cache/specdec/agents/npm if it is missing (`npm install --prefix`),
 start `specdec serve` on a free loopback port with an API key (`--api-key-file`, a random key the agent is given as a

@@ -9,12 +9,12 @@ tool call returned has `arguments` that parse as JSON. Exits 1 when anything fai
 Clients: aider (whole-file edit), llm (plain, --schema), LangChain (invoke, stream, bind_tools,
 with_structured_output with a Pydantic model and a TypedDict, method json_schema; a two-turn tool loop whose messages
 carry `name`), smolagents ToolCallingAgent, instructor (TOOLS, JSON_SCHEMA), openai's chat.completions.parse,
-pydantic-ai (NativeOutput; its default tool output, under 10 s), openai-agents (OpenAIChatCompletionsModel and a
-function tool, at most 3 turns).
+pydantic-ai (NativeOutput; its default tool output, under 10 s; an agent with one plain tool), openai-agents
+(OpenAIChatCompletionsModel and a function tool, at most 3 turns).
 
-    python benchmarks/clients.py                                # Qwen2.5-Coder-1.5B, the default method
-    python benchmarks/clients.py --venvs ~/.cache/specdec/bench-clients --only langchain
-    python benchmarks/clients.py --url http://127.0.0.1:8000/v1  # a server already running (no proxy checks)
+    python clients/clients.py                                # Qwen2.5-Coder-1.5B, the default method
+    python clients/clients.py --venvs ~/.cache/specdec/bench-clients --only langchain
+    python clients/clients.py --url http://127.0.0.1:8000/v1  # a server already running (no proxy checks)
 
 Venvs (`--venvs DIR`): DIR/clients (openai-agents, pydantic-ai-slim[openai], langchain-openai, smolagents, llm,
 instructor) and DIR/aider (aider-chat); an existing one is reused as it is.
@@ -176,6 +176,21 @@ def run_pydantic_ai(url: str, part: str) -> str:
         country: str
 
     model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=url, api_key="unused"))
+    if part == "tool":  # an agent with one plain tool: it must call it and answer with its result
+        calls: list[str] = []
+        agent = Agent(model, instructions="You are a helpful assistant. Call a tool when you need data; once a tool's "
+                      "result is in the conversation, answer the user's question with it in one sentence.")
+
+        @agent.tool_plain
+        def get_weather(city: str) -> str:
+            """The current weather in a city."""
+            calls.append(city)
+            return weather_tool_fn(city)
+
+        answer = agent.run_sync("What is the weather in Paris right now?", model_settings={"max_tokens": 80}).output
+        assert calls and "Paris" in calls[0], f"the tool was not called (calls: {calls}); output: {answer!r}"
+        assert "22" in answer, f"the answer does not use the tool's result: {answer!r}"
+        return f"get_weather({calls[0]!r}) -> {answer!r}"
     output = NativeOutput(City) if part == "native" else City
     t0 = time.monotonic()
     result = Agent(model, output_type=output, instructions="Answer about cities.").run_sync(
@@ -222,6 +237,7 @@ SCENARIOS = {  # name -> (venv, function and args)
     "openai chat.completions.parse": ("clients", run_parse),
     "pydantic-ai NativeOutput": ("clients", run_pydantic_ai, "native"),
     "pydantic-ai tool output (<10 s)": ("clients", run_pydantic_ai, "tool_output"),
+    "pydantic-ai agent, one tool": ("clients", run_pydantic_ai, "tool"),
     "openai-agents chat model + tool": ("clients", run_agents),
     "llm plain": ("clients", None),
     "llm --schema": ("clients", None),
@@ -406,7 +422,7 @@ def main() -> int:
         print(fn(args.url, *fn_args))
         return 0
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench_serve: the server helpers
     from bench_serve import launch, stop_server
 
     names = [n for n in SCENARIOS if args.only in n]

@@ -1,8 +1,9 @@
-"""Capture a coding agent's session for `agents_replay.py`: the real agent CLI against a scripted stub on 127.0.0.1.
+"""Capture a coding agent's session for `benchmarks/bench_serve.py --workload replay`: the real agent CLI against a
+scripted stub on 127.0.0.1.
 
-    python benchmarks/agent_capture.py claude --out /work/captures/claude-code --import claude-code
-    python benchmarks/agent_capture.py codex --out /work/captures/codex-catalog --import codex
-    python benchmarks/agent_capture.py count claude-code codex      # prompt tokens per turn (the default model's)
+    python clients/agent_capture.py claude --out captures/claude-code --import claude-code
+    python clients/agent_capture.py codex --out captures/codex-catalog --import codex
+    python clients/agent_capture.py count claude-code codex      # prompt tokens per turn (the default model's)
 
 The agent (Claude Code's `claude -p`, Codex's `codex exec`; installed as `agents_e2e.py` installs it, or taken from
 `--clients DIR`, e.g. a directory where `npm install @openai/codex @anthropic-ai/claude-code` was run) runs
@@ -22,7 +23,8 @@ Responses API's events), `GET /v1/models`; anything else gets 404, and every req
 
 `--out DIR` gets every request as DIR/all/NNN-METHOD-path.json (v1_messages) ({"path", "method", "headers", "body_json",
 "reply"}: what the client sent, headers included, and what the stub answered), and the agent's conversation turns
-(the requests that carry tools) as DIR/NNN-POST-path.json, the files `agents_replay.py import DIR` reads; `--import
+(the requests that carry tools) as DIR/NNN-POST-path.json, the files
+`benchmarks/bench_serve.py --workload replay import DIR` reads; `--import
 NAME` imports them at once into ~/.cache/specdec/agent-sessions/NAME. Never commit a capture: Claude Code's system
 prompt is Anthropic's. `count` prints each imported session's prompt tokens per turn through the served model's chat
 template, as `specdec serve` would count them (the model's tokenizer only: no generation).
@@ -43,8 +45,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # bench_serve: the server helpers
 import agents_e2e  # noqa: E402
-import agents_replay  # noqa: E402
+import bench_serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FINAL = "Fixed: `add` in bug.py now returns `a + b`, so `test_bug.py` passes."
@@ -330,7 +333,7 @@ def capture(args) -> None:
     if stub.turns < 3:
         raise SystemExit(f"only {stub.turns} turns captured (see {out / 'all'})")
     if args.import_name:
-        agents_replay.import_session(out, args.import_name)
+        bench_serve.import_session(out, args.import_name)
 
 
 # -- counting ---------------------------------------------------------------------------------------------------------
@@ -352,7 +355,7 @@ def count(args) -> None:
         store = openai_responses.ResponseStore()
         for name in args.sessions:
             counts = []
-            for f in sorted((agents_replay.SESSIONS / name).glob("*.json")):
+            for f in sorted((bench_serve.SESSIONS / name).glob("*.json")):
                 doc = json.loads(f.read_text())
                 if doc["path"] == "/v1/messages":
                     request = anthropic_messages.to_request(
