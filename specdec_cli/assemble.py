@@ -129,6 +129,14 @@ class Assembler:
 
         if method is Method.draft:
             return ModelDrafter(session.draft)
+        if method is Method.mtp:
+            from specdec_cli.drafters.mtp import MtpDrafter
+
+            head = session.mtp_head()
+            if head is None:
+                raise UsageError(f"--method mtp needs a target with an MTP block, and {session.target_path.name} has "
+                                 "none.", "Use a model with one (e.g. Qwen3.5), or --method auto.")
+            return MtpDrafter(head)
         if method is Method.predict:
             return AutoDrafter(predictor=self._predictor, name="predict")
         if method in (Method.suffix, Method.auto):
@@ -141,6 +149,10 @@ class Assembler:
             if method is Method.suffix:
                 return suffix
             model = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft else None
+            if model is None and (head := session.mtp_head()) is not None:  # the target's own MTP block
+                from specdec_cli.drafters.mtp import MtpDrafter
+
+                model = MtpDrafter(head)
             return AutoDrafter(suffix, model, predictor=self._predictor, corpus=self._corpus(spec, fingerprint))
         raise AssertionError(f"unhandled method {method}")  # every Method is handled above
 
@@ -281,4 +293,8 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     if predicted and spec.method in USES_PREDICTION and Source.predict not in stats.by_source:
         out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
                    "prompt, past outputs) offered the same text first.")
+    rollback = getattr(session.target, "rollback", "kv")
+    if spec.method is not Method.none and rollback == "none":
+        out.append(f"plain decoding: llama.cpp cannot copy the recurrent state of this {session.target.kind} model, "
+                   "so a rejected draft could not be rolled back.")
     return tuple(out)

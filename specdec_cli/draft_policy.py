@@ -1,9 +1,8 @@
 """Which draft model a generation loads, if any: the catalog's pairing, and where `--method auto` includes one.
 
 A draft model is a cost (a second model to fetch, load and run per drafted token) that pays only when the target's
-verify pass is much cheaper per token than a plain step, i.e. on a GPU. On a 2-core CPU a 0.5B draft costs ~48 ms
-per token against 63-79 ms for a 1.5B target step, so it never pays there, and `auto` neither fetches nor loads it
-unless asked. Rules (`plan`):
+verify pass is much cheaper per token than a plain step, i.e. on a GPU. On a CPU a draft token costs nearly as much
+as a target step, so it never pays there, and `auto` neither fetches nor loads it unless asked. Rules (`plan`):
 
 * `--method draft`: `--draft`, else the catalog's draft for the target (its `[pairs]` entry, or the default
   draft for the default target); a target without one needs `--draft` (UsageError, before anything is fetched).

@@ -7,9 +7,9 @@ read beside the timing (`models.energy.Gauge`: the counters at the start, at the
 reading per target pass), so every consumer's `RunStats` carries joules or why there are none. Every pass is also
 shown to the engine's `watch` where the `Assembler` gave it one (`verify_curve.CurveWatch`: has the machine drifted
 from the measured verify curve?; a pass shared with other sequences is not this machine's single-sequence cost and is
-not shown). A consumer that
-stops early (`close`, Ctrl-C, a client gone) leaves the target's cache holding only committed tokens and saves
-nothing. `generate` is the common consumer: the whole generation, each `Step` handed to a callback.
+not shown). A consumer that stops early (`close`, Ctrl-C, a client gone) leaves the target's cache holding only
+committed tokens and saves nothing. `generate` is the common consumer: the whole generation, each `Step` handed to a
+callback.
 
 Shaped after mlx-lm's `stream_generate`, which its `generate` and its server both consume.
 """

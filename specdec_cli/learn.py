@@ -13,7 +13,7 @@ files past the corpus's size cap.
 Incremental: a file whose size and mtime are the ones the manifest recorded keeps its tokens (copied from the old
 index, never tokenized again); a file under a learnt root that is gone is forgotten; an index of an older format
 (version 1: 4-byte tokens) is rewritten in this one, its tokens kept; nothing changed = nothing written (an unchanged tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything
-changed (numpy, ~1 s per million tokens).
+changed (numpy).
 """
 
 from __future__ import annotations

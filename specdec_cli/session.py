@@ -50,6 +50,7 @@ class Session:
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
     clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
     offload: dict[str, Offload] = field(default_factory=dict)  # "target", "draft": n_gpu_layers each loaded with, why
+    _mtp: Any = None  # `mtp_head()` once made; False: the target has no MTP block
     _placement: str | None = None  # `placement()` once known
 
     def placement(self) -> str:
@@ -260,11 +261,26 @@ class Session:
         self.draft, self.draft_path = draft, path
         self.offload["draft"] = off
 
+    def mtp_head(self) -> Any:
+        """The target's MTP block as a drafter's head (`models.llama.LlamaMtp`, `drafters.mtp.MtpHead`), made on
+        first use; None where the target has no MTP block (no nextn layers, or a backend that cannot run one).
+        Raises ModelError when llama.cpp cannot create the block's context."""
+        if self._mtp is None:
+            if int(getattr(self.target, "n_nextn", 0)) < 1:
+                self._mtp = False
+            else:
+                from specdec_cli.models.llama import LlamaMtp
+
+                self._mtp = LlamaMtp(self.target)
+        return self._mtp or None
+
     def close(self) -> None:
         """Free the models (close the `Assembler` first: its drafters may still use the draft model)."""
         try:
             if self._text is not None:
                 self._text.close()
+            if self._mtp:
+                self._mtp.close()
             if self.draft is not None:
                 self.draft.close()
         finally:
@@ -283,7 +299,7 @@ class PromptText:
     worker runs passes; llama-server tokenizes on its HTTP threads the same way). Build it with `Session.prompt_text`.
 
     For a llama.cpp target the tokenizer is a second, vocabulary-only load of the same file (`models.llama.VocabOnly`:
-    no weights, no context, ~0.2 s and tens of MB for a 152k vocabulary), so nothing here touches the context or the
+    no weights, no context, cheap beside the model), so nothing here touches the context or the
     backend the engine drives; the chat template, its BOS/EOS text and the FIM tokens are read once from the target
     at construction. Any other backend (the tests' fakes) is used as it is. One lock of its own serialises tokenizing
     (milliseconds; the decoding thread never takes it). Same vocabulary, same template: the tokens equal the target's
@@ -464,9 +480,8 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
     alone, so a row's attention is the same in a verify batch as in a one-token pass, and greedy speculative output
-    matches plain decoding at more near-ties; off, passes over 8-16 tokens at 4k tokens of context cost 1.7-2x less
-    on an AMX Xeon, but batched and one-token attention round differently (tests/test_real.py's draft = target at
-    100 % acceptance fails with it off).
+    matches plain decoding at more near-ties; off, long verify passes can be cheaper on a CPU, but batched and
+    one-token attention round differently (tests/test_real.py's draft = target at 100 % acceptance fails with it off).
     Where the build can switch it between passes (`models.llama.flash_attn_switch`, the patch of `specdec
     install-llama-cpp`) and the model runs on the CPU (a CPU build, or `gpu_layers` 0: the n_gpu_layers this run
     loads it with; None = as the build can, every layer on a GPU build): "phased" (`models.llama.PHASED`: on for

@@ -21,6 +21,7 @@ class Method(StrEnum):
     auto = "auto"  # every step, whatever pays here: prompt lookup, the suffix store, a prediction, a draft model
     none = "none"  # plain decoding through the same engine (the baseline)
     draft = "draft"  # a small draft model
+    mtp = "mtp"  # the target's own MTP block (multi-token prediction), where the model has one
     ngram = "ngram"  # prompt lookup
     suffix = "suffix"  # suffix tree over the context and past outputs (learns)
     predict = "predict"  # the predicted output (--predict FILE) alone
@@ -42,10 +43,11 @@ METHOD_ALIASES = {
     "past-outputs": "suffix", "store": "suffix", "suffix-decoding": "suffix",
     "prediction": "predict", "predicted-outputs": "predict",
     "draft-model": "draft",
+    "mtp-head": "mtp", "draft-mtp": "mtp", "nextn": "mtp",
     "plain": "none",
 }
 METHOD_NAMES = ("auto, none (plain), ngram (prompt-lookup), suffix (past-outputs), predict (prediction), "
-                "draft (draft-model)")
+                "draft (draft-model), mtp (mtp-head)")
 NEEDS_DRAFT_MODEL = {Method.draft}  # methods that cannot run without a draft model (auto includes one where it pays)
 USES_DRAFT_MODEL = {Method.draft, Method.auto}  # methods that may draft with a loaded draft model
 USES_PREDICTION = {Method.auto, Method.predict}  # methods that draft from a predicted output (--predict)

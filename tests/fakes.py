@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specdec_cli.models.backend import Backend, FimTokens, VocabInfo
-from specdec_cli.errors import ContextOverflowError
+from specdec_cli.models.rollback import CHECKPOINT, HYBRID, KV, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit
+from specdec_cli.errors import ContextOverflowError, StateError
 
 V = 32
 EOS = 1
@@ -76,7 +77,7 @@ def bigram_logits(prefix: Sequence[int], vocab: int = V, table: np.ndarray | Non
     return logits
 
 
-class FakeBackend(Backend):
+class FakeBackend(RecurrentGuard, Backend):
     """Implements `specdec_cli.models.backend.Backend` with `fn(prefix) -> logits`.
 
     Counts evaluated tokens and decode calls; records every truncate. Refuses what `LlamaBackend` refuses: more
@@ -84,15 +85,39 @@ class FakeBackend(Backend):
     With `clock` and `cost` (ms of a pass over b tokens) every pass advances the virtual clock by cost(b): a scripted
     verify curve. `branches`: whether `decode_branches` works (a second branch's rows are fn of its own prefix,
     exactly what a one-branch pass gives).
+
+    `recurrent` ("snapshots" or "checkpoints") makes it a hybrid model as llama.cpp b11312 holds one: `truncate` goes
+    through the same `rollback.RecurrentGuard` as `LlamaBackend`'s, over raw operations that follow llama.cpp's
+    rules (`_seq_rm`): a partial trim drops the last 1..n_rs_seq tokens of the last decode call, once per call;
+    without snapshots, or a second time, it is refused; dropping a token the last call did not hold (or all of its
+    tokens) returns True and poisons the state: every later logits row is rolled by `poisoned` places, so an output
+    built on it differs from plain greedy decoding (`n_poisoned` counts it). A checkpoint is the tokens and the
+    poison; `save_state`/`load_state` write and read them as JSON (for the prompt cache).
     """
+
+    kind = TRANSFORMER
+    rollback = KV
+    n_rs_seq = 0
 
     def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
                  n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS,
                  pieces: Sequence[bytes] | None = None, chat_template: str | None = None, clock: Clock | None = None,
-                 cost: Callable[[int], float] | None = None, branches: bool = True) -> None:
+                 cost: Callable[[int], float] | None = None, branches: bool = True, recurrent: str | None = None,
+                 n_rs_seq: int = 4) -> None:
         """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`. chat_template: a
         Jinja chat template `format_chat` renders (as `LlamaBackend` does); None = the toy format below. clock, cost:
-        a virtual clock advanced by `cost(b)` ms per pass of b tokens. branches: `decode_branches` is available."""
+        a virtual clock advanced by `cost(b)` ms per pass of b tokens. branches: `decode_branches` is available.
+        recurrent: None (a transformer), "snapshots" (n_rs_seq of them) or "checkpoints" (none granted)."""
+        if recurrent is not None:
+            assert recurrent in (SNAPSHOTS, CHECKPOINT), recurrent
+            self.kind, self.rollback, branches = HYBRID, recurrent, False
+            self.n_rs_seq = n_rs_seq if recurrent == SNAPSHOTS else 0
+        self._guard_reset()
+        self.poisoned = 0  # places every logits row is rolled by: a state llama.cpp left wrong (0: clean)
+        self.n_poisoned = 0
+        self.n_loads = 0  # states loaded by `load_state`
+        self._raw_last: int | None = None  # llama.cpp's view: the first position of the last decode call
+        self._raw_rolled = False
         self.template = chat_template
         self.fn = fn
         self._clock, self._cost = clock, cost
@@ -115,7 +140,7 @@ class FakeBackend(Backend):
     n_vocab = property(lambda self: self._vocab)
     n_ctx = property(lambda self: self._n_ctx)
     n_batch = property(lambda self: self._n_batch)
-    draft_limit = property(lambda self: self._n_batch - 1)
+    draft_limit = property(lambda self: draft_limit(self.rollback, self._n_batch, self.n_rs_seq))
     shared_rows = 0
 
     # -- lanes (`LlamaBackend.lane`, `decode_many`): sequences side by side, for `server.lanes` -----------------
@@ -128,6 +153,8 @@ class FakeBackend(Backend):
 
             lane = copy.copy(self)
             lane._tokens, lane._branch, lane.truncations = [], None, []
+            lane._guard_reset()
+            lane.poisoned, lane._raw_last = 0, None
             lane.n_evaluated = lane.n_decode_calls = 0
             lane._root = self
             lanes[i] = lane
@@ -178,11 +205,17 @@ class FakeBackend(Backend):
         if len(self._tokens) + len(toks) > self._n_ctx:
             raise ContextOverflowError("fake context full")
         start = len(self._tokens)
+        if self.kind != TRANSFORMER:
+            self._before_pass(start, len(toks), n_logits)
+            self._after_call(start)
+            self._raw_last, self._raw_rolled = start, False
         self._tokens.extend(toks)
         self.n_evaluated += len(toks)
         self.n_decode_calls += 1
         self.max_logit_rows = max(self.max_logit_rows, n_logits)
         rows = [self.fn(self._tokens[: start + i + 1]) for i in range(len(toks) - n_logits, len(toks))]
+        if self.poisoned:
+            rows = [np.roll(r, self.poisoned) for r in rows]
         out = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self._vocab), np.float32)
         out.flags.writeable = False
         self._pass(len(toks))
@@ -225,7 +258,56 @@ class FakeBackend(Backend):
             start, alt = pending
             self._tokens[start + 1 :] = alt[: n - start - 1]
             return
+        if self.kind != TRANSFORMER:
+            if n < len(self._tokens):
+                self._truncate_recurrent(n)
+            return
         del self._tokens[n:]
+
+    # -- the raw operations of a recurrent state, as llama.cpp b11312 behaves (under `RecurrentGuard`) ------------
+    def _seq_rm(self, n: int) -> bool:
+        drop = len(self._tokens) - n
+        if self.n_rs_seq == 0 or self._raw_rolled or drop > self.n_rs_seq:
+            return False
+        if self._raw_last is None or n <= self._raw_last:  # a token the last call did not hold: wrong, silently
+            self.poisoned = 1 + self.poisoned % 3
+            self.n_poisoned += 1
+        del self._tokens[n:]
+        self._raw_rolled = True
+        return True
+
+    def _seq_clear(self) -> None:
+        self._tokens, self.poisoned, self._raw_last = [], 0, None
+
+    def _state_save(self) -> tuple[tuple[int, ...], int]:
+        return tuple(self._tokens), self.poisoned
+
+    def _state_load(self, state: tuple[tuple[int, ...], int], at: int) -> bool:
+        toks, poisoned = state
+        assert len(toks) == at, "a checkpoint restored at another position than it was saved at"
+        self._tokens, self.poisoned, self._raw_last = list(toks), poisoned, None
+        return True
+
+    def save_state(self, path) -> int:
+        """The state as JSON (tokens and poison), for `stores.prompt_cache` tests."""
+        data = json.dumps({"tokens": self._tokens, "poisoned": self.poisoned}).encode()
+        with open(path, "wb") as f:
+            f.write(data)
+        return len(data)
+
+    def load_state(self, path) -> int:
+        try:
+            doc = json.loads(open(path, "rb").read())
+        except ValueError:
+            self._seq_clear()
+            raise StateError(f"not a fake state: {path}") from None
+        self._tokens, self.poisoned, self._raw_last = list(doc["tokens"]), doc["poisoned"], None
+        self._guard_reset()
+        self.n_loads += 1
+        return len(self._tokens)
+
+    def state_key(self) -> dict:
+        return {"fake": self.path, "kind": self.kind, "n_rs_seq": self.n_rs_seq}
 
     def snapshot(self) -> bytes:
         """The KV state: here the tokens themselves (4 bytes each), as `LlamaBackend.snapshot` copies the cells."""
@@ -236,6 +318,8 @@ class FakeBackend(Backend):
         if held != [int(t) for t in tokens]:
             raise AssertionError("a snapshot restored with other tokens than it holds")
         self._tokens = held
+        self.poisoned, self._raw_last = 0, None  # a whole state (a parked poisoned one is not modelled)
+        self._guard_reset()
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         if self.pieces is not None:

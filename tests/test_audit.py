@@ -85,7 +85,7 @@ def test_first_divergence_literals():
 
 def test_classify_uses_the_threshold_strictly():
     assert classify(0.0) == NEAR_TIE
-    assert classify(0.28) == NEAR_TIE  # the largest flip measured on Qwen2.5-Coder-1.5B Q4_K_M
+    assert classify(0.28) == NEAR_TIE  # a flip margin like the largest docs/check.md records
     assert classify(NEAR_TIE_THRESHOLD) == DIVERGENCE
     assert classify(3.0) == DIVERGENCE
     assert classify(0.2, threshold=0.1) == DIVERGENCE

@@ -1,4 +1,4 @@
-"""`--k auto` on a nearly linear verify curve (a 2-core EPYC's: issue 55): as fast as the best fixed K on an edit,
+"""`--k auto` on a nearly linear verify curve (a CPU's: issue 55): as fast as the best fixed K on an edit,
 as fast as plain decoding on free text, and deep drafts only behind evidence of a long run.
 
 On such a curve the cheapest ms per token lies near b = 48 and a pass of b tokens costs about b / 2.5 plain steps,

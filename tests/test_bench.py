@@ -454,6 +454,17 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)
 
 
+def test_the_draft_method_is_left_out_with_a_line_for_a_target_no_draft_model_goes_with(tmp_path):
+    from specdec_cli.spec import ModelOptions
+
+    options = B.BenchOptions(methods=B.parse_methods("none,ngram,draft"))
+    kept, note = B.without_unpaired_draft(options, ModelOptions(target=str(tmp_path / "lfm2-tiny.gguf")))
+    assert B.Method.draft not in kept.methods and B.Method.ngram in kept.methods
+    assert note and "--draft" in note
+    for models in (ModelOptions(target=None), ModelOptions(target=str(tmp_path / "x.gguf"), draft="qwen2.5-coder-0.5b")):
+        assert B.without_unpaired_draft(options, models) == (options, None)  # the default pair, or a named draft
+
+
 def test_a_workload_of_its_own_is_summarised_as_the_bench_is(monkeypatch) -> None:
     """--workload predict|suffix|edits: what a workload emits becomes bench's run dicts, configurations (in the order
     they first ran, none first) and prompts (their token counts from ours), so the same summary reads them."""

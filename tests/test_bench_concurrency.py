@@ -108,8 +108,8 @@ def test_a_baseline_checkout_runs_its_own_code_not_the_working_directorys(tmp_pa
 
 def test_a_stale_seed_curve_is_replaced_by_the_one_a_cell_measured(tmp_path):
     """The user's learnt.json held a curve marked stale: the first cell measures it again, and the next cells start
-    from that measurement (each cell measured it again: 73 s a cell on 2 cores). The server keeps it in its data_dir,
-    $SPECDEC_HOME/data (the seed went to $SPECDEC_HOME itself, where no server looked)."""
+    from that measurement (each cell used to measure it again, a long wait before every cell). The server keeps it in
+    its data_dir, $SPECDEC_HOME/data (the seed went to $SPECDEC_HOME itself, where no server looked)."""
     import json
 
     seed, home = tmp_path / "seed", tmp_path / "home"

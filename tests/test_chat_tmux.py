@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)"),
 ]
 
-TIMEOUT = 300.0  # seconds per phase: generous for a loaded 2-core machine; a healthy run takes a few seconds
+TIMEOUT = 300.0  # seconds per phase: generous for a loaded small machine; a healthy run takes a few seconds
 
 
 class Tmux:

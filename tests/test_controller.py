@@ -18,7 +18,7 @@ from specdec_cli.errors import UsageError
 from specdec_cli.spec import K, SpecOptions, k_values, parse_k
 from specdec_cli.core.records import Step
 
-# Measured on a 2-core CPU, Qwen2.5-Coder-1.5B Q4_K_M: ms of one target pass over b tokens.
+# A CPU's steep verify curve (Qwen2.5-Coder-1.5B Q4_K_M): ms of one target pass over b tokens.
 CPU_B = np.array([1, 2, 4, 8, 16, 32, 64], dtype=np.float64)
 CPU_MS = np.array([58, 105, 180, 340, 500, 900, 1530], dtype=np.float64)
 DRAFT_MODEL_MS = 28.0  # the 0.5B draft model, per drafted token
@@ -287,7 +287,7 @@ SCENARIOS = {
     "cpu, 28 ms draft model, a=0.9": (dict(curve=cpu, d_ms=DRAFT_MODEL_MS, accept=0.9), 0.9),
     "flat gpu, 2 ms draft, a=0.8": (dict(curve=gpu, d_ms=2.0, accept=0.8), 0.9),
     # A lookup drafter that finds a match in 40 % of steps: the evidence per half-life is scarce and the CPU's
-    # tokens/s is nearly flat from K = 3 to 16 (19.6..22.3), so auto averages ~0.95 of the best K but can dip to 0.9.
+    # tokens/s is nearly flat from K = 3 to 16, so auto averages ~0.95 of the best K but can dip to 0.9.
     "cpu, lookup matching 40 %, a=0.95": (dict(curve=cpu, d_ms=0.0, accept=0.95, fill=0.4), 0.85),
 }
 
@@ -410,7 +410,7 @@ def test_a_slow_first_lookup_call_does_not_hide_that_lookup_drafts_are_free() ->
         assert (ctrl.next_k() == 64) is free
 
 
-# Measured on a 2-core CPU (Qwen2.5-Coder-1.5B Q4_K_M, logits for every row): per token, b = 9 costs more than b = 5,
+# A CPU's bumpy verify curve (Qwen2.5-Coder-1.5B Q4_K_M, logits for every row): per token, b = 9 costs more than b = 5,
 # b = 17 about the same, and b = 33 to 65 far less. A model fitted to the small sizes alone sees no gain in longer K.
 BUMPY_B = np.array([1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65], dtype=np.float64)
 BUMPY_MS = np.array([40, 76, 92, 126, 156, 188, 282, 317, 401, 433, 526, 727, 779, 886, 1118, 1203, 1372.0])

@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py on this CPU (`--no-build`: the installed llama-cpp-python) with a tiny random GGUF: every
-step runs and the one table comes out. Real llama.cpp passes, so `real` (about a minute on an idle 2-core machine)."""
+step runs and the one table comes out. Real llama.cpp passes, so `real` (slow on a CPU)."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def test_draft_pays_on_a_flat_curve_and_not_on_a_cpus() -> None:
     flat = [gpu_ms(b) for b in range(1, 18)]
     from test_controller import CPU_B, CPU_MS, DRAFT_MODEL_MS
 
-    cpu = np.interp(np.arange(1, 18), CPU_B, CPU_MS)  # measured on a 2-core CPU: v(2) = 1.8 v(1)
+    cpu = np.interp(np.arange(1, 18), CPU_B, CPU_MS)  # a CPU's steep curve: v(2) = 1.8 v(1)
     assert draft_policy.draft_pays(0.6, flat)[0]
     assert not draft_policy.draft_pays(5.0, flat)[0]
     assert not draft_policy.draft_pays(DRAFT_MODEL_MS, cpu)[0]  # the 0.5B draft on that CPU

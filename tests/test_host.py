@@ -292,3 +292,26 @@ def test_library_hashes_are_kept_bounded_and_not_recomputed(monkeypatch, fresh_p
     assert len(host._hashes()) == 2  # the last build's two files
     monkeypatch.setattr(host, "_sha256", lambda path: pytest.fail(f"{path} hashed again"))
     assert host.build_id() == first
+
+
+def test_a_trial_load_that_llama_cpp_refused_is_remembered_and_not_tried_again(tmp_path, monkeypatch):
+    from specdec_cli.errors import ModelError
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "hybrid.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    runs = []
+
+    def refusing(args, timeout):
+        runs.append(args)
+        return subprocess.CompletedProcess(args, host.PROBE_REFUSED, "", "llama.cpp could not load it.\n")
+
+    monkeypatch.setattr(host, "_probe_process", refusing)
+    for _ in range(2):
+        with pytest.raises(ModelError, match="could not load it"):
+            host.probe_load(model)
+    assert len(runs) == 1  # the second run raised the remembered failure without a trial load
+    model.touch()  # a changed file is tried again
+    with pytest.raises(ModelError):
+        host.probe_load(model)
+    assert len(runs) == 2

@@ -1,6 +1,6 @@
 """`--k auto` cannot stick at a local optimum of the verify curve (issue 34).
 
-On a 2-core Xeon with AMX the measured curve makes b = 4 cheap per token, every size from 5 to 15 dearer per token
+On a CPU with AMX the measured curve can make b = 4 cheap per token, every size from 5 to 15 dearer per token
 than 4, and b = 16 the cheapest below 32: a controller that believes the prior of positions it never verified keeps
 K = 3 while every draft is accepted. These runs are deterministic: the fake backend's passes advance a virtual clock
 by that curve, and the drafts (prompt lookup of a reply that copies its prompt) are always right.
@@ -20,9 +20,8 @@ from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.drafters.suffix import SuffixDrafter
 
-# ms of a pass over b tokens, shaped like the issue's host (v(1) 67.7, v(4) 111.1, v(16) 230.6, v(32) 415.3,
-# v(64) 760.6) and a harder trap than it: 27.8 ms a token at b = 4, every size from 5 to 15 dearer per token than
-# that (the host's were 20-28), 14.4 at 16
+# ms of a pass over b tokens, shaped like the issue's host and a harder trap than it: 27.8 ms a token at b = 4, every
+# size from 5 to 15 dearer per token than that, 14.4 at 16
 _TILES = {16: 230.6, 32: 415.3, 48: 590.0, 64: 760.6}
 
 

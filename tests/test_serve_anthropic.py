@@ -147,8 +147,9 @@ def test_count_tokens_is_the_prompt_a_request_would_evaluate():
 
 
 def test_count_tokens_answers_while_a_generation_holds_the_worker():
-    """Issue 44 item 5: Claude Code calls count_tokens between turns; it must not wait for the running generation (it
-    waited 142 s behind an agent's cold 8k-token request): the prompt is rendered and tokenized apart from the worker."""
+    """Issue 44 item 5: Claude Code calls count_tokens between turns; it must not wait for the running generation (an
+    agent's cold 8k-token request can hold it for minutes): the prompt is rendered and tokenized apart from the
+    worker."""
     backend = SlowBackend(hashed_logits)
     with serving(backend) as s:
         first = start_blocking_request(s, backend)  # the worker is inside its prefill until the gate opens

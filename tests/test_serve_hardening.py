@@ -338,7 +338,7 @@ def test_grammar_compilation_runs_off_the_event_loop(monkeypatch):
 
 
 def test_serve_builds_the_grammar_tokenizer_before_it_answers(monkeypatch):
-    # llguidance builds its tokenizer in Rust holding the GIL (~0.5 s for a 152k vocabulary): on the worker thread at
+    # llguidance builds its tokenizer in Rust holding the GIL (long for a large vocabulary): on the worker thread at
     # the first request with tools, the event loop (/health, every stream) would stand still meanwhile
     from specdec_cli.cli.commands import serve as serve_cmd
     from specdec_cli.spec import ModelOptions

@@ -171,7 +171,7 @@ def test_a_new_request_goes_to_the_least_recently_used_lane_not_the_one_that_too
 
 def test_a_lane_takes_the_baton_after_a_request_only_when_a_save_is_due():
     """After each request a lane counts it for the save of what was learnt; it waits for the baton (a pass of a long
-    request beside it, ~1 s on a CPU) only when that made a save due, so an editor's next completion, handed to this
+    request beside it, long on a CPU) only when that made a save due, so an editor's next completion, handed to this
     lane for its cached prefix, does not wait for another lane's pass."""
     from specdec_cli.server.worker import Saver
 

@@ -62,8 +62,8 @@ def test_measure_times_the_planned_sizes_interpolates_between_and_leaves_its_cac
 
 
 def epyc_ms(b: int) -> float:
-    """A 2-core Zen 3's pass over b tokens (Qwen2.5-Coder-1.5B Q4_K_M): nearly linear, v(1) = 75 ms, v(64) ~ 2 s;
-    a prefill chunk costs the same per token."""
+    """A CPU's pass over b tokens, shaped like an AMD EPYC's (Qwen2.5-Coder-1.5B Q4_K_M): nearly linear,
+    v(1) = 75 ms, v(64) ~ 2 s; a prefill chunk costs the same per token."""
     return 75.0 + 30.0 * (b - 1)
 
 

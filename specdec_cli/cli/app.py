@@ -553,9 +553,9 @@ def install_llama_cpp(
 
     pip, pipx and uv install PyPI's stock llama-cpp-python. The patched build adds a flash-attention switch (flash
     attention on for prefill, off for long verify passes) and, on Intel CPUs with AMX, the fix that makes
-    llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or loads ~1.7x slower). It
+    llama.cpp's AMX kernels run (llama.cpp issue 20824; a stock build there crashes or falls back to slower loading). It
     compiles the pinned sdist (0.3.36) with the patches shipped in this package, for the GPU it finds (--backend):
-    about 6 min on 2 free cores and ~0.4 GB of temporary disk the first time; the wheel (24 MB) is kept in
+    minutes and some temporary disk the first time (it says how much before it starts); the wheel is kept in
     ~/.cache/specdec/wheels (SPECDEC_WHEELS), so another environment on this machine installs it in seconds.
     CMAKE_ARGS is appended to the build's CMake flags. Needs a C and C++ compiler (Windows: Visual Studio's C++ build
     tools); no bash, no make.

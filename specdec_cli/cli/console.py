@@ -25,6 +25,7 @@ THEME = Theme(
         "spec.accepted.store": "magenta",  # the suffix store of past outputs
         "spec.accepted.predict": "cyan",  # the user's prediction (--predict)
         "spec.accepted.draft": "blue",  # a draft model
+        "spec.accepted.mtp": "medium_purple1",  # the target's own MTP block
         "spec.accepted.corpus": "dark_orange",  # the corpus `specdec learn` indexed
         "spec.accepted.grammar": "yellow",  # the tokens a grammar forces (--json-object, --json-schema, --grammar)
         "spec.target": "bold",

@@ -36,6 +36,7 @@ def pass_placement(stats) -> str:
 
 ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
+                      Source.mtp: "spec.accepted.mtp",
                       Source.corpus: "spec.accepted.corpus", Source.grammar: "spec.accepted.grammar"}
 
 
@@ -108,7 +109,7 @@ class StreamRenderer:
 
     Styled, a step is printed at once when the last print was `refresh_s` or more ago (the first step; every step of a
     CPU's passes, 80+ ms each); steps that come faster (a GPU's passes: a few ms each) are gathered and printed
-    together, as one `Text`, at most once per `refresh_s`: a Rich print costs ~0.1-0.3 ms, as much as such a pass. A
+    together, as one `Text`, at most once per `refresh_s`: a Rich print costs about as much as such a pass. A
     gathered step waits at most `refresh_s` plus one pass. `end` prints what is still gathered. Plain (a pipe,
     NO_COLOR, --plain): every step's text is written and flushed as it comes.
 
@@ -178,7 +179,7 @@ class StreamRenderer:
 
     def _ansi(self, pieces: list[tuple[str, str]]) -> str | None:
         """What `console.print(Text, end="")` writes for these (style, text) pieces, byte for byte, without Rich's
-        rendering on every print (~0.1 ms hot, 0.4 ms between passes that flushed the caches): each style's escape
+        rendering on every print (dear beside a GPU's pass, dearer when a pass flushed the caches): each style's escape
         codes are rendered once, by Rich, and wrapped around each line of its text, control codes stripped as `Text`
         strips them. None for text with a tab (Rich expands tabs) and on a legacy Windows console (no escape codes)."""
         if self.console.legacy_windows:

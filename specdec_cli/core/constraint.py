@@ -306,7 +306,7 @@ class Constraint:
 
 def start(grammar: Grammar | None, tokenizer_of, n_vocab: int) -> Constraint | None:
     """The `Constraint` of a generation, None without a grammar. `tokenizer_of()` returns the target's llguidance
-    tokenizer (called only when there is a grammar: building one takes ~1 s for a 152k vocabulary)."""
+    tokenizer (called only when there is a grammar: building one walks the whole vocabulary)."""
     if grammar is None:
         return None
     return Constraint(grammar, tokenizer_of(), n_vocab)

@@ -331,8 +331,9 @@ class AdaptiveK(KController):
         state = self._lookup_state(draft.source)
         # Slow start: at most twice the positions this bucket has been verified at, or the size cheapest per token
         # within four times them, so a few lucky drafts do not send a 64-token pass on the strength of the prior
-        # alone (one failed pass costs ~37 plain steps on a steep CPU curve), while a curve whose cheap size lies past
-        # a dear stretch (b = 16 after 5..15) is reached in one jump, not crept towards through the dear sizes.
+        # alone (on a steep CPU curve a failed deep pass costs dozens of plain steps), while a curve whose cheap size
+        # lies past a dear stretch (b = 16 after 5..15) is reached in one jump, not crept towards through the dear
+        # sizes.
         seen = self.model.verified_depth(b, draft.source)
         v = self.model.verify_curve()
         allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
@@ -361,7 +362,8 @@ class AdaptiveK(KController):
         state.since[b] += 1
         if k == 0:
             if state.since[b] >= state.interval[b]:
-                # a probe of a short match verifies one token (a failed 3-token pass costs ~2 plain steps on a CPU)
+                # a probe of a short match verifies one token (on a CPU a failed 3-token pass costs more than a
+                # plain step)
                 probe = PROBE_K if BUCKET_EDGES[b] >= EARLY_PROBE_MATCH else 1
                 k, state.since[b] = min(n, probe), 0  # since = 0: `observe` knows the step was this probe
         else:

@@ -173,7 +173,8 @@ class CostModel:
         if not step.shared_rows or self.curve is None:
             # a pass shared with other sequences times their rows too: with a measured curve, it is not this step's
             # cost to learn; without one, it is the only timing there is (K then shrinks with the others' rows)
-            self._observe_verify(step.batch_size, step.verify_ms)
+            # a pass's cost includes its rollback (a recurrent state's checkpoint restored and replayed: `rollback_ms`)
+            self._observe_verify(step.batch_size, step.verify_ms + step.rollback_ms)
             self._observe_attention(step)
             if self.curve is not None and step.batch_size == 1 and step.verify_ms > 0.0 \
                     and step.n_past <= WATCH_CONTEXT:

@@ -55,9 +55,9 @@ class Drafter(Protocol):
     """Proposes draft tokens: every hook the engine calls. Implementations subclass `DrafterBase`, which gives each
     hook its no-op default: `ModelDrafter`, `NgramDrafter`, `SuffixDrafter`, `PredictionDrafter`, `AutoDrafter`.
 
-    Two kinds of draft: free lookup drafts (prompt lookup, the suffix store, a prediction: ~0.1 ms, whatever their
-    length), which the engine collects every step that drafts through `lookup`, and a draft model's (`has_model`:
-    a forward pass per token), which it asks for through `propose` only when the controller chose it.
+    Two kinds of draft: free lookup drafts (prompt lookup, the suffix store, a prediction: cheap beside a target pass,
+    whatever their length), which the engine collects every step that drafts through `lookup`, and a draft model's
+    (`has_model`: a forward pass per token), which it asks for through `propose` only when the controller chose it.
 
     The engine calls, per generation: `begin(prompt, prediction)` once; per step that drafts, `lookup` and, when the
     controller picks the draft model, `propose`; `finish` once when the generation completes (not when it is

@@ -147,6 +147,8 @@ class SpeculativeEngine:
             # past this clock time, a newline ends the output (llama-server's t_max_predict_ms); inf: never
             t_lines = self.clock() + config.line_time_ms / 1e3 if config.line_time_ms is not None else math.inf
             for index in itertools.count():
+                if len(target.tokens) < n - 1:  # a recurrent state cleared by a rollback it could not do exactly
+                    sync(target, ctx[: n - 1])  # (never a longer cache: that is a rollback bug, left for `check`)
                 t_start = self.clock()
                 # 1-2. choose K and draft (cut at the first token the grammar forbids); maybe a second branch `alt`
                 k, draft, alt = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng, grammar)
@@ -171,10 +173,13 @@ class SpeculativeEngine:
                     draft, alt = (draft, alt) if won == 0 else (alt, draft)
                     d = draft.tokens
                 # 5. roll back the rejected drafts and the other branch: keep context + accepted drafts (token pending)
+                #    (a recurrent state: by a snapshot, or by a checkpoint and a replay, timed as `rollback_ms`)
+                t_roll = self.clock()
                 if won:  # the second branch's accepted tokens replace the draft's in the cache
                     target.truncate(n + n_acc, branch=True)
                 else:
                     target.truncate(n + n_acc)
+                rollback_ms = (self.clock() - t_roll) * 1e3
                 if grammar is not None:
                     grammar.commit(n_acc, token)
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
@@ -210,6 +215,7 @@ class SpeculativeEngine:
                     branch_match_len=alt.match_len if alt is not None else 0,
                     n_past=n_past,
                     shared_rows=target.shared_rows,
+                    rollback_ms=rollback_ms,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
                     step = replace(step, curve_ms=self.curve.predict(step.batch_size, n_past or self.curve.context),
@@ -250,6 +256,9 @@ class SpeculativeEngine:
             self.drafter.begin(prompt, None if prediction is None else np.asarray(prediction, dtype=np.int32))
             draft_ms = (self.clock() - t1) * 1e3
             self.sequence.observe_prefill(n_eval, (t1 - t_eval) * 1e3, self.target.n_batch)  # a free v(b) point
+        if self.prompt_cache is not None and self.target.rollback != "kv" and n_eval:
+            # a recurrent state can only be restored whole: the prompt's is the one a later prompt starts with
+            self.prompt_cache.save(self.target)
         return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms,
                        n_restored=n_restored, restore_ms=restore_ms)
 
@@ -257,7 +266,9 @@ class SpeculativeEngine:
         """Save the target's KV state (the last generation's prompt and output) to the prompt cache, for a later run
         that starts with the same tokens; called after a generation, outside its timing. Returns bytes written (0:
         no cache, nothing new, or a failure, which `PromptCache` warns about)."""
-        return self.prompt_cache.save(self.target) if self.prompt_cache is not None else 0
+        if self.prompt_cache is None or self.target.rollback != "kv":  # a recurrent state: saved after the prefill
+            return 0
+        return self.prompt_cache.save(self.target)
 
     def _choose_and_draft(self, context: np.ndarray, budget: int, sampling: SamplingParams,
                           rng: np.random.Generator,
@@ -282,7 +293,7 @@ class SpeculativeEngine:
         k = min(controller.next_k(), limit)
         if k <= 0:
             return 0, NO_DRAFT, None
-        # the free lookup drafts (prompt lookup, suffix store, prediction: ~0.1 ms each), each at most k tokens
+        # the free lookup drafts (prompt lookup, suffix store, prediction: cheap beside a pass), each at most k tokens
         drafts = [d if len(d) <= k else cut(d, k) for d in drafter.lookup(context, k, sampling, rng)]
         if grammar is not None:
             drafts = [c for c in (cut(d, grammar.cut(d.tokens)) for d in drafts) if len(c)]

@@ -28,6 +28,7 @@ class Source(StrEnum):
     store = "store"  # the suffix store of past outputs (SuffixDecoding; --method suffix and auto)
     predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
     draft = "draft"  # a draft model
+    mtp = "mtp"  # the target's own multi-token-prediction block (--method mtp; auto where the target has one)
     grammar = "grammar"  # the tokens a grammar forces next (--json-object, --json-schema, --grammar, response_format)
     realign = "realign"  # the reply's copy of the prompt past its edits, repeated ones applied (drafters/edits.py)
     corpus = "corpus"  # the code and documents `specdec learn` indexed (REST-style retrieval; --method auto)
@@ -40,7 +41,7 @@ class Source(StrEnum):
 
 
 _LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
-           Source.draft: "draft model", Source.grammar: "grammar (forced)",
+           Source.draft: "draft model", Source.mtp: "MTP head", Source.grammar: "grammar (forced)",
            Source.realign: "prompt lookup (realigned)", Source.corpus: "corpus", Source.none: "no draft"}
 
 
@@ -129,6 +130,9 @@ class Step:
         cheap: `batch_size` is a cheap size of that curve: no larger pass costs less (`VerifyCurve.cheap`).
         shared_rows: rows other sequences had in the same forward pass (`server.lanes`; 0: it ran alone), so
             `verify_ms` is the whole shared pass's time, not this step's alone.
+        rollback_ms: wall time of the rollback after the pass, in milliseconds: a KV trim or a recurrent snapshot
+            costs ~0; a recurrent state's checkpoint restored and its kept tokens evaluated again costs a pass
+            (`rollback.RecurrentGuard`). The cost model counts it as part of the pass.
     """
 
     index: int
@@ -151,6 +155,7 @@ class Step:
     cheap: bool = False
     n_past: int = 0
     shared_rows: int = 0
+    rollback_ms: float = 0.0
 
     @property
     def text(self) -> str:

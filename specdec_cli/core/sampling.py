@@ -151,7 +151,7 @@ def _top_ids(logits: np.ndarray, k: int) -> np.ndarray:
 
     On a large row, a strided sample gives a threshold first: the k-th largest of any subset is <= the k-th
     largest of the whole row, so every top-k token is >= it. The full partition then runs on ~16·k candidates
-    instead of n (about 4× faster at n = 152k, k = 40; exact whatever the row holds).
+    instead of n, so a large vocabulary's row is never partitioned whole (exact whatever the row holds).
     """
     n = logits.shape[0]
     if k >= n:
@@ -477,8 +477,8 @@ def argmax_rows(logits: np.ndarray) -> np.ndarray:
     counts as the maximum, as in numpy), without copying a read-only array.
 
     numpy's argmax copies an array that is not writeable before it scans it (`PyArray_ArgMax` asks for a C-contiguous,
-    aligned, writeable array), and the backends' logits are read-only views of llama.cpp's buffer: the copy made a
-    verify pass's argmax ~3x slower at V = 152k (0.067 against 0.021 ms a row; benchmarks/bench_host.py). Here each
+    aligned, writeable array), and the backends' logits are read-only views of llama.cpp's buffer: at a large vocabulary
+    the copy costs more than the scan (benchmarks/bench_host.py times both). Here each
     row's chunks of `_CHUNK` logits are reduced in place (`np.maximum.reduce`, a ufunc: no copy), and the argmax is
     taken within the first chunk that holds the row's maximum (a copy of 16 KB).
     """

@@ -12,11 +12,12 @@ Each step that drafts, the engine collects the free lookup drafts (`lookup`), on
 * "corpus": the code and documents `specdec learn` indexed (REST-style: `specdec_cli.drafters.corpus`);
 * and, where the prompt's occurrences of the context continue differently, the runner-up continuation ("prompt").
 
-The controller picks one, and may verify another as a second branch of the same pass (`KController.branch`). They
-cost ~0.1-0.2 ms each, whatever their length. The controller (`AdaptiveK.choose`) values each by the acceptance
-its source has shown after matches of its length, compares the best with what the draft model would yield at its
-best K (when one is loaded) and with a plain step, and picks; only a chosen draft model runs (`propose`), since it
-costs a forward pass per token. The choice is never made from the target's logits, so the output is the target's.
+The controller picks one, and may verify another as a second branch of the same pass (`KController.branch`). They cost
+little beside a target pass, whatever their length, so every one is looked up each step. The controller
+(`AdaptiveK.choose`) values each by the acceptance its source has shown after matches of its length, compares the best
+with what the draft model would yield at its best K (when one is loaded) and with a plain step, and picks; only a chosen
+draft model runs (`propose`), since it costs a forward pass per token. The choice is never made from the target's
+logits, so the output is the target's.
 """
 
 from __future__ import annotations

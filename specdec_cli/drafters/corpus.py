@@ -4,16 +4,16 @@ REST (He et al. 2023, "REST: Retrieval-Based Speculative Decoding"): find the lo
 occurs in the datastore (a suffix array over the corpus's tokens, binary search), then follow its continuations,
 weighed by how often each follows there: the most frequent child while count / parent count >= `min_token_prob`.
 The corpus index (`specdec_cli.stores.corpus`) is read through the suffix store's `Corpus` over memory maps, so
-the lookup and the walk are the suffix store's (`Corpus.longest_match`, `Corpus.walk`): ~0.1-0.3 ms a step.
+the lookup and the walk are the suffix store's (`Corpus.longest_match`, `Corpus.walk`), cheap beside a target pass.
 
 A match of a token or two in a corpus of millions is noise (every `(` is followed by something): drafts need a
 match of at least `min_match` tokens. And a longer match found once is one file's words, which the model rarely
-repeats (in click's sources the longest match's continuation was right 24 % of the time when it occurred once or
-twice, 75 % when it occurred 4 times or more): so the match is the longest suffix found at least `min_count` times,
-and the draft is what at least `min_follow` of its occurrences go on with (an idiom, not one file's arguments),
-unless the match is `copy_match` tokens long (the output is copying a file). The controller learns the source's
-acceptance by match length like any other (`Source.corpus`), and verifies a draft only where it pays. Drafts are
-copied from the corpus: they never look at the target's logits, so the output is the target's.
+repeats (a continuation seen once or twice is right far less often than one seen several times): so the match is the
+longest suffix found at least `min_count` times, and the draft is what at least `min_follow` of its occurrences go on
+with (an idiom, not one file's arguments), unless the match is `copy_match` tokens long (the output is copying a file).
+The controller learns the source's acceptance by match length like any other (`Source.corpus`), and verifies a draft
+only where it pays. Drafts are copied from the corpus: they never look at the target's logits, so the output is the
+target's.
 """
 
 from __future__ import annotations
@@ -92,11 +92,11 @@ class CorpusDrafter(DrafterBase):
 
         The longest match decides. At `copy_match` tokens or more the output is copying a file: go on copying it
         (probability 1 a token while one occurrence is left). Shorter, it is evidence only where it occurs at least
-        `min_count` times (in click's sources, drafts after a match found once were right 14-50 % of the time, after
-        one found 4 times or more ~75 %): else the longest suffix of the context that occurs that often is matched
-        instead. Either way the draft stops where fewer than `min_follow` occurrences go on (`_supported`). When no
-        suffix of `min_match` tokens occurs that often, the longest match's continuation is drafted as weak evidence,
-        each probability shrunk to count / (count + 1) (one occurrence: 1/2), for the controller to price."""
+        `min_count` times (a match found once is a poor predictor, one found several times a good one): else the longest
+        suffix of the context that occurs that often is matched instead. Either way the draft stops where fewer than
+        `min_follow` occurrences go on (`_supported`). When no suffix of `min_match` tokens occurs that often, the
+        longest match's continuation is drafted as weak evidence, each probability shrunk to count / (count + 1) (one
+        occurrence: 1/2), for the controller to price."""
         n = len(context)
         hint = self._hints.get(id(c))
         # m <= previous m + tokens added since (a suffix match extends by at most one token per token)

@@ -51,6 +51,7 @@ class ModelDrafter(DrafterBase):
         # Catch up: keep the common prefix, evaluate the rest of the context in one batch (logits for the last row).
         keep = min(common_prefix(b.tokens, context), len(context) - 1)
         b.truncate(keep)
+        keep = len(b.tokens)  # a recurrent draft model that cannot keep `keep` tokens starts again
         logits = b.decode(context[keep:], n_logits=1)[0]  # [V]
         tokens: list[int] = []
         dists: list[Dist] = []

@@ -33,8 +33,8 @@ call):
 
 Drafts are deterministic (`dists=None`: verification treats q as one-hot), so greedy decoding and rejection sampling
 stay lossless. The prediction is only read, never evaluated by the target, so it may be longer than the context.
-Cost per `propose` on a 4,000-token prediction, K = 16 (`benchmarks/bench_predict_drafter.py`, 2-core CPU): median
-0.014 ms on aligned steps, 0.036 ms on re-sync steps (one-time build: ~2.5 ms for the byte offsets).
+A `propose` costs a small fraction of a target pass, so the drafter is free to consult every step
+(`benchmarks/bench_predict_drafter.py` times it).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ matches the last 60 tokens beats the prompt's original text matching the last 20
 not its input); equal matches go to the higher score (expected accepted tokens: the sum of the path
 probabilities), then to the local one. Each output is stored after the last `lead_in` tokens of its prompt and
 with the end-of-generation token that ended it, so the opening and the end of a reply are learnt too. Drafts are
-deterministic (`dists=None`: verification treats q as one-hot) and cost ~0.2 ms per step with a 300k-token
-store (median; `benchmarks/bench_suffix.py`).
+deterministic (`dists=None`: verification treats q as one-hot) and cost a small fraction of a target pass per step,
+even from a large store (`benchmarks/bench_suffix.py` times it).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class SuffixDrafter(DrafterBase):
         max_candidates: most recent earlier occurrences examined by the local lookup.
         preload: start reading the store file in a background thread now (`SuffixStore.preload`).
 
-    `propose` costs ~0.2 ms with a 300k-token store (`benchmarks/bench_suffix.py`). `Draft.score` is the
+    `propose` is cheap beside a target pass (`benchmarks/bench_suffix.py`). `Draft.score` is the
     `Continuation.confidence` of the chosen draft (0..1, first_count / (occurrences + 1)), comparable with a draft
     model's first-token probability. `last` holds the chosen `Continuation` of the latest propose (for stats).
     """

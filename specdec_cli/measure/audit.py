@@ -15,14 +15,10 @@ probability), >= 0. A margin below `NEAR_TIE_THRESHOLD` is a numerical near-tie;
 `DIVERGENCE`.
 
 The threshold, 1.0 logit (the emitted token is e ≈ 2.7 times less likely than the argmax), comes from measurement
-(docs/check.md). A flip needs the batch-1 top-2 gap to be smaller than the drift of that gap
-between batch sizes, so the drift bounds every near-tie margin. With llama-cpp-python 0.3.36 on CPU the largest
-drift of the top-2 gap between a batch of B tokens and batch 1 was 0.44 / 0.47 / 0.50 logits at B = 4 / 16 / 64 on
-Qwen2.5-Coder-1.5B Q4_K_M (160 tokens of free text; 2.5-5 % of the tokens flipped, margins up to 0.27), and 0 at
-B <= 16 (bitwise equal) but 0.62 at B = 64 on SmolLM2-135M Q4_1 (flip margins up to 0.33). With engine bugs
-injected on SmolLM2 (every KV rollback skipped, or every rejected draft token accepted), 3 to 25 of each 160 tokens
-had margins above 1.0, up to 18 logits. 1.0 is 1.6x the largest drift seen and far below most of what a bug
-produces. `specdec check --threshold` changes it for other hardware, builds or quantisations.
+(docs/check.md). A flip needs the batch-1 top-2 gap to be smaller than the drift of that gap between batch sizes, so the
+drift bounds every near-tie margin: 1.0 sits above the largest drift measured and far below most of what an injected
+engine bug produces (docs/check.md has the table). `specdec check --threshold` changes it for other hardware, builds or
+quantisations.
 
 A limit no threshold removes: a bug that strikes only where the target nearly ties looks like numerics (a single
 injected wrong acceptance had a margin of 0.54). Real bugs (a cache not rolled back, an off-by-one) strike at many

@@ -269,6 +269,7 @@ class _OursRunner:
                      "rendered": [self.session.target.format_chat([{"role": "user", "content": t}])
                                   for t in msg["prompts"]],
                      "threads": self.session.target.n_threads, "suffix_store_tokens": store_tokens,
+                     "kind": self.session.target.kind,  # a recurrent or hybrid model: the peer cannot run it
                      "rss_after_load_kib": _rss_kib()[1], "kernels": self.session.kernels()}
 
     def _drafter(self, method: Method):

@@ -11,10 +11,9 @@ each setting in its own context) and `decide` prices a turn at that depth: one p
 token decoded by speculation (the cheapest verify size at an acceptance of `ACCEPTANCE`, the bonus token included).
 On, llama.cpp's default, is kept unless off's turn is cheaper by `OFF_MARGIN`: with it on, each query row's attention
 is computed alone, so a row of a verify pass rounds as it would in a one-token pass and greedy output parts from
-plain decoding at fewer near-ties; and its prefill lead grows past `DEPTH` (llama-bench on a 2-core Xeon, pp512 at
-8,192 tokens: 45.7 t/s on, 36.7 off), where agents' prompts live. A 4 % cheaper turn at 2,048 tokens pays for
-neither. The choice is kept in learnt.json beside the verify curve (same key: model file, CPU, threads, build) and
-applied at every model load (`session.flash_attn`); SPECDEC_FLASH_ATTN=on|off
+plain decoding at fewer near-ties; and its prefill lead grows past `DEPTH`, where agents' prompts live, so a turn
+only slightly cheaper at `DEPTH` pays for neither. The choice is kept in learnt.json beside the verify curve (same
+key: model file, CPU, threads, build) and applied at every model load (`session.flash_attn`); SPECDEC_FLASH_ATTN=on|off
 overrides it. `specdec doctor --measure` measures it.
 
 Phased (`models.llama.PHASED`, where the build can switch): on for prefill chunks and below `PHASE_DEPTH` tokens of

@@ -2,7 +2,7 @@
 
 A single speed ratio measured once on a shared machine is noise: whichever side runs first pays the warm-up (pages
 of the weights, caches, the CPU's clock ramping up), and another process waking up slows whichever side is running
-then. Measured that way, plain decoding against itself gave 0.86×, 0.94× and 1.02× on a 2-core host. So:
+then, so plain decoding timed against itself that way lands several per cent either side of 1×. So:
 
 1. `warmup` runs once, untimed, before either side is timed;
 2. the sides then run in `n` pairs, A B, B A, A B, ...: the order alternates, so drift and any residual warm-up

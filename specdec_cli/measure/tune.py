@@ -410,9 +410,9 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
 
 
 def check_curve(session) -> bool:
-    """Time `WATCH_MIN` one-token passes of the target (`verify_timing.measure_token_ms`, on `session.clock`) and,
-    when they cost more than `verify_curve.DRIFT` away from the kept verify curve's v(1) (another load, a rebuilt
-    library: a tune once chose K on a curve 6x off its own passes), mark it stale and measure it again now
+    """Time `WATCH_MIN` one-token passes of the target (`verify_timing.measure_token_ms`, on `session.clock`) and, when
+    they cost more than `verify_curve.DRIFT` away from the kept verify curve's v(1) (another load, a rebuilt library: a
+    tune priced on such a curve chooses K for a machine that is not there), mark it stale and measure it again now
     (`Session.remeasure_curve`), so the runs are priced on this machine as it is. Returns True when it re-measured.
     Nothing without a curve."""
     from specdec_cli.core.verify_curve import WATCH_MIN

@@ -101,6 +101,15 @@ class Backend(Protocol):
     shared_rows: int
     """Rows other sequences had in this backend's last forward pass (0: it ran alone; `server.lanes`)."""
 
+    kind: str
+    """"transformer", "hybrid" or "recurrent" (a recurrent state cannot be cut at any position)."""
+
+    rollback: str
+    """"kv" (any prefix can be kept), "snapshots" (a verify pass's own tokens, at most `draft_limit`), "checkpoints"
+    (the state saved before a verify pass restored and the kept tokens evaluated again) or "none". With anything but
+    "kv", `truncate` outside a verify pass may clear the sequence: keep only whole saved states (prompt cache,
+    parking) and re-read `tokens` after a truncate."""
+
     def decode(self, tokens: Sequence[int] | np.ndarray, n_logits: int = 0) -> np.ndarray:
         """Append `tokens` at positions len(tokens).. and evaluate them in one forward pass per n_batch chunk.
 
@@ -111,7 +120,9 @@ class Backend(Protocol):
         ...
 
     def truncate(self, n: int, *, branch: bool = False) -> None:
-        """Keep the first `n` tokens of the KV cache and drop the rest. Raises `CacheTrimError` if refused.
+        """Keep the first `n` tokens of the KV cache and drop the rest. Raises `CacheTrimError` if refused. A
+        recurrent state (`rollback` not "kv") that cannot keep exactly n tokens is cleared instead: `tokens` is then
+        shorter than n (callers re-read it).
 
         After `decode_branches`, every call drops the branch that is not kept: `branch=False` keeps the first n
         tokens of `tokens` (the main path), `branch=True` makes the cache tokens[:start + 1] + branch[:n - start - 1]
@@ -153,7 +164,7 @@ class Backend(Protocol):
 
     def lltokenizer(self) -> LLTokenizer:
         """The vocabulary as an llguidance tokenizer, for grammars (`specdec_cli.core.constraint`): built on first use
-        (~1 s for a 152k vocabulary), then cached. Its end-of-sequence tokens are the model's end-of-generation
+        (it walks the whole vocabulary), then cached. Its end-of-sequence tokens are the model's end-of-generation
         tokens."""
         ...
 
@@ -219,6 +230,7 @@ def sync(backend: Backend, context: np.ndarray, interrupt: Callable[[], None] | 
     keep = common_prefix(backend.tokens, context)
     if keep < len(backend.tokens):
         backend.truncate(keep)
+        keep = len(backend.tokens)  # a recurrent state that cannot keep `keep` tokens is cleared
     chunk = backend.n_batch if interrupt is not None else max(1, len(context))
     for c0 in range(keep, len(context), chunk):
         if interrupt is not None and c0 > keep:

@@ -35,9 +35,8 @@ BACKENDS = installer.BACKENDS
 InstallPlan = installer.Plan  # what an install would do for a Python (its --dry-run)
 LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python loads its libraries from here when set
 _LIB_SUFFIXES = (".so", ".dylib", ".dll")
-# What a build costs, measured on a 2-CPU Xeon VM shared with other work (so rough): `make`'s build took 6 min with 2
-# compile jobs, PyPI's stock build 30 min with one job at nice 10 under a load of 13-16; either needed ~0.4 GB of
-# temporary disk (the unpacked sdist and CMake's build folder). The wheel kept for reinstalls is 24 MB.
+# What a build costs, told before one starts so nobody takes a long compile for a hang (rough: the build's time
+# depends on the cores free; the disk is the unpacked sdist and CMake's build folder)
 BUILD_COST = "about 6 min on 2 free cores, up to 30 on a busy one, and ~0.4 GB of temporary disk"
 WHEEL_SIZE = "24 MB"
 

@@ -322,3 +322,10 @@ def kv_bytes_per_token(info: GGUFInfo, type_bytes: int = 2) -> int | None:
     k = int(meta.get(f"{arch}.attention.key_length", head))
     v = int(meta.get(f"{arch}.attention.value_length", head))
     return layers * (k + v) * kv_heads * type_bytes
+
+
+def nextn_layers(info: GGUFInfo) -> int:
+    """The model's multi-token-prediction (MTP) layers: the header's `{arch}.nextn_predict_layers` (Qwen3.5, GLM-4.5,
+    DeepSeek-V3 ship them; llama.cpp drafts from them with `draft-mtp`); 0 when it has none."""
+    v = info.metadata.get(f"{info.architecture}.nextn_predict_layers", 0)
+    return int(v) if isinstance(v, int) and v > 0 else 0

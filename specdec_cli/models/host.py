@@ -6,15 +6,13 @@ AMX kernels fault on the first decode (`ggml_backend_amx_mul_mat`, at `ldtilecfg
 not see that `_tile_loadconfig` reads the stack tile configuration and drops the stores that fill it. The whole
 process dies with SIGSEGV (or SIGILL), no message. `specdec install-llama-cpp` (`models.build`; `make` in a
 checkout) builds the sdist with the AMX tile patch (a compiler barrier before the load) on such CPUs, and the kernels
-run: a 512-token prefill ~1.6x faster than with AMX compiled out.
+run, faster at prefill than with AMX compiled out.
 
-Where an AMX build still crashes (a llama-cpp-python built elsewhere, without the patch), two ways around it,
-measured on such a host (Qwen2.5-Coder-1.5B Q4_K_M, one target pass over b = 1, 4, 16, 64):
+Where an AMX build still crashes (a llama-cpp-python built elsewhere, without the patch), two ways around it:
 
-* rebuild (`specdec install-llama-cpp`: the patched AMX kernels; `--amx off` compiles AMX out: 79, 125, 282,
-  812 ms);
+* rebuild (`specdec install-llama-cpp`: the patched AMX kernels; `--amx off` compiles AMX out);
 * load the model with llama.cpp's *extra buffer types* off (`llama_model_params.use_extra_bufts = false`: no AMX
-  and no repacked weight layouts): 135, 221, 380, 781 ms — works, plain decoding ~1.7x slower.
+  and no repacked weight layouts): it works, but plain decoding is slower, so it is the fallback, not the default.
 
 `plan()` decides, once per process, how `LlamaBackend` loads models:
 
@@ -68,6 +66,7 @@ _HOST_FILE = "host.json"  # in cache_dir(): probe verdicts by build and CPU, and
 _HASHES_MAX = 32  # library files whose sha256 host.json keeps, by (real path, size, mtime)
 _PROBED_FILE = "probed.json"  # in cache_dir(): files that passed a trial load, by (real path, size, mtime)
 _PROBED_MAX = 64
+_FAILED_FILE = "probe_failed.json"  # in cache_dir(): files a trial load refused or crashed on, with the message
 PROBE_REFUSED = 3  # a trial load's exit code when llama.cpp refused the file cleanly (its message is on stderr)
 _AMX_BUILD = re.compile(r"\bAMX_INT8\s*=\s*1\b")
 
@@ -264,14 +263,18 @@ def probe_load(path: Path, *, reporter: Reporter | None = None) -> None:
     passed is remembered in cache_dir()/probed.json by real path, size and mtime, so it is probed once. Catalog files
     (their sha256 verified at fetch: `resolver.is_catalog_file`) are never probed. `reporter` shows a spinner.
 
-    Raises ModelError when llama.cpp crashed on the file or refused it. A probe that cannot run or times out is not
-    a verdict: the load then goes ahead in this process.
+    Raises ModelError when llama.cpp crashed on the file or refused it; that failure is remembered in
+    cache_dir()/probe_failed.json for this file, specdec and llama-cpp-python, so a later run raises it again without
+    a trial load. A probe that cannot run or times out is not a verdict: the load then goes ahead in this process.
     """
     from specdec_cli.models.resolver import is_catalog_file
 
     key = _probe_key(path)
     if key is None or is_catalog_file(path) or key in _probed():
         return
+    failed = _failed().get(_failed_key(key))
+    if failed is not None:  # this file failed a trial load with this specdec and llama-cpp-python: not again
+        raise ModelError(failed[0], failed[1] or None)
     try:
         with reporter.status(f"Trial load of {path.name}") if reporter is not None else nullcontext():
             proc = _probe_process([str(path)], LOAD_PROBE_TIMEOUT)
@@ -282,14 +285,16 @@ def probe_load(path: Path, *, reporter: Reporter | None = None) -> None:
         return
     if proc.returncode == PROBE_REFUSED:  # refused cleanly: the child's last line is our own one-line message
         last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        raise ModelError(last[-1][:300] if last else f"llama.cpp could not load {path}.")
+        message = last[-1][:300] if last else f"llama.cpp could not load {path}."
+        _remember_failed(key, message, "")
+        raise ModelError(message)
     detail = _probe_detail(proc.stderr)
     crash = crash_name(proc.returncode)
     if crash is not None:
-        raise ModelError(
-            f"llama.cpp crashed ({crash}) on a trial load of {path}"
-            + (f": {detail}" if detail else "") + ".",
-            "The file is corrupt or not supported by this llama-cpp-python: fetch or convert it again.")
+        message = f"llama.cpp crashed ({crash}) on a trial load of {path}" + (f": {detail}" if detail else "") + "."
+        hint = "The file is corrupt or not supported by this llama-cpp-python: fetch or convert it again."
+        _remember_failed(key, message, hint)
+        raise ModelError(message, hint)
     # Any other exit (the child's own Python failed): no verdict on the file; the real load reports what it finds.
 
 
@@ -309,6 +314,43 @@ def _probed() -> list[str]:
     except (OSError, ValueError):
         return []
     return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
+
+
+def _failed_key(key: str) -> str:
+    """A failed trial load is remembered for this file (`_probe_key`) with this specdec and llama-cpp-python: an
+    upgrade of either tries the file again."""
+    from specdec_cli import __version__
+    from specdec_cli.models.machine import package_version
+
+    return f"{key}|specdec {__version__}|llama_cpp_python {package_version()}"
+
+
+def _failed() -> dict[str, list[str]]:
+    from specdec_cli.config import cache_dir
+
+    try:
+        data = json.loads((cache_dir() / _FAILED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)}
+
+
+def _remember_failed(key: str, message: str, hint: str) -> None:
+    """Best effort, like `_remember_probed`: the next run raises the same error without a trial load."""
+    from specdec_cli.config import cache_dir
+    from specdec_cli import files
+
+    known = _failed()
+    known.pop(_failed_key(key), None)
+    kept = dict(list(known.items())[-(_PROBED_MAX - 1):]) | {_failed_key(key): [message, hint]}
+    path = cache_dir() / _FAILED_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.write_atomic(path, json.dumps(kept, indent=0), private=False)
+    except OSError:
+        pass
 
 
 def _remember_probed(key: str) -> None:

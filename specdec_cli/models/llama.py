@@ -5,7 +5,11 @@ What it does differently from `llama_cpp.Llama`:
 - logits are requested only for the positions being verified (`llama_batch.logits[i] = 1` on the last rows), never
   `logits_all`, and read as a zero-copy numpy view of llama.cpp's output buffer;
 - the batch is allocated once and filled through numpy views of its arrays;
-- rollback is `llama_memory_seq_rm` on sequence 0 with its bool result checked (recurrent/hybrid models refuse);
+- rollback is `llama_memory_seq_rm` on sequence 0 with its bool result checked; a recurrent or hybrid model (Mamba,
+  LFM2, Qwen3.5, ...) rolls back by llama.cpp's recurrent-state snapshots (`n_rs_seq`) inside the last pass's own
+  tokens, else by a checkpoint of its recurrent state taken before a verify pass and a replay of the kept tokens, else
+  it clears the sequence (the guard in `truncate`: a partial `llama_memory_seq_rm` outside those limits returns true
+  and leaves a wrong state);
 - a second draft branch can share a verify pass (`decode_branches`): the context has two sequences over one unified
   KV cache (`n_seq_max = 2`, `kv_unified`: the committed prefix's cells belong to both, `llama_memory_seq_cp` is
   metadata only, and the batch is evaluated as one ubatch, as llama.cpp's examples/speculative does with `-kvu`);
@@ -13,7 +17,7 @@ What it does differently from `llama_cpp.Llama`:
 - `llama_decode` return codes map to named errors (1 = no KV slot, 2 = aborted: `PassInterrupted`, < 0 = fatal);
 - a pass can be interrupted from another thread (`interrupt`): llama.cpp's abort callback, checked by ggml's CPU
   backend after every graph node, is libc's `strlen` over a one-byte flag, so the check runs no Python and takes no
-  GIL (a Python callback would take the GIL ~1,000 times a pass). llama.cpp hands the callback only to a backend whose
+  GIL (a Python callback would take the GIL at every graph node). llama.cpp hands the callback only to a backend whose
   registry exports `ggml_backend_set_abort_callback` (`llama_context::set_abort_callback`): the CPU's alone. CUDA
   and Vulkan never check it, nor does Metal (its own setter, `ggml_backend_metal_set_abort_callback`, is not called by
   llama.cpp, and its check runs only while a GPU trace is captured), so a pass with every layer on such a device
@@ -29,7 +33,7 @@ import os
 import hashlib
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import llama_cpp
 from llama_cpp import _logger as _llama_logger
@@ -40,6 +44,9 @@ from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
 import numpy as np
 
 from specdec_cli.models.backend import FimTokens, VocabInfo
+from specdec_cli.models.rollback import (
+    CHECKPOINT, HYBRID, KV, RECURRENT, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit as _draft_limit,
+)
 from specdec_cli.errors import (
     CacheTrimError,
     ContextOverflowError,
@@ -78,9 +85,11 @@ def gpu_offload_supported() -> bool:
 PHASED = "phased"  # flash_attn: on for prefill chunks and short contexts, off for long verify passes (`LlamaBackend`)
 PHASE_ROWS = 64  # phased: a llama_decode call over more rows than this is a prefill chunk, run with flash attention
 # phased: below this many tokens of context every pass runs with flash attention too. There it costs about what off
-# does (2,048 tokens, 2-core Xeon: v(1) 86 on / 96 off, v(16) 322 / 268 ms) and keeps each row's attention computed
-# alone, so a verify pass rounds as a one-token pass does; past it, off's verify passes are 1.2-2x cheaper.
+# does and keeps each row's attention computed alone, so a verify pass rounds as a one-token pass does; past it,
+# off's verify passes are cheaper, so long contexts verify with it off.
 PHASE_DEPTH = 2048
+RS_SNAPSHOTS = 16  # recurrent-state snapshots per sequence asked of llama.cpp (`n_rs_seq`): the controller's K_max
+_PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent part alone (a recurrent model's whole state)
 
 
 def _install_abort(ctx: Any) -> tuple[ctypes.Array | None, Any]:
@@ -154,7 +163,7 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-class LlamaBackend:
+class LlamaBackend(RecurrentGuard):
     """One GGUF model with one context and one sequence (seq_id 0). Implements `specdec_cli.models.backend.Backend`.
 
     Args:
@@ -175,8 +184,6 @@ class LlamaBackend:
             ("phased"): both, by pass: the context is made with it off and each llama_decode call over more than
             `PHASE_ROWS` rows (a prefill chunk), or starting before `phase_depth` tokens of context, runs with it on;
             needs `flash_attn_switch()` (else ValueError).
-            Measured on a 2-core AMX Xeon at 8,000 tokens of context, Qwen2.5-Coder-1.5B: passes over 1/4/8/16
-            tokens 130/257/348/487 ms off against 152/320/538/924 ms on, prefill 82-88 tok/s on, 72 off.
         phase_depth: phased: a pass that starts before this many tokens of context runs with flash attention
             (`PHASE_DEPTH`).
         n_lanes: sequences this context serves side by side (`lane(i)`, `decode_many`: the server's `--parallel`),
@@ -186,9 +193,20 @@ class LlamaBackend:
             1, 5 and 17 rows is three ubatches), and lanes have no second branch; or one KV pool of
             `n_lanes * n_ctx` cells for all (True: llama.cpp's unified KV cache, llama-server's `-kvu`; each lane
             keeps a second sequence for its branches, and a shared pass is one ubatch), where every pass attends
-            over the pool's cells, other lanes' too: on a 2-core Xeon (`benchmarks/bench_kv_pool.py`), 8 verify rows
-            of a lane 2,500 deep took 396 ms beside a lane holding 8,000 cells against 239 ms with streams, and four
-            lanes' 8 rows each 762 against 704 ms. Ignored with one lane.
+            over the pool's cells, other lanes' too, so a shallow lane's pass pays for a deep lane's cells
+            (`benchmarks/bench_kv_pool.py` times both layouts). Ignored with one lane.
+        rs_snapshots: recurrent-state snapshots per sequence to ask llama.cpp for (`llama_context_params.n_rs_seq`)
+            on a recurrent or hybrid model; llama.cpp grants them only to the architectures in its
+            `llm_arch_supports_rs_rollback` (0 otherwise: then rollback is by checkpoint and replay). Each snapshot
+            is one more copy of a sequence's recurrent state (`snapshot_bytes`). Ignored for transformers.
+
+    Attributes:
+        kind: "transformer", "hybrid" (attention and recurrent layers) or "recurrent" (llama.cpp's
+            `llama_model_is_hybrid` / `llama_model_is_recurrent`).
+        rollback: how `truncate` drops a verify pass's rejected tokens: "kv" (any suffix of a KV cache), "snapshots"
+            (the last pass's own tokens, at most `n_rs_seq`, once per pass), "checkpoints" (restore the recurrent
+            state saved before the pass, then evaluate the kept tokens again) or "none" (no draft is verified).
+        n_rs_seq: the snapshots llama.cpp granted (`llama_n_rs_seq`), 0 for a transformer.
 
     Raises:
         ModelError: llama.cpp could not load the model or create the context.
@@ -209,6 +227,7 @@ class LlamaBackend:
         phase_depth: int = PHASE_DEPTH,
         n_lanes: int = 1,
         kv_unified: bool = False,
+        rs_snapshots: int = RS_SNAPSHOTS,
     ) -> None:
         _init_once(verbose)
         self.path = str(path)
@@ -224,6 +243,8 @@ class LlamaBackend:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.use_extra_bufts = extra_bufts
+        if hasattr(mparams, "load_mtp"):  # an MTP block's weights, where the model has one (`LlamaMtp`)
+            mparams.load_mtp = True
         model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
             raise ModelError(
@@ -232,7 +253,12 @@ class LlamaBackend:
                 f"{llama_cpp.__version__}; SPECDEC_DEBUG=1 shows llama.cpp's log.",
             )
         self._model = model
+        self.kind = (HYBRID if llama_cpp.llama_model_is_hybrid(model) else
+                     RECURRENT if llama_cpp.llama_model_is_recurrent(model) else TRANSFORMER)
         cparams = llama_cpp.llama_context_default_params()
+        if self.kind != TRANSFORMER:
+            branches = False  # a recurrent state cannot branch: no second sequence (its snapshots would double too)
+            cparams.n_rs_seq = max(0, int(rs_snapshots))
         if n_lanes < 1:
             raise ValueError(f"n_lanes={n_lanes}: at least 1")
         cparams.n_ctx = n_ctx * n_lanes  # the KV pool; each lane may fill n_ctx of it
@@ -293,9 +319,13 @@ class LlamaBackend:
                 b.seq_id[i][1] = 1  # read only where n_seq_id is 2 (a branch pass's shared tokens)
         self._seq1 = [0] * self._n_batch  # seq_id[i][0] as set: a lane's sequence, or its second branch's
         self._seq2 = [1] * self._n_batch  # seq_id[i][1] as set (read only where n_seq_id is 2)
-        self._branches = branches and not (llama_cpp.llama_model_is_recurrent(model)
-                                           or llama_cpp.llama_model_is_hybrid(model))
+        self._branches = branches
         self._branch: tuple[int, np.ndarray] | None = None  # (start, the pending second branch's tokens)
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(ctx)) if self.kind != TRANSFORMER else 0
+        self.rollback = KV if self.kind == TRANSFORMER else SNAPSHOTS if self.n_rs_seq else CHECKPOINT
+        self._guard_reset()
+        self._ckpt_buf: ctypes.Array | None = None  # reused by every checkpoint of the same size
+        self._state_bytes: int | None = None  # one sequence's recurrent state (`recurrent_state_bytes`)
 
         # The tokens held in the KV cache, positions 0.._n-1.
         self._tokens = np.zeros(self._n_ctx, dtype=np.int32)
@@ -321,10 +351,19 @@ class LlamaBackend:
         return self._n_batch
 
     shared_rows = 0  # a lane's passes are shared through `server.lanes.SharedLane`, never here
+    # called after each llama_decode of `decode` with (its first position, its tokens): `LlamaMtp`'s catch-up
+    on_hidden: Callable[[int, np.ndarray], None] | None = None
+
+    @property
+    def n_nextn(self) -> int:
+        """The model's MTP (nextn) layers: 0 for most models, 1 for Qwen3.5's single trained head (`LlamaMtp`)."""
+        return int(llama_cpp.llama_model_n_layer_nextn(self._model))
 
     @property
     def draft_limit(self) -> int:
-        return self._n_batch - 1
+        """n_batch - 1; with rollback by snapshots at most `n_rs_seq`; 0 where nothing rolls back
+        (`rollback.draft_limit`)."""
+        return _draft_limit(self.rollback, self._n_batch, self.n_rs_seq)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -367,6 +406,8 @@ class LlamaBackend:
                 f"The context window is full: {start} + {m} tokens > --ctx {self._n_ctx}.",
                 "Use a larger --ctx or a shorter prompt / --max-tokens.",
             )
+        if self.kind != TRANSFORMER:
+            self._before_pass(start, m, n_logits)
         try:
             for c0 in range(0, m, self._n_batch):
                 c1 = min(m, c0 + self._n_batch)
@@ -391,11 +432,18 @@ class LlamaBackend:
                     raise DecodeError.of(rc, n)
                 self._tokens[start + c0 : start + c1] = toks[c0:c1]
                 self._n = start + c1
+                self._after_call(start + c0)  # the last llama_decode call's tokens: what a snapshot can drop
                 self.n_evaluated += n
+                if self.on_hidden is not None:  # an MTP drafter catches up on this call's hidden states
+                    self.on_hidden(start + c0, toks[c0:c1])
         except BaseException:
-            # A failed or interrupted call leaves the cache as it was before the call.
-            llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start, -1)
-            self._n = start
+            # A failed or interrupted call leaves the cache as it was before the call (or, for a recurrent state
+            # without a checkpoint of it, empty).
+            if self.kind == TRANSFORMER:
+                llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start, -1)
+                self._n = start
+            else:
+                self._undo_pass(start)
             raise
         if n_logits == 0:
             return np.zeros((0, self._n_vocab), dtype=np.float32)
@@ -479,7 +527,9 @@ class LlamaBackend:
 
     def truncate(self, n: int, *, branch: bool = False) -> None:
         """Keep positions [0, n) of sequence 0, or (`branch`, after `decode_branches`) of the second branch, which
-        then becomes sequence 0. Raises CacheTrimError when llama.cpp refuses (recurrent models)."""
+        then becomes sequence 0. A recurrent or hybrid state rolls back only as `_truncate_recurrent` allows and is
+        otherwise cleared: `tokens` may then hold fewer than n tokens (none), and the caller evaluates again what it
+        needs (`backend.sync`). Raises CacheTrimError when llama.cpp refuses to trim a KV cache."""
         if n < 0:
             raise ValueError(f"truncate({n}): a negative length")
         if branch:
@@ -499,6 +549,9 @@ class LlamaBackend:
         self._drop_branch()
         if n >= self._n:
             return
+        if self.kind != TRANSFORMER:
+            self._truncate_recurrent(n)
+            return
         if not llama_cpp.llama_memory_seq_rm(self._mem, self._s0, n, -1):
             raise CacheTrimError(
                 f"llama.cpp refused to roll back the KV cache of {Path(self.path).name} to {n} tokens "
@@ -506,6 +559,68 @@ class LlamaBackend:
                 "Use a transformer model, or --method none.",
             )
         self._n = n
+
+    # -- the raw operations under `rollback.RecurrentGuard` (a recurrent or hybrid model's sequence) ------------------
+    def _seq_rm(self, n: int) -> bool:
+        """llama.cpp's partial trim of sequence 0 to n tokens (by a snapshot on a recurrent state: the guard's)."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self._s0, n, -1):
+            return False
+        self._n = n
+        return True
+
+    def _seq_clear(self) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, self._s0, -1, -1)
+        self._n = 0
+
+    def _state_save(self) -> ctypes.Array | None:
+        """The recurrent part of sequence 0's state (`llama_state_seq_get_data_ext`, PARTIAL_ONLY: a hybrid's
+        attention cells stay in the cache and are trimmed by position). None when llama.cpp copies nothing."""
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, self._s0, _PARTIAL))
+        buf = self._ckpt_buf if self._ckpt_buf is not None and len(self._ckpt_buf) == size else None
+        if buf is None:
+            buf = self._ckpt_buf = (ctypes.c_uint8 * size)()
+        if not size or int(llama_cpp.llama_state_seq_get_data_ext(self._ctx, buf, size, self._s0, _PARTIAL)) == 0:
+            return None
+        return buf
+
+    def _state_load(self, data: ctypes.Array, at: int) -> bool:
+        """Sequence 0's recurrent state := `data` (from `_state_save` at `at` tokens); a hybrid's attention cells from
+        `at` on dropped (past the restored state's position, which asks no rollback of it)."""
+        if int(llama_cpp.llama_state_seq_set_data_ext(self._ctx, data, len(data), self._s0, _PARTIAL)) == 0:
+            self._seq_clear()
+            return False
+        llama_cpp.llama_memory_seq_rm(self._mem, self._s0, at, -1)
+        self._n = at
+        return True
+
+    def recurrent_state_bytes(self) -> int:
+        """Bytes of one sequence's recurrent state (a hybrid's recurrent layers; `llama_state_seq_get_size_ext` with
+        PARTIAL_ONLY): what one snapshot or one checkpoint copies. 0 for a transformer. Measured once, on a sequence
+        that holds a state (on an empty cache: a one-token pass, then the sequence cleared)."""
+        if self.kind == TRANSFORMER:
+            return 0
+        if self._state_bytes is None:
+            if self._n == 0:
+                bos = int(llama_cpp.llama_vocab_bos(self._vocab))
+                self.decode([bos if bos >= 0 else 0], n_logits=0)
+                size = int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, self._s0, _PARTIAL))
+                self._clear()
+                self.n_cleared -= 1
+            else:
+                size = int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, self._s0, _PARTIAL))
+            self._state_bytes = size
+        return self._state_bytes
+
+    def describe(self) -> dict[str, Any]:
+        """What kind of model this is and how it rolls back: {"kind", "rollback", "n_rs_seq", "state_bytes" (one
+        sequence's recurrent state, 0 for a transformer), "snapshot_bytes" (its snapshots, per sequence)}."""
+        return {"kind": self.kind, "rollback": self.rollback, "n_rs_seq": self.n_rs_seq,
+                "state_bytes": self.recurrent_state_bytes(), "snapshot_bytes": self.snapshot_bytes}
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Memory the recurrent-state snapshots take per sequence, in bytes: n_rs_seq x `recurrent_state_bytes`."""
+        return self.n_rs_seq * self.recurrent_state_bytes() if self.n_rs_seq else 0
 
     def kv_bytes_per_token(self) -> int:
         """Bytes one token takes in the KV cache: layers x 2 (K and V) x KV heads x head size x the cache type's
@@ -536,15 +651,17 @@ class LlamaBackend:
         lane._n = 0
         lane._branch = None
         lane.n_decode_calls = lane.n_evaluated = 0
+        lane._guard_reset()
+        lane._ckpt_buf = None
         llama_cpp.llama_memory_seq_rm(root._mem, lane._s0, -1, -1)
         return lane
 
     def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
         """`decode_many` of unequal parts over KV streams: one `llama_decode` per part, each with its own
         flash-attention phase. llama.cpp would split them into ubatches of equal rows per stream anyway
-        (consecutive sequence ids together), which cost more than a ubatch each (a 2-core Xeon: 1, 4, 12 and 2 rows 911 against 813 ms; 64 and
-        10 rows 1,955 against 1,474 ms), and one call runs every ubatch with the phase of its largest part: a verify
-        step beside a prefill chunk ran with flash attention on, up to twice as slow. Every part's logits but the last
+        (consecutive sequence ids together), which cost more than a call each, and one call runs every ubatch with
+        the phase of its largest part: a verify step beside a prefill chunk would run with flash attention on, the
+        slow setting for it. Every part's logits but the last
         are copied (the next call overwrites them). A part that fails rolls the earlier ones back too."""
         views: list[np.ndarray] = []
         done: list[tuple[LlamaBackend, int]] = []
@@ -591,6 +708,8 @@ class LlamaBackend:
         for lane, toks, n_logits in parts:
             lane._drop_branch()
             m, start = len(toks), lane._n
+            if lane.kind != TRANSFORMER:
+                lane._before_pass(start, m, n_logits)
             self._b_token[off : off + m] = toks
             self._b_pos[off : off + m] = np.arange(start, start + m, dtype=np.int32)
             self._b_logits[off : off + m] = 0
@@ -608,7 +727,10 @@ class LlamaBackend:
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         if rc != 0:
             for lane, _, _ in parts:
-                llama_cpp.llama_memory_seq_rm(self._mem, lane._s0, lane._n, -1)
+                if lane.kind == TRANSFORMER:
+                    llama_cpp.llama_memory_seq_rm(self._mem, lane._s0, lane._n, -1)
+                else:
+                    lane._undo_pass(lane._n)
             raise DecodeError.of(rc, rows)
         n_out = sum(n for _, _, n in parts)
         out = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx), shape=(max(n_out, 1), self._n_vocab))
@@ -617,6 +739,7 @@ class LlamaBackend:
         for lane, toks, n_logits in parts:
             m = len(toks)
             lane._tokens[lane._n : lane._n + m] = toks
+            lane._after_call(lane._n)
             lane._n += m
             lane.n_evaluated += m
             lane.n_decode_calls += 1
@@ -651,6 +774,8 @@ class LlamaBackend:
         }
         if self.flash_attn == PHASED:  # prefill chunks computed with flash attention on (a key of its own)
             key["flash_attn_phased"] = 1
+        if self.kind != TRANSFORMER:
+            key["n_rs_seq"] = self.n_rs_seq
         return key
 
     def _model_desc(self) -> str:
@@ -702,6 +827,7 @@ class LlamaBackend:
             raise StateError(f"llama.cpp {why} when loading the KV state {path} into {Path(self.path).name}.",
                              "The file is not a state of this model and context; it is not used.")  # fmt: skip
         self._n = n
+        self._guard_reset()  # no pass to roll back: a recurrent state loaded is used whole or not at all
         return n
 
     def snapshot(self) -> ctypes.Array:
@@ -729,6 +855,7 @@ class LlamaBackend:
                              "It is evaluated again instead.")  # fmt: skip
         self._tokens[:n] = tokens
         self._n = n
+        self._guard_reset()
 
     # -- tokens and text -------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -780,7 +907,7 @@ class LlamaBackend:
     def lltokenizer(self):
         """The vocabulary as an llguidance `LLTokenizer` (`llguidance.llamacpp.lltokenizer_from_vocab`: every token's
         piece, control tokens marked special, llama.cpp's own tokenizer for forced text), with the model's
-        end-of-generation tokens as its end-of-sequence tokens. Built once (~1 s for a 152k vocabulary), cached."""
+        end-of-generation tokens as its end-of-sequence tokens. Built once (it walks the whole vocabulary), cached."""
         if self._root is not self:
             return self._root.lltokenizer()
         if self._lltokenizer is None:
@@ -857,8 +984,20 @@ class LlamaBackend:
         llama_cpp.llama_synchronize(self._root._ctx)
 
 
+def describe_model(path: str | Path, *, rs_snapshots: int = RS_SNAPSHOTS) -> dict[str, Any]:
+    """`LlamaBackend.describe` of the model at `path`, loaded on the CPU with a small context (its weights are
+    mmapped; the recurrent state's size is read after a one-token pass). Raises ModelError when llama.cpp cannot load
+    it."""
+    backend = LlamaBackend(path, n_ctx=256, n_batch=64, n_gpu_layers=0, extra_bufts=False, branches=False,
+                           rs_snapshots=rs_snapshots)
+    try:
+        return backend.describe()
+    finally:
+        backend.close()
+
+
 class VocabOnly:
-    """A GGUF's tokenizer alone (llama.cpp's vocab_only load: no weights, no context; ~0.2 s): `specdec learn` and
+    """A GGUF's tokenizer alone (llama.cpp's vocab_only load: no weights, no context, so cheap): `specdec learn` and
     `specdec serve --learn` tokenize files with it, apart from the model that generates. `tokenize` and
     `vocab_info` are `LlamaBackend`'s. Raises ModelError when llama.cpp cannot read the file."""
 
@@ -909,8 +1048,8 @@ def probe_main(argv: list[str]) -> int:
         try:
             toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
             backend.decode(toks, n_logits=1)  # a prefill ...
-            backend.decode([toks[-1], toks[0]], n_logits=2)  # ... a verify batch with logits for every row ...
-            backend.truncate(len(toks))  # ... and a rollback
+            backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
+            backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
             backend.piece(toks[0])
         finally:
             backend.close()
@@ -918,3 +1057,134 @@ def probe_main(argv: list[str]) -> int:
         print(str(e), file=sys.stderr)
         return PROBE_REFUSED
     return 0
+
+
+class LlamaMtp:
+    """The target's own multi-token-prediction (MTP, "nextn") block as a drafter: a second llama.cpp context of type
+    `LLAMA_CONTEXT_TYPE_MTP` on the target's model, linked to the target's context (`ctx_other`), after llama.cpp's
+    `common_speculative_impl_draft_mtp` (common/speculative.cpp, a single trained head as in Qwen3.5).
+
+    The MTP block predicts the token after position p from the token at p and the target's hidden state at p - 1
+    (`llama_get_embeddings_nextn`). So after every target `decode` call (`LlamaBackend.on_hidden`), the block's own
+    KV cache catches up on the pairs (token at p, target state at p - 1) of that call's tokens, and `draft` then
+    chains the block from the newest committed token: each step feeds back the block's own state. Rows the target
+    rejected are dropped from the block's cache at the next catch-up or draft (its cache is attention only, and
+    dropping a suffix of it is always allowed). A draft only proposes: the target verifies every token, so a stale
+    state costs acceptance, never correctness.
+
+    Args:
+        target: the target (a `LlamaBackend` of one sequence whose model has nextn layers).
+
+    Raises:
+        ModelError: the model has no MTP block, or llama.cpp could not create the MTP context.
+    """
+
+    def __init__(self, target: LlamaBackend) -> None:
+        from llama_cpp import llama_cpp_ext as ext
+
+        model = target._model
+        self.n_heads = int(llama_cpp.llama_model_n_layer_nextn(model))
+        if self.n_heads < 1:
+            raise ModelError(f"{Path(target.path).name} has no MTP block (no nextn layers).",
+                             "Use another --method, or a model with an MTP head (e.g. Qwen3.5).")  # fmt: skip
+        self._ext = ext
+        self.target = target
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
+        tp = target._cparams
+        cp = llama_cpp.llama_context_default_params()
+        cp.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        cp.ctx_other = target._ctx
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = cp.n_ubatch = target.n_batch
+        cp.n_seq_max = 1
+        cp.n_rs_seq = 0
+        cp.n_threads = cp.n_threads_batch = target.n_threads
+        cp.flash_attn_type = tp.flash_attn_type
+        cp.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cp)
+        if not ctx:
+            raise ModelError(f"llama.cpp could not create the MTP context of {Path(target.path).name}.",
+                             "Use another --method; SPECDEC_DEBUG=1 shows llama.cpp's log.")  # fmt: skip
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._n_vocab = target.n_vocab
+        ext.llama_set_embeddings_nextn(target._ctx, True, False)  # every row of a target call: its hidden state
+        ext.llama_set_embeddings_nextn(ctx, True, True)  # the block's own state, for the rows it outputs
+        self._pos = (llama_cpp.llama_pos * 1)()
+        # the target's hidden states of its last call: float32 [m, n_embd] for positions h_start .. h_start + m - 1
+        self._h = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._h_start = 0
+        self._zero = np.zeros(self.n_embd, dtype=np.float32)
+        self.n_process_calls = 0  # llama_process calls on the MTP context (catch-up and draft steps)
+        target._branches = False  # a second branch's rows would break the pairing of tokens and states
+        target.on_hidden = self._catch_up
+
+    def _state(self, pos: int) -> np.ndarray:
+        """The target's hidden state at `pos` (float32 [n_embd]) where the last call has it, else zeros."""
+        i = pos - self._h_start
+        return self._h[i] if 0 <= i < len(self._h) else self._zero
+
+    def _add(self, token: int, pos: int, state: np.ndarray, output: bool) -> int:
+        b = self._batch
+        idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token))
+        if idx < 0:  # -1: the batch is full, -2/-3: an invalid token or sequence
+            raise DecodeError(-1, llama_cpp.llama_n_batch(self._ctx))
+        self._pos[0] = pos
+        llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+        embd = llama_cpp.llama_embd(state.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd)
+        if output:
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        return idx
+
+    def _process(self, n: int = 1) -> None:
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        self.n_process_calls += 1
+        if rc != 0:
+            raise DecodeError.of(rc, n)
+
+    def _catch_up(self, start: int, tokens: np.ndarray) -> None:
+        """After a target call over `tokens` (int32 [m]) at positions start..: the block's cache gets the pairs
+        (token at p, target state at p - 1), and the call's states are kept for the next catch-up and draft."""
+        h = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self.target._ctx),
+                                  shape=(len(tokens), self.n_embd)).copy()
+        prev = self._state(start - 1).copy()
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+        llama_cpp.llama_batch_ext_clear(self._batch)
+        for i, tok in enumerate(tokens):
+            self._add(int(tok), start + i, prev if i == 0 else h[i - 1], False)
+        self._process(len(tokens))
+        self._h, self._h_start = h, start
+
+    def draft(self, last: int, pos: int, k: int, choose: Callable[[np.ndarray, int], int]) -> list[int]:
+        """Up to `k` tokens after `last`, the newest committed token, at position `pos` (the target's cache holds
+        positions < pos). `choose(logits, i)` picks draft token i from the block's float32 [n_vocab] logits (argmax,
+        or a draw from q that the caller keeps) and may return -1 to stop. Returns the tokens."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1)  # earlier drafts, rejected rows
+        state = self._state(pos - 1).copy()
+        out: list[int] = []
+        tok = int(last)
+        for i in range(k):
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            idx = self._add(tok, pos + i, state, True)
+            self._process()
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, idx), shape=(self._n_vocab,))
+            tok = choose(logits, i)
+            if tok < 0:
+                break
+            out.append(tok)
+            if i + 1 < k:
+                state = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self._ctx, idx),
+                                              shape=(self.n_embd,)).copy()
+        return out
+
+    def close(self) -> None:
+        if self.target.on_hidden == self._catch_up:
+            self.target.on_hidden = None
+        if self._batch is not None:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None

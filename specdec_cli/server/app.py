@@ -124,12 +124,13 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     async def health() -> dict:
         """{"status": "ok", "model", "method", "busy", "queued", "queue": `Worker.status()` (waiting, bound, lanes,
         each running request's age and tokens, the Retry-After a refused request would get), and with a real model
-        "kv": `GenerationService.kv_memory()` (lanes, tokens per lane, bytes per token, bytes in all)}."""
+        "kv": `GenerationService.kv_memory()` (lanes, tokens per lane, bytes per token, bytes in all; for a recurrent
+        or hybrid target its kind, rollback and recurrent-state snapshots' bytes per lane)}."""
         queue = worker.status()
         body = {"status": "ok", "model": model_id, "method": method, "busy": queue["running"] is not None,
                 "queued": queue["waiting"], "queue": queue}
         kv = worker.service.kv_memory()
-        if kv["bytes"]:
+        if kv["bytes"] or kv.get("kind"):  # a recurrent or hybrid target: its snapshots' memory too
             body["kv"] = kv
         return body
 

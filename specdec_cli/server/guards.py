@@ -1,7 +1,7 @@
 """Loop guards: no reply repeats an identical tool call (issue 27, "Replies that end").
 
 A small model, greedy, can call the same tool with the same arguments again and again: within one reply (each copy
-drafted by prompt lookup at ~99 % acceptance, until the token limit), or turn after turn after the tool answered
+drafted by prompt lookup at nearly full acceptance, until the token limit), or turn after turn after the tool answered
 (openai-agents' `MaxTurnsExceeded`: the call again after its result). `CallGuard` says which calls a reply may not
 make: one identical (same name, same arguments compared as parsed JSON) to a call made earlier in the same reply, or
 to a call of the conversation's last assistant turn that a tool result answered. `reply.ReplyStream` holds each call

@@ -16,7 +16,7 @@ first, then earliest deadline, then arrival):
 - prefill rows of the lanes still reading their prompts, cut into pieces: while an editor is in use (one of its
   requests ran in the last `quiet_s` seconds: `Priority.editor`), a piece of about `piece_s` seconds of prefill
   (measured per row, so an editor's next completion joins within about that); otherwise a whole batch (`n_batch`
-  rows: on a CPU each pass costs ~0.18 s besides its rows, so 1-s pieces make a prompt ~14 % slower to read); while
+  rows: on a CPU each pass has a fixed cost besides its rows, so pieces make a prompt slower to read); while
   an interactive lane is in the pass, a long request's prefill gets a time share instead: `share` of the passes'
   time (the rows its owed milliseconds buy at the measured cost per row, carried over from pass to pass), so it
   never starves and an interactive lane's steps run at about (1 - `share`) of their speed alone; an interactive
@@ -30,7 +30,7 @@ first, then earliest deadline, then arrival):
 An interactive request that arrives while a pass of lanes that all come after it is under way (a long request's
 piece; an interactive prompt read in a whole batch, by a newcomer with an earlier deadline) interrupts it
 (`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node (milliseconds) instead of after the
-rest of the pass (a piece: up to ~2 s at an agent's 6k-token depth on a 2-core CPU), and the pass is evaluated again
+rest of the pass (a piece lasts seconds at an agent's depth on a CPU), and the pass is evaluated again
 after its first one (the time it had run is lost, once per such arrival). Passes paid as the long requests' share
 while an interactive lane waits, and interactive verify steps, are never interrupted (`_preemption`).
 
@@ -220,8 +220,8 @@ class PassScheduler:
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests' prefill while interactive lanes run (negative: ahead)
         # a KV stream per lane (`LlamaBackend.kv_streams`): llama.cpp runs a pass's lanes as ubatches of equal rows per
-        # stream, so a long request's rows beside an interactive lane's cost a ubatch of their own and more (a FIM's 64
-        # prefill rows: 1,069 ms alone, 1,955 ms with an agent's 10 beside): they get passes of their own instead
+        # stream, so a long request's rows beside an interactive lane's cost a ubatch of their own and more: they get
+        # passes of their own instead
         self.split = bool(getattr(backend, "kv_streams", False))
         self._cv = threading.Condition(threading.Lock())
         self._holder: SharedLane | None = None  # the lane running Python now (or the lane whose thread runs a pass)
@@ -241,8 +241,8 @@ class PassScheduler:
     def enter(self, lane: SharedLane, priority: Priority | None = None, *, preempt: bool = True) -> None:
         """`lane`'s generation starts: wait for the baton (after the lanes before it in line). An interactive one
         (`preempt`) interrupts a pass under way whose lanes all come after it (`_preemption`): that pass is evaluated
-        again after the newcomer's first pass, which starts within a graph node (milliseconds) instead of after up to a
-        second or two of another's prefill piece (or ~9 s of a whole batch)."""
+        again after the newcomer's first pass, which starts within a graph node (milliseconds) instead of after the
+        rest of another's prefill piece (or of a whole batch)."""
         with self._cv:
             if priority is not None:
                 lane.priority = priority
@@ -318,7 +318,7 @@ class PassScheduler:
         with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other lanes' rows in their last passes and
         the tokens those are expected to give; a lane still reading its prompt adds its next piece to R and nothing
         to T, and its piece gives way to verify rows, so beside a long prefill a draft's rows are nearly free)."""
-        top = lane.n_batch - 1
+        top = min(lane.n_batch - 1, lane.inner.draft_limit)  # a recurrent target: its snapshots
         others = [x for x in self.lanes if x is not lane and x.index in self._active]
         if not others or lane.pinned or self.split:  # split: its rows are evaluated apart, priced as alone
             return top
@@ -493,7 +493,7 @@ class PassScheduler:
                 subs = inter
             interactive = False
         # an interactive lane alone among the interactive ones reads its prompt in whole batches: nothing waits
-        # behind it that a piece would let in sooner, and a CPU reads 512 rows ~25 % faster per row than 64
+        # behind it that a piece would let in sooner, and a CPU reads a whole batch cheaper per row than a piece
         alone = sum(1 for x in self.lanes if x.index in self._active and x.priority.cls == INTERACTIVE) <= 1
         parts: list[tuple[_Sub, int]] = []
         for s in subs:  # whole steps first: the rows that want logits, with whatever prefill precedes them
@@ -529,8 +529,8 @@ class PassScheduler:
         """A CPU's verify curve (v(64) > 1.3 v(1), as `--k auto` calls it): with a KV stream per lane, long requests
         then run one at a time beside the interactive ones. Their rows cannot share a ubatch (each lane's are evaluated
         apart) and a row costs nearly the same in any pass, so interleaving them shared nothing and made each one's
-        steps wait for the others' prefill: four chats at once took 10.73 tok/s interleaved against 11.94 one at a
-        time on a 2-core Xeon (docs/results-history.md). On a flat curve (a GPU) they still share the passes."""
+        steps wait for the others' prefill, so four chats at once came out slower interleaved than one at a time
+        (docs/results-history.md, 2026-11-27, night). On a flat curve (a GPU) they still share the passes."""
         v = self._v(np.array([1, 64]))
         return bool(v[1] > 1.3 * v[0])
 

@@ -108,13 +108,19 @@ class GenerationService:
                                                    parking=KvParking(), curve=engine.curve))
         self._scopes = [None] * n_lanes
 
-    def kv_memory(self) -> dict[str, int]:
+    def kv_memory(self) -> dict[str, Any]:
         """The KV cache's size: {"lanes", "ctx" (tokens per lane), "bytes_per_token", "bytes" (the whole pool,
-        allocated at load: lanes x ctx x bytes per token)}; bytes 0 where the backend cannot say (a fake)."""
+        allocated at load: lanes x ctx x bytes per token)}; bytes 0 where the backend cannot say (a fake). A recurrent
+        or hybrid target adds "kind", "rollback", "n_rs_seq" (snapshots per sequence) and "snapshot_bytes" (what
+        they take per lane, `LlamaBackend.snapshot_bytes`)."""
         target = self.session.target
         per = target.kv_bytes_per_token() if hasattr(target, "kv_bytes_per_token") else 0
-        return {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
-                "bytes": per * target.n_ctx * self.lanes}
+        doc: dict[str, Any] = {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
+                               "bytes": per * target.n_ctx * self.lanes}
+        if getattr(target, "kind", "transformer") != "transformer":
+            doc.update(kind=target.kind, rollback=target.rollback, n_rs_seq=getattr(target, "n_rs_seq", 0),
+                       snapshot_bytes=target.snapshot_bytes if hasattr(target, "snapshot_bytes") else 0)
+        return doc
 
     @property
     def lanes(self) -> int:
@@ -142,7 +148,7 @@ class GenerationService:
     def prepare(self) -> None:
         """Build now, before the server answers, what the first request would otherwise build on the worker thread
         while holding the GIL: the target's llguidance tokenizer (`Backend.lltokenizer`, for grammars: tools and
-        JSON schemas). Its construction in Rust (0.4-1 s for a 152k vocabulary) does not release the GIL, so the
+        JSON schemas). Its construction in Rust (long for a large vocabulary) does not release the GIL, so the
         event loop (`/health`, every stream) would stand still that long at the first request with tools. A
         vocabulary it cannot be built from is left to that request's error, as before."""
         try:
@@ -219,9 +225,8 @@ class GenerationService:
 
         The token ids of the last `KEPT_PROMPTS` conversations are kept, keyed by what the template is given (the
         messages, tools and template arguments): one rendered again (Anthropic's `count_tokens` of a conversation just
-        sent to be answered, a client's retry) is neither rendered nor tokenized again. Rendering and tokenizing
-        Claude Code's 6.6k-token request took 25-30 ms on an idle 2-core machine and 70-160 ms while a generation's
-        compute threads held both cores.
+        sent to be answered, a client's retry) is neither rendered nor tokenized again, since rendering and tokenizing
+        an agent's long request is slow while a generation's compute threads hold the cores.
 
         Raises:
             ApiError (400, param "tools"): the template cannot express tools (`ToolsUnsupportedError`).

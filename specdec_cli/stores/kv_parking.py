@@ -11,9 +11,11 @@ and copies it back (`llama_state_seq_set_data`) when a later prompt shares more 
     sync(backend, context)              # evaluates only what neither held
 
 A state is parked only when at least `min_tokens` of it would be lost, and entries are kept most recently used first
-within `max_bytes` (one 20k-token Qwen2.5-Coder-1.5B state is ~560 MB). A copy costs about a memcpy of the state
-(~0.2 s for 560 MB), far less than evaluating it again. Like llama-server's per-slot caches and its `--cache-ram`
-prompt cache, whose idea this is (the server's `server_prompt_cache` keeps states in host memory).
+within `max_bytes` (one 20k-token Qwen2.5-Coder-1.5B state is ~560 MB). A copy costs about a memcpy of the state,
+far less than evaluating it again. Like llama-server's per-slot caches and its `--cache-ram`
+prompt cache, whose idea this is (the server's `server_prompt_cache` keeps states in host memory). A recurrent or
+hybrid model's state (`Backend.rollback` not "kv") cannot be cut: a parked state, or the held one, counts only when
+it is a whole prefix of the context.
 """
 
 from __future__ import annotations
@@ -90,9 +92,14 @@ class KvParking:
         context = np.asarray(context, dtype=np.int32)
         held = backend.tokens
         kept = common_prefix(held, context)
+        whole = getattr(backend, "rollback", "kv") != "kv"  # a recurrent state is used whole or not at all
+        if whole and kept < len(held):
+            kept = 0
         best, shared = None, kept
         for entry in self._entries:
             n = min(common_prefix(entry.tokens, context), len(context))
+            if whole and n < len(entry.tokens):
+                n = 0
             if n > shared:
                 best, shared = entry, n
         if best is not None and shared - kept < self.min_tokens:

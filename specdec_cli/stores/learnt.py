@@ -3,7 +3,7 @@ drafting costs, acceptance by match length.
 
 `specdec run` is one process per prompt. Without this, every run would start from nothing: a plain step to time
 v(1), probes, and a slow start in each match-length bucket before the long drafts of a repeated workload are trusted
-(on a 2-core CPU that warm-up costs more than a short reply's drafts save). A session saves each `AdaptiveK` it used
+(on a CPU that warm-up can cost more than a short reply's drafts save). A session saves each `AdaptiveK` it used
 when it closes (`Session.close`), and the next session with the same target, draft model, method, K limit and
 machine starts from it (`AdaptiveK.restore`). Within one session (chat turns, benchmarks) the controller is simply
 kept (`Assembler.make_controller`).

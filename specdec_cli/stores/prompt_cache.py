@@ -1,7 +1,7 @@
 """The prompt cache: KV states saved across runs, restored for the longest shared token prefix.
 
-Each `specdec run` is a new process, so a prompt that was evaluated before is evaluated again from scratch (~95 tok/s
-on 2 CPU cores: 19 s for 1,800 tokens). Like llama.cpp's `--prompt-cache FILE` (tools/main: load the session file,
+Each `specdec run` is a new process, so a prompt that was evaluated before is evaluated again from scratch (slow on a
+CPU for a long prompt). Like llama.cpp's `--prompt-cache FILE` (tools/main: load the session file,
 keep the matching token prefix, `llama_memory_seq_rm` the rest) and llama-cpp-python's `LlamaDiskCache`, this saves
 the KV state of sequence 0 after a prefill and, on a later prompt that shares a long enough token prefix with a saved
 one, restores it and truncates it to the shared prefix; the caller evaluates only the rest:
@@ -33,7 +33,9 @@ with a `PromptCacheWarning` and never loaded.
 
 Bounded: after each save, entries are evicted least recently used first (the header's mtime, touched on every
 restore) until the directory holds at most `max_bytes`. A new state that already is a prefix of a saved one is not
-written (the saved one is touched); saved states that are a prefix of the new one are replaced by it.
+written (the saved one is touched); saved states that are a prefix of the new one are replaced by it. A recurrent or
+hybrid model's state (`Backend.rollback` not "kv") cannot be cut, so for it only a state that is a whole prefix of the
+context is restored, and the engine saves the prompt's state after the prefill rather than the output's.
 
 Nothing here raises for a bad file, a full disk or a busy lock: it warns (`PromptCacheWarning`) and the generation
 goes on with a cold prefill.
@@ -94,6 +96,13 @@ class StatefulBackend(Protocol):
     def load_state(self, path: str | Path) -> int:
         """Replace the KV cache by the state in `path`; the tokens restored. Raises StateError (cache left empty)."""
         ...
+
+
+def _whole_only(backend: StatefulBackend) -> bool:
+    """A backend whose state cannot be cut at any position (`Backend.rollback` not "kv": a recurrent or hybrid
+    model): its saved states are restored only when they are a whole prefix of the context, never loaded then
+    trimmed, and a longer state does not stand in for its prefixes."""
+    return getattr(backend, "rollback", "kv") != "kv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +279,7 @@ class PromptCache:
             align: when a strict prefix of `tokens` is restored, cut it down to a multiple of `align` tokens. With
                 align = backend.n_batch, the rest is then evaluated in the same n_batch chunks as a cold prefill, so
                 the logits are bit-identical to a run without the cache (llama.cpp's numerics depend on how tokens
-                are batched: the rest as one odd-sized batch moves logits by up to ~0.6 on smollm2), at the cost of
+                are batched: the rest as one odd-sized batch moves logits enough to flip near-ties), at the cost of
                 up to align - 1 more tokens evaluated. None: restore the whole shared prefix (fastest; differences
                 are near-ties). A restore of all of `tokens` is never cut.
 
@@ -294,12 +303,20 @@ class PromptCache:
             digest = key_digest(key)
             with self._lock():
                 found = []
+                whole = _whole_only(backend)
                 for e in self._entries(digest, key):
                     shared = min(common_prefix(e.tokens, want), len(want))
+                    if whole:  # a recurrent state is used whole, never loaded then trimmed
+                        found.append((shared if shared == len(e.tokens) else 0, e))
+                        continue
                     found.append((shared if shared == len(want) else shared // align * align, e))
                 found.sort(key=lambda se: (-se[0], len(se[1].tokens)))  # longest shared prefix, then smallest state
+                held = backend.tokens
+                kept = common_prefix(held, want)
+                if whole and kept < len(held):
+                    kept = 0  # the held state cannot be cut to its shared part: sync would start again
                 for shared, entry in found:
-                    if shared < self.min_tokens or shared <= common_prefix(backend.tokens, want):
+                    if shared < self.min_tokens or shared <= kept:
                         break
                     if self._load(backend, entry, shared):
                         return shared
@@ -328,6 +345,9 @@ class PromptCache:
         if not np.array_equal(backend.tokens, entry.tokens):  # the state's own token list, as llama.cpp read it
             backend.truncate(0)
             return self._discard(entry, "the token list inside its state differs from its header's")
+        if shared < len(entry.tokens) and _whole_only(backend):  # never reached: `_restore` asks for whole states
+            backend.truncate(0)
+            return False
         try:
             backend.truncate(shared)
         except CacheTrimError:  # recurrent/hybrid models: only whole states can be used
@@ -351,15 +371,17 @@ class PromptCache:
             key = self.key(backend)
             digest = key_digest(key)
             files.private_dir(self.directory)
+            whole = _whole_only(backend)  # a recurrent state covers only itself, not its prefixes
             with self._lock():
                 self._remove_orphans()
                 entries = list(self._entries(digest, key))
                 for e in entries:
-                    if len(e.tokens) >= len(toks) and np.array_equal(e.tokens[: len(toks)], toks):
+                    if (len(e.tokens) == len(toks) if whole else len(e.tokens) >= len(toks)) \
+                            and np.array_equal(e.tokens[: len(toks)], toks):
                         os.utime(e.header)
                         return 0
                 header, written = self._write(backend, toks, key, digest)
-                for e in entries:  # states that are a prefix of the new one: it covers them
+                for e in entries if not whole else ():  # states that are a prefix of the new one: it covers them
                     if len(e.tokens) < len(toks) and np.array_equal(toks[: len(e.tokens)], e.tokens):
                         self._delete(e.header)
                 if not self._evict(keep=header):

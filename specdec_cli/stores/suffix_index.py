@@ -90,8 +90,8 @@ def suffix_array(tokens: np.ndarray, window: int = WINDOW) -> np.ndarray:
     """Positions of `tokens` (int32 [T]) sorted by the `window` tokens starting at each (prefix doubling).
 
     Tokens compare as uint32 (the separator -1 last); a suffix that ends early sorts before its extensions. Ties
-    beyond `window` tokens keep position order. Returns int32 [T]. O(T log T log window) with numpy sorts:
-    ~0.3 s for 300k tokens of repetitive text.
+    beyond `window` tokens keep position order. Returns int32 [T]. O(T log T log window) with numpy sorts,
+    so repetitive text (long equal prefixes) is not compared token by token.
     """
     n = len(tokens)
     if n == 0:
@@ -282,7 +282,7 @@ class Corpus:
 
         Returns (m, lo, hi): the match length and the range sa[lo:hi] of its occurrences (0, 0, 0 when not even
         the last token occurs so often). A binary search over m (a suffix of a pattern occurs at least as often as
-        the pattern), each probe a `bisect` of the suffix array (~20 comparisons, ~15 µs; the count is one more
+        the pattern), each probe a `bisect` of the suffix array (log2 T comparisons; the count is one more
         comparison, the occurrences being contiguous). `upper`, a known bound on m, saves probes: when the context
         grew by `a` tokens since a lookup that matched m' tokens (with the same `min_count`), m <= m' + a, and
         m = m' + a is probed first (it holds while the output keeps copying a stored document).
@@ -369,7 +369,7 @@ class Corpus:
         The next tokens of a node are sorted, so the children are runs. Up to `_EXACT` occurrences the runs are
         measured directly. Above, `_SAMPLES` evenly spaced occurrences are read: a run of fraction f gets
         f·S ± 1 samples, so the largest run is among those within 2 samples of the most sampled, and those few
-        candidates are measured exactly by bisection. Cost ~50 µs per step even when a node has 100k occurrences.
+        candidates are measured exactly by bisection, so a step's cost does not grow with a node's occurrences.
         """
         tokens, sa, n = self.tokens, self.sa, hi - lo
         last = len(tokens) - 1  # a separator; the clamp only matters for an unsorted (hand-made) suffix array

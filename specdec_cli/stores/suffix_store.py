@@ -286,8 +286,8 @@ class SuffixStore:
 
     def add(self, tokens: np.ndarray) -> None:
         """Add one document (int32 [n] token ids >= 0). Documents shorter than 2 tokens teach nothing and are
-        skipped; longer than `max_tokens`, cut to the first `max_tokens`. Searchable at once when loaded (merging
-        costs ~5 ms for 300 tokens into a 300k-token store); written by `save`. Raises ValueError on ids < 0."""
+        skipped; longer than `max_tokens`, cut to the first `max_tokens`. Searchable at once when loaded (merged
+        into the suffix array, not rebuilt); written by `save`. Raises ValueError on ids < 0."""
         self.extend([tokens])
 
     def extend(self, docs: Sequence[np.ndarray]) -> None:

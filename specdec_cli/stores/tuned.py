@@ -19,7 +19,7 @@ The file, `config_dir()/tuned.json` (mode 0o600, written atomically: temp file, 
 Keys:
     model id    "<file name>:<size in bytes>:<sha256 of the first and last MiB, 16 hex digits>". Hashing a whole
                 1 GB model would cost seconds on every `run`; the ends (GGUF header + tokenizer, last tensors) and
-                the size tell a re-quantised or replaced file from the one that was tuned in ~1 ms.
+                the size tell a re-quantised or replaced file from the one that was tuned at a glance.
     machine id  "<CPU model>|<threads>|<sha256 of llama.cpp's system info line, 12 hex digits>[|<placement>]": the
                 system info names the build's CPU features and backends, so a rebuilt llama-cpp-python gets tuned
                 afresh; on a build that can offload, the placement ("Vulkan0 llvmpipe (...), 29 layers offloaded",

@@ -24,6 +24,7 @@ from specdec_cli.errors import UsageError
 from specdec_cli.measure import sweep
 from specdec_cli.measure.bench import (
     JSON_VERSION, BenchOptions, BenchSummary, config_from_label, configs_for, json_doc, run, summarize,
+    without_unpaired_draft,
 )
 from specdec_cli.prompts import PromptCase
 
@@ -44,9 +45,14 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
         check_plot_path(options.plot_path)
     err = err_console()
     out = err if options.json_path == "-" or options.markdown else make_console()
+    options, note = without_unpaired_draft(options, models)
+    if note:
+        err.print(Text(note, style="spec.warn"))
     configs = configs_for(options.methods, options.peer, native=options.native if options.llama_cpp else False)
     bench = run(prompts, configs, models=models, options=options, reporter=RichReporter(err),
                 progress=lambda total: _progress(err, total))
+    for line in bench.notes:
+        err.print(Text(line, style="spec.warn"))
     doc = json_doc(bench, prompts, configs, models=models, options=options)
     summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
     doc["summary"] = [s.to_dict() for s in summaries]

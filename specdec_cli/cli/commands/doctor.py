@@ -183,11 +183,55 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
         "paths": {"config": str(config_dir()), "data": str(data_dir()), "cache": str(cache_dir())},
         "verify_curves": curves(),
         "serve_kv": serve_kv(),
+        "model": model_report(target) if target else None,
         "energy": energy_report(),
         "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR",
                                            "SPECDEC_GPU_LAYERS", "CUDA_VISIBLE_DEVICES")
                 if k in os.environ},
     }
+
+
+def model_report(target: str) -> dict[str, Any] | None:
+    """What `-t MODEL` is to specdec: {"model" (its file), "architecture", "kind" (transformer, hybrid, recurrent),
+    "rollback" (kv, snapshots, checkpoints, none), "n_rs_seq", "state_bytes", "snapshot_bytes" (per sequence),
+    "mtp_layers" (the GGUF's `nextn_predict_layers`; 0: no MTP block)}, from a small CPU load of it
+    (`llama.describe_model`); {"model", "error"} when it cannot be loaded; None when it cannot be found."""
+    from specdec_cli.models.gguf import check_gguf, nextn_layers
+    from specdec_cli.models.llama import describe_model
+
+    try:
+        path = _resolve(target)
+        info = check_gguf(path)
+    except Exception:  # noqa: BLE001 - a report never fails on a model it cannot find
+        return None
+    doc: dict[str, Any] = {"model": str(path), "architecture": info.architecture, "mtp_layers": nextn_layers(info)}
+    try:
+        return doc | describe_model(path)
+    except Exception as e:  # noqa: BLE001 (doctor reports what it can)
+        return doc | {"error": str(e)}
+
+
+def model_row(m: dict[str, Any]) -> str:
+    """The report's line about `-t MODEL`: its kind, how it rolls back and what that costs, its MTP block."""
+    if "error" in m:
+        return f"{m['model']}: {m['error']}"
+    kind = {"transformer": "a transformer (KV cache: rolls back to any position)",
+            "hybrid": "hybrid (attention and recurrent layers)", "recurrent": "recurrent"}[m["kind"]]
+    state = _size(m["state_bytes"])
+    how = {"kv": "",
+           "snapshots": f"; rolls back by {m['n_rs_seq']} recurrent-state snapshots per sequence "
+                        f"({_size(m['snapshot_bytes'])} per sequence: {m['n_rs_seq']} x {state}), so a draft "
+                        f"is at most {m['n_rs_seq']} tokens",
+           "checkpoints": f"; no snapshots in llama.cpp for {m['architecture']}: rolls back by a checkpoint of its "
+                         f"{state} state before each verify pass and a replay of the kept tokens",
+           "none": "; cannot roll back: plain decoding"}[m["rollback"]]
+    mtp = f"; MTP block: {m['mtp_layers']} layer(s)" if m["mtp_layers"] else "; no MTP block"
+    return f"{m['architecture']}: {kind}{how}{mtp} ({m['model']})"
+
+
+def _size(n: int) -> str:
+    """Bytes as KB, MB or GB (binary units), one decimal from MB up."""
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB"
 
 
 def serve_kv() -> dict[str, Any] | None:
@@ -277,6 +321,8 @@ def table(doc: dict[str, Any]) -> Table:
         ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),
     ]
     rows[4:4] = gpu_rows(doc["gpu"]) if "gpu" in doc else []
+    if doc.get("model"):
+        rows.append(("model (-t)", model_row(doc["model"])))
     kv = doc.get("serve_kv")
     if kv:
         rows.append(("serve's KV cache", f"{kv['lanes']} lanes x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} "

@@ -210,11 +210,26 @@ def lanes_line(kv: dict, method: str) -> str:
     size = f"{kv['bytes'] / 2**30:.1f} GB" if kv["bytes"] >= 2**30 else f"{kv['bytes'] / 2**20:.0f} MB"
     memory = f"; KV cache {size} ({kv['lanes']} x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} KB)" \
         if kv["bytes"] else ""
+    if kv.get("kind"):  # a recurrent or hybrid target: its state's snapshots, and how it rolls back
+        memory += f"; {recurrent_note(kv)}"
     if kv["lanes"] == 1:
         return f"lanes: 1 (one request at a time; --parallel N serves N at once){memory}."
     note = "; a draft model drafts for lane 0 only" if method == "draft" else ""
     return (f"lanes: {kv['lanes']} requests at once (--parallel), sharing each forward pass, interactive ones "
             f"first{memory}{note}.")
+
+
+def recurrent_note(kv: dict) -> str:
+    """How a recurrent or hybrid target rolls back and what its snapshots take per lane (`GenerationService.kv_memory`
+    of such a target)."""
+    snap = kv.get("snapshot_bytes", 0)
+    if kv["rollback"] == "snapshots":
+        size = f"{snap / 2**20:.1f} MB" if snap >= 2**20 else f"{snap / 2**10:.0f} KB"
+        return (f"a {kv['kind']} model: {kv['n_rs_seq']} recurrent-state snapshots per lane ({size} each lane), "
+                f"drafts of at most {kv['n_rs_seq']} tokens")
+    if kv["rollback"] == "checkpoints":
+        return f"a {kv['kind']} model: rolled back by checkpoint and replay (no snapshots for this architecture)"
+    return f"a {kv['kind']} model that cannot roll back: plain decoding"
 
 
 def startup_line(model_id: str, method: str, url: str, defaults, *, n_ctx: int, api_key: bool) -> str:
