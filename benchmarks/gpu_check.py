@@ -523,14 +523,14 @@ def vk_outputs(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     t = a.budget
     common = ["-t", str(model), "--raw", "-n", str(a.tokens)]
     out: dict[str, dict] = {}
-    for name, extra in (("run --method none", ["--method", "none", "--no-prompt-cache"]),
+    for name, extra in (("run --method none", ["--method", "none", "--no-prompt-cache", "--logprobs", "2"]),
                         ("run (auto)", ["--no-prompt-cache"])):
         doc = work / f"{tag}-{model.stem}-{name.split()[-1].strip('()')}.json"
         rc, s, _ = _vk_run(py, ["run", a.edit, *common, *extra, "--json", str(doc)], env, log, t)
         d = _json(doc)
         st = d.get("stats") or {}
         out[name] = {"rc": rc, "s": s, "text": d.get("text"), "tok_s": st.get("tokens_per_s"),
-                     "passes": st.get("n_target_passes")}
+                     "passes": st.get("n_target_passes"), "tokens": d.get("tokens"), "logprobs": d.get("logprobs")}
     doc = work / f"{tag}-{model.stem}-check.json"
     rc, s, _ = _vk_run(py, ["check", a.edit, "-t", str(model), "--raw", "-n", str(a.tokens), "--json", str(doc)],
                        env, log, t)
@@ -560,6 +560,25 @@ def vk_outputs(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     except RuntimeError as e:
         out[VK_COMMANDS[-1]] = {"rc": 1, "s": None, "text": None, "error": str(e)}
     return out
+
+
+def cross_divergence(cpu: dict, vk: dict) -> str:
+    """Where the device's plain greedy output first leaves the CPU build's, judged in the CPU build's numerics: its
+    logprob of its own token minus its logprob of the device's token there (top-2 logprobs of its run), against the
+    near-tie threshold `specdec check` uses (1.0)."""
+    a, b = cpu.get("tokens") or [], vk.get("tokens") or []
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        return "identical" if len(a) == len(b) else f"one is a prefix of the other ({len(a)} vs {len(b)} tokens)"
+    lps = cpu.get("logprobs") or []
+    if i >= len(lps):
+        return f"first differs at token {i} (no logprobs there)"
+    top = {t["token"]: t["logprob"] for t in lps[i]["top_logprobs"]}
+    if b[i] not in top:
+        return f"first differs at token {i}: the device's token is not in the CPU build's top 2 (a DIVERGENCE)"
+    margin = lps[i]["logprob"] - top[b[i]]
+    return (f"first differs at token {i} of {len(a)}: margin {margin:.3f} logits in the CPU build's numerics, "
+            f"{'a numerical near-tie' if margin < 1.0 else 'a DIVERGENCE'}")
 
 
 def vulkan(a: argparse.Namespace) -> int:
@@ -618,6 +637,8 @@ def vulkan(a: argparse.Namespace) -> int:
                             f"to the CPU build's: {what}{extra}", v.get("s"), ok=ok))
             results.append({"model": model.name, "command": name, "equal": equal, "cpu_rc": c.get("rc"),
                             "vk_rc": v.get("rc"), "vk": {k: x for k, x in v.items() if k != "text"}})
+        cmp_cpu, cmp_vk = cpu.get("run --method none", {}), vk.get("run --method none", {})
+        rows.append(Row(f"{model.name}: plain greedy, CPU build vs device", cross_divergence(cmp_cpu, cmp_vk)))
         chk = vk.get("check", {})
         rows.append(Row(f"{model.name}: check on the device", f"exit {chk.get('rc')} (0: every divergence from "
                         f"one-token decoding a near-tie); {chk.get('verdict') or ''}", chk.get("s"),
