@@ -481,10 +481,187 @@ def render(rows: list[Row], total: float) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# the Vulkan mode: a real GPU backend on any machine (Mesa's lavapipe runs Vulkan on the CPU)
+
+
+VK_COMMANDS = ("run --method none", "run (auto)", "check", "chat (3 turns)", "prompt cache (2nd run restores)",
+               f"serve --parallel 2 (2 at once)")
+CHAT_TURNS = ["Write a Python function that checks whether a string is a palindrome.",
+              "Now make it ignore case and spaces.", "Add a docstring to it."]
+
+
+def _vk_run(py: str, args: list[str], env: dict, log: Path, timeout: float, stdin: str | None = None
+            ) -> tuple[int, float, str]:
+    """`python -m specdec_cli ARGS` with `stdin`; (exit code, seconds, stdout); stderr goes to `log`."""
+    t0 = time.monotonic()
+    with open(log, "a") as f:
+        f.write(f"\n$ [{Path(py).parent.parent.name}] specdec {' '.join(args)}\n")
+        f.flush()
+        try:
+            p = subprocess.run([py, "-m", "specdec_cli", *args], input=stdin or "", stdout=subprocess.PIPE,
+                               stderr=f, text=True, env=env, cwd=ROOT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return 124, time.monotonic() - t0, ""
+    return p.returncode, time.monotonic() - t0, p.stdout
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def vk_outputs(py: str, model: Path, a: argparse.Namespace, env: dict, work: Path, log: Path) -> dict:
+    """Every greedy command of the Vulkan check with one build (`py`), on `model`: {command: {"rc", "s", "text",
+    "tok_s", ...}}. A fresh SPECDEC_HOME per build and model, so nothing learnt on one build reaches the other."""
+    tag = Path(py).parent.parent.name
+    home = work / f"home-{tag}-{model.stem}"
+    shutil.rmtree(home, ignore_errors=True)
+    env = dict(env, SPECDEC_HOME=str(home))
+    t = a.budget
+    common = ["-t", str(model), "--raw", "-n", str(a.tokens)]
+    out: dict[str, dict] = {}
+    for name, extra in (("run --method none", ["--method", "none", "--no-prompt-cache", "--logprobs", "2"]),
+                        ("run (auto)", ["--no-prompt-cache"])):
+        doc = work / f"{tag}-{model.stem}-{name.split()[-1].strip('()')}.json"
+        rc, s, _ = _vk_run(py, ["run", a.edit, *common, *extra, "--json", str(doc)], env, log, t)
+        d = _json(doc)
+        st = d.get("stats") or {}
+        out[name] = {"rc": rc, "s": s, "text": d.get("text"), "tok_s": st.get("tokens_per_s"),
+                     "passes": st.get("n_target_passes"), "tokens": d.get("tokens"), "logprobs": d.get("logprobs")}
+    doc = work / f"{tag}-{model.stem}-check.json"
+    rc, s, _ = _vk_run(py, ["check", a.edit, "-t", str(model), "--raw", "-n", str(a.tokens), "--json", str(doc)],
+                       env, log, t)
+    d = _json(doc)
+    c = d.get("check") or {}
+    out["check"] = {"rc": rc, "s": s, "text": d.get("text"),
+                    "verdict": f"{c.get('n_checked')} positions checked, {c.get('n_flagged')} flagged" if c else ""}
+    saved = work / f"{tag}-{model.stem}-chat.json"
+    script = "\n".join([*CHAT_TURNS, f"/save {saved}", "/quit"]) + "\n"
+    rc, s, _ = _vk_run(py, ["chat", "-t", str(model), "-n", str(a.tokens)], env, log, t, stdin=script)
+    d = _json(saved)
+    turns = [m.get("content") for m in (d.get("messages") or []) if m.get("role") == "assistant"]
+    out["chat (3 turns)"] = {"rc": rc, "s": s, "text": turns or None}
+    texts, restored = [], []
+    for i in range(2):  # the prompt cache: the first run saves the KV state from the device, the second restores it
+        doc = work / f"{tag}-{model.stem}-cache{i}.json"
+        rc, s, _ = _vk_run(py, ["run", a.edit, *common, "--method", "none", "--json", str(doc)], env, log, t)
+        d = _json(doc)
+        texts.append(d.get("text"))
+        restored.append((d.get("stats") or {}).get("n_restored") or 0)
+    out["prompt cache (2nd run restores)"] = {"rc": rc, "s": s, "text": texts[1], "same_as_first": texts[0] == texts[1],
+                                              "restored": restored[1]}
+    try:
+        cell = serve_cell(py, model, "auto", True, [CHAT_TURNS[0], CHAT_TURNS[1]],
+                          argparse.Namespace(parallel=2, serve_tokens=a.tokens), env, home / "serve", log, t)
+        out[VK_COMMANDS[-1]] = {"rc": 0, "s": cell["wall_s"], "text": cell["texts"]}
+    except RuntimeError as e:
+        out[VK_COMMANDS[-1]] = {"rc": 1, "s": None, "text": None, "error": str(e)}
+    return out
+
+
+def cross_divergence(cpu: dict, vk: dict) -> str:
+    """Where the device's plain greedy output first leaves the CPU build's, judged in the CPU build's numerics: its
+    logprob of its own token minus its logprob of the device's token there (top-2 logprobs of its run), against the
+    near-tie threshold `specdec check` uses (1.0)."""
+    a, b = cpu.get("tokens") or [], vk.get("tokens") or []
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        return "identical" if len(a) == len(b) else f"one is a prefix of the other ({len(a)} vs {len(b)} tokens)"
+    lps = cpu.get("logprobs") or []
+    if i >= len(lps):
+        return f"first differs at token {i} (no logprobs there)"
+    top = {t["token"]: t["logprob"] for t in lps[i]["top_logprobs"]}
+    if b[i] not in top:
+        return f"first differs at token {i}: the device's token is not in the CPU build's top 2 (a DIVERGENCE)"
+    margin = lps[i]["logprob"] - top[b[i]]
+    return (f"first differs at token {i} of {len(a)}: margin {margin:.3f} logits in the CPU build's numerics, "
+            f"{'a numerical near-tie' if margin < 1.0 else 'a DIVERGENCE'}")
+
+
+def vulkan(a: argparse.Namespace) -> int:
+    """The Vulkan check: `--vk-python` (a Python whose llama-cpp-python was built with -DGGML_VULKAN=on) against this
+    Python's build (the CPU's), every layer on the Vulkan device, the same greedy commands on the same models; a row
+    per command: exit codes, whether the device's output equals the CPU build's (and where it does not, whether
+    `specdec check` on the device calls every divergence a near-tie), and the device's tok/s, which on Mesa's lavapipe
+    is a CPU's speed, not a GPU's. Writes vulkan_check.txt/.json under --work (and $OUT). Exit 0 when every command
+    exited 0 on both builds."""
+    t_start = time.monotonic()
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "vulkan_check.log"
+    log.write_text("")
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env["SPECDEC_VERIFY_CURVE"] = "off"  # outputs are compared here, not speed: no curve measured on either build
+    cpu_env = dict(env, SPECDEC_GPU_LAYERS="0")
+    # ggml-vulkan skips a device of type CPU (Mesa's lavapipe) unless it is named
+    vk_env = dict(env, SPECDEC_GPU_LAYERS="-1", GGML_VK_VISIBLE_DEVICES=os.environ.get("GGML_VK_VISIBLE_DEVICES", "0"))
+    rows: list[Row] = []
+    rc, s, out = _vk_run(a.vk_python, ["doctor", "--json", "-"], vk_env, log, a.budget)
+    try:
+        g = json.loads(out).get("gpu", {})
+        devs = ", ".join(f"{d['name']} {d['free_mib']:,}/{d['total_mib']:,} MiB" for d in g.get("devices") or [])
+        rows.append(Row("device", f"backend {g.get('backend') or 'none'}; devices {devs or 'n/a'}", s, ok=rc == 0
+                        and bool(g.get("backend"))))
+    except ValueError:
+        rows.append(Row("device", f"specdec doctor exited {rc} with no report (see vulkan_check.log)", s, ok=False))
+    models = [Path(m) for m in a.models] if a.models else [m for m in (real_model(),) if m is not None]
+    results: list[dict] = []
+    for model in models:
+        rc, s, out = _vk_run(a.vk_python, ["doctor", "-t", str(model), "--json", "-"], vk_env, log, a.budget)
+        try:
+            g = json.loads(out).get("gpu", {})
+            rows.append(Row(f"{model.name}: layers", f"{g.get('layers')} on the device ({g.get('why') or 'n/a'})", s,
+                            ok=rc == 0))
+        except ValueError:
+            rows.append(Row(f"{model.name}: layers", f"doctor -t exited {rc} with no report", s, ok=False))
+        cpu = vk_outputs(sys.executable, model, a, cpu_env, work, log)
+        vk = vk_outputs(a.vk_python, model, a, vk_env, work, log)
+        for name in VK_COMMANDS:
+            c, v = cpu.get(name, {}), vk.get(name, {})
+            ok = c.get("rc") == 0 and v.get("rc") == 0
+            equal = c.get("text") is not None and c.get("text") == v.get("text")
+            what = "yes" if equal else ("n/a" if not ok else "no")
+            extra = ""
+            if name.startswith("prompt cache"):
+                extra = f"; restored {v.get('restored')} tokens on the device, same as its first run: " \
+                        f"{v.get('same_as_first')}"
+            if v.get("tok_s"):
+                extra += f"; {v['tok_s']:.1f} tok/s on lavapipe (a CPU's speed), {c.get('tok_s') or 0:.1f} CPU build"
+            if v.get("error"):
+                extra += f"; {v['error']}"
+            rows.append(Row(f"{model.name}: {name}", f"exit {c.get('rc')}/{v.get('rc')} (CPU/Vulkan); output equal "
+                            f"to the CPU build's: {what}{extra}", v.get("s"), ok=ok))
+            results.append({"model": model.name, "command": name, "equal": equal, "cpu_rc": c.get("rc"),
+                            "vk_rc": v.get("rc"), "vk": {k: x for k, x in v.items() if k != "text"}})
+        cmp_cpu, cmp_vk = cpu.get("run --method none", {}), vk.get("run --method none", {})
+        rows.append(Row(f"{model.name}: plain greedy, CPU build vs device", cross_divergence(cmp_cpu, cmp_vk)))
+        chk = vk.get("check", {})
+        rows.append(Row(f"{model.name}: check on the device", f"exit {chk.get('rc')} (0: every divergence from "
+                        f"one-token decoding a near-tie); {chk.get('verdict') or ''}", chk.get("s"),
+                        ok=chk.get("rc") == 0))
+    table = render(rows, time.monotonic() - t_start).replace("gpu_check (", "vulkan check (", 1)
+    print(table)
+    out_dir = os.environ.get("OUT")
+    for d in (work, Path(out_dir) if out_dir else None):
+        if d is not None:
+            (d / "vulkan_check.txt").write_text(table + "\n")
+            (d / "vulkan_check.json").write_text(json.dumps({"rows": [r.__dict__ for r in rows],
+                                                             "commands": results}, indent=1))
+    return 0 if all(r.ok for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd")
     sub.add_parser("prepare", help="download and trim the sdist and the wheels into .cache/gpu_check (network)")
+    vk = sub.add_parser("vulkan", help="the same greedy commands on a Vulkan build and this Python's, compared")
+    vk.add_argument("--vk-python", required=True, help="a Python whose llama-cpp-python is a Vulkan build")
+    vk.add_argument("--model", dest="models", action="append",
+                    help="a GGUF to run (repeatable; default: the catalog's smollm2-135m from the model cache)")
     ap.add_argument("--no-build", action="store_true", help="use the llama-cpp-python installed (a CPU run)")
     ap.add_argument("--arch", help="CMAKE_CUDA_ARCHITECTURES (default: the card's compute capability)")
     ap.add_argument("--shape", default="qwen2.5-coder-1.5b", help="the random model's shape (random_gguf.SHAPES)")
@@ -499,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "prepare":
         return prepare()
+    if a.cmd == "vulkan":
+        return vulkan(a)
     return check(a)
 
 
