@@ -6,6 +6,9 @@ print one table. It also runs on a CPU (`--no-build`: the llama-cpp-python alrea
     python benchmarks/gpu_check.py prepare          # here, with network: .cache/gpu_check/ (~6 MiB + wheels)
     python benchmarks/gpu_check.py                  # on the GPU machine (8 minutes): build, model, commands, table
     python benchmarks/gpu_check.py --no-build --shape tiny --tokens 48   # on a CPU, in a minute
+    python benchmarks/gpu_check.py --tokens 16 --edit FILE vulkan --vk-python VENV/bin/python
+        # a Vulkan build (specdec_cli/llama_build/install.py --backend vulkan in VENV) against this Python's:
+        # the same greedy commands on both, outputs compared (docs/gpu.md, 'Vulkan')
 
 `prepare` downloads the pinned sdist (llama-cpp-python==0.3.36) with pip and trims it to what the library build
 needs (no models, docs, tests, examples, tools, other backends, git objects: 77 MB -> ~5 MB), and downloads the
