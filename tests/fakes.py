@@ -505,3 +505,16 @@ def fake_sdist(folder: Path, version: str) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return out
+
+
+def noisy(fn, flip_every=3):
+    """A draft model over `fn` that proposes the target's second choice at some prefixes (a fixed pattern of them),
+    so drafts are partly rejected; elsewhere it agrees with `fn`."""
+
+    def draft_fn(prefix):
+        logits = np.array(fn(prefix))
+        if (sum(prefix) * 7 + len(prefix)) % flip_every == 0:
+            logits[int(np.argmax(logits))] -= 100.0
+        return logits
+
+    return draft_fn

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fakes import wants_draft, EOS, V, FakeBackend, greedy_reference, hashed_logits
+from fakes import EOS, FakeBackend, V, greedy_reference, hashed_logits, noisy, wants_draft
 from specdec_cli.core import sampling
 from specdec_cli.__main__ import main
 from specdec_cli.measure.audit import (
@@ -52,18 +52,6 @@ def check_engine(engine, prompt, config, threshold=NEAR_TIE_THRESHOLD):
     report = audit_output(engine.target, prompt, result.tokens, ended_with_eog=result.stats.finish_reason == "eog",
                           threshold=threshold)
     return result, report
-
-
-def noisy(fn, flip_every=3):
-    """A draft model that proposes the target's second choice at some prefixes (so drafts get rejected)."""
-
-    def draft_fn(prefix):
-        logits = np.array(fn(prefix))
-        if (sum(prefix) * 7 + len(prefix)) % flip_every == 0:
-            logits[int(np.argmax(logits))] -= 100.0
-        return logits
-
-    return draft_fn
 
 
 def engine(target=None, k=4, fn=hashed_logits):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fakes import FakeBackend, greedy_reference, hashed_logits
+from fakes import FakeBackend, greedy_reference, hashed_logits, noisy
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
@@ -19,18 +19,6 @@ from specdec_cli.models.backend import sync
 from specdec_cli.stores.prompt_cache import PromptCache
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
-
-
-def noisy(fn, flip_every=3):
-    """A draft model that agrees with `fn` except at some prefixes, so drafts are partly rejected."""
-
-    def draft_fn(prefix):
-        logits = np.array(fn(prefix))
-        if (sum(prefix) * 7 + len(prefix)) % flip_every == 0:
-            logits[int(np.argmax(logits))] -= 100.0
-        return logits
-
-    return draft_fn
 
 
 def generate(engine, prompt=PROMPT, max_tokens=40):
