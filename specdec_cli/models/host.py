@@ -339,30 +339,27 @@ def _failed() -> dict[str, list[str]]:
 
 def _remember_failed(key: str, message: str, hint: str) -> None:
     """Best effort, like `_remember_probed`: the next run raises the same error without a trial load."""
-    from specdec_cli.config import cache_dir
-    from specdec_cli import files
-
     known = _failed()
     known.pop(_failed_key(key), None)
     kept = dict(list(known.items())[-(_PROBED_MAX - 1):]) | {_failed_key(key): [message, hint]}
-    path = cache_dir() / _FAILED_FILE
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(path, json.dumps(kept, indent=0), private=False)
-    except OSError:
-        pass
+    _write_cache_file(_FAILED_FILE, kept)
 
 
 def _remember_probed(key: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
+    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
+    _write_cache_file(_PROBED_FILE, keys)
+
+
+def _write_cache_file(name: str, doc: object) -> None:
+    """Write `doc` as JSON to `name` in the cache directory, atomically; a read-only or full cache is ignored."""
     from specdec_cli.config import cache_dir
     from specdec_cli import files
 
-    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
-    path = cache_dir() / _PROBED_FILE
+    path = cache_dir() / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(path, json.dumps(keys, indent=0), private=False)
+        files.write_atomic(path, json.dumps(doc, indent=0), private=False)
     except OSError:
         pass
 
