@@ -1072,9 +1072,10 @@ def _probe_device(path: str, layers: int) -> int:
     from specdec_cli.models.host import PROBE_REFUSED
 
     try:
-        backend = LlamaBackend(path, n_ctx=512, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None)
-        try:
-            toks = [int(t) for t in backend.tokenize("def f(x):\n    return x + 1\n" * 12, add_special=True)][:160]
+        backend = LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None)
+        try:  # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
+            text = "def f(x):\n    return x + 1\n" * 64
+            toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
             backend.decode(toks, n_logits=1)
             for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
                 backend.decode(toks[-rows:], n_logits=rows)
