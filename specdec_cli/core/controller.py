@@ -207,7 +207,9 @@ class AdaptiveK(KController):
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
-        self._since = 0  # steps since the last probe / exploration
+        # steps since the last probe / exploration: the first probe comes at once, so that a drafter's free lookup
+        # drafts with evidence are found on the reply's second step, not `probe_every` plain steps later
+        self._since = self.probe_every - 1
         self._interval = self.probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
         self._reply_started = False  # a step was taken since the last prefill (the first one after it is plain)
@@ -277,6 +279,8 @@ class AdaptiveK(KController):
         elif has_model:
             return k, None  # next_k was the model's K
         if lookup is None:
+            if not has_model and not self.evidence:
+                self._since = self._interval - 1  # a lookup drafter's probe that found nothing cost nothing: again
             # nothing found: after an ask for everything, a plain step (K = 0); else the ask stands, drafted empty
             return (0 if self.asked_all else k), None
         if k_lookup == 0:
