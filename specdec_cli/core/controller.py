@@ -234,8 +234,9 @@ class AdaptiveK(KController):
 
     def _model_k(self) -> int:
         """The best K for a drafter without evidence (a draft model) under the pooled estimates. At K* = 0 a probe
-        (K = 3) every `probe_every` steps while perfect drafts could still pay, in bursts while probes pay and
-        backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
+        (K = 3) every `probe_every` steps while perfect drafts could still pay, the first at once (and, for a drafter
+        without a model whose lookups found nothing yet, again the next step: `choose`), in bursts while probes pay
+        and backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
         to refresh v(1) when it is 8 x `probe_every` steps old."""
         rates = self.model.rates()[: self.k_max + 1]
         best = best_k(rates, self.margin)
