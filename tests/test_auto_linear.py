@@ -11,6 +11,8 @@ configurations (a fresh controller per run, the same prompt lookup drafter, toke
 from __future__ import annotations
 
 import itertools
+import re
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -87,10 +89,36 @@ def free_text(seed: int):
     return [int(t) for t in rng.integers(2, 58, 250)], lambda prefix: hashed_logits(prefix, VOCAB, seed)
 
 
+def word_edit():
+    """The packaged bisect_rename prompt (a parameter to rename in four functions) and the reply the host's target
+    wrote (the parameter renamed everywhere, docstrings included), in word tokens (words, runs of spaces, newlines,
+    punctuation): the renamed word recurs every few tokens. Returns (prompt, the target's logits function, vocab)."""
+    text = resources.files("specdec_cli.prompts").joinpath("edit/bisect_rename.txt").read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    reply = "```python\n" + re.sub(r"\ba\b", "items", code) + "```"
+
+    def words(s: str) -> list[str]:
+        return re.findall(r"\w+|[^\w\S\n]+|\n|[^\w\s]", s)
+
+    prompt_words, reply_words = words(f"user\n{text}\nassistant\n"), words(reply)
+    ids = {w: i + 2 for i, w in enumerate(sorted(set(prompt_words) | set(reply_words)))}
+    prompt, out = [ids[w] for w in prompt_words], [ids[w] for w in reply_words]
+    vocab = len(ids) + 2
+
+    def fn(prefix):
+        logits = np.zeros(vocab, np.float32)
+        i = len(prefix) - len(prompt)
+        logits[out[i] if 0 <= i < len(out) else 1] = 5.0
+        return logits
+
+    return prompt, fn, vocab
+
+
 def run(case, controller: KController | None, n: int = OUT, curve: VerifyCurve = CURVE) -> tuple[float, list[Step]]:
-    """Tokens per virtual second of the decode loop, and the steps; None = plain decoding. `curve`: `CURVE` (its
-    passes cost `linear(b)`) or `HOST` (its passes cost v(b) at the depth of the fake's context)."""
-    prompt, fn = case
+    """Tokens per virtual second of the decode loop, and the steps; None = plain decoding. `case`: (prompt, logits
+    function[, vocab]). `curve`: `CURVE` (its passes cost `linear(b)`) or `HOST` (its passes cost v(b) at the depth
+    of the fake's context)."""
+    prompt, fn, *vocab = case
     clock = Clock()
 
     def cost(b: int) -> float:
@@ -98,7 +126,7 @@ def run(case, controller: KController | None, n: int = OUT, curve: VerifyCurve =
             return linear(b)
         return HOST.at(b) + HOST_ROW_MS * b * max(len(target.tokens) - b - HOST.context, 0) / 1000.0
 
-    target = FakeBackend(fn, n_ctx=2048, n_batch=128, vocab=VOCAB, clock=clock, cost=cost)
+    target = FakeBackend(fn, n_ctx=4096, n_batch=128, vocab=vocab[0] if vocab else VOCAB, clock=clock, cost=cost)
     drafter = AutoDrafter(SuffixDrafter(None)) if controller is not None else None
     engine = SpeculativeEngine(target, drafter, controller, clock=clock, curve=curve)
     steps = [r for r in engine.generate(np.asarray(prompt, np.int32), GenerationConfig(max_tokens=n))
@@ -149,6 +177,12 @@ def test_a_fresh_controller_on_the_hosts_curve_consults_its_lookups_from_the_sec
         assert steps[0].k == 0 and any(s.match_len > 0 for s in steps[1:3]), [(s.k, s.match_len) for s in steps[:4]]
 
 
+def test_auto_on_the_hosts_edit_at_tunes_length_is_as_fast_as_every_fixed_k():
+    # the tune's edit on the host's curve, as long as the tune's runs: auto at least as fast as the best fixed K
+    x, _ = speedups([word_edit()], TUNE_OUT, HOST)
+    assert x["auto"] >= max(x[str(k)] for k in FIXED_K), x
+
+
 @pytest.mark.parametrize("name", EDITS)
 def test_auto_drafts_deep_only_behind_evidence_of_a_long_run(name):
     # a draft of more than 8 tokens only where the lookup's match or the reply's run since its last rejected draft
@@ -167,7 +201,8 @@ def test_auto_drafts_deep_only_behind_evidence_of_a_long_run(name):
 
 
 if __name__ == "__main__":  # the table: speedup over plain decoding by configuration, virtual time
-    cases = {**{name: [edit(seed, **kw) for seed in SEEDS] for name, kw in EDITS.items()}, "free text": [free_text(1)]}
+    cases = {**{name: [edit(seed, **kw) for seed in SEEDS] for name, kw in EDITS.items()}, "free text": [free_text(1)],
+             "bisect_rename": [word_edit()]}
     for (name, case), (n, curve) in itertools.product(cases.items(), ((OUT, CURVE), (TUNE_OUT, HOST))):
         x, steps = speedups(case, n, curve)
         name = f"{name}, {'host' if curve is HOST else 'linear'} {n}"
