@@ -267,9 +267,10 @@ class AdaptiveK(KController):
         acceptance and measured cost per token. docs/design.md, "Choosing the source"."""
         lookup, k_lookup, rate_lookup = None, 0, 0.0
         if drafts:
-            lookup = max(drafts, key=self._value)
+            lookup = max(drafts, key=self._value) if len(drafts) > 1 else drafts[0]
             k_lookup = self.trim(lookup)  # the chosen lookup draft's K, with its bookkeeping (probes, windows)
-            rate_lookup = self._value(cut(lookup, k_lookup)) if k_lookup else 0.0
+            if has_model and k_lookup:  # what the draft model must beat
+                rate_lookup = self._value(cut(lookup, k_lookup))
         if has_model and (self.asked_all or lookup is not None):
             k_model = min(self._model_k(), k) if self.asked_all else k  # without an ask-all, next_k was _model_k
             rates = self.model.rates()
