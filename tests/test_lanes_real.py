@@ -6,18 +6,16 @@ output alone up to numerical near-ties. Where they part, the two tokens' logits 
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 from specdec_cli.core.controller import FixedK
-from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.models.llama import LlamaBackend
 from specdec_cli.core.verify_curve import VerifyCurve
-from specdec_cli.server.lanes import PassScheduler, Priority
+from specdec_cli.server.lanes import Priority, Scheduler
 
 pytestmark = pytest.mark.real
 
@@ -36,6 +34,21 @@ def _out(records):
     return [t for r in records if isinstance(r, Step) for t in r.emitted]
 
 
+def _program(engine, prompt, config, got):
+    """The engine's steps as a scheduler program: rows out, emitted tokens into `got`."""
+    steps, answer = engine.steps(prompt, config), None
+    while True:
+        try:
+            item = steps.send(answer)
+        except StopIteration:
+            return
+        answer = None
+        if isinstance(item, Rows):
+            answer = yield item
+        elif isinstance(item, Step):
+            got += item.emitted
+
+
 @pytest.mark.parametrize("unified", [False, True], ids=["stream-per-lane", "unified"])
 def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path, unified):
     alone_backend = LlamaBackend(smollm2_path, n_ctx=512)
@@ -47,25 +60,14 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
             p, GenerationConfig(max_tokens=32))))
     shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3, kv_unified=unified)
     # a flat curve (a GPU's): long requests share the passes with KV streams too (on a CPU's they run one at a time)
-    sched = PassScheduler(shared_backend, 3, curve=VerifyCurve(ms=tuple(50.0 for _ in range(65))))
+    sched = Scheduler(shared_backend, 3, curve=VerifyCurve(ms=tuple(50.0 for _ in range(65))))
     out: dict[int, list[int]] = {}
-    barrier = threading.Barrier(3)
-
-    def go(i):
-        lane = sched.lanes[i]
-        barrier.wait()
-        sched.enter(lane, Priority(seq=i))
-        try:
-            engine = SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4))
-            out[i] = _out(engine.generate(prompts[i], GenerationConfig(max_tokens=32)))
-        finally:
-            sched.leave(lane)
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    for i, slot in enumerate(sched.slots):
+        engine = SpeculativeEngine(slot, NgramDrafter(1, 3), FixedK(4))
+        out[i] = []
+        sched.start(slot, _program(engine, prompts[i], GenerationConfig(max_tokens=32), out[i]), Priority(seq=i))
+    while sched.busy:
+        sched.step()
     assert max(len(p) for p in sched.log) >= 2, "no pass was shared"
     for i in range(3):
         a, b = out[i], alone[i]
