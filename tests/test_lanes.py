@@ -25,7 +25,14 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [10, 11, 12, 10, 11, 12, 10], [3, 4, 
 def _engines(backend: FakeBackend, n: int, k: int = 4) -> tuple[Scheduler, list[SpeculativeEngine]]:
     """A scheduler of n slots over `backend`; an engine per slot."""
     sched = Scheduler(backend, n)
-    return sched, [SpeculativeEngine(slot, NgramDrafter(1, 3), FixedK(k)) for slot in sched.slots]
+    return sched, [_engine(slot, k) for slot in sched.slots]
+
+
+def _engine(slot, k: int = 4) -> SpeculativeEngine:
+    """An engine over `slot`'s sequence, its passes priced by the scheduler (`SpeculativeEngine.passes`)."""
+    engine = SpeculativeEngine(slot.backend, NgramDrafter(1, 3), FixedK(k))
+    engine.passes = slot
+    return engine
 
 
 def _program(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig, got: list[int],
@@ -113,8 +120,9 @@ def test_a_cancelled_sequence_leaves_the_others_kv_intact():
     assert any(len(p) > 1 for p in backend.passes)  # they shared passes before B stopped
     slot_b = sched.slots[1]
     committed = list(PROMPTS[1]) + got
-    assert list(slot_b.tokens) == committed[: len(slot_b.tokens)]  # only committed tokens left, none of A's
-    assert len(slot_b.tokens) >= len(committed) - 1
+    held = list(slot_b.backend.tokens)
+    assert held == committed[: len(held)]  # only committed tokens left, none of A's
+    assert len(held) >= len(committed) - 1
 
 
 def _fake_subs(sched: Scheduler, spec: list[tuple[int, int, int, Priority]]) -> list[_Sub]:
@@ -155,7 +163,7 @@ def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) ->
     backend.kv_streams = kv_streams
     sched = Scheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
     assert sched.split is kv_streams
-    engines = [SpeculativeEngine(slot, NgramDrafter(1, 3), FixedK(4)) for slot in sched.slots]
+    engines = [_engine(slot) for slot in sched.slots]
     long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, n_prompt)]
     sched.note(Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
     editor = (1, engines[1], PROMPTS[3], GenerationConfig(max_tokens=editor_tokens), Priority(INTERACTIVE, seq=2))
@@ -208,7 +216,7 @@ def test_an_editor_request_alone_reads_its_prompt_in_whole_batches():
     sched = Scheduler(backend, 2)
     sched.note(Priority(INTERACTIVE, editor=True))  # an editor is in use
     sched._ms_per_row = 20.0  # timed: 1-s pieces would be 50 rows
-    engine = SpeculativeEngine(sched.slots[1], NgramDrafter(1, 3), FixedK(4))
+    engine = _engine(sched.slots[1])
     prompt = [int(x) for x in np.random.default_rng(3).integers(2, 30, 1100)]
     out = _run(sched, [(1, engine, prompt, GenerationConfig(max_tokens=4), Priority(INTERACTIVE, seq=2, editor=True))])
     assert out[1] == greedy_reference(hashed_logits, prompt, 4)
@@ -289,7 +297,7 @@ def _long_beside_editor(interruptible: bool = False):
     backend.interruptible = interruptible
     sched = Scheduler(backend, 2)
     sched.note(Priority(INTERACTIVE, editor=True))
-    engines = [SpeculativeEngine(slot, NgramDrafter(1, 3), FixedK(4)) for slot in sched.slots]
+    engines = [_engine(slot) for slot in sched.slots]
     long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
     return backend, sched, engines, long_prompt, (0, engines[0], long_prompt, GenerationConfig(max_tokens=4),
                                                   Priority(BATCH, seq=1))
@@ -449,7 +457,7 @@ def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 5.0 * b)
     sched = Scheduler(backend, 2, clock=clock, piece_s=0.5, quiet_s=60.0)
-    engine = SpeculativeEngine(sched.slots[0], NgramDrafter(1, 3), FixedK(4))
+    engine = _engine(sched.slots[0])
     long_prompt = [int(x) for x in np.random.default_rng(1).integers(2, 30, 1200)]
     job = [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH))]
     sched.note(Priority(INTERACTIVE))  # a short chat: not an editor's

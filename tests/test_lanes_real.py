@@ -63,7 +63,8 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
     sched = Scheduler(shared_backend, 3, curve=VerifyCurve(ms=tuple(50.0 for _ in range(65))))
     out: dict[int, list[int]] = {}
     for i, slot in enumerate(sched.slots):
-        engine = SpeculativeEngine(slot, NgramDrafter(1, 3), FixedK(4))
+        engine = SpeculativeEngine(slot.backend, NgramDrafter(1, 3), FixedK(4))
+        engine.passes = slot
         out[i] = []
         sched.start(slot, _program(engine, prompts[i], GenerationConfig(max_tokens=32), out[i]), Priority(seq=i))
     while sched.busy:

@@ -23,7 +23,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -129,6 +129,11 @@ class SpeculativeEngine:
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
         curve: the target's measured verify curve (`core.verify_timing.measure`), which each `Step` is placed on
             (`Step.curve_ms`, `Step.cheap`); None: not measured.
+
+    Attributes:
+        passes: what the target's passes allow, where others share them (the server's `lanes.Slot`): `draft_limit`
+            (the most draft tokens), `branches` (a second branch may be offered) and `shared_rows` (other sequences'
+            rows in the last pass); None: the target's own (one sequence alone).
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
@@ -142,6 +147,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
         self._sequence: tuple[KController, KController] | None = None  # (controller, this engine's sequence of it)
+        self.passes: Any = None
 
     @property
     def sequence(self) -> KController:
@@ -270,7 +276,7 @@ class SpeculativeEngine:
                     branch_source=alt.source if alt is not None else Source.none,
                     branch_match_len=alt.match_len if alt is not None else 0,
                     n_past=n_past,
-                    shared_rows=target.shared_rows,
+                    shared_rows=(self.passes or target).shared_rows,
                     rollback_ms=rollback_ms,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
@@ -351,7 +357,8 @@ class SpeculativeEngine:
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
         # never draft more than the token budget, the context window and one llama.cpp batch can take (or, with
         # other sequences in the same passes, what the joint K allows: `server.lanes`)
-        limit = min(budget - 1, room - 1, target.draft_limit)
+        passes = self.passes or target
+        limit = min(budget - 1, room - 1, passes.draft_limit)
         if grammar is not None and limit > 0:
             forced = grammar.forced()[:limit]  # a schema's next key, closing brackets: free and nearly always right
             if len(forced):
@@ -377,7 +384,7 @@ class SpeculativeEngine:
         # the free slots: a second candidate from the other lookup drafts, in the same pass (the batch of both
         # branches within the budget and one llama.cpp batch; the other branch's tokens stay within the context)
         alt = None
-        if len(draft) and grammar is None and target.branches and len(drafts) > 1:
+        if len(draft) and grammar is None and passes.branches and len(drafts) > 1:
             others = [x for x in drafts if x is not draft and common_prefix(x.tokens, draft.tokens) < len(x)]
             alt = controller.branch(draft, others, min(limit, budget - 1) + 1) if others else None
         return k, draft, alt

@@ -106,16 +106,15 @@ class _Sub:
 
 
 class Slot:
-    """One sequence of the target's context, as its engine's `Backend`: the sequence's own backend (`LlamaBackend.lane`,
-    or the target itself with one slot) for everything but `draft_limit` (the joint K bound), `branches` (only while
-    the slot is alone) and `shared_rows` (rows of other sequences in its last pass). The engine never decodes through
-    it: its rows go to the `Scheduler` as `engine.Rows`. Used from the scheduler's thread only."""
+    """One sequence of the target's context: its own backend (`LlamaBackend.lane`, or the target itself with one slot:
+    its engine's target), the program running on it, and what its engine's passes allow (`SpeculativeEngine.passes`):
+    `draft_limit` (the joint K bound), `branches` (only while the slot is alone) and `shared_rows` (rows of other
+    sequences in its last pass). Used from the scheduler's thread only."""
 
     def __init__(self, scheduler: Scheduler, backend: Any, index: int) -> None:
         self._s = scheduler
         self.backend = backend
         self.index = index
-        self.path = backend.path
         self.priority = Priority()
         self.pinned = False  # a seeded sampled request: its K must not follow its neighbours (`draft_limit`)
         self.program: Generator[Rows, np.ndarray | None, None] | None = None  # what runs on it (`Scheduler.start`)
@@ -127,23 +126,22 @@ class Slot:
         self._acc = list(ACCEPT_PRIOR)  # decayed (accepted tokens, rejections)
 
     def _rows(self, rows: Rows) -> _Sub:
-        """Its program's next rows, noted for the joint K (a prompt's next pass verifies a draft: until then it counts
-        as one row)."""
-        toks = np.asarray(rows.tokens, dtype=np.int32)
-        if rows.branch is not None or rows.n_logits == len(toks):  # a verify pass
-            self._pass_start, self.last_rows = len(self.backend.tokens), len(toks)
-        elif rows.n_logits:
-            self._pass_start, self.last_rows = None, 1
-        branch = None if rows.branch is None else np.asarray(rows.branch, dtype=np.int32)
-        return _Sub(self, toks, len(toks) if branch is not None else rows.n_logits, branch)
-
-    def truncate(self, n: int, *, branch: bool = False) -> None:
+        """Its program's next rows, noted for the joint K: the drafts its last verify pass kept (its cache then held
+        the tokens before the pass, the pass's first token and the accepted drafts); a prompt's next pass verifies a
+        draft: until then it counts as one row."""
+        n = len(self.backend.tokens)
         start, self._pass_start = self._pass_start, None
-        if start is not None and self.last_rows > 1:  # after a verify pass: its accepted drafts, for the joint K
+        if start is not None and self.last_rows > 1:
             accepted = max(0, min(n - start - 1, self.last_rows - 1))
             self._acc[0] = ACCEPT_DECAY * self._acc[0] + accepted
             self._acc[1] = ACCEPT_DECAY * self._acc[1] + (accepted < self.last_rows - 1)
-        self.backend.truncate(n, branch=branch)
+        toks = np.asarray(rows.tokens, dtype=np.int32)
+        if rows.branch is not None or rows.n_logits == len(toks):  # a verify pass
+            self._pass_start, self.last_rows = n, len(toks)
+        elif rows.n_logits:
+            self.last_rows = 1
+        branch = None if rows.branch is None else np.asarray(rows.branch, dtype=np.int32)
+        return _Sub(self, toks, len(toks) if branch is not None else rows.n_logits, branch)
 
     @property
     def acceptance(self) -> float:
@@ -158,25 +156,6 @@ class Slot:
     @property
     def draft_limit(self) -> int:
         return self._s.draft_limit(self)
-
-    @property
-    def n_vocab(self) -> int:
-        return self.backend.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.backend.n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self.backend.n_batch
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self.backend.tokens
-
-    def __getattr__(self, name: str) -> Any:  # tokenize, piece, is_eog, snapshot, save_state, lltokenizer, ...
-        return getattr(self.backend, name)
 
 
 class Scheduler:
@@ -305,7 +284,7 @@ class Scheduler:
         with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other slots' rows in their last passes and
         the tokens those are expected to give; a slot still reading its prompt adds its next piece to R and nothing
         to T, and its piece gives way to verify rows, so beside a long prefill a draft's rows are nearly free)."""
-        top = min(slot.n_batch - 1, slot.backend.draft_limit)  # a recurrent target: its snapshots
+        top = min(slot.backend.n_batch - 1, slot.backend.draft_limit)  # a recurrent target: its snapshots
         others = [x for x in self.slots if x is not slot and x.index in self._active]
         if not others or slot.pinned or self.split:  # split: its rows are evaluated apart, priced as alone
             return top
@@ -317,8 +296,8 @@ class Scheduler:
             else:
                 rows += max(1, x.last_rows)
                 tokens += _expected(x.acceptance, max(1, x.last_rows) - 1)[-1]
-        top = max(0, min(top, slot.n_batch - 1 - rows))  # a prefill piece yields the batch to verify rows
-        rows += min(reading, slot.n_batch - 1 - rows)
+        top = max(0, min(top, slot.backend.n_batch - 1 - rows))  # a prefill piece yields the batch to verify rows
+        rows += min(reading, slot.backend.n_batch - 1 - rows)
         v = self._v(np.arange(rows + 1, rows + top + 2))  # [top + 1] ms of a pass over R + k + 1 rows
         rate = (_expected(slot.acceptance, top) + tokens) / v
         return int(np.argmax(rate))

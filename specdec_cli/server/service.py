@@ -98,12 +98,13 @@ class GenerationService:
 
         engine = self._engine
         scheduler = Scheduler(self.session.target, n_lanes, curve=engine.curve)
-        engine.target = scheduler.slots[0]
-        for lane in scheduler.slots[1:]:
+        engine.target, engine.passes = scheduler.slots[0].backend, scheduler.slots[0]
+        for slot in scheduler.slots[1:]:
             drafter = engine.drafter.fork() if engine.drafter is not None else None
             cache = PromptCache() if engine.prompt_cache is not None else None
-            self._engines.append(SpeculativeEngine(lane, drafter, engine.controller, prompt_cache=cache,
+            self._engines.append(SpeculativeEngine(slot.backend, drafter, engine.controller, prompt_cache=cache,
                                                    parking=KvParking(), curve=engine.curve))
+            self._engines[-1].passes = slot
         self._scopes = [None] * n_lanes
         return scheduler
 
