@@ -63,13 +63,13 @@ if TYPE_CHECKING:
 
 INTERACTIVE, BATCH = 0, 1  # priority classes: lower first
 PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that arrives waits about that at most
-SHARE = 0.1  # a long request's share of the passes' time while an interactive lane is in them (its guaranteed share)
-SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive lane before any pass was timed
+SHARE = 0.1  # a long request's share of the passes' time while an interactive slot is in them (its guaranteed share)
+SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive slot before any pass was timed
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
 QUIET_S = 60.0  # no editor's request for this long: prefill pieces are whole batches
 MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
 ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
-ACCEPT_DECAY = 0.9  # per verify pass: a lane's acceptance follows its current text
+ACCEPT_DECAY = 0.9  # per verify pass: a slot's acceptance follows its current text
 
 
 @dataclass(order=True)
@@ -316,7 +316,6 @@ class Scheduler:
         intercept, slope = self._line
         return intercept + slope * b.astype(np.float64)
 
-    # -- the baton and the passes (lock held) ----------------------------------------------------------------------
     # -- a pass -------------------------------------------------------------------------------------------------------
     def _pass(self, parts: list[tuple[_Sub, int]]) -> None:
         """Evaluate `parts` (one `decode` with one slot, a second branch's `decode_branches`, else one `decode_many`),
@@ -366,7 +365,7 @@ class Scheduler:
                 slot.answer = result
 
     def _preemption(self, parts: list[tuple[_Sub, int]]) -> Priority | None:
-        """Who may interrupt the pass of `parts` (`enter`): an interactive newcomer ahead of every slot in it, unless
+        """Who may interrupt the pass of `parts` (`preempt`): an interactive newcomer ahead of every slot in it, unless
         an interactive slot waits outside it (it is then the long requests' share, paid while that slot waits) or
         an interactive slot's part has logits rows (a verify step is short: it finishes); None: nobody."""
         if not self.interruptible:
