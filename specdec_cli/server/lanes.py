@@ -6,10 +6,10 @@ under the worker's delivery) that yields its rows (`engine.Rows`) and is sent th
 owns llama.cpp's context, runs `Scheduler.step` again and again, as llama-server's `update_slots` and vLLM's
 schedule -> execute -> update do:
 
-    advance every program whose rows were evaluated to its next rows (drafting, accepting, rolling back on the way)
-      -> plan the pass (`_compose`): verify rows first, interactive sequences first, prefill chunks under the budget
+    plan the pass (`_compose`): verify rows first, interactive sequences first, prefill chunks under the budget
       -> one llama_decode (`LlamaBackend.decode_many`; a plain `decode` with one slot)
-      -> each part's logits kept for its program's next advance
+      -> each program whose rows were evaluated is sent its logits: it accepts, rolls back, emits its records,
+         drafts, and yields its next rows for the next plan
 
 What a pass holds (`_compose`), in priority order (interactive requests — FIM, warm-ups, short replies — first, then
 earliest deadline, then arrival), within a token budget of `n_batch` rows:
@@ -226,9 +226,9 @@ class Scheduler:
                 self.backend.interrupt()
 
     def step(self) -> bool:
-        """One step: advance every sequence whose rows were evaluated to its next rows (interactive ones first), plan
-        the pass (`_compose`), check the prefills it continues, run it (one `llama_decode`), and note what each part
-        got. Returns False when nothing was waiting. Raises what a program raised (that slot is then free)."""
+        """One step: start the programs new since the last step (to their first rows), plan the pass (`_compose`),
+        check the prefills it continues, run it (one `llama_decode`) and hand each sequence its logits to accept
+        (`_pass`). Returns False when nothing was waiting. Raises what a program raised (that slot is then free)."""
         for slot in sorted((self.slots[i] for i in self._active if i not in self._subs), key=lambda x: x.priority):
             self._advance(slot)
         if not self._subs:
@@ -319,7 +319,8 @@ class Scheduler:
     # -- a pass -------------------------------------------------------------------------------------------------------
     def _pass(self, parts: list[tuple[_Sub, int]]) -> None:
         """Evaluate `parts` (one `decode` with one slot, a second branch's `decode_branches`, else one `decode_many`),
-        then note what each part got: a program whose rows are all evaluated is sent their logits at the next step."""
+        then hand each program whose rows are all evaluated their logits (or the pass's error), interactive ones
+        first: each accepts, rolls back and yields its next rows before the next pass overwrites the logits."""
         with self._lock:
             self._stop_below = self._preemption(parts)
             may_stop = self._stop_below is not None
@@ -352,17 +353,16 @@ class Scheduler:
         if error is None and prefill >= max(MIN_PIECE, total // 2):
             per = ms / total
             self._ms_per_row = per if self._ms_per_row is None else 0.7 * self._ms_per_row + 0.3 * per
+        done = []
         for (sub, m), result in zip(parts, results):
-            slot = sub.slot
-            slot.shared_rows = total - m
-            if error is not None:
-                self._subs.pop(slot.index, None)
-                self._advance(slot, error)
-                continue
-            sub.done += m
-            if sub.done == len(sub.tokens):
-                self._subs.pop(slot.index, None)
-                slot.answer = result
+            sub.slot.shared_rows = total - m
+            sub.done += m if error is None else 0
+            if error is not None or sub.done == len(sub.tokens):
+                self._subs.pop(sub.slot.index, None)
+                sub.slot.answer = result
+                done.append(sub.slot)
+        for slot in sorted(done, key=lambda x: x.priority):  # each accepts its logits now: no view outlives the pass
+            self._advance(slot, error)
 
     def _preemption(self, parts: list[tuple[_Sub, int]]) -> Priority | None:
         """Who may interrupt the pass of `parts` (`preempt`): an interactive newcomer ahead of every slot in it, unless
