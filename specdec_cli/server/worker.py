@@ -3,8 +3,8 @@
 The thread (`Worker._loop`) repeats: take waiting requests onto free slots (`server.lanes`, `specdec serve --parallel
 N`: N sequences at once; one slot serves one request at a time) — interactive requests (FIM, warm-ups, short replies:
 `Request.interactive`) before long ones, earlier deadlines first, then arrival — each on the free slot whose KV cache
-(or parked state) shares the longest prefix with its prompt, as llama-server picks a slot; run the tasks that touch
-the models (`run`); then one `lanes.Scheduler.step` (every sequence's rows in one `llama_decode`). A request on a slot
+(or parked state) shares the longest prefix with its prompt, as llama-server picks a slot; save what was learnt
+when a save is due; then one `lanes.Scheduler.step` (every sequence's rows in one `llama_decode`). A request on a slot
 is a program (`_generate`): it drives its `driver.Drive` (the engine's steps), yields the rows of each pass to the
 scheduler, and delivers, in order: `Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each
 target pass that added text: parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a
@@ -29,10 +29,9 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Generator, TypeVar
+from typing import Any, Callable, Generator
 
 import numpy as np
 
@@ -49,8 +48,6 @@ from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
 from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
 from specdec_cli.spec import Method
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,17 +96,14 @@ Event = Started | Delta | Done | Failed
 
 class Job:
     """A submitted request: its id (for the log), its delivery callback, its reply (parsed and collected on the
-    worker thread; read it after `Done`), and whether it was cancelled; or a task (`Worker.run`): a function of the
-    service, run in turn, whose result goes to a future (no request, no reply)."""
+    loop's thread; read it after `Done`), and whether it was cancelled."""
 
-    def __init__(self, job_id: int, request: Request | None, deliver: Callable[[Event], None],
-                 reply: ReplyStream | None = None, task: Callable[[GenerationService], Any] | None = None) -> None:
+    def __init__(self, job_id: int, request: Request, deliver: Callable[[Event], None],
+                 reply: ReplyStream | None = None) -> None:
         self.id = job_id
         self.request = request
         self.deliver = deliver
         self.reply = reply
-        self.task = task
-        self.result: Future = Future()
         self.cancelled = threading.Event()
         self.submitted_at = time.monotonic()
         self.started_at: float | None = None  # time.monotonic() when the worker took it
@@ -129,10 +123,8 @@ WAIT_MARGIN = 256  # tokens of prefix a finishing interactive lane must share be
 
 
 def _rank(job: Job) -> tuple:
-    """A waiting job's place in line: tasks and interactive requests first, then the earliest deadline, arrival."""
+    """A waiting job's place in line: interactive requests first, then the earliest deadline, arrival."""
     request = job.request
-    if request is None:
-        return (INTERACTIVE, math.inf, job.id)
     deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
     return (INTERACTIVE if request.interactive else BATCH, deadline, job.id)
 
@@ -190,30 +182,18 @@ class Worker:
         """
         return self._queue(request, deliver)
 
-    def run(self, task: Callable[[GenerationService], T]) -> Future[T]:
-        """Queue `task(service)` to run on the loop's thread between two steps (what touches the models without
-        generating): llama.cpp's context must not be used by two threads at once.
-
-        Returns a `concurrent.futures.Future` with the task's result or exception (await it with
-        `asyncio.wrap_future`); a task dropped at shutdown fails with ShuttingDownError.
-        Raises: QueueFullError, ShuttingDownError.
-        """
-        return self._queue(None, lambda event: None, task).result
-
-    def _queue(self, request: Request | None, deliver: Callable[[Event], None],
-               task: Callable[[GenerationService], Any] | None = None) -> Job:
+    def _queue(self, request: Request, deliver: Callable[[Event], None]) -> Job:
         with self._cv:
             if self._stopping:
                 raise ShuttingDownError()
             # jobs that idle lanes are about to take do not count against the bound
             if len(self._pending) >= self.bound + (self.n_lanes - len(self._running)):
                 raise QueueFullError(self.bound, self._retry_after())
-            reply = self.service.reply(request) if request is not None else None
-            job = Job(next(self._ids), request, deliver, reply, task)
+            job = Job(next(self._ids), request, deliver, self.service.reply(request))
             self._pending.append(job)
             free = len(self._running) < self.n_lanes
             self._cv.notify_all()
-        if request is not None and free and self.scheduler is not None:  # it may stop a long request's pass under way
+        if free and self.scheduler is not None:  # it may stop a long request's pass under way
             self.scheduler.preempt(_priority(job))
         return job
 
@@ -240,8 +220,6 @@ class Worker:
             self._cv.notify_all()
         for job in waiting:
             _send(job, Failed(ShuttingDownError()))
-            if job.task is not None:
-                job.result.set_exception(ShuttingDownError())
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
@@ -268,7 +246,7 @@ class Worker:
         None, "busy": [the same for every running request], "retry_after_s": the Retry-After a request refused now
         would get}."""
         with self._cv:
-            busy = [{"id": job.id, "kind": job.request.label if job.request is not None else "task",
+            busy = [{"id": job.id, "kind": job.request.label,
                      "age_s": round(time.monotonic() - job.started_at, 2), "tokens": job.tokens, "lane": lane}
                     for lane, job in sorted(self._running.items()) if job.started_at is not None]
             return {"waiting": len(self._pending), "bound": self.bound, "lanes": self.n_lanes,
@@ -319,16 +297,14 @@ class Worker:
                 while True:
                     if self._stopping and not self._running:
                         return
-                    tasks = self._admit()
-                    if tasks or self._running or self._save_due:
+                    self._admit()
+                    if self._running or self._save_due:
                         break
                     due = self.saver.due_in() if self.saver is not None else None
                     if due is not None and due <= 0:
                         self._save_due = True  # idle, and what the last requests taught is due on disk: save it now
                         break
                     self._cv.wait(due)
-            for job in tasks:
-                _run_task(job, self.service)
             if self._save_due:
                 self._save_due = False
                 self._save()
@@ -338,13 +314,9 @@ class Worker:
                 except Exception as e:  # not expected (the programs catch); the loop must outlive it all the same
                     self.log(f"the serving loop: {type(e).__name__}: {e}")
 
-    def _admit(self) -> list[Job]:
+    def _admit(self) -> None:
         """Start waiting requests on free slots (lock held): one handed to a slot first, else the first waiting one
-        (interactive, earliest deadline, arrival) on the slot `_place` picks, or held for a finishing slot. Returns
-        the waiting tasks (`run`), taken from the queue."""
-        tasks = [j for j in self._pending if j.task is not None]
-        for job in tasks:
-            self._pending.remove(job)
+        (interactive, earliest deadline, arrival) on the slot `_place` picks, or held for a finishing slot."""
         while len(self._running) < self.n_lanes and self._pending:
             free = [i for i in range(self.n_lanes) if i not in self._running]
             job = next((j for j in self._pending if j.lane in free), None)
@@ -363,7 +335,6 @@ class Worker:
             self._running[job.lane] = job
             job.started_at = time.monotonic()
             self._start(job, job.lane)
-        return tasks
 
     def _tokens(self, job: Job) -> list[int]:
         try:
@@ -549,14 +520,6 @@ class Saver:
         self.served, self.last = 0, self.clock()
         self.save()
         self.saves += 1
-
-
-def _run_task(job: Job, service: GenerationService) -> None:
-    """Run a `Worker.run` task; its result or exception goes to its future."""
-    try:
-        job.result.set_result(job.task(service))
-    except Exception as e:
-        job.result.set_exception(e)
 
 
 def _send(job: Job, event: Event) -> None:
