@@ -679,10 +679,13 @@ def serve(
                               "is busy (interactive ones first, then in arrival order); beyond it: 429.",
                               rich_help_panel="Server"),
     parallel: int = typer.Option(o.SERVE_PARALLEL, "--parallel", "-np", min=1, max=64, help="Requests generated at "
-                                 "once (lanes, llama-server's -np): an editor's completions while an agent works. "
-                                 "Their verify passes share one forward pass; each lane has its own --ctx of KV "
-                                 "cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 lanes x 32768 = 3.7 GB, allocated "
-                                 "at start; /health and the start-up line say how much). 1: one at a time.",
+                                 "once (slots, llama-server's -np): an editor's completions while an agent works. "
+                                 "One loop serves them all: each step it plans every slot's verify rows and prompt "
+                                 "chunks (interactive requests first) and evaluates them in one llama_decode call "
+                                 "(with the default KV stream per slot, slots of unequal rows get a call each); each "
+                                 "slot has its own --ctx of KV cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 "
+                                 "= 3.7 GB, allocated at start; /health and the start-up line say how much). 1: one "
+                                 "at a time.",
                                  rich_help_panel="Server"),
     kv_unified: bool = typer.Option(False, "--kv-unified/--kv-per-lane", help="With --parallel: a KV stream per "
                                     "lane (each lane's rows attend to its own tokens only; no second draft "

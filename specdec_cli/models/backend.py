@@ -95,7 +95,7 @@ class Backend(Protocol):
     @property
     def draft_limit(self) -> int:
         """The most draft tokens one verify pass should carry: n_batch - 1 (one llama.cpp batch), or less for a
-        lane sharing its passes with other sequences (`server.lanes.SharedLane`: the joint K)."""
+        lane sharing its passes with other sequences (`server.lanes.Slot`: the joint K)."""
         ...
 
     shared_rows: int

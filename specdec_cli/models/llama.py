@@ -350,7 +350,7 @@ class LlamaBackend(RecurrentGuard):
     def n_batch(self) -> int:
         return self._n_batch
 
-    shared_rows = 0  # a lane's passes are shared through `server.lanes.SharedLane`, never here
+    shared_rows = 0  # a lane's passes are shared through `server.lanes.Slot`, never here
     # called after each llama_decode of `decode` with (its first position, its tokens): `LlamaMtp`'s catch-up
     on_hidden: Callable[[int, np.ndarray], None] | None = None
 
@@ -636,7 +636,7 @@ class LlamaBackend(RecurrentGuard):
         """Lane `i` (0 <= i < n_lanes) of this context: a `Backend` of its own sequence (2i; 2i + 1 for its second
         branch) and its own `tokens`, sharing the model, the context and the batch with every other lane; lane 0
         is this object. Not thread-safe: llama.cpp's context is shared, so one thread at a time calls any lane
-        (`server.lanes.PassScheduler` does). Raises ValueError for a lane the context was not made with."""
+        (`server.lanes.Scheduler`'s loop does). Raises ValueError for a lane the context was not made with."""
         if not 0 <= i < self.n_lanes:
             raise ValueError(f"lane {i}: this context has {self.n_lanes} (n_lanes)")
         root = self._root
