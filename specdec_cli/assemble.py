@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_cli.core.controller import KController
+from specdec_cli.core.draft import Drafter
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
 from specdec_cli.core.verify_curve import DRIFT, PASSES_OFF, CurveWatch, VerifyCurve
-from specdec_cli.core.draft import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, USES_PREDICTION, Method, SpecOptions
 

@@ -18,15 +18,14 @@ the ratio either way (docs/gpu.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.core.cost_model import DEFAULT_K_MAX, MARGIN, best_k, expected_ms, expected_tokens
-
 from specdec_cli.config import Catalog
+from specdec_cli.core.cost_model import DEFAULT_K_MAX, MARGIN, best_k, expected_ms, expected_tokens
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import Method
 

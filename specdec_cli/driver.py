@@ -17,14 +17,15 @@ Shaped after mlx-lm's `stream_generate`, which its `generate` and its server bot
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Step
 from specdec_cli.core.stats import RunStats, summarize
+from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.models.energy import Gauge, Meter, default_meter
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ files past the corpus's size cap.
 
 Incremental: a file whose size and mtime are the ones the manifest recorded keeps its tokens (copied from the old
 index, never tokenized again); a file under a learnt root that is gone is forgotten; an index of an older format
-(version 1: 4-byte tokens) is rewritten in this one, its tokens kept; nothing changed = nothing written (an unchanged tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything
-changed (numpy).
+(version 1: 4-byte tokens) is rewritten in this one, its tokens kept; nothing changed = nothing written (an unchanged
+tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything changed (numpy).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import fnmatch
 import os
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.stores import corpus as store
 from specdec_cli import files
+from specdec_cli.stores import corpus as store
 
 MAX_FILE_BYTES = 1_000_000  # a file larger than this is "huge" (a data dump, a bundle), not code to learn
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".tox", ".nox",

@@ -12,16 +12,17 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.models.backend import Backend, FimTokens
 from specdec_cli.models.devices import Offload
-from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
 
@@ -242,8 +243,8 @@ class Session:
 
     def attach_draft(self, path: Path, *, reporter: Reporter | None = None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
-        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.host import probe_load
+        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.vocab import check_compatible
 
         o = self.options
@@ -390,8 +391,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     """
     from specdec_cli import draft_policy
     from specdec_cli.config import load_catalog
-    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.host import probe_load
+    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
@@ -489,9 +490,8 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     measurement that timed phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
-    from specdec_cli.stores import learnt
-
     from specdec_cli.models.llama import PHASED, flash_attn_switch, gpu_offload_supported
+    from specdec_cli.stores import learnt
 
     value = (os.environ if environ is None else environ).get(FLASH_ATTN_ENV, "auto").strip().lower()
     if value in ("on", "1", "yes"):
@@ -507,7 +507,7 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
         return PHASED
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
-                          f"Unset it (the measured choice), or set it to on, off or phased.")
+                          "Unset it (the measured choice), or set it to on, off or phased.")
     on_cpu = gpu_layers == 0 or not gpu_offload_supported()  # what this run offloads, not what the build could
     phased = PHASED if switch and on_cpu else None  # the CPU's default where it can switch
     return flash_attn_choice(learnt.load_flash_attn(learnt.curve_key(target_path, threads)), phased)

@@ -96,7 +96,7 @@ def speedups(cases) -> tuple[dict[str, float], list[Step]]:
         return len(cases) / sum(1.0 / r for r, _ in runs), [s for _, steps in runs for s in steps]
 
     plain, _ = rate(lambda: None)
-    out = {str(k): rate(lambda: FixedK(k, CURVE))[0] / plain for k in FIXED_K}
+    out = {str(k): rate(lambda k=k: FixedK(k, CURVE))[0] / plain for k in FIXED_K}
     auto, steps = rate(lambda: AdaptiveK(curve=CURVE))
     out["auto"] = auto / plain
     return out, steps

@@ -8,16 +8,16 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.text import Text
 from rich.theme import Theme
 
-from specdec_cli.errors import UsageError
 from specdec_cli import files
-
+from specdec_cli.errors import UsageError
 
 THEME = Theme(
     {
@@ -158,8 +158,15 @@ class RichReporter:
     @contextlib.contextmanager
     def progress(self, description: str, total: int, *, unit: str = "bytes") -> Iterator[RichTask]:
         from rich.progress import (
-            BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
-            TimeRemainingColumn, TransferSpeedColumn,
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
         )
 
         if unit == "bytes":

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from rich.console import Console
 from rich.control import strip_control_codes
@@ -16,11 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.cli.console import make_console
-from specdec_cli.measure.audit import NEAR_TIE
-from specdec_cli.spec import USES_PREDICTION, Method
-from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
+from specdec_cli.measure.audit import NEAR_TIE
+from specdec_cli.measure.paired import Paired
+from specdec_cli.spec import USES_PREDICTION, Method
+
 
 def pass_placement(stats) -> str:
     """Where the passes fell on the measured verify curve, one line: "92 % of passes at cheap sizes, passes 1.02×

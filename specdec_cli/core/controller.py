@@ -11,8 +11,9 @@ is there (the formulas, the CPU's verify curve, the back-off schedules) is expla
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,9 +31,8 @@ from specdec_cli.core.cost_model import (
     expected_ms,
     expected_tokens,
 )
-
-from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.draft import Draft, cut
+from specdec_cli.models.backend import common_prefix
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step

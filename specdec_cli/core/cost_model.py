@@ -2,9 +2,10 @@
 
 `CostModel` estimates, from the engine's `Step` records, the target's verify cost v(b) by batch size, the draft
 model's cost per token and per call, and the acceptance a_i and fill q_i by draft position: pooled over every draft,
-for the draft model's drafts alone, and for lookup drafts by source and by the length of their match (`bucket_of`); `expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest
-expected tokens/s. The controllers that use it are in `specdec_cli.core.controller`; the reasoning (formulas, priors,
-why the CPU's verify curve is treated as it is) is in docs/design.md.
+for the draft model's drafts alone, and for lookup drafts by source and by the length of their match (`bucket_of`);
+`expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest expected tokens/s. The controllers
+that use it are in `specdec_cli.core.controller`; the reasoning (formulas, priors, why the CPU's verify curve is treated
+as it is) is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -373,7 +374,7 @@ class CostModel:
         else:  # the curve's price at the context in use, at today's load
             ratio = np.array([p.ms / priced[b - 1] for b, p in timed])
             out = priced * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1]
-        for (b, p), wb in zip(timed, w):
+        for (b, p), wb in zip(timed, w, strict=False):
             out[b - 1] = (wb * p.ms + CURVE_PRIOR * out[b - 1]) / (wb + CURVE_PRIOR)
         return out
 
@@ -491,7 +492,7 @@ class CostModel:
             while seen and hits[seen - 1] == 0.0 and trials[seen - 1] == 0.0:
                 seen -= 1
         out = []
-        for h, t, f in zip(hits[:seen], trials[:seen], floors[:seen]):
+        for h, t, f in zip(hits[:seen], trials[:seen], floors[:seen], strict=False):
             m = (h + s * max(m, f)) / (t + s)
             out.append(m)
         if seen < k:  # the running maximum of m and the floors (Python's max: the same value as the loop's)
@@ -541,7 +542,8 @@ class CostModel:
             "expected_tok_s": None if rates is None else [r(x) for x in rates],
             "by_source": {k: dict(s) for k, s in self.by_source.items()},
             "model_acceptance": [r(x) for x in self.model_acceptance()],
-            # lookup drafts by source and match length (bucket lower edge): a_1, and the decayed number of verified drafts
+            # lookup drafts by source and match length (bucket lower edge): a_1, and the decayed number of verified
+            # drafts
             "acceptance_by_match": {
                 source: {str(int(edge)): [r(self.acceptance(b, source)[0]), r(counts[b, 1, 0])]
                          for b, edge in enumerate(BUCKET_EDGES) if counts[b, 1, 0] > 0}

@@ -22,20 +22,30 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend, branch_rows, common_prefix, sync
+from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
 from specdec_cli.core.draft import Draft, Drafter, cut
-from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.records import (
-    ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Record, Source, Step, TokenLogprob,
+    ACCEPTED,
+    REJECTED,
+    TARGET,
+    Finish,
+    FinishReason,
+    Prefill,
+    Record,
+    Source,
+    Step,
+    TokenLogprob,
 )
 from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify, verify_branches
+from specdec_cli.models.backend import Backend, branch_rows, common_prefix, sync
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar

@@ -30,8 +30,8 @@ import numpy as np
 from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
 from specdec_cli.core.records import Source
 from specdec_cli.drafters.edits import CopyEdits
-from specdec_cli.stores.suffix_store import SuffixStore
 from specdec_cli.stores.suffix_index import WINDOW, Continuation, empty_continuation
+from specdec_cli.stores.suffix_store import SuffixStore
 
 if TYPE_CHECKING:
     from specdec_cli.core.sampling import SamplingParams
@@ -267,7 +267,7 @@ class SuffixDrafter(DrafterBase):
         self.local.sync(context)
         self.edits.begin(context)
         if self.store is not None:
-            self.store.corpus
+            _ = self.store.corpus  # the property loads it
 
     def _max_len(self, k: int, match_len: int) -> int:
         return min(k, math.ceil(self.factor * match_len))

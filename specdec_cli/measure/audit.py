@@ -34,8 +34,9 @@ Two ways to get batch-1 margins, both in exactly the numerics of a plain run:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -1,4 +1,5 @@
-"""`specdec bench`'s measuring: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on this machine.
+"""`specdec bench`'s measuring: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on
+this machine.
 
 What runs. Our methods (`none` — plain decoding, the baseline — `A/A` — `none` again, the control: its speedup
 over `none` is the noise floor of the sitting — `auto`, `ngram`, `suffix`, `draft`) run in one
@@ -47,10 +48,11 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -501,7 +503,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
             bench.planned = len(plan)
             bench.notes.append(f"peer: not measured: llama-cpp-python's prompt lookup rolls back by trimming the KV "
                                f"cache, which this {kind} model's recurrent state cannot take (its decode fails).")
-        for p, t in zip(prompts, bench.tokens):
+        for p, t in zip(prompts, bench.tokens, strict=False):
             need = len(t) + options.max_tokens + 16
             if need > models.ctx:
                 raise ContextOverflowError(
@@ -585,8 +587,8 @@ def config_from_label(label: str) -> BenchConfig:
 
 
 def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
-    from specdec_cli.models.machine import package_version
     from specdec_cli.measure.peer import MAX_NGRAM_SIZE, PEER_SETTINGS, peer_call
+    from specdec_cli.models.machine import package_version
 
     return {
         "library": "llama-cpp-python",

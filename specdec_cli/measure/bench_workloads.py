@@ -33,10 +33,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from specdec_cli.errors import UsageError
 from specdec_cli.measure.bench import AUTO_WARM, BenchConfig, BenchRun, config_from_label

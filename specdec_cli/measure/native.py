@@ -199,10 +199,8 @@ def parse_speculative(stderr_text: str) -> NativeStats:
 
 
 def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
-    found = None
-    for found in pattern.finditer(text):
-        pass
-    return found
+    matches = list(pattern.finditer(text))
+    return matches[-1] if matches else None
 
 
 def _unparsed(tool: str, lines: str, stderr_text: str) -> NativeToolError:

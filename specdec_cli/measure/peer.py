@@ -167,7 +167,8 @@ class PeerModel:
 
     @property
     def scores_nbytes(self) -> int:
-        """Bytes of Llama.scores, the float32 [n_ctx or n_batch, n_vocab] logits buffer (allocated, not all resident)."""
+        """Bytes of Llama.scores, the float32 [n_ctx or n_batch, n_vocab] logits buffer (allocated, not all
+        resident)."""
         return int(self.llm.scores.nbytes)
 
     @property

@@ -461,7 +461,7 @@ def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: Tune
         "repeats": options.repeats,
         "max_tokens": config.max_tokens,
         "sampling": {"temperature": config.sampling.temperature, "seed": config.sampling.seed},
-        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tune.tokens)],
+        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tune.tokens, strict=False)],
         "machine": tune.machine,
         "interrupted": tune.interrupted,
         "runs": [m.to_dict() for m in tune.measurements],

@@ -32,9 +32,10 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 POWERCAP_ENV = "SPECDEC_POWERCAP"
 DEFAULT_POWERCAP = "/sys/class/powercap"
@@ -145,7 +146,7 @@ class Span:
             if now is not None:
                 try:
                     self.joules += sum(counted(a, b, c.wrap_j)
-                                       for c, a, b in zip(self._meter.counters, self._last, now))
+                                       for c, a, b in zip(self._meter.counters, self._last, now, strict=False))
                     self._last = now
                 except ValueError as e:
                     self.error = str(e)

@@ -29,24 +29,18 @@ What it does differently from `llama_cpp.Llama`:
 from __future__ import annotations
 
 import ctypes
-import os
 import hashlib
+import os
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import llama_cpp
+import numpy as np
 from llama_cpp import _logger as _llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specdec_cli.models.host import flash_attn_switch  # noqa: F401  (re-exported: what `PHASED` needs)
-from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
-import numpy as np
-
-from specdec_cli.models.backend import FimTokens, VocabInfo
-from specdec_cli.models.rollback import (
-    CHECKPOINT, HYBRID, KV, RECURRENT, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit as _draft_limit,
-)
 from specdec_cli.errors import (
     CacheTrimError,
     ContextOverflowError,
@@ -55,6 +49,21 @@ from specdec_cli.errors import (
     StateError,
     ToolsUnsupportedError,
     UsageError,
+)
+from specdec_cli.models.backend import FimTokens, VocabInfo
+from specdec_cli.models.host import flash_attn_switch  # noqa: F401  (re-exported: what `PHASED` needs)
+from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
+from specdec_cli.models.rollback import (
+    CHECKPOINT,
+    HYBRID,
+    KV,
+    RECURRENT,
+    SNAPSHOTS,
+    TRANSFORMER,
+    RecurrentGuard,
+)
+from specdec_cli.models.rollback import (
+    draft_limit as _draft_limit,
 )
 
 _backend_ready = False

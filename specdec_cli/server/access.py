@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.responses import JSONResponse
 

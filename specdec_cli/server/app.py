@@ -14,26 +14,26 @@ OpenAI error JSON) and vLLM's OpenAI server (validation errors answered in OpenA
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import socket
 import time
-import asyncio
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from specdec_cli import __version__
-from specdec_cli.server.access import AccessGuard, HostCheck, OriginCheck, cors_options
 from specdec_cli.server import anthropic_messages, llama_infill, openai_chat, openai_completions, openai_responses
+from specdec_cli.server.access import AccessGuard, HostCheck, OriginCheck, cors_options
 from specdec_cli.server.errors import ApiError, internal, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # each mounts its routes: `routes(app, ctx)`
 TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_messages, llama_infill)
@@ -41,7 +41,7 @@ BODY_TIMEOUT_S = 30.0  # a request body pausing longer between two parts is a sl
 
 
 def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str | Sequence[str] | None = None,
-               max_body_bytes: Optional[int] = None, bind_host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
+               max_body_bytes: int | None = None, bind_host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
                cors_origins: Sequence[str] = (), body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app serving `worker`'s model.
 
@@ -195,7 +195,7 @@ class BodyLimit:
         while not too_large:
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 err = ApiError(408, f"The request body paused for more than {self.timeout:g} s.",
                                code="request_timeout")
                 await JSONResponse(self.error_body(scope.get("path", ""), err), status_code=408,

@@ -29,8 +29,8 @@ first, then earliest deadline, then arrival):
 
 An interactive request that arrives while a pass of lanes that all come after it is under way (a long request's
 piece; an interactive prompt read in a whole batch, by a newcomer with an earlier deadline) interrupts it
-(`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node (milliseconds) instead of after the
-rest of the pass (a piece lasts seconds at an agent's depth on a CPU), and the pass is evaluated again
+(`LlamaBackend.interrupt`, llama.cpp's abort callback): it starts within a graph node (milliseconds) instead of after
+the rest of the pass (a piece lasts seconds at an agent's depth on a CPU), and the pass is evaluated again
 after its first one (the time it had run is lost, once per such arrival). Passes paid as the long requests' share
 while an interactive lane waits, and interactive verify steps, are never interrupted (`_preemption`).
 
@@ -58,8 +58,9 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -409,7 +410,7 @@ class PassScheduler:
         if error is None and prefill >= max(MIN_PIECE, total // 2):
             per = ms / total
             self._ms_per_row = per if self._ms_per_row is None else 0.7 * self._ms_per_row + 0.3 * per
-        for (sub, m), result in zip(parts, results):
+        for (sub, m), result in zip(parts, results, strict=False):
             lane = sub.lane
             lane.shared_rows = total - m
             if error is not None:

@@ -5,19 +5,19 @@ each lane's thread runs its own generation, and the lanes' verify passes and pre
 (`lanes.PassScheduler`, which also lets only one lane run Python at a time: llama.cpp's context is not thread-safe). A
 free lane takes the waiting request that comes first — interactive requests (FIM, warm-ups, short replies: `Request.
 interactive`) before long ones, earlier deadlines first, then arrival — and hands it to the idle lane whose KV cache (or
-parked state) shares the longest prefix with its prompt, as llama-server picks a slot. The HTTP side submits a `request.Request`
-(whatever API it came in through: the worker never learns which) with a `deliver` callback and receives, in order:
-`Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each target pass that added text: the
-output is parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a repeated tool call —
-stops its generation at once), then `Done` (the last events, `End` with the request's `RequestStats`); or `Failed`
-(an exception for `errors.to_api_error`) instead of any of them.
+parked state) shares the longest prefix with its prompt, as llama-server picks a slot. The HTTP side submits a
+`request.Request` (whatever API it came in through: the worker never learns which) with a `deliver` callback and
+receives, in order: `Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each target pass that
+added text: the output is parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a repeated
+tool call — stops its generation at once), then `Done` (the last events, `End` with the request's `RequestStats`); or
+`Failed` (an exception for `errors.to_api_error`) instead of any of them.
 
 A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429 with `Retry-After`: the requests ahead
-times the mean time of the recent ones, less the running one's age). `status` is the queue as `/health` shows it. `cancel` (the client went away)
-drops a waiting request, or stops the running one at the next step: its `driver.Drive` is closed, so the engine's
-`finally` leaves the KV cache holding only committed tokens. Every request that did not finish gets a last `Failed`
-event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM) fails every waiting request
-with `ShuttingDownError` and ends the running one after its current step.
+times the mean time of the recent ones, less the running one's age). `status` is the queue as `/health` shows it.
+`cancel` (the client went away) drops a waiting request, or stops the running one at the next step: its `driver.Drive`
+is closed, so the engine's `finally` leaves the KV cache holding only committed tokens. Every request that did not
+finish gets a last `Failed` event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM)
+fails every waiting request with `ShuttingDownError` and ends the running one after its current step.
 """
 
 from __future__ import annotations
@@ -29,24 +29,30 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from specdec_cli.core.records import Finish, Prefill, Step
-from specdec_cli.models.backend import common_prefix
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
-from specdec_cli.server.request import Request
-from specdec_cli.server.errors import (
-    ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError, internal, to_api_error,
-)
-from specdec_cli.driver import Drive
-from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
-from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
+from specdec_cli.driver import Drive
+from specdec_cli.models.backend import common_prefix
+from specdec_cli.server.errors import (
+    ClientGoneError,
+    DeadlineError,
+    QueueFullError,
+    ShuttingDownError,
+    internal,
+    to_api_error,
+)
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
+from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
+from specdec_cli.server.request import Request
+from specdec_cli.server.service import GenerationService
 from specdec_cli.spec import Method
 
 T = TypeVar("T")
@@ -359,7 +365,7 @@ class Worker:
                 continue
             try:
                 if job.task is not None:
-                    self._guarded(lane, lambda: _run_task(job, self.service))
+                    self._guarded(lane, lambda job=job: _run_task(job, self.service))
                 else:
                     self._serve(job, lane)
             except Exception as e:  # not expected (`_serve` catches); the thread must outlive it all the same
@@ -376,7 +382,7 @@ class Worker:
                 with self._cv:
                     due = self.saver.note()
                 if due:  # the baton only when a save is due: an editor's next completion may be waiting for this lane
-                    self._guarded(lane, lambda: self._save(f"after request #{job.id}", self._save_if_due))
+                    self._guarded(lane, lambda job=job: self._save(f"after request #{job.id}", self._save_if_due))
 
     def _guarded(self, lane: int, fn: Callable[[], Any]) -> Any:
         """Run `fn` on this lane's thread while no other lane runs Python (`PassScheduler.run`; directly with one
@@ -525,10 +531,11 @@ SAVE_INTERVAL_S = 300.0  # seconds between two saves, at most (`specdec serve --
 class Saver:
     """When to save what was learnt while the server runs (`Worker(saver=Saver(service.save_learnt))`): once `every`
     requests were served since the last save, or `interval` seconds passed with at least one served, so a crash
-    (kill -9) loses at most that much. The worker calls `note` after each request (and, when that made a save due,
-    saves on its own thread while no lane runs Python) and `save_now` when a save falls due while it is idle (the learning of the last requests before a
-    quiet hour is on disk within `interval`, not at the next request), so nothing mutates the stores during a save;
-    each store writes atomically under its own file lock. Nothing served since the last save: nothing to write."""
+    (kill -9) loses at most that much. The worker calls `note` after each request (and, when that made a save due, saves
+    on its own thread while no lane runs Python) and `save_now` when a save falls due while it is idle (the learning of
+    the last requests before a quiet hour is on disk within `interval`, not at the next request), so nothing mutates the
+    stores during a save; each store writes atomically under its own file lock. Nothing served since the last save:
+    nothing to write."""
 
     def __init__(self, save: Callable[[], None], *, every: int = SAVE_EVERY, interval: float = SAVE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -581,7 +588,7 @@ def _chunk_s(job: Job) -> list[float]:
     if job.started_at is None or not job.chunk_ends:
         return []
     ends = [job.started_at, *job.chunk_ends]
-    return [b - a for a, b in zip(ends, ends[1:])]
+    return [b - a for a, b in zip(ends, ends[1:], strict=False)]
 
 
 def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:

@@ -38,15 +38,15 @@ import shutil
 import time
 import uuid
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, PackedTokens, _be_bytes, _concat, suffix_array
-from specdec_cli.errors import reason
 from specdec_cli import files
+from specdec_cli.errors import reason
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, PackedTokens, _be_bytes, _concat, suffix_array
 
 FORMAT = "specdec-corpus"
 VERSION = 2
@@ -333,7 +333,7 @@ def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str],
         "generation": generation, "token_bytes": width, "n_tokens": int(tokens.size - len(segments)),
         "updated": time.time(),
         "files": [FileEntry(p, s, m, int(a), len(seg)).to_list()
-                  for (p, s, m), a, seg in zip(entries_, starts[:-1], segments)],
+                  for (p, s, m), a, seg in zip(entries_, starts[:-1], segments, strict=False)],
         **(extra or {}),
     }
     files.write_atomic(directory / MANIFEST, json.dumps(meta))

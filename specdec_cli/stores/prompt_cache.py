@@ -48,16 +48,17 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 import filelock
 import numpy as np
 
-from specdec_cli.models.backend import common_prefix
-from specdec_cli.errors import CacheTrimError, StateError, reason
 from specdec_cli import files
+from specdec_cli.errors import CacheTrimError, StateError, reason
+from specdec_cli.models.backend import common_prefix
 
 FORMAT = "specdec-prompt-cache"
 VERSION = 1

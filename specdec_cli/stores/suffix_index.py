@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -439,6 +439,6 @@ def _concat(docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     tokens = np.full(int(offsets[-1]), SEP, dtype=np.int32)
-    for d, start in zip(docs, offsets[:-1]):
+    for d, start in zip(docs, offsets[:-1], strict=True):
         tokens[start : start + len(d)] = d
     return tokens, offsets

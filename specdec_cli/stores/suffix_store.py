@@ -28,16 +28,16 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import filelock
 import numpy as np
 
-from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus
-from specdec_cli.errors import reason
 from specdec_cli import files
+from specdec_cli.errors import reason
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus
 
 FORMAT = "specdec-suffix"
 VERSION = 1
@@ -319,7 +319,7 @@ class SuffixStore:
         if not self._pending:
             return True
         if self._loader is not None:
-            self.corpus  # collect `preload`'s result first: one reader of the file at a time
+            _ = self.corpus  # collect `preload`'s result first: one reader of the file at a time
         try:
             files.private_dir(self.path.parent)
             with self._lock():

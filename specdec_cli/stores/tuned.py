@@ -41,9 +41,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.models.machine import cpu_model, default_threads
-from specdec_cli.config import config_dir
 from specdec_cli import files
+from specdec_cli.config import config_dir
+from specdec_cli.models.machine import cpu_model, default_threads
 
 FILE_NAME = "tuned.json"
 VERSION = 1

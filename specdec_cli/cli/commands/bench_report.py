@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.cli import tables
-from specdec_cli.errors import UsageError
 from specdec_cli.cli.tables import ENERGY_HEADER, Bar, energy_cell, speed_cell, speed_style
+from specdec_cli.errors import UsageError
 from specdec_cli.measure.bench import BenchSummary
 
 PLOT_FORMATS = (".png", ".svg")
@@ -151,7 +151,6 @@ def speedup_chart(summaries: list[BenchSummary], classes: list[str], width: int 
 def markdown_table(doc: dict[str, Any], summaries: list[BenchSummary]) -> str:
     """The results as a GitHub Markdown table, with a comment naming the run it came from."""
     from specdec_cli.models.machine import one_line
-    from specdec_cli.session import kernels_line
 
     classes = _classes(doc)
     st = doc["settings"]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
+from specdec_cli import files
 from specdec_cli.cli.console import RichReporter
 from specdec_cli.errors import SpecdecError, UsageError
-from specdec_cli import files
-from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL, USES_PREDICTION
+from specdec_cli.spec import METHOD_NAMES, NEEDS_DRAFT_MODEL, USES_PREDICTION, Method
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_session import Chat

@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.cli.render import StreamRenderer, legend
 from specdec_cli.errors import SpecdecError
 from specdec_cli.spec import Method
-from specdec_cli.cli.render import StreamRenderer, legend
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_history import Totals, Turn

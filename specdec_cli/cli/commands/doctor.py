@@ -57,7 +57,8 @@ def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> s
     fit). Raises ModelError for a target that cannot be resolved or loaded."""
     from specdec_cli.cli.console import RichReporter
     from specdec_cli.models.llama import LlamaBackend, default_threads
-    from specdec_cli.session import Session, gpu_layers as layers_for
+    from specdec_cli.session import Session
+    from specdec_cli.session import gpu_layers as layers_for
     from specdec_cli.spec import ModelOptions
     from specdec_cli.stores import learnt
 
@@ -371,7 +372,7 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
     from specdec_cli.measure.flash_attn import Choice
 
     try:
-        chosen = Choice.from_dict(choice)  # decided again under today's rule
+        Choice.from_dict(choice)  # only that it reads: `flash_attn_choice` below decides again under today's rule
     except (KeyError, TypeError, ValueError):
         return Text("flash attention: llama.cpp's auto (the measured choice is unreadable: specdec doctor --measure)",
                     style="spec.label")
