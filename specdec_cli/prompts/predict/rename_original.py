@@ -1,10 +1,10 @@
 """Filename globbing utility."""
 
 import contextlib
-import fnmatch
-import itertools
 import os
 import re
+import fnmatch
+import itertools
 import stat
 import sys
 
