@@ -17,7 +17,7 @@ Shaped after mlx-lm's `stream_generate`, which its `generate` and its server bot
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,7 +66,7 @@ class Drive:
         self._t0: float | None = None  # perf_counter s: the start (before the prefill)
         self._t_prefill: float | None = None  # when the prefill's record came
         self._t_last: float | None = None  # when the last record came
-        self._gen: Iterator[Record] | None = None
+        self._gen: Generator[Record, None, None] | None = None
         self._closed = False
 
     def __iter__(self) -> Iterator[Record]:
@@ -74,7 +74,7 @@ class Drive:
             self._gen = self._records()
         return self._gen
 
-    def _records(self) -> Iterator[Record]:
+    def _records(self) -> Generator[Record, None, None]:
         if self._closed:
             return
         engine = self.engine

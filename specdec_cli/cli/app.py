@@ -13,7 +13,7 @@ from specdec_cli.cli import options as o
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
-from specdec_cli.spec import Method, ModelOptions, SpecOptions
+from specdec_cli.spec import K, Method, ModelOptions, SpecOptions
 
 app = typer.Typer(
     name="specdec",
@@ -36,11 +36,11 @@ def _model_options(target: str | None, draft: str | None, ctx: int, threads: int
                         prompt_cache=not no_prompt_cache)
 
 
-def _spec_options(method: str, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
+def _spec_options(method: Method, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
     """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once. A --k left
     out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
     Raises UsageError for a bad --k (exit 2)."""
-    return SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min,
+    return SpecOptions(method=method, k=K(k or "auto"), k_given=k is not None, ngram_min=ngram_min,
                        ngram_max=ngram_max, corpus=corpus or "auto")
 
 
@@ -288,7 +288,7 @@ def tune(
     code = execute(
         cases,
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
-        spec=SpecOptions(method=method, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=K("auto"), ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
         options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save, plot=plot),
@@ -775,7 +775,8 @@ def _reflow_help(typer_app: typer.Typer) -> None:
         if command.callback is not None:
             command.callback.__doc__ = _reflow(command.callback.__doc__)
     for group in typer_app.registered_groups:
-        _reflow_help(group.typer_instance)
+        if group.typer_instance is not None:
+            _reflow_help(group.typer_instance)
 
 
 _mount_subcommands()

@@ -162,6 +162,7 @@ class RichReporter:
             DownloadColumn,
             MofNCompleteColumn,
             Progress,
+            ProgressColumn,
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
@@ -169,6 +170,7 @@ class RichReporter:
             TransferSpeedColumn,
         )
 
+        columns: tuple[ProgressColumn, ...]
         if unit == "bytes":
             columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn())

@@ -5,7 +5,7 @@ Only command-line things live here; the domain types and their parsers (`Method`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -165,9 +165,9 @@ def grammar_option(json_object: bool, json_schema: str | None, grammar: str | No
     if layout not in constraint.LAYOUTS:
         raise UsageError(f"--json-layout {layout!r} is not a layout.", f"Use one of: {', '.join(constraint.LAYOUTS)}.")
     if json_object:
-        return constraint.json_object(layout=layout)
+        return constraint.json_object(layout=cast(constraint.JsonLayout, layout))
     if json_schema is not None:
-        return constraint.load(json_schema, "json-schema", layout=layout)
+        return constraint.load(json_schema, "json-schema", layout=cast(constraint.JsonLayout, layout))
     if grammar is not None:
         return constraint.load(grammar, "grammar")
     return None
@@ -179,7 +179,7 @@ OPTIONAL_VALUES = {"--compare": COMPARE_PAIRS}  # options whose number may be le
 def expand_optional_values(argv: list[str]) -> list[str]:
     """`--compare` alone means `--compare 3`: an option of `OPTIONAL_VALUES` not followed by a whole number gets its
     default (Typer has no options with an optional value). `--compare 5` and `--compare=5` pass as they are."""
-    out = []
+    out: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":
             return out + argv[i:]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -128,7 +128,7 @@ class SpeculativeEngine:
             self._sequence = (self.controller, self.controller.sequence())
         return self._sequence[1]
 
-    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
+    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Generator[Record, None, None]:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
 
         Args:
@@ -326,7 +326,7 @@ class SpeculativeEngine:
         return k, draft, alt
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
-              budget: int, late: bool = False) -> tuple[list[int], list, str | None]:
+              budget: int, late: bool = False) -> tuple[list[int], list, FinishReason | None]:
         """Commit `new` (accepted drafts, then the target token) to the output, in order, stopping at an
         end-of-generation token, a stop string, the token budget or, when `late` (past `line_time_ms`), a newline.
 

@@ -165,7 +165,7 @@ class LarkGrammar:
             parts = [_Expander(self, depth, None).alternatives(item[1], True) for item in self.ignore]
             if any(p is None for p in parts):
                 raise Unsupported("an %ignore pattern refers to a rule")
-            ignore = f"(?:{'|'.join(parts)})*"
+            ignore = f"(?:{'|'.join(p for p in parts if p is not None)})*"
         try:
             body = _Expander(self, depth, ignore).name("start", terminal=False)
         except _TooLarge:
@@ -262,6 +262,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
             line = text.count("\n", 0, i) + 1
             raise Unsupported(f"line {line}: cannot read {text[i:i + 20]!r}")
         kind = m.lastgroup
+        assert kind is not None  # every alternative of the pattern is a named group
         if kind == "directive" and m.group() in ("%json", "%regex"):
             raise Unsupported(f"{m.group()} cannot be expressed inside a regex")
         if kind == "special":
@@ -304,6 +305,10 @@ class _Items:
     def peek(self) -> tuple[str, str] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
 
+    def next_kind(self) -> str | None:
+        tok = self.peek()
+        return tok[0] if tok else None
+
     def expansions(self) -> tuple[list, int]:
         alternatives = [self.sequence()]
         while self.peek() == ("punct", "|"):
@@ -312,7 +317,7 @@ class _Items:
         return alternatives, self.i
 
     def sequence(self) -> list:
-        items = []
+        items: list = []
         while True:
             tok = self.peek()
             if tok is None or tok in (("punct", "|"), ("punct", ")"), ("punct", "]")):
@@ -345,11 +350,11 @@ class _Items:
 
     def bounds(self, close: str) -> tuple[int, int | None]:
         self.i += 1  # {
-        lo = self.number() if self.peek() and self.peek()[0] == "number" else 0
+        lo = self.number() if self.next_kind() == "number" else 0
         hi: int | None = lo
         if self.peek() == ("punct", ","):
             self.i += 1
-            hi = self.number() if self.peek() and self.peek()[0] == "number" else None
+            hi = self.number() if self.next_kind() == "number" else None
         self.expect(close)
         return lo, hi
 
@@ -362,7 +367,8 @@ class _Items:
 
     def expect(self, punct: str) -> None:
         if self.peek() != ("punct", punct):
-            found = self.peek()[1] if self.peek() else "the end"
+            tok = self.peek()
+            found = tok[1] if tok else "the end"
             raise Unsupported(f"expected {punct!r}, found {found!r}")
         self.i += 1
 

@@ -353,8 +353,11 @@ class Proposal(Protocol):
     """What verification reads of a draft (`core.draft.Draft`): int32 [k] tokens, and q_i for each (None for a
     deterministic drafter: q = one-hot)."""
 
-    tokens: np.ndarray
-    dists: tuple[Dist, ...] | None
+    @property
+    def tokens(self) -> np.ndarray: ...
+
+    @property
+    def dists(self) -> tuple[Dist, ...] | None: ...
 
 
 def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
@@ -396,8 +399,8 @@ def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequ
     if params.greedy:
         best = argmax_rows(logits)  # [R] the target's token after every row
         if masks is not None:
-            for i in np.flatnonzero(~allowed(masks, best)):
-                best[i] = np.argmax(apply_mask(logits[i], masks[i]))
+            for row in np.flatnonzero(~allowed(masks, best)):
+                best[row] = np.argmax(apply_mask(logits[row], masks[row]))
         agree = []
         for d, r in zip(drafts, rows, strict=False):
             miss = np.flatnonzero(best[r[:-1]] != d)

@@ -315,7 +315,7 @@ class SuffixDrafter(DrafterBase):
         tokens = self.edits.apply(c.tokens)
         return c if tokens is c.tokens else replace(c, tokens=tokens, probs=c.probs[:len(tokens)])
 
-    def draft(self, c: Continuation, source: str) -> Draft:
+    def draft(self, c: Continuation, source: Source) -> Draft:
         """A continuation as a deterministic draft (with its evidence) labelled `source`."""
         if not len(c.tokens):
             return Draft(tokens=EMPTY, dists=None, score=0.0, source=source)

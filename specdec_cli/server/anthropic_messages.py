@@ -411,6 +411,7 @@ class MessageWriter:
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         content: list[dict] = []
         if reply.content:
             content.append({"type": "text", "text": reply.content})

@@ -326,7 +326,7 @@ def _protocol(timeout: float, max_connections: int, error_body: Callable[[str, A
 
             self._header_timer = self.loop.call_later(timeout, expire)
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()
 

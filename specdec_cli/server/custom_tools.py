@@ -56,7 +56,7 @@ def input_grammar(syntax: str, definition: Any, *, param: str) -> InputGrammar:
     if not isinstance(definition, str) or not definition.strip():
         raise ApiError(400, f"{param}.definition is empty: give the grammar.", param=f"{param}.definition")
     try:
-        pattern = input_pattern(syntax, definition)
+        pattern = input_pattern("lark" if syntax == "lark" else "regex", definition)
     except Unsupported as e:
         raise ApiError(400, f"{param}: {e}", param=f"{param}.definition") from None
     return InputGrammar(syntax, definition, pattern)  # type: ignore[arg-type]

@@ -44,6 +44,7 @@ def fim_prompt(backend: Vocabulary, fim: Fim, *, n_ctx: int, n_predict: int) -> 
     Returns int ids [n], ending with the FIM middle token.
     """
     t = backend.fim_tokens()
+    assert t.pre is not None and t.suf is not None and t.mid is not None  # (the caller checked)
 
     def tok(text: str) -> list[int]:
         return backend.tokenize(text, add_special=False, parse_special=False) if text else []

@@ -102,6 +102,7 @@ class InfillWriter:
         self.model, self.method, self.fields, self.warm_up = model, method, fields, warm_up
 
     def body(self, reply: ReplyStream) -> dict:
+        assert reply.end is not None  # a whole response is written once the reply is done
         return self._select(self._final(reply.end, "" if self.warm_up else reply.content))
 
     def opening(self) -> list[Sse]:

@@ -341,6 +341,7 @@ class ChatWriter:
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         msg: dict = {"role": "assistant", "content": None if reply.calls and not reply.content else reply.content,
                      "refusal": None}
         if reply.calls:

@@ -81,6 +81,7 @@ class CompletionWriter:
 
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         return {
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "system_fingerprint": None,

@@ -547,6 +547,7 @@ class ResponsesWriter:
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         if reply.content or not reply.calls:
             item = self._message_item(new_id("msg", digits=ID_DIGITS), reply.content, "completed")
             if self.want_logprobs:

@@ -55,7 +55,8 @@ Piece = Callable[[int], bytes]
 class ToolFormat(Protocol):
     """How one template family takes tools and writes tool calls."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def render(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
         """The conversation (Hugging Face's message dicts, `service.template_messages`) and tools (OpenAI's tool
@@ -181,7 +182,7 @@ class Llama3(JsonCalls):
     optional_tag: bool = True
 
     def render(self, messages, tools):
-        out = []
+        out: list[dict] = []
         for m in messages:
             calls = m.get("tool_calls") or []
             if len(calls) > 1:
@@ -400,9 +401,9 @@ class JsonCallsParser(_JsonParser):
             else:
                 self._mode, self._pos = "calls", len(self._buf) - len(s) + len(head) - 1  # at the first "{"
         if self._mode == "text":
-            out = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
+            text: list[ReplyEvent] = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
             self._pos = len(self._buf)
-            return out
+            return text
         return self._read_calls(self.key, many=self.array)
 
 

@@ -89,7 +89,7 @@ def machine(threads: int | None, placement: str = "") -> dict[str, Any]:
     from specdec_cli.models.llama import system_info
 
     info = system_info()
-    desc = {
+    desc: dict[str, Any] = {
         "cpu": cpu_model(),
         "threads": int(threads or default_threads()[0]),
         "system_info": info,

@@ -7,9 +7,9 @@ Pure functions of the --json document and its `BenchSummary`s (`specdec_cli.meas
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from rich.console import Group
+from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -97,7 +97,7 @@ def results_table(summaries: list[BenchSummary]) -> Table:
                        ("mean\nacc. len", "right"), ("tok/\npass", "right"), ("ms/\npass", "right"),
                        ("cheap\nsizes", "right"), (ENERGY_HEADER, "right"), ("TTFT", "right"), ("peak RSS", "right"),
                        ("= none", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
+        t.add_column(name, justify=cast(JustifyMethod, just), no_wrap=True)
     for s in summaries:
         tps = Text("–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}")
         if s.tps_spread is not None:

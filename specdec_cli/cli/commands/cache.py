@@ -13,9 +13,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -121,7 +122,7 @@ def _prompt_stats() -> None:
                   caption=f"{len(s.entries)} entries, {_human(s.n_bytes)} of {_human(s.max_bytes)}",
                   caption_justify="left")  # fmt: skip
     for name, justify in (("model", "left"), ("tokens", "right"), ("size", "right"), ("last used", "left")):
-        table.add_column(name, justify=justify, overflow="fold")
+        table.add_column(name, justify=cast(JustifyMethod, justify), overflow="fold")
     for e in s.entries:
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
         model = Text(e.model) if not e.problem else Text(f"{e.model} (unusable: {e.problem})", style="red")

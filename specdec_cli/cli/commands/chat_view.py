@@ -93,7 +93,7 @@ class ChatView:
         self.err.print(Text('/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
                             "reply · Ctrl-D quits", style="spec.label"))
         self._grammar = config.grammar is not None
-        if self._grammar:
+        if config.grammar is not None:
             self.err.print(Text(f"every reply follows {config.grammar.name}", style="spec.label"))
         self.show_legend(spec.method)
         self.err.print()
