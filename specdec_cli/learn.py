@@ -104,6 +104,7 @@ def _walk_files(root: Path) -> list[Path]:
 def candidate_files(root: Path, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[Path]:
     """The files under `root` (a folder or a file) to consider, absolute, filtered by the globs."""
     root = root.resolve()
+    found: list[Path] | None
     if root.is_file():
         found = [root]
         base = root.parent
@@ -196,10 +197,11 @@ def learn(paths: Sequence[Path | str], *, tokenize: Callable[[str], Sequence[int
         out_entries: list[tuple[str, int, int]] = []
         total = 0
         for path in kept_paths:
-            e = old_by_path[path]
-            segments.append(old.segment(e))
-            out_entries.append((e.path, e.size, e.mtime_ns))
-            total += e.n_tokens
+            kept = old_by_path[path]
+            assert old is not None  # (kept paths are old ones)
+            segments.append(old.segment(kept))
+            out_entries.append((kept.path, kept.size, kept.mtime_ns))
+            total += kept.n_tokens
         changed = False
         n_found = len(found)
         for i, (path, p) in enumerate(sorted(found.items())):
@@ -216,6 +218,7 @@ def learn(paths: Sequence[Path | str], *, tokenize: Callable[[str], Sequence[int
                     report.skip("size cap")
                     changed = True
                 else:
+                    assert old is not None  # (e is an old entry)
                     segments.append(old.segment(e))
                     out_entries.append((path, e.size, e.mtime_ns))
                     total += e.n_tokens

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class Session:
     auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
     prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
     reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
-    _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
+    _curve: VerifyCurve | None | Literal[False] = None  # `verify_curve()` once known; False: none to be had
     _text: PromptText | None = None  # `prompt_text()` once built
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
     clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
@@ -99,7 +99,7 @@ class Session:
             return learnt.load_curve(self.curve_key())
         return self._curve or None
 
-    def _measure_curve(self, key: str, why: str, *, retry: bool = True) -> VerifyCurve:
+    def _measure_curve(self, key: str | None, why: str, *, retry: bool = True) -> VerifyCurve:
         """Measure the verify curve now, for the reason `why` (one phrase, shown with the progress bar), and keep it
         under `key`. A measurement the machine disturbed is repeated once after a short wait (`retry`;
         `verify_timing.measure_steady`); one still disturbed is kept as provisional (the next session measures it
@@ -270,9 +270,9 @@ class Session:
             if int(getattr(self.target, "n_nextn", 0)) < 1:
                 self._mtp = False
             else:
-                from specdec_cli.models.llama import LlamaMtp
+                from specdec_cli.models.llama import LlamaBackend, LlamaMtp
 
-                self._mtp = LlamaMtp(self.target)
+                self._mtp = LlamaMtp(cast(LlamaBackend, self.target))  # (only llama.cpp's has nextn layers)
         return self._mtp or None
 
     def close(self) -> None:

@@ -236,7 +236,9 @@ class AdaptiveK(KController):
         (K = 3) every `probe_every` steps while perfect drafts could still pay, in bursts while probes pay and
         backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
         to refresh v(1) when it is 8 x `probe_every` steps old."""
-        rates = self.model.rates()[: self.k_max + 1]
+        rates = self.model.rates()
+        assert rates is not None  # (next_k comes here once v(1) is known)
+        rates = rates[: self.k_max + 1]
         best = best_k(rates, self.margin)
         if (best > 0) != (self.best > 0):
             self._since = 0  # a regime change: no probe right away
@@ -316,6 +318,7 @@ class AdaptiveK(KController):
         if not self._evidence_ms:
             return False
         v = self.model.verify_curve()
+        assert v is not None  # (next_k comes here once v(1) is known)
         return flat(v) or min(self._evidence_ms) < CHEAP_DRAFT * float(v[0])
 
     def trim(self, draft: Draft) -> int:

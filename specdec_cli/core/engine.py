@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -106,6 +106,8 @@ class SpeculativeEngine:
         curve: the target's measured verify curve (`core.verify_timing.measure`), which each `Step` is placed on
             (`Step.curve_ms`, `Step.cheap`); None: not measured.
     """
+
+    watch: Any = None  # the assembler's `CurveWatch`, which `driver.Drive` shows every pass to; None: none
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
                  prompt_cache: StateCache | None = None, parking: StateParking | None = None,

@@ -225,8 +225,8 @@ class FirstMismatchProbe:
                     break
         return rows
 
-    def truncate(self, n: int) -> None:
-        self.inner.truncate(n)
+    def truncate(self, n: int, *, branch: bool = False) -> None:
+        self.inner.truncate(n, branch=branch)
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,10 @@ class Backend(Protocol):
         lane sharing its passes with other sequences (`server.lanes.SharedLane`: the joint K)."""
         ...
 
-    shared_rows: int
-    """Rows other sequences had in this backend's last forward pass (0: it ran alone; `server.lanes`)."""
+    @property
+    def shared_rows(self) -> int:
+        """Rows other sequences had in this backend's last forward pass (0: it ran alone; `server.lanes`)."""
+        ...
 
     kind: str
     """"transformer", "hybrid" or "recurrent" (a recurrent state cannot be cut at any position)."""

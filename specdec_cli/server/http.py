@@ -151,6 +151,7 @@ class Context:
             while True:
                 event = await events.get()
                 if isinstance(event, Done):
+                    assert reply is not None  # (a job's reply is set before it runs)
                     return JSONResponse(writer.body(reply))
                 elif isinstance(event, Failed):
                     raise to_api_error(event.error, param=param)

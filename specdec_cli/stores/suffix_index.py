@@ -427,10 +427,10 @@ class Corpus:
         best = max(b - a for _, a, b in runs)
         if best == 0 or best < min_prob * n:
             return None
-        ties = [r for r in runs if r[2] - r[1] == best]
-        if len(ties) > 1:  # most recent document wins
-            return max(ties, key=lambda r: int(sa[r[1] : r[2]].max()))
-        return ties[0]
+        tied = [r for r in runs if r[2] - r[1] == best]
+        if len(tied) > 1:  # most recent document wins
+            return max(tied, key=lambda r: int(sa[r[1] : r[2]].max()))
+        return tied[0]
 
 
 def _concat(docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

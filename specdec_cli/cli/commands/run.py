@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 from rich.text import Text
@@ -173,7 +174,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
                 compare: dict | None, *, k: str, k_source: str) -> None:
     from specdec_cli.models.llama import system_info
 
-    doc = {
+    doc: dict[str, Any] = {
         "text": result.text,
         "tokens": result.tokens,
         "finish_reason": result.stats.finish_reason,
