@@ -205,10 +205,11 @@ class PredictionDrafter(DrafterBase):
         if p != self.off[j] and j < m:
             # p is inside prediction token j: draft the rest of its text first, re-tokenized
             rest = self.text[p : int(self.off[j + 1])]
-            pending = self._retokenize(rest)
-            if pending is None:
+            retokenized = self._retokenize(rest)
+            if retokenized is None:
                 self._anchor = p  # stay unaligned; the next step re-syncs near here
                 return
+            pending = retokenized
             j += 1
         self._ptr, self._pending, self._tentative = j, pending, True
         self._run = n_out - bisect_left(self._starts, total - length)  # output tokens inside the match

@@ -226,7 +226,10 @@ class FirstMismatchProbe:
         return rows
 
     def truncate(self, n: int, *, branch: bool = False) -> None:
-        self.inner.truncate(n, branch=branch)
+        if branch:
+            self.inner.truncate(n, branch=True)
+        else:  # as the engine calls it (a wrapped backend may take only n)
+            self.inner.truncate(n)
 
 
 @dataclass(frozen=True)

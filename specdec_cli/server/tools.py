@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -99,7 +99,7 @@ def detect_tags(tokenize: Callable[[str], list[int]], piece: Callable[[int], byt
     return Tags(special=True)
 
 
-def call_schema(name: str, parameters: dict) -> dict:
+def call_schema(name: str, parameters: Mapping[str, Any]) -> dict:
     """The JSON schema of one call's object: {"name": NAME, "arguments": <parameters>}, in that order."""
     return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
             "required": ["name", "arguments"], "additionalProperties": False}

@@ -28,6 +28,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -264,15 +265,15 @@ class Corpus:
     # -- lookups ------------------------------------------------------------------------------------------------
 
     def _bytes(self) -> bytes:
-        if self._buf is None:
-            self._buf = _be_bytes(self.tokens, self.width)
+        if self._buf is None:  # (a packed corpus comes with its bytes: `tokens` is an array here)
+            self._buf = _be_bytes(cast(np.ndarray, self.tokens), self.width)
         return self._buf
 
     def _sa_view(self) -> memoryview:
         """`sa` as a memoryview: `bisect` indexes it in C and gets Python ints (no copy)."""
         if self._sav is None:
             self.sa = np.ascontiguousarray(self.sa, dtype=np.int32)
-            self._sav = memoryview(self.sa)
+            self._sav = memoryview(cast(Any, self.sa))  # (numpy's arrays are buffers; its stubs do not say so)
         return self._sav
 
     def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None,

@@ -31,6 +31,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import filelock
 import numpy as np
@@ -382,7 +383,7 @@ class SuffixStore:
             np.savez(
                 f,
                 meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8),
-                tokens=corpus.tokens,
+                tokens=cast(np.ndarray, corpus.tokens),  # (a store's corpus is never packed)
                 offsets=corpus.offsets,
                 added=corpus.added,
                 sa=corpus.sa,

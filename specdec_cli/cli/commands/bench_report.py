@@ -144,7 +144,8 @@ def speedup_chart(summaries: list[BenchSummary], classes: list[str], width: int 
                    if (v := s.speedup_by_class.get(c)) is not None])
               for c in classes]
     if len(classes) > 1:
-        groups.append(("all prompts", [Bar(s.config.label, s.speedup, plain=s.config.control) for s in shown]))
+        groups.append(("all prompts", [Bar(s.config.label, s.speedup, plain=s.config.control) for s in shown
+                                       if s.speedup is not None]))  # (all of them: `shown` has a speedup)
     return tables.speedup_chart("speedup over none, by prompt class", groups if shown else [], width)
 
 
