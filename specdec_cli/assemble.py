@@ -74,7 +74,9 @@ class Assembler:
             controller = self.make_controller(spec, saved_k=saved_k, fresh=fresh)
         curve = self.session.verify_curve(measure=drafter is not None)
         engine = SpeculativeEngine(self.session.target, drafter, controller,
-                                   prompt_cache=None if fresh else self.session.prompt_cache, curve=curve,
+                                   # PromptCache takes the StatefulBackend it saves (a narrower type than the protocol's)
+                                   prompt_cache=None if fresh else self.session.prompt_cache,  # type: ignore[arg-type]
+                                   curve=curve,
                                    clock=getattr(self.session, "clock", time.perf_counter))
         engine.watch = self.watch(curve)  # `driver.Drive` shows it every pass (plain decoding's too)
         return engine

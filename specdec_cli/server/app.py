@@ -20,10 +20,12 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
@@ -59,6 +61,7 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     model_id, method, n_ctx = service.model_id, service.method, service.n_ctx
     created = int(time.time())
     app = FastAPI(title="specdec serve", version=__version__, docs_url=None, redoc_url=None)
+    ctx: Context  # made below, once the routes' dependencies exist
     error_body = lambda path, err: ctx.error_body(path, err)  # noqa: E731 (ctx is made below)
     app.state.error_body = error_body  # for `make_server`'s refusals beyond --max-connections
     # middleware added last runs first: the access check, then CORS, then the body limit
@@ -103,7 +106,8 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            paths = ", ".join(sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", ())
+            routes = [cast(APIRoute, r) for r in app.routes]  # (routes with methods have a path)
+            paths = ", ".join(sorted({f"{m} {r.path}" for r in routes for m in getattr(r, "methods", ())
                                       if m in ("GET", "POST") and r.path != "/v1/models/{name}"}))
             message = f"Unknown path {request.url.path}. specdec serve offers {paths}."
         elif exc.status_code == 405:
@@ -154,7 +158,7 @@ def _model_card(model_id: str, created: int) -> dict:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "specdec"}
 
 
-def validation_error(errors: list[dict]) -> ApiError:
+def validation_error(errors: Sequence[dict]) -> ApiError:
     """The error for pydantic's validation errors: 400 `invalid_request_error`, for a body that is not JSON (code
     invalid_json) or naming the invalid field (`param`, e.g. "messages.0.role") and what is wrong with it, as OpenAI
     answers (its client raises BadRequestError); never 422."""

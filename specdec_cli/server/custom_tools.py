@@ -39,7 +39,7 @@ INPUT = "input"  # the one parameter a custom tool is shown with
 
 
 # -- the tool -------------------------------------------------------------------------------------------------------
-def input_grammar(syntax: str, definition: Any, *, param: str) -> InputGrammar:
+def input_grammar(syntax: Any, definition: Any, *, param: str) -> InputGrammar:
     """A custom tool's `format` of type grammar, checked and turned into the regex its input is held to.
 
     Args:
@@ -56,10 +56,10 @@ def input_grammar(syntax: str, definition: Any, *, param: str) -> InputGrammar:
     if not isinstance(definition, str) or not definition.strip():
         raise ApiError(400, f"{param}.definition is empty: give the grammar.", param=f"{param}.definition")
     try:
-        pattern = input_pattern("lark" if syntax == "lark" else "regex", definition)
+        pattern = input_pattern(syntax, definition)
     except Unsupported as e:
         raise ApiError(400, f"{param}: {e}", param=f"{param}.definition") from None
-    return InputGrammar(syntax, definition, pattern)  # type: ignore[arg-type]
+    return InputGrammar(syntax, definition, pattern)
 
 
 def custom_tool(name: str, description: str | None, grammar: InputGrammar | None, *, param: str) -> Tool:

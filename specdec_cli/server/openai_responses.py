@@ -411,6 +411,7 @@ def tools_of(body: ResponsesRequest) -> tuple[Tools | None, Names, tuple[str, ..
             flat, description = tool_name(where, name, tool.get("description"), taken=names.original, flat=flat)
             specs.append(custom_tool(flat, description, _custom_format(tool.get("format"), f"{where}.format"),
                                      param=where))
+        assert isinstance(flat, str) and isinstance(name, str)  # (`tool_name` checked both above)
         names.original[flat] = (ns, name)
         names.kinds[flat] = tool["type"]
     if body.parallel_tool_calls not in (None, True, False):
@@ -575,6 +576,7 @@ class ResponsesWriter:
             if self._message is None:
                 out += self._open_message()
             index = self._message
+            assert index is not None  # (opened above)
             part = self.output[index]["content"][0]
             part["text"] += event.text
             logprobs = chat_logprobs(self._pending_logprobs) if self.want_logprobs else []
