@@ -1040,7 +1040,9 @@ def probe_main(argv: list[str]) -> int:
     argv = [path] for `host.probe_load` (is this file safe to load?): extra buffer types off, so a host whose
     llama.cpp AMX kernels crash does not make a sound file look corrupt. argv = [path, threads] for
     `host.probe_child` (do this build's AMX kernels work on this CPU?): loaded as built, with the threads of the real
-    load (AMX worker threads are where issue 20824 faults).
+    load (AMX worker threads are where issue 20824 faults). argv = [path, "device", layers] for
+    `host.device_flash_attn` (does the device's flash attention survive verify passes?): `layers` offloaded, llama.cpp's
+    flash attention, a prefill and verify passes of several sizes with logits for every row, each rolled back.
 
     Run in a separate process, so a GGML_ASSERT or a segfault in llama.cpp ends only this process; the parent turns
     the signal into an error or a verdict. Exit code `host.PROBE_REFUSED`, with the message on stderr, when the load
@@ -1051,6 +1053,8 @@ def probe_main(argv: list[str]) -> int:
     from specdec_cli.errors import SpecdecError
     from specdec_cli.models.host import PROBE_REFUSED
 
+    if len(argv) == 3 and argv[1] == "device":
+        return _probe_device(argv[0], int(argv[2]))
     kernels = len(argv) > 1
     threads = int(argv[1]) if kernels else 2
     try:
@@ -1062,6 +1066,31 @@ def probe_main(argv: list[str]) -> int:
             backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
             backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
             backend.piece(toks[0])
+        finally:
+            backend.close()
+    except SpecdecError as e:
+        print(str(e), file=sys.stderr)
+        return PROBE_REFUSED
+    return 0
+
+
+def _probe_device(path: str, layers: int) -> int:
+    """`probe_main`'s device mode: verify passes the engine's sizes make, on the device, with flash attention as
+    llama.cpp chooses it; exit 0 when they return, `host.PROBE_REFUSED` when the load fails cleanly."""
+    import sys
+
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.models.host import PROBE_REFUSED
+
+    try:
+        backend = LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None)
+        try:  # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
+            text = "def f(x):\n    return x + 1\n" * 64
+            toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
+            backend.decode(toks, n_logits=1)
+            for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
+                backend.decode(toks[-rows:], n_logits=rows)
+                backend.truncate(len(toks))
         finally:
             backend.close()
     except SpecdecError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from typing import Any
 
 from rich.table import Table
@@ -93,8 +94,8 @@ def measure_flash_attn(model, reporter) -> None:
 
 
 def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
-    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names ("" on
-    a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build hides ggml's device API), "model":
+    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names, else
+    the names of the non-CPU devices ("" on a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build hides ggml's device API), "model":
     the file the layers are sized for (`target`, else the default/smallest downloaded model; None: none), "layers":
     n_gpu_layers it would load with, "why": one line}."""
     from specdec_cli.models import devices
@@ -107,6 +108,8 @@ def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
     backends = [name for name in ("CUDA", "METAL", "Metal", "VULKAN", "Vulkan", "HIP", "ROCm", "SYCL", "OPENCL",
                                   "MUSA", "CANN", "KOMPUTE", "BLAS") if f"{name} :" in info or f"{name}:" in info]
     devs = devices.devices()
+    if not backends and devs:  # a build whose system info lists only the CPU (ggml's dynamic backends): the devices'
+        backends = [re.sub(r"\d+$", "", d.name) for d in devs if d.kind != "CPU"]  # "Vulkan0" -> "Vulkan"
     try:
         model = _probe_model() if target is None else _resolve(target)
     except Exception:  # noqa: BLE001 - a report never fails on a model it cannot find
