@@ -94,10 +94,10 @@ def measure_flash_attn(model, reporter) -> None:
 
 
 def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
-    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names, else
-    the names of the non-CPU devices ("" on a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build hides ggml's device API), "model":
-    the file the layers are sized for (`target`, else the default/smallest downloaded model; None: none), "layers":
-    n_gpu_layers it would load with, "why": one line}."""
+    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names, else the
+    names of the non-CPU devices ("" on a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build
+    hides ggml's device API), "model": the file the layers are sized for (`target`, else the default/smallest downloaded
+    model; None: none), "layers": n_gpu_layers it would load with, "why": one line}."""
     from specdec_cli.models import devices
     from specdec_cli.models.llama import gpu_offload_supported, system_info
     from specdec_cli.session import gpu_layers as layers_for
