@@ -17,15 +17,16 @@ Shaped after mlx-lm's `stream_generate`, which its `generate` and its server bot
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specdec_cli.core.engine import Rows
-from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Step
 from specdec_cli.core.stats import RunStats, summarize
+from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.models.energy import Gauge, Meter, default_meter
 
 if TYPE_CHECKING:
@@ -80,7 +81,8 @@ class Drive:
             return
         engine = self.engine
         watch = getattr(engine, "watch", None)  # the Assembler's `CurveWatch`: every pass timed against the curve
-        gen = engine.steps(self.prompt, self.config) if self.rows else engine.generate(self.prompt, self.config)
+        gen: Generator[Any, Any, None] = engine.steps(self.prompt, self.config) if self.rows else \
+            engine.generate(self.prompt, self.config)
         gauge = self.gauge = Gauge(self.meter)
         self._t0 = time.perf_counter()
         answer = None

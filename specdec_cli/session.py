@@ -12,16 +12,17 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
+from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.models.backend import Backend, FimTokens
 from specdec_cli.models.devices import Offload
-from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
 
@@ -45,7 +46,7 @@ class Session:
     auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
     prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
     reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
-    _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
+    _curve: VerifyCurve | None | Literal[False] = None  # `verify_curve()` once known; False: none to be had
     _text: PromptText | None = None  # `prompt_text()` once built
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
     clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
@@ -98,7 +99,7 @@ class Session:
             return learnt.load_curve(self.curve_key())
         return self._curve or None
 
-    def _measure_curve(self, key: str, why: str, *, retry: bool = True) -> VerifyCurve:
+    def _measure_curve(self, key: str | None, why: str, *, retry: bool = True) -> VerifyCurve:
         """Measure the verify curve now, for the reason `why` (one phrase, shown with the progress bar), and keep it
         under `key`. A measurement the machine disturbed is repeated once after a short wait (`retry`;
         `verify_timing.measure_steady`); one still disturbed is kept as provisional (the next session measures it
@@ -253,8 +254,8 @@ class Session:
 
     def attach_draft(self, path: Path, *, reporter: Reporter | None = None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
-        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.host import probe_load
+        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.vocab import check_compatible
 
         o = self.options
@@ -280,9 +281,9 @@ class Session:
             if int(getattr(self.target, "n_nextn", 0)) < 1:
                 self._mtp = False
             else:
-                from specdec_cli.models.llama import LlamaMtp
+                from specdec_cli.models.llama import LlamaBackend, LlamaMtp
 
-                self._mtp = LlamaMtp(self.target)
+                self._mtp = LlamaMtp(cast(LlamaBackend, self.target))  # (only llama.cpp's has nextn layers)
         return self._mtp or None
 
     def close(self) -> None:
@@ -401,8 +402,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     """
     from specdec_cli import draft_policy
     from specdec_cli.config import load_catalog
-    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.host import probe_load
+    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
@@ -509,9 +510,8 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     string; None: not asked) decides: off where llama.cpp's flash attention crashed on a verify pass there.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
-    from specdec_cli.stores import learnt
-
     from specdec_cli.models.llama import PHASED, flash_attn_switch, gpu_offload_supported
+    from specdec_cli.stores import learnt
 
     value = (os.environ if environ is None else environ).get(FLASH_ATTN_ENV, "auto").strip().lower()
     if value in ("on", "1", "yes"):
@@ -527,7 +527,7 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
         return PHASED
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
-                          f"Unset it (the measured choice), or set it to on, off or phased.")
+                          "Unset it (the measured choice), or set it to on, off or phased.")
     on_cpu = gpu_layers == 0 or not gpu_offload_supported()  # what this run offloads, not what the build could
     phased = PHASED if switch and on_cpu else None  # the CPU's default where it can switch
     measured = learnt.load_flash_attn(learnt.curve_key(target_path, threads))

@@ -144,7 +144,7 @@ def speedups(cases, n: int = OUT, curve: VerifyCurve = CURVE) -> tuple[dict[str,
         return len(cases) / sum(1.0 / r for r, _ in runs), [s for _, steps in runs for s in steps]
 
     plain, _ = rate(lambda: None)
-    out = {str(k): rate(lambda: FixedK(k, curve))[0] / plain for k in FIXED_K}
+    out = {str(k): rate(lambda k=k: FixedK(k, curve))[0] / plain for k in FIXED_K}
     auto, steps = rate(lambda: AdaptiveK(curve=curve))
     out["auto"] = auto / plain
     return out, steps

@@ -15,8 +15,8 @@ from bench_docs import bench_doc, run
 from fakes import FakeBackend, hashed_logits, wants_draft
 from specdec_cli.__main__ import main
 from specdec_cli.cli.commands.bench_report import markdown_table
-from specdec_cli.measure import bench as B
 from specdec_cli.cli.options import COMPARE_PAIRS, expand_optional_values
+from specdec_cli.measure import bench as B
 from specdec_cli.measure.paired import measure
 from specdec_cli.session import Session
 

@@ -14,9 +14,9 @@ import pytest
 
 from specdec_cli.core.controller import AdaptiveK, FixedK
 from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
+from specdec_cli.core.records import Step
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import K, SpecOptions, k_values, parse_k
-from specdec_cli.core.records import Step
 
 # A CPU's steep verify curve (Qwen2.5-Coder-1.5B Q4_K_M): ms of one target pass over b tokens.
 CPU_B = np.array([1, 2, 4, 8, 16, 32, 64], dtype=np.float64)

@@ -14,8 +14,8 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.models import host
 from specdec_cli.errors import ModelError, UsageError
+from specdec_cli.models import host
 
 NO_AMX = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
 AMX = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "

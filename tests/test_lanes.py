@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
+from fakes import FakeBackend, greedy_reference, hashed_logits
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
 from specdec_cli.core.records import Step
@@ -16,8 +17,6 @@ from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority, Scheduler, _Sub
-
-from fakes import FakeBackend, greedy_reference, hashed_logits
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [10, 11, 12, 10, 11, 12, 10], [3, 4, 3, 4, 3, 4, 3, 4], [20, 21, 22, 23]]
 
@@ -204,7 +203,7 @@ def test_with_a_kv_stream_per_lane_a_long_prefill_gets_its_share_in_passes_of_it
     last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
     window = backend.passes[first:last + 1]  # from the editor's first pass to its last
     ms = [10.0 + 5.0 * p[0][1] for p in window]
-    agent_ms = sum(m for m, p in zip(ms, window) if p[0][0] == 0)
+    agent_ms = sum(m for m, p in zip(ms, window, strict=False) if p[0][0] == 0)
     assert 0.12 <= agent_ms / sum(ms) <= 0.3  # about its share of the time
     assert sum(1 for p in window if p[0][0] == 0) >= 3  # and in several passes: it never starved
 
@@ -235,7 +234,7 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
     agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
     sched._account([(agent, 64)], 960.0, 64)  # between two editor requests
     fim, = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
-    for n in range(1, 200):
+    for n in range(1, 200):  # noqa: B007 - read after the loop
         parts = sched._compose()
         if parts[0][0] is agent:
             break
@@ -262,7 +261,7 @@ def test_with_kv_streams_on_a_cpu_long_requests_run_one_at_a_time(flat):
         assert any(len(p) > 1 for p in lanes)
     else:
         assert all(len(p) == 1 for p in lanes)
-        switches = sum(1 for a, b in zip(lanes, lanes[1:]) if a != b)
+        switches = sum(1 for a, b in zip(lanes, lanes[1:], strict=False) if a != b)
         assert switches <= 4  # one slot's passes, then the next one's; interleaved, they switch at every pass
 
 

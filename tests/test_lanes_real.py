@@ -12,9 +12,9 @@ import pytest
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
 from specdec_cli.core.records import Step
+from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.models.llama import LlamaBackend
-from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.server.lanes import Priority, Scheduler
 
 pytestmark = pytest.mark.real
@@ -72,7 +72,7 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
     assert max(len(p) for p in sched.log) >= 2, "no pass was shared"
     for i in range(3):
         a, b = out[i], alone[i]
-        part = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        part = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         if part is None and len(a) == len(b):
             continue
         part = min(len(a), len(b)) if part is None else part  # one of them ended (an end token) where the other went on

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,12 +12,12 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend
-from specdec_cli.stores import learnt
-from specdec_cli.core.controller import AdaptiveK
-from specdec_cli.stores.learnt import LearntWarning, learnt_path
 from specdec_cli.assemble import Assembler
+from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
+from specdec_cli.stores import learnt
+from specdec_cli.stores.learnt import LearntWarning, learnt_path
 from test_controller import cpu, lookup_draft, step
 
 

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -26,22 +25,31 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, greedy_reference, hashed_logits, word  # noqa: E402
-from specdec_cli.errors import (  # noqa: E402
-    CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError,
-)
 from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
-from specdec_cli.server.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
-from specdec_cli.server.errors import (  # noqa: E402
-    ApiError, ClientGoneError, QueueFullError, ShuttingDownError, internal, to_api_error,
+from specdec_cli.core.stats import summarize  # noqa: E402
+from specdec_cli.errors import (  # noqa: E402
+    CacheTrimError,
+    ContextOverflowError,
+    DecodeError,
+    ModelError,
+    UsageError,
 )
 from specdec_cli.server import openai_base  # noqa: E402
+from specdec_cli.server.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
+from specdec_cli.server.errors import (  # noqa: E402
+    ApiError,
+    ClientGoneError,
+    QueueFullError,
+    ShuttingDownError,
+    internal,
+    to_api_error,
+)
 from specdec_cli.server.reply import RequestStats  # noqa: E402
 from specdec_cli.server.request import Defaults  # noqa: E402
 from specdec_cli.server.service import GenerationService  # noqa: E402
 from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import Session  # noqa: E402
 from specdec_cli.spec import SpecOptions  # noqa: E402
-from specdec_cli.core.stats import summarize  # noqa: E402
 
 PROMPT = "w5 w9 w3 w17 w4 w22 w8"  # FakeBackend: chat template = the contents, "wN" = token N
 PROMPT_TOKENS = [5, 9, 3, 17, 4, 22, 8]
@@ -337,7 +345,7 @@ def test_client_disconnect_mid_stream_stops_the_generation_and_frees_the_worker(
     with serving(backend, method="none") as s:
         client = s.client()
         stream = chat(client, max_tokens=400, stream=True)
-        for _, _chunk in zip(range(4), stream):
+        for _, _chunk in zip(range(4), stream, strict=False):
             pass
         stream.close()
         s.wait(lambda h: not h["busy"] and h["queued"] == 0)
@@ -512,7 +520,7 @@ def test_real_server_saves_the_prompt_cache_so_a_restart_serves_the_prompt_from_
     the prompt cache (usage.prompt_tokens_details.cached_tokens >= 95 % of the prompt). The server drives its
     generations through the driver, which saves a finished prompt; before, only `specdec run` saved one."""
     facts = [f"Fact {i}: the {c} box on shelf {i % 7} holds {i * 3} {n}." for i, (c, n) in enumerate(
-        zip(["red", "green", "blue", "yellow", "white"] * 12, ["pens", "cups", "keys", "maps", "nails", "coins"] * 10))]
+        zip(["red", "green", "blue", "yellow", "white"] * 12, ["pens", "cups", "keys", "maps", "nails", "coins"] * 10, strict=False))]
     messages = [{"role": "user", "content": "Read these facts.\n" + "\n".join(facts) + "\nWhich box holds 30 keys?"}]
     served = []
     for _ in range(2):

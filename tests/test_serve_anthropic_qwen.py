@@ -24,7 +24,7 @@ QUESTION = [{"role": "user", "content": "What is the weather like in Paris right
 
 
 @pytest.fixture(scope="module")
-def client(openai_client):
+def client(openai_client):  # noqa: F811  (the fixture imported above)
     """The anthropic client on test_serve_qwen's server (its base URL without /v1: the client adds it)."""
     return anthropic.Anthropic(base_url=str(openai_client.base_url).removesuffix("/").removesuffix("/v1"),
                                api_key="unused", max_retries=0, timeout=600)

@@ -4,8 +4,8 @@ saved as it goes, caches kept apart per key, and no internal message to a client
 from __future__ import annotations
 
 import json
-import socket
 import re
+import socket
 import threading
 import time
 import warnings
@@ -19,8 +19,6 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, hashed_logits  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving  # noqa: E402
-
 from specdec_cli.core.engine import GenerationConfig  # noqa: E402
 from specdec_cli.errors import UsageError  # noqa: E402
 from specdec_cli.server.access import HostCheck, OriginCheck, is_loopback  # noqa: E402
@@ -30,6 +28,7 @@ from specdec_cli.server.service import GenerationService  # noqa: E402
 from specdec_cli.server.worker import Done, Failed, Saver, Started, Worker  # noqa: E402
 from specdec_cli.session import Session  # noqa: E402
 from specdec_cli.spec import SpecOptions  # noqa: E402
+from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving  # noqa: E402
 
 MESSAGES = {"model": "x", "max_tokens": 3, "messages": [{"role": "user", "content": PROMPT}]}
 
@@ -103,7 +102,7 @@ def test_browser_origins_only_as_cors_origin_allows_with_preflights():
     assert OriginCheck(["*"])("https://anything.example") and not OriginCheck([])("null")
 
 
-# -- 2. a key for a server others can reach -----------------------------------------------------------------------------
+# -- 2. a key for a server others can reach ----------------------------------------------------------------------------
 def test_a_non_loopback_bind_without_a_key_is_refused_unless_confirmed(monkeypatch):
     from specdec_cli.cli.commands.serve import check_exposure
 
@@ -252,7 +251,7 @@ def _closed_by_server(sock: socket.socket, within: float) -> bool:
             data = sock.recv(4096)
             if not data:
                 return True
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True
@@ -453,8 +452,8 @@ def test_the_last_requests_learning_is_saved_while_the_server_is_idle():
 
 
 def test_a_corrupt_learnt_json_is_set_aside_and_temporaries_removed():
-    from specdec_cli.stores import learnt
     from specdec_cli.core.controller import AdaptiveK
+    from specdec_cli.stores import learnt
 
     path = learnt.learnt_path()
     path.parent.mkdir(parents=True, exist_ok=True)

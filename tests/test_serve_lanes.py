@@ -6,7 +6,6 @@ import threading
 import time
 
 import numpy as np
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -24,8 +23,8 @@ def _laned(backend: FakeBackend, n: int) -> FakeBackend:
 
 
 def _prompt_tokens(s, content: str) -> list[int]:
-    from specdec_cli.server.request import Message, Request
     from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.request import Message, Request
 
     return s.worker.service.prompt_tokens(Request(config=GenerationConfig(), messages=(Message("user", content),)))
 

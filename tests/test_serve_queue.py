@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from fakes import FakeBackend, greedy_reference, hashed_logits  # noqa: E402
+from fakes import greedy_reference, hashed_logits  # noqa: E402
 from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving, text_of  # noqa: E402
 
 

@@ -11,8 +11,9 @@ is there (the formulas, the CPU's verify curve, the back-off schedules) is expla
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,9 +31,8 @@ from specdec_cli.core.cost_model import (
     expected_ms,
     expected_tokens,
 )
-
-from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.draft import Draft, cut
+from specdec_cli.models.backend import common_prefix
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
@@ -112,6 +112,7 @@ class KController(Protocol):
     def end_reply(self) -> None:
         """The reply under way ended (finished, stopped or abandoned): what it taught becomes what every sequence
         of this controller starts its next reply from."""
+        return None  # a body, so that the type checker does not count this default hook as abstract
 
     def sequence(self) -> KController:
         """The controller one sequence generates with (each lane of a server has its own): every hook above, on
@@ -238,7 +239,9 @@ class AdaptiveK(KController):
         without a model whose lookups found nothing yet, again the next step: `choose`), in bursts while probes pay
         and backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
         to refresh v(1) when it is 8 x `probe_every` steps old."""
-        rates = self.model.rates()[: self.k_max + 1]
+        rates = self.model.rates()
+        assert rates is not None  # (next_k comes here once v(1) is known)
+        rates = rates[: self.k_max + 1]
         best = best_k(rates, self.margin)
         if (best > 0) != (self.best > 0):
             self._since = 0  # a regime change: no probe right away
@@ -321,6 +324,7 @@ class AdaptiveK(KController):
         if not self._evidence_ms:
             return False
         v = self.model.verify_curve()
+        assert v is not None  # (next_k comes here once v(1) is known)
         return flat(v) or min(self._evidence_ms) < CHEAP_DRAFT * float(v[0])
 
     def trim(self, draft: Draft) -> int:

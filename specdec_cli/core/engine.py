@@ -22,20 +22,30 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend, branch_rows, common_prefix
+from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
 from specdec_cli.core.draft import Draft, Drafter, cut
-from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.records import (
-    ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Record, Source, Step, TokenLogprob,
+    ACCEPTED,
+    REJECTED,
+    TARGET,
+    Finish,
+    FinishReason,
+    Prefill,
+    Record,
+    Source,
+    Step,
+    TokenLogprob,
 )
 from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify, verify_branches
+from specdec_cli.models.backend import Backend, branch_rows, common_prefix
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
@@ -136,6 +146,8 @@ class SpeculativeEngine:
             rows in the last pass); None: the target's own (one sequence alone).
     """
 
+    watch: Any = None  # the assembler's `CurveWatch`, which `driver.Drive` shows every pass to; None: none
+
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
                  prompt_cache: StateCache | None = None, parking: StateParking | None = None,
                  clock: Callable[[], float] = time.perf_counter, curve: VerifyCurve | None = None) -> None:
@@ -158,7 +170,8 @@ class SpeculativeEngine:
             self._sequence = (self.controller, self.controller.sequence())
         return self._sequence[1]
 
-    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
+    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()
+                 ) -> Generator[Record, None, None]:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`: `steps` with every pass
         run on the target alone (the one-sequence case; the server's `server.lanes.Scheduler` runs many at once).
 
@@ -223,6 +236,7 @@ class SpeculativeEngine:
                 else:
                     logits = yield Rows(batch, len(batch), alt.tokens)  # float32 [k + 1 + alt's own tokens, V]
                 t_verify = self.clock()
+                assert logits is not None  # a verify pass is answered with its rows' logits
                 # 4. accept, under the grammar's mask of each row when there is one: masks int32 [k + 1, V/32]
                 masks = grammar.masks(d) if grammar is not None else None
                 won = 0  # the branch the target followed further: 1 = alt, which then becomes the draft
@@ -390,7 +404,7 @@ class SpeculativeEngine:
         return k, draft, alt
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
-              budget: int, late: bool = False) -> tuple[list[int], list, str | None]:
+              budget: int, late: bool = False) -> tuple[list[int], list, FinishReason | None]:
         """Commit `new` (accepted drafts, then the target token) to the output, in order, stopping at an
         end-of-generation token, a stop string, the token budget or, when `late` (past `line_time_ms`), a newline.
 

@@ -43,10 +43,11 @@ import re
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from specdec_cli.errors import ModelError
 from specdec_cli.models import build
@@ -412,8 +413,8 @@ def _remember_probed(key: str) -> None:
 
 def _write_cache_file(name: str, doc: object) -> None:
     """Write `doc` as JSON to `name` in the cache directory, atomically; a read-only or full cache is ignored."""
-    from specdec_cli.config import cache_dir
     from specdec_cli import files
+    from specdec_cli.config import cache_dir
 
     path = cache_dir() / name
     try:

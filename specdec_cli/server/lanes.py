@@ -50,8 +50,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -235,8 +236,10 @@ class Scheduler:
             return False
         parts = self._compose()
         for sub, _ in [p for p in parts if p[0].done and p[0].slot.check is not None]:  # between a prefill's pieces
+            check = sub.slot.check
+            assert check is not None  # (the filter above)
             try:
-                sub.slot.check()
+                check()
             except BaseException as e:  # noqa: BLE001 (its program's to handle)
                 parts = [p for p in parts if p[0] is not sub]
                 self._subs.pop(sub.slot.index, None)
@@ -248,6 +251,7 @@ class Scheduler:
     def _advance(self, slot: Slot, error: BaseException | None = None) -> None:
         """Send `slot`'s program its answer (or throw `error` into it) and keep the rows it yields next."""
         program, answer = slot.program, slot.answer
+        assert program is not None  # (a slot is advanced only while it runs one)
         slot.answer = None
         try:
             rows = program.throw(error) if error is not None else program.send(answer)
@@ -354,7 +358,7 @@ class Scheduler:
             per = ms / total
             self._ms_per_row = per if self._ms_per_row is None else 0.7 * self._ms_per_row + 0.3 * per
         done = []
-        for (sub, m), result in zip(parts, results):
+        for (sub, m), result in zip(parts, results, strict=False):
             sub.slot.shared_rows = total - m
             sub.done += m if error is None else 0
             if error is not None or sub.done == len(sub.tokens):

@@ -24,28 +24,29 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from specdec_cli.driver import Drive, stream
-from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
+from specdec_cli.driver import Drive, stream
+from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.models.backend import FimTokens
 from specdec_cli.server.custom_tools import decode_calls, template_arguments
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fim import fim_prompt
 from specdec_cli.server.guards import CallGuard
-from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
 from specdec_cli.server.lanes import Scheduler
+from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
 from specdec_cli.server.request import Message, Output, Request
-from specdec_cli.server.tool_formats import ToolFormat, detect as detect_tool_format
+from specdec_cli.server.tool_formats import ToolFormat
+from specdec_cli.server.tool_formats import detect as detect_tool_format
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 from specdec_cli.stores.kv_parking import KvParking
-
 
 KEPT_PROMPTS = 8  # conversations whose prompt token ids `GenerationService.prompt_tokens` keeps
 

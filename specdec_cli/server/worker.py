@@ -29,24 +29,30 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Generator
+from typing import Any
 
 import numpy as np
 
-from specdec_cli.core.records import Finish, Prefill, Step
-from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.engine import Rows
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
-from specdec_cli.server.request import Request
-from specdec_cli.server.errors import (
-    ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError, internal, to_api_error,
-)
-from specdec_cli.driver import Drive
-from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
-from specdec_cli.server.service import GenerationService
+from specdec_cli.core.records import Finish, Prefill, Step
 from specdec_cli.core.stats import RunStats
+from specdec_cli.driver import Drive
+from specdec_cli.models.backend import common_prefix
+from specdec_cli.server.errors import (
+    ClientGoneError,
+    DeadlineError,
+    QueueFullError,
+    ShuttingDownError,
+    internal,
+    to_api_error,
+)
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
+from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
+from specdec_cli.server.request import Request
+from specdec_cli.server.service import GenerationService
 from specdec_cli.spec import Method
 
 
@@ -331,6 +337,7 @@ class Worker:
                 job.lane = self._place(min(free, key=lambda i: self._used[i]), job)
                 if job.lane in self._running:  # held for the finishing slot that holds its prefix
                     continue
+            assert job.lane is not None  # (placed above, or handed to a slot before)
             self._pending.remove(job)
             self._running[job.lane] = job
             job.started_at = time.monotonic()
@@ -534,7 +541,7 @@ def _chunk_s(job: Job) -> list[float]:
     if job.started_at is None or not job.chunk_ends:
         return []
     ends = [job.started_at, *job.chunk_ends]
-    return [b - a for a, b in zip(ends, ends[1:])]
+    return [b - a for a, b in zip(ends, ends[1:], strict=False)]
 
 
 def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:
