@@ -158,6 +158,16 @@ def render_chat_template(template: str, messages: list[dict], *, bos_token: str,
                          "Use --raw to send the prompt without it.") from None
 
 
+def _free(owner: object, *handles: tuple[str, Callable[[Any], None]]) -> None:
+    """Free, in order, each llama.cpp handle `owner` still holds (its attribute's name, llama.cpp's free function for
+    it) and set the attribute to None, so that a second `close` (or `__del__` after one) frees nothing twice."""
+    for name, free in handles:
+        handle = getattr(owner, name)
+        if handle is not None:
+            free(handle)
+            setattr(owner, name, None)
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= 200 else text[:197] + "..."
@@ -962,15 +972,8 @@ class LlamaBackend(RecurrentGuard):
     def close(self) -> None:
         if self._root is not self:  # a lane: the root lane frees the context and the model
             return
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        _free(self, ("_batch", llama_cpp.llama_batch_free), ("_ctx", llama_cpp.llama_free),
+              ("_model", llama_cpp.llama_model_free))
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
@@ -1018,9 +1021,7 @@ class VocabOnly:
     vocab_info = LlamaBackend.vocab_info
 
     def close(self) -> None:
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        _free(self, ("_model", llama_cpp.llama_model_free))
 
 
 def probe_main(argv: list[str]) -> int:
@@ -1211,9 +1212,4 @@ class LlamaMtp:
     def close(self) -> None:
         if self.target.on_hidden == self._catch_up:
             self.target.on_hidden = None
-        if self._batch is not None:
-            llama_cpp.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        _free(self, ("_batch", llama_cpp.llama_batch_ext_free), ("_ctx", llama_cpp.llama_free))
