@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any, Literal, Optional, Union
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -30,11 +29,11 @@ from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.http import Context
 from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config,
-    usage_json,
+    FINISH_REASONS, Generation, Open, OpenAIWriter, StreamOptions, Strict, check_logprobs, chat_logprobs,
+    generation_config, sse, usage_json,
 )
 from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
+    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse,
 )
 from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, Tools, ToolMode
 from specdec_cli.server.reply import PieceLogprob
@@ -307,21 +306,12 @@ def output_of(response_format: Optional[dict]) -> Optional[Output]:
 
 
 # -- reply → wire -----------------------------------------------------------------------------------------------------
-class ChatWriter:
-    """`chat.completion` JSON, or the `chat.completion.chunk` stream, of one reply (a `reply.Writer`).
+class ChatWriter(OpenAIWriter):
+    """`chat.completion` JSON, or the `chat.completion.chunk` stream, of one reply (a `reply.Writer`; the arguments
+    are `openai_base.OpenAIWriter`'s: with `logprobs`, `logprobs.content` is a list, else null)."""
 
-    Args:
-        model: the model id the response names. method: the drafter (specdec's statistics).
-        logprobs: the request asked for logprobs (then `logprobs.content` is a list, else null).
-        include_usage: `stream_options.include_usage`.
-    """
-
-    def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
-        self.id = new_id("chatcmpl", sep="-")
-        self.created = int(time.time())
-        self.model, self.method = model, method
-        self.want_logprobs = logprobs
-        self.include_usage = include_usage
+    ID_PREFIX = "chatcmpl"
+    CHUNK_OBJECT = "chat.completion.chunk"
 
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
@@ -356,28 +346,13 @@ class ChatWriter:
         if isinstance(event, Arguments):
             return [self._chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})]
         if isinstance(event, End):
-            out = [self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))]
-            if self.include_usage:
-                out.append(_sse({**self._base(), "choices": [], "usage": usage_json(event.stats)}))
-            return out
+            return ([self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))]
+                    + self._usage(event.stats))
         return []  # CallEnd: nothing of its own in this format
-
-    def closing(self) -> list[Sse]:
-        return [{"data": "[DONE]"}]
-
-    def failure(self, error: ApiError) -> list[Sse]:
-        return [_sse(error.body())]  # the openai client raises APIError on a chunk with "error"
-
-    def _base(self) -> dict:
-        out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-               "system_fingerprint": None}
-        if self.include_usage:
-            out["usage"] = None
-        return out
 
     def _chunk(self, delta: dict, logprobs: Optional[dict] = None, *, finish: Optional[str] = None,
                **extra) -> Sse:
-        return _sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+        return sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                   "finish_reason": finish}], **extra})
 
     def _logprobs(self, entries: list[PieceLogprob] | tuple[PieceLogprob, ...]) -> Optional[dict]:
@@ -391,10 +366,6 @@ def finish_reason(end: End) -> Optional[str]:
 
 def _call_json(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def _sse(obj: dict) -> Sse:
-    return {"data": json.dumps(obj)}
 
 
 # -- the route --------------------------------------------------------------------------------------------------------
