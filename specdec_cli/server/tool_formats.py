@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark
@@ -36,7 +36,9 @@ from specdec_cli.server.reply import (
     Arguments, CallEnd, CallStart, Content, ParsedCall, Parser, ReplyEvent, new_id,
 )
 from specdec_cli.server.request import Tools
-from specdec_cli.server.tools import INLINE, ReplyParser, Tags, call_schema, detect_tags, grammar as hermes_grammar
+from specdec_cli.server.tools import (
+    INLINE, ReplyParser, StreamingParser, Tags, call_schema, detect_tags, grammar as hermes_grammar,
+)
 
 Tokenize = Callable[[str], list[int]]  # special tokens parsed
 Piece = Callable[[int], bytes]
@@ -316,22 +318,13 @@ _DECODER = json.JSONDecoder()
 
 
 @dataclass
-class _JsonParser:
+class _JsonParser(StreamingParser):
     """What the parsers below share: the reply's text accumulates in `_buf` (`_pos`: how far it is read), and calls
     are read as whole JSON objects (`reply.ReplyStream` holds calls until complete anyway). Without `tools`, the text
     passes through."""
 
-    tools: bool
-    calls: list[ParsedCall] = field(default_factory=list)
-    _buf: str = ""
     _pos: int = 0
     _mode: str = "start"
-
-    def feed(self, text: str) -> list[ReplyEvent]:
-        if not self.tools:
-            return [Content(text)] if text else []
-        self._buf += text
-        return self._drain(final=False)
 
     def close(self, cut: bool = False) -> list[ReplyEvent]:
         """The last events; an unfinished call or value (possible only without a grammar) is given as text unless
@@ -342,9 +335,6 @@ class _JsonParser:
         if self._mode in ("calls", "value") and not cut and self._buf[self._pos:]:
             out.append(Content(self._buf[self._pos:]))
         return out
-
-    def _drain(self, *, final: bool) -> list[ReplyEvent]:
-        raise NotImplementedError
 
     def _read_calls(self, key: str, *, many: bool = True) -> list[ReplyEvent]:
         """The calls complete in `_buf` from `_pos` (objects separated by "," and whitespace); `_mode` becomes
