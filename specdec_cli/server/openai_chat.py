@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import Response
 from pydantic import Field
 
-from specdec_cli.core.constraint import GrammarError, json_object, json_schema
+from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.http import Context
 from specdec_cli.server.fields import check_template_kwargs
@@ -37,8 +37,7 @@ from specdec_cli.server.reply import (
 )
 from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, Tools, ToolMode
 from specdec_cli.server.reply import PieceLogprob
-from specdec_cli.server.reading import Named, choose, content_text, function_tool
-from specdec_cli.server.tools import NAME
+from specdec_cli.server.reading import Named, choose, content_text, format_name, function_tool, json_output
 
 
 # -- the wire format ------------------------------------------------------------------------------------------------
@@ -273,24 +272,16 @@ def output_of(response_format: Optional[dict]) -> Optional[Output]:
     Raises ApiError (400, `param` "response_format..."): an unknown type, a bad name, a schema llguidance cannot
     compile (the message says where).
     """
-    if response_format is None:
-        return None
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Output({"type": "object"}, json_object(name="response_format"))
-    if kind != "json_schema":
-        raise ApiError(400, f"response_format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.",
-                       param="response_format.type")
+    return json_output(response_format, "response_format", _json_schema_output)
+
+
+def _json_schema_output(response_format: dict) -> Output:
+    """`response_format` of type json_schema: its `json_schema` object, checked, as an `Output`."""
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict):
         raise ApiError(400, "response_format of type 'json_schema' needs json_schema: {\"name\", \"schema\", "
                        "\"strict\", \"description\"}.", param="response_format.json_schema")
-    name = spec.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise ApiError(400, f"response_format.json_schema.name {name!r} is not a name (letters, digits, _ and -, "
-                       "at most 64).", param="response_format.json_schema.name")
+    name = format_name(spec.get("name"), "response_format.json_schema.name")
     description = spec.get("description")
     if description is not None and not isinstance(description, str):
         raise ApiError(400, "response_format.json_schema.description is not a string.",
