@@ -1038,49 +1038,51 @@ def probe_main(argv: list[str]) -> int:
     the signal into an error or a verdict. Exit code `host.PROBE_REFUSED`, with the message on stderr, when the load
     fails cleanly.
     """
-    import sys
-
-    from specdec_cli.errors import SpecdecError
-    from specdec_cli.models.host import PROBE_REFUSED
-
     if len(argv) == 3 and argv[1] == "device":
         return _probe_device(argv[0], int(argv[2]))
     kernels = len(argv) > 1
     threads = int(argv[1]) if kernels else 2
-    try:
-        backend = LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0,
-                               extra_bufts=kernels)
-        try:
-            toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
-            backend.decode(toks, n_logits=1)  # a prefill ...
-            backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
-            backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
-            backend.piece(toks[0])
-        finally:
-            backend.close()
-    except SpecdecError as e:
-        print(str(e), file=sys.stderr)
-        return PROBE_REFUSED
-    return 0
+
+    def passes(backend: LlamaBackend) -> None:
+        toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
+        backend.decode(toks, n_logits=1)  # a prefill ...
+        backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
+        backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
+        backend.piece(toks[0])
+
+    return _probe(lambda: LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0,
+                                       extra_bufts=kernels), passes)
 
 
 def _probe_device(path: str, layers: int) -> int:
     """`probe_main`'s device mode: verify passes the engine's sizes make, on the device, with flash attention as
     llama.cpp chooses it; exit 0 when they return, `host.PROBE_REFUSED` when the load fails cleanly."""
+
+    def passes(backend: LlamaBackend) -> None:
+        # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
+        text = "def f(x):\n    return x + 1\n" * 64
+        toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
+        backend.decode(toks, n_logits=1)
+        for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
+            backend.decode(toks[-rows:], n_logits=rows)
+            backend.truncate(len(toks))
+
+    return _probe(lambda: LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers,
+                                       flash_attn=None), passes)
+
+
+def _probe(load: Callable[[], LlamaBackend], passes: Callable[[LlamaBackend], None]) -> int:
+    """A probe child's run: `load()`, `passes` on it, close; 0 when they return, `host.PROBE_REFUSED` (the message on
+    stderr) when llama.cpp refuses cleanly. A crash ends the process: the parent reads the signal."""
     import sys
 
     from specdec_cli.errors import SpecdecError
     from specdec_cli.models.host import PROBE_REFUSED
 
     try:
-        backend = LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None)
-        try:  # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
-            text = "def f(x):\n    return x + 1\n" * 64
-            toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
-            backend.decode(toks, n_logits=1)
-            for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
-                backend.decode(toks[-rows:], n_logits=rows)
-                backend.truncate(len(toks))
+        backend = load()
+        try:
+            passes(backend)
         finally:
             backend.close()
     except SpecdecError as e:
