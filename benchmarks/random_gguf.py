@@ -53,8 +53,9 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Shape:
-    """A qwen2 model's hyper-parameters."""
+class _Transformer:
+    """The hyper-parameters every attention model here has: layers, width, feed-forward width, query and KV heads,
+    vocabulary."""
 
     n_layer: int
     n_embd: int
@@ -62,22 +63,22 @@ class Shape:
     n_head: int
     n_head_kv: int
     n_vocab: int
+
+
+@dataclass(frozen=True)
+class Shape(_Transformer):
+    """A qwen2 model's hyper-parameters."""
+
     n_ctx_train: int = 32768
     rope_base: float = 1_000_000.0
     rms_eps: float = 1e-6
 
 
 @dataclass(frozen=True)
-class Lfm2Shape:
+class Lfm2Shape(_Transformer):
     """An lfm2 model's hyper-parameters: `attn_layers` are the attention layers, the others short convolutions of
     `l_cache` taps; `tied`: the output projection is the token embedding (no output.weight)."""
 
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    n_vocab: int
     attn_layers: tuple[int, ...]
     l_cache: int = 3
     tied: bool = True
@@ -87,18 +88,12 @@ class Lfm2Shape:
 
 
 @dataclass(frozen=True)
-class Qwen35Shape:
+class Qwen35Shape(_Transformer):
     """A qwen35 (Qwen3.5 dense) model's hyper-parameters: every `full_attn_interval`-th layer is attention (a query
     gate doubles its Q projection), the others Gated DeltaNet with `linear_k_heads` key and `linear_v_heads` value heads
     of `linear_head_dim`; then `n_nextn` MTP blocks (full-attention blocks with the nextn projection)."""
 
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
     head_dim: int
-    n_vocab: int
     linear_k_heads: int
     linear_v_heads: int
     linear_head_dim: int

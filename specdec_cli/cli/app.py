@@ -44,6 +44,15 @@ def _spec_options(method: Method, k: str | None, ngram_min: int, ngram_max: int,
                        ngram_max=ngram_max, corpus=corpus or "auto")
 
 
+def _generation_config(max_tokens: int, stop: list[str] | None = None, grammar=None, logprobs: int | None = None,
+                       **sampling) -> GenerationConfig:
+    """--max-tokens, --stop, the grammar the structured-output options ask for (`o.grammar_option`), --logprobs and
+    the sampling options (`SamplingParams`' fields; those a command lacks keep their defaults) as the
+    `GenerationConfig` a command generates with."""
+    return GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()), sampling=SamplingParams(**sampling),
+                            grammar=grammar, logprobs=logprobs)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"specdec {__version__}")
@@ -71,7 +80,7 @@ RUN_EXAMPLES = """
   specdec run invoice.txt --json-schema invoice.schema.json   [dim]# JSON valid against the schema; keys drafted free[/dim]
   specdec run q.txt --json-object --json r.json --logprobs 5  [dim]# any JSON object; logprobs in r.json[/dim]
   specdec run q.txt --grammar answer.lark             [dim]# a Lark or GBNF grammar[/dim]
-"""  # noqa: E501  (the [dim] markup is not printed: the lines people see fit)
+"""
 
 
 @app.command(epilog=RUN_EXAMPLES)
@@ -133,13 +142,8 @@ def run(
         text,
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        config=GenerationConfig(
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-            grammar=constrained,
-            logprobs=logprobs,
-        ),
+        config=_generation_config(max_tokens, stop, constrained, logprobs, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, min_p=min_p, seed=seed),
         output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or (o.COMPARE_PAIRS if strict else 0),
                              strict=strict, idle_baseline=idle_baseline),
         raw=raw,
@@ -208,12 +212,8 @@ def chat(
     code = execute(
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        config=GenerationConfig(
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-            grammar=constrained,
-        ),
+        config=_generation_config(max_tokens, stop, constrained, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  min_p=min_p, seed=seed),
         system=system,
         plain=plain,
         clean=clean,
@@ -289,8 +289,7 @@ def tune(
         cases,
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
         spec=SpecOptions(method=method, k=K("auto"), ngram_min=ngram_min, ngram_max=ngram_max),
-        config=GenerationConfig(max_tokens=max_tokens,
-                                sampling=SamplingParams(temperature=temperature, seed=seed)),
+        config=_generation_config(max_tokens, temperature=temperature, seed=seed),
         options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save, plot=plot),
     )
     if code:
@@ -350,9 +349,8 @@ def check(
     from specdec_cli.cli.commands.check import execute, refuse_sampling
     from specdec_cli.cli.inputs import read_prompt
 
-    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()),
-                              sampling=SamplingParams(temperature=temperature),
-                              grammar=o.grammar_option(json_object, json_schema, grammar, json_layout))
+    config = _generation_config(max_tokens, stop, o.grammar_option(json_object, json_schema, grammar, json_layout),
+                                temperature=temperature)
     refuse_sampling(config)  # before reading stdin or loading models
     code = execute(
         read_prompt(prompt_file),
@@ -485,7 +483,7 @@ DOCTOR_EXAMPLES = """
   specdec doctor --measure --plot curve.png [dim]# measure the verify curve and flash attention now, draw the curve[/dim]
   SPECDEC_AMX=off specdec run p.txt     [dim]# force the safe (slower) load path[/dim]
   SPECDEC_FLASH_ATTN=on specdec serve   [dim]# flash attention on, whatever was measured[/dim]
-"""  # noqa: E501  (the [dim] markup is not printed: the lines people see fit)
+"""
 
 
 @app.command(epilog=DOCTOR_EXAMPLES)
@@ -721,9 +719,8 @@ def serve(
     whose KV cache shares the longest prefix with it, so a resent conversation evaluates only its new tokens (a long one
     is parked in memory while a side request runs, and swapped back for its next turn); the suffix
     store and --k auto learn across requests and are saved as it serves (every 16 requests or --save-interval
-    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses
-    carry OpenAI's usage and a `specdec` field with the speculation statistics; the `prediction` field (predicted
-    outputs) is accepted. A request that leaves sampling out gets what its API
+    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
+    the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
     documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
     reply without max_tokens stops at --max-tokens (4096 unless given), and none is longer than --max-tokens when it
     is given. One log line per request goes to stderr. Needs pip install 'specdec-cli[serve]'.

@@ -72,17 +72,17 @@ Predict = Annotated[
                  "from, never evaluated, so its length does not matter (predicted outputs). '-' = stdin.",
                  rich_help_panel=SPEC),
 ]
-K = Annotated[
-    str | None,
-    typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
-                 "number 0-64. [default: the setting `specdec tune --save` found best for these models, method and "
-                 "machine, else auto]", rich_help_panel=SPEC),
-]
-KAuto = Annotated[
-    str,
-    typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed number "
-                 "0-64.", rich_help_panel=SPEC),
-]
+
+
+def _k_option(default: str = ""):
+    """--k, its help ending with `default` where the command's default needs saying."""
+    return typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
+                        "number 0-64." + default, rich_help_panel=SPEC)
+
+
+K = Annotated[str | None, _k_option(" [default: the setting `specdec tune --save` found best for these models, "
+                                       "method and machine, else auto]")]
+KAuto = Annotated[str, _k_option()]  # a fixed default: auto
 NgramMin = Annotated[int, typer.Option("--ngram-min", min=1, max=16, help="Shortest n-gram prompt lookup matches.",
                                        rich_help_panel=SPEC)]
 NgramMax = Annotated[int, typer.Option("--ngram-max", min=1, max=32, help="Longest n-gram prompt lookup matches.",

@@ -184,32 +184,8 @@ class FirstMismatchProbe:
         self.position: int | None = None
         self.row: np.ndarray | None = None
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # tokens, n_ctx, n_vocab and the rest: the inner backend's
         return getattr(self.inner, name)
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self.inner.tokens
-
-    @property
-    def n_ctx(self) -> int:
-        return self.inner.n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self.inner.n_batch
-
-    @property
-    def draft_limit(self) -> int:
-        return self.inner.draft_limit
-
-    @property
-    def shared_rows(self) -> int:
-        return self.inner.shared_rows
-
-    @property
-    def n_vocab(self) -> int:
-        return self.inner.n_vocab
 
     def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
         rows = self.inner.decode(tokens, n_logits)  # [n_logits, V]

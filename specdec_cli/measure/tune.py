@@ -128,22 +128,6 @@ class Measurement:
     decode_j: float | None = None  # decoding's joules from the host's counters (models.energy), None without
     energy_note: str | None = None  # why decode_j is None
 
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.n_tokens / self.n_passes if self.n_passes else 0.0
-
-    @property
-    def ms_per_pass(self) -> float:
-        return self.verify_ms / self.n_passes if self.n_passes else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.n_accepted / self.n_spec_steps if self.n_spec_steps else 0.0
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config,
@@ -151,8 +135,8 @@ class Measurement:
             "repeat": self.repeat,
             "tokens_per_s": round(self.tokens_per_s, 3),
             "n_tokens": self.n_tokens,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "acceptance_rate": round(_ratio(self.n_accepted, self.n_drafted), 4),
+            "mean_accepted_length": round(_ratio(self.n_accepted, self.n_spec_steps), 4),
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,
             "n_spec_steps": self.n_spec_steps,
@@ -165,8 +149,8 @@ class Measurement:
             "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in verify_curve([self])],
             "draft_ms_per_token": rounded(draft_cost([self])),
             "n_passes": self.n_passes,
-            "tokens_per_pass": round(self.tokens_per_pass, 3),
-            "ms_per_pass": round(self.ms_per_pass, 3),
+            "tokens_per_pass": round(_ratio(self.n_tokens, self.n_passes), 3),
+            "ms_per_pass": round(_ratio(self.verify_ms, self.n_passes), 3),
             "cheap_passes": self.cheap_passes,
             "curve_passes": self.curve_passes,
             "branch_passes": self.branch_passes,
@@ -175,6 +159,11 @@ class Measurement:
                                    else None, 6),
             "controller": self.controller,
         }
+
+
+def _ratio(num: float, den: float) -> float:
+    """num / den, 0.0 when den is 0 (a run that drafted nothing has acceptance 0, one without passes 0 ms a pass)."""
+    return num / den if den else 0.0
 
 
 def measure(config: TuneConfig, prompt: str, repeat: int, generation) -> Measurement:
@@ -282,14 +271,14 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
             tokens_per_s=tps,
             speedup=speedup,
             speedup_geomean=geomean(list(speedup.values())),
-            acceptance_rate=accepted / drafted if drafted else 0.0,
-            mean_accepted_length=accepted / spec_steps if spec_steps else 0.0,
-            mean_k=sum(k * n for k, n in khist.items()) / steps if steps else 0.0,
+            acceptance_rate=_ratio(accepted, drafted),
+            mean_accepted_length=_ratio(accepted, spec_steps),
+            mean_k=_ratio(sum(k * n for k, n in khist.items()), steps),
             k_histogram=khist,
             runs=len(runs),
             n_drafted=drafted,
-            tokens_per_pass=sum(m.n_tokens for m in runs) / passes if passes else 0.0,
-            ms_per_pass=sum(m.verify_ms for m in runs) / passes if passes else 0.0,
+            tokens_per_pass=_ratio(sum(m.n_tokens for m in runs), passes),
+            ms_per_pass=_ratio(sum(m.verify_ms for m in runs), passes),
             cheap_share=sum(m.cheap_passes for m in runs) / placed if placed else None,
             **_energy(runs),
         ))

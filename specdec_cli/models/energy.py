@@ -431,28 +431,23 @@ def discover(powercap: str | Path | None = None, *, nvml_module: Any = AUTO, app
         c, m = rapl(root)
         counters += c
         missing += m
-    if nvml_module is AUTO:
-        nvml_module = None
-        if _cuda_build():
-            nvml_module = _import("pynvml")
-            if nvml_module is None:
-                missing.append(Missing("NVML", "llama.cpp runs on an NVIDIA GPU and nvidia-ml-py is not installed",
-                                       NVML_FIX))
-    if nvml_module is not None:
-        c, m = nvml(nvml_module)
-        counters += c
-        missing += m
-    if apple_module is AUTO:
-        apple_module = None
-        if _apple_silicon():
-            apple_module = _import("zeus_apple_silicon")
-            if apple_module is None:
-                missing.append(Missing("Apple Silicon", "zeus-apple-silicon is not installed",
-                                       APPLE_FIX))
-    if apple_module is not None:
-        c, m = apple(apple_module)
-        counters += c
-        missing += m
+    # the optional sources: the module given (AUTO: imported where the source applies), its reader, and what is
+    # missing where it applies and its package is not installed
+    optional = ((nvml_module, _cuda_build, "pynvml", nvml,
+                 Missing("NVML", "llama.cpp runs on an NVIDIA GPU and nvidia-ml-py is not installed", NVML_FIX)),
+                (apple_module, _apple_silicon, "zeus_apple_silicon", apple,
+                 Missing("Apple Silicon", "zeus-apple-silicon is not installed", APPLE_FIX)))
+    for module, applies, name, read, not_installed in optional:
+        if module is AUTO:
+            module = None
+            if applies():
+                module = _import(name)
+                if module is None:
+                    missing.append(not_installed)
+        if module is not None:
+            c, m = read(module)
+            counters += c
+            missing += m
     return Meter(tuple(counters), tuple(missing))
 
 

@@ -168,6 +168,16 @@ def render_chat_template(template: str, messages: list[dict], *, bos_token: str,
                          "Use --raw to send the prompt without it.") from None
 
 
+def _free(owner: object, *handles: tuple[str, Callable[[Any], None]]) -> None:
+    """Free, in order, each llama.cpp handle `owner` still holds (its attribute's name, llama.cpp's free function for
+    it) and set the attribute to None, so that a second `close` (or `__del__` after one) frees nothing twice."""
+    for name, free in handles:
+        handle = getattr(owner, name)
+        if handle is not None:
+            free(handle)
+            setattr(owner, name, None)
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= 200 else text[:197] + "..."
@@ -972,15 +982,8 @@ class LlamaBackend(RecurrentGuard):
     def close(self) -> None:
         if self._root is not self:  # a lane: the root lane frees the context and the model
             return
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        _free(self, ("_batch", llama_cpp.llama_batch_free), ("_ctx", llama_cpp.llama_free),
+              ("_model", llama_cpp.llama_model_free))
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
@@ -1029,9 +1032,7 @@ class VocabOnly:
     vocab_info: Any = LlamaBackend.vocab_info
 
     def close(self) -> None:
-        if self._model is not None:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        _free(self, ("_model", llama_cpp.llama_model_free))
 
 
 def probe_main(argv: list[str]) -> int:
@@ -1048,49 +1049,51 @@ def probe_main(argv: list[str]) -> int:
     the signal into an error or a verdict. Exit code `host.PROBE_REFUSED`, with the message on stderr, when the load
     fails cleanly.
     """
-    import sys
-
-    from specdec_cli.errors import SpecdecError
-    from specdec_cli.models.host import PROBE_REFUSED
-
     if len(argv) == 3 and argv[1] == "device":
         return _probe_device(argv[0], int(argv[2]))
     kernels = len(argv) > 1
     threads = int(argv[1]) if kernels else 2
-    try:
-        backend = LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0,
-                               extra_bufts=kernels)
-        try:
-            toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
-            backend.decode(toks, n_logits=1)  # a prefill ...
-            backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
-            backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
-            backend.piece(toks[0])
-        finally:
-            backend.close()
-    except SpecdecError as e:
-        print(str(e), file=sys.stderr)
-        return PROBE_REFUSED
-    return 0
+
+    def passes(backend: LlamaBackend) -> None:
+        toks = backend.tokenize("Hello, world", add_special=True)[:8] or [0]
+        backend.decode(toks, n_logits=1)  # a prefill ...
+        backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
+        backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
+        backend.piece(toks[0])
+
+    return _probe(lambda: LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0,
+                                       extra_bufts=kernels), passes)
 
 
 def _probe_device(path: str, layers: int) -> int:
     """`probe_main`'s device mode: verify passes the engine's sizes make, on the device, with flash attention as
     llama.cpp chooses it; exit 0 when they return, `host.PROBE_REFUSED` when the load fails cleanly."""
+
+    def passes(backend: LlamaBackend) -> None:
+        # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
+        text = "def f(x):\n    return x + 1\n" * 64
+        toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
+        backend.decode(toks, n_logits=1)
+        for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
+            backend.decode(toks[-rows:], n_logits=rows)
+            backend.truncate(len(toks))
+
+    return _probe(lambda: LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers,
+                                       flash_attn=None), passes)
+
+
+def _probe(load: Callable[[], LlamaBackend], passes: Callable[[LlamaBackend], None]) -> int:
+    """A probe child's run: `load()`, `passes` on it, close; 0 when they return, `host.PROBE_REFUSED` (the message on
+    stderr) when llama.cpp refuses cleanly. A crash ends the process: the parent reads the signal."""
     import sys
 
     from specdec_cli.errors import SpecdecError
     from specdec_cli.models.host import PROBE_REFUSED
 
     try:
-        backend = LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None)
-        try:  # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
-            text = "def f(x):\n    return x + 1\n" * 64
-            toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
-            backend.decode(toks, n_logits=1)
-            for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
-                backend.decode(toks[-rows:], n_logits=rows)
-                backend.truncate(len(toks))
+        backend = load()
+        try:
+            passes(backend)
         finally:
             backend.close()
     except SpecdecError as e:
@@ -1222,9 +1225,4 @@ class LlamaMtp:
     def close(self) -> None:
         if self.target.on_hidden == self._catch_up:
             self.target.on_hidden = None
-        if self._batch is not None:
-            llama_cpp.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        _free(self, ("_batch", llama_cpp.llama_batch_ext_free), ("_ctx", llama_cpp.llama_free))

@@ -12,6 +12,7 @@ once per name by `http.Context.ignore`), as llama-server, vLLM, Ollama and LM St
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fields import REFUSED
-from specdec_cli.server.reply import PieceLogprob, RequestStats
+from specdec_cli.server.reply import PieceLogprob, RequestStats, Sse, new_id
 from specdec_cli.server.request import OPENAI, Defaults
 
 # The engine's finish reasons → OpenAI's: an end-of-generation token or a stop string is "stop"; the token budget or
@@ -140,6 +141,49 @@ def usage_json(stats: RequestStats) -> dict:
             "rejected_prediction_tokens": r.rejected_prediction_tokens,
         },
     }
+
+
+class OpenAIWriter:
+    """What Chat Completions' and Completions' writers (`reply.Writer`s) share: the response's id, creation time,
+    model and drafter, and a stream's envelope: every chunk names the id, `CHUNK_OBJECT`, the time and the model
+    (`usage: null` when `stream_options.include_usage`, then one chunk of usage after the last), and `[DONE]` ends it.
+
+    Args:
+        model: the model id the response names. method: the drafter (specdec's statistics).
+        logprobs: the request asked for logprobs. include_usage: `stream_options.include_usage`.
+    """
+
+    ID_PREFIX = ""  # the API's id prefix: "chatcmpl", "cmpl"
+    CHUNK_OBJECT = ""  # a chunk's `object`
+
+    def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
+        self.id = new_id(self.ID_PREFIX, sep="-")
+        self.created = int(time.time())
+        self.model, self.method = model, method
+        self.want_logprobs = logprobs
+        self.include_usage = include_usage
+
+    def closing(self) -> list[Sse]:
+        return [{"data": "[DONE]"}]
+
+    def failure(self, error: ApiError) -> list[Sse]:
+        return [sse(error.body())]  # the openai client raises APIError on a chunk with "error"
+
+    def _base(self) -> dict:
+        out = {"id": self.id, "object": self.CHUNK_OBJECT, "created": self.created, "model": self.model,
+               "system_fingerprint": None}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def _usage(self, stats: RequestStats) -> list[Sse]:
+        """The chunk of usage after the last one, when `include_usage`."""
+        return [sse({**self._base(), "choices": [], "usage": usage_json(stats)})] if self.include_usage else []
+
+
+def sse(obj: dict) -> Sse:
+    """One server-sent event carrying `obj` as JSON."""
+    return {"data": json.dumps(obj)}
 
 
 def token_string(piece: bytes) -> str:

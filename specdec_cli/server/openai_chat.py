@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -26,7 +25,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from pydantic import Field
 
-from specdec_cli.core.constraint import GrammarError, json_object, json_schema
+from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.http import Context
@@ -34,13 +33,15 @@ from specdec_cli.server.openai_base import (
     FINISH_REASONS,
     Generation,
     Open,
+    OpenAIWriter,
     Strict,
     chat_logprobs,
     check_logprobs,
     generation_config,
+    sse,
     usage_json,
 )
-from specdec_cli.server.reading import Named, choose, content_text, function_tool
+from specdec_cli.server.reading import Named, choose, content_text, format_name, function_tool, json_output
 from specdec_cli.server.reply import (
     Arguments,
     CallStart,
@@ -50,10 +51,8 @@ from specdec_cli.server.reply import (
     ReplyEvent,
     ReplyStream,
     Sse,
-    new_id,
 )
 from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, ToolMode, Tools
-from specdec_cli.server.tools import NAME
 
 
 # -- the wire format ------------------------------------------------------------------------------------------------
@@ -148,9 +147,8 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
 
     A message's `name` and an assistant's `reasoning_content` are kept (the template gets them).
 
-    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls
-    that are not functions or whose arguments are not a JSON object, the deprecated `function` role, fields a role does
-    not take.
+    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls that are not functions or whose arguments are not a JSON object, the
+    deprecated `function` role, fields a role does not take.
     """
     out = []
     for i, m in enumerate(body.messages):
@@ -289,24 +287,16 @@ def output_of(response_format: dict | None) -> Output | None:
     Raises ApiError (400, `param` "response_format..."): an unknown type, a bad name, a schema llguidance cannot
     compile (the message says where).
     """
-    if response_format is None:
-        return None
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Output({"type": "object"}, json_object(name="response_format"))
-    if kind != "json_schema":
-        raise ApiError(400, f"response_format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.",
-                       param="response_format.type")
+    return json_output(response_format, "response_format", _json_schema_output)
+
+
+def _json_schema_output(response_format: dict) -> Output:
+    """`response_format` of type json_schema: its `json_schema` object, checked, as an `Output`."""
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict):
         raise ApiError(400, "response_format of type 'json_schema' needs json_schema: {\"name\", \"schema\", "
                        "\"strict\", \"description\"}.", param="response_format.json_schema")
-    name = spec.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise ApiError(400, f"response_format.json_schema.name {name!r} is not a name (letters, digits, _ and -, "
-                       "at most 64).", param="response_format.json_schema.name")
+    name = format_name(spec.get("name"), "response_format.json_schema.name")
     description = spec.get("description")
     if description is not None and not isinstance(description, str):
         raise ApiError(400, "response_format.json_schema.description is not a string.",
@@ -322,21 +312,12 @@ def output_of(response_format: dict | None) -> Output | None:
 
 
 # -- reply → wire -----------------------------------------------------------------------------------------------------
-class ChatWriter:
-    """`chat.completion` JSON, or the `chat.completion.chunk` stream, of one reply (a `reply.Writer`).
+class ChatWriter(OpenAIWriter):
+    """`chat.completion` JSON, or the `chat.completion.chunk` stream, of one reply (a `reply.Writer`; the arguments
+    are `openai_base.OpenAIWriter`'s: with `logprobs`, `logprobs.content` is a list, else null)."""
 
-    Args:
-        model: the model id the response names. method: the drafter (specdec's statistics).
-        logprobs: the request asked for logprobs (then `logprobs.content` is a list, else null).
-        include_usage: `stream_options.include_usage`.
-    """
-
-    def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
-        self.id = new_id("chatcmpl", sep="-")
-        self.created = int(time.time())
-        self.model, self.method = model, method
-        self.want_logprobs = logprobs
-        self.include_usage = include_usage
+    ID_PREFIX = "chatcmpl"
+    CHUNK_OBJECT = "chat.completion.chunk"
 
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
@@ -372,28 +353,13 @@ class ChatWriter:
         if isinstance(event, Arguments):
             return [self._chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})]
         if isinstance(event, End):
-            out = [self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))]
-            if self.include_usage:
-                out.append(_sse({**self._base(), "choices": [], "usage": usage_json(event.stats)}))
-            return out
+            return ([self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))]
+                    + self._usage(event.stats))
         return []  # CallEnd: nothing of its own in this format
-
-    def closing(self) -> list[Sse]:
-        return [{"data": "[DONE]"}]
-
-    def failure(self, error: ApiError) -> list[Sse]:
-        return [_sse(error.body())]  # the openai client raises APIError on a chunk with "error"
-
-    def _base(self) -> dict:
-        out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-               "system_fingerprint": None}
-        if self.include_usage:
-            out["usage"] = None
-        return out
 
     def _chunk(self, delta: dict, logprobs: dict | None = None, *, finish: str | None = None,
                **extra) -> Sse:
-        return _sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+        return sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                   "finish_reason": finish}], **extra})
 
     def _logprobs(self, entries: list[PieceLogprob] | tuple[PieceLogprob, ...]) -> dict | None:
@@ -407,10 +373,6 @@ def finish_reason(end: End) -> str | None:
 
 def _call_json(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def _sse(obj: dict) -> Sse:
-    return {"data": json.dumps(obj)}
 
 
 # -- the route --------------------------------------------------------------------------------------------------------

@@ -7,9 +7,6 @@ Follows OpenAI's API reference as the official `openai` Python package parses it
 
 from __future__ import annotations
 
-import json
-import time
-
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import Response
@@ -20,12 +17,14 @@ from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
     FINISH_REASONS,
     Generation,
+    OpenAIWriter,
     check_logprobs,
     completion_logprobs,
     generation_config,
+    sse,
     usage_json,
 )
-from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse, new_id
+from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse
 from specdec_cli.server.request import Fim, Request
 
 
@@ -68,16 +67,13 @@ def to_request(body: CompletionRequest, ctx: Context) -> Request:
     return Request(config=config, prompt=prompt, label="completion")
 
 
-class CompletionWriter:
-    """`text_completion` JSON, or its chunks, of one reply (a `reply.Writer`). `logprobs`: the request asked."""
+class CompletionWriter(OpenAIWriter):
+    """`text_completion` JSON, or its chunks, of one reply (a `reply.Writer`; the arguments are
+    `openai_base.OpenAIWriter`'s)."""
 
-    def __init__(self, model: str, method: str, *, logprobs: bool, include_usage: bool) -> None:
-        self.id = new_id("cmpl", sep="-")
-        self.created = int(time.time())
-        self.model, self.method = model, method
-        self.want_logprobs = logprobs
-        self.include_usage = include_usage
-        self._offset = 0  # characters sent so far (`logprobs.text_offset`)
+    ID_PREFIX = "cmpl"
+    CHUNK_OBJECT = "text_completion"
+    _offset = 0  # characters sent so far (`logprobs.text_offset`)
 
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
@@ -101,33 +97,13 @@ class CompletionWriter:
             self._offset += len(event.text)
             return [self._chunk(event.text, lp)]
         if isinstance(event, End):
-            out = [self._chunk("", None, finish=FINISH_REASONS.get(event.finish),
-                               specdec=event.stats.specdec(self.method))]
-            if self.include_usage:
-                out.append(_sse({**self._base(), "choices": [], "usage": usage_json(event.stats)}))
-            return out
+            return ([self._chunk("", None, finish=FINISH_REASONS.get(event.finish),
+                                 specdec=event.stats.specdec(self.method))] + self._usage(event.stats))
         return []
 
-    def closing(self) -> list[Sse]:
-        return [{"data": "[DONE]"}]
-
-    def failure(self, error: ApiError) -> list[Sse]:
-        return [_sse(error.body())]
-
-    def _base(self) -> dict:
-        out = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-               "system_fingerprint": None}
-        if self.include_usage:
-            out["usage"] = None
-        return out
-
     def _chunk(self, text: str, logprobs: dict | None, *, finish: str | None = None, **extra) -> Sse:
-        return _sse({**self._base(), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+        return sse({**self._base(), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                                                   "finish_reason": finish}], **extra})
-
-
-def _sse(obj: dict) -> Sse:
-    return {"data": json.dumps(obj)}
 
 
 def routes(app: FastAPI, ctx: Context) -> None:

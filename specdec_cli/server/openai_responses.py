@@ -53,7 +53,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdec_cli.core.constraint import GrammarError, json_object, json_schema
+from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.custom_tools import custom_tool, input_grammar
 from specdec_cli.server.errors import ApiError, loads
@@ -63,7 +63,7 @@ from specdec_cli.server.openai_base import (
     chat_logprobs,
     check_logprobs,
 )
-from specdec_cli.server.reading import Named, choose, content_text, function_tool, tool_name
+from specdec_cli.server.reading import Named, choose, content_text, format_name, function_tool, json_output, tool_name
 from specdec_cli.server.reply import (
     Arguments,
     CallEnd,
@@ -486,21 +486,12 @@ def output_of(text: TextConfig | None) -> Output | None:
 
     Raises ApiError (400, param "text.format..."): an unknown type, a bad name, a schema llguidance cannot compile.
     """
-    fmt = text.format if text is not None else None
-    if fmt is None:
-        return None
-    kind = fmt.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Output({"type": "object"}, json_object(name="text.format"))
-    if kind != "json_schema":
-        raise ApiError(400, f"text.format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.",
-                       param="text.format.type")
-    name = fmt.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise ApiError(400, f"text.format.name {name!r} is not a name (letters, digits, _ and -, at most 64).",
-                       param="text.format.name")
+    return json_output(text.format if text is not None else None, "text.format", _json_schema_output)
+
+
+def _json_schema_output(fmt: dict) -> Output:
+    """`text.format` of type json_schema (its name and schema at its top level), checked, as an `Output`."""
+    name = format_name(fmt.get("name"), "text.format.name")
     schema = fmt.get("schema")
     if not isinstance(schema, dict):
         raise ApiError(400, "text.format.schema is missing: give the JSON schema of the reply.",

@@ -10,17 +10,42 @@ So llama-server turns every dialect into one chat body and parses that once (`oa
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
+from specdec_cli.core.constraint import json_object
 from specdec_cli.server.errors import ApiError
-from specdec_cli.server.request import Tool, ToolMode, Tools
+from specdec_cli.server.request import Output, Tool, ToolMode, Tools
 from specdec_cli.server.tools import NAME, check_parameters
 
 MISSING: Any = object()  # a schema field the wire format requires and the body left out (Anthropic's input_schema)
 NOT_TEXT = ("image_url", "input_audio", "file", "input_image", "input_file")  # parts refused by name: text only
+
+
+def json_output(fmt: dict | None, where: str, schema_output: Callable[[dict], Output]) -> Output | None:
+    """The constraint an OpenAI format object (Chat's `response_format`, Responses' `text.format`) puts on the reply:
+    None for none or {"type": "text"}, any JSON object for "json_object", `schema_output(fmt)` for "json_schema"
+    (where its schema and name sit is each format's own). Raises ApiError (400, param `where`.type): another type."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Output({"type": "object"}, json_object(name=where))
+    if kind != "json_schema":
+        raise ApiError(400, f"{where}.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.",
+                       param=f"{where}.type")
+    return schema_output(fmt)
+
+
+def format_name(name: Any, param: str) -> str:
+    """A json_schema format's name, checked: letters, digits, _ and - (at most 64). Raises ApiError (400, `param`)."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ApiError(400, f"{param} {name!r} is not a name (letters, digits, _ and -, at most 64).", param=param)
+    return name
 
 
 def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: tuple[str, ...] = ("text",),

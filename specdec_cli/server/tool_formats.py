@@ -7,18 +7,17 @@ forced tokens drafted free, drafts cut at the first forbidden token — works in
 reply back into text and calls, `reply.Parser`). `detect` picks one from the template's text by substrings, as
 llama.cpp's `common_chat_templates_apply` tries its specialised formats first (common/chat.cpp):
 
-| family                | detected by                     | a reply's calls                                            |
-|-----------------------|---------------------------------|------------------------------------------------------------|
-| Hermes/Qwen2.5/Qwen3  | `<tool_call>`                   | `<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>` |
-| Llama 3.1/3.2/3.3     | `<|start_header_id|>`+`ipython` | `{"name": N, "parameters": A}` (one per turn)              |
-| Mistral 7B v0.3, Nemo | `[TOOL_CALLS]`, no `[ARGS]`     | `[TOOL_CALLS][{"name": N, "arguments": A}, ...]`           |
-| Phi-4-mini            | `<|tool|>`                      | `functools[{"name": N, "arguments": A}, ...]`              |
-| generic               | anything else                   | JSON: `{"tool_calls": [...]}` or `{"response": "..."}`     |
+| family                          | detected by                         | a reply's calls                                  |
+|---------------------------------|-------------------------------------|--------------------------------------------------|
+| Hermes / Qwen2.5 / Qwen3        | `<tool_call>`                       | `<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>` |
+| Llama 3.1 / 3.2 / 3.3           | `<|start_header_id|>` + `ipython`   | `{"name": N, "parameters": A}` (one per turn)    |
+| Mistral v3 (7B v0.3, Nemo)      | `[TOOL_CALLS]` without `[ARGS]`     | `[TOOL_CALLS][{"name": N, "arguments": A}, ...]` |
+| Phi-4-mini                      | `<|tool|>`                          | `functools[{"name": N, "arguments": A}, ...]`    |
+| generic (anything else: SmolLM2, Gemma, Mistral 3.2's `[ARGS]`) | — | the whole reply is JSON: `{"tool_calls": [...]}` or `{"response": "..."}` |
 
-The generic format (anything else: SmolLM2, Gemma, Mistral 3.2's `[ARGS]`) is llama-server's fallback for templates
-without tool support (its old `common_chat_params_init_generic`, and minja's polyfills for the history): the tools
-are described in a system message, the reply is JSON held to a schema, past calls are rendered as the JSON the model
-wrote and tool results as user text. A model without
+The generic format is llama-server's fallback for templates without tool support (its old `common_chat_params_init_
+generic`, and minja's polyfills for the history): the tools are described in a system message, the reply is JSON
+held to a schema, past calls are rendered as the JSON the model wrote and tool results as user text. A model without
 any chat template (Gemma 3 270M, a base model) cannot chat at all: the chat template's absence is a 400 before tools
 matter (`LlamaBackend.format_chat`).
 """
@@ -29,7 +28,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark
@@ -45,8 +44,17 @@ from specdec_cli.server.reply import (
     new_id,
 )
 from specdec_cli.server.request import Tools
-from specdec_cli.server.tools import INLINE, ReplyParser, Tags, call_schema, detect_tags
-from specdec_cli.server.tools import grammar as hermes_grammar
+from specdec_cli.server.tools import (
+    INLINE,
+    ReplyParser,
+    StreamingParser,
+    Tags,
+    call_schema,
+    detect_tags,
+)
+from specdec_cli.server.tools import (
+    grammar as hermes_grammar,
+)
 
 Tokenize = Callable[[str], list[int]]  # special tokens parsed
 Piece = Callable[[int], bytes]
@@ -56,7 +64,9 @@ class ToolFormat(Protocol):
     """How one template family takes tools and writes tool calls."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The family's name ("hermes", "llama3", ...)."""
+        ...
 
     def render(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
         """The conversation (Hugging Face's message dicts, `service.template_messages`) and tools (OpenAI's tool
@@ -327,22 +337,13 @@ _DECODER = json.JSONDecoder()
 
 
 @dataclass
-class _JsonParser:
+class _JsonParser(StreamingParser):
     """What the parsers below share: the reply's text accumulates in `_buf` (`_pos`: how far it is read), and calls
     are read as whole JSON objects (`reply.ReplyStream` holds calls until complete anyway). Without `tools`, the text
     passes through."""
 
-    tools: bool
-    calls: list[ParsedCall] = field(default_factory=list)
-    _buf: str = ""
     _pos: int = 0
     _mode: str = "start"
-
-    def feed(self, text: str) -> list[ReplyEvent]:
-        if not self.tools:
-            return [Content(text)] if text else []
-        self._buf += text
-        return self._drain(final=False)
 
     def close(self, cut: bool = False) -> list[ReplyEvent]:
         """The last events; an unfinished call or value (possible only without a grammar) is given as text unless
@@ -353,9 +354,6 @@ class _JsonParser:
         if self._mode in ("calls", "value") and not cut and self._buf[self._pos:]:
             out.append(Content(self._buf[self._pos:]))
         return out
-
-    def _drain(self, *, final: bool) -> list[ReplyEvent]:
-        raise NotImplementedError
 
     def _read_calls(self, key: str, *, many: bool = True) -> list[ReplyEvent]:
         """The calls complete in `_buf` from `_pos` (objects separated by "," and whitespace); `_mode` becomes
@@ -401,9 +399,9 @@ class JsonCallsParser(_JsonParser):
             else:
                 self._mode, self._pos = "calls", len(self._buf) - len(s) + len(head) - 1  # at the first "{"
         if self._mode == "text":
-            text: list[ReplyEvent] = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
+            out: list[ReplyEvent] = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
             self._pos = len(self._buf)
-            return text
+            return out
         return self._read_calls(self.key, many=self.array)
 
 

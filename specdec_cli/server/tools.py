@@ -169,7 +169,28 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\
 
 
 @dataclass
-class ReplyParser:
+class StreamingParser:
+    """What the reply parsers share: without `tools` the reply's text passes through as content; with them it
+    accumulates in `_buf` and `_drain` gives the events that what has come so far decides (`final`: the reply ended);
+    `calls`: the calls parsed so far."""
+
+    tools: bool
+    calls: list[ParsedCall] = field(default_factory=list)
+    _buf: str = ""
+
+    def feed(self, text: str) -> list[ReplyEvent]:
+        """Events for the next piece of reply text (possibly none: text is held back while it could be a call)."""
+        if not self.tools:
+            return [Content(text)] if text else []
+        self._buf += text
+        return self._drain(final=False)
+
+    def _drain(self, *, final: bool) -> list[ReplyEvent]:
+        raise NotImplementedError
+
+
+@dataclass
+class ReplyParser(StreamingParser):
     """Splits a reply into content and tool calls as its text streams (`feed`), then `close`.
 
     With `tools` off it passes the text through as content. With tools on: text outside `<tool_call>` blocks is
@@ -181,23 +202,13 @@ class ReplyParser:
     with "{" or with FENCED_CALL is one call (`grammar` under auto).
     """
 
-    tools: bool
-    loose: bool = False
-    calls: list[ParsedCall] = field(default_factory=list)
-    _buf: str = ""
+    loose: bool = field(default=False, kw_only=True)
     _state: Literal["text", "head", "args"] = "text"
     _spaces: str = ""  # whitespace-only content held back
     _args_sent: int = 0  # characters of the current call's arguments already sent
     _fresh: bool = True  # nothing decided yet: the reply may be a fenced call
     _open: str = OPEN  # the current block's tags: <tool_call> ... </tool_call>, or a fenced call's
     _close: str = CLOSE
-
-    def feed(self, text: str) -> list[ReplyEvent]:
-        """Events for the next piece of reply text (possibly none: text is held back while it could be a tag)."""
-        if not self.tools:
-            return [Content(text)] if text else []
-        self._buf += text
-        return self._drain(final=False)
 
     def close(self, cut: bool = False) -> list[ReplyEvent]:
         """Events for what was held back, at the end of the reply. `cut` (max_tokens or the context ended it): a
