@@ -65,6 +65,18 @@ def qwen_pair() -> tuple[Path, Path]:
     return _resolve("qwen2.5-coder-1.5b"), _resolve("qwen2.5-coder-0.5b")
 
 
+@pytest.fixture(scope="module")
+def qwen_client(qwen_pair):
+    """The `openai` client on Qwen2.5-Coder-1.5B served on a loopback port in this process (`helpers.qwen_server`),
+    one server per test module."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from helpers import qwen_server
+
+    with qwen_server(qwen_pair[0]) as (url, _):
+        yield openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+
+
 @pytest.fixture(scope="session")
 def lfm2_tiny(tmp_path_factory) -> Path:
     """A hybrid: lfm2, short-convolution and attention layers (llama.cpp rolls it back by snapshots)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fakes import FakeBackend, hashed_logits
+from fakes import Clock, FakeBackend, cpu, hashed_logits, step
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.core.draft import Draft
@@ -19,32 +19,15 @@ from specdec_cli.core.records import Step
 from specdec_cli.core.stats import summarize
 
 
-class Clock:
-    """Virtual seconds."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class TimedBackend(FakeBackend):
+def timed(clock: Clock, cost) -> FakeBackend:
     """A FakeBackend whose forward pass over b tokens advances `clock` by cost(b) ms."""
-
-    def __init__(self, clock: Clock, cost, **kw) -> None:
-        super().__init__(hashed_logits, n_ctx=2048, **kw)
-        self.clock, self.cost = clock, cost
-
-    def decode(self, tokens, n_logits: int = 0) -> np.ndarray:
-        self.clock.now += self.cost(len(tokens)) / 1e3
-        return super().decode(tokens, n_logits)
+    return FakeBackend(hashed_logits, n_ctx=2048, clock=clock, cost=cost)
 
 
 def run_auto(verify_ms, draft_ms_per_token: float, *, max_tokens: int = 300):
     clock = Clock()
-    target = TimedBackend(clock, verify_ms)
-    draft = TimedBackend(clock, lambda b: draft_ms_per_token * b)  # same model: its greedy drafts are always right
+    target = timed(clock, verify_ms)
+    draft = timed(clock, lambda b: draft_ms_per_token * b)  # same model: its greedy drafts are always right
     drafter = AutoDrafter(SuffixDrafter(None), ModelDrafter(draft))
     engine = SpeculativeEngine(target, drafter, AdaptiveK(), clock=clock)
     records = list(engine.generate(np.arange(2, 12, dtype=np.int32), GenerationConfig(max_tokens=max_tokens)))
@@ -82,9 +65,9 @@ def test_lookup_drafts_win_over_the_model_where_they_are_longer_and_free():
         logits[copied[n % 200] if n >= 0 else 2] = 5.0
         return logits
 
-    target = TimedBackend(clock, lambda b: 20.0)
+    target = timed(clock, lambda b: 20.0)
     target.fn = echo
-    draft = TimedBackend(clock, lambda b: 5.0 * b)
+    draft = timed(clock, lambda b: 5.0 * b)
     draft.fn = lambda prefix: np.roll(echo(prefix), 1)  # a draft model that is always wrong
     engine = SpeculativeEngine(target, AutoDrafter(SuffixDrafter(None), ModelDrafter(draft)), AdaptiveK(), clock=clock)
     records = list(engine.generate(np.asarray(copied, np.int32), GenerationConfig(max_tokens=150)))
@@ -101,8 +84,6 @@ def test_lookup_drafts_win_over_the_model_where_they_are_longer_and_free():
 def test_choose_compares_each_lookup_draft_by_its_source_evidence():
     ctrl = AdaptiveK()
     from dataclasses import replace
-
-    from test_controller import cpu, step
 
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
     for _ in range(12):  # "predict" drafts after 9-token matches were always right; "store" ones never
@@ -164,8 +145,6 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
     # On a CPU curve a 1-token prompt-lookup match waits for evidence, but a prediction's first drafts are verified
     # at once and grow by slow start (3, 6, 12, ...): its evidence is the user's statement, not an n-gram.
     from dataclasses import replace
-
-    from test_controller import cpu, step
 
     ctrl = AdaptiveK()
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))

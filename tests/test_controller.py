@@ -16,37 +16,7 @@ from specdec_cli.core.controller import AdaptiveK, FixedK
 from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import K, SpecOptions, k_values, parse_k
-from specdec_cli.core.records import Step
-
-# A CPU's steep verify curve (Qwen2.5-Coder-1.5B Q4_K_M): ms of one target pass over b tokens.
-CPU_B = np.array([1, 2, 4, 8, 16, 32, 64], dtype=np.float64)
-CPU_MS = np.array([58, 105, 180, 340, 500, 900, 1530], dtype=np.float64)
-DRAFT_MODEL_MS = 28.0  # the 0.5B draft model, per drafted token
-
-
-def cpu(b: int) -> float:
-    return float(np.interp(b, CPU_B, CPU_MS))
-
-
-def gpu(b: int) -> float:
-    return 20.0  # a laptop GPU: flat up to b = 32
-
-
-def step(k: int, n_drafted: int, n_accepted: int, draft_ms: float, verify_ms: float, source: str = "sim") -> Step:
-    drafted = tuple(range(n_drafted))
-    return Step(
-        index=0,
-        k=k,
-        drafted=drafted,
-        n_accepted=n_accepted,
-        target_token=7,
-        emitted=drafted[:n_accepted] + (7,),
-        segments=(),
-        draft_ms=draft_ms,
-        verify_ms=verify_ms,
-        source=source if k else "",
-    )
-
+from fakes import DRAFT_MODEL_MS, cpu, gpu, lookup_draft, step
 
 def simulate(ctrl, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0,
              noise: float = 0.05) -> tuple[float, list[int]]:
@@ -312,12 +282,6 @@ def test_auto_is_close_to_the_best_fixed_k(name: str) -> None:
 
 
 # ---- trimming lookup drafts by the length of their match
-
-
-def lookup_draft(match_len: int, n: int = 64):
-    from specdec_cli.core.draft import Draft
-
-    return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
 
 
 def drive_lookup(ctrl: AdaptiveK, *, steps: int, seed: int, curve=cpu) -> list[tuple[int, int]]:

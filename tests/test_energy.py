@@ -345,7 +345,7 @@ def test_the_table_cells_show_a_figure_or_n_a():
 # ---- specdec run --compare --json end to end, on the fake backend
 
 
-class SlowBackend(FakeBackend):
+class PacedBackend(FakeBackend):
     """The fake target, each pass taking `PASS_S` of wall time (the counter's thread runs meanwhile); `hooks` are
     called (once) at its first pass: the shown run's prefill."""
 
@@ -396,7 +396,7 @@ def slow_session(monkeypatch, tmp_path):
     started = []
 
     def open_session(options, *, method=None, need_draft=False, reporter=None):
-        s = Session(target=SlowBackend(hashed_logits, n_ctx=options.ctx, hooks=started),
+        s = Session(target=PacedBackend(hashed_logits, n_ctx=options.ctx, hooks=started),
                     target_path=tmp_path / "target.gguf", options=options)
         if wants_draft(options, method, need_draft):
             s.draft = FakeBackend(hashed_logits, n_ctx=options.ctx)

@@ -152,7 +152,7 @@ def test_a_curve_timed_with_no_layers_offloaded_does_not_price_a_fully_offloaded
 
 def test_draft_pays_on_a_flat_curve_and_not_on_a_cpus() -> None:
     flat = [gpu_ms(b) for b in range(1, 18)]
-    from test_controller import CPU_B, CPU_MS, DRAFT_MODEL_MS
+    from fakes import CPU_B, CPU_MS, DRAFT_MODEL_MS
 
     cpu = np.interp(np.arange(1, 18), CPU_B, CPU_MS)  # a CPU's steep curve: v(2) = 1.8 v(1)
     assert draft_policy.draft_pays(0.6, flat)[0]

@@ -70,7 +70,7 @@ def test_a_refused_state_leaves_an_empty_cache_and_evaluates_instead():
 def test_through_the_server_a_turn_after_a_side_request_evaluates_only_its_new_tokens():
     anthropic = pytest.importorskip("anthropic")
     pytest.importorskip("fastapi")
-    from test_serve import serving
+    from helpers import serving
 
     conversation = " ".join(f"w{t}" for t in MAIN)
     with serving(FakeBackend(hashed_logits, n_ctx=1024)) as s:

@@ -12,14 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fakes import FakeBackend
+from fakes import FakeBackend, cpu, lookup_draft, step
 from specdec_cli.stores import learnt
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.stores.learnt import LearntWarning, learnt_path
 from specdec_cli.assemble import Assembler
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
-from test_controller import cpu, lookup_draft, step
 
 
 def trained() -> AdaptiveK:

@@ -6,18 +6,13 @@ exactly against plain greedy decoding; the real-model test runs `specdec serve` 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -25,122 +20,19 @@ pytest.importorskip("sse_starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from fakes import FakeBackend, greedy_reference, hashed_logits, word  # noqa: E402
+from fakes import FakeBackend, greedy_reference, hashed_logits  # noqa: E402
+from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving, start_real_server, text_of  # noqa: E402
 from specdec_cli.errors import (  # noqa: E402
     CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError,
 )
 from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
-from specdec_cli.server.app import base_url, bind, create_app, make_server, validation_error  # noqa: E402
+from specdec_cli.server.app import bind, validation_error  # noqa: E402
 from specdec_cli.server.errors import (  # noqa: E402
     ApiError, ClientGoneError, QueueFullError, ShuttingDownError, internal, to_api_error,
 )
 from specdec_cli.server import openai_base  # noqa: E402
 from specdec_cli.server.reply import RequestStats  # noqa: E402
-from specdec_cli.server.request import Defaults  # noqa: E402
-from specdec_cli.server.service import GenerationService  # noqa: E402
-from specdec_cli.server.worker import Worker  # noqa: E402
-from specdec_cli.session import Session  # noqa: E402
-from specdec_cli.spec import SpecOptions  # noqa: E402
 from specdec_cli.core.stats import summarize  # noqa: E402
-
-PROMPT = "w5 w9 w3 w17 w4 w22 w8"  # FakeBackend: chat template = the contents, "wN" = token N
-PROMPT_TOKENS = [5, 9, 3, 17, 4, 22, 8]
-
-
-def text_of(tokens) -> str:
-    return b"".join(word(t) for t in tokens).decode("utf-8", "replace")
-
-
-class SlowBackend(FakeBackend):
-    """FakeBackend whose decode waits for `gate` and then sleeps `delay` s: requests that take a while."""
-
-    def __init__(self, *args, delay: float = 0.0, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.delay = delay
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def decode(self, tokens, n_logits: int = 0):
-        self.gate.wait(10)
-        if self.delay:
-            time.sleep(self.delay)
-        return super().decode(tokens, n_logits)
-
-
-class Served:
-    def __init__(self, url: str, worker: Worker, backend: FakeBackend, lines: list[str]) -> None:
-        self.url, self.worker, self.backend, self.lines = url, worker, backend, lines
-
-    def client(self, api_key: str = "unused", **kw):
-        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=20, **kw)
-
-    def raw(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
-        """(status, parsed JSON) of a plain HTTP request, for what the openai client will not send."""
-        import http.client
-        from urllib.parse import urlparse
-
-        u = urlparse(self.url)
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-        try:
-            conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
-            resp = conn.getresponse()
-            return resp.status, json.loads(resp.read() or b"null")
-        finally:
-            conn.close()
-
-    def health(self) -> dict:
-        return self.raw("GET", "/health")[1]
-
-    def wait(self, predicate, timeout: float = 5.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            h = self.health()
-            if predicate(h):
-                return h
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting; /health = {h}")
-            time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def serving(backend: FakeBackend | None = None, *, method: str = "ngram", k: str = "4", queue: int = 16,
-            api_key: str | None = None, max_body_bytes: int | None = None, session: Session | None = None,
-            app_kw: dict | None = None, worker_kw: dict | None = None, server_kw: dict | None = None):
-    """A server on a free loopback port, uvicorn in a background thread, over the real service on a fake backend.
-    `app_kw`, `worker_kw`, `server_kw`: more arguments of `create_app`, `Worker` and `make_server`."""
-    backend = backend if backend is not None else FakeBackend(hashed_logits)
-    session = session if session is not None else Session(target=backend, target_path=Path("fake.gguf"))
-    service = GenerationService(session, SpecOptions(method=method, k=k))
-    lines: list[str] = []
-    worker = Worker(service, bound=queue, log=lines.append, **(worker_kw or {}))
-    sock = bind("127.0.0.1", 0)
-    # greedy unless a request asks otherwise (`specdec serve --temperature 0`), so replies are known exactly
-    server = make_server(create_app(worker, defaults=Defaults(temperature=0.0), api_key=api_key,
-                                    max_body_bytes=max_body_bytes, **(app_kw or {})), **(server_kw or {}))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    worker.start()
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield Served(base_url(sock), worker, backend, lines)
-    finally:
-        backend_gate = getattr(backend, "gate", None)
-        if backend_gate is not None:
-            backend_gate.set()
-        worker.stop()
-        server.should_exit = True
-        thread.join(10)
-        worker.join(10)
-        service.close()
-        sock.close()
-
-
-def chat(client, content: str = PROMPT, **kw):
-    return client.chat.completions.create(model="fake", messages=[{"role": "user", "content": content}], **kw)
-
 
 # -- the OpenAI API with the fake service -------------------------------------------------------------------------
 def test_chat_completion_is_the_greedy_output_with_usage_and_specdec_stats():
@@ -483,29 +375,6 @@ def test_serve_refuses_a_port_in_use():
 
 
 # -- end to end with a real model ------------------------------------------------------------------------------------
-def start_real_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`specdec serve -t MODEL ARGS` as a subprocess on a free loopback port: (the process, its base URL)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "SPECDEC_DEBUG": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "-t", str(model), "--port", "0",
-                             "--threads", "2", *args],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    url = None
-    deadline = time.monotonic() + 120
-    lines = []
-    while url is None and time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
-        url = m.group(1) if m else None
-    if url is None:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("".join(lines))
-    return proc, url
-
-
 @pytest.mark.real
 def test_real_server_saves_the_prompt_cache_so_a_restart_serves_the_prompt_from_it(smollm2_path):
     """A ~1,000-token prompt served, the server stopped with SIGTERM and started again: the same prompt comes from

@@ -11,12 +11,11 @@ import pytest
 pytest.importorskip("fastapi")
 anthropic = pytest.importorskip("anthropic")
 
-from fakes import CHARS, FakeBackend, greedy_reference, greedy_tokenize, hashed_logits  # noqa: E402
+from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, greedy_tokenize, hashed_logits  # noqa: E402
 from specdec_cli.server.anthropic_messages import MessagesRequest, error_body, messages_of, to_request, tools_of  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.request import Message, ToolCall  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, serving, text_of  # noqa: E402
-from test_serve_queue import start_blocking_request  # noqa: E402
+from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, serving, start_blocking_request, text_of  # noqa: E402
 
 V = len(CHARS)
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
@@ -33,14 +32,6 @@ def client_of(s, **kw):
 
 def chars_backend(cls=FakeBackend, **kw) -> FakeBackend:
     return cls(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024, **kw)
-
-
-class Recording(FakeBackend):
-    """Keeps the messages and tools the chat template was given last."""
-
-    def format_chat(self, messages, *, add_generation_prompt=True, tools=None):
-        self.rendered = (messages, tools)
-        return super().format_chat(messages, tools=tools)
 
 
 # -- through the anthropic client ------------------------------------------------------------------------------------
@@ -101,7 +92,7 @@ def test_stop_sequences_end_the_reply_and_the_one_that_matched_is_named():
 
 def test_a_tool_round_trip_streamed_and_not():
     forced = {"type": "tool", "name": "get_weather"}
-    with serving(chars_backend(Recording)) as s:
+    with serving(chars_backend(RecordingBackend)) as s:
         client = client_of(s)
         resp = client.messages.create(model="m", max_tokens=200, tools=[WEATHER], tool_choice=forced,
                                       messages=[{"role": "user", "content": "weather in Paris?"}])
@@ -136,7 +127,7 @@ def test_a_tool_round_trip_streamed_and_not():
 
 def test_count_tokens_is_the_prompt_a_request_would_evaluate():
     system = "You are terse."
-    with serving(Recording(hashed_logits)) as s:
+    with serving(RecordingBackend(hashed_logits)) as s:
         client = client_of(s)
         counted = client.messages.count_tokens(model="m", system=system, messages=USER)
         resp = client.messages.create(model="m", system=system, max_tokens=3, messages=USER)
@@ -382,7 +373,6 @@ def test_a_stream_whose_prompt_takes_long_is_answered_before_its_prefill_ends(mo
 
     from specdec_cli.errors import DecodeError
     from specdec_cli.server import http
-    from test_serve import SlowBackend
 
     class Failing(FakeBackend):
         def decode(self, tokens, n_logits=0):
@@ -425,7 +415,7 @@ def test_a_prompt_whose_client_gave_up_is_saved_at_shutdown_for_the_restart(smol
     import http.client
     from urllib.parse import urlparse
 
-    from test_serve import start_real_server
+    from helpers import start_real_server
 
     facts = "\n".join(f"Fact {i}: the box on shelf {i % 7} holds {i * 3} keys." for i in range(80))
     body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": facts + "\nRepeat every fact."}]}

@@ -11,7 +11,6 @@ import pytest
 pytest.importorskip("fastapi")
 anthropic = pytest.importorskip("anthropic")
 
-from test_serve_qwen import client as openai_client  # noqa: E402,F401  (the loopback server on Qwen2.5-Coder-1.5B)
 
 pytestmark = [pytest.mark.real, pytest.mark.qwen]
 
@@ -24,9 +23,9 @@ QUESTION = [{"role": "user", "content": "What is the weather like in Paris right
 
 
 @pytest.fixture(scope="module")
-def client(openai_client):
-    """The anthropic client on test_serve_qwen's server (its base URL without /v1: the client adds it)."""
-    return anthropic.Anthropic(base_url=str(openai_client.base_url).removesuffix("/").removesuffix("/v1"),
+def client(qwen_client):
+    """The anthropic client on conftest's Qwen loopback server (its base URL without /v1: the client adds it)."""
+    return anthropic.Anthropic(base_url=str(qwen_client.base_url).removesuffix("/").removesuffix("/v1"),
                                api_key="unused", max_retries=0, timeout=600)
 
 

@@ -12,23 +12,11 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from fakes import CHARS, FakeBackend, hashed_logits  # noqa: E402
+from fakes import CHARS, RecordingBackend, hashed_logits  # noqa: E402
 from specdec_cli.server import fields  # noqa: E402
-from test_serve import PROMPT, serving  # noqa: E402
+from helpers import PROMPT, serving  # noqa: E402
 
 USER = [{"role": "user", "content": PROMPT}]
-
-
-class Recording(FakeBackend):
-    """FakeBackend that records what the chat template was given (messages and template variables)."""
-
-    def __init__(self, fn=hashed_logits, **kw) -> None:
-        super().__init__(fn, **kw)
-        self.rendered: list[tuple[list[dict], dict]] = []
-
-    def format_chat(self, messages, *, add_generation_prompt=True, tools=None, template_kwargs=None):
-        self.rendered.append((messages, dict(template_kwargs or {})))
-        return super().format_chat(messages, tools=tools)
 
 
 def post(s, body: dict, path: str = "/v1/chat/completions"):
@@ -36,18 +24,18 @@ def post(s, body: dict, path: str = "/v1/chat/completions"):
 
 
 def test_a_messages_name_goes_to_the_template():
-    backend = Recording()
+    backend = RecordingBackend()
     with serving(backend) as s:
         status, reply = post(s, {"messages": [{"role": "user", "content": PROMPT, "name": "ann"},
                                               {"role": "assistant", "content": "w5", "name": "bot"},
                                               {"role": "user", "content": PROMPT}]})
     assert status == 200, reply
-    messages, _ = backend.rendered[-1]
+    messages, _, _ = backend.renders[-1]
     assert [m.get("name") for m in messages] == ["ann", "bot", None]
 
 
 def test_a_schemas_description_is_shown_to_the_model_and_strict_is_accepted():
-    backend = Recording(lambda p: hashed_logits(p, len(CHARS), peak=2.0), vocab=len(CHARS), pieces=CHARS,
+    backend = RecordingBackend(lambda p: hashed_logits(p, len(CHARS), peak=2.0), vocab=len(CHARS), pieces=CHARS,
                         n_ctx=1024)  # grammars need a byte-complete vocabulary
     fmt = {"type": "json_schema", "json_schema": {"name": "Person", "description": "A person named in the text.",
                                                   "strict": True, "schema": {"type": "object"}}}
@@ -57,7 +45,7 @@ def test_a_schemas_description_is_shown_to_the_model_and_strict_is_accepted():
         status, reply = post(s, {"messages": [{"role": "system", "content": "Be brief."}, *USER],
                                  "response_format": fmt, "max_tokens": 1})
         assert status == 200, reply
-    alone, merged = (m for m, _ in backend.rendered)
+    alone, merged = (m for m, _, _ in backend.renders)
     assert alone[0]["role"] == "system" and "A person named in the text." in alone[0]["content"]
     assert "Person" in alone[0]["content"] and alone[1:] == [{"role": "user", "content": PROMPT}]
     assert merged[0]["role"] == "system" and merged[0]["content"].startswith("Be brief.")
@@ -65,14 +53,14 @@ def test_a_schemas_description_is_shown_to_the_model_and_strict_is_accepted():
 
 
 def test_template_kwargs_reasoning_effort_and_reasoning_content_go_to_the_template():
-    backend = Recording()
+    backend = RecordingBackend()
     with serving(backend) as s:
         status, reply = post(s, {"messages": [*USER, {"role": "assistant", "content": "w5", "reasoning_content": "hm"},
                                               *USER],
                                  "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low"})
         assert status == 200, reply
         status, bad = post(s, {"messages": USER, "chat_template_kwargs": {"messages": []}})
-    messages, kwargs = backend.rendered[-1]
+    messages, _, kwargs = backend.renders[-1]
     assert kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
     assert messages[1]["reasoning_content"] == "hm"
     assert status == 400 and bad["error"]["param"] == "chat_template_kwargs.messages"  # the template's own variable

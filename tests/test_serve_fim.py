@@ -15,7 +15,7 @@ from fakes import FakeBackend, hashed_logits  # noqa: E402
 from specdec_cli.models.backend import FimTokens  # noqa: E402
 from specdec_cli.server.fim import SNIPPET, fim_prompt  # noqa: E402
 from specdec_cli.server.request import Fim  # noqa: E402
-from test_serve import serving  # noqa: E402
+from helpers import serving  # noqa: E402
 
 # FakeBackend: "wN" is token N; the FIM tokens of a Qwen-like vocabulary, in a 64-token one
 PRE, SUF, MID, PAD, REP, SEP = 60, 61, 62, 63, 58, 59
@@ -141,7 +141,7 @@ def test_qwen_coder_fills_the_missing_line_through_completions_and_infill(qwen_p
     import re
     from urllib.parse import urlparse
 
-    from test_serve_qwen import qwen_server
+    from helpers import qwen_server
 
     with qwen_server(qwen_pair[0]) as (url, service):
         assert service.fim.usable and service.fim.rep is not None and service.fim.sep is not None

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from test_serve import serving  # noqa: E402
+from helpers import serving  # noqa: E402
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

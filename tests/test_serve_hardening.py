@@ -19,7 +19,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, hashed_logits  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving  # noqa: E402
+from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving  # noqa: E402
 
 from specdec_cli.core.engine import GenerationConfig  # noqa: E402
 from specdec_cli.errors import UsageError  # noqa: E402

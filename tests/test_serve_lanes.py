@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, greedy_reference, hashed_logits  # noqa: E402
-from test_serve import PROMPT_TOKENS, SlowBackend, chat, serving, text_of  # noqa: E402
+from helpers import PROMPT_TOKENS, SlowBackend, chat, serving, text_of  # noqa: E402
 
 CHATS = ["w5 w6 w7 w5 w6 w7", "w9 w10 w9 w10 w9", "w3 w4 w3 w4", "w12 w13 w14 w12"]
 
@@ -89,7 +89,7 @@ def test_real_server_answers_the_openai_and_anthropic_sdks_at_once(smollm2_path)
     lanes of their own, each the reply it gets alone (greedy; up to near-ties, which a 16-token reply rarely meets)."""
     import anthropic
 
-    from test_serve import start_real_server
+    from helpers import start_real_server
 
     proc, url = start_real_server(smollm2_path, "--parallel", "2", "--ctx", "1024", "--no-prompt-cache",
                                    "--temperature", "0")  # greedy where a request sets no temperature

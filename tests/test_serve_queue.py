@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from fakes import FakeBackend, greedy_reference, hashed_logits  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving, text_of  # noqa: E402
+from fakes import greedy_reference, hashed_logits  # noqa: E402
+from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving, start_blocking_request, text_of  # noqa: E402
 
 
 def open_stream(s, body: dict, timeout: float):
@@ -26,15 +26,6 @@ def open_stream(s, body: dict, timeout: float):
     conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "fake", "stream": True, **body}),
                  headers={"Content-Type": "application/json"})
     return conn, conn.getresponse()
-
-
-def start_blocking_request(s, backend: SlowBackend) -> threading.Thread:
-    """A first request that holds the worker until `backend.gate` is set."""
-    backend.gate.clear()
-    t = threading.Thread(target=chat, args=(s.client(),), kwargs={"max_tokens": 3}, daemon=True)
-    t.start()
-    s.wait(lambda h: h["busy"])
-    return t
 
 
 def test_a_queued_stream_gets_headers_and_keepalive_comments_at_once_then_its_reply():

@@ -5,10 +5,7 @@ Slow (each generation takes seconds on a CPU): run one file at a time, `-m qwen`
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-import time
 
 import pytest
 
@@ -16,11 +13,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 from pydantic import BaseModel  # noqa: E402
 
-from specdec_cli.server.app import base_url, bind, create_app, make_server  # noqa: E402
-from specdec_cli.server.service import GenerationService  # noqa: E402
-from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import open_session  # noqa: E402
-from specdec_cli.spec import ModelOptions, SpecOptions  # noqa: E402
+from specdec_cli.spec import ModelOptions  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.qwen]
 
@@ -34,63 +28,22 @@ QUESTION = [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 
-@contextlib.contextmanager
-def loopback(session, method: str):
-    """The real service over `session` on a free loopback port, in this process: yields (service, openai client,
-    base URL); stopped, and the session closed, after."""
-    service = GenerationService(session, SpecOptions(method=method))
-    worker = Worker(service, log=lambda line: None)
-    sock = bind("127.0.0.1", 0)
-    server = make_server(create_app(worker))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    worker.start()
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield service, openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600), \
-            base_url(sock)
-    finally:
-        worker.stop()
-        server.should_exit = True
-        thread.join(30)
-        worker.join(30)
-        service.close()
-        sock.close()
-
-
-@contextlib.contextmanager
-def qwen_server(target, *, ctx: int = 2048):
-    """`target` (Qwen2.5-Coder) served on a loopback port in this process, method auto: yields (base URL, the
-    service); stopped and closed after."""
-    session = open_session(ModelOptions(target=str(target), ctx=ctx, threads=2, prompt_cache=False),
-                           method="auto")
-    with loopback(session, "auto") as (service, _, url):
-        yield url, service
-
-
-@pytest.fixture(scope="module")
-def client(qwen_pair):
-    with qwen_server(qwen_pair[0]) as (url, _):
-        yield openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
-
-
 class Person(BaseModel):
     name: str
     age: int
 
 
-def test_parse_returns_the_pydantic_object(client):
-    resp = client.chat.completions.parse(
+def test_parse_returns_the_pydantic_object(qwen_client):
+    resp = qwen_client.chat.completions.parse(
         model="qwen", messages=[{"role": "user", "content": "Extract the person: Jason is 25 years old."}],
         response_format=Person, max_tokens=40, temperature=0)
     person = resp.choices[0].message.parsed
     assert isinstance(person, Person) and person.age == 25 and "Jason" in person.name
 
 
-def test_an_invalid_schema_is_a_bad_request(client):
+def test_an_invalid_schema_is_a_bad_request(qwen_client):
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model="qwen", messages=QUESTION, max_tokens=5, response_format={
+        qwen_client.chat.completions.create(model="qwen", messages=QUESTION, max_tokens=5, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
                                                                          "properties": {"a": {"type": "strin"}}}}})
     assert bad.value.body["param"] == "response_format" and "strin" in bad.value.body["message"]
@@ -106,8 +59,8 @@ def _turn(client, messages, stream: bool, **kw):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_a_tool_round_trip_with_logprobs(client, stream):
-    first = _turn(client, QUESTION, stream, max_tokens=80)
+def test_a_tool_round_trip_with_logprobs(qwen_client, stream):
+    first = _turn(qwen_client, QUESTION, stream, max_tokens=80)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     [call] = choice.message.tool_calls
@@ -116,7 +69,7 @@ def test_a_tool_round_trip_with_logprobs(client, stream):
     messages = QUESTION + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump(include={"id", "type", "function"})]},
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 22 degrees Celsius."}]
-    final = _turn(client, messages, stream, max_tokens=60, logprobs=True, top_logprobs=2)
+    final = _turn(qwen_client, messages, stream, max_tokens=60, logprobs=True, top_logprobs=2)
     answer = final.choices[0].message
     assert not answer.tool_calls and "22" in answer.content, answer
     assert final.choices[0].finish_reason == "stop"
@@ -132,10 +85,10 @@ FINAL = {"type": "function", "function": {
                    "required": ["city", "country"]}}}
 
 
-def test_the_template_is_hermes_and_a_required_call_ends_after_it(client):
+def test_the_template_is_hermes_and_a_required_call_ends_after_it(qwen_client):
     # issue 27 (A): pydantic-ai's default tool output; Qwen2.5-Coder ends its call with "\n" and its end token, which
     # the grammar used to turn into a second call, and a third, to the token limit
-    resp = client.chat.completions.create(
+    resp = qwen_client.chat.completions.create(
         model="qwen", messages=[{"role": "user", "content": "The capital of France, please."}], tools=[FINAL],
         tool_choice="required", max_tokens=200, temperature=0)
     choice = resp.choices[0]

@@ -15,8 +15,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from specdec_cli.core.lark_regex import input_pattern  # noqa: E402
-from test_serve_qwen import client  # noqa: E402,F401  (the module's server: one loopback server over Qwen)
-from test_serve_responses import CODEX_GRAMMAR  # noqa: E402
+from helpers import CODEX_GRAMMAR  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.qwen]
 
@@ -42,8 +41,8 @@ def _turn(client, input, stream: bool, **kw):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_a_function_tool_round_trip(client, stream):  # noqa: F811
-    first = _turn(client, QUESTION, stream, max_output_tokens=80)
+def test_a_function_tool_round_trip(qwen_client, stream):
+    first = _turn(qwen_client, QUESTION, stream, max_output_tokens=80)
     calls = [item for item in first.output if item.type == "function_call"]
     assert first.status == "completed" and len(calls) == 1, first.output
     call = calls[0]
@@ -51,20 +50,20 @@ def test_a_function_tool_round_trip(client, stream):  # noqa: F811
     assert "Paris" in json.loads(call.arguments)["city"]
     history = [{"role": "user", "content": QUESTION}, call.model_dump(exclude_none=True),
                {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 22 degrees Celsius."}]
-    final = _turn(client, history, stream, max_output_tokens=60)
+    final = _turn(qwen_client, history, stream, max_output_tokens=60)
     assert final.status == "completed" and [item.type for item in final.output] == ["message"]
     assert "22" in final.output_text, final.output_text
     assert final.usage.input_tokens_details.cached_tokens > 0  # the first turn's prompt, from the KV cache
     assert final.model_extra["specdec"]["method"] == "auto"
 
 
-def test_a_custom_tool_input_is_held_to_codex_apply_patch_grammar(client):  # noqa: F811
+def test_a_custom_tool_input_is_held_to_codex_apply_patch_grammar(qwen_client):
     tool = {"type": "custom", "name": "apply_patch",
             "description": "Edit a file with a patch in the apply_patch format: '*** Begin Patch', then "
                            "'*** Update File: PATH', '@@', the changed lines ('-' removed, '+' added, ' ' kept), "
                            "then '*** End Patch'.",
             "format": {"type": "grammar", "syntax": "lark", "definition": CODEX_GRAMMAR}}
-    events = list(client.responses.create(
+    events = list(qwen_client.responses.create(
         model="qwen", temperature=0, max_output_tokens=200, stream=True, tools=[tool],
         tool_choice={"type": "custom", "name": "apply_patch"},
         input=f"bug.py holds:\n```python\n{BUG}```\nadd() subtracts. Fix the bug in bug.py with apply_patch."))
@@ -77,7 +76,7 @@ def test_a_custom_tool_input_is_held_to_codex_apply_patch_grammar(client):  # no
     assert "bug.py" in call.input and "+" in call.input
 
 
-def test_openai_agents_default_model_completes_a_tool_round_trip(client):  # noqa: F811
+def test_openai_agents_default_model_completes_a_tool_round_trip(qwen_client):
     agents = pytest.importorskip("agents")
     seen: list[str] = []
 
@@ -90,7 +89,7 @@ def test_openai_agents_default_model_completes_a_tool_round_trip(client):  # noq
     async def run() -> str:
         agents.set_tracing_disabled(True)
         model = agents.OpenAIResponsesModel(
-            model="qwen", openai_client=openai.AsyncOpenAI(base_url=str(client.base_url), api_key="unused",
+            model="qwen", openai_client=openai.AsyncOpenAI(base_url=str(qwen_client.base_url), api_key="unused",
                                                            max_retries=0, timeout=600))
         agent = agents.Agent(name="Assistant", instructions=INSTRUCTIONS, model=model, tools=[get_weather],
                              model_settings=agents.ModelSettings(temperature=0))

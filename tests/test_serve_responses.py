@@ -17,13 +17,13 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from fakes import CHARS, FakeBackend, greedy_reference, hashed_logits  # noqa: E402
+from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, hashed_logits  # noqa: E402
 from specdec_cli.core.lark_regex import Unsupported, input_pattern  # noqa: E402
 from specdec_cli.server.custom_tools import CustomInputs, InputDecoder  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart  # noqa: E402
 from specdec_cli.server.tools import ReplyParser  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, serving, text_of  # noqa: E402
+from helpers import CODEX_GRAMMAR, PROMPT, PROMPT_TOKENS, serving, text_of  # noqa: E402
 
 V = len(CHARS)
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -37,37 +37,8 @@ SUM_GRAMMAR = 'start: "add " NUM " " NUM "\\n" ("ok" | "no") LF\nNUM: /[0-9]{1,2
 SUM = {"type": "custom", "name": "sum", "description": "Adds two numbers.",
        "format": {"type": "grammar", "syntax": "lark", "definition": SUM_GRAMMAR}}
 SUM_INPUT = re.compile(r"add [0-9]{1,2} [0-9]{1,2}\n(ok|no)\n")
-APPLY_PATCH = (Path("/work/notes/tool-defs/codex-apply_patch.lark"))
-CODEX_GRAMMAR = """start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-
-hunk: add_hunk | delete_hunk | update_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change_move? change?
-
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-
-change_move: "*** Move to: " filename LF
-change: (change_context | change_line)+ eof_line?
-change_context: ("@@" | "@@ " /(.+)/) LF
-change_line: ("+" | "-" | " ") /(.*)/ LF
-eof_line: "*** End of File" LF
-
-%import common.LF
-"""  # Codex CLI 0.169's apply_patch grammar (notes/tool-defs/codex-apply_patch.lark)
 PATCH = "*** Begin Patch\n*** Update File: bug.py\n@@\n def add(a, b):\n-    return a - b\n+    return a + b\n" \
         "*** End Patch\n"
-
-
-class Recording(FakeBackend):
-    """Keeps what the chat template was given: the last request's messages and tools."""
-
-    def format_chat(self, messages, *, add_generation_prompt=True, tools=None):
-        self.rendered = (messages, tools)
-        return super().format_chat(messages, tools=tools)
 
 
 def chars_backend(cls=FakeBackend, **kw) -> FakeBackend:
@@ -143,7 +114,7 @@ def test_the_stream_helper_and_a_json_schema_format():
 
 
 def test_input_items_and_instructions_become_the_conversation_the_template_gets():
-    backend = chars_backend(Recording)
+    backend = chars_backend(RecordingBackend)
     items = [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rule one."},
                                                              {"type": "input_text", "text": "Rule two."}]},
@@ -175,7 +146,7 @@ def test_input_items_and_instructions_become_the_conversation_the_template_gets(
 
 # -- function tools -------------------------------------------------------------------------------------------------
 def test_a_function_call_round_trip_streamed_and_not():
-    backend = chars_backend(Recording)
+    backend = chars_backend(RecordingBackend)
     with serving(backend) as s:
         client = s.client()
         first = client.responses.create(model="fake", input="weather in Paris?", tools=[WEATHER],
@@ -249,7 +220,7 @@ def test_a_regex_custom_tool_and_a_text_custom_tool():
 
 
 def test_a_past_custom_call_goes_back_to_the_template_as_its_input():
-    backend = chars_backend(Recording)
+    backend = chars_backend(RecordingBackend)
     history = [{"role": "user", "content": "fix it"},
                {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_9", "name": "apply_patch",
                 "input": PATCH, "status": "completed"},
@@ -313,7 +284,7 @@ def test_the_input_decoder_streams_the_decoded_string_however_the_json_is_cut():
 
 # -- namespaces and hosted tools ------------------------------------------------------------------------------------
 def test_namespace_tools_are_flattened_for_the_model_and_calls_name_their_namespace_again():
-    backend = chars_backend(Recording)
+    backend = chars_backend(RecordingBackend)
     namespace = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [CLOSE]}
     with serving(backend) as s:
         client = s.client()
@@ -339,7 +310,7 @@ def test_namespace_tools_are_flattened_for_the_model_and_calls_name_their_namesp
 
 
 def test_hosted_tools_are_left_out_and_logged_once_never_a_400():
-    backend = chars_backend(Recording)
+    backend = chars_backend(RecordingBackend)
     tools = [{"type": "web_search", "external_web_access": False}, WEATHER,
              {"type": "tool_search", "execution": "client", "description": "x", "parameters": {}}]
     with serving(backend) as s:
@@ -361,7 +332,7 @@ def test_hosted_tools_are_left_out_and_logged_once_never_a_400():
 
 # -- previous_response_id and the field policy ----------------------------------------------------------------------
 def test_previous_response_id_continues_a_held_response_and_an_unknown_one_is_a_400():
-    backend = chars_backend(Recording)
+    backend = chars_backend(RecordingBackend)
     with serving(backend) as s:
         client = s.client()
         first = client.responses.create(model="fake", input="hello", max_output_tokens=5)

@@ -14,7 +14,7 @@ openai = pytest.importorskip("openai")
 
 from specdec_cli.session import open_session  # noqa: E402
 from specdec_cli.spec import ModelOptions  # noqa: E402
-from test_serve_qwen import loopback  # noqa: E402
+from helpers import loopback  # noqa: E402
 
 pytestmark = pytest.mark.real
 

@@ -19,8 +19,7 @@ from specdec_cli.server.tool_formats import (  # noqa: E402
     Generic, GenericParser, JsonCallsParser, Llama3, MistralV3, Phi4, detect,
 )
 from specdec_cli.server.reply import Arguments, CallStart, Content  # noqa: E402
-from test_serve import serving  # noqa: E402
-from test_serve_tools import TIME, WEATHER, _accepts, scripted  # noqa: E402
+from helpers import TIME, WEATHER, accepts, scripted, serving  # noqa: E402
 
 V = len(CHARS)
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -131,12 +130,12 @@ def test_the_grammars_per_format_and_tool_choice():
         Generic(): ('{"tool_calls": [%s]}' % call, '{"response": "It is warm."}'),
     }
     for fmt, (calls, text) in cases.items():
-        assert _accepts(fmt.grammar(auto, None).lark, calls) and _accepts(fmt.grammar(auto, None).lark, text), fmt
-        assert _accepts(fmt.grammar(required, None).lark, calls) and not _accepts(fmt.grammar(required, None).lark,
+        assert accepts(fmt.grammar(auto, None).lark, calls) and accepts(fmt.grammar(auto, None).lark, text), fmt
+        assert accepts(fmt.grammar(required, None).lark, calls) and not accepts(fmt.grammar(required, None).lark,
                                                                                  text), fmt
-        assert not _accepts(fmt.grammar(none, None).lark, calls) and _accepts(fmt.grammar(none, None).lark, text), fmt
+        assert not accepts(fmt.grammar(none, None).lark, calls) and accepts(fmt.grammar(none, None).lark, text), fmt
         bad = calls.replace("Paris", "Rome")
-        assert not _accepts(fmt.grammar(auto, None).lark, bad), fmt
+        assert not accepts(fmt.grammar(auto, None).lark, bad), fmt
 
 
 @pytest.mark.parametrize("text, content, calls", [

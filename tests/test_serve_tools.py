@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from fakes import CHARS, EOS, FakeBackend, greedy_tokenize, hashed_logits  # noqa: E402
+from fakes import CHARS, FakeBackend, RecordingBackend, greedy_tokenize, hashed_logits  # noqa: E402
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine  # noqa: E402
 from specdec_cli.core.records import Finish, Step  # noqa: E402
 from specdec_cli.errors import ToolsUnsupportedError  # noqa: E402
@@ -26,20 +26,12 @@ from specdec_cli.server.tools import (  # noqa: E402
     Arguments, CallStart, Content, ReplyParser, Tags, grammar,
 )
 from specdec_cli.server.openai_chat import check_tools  # noqa: E402
-from test_serve import PROMPT, PROMPT_TOKENS, chat, serving, text_of  # noqa: E402
+from helpers import (  # noqa: E402
+    PROMPT, PROMPT_TOKENS, TIME, WEATHER, accepts, chat, scripted, serving, text_of, tools_backend,
+)
 
 V = len(CHARS)
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris"]}, "unit": {"enum": ["C"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC"]}}, "required": ["zone"], "additionalProperties": False}}}
 FORCED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
-
-
-def chars_backend(**kw) -> FakeBackend:
-    return FakeBackend(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024, **kw)
 
 
 def ask(client, content: str = "weather in Paris?", **kw):
@@ -47,25 +39,6 @@ def ask(client, content: str = "weather in Paris?", **kw):
 
 
 # -- tool calls through the server ------------------------------------------------------------------------------------
-def scripted(reply: str, *markers: bytes):
-    """Logits that write `reply` after the prompt's last marker (default "~"; the longest token that continues it:
-    a grammar may force merges), then the end token."""
-    markers = markers or (b"~",)
-
-    def fn(prefix):
-        text = b"".join(CHARS[int(t)] for t in prefix)
-        start = max(text.rfind(m) + len(m) for m in markers if m in text)
-        rest = reply.encode()[len(text) - start:]
-        logits = np.full(V, -10.0, np.float32)
-        for t, piece in enumerate(CHARS):
-            if piece and rest.startswith(piece):
-                logits[t] = len(piece)
-        if not rest:
-            logits[EOS] = 5.0
-        return logits
-    return fn
-
-
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_a_call_followed_by_a_newline_and_the_end_token_ends_the_reply(choice):
     # Qwen2.5-Coder ends its calls with "</tool_call>\n" and then its end token (both at p ~ 1); a grammar that let
@@ -82,7 +55,7 @@ def test_a_call_followed_by_a_newline_and_the_end_token_ends_the_reply(choice):
 
 
 def test_a_forced_tool_call_is_served_as_tool_calls_streamed_and_not():
-    with serving(chars_backend()) as s:
+    with serving(tools_backend()) as s:
         client = s.client()
         resp = ask(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_tokens=200)
         chunks = list(ask(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
@@ -187,7 +160,7 @@ def test_a_call_the_last_turn_made_and_got_a_result_for_is_not_made_again():
 
 
 def test_the_openai_stream_helper_accumulates_a_named_call():
-    with serving(chars_backend()) as s:
+    with serving(tools_backend()) as s:
         with s.client().chat.completions.stream(
                 model="fake", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, TIME],
                 tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False,
@@ -220,12 +193,7 @@ def test_tool_turns_are_accepted_and_none_keeps_tool_calls_out():
                     {"id": "call_1", "type": "function",
                      "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}]
-    class Recording(FakeBackend):
-        def format_chat(self, messages, *, add_generation_prompt=True, tools=None):
-            self.rendered = (messages, tools)
-            return super().format_chat(messages, tools=tools)
-
-    backend = Recording(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024)
+    backend = RecordingBackend(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024)
     with serving(backend) as s:
         resp = s.client().chat.completions.create(model="fake", messages=messages, tools=[WEATHER],
                                                   tool_choice="none", max_tokens=30)
@@ -247,7 +215,7 @@ def test_response_format_json_schema_and_parse_with_a_pydantic_model():
         name: Literal["red"]
         hex: Literal["#f00"]
 
-    with serving(chars_backend()) as s:
+    with serving(tools_backend()) as s:
         client = s.client()
         parsed = client.chat.completions.parse(model="fake", messages=[{"role": "user", "content": "red?"}],
                                                response_format=Colour, max_tokens=100)
@@ -405,53 +373,36 @@ def test_render_refuses_tools_for_a_template_that_never_reads_them():
 
 
 # -- the grammar (llguidance over the CHARS vocabulary) ---------------------------------------------------------------
-def _matcher_accepts(lark: str, text: str) -> tuple[int, int, bool]:
-    """(tokens of `text`, how many the grammar allows in a row, whether it is then complete)."""
-    from llguidance import LLMatcher
-
-    backend = chars_backend()
-    tokens = greedy_tokenize(CHARS, text.encode(), set())
-    m = LLMatcher(backend.lltokenizer(), LLMatcher.grammar_from_lark(lark), log_level=0)
-    n = m.validate_tokens(tokens)
-    m.consume_tokens(tokens[:n])
-    return len(tokens), n, m.is_accepting()
-
-
-def _accepts(lark: str, text: str) -> bool:
-    n, ok, complete = _matcher_accepts(lark, text)
-    return ok == n and complete
-
-
 def test_the_tool_grammar_per_tool_choice():
     tools = check_tools([WEATHER, TIME], None, None)
     time_call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
     auto = grammar(tools, Tags()).lark
-    assert _accepts(auto, "Just text, <b>bold</b>.") and _accepts(auto, FORCED_CALL)
-    assert _accepts(auto, FORCED_CALL + "\n" + time_call)  # parallel calls
-    assert _accepts(auto, "Let me look.\n" + FORCED_CALL)
-    assert not _accepts(auto, FORCED_CALL.replace("Paris", "Rome"))  # arguments follow the schema
-    assert not _accepts(auto, FORCED_CALL.replace("get_weather", "get_wetter"))
-    assert not _accepts(auto, FORCED_CALL + " and more text")
+    assert accepts(auto, "Just text, <b>bold</b>.") and accepts(auto, FORCED_CALL)
+    assert accepts(auto, FORCED_CALL + "\n" + time_call)  # parallel calls
+    assert accepts(auto, "Let me look.\n" + FORCED_CALL)
+    assert not accepts(auto, FORCED_CALL.replace("Paris", "Rome"))  # arguments follow the schema
+    assert not accepts(auto, FORCED_CALL.replace("get_weather", "get_wetter"))
+    assert not accepts(auto, FORCED_CALL + " and more text")
     fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris", "unit": "C"}\n}\n```'
-    assert _accepts(auto, fenced)  # Qwen2.5-Coder's habit, whitespace free
-    assert not _accepts(auto, fenced.replace("get_weather", "get_wetter"))
-    assert _accepts(auto, "```json\n[1, 2]\n```")  # a JSON block that holds no object is text
+    assert accepts(auto, fenced)  # Qwen2.5-Coder's habit, whitespace free
+    assert not accepts(auto, fenced.replace("get_weather", "get_wetter"))
+    assert accepts(auto, "```json\n[1, 2]\n```")  # a JSON block that holds no object is text
     bare = '{"name": "get_weather",\n "arguments": {"city": "Paris", "unit": "C"}}'
-    assert _accepts(auto, bare) and not _accepts(auto, '{"a": 1}')  # a reply that opens with { is a call
+    assert accepts(auto, bare) and not accepts(auto, '{"a": 1}')  # a reply that opens with { is a call
     required = grammar(replace(tools, mode="required"), Tags()).lark
-    assert _accepts(required, FORCED_CALL) and not _accepts(required, "text")
+    assert accepts(required, FORCED_CALL) and not accepts(required, "text")
     single = grammar(replace(tools, mode="required", parallel=False), Tags()).lark
-    assert _accepts(single, FORCED_CALL) and not _accepts(single, FORCED_CALL + "\n" + time_call)
+    assert accepts(single, FORCED_CALL) and not accepts(single, FORCED_CALL + "\n" + time_call)
     named = grammar(check_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, None),
                     Tags()).lark
-    assert _accepts(named, time_call) and not _accepts(named, FORCED_CALL)
-    assert not _accepts(named, time_call + "\n" + time_call)  # a named function is called once
+    assert accepts(named, time_call) and not accepts(named, FORCED_CALL)
+    assert not accepts(named, time_call + "\n" + time_call)  # a named function is called once
     none = grammar(replace(tools, mode="none"), Tags()).lark
-    assert _accepts(none, "text") and not _accepts(none, FORCED_CALL) and not _accepts(none, "a " + FORCED_CALL)
+    assert accepts(none, "text") and not accepts(none, FORCED_CALL) and not accepts(none, "a " + FORCED_CALL)
     with_format = grammar(tools, Tags(), reply={"type": "object", "properties": {"a": {"enum": [1]}},
                                                  "required": ["a"], "additionalProperties": False}).lark
-    assert _accepts(with_format, '{"a": 1}') and _accepts(with_format, FORCED_CALL)
-    assert not _accepts(with_format, "text")
+    assert accepts(with_format, '{"a": 1}') and accepts(with_format, FORCED_CALL)
+    assert not accepts(with_format, "text")
 
 
 def test_special_tags_are_written_as_llguidance_special_tokens():
@@ -460,7 +411,7 @@ def test_special_tags_are_written_as_llguidance_special_tokens():
     assert "call: <tool_call> call_body" in lark and "</tool_call>" in lark and '"<tool_call>"' not in lark
     from specdec_cli.server.tools import detect_tags
 
-    assert detect_tags(chars_backend().tokenize, chars_backend().piece) == Tags(special=False)
+    assert detect_tags(tools_backend().tokenize, tools_backend().piece) == Tags(special=False)
     vocab = {"<tool_call>": [7], "</tool_call>": [8]}
     assert detect_tags(lambda t: vocab[t], lambda i: {7: b"<tool_call>", 8: b"</tool_call>"}[i]) == Tags(True)
 
