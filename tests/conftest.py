@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py, tests/random_models.py
-
-from random_models import tiny_gguf  # noqa: E402
+from random_models import tiny_gguf  # tests/ is on sys.path: pyproject.toml's `pythonpath`
 
 
 def _isolate(mp: pytest.MonkeyPatch, root: Path) -> None:

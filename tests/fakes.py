@@ -388,7 +388,7 @@ class FakeBackend(RecurrentGuard, Backend):
         return " ".join(parts)
 
     def fim_tokens(self) -> FimTokens:
-        """No fill-in-the-middle tokens (tests/test_serve_fim.py's backend has some)."""
+        """No fill-in-the-middle tokens (tests/server/test_fim.py's backend has some)."""
         return FimTokens()
 
     def close(self) -> None:

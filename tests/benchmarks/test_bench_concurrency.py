@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_serve as bc  # noqa: E402  (a broken import fails here, it is not skipped)
 
 
@@ -101,9 +101,9 @@ def test_a_baseline_checkout_runs_its_own_code_not_the_working_directorys(tmp_pa
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "__main__.py").write_text("print('an old serve --help without lanes')\n")
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # where the benchmark runs
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # where the benchmark runs
     assert bc.lists_parallel(tmp_path) is False
-    assert bc.lists_parallel(Path(__file__).resolve().parent.parent) is True
+    assert bc.lists_parallel(Path(__file__).resolve().parents[2]) is True
 
 
 def test_a_stale_seed_curve_is_replaced_by_the_one_a_cell_measured(tmp_path):

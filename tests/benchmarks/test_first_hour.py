@@ -23,7 +23,7 @@ from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.driver import generate
 from specdec_cli.measure.paired import Pair, Paired
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "first_hour.py"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from fakes import fake_sdist
 from specdec_cli.llama_build import install as installer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def gpu_check():

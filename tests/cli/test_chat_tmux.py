@@ -141,7 +141,7 @@ def test_rejected_drafts_never_take_the_replys_lines_in_a_terminal(tmp_path, smo
     saved = tmp_path / "chat.json"
     chat = [sys.executable, "-m", "specdec_cli", "chat", "-t", "smollm2-135m", "--method", "ngram", "--ngram-min", "1",
             "--k", "8", "-n", "160", "--threads", "2"]
-    root = str(Path(__file__).resolve().parent.parent)  # this checkout's specdec_cli, whatever is installed
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's specdec_cli, whatever is installed
     command = (f"cd {shlex.quote(str(tmp_path))} && env SPECDEC_HOME={shlex.quote(str(tmp_path / 'home'))} "
                f"PYTHONPATH={shlex.quote(root)} {shlex.join(chat)}; echo $? > {shlex.quote(str(rc_file))}")
     tmux = Tmux(tmp_path / "tmux.sock", command)

@@ -5,7 +5,7 @@ On such a curve the cheapest ms per token lies near b = 48 and a pass of b token
 so a draft pays only through long accepted runs, and a deep one that breaks early costs many plain steps. These runs
 are deterministic: the fake backend's passes advance a virtual clock by the curve, as `specdec tune` compares its
 configurations (a fresh controller per run, the same prompt lookup drafter, tokens per second of the decode loop).
-`python tests/test_auto_linear.py` prints the table the tests check.
+`PYTHONPATH=tests python tests/core/test_controller_linear.py` prints the table the tests check.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 from fakes import fake_sdist
 from specdec_cli.llama_build import install as installer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "specdec_cli" / "llama_build" / "install.py"
 AMX_OFF_ARGS = ("-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
                 "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'")

@@ -18,7 +18,7 @@ import pytest
 from specdec_cli.measure import native as N
 from specdec_cli.errors import NativeToolError, UsageError
 
-DATA = Path(__file__).parent / "data" / "native"
+DATA = Path(__file__).parents[1] / "data" / "native"
 
 
 def read(name: str) -> str:

@@ -24,7 +24,7 @@ def random_gguf():
     """benchmarks/random_gguf.py as a module."""
     import importlib.util
 
-    path = Path(__file__).parents[1] / "benchmarks" / "random_gguf.py"
+    path = Path(__file__).parents[2] / "benchmarks" / "random_gguf.py"
     spec = importlib.util.spec_from_file_location("random_gguf", path)
     module = sys.modules["random_gguf"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -402,7 +402,7 @@ def test_builtin_catalog_lists_the_2026_families_unpinned_and_not_in_ci():
 
 
 def test_docs_models_md_names_every_catalog_model_with_its_kind_and_rollback():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     for m in config.load_catalog().models.values():
         if m.ci:

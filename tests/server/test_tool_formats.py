@@ -22,7 +22,7 @@ from specdec_cli.server.reply import Arguments, CallStart, Content  # noqa: E402
 from helpers import TIME, WEATHER, accepts, scripted, serving  # noqa: E402
 
 V = len(CHARS)
-TEMPLATES = Path(__file__).parent / "data" / "templates"
+TEMPLATES = Path(__file__).parents[1] / "data" / "templates"
 ARGS = {"city": "Paris", "unit": "C"}
 
 # template, format, the generation prompt's end (where the scripted model starts), a call, a text reply

@@ -313,7 +313,8 @@ BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"ty
 ])
 def test_unsupported_or_invalid_fields_get_400_naming_them(body, param):
     """Fields that change what must come back, or are malformed. (`store`, `reasoning_effort`, `service_tier`, an
-    unknown field, a schema's `description` and a message's `name` only inform: accepted, tests/test_serve_fields.py.)"""
+    unknown field, a schema's `description` and a message's `name` only inform: accepted,
+    tests/server/test_fields.py.)"""
     with serving() as s:
         status, reply = s.raw("POST", "/v1/chat/completions", json.dumps(
             {"model": "fake", "messages": USER, "max_tokens": 2, **body}).encode())
