@@ -56,8 +56,8 @@ class SlowBackend(FakeBackend):
 
 
 class Served:
-    def __init__(self, url: str, worker: Worker, backend: FakeBackend, lines: list[str]) -> None:
-        self.url, self.worker, self.backend, self.lines = url, worker, backend, lines
+    def __init__(self, url: str, worker: Worker, backend: FakeBackend, lines: list[str], server=None) -> None:
+        self.url, self.worker, self.backend, self.lines, self.server = url, worker, backend, lines, server
 
     def client(self, api_key: str = "unused", **kw):
         import openai
@@ -80,6 +80,18 @@ class Served:
 
     def health(self) -> dict:
         return self.raw("GET", "/health")[1]
+
+    def connections(self) -> int:
+        """How many connections the server holds open (uvicorn's own count, as `--max-connections` reads it)."""
+        return len(self.server.server_state.connections)
+
+    def until(self, predicate, what: str, timeout: float = 10.0) -> None:
+        """Wait until `predicate()` holds (`timeout`: only against a hang)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.01)
 
     def wait(self, predicate, timeout: float = 5.0) -> dict:
         deadline = time.monotonic() + timeout
@@ -115,7 +127,7 @@ def serving(backend: FakeBackend | None = None, *, method: str = "ngram", k: str
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.01)
     try:
-        yield Served(base_url(sock), worker, backend, lines)
+        yield Served(base_url(sock), worker, backend, lines, server)
     finally:
         backend_gate = getattr(backend, "gate", None)
         if backend_gate is not None:

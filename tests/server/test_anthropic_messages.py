@@ -368,41 +368,65 @@ def test_serve_s_default_context_holds_an_agent_s_prompt_and_says_so():
 
 
 def test_a_stream_whose_prompt_takes_long_is_answered_before_its_prefill_ends(monkeypatch):
-    """Claude Code's HTTP client gives up on headers that take 300 s; a 20k-token prefill takes longer on a CPU."""
-    import time
+    """Claude Code's HTTP client gives up on headers that take 300 s; a 20k-token prefill takes longer on a CPU. The
+    backend's passes wait for the test: the headers must come while the prefill's first pass is still held."""
+    import threading
 
     from specdec_cli.errors import DecodeError
     from specdec_cli.server import http
 
     class Failing(FakeBackend):
+        """Its pass fails once `go` is set."""
+
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            self.go = threading.Event()
+
         def decode(self, tokens, n_logits=0):
-            time.sleep(0.3)
+            self.go.wait(10)
             raise DecodeError(-1, len(tokens))
 
-    monkeypatch.setattr(http, "STREAM_COMMIT_S", 0.05)
-    with serving(SlowBackend(hashed_logits, delay=1.0)) as s:
-        import http.client as hc
-        from urllib.parse import urlparse
+    import http.client as hc
+    from urllib.parse import urlparse
 
+    def post_stream(s):
+        """(connection, response) of a streamed Messages request, once its status line and headers came."""
         u = urlparse(s.url)
         conn = hc.HTTPConnection(u.hostname, u.port, timeout=20)
-        t0 = time.monotonic()
         conn.request("POST", "/v1/messages", json.dumps({"model": "m", "max_tokens": 2, "messages": USER,
                                                          "stream": True}), {"Content-Type": "application/json"})
-        raw = conn.getresponse()
-        headers_s = time.monotonic() - t0
+        return conn, conn.getresponse()
+
+    monkeypatch.setattr(http, "STREAM_COMMIT_S", 0.05)
+    backend = SlowBackend(hashed_logits)
+    backend.gate.clear()  # the prefill's pass waits until the headers came
+    with serving(backend) as s:
+        conn, raw = post_stream(s)
+        passes_before_headers = backend.n_decode_calls
+        backend.gate.set()
         body = raw.read().decode()
         conn.close()
         client = client_of(s)
         events = list(client.messages.create(model="m", max_tokens=3, messages=USER, stream=True))
         whole = client.messages.create(model="m", max_tokens=3, messages=USER)
-    assert raw.status == 200 and headers_s < 0.8  # the prefill alone takes 1 s
+    assert raw.status == 200 and passes_before_headers == 0  # the headers did not wait for the prefill
     assert "event: message_start" in body and "event: message_stop" in body
     assert [e.type for e in events][:2] == ["message_start", "content_block_start"]
     assert events[0].message.usage.input_tokens + events[0].message.usage.cache_read_input_tokens == 7
     assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == whole.content[0].text
-    with serving(Failing(hashed_logits)) as s:
-        with pytest.raises(anthropic.APIStatusError) as failed:  # after the 200: an error event in the stream
+    failing = Failing(hashed_logits)
+    with serving(failing) as s:
+        conn, raw = post_stream(s)  # the 200 first, while the pass is held ...
+        failing.go.set()  # ... then the pass fails: an error event in the stream
+        body = raw.read().decode()
+        conn.close()
+    errors = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ") and '"error"' in line]
+    assert raw.status == 200 and "event: error" in body
+    [error] = errors
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    assert "llama_decode" in error["error"]["message"]
+    with serving(failing) as s:
+        with pytest.raises(anthropic.APIStatusError) as failed:  # the SDK reads the same error
             list(client_of(s).messages.create(model="m", max_tokens=3, messages=USER, stream=True))
     assert failed.value.body["error"]["type"] == "api_error" and "llama_decode" in failed.value.body["error"]["message"]
 

@@ -273,12 +273,12 @@ def test_connections_beyond_the_limit_get_503():
     with serving(server_kw={"max_connections": 3}) as s:
         idle = [socket.create_connection(("127.0.0.1", _port(s))) for _ in range(2)]  # open, sending nothing
         try:
-            time.sleep(0.2)  # accepted by the server's loop
+            s.until(lambda: s.connections() == 2, "the server's loop to accept the idle connections")
             status, _, _ = raw(s, "GET", "/health")
         finally:
             for c in idle:
                 c.close()
-        time.sleep(0.2)
+        s.until(lambda: s.connections() == 0, "the server to drop the closed connections")
         after, _, _ = raw(s, "GET", "/health")
     assert (status, after) == (503, 200)
 
@@ -287,7 +287,7 @@ def test_connections_beyond_the_limit_get_503_in_each_apis_shape():
     with serving(server_kw={"max_connections": 3}) as s:
         idle = [socket.create_connection(("127.0.0.1", _port(s))) for _ in range(2)]  # open, sending nothing
         try:
-            time.sleep(0.2)  # accepted by the server's loop
+            s.until(lambda: s.connections() == 2, "the server's loop to accept the idle connections")
             chat_status, chat_headers, chat_body = raw(s, "POST", "/v1/chat/completions", MESSAGES)
             msg_status, _, msg_body = raw(s, "POST", "/v1/messages", MESSAGES)
         finally:

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -234,12 +233,13 @@ def test_client_disconnect_mid_stream_stops_the_generation_and_frees_the_worker(
         stream.close()
         s.wait(lambda h: not h["busy"] and h["queued"] == 0)
         calls_at_stop = backend.n_decode_calls
-        time.sleep(0.2)
-        assert backend.n_decode_calls == calls_at_stop  # it stopped, not merely left in the background
         assert calls_at_stop < 100  # far from the 400 steps asked
         assert "cancelled (client gone)" in s.lines[0]
         # the KV cache was left holding committed tokens only: the next request is still exact
         resp = chat(client, max_tokens=20)
+        # it stopped, not merely left in the background: every pass since is the next request's own (the prompt's
+        # last token read again, then one per token after the first); a generation going on would add its own
+        assert backend.n_decode_calls - calls_at_stop == 20
     assert resp.choices[0].message.content == text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 20))
 
 
