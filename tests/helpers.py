@@ -28,6 +28,7 @@ from specdec_cli.session import Session, open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 
 DATA = Path(__file__).parent / "data"
+CAPTURES = DATA / "captures"  # agents' requests in clients/agent_capture.py's format (README.md there)
 
 
 # -- the fake-backend server -----------------------------------------------------------------------------------------

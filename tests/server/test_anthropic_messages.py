@@ -15,7 +15,9 @@ from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, greedy
 from specdec_cli.server.anthropic_messages import MessagesRequest, error_body, messages_of, to_request, tools_of  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.request import Message, ToolCall  # noqa: E402
-from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, serving, start_blocking_request, text_of  # noqa: E402
+from helpers import (  # noqa: E402
+    CAPTURES, PROMPT, PROMPT_TOKENS, SlowBackend, serving, start_blocking_request, text_of,
+)
 
 V = len(CHARS)
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
@@ -476,10 +478,8 @@ def test_a_captured_claude_code_session_is_served_each_turn_from_the_last_ones_c
     tools, the billing header, a mid-conversation system message, the stub's Read and Edit calls and their results)
     as `bench_serve.py --workload replay` sends them: each is answered, and each finds the previous turn's prompt in
     the KV cache."""
-    capture = Path("/work/captures/claude-code")
-    turns = sorted(capture.glob("*-POST-v1_messages.json"))
-    if len(turns) < 3:
-        pytest.skip("no Claude Code capture on this machine")
+    turns = sorted((CAPTURES / "claude-code").glob("*-POST-v1_messages.json"))
+    assert len(turns) == 3, turns
 
     def ascii_only(d: dict) -> dict:  # the toy vocabulary is ASCII: other characters become "?"
         return {k: v.encode("ascii", "replace").decode() if isinstance(v, str) else v for k, v in d.items()}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from specdec_cli.server.custom_tools import CustomInputs, InputDecoder  # noqa: 
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart  # noqa: E402
 from specdec_cli.server.tools import ReplyParser  # noqa: E402
-from helpers import CODEX_GRAMMAR, PROMPT, PROMPT_TOKENS, serving, text_of  # noqa: E402
+from helpers import CAPTURES, CODEX_GRAMMAR, PROMPT, PROMPT_TOKENS, serving, text_of  # noqa: E402
 
 V = len(CHARS)
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -376,10 +375,9 @@ def test_fields_that_change_the_reply_are_refused_with_a_400_naming_them(extra, 
 
 def test_a_captured_codex_request_is_served_as_codex_needs_it():
     """The third request of a Codex CLI 0.169 session (catalog metadata: apply_patch as a custom Lark tool,
-    tool_search and web_search hosted, a function_call and a custom_tool_call with their outputs in the input)."""
-    capture = Path("/work/captures/codex-catalog/003-POST-v1_responses.json")
-    if not capture.exists():
-        pytest.skip("no Codex capture on this machine")
+    tool_search and web_search hosted, a function_call and a custom_tool_call with their outputs in the input), as
+    tests/data/captures/codex holds it."""
+    capture = CAPTURES / "codex" / "003-POST-v1_responses.json"
     # the toy vocabulary is ASCII: other characters become "?"
     body = json.loads(capture.read_text().encode("ascii", "replace").decode(),
                       object_hook=lambda d: {k: v.encode("ascii", "replace").decode() if isinstance(v, str) else v
