@@ -12,7 +12,7 @@ import json
 import pytest
 from rich.table import Table
 
-from bench_docs import bench_doc, run
+from fakes import bench_doc, run
 from specdec_cli.__main__ import main
 from specdec_cli.measure import bench as B
 from specdec_cli.cli.console import make_console

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specdec_cli.__main__ import main
-from bench_docs import run
+from fakes import run
 from specdec_cli.cli.commands.bench_report import markdown_table
 from specdec_cli.measure import bench as B
 from specdec_cli.measure import bench_process as bench_worker

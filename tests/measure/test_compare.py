@@ -11,8 +11,7 @@ import json
 
 import pytest
 
-from bench_docs import bench_doc, run
-from fakes import FakeBackend, hashed_logits, wants_draft
+from fakes import FakeBackend, bench_doc, hashed_logits, run, wants_draft
 from specdec_cli.__main__ import main
 from specdec_cli.cli.commands.bench_report import markdown_table
 from specdec_cli.measure import bench as B
