@@ -1,7 +1,8 @@
 # specdec in two commands:
 #   make          set up (virtual environment, llama-cpp-python built for this machine, specdec with its extras, the
 #                 models the tests use), then run the quick start: the default target and method on an edit
-#   make test     the tests (after the same set-up, which is then already done)
+#   make test     the checks (`make lint`: ruff and mypy), then the tests (after the same set-up, which is then
+#                 already done)
 # Every step reuses what is there: the venv, the llama-cpp-python wheel cached under ~/.cache/specdec/wheels, the
 # models in ~/.cache/specdec. Variables: PYTHON (python3: the one .venv is made with, 3.11+), VENV (.venv), BACKEND
 # (auto: Metal on Apple Silicon, CUDA where nvcc and an NVIDIA GPU are found, else the CPU; or cpu, metal, cuda,
@@ -28,7 +29,7 @@ endif
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all setup llama-cpp models quickstart test results
+.PHONY: all setup llama-cpp models quickstart lint test results
 
 all: setup quickstart
 
@@ -49,7 +50,7 @@ llama-cpp: $(BIN)/python
 # "specdec" before it became specdec-cli: an older install of it in this venv is removed first.
 $(VENV)/.specdec-installed: pyproject.toml | llama-cpp
 	$(BIN)/python -m pip uninstall --yes --quiet specdec 2>/dev/null || true
-	$(BIN)/python -m pip install -e ".[test,plot,serve]"
+	$(BIN)/python -m pip install -e ".[test,lint,plot,serve]"
 	$(BIN)/python -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
 	$(BIN)/specdec --version
 	touch $@
@@ -63,7 +64,14 @@ models: $(VENV)/.specdec-installed
 quickstart: setup
 	$(BIN)/specdec run $(QUICKSTART) -n 256 --compare
 
-test: setup
+# ruff's lint and format check, and mypy on the package ([tool.ruff] and [tool.mypy] in pyproject.toml). `ruff format`
+# applies the formatting, `ruff check --fix` the safe fixes.
+lint: $(VENV)/.specdec-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # docs/results.md and its data, docs/results.json (benchmarks/results.py): the quick start, the noise floor and free

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -113,7 +112,7 @@ def copy_lengths(out: list[int], prompt: list[int], corpus: list[int] | None = N
 
     def best(buf: bytes, toks: list[int], i: int, end: int, limit: int) -> int:
         ctx_end = len(prompt) + i  # the context: seq[:ctx_end]
-        m, occ = 0, []
+        occ: list[int] = []
         for mm in range(min_match, min(max_match, ctx_end) + 1):
             pat = enc(seq[ctx_end - mm : ctx_end])
             at, found = buf.find(pat, 0, end), []
@@ -123,7 +122,7 @@ def copy_lengths(out: list[int], prompt: list[int], corpus: list[int] | None = N
                 at = buf.find(pat, at + 1, end)
             if not found:
                 break
-            m, occ = mm, found
+            occ = found
         longest = 0
         for j in occ:
             n = 0

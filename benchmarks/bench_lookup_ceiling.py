@@ -69,13 +69,13 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from specdec_cli.driver import generate
+    from specdec_cli.cli.console import RichReporter
     from specdec_cli.core.controller import AdaptiveK, FixedK
-    from specdec_cli.drafters.ngram import NgramDrafter
-    from specdec_cli.drafters.suffix import SuffixDrafter
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
     from specdec_cli.core.sampling import GREEDY
-    from specdec_cli.cli.console import RichReporter
+    from specdec_cli.drafters.ngram import NgramDrafter
+    from specdec_cli.drafters.suffix import SuffixDrafter
+    from specdec_cli.driver import generate
     from specdec_cli.session import open_session
     from specdec_cli.spec import ModelOptions
 
@@ -96,7 +96,7 @@ def main() -> None:
             curve = verify_curve(target, np.resize(out, max(BATCHES)))
             bs, ms = np.array(list(curve), dtype=np.float64), np.array(list(curve.values()))
 
-            def v(b: int) -> float:
+            def v(b: int, bs: np.ndarray = bs, ms: np.ndarray = ms) -> float:
                 return float(np.interp(b, bs, ms))
 
             plain_ms = len(out) * v(1)

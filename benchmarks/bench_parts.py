@@ -66,9 +66,10 @@ On this CPU a verify pass costs 86 ms (b = 1) to 684 ms (b = 64), so host work h
     buffer (Qwen2.5's vocabulary). The output copies the prompt, so every draft is right and a pass under `--k N`
     verifies N + 1 rows. Host ms per pass = (wall from the prefill's record to the end of the stream - time inside
     the backend's decode) / passes, in CPU time of this thread (`time.thread_time`, also the engine's clock here, so the
-    steps' draft_ms are CPU ms), which other jobs on a shared machine inflate far less than wall time. "auto (edit)" is `--k auto` on a flat (GPU-shaped) measured curve over a copy
-    with a word renamed every ~40 tokens (rejections, realigned copies). Budget: 1 ms + 0.1 ms per verified row
-    (issue 46: the rows of logits must be read; everything else is overhead).
+    steps' draft_ms are CPU ms), which other jobs on a shared machine inflate far less than wall time. "auto (edit)" is
+    `--k auto` on a flat (GPU-shaped) measured curve over a copy with a word renamed every ~40 tokens (rejections,
+    realigned copies). Budget: 1 ms + 0.1 ms per verified row (issue 46: the rows of logits must be read; everything
+    else is overhead).
 (b) real (`--real`): `specdec run`'s generation of a copy-heavy edit (default model, prompt
     specdec_cli/prompts/edit/textwrap_rename.txt, -n 128), each repeat split by the run's own clock: wall (the
     driver's decode_ms plus the renderer's end), the target's `llama_decode` calls (every one timed by wrapping
@@ -82,7 +83,7 @@ the load average is printed with them.
 Run:
     python benchmarks/bench_parts.py --part host                      # fake only, 7 repeats
     python benchmarks/bench_parts.py --part host --real --real-repeats 3
-    python benchmarks/bench_parts.py --part host --profile 16         # cProfile of one fake run at K = 16, top 30 functions
+    python benchmarks/bench_parts.py --part host --profile 16         # cProfile of a fake run at K = 16, top 30
 
 ## --part kv-pool
 
@@ -119,20 +120,19 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specdec_cli.core.sampling import GREEDY, Dist, SamplingParams, make_rng, process, sample, verify_stochastic  # noqa: E402
 from specdec_cli.drafters.predict import PredictionDrafter  # noqa: E402
-from specdec_cli.core.sampling import GREEDY  # noqa: E402
-from specdec_cli.core.sampling import Dist, SamplingParams, make_rng, process, sample, verify_stochastic  # noqa: E402
 from specdec_cli.drafters.suffix import SuffixDrafter  # noqa: E402
-from specdec_cli.stores.suffix_store import SuffixStore  # noqa: E402
 from specdec_cli.stores.suffix_index import Corpus  # noqa: E402
+from specdec_cli.stores.suffix_store import SuffixStore  # noqa: E402
 
 PARTS = ("predict-drafter", "sampling", "suffix-store", "host", "kv-pool")
 (PREDICT_DOC, SAMPLING_DOC, SUFFIX_DOC, HOST_DOC, KV_POOL_DOC) = (part.split("\n\n", 1)[1] for part in __doc__.split("\n## ")[1:])
@@ -393,7 +393,7 @@ def suffix_main(argv: list[str]) -> None:
         drafter.propose(extra[0][:52], args.k, GREEDY, rng)
         second_us = (time.perf_counter() - t0) * 1e6
         print(f"start-up: SuffixStore() + SuffixDrafter() {ctor_us:.0f} µs; first propose (loads {path.name}) "
-              f"{first_ms:.1f} ms, the next {second_us:.0f} µs; in memory {store.corpus.nbytes / 2**20:.1f} MiB")  # fmt: skip
+              f"{first_ms:.1f} ms, the next {second_us:.0f} µs; in memory {store.corpus.nbytes / 2**20:.1f} MiB")
         store = SuffixStore(path, fingerprint=FP)
         drafter = SuffixDrafter(store)  # preload=True: a thread reads the file while the models load
         time.sleep(0.5)  # loading a GGUF and evaluating the prompt take longer than this
@@ -587,9 +587,9 @@ def fake_run(k: int | None, script: np.ndarray, prompt: np.ndarray, pieces: list
     from specdec_cli.core.controller import AdaptiveK, FixedK
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
     from specdec_cli.core.records import Prefill, Step
-    from specdec_cli.driver import stream
     from specdec_cli.drafters.auto import AutoDrafter
     from specdec_cli.drafters.suffix import SuffixDrafter
+    from specdec_cli.driver import stream
     from specdec_cli.stores.suffix_store import SuffixStore
 
     backend = ScriptedBackend(script, pieces)
@@ -635,7 +635,7 @@ def fake_table(repeats: int, n_prompt: int, n_out: int) -> list[dict]:
             for name, k, (prompt, script) in order:
                 runs[name].append(fake_run(k, script, prompt, pieces, n_out, tmp))
     table = []
-    for name, k, _ in configs:
+    for name, _, _ in configs:
         rs = runs[name]
         texts = {r["text"] for r in rs}
         assert len(texts) == 1, f"{name}: the output changed between repeats"
@@ -719,7 +719,7 @@ def real_table(args) -> None:
         curve = session.verify_curve(measure=args.measure)
         print(f"target: {session.target_path.name}, {session.target.n_threads} threads, prompt {len(prompt)} tokens, "
               f"verify curve: {'measured' if curve is not None else 'none kept (--measure to measure it)'}")
-        for rep in range(args.real_repeats):
+        for _ in range(args.real_repeats):
             # a fresh controller and a drafter of its own per repeat, neither saved: every repeat starts alike
             drafter = assembler.make_drafter(spec)
             engine = assembler.engine(spec, fresh=True, drafter=drafter)
@@ -851,7 +851,7 @@ def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
             t0 = time.perf_counter()
             be.decode_many(parts)
             out.append((time.perf_counter() - t0) * 1e3)
-            for (lane, _), b in zip(spec, bases):
+            for (lane, _), b in zip(spec, bases, strict=False):
                 lane.truncate(b)
         return out[1:]
 
@@ -886,7 +886,7 @@ def kv_pool_main(argv: list[str]) -> int:
         for layout in ("per-lane", "unified"):
             out = subprocess.run([sys.executable, __file__, "--part", "kv-pool", "--child", layout, "--repeats", str(args.repeats),
                                   "--threads", str(args.threads)], capture_output=True, text=True, check=True)
-            for acc, ms in zip(got[layout], json.loads(out.stdout.strip().splitlines()[-1])):
+            for acc, ms in zip(got[layout], json.loads(out.stdout.strip().splitlines()[-1]), strict=False):
                 acc.extend(ms)
     print("\n| pass (ms, median (min-max)) | KV stream per lane | one pool (-kvu) | pool / streams |\n|---|---|---|---|")
     for i, case in enumerate(CASES):

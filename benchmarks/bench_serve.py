@@ -65,8 +65,8 @@ interleaved repeats and their spread (min-max).
    llama.vim's `n_predict: 0` warm-up, so its prefix is cached. Three cells, each on a fresh server: FIM alone, the
    agent alone, and both at once with an Anthropic `count_tokens` of the agent's request 5 s in. Reported: FIM latency
    p50/p95 alone and during, the agent's time alone and during, the FIMs' own service time during it (their
-   `timings`; those answered before the agent's end), count_tokens' latency, against the targets: FIM p95 during <= p95 alone + 1.5 s; agent during <= 1.1 x
-   (alone + the FIMs' service time); count_tokens <= 0.1 s.
+   `timings`; those answered before the agent's end), count_tokens' latency, against the targets: FIM p95 during <=
+   p95 alone + 1.5 s; agent during <= 1.1 x (alone + the FIMs' service time); count_tokens <= 0.1 s.
 2. **Four greedy chats at once.** Four chat requests (`/v1/chat/completions`, streamed, temperature 0) with prompts of
    0.6-2k tokens (a source file to rewrite) and 128-256 tokens each: served one after another, then (the next cell,
    a fresh server) sent at once. Reported: aggregate tok/s (all output tokens over the wall time from the first send
@@ -784,7 +784,7 @@ def source(path: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), "show", f"{SOURCE_COMMIT}:{path}"], check=True,
                               capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"cannot read {path} at {SOURCE_COMMIT[:10]} (a git checkout of specdec is needed): {e}")
+        raise SystemExit(f"cannot read {path} at {SOURCE_COMMIT[:10]} (a git checkout of specdec is needed): {e}") from e
 
 
 def agent_body(tokens: int, max_tokens: int, nonce: str, capture: Path | None) -> tuple[str, dict]:
@@ -858,7 +858,7 @@ def chat_bodies(quick: bool, nonce: str) -> list[dict]:
     sizes, limits = ((100, 150, 200, 250), (8, 12, 16, 10)) if quick else ((600, 1000, 1400, 1900),
                                                                            (128, 192, 256, 160))
     out = []
-    for f, n, limit in zip(CHAT_FILES, sizes, limits):
+    for f, n, limit in zip(CHAT_FILES, sizes, limits, strict=False):
         text = source(f)[: int(n * CHARS_PER_TOKEN)]
         out.append({"model": "specdec", "stream": True, "temperature": 0, "max_tokens": limit,
                     "stream_options": {"include_usage": True},
@@ -982,7 +982,7 @@ def editor_cells(kind: Kind, args, work: Path, seed: Path, rep: int, editor: Edi
             warm_fim(c.url, editor)
             if cell == "fim":
                 fims: list[Fim] = []
-                fim_loop(c.url, editor, lambda: len(fims) >= args.fim_alone, fims, start=1)
+                fim_loop(c.url, editor, lambda fims=fims: len(fims) >= args.fim_alone, fims, start=1)
                 got = {"fim_alone": [f.latency for f in fims]}
             elif cell == "agent":
                 agent = stream(c.url, path, body)
@@ -1060,13 +1060,13 @@ def editor_table(kind: str, reps: list[dict]) -> str:
             ("FIM latency p95 alone, s", fim_alone95, ""),
             ("FIM latency p50 during the agent, s", col("fim_during", lambda v: pct(v, .5)), ""),
             ("FIM latency p95 during the agent, s", fim_during95,
-             _target([d - a for a, d in zip(fim_alone95, fim_during95)], 1.5, "p95 during - p95 alone", "s")),
+             _target([d - a for a, d in zip(fim_alone95, fim_during95, strict=False)], 1.5, "p95 during - p95 alone", "s")),
             ("FIMs answered during the agent", col("fim_during", len), ""),
             ("agent alone, s", agent_alone, ""),
             ("agent during, s", agent_during, ""),
             ("FIMs' service time during the agent, s", service, ""),
-            ("agent during / (alone + FIM service)", [d / (a + s) for a, d, s in zip(agent_alone, agent_during, service)],
-             _target([d / (a + s) for a, d, s in zip(agent_alone, agent_during, service)], 1.1, "ratio", "x")),
+            ("agent during / (alone + FIM service)", [d / (a + s) for a, d, s in zip(agent_alone, agent_during, service, strict=False)],
+             _target([d / (a + s) for a, d, s in zip(agent_alone, agent_during, service, strict=False)], 1.1, "ratio", "x")),
             ("count_tokens 5 s in, s", count, _target(count, 0.1, "latency", "s"))]
     prompt = col("agent_prompt")
     out = [f"### {kind}: an editor during an agent's cold request ({spread(prompt, 0)} prompt tokens, "
@@ -1191,7 +1191,7 @@ def chats_cells(kind: Kind, args, work: Path, seed: Path, rep: int) -> dict:
         res[f"{name}_texts"] = [r.text for r in replies]
         print(f"  {kind.name} rep {rep + 1} {name}: {res[name]['tok_s']:.2f} tok/s, decode "
               f"{res[name]['decode_tok_s']:.2f} tok/s, {res[name]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    res["same"] = [divergence(a, b) for a, b in zip(res["serial_texts"], res["together_texts"])]
+    res["same"] = [divergence(a, b) for a, b in zip(res["serial_texts"], res["together_texts"], strict=False)]
     return res
 
 
@@ -1199,8 +1199,8 @@ def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: floa
     """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured; and with
     `gain`, `sharing_gain`, the `ceiling` of at once / one after another on this machine)."""
     col = lambda cell, key: [r[cell][key] for r in reps]  # noqa: E731
-    ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"))]
-    dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"))]
+    ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"), strict=False)]
+    dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"), strict=False)]
     prompts = reps[0]["serial"]["prompts"]
     out = [f"### {kind}: four greedy chats (prompts {', '.join(map(str, prompts))} tokens)", "",
            "| measure | median (min-max) | target |", "|---|---|---|",
@@ -1219,7 +1219,7 @@ def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: floa
                    f"{statistics.median(col('serial', 'wall_s')):.1f} s one after another; decoding at once at most "
                    f"{gain:.2f}x as fast (the most a pass shared by 4 lanes saves on the verify curve) |")
     if peer:
-        vs = [t / p["together"]["tok_s"] for t, p in zip(col("together", "tok_s"), peer)]
+        vs = [t / p["together"]["tok_s"] for t, p in zip(col("together", "tok_s"), peer, strict=False)]
         out.append(f"| at once / llama-server at once | {spread(vs)} | {_target(vs, 1.5, 'ratio', 'x', at_least=True)} |")
     out += ["", "Each reply at once against the same chat one after another:", ""]
     for rep, r in enumerate(reps, 1):
@@ -1344,7 +1344,7 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
     base = results.get(("chats", kinds[-1].name)) if len(kinds) > 1 else None
     if base is not None and "chats" in scenarios:  # one client at a time: this checkout against the baseline's
         ours = results[("chats", kinds[0].name)]
-        ratio = [o["serial"]["tok_s"] / b["serial"]["tok_s"] for o, b in zip(ours, base)]
+        ratio = [o["serial"]["tok_s"] / b["serial"]["tok_s"] for o, b in zip(ours, base, strict=False)]
         print(f"one after another, {kinds[0].name} / {kinds[-1].name} aggregate tok/s: {spread(ratio)} "
               f"({_target(ratio, 0.97, 'ratio', 'x', at_least=True)}: at most 3 % slower)\n")
     if args.json is not None:
@@ -1362,7 +1362,8 @@ SESSIONS = Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specde
 # -- sessions -------------------------------------------------------------------------------------------------------
 def import_session(capture: Path, name: str) -> Path:
     """Copy the POST /v1/messages or /v1/responses bodies of a capture directory (`agent_capture.py --out`'s:
-    NNN-POST-*.json, each {"path", "body_json", ...}) into SESSIONS/name/NNN.json as {"path", "body"}. Returns the session directory."""
+    NNN-POST-*.json, each {"path", "body_json", ...}) into SESSIONS/name/NNN.json as {"path", "body"}. Returns the
+    session directory."""
     out = SESSIONS / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -34,15 +34,15 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from specdec_cli.assemble import Assembler
+from specdec_cli.cli.console import RichReporter
 from specdec_cli.core import constraint, sampling
 from specdec_cli.core.constraint import Constraint
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import generate
-from specdec_cli.assemble import Assembler
-from specdec_cli.cli.console import RichReporter
+from specdec_cli.measure.sweep import NoLearning
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
-from specdec_cli.measure.sweep import NoLearning
 
 HERE = Path(__file__).resolve().parents[1] / "tests" / "data" / "structured"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"

@@ -3,7 +3,8 @@
 
 Prints one row per step: its wall time, the verify-curve measurements it made (the "verify curve measured in X s"
 and "verify curve disturbed … measuring it again" lines on its stderr, and the curves learnt.json gained or changed),
-and the speedups it printed (`--compare`'s median and min-max; tune's overall speedup per configuration, from its
+and the speedups it printed (`--compare`'s median and min-max, with how the passes compared with the curve's
+prediction at their depth; tune's overall speedup per configuration, from its
 --json; the chat turn's tok/s and acceptance from its footer). Then `specdec doctor --json` says whether a kept
 curve is marked stale after these ordinary runs.
 
@@ -51,6 +52,8 @@ COMPARE = re.compile(r"compare\s+plain decoding ([0-9.]+) tok/s, speculative ([0
 # `chat_view.footer_text`: "247 tokens · 12.3 tok/s · acceptance 61% · mean accepted 2.10 · prefill ..."
 FOOTER = re.compile(r"^(\d+) tokens · ([0-9.]+) tok/s · ")
 ACCEPTANCE = re.compile(r" · acceptance (\d+)% · ")
+# `render.pass_placement`, the stats table's "verify curve" row: "..., passes 1.02× the curve's prediction at depth 700"
+PLACEMENT = re.compile(r"passes ([0-9.]+)× the curve's prediction at depth (\d+)")
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
 
@@ -89,7 +92,9 @@ def parse_compare(stderr: str) -> str | None:
     if m is None:
         return None
     spread = f" ({m.group(4)}–{m.group(5)}×)" if m.group(4) else ""
-    return f"{float(m.group(3)):.2f}×{spread}, plain {m.group(1)} tok/s"
+    placed = PLACEMENT.search(ANSI.sub("", stderr))
+    at = f"; passes {placed.group(1)}× the curve's prediction at depth {placed.group(2)}" if placed else ""
+    return f"{float(m.group(3)):.2f}×{spread}, plain {m.group(1)} tok/s{at}"
 
 
 def parse_tune(doc: dict) -> str | None:
@@ -150,7 +155,7 @@ def home_env(root: Path, shared_cache: Path) -> tuple[dict[str, str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_") or k in ("SPECDEC_DEBUG",)}
     env.update(SPECDEC_HOME=str(root / "home"), XDG_CONFIG_HOME=str(root / "config"),
                XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"),
-               SPECDEC_PROMPT_CACHE=str(root / "prompt-cache"),
+               SPECDEC_PROMPT_CACHE=str(root / "prompt-cache"), COLUMNS="240",  # the stats table's rows unwrapped
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     cache = root / "models"
     cache.mkdir(parents=True)

@@ -42,8 +42,8 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "gpu_check"
@@ -136,7 +136,8 @@ def card() -> dict:
 def build(work: Path, arch: str, log: Path) -> tuple[str, str]:
     """A venv under `work` with the wheels, and llama-cpp-python built for CUDA `arch` ("89") from the trimmed
     sdist, patched by specdec's installer (specdec_cli/llama_build/install.py, its patcher and AMX choice). Returns
-    (the venv's python, a one-line description). Raises RuntimeError with the step that failed (its output is in `log`)."""
+    (the venv's python, a one-line description). Raises RuntimeError with the step that failed (its output is in
+    `log`)."""
     if not TRIMMED.is_file():
         raise RuntimeError(f"{TRIMMED.relative_to(ROOT)} is missing: run `python benchmarks/gpu_check.py prepare` "
                            "where there is network, and carry .cache/gpu_check")
@@ -383,7 +384,7 @@ def serve_rows(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     learnt), the cells interleaved over `a.serve_repeats`. A row per method: aggregate tok/s (output tokens over the
     wall time from the first send to the last reply) one after another and at once, their ratio (medians), and
     whether each reply at once equals its reply one after another; and speculative against plain at once."""
-    prompts = [(ROOT / f).read_text()[:n] for f, n in zip(SERVE_FILES, SERVE_CHARS)]
+    prompts = [(ROOT / f).read_text()[:n] for f, n in zip(SERVE_FILES, SERVE_CHARS, strict=False)]
     curve = Path(env["SPECDEC_HOME"]) / "data" / "learnt.json"
     results: dict[tuple[str, bool], list[dict]] = {}
     failed: list[Row] = []
@@ -406,7 +407,7 @@ def serve_rows(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     rows = []
     for method in ("auto", "none"):
         serial, once = results[(method, False)], results[(method, True)]
-        same = sum(x == y for s, o in zip(serial, once) for x, y in zip(s["texts"], o["texts"]))
+        same = sum(x == y for s, o in zip(serial, once, strict=False) for x, y in zip(s["texts"], o["texts"], strict=False))
         rows.append(Row(f"serve --parallel {a.parallel} --method {method}",
                         f"4 completions of {a.serve_tokens} tokens ({serial[0]['tokens']} made): one after another "
                         f"{med(serial):.1f} tok/s, at once "
@@ -489,7 +490,7 @@ def render(rows: list[Row], total: float) -> str:
 
 
 VK_COMMANDS = ("run --method none", "run (auto)", "check", "chat (3 turns)", "prompt cache (2nd run restores)",
-               f"serve --parallel 2 (2 at once)")
+               "serve --parallel 2 (2 at once)")
 CHAT_TURNS = ["Write a Python function that checks whether a string is a palindrome.",
               "Now make it ignore case and spaces.", "Add a docstring to it."]
 
@@ -570,7 +571,7 @@ def cross_divergence(cpu: dict, vk: dict) -> str:
     logprob of its own token minus its logprob of the device's token there (top-2 logprobs of its run), against the
     near-tie threshold `specdec check` uses (1.0)."""
     a, b = cpu.get("tokens") or [], vk.get("tokens") or []
-    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    i = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     if i is None:
         return "identical" if len(a) == len(b) else f"one is a prefix of the other ({len(a)} vs {len(b)} tokens)"
     lps = cpu.get("logprobs") or []

@@ -16,9 +16,10 @@ save intervals without one, it is killed anyway), started again on the same data
 one request, and stopped (SIGTERM). Printed: a table of statuses per kind of request, the 5xx and crashes (target
 0), the worker time after a disconnect (from the server's log: "stopped X s after the client left"; target: at most
 one prefill chunk: the log's "its prefill's chunks took Y s at most"), the queue wait (p50/p99, from the log's
-"queued X s"), /health's latency (target < 100 ms), the saves seen during the load (the longest time without one; target: one save interval plus one request), the
-learnt state's age at the kill, the learning the kill lost (seconds of answers after the last save; target <= one
-save interval), and the files after the restart (target: none corrupt, no temporaries).
+"queued X s"), /health's latency (target < 100 ms), the saves seen during the load (the longest time without one;
+target: one save interval plus one request), the learnt state's age at the kill, the learning the kill lost (seconds of
+answers after the last save; target <= one save interval), and the files after the restart (target: none corrupt, no
+temporaries).
 
     python benchmarks/load_faults.py                                   # the full run: default model, 3 minutes
     python benchmarks/load_faults.py -t smollm2-135m --duration 45 --clients 6 --slowloris 10 --save-interval 10
@@ -37,7 +38,6 @@ import random
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,7 +105,7 @@ class Server:
         return self.proc.returncode
 
 
-# -- requests -----------------------------------------------------------------------------------------------------------
+# -- requests ----------------------------------------------------------------------------------------------------------
 def body_of(api: str, shape: str, stream: bool, content: str, max_tokens: int) -> tuple[str, dict]:
     """(path, JSON body) of one request of `api` ("chat", "responses", "messages") and `shape` ("plain", "tool",
     "schema")."""
@@ -340,7 +340,7 @@ def drop_in_prefill(port: int, rng: random.Random, tally: Tally, n: int, wait_s:
     given up once /health shows it running with no output yet, 0.5-4 s into its prefill; then wait for the worker
     to be free. The server's log says how long it went on ("stopped X s after the client left; its prefill's chunks
     took Y s at most")."""
-    for i in range(n):
+    for _ in range(n):
         deadline = time.monotonic() + wait_s
         while running(port) is not None and time.monotonic() < deadline:  # the load's last request
             time.sleep(0.2)
@@ -496,7 +496,7 @@ def main() -> None:
     watch_done.set()
     watcher.join(5)
     during = [t for t in saves if load_start <= t <= load_end]
-    gaps = [b - a for a, b in zip([load_start, *during], [*during, min(load_end, killed_at)])]
+    gaps = [b - a for a, b in zip([load_start, *during], [*during, min(load_end, killed_at)], strict=True)]
     restarted = Server(args, home)
     after = raw_status(restarted.port, "POST", "/v1/chat/completions", json.dumps(
         {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),

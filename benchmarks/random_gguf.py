@@ -310,8 +310,8 @@ def _write_qwen2(path: str | Path, shape: Shape, dtype: str, seed: int) -> Path:
 
 def _write_lfm2(path: str | Path, shape: Lfm2Shape, dtype: str, seed: int) -> Path:
     """lfm2 as LFM2Model writes it: head_count_kv per layer (0 on a conv layer), shortconv.l_cache, the output norm
-    named token_embd_norm, tied embeddings (or an output.weight); a conv layer has shortconv.{conv,in_proj,out_proj}, an attention layer
-    q/k/v/output with per-head Q/K norms (llama_model_lfm2::load_arch_tensors)."""
+    named token_embd_norm, tied embeddings (or an output.weight); a conv layer has shortconv.{conv,in_proj,out_proj},
+    an attention layer q/k/v/output with per-head Q/K norms (llama_model_lfm2::load_arch_tensors)."""
     e, hd = shape.n_embd, shape.n_embd // shape.n_head
     kv = hd * shape.n_head_kv
     g = _Writer(path, "lfm2", shape.n_vocab, dtype, seed, f"random lfm2 {shape.n_layer}x{e}")

@@ -104,7 +104,7 @@ def measure(*, quick: bool = False) -> dict:
     """Run `RUNS` (with `QUICK_ARGS` instead of their options when `quick`) and return the results document."""
     runs = RUNS if not quick else [(n, w, [a[0], *QUICK_ARGS, *(["--method", "none"] if "none" in a else [])])
                                     for n, w, a in RUNS]
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     measured = [_run(*r) for r in runs]
     host = _host()  # after the runs: the verify curve the first one measured, where this machine had none
     return {"version": VERSION, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": "make results",
@@ -176,7 +176,8 @@ def render(doc: dict) -> str:
         f"CPUs, {host.get('threads') or '?'} threads |",
         f"| OS, Python | {host.get('os') or '—'}, Python {host.get('python') or '—'} |",
         f"| specdec, llama-cpp-python | {host.get('specdec') or '—'}, {host.get('llama_cpp_python') or '—'} |",
-        f"| AMX kernels in use | {_yes(host.get('amx_in_use'))}{': ' + host['amx_reason'] if host.get('amx_reason') else ''} |",
+        f"| AMX kernels in use | {_yes(host.get('amx_in_use'))}"
+        f"{': ' + host['amx_reason'] if host.get('amx_reason') else ''} |",
         f"| GPU offload | {_yes(host.get('gpu_offload'))} |",
         f"| llama.cpp system info | `{(host.get('system_info') or '—').replace('|', chr(92) + '|')}` |",  # \| in a cell
     ]
@@ -207,7 +208,8 @@ def render(doc: dict) -> str:
         "## Regenerate",
         "",
         "```bash",
-        "make results                              # measure (about 10 minutes on 2 cores), write docs/results.json, render",
+        "make results                              # measure (about 10 minutes on 2 cores), "
+        "write docs/results.json, render",
         "python benchmarks/results.py --render     # render this page and the README's figure from docs/results.json",
         "```",
         "",

@@ -8,8 +8,8 @@ For each agent: install its npm package into ~/.cache/specdec/agents/npm if it i
 start `specdec serve` on a free loopback port with an API key (`--api-key-file`, a random key the agent is given as a
 user would give it: Claude Code's ANTHROPIC_API_KEY, Codex's `env_key`; its stderr, one line per request, goes to a
 log), write a scratch git repository with `bug.py` (`return a - b` where `a + b` is meant) and `test_bug.py`, run the
-agent there, and print PASS (bug.py changed and its test passes) or FAIL, the seconds, the server's per-request lines and where the
-agent's transcript is.
+agent there, and print PASS (bug.py changed and its test passes) or FAIL, the seconds, the server's per-request lines
+and where the agent's transcript is.
 
 Codex CLI 0.169 (`run_codex`; the configuration README's "Codex CLI" section gives): HOME is a temporary directory,
 CODEX_HOME is ~/.cache/specdec/agents/codex-home (emptied first; not under /tmp, where Codex will not create its
@@ -27,8 +27,8 @@ Claude Code 2.1 (the configuration README's "Claude Code" section gives): HOME i
 and DISABLE_ERROR_REPORTING keep it off Anthropic's servers; API_TIMEOUT_MS and CLAUDE_STREAM_IDLE_TIMEOUT_MS (its
 watchdog between stream events, 300 s by default) give a CPU's long first prefill time
 (its default is 600 s per request); `--permission-mode acceptEdits` lets it read and edit without asking
-(`--dangerously-skip-permissions` refuses to run as root); `--model specdec` is any name (the server serves one). The transcript is
-`--output-format stream-json` (every request, tool call and tool result of the session).
+(`--dangerously-skip-permissions` refuses to run as root); `--model specdec` is any name (the server serves one). The
+transcript is `--output-format stream-json` (every request, tool call and tool result of the session).
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ class Server:
         raise SystemExit(f"specdec serve did not start:\n{log.read_text()[-3000:]}")
 
     def lines(self) -> list[str]:
-        """The per-request lines ("#3 responses: ...", "count_tokens: ...") and the notes about hosted tools left out."""
+        """The per-request lines ("#3 responses: ...", "count_tokens: ...") and the notes about hosted tools left
+        out."""
         return [ln for ln in self.log.read_text().splitlines()
                 if re.match(r"#\d+ |count_tokens:|messages: server tools|responses: left out", ln)]
 

@@ -50,12 +50,13 @@ def weather_tool_fn(city: str) -> str:
 
 
 def run_langchain(url: str, part: str) -> str:
-    from typing_extensions import Annotated, TypedDict  # pydantic wants it before Python 3.12
+    from typing import Annotated
 
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
     from pydantic import BaseModel, Field
+    from typing_extensions import TypedDict  # pydantic wants it before Python 3.12
 
     llm = ChatOpenAI(model=MODEL, base_url=url, api_key="unused", timeout=600, max_retries=0)
 

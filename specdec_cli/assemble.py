@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from specdec_cli.core.controller import KController
+from specdec_cli.core.controller import AdaptiveK, KController
+from specdec_cli.core.draft import Drafter
 from specdec_cli.core.engine import SpeculativeEngine
 from specdec_cli.core.records import Source
 from specdec_cli.core.stats import RunStats
 from specdec_cli.core.verify_curve import DRIFT, PASSES_OFF, CurveWatch, VerifyCurve
-from specdec_cli.core.draft import Drafter
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, USES_DRAFT_MODEL, USES_PREDICTION, Method, SpecOptions
 
@@ -46,7 +46,7 @@ class Assembler:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._drafters: dict[tuple, Drafter | None] = {}  # (method, ngram_min, ngram_max, corpus) -> shared by its engines
-        self._controllers: dict[tuple, KController] = {}  # (method, k_max) -> the AdaptiveK that keeps learning
+        self._controllers: dict[tuple, AdaptiveK] = {}  # (method, k_max) -> the AdaptiveK that keeps learning
         self._watch: CurveWatch | None = None  # the passes timed here against the verify curve (`watch`)
 
     # -- engines ------------------------------------------------------------------------------------------------
@@ -69,11 +69,14 @@ class Assembler:
         """
         if drafter is _BUILD:
             drafter = self.drafter(spec)
+        drafter = cast("Drafter | None", drafter)  # (no longer the sentinel)
         if controller is None and drafter is not None:
             controller = self.make_controller(spec, saved_k=saved_k, fresh=fresh)
         curve = self.session.verify_curve(measure=drafter is not None)
         engine = SpeculativeEngine(self.session.target, drafter, controller,
-                                   prompt_cache=None if fresh else self.session.prompt_cache, curve=curve,
+                                   # PromptCache takes the StatefulBackend it saves (a narrower type than the protocol's)
+                                   prompt_cache=None if fresh else self.session.prompt_cache,  # type: ignore[arg-type]
+                                   curve=curve,
                                    clock=getattr(self.session, "clock", time.perf_counter))
         engine.watch = self.watch(curve)  # `driver.Drive` shows it every pass (plain decoding's too)
         return engine
@@ -128,6 +131,7 @@ class Assembler:
         from specdec_cli.drafters.model import ModelDrafter
 
         if method is Method.draft:
+            assert session.draft is not None  # (checked above: draft needs a draft model)
             return ModelDrafter(session.draft)
         if method is Method.mtp:
             from specdec_cli.drafters.mtp import MtpDrafter
@@ -148,7 +152,8 @@ class Assembler:
             suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
             if method is Method.suffix:
                 return suffix
-            model = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft else None
+            model: Drafter | None = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft \
+                else None
             if model is None and (head := session.mtp_head()) is not None:  # the target's own MTP block
                 from specdec_cli.drafters.mtp import MtpDrafter
 
@@ -190,7 +195,7 @@ class Assembler:
         new one starts from what the last run with these models, method and machine learnt, and `close` saves it.
         `fresh=True` gives a new one that learns from nothing and is not saved (benchmarks of a cold start).
         """
-        from specdec_cli.core.controller import AdaptiveK, FixedK
+        from specdec_cli.core.controller import FixedK
         from specdec_cli.core.cost_model import CostPrior
 
         curve = self.session.verify_curve()  # this machine's measured v(b): K is chosen on its cheap sizes

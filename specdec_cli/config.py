@@ -189,7 +189,7 @@ class _Schema:
             raise self.error(where, f"expected a table, got {_show(value)}")
         return value
 
-    def keys(self, table: dict[str, Any], where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    def keys(self, table: dict[str, Any], where: str, required: set[str], optional: frozenset[str] | set[str] = frozenset()) -> None:
         missing = sorted(required - table.keys())
         if missing:
             raise self.error(where, f"missing key {', '.join(map(repr, missing))}")

@@ -18,15 +18,14 @@ the ratio either way (docs/gpu.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from specdec_cli.core.cost_model import DEFAULT_K_MAX, MARGIN, best_k, expected_ms, expected_tokens
-
 from specdec_cli.config import Catalog
+from specdec_cli.core.cost_model import DEFAULT_K_MAX, MARGIN, best_k, expected_ms, expected_tokens
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import Method
 
@@ -80,7 +79,7 @@ def plan(method: Method | str, target: str | None, draft: str | None, catalog: C
     return DraftPlan(None, f"{CPU_ONLY}; --draft NAME includes one anyway")
 
 
-def draft_pays(draft_ms: float, verify_ms: Sequence[float], *, acceptance: float = PRIOR_ACCEPTANCE,
+def draft_pays(draft_ms: float, verify_ms: Sequence[float] | np.ndarray, *, acceptance: float = PRIOR_ACCEPTANCE,
                margin: float = MARGIN) -> tuple[bool, str]:
     """Would a draft model whose drafted token costs `draft_ms` (ms) beat plain decoding on the target's verify curve
     `verify_ms` (float [m], v(b) ms for b = 1..m, m >= 2) at `acceptance` per position? The best K's expected

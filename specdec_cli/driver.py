@@ -17,14 +17,16 @@ Shaped after mlx-lm's `stream_generate`, which its `generate` and its server bot
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_cli.errors import ContextOverflowError, UsageError
+from specdec_cli.core.engine import Rows
 from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Step
 from specdec_cli.core.stats import RunStats, summarize
+from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.models.energy import Gauge, Meter, default_meter
 
 if TYPE_CHECKING:
@@ -56,8 +58,9 @@ class Drive:
     """
 
     def __init__(self, engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
-                 meter: Meter | None = None) -> None:
+                 meter: Meter | None = None, rows: bool = False) -> None:
         self.engine, self.prompt, self.config = engine, prompt, config
+        self.rows = rows  # hand each pass out (`engine.Rows`, answered by `send`) instead of running it here
         self.meter = meter if meter is not None else default_meter()
         self.gauge: Gauge | None = None  # the generation's energy (started with the timing)
         self.records: list[Record] = []
@@ -65,24 +68,34 @@ class Drive:
         self._t0: float | None = None  # perf_counter s: the start (before the prefill)
         self._t_prefill: float | None = None  # when the prefill's record came
         self._t_last: float | None = None  # when the last record came
-        self._gen: Iterator[Record] | None = None
+        self._gen: Generator | None = None
         self._closed = False
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Generator:
         if self._gen is None:
             self._gen = self._records()
         return self._gen
 
-    def _records(self) -> Iterator[Record]:
+    def _records(self) -> Generator:
         if self._closed:
             return
         engine = self.engine
         watch = getattr(engine, "watch", None)  # the Assembler's `CurveWatch`: every pass timed against the curve
-        gen = engine.generate(self.prompt, self.config)
+        gen: Generator[Any, Any, None] = engine.steps(self.prompt, self.config) if self.rows else \
+            engine.generate(self.prompt, self.config)
         gauge = self.gauge = Gauge(self.meter)
         self._t0 = time.perf_counter()
+        answer = None
         try:
-            for record in gen:
+            while True:
+                try:
+                    record = gen.send(answer)
+                except StopIteration:
+                    break
+                if self.rows and isinstance(record, Rows):
+                    answer = yield record  # the scheduler's pass answers it
+                    continue
+                answer = None
                 self._t_last = time.perf_counter()
                 self.records.append(record)
                 if watch is not None and isinstance(record, Step) and not record.shared_rows:
@@ -144,9 +157,11 @@ class Drive:
 
 
 def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,
-           meter: Meter | None = None) -> Drive:
+           meter: Meter | None = None, *, rows: bool = False) -> Drive:
     """Drive `engine` over `prompt` (int [n], n >= 1): the `Drive` to iterate for its records. `meter`: the energy
-    counters to read (default: `models.energy.default_meter()`, this host's).
+    counters to read (default: `models.energy.default_meter()`, this host's). `rows`: the records come with each
+    pass's `engine.Rows`, which the consumer answers with `send(logits)` (the server's scheduler); else the passes run
+    on the engine's target.
 
     Raises (at once, before anything is evaluated):
         UsageError: the prompt is empty.
@@ -161,7 +176,7 @@ def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config
     if n >= n_ctx:
         raise ContextOverflowError(f"The prompt is {n} tokens but the context window is {n_ctx} tokens.",
                                    f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.")
-    return Drive(engine, prompt, config, meter)
+    return Drive(engine, prompt, config, meter, rows)
 
 
 def generate(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,

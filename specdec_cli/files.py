@@ -20,8 +20,8 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import filelock
 

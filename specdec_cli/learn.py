@@ -12,8 +12,8 @@ files past the corpus's size cap.
 
 Incremental: a file whose size and mtime are the ones the manifest recorded keeps its tokens (copied from the old
 index, never tokenized again); a file under a learnt root that is gone is forgotten; an index of an older format
-(version 1: 4-byte tokens) is rewritten in this one, its tokens kept; nothing changed = nothing written (an unchanged tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything
-changed (numpy).
+(version 1: 4-byte tokens) is rewritten in this one, its tokens kept; nothing changed = nothing written (an unchanged
+tree costs a `git ls-files` and a stat per file). The suffix array is rebuilt when anything changed (numpy).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import fnmatch
 import os
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.stores import corpus as store
 from specdec_cli import files
+from specdec_cli.stores import corpus as store
 
 MAX_FILE_BYTES = 1_000_000  # a file larger than this is "huge" (a data dump, a bundle), not code to learn
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".tox", ".nox",
@@ -104,6 +104,7 @@ def _walk_files(root: Path) -> list[Path]:
 def candidate_files(root: Path, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[Path]:
     """The files under `root` (a folder or a file) to consider, absolute, filtered by the globs."""
     root = root.resolve()
+    found: list[Path] | None
     if root.is_file():
         found = [root]
         base = root.parent
@@ -196,10 +197,11 @@ def learn(paths: Sequence[Path | str], *, tokenize: Callable[[str], Sequence[int
         out_entries: list[tuple[str, int, int]] = []
         total = 0
         for path in kept_paths:
-            e = old_by_path[path]
-            segments.append(old.segment(e))
-            out_entries.append((e.path, e.size, e.mtime_ns))
-            total += e.n_tokens
+            kept = old_by_path[path]
+            assert old is not None  # (kept paths are old ones)
+            segments.append(old.segment(kept))
+            out_entries.append((kept.path, kept.size, kept.mtime_ns))
+            total += kept.n_tokens
         changed = False
         n_found = len(found)
         for i, (path, p) in enumerate(sorted(found.items())):
@@ -216,6 +218,7 @@ def learn(paths: Sequence[Path | str], *, tokenize: Callable[[str], Sequence[int
                     report.skip("size cap")
                     changed = True
                 else:
+                    assert old is not None  # (e is an old entry)
                     segments.append(old.segment(e))
                     out_entries.append((path, e.size, e.mtime_ns))
                     total += e.n_tokens

@@ -12,16 +12,17 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
+from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.models.backend import Backend, FimTokens
 from specdec_cli.models.devices import Offload
-from specdec_cli.draft_policy import DraftPlan
 from specdec_cli.spec import Method, ModelOptions
 from specdec_cli.stores.prompt_cache import PromptCache
 
@@ -45,7 +46,7 @@ class Session:
     auto_draft: bool = False  # --method auto may draft with the loaded draft model (`draft_policy`: where it pays)
     prompt_cache: PromptCache | None = None  # KV states across runs (`open_session` makes one unless turned off)
     reporter: Reporter | None = None  # where measuring the verify curve shows its progress (`open_session`'s)
-    _curve: VerifyCurve | None | bool = None  # `verify_curve()` once known; False: none to be had
+    _curve: VerifyCurve | None | Literal[False] = None  # `verify_curve()` once known; False: none to be had
     _text: PromptText | None = None  # `prompt_text()` once built
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
     clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
@@ -98,7 +99,7 @@ class Session:
             return learnt.load_curve(self.curve_key())
         return self._curve or None
 
-    def _measure_curve(self, key: str, why: str, *, retry: bool = True) -> VerifyCurve:
+    def _measure_curve(self, key: str | None, why: str, *, retry: bool = True) -> VerifyCurve:
         """Measure the verify curve now, for the reason `why` (one phrase, shown with the progress bar), and keep it
         under `key`. A measurement the machine disturbed is repeated once after a short wait (`retry`;
         `verify_timing.measure_steady`); one still disturbed is kept as provisional (the next session measures it
@@ -163,6 +164,8 @@ class Session:
             why = FLASH_ATTN_ENV
         elif learnt.load_flash_attn(learnt.curve_key(self.target_path, self.options.threads)) is not None:
             why = "measured here: specdec doctor shows the times"
+        elif fa is False and (crash := self._device_crash()) is not None:
+            why = f"llama.cpp's flash attention crashed ({crash}) on a verify pass on this device"
         elif fa is None:
             why = "llama.cpp's default; specdec doctor --measure times it on and off"
         elif fa == "phased":
@@ -170,6 +173,15 @@ class Session:
         else:
             why = "as the backend was opened"
         return {"amx": amx, "flash_attn": f"{flash_attn_state(fa)} ({why})"}
+
+    def _device_crash(self) -> str | None:
+        """What killed llama.cpp's flash attention on this run's device in `host.device_flash_attn`'s remembered
+        trial ("SIGSEGV"), or None: no crash known, or nothing offloaded."""
+        from specdec_cli.models import host
+
+        off = self.offload.get("target")
+        verdict = host.known_device_flash_attn(self.target_path, off.layers) if off and off.layers else None
+        return verdict.removeprefix("crash: ") if verdict and verdict.startswith("crash") else None
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt_tokens(self, text: str, *, raw: bool = False, system: str | None = None) -> np.ndarray:
@@ -242,8 +254,8 @@ class Session:
 
     def attach_draft(self, path: Path, *, reporter: Reporter | None = None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
-        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.host import probe_load
+        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.vocab import check_compatible
 
         o = self.options
@@ -269,9 +281,9 @@ class Session:
             if int(getattr(self.target, "n_nextn", 0)) < 1:
                 self._mtp = False
             else:
-                from specdec_cli.models.llama import LlamaMtp
+                from specdec_cli.models.llama import LlamaBackend, LlamaMtp
 
-                self._mtp = LlamaMtp(self.target)
+                self._mtp = LlamaMtp(cast(LlamaBackend, self.target))  # (only llama.cpp's has nextn layers)
         return self._mtp or None
 
     def close(self) -> None:
@@ -390,8 +402,8 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     """
     from specdec_cli import draft_policy
     from specdec_cli.config import load_catalog
-    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.host import probe_load
+    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
     from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
@@ -417,10 +429,17 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
     draft_path = resolve(plan.name, catalog, reporter=reporter) if plan.name is not None else None
     probe_load(target_path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
     off = gpu_layers(target_path, options)
+
+    def device_probe() -> str:
+        from specdec_cli.models import host
+
+        return host.device_flash_attn(target_path, off.layers, reporter=reporter)
+
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
                               n_gpu_layers=off.layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers),
+                              flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers,
+                                                    device_probe=device_probe),
                               n_lanes=options.lanes,
                               kv_unified=options.kv_unified)
     session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
@@ -475,7 +494,7 @@ FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's me
 
 
 def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None, *,
-               gpu_layers: int | None = None) -> bool | str | None:
+               gpu_layers: int | None = None, device_probe: Callable[[], str] | None = None) -> bool | str | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
     on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
@@ -488,11 +507,12 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     loads it with; None = as the build can, every layer on a GPU build): "phased" (`models.llama.PHASED`: on for
     prefill chunks and short contexts, off for verify passes past `models.llama.PHASE_DEPTH` tokens), unless a
     measurement that timed phased found on cheaper; SPECDEC_FLASH_ATTN=phased asks for it.
+    Where the model runs on a device and nothing was measured, `device_probe` (`host.device_flash_attn`, a verdict
+    string; None: not asked) decides: off where llama.cpp's flash attention crashed on a verify pass there.
     Raises ConfigError for another value of the variable, or phased on a build that cannot switch."""
     from specdec_cli.errors import ConfigError
-    from specdec_cli.stores import learnt
-
     from specdec_cli.models.llama import PHASED, flash_attn_switch, gpu_offload_supported
+    from specdec_cli.stores import learnt
 
     value = (os.environ if environ is None else environ).get(FLASH_ATTN_ENV, "auto").strip().lower()
     if value in ("on", "1", "yes"):
@@ -508,10 +528,13 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
         return PHASED
     if value not in ("auto", ""):
         raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
-                          f"Unset it (the measured choice), or set it to on, off or phased.")
+                          "Unset it (the measured choice), or set it to on, off or phased.")
     on_cpu = gpu_layers == 0 or not gpu_offload_supported()  # what this run offloads, not what the build could
     phased = PHASED if switch and on_cpu else None  # the CPU's default where it can switch
-    return flash_attn_choice(learnt.load_flash_attn(learnt.curve_key(target_path, threads)), phased)
+    measured = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
+    if measured is None and not on_cpu and device_probe is not None and device_probe().startswith("crash"):
+        return False  # the device's kernel dies on a verify pass: llama.cpp's auto would take the run with it
+    return flash_attn_choice(measured, phased)
 
 
 def flash_attn_choice(choice: dict | None, phased: str | None) -> bool | str | None:

@@ -12,16 +12,16 @@ import io
 import json
 import re
 import tarfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend, FimTokens, VocabInfo
-from specdec_cli.models.rollback import CHECKPOINT, HYBRID, KV, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit
-from specdec_cli.errors import ContextOverflowError, StateError
 from specdec_cli.core.draft import Draft
 from specdec_cli.core.records import Step
+from specdec_cli.errors import ContextOverflowError, StateError
+from specdec_cli.models.backend import Backend, FimTokens, VocabInfo
+from specdec_cli.models.rollback import CHECKPOINT, HYBRID, KV, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit
 
 V = 32
 EOS = 1
@@ -52,7 +52,7 @@ def char_pieces() -> list[bytes]:
               b"\n  ", b"Ann", b"Bob", b"er", b"in", b"on", b"an", b"12", b"00", b"ag", b"am", b"e\"", b"me", b"}\n",
               b"\":", b'"name', b'"age']
     free = [i for i in range(128) if i not in (1, 9, 10) and not 32 <= i <= 126]
-    for i, m in zip(free, merges):
+    for i, m in zip(free, merges, strict=False):
         pieces[i] = m
     pieces[0] = b"\x00"
     return pieces
@@ -146,7 +146,7 @@ class FakeBackend(RecurrentGuard, Backend):
     shared_rows = 0
 
     # -- lanes (`LlamaBackend.lane`, `decode_many`): sequences side by side, for `server.lanes` -----------------
-    def lane(self, i: int) -> "FakeBackend":
+    def lane(self, i: int) -> FakeBackend:
         """Lane i: lane 0 is this backend; others are fakes of the same model with their own tokens, made once. A
         shared pass (`decode_many`) is recorded in `passes` as the (lane, rows) of its parts."""
         lanes = self.__dict__.setdefault("_lanes", {0: self})
@@ -167,7 +167,7 @@ class FakeBackend(RecurrentGuard, Backend):
         """One shared pass: each part (lane, tokens, n_logits) gets exactly what its own `decode` gives (logits are a
         function of the lane's own prefix), and the virtual clock advances once, by cost(rows of all parts)."""
         root = self.__dict__.get("_root", self)
-        root.__dict__.setdefault("passes", []).append(tuple((getattr(l, "lane_index", 0), len(t)) for l, t, _ in parts))
+        root.__dict__.setdefault("passes", []).append(tuple((getattr(lane, "lane_index", 0), len(t)) for lane, t, _ in parts))
         clock, cost = self._clock, self._cost
         out = []
         try:

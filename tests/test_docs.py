@@ -12,7 +12,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import typer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +223,8 @@ def test_relative_links_resolve():
 
 def test_the_link_check_finds_a_broken_link(tmp_path):
     (tmp_path / "there.md").write_text("x")
-    text = "[ok](there.md#a) [gone](gone.md) [web](https://x.org/y) [here](#top) ![img](img.svg)\n```\n[no](code.md)\n```\n"
+    text = ("[ok](there.md#a) [gone](gone.md) [web](https://x.org/y) [here](#top) ![img](img.svg)\n"
+            "```\n[no](code.md)\n```\n")
     assert broken_links(tmp_path / "page.md", text) == ["page.md: gone.md", "page.md: img.svg"]
 
 

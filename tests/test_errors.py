@@ -50,11 +50,11 @@ from pathlib import Path
 
 import pytest
 
-from fakes import wants_draft, FakeBackend, greedy_reference, hashed_logits, word
+from fakes import FakeBackend, greedy_reference, hashed_logits, wants_draft, word
 from specdec_cli import errors
-from specdec_cli.models import host, resolver
 from specdec_cli.__main__ import main
 from specdec_cli.errors import ModelError, UsageError
+from specdec_cli.models import host, resolver
 from specdec_cli.session import Session
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]

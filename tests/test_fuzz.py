@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakes import FakeBackend, hashed_logits
+from specdec_cli.cli.inputs import read_prompt
 from specdec_cli.config import load_catalog
+from specdec_cli.core.sampling import GREEDY, SamplingParams
 from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.errors import ConfigError, UsageError
-from specdec_cli.cli.inputs import read_prompt
-from specdec_cli.core.sampling import GREEDY, SamplingParams
 from specdec_cli.stores.suffix_store import SuffixStore
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

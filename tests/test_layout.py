@@ -1,6 +1,6 @@
 """The package's layers (issues 26 and 33, docs/architecture.md): the library at the root, the command line in
-specdec_cli/cli/, and imports that point down the layer order docs/architecture.md states. Read from the source with `ast`, so
-an import inside a function or under `if TYPE_CHECKING:` counts as much as one at the top of a module."""
+specdec_cli/cli/, and imports that point down the layer order docs/architecture.md states. Read from the source with
+`ast`, so an import inside a function or under `if TYPE_CHECKING:` counts as much as one at the top of a module."""
 
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def test_nothing_outside_the_cli_imports_the_cli():
 
 
 def doc_layers(text: str) -> list[list[str]]:
-    """The layer order docs/architecture.md states, top to bottom: the fenced block after `LAYERS_MARKER`, one layer a line,
-    its units separated by spaces ("cli/" a subpackage, "assemble" a module at the root, "__init__" the package's
+    """The layer order docs/architecture.md states, top to bottom: the fenced block after `LAYERS_MARKER`, one layer a
+    line, its units separated by spaces ("cli/" a subpackage, "assemble" a module at the root, "__init__" the package's
     own __init__); what follows " #" on a line is a comment."""
     lines = text.split(LAYERS_MARKER, 1)[1].split("```", 2)[1].splitlines()[1:]
     return [[unit.rstrip("/") for unit in line.split(" #")[0].split()] for line in lines if line.split(" #")[0].strip()]
@@ -105,7 +105,7 @@ def upward_imports(mods: dict[str, tuple[Path, ast.AST]], layers: list[list[str]
             if other != unit and rank.get(other, -1) <= rank[unit]:
                 hits.add((line, target))
         for line, target in sorted(hits):  # `from pkg import mod` names pkg and pkg.mod: report the module
-            if not any(l == line and t.startswith(target + ".") for l, t in hits):
+            if not any(n == line and t.startswith(target + ".") for n, t in hits):
                 other = unit_of(target)
                 out.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} "
                            f"({unit}: layer {rank[unit]} -> {other}: layer {rank.get(other)})")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from fakes import Clock, FakeBackend, hashed_logits
 from specdec_cli.config import data_dir
-from specdec_cli.core.controller import AdaptiveK, FixedK
+from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Source, Step
 from specdec_cli.core.stats import summarize
@@ -287,7 +286,7 @@ def write_version_1(name: str, docs: list[np.ndarray]) -> Path:
     tokens, starts = _concat(docs)
     tokens.astype(">i4").tofile(d / "tokens-0123456789ab.be32")
     suffix_array(tokens).astype(np.int32).tofile(d / "sa-0123456789ab.i32")
-    files_ = [[f"/nowhere/f{i}", 1, 1, int(a), len(x)] for i, (a, x) in enumerate(zip(starts, docs))]
+    files_ = [[f"/nowhere/f{i}", 1, 1, int(a), len(x)] for i, (a, x) in enumerate(zip(starts, docs, strict=False))]
     (d / store.MANIFEST).write_text(json.dumps({
         "format": "specdec-corpus", "version": 1, "fingerprint": FP, "name": name, "roots": ["/nowhere"],
         "generation": "0123456789ab", "n_tokens": int(sum(len(x) for x in docs)), "updated": 0.0, "files": files_}))
@@ -304,7 +303,7 @@ def test_a_version_1_index_is_read_then_rewritten_by_learn_without_tokenizing(tm
     d = write_version_1("proj", docs)
     meta = json.loads((d / store.MANIFEST).read_text())
     meta["roots"], meta["files"] = [str(root.resolve())], [[p, s, m, f[3], f[4]]
-                                                          for (p, s, m), f in zip(entries, meta["files"])]
+                                                          for (p, s, m), f in zip(entries, meta["files"], strict=False)]
     (d / store.MANIFEST).write_text(json.dumps(meta))
     old = store.Mapped(d, FP)  # read as it is: 4-byte tokens
     assert old.version == 1 and [old.segment(e).tolist() for e in old.files] == [x.tolist() for x in docs]

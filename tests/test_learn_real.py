@@ -3,9 +3,6 @@ GGUF's own tokenizer, and `--method auto` drafts a reply from the corpus, which 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from specdec_cli.__main__ import main

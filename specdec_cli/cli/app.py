@@ -10,10 +10,10 @@ import typer
 
 from specdec_cli import __version__
 from specdec_cli.cli import options as o
-from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.sampling import SamplingParams
-from specdec_cli.spec import Method, ModelOptions, SpecOptions
+from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
+from specdec_cli.spec import K, Method, ModelOptions, SpecOptions
 
 app = typer.Typer(
     name="specdec",
@@ -36,11 +36,11 @@ def _model_options(target: str | None, draft: str | None, ctx: int, threads: int
                         prompt_cache=not no_prompt_cache)
 
 
-def _spec_options(method: str, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
+def _spec_options(method: Method, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
     """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once. A --k left
     out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
     Raises UsageError for a bad --k (exit 2)."""
-    return SpecOptions(method=method, k=k or "auto", k_given=k is not None, ngram_min=ngram_min,
+    return SpecOptions(method=method, k=K(k or "auto"), k_given=k is not None, ngram_min=ngram_min,
                        ngram_max=ngram_max, corpus=corpus or "auto")
 
 
@@ -71,7 +71,7 @@ RUN_EXAMPLES = """
   specdec run invoice.txt --json-schema invoice.schema.json   [dim]# JSON valid against the schema; keys drafted free[/dim]
   specdec run q.txt --json-object --json r.json --logprobs 5  [dim]# any JSON object; logprobs in r.json[/dim]
   specdec run q.txt --grammar answer.lark             [dim]# a Lark or GBNF grammar[/dim]
-"""
+"""  # noqa: E501  (the [dim] markup is not printed: the lines people see fit)
 
 
 @app.command(epilog=RUN_EXAMPLES)
@@ -276,8 +276,8 @@ def tune(
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
     from specdec_cli.cli.commands.tune import execute
-    from specdec_cli.measure.tune import TuneOptions, parse_tune_k
     from specdec_cli.cli.inputs import from_paths
+    from specdec_cli.measure.tune import TuneOptions, parse_tune_k
     from specdec_cli.prompts import builtin
 
     ks = parse_tune_k(k)
@@ -288,7 +288,7 @@ def tune(
     code = execute(
         cases,
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
-        spec=SpecOptions(method=method, k="auto", ngram_min=ngram_min, ngram_max=ngram_max),
+        spec=SpecOptions(method=method, k=K("auto"), ngram_min=ngram_min, ngram_max=ngram_max),
         config=GenerationConfig(max_tokens=max_tokens,
                                 sampling=SamplingParams(temperature=temperature, seed=seed)),
         options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save, plot=plot),
@@ -485,7 +485,7 @@ DOCTOR_EXAMPLES = """
   specdec doctor --measure --plot curve.png [dim]# measure the verify curve and flash attention now, draw the curve[/dim]
   SPECDEC_AMX=off specdec run p.txt     [dim]# force the safe (slower) load path[/dim]
   SPECDEC_FLASH_ATTN=on specdec serve   [dim]# flash attention on, whatever was measured[/dim]
-"""
+"""  # noqa: E501  (the [dim] markup is not printed: the lines people see fit)
 
 
 @app.command(epilog=DOCTOR_EXAMPLES)
@@ -679,10 +679,13 @@ def serve(
                               "is busy (interactive ones first, then in arrival order); beyond it: 429.",
                               rich_help_panel="Server"),
     parallel: int = typer.Option(o.SERVE_PARALLEL, "--parallel", "-np", min=1, max=64, help="Requests generated at "
-                                 "once (lanes, llama-server's -np): an editor's completions while an agent works. "
-                                 "Their verify passes share one forward pass; each lane has its own --ctx of KV "
-                                 "cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 lanes x 32768 = 3.7 GB, allocated "
-                                 "at start; /health and the start-up line say how much). 1: one at a time.",
+                                 "once (slots, llama-server's -np): an editor's completions while an agent works. "
+                                 "One loop serves them all: each step it plans every slot's verify rows and prompt "
+                                 "chunks (interactive requests first) and evaluates them in one llama_decode call "
+                                 "(with the default KV stream per slot, slots of unequal rows get a call each); each "
+                                 "slot has its own --ctx of KV cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 "
+                                 "= 3.7 GB, allocated at start; /health and the start-up line say how much). 1: one "
+                                 "at a time.",
                                  rich_help_panel="Server"),
     kv_unified: bool = typer.Option(False, "--kv-unified/--kv-per-lane", help="With --parallel: a KV stream per "
                                     "lane (each lane's rows attend to its own tokens only; no second draft "
@@ -718,8 +721,9 @@ def serve(
     whose KV cache shares the longest prefix with it, so a resent conversation evaluates only its new tokens (a long one
     is parked in memory while a side request runs, and swapped back for its next turn); the suffix
     store and --k auto learn across requests and are saved as it serves (every 16 requests or --save-interval
-    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
-    the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
+    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses
+    carry OpenAI's usage and a `specdec` field with the speculation statistics; the `prediction` field (predicted
+    outputs) is accepted. A request that leaves sampling out gets what its API
     documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
     reply without max_tokens stops at --max-tokens (4096 unless given), and none is longer than --max-tokens when it
     is given. One log line per request goes to stderr. Needs pip install 'specdec-cli[serve]'.
@@ -774,7 +778,8 @@ def _reflow_help(typer_app: typer.Typer) -> None:
         if command.callback is not None:
             command.callback.__doc__ = _reflow(command.callback.__doc__)
     for group in typer_app.registered_groups:
-        _reflow_help(group.typer_instance)
+        if group.typer_instance is not None:
+            _reflow_help(group.typer_instance)
 
 
 _mount_subcommands()

@@ -8,16 +8,16 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.text import Text
 from rich.theme import Theme
 
-from specdec_cli.errors import UsageError
 from specdec_cli import files
-
+from specdec_cli.errors import UsageError
 
 THEME = Theme(
     {
@@ -158,10 +158,19 @@ class RichReporter:
     @contextlib.contextmanager
     def progress(self, description: str, total: int, *, unit: str = "bytes") -> Iterator[RichTask]:
         from rich.progress import (
-            BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
-            TimeRemainingColumn, TransferSpeedColumn,
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
         )
 
+        columns: tuple[ProgressColumn, ...]
         if unit == "bytes":
             columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn())

@@ -5,7 +5,7 @@ Only command-line things live here; the domain types and their parsers (`Method`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, cast
 
 import typer
 
@@ -27,13 +27,13 @@ SAMPLING = "Sampling"
 OUTPUT = "Output"
 
 Target = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--target", "-t", help="Target model: a name from models.toml, a path to a .gguf file, or a "
                  "Hugging Face repo (owner/repo[:QUANT], hf.co/owner/repo[:QUANT]; fetched and verified once). "
                  "[default: the catalog's default target]", rich_help_panel=MODELS),
 ]
 DraftModel = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--draft", "-d", help="Draft model: a name, a .gguf path or owner/repo[:QUANT]. --method auto "
                  "includes it only where "
                  "it pays (a GPU build) unless named here. [default: the catalog's draft for the target]",
@@ -41,7 +41,7 @@ DraftModel = Annotated[
 ]
 Ctx = Annotated[int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)]
 Threads = Annotated[
-    Optional[int],
+    int | None,
     typer.Option("--threads", min=1, max=1024,
                  help="CPU threads. [default: every usable CPU; the performance cores on Apple Silicon]",
                  rich_help_panel=MODELS),
@@ -67,13 +67,13 @@ NoPromptCache = Annotated[
                  rich_help_panel=MODELS),
 ]
 Predict = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--predict", help="A file with the output you expect (e.g. the file you asked to edit): drafted "
                  "from, never evaluated, so its length does not matter (predicted outputs). '-' = stdin.",
                  rich_help_panel=SPEC),
 ]
 K = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
                  "number 0-64. [default: the setting `specdec tune --save` found best for these models, method and "
                  "machine, else auto]", rich_help_panel=SPEC),
@@ -100,19 +100,19 @@ TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus 
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0,
                                      help="Drop tokens below min-p × the top probability (0 = off).",
                                      rich_help_panel=SAMPLING)]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed of the random stream (reproducible runs).",
+Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the random stream (reproducible runs).",
                                              rich_help_panel=SAMPLING)]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.",
                                         rich_help_panel=SAMPLING)]
-Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); not included in the output.",
+Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable); not included in the output.",
                                                     rich_help_panel=SAMPLING)]
-System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")]
+System = Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 Plain = Annotated[bool, typer.Option("--plain", help="No colours: print only the generated text.", rich_help_panel=OUTPUT)]
 Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream (shown on one line "
                                      "otherwise; never part of the text).", rich_help_panel=OUTPUT)]
 JsonOut = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).",
                  rich_help_panel=OUTPUT),
 ]
@@ -127,22 +127,22 @@ Compare = Annotated[int, typer.Option(
          f"prints the median speedup with its min-max, and how much of the output agrees.",
     rich_help_panel=OUTPUT)]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
-PromptDir = Annotated[Optional[list[Path]], typer.Argument(help="Prompt files or directories.")]
+PromptDir = Annotated[list[Path] | None, typer.Argument(help="Prompt files or directories.")]
 
 STRUCTURE = "Structured output"
 JsonObject = Annotated[bool, typer.Option("--json-object", help="Constrain the reply to one JSON object (any keys), "
                                           "as OpenAI's response_format json_object.", rich_help_panel=STRUCTURE)]
-JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", metavar="FILE", help="Constrain the reply to "
+JsonSchema = Annotated[str | None, typer.Option("--json-schema", metavar="FILE", help="Constrain the reply to "
                                                    "JSON valid against the JSON Schema in FILE.",
                                                    rich_help_panel=STRUCTURE)]
-GrammarFile = Annotated[Optional[str], typer.Option("--grammar", metavar="FILE", help="Constrain the reply to the "
+GrammarFile = Annotated[str | None, typer.Option("--grammar", metavar="FILE", help="Constrain the reply to the "
                                                     "grammar in FILE: Lark (llguidance's dialect, `start:` first) or "
                                                     "GBNF (llama.cpp's, `root ::=`).", rich_help_panel=STRUCTURE)]
 JsonLayoutOpt = Annotated[str, typer.Option("--json-layout", help="How JSON is laid out with --json-object and "
                                             "--json-schema. inline: one line, ', ' and ': ' between items, so every "
                                             "key is forced and drafted free; free: any whitespace, as the model "
                                             "likes (keys after a newline are not forced).", rich_help_panel=STRUCTURE)]
-Logprobs = Annotated[Optional[int], typer.Option("--logprobs", min=0, max=20, metavar="N", help="With --json: each "
+Logprobs = Annotated[int | None, typer.Option("--logprobs", min=0, max=20, metavar="N", help="With --json: each "
                                                  "emitted token's log-probability and its N most likely alternatives "
                                                  "(0-20), read from the verify passes (no extra pass).",
                                                  rich_help_panel=OUTPUT)]
@@ -165,9 +165,9 @@ def grammar_option(json_object: bool, json_schema: str | None, grammar: str | No
     if layout not in constraint.LAYOUTS:
         raise UsageError(f"--json-layout {layout!r} is not a layout.", f"Use one of: {', '.join(constraint.LAYOUTS)}.")
     if json_object:
-        return constraint.json_object(layout=layout)
+        return constraint.json_object(layout=cast(constraint.JsonLayout, layout))
     if json_schema is not None:
-        return constraint.load(json_schema, "json-schema", layout=layout)
+        return constraint.load(json_schema, "json-schema", layout=cast(constraint.JsonLayout, layout))
     if grammar is not None:
         return constraint.load(grammar, "grammar")
     return None
@@ -179,7 +179,7 @@ OPTIONAL_VALUES = {"--compare": COMPARE_PAIRS}  # options whose number may be le
 def expand_optional_values(argv: list[str]) -> list[str]:
     """`--compare` alone means `--compare 3`: an option of `OPTIONAL_VALUES` not followed by a whole number gets its
     default (Typer has no options with an optional value). `--compare 5` and `--compare=5` pass as they are."""
-    out = []
+    out: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":
             return out + argv[i:]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from rich.console import Console
 from rich.control import strip_control_codes
@@ -16,11 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.cli.console import make_console
-from specdec_cli.measure.audit import NEAR_TIE
-from specdec_cli.spec import USES_PREDICTION, Method
-from specdec_cli.measure.paired import Paired
 from specdec_cli.core.records import ACCEPTED, REJECTED, Source, Step
 from specdec_cli.core.stats import RunStats
+from specdec_cli.measure.audit import NEAR_TIE
+from specdec_cli.measure.paired import Paired
+from specdec_cli.spec import USES_PREDICTION, Method
+
 
 def pass_placement(stats) -> str:
     """Where the passes fell on the measured verify curve, one line: "92 % of passes at cheap sizes, passes 1.02×
@@ -34,7 +36,7 @@ def pass_placement(stats) -> str:
     return line
 
 
-ACCEPTED_BY_SOURCE = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
+ACCEPTED_BY_SOURCE: dict[str, str] = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
                       Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
                       Source.mtp: "spec.accepted.mtp",
                       Source.corpus: "spec.accepted.corpus", Source.grammar: "spec.accepted.grammar"}
@@ -58,7 +60,7 @@ def legend(method: str = "", *, grammar: bool = False) -> Text:
                 continue  # shown only when a grammar constrains the reply
             if source == Source.corpus and method != Method.auto:
                 continue  # the corpus `specdec learn` indexed drafts for auto only
-            t.append(source.label, style=style)
+            t.append(Source(source).label, style=style)
             t.append(" ", style="spec.legend")
         t.append(" ", style="spec.legend")
     else:
@@ -174,6 +176,7 @@ class StreamRenderer:
                 text = Text()
                 for style, part in pieces:
                     text.append(part, style=style)
+                assert self.console is not None  # (styled output has one)
                 self.console.print(text, end="")
         self._last_print = now
 
@@ -182,6 +185,7 @@ class StreamRenderer:
         rendering on every print (dear beside a GPU's pass, dearer when a pass flushed the caches): each style's escape
         codes are rendered once, by Rich, and wrapped around each line of its text, control codes stripped as `Text`
         strips them. None for text with a tab (Rich expands tabs) and on a legacy Windows console (no escape codes)."""
+        assert self.console is not None  # (styled output has one)
         if self.console.legacy_windows:
             return None
         out = []
@@ -199,6 +203,7 @@ class StreamRenderer:
     def _style_codes(self, style: str) -> tuple[str, str]:
         """(before, after): the escape codes this console writes around text in `style` (a theme name)."""
         mark = "\ue000"  # a private-use character: in no escape code
+        assert self.console is not None  # (styled output has one)
         with self.console.capture() as capture:
             self.console.print(Text(mark, style=style), end="")
         before, _, after = capture.get().partition(mark)

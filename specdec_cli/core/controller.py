@@ -11,8 +11,9 @@ is there (the formulas, the CPU's verify curve, the back-off schedules) is expla
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,9 +31,8 @@ from specdec_cli.core.cost_model import (
     expected_ms,
     expected_tokens,
 )
-
-from specdec_cli.models.backend import common_prefix
 from specdec_cli.core.draft import Draft, cut
+from specdec_cli.models.backend import common_prefix
 
 if TYPE_CHECKING:
     from specdec_cli.core.records import Step
@@ -112,6 +112,7 @@ class KController(Protocol):
     def end_reply(self) -> None:
         """The reply under way ended (finished, stopped or abandoned): what it taught becomes what every sequence
         of this controller starts its next reply from."""
+        return None  # a body, so that the type checker does not count this default hook as abstract
 
     def sequence(self) -> KController:
         """The controller one sequence generates with (each lane of a server has its own): every hook above, on
@@ -207,7 +208,9 @@ class AdaptiveK(KController):
         self.k = 0  # the last K handed out
         self.best = 0  # the model's choice at that time
         self.failures = 0  # probes in a row that did not pay
-        self._since = 0  # steps since the last probe / exploration
+        # steps since the last probe / exploration: the first probe comes at once, so that a drafter's free lookup
+        # drafts with evidence are found on the reply's second step, not `probe_every` plain steps later
+        self._since = self.probe_every - 1
         self._interval = self.probe_every
         self._burst = [0, 0.0]  # tokens and ms of the current burst of probes
         self._reply_started = False  # a step was taken since the last prefill (the first one after it is plain)
@@ -232,10 +235,13 @@ class AdaptiveK(KController):
 
     def _model_k(self) -> int:
         """The best K for a drafter without evidence (a draft model) under the pooled estimates. At K* = 0 a probe
-        (K = 3) every `probe_every` steps while perfect drafts could still pay, in bursts while probes pay and
-        backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
+        (K = 3) every `probe_every` steps while perfect drafts could still pay, the first at once (and, for a drafter
+        without a model whose lookups found nothing yet, again the next step: `choose`), in bursts while probes pay
+        and backing off to 4 x when they do not; at K* > 0 one step at each batch size not yet timed, and a plain step
         to refresh v(1) when it is 8 x `probe_every` steps old."""
-        rates = self.model.rates()[: self.k_max + 1]
+        rates = self.model.rates()
+        assert rates is not None  # (next_k comes here once v(1) is known)
+        rates = rates[: self.k_max + 1]
         best = best_k(rates, self.margin)
         if (best > 0) != (self.best > 0):
             self._since = 0  # a regime change: no probe right away
@@ -264,9 +270,10 @@ class AdaptiveK(KController):
         acceptance and measured cost per token. docs/design.md, "Choosing the source"."""
         lookup, k_lookup, rate_lookup = None, 0, 0.0
         if drafts:
-            lookup = max(drafts, key=self._value)
+            lookup = max(drafts, key=self._value) if len(drafts) > 1 else drafts[0]
             k_lookup = self.trim(lookup)  # the chosen lookup draft's K, with its bookkeeping (probes, windows)
-            rate_lookup = self._value(cut(lookup, k_lookup)) if k_lookup else 0.0
+            if has_model and k_lookup:  # what the draft model must beat
+                rate_lookup = self._value(cut(lookup, k_lookup))
         if has_model and (self.asked_all or lookup is not None):
             k_model = min(self._model_k(), k) if self.asked_all else k  # without an ask-all, next_k was _model_k
             rates = self.model.rates()
@@ -277,6 +284,8 @@ class AdaptiveK(KController):
         elif has_model:
             return k, None  # next_k was the model's K
         if lookup is None:
+            if not has_model and not self.evidence:
+                self._since = self._interval - 1  # a lookup drafter's probe that found nothing cost nothing: again
             # nothing found: after an ask for everything, a plain step (K = 0); else the ask stands, drafted empty
             return (0 if self.asked_all else k), None
         if k_lookup == 0:
@@ -315,6 +324,7 @@ class AdaptiveK(KController):
         if not self._evidence_ms:
             return False
         v = self.model.verify_curve()
+        assert v is not None  # (next_k comes here once v(1) is known)
         return flat(v) or min(self._evidence_ms) < CHEAP_DRAFT * float(v[0])
 
     def trim(self, draft: Draft) -> int:

@@ -2,9 +2,10 @@
 
 `CostModel` estimates, from the engine's `Step` records, the target's verify cost v(b) by batch size, the draft
 model's cost per token and per call, and the acceptance a_i and fill q_i by draft position: pooled over every draft,
-for the draft model's drafts alone, and for lookup drafts by source and by the length of their match (`bucket_of`); `expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest
-expected tokens/s. The controllers that use it are in `specdec_cli.core.controller`; the reasoning (formulas, priors,
-why the CPU's verify curve is treated as it is) is in docs/design.md.
+for the draft model's drafts alone, and for lookup drafts by source and by the length of their match (`bucket_of`);
+`expected_tokens`, `expected_ms` and `best_k` turn them into the K with the highest expected tokens/s. The controllers
+that use it are in `specdec_cli.core.controller`; the reasoning (formulas, priors, why the CPU's verify curve is treated
+as it is) is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ REJECTION_DECAY = 0.5  # a rejected draft halves its bucket's evidence before it
 SHORT_MATCH_PRIOR = np.array([0.3, 0.4, 0.5, 1.0, 1.0, 1.0, 1.0])
 # sources whose drafts are right from the first token whatever their match length: a prediction is the user's own
 # statement of the output (its match length is 1 at the start of every reply and after every re-sync)
-SOURCE_PRIOR = {Source.predict: 0.9}
+SOURCE_PRIOR: dict[str, float] = {Source.predict: 0.9}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -353,13 +354,15 @@ class CostModel:
         return self._curve
 
     def _fit_measured(self) -> np.ndarray:
-        if self._base is None or self._base[0] is not self.curve:  # once per curve, not per step
-            self._base = (self.curve, self.curve.array(self.k_max + 1))
+        curve = self.curve
+        assert curve is not None  # (called with a measured curve only)
+        if self._base is None or self._base[0] is not curve:  # once per curve, not per step
+            self._base = (curve, curve.array(self.k_max + 1))
             self._base[1].flags.writeable = False
         base = self._base[1]  # [k_max + 1] measured v(b), b = 1..k_max + 1 (read-only)
         sizes = np.arange(1, self.k_max + 2)  # [k_max + 1]
-        per_pass, per_row = self.curve.depth_ms  # the curve's own price of the context in use (`VerifyCurve.predict`)
-        extra = ((self.context or self.curve.context) - self.curve.context) / 1000.0
+        per_pass, per_row = curve.depth_ms  # the curve's own price of the context in use (`VerifyCurve.predict`)
+        extra = ((self.context or curve.context) - curve.context) / 1000.0
         priced = base if extra == 0.0 or (per_pass, per_row) == (0.0, 0.0) else \
             np.maximum(base + (per_pass + per_row * sizes) * extra, 0.5 * base)  # [k_max + 1]
         timed = [(b, p) for b, p in self.points.items() if p.verified and b <= self.k_max + 1]
@@ -369,11 +372,11 @@ class CostModel:
         fit = self.attention()
         if fit is not None:  # today's load and the attention of the context in use (docs/design.md, "Long contexts")
             s, a = fit
-            out = s * base + a * sizes * max(self.context - self.curve.context, 0) / 1000.0
+            out = s * base + a * sizes * max(self.context - curve.context, 0) / 1000.0
         else:  # the curve's price at the context in use, at today's load
             ratio = np.array([p.ms / priced[b - 1] for b, p in timed])
             out = priced * float(np.exp(w @ np.log(ratio) / w.sum()))  # [k_max + 1]
-        for (b, p), wb in zip(timed, w):
+        for (b, p), wb in zip(timed, w, strict=False):
             out[b - 1] = (wb * p.ms + CURVE_PRIOR * out[b - 1]) / (wb + CURVE_PRIOR)
         return out
 
@@ -465,13 +468,14 @@ class CostModel:
         mean (`pooled` a_1 capped by `SHORT_MATCH_PRIOR`, or `SOURCE_PRIOR`), raised to the bucket below's. `memo`:
         the memo's source key under which the lower buckets' chains, computed on the way, are kept too (they are
         what `acceptance` or `run_acceptance` of those buckets would compute)."""
-        out = None
+        out: np.ndarray | None = None
         for b in range(bucket + 1):
             m = SOURCE_PRIOR.get(source, min(pooled, float(SHORT_MATCH_PRIOR[b])))
             out = self._chain(counts[b], m, out, self.prior.strength)
             if memo is not None and b < bucket:
                 out.flags.writeable = False
                 self._memo.setdefault((b, memo), out)
+        assert out is not None  # (bucket >= 0)
         return out
 
     def model_acceptance(self) -> np.ndarray:
@@ -491,7 +495,7 @@ class CostModel:
             while seen and hits[seen - 1] == 0.0 and trials[seen - 1] == 0.0:
                 seen -= 1
         out = []
-        for h, t, f in zip(hits[:seen], trials[:seen], floors[:seen]):
+        for h, t, f in zip(hits[:seen], trials[:seen], floors[:seen], strict=False):
             m = (h + s * max(m, f)) / (t + s)
             out.append(m)
         if seen < k:  # the running maximum of m and the floors (Python's max: the same value as the loop's)
@@ -541,7 +545,8 @@ class CostModel:
             "expected_tok_s": None if rates is None else [r(x) for x in rates],
             "by_source": {k: dict(s) for k, s in self.by_source.items()},
             "model_acceptance": [r(x) for x in self.model_acceptance()],
-            # lookup drafts by source and match length (bucket lower edge): a_1, and the decayed number of verified drafts
+            # lookup drafts by source and match length (bucket lower edge): a_1, and the decayed number of verified
+            # drafts
             "acceptance_by_match": {
                 source: {str(int(edge)): [r(self.acceptance(b, source)[0]), r(counts[b, 1, 0])]
                          for b, edge in enumerate(BUCKET_EDGES) if counts[b, 1, 0] > 0}

@@ -8,7 +8,7 @@ it is ever emitted. Every released piece keeps the kind of the token it came fro
 from __future__ import annotations
 
 import codecs
-from typing import Callable
+from collections.abc import Callable
 
 from specdec_cli.core.records import Segment
 

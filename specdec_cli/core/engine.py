@@ -22,20 +22,30 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend, branch_rows, common_prefix, sync
+from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.controller import FixedK, KController
 from specdec_cli.core.detok import TextStream, piece_text
 from specdec_cli.core.draft import Draft, Drafter, cut
-from specdec_cli.core.constraint import start as start_constraint
 from specdec_cli.core.records import (
-    ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Record, Source, Step, TokenLogprob,
+    ACCEPTED,
+    REJECTED,
+    TARGET,
+    Finish,
+    FinishReason,
+    Prefill,
+    Record,
+    Source,
+    Step,
+    TokenLogprob,
 )
 from specdec_cli.core.sampling import GREEDY, SamplingParams, make_rng, token_logprob, verify, verify_branches
+from specdec_cli.models.backend import Backend, branch_rows, common_prefix
 
 if TYPE_CHECKING:
     from specdec_cli.core.constraint import Constraint, Grammar
@@ -77,6 +87,40 @@ class GenerationConfig:
     line_time_ms: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """One sequence's rows for the target's next pass, which `SpeculativeEngine.steps` yields and is answered with
+    their logits: a prefill (`n_logits` 0: the answer is None) or a verify batch (logits of its last `n_logits` rows,
+    float32 [n_logits, V]; with `branch`, `Backend.decode_branches`' rows instead).
+
+    Attributes:
+        tokens: int32 [m] appended to the sequence's KV cache. n_logits: rows at the end that want logits.
+        branch: int32 a second branch's tokens (`Backend.decode_branches`), or None.
+    """
+
+    tokens: np.ndarray
+    n_logits: int = 0
+    branch: np.ndarray | None = None
+
+    def evaluate(self, target: Backend, interrupt: Callable[[], None] | None = None) -> np.ndarray | None:
+        """Run these rows on `target` alone (the one-sequence case, `SpeculativeEngine.generate`): a prefill in
+        chunks of `n_batch` with `interrupt` called before each after the first (it raises to stop; the chunks
+        evaluated stay cached), as `models.backend.sync` does."""
+        if self.branch is not None:
+            return target.decode_branches(self.tokens, self.branch)
+        if self.n_logits:
+            return target.decode(self.tokens, n_logits=self.n_logits)
+        chunk = target.n_batch if interrupt is not None else max(1, len(self.tokens))
+        for c0 in range(0, len(self.tokens), chunk):
+            if interrupt is not None and c0:
+                interrupt()
+            target.decode(self.tokens[c0 : c0 + chunk], n_logits=0)
+        return None
+
+
+Steps = Generator["Record | Rows", "np.ndarray | None", None]  # `SpeculativeEngine.steps`
+
+
 class SpeculativeEngine:
     """Generates with a target model, a drafter and a K controller.
 
@@ -95,7 +139,14 @@ class SpeculativeEngine:
         clock: seconds, monotonic (`time.perf_counter`); the step records' times come from it.
         curve: the target's measured verify curve (`core.verify_timing.measure`), which each `Step` is placed on
             (`Step.curve_ms`, `Step.cheap`); None: not measured.
+
+    Attributes:
+        passes: what the target's passes allow, where others share them (the server's `lanes.Slot`): `draft_limit`
+            (the most draft tokens), `branches` (a second branch may be offered) and `shared_rows` (other sequences'
+            rows in the last pass); None: the target's own (one sequence alone).
     """
+
+    watch: Any = None  # the assembler's `CurveWatch`, which `driver.Drive` shows every pass to; None: none
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
                  prompt_cache: StateCache | None = None, parking: StateParking | None = None,
@@ -108,6 +159,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
         self._sequence: tuple[KController, KController] | None = None  # (controller, this engine's sequence of it)
+        self.passes: Any = None
 
     @property
     def sequence(self) -> KController:
@@ -118,8 +170,10 @@ class SpeculativeEngine:
             self._sequence = (self.controller, self.controller.sequence())
         return self._sequence[1]
 
-    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Iterator[Record]:
-        """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`.
+    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()
+                 ) -> Generator[Record, None, None]:
+        """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`: `steps` with every pass
+        run on the target alone (the one-sequence case; the server's `server.lanes.Scheduler` runs many at once).
 
         Args:
             prompt: int [n] prompt tokens, 1 <= n < n_ctx (checked by `driver.stream`, the only caller).
@@ -129,6 +183,27 @@ class SpeculativeEngine:
         The target's KV cache is left holding only committed tokens, also when the consumer stops early (Ctrl-C,
         `close()`), so the next call can reuse it.
         """
+        steps = self.steps(prompt, config)
+        try:
+            answer = None
+            while True:
+                try:
+                    item = steps.send(answer)
+                except StopIteration:
+                    return
+                if isinstance(item, Rows):
+                    answer = item.evaluate(self.target, config.interrupt)
+                else:
+                    answer = None
+                    yield item
+        finally:
+            steps.close()  # its finally: the KV cache keeps only committed tokens
+
+    def steps(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()) -> Steps:
+        """`generate`'s records, with each pass of the target handed out as `Rows` to be answered (`send`) with
+        their logits: whoever drives it decides when and beside what the rows run. Everything else (the drafter,
+        rollbacks, the prompt cache, parking) it does itself on the target, so drive it on the thread that owns the
+        target. Same arguments, errors and cache guarantee as `generate`."""
         target, drafter = self.target, self.drafter
         prompt = np.asarray(prompt, dtype=np.int32)
         n = len(prompt)
@@ -143,12 +218,12 @@ class SpeculativeEngine:
         text = TextStream(target.piece, config.stop)
         n_out = 0
         try:
-            yield self._prefill(prompt, config.prediction, config.interrupt)
+            yield (yield from self._prefill(prompt, config.prediction))
             # past this clock time, a newline ends the output (llama-server's t_max_predict_ms); inf: never
             t_lines = self.clock() + config.line_time_ms / 1e3 if config.line_time_ms is not None else math.inf
             for index in itertools.count():
                 if len(target.tokens) < n - 1:  # a recurrent state cleared by a rollback it could not do exactly
-                    sync(target, ctx[: n - 1])  # (never a longer cache: that is a rollback bug, left for `check`)
+                    yield from self._sync(ctx[: n - 1])  # (never a longer cache: that is a rollback bug, for `check`)
                 t_start = self.clock()
                 # 1-2. choose K and draft (cut at the first token the grammar forbids); maybe a second branch `alt`
                 k, draft, alt = self._choose_and_draft(ctx[:n], config.max_tokens - n_out, sampling, rng, grammar)
@@ -157,10 +232,11 @@ class SpeculativeEngine:
                 # 3. verify: one forward pass over [last committed, d_1..d_k] (and alt's tokens), logits for every row
                 batch = np.concatenate((ctx[n - 1 : n], d))
                 if alt is None:
-                    logits = target.decode(batch, n_logits=len(batch))  # float32 [k + 1, V] view
+                    logits = yield Rows(batch, len(batch))  # float32 [k + 1, V] view
                 else:
-                    logits = target.decode_branches(batch, alt.tokens)  # float32 [k + 1 + alt's own tokens, V]
+                    logits = yield Rows(batch, len(batch), alt.tokens)  # float32 [k + 1 + alt's own tokens, V]
                 t_verify = self.clock()
+                assert logits is not None  # a verify pass is answered with its rows' logits
                 # 4. accept, under the grammar's mask of each row when there is one: masks int32 [k + 1, V/32]
                 masks = grammar.masks(d) if grammar is not None else None
                 won = 0  # the branch the target followed further: 1 = alt, which then becomes the draft
@@ -214,7 +290,7 @@ class SpeculativeEngine:
                     branch_source=alt.source if alt is not None else Source.none,
                     branch_match_len=alt.match_len if alt is not None else 0,
                     n_past=n_past,
-                    shared_rows=target.shared_rows,
+                    shared_rows=(self.passes or target).shared_rows,
                     rollback_ms=rollback_ms,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
@@ -239,8 +315,19 @@ class SpeculativeEngine:
 
     # -- the phases of a generation -----------------------------------------------------------------------------
 
-    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None,
-                 interrupt: Callable[[], None] | None = None) -> Prefill:
+    def _sync(self, context: np.ndarray) -> Generator[Rows, None, int]:
+        """The target's cache := `context` (int32 [n]), reusing the longest common prefix (`models.backend.sync`, with
+        the missing rows handed out as one prefill `Rows`). Returns the tokens evaluated."""
+        target = self.target
+        keep = common_prefix(target.tokens, context)
+        if keep < len(target.tokens):
+            target.truncate(keep)
+            keep = len(target.tokens)  # a recurrent state that cannot keep `keep` tokens is cleared
+        if keep < len(context):
+            yield Rows(context[keep:], 0)
+        return len(context) - keep
+
+    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None) -> Generator[Rows, None, Prefill]:
         """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
         t0 = self.clock()
         n_restored, restore_ms = 0, 0.0
@@ -249,7 +336,7 @@ class SpeculativeEngine:
         if self.prompt_cache is not None:  # a saved state of the longest shared prefix, when that beats the KV cache
             n_restored, restore_ms = self.prompt_cache.restore(self.target, prompt[:-1])
         t_eval = self.clock()
-        n_eval = sync(self.target, prompt[:-1], interrupt)
+        n_eval = yield from self._sync(prompt[:-1])
         t1 = self.clock()
         draft_ms = 0.0
         if self.drafter is not None:
@@ -284,7 +371,8 @@ class SpeculativeEngine:
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
         # never draft more than the token budget, the context window and one llama.cpp batch can take (or, with
         # other sequences in the same passes, what the joint K allows: `server.lanes`)
-        limit = min(budget - 1, room - 1, target.draft_limit)
+        passes = self.passes or target
+        limit = min(budget - 1, room - 1, passes.draft_limit)
         if grammar is not None and limit > 0:
             forced = grammar.forced()[:limit]  # a schema's next key, closing brackets: free and nearly always right
             if len(forced):
@@ -310,13 +398,13 @@ class SpeculativeEngine:
         # the free slots: a second candidate from the other lookup drafts, in the same pass (the batch of both
         # branches within the budget and one llama.cpp batch; the other branch's tokens stay within the context)
         alt = None
-        if len(draft) and grammar is None and target.branches and len(drafts) > 1:
+        if len(draft) and grammar is None and passes.branches and len(drafts) > 1:
             others = [x for x in drafts if x is not draft and common_prefix(x.tokens, draft.tokens) < len(x)]
             alt = controller.branch(draft, others, min(limit, budget - 1) + 1) if others else None
         return k, draft, alt
 
     def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
-              budget: int, late: bool = False) -> tuple[list[int], list, str | None]:
+              budget: int, late: bool = False) -> tuple[list[int], list, FinishReason | None]:
         """Commit `new` (accepted drafts, then the target token) to the output, in order, stopping at an
         end-of-generation token, a stop string, the token budget or, when `late` (past `line_time_ms`), a newline.
 

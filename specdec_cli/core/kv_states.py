@@ -4,7 +4,8 @@ memory (`stores.kv_parking.KvParking` implements `StateParking`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Optional
+from typing import Literal
 
 MAX_DEPTH = 3  # how many times a recursive rule may nest in the input
 MAX_PATTERN = 200_000  # characters of the regex a grammar becomes; a larger one is Unsupported
@@ -156,7 +157,7 @@ class LarkGrammar:
         raise Unsupported(f"{directive} cannot be expressed as a regex")
 
     # -- the regex
-    def regex(self, depth: int) -> Optional[str]:
+    def regex(self, depth: int) -> str | None:
         """The language of `start` as a regex, recursion unrolled `depth` levels; None when nothing is left (every
         derivation recurses deeper) or the regex grows past MAX_PATTERN."""
         ignore = None
@@ -164,7 +165,7 @@ class LarkGrammar:
             parts = [_Expander(self, depth, None).alternatives(item[1], True) for item in self.ignore]
             if any(p is None for p in parts):
                 raise Unsupported("an %ignore pattern refers to a rule")
-            ignore = f"(?:{'|'.join(parts)})*"
+            ignore = f"(?:{'|'.join(p for p in parts if p is not None)})*"
         try:
             body = _Expander(self, depth, ignore).name("start", terminal=False)
         except _TooLarge:
@@ -180,10 +181,10 @@ class _Expander:
 
     grammar: LarkGrammar
     depth: int
-    ignore: Optional[str]  # the %ignore regex, put before each terminal of a rule
+    ignore: str | None  # the %ignore regex, put before each terminal of a rule
     stack: list[str] = field(default_factory=list)
 
-    def name(self, name: str, *, terminal: bool) -> Optional[str]:
+    def name(self, name: str, *, terminal: bool) -> str | None:
         alternatives = self.grammar.rules.get(name)
         if alternatives is None:
             raise Unsupported(f"{name!r} is used but not defined")
@@ -201,7 +202,7 @@ class _Expander:
             body = f"{self.ignore}{body}"  # a terminal used by a rule: ignored text may come before it
         return body
 
-    def alternatives(self, alternatives: list, terminal: bool) -> Optional[str]:
+    def alternatives(self, alternatives: list, terminal: bool) -> str | None:
         out = []
         for sequence in alternatives:
             parts = []
@@ -219,7 +220,7 @@ class _Expander:
             raise _TooLarge()
         return f"(?:{body})"
 
-    def item(self, item: tuple, terminal: bool) -> Optional[str]:
+    def item(self, item: tuple, terminal: bool) -> str | None:
         kind = item[0]
         if kind == "string":
             text = _regex_literal(item[1])
@@ -261,6 +262,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
             line = text.count("\n", 0, i) + 1
             raise Unsupported(f"line {line}: cannot read {text[i:i + 20]!r}")
         kind = m.lastgroup
+        assert kind is not None  # every alternative of the pattern is a named group
         if kind == "directive" and m.group() in ("%json", "%regex"):
             raise Unsupported(f"{m.group()} cannot be expressed inside a regex")
         if kind == "special":
@@ -300,8 +302,12 @@ class _Items:
     toks: list[tuple[str, str]]
     i: int
 
-    def peek(self) -> Optional[tuple[str, str]]:
+    def peek(self) -> tuple[str, str] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def next_kind(self) -> str | None:
+        tok = self.peek()
+        return tok[0] if tok else None
 
     def expansions(self) -> tuple[list, int]:
         alternatives = [self.sequence()]
@@ -311,7 +317,7 @@ class _Items:
         return alternatives, self.i
 
     def sequence(self) -> list:
-        items = []
+        items: list = []
         while True:
             tok = self.peek()
             if tok is None or tok in (("punct", "|"), ("punct", ")"), ("punct", "]")):
@@ -342,13 +348,13 @@ class _Items:
             else:
                 return atom
 
-    def bounds(self, close: str) -> tuple[int, Optional[int]]:
+    def bounds(self, close: str) -> tuple[int, int | None]:
         self.i += 1  # {
-        lo = self.number() if self.peek() and self.peek()[0] == "number" else 0
-        hi: Optional[int] = lo
+        lo = self.number() if self.next_kind() == "number" else 0
+        hi: int | None = lo
         if self.peek() == ("punct", ","):
             self.i += 1
-            hi = self.number() if self.peek() and self.peek()[0] == "number" else None
+            hi = self.number() if self.next_kind() == "number" else None
         self.expect(close)
         return lo, hi
 
@@ -361,7 +367,8 @@ class _Items:
 
     def expect(self, punct: str) -> None:
         if self.peek() != ("punct", punct):
-            found = self.peek()[1] if self.peek() else "the end"
+            tok = self.peek()
+            found = tok[1] if tok else "the end"
             raise Unsupported(f"expected {punct!r}, found {found!r}")
         self.i += 1
 

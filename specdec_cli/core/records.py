@@ -169,7 +169,7 @@ class Step:
         if not self.branch:
             return len(self.drafted) + 1
         shared = 0
-        for x, y in zip(self.drafted, self.branch):
+        for x, y in zip(self.drafted, self.branch, strict=False):
             if x != y:
                 break
             shared += 1

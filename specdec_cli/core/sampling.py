@@ -43,8 +43,9 @@ grammar is cut before verification).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -245,7 +246,7 @@ def token_logprob(row: np.ndarray, token: int, n_top: int = 0,
     top: tuple[tuple[int, float], ...] = ()
     if n_top > 0:
         ids, lk = _sorted_desc(x, _top_ids(x, min(n_top, x.shape[0])))
-        top = tuple((int(t), float(v - log_z)) for t, v in zip(ids, lk) if v > -np.inf)
+        top = tuple((int(t), float(v - log_z)) for t, v in zip(ids, lk, strict=True) if v > -np.inf)
     return float(x[token]) - log_z, top
 
 
@@ -352,8 +353,11 @@ class Proposal(Protocol):
     """What verification reads of a draft (`core.draft.Draft`): int32 [k] tokens, and q_i for each (None for a
     deterministic drafter: q = one-hot)."""
 
-    tokens: np.ndarray
-    dists: tuple[Dist, ...] | None
+    @property
+    def tokens(self) -> np.ndarray: ...
+
+    @property
+    def dists(self) -> tuple[Dist, ...] | None: ...
 
 
 def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
@@ -395,10 +399,10 @@ def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequ
     if params.greedy:
         best = argmax_rows(logits)  # [R] the target's token after every row
         if masks is not None:
-            for i in np.flatnonzero(~allowed(masks, best)):
-                best[i] = np.argmax(apply_mask(logits[i], masks[i]))
+            for row in np.flatnonzero(~allowed(masks, best)):
+                best[row] = np.argmax(apply_mask(logits[row], masks[row]))
         agree = []
-        for d, r in zip(drafts, rows):
+        for d, r in zip(drafts, rows, strict=False):
             miss = np.flatnonzero(best[r[:-1]] != d)
             agree.append(int(miss[0]) if len(miss) else len(d))
         j = int(np.argmax(agree))  # the first branch among the longest

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 from specdec_cli.core.records import Finish, FinishReason, Prefill, Record, Source, Step
 from specdec_cli.models.energy import Energy, unavailable_dict

@@ -7,12 +7,24 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.core.verify_curve import (B_MAX, CONTEXT, DEEP, DEEP_SIZES, DRIFT, LOAD_EXTRA, REPEATS, SMALL, SPACED,
-                                           SPREAD_MAX, VerifyCurve)
+from specdec_cli.core.verify_curve import (
+    B_MAX,
+    CONTEXT,
+    DEEP,
+    DEEP_SIZES,
+    DRIFT,
+    LOAD_EXTRA,
+    REPEATS,
+    SMALL,
+    SPACED,
+    SPREAD_MAX,
+    VerifyCurve,
+)
 
 if TYPE_CHECKING:
     from specdec_cli.models.backend import Backend

@@ -22,14 +22,14 @@ logits, so the output is the target's.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from specdec_cli.core.draft import Draft, Drafter, DrafterBase
-from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.core.records import Source
 from specdec_cli.core.sampling import SamplingParams
+from specdec_cli.drafters.suffix import SuffixDrafter
 
 
 class AutoDrafter(DrafterBase):

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.core.records import Source
 from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
+from specdec_cli.core.records import Source
 from specdec_cli.stores.suffix_index import WINDOW, Continuation, Corpus, empty_continuation
 
 if TYPE_CHECKING:

@@ -134,6 +134,7 @@ class CopyEdits:
             self._resync()
 
     def _resync(self) -> None:
+        assert self.diverged is not None  # (called only while diverged)
         s, o = self.diverged
         out, prompt, n = self.out, self.prompt, len(self.out)
         since = n - o
@@ -206,7 +207,8 @@ class CopyEdits:
 
     def _copy(self, pos: int, k: int) -> list[int]:
         """Up to k tokens of the prompt from `pos`, the trusted edits applied."""
-        prompt, out = self.prompt, []
+        prompt = self.prompt
+        out: list[int] = []
         if not self.edits:  # nothing learnt yet (most steps of most replies): the prompt as it is
             return prompt[pos:pos + k].tolist()
         while len(out) < k and pos < self.n_prompt:

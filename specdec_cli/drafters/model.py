@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_cli.models.backend import Backend, common_prefix, sync
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.records import Source
 from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample
+from specdec_cli.models.backend import Backend, common_prefix, sync
 
 
 class ModelDrafter(DrafterBase):

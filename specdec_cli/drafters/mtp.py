@@ -10,7 +10,8 @@ sampling keeps the target's distribution exactly (Leviathan et al. 2023). After 
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 

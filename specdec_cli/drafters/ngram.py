@@ -10,8 +10,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
-from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.core.records import Source
+from specdec_cli.core.sampling import SamplingParams
 
 MATCH_DEPTH = 64  # how far back a match is measured (the evidence is capped here)
 MAX_CANDIDATES = 256  # most recent occurrences of the n-gram compared

@@ -22,8 +22,9 @@ call):
                 output's next token is written; after an inserted line the text before the anchor matches again.
                 Both cost one or two steps, not a new n-gram search. A re-sync that the very next output token
                 contradicts was a guess (a short match inside new text): the anchor stays where the last confirmed
-                alignment left the prediction, so guesses do not drag the window away. The prediction is preceded by a virtual "\\n",
-                so a reply that opens with a code fence ("```python\\n") re-syncs at the prediction's start.
+                alignment left the prediction, so guesses do not drag the window away. The prediction is preceded by a
+                virtual "\\n", so a reply that opens with a code fence ("```python\\n") re-syncs at the prediction's
+                start.
     boundaries  matching bytes, not tokens, aligns also where the output's tokens split the text differently from
                 the prediction's (the output wrote " foo" + "(" where the prediction has " foo(" as one token, or the
                 other way round). When the match ends inside a prediction token, the rest of that token's text is
@@ -40,7 +41,7 @@ A `propose` costs a small fraction of a target pass, so the drafter is free to c
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -204,10 +205,11 @@ class PredictionDrafter(DrafterBase):
         if p != self.off[j] and j < m:
             # p is inside prediction token j: draft the rest of its text first, re-tokenized
             rest = self.text[p : int(self.off[j + 1])]
-            pending = self._retokenize(rest)
-            if pending is None:
+            retokenized = self._retokenize(rest)
+            if retokenized is None:
                 self._anchor = p  # stay unaligned; the next step re-syncs near here
                 return
+            pending = retokenized
             j += 1
         self._ptr, self._pending, self._tentative = j, pending, True
         self._run = n_out - bisect_left(self._starts, total - length)  # output tokens inside the match

@@ -30,8 +30,8 @@ import numpy as np
 from specdec_cli.core.draft import EMPTY, Draft, DrafterBase
 from specdec_cli.core.records import Source
 from specdec_cli.drafters.edits import CopyEdits
-from specdec_cli.stores.suffix_store import SuffixStore
 from specdec_cli.stores.suffix_index import WINDOW, Continuation, empty_continuation
+from specdec_cli.stores.suffix_store import SuffixStore
 
 if TYPE_CHECKING:
     from specdec_cli.core.sampling import SamplingParams
@@ -267,7 +267,7 @@ class SuffixDrafter(DrafterBase):
         self.local.sync(context)
         self.edits.begin(context)
         if self.store is not None:
-            self.store.corpus
+            _ = self.store.corpus  # the property loads it
 
     def _max_len(self, k: int, match_len: int) -> int:
         return min(k, math.ceil(self.factor * match_len))
@@ -315,7 +315,7 @@ class SuffixDrafter(DrafterBase):
         tokens = self.edits.apply(c.tokens)
         return c if tokens is c.tokens else replace(c, tokens=tokens, probs=c.probs[:len(tokens)])
 
-    def draft(self, c: Continuation, source: str) -> Draft:
+    def draft(self, c: Continuation, source: Source) -> Draft:
         """A continuation as a deterministic draft (with its evidence) labelled `source`."""
         if not len(c.tokens):
             return Draft(tokens=EMPTY, dists=None, score=0.0, source=source)

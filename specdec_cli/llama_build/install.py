@@ -51,6 +51,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __name__ == "__main__" and sys.version_info < (3, 11):  # before anything that needs a newer Python
     sys.exit(f"specdec needs Python 3.11+; this is {sys.version_info[0]}.{sys.version_info[1]} ({sys.executable}). "
@@ -119,8 +120,9 @@ def _windows_cpu_name() -> str:
     try:
         import winreg
 
-        with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"HARDWARE\DESCRIPTION\System\CentralProcessor\0") as key:
-            return str(winreg.QueryValueEx(key, "ProcessorNameString")[0]).strip()
+        reg: Any = winreg  # its stub is empty off Windows, where the tests put a fake in its place
+        with reg.OpenKey(reg.HKEY_LOCAL_MACHINE, r"HARDWARE\DESCRIPTION\System\CentralProcessor\0") as key:
+            return str(reg.QueryValueEx(key, "ProcessorNameString")[0]).strip()
     except (ImportError, OSError):
         return ""
 
@@ -478,9 +480,10 @@ def build_wheel(plan: Plan, *, out=None) -> Path:
     half-built wheel never has the final name). Returns the wheel. Raises InstallError (PatchError) on a failed step."""
     python, wheel_dir = plan.python, Path(plan.wheel_dir)
     wheel_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp: Path | None = Path(tempfile.mkdtemp(prefix=".building.", dir=wheel_dir.parent))
+    building = Path(tempfile.mkdtemp(prefix=".building.", dir=wheel_dir.parent))
+    tmp: Path | None = building  # None once moved into place
     try:
-        src = tmp / "src"
+        src = building / "src"
         print(f"Building llama-cpp-python {plan.version} from its sdist with {' '.join(plan.patches)}",
               file=sys.stderr)
         _run("Downloading the llama-cpp-python sdist", [python, "-m", "pip", "download", "--quiet", "--no-deps",
@@ -502,17 +505,17 @@ def build_wheel(plan: Plan, *, out=None) -> Path:
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         # --verbose: CMake's configuration and every compile step ([n/N] ...) are printed: a long build shows progress
         _run("Building llama-cpp-python (pip wheel)", [python, "-m", "pip", "wheel", "--verbose", "--no-cache-dir",
-             "--no-deps", str(source), "-w", str(tmp / "wheel")], out=out, env=env,
+             "--no-deps", str(source), "-w", str(building / "wheel")], out=out, env=env,
              fix="Fix what they name and run it again (a GPU backend needs its SDK: docs/install.md).")
         shutil.rmtree(src)
-        built = wheels_in(tmp / "wheel")
+        built = wheels_in(building / "wheel")
         if not built:
             raise InstallError("pip wheel finished but left no llama_cpp_python wheel.")
         for whl in built:
-            whl.replace(tmp / whl.name)
-        (tmp / "wheel").rmdir()
+            whl.replace(building / whl.name)
+        (building / "wheel").rmdir()
         shutil.rmtree(wheel_dir, ignore_errors=True)
-        os.replace(tmp, wheel_dir)  # atomic
+        os.replace(building, wheel_dir)  # atomic
         tmp = None
     finally:
         if tmp is not None:

@@ -34,8 +34,9 @@ Two ways to get batch-1 margins, both in exactly the numerics of a plain run:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -224,8 +225,11 @@ class FirstMismatchProbe:
                     break
         return rows
 
-    def truncate(self, n: int) -> None:
-        self.inner.truncate(n)
+    def truncate(self, n: int, *, branch: bool = False) -> None:
+        if branch:
+            self.inner.truncate(n, branch=True)
+        else:  # as the engine calls it (a wrapped backend may take only n)
+            self.inner.truncate(n)
 
 
 @dataclass(frozen=True)

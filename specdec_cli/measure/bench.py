@@ -1,4 +1,5 @@
-"""`specdec bench`'s measuring: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on this machine.
+"""`specdec bench`'s measuring: every drafting method and llama-cpp-python's own prompt lookup, on one prompt set, on
+this machine.
 
 What runs. Our methods (`none` — plain decoding, the baseline — `A/A` — `none` again, the control: its speedup
 over `none` is the noise floor of the sitting — `auto`, `ngram`, `suffix`, `draft`) run in one
@@ -47,10 +48,11 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -136,7 +138,7 @@ class BenchSummary:
     speedup_range: tuple[float, float] | None = None
     speedup_by_prompt: dict[str, float] = field(default_factory=dict)
     speedup_spread_by_prompt: dict[str, tuple[float, float]] = field(default_factory=dict)
-    speedup_by_class: dict[str, float] = field(default_factory=dict)
+    speedup_by_class: dict[str, float | None] = field(default_factory=dict)
     pair_range: tuple[float, float] | None = None
     n_drafted: int = 0
     n_accepted: int = 0
@@ -235,7 +237,7 @@ class BenchResult:
 # Configurations and their order
 
 
-def parse_methods(spec: str) -> list[Method]:
+def parse_methods(spec: str) -> list[str]:
     """`--methods`: a comma-separated subset of OUR_METHODS and `AUTO_WARM`, returned in canonical order; `none` (the
     baseline) is always included. Raises UsageError for an unknown name."""
     names = [_canonical(s) for s in spec.split(",") if s.strip()]
@@ -293,7 +295,7 @@ def configs_for(methods: list[str], peer: bool, native: bool | tuple[str, ...] =
     if peer:
         out += [BenchConfig(f"peer-{n}", "peer", num_pred_tokens=n) for n in PEER_SETTINGS]
     if native:
-        out += [BenchConfig(f"native-{m}", "native", method=m) for m in (NATIVE if native is True else native)]
+        out += [BenchConfig(f"native-{m}", "native", method=m) for m in (NATIVE if isinstance(native, bool) else native)]
     return out
 
 
@@ -393,7 +395,7 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig],
             placed = sum(r.curve_passes for r in mine)
             s.cheap_share = sum(r.cheap_passes for r in mine) / placed if placed else None
         if mine and all(r.decode_j is not None for r in mine) and (n := sum(r.n_tokens for r in mine)):
-            s.j_per_token = sum(r.decode_j for r in mine) / n
+            s.j_per_token = sum(r.decode_j or 0.0 for r in mine) / n  # (all set: checked above)
         elif mine:
             s.energy_note = next((r.energy_note for r in mine if r.energy_note), None) or \
                 "not recorded (a --json from before energy was measured)"
@@ -476,22 +478,22 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
 
     name = models.draft or paired_draft(models.target, catalog)
     draft = resolve(name, catalog, reporter=reporter) if need_draft and name is not None else None
-    plan = host.current_plan()
+    load_plan = host.current_plan()
     bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else []),
                                              system_info=system_info(),
-                                             load_plan=plan.to_dict() if plan is not None else None))
+                                             load_plan=load_plan.to_dict() if load_plan is not None else None))
     model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
                  "ctx": models.ctx,
                  "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
-    workers: dict[str, BenchProcess] = {}
+    workers: dict[str, BenchProcess | NativeRunner] = {}
     plan = schedule(len(configs), len(prompts), options.repeats)
     bench.planned = len(plan)
     try:
         with reporter.status(f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
-            workers["ours"] = BenchProcess("ours", {
+            workers["ours"] = ours = BenchProcess("ours", {
                 "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
                 "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
-        bench.ours_info = workers["ours"].info
+        bench.ours_info = ours.info
         bench.tokens = bench.ours_info["tokens"]
         kind = bench.ours_info.get("kind", "transformer")
         if kind != "transformer" and any(c.family == "peer" for c in configs):
@@ -501,7 +503,7 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
             bench.planned = len(plan)
             bench.notes.append(f"peer: not measured: llama-cpp-python's prompt lookup rolls back by trimming the KV "
                                f"cache, which this {kind} model's recurrent state cannot take (its decode fails).")
-        for p, t in zip(prompts, bench.tokens):
+        for p, t in zip(prompts, bench.tokens, strict=False):
             need = len(t) + options.max_tokens + 16
             if need > models.ctx:
                 raise ContextOverflowError(
@@ -509,9 +511,9 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
                     f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
         if options.peer and any(c.family == "peer" for c in configs):
             with reporter.status(f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
-                workers["peer"] = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
+                workers["peer"] = peer = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
                                                   "warmup_tokens": bench.ours_info["warmup_tokens"]})
-            bench.peer_info = workers["peer"].info
+            bench.peer_info = peer.info
         if options.llama_cpp:
             from specdec_cli.measure.native import find_tools
 
@@ -585,8 +587,8 @@ def config_from_label(label: str) -> BenchConfig:
 
 
 def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
-    from specdec_cli.models.machine import package_version
     from specdec_cli.measure.peer import MAX_NGRAM_SIZE, PEER_SETTINGS, peer_call
+    from specdec_cli.models.machine import package_version
 
     return {
         "library": "llama-cpp-python",

@@ -44,10 +44,12 @@ class BenchProcess:
 
     def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Send one request and wait for its reply. Raises the worker's SpecdecError, or BackendError if it died."""
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None  # (pipes)
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
+            stdin.write(json.dumps(msg) + "\n")
+            stdin.flush()
+            line = stdout.readline()
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
@@ -66,14 +68,16 @@ class BenchProcess:
                 self.proc.kill()
             else:
                 try:
-                    self.proc.stdin.close()
+                    if self.proc.stdin is not None:
+                        self.proc.stdin.close()
                     self.proc.wait(timeout=60)
                 except (OSError, subprocess.TimeoutExpired):
                     self.proc.kill()
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
             try:
-                f.close()
+                if f is not None:
+                    f.close()
             except OSError:
                 pass
 
@@ -116,6 +120,7 @@ def worker_main() -> None:
                     runner = _OursRunner(msg) if msg["family"] == "ours" else _PeerRunner(msg)
                     reply = runner.info
                 else:
+                    assert runner is not None, "the first message is init"
                     reply = runner.run(msg)
             except SpecdecError as e:
                 if debug:
@@ -192,7 +197,7 @@ def _windows_rss_kib() -> tuple[int | None, int | None]:
                     ("PagefileUsage", size_t), ("PeakPagefileUsage", size_t)]
 
     try:
-        kernel32 = ctypes.WinDLL("kernel32")
+        kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]  # Windows only
         kernel32.GetCurrentProcess.restype = ctypes.c_void_p
         info = kernel32.K32GetProcessMemoryInfo
         info.argtypes = [ctypes.c_void_p, ctypes.POINTER(Counters), ctypes.c_uint32]
@@ -280,7 +285,9 @@ class _OursRunner:
             from specdec_cli.spec import SpecOptions
 
             spec = SpecOptions(method=method, k=self.k, ngram_min=self.ngram[0], ngram_max=self.ngram[1])
-            self._drafters[method] = NoLearning(self.assembler.make_drafter(spec))
+            inner = self.assembler.make_drafter(spec)
+            assert inner is not None  # (a method that drafts)
+            self._drafters[method] = NoLearning(inner)
         return self._drafters[method]
 
     def _generate(self, method: Method, prompt, max_tokens: int, warm: bool = False):

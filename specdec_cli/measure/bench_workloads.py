@@ -33,10 +33,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from specdec_cli.errors import UsageError
 from specdec_cli.measure.bench import AUTO_WARM, BenchConfig, BenchRun, config_from_label
@@ -190,6 +191,7 @@ def _predict(emit, info, models, options, reporter) -> Path:
             case = predict_cases()[0]
             changed = PromptCase(f"{case.name}-changed", "iterate", case.prompt.replace(
                 "Return the whole file", "Return the complete file", 1) + "\nKeep every comment as it is.")
+            assert first is not None  # (the loop above ran)
             prompt, pred = session.prompt_tokens(changed.text), session.prediction_tokens(first.text)
             _generate(assembler, "none", prompt, replace(base, max_tokens=4))
             store = assembler.make_drafter(_spec("suffix", options.k))
@@ -207,9 +209,9 @@ def _predict(emit, info, models, options, reporter) -> Path:
 
 def _spec(method: str, k: str):
     """SpecOptions for `method` with --k `k`."""
-    from specdec_cli.spec import SpecOptions
+    from specdec_cli.spec import K, SpecOptions
 
-    return SpecOptions(method=Method(method), k=k)
+    return SpecOptions(method=Method(method), k=K(k))
 
 
 def suffix_prompts() -> list[PromptCase]:
@@ -319,16 +321,17 @@ def _edits(emit, info, models, options, reporter) -> Path:
             shutil.copytree(warm0, shared)
             for i in [*range(r % len(cases), len(cases)), *range(r % len(cases))]:
                 case = cases[i]
-                for c in configs[r % len(configs):] + configs[: r % len(configs)]:
-                    if c.startswith("native-"):
-                        emit(c, case, r, native.call({"prompt": i, "max_tokens": options.max_tokens, "cold": False,
-                                                      "method": c[7:]}))
+                for cfg in configs[r % len(configs):] + configs[: r % len(configs)]:
+                    if cfg.startswith("native-"):
+                        assert native is not None  # (native configs only with it)
+                        emit(cfg, case, r, native.call({"prompt": i, "max_tokens": options.max_tokens, "cold": False,
+                                                      "method": cfg[7:]}))
                         continue
-                    home = shared if c == "shared" else seed_home(base / f"{case.name}-{c}-{r}", curves)
+                    home = shared if cfg == "shared" else seed_home(base / f"{case.name}-{cfg}-{r}", curves)
                     d = _specdec_run(home, [str(files[case.name]), *common, "-n", str(options.max_tokens),
-                                            *(["--method", "none"] if c == "none" else [])], base / "out.json")
+                                            *(["--method", "none"] if cfg == "none" else [])], base / "out.json")
                     st = d["stats"]
-                    emit(c, case, r, {"tokens_per_s": st["tokens_per_s"], "n_tokens": st["n_generated"],
+                    emit(cfg, case, r, {"tokens_per_s": st["tokens_per_s"], "n_tokens": st["n_generated"],
                                       "n_prompt": st["n_prompt"], "n_drafted": st["n_drafted"],
                                       "n_accepted": st["n_accepted"], "n_steps": st["n_target_passes"],
                                       "n_spec_steps": sum(1 for s in d["steps"] if s.get("drafted")),

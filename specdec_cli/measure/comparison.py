@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
-from specdec_cli.models.backend import common_prefix
+from specdec_cli.assemble import Assembler
 from specdec_cli.core.controller import KController
 from specdec_cli.core.draft import Drafter
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Result, generate
-from specdec_cli.assemble import Assembler
+from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD, Divergence, FirstMismatchProbe, compare_divergence
 from specdec_cli.measure.paired import Pair, Paired, measure
 from specdec_cli.measure.sweep import NoLearning
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.spec import Method, SpecOptions
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def energy_pairs(paired: Paired[Result, Result]) -> Paired[Result, Result] | Non
     """`paired` (decode tok/s) as the same pairs in J per output token (decoding), in the order they ran; None when
     any side has no figure (no counter, a read error, no tokens, counters that did not advance)."""
     pairs = []
-    for p, a, b in zip(paired.pairs, paired.a_results, paired.b_results):
+    for p, a, b in zip(paired.pairs, paired.a_results, paired.b_results, strict=False):
         ja, jb = a.stats.j_per_token, b.stats.j_per_token
         if ja is None or jb is None or ja <= 0 or jb <= 0:
             return None

@@ -25,9 +25,10 @@ CPU's default (`session.flash_attn`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specdec_cli.core.verify_timing import OFF_MARGIN, prefers_on, prefers_phased
 

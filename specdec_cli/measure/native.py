@@ -199,10 +199,8 @@ def parse_speculative(stderr_text: str) -> NativeStats:
 
 
 def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
-    found = None
-    for found in pattern.finditer(text):
-        pass
-    return found
+    matches = list(pattern.finditer(text))
+    return matches[-1] if matches else None
 
 
 def _unparsed(tool: str, lines: str, stderr_text: str) -> NativeToolError:
@@ -381,7 +379,7 @@ def _speculative_text(stdout: str, prompt_text: str) -> str | None:
 
 
 def _result(name: str, s: NativeStats, text: str | None, cmd: list[str]) -> NativeResult:
-    acceptance = s.n_accepted / s.n_drafted if s.n_drafted else None
+    acceptance = s.n_accepted / s.n_drafted if s.n_drafted and s.n_accepted is not None else None
     return NativeResult(
         name=name,
         decode_tok_s=s.n_decoded / s.decode_s if s.decode_s > 0 else 0.0,

@@ -17,8 +17,9 @@ within a few per cent of 1×, and its min–max is the band inside which a speed
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 A = TypeVar("A")
 B = TypeVar("B")

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -167,7 +167,8 @@ class PeerModel:
 
     @property
     def scores_nbytes(self) -> int:
-        """Bytes of Llama.scores, the float32 [n_ctx or n_batch, n_vocab] logits buffer (allocated, not all resident)."""
+        """Bytes of Llama.scores, the float32 [n_ctx or n_batch, n_vocab] logits buffer (allocated, not all
+        resident)."""
         return int(self.llm.scores.nbytes)
 
     @property
@@ -189,7 +190,7 @@ class PeerModel:
         """
         llm = self.llm
         draft = RecordingDraft(self._lookup(max_ngram_size=MAX_NGRAM_SIZE, num_pred_tokens=num_pred_tokens))
-        llm.draft_model = draft
+        llm.draft_model = cast(Any, draft)  # (duck-typed: it wraps a LlamaPromptLookupDecoding)
         if cold:
             llm.reset()
         prompt = [int(t) for t in prompt]

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from specdec_cli.core.draft import Draft, Drafter, DrafterBase
+from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PromptCase
-from specdec_cli.core.sampling import SamplingParams
 
 # --------------------------------------------------------------------------------------------------------------
 # What runs, in which order

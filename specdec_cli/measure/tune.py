@@ -31,7 +31,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.measure.sweep import NoLearning, geomean, rounded, schedule
 from specdec_cli.prompts import PromptCase
-from specdec_cli.spec import SpecOptions
+from specdec_cli.spec import K, SpecOptions
 
 if TYPE_CHECKING:
     from specdec_cli.models.resolver import Task
@@ -266,7 +266,7 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
     for c in configs:
         runs = [m for m in measurements if m.config == c.label]
         tps = {p: v for p in prompts if (v := median_tps(c.label, p)) is not None}
-        speedup = {p: v / plain[p] for p, v in tps.items() if plain[p]}
+        speedup = {p: v / base for p, v in tps.items() if (base := plain[p])}
         drafted = sum(m.n_drafted for m in runs)
         spec_steps = sum(m.n_spec_steps for m in runs)
         accepted = sum(m.n_accepted for m in runs)
@@ -300,7 +300,7 @@ def _energy(runs: list[Measurement]) -> dict[str, Any]:
     """A configuration's J per output token: every run's decoding joules over every run's tokens, or None (with the
     first reason) when any run has no figure: a sum over some of the runs would not be this configuration's."""
     if runs and all(m.decode_j is not None for m in runs) and (n := sum(m.n_tokens for m in runs)):
-        return {"j_per_token": sum(m.decode_j for m in runs) / n}
+        return {"j_per_token": sum(m.decode_j or 0.0 for m in runs) / n}  # (all set: checked above)
     note = next((m.energy_note for m in runs if m.decode_j is None and m.energy_note), None)
     return {"energy_note": note or ("no runs" if not runs else "no output tokens")}
 
@@ -311,9 +311,9 @@ def choose_best(summaries: list[ConfigSummary], margin: float = AUTO_MARGIN) -> 
     scored = [s for s in summaries if s.speedup_geomean is not None]
     if not scored:
         return None
-    best = max(scored, key=lambda s: s.speedup_geomean)
+    best = max(scored, key=lambda s: s.speedup_geomean or 0.0)
     auto = next((s for s in scored if s.config.label == "auto"), None)
-    if auto is not None and auto.speedup_geomean >= (1.0 - margin) * best.speedup_geomean:
+    if auto is not None and (auto.speedup_geomean or 0.0) >= (1.0 - margin) * (best.speedup_geomean or 0.0):
         return auto.config
     return best.config
 
@@ -374,11 +374,12 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
     measurements: list[Measurement] = []
     assembler = Assembler(session)  # every engine is fresh, with the drafter below: it owns nothing to close
     inner = assembler.make_drafter(spec)
+    assert inner is not None  # (the command refuses --method none)
     drafter = NoLearning(inner)
     mach = machine(session.target.n_threads, session.placement())
 
     def engine(c: TuneConfig):  # a fresh controller for every run
-        return assembler.engine(replace(spec, k="auto" if c.mode != "fixed" else c.label), fresh=True,
+        return assembler.engine(replace(spec, k=K("auto" if c.mode != "fixed" else c.label)), fresh=True,
                                 drafter=drafter if c.mode != "none" else None)
 
     interrupted = False
@@ -461,7 +462,7 @@ def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: Tune
         "repeats": options.repeats,
         "max_tokens": config.max_tokens,
         "sampling": {"temperature": config.sampling.temperature, "seed": config.sampling.seed},
-        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tune.tokens)],
+        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tune.tokens, strict=False)],
         "machine": tune.machine,
         "interrupted": tune.interrupted,
         "runs": [m.to_dict() for m in tune.measurements],

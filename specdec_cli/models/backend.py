@@ -15,8 +15,9 @@ then keep either branch (`truncate(n, branch=...)`). `sync` brings the cache to 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -95,11 +96,13 @@ class Backend(Protocol):
     @property
     def draft_limit(self) -> int:
         """The most draft tokens one verify pass should carry: n_batch - 1 (one llama.cpp batch), or less for a
-        lane sharing its passes with other sequences (`server.lanes.SharedLane`: the joint K)."""
+        lane sharing its passes with other sequences (`server.lanes.Slot`: the joint K)."""
         ...
 
-    shared_rows: int
-    """Rows other sequences had in this backend's last forward pass (0: it ran alone; `server.lanes`)."""
+    @property
+    def shared_rows(self) -> int:
+        """Rows other sequences had in this backend's last forward pass (0: it ran alone; `server.lanes`)."""
+        ...
 
     kind: str
     """"transformer", "hybrid" or "recurrent" (a recurrent state cannot be cut at any position)."""

@@ -17,6 +17,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 KINDS = ("CPU", "GPU", "IGPU", "ACCEL", "META")  # enum ggml_backend_dev_type, in its order (ggml-backend.h)
 GPU_KINDS = ("GPU", "IGPU")
@@ -80,7 +81,7 @@ def devices() -> list[Device] | None:
     return out
 
 
-def _device_api(bindings: object) -> list:
+def _device_api(bindings: Any) -> list:
     """The functions of `_DEVICE_API`, each from the first library that exports it: llama-cpp-python's `_lib` (the
     `bindings` module's), then ggml-base and ggml from the folder it loaded llama from (`_base_path`: its lib/ or
     LLAMA_CPP_LIB_PATH), as lib<name>.so, lib<name>.dylib, <name>.dll or lib<name>.dll. Raises AttributeError for a

@@ -32,9 +32,11 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 POWERCAP_ENV = "SPECDEC_POWERCAP"
 DEFAULT_POWERCAP = "/sys/class/powercap"
@@ -142,10 +144,10 @@ class Span:
         stops counting (`error` says why)."""
         if self.error is None:
             now = self._read()
-            if now is not None:
+            if now is not None and self._last is not None:
                 try:
                     self.joules += sum(counted(a, b, c.wrap_j)
-                                       for c, a, b in zip(self._meter.counters, self._last, now))
+                                       for c, a, b in zip(self._meter.counters, self._last, now, strict=False))
                     self._last = now
                 except ValueError as e:
                     self.error = str(e)
@@ -249,6 +251,7 @@ class Gauge:
         """The figures once `end` was called and every reading succeeded; else None (`note` says why)."""
         if self.span is None or self._end is None or self.span.error is not None:
             return None
+        assert self._prefill is not None  # (`end` marks the prefill first)
         (pj, ps), (j, s) = self._prefill, self._end
         return Energy(prefill_j=pj, prefill_s=ps, decode_j=j - pj, decode_s=s - ps,
                       counted=tuple(c.name for c in self.meter.counters),
@@ -340,6 +343,11 @@ def _text(x: Any) -> str:
     return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
 
 
+def _nvml_joules(module: Any, handle: Any) -> float:
+    """A GPU board's energy counter, in J (NVML counts mJ)."""
+    return module.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3
+
+
 def nvml(module: Any) -> tuple[list[Counter], list[Missing]]:
     """Every board NVML sees, through `module` (pynvml from nvidia-ml-py). A board without an energy counter (older
     than Volta) makes the GPU side unavailable: a sum over some of the boards llama.cpp may use would be a guess."""
@@ -357,7 +365,7 @@ def nvml(module: Any) -> tuple[list[Counter], list[Missing]]:
         except Exception as e:
             return [], [Missing("NVML", f"GPU {i} has no energy counter ({e}; Volta and newer have one)")]
         counters.append(Counter(f"NVML GPU {i} ({name})", "GPU board",
-                                lambda h=handle: module.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3))
+                                partial(_nvml_joules, module, handle)))
     if not counters:
         return [], [Missing("NVML", "NVML sees no GPU")]
     return counters, []

@@ -23,6 +23,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specdec_cli.errors import ModelError
 
@@ -311,7 +312,8 @@ def kv_bytes_per_token(info: GGUFInfo, type_bytes: int = 2) -> int | None:
     `type_bytes` (2: the default f16 cache), from the header's `{arch}.block_count`, `.attention.head_count(_kv)`,
     `.attention.key_length`/`.value_length` (else `.embedding_length` / heads). None when the header lacks them (a
     recurrent model's state is not per token). E.g. Qwen2.5-Coder-1.5B: 28 x (128 + 128) x 2 x 2 = 28,672."""
-    meta, arch = info.metadata, info.architecture
+    meta: dict[str, Any] = info.metadata  # the header's values, of any type: int() below checks them
+    arch = info.architecture
     try:
         layers = int(meta[f"{arch}.block_count"])
         heads = int(meta[f"{arch}.attention.head_count"])

@@ -43,10 +43,11 @@ import re
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from specdec_cli.errors import ModelError
 from specdec_cli.models import build
@@ -298,6 +299,65 @@ def probe_load(path: Path, *, reporter: Reporter | None = None) -> None:
     # Any other exit (the child's own Python failed): no verdict on the file; the real load reports what it finds.
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Flash attention on an offloading device
+
+
+def device_flash_attn(path: Path, gpu_layers: int, *, reporter: Reporter | None = None) -> str:
+    """Whether llama.cpp's flash attention survives a verify pass on the device this run offloads to: "ok",
+    "crash: SIGSEGV" or "no verdict: ...".
+
+    A device's flash-attention kernel can die on the multi-row passes speculation makes while one-token decoding
+    works (Mesa's lavapipe through ggml-vulkan: docs/gpu.md), and a kernel that dies takes the whole process with
+    it. So once per build, device, model file and layer count, a child process (`llama.probe_main`'s "device"
+    mode) loads the model as this run will, with llama.cpp's flash attention, and runs verify passes of several
+    sizes. The verdict is remembered in host.json beside the AMX verdicts; a probe that could not run or timed out
+    gives no verdict and is tried again next time. `reporter` shows a spinner."""
+    key = _device_key(path, gpu_layers)
+    if key is None:
+        return "no verdict: the model file cannot be keyed"
+    known = _verdicts().get(key)
+    if known is not None:
+        return known
+    try:
+        with reporter.status("Checking flash attention on this device (once)") if reporter else nullcontext():
+            proc = _probe_process([str(path), "device", str(gpu_layers)], LOAD_PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"no verdict: the trial passes took over {LOAD_PROBE_TIMEOUT:.0f} s"
+    except OSError as e:
+        return f"no verdict: {e.strerror or e}"
+    crash = crash_name(proc.returncode)
+    if proc.returncode == 0:
+        verdict = "ok"
+    elif crash is not None:
+        verdict = f"crash: {crash}"
+    else:
+        return f"no verdict: the trial passes exited with {proc.returncode}"
+    _remember(key, verdict)
+    return verdict
+
+
+def known_device_flash_attn(path: Path, gpu_layers: int) -> str | None:
+    """The verdict `device_flash_attn` remembered for this build, device, model file and layers, or None (never
+    probed); it probes nothing."""
+    key = _device_key(path, gpu_layers)
+    return None if key is None else _verdicts().get(key)
+
+
+def _device_key(path: Path, gpu_layers: int) -> str | None:
+    """The key of a device verdict: "fa:" + a hash of the build (`build_id`), the devices (`devices.devices`), the
+    model file (`_probe_key`) and the layers offloaded; None for a file that cannot be keyed."""
+    from specdec_cli.models import devices
+    from specdec_cli.models.machine import package_version
+
+    model = _probe_key(path)
+    if model is None:
+        return None
+    devs = "; ".join(f"{d.name} {d.description}" for d in (devices.devices() or []))
+    text = f"{package_version()}|{build_id()}|{devs}|{model}|{gpu_layers}"
+    return "fa:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _probe_key(path: Path) -> str | None:
     try:
         st = path.stat()
@@ -353,8 +413,8 @@ def _remember_probed(key: str) -> None:
 
 def _write_cache_file(name: str, doc: object) -> None:
     """Write `doc` as JSON to `name` in the cache directory, atomically; a read-only or full cache is ignored."""
-    from specdec_cli.config import cache_dir
     from specdec_cli import files
+    from specdec_cli.config import cache_dir
 
     path = cache_dir() / name
     try:

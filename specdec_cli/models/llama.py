@@ -29,24 +29,18 @@ What it does differently from `llama_cpp.Llama`:
 from __future__ import annotations
 
 import ctypes
-import os
 import hashlib
+import os
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, cast
 
 import llama_cpp
+import numpy as np
 from llama_cpp import _logger as _llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from specdec_cli.models.host import flash_attn_switch  # noqa: F401  (re-exported: what `PHASED` needs)
-from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
-import numpy as np
-
-from specdec_cli.models.backend import FimTokens, VocabInfo
-from specdec_cli.models.rollback import (
-    CHECKPOINT, HYBRID, KV, RECURRENT, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit as _draft_limit,
-)
 from specdec_cli.errors import (
     CacheTrimError,
     ContextOverflowError,
@@ -55,6 +49,21 @@ from specdec_cli.errors import (
     StateError,
     ToolsUnsupportedError,
     UsageError,
+)
+from specdec_cli.models.backend import FimTokens, VocabInfo
+from specdec_cli.models.host import flash_attn_switch  # noqa: F401  (re-exported: what `PHASED` needs)
+from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
+from specdec_cli.models.rollback import (
+    CHECKPOINT,
+    HYBRID,
+    KV,
+    RECURRENT,
+    SNAPSHOTS,
+    TRANSFORMER,
+    RecurrentGuard,
+)
+from specdec_cli.models.rollback import (
+    draft_limit as _draft_limit,
 )
 
 _backend_ready = False
@@ -101,7 +110,7 @@ def _install_abort(ctx: Any) -> tuple[ctypes.Array | None, Any]:
     interruptible, nothing else changes."""
     try:
         libc = ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)  # the process's C library
-        fn = llama_cpp.ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
+        fn = llama_cpp.ggml_abort_callback(cast(int, ctypes.cast(libc.strlen, ctypes.c_void_p).value))
         flag = ctypes.create_string_buffer(2)
         llama_cpp.llama_set_abort_callback(ctx, fn, ctypes.cast(flag, ctypes.c_void_p))
         return flag, fn
@@ -143,7 +152,8 @@ def render_chat_template(template: str, messages: list[dict], *, bos_token: str,
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
                                         add_generation_prompt=add_generation_prompt)
-        return formatter(messages=messages, tools=tools, **dict(template_kwargs or {})).prompt
+        # (the request's dicts, of OpenAI's shape: the formatter's TypedDicts say the same)
+        return formatter(messages=cast(Any, messages), tools=cast(Any, tools), **dict(template_kwargs or {})).prompt
     except jinja2.exceptions.SecurityError as e:
         raise ModelError(f"The chat template of {model_name} tried an unsafe operation ({_one_line(e)}); it was "
                          "stopped by the sandbox and nothing ran.", "Use --raw, or a model file you trust.") from None
@@ -233,7 +243,7 @@ class LlamaBackend(RecurrentGuard):
         self.path = str(path)
         self._model = None
         self._ctx = None
-        self._batch = None
+        self._batch: Any = None  # llama_cpp.llama_batch once the context exists
         threads = n_threads or default_threads()
         if extra_bufts is None:
             from specdec_cli.models import host
@@ -273,7 +283,7 @@ class LlamaBackend(RecurrentGuard):
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
-        self._set_fa = None
+        self._set_fa: Any = None
         if flash_attn == PHASED:
             self._set_fa = _set_flash_attn_fn()
             if self._set_fa is None:
@@ -331,7 +341,7 @@ class LlamaBackend(RecurrentGuard):
         self._tokens = np.zeros(self._n_ctx, dtype=np.int32)
         self._n = 0
         self._pieces: dict[int, bytes] = {}
-        self._lltokenizer = None  # built on first use (grammars)
+        self._lltokenizer: Any = None  # built on first use (grammars)
         self._piece_buf = ctypes.create_string_buffer(256)
         self.n_decode_calls = 0  # llama_decode calls (for stats and tests)
         self.n_evaluated = 0  # tokens evaluated in total
@@ -350,7 +360,7 @@ class LlamaBackend(RecurrentGuard):
     def n_batch(self) -> int:
         return self._n_batch
 
-    shared_rows = 0  # a lane's passes are shared through `server.lanes.SharedLane`, never here
+    shared_rows = 0  # a lane's passes are shared through `server.lanes.Slot`, never here
     # called after each llama_decode of `decode` with (its first position, its tokens): `LlamaMtp`'s catch-up
     on_hidden: Callable[[int, np.ndarray], None] | None = None
 
@@ -636,7 +646,7 @@ class LlamaBackend(RecurrentGuard):
         """Lane `i` (0 <= i < n_lanes) of this context: a `Backend` of its own sequence (2i; 2i + 1 for its second
         branch) and its own `tokens`, sharing the model, the context and the batch with every other lane; lane 0
         is this object. Not thread-safe: llama.cpp's context is shared, so one thread at a time calls any lane
-        (`server.lanes.PassScheduler` does). Raises ValueError for a lane the context was not made with."""
+        (`server.lanes.Scheduler`'s loop does). Raises ValueError for a lane the context was not made with."""
         if not 0 <= i < self.n_lanes:
             raise ValueError(f"lane {i}: this context has {self.n_lanes} (n_lanes)")
         root = self._root
@@ -755,7 +765,7 @@ class LlamaBackend(RecurrentGuard):
         attention, RoPE scaling, SWA/unified KV). Threads and GPU offload are left out. JSON-serialisable.
         """
         p = self._cparams
-        key = {
+        key: dict[str, str | int] = {
             "llama_cpp_python": str(llama_cpp.__version__),
             "state_seq_version": int(getattr(llama_cpp, "LLAMA_STATE_SEQ_VERSION", 0)),
             "system_info": system_info(),
@@ -1014,8 +1024,9 @@ class VocabOnly:
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
 
-    tokenize = LlamaBackend.tokenize
-    vocab_info = LlamaBackend.vocab_info
+    # LlamaBackend's own methods, which read only the fields set above (typed Any: their `self` is a LlamaBackend)
+    tokenize: Any = LlamaBackend.tokenize
+    vocab_info: Any = LlamaBackend.vocab_info
 
     def close(self) -> None:
         if self._model is not None:
@@ -1029,7 +1040,9 @@ def probe_main(argv: list[str]) -> int:
     argv = [path] for `host.probe_load` (is this file safe to load?): extra buffer types off, so a host whose
     llama.cpp AMX kernels crash does not make a sound file look corrupt. argv = [path, threads] for
     `host.probe_child` (do this build's AMX kernels work on this CPU?): loaded as built, with the threads of the real
-    load (AMX worker threads are where issue 20824 faults).
+    load (AMX worker threads are where issue 20824 faults). argv = [path, "device", layers] for
+    `host.device_flash_attn` (does the device's flash attention survive verify passes?): `layers` offloaded, llama.cpp's
+    flash attention, a prefill and verify passes of several sizes with logits for every row, each rolled back.
 
     Run in a separate process, so a GGML_ASSERT or a segfault in llama.cpp ends only this process; the parent turns
     the signal into an error or a verdict. Exit code `host.PROBE_REFUSED`, with the message on stderr, when the load
@@ -1040,6 +1053,8 @@ def probe_main(argv: list[str]) -> int:
     from specdec_cli.errors import SpecdecError
     from specdec_cli.models.host import PROBE_REFUSED
 
+    if len(argv) == 3 and argv[1] == "device":
+        return _probe_device(argv[0], int(argv[2]))
     kernels = len(argv) > 1
     threads = int(argv[1]) if kernels else 2
     try:
@@ -1051,6 +1066,31 @@ def probe_main(argv: list[str]) -> int:
             backend.decode([toks[-1], toks[0], toks[0]], n_logits=3)  # ... a verify batch, logits for every row ...
             backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
             backend.piece(toks[0])
+        finally:
+            backend.close()
+    except SpecdecError as e:
+        print(str(e), file=sys.stderr)
+        return PROBE_REFUSED
+    return 0
+
+
+def _probe_device(path: str, layers: int) -> int:
+    """`probe_main`'s device mode: verify passes the engine's sizes make, on the device, with flash attention as
+    llama.cpp chooses it; exit 0 when they return, `host.PROBE_REFUSED` when the load fails cleanly."""
+    import sys
+
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.models.host import PROBE_REFUSED
+
+    try:
+        backend = LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None)
+        try:  # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
+            text = "def f(x):\n    return x + 1\n" * 64
+            toks = [int(t) for t in backend.tokenize(text, add_special=True)][:640]
+            backend.decode(toks, n_logits=1)
+            for rows in (2, 9, 17):  # a short, a middling and a long draft with its bonus row
+                backend.decode(toks[-rows:], n_logits=rows)
+                backend.truncate(len(toks))
         finally:
             backend.close()
     except SpecdecError as e:

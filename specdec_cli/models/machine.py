@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,7 @@ def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def describe(threads: int | None, model_paths: list[str | os.PathLike[str]] = (), *, system_info: str,
+def describe(threads: int | None, model_paths: Sequence[str | os.PathLike[str]] = (), *, system_info: str,
              load_plan: dict[str, Any] | None) -> dict[str, Any]:
     """The machine description (see the module docstring). `threads`: llama.cpp threads (None = `default_threads`);
     `system_info`: llama.cpp's (`llama.system_info()`); `load_plan`: how this process loads models

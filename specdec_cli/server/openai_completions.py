@@ -9,28 +9,33 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional, Union
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fields import CHAT_ONLY
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
-    FINISH_REASONS, Generation, check_logprobs, completion_logprobs, generation_config, usage_json,
+    FINISH_REASONS,
+    Generation,
+    check_logprobs,
+    completion_logprobs,
+    generation_config,
+    usage_json,
 )
 from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse, new_id
 from specdec_cli.server.request import Fim, Request
 
 
 class CompletionRequest(Generation):
-    prompt: Union[str, list[str], list[int], list[list[int]]]  # text, or token ids (one prompt per request)
-    suffix: Optional[str] = None  # fill in the middle: the text after the cursor (the prompt is the text before)
-    logprobs: Optional[int] = None  # 0-20, checked in `to_request`
+    prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids (one prompt per request)
+    suffix: str | None = None  # fill in the middle: the text after the cursor (the prompt is the text before)
+    logprobs: int | None = None  # 0-20, checked in `to_request`
     # refused unless neutral (`fields.REFUSED`)
-    best_of: Optional[int] = None
-    echo: Optional[bool] = None
+    best_of: int | None = None
+    echo: bool | None = None
 
 
 def to_request(body: CompletionRequest, ctx: Context) -> Request:
@@ -76,6 +81,7 @@ class CompletionWriter:
 
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         return {
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "system_fingerprint": None,
@@ -115,7 +121,7 @@ class CompletionWriter:
             out["usage"] = None
         return out
 
-    def _chunk(self, text: str, logprobs: Optional[dict], *, finish: Optional[str] = None, **extra) -> Sse:
+    def _chunk(self, text: str, logprobs: dict | None, *, finish: str | None = None, **extra) -> Sse:
         return _sse({**self._base(), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                                                   "finish_reason": finish}], **extra})
 

@@ -44,10 +44,12 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,13 +59,24 @@ from specdec_cli.server.custom_tools import custom_tool, input_grammar
 from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import (
-    Sampling, chat_logprobs, check_logprobs,
+    Sampling,
+    chat_logprobs,
+    check_logprobs,
 )
+from specdec_cli.server.reading import Named, choose, content_text, function_tool, tool_name
 from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse, new_id,
+    Arguments,
+    CallEnd,
+    CallStart,
+    Content,
+    End,
+    PieceLogprob,
+    ReplyEvent,
+    ReplyStream,
+    Sse,
+    new_id,
 )
 from specdec_cli.server.request import OPENAI, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
-from specdec_cli.server.reading import Named, choose, content_text, function_tool, tool_name
 from specdec_cli.server.tools import NAME
 
 STORE_SIZE = 64  # responses held for previous_response_id
@@ -87,8 +100,8 @@ class TextConfig(BaseModel):
     """`text`: the reply's format (`format`: text, json_object, json_schema) and `verbosity` (a hint: informs)."""
 
     model_config = ConfigDict(extra="allow")
-    format: Optional[dict[str, Any]] = None
-    verbosity: Optional[str] = None
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
 
 
 class ResponsesRequest(Sampling):
@@ -98,32 +111,32 @@ class ResponsesRequest(Sampling):
 
     model_config = ConfigDict(extra="allow")
 
-    model: Optional[str] = None
-    input: Union[str, list[Any], None] = None
-    instructions: Union[str, list[Any], None] = None
-    tools: Optional[list[Any]] = None
-    tool_choice: Union[str, dict[str, Any], None] = None
-    parallel_tool_calls: Optional[bool] = None
-    text: Optional[TextConfig] = None
-    max_output_tokens: Optional[int] = Field(None, ge=1)
-    top_logprobs: Optional[int] = None  # 0-20, with include "message.output_text.logprobs"
-    stream: Optional[bool] = False
-    stream_options: Optional[dict[str, Any]] = None
-    previous_response_id: Optional[str] = None
-    store: Optional[bool] = None
-    include: Optional[list[str]] = None
+    model: str | None = None
+    input: str | list[Any] | None = None
+    instructions: str | list[Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    top_logprobs: int | None = None  # 0-20, with include "message.output_text.logprobs"
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    include: list[str] | None = None
     # inform only (accepted)
-    reasoning: Optional[dict[str, Any]] = None
-    metadata: Optional[dict[str, Any]] = None
-    prompt_cache_key: Optional[str] = None
-    prompt_cache_retention: Optional[str] = None
-    service_tier: Optional[str] = None
-    truncation: Optional[str] = None
-    user: Optional[str] = None
-    safety_identifier: Optional[str] = None
-    max_tool_calls: Optional[int] = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+    truncation: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    max_tool_calls: int | None = None
     # change what comes back and need state or services specdec serve does not have: refused unless neutral
-    background: Optional[bool] = None
+    background: bool | None = None
     conversation: Any = None
     prompt: Any = None
 
@@ -164,11 +177,11 @@ class ResponseStore:
             while len(self._held) > self.capacity:
                 self._held.popitem(last=False)
 
-    def get(self, response_id: str) -> Optional[Held]:
+    def get(self, response_id: str) -> Held | None:
         with self._lock:
             return self._held.get(response_id)
 
-    def item(self, item_id: str) -> Optional[dict]:
+    def item(self, item_id: str) -> dict | None:
         """The held input or output item with this `id` (the newest response first)."""
         with self._lock:
             for held in reversed(self._held.values()):
@@ -185,17 +198,17 @@ class Names:
 
     A namespaced function keeps its bare name when no other tool has it, else becomes `namespace__name`."""
 
-    original: dict[str, tuple[Optional[str], str]] = field(default_factory=dict)  # flat -> (namespace, name)
+    original: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # flat -> (namespace, name)
     kinds: dict[str, str] = field(default_factory=dict)  # flat -> "function" | "custom"
 
-    def flat(self, namespace: Optional[str], name: str) -> str:
+    def flat(self, namespace: str | None, name: str) -> str:
         """The flat name of a tool (or of a past call to one that is no longer offered)."""
         for flat, (ns, n) in self.original.items():
             if ns == namespace and n == name:
                 return flat
         return name if namespace is None else f"{namespace}__{name}"
 
-    def restore(self, flat: str) -> tuple[Optional[str], str]:
+    def restore(self, flat: str) -> tuple[str | None, str]:
         return self.original.get(flat, (None, flat))
 
 
@@ -354,7 +367,7 @@ def _string(value: Any, where: str) -> str:
     raise ApiError(400, f"{where} is not a string.", param=where)
 
 
-def tools_of(body: ResponsesRequest) -> tuple[Optional[Tools], Names, tuple[str, ...]]:
+def tools_of(body: ResponsesRequest) -> tuple[Tools | None, Names, tuple[str, ...]]:
     """The tools the model may call (function and custom tools, namespaces flattened), their names, and the hosted
     tool types left out.
 
@@ -363,7 +376,7 @@ def tools_of(body: ResponsesRequest) -> tuple[Optional[Tools], Names, tuple[str,
     """
     names = Names()
     hosted: list[str] = []
-    found: list[tuple[Optional[str], dict, str]] = []  # (namespace, tool, where)
+    found: list[tuple[str | None, dict, str]] = []  # (namespace, tool, where)
     for i, tool in enumerate(body.tools or ()):
         where = f"tools.{i}"
         kind = tool.get("type") if isinstance(tool, dict) else None
@@ -398,6 +411,7 @@ def tools_of(body: ResponsesRequest) -> tuple[Optional[Tools], Names, tuple[str,
             flat, description = tool_name(where, name, tool.get("description"), taken=names.original, flat=flat)
             specs.append(custom_tool(flat, description, _custom_format(tool.get("format"), f"{where}.format"),
                                      param=where))
+        assert isinstance(flat, str) and isinstance(name, str)  # (`tool_name` checked both above)
         names.original[flat] = (ns, name)
         names.kinds[flat] = tool["type"]
     if body.parallel_tool_calls not in (None, True, False):
@@ -424,7 +438,7 @@ def _custom_format(fmt: Any, where: str):
     return input_grammar(fmt.get("syntax"), fmt.get("definition"), param=where)
 
 
-def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, Optional[list[Named]], bool]:
+def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, list[Named] | None, bool]:
     """(mode, the tools it names by their flat names: None for all, one named tool forced) of a Responses
     `tool_choice`; `reading.choose` checks the names."""
     if choice is None or choice == "auto":
@@ -466,7 +480,7 @@ def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, Optio
                    "hosted tools). Use 'auto', 'required', or a function or custom tool.", param="tool_choice")
 
 
-def output_of(text: Optional[TextConfig]) -> Optional[Output]:
+def output_of(text: TextConfig | None) -> Output | None:
     """The constraint `text.format` puts on the reply's text: None for text; JSON for json_object / json_schema
     (always enforced, `strict` or not; `description` informs).
 
@@ -526,14 +540,15 @@ class ResponsesWriter:
         self.on_done = on_done
         self.output: list[dict] = []  # items, as they stand
         self._seq = 0
-        self._message: Optional[int] = None  # output index of the open message
+        self._message: int | None = None  # output index of the open message
         self._calls: dict[int, int] = {}  # call index -> output index
-        self._held: Optional[int] = None  # a finished call's output index, its output_item.done held for End
+        self._held: int | None = None  # a finished call's output index, its output_item.done held for End
         self._pending_logprobs: list[PieceLogprob] = []
 
     # -- a whole response
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
+        assert end is not None  # a whole response is written once the reply is done
         if reply.content or not reply.calls:
             item = self._message_item(new_id("msg", digits=ID_DIGITS), reply.content, "completed")
             if self.want_logprobs:
@@ -561,6 +576,7 @@ class ResponsesWriter:
             if self._message is None:
                 out += self._open_message()
             index = self._message
+            assert index is not None  # (opened above)
             part = self.output[index]["content"][0]
             part["text"] += event.text
             logprobs = chat_logprobs(self._pending_logprobs) if self.want_logprobs else []
@@ -716,7 +732,7 @@ def _copy(item: dict) -> dict:
 
 
 # -- the routes -----------------------------------------------------------------------------------------------------
-def routes(app: FastAPI, ctx: Context, *, store: Optional[ResponseStore] = None) -> None:
+def routes(app: FastAPI, ctx: Context, *, store: ResponseStore | None = None) -> None:
     """Mount `POST /v1/responses` and `GET /v1/responses/{id}` (a held response), over one `ResponseStore`."""
     store = store if store is not None else ResponseStore()
     noted: set[tuple[str, ...]] = set()

@@ -10,7 +10,8 @@ So llama-server turns every dialect into one chat body and parses that once (`oa
 
 from __future__ import annotations
 
-from typing import Any, Collection, NamedTuple, Optional, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -52,8 +53,8 @@ def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: t
     return sep.join(out)
 
 
-def tool_name(where: str, name: Any, description: Any, *, taken: Collection[str] = (), flat: Optional[str] = None,
-              noun: str = "tool") -> tuple[str, Optional[str]]:
+def tool_name(where: str, name: Any, description: Any, *, taken: Collection[str] = (), flat: str | None = None,
+              noun: str = "tool") -> tuple[str, str | None]:
     """A tool's name and description, checked: (the name it is called by, its description). `where`: the object
     that holds the fields ("tools.0.function" in Chat, "tools.0" in Responses and Messages); `taken`: the names of
     the tools before it; `flat`: the name it is called by when not its own (Responses: a namespaced tool whose name
@@ -73,7 +74,7 @@ def tool_name(where: str, name: Any, description: Any, *, taken: Collection[str]
 
 
 def function_tool(where: str, name: Any, description: Any, parameters: Any = None, *, strict: Any = None,
-                  taken: Collection[str] = (), flat: Optional[str] = None, noun: str = "tool",
+                  taken: Collection[str] = (), flat: str | None = None, noun: str = "tool",
                   schema: str = "parameters", lenient: bool = False) -> Tool:
     """A function tool, checked (the one check of every dialect's function tools): its name and description
     (`tool_name`), `strict` (a boolean or left out; informs), its arguments schema `parameters` (None: no arguments;
@@ -99,7 +100,7 @@ class Named(NamedTuple):
     noun: str = "tool"
 
 
-def choose(specs: Sequence[Tool], mode: ToolMode, named: Optional[Sequence[Named]] = None, *,
+def choose(specs: Sequence[Tool], mode: ToolMode, named: Sequence[Named] | None = None, *,
            parallel: bool) -> Tools:
     """The request's `Tools`: `specs`, and what its `tool_choice` said, read from the dialect's words by its
     translator: `mode` ("auto", "required", "none"), `named` (None: every tool may be called; else the tools the

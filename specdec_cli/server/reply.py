@@ -14,8 +14,9 @@ Shaped after llama-server's `task_result_state` diffs (one stream of text/tool-c
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from specdec_cli.core.records import FinishReason
 from specdec_cli.core.stats import RunStats

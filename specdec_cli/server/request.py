@@ -12,8 +12,9 @@ Shaped after llama-server, which turns a Responses or Anthropic body into one ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.sampling import SamplingParams

@@ -24,28 +24,29 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from specdec_cli.driver import Drive, stream
-from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.assemble import Assembler
 from specdec_cli.core.records import TokenLogprob
+from specdec_cli.driver import Drive, stream
+from specdec_cli.errors import ToolsUnsupportedError
 from specdec_cli.models.backend import FimTokens
 from specdec_cli.server.custom_tools import decode_calls, template_arguments
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fim import fim_prompt
 from specdec_cli.server.guards import CallGuard
+from specdec_cli.server.lanes import Scheduler
 from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
-from specdec_cli.server.lanes import PassScheduler
 from specdec_cli.server.request import Message, Output, Request
-from specdec_cli.server.tool_formats import ToolFormat, detect as detect_tool_format
+from specdec_cli.server.tool_formats import ToolFormat
+from specdec_cli.server.tool_formats import detect as detect_tool_format
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 from specdec_cli.stores.kv_parking import KvParking
-
 
 KEPT_PROMPTS = 8  # conversations whose prompt token ids `GenerationService.prompt_tokens` keeps
 
@@ -70,12 +71,9 @@ class GenerationService:
         self.assembler = Assembler(session)  # the drafter and `--k auto`'s controller, saved by `close`
         self._engine = self.assembler.engine(spec, saved_k=saved_k)
         self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
-        self.scheduler: PassScheduler | None = None
-        self._engines = [self._engine]  # one per lane
-        self._scopes: list[str | None] = [None]  # whose requests each lane's caches hold (`Request.scope`)
-        n_lanes = getattr(session.target, "n_lanes", 1)
-        if n_lanes > 1:
-            self._share(n_lanes)
+        self._engines = [self._engine]  # one per slot
+        self._scopes: list[str | None] = [None]  # whose requests each slot's caches hold (`Request.scope`)
+        self.scheduler = self._share(getattr(session.target, "n_lanes", 1))
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
         self.text = session.prompt_text()
@@ -90,23 +88,26 @@ class GenerationService:
         self._kept: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # `prompt_tokens`' conversations, newest last
         self._kept_lock = threading.Lock()
 
-    def _share(self, n_lanes: int) -> None:
-        """Serve `n_lanes` requests at once (`server.lanes`): an engine per lane over its `SharedLane`, each with
-        its own drafter state (`Drafter.fork`: the suffix store and corpora shared), parked states and prompt-cache
-        scope; the K controller is shared, so what `--k auto` learns across replies on one lane serves all, while
-        each lane's engine keeps the per-reply state of its own sequence of it (`KController.sequence`)."""
+    def _share(self, n_lanes: int) -> Scheduler:
+        """Serve `n_lanes` requests at once (`server.lanes`): an engine per slot over its `Slot`, each with its own
+        drafter state (`Drafter.fork`: the suffix store and corpora shared), parked states and prompt-cache scope; the
+        K controller is shared, so what `--k auto` learns across replies on one slot serves all, while each slot's
+        engine keeps the per-reply state of its own sequence of it (`KController.sequence`). One slot: the engine
+        as it is, over the target."""
         from specdec_cli.core.engine import SpeculativeEngine
         from specdec_cli.stores.prompt_cache import PromptCache
 
         engine = self._engine
-        self.scheduler = PassScheduler(self.session.target, n_lanes, curve=engine.curve)
-        engine.target = self.scheduler.lanes[0]
-        for lane in self.scheduler.lanes[1:]:
+        scheduler = Scheduler(self.session.target, n_lanes, curve=engine.curve)
+        engine.target, engine.passes = scheduler.slots[0].backend, scheduler.slots[0]
+        for slot in scheduler.slots[1:]:
             drafter = engine.drafter.fork() if engine.drafter is not None else None
             cache = PromptCache() if engine.prompt_cache is not None else None
-            self._engines.append(SpeculativeEngine(lane, drafter, engine.controller, prompt_cache=cache,
+            self._engines.append(SpeculativeEngine(slot.backend, drafter, engine.controller, prompt_cache=cache,
                                                    parking=KvParking(), curve=engine.curve))
+            self._engines[-1].passes = slot
         self._scopes = [None] * n_lanes
+        return scheduler
 
     def kv_memory(self) -> dict[str, Any]:
         """The KV cache's size: {"lanes", "ctx" (tokens per lane), "bytes_per_token", "bytes" (the whole pool,
@@ -268,7 +269,7 @@ class GenerationService:
 
     # -- generation ---------------------------------------------------------------------------------------------
     def stream(self, request: Request, prompt_tokens: Sequence[int],
-               interrupt: Callable[[], None] | None = None, lane: int = 0) -> Drive:
+               interrupt: Callable[[], None] | None = None, lane: int = 0, *, rows: bool = False) -> Drive:
         """One request's generation (`driver.Drive`): iterate it for the engine's records, read its stats after.
 
         Closing it early (client gone, shutdown) leaves the target's KV cache holding only committed tokens, ready
@@ -280,7 +281,9 @@ class GenerationService:
                 evaluated.
             prompt_tokens: int [n], from `prompt_tokens`.
             interrupt: called between the prefill's chunks; raises to stop it (`GenerationConfig.interrupt`).
-            lane: the lane generating it (0..lanes - 1; its thread holds the lane's baton: `server.lanes`).
+            lane: the slot generating it (0..lanes - 1: `server.lanes`).
+            rows: the `Drive` hands each pass out as `engine.Rows` to be answered with its logits (the server's
+                `lanes.Scheduler` runs them); False: it runs them on the target itself.
 
         Raises:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
@@ -291,7 +294,7 @@ class GenerationService:
         config = replace(request.config, prediction=prediction, interrupt=interrupt)
         if request.scope != self._scopes[lane]:
             self._enter_scope(request.scope, lane)
-        return stream(self._engines[lane], prompt_tokens, config)
+        return stream(self._engines[lane], prompt_tokens, config, rows=rows)
 
     def _enter_scope(self, scope: str | None, lane: int = 0) -> None:
         """Serve `scope`'s requests from now on on `lane`: nothing another client's requests left may serve them

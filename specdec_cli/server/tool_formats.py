@@ -7,17 +7,18 @@ forced tokens drafted free, drafts cut at the first forbidden token — works in
 reply back into text and calls, `reply.Parser`). `detect` picks one from the template's text by substrings, as
 llama.cpp's `common_chat_templates_apply` tries its specialised formats first (common/chat.cpp):
 
-| family                          | detected by                         | a reply's calls                                  |
-|---------------------------------|-------------------------------------|--------------------------------------------------|
-| Hermes / Qwen2.5 / Qwen3        | `<tool_call>`                       | `<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>` |
-| Llama 3.1 / 3.2 / 3.3           | `<|start_header_id|>` + `ipython`   | `{"name": N, "parameters": A}` (one per turn)    |
-| Mistral v3 (7B v0.3, Nemo)      | `[TOOL_CALLS]` without `[ARGS]`     | `[TOOL_CALLS][{"name": N, "arguments": A}, ...]` |
-| Phi-4-mini                      | `<|tool|>`                          | `functools[{"name": N, "arguments": A}, ...]`    |
-| generic (anything else: SmolLM2, Gemma, Mistral 3.2's `[ARGS]`) | — | the whole reply is JSON: `{"tool_calls": [...]}` or `{"response": "..."}` |
+| family                | detected by                     | a reply's calls                                            |
+|-----------------------|---------------------------------|------------------------------------------------------------|
+| Hermes/Qwen2.5/Qwen3  | `<tool_call>`                   | `<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>` |
+| Llama 3.1/3.2/3.3     | `<|start_header_id|>`+`ipython` | `{"name": N, "parameters": A}` (one per turn)              |
+| Mistral 7B v0.3, Nemo | `[TOOL_CALLS]`, no `[ARGS]`     | `[TOOL_CALLS][{"name": N, "arguments": A}, ...]`           |
+| Phi-4-mini            | `<|tool|>`                      | `functools[{"name": N, "arguments": A}, ...]`              |
+| generic               | anything else                   | JSON: `{"tool_calls": [...]}` or `{"response": "..."}`     |
 
-The generic format is llama-server's fallback for templates without tool support (its old `common_chat_params_init_
-generic`, and minja's polyfills for the history): the tools are described in a system message, the reply is JSON
-held to a schema, past calls are rendered as the JSON the model wrote and tool results as user text. A model without
+The generic format (anything else: SmolLM2, Gemma, Mistral 3.2's `[ARGS]`) is llama-server's fallback for templates
+without tool support (its old `common_chat_params_init_generic`, and minja's polyfills for the history): the tools
+are described in a system message, the reply is JSON held to a schema, past calls are rendered as the JSON the model
+wrote and tool results as user text. A model without
 any chat template (Gemma 3 270M, a base model) cannot chat at all: the chat template's absence is a 400 before tools
 matter (`LlamaBackend.format_chat`).
 """
@@ -27,16 +28,25 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.reply import (
-    Arguments, CallEnd, CallStart, Content, ParsedCall, Parser, ReplyEvent, new_id,
+    Arguments,
+    CallEnd,
+    CallStart,
+    Content,
+    ParsedCall,
+    Parser,
+    ReplyEvent,
+    new_id,
 )
 from specdec_cli.server.request import Tools
-from specdec_cli.server.tools import INLINE, ReplyParser, Tags, call_schema, detect_tags, grammar as hermes_grammar
+from specdec_cli.server.tools import INLINE, ReplyParser, Tags, call_schema, detect_tags
+from specdec_cli.server.tools import grammar as hermes_grammar
 
 Tokenize = Callable[[str], list[int]]  # special tokens parsed
 Piece = Callable[[int], bytes]
@@ -45,14 +55,15 @@ Piece = Callable[[int], bytes]
 class ToolFormat(Protocol):
     """How one template family takes tools and writes tool calls."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def render(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
         """The conversation (Hugging Face's message dicts, `service.template_messages`) and tools (OpenAI's tool
         dicts, None without tools) as the template should get them."""
         ...
 
-    def grammar(self, tools: Tools, reply: Optional[dict]) -> Optional[Grammar]:
+    def grammar(self, tools: Tools, reply: dict | None) -> Grammar | None:
         """The grammar of a reply under `tools` (any mode); `reply`: the JSON schema the reply's text must follow
         (`response_format`), None for free text. None: no constraint. Raises ApiError (400, "tools")."""
         ...
@@ -171,7 +182,7 @@ class Llama3(JsonCalls):
     optional_tag: bool = True
 
     def render(self, messages, tools):
-        out = []
+        out: list[dict] = []
         for m in messages:
             calls = m.get("tool_calls") or []
             if len(calls) > 1:
@@ -390,9 +401,9 @@ class JsonCallsParser(_JsonParser):
             else:
                 self._mode, self._pos = "calls", len(self._buf) - len(s) + len(head) - 1  # at the first "{"
         if self._mode == "text":
-            out = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
+            text: list[ReplyEvent] = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
             self._pos = len(self._buf)
-            return out
+            return text
         return self._read_calls(self.key, many=self.array)
 
 
@@ -441,7 +452,7 @@ class GenericParser(_JsonParser):
         return out + self._read_calls("arguments")
 
 
-def _partial_string(buf: str, start: int) -> tuple[Optional[str], bool]:
+def _partial_string(buf: str, start: int) -> tuple[str | None, bool]:
     """The JSON string that opens at buf[start] ('"'), decoded as far as it is written: (text, closed)."""
     i, n = start + 1, len(buf)
     while i < n:

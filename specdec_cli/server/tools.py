@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 from specdec_cli.core.constraint import Grammar, GrammarError, from_lark, json_schema
 from specdec_cli.server.errors import ApiError
@@ -98,13 +99,13 @@ def detect_tags(tokenize: Callable[[str], list[int]], piece: Callable[[int], byt
     return Tags(special=True)
 
 
-def call_schema(name: str, parameters: dict) -> dict:
+def call_schema(name: str, parameters: Mapping[str, Any]) -> dict:
     """The JSON schema of one call's object: {"name": NAME, "arguments": <parameters>}, in that order."""
     return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
-def grammar(tools: Tools, tags: Tags, *, reply: Optional[dict] = None) -> Grammar:
+def grammar(tools: Tools, tags: Tags, *, reply: dict | None = None) -> Grammar:
     """The Lark grammar (llguidance's dialect) of a reply under `tools` (see the module docstring).
 
     Under `auto` the reply may also be one call written as a bare JSON object or in a Markdown JSON block

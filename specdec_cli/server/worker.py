@@ -1,23 +1,23 @@
-"""The serving threads: one per lane (`specdec serve --parallel N`), taking requests from one bounded queue.
+"""The serving loop: one thread owns the model and serves every request from one bounded queue.
 
-With one lane, one thread serves the requests one at a time. With N lanes (`server.lanes`), N requests generate at once:
-each lane's thread runs its own generation, and the lanes' verify passes and prefill pieces share `llama_decode` calls
-(`lanes.PassScheduler`, which also lets only one lane run Python at a time: llama.cpp's context is not thread-safe). A
-free lane takes the waiting request that comes first — interactive requests (FIM, warm-ups, short replies: `Request.
-interactive`) before long ones, earlier deadlines first, then arrival — and hands it to the idle lane whose KV cache (or
-parked state) shares the longest prefix with its prompt, as llama-server picks a slot. The HTTP side submits a `request.Request`
-(whatever API it came in through: the worker never learns which) with a `deliver` callback and receives, in order:
-`Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each target pass that added text: the
-output is parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a repeated tool call —
-stops its generation at once), then `Done` (the last events, `End` with the request's `RequestStats`); or `Failed`
-(an exception for `errors.to_api_error`) instead of any of them.
+The thread (`Worker._loop`) repeats: take waiting requests onto free slots (`server.lanes`, `specdec serve --parallel
+N`: N sequences at once; one slot serves one request at a time) — interactive requests (FIM, warm-ups, short replies:
+`Request.interactive`) before long ones, earlier deadlines first, then arrival — each on the free slot whose KV cache
+(or parked state) shares the longest prefix with its prompt, as llama-server picks a slot; save what was learnt
+when a save is due; then one `lanes.Scheduler.step` (every sequence's rows in one `llama_decode`). A request on a slot
+is a program (`_generate`): it drives its `driver.Drive` (the engine's steps), yields the rows of each pass to the
+scheduler, and delivers, in order: `Started` (the prompt fit and was evaluated), `Delta`s (the reply's events of each
+target pass that added text: parsed here, by the job's `reply.ReplyStream`, so a reply that must end early — a
+repeated tool call — stops its generation at once), then `Done` (the last events, `End` with the request's
+`RequestStats`); or `Failed` (an exception for `errors.to_api_error`) instead of any of them. The HTTP side submits a
+`request.Request` (whatever API it came in through: the worker never learns which) with a `deliver` callback.
 
 A request waits in the queue at most `bound` deep (beyond: `QueueFullError`, 429 with `Retry-After`: the requests ahead
-times the mean time of the recent ones, less the running one's age). `status` is the queue as `/health` shows it. `cancel` (the client went away)
-drops a waiting request, or stops the running one at the next step: its `driver.Drive` is closed, so the engine's
-`finally` leaves the KV cache holding only committed tokens. Every request that did not finish gets a last `Failed`
-event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C / SIGTERM) fails every waiting request
-with `ShuttingDownError` and ends the running one after its current step.
+times the mean time of the recent ones, less the running one's age). `status` is the queue as `/health` shows it.
+`cancel` (the client went away) drops a waiting request, or stops the running one at its next step or prefill chunk: its
+`driver.Drive` is closed, so the engine's `finally` leaves the KV cache holding only committed tokens. Every request
+that did not finish gets a last `Failed` event, so a handler waiting on its events never waits forever. `stop` (Ctrl-C
+/ SIGTERM) fails every waiting request with `ShuttingDownError` and ends the running ones after their current step.
 """
 
 from __future__ import annotations
@@ -29,27 +29,31 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import numpy as np
 
+from specdec_cli.core.engine import Rows
 from specdec_cli.core.records import Finish, Prefill, Step
-from specdec_cli.models.backend import common_prefix
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
-from specdec_cli.server.request import Request
-from specdec_cli.server.errors import (
-    ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError, internal, to_api_error,
-)
-from specdec_cli.driver import Drive
-from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
-from specdec_cli.server.service import GenerationService
 from specdec_cli.core.stats import RunStats
+from specdec_cli.driver import Drive
+from specdec_cli.models.backend import common_prefix
+from specdec_cli.server.errors import (
+    ClientGoneError,
+    DeadlineError,
+    QueueFullError,
+    ShuttingDownError,
+    internal,
+    to_api_error,
+)
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
+from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
+from specdec_cli.server.request import Request
+from specdec_cli.server.service import GenerationService
 from specdec_cli.spec import Method
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -98,17 +102,14 @@ Event = Started | Delta | Done | Failed
 
 class Job:
     """A submitted request: its id (for the log), its delivery callback, its reply (parsed and collected on the
-    worker thread; read it after `Done`), and whether it was cancelled; or a task (`Worker.run`): a function of the
-    service, run in turn, whose result goes to a future (no request, no reply)."""
+    loop's thread; read it after `Done`), and whether it was cancelled."""
 
-    def __init__(self, job_id: int, request: Request | None, deliver: Callable[[Event], None],
-                 reply: ReplyStream | None = None, task: Callable[[GenerationService], Any] | None = None) -> None:
+    def __init__(self, job_id: int, request: Request, deliver: Callable[[Event], None],
+                 reply: ReplyStream | None = None) -> None:
         self.id = job_id
         self.request = request
         self.deliver = deliver
         self.reply = reply
-        self.task = task
-        self.result: Future = Future()
         self.cancelled = threading.Event()
         self.submitted_at = time.monotonic()
         self.started_at: float | None = None  # time.monotonic() when the worker took it
@@ -128,12 +129,18 @@ WAIT_MARGIN = 256  # tokens of prefix a finishing interactive lane must share be
 
 
 def _rank(job: Job) -> tuple:
-    """A waiting job's place in line: tasks and interactive requests first, then the earliest deadline, arrival."""
+    """A waiting job's place in line: interactive requests first, then the earliest deadline, arrival."""
     request = job.request
-    if request is None:
-        return (INTERACTIVE, math.inf, job.id)
     deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
     return (INTERACTIVE if request.interactive else BATCH, deadline, job.id)
+
+
+def _priority(job: Job) -> Priority:
+    """A request's place in the scheduler's passes; an editor's request (a completion, one with a deadline) keeps
+    prefill chunks short, since its next one comes soon."""
+    request = job.request
+    cls, deadline, seq = _rank(job)
+    return Priority(cls, deadline, seq, editor=request.fim is not None or request.deadline_ms is not None)
 
 
 def _stderr(line: str) -> None:
@@ -141,12 +148,14 @@ def _stderr(line: str) -> None:
 
 
 class Worker:
-    """The serving threads (one per lane: `GenerationService.lanes`) and their queue.
+    """The serving loop's thread, its slots (`GenerationService.lanes`) and their queue.
 
     Args:
-        service: the models and engines (a lane's engine used on its own thread only).
-        bound: requests that may wait while every lane is busy (0 = none: a request arriving then gets 429).
+        service: the models, engines and scheduler (`GenerationService.scheduler`), used from the loop's thread only.
+        bound: requests that may wait while every slot is busy (0 = none: a request arriving then gets 429).
         log: one line per request (default: stderr).
+        timeout: seconds a request may hold a slot (`--timeout`); None: no deadline.
+        saver: the learnt state's periodic save, run between steps and when idle.
     """
 
     def __init__(self, service: GenerationService, *, bound: int = 16, log: Callable[[str], None] = _stderr,
@@ -154,59 +163,44 @@ class Worker:
         self.service = service
         self.bound = bound
         self.log = log
-        self.timeout = timeout  # seconds a request may hold a lane (`--timeout`); None: no deadline
-        self.saver = saver  # the learnt state's periodic save, run between requests and when idle
+        self.timeout = timeout
+        self.saver = saver
         self.n_lanes = getattr(service, "lanes", 1)
         self.scheduler = getattr(service, "scheduler", None)
         self._cv = threading.Condition()
         self._pending: deque[Job] = deque()
-        self._running: dict[int, Job] = {}  # lane -> the job it serves
-        self._used = [0.0] * self.n_lanes  # time.monotonic() each lane last finished a job (least recently used)
+        self._running: dict[int, Job] = {}  # slot -> the job it serves
+        self._used = [0.0] * self.n_lanes  # time.monotonic() each slot last finished a job (least recently used)
         self._stopping = False
+        self._save_due = False  # a request's end made a save due: saved before the next step
         self._ids = itertools.count(1)
         self._mean_s = FIRST_GUESS_S  # a request's mean wall time (exponential moving average), for Retry-After
-        self._threads = [threading.Thread(target=self._run, args=(i,), name="specdec-serve-worker" + (f"-{i}" if i else ""), daemon=True)
-                         for i in range(self.n_lanes)]
-
-    @property
-    def _current(self) -> Job | None:
-        """The running job of the lowest lane (one lane: the running job), or None."""
-        return self._running[min(self._running)] if self._running else None
+        self._thread = threading.Thread(target=self._loop, name="specdec-serve-worker", daemon=True)
 
     # -- the HTTP side --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._thread.start()
 
     def submit(self, request: Request, deliver: Callable[[Event], None]) -> Job:
-        """Queue `request`; its events go to `deliver` (called on a lane's thread; it must not block).
+        """Queue `request`; its events go to `deliver` (called on the loop's thread; it must not block).
 
         Raises: QueueFullError (the queue is at its bound), ShuttingDownError.
         """
         return self._queue(request, deliver)
 
-    def run(self, task: Callable[[GenerationService], T]) -> Future[T]:
-        """Queue `task(service)` to run on a lane's thread in turn (what touches the models without generating):
-        llama.cpp's context must not be used by two threads at once.
-
-        Returns a `concurrent.futures.Future` with the task's result or exception (await it with
-        `asyncio.wrap_future`); a task dropped at shutdown fails with ShuttingDownError.
-        Raises: QueueFullError, ShuttingDownError.
-        """
-        return self._queue(None, lambda event: None, task).result
-
-    def _queue(self, request: Request | None, deliver: Callable[[Event], None],
-               task: Callable[[GenerationService], Any] | None = None) -> Job:
+    def _queue(self, request: Request, deliver: Callable[[Event], None]) -> Job:
         with self._cv:
             if self._stopping:
                 raise ShuttingDownError()
             # jobs that idle lanes are about to take do not count against the bound
             if len(self._pending) >= self.bound + (self.n_lanes - len(self._running)):
                 raise QueueFullError(self.bound, self._retry_after())
-            reply = self.service.reply(request) if request is not None else None
-            job = Job(next(self._ids), request, deliver, reply, task)
+            job = Job(next(self._ids), request, deliver, self.service.reply(request))
             self._pending.append(job)
+            free = len(self._running) < self.n_lanes
             self._cv.notify_all()
+        if free and self.scheduler is not None:  # it may stop a long request's pass under way
+            self.scheduler.preempt(_priority(job))
         return job
 
     def cancel(self, job: Job) -> None:
@@ -232,19 +226,15 @@ class Worker:
             self._cv.notify_all()
         for job in waiting:
             _send(job, Failed(ShuttingDownError()))
-            if job.task is not None:
-                job.result.set_exception(ShuttingDownError())
 
     def join(self, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        """True while a serving thread runs (after `stop`: until its request's current chunk or step ends)."""
-        return any(thread.is_alive() for thread in self._threads)
+        """True while the loop runs (after `stop`: until its requests' current chunk or step ends)."""
+        return self._thread.is_alive()
 
     def ahead(self, job: Job) -> int:
         """Requests `job` waits for (those running and those queued before it, beyond the free lanes); 0 once it
@@ -262,7 +252,7 @@ class Worker:
         None, "busy": [the same for every running request], "retry_after_s": the Retry-After a request refused now
         would get}."""
         with self._cv:
-            busy = [{"id": job.id, "kind": job.request.label if job.request is not None else "task",
+            busy = [{"id": job.id, "kind": job.request.label,
                      "age_s": round(time.monotonic() - job.started_at, 2), "tokens": job.tokens, "lane": lane}
                     for lane, job in sorted(self._running.items()) if job.started_at is not None]
             return {"waiting": len(self._pending), "bound": self.bound, "lanes": self.n_lanes,
@@ -276,16 +266,7 @@ class Worker:
         work = self._mean_s * (len(self._pending) + len(self._running)) / self.n_lanes
         return max(1, math.ceil(work - age))
 
-    # -- the serving threads --------------------------------------------------------------------------------------
-    def _take(self, lane: int) -> Job | None:
-        """The job `lane` runs next (lock held): one handed to it, else the first waiting one no other lane was
-        handed, interactive requests first, then the earliest deadline, then arrival."""
-        mine = [j for j in self._pending if j.lane == lane]
-        if mine:
-            return mine[0]
-        free = [j for j in self._pending if j.lane is None]
-        return min(free, key=_rank) if free else None
-
+    # -- the loop --------------------------------------------------------------------------------------------------
     def _place(self, lane: int, job: Job) -> int:
         """The lane `job` should run on (lock held): the lane whose KV cache or parked states share the longest prefix
         with its prompt, among the idle lanes (`lane` included) and the lanes finishing an interactive request (an
@@ -316,127 +297,105 @@ class Worker:
         lru = min(near, key=lambda i: (self._used[i], -scores[i]))
         return lane if lane in near and self._used[lane] <= self._used[lru] else lru
 
-    def _run(self, lane: int) -> None:
+    def _loop(self) -> None:
         while True:
             with self._cv:
-                job = None
                 while True:
-                    if self._stopping:
+                    if self._stopping and not self._running:
                         return
-                    job = self._take(lane)
-                    if job is not None:
+                    self._admit()
+                    if self._running or self._save_due:
                         break
-                    due = self.saver.due_in() if self.saver is not None and lane == 0 else None
-                    if due is not None and due <= 0 and not self._running:
-                        break  # idle, and what the last requests taught is due on disk: save it now
+                    due = self.saver.due_in() if self.saver is not None else None
+                    if due is not None and due <= 0:
+                        self._save_due = True  # idle, and what the last requests taught is due on disk: save it now
+                        break
                     self._cv.wait(due)
-                if job is not None and job.request is not None and job.prompt is None \
-                        and job.request.prompt_ids is not None:
-                    job.prompt = list(job.request.prompt_ids)  # tokenized on the HTTP side
-                if job is not None and job.request is not None and job.prompt is None and self.n_lanes > 1:
-                    job.lane = lane  # held while its prompt is tokenized (outside the lock)
-                elif job is not None:
-                    other = self._place(lane, job)
-                    if other != lane:  # another idle lane holds more of its prompt: hand it over
-                        job.lane = other
-                        self._cv.notify_all()
-                        continue
-                    self._pending.remove(job)
-                    job.lane = lane
-                    self._running[lane] = job
-                    job.started_at = time.monotonic()
-            if job is None:
-                self._guarded(lane, lambda: self._save("while idle", self.saver.save_now))
-                continue
-            if job.started_at is None:  # tokenize, then place it (next time round)
+            if self._save_due:
+                self._save_due = False
+                self._save()
+            if self._running:
                 try:
-                    job.prompt = self.service.prompt_tokens(job.request)
-                except Exception:  # noqa: BLE001 (its own lane reports it: `_serve` tokenizes again)
-                    job.prompt = []
-                with self._cv:
-                    job.lane = None if job in self._pending else job.lane
-                    self._cv.notify_all()
-                continue
-            try:
-                if job.task is not None:
-                    self._guarded(lane, lambda: _run_task(job, self.service))
-                else:
-                    self._serve(job, lane)
-            except Exception as e:  # not expected (`_serve` catches); the thread must outlive it all the same
-                _send(job, Failed(e))
-            finally:
-                with self._cv:
-                    self._running.pop(lane, None)
-                    self._used[lane] = time.monotonic()
-                    if job.task is None:  # a request's wall time (a task's, e.g. count_tokens, is no guide)
-                        took = time.monotonic() - job.started_at
-                        self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
-                    self._cv.notify_all()
-            if job.task is None and self.saver is not None:
-                with self._cv:
-                    due = self.saver.note()
-                if due:  # the baton only when a save is due: an editor's next completion may be waiting for this lane
-                    self._guarded(lane, lambda: self._save(f"after request #{job.id}", self._save_if_due))
+                    self.scheduler.step()
+                except Exception as e:  # not expected (the programs catch); the loop must outlive it all the same
+                    self.log(f"the serving loop: {type(e).__name__}: {e}")
 
-    def _guarded(self, lane: int, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on this lane's thread while no other lane runs Python (`PassScheduler.run`; directly with one
-        lane): what touches the models or the shared stores outside a generation."""
-        if self.scheduler is None:
-            return fn()
-        return self.scheduler.run(self.scheduler.lanes[lane], fn, Priority(INTERACTIVE))
+    def _admit(self) -> None:
+        """Start waiting requests on free slots (lock held): one handed to a slot first, else the first waiting one
+        (interactive, earliest deadline, arrival) on the slot `_place` picks, or held for a finishing slot."""
+        while len(self._running) < self.n_lanes and self._pending:
+            free = [i for i in range(self.n_lanes) if i not in self._running]
+            job = next((j for j in self._pending if j.lane in free), None)
+            if job is None:
+                waiting = [j for j in self._pending if j.lane is None]
+                if not waiting:
+                    break
+                job = min(waiting, key=_rank)
+                if job.prompt is None:
+                    job.prompt = list(job.request.prompt_ids) if job.request.prompt_ids is not None else \
+                        self._tokens(job)
+                job.lane = self._place(min(free, key=lambda i: self._used[i]), job)
+                if job.lane in self._running:  # held for the finishing slot that holds its prefix
+                    continue
+            assert job.lane is not None  # (placed above, or handed to a slot before)
+            self._pending.remove(job)
+            self._running[job.lane] = job
+            job.started_at = time.monotonic()
+            self._start(job, job.lane)
 
-    def _save_if_due(self) -> None:
-        if self.saver is not None and self.saver.due_in() == 0:  # (another lane may have saved meanwhile)
-            self.saver.save_now()
-
-    def _save(self, when: str, save: Callable[[], None]) -> None:
-        """Run `save` (the `Saver`) while no request mutates the stores."""
+    def _tokens(self, job: Job) -> list[int]:
         try:
-            save()
-        except Exception as e:  # a failed save must not stop the serving thread
-            self.log(f"saving what was learnt {when}: {type(e).__name__}: {e}")
+            return self.service.prompt_tokens(job.request)
+        except Exception:  # noqa: BLE001 (its program reports it: `_generate` tokenizes again)
+            return []
 
-    def _serve(self, job: Job, lane: int = 0) -> None:
-        """Generate one request on `lane`, delivering its events; never raises (the server goes on whatever
-        happens). With lanes, the generation holds the lane's baton (`PassScheduler.enter`) throughout and gives it
-        up at each pass.
+    def _start(self, job: Job, lane: int) -> None:
+        request = job.request
+        slot = self.scheduler.slots[lane]
+        sampling = request.config.sampling
+        slot.pinned = sampling.temperature > 0 and sampling.seed is not None  # reproducible whatever runs beside
+        self.scheduler.start(slot, self._generate(job, lane), _priority(job), check=partial(self._check, job))
+
+    def _save(self) -> None:
+        """Run the `Saver` between two steps (nothing mutates the stores meanwhile)."""
+        try:
+            if self.saver is not None and self.saver.due_in() == 0:
+                self.saver.save_now()
+        except Exception as e:  # a failed save must not stop the loop
+            self.log(f"saving what was learnt: {type(e).__name__}: {e}")
+
+    def _end(self, job: Job, lane: int) -> None:
+        """`job` left its slot: free it and count the request for Retry-After and the saver."""
+        with self._cv:
+            self._running.pop(lane, None)
+            self._used[lane] = time.monotonic()
+            took = time.monotonic() - job.started_at
+            self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
+            if self.saver is not None and self.saver.note():
+                self._save_due = True
+            self._cv.notify_all()
+
+    def _generate(self, job: Job, lane: int) -> Generator[Rows, Any, None]:
+        """One request's program on slot `lane` (`lanes.Scheduler.start`): yields each pass's rows, delivers its events;
+        never raises (the server goes on whatever happens).
 
         A reply that stops before a repeated tool call (`reply.ReplyStream.stopped`) ends there: its generation is
         stopped; when it said nothing yet, the request is generated once more without tool calls
         (`GenerationService.without_calls`: same prompt, so the KV cache holds all of it but its last token)."""
-        shared = self.scheduler.lanes[lane] if self.scheduler is not None else None
-        if shared is not None:
-            request = job.request
-            deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
-            sampling = request.config.sampling
-            shared.pinned = sampling.temperature > 0 and sampling.seed is not None  # reproducible whatever runs beside
-            editor = request.fim is not None or request.deadline_ms is not None  # its next request comes soon
-            self.scheduler.enter(shared, Priority(INTERACTIVE if request.interactive else BATCH, deadline, job.id,
-                                                  editor=editor))
-        try:
-            self._generate(job, lane)
-        finally:
-            if shared is not None:
-                self.scheduler.leave(shared)
-
-    def _generate(self, job: Job, lane: int) -> None:
         request, service, reply = job.request, self.service, job.reply
         drive = None
         outcome, note = "ok", ""
-        interrupt = partial(self._check, job)
         try:
-            tokens = job.prompt or service.prompt_tokens(request)  # tokenized when it was placed (lanes), or now
-            drive = service.stream(request, tokens, interrupt, lane) if self.n_lanes > 1 else \
-                service.stream(request, tokens, interrupt)
-            ended = self._follow(job, drive, len(tokens))
+            tokens = job.prompt or service.prompt_tokens(request)  # tokenized when it was placed, or now
+            drive = service.stream(request, tokens, lane=lane, rows=True)
+            ended = yield from self._follow(job, drive, len(tokens))
             if not ended and reply.stopped and reply.empty:
                 note = " (a repeated tool call dropped: generated again without tools)"
                 drive.close()
                 request = service.without_calls(request)
                 reply.restart(service.parser(request))
-                drive = service.stream(request, tokens, interrupt, lane) if self.n_lanes > 1 else \
-                    service.stream(request, tokens, interrupt)
-                ended = self._follow(job, drive, None)
+                drive = service.stream(request, tokens, lane=lane, rows=True)
+                ended = yield from self._follow(job, drive, None)
             elif not ended and reply.stopped:
                 note = " (ended before a repeated tool call)"
                 _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
@@ -461,6 +420,7 @@ class Worker:
         finally:
             if drive is not None:
                 drive.close()  # the engine's finally: the KV cache keeps only committed tokens
+            self._end(job, lane)
         stats = RequestStats.of(drive) if drive is not None else RequestStats(RunStats())
         if reply.stopped and reply.end is not None:  # stopped here, not by the engine: the reply's own finish
             stats = reply.end.stats
@@ -485,18 +445,27 @@ class Worker:
         return None
 
     def _check(self, job: Job) -> None:
-        """Raise `_stopped(job)` if there is a reason: called between the prefill's chunks (`backend.sync`)."""
+        """Raise `_stopped(job)` if there is a reason: called between the prefill's chunks (`Scheduler.step`)."""
         job.chunk_ends.append(time.monotonic())
         stopped = self._stopped(job)
         if stopped is not None:
             raise stopped
 
-    def _follow(self, job: Job, drive: Drive, n_prompt: int | None) -> bool:
-        """Deliver one generation's events: `Started` after its prefill (unless `n_prompt` is None: a second
-        generation), a `Delta` per step, `Done` at its `Finish`. Returns True when the reply ended (`Done` sent);
-        False when the client went away, the server is stopping, or the reply stopped before a repeated call."""
+    def _follow(self, job: Job, drive: Drive, n_prompt: int | None) -> Generator[Rows, Any, bool]:
+        """Deliver one generation's events, yielding its rows: `Started` after its prefill (unless `n_prompt` is None:
+        a second generation), a `Delta` per step, `Done` at its `Finish`. Returns True when the reply ended (`Done`
+        sent); False when the client went away, the server is stopping, or the reply stopped before a repeated call."""
         reply, ended = job.reply, False
-        for record in drive:
+        records, answer = iter(drive), None
+        while True:
+            try:
+                record = records.send(answer)
+            except StopIteration:
+                return ended
+            answer = None
+            if isinstance(record, Rows):
+                answer = yield record
+                continue
             if drive.finish_reason is None and self._stopped(job) is not None:
                 return False  # closing the drive (finally) stops the engine before its next step
             if isinstance(record, Prefill):
@@ -515,7 +484,6 @@ class Worker:
                 # answer now; the drive goes on to its end, where the prompt cache is saved
                 _send(job, Done(tuple(reply.done(RequestStats.of(drive)))))
                 ended = True
-        return ended
 
 
 SAVE_EVERY = 16  # requests between two saves of what was learnt, at most
@@ -561,14 +529,6 @@ class Saver:
         self.saves += 1
 
 
-def _run_task(job: Job, service: GenerationService) -> None:
-    """Run a `Worker.run` task; its result or exception goes to its future."""
-    try:
-        job.result.set_result(job.task(service))
-    except Exception as e:
-        job.result.set_exception(e)
-
-
 def _send(job: Job, event: Event) -> None:
     try:
         job.deliver(event)
@@ -581,7 +541,7 @@ def _chunk_s(job: Job) -> list[float]:
     if job.started_at is None or not job.chunk_ends:
         return []
     ends = [job.started_at, *job.chunk_ends]
-    return [b - a for a, b in zip(ends, ends[1:])]
+    return [b - a for a, b in zip(ends, ends[1:], strict=False)]
 
 
 def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:

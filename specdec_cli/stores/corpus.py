@@ -38,15 +38,16 @@ import shutil
 import time
 import uuid
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import cast
 
 import numpy as np
 
-from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, PackedTokens, _be_bytes, _concat, suffix_array
-from specdec_cli.errors import reason
 from specdec_cli import files
+from specdec_cli.errors import reason
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus, PackedTokens, _be_bytes, _concat, suffix_array
 
 FORMAT = "specdec-corpus"
 VERSION = 2
@@ -227,7 +228,7 @@ class Mapped:
             return
         tok_map, sa_map = self._map(tok_path, w * t), self._map(sa_path, 4 * t)
         # [T] read as int32, the separator as -1: big-endian int32 over the map, or the 3-byte ids unpacked as read
-        tokens = np.frombuffer(tok_map, dtype=">i4") if w == 4 else PackedTokens(tok_map, 3)
+        tokens = np.frombuffer(tok_map, dtype=">i4") if w == 4 else PackedTokens(cast(bytes, tok_map), 3)
         sa = np.frombuffer(sa_map, dtype=np.int32)  # [T]
         starts = np.array([e.start for e in self.files] + [t], dtype=np.int64)
         ends = starts[1:] - 1  # each file's separator
@@ -238,7 +239,7 @@ class Mapped:
         if lo < 0 or hi >= t:
             raise CorruptCorpus("its suffix array points outside its tokens")
         corpus = Corpus(tokens, starts, np.zeros(len(self.files)), sa, width=w)
-        corpus._buf = tok_map  # the map's bytes are the lookups' big-endian token string: nothing is copied
+        corpus._buf = cast(bytes, tok_map)  # (a map slices as bytes do) the map's bytes are the lookups' big-endian token string: nothing is copied
         self.corpus = corpus
 
     def _map(self, path: Path, size: int) -> mmap.mmap:
@@ -333,7 +334,7 @@ def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str],
         "generation": generation, "token_bytes": width, "n_tokens": int(tokens.size - len(segments)),
         "updated": time.time(),
         "files": [FileEntry(p, s, m, int(a), len(seg)).to_list()
-                  for (p, s, m), a, seg in zip(entries_, starts[:-1], segments)],
+                  for (p, s, m), a, seg in zip(entries_, starts[:-1], segments, strict=False)],
         **(extra or {}),
     }
     files.write_atomic(directory / MANIFEST, json.dumps(meta))

@@ -14,7 +14,8 @@ The file, `data_dir()/learnt.json` (mode 0o600, written atomically under a file 
      "entries": {
        "<target id>|<draft id or ->|<method>|<machine id>|k_max=16": {   # keys as in specdec_cli.stores.tuned
          "state": {"model": {"k_max": 64, "verify": [[b, ms, n, verified], ...], "draft": [5 floats],
-                             "acc": [[...], [...]], "fill": [[...], [...]], "acc_model": [[...], [...]], "fill_model": [[...], [...]], "acc_by_source": {"prompt": [[[...], [...]], ...], ...}},
+                             "acc": [[...], [...]], "fill": [[...], [...]], "acc_model": [[...], [...]],
+                             "fill_model": [[...], [...]], "acc_by_source": {"prompt": [[[...], [...]], ...], ...}},
                    "evidence": true, "evidence_ms": [0.2, ...]},
          "target": "...gguf", "method": "suffix", "saved_at": "2026-...Z"}},
      "curves": {

@@ -48,16 +48,17 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 import filelock
 import numpy as np
 
-from specdec_cli.models.backend import common_prefix
-from specdec_cli.errors import CacheTrimError, StateError, reason
 from specdec_cli import files
+from specdec_cli.errors import CacheTrimError, StateError, reason
+from specdec_cli.models.backend import common_prefix
 
 FORMAT = "specdec-prompt-cache"
 VERSION = 1
@@ -222,7 +223,7 @@ def _read_header(path: Path) -> _Entry:
         and doc.get("n_tokens") == len(toks) and type(doc.get("state_bytes")) is int and doc["state_bytes"] > 0
         and isinstance(doc.get("state_blake2b"), str) and isinstance(doc.get("model"), str)
     )  # fmt: skip
-    if not ok:
+    if not ok or not isinstance(key, dict):  # (the second test for the type checker: `ok` holds it)
         raise _Corrupt("its header is incomplete")
     tokens = np.array(toks, dtype=np.int32)
     digest = key_digest(key)

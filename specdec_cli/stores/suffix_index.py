@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -264,15 +265,15 @@ class Corpus:
     # -- lookups ------------------------------------------------------------------------------------------------
 
     def _bytes(self) -> bytes:
-        if self._buf is None:
-            self._buf = _be_bytes(self.tokens, self.width)
+        if self._buf is None:  # (a packed corpus comes with its bytes: `tokens` is an array here)
+            self._buf = _be_bytes(cast(np.ndarray, self.tokens), self.width)
         return self._buf
 
     def _sa_view(self) -> memoryview:
         """`sa` as a memoryview: `bisect` indexes it in C and gets Python ints (no copy)."""
         if self._sav is None:
             self.sa = np.ascontiguousarray(self.sa, dtype=np.int32)
-            self._sav = memoryview(self.sa)
+            self._sav = memoryview(cast(Any, self.sa))  # (numpy's arrays are buffers; its stubs do not say so)
         return self._sav
 
     def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None,
@@ -427,10 +428,10 @@ class Corpus:
         best = max(b - a for _, a, b in runs)
         if best == 0 or best < min_prob * n:
             return None
-        ties = [r for r in runs if r[2] - r[1] == best]
-        if len(ties) > 1:  # most recent document wins
-            return max(ties, key=lambda r: int(sa[r[1] : r[2]].max()))
-        return ties[0]
+        tied = [r for r in runs if r[2] - r[1] == best]
+        if len(tied) > 1:  # most recent document wins
+            return max(tied, key=lambda r: int(sa[r[1] : r[2]].max()))
+        return tied[0]
 
 
 def _concat(docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -439,6 +440,6 @@ def _concat(docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     tokens = np.full(int(offsets[-1]), SEP, dtype=np.int32)
-    for d, start in zip(docs, offsets[:-1]):
+    for d, start in zip(docs, offsets[:-1], strict=True):
         tokens[start : start + len(d)] = d
     return tokens, offsets

@@ -28,16 +28,17 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import cast
 
 import filelock
 import numpy as np
 
-from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus
-from specdec_cli.errors import reason
 from specdec_cli import files
+from specdec_cli.errors import reason
+from specdec_cli.stores.suffix_index import SEP, WINDOW, Corpus
 
 FORMAT = "specdec-suffix"
 VERSION = 1
@@ -319,7 +320,7 @@ class SuffixStore:
         if not self._pending:
             return True
         if self._loader is not None:
-            self.corpus  # collect `preload`'s result first: one reader of the file at a time
+            _ = self.corpus  # collect `preload`'s result first: one reader of the file at a time
         try:
             files.private_dir(self.path.parent)
             with self._lock():
@@ -382,7 +383,7 @@ class SuffixStore:
             np.savez(
                 f,
                 meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8),
-                tokens=corpus.tokens,
+                tokens=cast(np.ndarray, corpus.tokens),  # (a store's corpus is never packed)
                 offsets=corpus.offsets,
                 added=corpus.added,
                 sa=corpus.sa,

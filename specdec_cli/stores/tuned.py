@@ -41,9 +41,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.models.machine import cpu_model, default_threads
-from specdec_cli.config import config_dir
 from specdec_cli import files
+from specdec_cli.config import config_dir
+from specdec_cli.models.machine import cpu_model, default_threads
 
 FILE_NAME = "tuned.json"
 VERSION = 1
@@ -89,7 +89,7 @@ def machine(threads: int | None, placement: str = "") -> dict[str, Any]:
     from specdec_cli.models.llama import system_info
 
     info = system_info()
-    desc = {
+    desc: dict[str, Any] = {
         "cpu": cpu_model(),
         "threads": int(threads or default_threads()[0]),
         "system_info": info,

@@ -1,6 +1,7 @@
 """benchmarks/bench_serve.py's editor-during-agent and chats workloads (once bench_concurrency.py): their arithmetic
-and request shapes (issue 44), without a model: the decode phase's aggregate tok/s counts overlapping replies' time once, a reply is compared with its run alone character by character,
-both APIs' stream events are read, and the editor's requests have llama.vim's shape."""
+and request shapes (issue 44), without a model: the decode phase's aggregate tok/s counts overlapping replies' time
+once, a reply is compared with its run alone character by character, both APIs' stream events are read, and the editor's
+requests have llama.vim's shape."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_serve as bc  # noqa: E402  (a broken import fails here, it is not skipped)
 
 
-def reply(sent: float, first: float, end: float, tokens: int, text: str = "") -> "bc.Streamed":
+def reply(sent: float, first: float, end: float, tokens: int, text: str = "") -> bc.Streamed:
     return bc.Streamed(sent=sent, first=first, end=end, text=text, tokens=tokens)
 
 

@@ -66,6 +66,15 @@ def test_the_compare_line_as_run_prints_it():
     print_compare(make_console(file=one), Paired(pairs=(Pair(9.0, 10.0, True),)), shared=3, n_spec=4, n_plain=4)
     assert fh.parse_compare(one.getvalue()) == "0.90×, plain 10.0 tok/s"
     assert fh.parse_compare("no comparison here") is None
+    from types import SimpleNamespace
+
+    from specdec_cli.cli.render import pass_placement
+
+    stats = SimpleNamespace(cheap_passes=46, curve_passes=50, verify_ms=1070.0, curve_ms=1000.0, curve_depth=700,
+                            branch_passes=0)
+    placed = f"verify curve │ {pass_placement(stats)}\n"  # the stats table's row, as run prints it
+    assert fh.parse_compare(placed + out.getvalue()) == \
+        "2.09× (1.94–2.15×), plain 8.1 tok/s; passes 1.07× the curve's prediction at depth 700"
 
 
 def test_the_chat_footer_as_chat_prints_it():

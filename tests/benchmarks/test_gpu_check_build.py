@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 from fakes import fake_sdist

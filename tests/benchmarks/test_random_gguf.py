@@ -4,7 +4,6 @@ with one MTP block and a mamba2 that llama.cpp loads as the kind of model each a
 from __future__ import annotations
 
 import numpy as np
-
 import pytest
 
 from random_models import random_gguf

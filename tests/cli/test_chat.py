@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fakes import wants_draft, FakeBackend, bigram_logits, hashed_logits, unstrike
+from fakes import FakeBackend, bigram_logits, hashed_logits, unstrike, wants_draft
 from specdec_cli.cli.app import app
 from specdec_cli.cli.commands import chat as chat_mod
 from specdec_cli.cli.commands.chat import Chat, ChatView, Conversation, LineReader, Turn, dispatch
+from specdec_cli.cli.console import make_console
+from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import ContextOverflowError, ModelError, UsageError
-from specdec_cli.cli.console import make_console
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 

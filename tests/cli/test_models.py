@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli import config
-from specdec_cli.models import resolver
 from specdec_cli.cli.commands.models import models_app
 from specdec_cli.errors import ModelError, UsageError
+from specdec_cli.models import resolver
 
 DATA = b"tiny model bytes"
 SHA = hashlib.sha256(DATA).hexdigest()

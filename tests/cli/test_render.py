@@ -10,11 +10,11 @@ import pytest
 
 from fakes import Clock, FakeBackend, hashed_logits, unstrike
 from specdec_cli.cli.render import REFRESH_S, REJECTED_SHOWN, StreamRenderer, rejected_mark
-from specdec_cli.core.records import REJECTED
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.driver import generate
+from specdec_cli.core.records import REJECTED
 from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.driver import generate
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -14,9 +14,8 @@ from rich.table import Table
 
 from fakes import bench_doc, run
 from specdec_cli.__main__ import main
-from specdec_cli.measure import bench as B
 from specdec_cli.cli.console import make_console
-
+from specdec_cli.measure import bench as B
 
 # ---- reports through a pipe: whole cells
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fakes import wants_draft, FakeBackend, greedy_reference, hashed_logits, word
+from fakes import FakeBackend, greedy_reference, hashed_logits, wants_draft, word
 from specdec_cli.__main__ import main
 from specdec_cli.session import Session
 

@@ -13,10 +13,10 @@ from specdec_cli.core import constraint
 from specdec_cli.core.constraint import Constraint, GrammarError
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft, DrafterBase
-from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Finish, Step
 from specdec_cli.core.sampling import SamplingParams
+from specdec_cli.drafters.ngram import NgramDrafter
 
 V = len(CHARS)
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},

@@ -8,12 +8,12 @@ import json
 import pytest
 
 from specdec_cli.core import constraint
-from specdec_cli.measure.audit import audit_output
 from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.models.llama import LlamaBackend
 from specdec_cli.core.records import Finish, Step
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.measure.audit import audit_output
+from specdec_cli.models.llama import LlamaBackend
 
 pytestmark = pytest.mark.real
 

@@ -74,7 +74,7 @@ def reaches_15(steps: list[Step], n: int) -> None:
     ks = [len(s.drafted) for s in steps]
     assert max(ks[:10]) >= 15, ks[:12]
     done = np.cumsum([0] + [len(s.emitted) for s in steps])  # output tokens before each step
-    later = [k for k, start in zip(ks[10:], done[10:]) if start < n - 64]  # not cut by the token budget
+    later = [k for k, start in zip(ks[10:], done[10:], strict=False) if start < n - 64]  # not cut by the token budget
     assert later and min(later) >= 15, ks
 
 

@@ -5,7 +5,6 @@ a pass of b tokens advances it by a scripted cost, which a "CPU-bound process" r
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -209,13 +208,13 @@ def test_a_kept_curve_6x_off_the_passes_a_tune_times_is_measured_again(tmp_path,
 
 def test_passes_shared_with_other_sequences_are_not_shown_to_the_watch() -> None:
     """A server lane's pass carries other lanes' rows (`Step.shared_rows`): its time is not this machine's cost of
-    the lane's rows, so the driver keeps it from the drift watch (a busy server would otherwise mark its curve stale)."""
+    the lane's rows, so the driver keeps it from the drift watch (a busy server would otherwise mark its curve
+    stale)."""
+    from fakes import FakeBackend, hashed_logits
     from specdec_cli.core.controller import FixedK
     from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-    from specdec_cli.driver import stream
     from specdec_cli.drafters.ngram import NgramDrafter
-
-    from fakes import FakeBackend, hashed_logits
+    from specdec_cli.driver import stream
 
     class Shared(FakeBackend):
         shared_rows = 12

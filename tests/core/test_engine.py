@@ -10,12 +10,12 @@ import pytest
 from fakes import CHARS, EOS, Clock, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft, DrafterBase
-from specdec_cli.drafters.model import ModelDrafter
-from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.errors import ContextOverflowError, UsageError
 from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Source, Step
 from specdec_cli.core.stats import summarize
+from specdec_cli.drafters.model import ModelDrafter
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.errors import ContextOverflowError, UsageError
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
 

@@ -50,7 +50,7 @@ def _reference_greedy(draft: np.ndarray, logits: np.ndarray) -> tuple[int, int]:
 @pytest.mark.parametrize("k", [0, 1, 3, 4, 5, 11, 12, 13, 28, 40, 64])
 def test_greedy_verification_in_blocks_agrees_with_every_row_at_once(k):
     rng = np.random.default_rng(k)
-    for trial in range(12):
+    for _ in range(12):
         logits = rng.standard_normal((k + 1, 20_000)).astype(np.float32)
         target = np.argmax(logits, axis=1)
         n_right = int(rng.integers(0, k + 1))  # the draft follows the target for n_right tokens, then leaves it
@@ -88,7 +88,7 @@ def test_the_chain_past_its_evidence_is_the_loop_it_replaces():
         hits, trials = acc.tolist()
         floors = floor.tolist() if floor is not None else [0.0] * len(hits)
         out = []
-        for h, t, f in zip(hits, trials, floors):
+        for h, t, f in zip(hits, trials, floors, strict=False):
             m = (h + s * max(m, f)) / (t + s)
             out.append(m)
         return out

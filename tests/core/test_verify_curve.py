@@ -11,13 +11,13 @@ import pytest
 
 from fakes import Clock, FakeBackend, greedy_reference
 from specdec_cli.core.controller import AdaptiveK
-from specdec_cli.drafters.auto import AutoDrafter
-from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.core.stats import summarize
 from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.core.verify_timing import measure
+from specdec_cli.drafters.auto import AutoDrafter
+from specdec_cli.drafters.suffix import SuffixDrafter
 
 
 def tiled(b: int) -> float:

@@ -9,14 +9,14 @@ import pytest
 
 from fakes import Clock, FakeBackend, cpu, hashed_logits, step
 from specdec_cli.core.controller import AdaptiveK
-from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.core.draft import Draft
-from specdec_cli.drafters.model import ModelDrafter
-from specdec_cli.drafters.predict import PredictionDrafter
-from specdec_cli.drafters.suffix import SuffixDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.core.stats import summarize
+from specdec_cli.drafters.auto import AutoDrafter
+from specdec_cli.drafters.model import ModelDrafter
+from specdec_cli.drafters.predict import PredictionDrafter
+from specdec_cli.drafters.suffix import SuffixDrafter
 
 
 def timed(clock: Clock, cost) -> FakeBackend:
@@ -152,7 +152,7 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
     k, plain = ctrl.choose([lookup], False, 64)
     assert k == 0 and not len(plain)  # a plain step (the empty draft keeps its evidence for `observe`)
     ks = []
-    for i in range(5):
+    for _ in range(5):
         d = Draft(tokens=np.arange(64, dtype=np.int32), source="predict", match_len=1 + sum(ks))
         k, chosen = ctrl.choose([d], False, 64)
         ks.append(k)
@@ -161,8 +161,8 @@ def test_a_prediction_is_drafted_long_from_its_first_token_on_a_cpu():
 
 
 def test_the_stream_styles_accepted_tokens_by_their_source():
-    from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET
     from specdec_cli.cli.render import legend, segment_style
+    from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET
 
     assert segment_style(ACCEPTED, "predict") == "spec.accepted.predict"
     assert segment_style(ACCEPTED, "store") == "spec.accepted.store"
@@ -177,11 +177,11 @@ def test_the_stream_styles_accepted_tokens_by_their_source():
 def test_notes_say_why_no_draft_model_and_when_a_prediction_went_unused():
     from pathlib import Path
 
-    from specdec_cli.draft_policy import DraftPlan
     from specdec_cli.assemble import notes
+    from specdec_cli.core.stats import RunStats
+    from specdec_cli.draft_policy import DraftPlan
     from specdec_cli.session import Session
     from specdec_cli.spec import SpecOptions
-    from specdec_cli.core.stats import RunStats
 
     session = Session(target=FakeBackend(), target_path=Path("t.gguf"), draft_plan=DraftPlan(None, "CPU-only: why"))
     used = RunStats(by_source={"predict": {"steps": 1, "drafted": 4, "accepted": 4}})

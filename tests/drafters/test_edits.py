@@ -52,7 +52,7 @@ def tokens_per_pass(drafter: SuffixDrafter, k: int = 32) -> float:
         best = 0
         for d in auto.lookup(ctx, k, None, None):
             want = REPLY[len(out):len(out) + len(d.tokens)]
-            agree = [a == b for a, b in zip(d.tokens.tolist(), want)]
+            agree = [a == b for a, b in zip(d.tokens.tolist(), want, strict=False)]
             n = agree.index(False) if False in agree else len(agree)
             best = max(best, n)
         out += REPLY[len(out):len(out) + best + 1]

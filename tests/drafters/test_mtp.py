@@ -4,7 +4,7 @@ returns the q it drew each token from, so rejection sampling keeps the target's 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.sampling import GREEDY
+from specdec_cli.drafters.ngram import NgramDrafter
 
 rng = np.random.default_rng(0)
 

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, greedy_reference, hashed_logits
-from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.predict import PredictionDrafter
-from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.errors import UsageError
 from specdec_cli.cli.inputs import read_prediction, read_prompt
+from specdec_cli.core.controller import FixedK
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
 from specdec_cli.core.sampling import GREEDY
+from specdec_cli.drafters.predict import PredictionDrafter
+from specdec_cli.errors import UsageError
 
 # A toy code vocabulary: id -> text.
 VOCAB = {2: "def", 3: " f", 4: "(", 5: "x", 6: "):", 7: "\n", 8: "    ", 9: "a", 10: " =", 11: " compute",

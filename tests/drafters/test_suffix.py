@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_cli.drafters.suffix import LocalIndex, SuffixDrafter
 from specdec_cli.core.sampling import GREEDY
-from specdec_cli.stores.suffix_store import SuffixStore, SuffixStoreWarning, read_info, store_path
+from specdec_cli.drafters.suffix import LocalIndex, SuffixDrafter
 from specdec_cli.stores.suffix_index import SEP, Corpus
+from specdec_cli.stores.suffix_store import SuffixStore, SuffixStoreWarning, read_info, store_path
 
 FP = "ab" * 32  # a vocabulary fingerprint (sha256 hex)
 OTHER_FP = "cd" * 32
@@ -445,7 +445,7 @@ def test_a_store_of_another_tokenizer_under_this_name_is_set_aside():
 def _writer(home: str, base: int, n: int) -> None:
     os.environ["SPECDEC_HOME"] = home
     store = make_store()
-    store.corpus  # loaded once: each save must notice the other process's writes and merge them
+    _ = store.corpus  # loaded once: each save must notice the other process's writes and merge them
     for i in range(n):
         store.add(arr(base + i, base + i + 1, base + i + 2))
         assert store.save()
@@ -472,7 +472,7 @@ def test_two_concurrent_writers_both_keep_their_documents(tmp_path):
 
 def test_a_save_merges_what_another_process_wrote_meanwhile():
     a, b = make_store(), make_store()
-    a.corpus, b.corpus  # both loaded the empty store
+    _ = a.corpus, b.corpus  # both loaded the empty store
     a.add(arr(1, 2, 3))
     b.add(arr(4, 5, 6))
     assert a.save() and b.save()
@@ -626,8 +626,8 @@ def test_cache_help_texts_end_with_examples(runner):
 
 def test_through_the_engine_the_second_run_learns_from_the_first_and_output_stays_exact():
     from fakes import FakeBackend, greedy_reference, hashed_logits
-    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
     from specdec_cli.core.controller import FixedK
+    from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
     from specdec_cli.core.records import Step
 
     prompt = [5, 9, 3, 17, 4, 22, 8]

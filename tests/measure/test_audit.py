@@ -15,8 +15,16 @@ import numpy as np
 import pytest
 
 from fakes import EOS, FakeBackend, V, greedy_reference, hashed_logits, noisy, wants_draft
-from specdec_cli.core import sampling
 from specdec_cli.__main__ import main
+from specdec_cli.cli.commands.check import refuse_sampling
+from specdec_cli.core import sampling
+from specdec_cli.core.controller import FixedK
+from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.sampling import SamplingParams
+from specdec_cli.drafters.model import ModelDrafter
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.driver import generate
+from specdec_cli.errors import UsageError
 from specdec_cli.measure.audit import (
     DIVERGENCE,
     END,
@@ -29,17 +37,9 @@ from specdec_cli.measure.audit import (
     first_divergence,
     teacher_force,
 )
-from specdec_cli.cli.commands.check import refuse_sampling
-from specdec_cli.driver import generate
 from specdec_cli.measure.comparison import against_plain
-from specdec_cli.spec import SpecOptions
-from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.model import ModelDrafter
-from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.errors import UsageError
-from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.session import Session
+from specdec_cli.spec import SpecOptions
 
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
 
@@ -340,9 +340,11 @@ def test_run_compare_json_reports_the_divergence(fake_sessions, prompt_file, cap
 
 
 def test_run_strict_exits_7_when_the_speculative_run_has_a_bug(fake_sessions, prompt_file, capsys):
-    def bug_in_first_target_only(target, _seen=[]):  # the speculative run's target; the plain run reuses it
-        if not _seen:
-            _seen.append(skip_one_rollback(target))
+    seen = []
+
+    def bug_in_first_target_only(target):  # the speculative run's target; the plain run reuses it
+        if not seen:
+            seen.append(skip_one_rollback(target))
 
     fake_sessions["bug"] = bug_in_first_target_only
     code, out, err = cli(capsys, "run", str(prompt_file), "--method", "draft", "--k", "4", "-n", "40", "--strict",

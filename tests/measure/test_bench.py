@@ -19,11 +19,11 @@ import pytest
 from specdec_cli.__main__ import main
 from fakes import run
 from specdec_cli.cli.commands.bench_report import markdown_table
+from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.measure import bench as B
 from specdec_cli.measure import bench_process as bench_worker
-from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
-from specdec_cli.models.machine import model_file, physical_cores
 from specdec_cli.measure.peer import lookup_acceptance
+from specdec_cli.models.machine import model_file, physical_cores
 
 ALL = ["none", "A/A", "auto", "ngram", "suffix", "draft", "peer-10", "peer-2"]
 

@@ -14,8 +14,8 @@ import pytest
 from fakes import FakeBackend, bench_doc, hashed_logits, run, wants_draft
 from specdec_cli.__main__ import main
 from specdec_cli.cli.commands.bench_report import markdown_table
-from specdec_cli.measure import bench as B
 from specdec_cli.cli.options import COMPARE_PAIRS, expand_optional_values
+from specdec_cli.measure import bench as B
 from specdec_cli.measure.paired import measure
 from specdec_cli.session import Session
 

@@ -230,3 +230,48 @@ def test_doctor_shows_the_choice_beside_a_curve_kept_per_device(tmp_path, monkey
     learnt.save_flash_attn(learnt.curve_key(model, None), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
     (entry,) = doctor.curves()
     assert entry["placement"] == where and entry["flash_attn"]["on"] is False
+
+
+def test_a_device_whose_flash_attention_crashed_on_a_verify_pass_runs_it_off(tmp_path, monkeypatch):
+    """Lavapipe's flash attention died on a multi-row verify pass (docs/gpu.md): where `host.device_flash_attn` saw
+    that, an unmeasured run on the device loads with it off; on the CPU, or once measured, the probe is not asked."""
+    from specdec_cli.models import llama
+
+    monkeypatch.delenv("SPECDEC_VERIFY_CURVE")
+    monkeypatch.setattr(llama, "flash_attn_switch", lambda: False)
+    monkeypatch.setattr(llama, "gpu_offload_supported", lambda: True)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    asked = []
+
+    def probe(verdict):
+        return lambda: asked.append(verdict) or verdict
+
+    assert flash_attn_for(model, 2, {}, gpu_layers=-1, device_probe=probe("crash: SIGSEGV")) is False
+    assert flash_attn_for(model, 2, {}, gpu_layers=-1, device_probe=probe("ok")) is None  # llama.cpp's auto
+    assert flash_attn_for(model, 2, {}, gpu_layers=-1, device_probe=probe("no verdict: timeout")) is None
+    assert len(asked) == 3
+    assert flash_attn_for(model, 2, {}, gpu_layers=0, device_probe=probe("crash: SIGSEGV")) is None  # on the CPU
+    assert flash_attn_for(model, 2, {FLASH_ATTN_ENV: "on"}, gpu_layers=-1, device_probe=probe("crash: SIGSEGV"))
+    learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_CHEAP).to_dict())
+    assert flash_attn_for(model, 2, {}, gpu_layers=-1, device_probe=probe("crash: SIGSEGV")) is True  # measured
+    assert len(asked) == 3
+
+
+def test_the_report_says_flash_attention_is_off_because_it_crashed_on_the_device(tmp_path, monkeypatch):
+    from specdec_cli.models import host
+    from specdec_cli.models.devices import Offload
+    from specdec_cli.session import Session
+
+    monkeypatch.setattr(host, "_host_file", lambda: tmp_path / "host.json")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    host._remember(host._device_key(model, -1), "crash: SIGSEGV")
+    fake = FakeBackend()
+    fake.flash_attn = False
+    session = Session(target=fake, target_path=model, offload={"target": Offload(-1, "all")})
+    assert session.kernels()["flash_attn"] == \
+        "off (llama.cpp's flash attention crashed (SIGSEGV) on a verify pass on this device)"
+    session.offload = {"target": Offload(0, "--gpu-layers 0")}
+    session._placement = None
+    assert session.kernels()["flash_attn"] == "off (as the backend was opened)"

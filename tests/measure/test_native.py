@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli.measure import native as N
 from specdec_cli.errors import NativeToolError, UsageError
+from specdec_cli.measure import native as N
 
 DATA = Path(__file__).parents[1] / "data" / "native"
 

@@ -19,13 +19,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specdec_cli.stores import tuned
 from specdec_cli.cli.app import app
 from specdec_cli.cli.commands.tune_report import report
+from specdec_cli.cli.console import THEME
+from specdec_cli.errors import UsageError
 from specdec_cli.measure import tune as T
 from specdec_cli.measure.tune import Measurement, TuneConfig
-from specdec_cli.errors import UsageError
-from specdec_cli.cli.console import THEME
+from specdec_cli.stores import tuned
 
 runner = CliRunner()
 

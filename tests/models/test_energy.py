@@ -448,7 +448,7 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     c = doc["compare"]["energy"]
     assert c["available"] and len(c["speculative_decode_joules"]) == len(c["plain_decode_joules"]) == 2
     assert all(j > 0 for j in c["speculative_decode_joules"] + c["plain_decode_joules"])
-    for pair, js, jp in zip(c["each_pair"], c["speculative_decode_joules"], c["plain_decode_joules"]):
+    for pair, js, jp in zip(c["each_pair"], c["speculative_decode_joules"], c["plain_decode_joules"], strict=True):
         assert pair["speculative_j_per_token"] == pytest.approx(js / doc["compare"]["n_speculative"], rel=1e-3)
         assert pair["plain_j_per_token"] == pytest.approx(jp / doc["compare"]["n_plain"], rel=1e-3)
         assert pair["ratio"] == pytest.approx(pair["speculative_j_per_token"] / pair["plain_j_per_token"])

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 
 from fakes import Clock, FakeBackend
@@ -286,3 +285,19 @@ def test_every_catalog_pair_shares_a_vocabulary_and_a_foreign_draft_is_refused_w
     finally:
         for b in loaded.values():
             b.close()
+
+
+def test_doctor_names_the_backend_from_the_devices_where_the_system_info_lists_only_the_cpu(monkeypatch) -> None:
+    """A Vulkan build's llama_print_system_info names only the CPU's features (ggml's backends are loaded
+    dynamically): the backend comes from the device list, as the Vulkan build on lavapipe showed."""
+    import specdec_cli.models.llama as llama
+    from specdec_cli.cli.commands import doctor
+
+    monkeypatch.setattr(llama, "gpu_offload_supported", lambda: True)
+    monkeypatch.setattr(llama, "system_info", lambda: "CPU : SSE3 = 1 | AVX2 = 1 | OPENMP = 1 | REPACK = 1 |")
+    monkeypatch.setattr(devices, "devices", lambda: [devices.Device("Vulkan0", "llvmpipe", "GPU", 2 * GIB, 2 * GIB),
+                                                     devices.Device("CPU", "AMD EPYC", "CPU", 8 * GIB, 16 * GIB)])
+    monkeypatch.setattr(doctor, "_probe_model", lambda: None)
+    assert doctor.gpu()["backend"] == "VULKAN"
+    monkeypatch.setattr(devices, "devices", lambda: [devices.Device("CPU", "AMD EPYC", "CPU", 8 * GIB, 16 * GIB)])
+    assert doctor.gpu()["backend"] == ""

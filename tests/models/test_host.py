@@ -14,8 +14,8 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.models import host
 from specdec_cli.errors import ModelError, UsageError
+from specdec_cli.models import host
 
 NO_AMX = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
 AMX = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
@@ -315,3 +315,34 @@ def test_a_trial_load_that_llama_cpp_refused_is_remembered_and_not_tried_again(t
     with pytest.raises(ModelError):
         host.probe_load(model)
     assert len(runs) == 2
+
+
+@pytest.mark.parametrize("returncode, verdict, kept", [
+    (0, "ok", True), (-11, "crash: SIGSEGV", True), (0xC0000005, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)", True),
+    (1, "no verdict: the trial passes exited with 1", False)])
+def test_the_device_flash_attention_probe_runs_once_and_keeps_a_verdict(monkeypatch, tmp_path, returncode, verdict,
+                                                                         kept):
+    monkeypatch.setattr(host, "_host_file", lambda: tmp_path / "host.json")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    calls = []
+
+    def fake_run(command, **kw):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, returncode, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert host.known_device_flash_attn(model, -1) is None
+    assert host.device_flash_attn(model, -1) == verdict
+    assert calls[0][-3:] == [str(model), "device", "-1"]  # the child's device mode, with this run's layers
+    assert host.device_flash_attn(model, -1) == verdict
+    assert len(calls) == (1 if kept else 2)  # a verdict is remembered; no verdict is asked again next time
+    assert host.known_device_flash_attn(model, -1) == (verdict if kept else None)
+    assert host.known_device_flash_attn(model, 12) is None  # another placement: its own verdict
+
+
+def test_the_device_probes_child_runs_verify_passes_on_a_real_model(smollm2_path):
+    """`probe_main`'s device mode on this machine's build (a CPU build offloads nothing): exit 0."""
+    from specdec_cli.models.llama import probe_main
+
+    assert probe_main([str(smollm2_path), "device", "-1"]) == 0

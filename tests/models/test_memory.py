@@ -73,5 +73,6 @@ def test_peak_rss_of_a_long_run_at_ctx_4096_is_far_below_a_logits_all_buffer(smo
     peak = int(proc.stderr.split("MAXRSS_KB")[-1].split()[0]) * 1024  # kB
     doc = json.loads(out.read_text())
     assert doc["stats"]["n_prompt"] > 3000 and doc["config"]["ctx"] == 4096
-    print(f"peak RSS {peak / 1e6:.0f} MB (limit {RSS_LIMIT / 1e6:.0f} MB; logits_all alone {LOGITS_ALL_BYTES / 1e6:.0f} MB)")
+    print(f"peak RSS {peak / 1e6:.0f} MB (limit {RSS_LIMIT / 1e6:.0f} MB; "
+          f"logits_all alone {LOGITS_ALL_BYTES / 1e6:.0f} MB)")
     assert peak < RSS_LIMIT < LOGITS_ALL_BYTES

@@ -16,13 +16,13 @@ from scipy import stats as sps
 
 from specdec_cli.__main__ import main
 from specdec_cli.core.controller import FixedK
-from specdec_cli.drafters.model import ModelDrafter
-from specdec_cli.drafters.ngram import NgramDrafter
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.models.llama import LlamaBackend
 from specdec_cli.core.records import Step
 from specdec_cli.core.sampling import SamplingParams, process
 from specdec_cli.core.stats import summarize
+from specdec_cli.drafters.model import ModelDrafter
+from specdec_cli.drafters.ngram import NgramDrafter
+from specdec_cli.models.llama import LlamaBackend
 
 pytestmark = pytest.mark.real
 
@@ -67,7 +67,7 @@ def test_smollm2_greedy_speculation_agrees_with_plain_decoding(smol):
     for drafter in (NgramDrafter(1, 3), ModelDrafter(draft)):
         target.truncate(0)
         spec = tokens_of(SpeculativeEngine(target, drafter, FixedK(4)).generate(prompt, GenerationConfig(max_tokens=64)))
-        shared = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), min(len(spec), len(plain)))
+        shared = next((i for i, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b), min(len(spec), len(plain)))
         # Equal up to numerical near-ties: on this short code prompt they agree for a long stretch.
         assert shared >= 24, (drafter.name, shared)
 
@@ -121,7 +121,7 @@ def test_speculative_sampling_matches_the_target_distribution_on_a_real_model(sm
     common = [k for k in keys if spec[k] + plain[k] >= 10]
     table = [[spec[k] for k in common] + [n - sum(spec[k] for k in common)],
              [plain[k] for k in common] + [n - sum(plain[k] for k in common)]]
-    table = [row for row in zip(*table) if sum(row) > 0]
+    table = [row for row in zip(*table, strict=True) if sum(row) > 0]
     assert sps.chi2_contingency(np.array(table).T).pvalue > 1e-3
 
 

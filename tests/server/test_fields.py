@@ -4,7 +4,6 @@ are implemented or refused with a 400 naming them (`server/fields.py`, STYLE hab
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest

@@ -106,8 +106,8 @@ def test_infill_in_llama_cpps_shape_streamed_and_not():
                 "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True}
         status, reply = completion(s, body, "/infill")
         status_f, fields = completion(s, {**body, "response_fields": ["content", "timings/prompt_n"]}, "/infill")
-        from urllib.parse import urlparse
         import http.client
+        from urllib.parse import urlparse
         u = urlparse(s.url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
         conn.request("POST", "/infill", body=json.dumps({**body, "stream": True}),

@@ -4,8 +4,8 @@ saved as it goes, caches kept apart per key, and no internal message to a client
 from __future__ import annotations
 
 import json
-import socket
 import re
+import socket
 import threading
 import time
 import warnings
@@ -103,7 +103,7 @@ def test_browser_origins_only_as_cors_origin_allows_with_preflights():
     assert OriginCheck(["*"])("https://anything.example") and not OriginCheck([])("null")
 
 
-# -- 2. a key for a server others can reach -----------------------------------------------------------------------------
+# -- 2. a key for a server others can reach ----------------------------------------------------------------------------
 def test_a_non_loopback_bind_without_a_key_is_refused_unless_confirmed(monkeypatch):
     from specdec_cli.cli.commands.serve import check_exposure
 
@@ -252,7 +252,7 @@ def _closed_by_server(sock: socket.socket, within: float) -> bool:
             data = sock.recv(4096)
             if not data:
                 return True
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True
@@ -453,8 +453,8 @@ def test_the_last_requests_learning_is_saved_while_the_server_is_idle():
 
 
 def test_a_corrupt_learnt_json_is_set_aside_and_temporaries_removed():
-    from specdec_cli.stores import learnt
     from specdec_cli.core.controller import AdaptiveK
+    from specdec_cli.stores import learnt
 
     path = learnt.learnt_path()
     path.parent.mkdir(parents=True, exist_ok=True)

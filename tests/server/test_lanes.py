@@ -1,69 +1,82 @@
-"""Several sequences at once (`server.lanes`): shared verify passes, the scheduler's order, the joint K."""
+"""Several sequences at once (`server.lanes`): one loop's shared passes, the scheduler's order, the joint K.
+
+Each test drives `Scheduler.step` itself, so when a request arrives is a pass count, never a wall-clock moment."""
 
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 
 import numpy as np
 import pytest
 
+from fakes import FakeBackend, greedy_reference, hashed_logits
 from specdec_cli.core.controller import FixedK
-from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
-from specdec_cli.core.records import Finish, Step
+from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
+from specdec_cli.core.records import Step
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, PassScheduler, Priority, _Sub
-
-from fakes import FakeBackend, greedy_reference, hashed_logits
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority, Scheduler, _Sub
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [10, 11, 12, 10, 11, 12, 10], [3, 4, 3, 4, 3, 4, 3, 4], [20, 21, 22, 23]]
 
 
-def _engines(backend: FakeBackend, n: int, k: int = 4) -> tuple[PassScheduler, list[SpeculativeEngine]]:
-    """A scheduler of n lanes over `backend` whose first pass lasts 0.3 s, so every lane's thread has entered before
-    the first lane could finish alone; an engine per lane."""
-    first = backend.decode_many
-
-    def slow_first(parts):
-        if not backend.__dict__.get("passes"):
-            time.sleep(0.3)
-        return first(parts)
-
-    backend.decode_many = slow_first
-    sched = PassScheduler(backend, n)
-    return sched, [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(k)) for lane in sched.lanes]
+def _engines(backend: FakeBackend, n: int, k: int = 4) -> tuple[Scheduler, list[SpeculativeEngine]]:
+    """A scheduler of n slots over `backend`; an engine per slot."""
+    sched = Scheduler(backend, n)
+    return sched, [_engine(slot, k) for slot in sched.slots]
 
 
-def _run(sched: PassScheduler, jobs: list[tuple[int, SpeculativeEngine, list[int], GenerationConfig, Priority]],
-         start: threading.Barrier | None = None) -> dict[int, list[int]]:
-    """Run each (lane, engine, prompt, config, priority) on a thread of its own; the output tokens by lane."""
+def _engine(slot, k: int = 4) -> SpeculativeEngine:
+    """An engine over `slot`'s sequence, its passes priced by the scheduler (`SpeculativeEngine.passes`)."""
+    engine = SpeculativeEngine(slot.backend, NgramDrafter(1, 3), FixedK(k))
+    engine.passes = slot
+    return engine
+
+
+def _program(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig, got: list[int],
+             stop_after: int | None = None):
+    """The engine's steps as a scheduler program: its rows go out, its emitted tokens into `got`; it stops (as a
+    client that went away) once it has `stop_after` tokens."""
+    steps = engine.steps(prompt, config)
+    answer = None
+    try:
+        while True:
+            try:
+                item = steps.send(answer)
+            except StopIteration:
+                return
+            answer = None
+            if isinstance(item, Rows):
+                answer = yield item
+            elif isinstance(item, Step):
+                got += item.emitted
+                if stop_after is not None and len(got) >= stop_after:
+                    return  # the engine's finally trims the slot's KV cache
+    finally:
+        steps.close()
+
+
+def _run(sched: Scheduler, jobs: list[tuple[int, SpeculativeEngine, list[int], GenerationConfig, Priority]],
+         arrivals: dict[int, tuple] | None = None) -> dict[int, list[int]]:
+    """Start each (slot, engine, prompt, config, priority) and step until every sequence ended; `arrivals`: pass count
+    -> such a job, started before the step after that many passes. The output tokens by slot."""
     out: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
+    arrivals = dict(arrivals or {})
 
-    def go(i, engine, prompt, config, priority):
-        lane = sched.lanes[i]
-        if start is not None:
-            start.wait()
-        sched.enter(lane, priority)
-        try:
-            out[i] = [t for r in engine.generate(prompt, config) if isinstance(r, Step) for t in r.emitted]
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-        finally:
-            sched.leave(lane)
+    def start(i, engine, prompt, config, priority):
+        out[i] = []
+        sched.start(sched.slots[i], _program(engine, prompt, config, out[i]), priority)
 
-    threads = [threading.Thread(target=go, args=job) for job in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert not any(t.is_alive() for t in threads), "a lane never finished"
-    if errors:
-        raise errors[0]
-    return out
+    for job in jobs:
+        start(*job)
+    for _ in range(10_000):
+        for at in [at for at in arrivals if at <= len(sched.backend.__dict__.get("passes", []))]:
+            start(*arrivals.pop(at))
+        if not sched.busy and not arrivals:
+            return out
+        sched.step()
+    raise AssertionError("a sequence never finished")
 
 
 def test_shared_passes_give_each_sequence_its_own_greedy_output():
@@ -71,7 +84,7 @@ def test_shared_passes_give_each_sequence_its_own_greedy_output():
     sched, engines = _engines(backend, 4)
     config = GenerationConfig(max_tokens=40)
     jobs = [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(4)]
-    out = _run(sched, jobs, threading.Barrier(4))
+    out = _run(sched, jobs)
     for i in range(4):
         assert out[i] == greedy_reference(hashed_logits, PROMPTS[i], 40), f"lane {i}"
     shared = [p for p in backend.passes if len(p) > 1]
@@ -87,10 +100,10 @@ def test_seeded_sampled_request_unchanged_by_a_neighbour():
     alone = _run(sched, [(0, engines[0], PROMPTS[0], sampled, Priority())])[0]
     backend2 = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
     sched2, engines2 = _engines(backend2, 2)
-    sched2.lanes[0].pinned = True  # what the worker sets for a seeded sampled request
+    sched2.slots[0].pinned = True  # what the worker sets for a seeded sampled request
     other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
     both = _run(sched2, [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)),
-                         (1, engines2[1], PROMPTS[1], other, Priority(seq=1))], threading.Barrier(2))
+                         (1, engines2[1], PROMPTS[1], other, Priority(seq=1))])
     assert any(len(p) > 1 for p in backend2.passes)
     assert both[0] == alone
 
@@ -99,43 +112,24 @@ def test_a_cancelled_sequence_leaves_the_others_kv_intact():
     backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
     sched, engines = _engines(backend, 2)
     config = GenerationConfig(max_tokens=40)
-    results: dict[str, list[int]] = {}
-    barrier = threading.Barrier(2)
-
-    def stopped_early():
-        lane = sched.lanes[1]
-        barrier.wait()
-        sched.enter(lane, Priority(seq=1))
-        try:
-            gen = engines[1].generate(PROMPTS[1], config)
-            got = []
-            for r in gen:
-                if isinstance(r, Step):
-                    got += r.emitted
-                    if len(got) >= 5:
-                        gen.close()  # the client went away: the engine's finally trims the lane's KV cache
-                        break
-            results["b"] = got
-        finally:
-            sched.leave(lane)
-
-    t = threading.Thread(target=stopped_early)
-    t.start()
-    out = _run(sched, [(0, engines[0], PROMPTS[0], config, Priority(seq=0))], barrier)
-    t.join(10)
+    got: list[int] = []
+    sched.start(sched.slots[1], _program(engines[1], PROMPTS[1], config, got, stop_after=5), Priority(seq=1))
+    out = _run(sched, [(0, engines[0], PROMPTS[0], config, Priority(seq=0))])
     assert out[0] == greedy_reference(hashed_logits, PROMPTS[0], 40)
-    lane_b = sched.lanes[1]
-    committed = list(PROMPTS[1]) + results["b"]
-    assert list(lane_b.tokens) == committed[: len(lane_b.tokens)]  # only committed tokens left, none of A's
-    assert len(lane_b.tokens) >= len(committed) - 1
+    assert any(len(p) > 1 for p in backend.passes)  # they shared passes before B stopped
+    slot_b = sched.slots[1]
+    committed = list(PROMPTS[1]) + got
+    held = list(slot_b.backend.tokens)
+    assert held == committed[: len(held)]  # only committed tokens left, none of A's
+    assert len(held) >= len(committed) - 1
 
 
-def _fake_subs(sched: PassScheduler, spec: list[tuple[int, int, int, Priority]]) -> list[_Sub]:
+def _fake_subs(sched: Scheduler, spec: list[tuple[int, int, int, Priority]]) -> list[_Sub]:
     """Waiting rows for `_compose`: (lane, tokens, n_logits, priority) each."""
     subs = []
     for lane, n, n_logits, priority in spec:
-        sched.lanes[lane].priority = priority
-        sub = _Sub(sched.lanes[lane], np.zeros(n, np.int32), n_logits)
+        sched.slots[lane].priority = priority
+        sub = _Sub(sched.slots[lane], np.zeros(n, np.int32), n_logits)
         sched._subs[lane] = sub
         subs.append(sub)
     return subs
@@ -143,7 +137,7 @@ def _fake_subs(sched: PassScheduler, spec: list[tuple[int, int, int, Priority]])
 
 def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_share():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = PassScheduler(backend, 3, share_rows=32)
+    sched = Scheduler(backend, 3, share_rows=32)
     agent, fim, chat = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1)),  # an agent's prefill chunk
                                           (1, 5, 5, Priority(INTERACTIVE, seq=2)),  # an editor's verify step
                                           (2, 3, 3, Priority(BATCH, seq=3))])
@@ -157,29 +151,8 @@ def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_sha
     assert (agent, 5) in sched._compose()  # what 45 ms owed buys at 10 ms a row
 
 
-def _editor_during(sched: PassScheduler, engine: SpeculativeEngine, arrives: threading.Event, max_tokens: int,
-                   seen: dict) -> threading.Thread:
-    """An editor's completion on lane 1, on a thread started here, entering once `arrives` is set: `seen["waited"]`
-    (s until it held the baton) and `seen["out"]` (its greedy tokens for PROMPTS[3])."""
-
-    def editor():
-        arrives.wait(5)
-        t0 = time.monotonic()
-        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
-        seen["waited"] = time.monotonic() - t0
-        try:
-            seen["out"] = [t for r in engine.generate(PROMPTS[3], GenerationConfig(max_tokens=max_tokens))
-                           if isinstance(r, Step) for t in r.emitted]
-        finally:
-            sched.leave(sched.lanes[1])
-
-    t = threading.Thread(target=editor)
-    t.start()
-    return t
-
-
 def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) -> FakeBackend:
-    """An agent's long prefill (lane 0) and an editor's completion arriving during its third pass (lane 1), on a
+    """An agent's long prefill (slot 0) and an editor's completion arriving after its second pass (slot 1), on a
     virtual clock (passes of 10 + 5 ms a row), share 0.25, pieces of 0.5 s; both outputs checked against their greedy
     ones. Returns the backend (its `passes`)."""
     from fakes import Clock
@@ -187,27 +160,16 @@ def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) ->
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
     backend.kv_streams = kv_streams
-    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
+    sched = Scheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
     assert sched.split is kv_streams
-    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
+    engines = [_engine(slot) for slot in sched.slots]
     long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, n_prompt)]
-    first_piece = threading.Event()
-    orig = backend.decode_many
-
-    def spy(parts):
-        if len(backend.__dict__.get("passes", [])) == 2:
-            first_piece.set()
-            time.sleep(0.2)  # the editor arrives now
-        return orig(parts)
-
-    backend.decode_many = spy
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
-    seen: dict = {}
-    t = _editor_during(sched, engines[1], first_piece, editor_tokens, seen)
-    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
-    t.join(10)
+    sched.note(Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
+    editor = (1, engines[1], PROMPTS[3], GenerationConfig(max_tokens=editor_tokens), Priority(INTERACTIVE, seq=2))
+    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))],
+               {2: editor})
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
-    assert seen["out"] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
+    assert out[1] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
     return backend
 
 
@@ -241,7 +203,7 @@ def test_with_a_kv_stream_per_lane_a_long_prefill_gets_its_share_in_passes_of_it
     last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
     window = backend.passes[first:last + 1]  # from the editor's first pass to its last
     ms = [10.0 + 5.0 * p[0][1] for p in window]
-    agent_ms = sum(m for m, p in zip(ms, window) if p[0][0] == 0)
+    agent_ms = sum(m for m, p in zip(ms, window, strict=False) if p[0][0] == 0)
     assert 0.12 <= agent_ms / sum(ms) <= 0.3  # about its share of the time
     assert sum(1 for p in window if p[0][0] == 0) >= 3  # and in several passes: it never starved
 
@@ -250,10 +212,10 @@ def test_an_editor_request_alone_reads_its_prompt_in_whole_batches():
     """Pieces let a newcomer in; an editor's completion with no other interactive lane beside it has none to let in,
     and a CPU reads 512 rows a pass cheaper per row than 64 (a FIM re-reads ~500 tokens after the cursor)."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = PassScheduler(backend, 2)
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor is in use
+    sched = Scheduler(backend, 2)
+    sched.note(Priority(INTERACTIVE, editor=True))  # an editor is in use
     sched._ms_per_row = 20.0  # timed: 1-s pieces would be 50 rows
-    engine = SpeculativeEngine(sched.lanes[1], NgramDrafter(1, 3), FixedK(4))
+    engine = _engine(sched.slots[1])
     prompt = [int(x) for x in np.random.default_rng(3).integers(2, 30, 1100)]
     out = _run(sched, [(1, engine, prompt, GenerationConfig(max_tokens=4), Priority(INTERACTIVE, seq=2, editor=True))])
     assert out[1] == greedy_reference(hashed_logits, prompt, 4)
@@ -267,12 +229,12 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
     editor's passes, 19.2 s after a piece in the gap); and it does come: the agent never starves."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     backend.kv_streams = True
-    sched = PassScheduler(backend, 2, piece_s=1.0, share=0.1)
+    sched = Scheduler(backend, 2, piece_s=1.0, share=0.1)
     sched._ms_per_row = 15.0
     agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
     sched._account([(agent, 64)], 960.0, 64)  # between two editor requests
     fim, = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
-    for n in range(1, 200):
+    for n in range(1, 200):  # noqa: B007 - read after the loop
         parts = sched._compose()
         if parts[0][0] is agent:
             break
@@ -291,8 +253,7 @@ def test_with_kv_streams_on_a_cpu_long_requests_run_one_at_a_time(flat):
     sched, engines = _engines(backend, 3)
     sched.curve = _curve(lambda b: 50.0 + (0.1 if flat else 10.0) * b)
     config = GenerationConfig(max_tokens=30)
-    out = _run(sched, [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)],
-               threading.Barrier(3))
+    out = _run(sched, [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)])
     for i in range(3):
         assert out[i] == greedy_reference(hashed_logits, PROMPTS[i], 30), f"lane {i}"
     lanes = [tuple(lane for lane, _ in p) for p in backend.passes]
@@ -300,14 +261,13 @@ def test_with_kv_streams_on_a_cpu_long_requests_run_one_at_a_time(flat):
         assert any(len(p) > 1 for p in lanes)
     else:
         assert all(len(p) == 1 for p in lanes)
-        switches = sum(1 for a, b in zip(lanes, lanes[1:]) if a != b)
-        assert switches <= 4  # one lane's passes, then the next one's (a lane may get one pass before the others
-        # have entered); interleaved, they switch at every pass
+        switches = sum(1 for a, b in zip(lanes, lanes[1:], strict=False) if a != b)
+        assert switches <= 4  # one slot's passes, then the next one's; interleaved, they switch at every pass
 
 
 def test_compose_earliest_deadline_first_among_interactive():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
-    sched = PassScheduler(backend, 2)
+    sched = Scheduler(backend, 2)
     late, soon = _fake_subs(sched, [(0, 60, 0, Priority(INTERACTIVE, deadline=50.0, seq=1)),
                                     (1, 60, 0, Priority(INTERACTIVE, deadline=10.0, seq=2))])
     parts = sched._compose()
@@ -321,7 +281,7 @@ def test_with_kv_streams_one_interactive_prompt_is_read_at_a_time():
     own in the same pass, slowing the first); a newcomer ahead of it would interrupt the pass."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     backend.kv_streams = backend.interruptible = True
-    sched = PassScheduler(backend, 3)
+    sched = Scheduler(backend, 3)
     sched._ms_per_row, sched._editor_at = 20.0, sched.clock()  # an editor in use: 1-s pieces would be 64 rows
     late, soon = _fake_subs(sched, [(0, 600, 1, Priority(INTERACTIVE, seq=1)),
                                     (1, 300, 1, Priority(INTERACTIVE, deadline=10.0, seq=2))])
@@ -329,50 +289,31 @@ def test_with_kv_streams_one_interactive_prompt_is_read_at_a_time():
     assert sched._compose() == [(soon, 300)]
 
 
+def _long_beside_editor(interruptible: bool = False):
+    """An editor in use (its warm-up ran) and an agent's 1500-token prompt on slot 0: (backend, sched, engines,
+    prompt, agent's job)."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    backend.interruptible = interruptible
+    sched = Scheduler(backend, 2)
+    sched.note(Priority(INTERACTIVE, editor=True))
+    engines = [_engine(slot) for slot in sched.slots]
+    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
+    return backend, sched, engines, long_prompt, (0, engines[0], long_prompt, GenerationConfig(max_tokens=4),
+                                                  Priority(BATCH, seq=1))
+
+
 def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
     """With an editor in use (its warm-up ran), an agent's prefill runs alone in pieces; an editor's request that
     arrives meanwhile is in the next pass."""
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = PassScheduler(backend, 2)
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))
-    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
-    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
-    first_piece = threading.Event()
-    seen = {}
-
-    class Marker(FakeBackend):
-        pass
-
-    orig = backend.decode_many
-
-    def spy(parts):
-        if len(backend.__dict__.get("passes", [])) == 1:
-            first_piece.set()
-            time.sleep(0.2)  # the editor arrives during the second piece
-        return orig(parts)
-
-    backend.decode_many = spy
-
-    def editor():
-        first_piece.wait(5)
-        seen["arrived_at"] = len(backend.passes)
-        sched.enter(sched.lanes[1], Priority(INTERACTIVE, seq=2))
-        try:
-            for r in engines[1].generate(PROMPTS[3], GenerationConfig(max_tokens=8)):
-                if isinstance(r, Step) and "first_step" not in seen:
-                    seen["first_step"] = len(backend.passes)
-        finally:
-            sched.leave(sched.lanes[1])
-
-    t = threading.Thread(target=editor)
-    t.start()
-    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
-    t.join(10)
+    backend, sched, engines, long_prompt, agent = _long_beside_editor()
+    editor = (1, engines[1], PROMPTS[3], GenerationConfig(max_tokens=8), Priority(INTERACTIVE, seq=2))
+    out = _run(sched, [agent], {2: editor})  # it arrives after the second piece
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
+    assert out[1] == greedy_reference(hashed_logits, PROMPTS[3], 8)
     pieces = [p for p in backend.passes if p[0][0] == 0 and p[0][1] > 8]
     assert len(pieces) >= 3  # the prompt went in pieces, not in 512-token chunks only
-    joined = next(i for i, p in enumerate(backend.passes) if any(lane == 1 for lane, _ in p))
-    assert joined <= seen["arrived_at"] + 1  # the editor's prompt was in the pass after it arrived
+    joined = next(i for i, p in enumerate(backend.passes) if any(slot == 1 for slot, _ in p))
+    assert joined == 2  # the editor's prompt was in the pass after it arrived
 
 
 def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
@@ -381,47 +322,38 @@ def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
     after it, both outputs are their own, and the request to stop is cleared so later passes run whole."""
     from specdec_cli.errors import PassInterrupted
 
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = PassScheduler(backend, 2)
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor is in use: pieces
-    engines = [SpeculativeEngine(lane, NgramDrafter(1, 3), FixedK(4)) for lane in sched.lanes]
-    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
-    stop, blocked, asked = threading.Event(), threading.Event(), []
-    backend.interruptible = True
-
-    def interrupt(on=True):
-        asked.append(on)
-        stop.set() if on else stop.clear()
-
-    backend.interrupt = interrupt
+    backend, sched, engines, long_prompt, agent = _long_beside_editor(interruptible=True)
+    asked: list[bool] = []
+    backend.interrupt = lambda on=True: asked.append(on)
     orig = backend.decode_many
+    out: dict[int, list[int]] = {1: []}
 
-    def slow_second(parts):  # the agent's second piece takes 5 s unless interrupted
-        if len(backend.__dict__.get("passes", [])) == 1 and not blocked.is_set():
-            blocked.set()
-            if stop.wait(5):
+    def arrives_during_second(parts):  # the editor's request comes while the agent's second piece runs
+        if len(backend.__dict__.get("passes", [])) == 1 and sched.slots[1].program is None and not out[1]:
+            priority = Priority(INTERACTIVE, seq=2)
+            sched.start(sched.slots[1], _program(engines[1], PROMPTS[3], GenerationConfig(max_tokens=8), out[1]),
+                        priority)
+            sched.preempt(priority)  # what the worker does as it takes the request
+            if asked[-1] is True:
                 raise PassInterrupted(2, sum(len(t) for _, t, _ in parts))
         return orig(parts)
 
-    backend.decode_many = slow_second
-    seen: dict = {}
-    t = _editor_during(sched, engines[1], blocked, 8, seen)
-    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
-    t.join(10)
-    assert sched.interrupted == 1 and seen["waited"] < 2.0
-    assert [lane for lane, _ in backend.passes[1]] == [1]  # the editor's prompt: the pass after the interrupted one
+    backend.decode_many = arrives_during_second
+    out.update(_run(sched, [agent]))
+    assert sched.interrupted == 1
+    assert [slot for slot, _ in backend.passes[1]] == [1]  # the editor's prompt: the pass after the interrupted one
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)  # the agent's piece went again, its KV intact
-    assert seen["out"] == greedy_reference(hashed_logits, PROMPTS[3], 8)
-    assert asked[-1] is False and not stop.is_set()
+    assert out[1] == greedy_reference(hashed_logits, PROMPTS[3], 8)
+    assert asked[-1] is False and asked.count(True) == 1  # cleared after the pass: later passes run whole
 
 
 def test_who_may_interrupt_a_pass():
-    """`_preemption`: a newcomer ahead of every lane in the pass may stop it: a long request's piece (any interactive
-    request), an interactive prefill read in a whole batch (an earlier deadline); never the long requests' share while
-    an interactive lane waits for it, nor an interactive lane's verify step."""
+    """`_preemption`: a newcomer ahead of every sequence in the pass may stop it: a long request's piece (any
+    interactive request), an interactive prefill read in a whole batch (an earlier deadline); never the long requests'
+    share while an interactive slot waits for it, nor an interactive slot's verify step."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     backend.interruptible = True
-    sched = PassScheduler(backend, 3)
+    sched = Scheduler(backend, 3)
     agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
     below = sched._preemption([(agent, 64)])
     assert Priority(INTERACTIVE, seq=9) < below  # any interactive newcomer
@@ -435,40 +367,30 @@ def test_who_may_interrupt_a_pass():
     assert sched._preemption([(chat, 512)]) is None
 
 
-def test_a_lane_that_leaves_is_free_at_once_while_another_lane_reads_its_prompt():
-    """A lane whose request ended (or that ran the server's save: `PassScheduler.run`) returns at once, whatever
-    another lane's prefill still has to read: it does not run that prefill's passes on its own thread (an editor's next
-    completion waits for this lane, and must not wait for an agent's 512-token chunk to be read in pieces)."""
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = PassScheduler(backend, 2)
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor is in use: pieces
-    engine = SpeculativeEngine(sched.lanes[0], NgramDrafter(1, 3), FixedK(4))
-    long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
-    first_piece = threading.Event()
-    ran_on: list[str] = []
-    orig = backend.decode_many
-
-    def spy(parts):
-        ran_on.append(threading.current_thread().name)
-        first_piece.set()
-        time.sleep(0.02)
-        return orig(parts)
-
-    backend.decode_many = spy
-    seen = {}
-
-    def editor():
-        first_piece.wait(5)
-        sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, seq=2))  # e.g. the save after a request
-        seen["back_after"] = len(ran_on)
-
-    t = threading.Thread(target=editor, name="editor")
-    t.start()
-    out = _run(sched, [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))])
-    t.join(10)
+def test_a_slot_whose_request_ended_is_free_at_once_while_another_reads_its_prompt():
+    """A slot whose request ended takes the next one at once, whatever another slot's prefill still has to read: an
+    editor's next completion, sent to the slot holding its prefix, joins the next pass instead of waiting for an
+    agent's prompt to be read to its end."""
+    backend, sched, engines, long_prompt, agent = _long_beside_editor()
+    first: list[int] = []
+    sched.start(sched.slots[1], _program(engines[1], PROMPTS[3], GenerationConfig(max_tokens=2), first),
+                Priority(INTERACTIVE, seq=2))
+    out = {0: []}
+    sched.start(sched.slots[0], _program(*agent[1:4], out[0]), agent[4])
+    while sched.slots[1].program is not None:
+        sched.step()
+    ended_at = len(backend.passes)
+    second: list[int] = []
+    sched.start(sched.slots[1], _program(engines[1], PROMPTS[2], GenerationConfig(max_tokens=4), second),
+                Priority(INTERACTIVE, seq=3))
+    while sched.busy:
+        sched.step()
+    assert first == greedy_reference(hashed_logits, PROMPTS[3], 2)
+    assert second == greedy_reference(hashed_logits, PROMPTS[2], 4)
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
-    assert "editor" not in ran_on  # no pass ran on the leaving lane's thread
-    assert seen["back_after"] <= 3 < len(ran_on) - 3  # back within a pass or two, long before the prefill's end
+    assert any(slot == 1 for slot, _ in backend.passes[ended_at])  # the next request joined the very next pass
+    agent_rows_after = sum(rows for p in backend.passes[ended_at:] for slot, rows in p if slot == 0)
+    assert agent_rows_after > 512  # long before the agent's prompt was read
 
 
 def _curve(cost) -> VerifyCurve:
@@ -479,8 +401,8 @@ def _curve(cost) -> VerifyCurve:
 def test_joint_k_shrinks_as_the_batch_grows_on_a_cpu_curve_and_not_on_a_flat_one():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
     cpu = _curve(lambda b: 86.0 + 9.0 * (b - 1))  # a pass over 16 rows ~2.6x one row
-    sched = PassScheduler(backend, 4, curve=cpu)
-    lanes = sched.lanes
+    sched = Scheduler(backend, 4, curve=cpu)
+    lanes = sched.slots
     for lane in lanes:
         lane._acc = [7.0, 1.0]  # acceptance 0.875
     sched._active = {0}
@@ -492,16 +414,16 @@ def test_joint_k_shrinks_as_the_batch_grows_on_a_cpu_curve_and_not_on_a_flat_one
     lanes[2].last_rows = lanes[3].last_rows = 8
     four = lanes[0].draft_limit
     assert 0 < four < two < 127
-    flat = PassScheduler(backend, 4, curve=_curve(lambda b: 10.0 + 0.01 * b))
-    for lane in flat.lanes:
+    flat = Scheduler(backend, 4, curve=_curve(lambda b: 10.0 + 0.01 * b))
+    for lane in flat.slots:
         lane._acc, lane.last_rows = [99.0, 1.0], 8  # a copy: drafts nearly always right
     flat._active = {0, 1, 2, 3}
-    assert flat.lanes[0].draft_limit >= 32  # a flat curve: rows are nearly free, speculate deep
-    sched_copy = PassScheduler(backend, 4, curve=cpu)
-    for lane in sched_copy.lanes:
+    assert flat.slots[0].draft_limit >= 32  # a flat curve: rows are nearly free, speculate deep
+    sched_copy = Scheduler(backend, 4, curve=cpu)
+    for lane in sched_copy.slots:
         lane._acc, lane.last_rows = [99.0, 1.0], 8
     sched_copy._active = {0, 1, 2, 3}
-    assert sched_copy.lanes[0].draft_limit < flat.lanes[0].draft_limit  # the steep curve prices the rows
+    assert sched_copy.slots[0].draft_limit < flat.slots[0].draft_limit  # the steep curve prices the rows
 
 
 def test_with_a_kv_stream_per_lane_a_lane_keeps_its_own_k():
@@ -509,22 +431,22 @@ def test_with_a_kv_stream_per_lane_a_lane_keeps_its_own_k():
     draft dearer, so no joint bound shrinks it."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
     backend.kv_streams = True
-    sched = PassScheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b))
-    for x in sched.lanes:
+    sched = Scheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b))
+    for x in sched.slots:
         sched._active.add(x.index)
         x.last_rows = 17
-    assert sched.draft_limit(sched.lanes[0]) == 63
+    assert sched.draft_limit(sched.slots[0]) == 63
     backend.kv_streams = False
-    assert PassScheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b)).split is False
+    assert Scheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b)).split is False
 
 
 def test_joint_k_never_below_plain_batched_decoding():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
-    sched = PassScheduler(backend, 4, curve=_curve(lambda b: 10.0 * b))  # every row costs a full pass
-    for lane in sched.lanes:
+    sched = Scheduler(backend, 4, curve=_curve(lambda b: 10.0 * b))  # every row costs a full pass
+    for lane in sched.slots:
         lane._acc, lane.last_rows = [0.0, 5.0], 1  # drafts never accepted
     sched._active = {0, 1, 2, 3}
-    assert sched.lanes[0].draft_limit == 0  # plain decoding rows only
+    assert sched.slots[0].draft_limit == 0  # plain decoding rows only
 
 
 def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
@@ -533,16 +455,16 @@ def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
 
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 5.0 * b)
-    sched = PassScheduler(backend, 2, clock=clock, piece_s=0.5, quiet_s=60.0)
-    engine = SpeculativeEngine(sched.lanes[0], NgramDrafter(1, 3), FixedK(4))
+    sched = Scheduler(backend, 2, clock=clock, piece_s=0.5, quiet_s=60.0)
+    engine = _engine(sched.slots[0])
     long_prompt = [int(x) for x in np.random.default_rng(1).integers(2, 30, 1200)]
     job = [(0, engine, long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH))]
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE))  # a short chat, or a save: not an editor's
+    sched.note(Priority(INTERACTIVE))  # a short chat: not an editor's
     out = _run(sched, job)  # no editor in use: whole batches (a CPU pays ~0.2 s a pass besides its rows)
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
     prefill = [rows for p in backend.passes for lane, rows in p if rows > 8]
     assert prefill[:2] == [512, 512] and sum(prefill) >= 1199 - 8
-    sched.run(sched.lanes[1], lambda: None, Priority(INTERACTIVE, editor=True))  # an editor's warm-up: it is in use now
+    sched.note(Priority(INTERACTIVE, editor=True))  # an editor's warm-up: it is in use now
     backend.passes.clear()
     engine.target.truncate(0)
     out = _run(sched, job)
@@ -562,8 +484,8 @@ def test_beside_a_long_prefill_a_decoding_lane_speculates_deeper():
     are nearly free (9 ms against a pass of ~4.7 s on a CPU-shaped curve), so its K is deep; counted as a lane
     decoding one row (what it verified last), the pass looked small and K stayed shallow."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = PassScheduler(backend, 2, curve=_curve(lambda b: 86.0 + 9.0 * (b - 1)))
-    reader, decoder = sched.lanes
+    sched = Scheduler(backend, 2, curve=_curve(lambda b: 86.0 + 9.0 * (b - 1)))
+    reader, decoder = sched.slots
     decoder._acc = [3.0, 1.0]  # acceptance 0.75
     sched._active = {0, 1}
     _fake_subs(sched, [(0, 1500, 0, Priority(BATCH, seq=1))])  # lane 0's prompt, waiting for its pieces
@@ -583,9 +505,8 @@ def test_lanes_of_a_recurrent_target_draft_within_its_snapshots_and_give_greedy_
     sched, engines = _engines(backend, 2, k=8)
     config = GenerationConfig(max_tokens=40)
     prompts = [[2, 3, 4], [9, 10, 11]]
-    out = _run(sched, [(i, engines[i], prompts[i], config, Priority(BATCH, seq=i)) for i in range(2)],
-               threading.Barrier(2))
-    for i, lane in enumerate(sched.lanes):
+    out = _run(sched, [(i, engines[i], prompts[i], config, Priority(BATCH, seq=i)) for i in range(2)])
+    for i, lane in enumerate(sched.slots):
         assert out[i] == greedy_reference(bigram_logits, prompts[i], 40), f"lane {i}"
-        assert lane.inner.n_checkpoint_rollbacks == 0 and lane.inner.n_poisoned == 0, f"lane {i}"
-        assert lane.inner.n_decode_calls < 30  # it speculated: plain decoding takes a pass per token
+        assert lane.backend.n_checkpoint_rollbacks == 0 and lane.backend.n_poisoned == 0, f"lane {i}"
+        assert lane.backend.n_decode_calls < 30  # it speculated: plain decoding takes a pass per token

@@ -19,7 +19,6 @@ openai = pytest.importorskip("openai")
 from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, hashed_logits  # noqa: E402
 from specdec_cli.core.lark_regex import Unsupported, input_pattern  # noqa: E402
 from specdec_cli.server.custom_tools import CustomInputs, InputDecoder  # noqa: E402
-from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart  # noqa: E402
 from specdec_cli.server.tools import ReplyParser  # noqa: E402
 from helpers import CAPTURES, CODEX_GRAMMAR, PROMPT, PROMPT_TOKENS, serving, text_of  # noqa: E402
@@ -94,8 +93,9 @@ def test_the_stream_is_the_documented_event_sequence_and_ends_as_the_json_does()
 
 
 def test_the_stream_helper_and_a_json_schema_format():
-    from pydantic import BaseModel
     from typing import Literal
+
+    from pydantic import BaseModel
 
     class Colour(BaseModel):
         name: Literal["red"]

@@ -28,7 +28,7 @@ QUESTION = "What is the weather like in Paris right now?"
 BUG = "def add(a, b):\n    return a - b\n"
 
 
-def _turn(client, input, stream: bool, **kw):
+def _turn(client, input, stream: bool, **kw):  # noqa: F811  (the fixture imported above)
     """One Responses turn, the whole response (a stream accumulated by the openai client's helper)."""
     args = dict(model="qwen", instructions=INSTRUCTIONS, input=input, tools=[WEATHER], temperature=0, **kw)
     if not stream:

@@ -8,10 +8,17 @@ pytest.importorskip("fastapi")
 
 from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
 from specdec_cli.core.stats import summarize  # noqa: E402
-from specdec_cli.server.reply import (  # noqa: E402
-    Arguments, CallEnd, CallStart, Content, End, PieceLogprob, ReplyStream, RequestStats,
-)
 from specdec_cli.server.guards import CallGuard, answered_calls, call_key  # noqa: E402
+from specdec_cli.server.reply import (  # noqa: E402
+    Arguments,
+    CallEnd,
+    CallStart,
+    Content,
+    End,
+    PieceLogprob,
+    ReplyStream,
+    RequestStats,
+)
 from specdec_cli.server.request import Message, ToolCall  # noqa: E402
 from specdec_cli.server.tools import ReplyParser  # noqa: E402
 

@@ -21,17 +21,26 @@ openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, greedy_reference, hashed_logits  # noqa: E402
 from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving, start_real_server, text_of  # noqa: E402
-from specdec_cli.errors import (  # noqa: E402
-    CacheTrimError, ContextOverflowError, DecodeError, ModelError, UsageError,
-)
 from specdec_cli.core.records import Finish, Prefill, Step  # noqa: E402
-from specdec_cli.server.app import bind, validation_error  # noqa: E402
-from specdec_cli.server.errors import (  # noqa: E402
-    ApiError, ClientGoneError, QueueFullError, ShuttingDownError, internal, to_api_error,
+from specdec_cli.core.stats import summarize  # noqa: E402
+from specdec_cli.errors import (  # noqa: E402
+    CacheTrimError,
+    ContextOverflowError,
+    DecodeError,
+    ModelError,
+    UsageError,
 )
 from specdec_cli.server import openai_base  # noqa: E402
+from specdec_cli.server.app import bind, validation_error  # noqa: E402
+from specdec_cli.server.errors import (  # noqa: E402
+    ApiError,
+    ClientGoneError,
+    QueueFullError,
+    ShuttingDownError,
+    internal,
+    to_api_error,
+)
 from specdec_cli.server.reply import RequestStats  # noqa: E402
-from specdec_cli.core.stats import summarize  # noqa: E402
 
 # -- the OpenAI API with the fake service -------------------------------------------------------------------------
 def test_chat_completion_is_the_greedy_output_with_usage_and_specdec_stats():
@@ -228,7 +237,7 @@ def test_client_disconnect_mid_stream_stops_the_generation_and_frees_the_worker(
     with serving(backend, method="none") as s:
         client = s.client()
         stream = chat(client, max_tokens=400, stream=True)
-        for _, _chunk in zip(range(4), stream):
+        for _, _chunk in zip(range(4), stream, strict=False):
             pass
         stream.close()
         s.wait(lambda h: not h["busy"] and h["queued"] == 0)
@@ -381,7 +390,7 @@ def test_real_server_saves_the_prompt_cache_so_a_restart_serves_the_prompt_from_
     the prompt cache (usage.prompt_tokens_details.cached_tokens >= 95 % of the prompt). The server drives its
     generations through the driver, which saves a finished prompt; before, only `specdec run` saved one."""
     facts = [f"Fact {i}: the {c} box on shelf {i % 7} holds {i * 3} {n}." for i, (c, n) in enumerate(
-        zip(["red", "green", "blue", "yellow", "white"] * 12, ["pens", "cups", "keys", "maps", "nails", "coins"] * 10))]
+        zip(["red", "green", "blue", "yellow", "white"] * 12, ["pens", "cups", "keys", "maps", "nails", "coins"] * 10, strict=False))]
     messages = [{"role": "user", "content": "Read these facts.\n" + "\n".join(facts) + "\nWhich box holds 30 keys?"}]
     served = []
     for _ in range(2):

@@ -6,7 +6,6 @@ import threading
 import time
 
 import numpy as np
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -24,8 +23,8 @@ def _laned(backend: FakeBackend, n: int) -> FakeBackend:
 
 
 def _prompt_tokens(s, content: str) -> list[int]:
-    from specdec_cli.server.request import Message, Request
     from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.request import Message, Request
 
     return s.worker.service.prompt_tokens(Request(config=GenerationConfig(), messages=(Message("user", content),)))
 
@@ -77,7 +76,6 @@ def test_one_lane_serves_one_at_a_time_as_before():
     backend = SlowBackend(hashed_logits, n_ctx=1024)
     with serving(backend) as s:
         assert s.health()["queue"]["lanes"] == 1
-        assert s.worker.scheduler is None
         reply = chat(s.client(), max_tokens=6).choices[0].message.content
     assert reply == text_of(greedy_reference(backend.fn, PROMPT_TOKENS, 6))
     assert not backend.__dict__.get("passes")  # no shared passes: the backend is called directly
@@ -169,27 +167,28 @@ def test_a_new_request_goes_to_the_least_recently_used_lane_not_the_one_that_too
     assert worker._place(0, again) == 1
 
 
-def test_a_lane_takes_the_baton_after_a_request_only_when_a_save_is_due():
-    """After each request a lane counts it for the save of what was learnt; it waits for the baton (a pass of a long
-    request beside it, long on a CPU) only when that made a save due, so an editor's next completion, handed to this
-    lane for its cached prefix, does not wait for another lane's pass."""
+def test_the_save_after_requests_runs_on_the_loop_between_steps_only_when_due():
+    """After each request the loop counts it for the save of what was learnt and saves, on its own thread between two
+    steps (no pass under way, nothing mutating the stores), only when that made a save due."""
     from specdec_cli.server.worker import Saver
 
     backend = _laned(SlowBackend(hashed_logits, n_ctx=1024, delay=0.01), 2)
+    in_pass = threading.Event()
+    decode_many = backend.decode_many
+
+    def marked(parts):
+        in_pass.set()
+        try:
+            return decode_many(parts)
+        finally:
+            in_pass.clear()
+
+    backend.decode_many = marked
     with serving(backend) as s:
-        saves: list[int] = []
-        s.worker.saver = Saver(lambda: saves.append(1), every=3, interval=1e6)
-        scheduler = s.worker.scheduler
-        taken: list[str] = []
-        run = scheduler.run
-
-        def spy(lane, fn, priority=None):
-            taken.append(threading.current_thread().name)
-            return run(lane, fn, priority)
-
-        scheduler.run = spy
+        saves: list[tuple[str, bool]] = []
+        s.worker.saver = Saver(lambda: saves.append((threading.current_thread().name, in_pass.is_set())), every=3,
+                               interval=1e6)
         for i in range(4):
             chat(s.client(), CHATS[i], max_tokens=4)
-        time.sleep(0.2)
-    assert saves == [1]  # the third request made a save due: saved, under the baton
-    assert len(taken) == 1  # and only then was the baton taken
+        s.wait(lambda h: not h["busy"])
+    assert saves == [("specdec-serve-worker", False)]  # the third request made a save due: saved between steps

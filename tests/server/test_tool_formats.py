@@ -15,10 +15,16 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import CHARS, FakeBackend  # noqa: E402
-from specdec_cli.server.tool_formats import (  # noqa: E402
-    Generic, GenericParser, JsonCallsParser, Llama3, MistralV3, Phi4, detect,
-)
 from specdec_cli.server.reply import Arguments, CallStart, Content  # noqa: E402
+from specdec_cli.server.tool_formats import (  # noqa: E402
+    Generic,
+    GenericParser,
+    JsonCallsParser,
+    Llama3,
+    MistralV3,
+    Phi4,
+    detect,
+)
 from helpers import TIME, WEATHER, accepts, scripted, serving  # noqa: E402
 
 V = len(CHARS)
@@ -127,7 +133,7 @@ def test_the_grammars_per_format_and_tool_choice():
         Llama3(): ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": "C"}}', "It is warm."),
         MistralV3(): (f"[TOOL_CALLS][{call}]", "It is warm."),
         Phi4(): (f"functools[{call}, {call}]", "It is warm."),
-        Generic(): ('{"tool_calls": [%s]}' % call, '{"response": "It is warm."}'),
+        Generic(): (f'{{"tool_calls": [{call}]}}', '{"response": "It is warm."}'),
     }
     for fmt, (calls, text) in cases.items():
         assert accepts(fmt.grammar(auto, None).lark, calls) and accepts(fmt.grammar(auto, None).lark, text), fmt
@@ -179,7 +185,7 @@ def test_a_marker_that_is_a_special_token_is_written_by_its_id():
     fmt = MistralV3(tag=Tag("[TOOL_CALLS]", 5))
     lark = fmt.grammar(check_tools([WEATHER], "required", None), None).lark
     assert "<[5]>" in lark
-    tokens = [5] + greedy_tokenize(CHARS, ('[{"name": "get_weather", "arguments": %s}]' % json.dumps(ARGS)).encode(),
+    tokens = [5] + greedy_tokenize(CHARS, f'[{{"name": "get_weather", "arguments": {json.dumps(ARGS)}}}]'.encode(),
                                    set())
     m = LLMatcher(FakeBackend(vocab=V, pieces=CHARS).lltokenizer(), LLMatcher.grammar_from_lark(lark), log_level=0)
     assert m.consume_tokens(tokens) and m.is_accepting()

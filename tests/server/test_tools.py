@@ -22,10 +22,15 @@ from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine  # noqa:
 from specdec_cli.core.records import Finish, Step  # noqa: E402
 from specdec_cli.errors import ToolsUnsupportedError  # noqa: E402
 from specdec_cli.models.llama import render_chat_template  # noqa: E402
-from specdec_cli.server.tools import (  # noqa: E402
-    Arguments, CallStart, Content, ReplyParser, Tags, grammar,
-)
 from specdec_cli.server.openai_chat import check_tools  # noqa: E402
+from specdec_cli.server.tools import (  # noqa: E402
+    Arguments,
+    CallStart,
+    Content,
+    ReplyParser,
+    Tags,
+    grammar,
+)
 from helpers import (  # noqa: E402
     PROMPT, PROMPT_TOKENS, TIME, WEATHER, accepts, chat, scripted, serving, text_of, tools_backend,
 )
@@ -270,7 +275,7 @@ def test_completion_logprobs_in_the_legacy_shape():
     lp = resp.choices[0].logprobs
     assert "".join(lp.tokens) == resp.choices[0].text
     assert len(lp.token_logprobs) == 8 and all(v <= 0 for v in lp.token_logprobs)
-    assert all(len(top) == 2 and max(top, key=top.get) == tok for top, tok in zip(lp.top_logprobs, lp.tokens))
+    assert all(len(top) == 2 and max(top, key=top.get) == tok for top, tok in zip(lp.top_logprobs, lp.tokens, strict=False))
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
     assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
     assert [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset] == lp.text_offset
@@ -431,7 +436,8 @@ def _parse(chunks, loose=True):
 
 
 @pytest.mark.parametrize("text, content, names, args", [
-    ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "n": {"a": 1}}}\n</tool_call>\n'
+    ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "n": {"a": 1}}}\n'
+     '</tool_call>\n'
      '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n',
      "Sure.", ["get_weather", "get_time"], ['{"city": "Pa}ris", "n": {"a": 1}}', "{}"]),
     ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
@@ -448,7 +454,7 @@ def test_the_parser_gives_the_same_reply_however_the_text_is_split(text, content
     for seed in range(200):
         r = random.Random(seed)
         cuts = sorted(r.sample(range(1, len(text)), min(len(text) - 1, r.randint(0, 30))))
-        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+        chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         got = _parse(chunks)
         assert got[:3] == (content, names, args), chunks
         assert [c.arguments for c in got[3].calls] == args

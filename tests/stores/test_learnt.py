@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import warnings
 from dataclasses import replace
 from pathlib import Path
 

@@ -10,20 +10,35 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from specdec_cli.cli.commands.bench_report import check_plot_path, markdown_table, report, write_plot
 from specdec_cli.cli.console import (
-    RichReporter, RichTask, err_console, make_console, progress as progress_bar, write_json,
+    RichReporter,
+    RichTask,
+    err_console,
+    make_console,
+    write_json,
+)
+from specdec_cli.cli.console import (
+    progress as progress_bar,
 )
 from specdec_cli.errors import UsageError
 from specdec_cli.measure import sweep
 from specdec_cli.measure.bench import (
-    JSON_VERSION, BenchOptions, BenchSummary, config_from_label, configs_for, json_doc, run, summarize,
+    JSON_VERSION,
+    BenchOptions,
+    BenchSummary,
+    config_from_label,
+    configs_for,
+    json_doc,
+    run,
+    summarize,
     without_unpaired_draft,
 )
 from specdec_cli.prompts import PromptCase

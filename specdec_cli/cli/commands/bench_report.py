@@ -7,15 +7,15 @@ Pure functions of the --json document and its `BenchSummary`s (`specdec_cli.meas
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from rich.console import Group
+from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.cli import tables
-from specdec_cli.errors import UsageError
 from specdec_cli.cli.tables import ENERGY_HEADER, Bar, energy_cell, speed_cell, speed_style
+from specdec_cli.errors import UsageError
 from specdec_cli.measure.bench import BenchSummary
 
 PLOT_FORMATS = (".png", ".svg")
@@ -97,7 +97,7 @@ def results_table(summaries: list[BenchSummary]) -> Table:
                        ("mean\nacc. len", "right"), ("tok/\npass", "right"), ("ms/\npass", "right"),
                        ("cheap\nsizes", "right"), (ENERGY_HEADER, "right"), ("TTFT", "right"), ("peak RSS", "right"),
                        ("= none", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
+        t.add_column(name, justify=cast(JustifyMethod, just), no_wrap=True)
     for s in summaries:
         tps = Text("–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}")
         if s.tps_spread is not None:
@@ -144,14 +144,14 @@ def speedup_chart(summaries: list[BenchSummary], classes: list[str], width: int 
                    if (v := s.speedup_by_class.get(c)) is not None])
               for c in classes]
     if len(classes) > 1:
-        groups.append(("all prompts", [Bar(s.config.label, s.speedup, plain=s.config.control) for s in shown]))
+        groups.append(("all prompts", [Bar(s.config.label, s.speedup, plain=s.config.control) for s in shown
+                                       if s.speedup is not None]))  # (all of them: `shown` has a speedup)
     return tables.speedup_chart("speedup over none, by prompt class", groups if shown else [], width)
 
 
 def markdown_table(doc: dict[str, Any], summaries: list[BenchSummary]) -> str:
     """The results as a GitHub Markdown table, with a comment naming the run it came from."""
     from specdec_cli.models.machine import one_line
-    from specdec_cli.session import kernels_line
 
     classes = _classes(doc)
     st = doc["settings"]

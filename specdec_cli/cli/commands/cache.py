@@ -13,14 +13,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, cast
 
 import typer
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.errors import UsageError
 from specdec_cli.cli.console import err_console, human_size, make_console
+from specdec_cli.errors import UsageError
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:
@@ -61,7 +62,8 @@ _human = human_size
     "stats",
     help=_help(
         "Show each suffix store: its file, tokenizer fingerprint, documents, tokens, size on disk and last change; "
-        "then the corpora `specdec learn` made (files, tokens, size on disk); then the prompt cache: each saved KV state's model, tokens, size on disk and last use, and the total.",
+        "then the corpora `specdec learn` made (files, tokens, size on disk); then the prompt cache: each saved KV "
+        "state's model, tokens, size on disk and last use, and the total.",
         "Only headers are read, so this is instant even for large stores.",
         examples=["specdec cache stats", "SPECDEC_HOME=/tmp/specdec specdec cache stats"],
     ),
@@ -120,7 +122,7 @@ def _prompt_stats() -> None:
                   caption=f"{len(s.entries)} entries, {_human(s.n_bytes)} of {_human(s.max_bytes)}",
                   caption_justify="left")  # fmt: skip
     for name, justify in (("model", "left"), ("tokens", "right"), ("size", "right"), ("last used", "left")):
-        table.add_column(name, justify=justify, overflow="fold")
+        table.add_column(name, justify=cast(JustifyMethod, justify), overflow="fold")
     for e in s.entries:
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
         model = Text(e.model) if not e.problem else Text(f"{e.model} (unusable: {e.problem})", style="red")
@@ -140,7 +142,7 @@ def _prompt_stats() -> None:
 def clear(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     only: Annotated[
-        Optional[str], typer.Option("--only", metavar="suffix|prompts", help="Delete only the suffix stores, or only "
+        str | None, typer.Option("--only", metavar="suffix|prompts", help="Delete only the suffix stores, or only "
                                     "the prompt cache.")  # fmt: skip
     ] = None,
 ) -> None:
@@ -196,7 +198,7 @@ def clear(
 def export(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.jsonl), or - for stdout.")],
     tokenizer: Annotated[
-        Optional[str], typer.Option("--tokenizer", help="Only the store whose fingerprint starts with this.")
+        str | None, typer.Option("--tokenizer", help="Only the store whose fingerprint starts with this.")
     ] = None,
 ) -> None:
     from specdec_cli.stores.suffix_store import CorruptStore, read_info, read_store

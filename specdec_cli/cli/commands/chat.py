@@ -4,8 +4,9 @@ Five parts, each usable alone (this module: input, the loop and the command; the
     input       `LineReader`: one message per read. A trailing backslash continues the line, a \"\"\" block spans
                 lines; readline history (arrow keys) when stdin is a terminal; Ctrl-D, or Ctrl-C at an empty prompt,
                 ends the chat.
-    history     `chat_history.Conversation`: the turns, rendered with the model's own chat template (`Session.chat_tokens`).
-                `fit` drops the oldest turns (never the system prompt) until the prompt plus --max-tokens fits.
+    history     `chat_history.Conversation`: the turns, rendered with the model's own chat template
+                (`Session.chat_tokens`). `fit` drops the oldest turns (never the system prompt) until the prompt plus
+                --max-tokens fits.
     commands    `chat_commands.COMMANDS`: the slash-command table (/help /reset /stats /k /method /rejected /save
                 /quit).
     generation  `chat_session.Chat.turn`: one reply through `driver.generate`, the same engine loop as `specdec run`.
@@ -31,17 +32,17 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from specdec_cli.assemble import tuned_k
 from specdec_cli.cli.commands.chat_commands import dispatch, is_command
 from specdec_cli.cli.commands.chat_history import Conversation, Turn
 from specdec_cli.cli.commands.chat_session import Chat
 from specdec_cli.cli.commands.chat_view import ChatView
 from specdec_cli.cli.console import RichReporter, err_console, wants_color
+from specdec_cli.cli.render import announce_tuned_k
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
-from specdec_cli.assemble import tuned_k
-from specdec_cli.spec import ModelOptions, SpecOptions
-from specdec_cli.cli.render import announce_tuned_k
 from specdec_cli.session import open_session
+from specdec_cli.spec import ModelOptions, SpecOptions
 
 __all__ = ["Chat", "ChatView", "Conversation", "LineReader", "Turn", "dispatch", "execute", "loop"]
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
+from specdec_cli import files
 from specdec_cli.cli.console import RichReporter
 from specdec_cli.errors import SpecdecError, UsageError
-from specdec_cli import files
-from specdec_cli.spec import METHOD_NAMES, Method, NEEDS_DRAFT_MODEL, USES_PREDICTION
+from specdec_cli.spec import METHOD_NAMES, NEEDS_DRAFT_MODEL, USES_PREDICTION, K, Method
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_session import Chat
@@ -52,7 +53,7 @@ def _k(chat: Chat, arg: str) -> bool:
         chat.view.note(f"K is {chat.spec.k}. Change it with /k auto or /k N (0-64).")
         return False
     try:
-        chat.set_spec(replace(chat.spec, k=arg, k_given=True))
+        chat.set_spec(replace(chat.spec, k=K(arg), k_given=True))
     except UsageError as e:
         raise UsageError(e.message, "Use /k auto or /k N with N from 0 to 64.") from None
     chat.view.note(f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)."

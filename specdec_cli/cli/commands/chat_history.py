@@ -3,15 +3,15 @@ session totals (`Totals`), all from the same records the stream showed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from specdec_cli.driver import Result
-from specdec_cli.errors import ContextOverflowError
 from specdec_cli.core.records import Step
 from specdec_cli.core.stats import RunStats, summarize
+from specdec_cli.driver import Result
+from specdec_cli.errors import ContextOverflowError
 
 MIN_REPLY = 32  # a message is refused when it leaves less room than this (or --max-tokens, if smaller) for a reply
 REFILL = 0.75  # when turns must go, drop them until the prompt takes at most this share of what the reply leaves

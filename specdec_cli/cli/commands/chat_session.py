@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from specdec_cli.models.backend import common_prefix
+from specdec_cli.assemble import Assembler
 from specdec_cli.cli.commands.chat_history import Conversation, Totals, Turn
 from specdec_cli.cli.commands.chat_view import ChatView
-from specdec_cli.driver import generate
 from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.assemble import Assembler
+from specdec_cli.driver import generate
+from specdec_cli.models.backend import common_prefix
 from specdec_cli.session import Session
 from specdec_cli.spec import NEEDS_DRAFT_MODEL, SpecOptions
 

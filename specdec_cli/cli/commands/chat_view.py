@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.cli.render import StreamRenderer, legend
 from specdec_cli.errors import SpecdecError
 from specdec_cli.spec import Method
-from specdec_cli.cli.render import StreamRenderer, legend
 
 if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_history import Totals, Turn
@@ -93,7 +93,7 @@ class ChatView:
         self.err.print(Text('/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
                             "reply · Ctrl-D quits", style="spec.label"))
         self._grammar = config.grammar is not None
-        if self._grammar:
+        if config.grammar is not None:
             self.err.print(Text(f"every reply follows {config.grammar.name}", style="spec.label"))
         self.show_legend(spec.method)
         self.err.print()

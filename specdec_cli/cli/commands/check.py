@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specdec_cli.assemble import Assembler
 from specdec_cli.cli.console import RichReporter, err_console, make_console, status, write_json
 from specdec_cli.cli.inputs import check_output_path
-from specdec_cli.measure.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Result, generate
-from specdec_cli.assemble import Assembler
 from specdec_cli.errors import CheckFailedError, UsageError
+from specdec_cli.measure.audit import DIVERGENCE, NEAR_TIE_THRESHOLD, AuditReport, audit_output
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
 
@@ -96,7 +96,8 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         first = next(f for f in report.flags if f.verdict == DIVERGENCE)
         raise CheckFailedError(
             f"{report.divergences} emitted token(s) are not the target's batch-1 argmax by more than "
-            f"{float(threshold)} logits (first at position {first.position}: {first.token_text} where the target prefers "
+            f"{float(threshold)} logits (first at position {first.position}: {first.token_text} "
+            f"where the target prefers "
             f"{first.argmax_text} by {first.margin:.3f}).",
             "That is not a numerical near-tie: please report it with the --json output.",
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from typing import Any
 
 from rich.table import Table
@@ -57,7 +58,8 @@ def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> s
     fit). Raises ModelError for a target that cannot be resolved or loaded."""
     from specdec_cli.cli.console import RichReporter
     from specdec_cli.models.llama import LlamaBackend, default_threads
-    from specdec_cli.session import Session, gpu_layers as layers_for
+    from specdec_cli.session import Session
+    from specdec_cli.session import gpu_layers as layers_for
     from specdec_cli.spec import ModelOptions
     from specdec_cli.stores import learnt
 
@@ -92,10 +94,10 @@ def measure_flash_attn(model, reporter) -> None:
 
 
 def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
-    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names ("" on
-    a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build hides ggml's device API), "model":
-    the file the layers are sized for (`target`, else the default/smallest downloaded model; None: none), "layers":
-    n_gpu_layers it would load with, "why": one line}."""
+    """What llama.cpp computes on: {"offload": bool, "backend": the GPU backends llama_print_system_info names, else the
+    names of the non-CPU devices ("" on a CPU build), "devices": [models.devices.Device.to_dict()] (None: this build
+    hides ggml's device API), "model": the file the layers are sized for (`target`, else the default/smallest downloaded
+    model; None: none), "layers": n_gpu_layers it would load with, "why": one line}."""
     from specdec_cli.models import devices
     from specdec_cli.models.llama import gpu_offload_supported, system_info
     from specdec_cli.session import gpu_layers as layers_for
@@ -106,6 +108,8 @@ def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
     backends = [name for name in ("CUDA", "METAL", "Metal", "VULKAN", "Vulkan", "HIP", "ROCm", "SYCL", "OPENCL",
                                   "MUSA", "CANN", "KOMPUTE", "BLAS") if f"{name} :" in info or f"{name}:" in info]
     devs = devices.devices()
+    if not backends and devs:  # a build whose system info lists only the CPU (ggml's dynamic backends): the devices'
+        backends = [re.sub(r"\d+$", "", d.name) for d in devs if d.kind != "CPU"]  # "Vulkan0" -> "Vulkan"
     try:
         model = _probe_model() if target is None else _resolve(target)
     except Exception:  # noqa: BLE001 - a report never fails on a model it cannot find
@@ -371,7 +375,7 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
     from specdec_cli.measure.flash_attn import Choice
 
     try:
-        chosen = Choice.from_dict(choice)  # decided again under today's rule
+        Choice.from_dict(choice)  # only that it reads: `flash_attn_choice` below decides again under today's rule
     except (KeyError, TypeError, ValueError):
         return Text("flash attention: llama.cpp's auto (the measured choice is unreadable: specdec doctor --measure)",
                     style="spec.label")

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.cli.console import human_size as _human
 from specdec_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from specdec_cli.models.llama import VocabOnly
 
 
 class LazyTokenizer:
@@ -29,7 +34,7 @@ class LazyTokenizer:
         self.cache = data_dir / "corpus" / "tokenizers.json"
         st = self.model_path.stat()
         self.key = f"{self.model_path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-        self._tok = None
+        self._tok: VocabOnly | None = None
 
     def _load(self):
         if self._tok is None:
@@ -159,7 +164,7 @@ def corpus_table(title: str = "corpora") -> Table | None:
     table = Table(title=title, title_justify="left")
     for col, justify in (("name", "left"), ("tokenizer", "left"), ("files", "right"), ("tokens", "right"),
                          ("size", "right"), ("updated", "left"), ("roots", "left")):
-        table.add_column(col, justify=justify, overflow="fold")
+        table.add_column(col, justify=cast(JustifyMethod, justify), overflow="fold")
     for d in dirs:
         try:
             i = store.info(d)

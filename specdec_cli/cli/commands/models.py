@@ -17,9 +17,9 @@ from rich.text import Text
 
 from specdec_cli import config
 from specdec_cli.cli.console import RichReporter, err_console, make_console
-from specdec_cli.models import resolver
 from specdec_cli.config import Catalog, ModelSpec
 from specdec_cli.errors import ModelError, SpecdecError, UsageError
+from specdec_cli.models import resolver
 
 
 def _help(*paragraphs: str, examples: list[str]) -> str:

@@ -5,22 +5,23 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 from rich.text import Text
 
-from specdec_cli.measure.audit import DIVERGENCE
-from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.measure.comparison import against_plain
-from specdec_cli.models.energy import unavailable_dict
-from specdec_cli.driver import Result, generate
 from specdec_cli.assemble import Assembler, notes, tuned_k
-from specdec_cli.spec import Method, ModelOptions, SpecOptions
 from specdec_cli.cli.console import RichReporter, err_console, status, wants_color, write_json
 from specdec_cli.cli.inputs import check_output_path
 from specdec_cli.cli.render import StreamRenderer, announce_tuned_k, legend, print_compare, print_stats
+from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.driver import Result, generate
+from specdec_cli.errors import CheckFailedError, UsageError
+from specdec_cli.measure.audit import DIVERGENCE
+from specdec_cli.measure.comparison import against_plain
+from specdec_cli.models.energy import unavailable_dict
 from specdec_cli.session import Session, open_session
+from specdec_cli.spec import Method, ModelOptions, SpecOptions
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
                 compare: dict | None, *, k: str, k_source: str) -> None:
     from specdec_cli.models.llama import system_info
 
-    doc = {
+    doc: dict[str, Any] = {
         "text": result.text,
         "tokens": result.tokens,
         "finish_reason": result.stats.finish_reason,

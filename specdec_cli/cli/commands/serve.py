@@ -9,14 +9,13 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from specdec_cli.errors import UsageError
 from specdec_cli.session import open_session
 from specdec_cli.spec import ModelOptions, SpecOptions
-
 
 KEY_ENV = "SPECDEC_SERVE_KEY"  # the server's key; no client reads it (SPECDEC_API_KEY is Codex's client key)
 CLIENT_KEY_ENV = "SPECDEC_API_KEY"  # the README has Codex users export it (value `unused`): never the server's key
@@ -42,7 +41,7 @@ class Access:
     save_interval: float = 300.0
 
 
-def server_key(api_key: Optional[str], api_key_file: Optional[Path]) -> tuple[str, ...]:
+def server_key(api_key: str | None, api_key_file: Path | None) -> tuple[str, ...]:
     """The keys the server accepts: `--api-key`, else each line of `--api-key-file` (one key per client: each key's
     conversations are cached apart), else $SPECDEC_SERVE_KEY; () for none. $SPECDEC_API_KEY is not read: it is the
     key clients send (Codex's `env_key`, often `unused`), and a shell that exported it must not start a server whose

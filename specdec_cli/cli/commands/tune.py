@@ -11,16 +11,32 @@ from typing import Any
 
 from rich.text import Text
 
-from specdec_cli.cli.console import (
-    RichReporter, RichTask, err_console, make_console, progress as progress_bar, write_json,
-)
 from specdec_cli.cli.commands.tune_report import header, report
+from specdec_cli.cli.console import (
+    RichReporter,
+    RichTask,
+    err_console,
+    make_console,
+    write_json,
+)
+from specdec_cli.cli.console import (
+    progress as progress_bar,
+)
 from specdec_cli.cli.curve_view import check_plot_path, write_curve_plot
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
 from specdec_cli.measure.sweep import check_prompts, schedule
 from specdec_cli.measure.tune import (
-    ConfigSummary, TuneConfig, TuneOptions, choose_best, configs_for, draft_cost, json_doc, run, save_best, summarize,
+    ConfigSummary,
+    TuneConfig,
+    TuneOptions,
+    choose_best,
+    configs_for,
+    draft_cost,
+    json_doc,
+    run,
+    save_best,
+    summarize,
     verify_curve,
 )
 from specdec_cli.prompts import PromptCase

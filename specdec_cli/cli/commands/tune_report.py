@@ -64,7 +64,7 @@ def report(summaries: list[ConfigSummary], prompts: list[str], best: TuneConfig 
         win = next(s for s in summaries if s.config == best)
         line = Text.assemble(("best ", "spec.label"), (best.title, "bold"),
                              f": {win.speedup_geomean:.2f}× plain decoding (geometric mean over prompts)")
-        top = max((s for s in summaries if s.speedup_geomean is not None), key=lambda s: s.speedup_geomean)
+        top = max((s for s in summaries if s.speedup_geomean is not None), key=lambda s: s.speedup_geomean or 0.0)
         if best.label == "auto" and top.config != best:
             line.append(f"; {top.config.title} measured {top.speedup_geomean:.2f}×, within "
                         f"{AUTO_MARGIN:.0%}, and auto also adapts to other prompts", style="spec.label")
