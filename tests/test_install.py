@@ -1,7 +1,7 @@
 """Installing specdec as a tool (issue 43): the distribution's wheel carries the llama.cpp installer (a module, run by
 `make` as a script) and its patches, `specdec install-llama-cpp` runs it for the Python specdec runs on, and every piece
 of advice names a command the installed package has. No models, no compiler: the installer is asked for its plan, or
-its subprocesses are stood in for (the installer itself: tests/test_llama_build.py)."""
+its subprocesses are stood in for (the installer itself: tests/llama_build/test_llama_build.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fakes import FakeBackend, hashed_logits
+from fakes import Clock, FakeBackend, hashed_logits
 from specdec_cli.config import data_dir
 from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
@@ -417,10 +417,9 @@ def test_a_long_match_copies_its_file(tmp_path):
 
 
 def test_auto_drafts_from_the_corpus_losslessly_and_learns_its_acceptance(tmp_path):
-    from test_auto import Clock, TimedBackend
-
     clock = Clock()
-    target = TimedBackend(clock, lambda b: 30.0 + 2.0 * b)  # a CPU-like pass: 30 ms, 2 ms more per token
+    # a CPU-like pass: 30 ms, 2 ms more per token
+    target = FakeBackend(hashed_logits, n_ctx=2048, clock=clock, cost=lambda b: 30.0 + 2.0 * b)
     prompt = np.arange(2, 14, dtype=np.int32)
     plain = plain_output(target, prompt, 120)
     fake_corpus(tmp_path, target, prompt.tolist()[-6:] + plain)  # the code the answer reuses, not in the prompt
