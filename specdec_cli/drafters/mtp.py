@@ -17,7 +17,7 @@ import numpy as np
 
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.records import Source
-from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample
+from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample, sample_at
 
 
 class MtpHead(Protocol):
@@ -55,7 +55,8 @@ class MtpDrafter(DrafterBase):
             if sampling.greedy:
                 return int(argmax_rows(logits[None])[0])
             q = process(logits, sampling)  # q_i over its candidates
-            tok = sample(q, rng)  # d_i ~ q_i, kept unconditionally
+            # d_i ~ q_i, kept unconditionally; seeded: with the noise the target's draw at that position uses
+            tok = sample(q, rng) if sampling.seed is None else sample_at(q, sampling.seed, len(context) + i)
             dists.append(q)
             score[0] *= q.prob_of(tok)
             return tok
