@@ -14,7 +14,7 @@ from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
 from specdec_cli.core.records import Step
-from specdec_cli.core.sampling import SamplingParams, gumbel, make_rng, process, sample_at
+from specdec_cli.core.sampling import SamplingParams, exponential, make_rng, process, sample_at
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.ngram import NgramDrafter
 
@@ -123,15 +123,15 @@ def test_the_same_seed_in_a_new_engine_gives_the_same_output():
 
 def test_the_noise_of_a_token_depends_only_on_seed_position_and_token():
     ids = np.arange(5000)
-    full = gumbel(3, 17, ids)
+    full = exponential(3, 17, ids)
     some = np.array([4321, 7, 0, 999])
-    np.testing.assert_array_equal(gumbel(3, 17, some), full[some])  # whichever other ids, in whatever order
-    assert not np.array_equal(gumbel(3, 18, ids), full)  # another position
-    assert not np.array_equal(gumbel(4, 17, ids), full)  # another seed
-    assert kstest(full, "gumbel_r").pvalue > 1e-3  # standard Gumbel
+    np.testing.assert_array_equal(exponential(3, 17, some), full[some])  # whichever other ids, in whatever order
+    assert not np.array_equal(exponential(3, 18, ids), full)  # another position
+    assert not np.array_equal(exponential(4, 17, ids), full)  # another seed
+    assert kstest(full, "expon").pvalue > 1e-3  # standard exponential: -log of it is standard Gumbel
     # independent across positions and seeds: uncorrelated at the same token
-    assert abs(np.corrcoef(full, gumbel(3, 18, ids))[0, 1]) < 0.06
-    assert abs(np.corrcoef(full, gumbel(4, 17, ids))[0, 1]) < 0.06
+    assert abs(np.corrcoef(full, exponential(3, 18, ids))[0, 1]) < 0.06
+    assert abs(np.corrcoef(full, exponential(4, 17, ids))[0, 1]) < 0.06
 
 
 def test_the_draw_at_a_position_ignores_the_candidates_order():

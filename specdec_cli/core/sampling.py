@@ -28,7 +28,8 @@ whatever was drafted, with any drafter and any K, and equal to plain decoding's 
 speculative decoding (Daliri et al. 2024, "Coupling without Communication and Drafter-Invariant Speculative
 Decoding", arXiv 2411.18104). The token at sequence position i is the Gumbel-max draw
 argmax_v(log p_i(v) + G(seed, i, v)) over p_i's candidates, with G standard Gumbel noise from a counter-based hash
-(splitmix64: `gumbel`), so it depends only on (seed, i, p_i): an exact draw from p_i, independent across positions.
+(splitmix64: `exponential`, whose E = exp(−G) gives the same draw as argmin_v(E(v) / p_i(v)), one logarithm fewer),
+so it depends only on (seed, i, p_i): an exact draw from p_i, independent across positions.
 A draft token is accepted iff it equals that draw, and the first one that differs is replaced by it
 (`verify_keyed`). Drafters with a distribution q (a draft model, an MTP block) draft argmax_v(log q_i(v) +
 G(seed, i, v)) with the same noise (`sample_at`), which couples q's draw to p's: they agree with probability at least
@@ -273,12 +274,13 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
-    """Standard Gumbel noise G(seed, position, v) for each token id v in `ids` (int [n]): float64 [n].
+def exponential(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """Standard exponential noise E(seed, position, v) for each token id v in `ids` (int [n]): float64 [n] > 0.
+    −log E is standard Gumbel noise, the G of Gumbel-max.
 
-    Counter-based: element v of the splitmix64 stream whose state is a hash of (seed, position), so each value
+    Counter-based: element v + 1 of the splitmix64 stream whose state is a hash of (seed, position), so each value
     depends only on its three keys, whichever other ids are asked for and in whatever order. The uniform is the top
-    53 bits plus half an ulp, in (0, 1); G = −log(−log u). Any int seed (mod 2^64) and position >= 0.
+    53 bits plus half an ulp, in (0, 1); E = −log u. Any int seed (mod 2^64) and position >= 0.
     """
     state = _mix64((_mix64((seed + _GOLDEN) & _M64) + position * _GOLDEN) & _M64)
     z = np.asarray(ids, dtype=np.uint64) + np.uint64(1)  # [n]; stream element v + 1, as splitmix64 adds first
@@ -289,16 +291,21 @@ def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     z ^= z >> np.uint64(27)
     z *= np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)
-    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # [n] in (0, 1)
-    return -np.log(-np.log(u))
+    e = (z >> np.uint64(11)).astype(np.float64)
+    e += 0.5
+    e *= 2.0**-53  # [n] uniforms in (0, 1)
+    np.log(e, out=e)
+    return np.negative(e, out=e)
 
 
 def sample_at(dist: Dist, seed: int, position: int) -> int:
     """The token at sequence `position` of a generation seeded with `seed`: argmax_v(log p(v) + G(seed, position,
-    v)) over `dist`'s candidates, an exact draw from `dist` (Gumbel-max) that depends on nothing else."""
-    with np.errstate(divide="ignore"):  # a probability that underflowed to 0 is never drawn
-        score = np.log(dist.probs) + gumbel(seed, position, dist.ids)  # [n]
-    return int(dist.ids[int(score.argmax())])
+    v)) over `dist`'s candidates, an exact draw from `dist` (Gumbel-max) that depends on nothing else. Computed as
+    argmin_v(E(v) / p(v)), E = exp(−G) (`exponential`: the same token, without a logarithm per candidate)."""
+    race = exponential(seed, position, dist.ids)  # [n]
+    with np.errstate(divide="ignore"):  # a probability that underflowed to 0 is never drawn (E / 0 = inf)
+        race /= dist.probs
+    return int(dist.ids[int(race.argmin())])
 
 
 def sample(dist: Dist, rng: np.random.Generator) -> int:
