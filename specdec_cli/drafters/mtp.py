@@ -5,8 +5,8 @@ The block runs on the target's hidden state, so it needs no second model and no 
 cache follows the target's calls (`models.llama.LlamaMtp`). Like a draft model it costs a forward pass per token
 (of one layer, not the whole model), and it returns the distribution q_i it drew each token from, so rejection
 sampling keeps the target's distribution exactly (Leviathan et al. 2023); under a seed it draws with the target's
-keyed noise (`core.sampling.sample_at`), so its draws agree with the target's where q_i is close to p_i. After llama.cpp's `draft-mtp`
-(common/speculative.cpp, `common_speculative_impl_draft_mtp`).
+keyed noise (`core.sampling.sample_at`), so its draws agree with the target's where q_i is close to p_i. After
+llama.cpp's `draft-mtp` (common/speculative.cpp, `common_speculative_impl_draft_mtp`).
 """
 
 from __future__ import annotations
