@@ -190,7 +190,7 @@ def test_a_two_token_sequence_over_many_seeds_follows_the_target_speculative_or_
     prompt = [4]
     p0 = process(small(prompt), params)
     expected = np.zeros((32, 32))  # the joint p(t0) p(t1 | t0)
-    for a, pa in zip(p0.ids, p0.probs):
+    for a, pa in zip(p0.ids, p0.probs, strict=True):
         p1 = process(small([*prompt, int(a)]), params)
         expected[a, p1.ids] = pa * p1.probs
     counts = np.zeros((32, 32))

@@ -101,8 +101,8 @@ TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus 
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0,
                                      help="Drop tokens below min-p × the top probability (0 = off).",
                                      rich_help_panel=SAMPLING)]
-Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the random stream: the same seed gives the same text, "
-                                          "speculative or not.", rich_help_panel=SAMPLING)]
+Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the random stream: the same seed gives the same "
+                                          "text, speculative or not.", rich_help_panel=SAMPLING)]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.",
                                         rich_help_panel=SAMPLING)]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable); not included in the output.",
