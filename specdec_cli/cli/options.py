@@ -90,7 +90,8 @@ NgramMax = Annotated[int, typer.Option("--ngram-max", min=1, max=32, help="Longe
 Temperature = Annotated[
     float,
     typer.Option("--temperature", "--temp", min=0.0, max=5.0,
-                 help="0 = greedy. Above 0, rejection sampling keeps the target's distribution exactly.",
+                 help="0 = greedy. Above 0, the target's distribution is kept exactly (rejection sampling, or keyed "
+                      "by --seed).",
                  rich_help_panel=SAMPLING),
 ]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0 = off).",
@@ -100,8 +101,8 @@ TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus 
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0,
                                      help="Drop tokens below min-p × the top probability (0 = off).",
                                      rich_help_panel=SAMPLING)]
-Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the random stream (reproducible runs).",
-                                             rich_help_panel=SAMPLING)]
+Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the random stream: the same seed gives the same "
+                                          "text, speculative or not.", rich_help_panel=SAMPLING)]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.",
                                         rich_help_panel=SAMPLING)]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable); not included in the output.",

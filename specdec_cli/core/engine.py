@@ -63,7 +63,9 @@ class GenerationConfig:
     Attributes:
         max_tokens: stop after this many output tokens.
         stop: stop strings; the output ends before the first one (it is not included).
-        sampling: temperature 0 = greedy; otherwise rejection sampling keeps the target's distribution.
+        sampling: temperature 0 = greedy; otherwise the target's distribution is kept: with a seed, by sampling
+            each position from keyed noise (the output is plain decoding's with that seed), else by rejection
+            sampling (`core.sampling`).
         prediction: the output the user expects (predicted outputs: `--predict FILE`, OpenAI's `prediction`), as
             target tokens; drafted from when the drafter has a prediction source, never evaluated. None = none.
         grammar: constrain the output to this grammar or JSON schema (`constraint.Grammar`); None = free text.
@@ -241,10 +243,10 @@ class SpeculativeEngine:
                 masks = grammar.masks(d) if grammar is not None else None
                 won = 0  # the branch the target followed further: 1 = alt, which then becomes the draft
                 if alt is None:
-                    n_acc, token = verify(draft, logits, sampling, rng, masks)
+                    n_acc, token = verify(draft, logits, sampling, rng, masks, position=n)
                 else:
                     rows = branch_rows(d, alt.tokens)  # int64 [k + 1], [len(alt) + 1]: each branch's rows
-                    won, n_acc, token = verify_branches((d, alt.tokens), logits, rows, sampling, rng)
+                    won, n_acc, token = verify_branches((d, alt.tokens), logits, rows, sampling, rng, position=n)
                     logits = logits[rows[won]] if config.logprobs is not None else logits  # the followed rows
                     draft, alt = (draft, alt) if won == 0 else (alt, draft)
                     d = draft.tokens

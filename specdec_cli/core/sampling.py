@@ -23,6 +23,19 @@ Decoding with Speculative Sampling"): accept d_i with probability min(1, p_i(d_i
 rejection emit a token from norm(max(0, p_i − q_i)). Every emitted token is then distributed exactly as the
 target's processed distribution p_i, whatever the drafter: see `verify_stochastic`.
 
+A seeded generation (`SamplingParams.seed` set) samples by position instead, so that its output is the same
+whatever was drafted, with any drafter and any K, and equal to plain decoding's with the same seed: drafter-invariant
+speculative decoding (Daliri et al. 2024, "Coupling without Communication and Drafter-Invariant Speculative
+Decoding", arXiv 2411.18104). The token at sequence position i is the Gumbel-max draw
+argmax_v(log p_i(v) + G(seed, i, v)) over p_i's candidates, with G standard Gumbel noise from a counter-based hash
+(splitmix64: `exponential`, whose E = exp(−G) gives the same draw as argmin_v(E(v) / p_i(v)), one logarithm fewer),
+so it depends only on (seed, i, p_i): an exact draw from p_i, independent across positions.
+A draft token is accepted iff it equals that draw, and the first one that differs is replaced by it
+(`verify_keyed`). Drafters with a distribution q (a draft model, an MTP block) draft argmax_v(log q_i(v) +
+G(seed, i, v)) with the same noise (`sample_at`), which couples q's draw to p's: they agree with probability at least
+(1 − TV) / (1 + TV). Rejection sampling's 1 − TV is higher, so an unseeded generation, which nobody can replay,
+keeps rejection sampling; for a deterministic drafter the two accept a draft token equally often (p_i(d_i)).
+
 Two drafts verified in one pass (a token tree: `verify_branches`) follow the multi-candidate rule of SpecInfer
 (Miao et al. 2024, "SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative Inference and
 Verification", multi-step speculative sampling) for deterministic candidates: at each node the distinct next tokens
@@ -250,6 +263,51 @@ def token_logprob(row: np.ndarray, token: int, n_top: int = 0,
     return float(x[token]) - log_z, top
 
 
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser (Steele, Lea, Flood 2014; Vigna's `splitmix64.c`) on one Python int, mod 2^64."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def exponential(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """Standard exponential noise E(seed, position, v) for each token id v in `ids` (int [n]): float64 [n] > 0.
+    −log E is standard Gumbel noise, the G of Gumbel-max.
+
+    Counter-based: element v + 1 of the splitmix64 stream whose state is a hash of (seed, position), so each value
+    depends only on its three keys, whichever other ids are asked for and in whatever order. The uniform is the top
+    53 bits plus half an ulp, in (0, 1); E = −log u. Any int seed (mod 2^64) and position >= 0.
+    """
+    state = _mix64((_mix64((seed + _GOLDEN) & _M64) + position * _GOLDEN) & _M64)
+    z = np.asarray(ids, dtype=np.uint64) + np.uint64(1)  # [n]; stream element v + 1, as splitmix64 adds first
+    z *= np.uint64(_GOLDEN)
+    z += np.uint64(state)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    e = (z >> np.uint64(11)).astype(np.float64)
+    e += 0.5
+    e *= 2.0**-53  # [n] uniforms in (0, 1)
+    np.log(e, out=e)
+    return np.negative(e, out=e)
+
+
+def sample_at(dist: Dist, seed: int, position: int) -> int:
+    """The token at sequence `position` of a generation seeded with `seed`: argmax_v(log p(v) + G(seed, position,
+    v)) over `dist`'s candidates, an exact draw from `dist` (Gumbel-max) that depends on nothing else. Computed as
+    argmin_v(E(v) / p(v)), E = exp(−G) (`exponential`: the same token, without a logarithm per candidate)."""
+    race = exponential(seed, position, dist.ids)  # [n]
+    with np.errstate(divide="ignore"):  # a probability that underflowed to 0 is never drawn (E / 0 = inf)
+        race /= dist.probs
+    return int(dist.ids[int(race.argmin())])
+
+
 def sample(dist: Dist, rng: np.random.Generator) -> int:
     """Draw one token id from `dist` (one uniform from `rng`)."""
     return _draw(dist.ids, dist.probs.cumsum(), rng)
@@ -349,6 +407,40 @@ def verify_stochastic(
     return k, sample(process(_row(logits, masks, k), params), rng)
 
 
+def verify_keyed(draft_tokens: np.ndarray, logits: np.ndarray, params: SamplingParams, position: int,
+                 masks: np.ndarray | None = None) -> tuple[int, int]:
+    """Drafter-invariant verification of one draft under a seed (Daliri et al. 2024, arXiv 2411.18104).
+
+    Row i's token is `sample_at(p_i, params.seed, position + i)`, p_i = process(logits[i]) (masked by masks[i] when
+    given): d_(i+1) is accepted iff it equals that token, and the first that differs is replaced by it (or, all k
+    accepted, the last row's token is the bonus). The emitted tokens are the ones plain decoding with the same seed
+    emits, whatever was drafted. Rows after the first rejection are never processed.
+
+    Args:
+        draft_tokens: int [k] draft tokens d_1..d_k (k may be 0).
+        logits: float32 [k+1, V] target logits; row i predicts the token at `position + i`. Never written to.
+        params: temperature > 0 and a seed.
+        position: the sequence position (tokens before it: prompt and output) of the token row 0 predicts.
+        masks: int32 [k+1, W] the grammar's allowed tokens for each row, or None.
+
+    Returns:
+        (n_accepted, token): the accepted prefix length, and the correction or bonus token.
+
+    Raises:
+        ValueError: `logits` has fewer than k+1 rows, or `params` has no seed.
+    """
+    k = len(draft_tokens)
+    if logits.ndim != 2 or logits.shape[0] < k + 1:
+        raise ValueError(f"verifying {k} draft tokens needs logits of shape [{k + 1}, V]; got {logits.shape}")
+    if params.seed is None:
+        raise ValueError("keyed verification needs a seed (SamplingParams.seed)")
+    for i in range(k + 1):
+        token = sample_at(process(_row(logits, masks, i), params), params.seed, position + i)
+        if i == k or token != int(draft_tokens[i]):
+            return i, token
+    raise AssertionError("unreachable")
+
+
 class Proposal(Protocol):
     """What verification reads of a draft (`core.draft.Draft`): int32 [k] tokens, and q_i for each (None for a
     deterministic drafter: q = one-hot)."""
@@ -361,18 +453,23 @@ class Proposal(Protocol):
 
 
 def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-           masks: np.ndarray | None = None) -> tuple[int, int]:
+           masks: np.ndarray | None = None, position: int | None = None) -> tuple[int, int]:
     """Verify `draft` against target logits float32 [len(draft)+1, V], masked by the grammar's `masks` (int32
-    [len(draft)+1, W]) when given: greedy at temperature 0, else rejection sampling. Returns (n_accepted, correction
-    or bonus token). Raises ValueError on shape mismatches."""
+    [len(draft)+1, W]) when given: greedy at temperature 0; with a seed, keyed by `position` (that of the token row 0
+    predicts: `verify_keyed`); else rejection sampling. Returns (n_accepted, correction or bonus token). Raises
+    ValueError on shape mismatches, or a seed without a position."""
     if params.greedy:
         return verify_greedy(draft.tokens, logits, masks)
+    if params.seed is not None:
+        if position is None:
+            raise ValueError("a seeded verification needs the position of the token row 0 predicts")
+        return verify_keyed(draft.tokens, logits, params, position, masks)
     return verify_stochastic(draft.tokens, draft.dists, logits, params, rng, masks)
 
 
 def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequence[np.ndarray],
                     params: SamplingParams, rng: np.random.Generator,
-                    masks: np.ndarray | None = None) -> tuple[int, int, int]:
+                    masks: np.ndarray | None = None, position: int | None = None) -> tuple[int, int, int]:
     """Verify deterministic drafts (q = one-hot) scored in one target pass, a token tree of a few branches.
 
     Args:
@@ -382,15 +479,17 @@ def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequ
             (rows[j][0] predicts the first draft token; branches share the rows of their shared prefix:
             `backend.branch_rows`).
         params: greedy at temperature 0, else the multi-candidate rejection rule (module docstring: SpecInfer, Miao
-            et al. 2024; Jeon et al. 2024), exact for the target's processed distribution p.
+            et al. 2024; Jeon et al. 2024), exact for the target's processed distribution p; with a seed, each node's
+            token is `sample_at(p, seed, position + depth)` and the branches that drafted it stay on the path.
         masks: int32 [R, W] the grammar's allowed tokens by row, or None.
+        position: the sequence position of the token the root row predicts; needed with a seed.
 
     Returns:
         (branch, n_accepted, token): the branch the accepted path follows (the first of those that agree on it),
         how many of its draft tokens were accepted, and the target's token after them (correction or bonus).
 
     Raises:
-        ValueError: a branch whose rows do not fit its draft, or rows outside `logits`.
+        ValueError: a branch whose rows do not fit its draft, rows outside `logits`, or a seed without a position.
     """
     if any(len(r) != len(d) + 1 for d, r in zip(drafts, rows, strict=True)):
         raise ValueError("each branch needs one row more than its draft tokens")
@@ -409,6 +508,16 @@ def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequ
         return j, agree[j], int(best[rows[j][agree[j]]])
     alive = list(range(len(drafts)))  # branches on the accepted path so far
     i = 0
+    if params.seed is not None:  # keyed: the node's own token; the branches that drafted it go on
+        if position is None:
+            raise ValueError("a seeded verification needs the position of the token the root row predicts")
+        while True:
+            p = process(_row(logits, masks, int(rows[alive[0]][i])), params)
+            token = sample_at(p, params.seed, position + i)
+            on = [j for j in alive if len(drafts[j]) > i and int(drafts[j][i]) == token]
+            if not on:
+                return alive[0], i, token
+            alive, i = on, i + 1
     while True:
         p = process(_row(logits, masks, int(rows[alive[0]][i])), params)  # the node's p over its candidates
         children = list(dict.fromkeys(int(drafts[j][i]) for j in alive if len(drafts[j]) > i))

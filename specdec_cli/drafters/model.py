@@ -13,7 +13,7 @@ import numpy as np
 
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.records import Source
-from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample
+from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample, sample_at
 from specdec_cli.models.backend import Backend, common_prefix, sync
 
 
@@ -69,7 +69,8 @@ class ModelDrafter(DrafterBase):
                 q = process(logits, sampling)  # q_i over its candidates
                 if i > 0 and self.min_prob > 0.0 and float(q.probs.max()) < self.min_prob:
                     break
-                tok = sample(q, rng)  # d_i ~ q_i, kept unconditionally
+                # d_i ~ q_i, kept unconditionally; seeded: with the noise the target's draw at that position uses
+                tok = sample(q, rng) if sampling.seed is None else sample_at(q, sampling.seed, len(context) + i)
                 dists.append(q)
                 score *= q.prob_of(tok)
             tokens.append(tok)

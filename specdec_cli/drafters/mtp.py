@@ -4,8 +4,9 @@ source where the target has one and no draft model is loaded).
 The block runs on the target's hidden state, so it needs no second model and no catch-up prefill of its own: its
 cache follows the target's calls (`models.llama.LlamaMtp`). Like a draft model it costs a forward pass per token
 (of one layer, not the whole model), and it returns the distribution q_i it drew each token from, so rejection
-sampling keeps the target's distribution exactly (Leviathan et al. 2023). After llama.cpp's `draft-mtp`
-(common/speculative.cpp, `common_speculative_impl_draft_mtp`).
+sampling keeps the target's distribution exactly (Leviathan et al. 2023); under a seed it draws with the target's
+keyed noise (`core.sampling.sample_at`), so its draws agree with the target's where q_i is close to p_i. After
+llama.cpp's `draft-mtp` (common/speculative.cpp, `common_speculative_impl_draft_mtp`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.records import Source
-from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample
+from specdec_cli.core.sampling import Dist, SamplingParams, argmax_rows, process, sample, sample_at
 
 
 class MtpHead(Protocol):
@@ -55,7 +56,8 @@ class MtpDrafter(DrafterBase):
             if sampling.greedy:
                 return int(argmax_rows(logits[None])[0])
             q = process(logits, sampling)  # q_i over its candidates
-            tok = sample(q, rng)  # d_i ~ q_i, kept unconditionally
+            # d_i ~ q_i, kept unconditionally; seeded: with the noise the target's draw at that position uses
+            tok = sample(q, rng) if sampling.seed is None else sample_at(q, sampling.seed, len(context) + i)
             dists.append(q)
             score[0] *= q.prob_of(tok)
             return tok

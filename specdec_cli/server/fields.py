@@ -78,7 +78,7 @@ FIELDS: tuple[Field, ...] = (
     # -- changes what must come back: implemented ---------------------------------------------------------------
     Field("max_tokens, max_completion_tokens, stop, seed", CHANGES, "implemented"),
     Field("temperature, top_p, top_k, min_p", CHANGES, "implemented (lossless: rejection sampling keeps the "
-          "target's distribution)"),
+          "target's distribution; with a `seed`, the reply is plain decoding's with that seed)"),
     Field("stream, stream_options.include_usage", CHANGES, "implemented"),
     Field("tools, tool_choice, parallel_tool_calls", CHANGES, "implemented: calls constrained by a grammar"),
     Field("response_format", CHANGES, "implemented: `json_object`, `json_schema` (a grammar), `text`"),

@@ -42,7 +42,8 @@ apart (`LlamaBackend.decode_many`), so its own controller's K stands.
 
 Lossless per slot: each slot's rows attend to its own cells only, so its logits are those of its own pass up to the
 rounding of a larger batch (near-ties, which `specdec check` explains); each request's sampling has its own random
-generator, and a seeded one's K does not follow its neighbours (`Slot.pinned`).
+generator, and a seeded one samples each position with noise keyed by its seed (`sampling.sample_at`), so its output
+is the same whatever K its neighbours leave it.
 """
 
 from __future__ import annotations
@@ -117,7 +118,6 @@ class Slot:
         self.backend = backend
         self.index = index
         self.priority = Priority()
-        self.pinned = False  # a seeded sampled request: its K must not follow its neighbours (`draft_limit`)
         self.program: Generator[Rows, np.ndarray | None, None] | None = None  # what runs on it (`Scheduler.start`)
         self.check: Callable[[], None] | None = None  # raises to stop its prefill between pieces
         self.answer: np.ndarray | None = None  # the logits its program is sent next
@@ -282,15 +282,14 @@ class Scheduler:
 
     def draft_limit(self, slot: Slot) -> int:
         """The most draft tokens `slot` should verify in its next pass: all a batch can take while it is alone (or
-        `pinned`: a seeded sampled request, whose draws follow its K, gives the same output whatever runs beside it;
-        or with a KV stream per slot, `split`: its rows are evaluated apart, so they cost what they cost alone and
+        with a KV stream per slot, `split`: its rows are evaluated apart, so they cost what they cost alone and
         its controller's K is the one to use);
         with others, the k maximising (E(k) + T) / v(k + 1 + R) (R, T: the other slots' rows in their last passes and
         the tokens those are expected to give; a slot still reading its prompt adds its next piece to R and nothing
         to T, and its piece gives way to verify rows, so beside a long prefill a draft's rows are nearly free)."""
         top = min(slot.backend.n_batch - 1, slot.backend.draft_limit)  # a recurrent target: its snapshots
         others = [x for x in self.slots if x is not slot and x.index in self._active]
-        if not others or slot.pinned or self.split:  # split: its rows are evaluated apart, priced as alone
+        if not others or self.split:  # split: its rows are evaluated apart, priced as alone
             return top
         rows = tokens = reading = 0
         for x in others:

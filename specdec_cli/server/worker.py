@@ -350,10 +350,7 @@ class Worker:
             return []
 
     def _start(self, job: Job, lane: int) -> None:
-        request = job.request
         slot = self.scheduler.slots[lane]
-        sampling = request.config.sampling
-        slot.pinned = sampling.temperature > 0 and sampling.seed is not None  # reproducible whatever runs beside
         self.scheduler.start(slot, self._generate(job, lane), _priority(job), check=partial(self._check, job))
 
     def _save(self) -> None:

@@ -144,3 +144,16 @@ def test_the_method_needs_a_target_with_an_mtp_block(tmp_path) -> None:
     session = Session(target=FakeBackend(), target_path=tmp_path / "dense.gguf")
     with pytest.raises(UsageError, match="MTP block"):
         Assembler(session).make_drafter(SpecOptions(method=Method.mtp))
+
+
+def test_under_a_seed_the_block_drafts_the_draws_the_target_makes_with_the_same_q() -> None:
+    # the Gumbel coupling: a block whose rows are the target's draws, at each position, the token the target draws
+    class TargetHead:
+        def draft(self, last, pos, k, choose):
+            return [choose(TARGET_ROWS[i].copy(), i) for i in range(k)]
+
+    for seed in range(40):
+        params = SamplingParams(temperature=0.9, top_k=5, top_p=1.0, min_p=0.0, seed=seed)
+        d = MtpDrafter(TargetHead()).propose(np.array([1, 2, 3], np.int32), 2, params, make_rng(0))
+        assert sampling.verify_keyed(d.tokens, TARGET_ROWS, params, 3) == (2, sampling.sample_at(
+            process(TARGET_ROWS[2], params), seed, 5))

@@ -185,3 +185,11 @@ def test_the_control_row_is_plain_against_plain_with_its_range():
     assert control.pair_range == pytest.approx((0.9, 1.05)) and control.agree == (3, 3, None)
     md = markdown_table(bench_doc(runs, configs, prompts), [none, control, ngram]).splitlines()
     assert md[4].startswith("| none again (A/A control) | 15.4 | 1.01× |")
+
+
+def test_a_seeded_sampled_compare_finds_the_outputs_identical(fake_session, prompt_file, capsys):
+    doc, err = run_json(capsys, prompt_file, "--method", "draft", "--k", "3", "-n", "30", "--compare", "1",
+                        "--temperature", "0.9", "--seed", "5")
+    assert doc["stats"]["n_drafted"] > 0
+    assert doc["compare"]["identical"] and "outputs identical (30 tokens)" in err
+    assert "different random numbers" not in err

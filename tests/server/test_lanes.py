@@ -100,7 +100,25 @@ def test_seeded_sampled_request_unchanged_by_a_neighbour():
     alone = _run(sched, [(0, engines[0], PROMPTS[0], sampled, Priority())])[0]
     backend2 = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
     sched2, engines2 = _engines(backend2, 2)
-    sched2.slots[0].pinned = True  # what the worker sets for a seeded sampled request
+    other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
+    both = _run(sched2, [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)),
+                         (1, engines2[1], PROMPTS[1], other, Priority(seq=1))])
+    assert any(len(p) > 1 for p in backend2.passes)
+    assert both[0] == alone
+
+
+def test_a_seeded_sampled_request_is_unchanged_when_a_neighbour_shortens_its_drafts(monkeypatch):
+    # the joint K gives a slot fewer draft tokens beside others; keyed sampling makes the output independent of K.
+    # A target with one favourite after each token: its outputs repeat, so n-gram drafts are often accepted.
+    def markov(prefix):
+        return hashed_logits(prefix[-1:])
+
+    sampled = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=0.9, seed=1234))
+    sched, engines = _engines(FakeBackend(markov, n_ctx=256, n_batch=64), 2)
+    alone = _run(sched, [(0, engines[0], PROMPTS[0], sampled, Priority())])[0]
+    monkeypatch.setattr(Scheduler, "draft_limit", lambda self, slot: 1 if len(self._active) > 1 else 4)
+    backend2 = FakeBackend(markov, n_ctx=256, n_batch=64)
+    sched2, engines2 = _engines(backend2, 2)
     other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
     both = _run(sched2, [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)),
                          (1, engines2[1], PROMPTS[1], other, Priority(seq=1))])

@@ -64,6 +64,20 @@ def test_chat_completion_is_the_greedy_output_with_usage_and_specdec_stats():
     assert len(s.lines) == 1 and "40 tokens" in s.lines[0] and "tok/s" in s.lines[0]
 
 
+def test_a_seeded_sampled_request_gets_plain_decodings_reply_whatever_is_drafted():
+    def markov(prefix):  # one favourite after each token: the reply repeats, so n-gram drafts are accepted
+        return hashed_logits(prefix[-1:])
+
+    replies, drafted = [], 0
+    for method in ("none", "ngram"):
+        with serving(FakeBackend(markov), method=method) as s:
+            resp = chat(s.client(), max_tokens=40, temperature=1.0, seed=42, extra_body={"top_k": 2})
+        replies.append(resp.choices[0].message.content)
+        drafted += resp.model_extra["specdec"]["accepted"]
+    assert drafted > 0  # drafts were accepted
+    assert replies[0] == replies[1]
+
+
 def test_stream_chunks_concatenate_to_the_text_and_end_with_usage():
     expected = text_of(greedy_reference(hashed_logits, PROMPT_TOKENS, 30))
     with serving() as s:

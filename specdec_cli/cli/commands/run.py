@@ -44,9 +44,9 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     is used when there is one (`assemble.tuned_k`); otherwise `spec.k`.
     """
     if output.strict and not config.sampling.greedy:
-        raise UsageError("--strict checks greedy output token by token; with --temperature above 0 the outputs differ "
-                         "by design (speculative sampling is lossless in distribution, checked statistically).",
-                         "Drop --strict, or use --temperature 0.")
+        raise UsageError("--strict checks greedy output token by token and explains a divergence by greedy margins; "
+                         "with --temperature above 0 only a --seed makes the outputs agree token by token, and its "
+                         "near-ties are not explained.", "Drop --strict, or use --temperature 0.")
     if spec.method is Method.predict and prediction is None:
         raise UsageError("--method predict drafts from a predicted output, and none was given.",
                          "Add --predict FILE (the text you expect back), or use --method auto.")
@@ -142,9 +142,15 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
         c = against_plain(session, spec, prompt, config, shown.tokens, pairs, drafter=drafter,
                           controller=controller)
     plain = c.plain
-    note = c.divergence if config.sampling.greedy else (
-        "sampling: the two runs drew different random numbers; speculative sampling is lossless in distribution, "
-        "not token by token")
+    if config.sampling.greedy:
+        note = c.divergence
+    elif config.sampling.seed is None:
+        note = ("sampling: the two runs drew different random numbers; speculative sampling is lossless in "
+                "distribution, not token by token (with --seed, token by token)")
+    else:  # seeded: each position's draw is keyed, so the outputs part only where the batch shape moved a logit
+        same = c.shared == len(shown.tokens) == len(plain.tokens)
+        note = None if same else ("sampling with --seed: the outputs part where llama.cpp's logits, which depend on "
+                                  "the batch shape, moved the seed's draw (a near-tie)")
     print_compare(err, c.paired, shared=c.shared, n_spec=len(shown.tokens), n_plain=len(plain.tokens),
                   divergence=note, control=spec.method == Method.none, energy=c.energy,
                   energy_note=c.energy_note)
