@@ -58,17 +58,26 @@ VERIFY = 4
 _QUIET = None  # the ctypes log callback that silences llama.cpp
 # (label, arch or "catalog", shape or catalog name) per --shape
 MODELS = {
-    "real": [("Qwen2.5-Coder-1.5B", "catalog", "qwen2.5-coder-1.5b"), ("LFM2-1.2B", "lfm2", "lfm2-1.2b"),
-             ("Qwen3.5-2B", "qwen35", "qwen3.5-2b"), ("Mamba2-1.3B", "mamba2", "mamba2-1.3b")],
-    "tiny": [("qwen2 tiny", "qwen2", "tiny"), ("lfm2 tiny", "lfm2", "tiny"), ("qwen35 tiny", "qwen35", "tiny"),
-             ("mamba2 tiny", "mamba2", "tiny")],
+    "real": [
+        ("Qwen2.5-Coder-1.5B", "catalog", "qwen2.5-coder-1.5b"),
+        ("LFM2-1.2B", "lfm2", "lfm2-1.2b"),
+        ("Qwen3.5-2B", "qwen35", "qwen3.5-2b"),
+        ("Mamba2-1.3B", "mamba2", "mamba2-1.3b"),
+    ],
+    "tiny": [
+        ("qwen2 tiny", "qwen2", "tiny"),
+        ("lfm2 tiny", "lfm2", "tiny"),
+        ("qwen35 tiny", "qwen35", "tiny"),
+        ("mamba2 tiny", "mamba2", "tiny"),
+    ],
 }
 
 
 def cache_dir() -> Path:
     """Where the random GGUFs are kept: $SPECDEC_CACHE (else ~/.cache/specdec)/random-gguf."""
-    base = os.environ.get("SPECDEC_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                           os.path.expanduser("~/.cache"), "specdec")
+    base = os.environ.get("SPECDEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdec"
+    )
     return Path(base) / "random-gguf"
 
 
@@ -131,7 +140,7 @@ class Ctx:
     def decode(self, toks: np.ndarray, *, all_rows: bool = True) -> None:
         """Evaluate `toks` after the sequence in chunks of n_batch; logits for every row (or the last only)."""
         for c0 in range(0, len(toks), self.n_batch):
-            part = toks[c0:c0 + self.n_batch]
+            part = toks[c0 : c0 + self.n_batch]
             m = len(part)
             self.tok[:m] = part
             self.pos[:m] = np.arange(self.n, self.n + m, dtype=np.int32)
@@ -164,8 +173,9 @@ class Ctx:
         """Back to `ckpt`: the partial state set, then the cells after it dropped (llama-server's rollback)."""
         buf, n = ckpt
         if len(buf) > 1:
-            if not self.L.llama_state_seq_set_data_ext(self.ctx, buf, len(buf), 0,
-                                                       self.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+            if not self.L.llama_state_seq_set_data_ext(
+                self.ctx, buf, len(buf), 0, self.L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            ):
                 raise RuntimeError("llama_state_seq_set_data_ext refused the checkpoint")
         if not self.L.llama_memory_seq_rm(self.mem, 0, n, -1):
             raise RuntimeError(f"llama_memory_seq_rm({n}, -1) refused after the checkpoint's restore")
@@ -200,8 +210,20 @@ def timed(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def measure_ctx(L, model, row: Row, *, rs: int, depth: int, repeats: int, threads: int, rng, recurrent: bool,
-                snapshots: bool, replay: bool) -> bool:
+def measure_ctx(
+    L,
+    model,
+    row: Row,
+    *,
+    rs: int,
+    depth: int,
+    repeats: int,
+    threads: int,
+    rng,
+    recurrent: bool,
+    snapshots: bool,
+    replay: bool,
+) -> bool:
     """Fill `row` from one context: the verify curve, the state sizes, and the rollbacks asked for. False (nothing
     measured) where snapshots were asked (`rs` > 0) and llama.cpp granted none."""
     c = Ctx(L, model, n_ctx=depth + 256, n_batch=max(WIDTHS), threads=threads, rs=rs)
@@ -248,7 +270,7 @@ def measure_ctx(L, model, row: Row, *, rs: int, depth: int, repeats: int, thread
 
                 def replay_() -> None:
                     c.restore(got[0])
-                    c.decode(np.concatenate([draft[:VERIFY - r], draft[VERIFY:]]))
+                    c.decode(np.concatenate([draft[: VERIFY - r], draft[VERIFY:]]))
 
                 ms += timed(replay_)
                 reset()
@@ -311,10 +333,10 @@ def measure_mtp(L, model, *, rs: int, depth: int, repeats: int, threads: int, rn
                     rc = L.llama_process(dft.ctx, L.LLAMA_PROCESS_TYPE_DECODE, xb)
                     if rc != 0:
                         raise RuntimeError(f"llama_process(MTP) returned {rc}")
-                    last = int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(dft.ctx, 0),
-                                                               shape=(dft.n_vocab,))))
-                    hid = np.ctypeslib.as_array(ext.llama_get_embeddings_nextn_ith(dft.ctx, 0),
-                                                shape=(n_embd,)).copy()
+                    last = int(
+                        np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(dft.ctx, 0), shape=(dft.n_vocab,)))
+                    )
+                    hid = np.ctypeslib.as_array(ext.llama_get_embeddings_nextn_ith(dft.ctx, 0), shape=(n_embd,)).copy()
 
                 ms = timed(draft_one)
                 if rep:
@@ -341,15 +363,21 @@ def host_lines(threads: int, L) -> list[str]:
                 break
     except OSError:
         pass
-    return [f"command: python {' '.join(sys.argv)}",
-            f"host: {cpu}, {os.cpu_count()} logical CPUs, {threads} threads; Python {platform.python_version()}",
-            f"build: llama-cpp-python {L.__version__}; {L.llama_print_system_info().decode(errors='replace').strip()}"]
+    return [
+        f"command: python {' '.join(sys.argv)}",
+        f"host: {cpu}, {os.cpu_count()} logical CPUs, {threads} threads; Python {platform.python_version()}",
+        f"build: llama-cpp-python {L.__version__}; {L.llama_print_system_info().decode(errors='replace').strip()}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", choices=sorted(MODELS), default="real",
-                    help="real: the published shapes beside the catalog model; tiny: a smoke test")
+    ap.add_argument(
+        "--shape",
+        choices=sorted(MODELS),
+        default="real",
+        help="real: the published shapes beside the catalog model; tiny: a smoke test",
+    )
     ap.add_argument("--type", dest="dtype", choices=("f16", "q8_0"), default="f16", help="the random weights' type")
     ap.add_argument("--cache", type=Path, default=None, help="where the random GGUFs are kept")
     ap.add_argument("--depth", type=int, default=None, help="tokens of context before the passes (real 512, tiny 64)")
@@ -373,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     cache = a.cache or cache_dir()
     rng = np.random.default_rng(0)
     head = host_lines(threads, L)
-    head.append(f"depth {depth} tokens, verify pass of {VERIFY} rows for the rollbacks, n_rs_seq asked {a.rs}, "
-                f"{a.repeats} repeats; ms: median (min-max)")
+    head.append(
+        f"depth {depth} tokens, verify pass of {VERIFY} rows for the rollbacks, n_rs_seq asked {a.rs}, "
+        f"{a.repeats} repeats; ms: median (min-max)"
+    )
     print("\n".join(head), flush=True)
     rows: list[Row] = []
     for label, arch, shape in MODELS[a.shape]:
@@ -393,8 +423,19 @@ def main(argv: list[str] | None = None) -> int:
         stateful = hybrid or recurrent
         for rs in [0, a.rs] if stateful else [0]:
             row = Row(label, kind + (f", {nextn} MTP" if nextn else ""), rs)
-            if not measure_ctx(L, model, row, rs=rs, depth=depth, repeats=a.repeats, threads=threads, rng=rng,
-                               recurrent=stateful, snapshots=rs > 0 or not stateful, replay=stateful and rs == 0):
+            if not measure_ctx(
+                L,
+                model,
+                row,
+                rs=rs,
+                depth=depth,
+                repeats=a.repeats,
+                threads=threads,
+                rng=rng,
+                recurrent=stateful,
+                snapshots=rs > 0 or not stateful,
+                replay=stateful and rs == 0,
+            ):
                 rows[-1].kind += f"; n_rs_seq {rs} asked, none granted"
                 continue
             if nextn and (rs > 0 or not stateful):
@@ -402,14 +443,21 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"  done: {row.label} n_rs_seq {row.rs}", file=sys.stderr, flush=True)
         L.llama_model_free(model)
-    cols = (["model", "kind", "n_rs_seq"] + [f"v({b})" for b in WIDTHS] + ["state MiB/seq", "snapshots MiB/seq"]
-            + [f"rollback snapshot r={r}" for r in DROPS] + [f"rollback ckpt+replay r={r}" for r in DROPS]
-            + ["MTP draft token"])
+    cols = (
+        ["model", "kind", "n_rs_seq"]
+        + [f"v({b})" for b in WIDTHS]
+        + ["state MiB/seq", "snapshots MiB/seq"]
+        + [f"rollback snapshot r={r}" for r in DROPS]
+        + [f"rollback ckpt+replay r={r}" for r in DROPS]
+        + ["MTP draft token"]
+    )
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         cells = [r.label, r.kind, str(r.rs)] + [spread(r.v[b]) for b in WIDTHS]
-        cells += ["-" if r.state_mib is None else f"{r.state_mib:.3g}",
-                  "-" if r.snap_mib is None else f"{r.snap_mib:.3g}"]
+        cells += [
+            "-" if r.state_mib is None else f"{r.state_mib:.3g}",
+            "-" if r.snap_mib is None else f"{r.snap_mib:.3g}",
+        ]
         cells += [spread(r.snap[d]) if r.snap else "-" for d in DROPS]
         cells += [spread(r.ckpt[d]) if r.ckpt else "-" for d in DROPS]
         cells.append(r.mtp or "-")

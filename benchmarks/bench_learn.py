@@ -45,42 +45,55 @@ import numpy as np
 
 TASKS = {
     "test_style": "Write a pytest test module for a click command `greet` that takes a NAME argument and a --count "
-                  "option. Use click.testing.CliRunner, invoke the command, and assert on result.exit_code and "
-                  "result.output, in the style of click's own test suite.",
+    "option. Use click.testing.CliRunner, invoke the command, and assert on result.exit_code and "
+    "result.output, in the style of click's own test suite.",
     "group": "Write a click command group `cli` with two subcommands, `init` (a --force flag) and `sync` (a "
-             "required --remote option with a default from an environment variable). Use click.group, "
-             "click.option, click.argument and click.pass_context.",
+    "required --remote option with a default from an environment variable). Use click.group, "
+    "click.option, click.argument and click.pass_context.",
     "param_type": "Write a custom click.ParamType subclass `IntListParamType` that converts a comma-separated "
-                  "string into a list of ints, with a `name` attribute and a `convert(self, value, param, ctx)` "
-                  "method that calls self.fail(...) on bad input, the way click's built-in types do.",
+    "string into a list of ints, with a `name` attribute and a `convert(self, value, param, ctx)` "
+    "method that calls self.fail(...) on bad input, the way click's built-in types do.",
     "docstring": "Write the function `def echo_via_pager(text_or_generator, color=None):` with its full docstring "
-                 "in the style of click's own API docstrings (reStructuredText, :param ...: lines, "
-                 ".. versionchanged:: notes).",
+    "in the style of click's own API docstrings (reStructuredText, :param ...: lines, "
+    ".. versionchanged:: notes).",
     "progress": "Write a click command `process` that takes several FILE paths (click.Path(exists=True)) and "
-                "iterates over them inside click.progressbar, echoing each file name with click.echo and "
-                "click.style.",
+    "iterates over them inside click.progressbar, echoing each file name with click.echo and "
+    "click.style.",
     "context_obj": "Write a click program where the group stores a config dict with ctx.ensure_object(dict) and a "
-                   "subcommand reads it through @click.pass_obj; include the `if __name__ == \"__main__\":` entry.",
+    'subcommand reads it through @click.pass_obj; include the `if __name__ == "__main__":` entry.',
     "choice_test": "Write a pytest test that checks the error message click prints for an invalid value of a "
-                   "click.Choice option, using CliRunner and asserting on the exit code 2 and the message text.",
+    "click.Choice option, using CliRunner and asserting on the exit code 2 and the message text.",
     "prompt": "Write a click command `create-user` that asks for a username with click.prompt, a password with "
-              "hide_input=True and confirmation_prompt=True, and then click.confirm before creating the user.",
+    "hide_input=True and confirmation_prompt=True, and then click.confirm before creating the user.",
     "envvar_test": "Write a pytest test that checks a click option reads its value from an environment variable "
-                   "through auto_envvar_prefix, using CliRunner().invoke(..., env={...}, auto_envvar_prefix=...).",
+    "through auto_envvar_prefix, using CliRunner().invoke(..., env={...}, auto_envvar_prefix=...).",
 }
 CONTROLS = {
-    "control_story": "Write a short story (about 200 words) about a lighthouse keeper who finds a message in a "
-                     "bottle.",
+    "control_story": "Write a short story (about 200 words) about a lighthouse keeper who finds a message in a bottle.",
     "control_rust": "Write a Rust function that merges two sorted vectors of i64 into one sorted vector, with a "
-                    "short doc comment.",
+    "short doc comment.",
 }
 CONFIGS = ("corpus", "off", "none")  # auto with the corpus, auto --corpus off, plain decoding
 
 
 def fetch_sdist(spec: str, dest: Path) -> Path:
     """`pip download --no-deps --no-binary :all: SPEC` into dest, unpacked; the unpacked folder."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                    "-d", str(dest), spec], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(dest),
+            spec,
+        ],
+        check=True,
+    )
     archive = next(p for p in dest.iterdir() if p.suffix in (".gz", ".zip"))
     out = dest / "src"
     if archive.suffix == ".zip":
@@ -92,8 +105,14 @@ def fetch_sdist(spec: str, dest: Path) -> Path:
     return next(p for p in out.iterdir() if p.is_dir())
 
 
-def copy_lengths(out: list[int], prompt: list[int], corpus: list[int] | None = None, min_match: int = 2,
-                 max_match: int = 64, cap: int = 2000) -> list[int]:
+def copy_lengths(
+    out: list[int],
+    prompt: list[int],
+    corpus: list[int] | None = None,
+    min_match: int = 2,
+    max_match: int = 64,
+    cap: int = 2000,
+) -> list[int]:
     """[len(out)] in hindsight on a finished output, the longest right draft a drafter of copies could make at each
     position i: the longest suffix (min_match..max_match tokens) of prompt + out[:i] that occurs earlier in it (prompt
     lookup, the suffix drafter's view of the output), and, when `corpus` (its tokens) is given, also the longest that
@@ -202,49 +221,82 @@ def main() -> None:
     names = args.tasks.split(",")
     prompts = {**TASKS, **CONTROLS}
     results: dict = {"package": args.package if not args.source else str(source), "tasks": {}}
-    with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
-                      method="auto", reporter=RichReporter(console)) as session, Assembler(session) as assembler:
+    with (
+        open_session(
+            ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
+            method="auto",
+            reporter=RichReporter(console),
+        ) as session,
+        Assembler(session) as assembler,
+    ):
         # 1. learn, then learn again unchanged
         tok = LazyTokenizer(session.target_path, data_dir())
         fp = session.vocab_fingerprint()
         first = learn([source], tokenize=tok, fingerprint=fp, data_dir=data_dir(), name="bench")
         tok.close()
-        again = learn([source], tokenize=LazyTokenizer(session.target_path, data_dir()), fingerprint=fp,
-                      data_dir=data_dir(), name="bench")
+        again = learn(
+            [source],
+            tokenize=LazyTokenizer(session.target_path, data_dir()),
+            fingerprint=fp,
+            data_dir=data_dir(),
+            name="bench",
+        )
         rate = first.tokenized_tokens / first.seconds * 60
         per_token = first.size_bytes / first.tokens
         print(summary(first))
-        print(f"learning: {first.tokens:,} tokens in {first.seconds:.2f} s = {rate / 1e6:.2f} M tokens/min "
-              f"(tokenizing {first.tokenize_s:.2f} s), {per_token:.2f} bytes/token on disk; unchanged re-run "
-              f"{again.seconds:.2f} s (written: {again.written})")
-        results["learn"] = {"files": first.files, "tokens": first.tokens, "seconds": first.seconds,
-                            "tokens_per_min": rate, "bytes_per_token": per_token, "rerun_s": again.seconds,
-                            "skipped": first.skipped}
+        print(
+            f"learning: {first.tokens:,} tokens in {first.seconds:.2f} s = {rate / 1e6:.2f} M tokens/min "
+            f"(tokenizing {first.tokenize_s:.2f} s), {per_token:.2f} bytes/token on disk; unchanged re-run "
+            f"{again.seconds:.2f} s (written: {again.written})"
+        )
+        results["learn"] = {
+            "files": first.files,
+            "tokens": first.tokens,
+            "seconds": first.seconds,
+            "tokens_per_min": rate,
+            "bytes_per_token": per_token,
+            "rerun_s": again.seconds,
+            "skipped": first.skipped,
+        }
 
         # 2. the tasks, interleaved
-        specs = {"corpus": SpecOptions(method="auto", corpus="bench"), "off": SpecOptions(method="auto", corpus="off"),
-                 "none": SpecOptions(method="none")}
+        specs = {
+            "corpus": SpecOptions(method="auto", corpus="bench"),
+            "off": SpecOptions(method="auto", corpus="off"),
+            "none": SpecOptions(method="none"),
+        }
         drafters = {c: assembler.make_drafter(s) for c, s in specs.items()}
-        controllers = {c: assembler.make_controller(s, fresh=True) if drafters[c] is not None else None
-                       for c, s in specs.items()}
+        controllers = {
+            c: assembler.make_controller(s, fresh=True) if drafters[c] is not None else None for c, s in specs.items()
+        }
         runs: dict[str, dict[str, list]] = {n: {c: [] for c in CONFIGS} for n in names}
         for r in range(args.repeats):
-            order = CONFIGS[r % 3:] + CONFIGS[: r % 3]
+            order = CONFIGS[r % 3 :] + CONFIGS[: r % 3]
             for n in names:
                 prompt = session.prompt_tokens(prompts[n])
                 for c in order:
                     d = drafters[c]
-                    engine = assembler.engine(specs[c], drafter=NoLearning(d) if d is not None else None,
-                                              controller=controllers[c])
+                    engine = assembler.engine(
+                        specs[c], drafter=NoLearning(d) if d is not None else None, controller=controllers[c]
+                    )
                     g = generate(engine, prompt, GenerationConfig(max_tokens=args.max_tokens))
                     src = g.stats.by_source.get("corpus", {"accepted": 0, "drafted": 0})
                     by_source = {str(k): [v["accepted"], v["drafted"]] for k, v in g.stats.by_source.items()}
-                    runs[n][c].append({"tok_s": g.stats.tokens_per_s, "tokens": g.tokens,
-                                       "corpus": (src["accepted"], src["drafted"]), "passes": len(g.steps),
-                                       "by_source": by_source})
-                    console.print(f"round {r + 1} {n:14s} {c:7s} {g.stats.tokens_per_s:6.1f} tok/s  "
-                                  f"{len(g.tokens) / max(len(g.steps), 1):.2f} tok/pass  corpus "
-                                  f"{src['accepted']}/{src['drafted']}", highlight=False)
+                    runs[n][c].append(
+                        {
+                            "tok_s": g.stats.tokens_per_s,
+                            "tokens": g.tokens,
+                            "corpus": (src["accepted"], src["drafted"]),
+                            "passes": len(g.steps),
+                            "by_source": by_source,
+                        }
+                    )
+                    console.print(
+                        f"round {r + 1} {n:14s} {c:7s} {g.stats.tokens_per_s:6.1f} tok/s  "
+                        f"{len(g.tokens) / max(len(g.steps), 1):.2f} tok/pass  corpus "
+                        f"{src['accepted']}/{src['drafted']}",
+                        highlight=False,
+                    )
         for d in drafters.values():
             if d is not None:
                 d.close()
@@ -263,8 +315,9 @@ def main() -> None:
                     parted.setdefault(n, []).append(f"{c} ends at token {i}")
                     continue
                 _, margin = teacher_force(session.target, session.prompt_tokens(prompts[n]), other[: i + 1])
-                parted.setdefault(n, []).append(f"{c} at token {i}: {classify(float(margin[i]))} (margin "
-                                                f"{float(margin[i]):.3f} logits)")
+                parted.setdefault(n, []).append(
+                    f"{c} at token {i}: {classify(float(margin[i]))} (margin {float(margin[i]):.3f} logits)"
+                )
 
         # 4. what the corpus's text is worth: oracle drafters of copies on none's output, with and without it
         from specdec_cli.stores import corpus as corpus_store
@@ -278,13 +331,28 @@ def main() -> None:
             out, prompt = list(runs[n]["none"][0]["tokens"]), list(session.prompt_tokens(prompts[n]))
             off_tpp, off_ms = hindsight(copy_lengths(out, prompt), v)
             with_tpp, with_ms = hindsight(copy_lengths(out, prompt, learnt), v)
-            oracle[n] = {"tok_per_pass": {"corpus": with_tpp, "off": off_tpp}, "ms": {"corpus": with_ms,
-                          "off": off_ms}, "corpus_over_off": off_ms / with_ms}
+            oracle[n] = {
+                "tok_per_pass": {"corpus": with_tpp, "off": off_tpp},
+                "ms": {"corpus": with_ms, "off": off_ms},
+                "corpus_over_off": off_ms / with_ms,
+            }
 
-    table = Table(title=f"decode tok/s, median of {args.repeats} interleaved repeats (min-max); "
-                        f"{session.target_path.name}, {args.max_tokens} tokens, corpus: {results['package']}")
-    for col in ("task", "corpus", "off (default w/o corpus)", "none", "corpus/off", "corpus/none",
-                "tok/pass corpus, off", "corpus acc/drafted", "oracle corpus/off", "greedy identical"):
+    table = Table(
+        title=f"decode tok/s, median of {args.repeats} interleaved repeats (min-max); "
+        f"{session.target_path.name}, {args.max_tokens} tokens, corpus: {results['package']}"
+    )
+    for col in (
+        "task",
+        "corpus",
+        "off (default w/o corpus)",
+        "none",
+        "corpus/off",
+        "corpus/none",
+        "tok/pass corpus, off",
+        "corpus acc/drafted",
+        "oracle corpus/off",
+        "greedy identical",
+    ):
         table.add_column(col, justify="left" if col == "task" else "right")
     ratios = {"tasks": [], "controls": []}
     for n in names:
@@ -296,29 +364,56 @@ def main() -> None:
         dr = sum(x["corpus"][1] for x in runs[n]["corpus"]) // len(runs[n]["corpus"])
         ratio = med["corpus"] / med["off"]
         # tokens per target pass: what the drafts bought, whatever the load on the machine
-        tpp = {c: sum(len(x["tokens"]) for x in runs[n][c]) / max(sum(x["passes"] for x in runs[n][c]), 1)
-               for c in CONFIGS}
+        tpp = {
+            c: sum(len(x["tokens"]) for x in runs[n][c]) / max(sum(x["passes"] for x in runs[n][c]), 1) for c in CONFIGS
+        }
         ratios["controls" if n in CONTROLS else "tasks"].append(ratio)
-        table.add_row(n, *(f"{med[c]:.1f} ({spread[c][0]:.1f}-{spread[c][1]:.1f})" for c in CONFIGS),
-                      f"{ratio:.2f}×", f"{med['corpus'] / med['none']:.2f}×",
-                      f"{tpp['corpus']:.2f}, {tpp['off']:.2f}", f"{acc}/{dr}",
-                      f"{oracle[n]['corpus_over_off']:.2f}× ({oracle[n]['tok_per_pass']['corpus']:.2f}, "
-                      f"{oracle[n]['tok_per_pass']['off']:.2f})", "yes" if same else "NO")
-        results["tasks"][n] = {"median": med, "spread": spread, "corpus_over_off": ratio,
-                               "corpus_over_none": med["corpus"] / med["none"], "identical": same,
-                               "corpus_accepted": acc, "corpus_drafted": dr, "tokens_per_pass": tpp,
-                               "parted": parted.get(n, []), "oracle": oracle[n],
-                               "runs": {c: [{"tok_s": x["tok_s"], "passes": x["passes"], "by_source": x["by_source"],
-                                             "tokens": len(x["tokens"])} for x in runs[n][c]] for c in CONFIGS}}
+        table.add_row(
+            n,
+            *(f"{med[c]:.1f} ({spread[c][0]:.1f}-{spread[c][1]:.1f})" for c in CONFIGS),
+            f"{ratio:.2f}×",
+            f"{med['corpus'] / med['none']:.2f}×",
+            f"{tpp['corpus']:.2f}, {tpp['off']:.2f}",
+            f"{acc}/{dr}",
+            f"{oracle[n]['corpus_over_off']:.2f}× ({oracle[n]['tok_per_pass']['corpus']:.2f}, "
+            f"{oracle[n]['tok_per_pass']['off']:.2f})",
+            "yes" if same else "NO",
+        )
+        results["tasks"][n] = {
+            "median": med,
+            "spread": spread,
+            "corpus_over_off": ratio,
+            "corpus_over_none": med["corpus"] / med["none"],
+            "identical": same,
+            "corpus_accepted": acc,
+            "corpus_drafted": dr,
+            "tokens_per_pass": tpp,
+            "parted": parted.get(n, []),
+            "oracle": oracle[n],
+            "runs": {
+                c: [
+                    {
+                        "tok_s": x["tok_s"],
+                        "passes": x["passes"],
+                        "by_source": x["by_source"],
+                        "tokens": len(x["tokens"]),
+                    }
+                    for x in runs[n][c]
+                ]
+                for c in CONFIGS
+            },
+        }
     Console(width=220).print(table)
     for n, lines in parted.items():
         print(f"{n}: greedy output parts from none's: {'; '.join(lines)}")
     for group, xs in ratios.items():
         if xs:
             print(f"{group}: median corpus/off {statistics.median(xs):.2f}× (min {min(xs):.2f}×, max {max(xs):.2f}×)")
-    print("oracle corpus/off: on none's output, the best walk of an oracle drafting copies from every occurrence of the "
-          "context's longest match, in the corpus and the prompt and output, against one without the corpus, priced "
-          "by this host's verify curve (tokens a pass in brackets): what the corpus's text is worth on the task")
+    print(
+        "oracle corpus/off: on none's output, the best walk of an oracle drafting copies from every occurrence of the "
+        "context's longest match, in the corpus and the prompt and output, against one without the corpus, priced "
+        "by this host's verify curve (tokens a pass in brackets): what the corpus's text is worth on the task"
+    )
     xs = [oracle[n]["corpus_over_off"] for n in names if n in TASKS]
     if xs:
         print(f"tasks: median oracle corpus/off {statistics.median(xs):.2f}× (min {min(xs):.2f}×, max {max(xs):.2f}×)")

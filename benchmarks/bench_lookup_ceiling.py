@@ -115,11 +115,18 @@ def main() -> None:
                     engine_drafter = NgramDrafter(2, 4) if name == "ngram" else SuffixDrafter(None, preload=False)
                     g = generate(SpeculativeEngine(target, engine_drafter, ctrl), prompt, config)
                     real[label] = g.stats.tokens_per_s / plain.stats.tokens_per_s
-                table.add_row(path.stem, drafter.name, *(f"{plain_ms / walk(rows, len(out), v, k):.2f}×"
-                                                         for k in (None, 4, 16)),
-                              f"{real['auto']:.2f}×", f"{real['4']:.2f}×")
-            console.print(f"{path.stem}: plain {plain.stats.tokens_per_s:.1f} tok/s; v(b) ms: "
-                          + ", ".join(f"{b}: {m:.0f}" for b, m in curve.items()), highlight=False)
+                table.add_row(
+                    path.stem,
+                    drafter.name,
+                    *(f"{plain_ms / walk(rows, len(out), v, k):.2f}×" for k in (None, 4, 16)),
+                    f"{real['auto']:.2f}×",
+                    f"{real['4']:.2f}×",
+                )
+            console.print(
+                f"{path.stem}: plain {plain.stats.tokens_per_s:.1f} tok/s; v(b) ms: "
+                + ", ".join(f"{b}: {m:.0f}" for b, m in curve.items()),
+                highlight=False,
+            )
     Console(width=max(100, Console().width)).print(table)
     print("oracle, K=4, K=16: offline from the plain output and the measured v(b); real: measured runs of the engine")
 

@@ -135,7 +135,9 @@ from specdec_cli.stores.suffix_index import Corpus  # noqa: E402
 from specdec_cli.stores.suffix_store import SuffixStore  # noqa: E402
 
 PARTS = ("predict-drafter", "sampling", "suffix-store", "host", "kv-pool")
-(PREDICT_DOC, SAMPLING_DOC, SUFFIX_DOC, HOST_DOC, KV_POOL_DOC) = (part.split("\n\n", 1)[1] for part in __doc__.split("\n## ")[1:])
+(PREDICT_DOC, SAMPLING_DOC, SUFFIX_DOC, HOST_DOC, KV_POOL_DOC) = (
+    part.split("\n\n", 1)[1] for part in __doc__.split("\n## ")[1:]
+)
 
 
 # -- --part predict-drafter (was bench_predict_drafter.py) -----------------------------------------------------------
@@ -207,13 +209,19 @@ def predict_main(argv: list[str]) -> None:
             steps += 1
             n += n_acc + 1
     print(f"prediction {len(pred)} tokens, output {len(output)} tokens, K = {args.k}, build {build_ms:.2f} ms")
-    print(f"steps {steps // args.repeats} per run, tokens per step {len(output) * args.repeats / steps:.2f}, "
-          f"accepted drafts {accepted / (len(output) * args.repeats):.1%} of the output")
-    print(f"aligned steps: {len(aligned)}  median propose {statistics.median(aligned):.4f} ms  "
-          f"p99 {np.percentile(aligned, 99):.4f} ms")
+    print(
+        f"steps {steps // args.repeats} per run, tokens per step {len(output) * args.repeats / steps:.2f}, "
+        f"accepted drafts {accepted / (len(output) * args.repeats):.1%} of the output"
+    )
+    print(
+        f"aligned steps: {len(aligned)}  median propose {statistics.median(aligned):.4f} ms  "
+        f"p99 {np.percentile(aligned, 99):.4f} ms"
+    )
     if resync:
-        print(f"re-sync steps: {len(resync)}  median propose {statistics.median(resync):.4f} ms  "
-              f"p99 {np.percentile(resync, 99):.4f} ms  max {max(resync):.4f} ms")
+        print(
+            f"re-sync steps: {len(resync)}  median propose {statistics.median(resync):.4f} ms  "
+            f"p99 {np.percentile(resync, 99):.4f} ms  max {max(resync):.4f} ms"
+        )
 
 
 # -- --part sampling (was bench_sampling.py) -------------------------------------------------------------------------
@@ -279,8 +287,11 @@ def sampling_main(argv: list[str]) -> None:
         params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.95, min_p=0.05)
         row = synthetic_logits(1, seed=top_k)[0]
         # same answer, or the comparison means nothing
-        assert np.allclose(np.bincount(process(row, params).ids, process(row, params).probs, SAMPLING_VOCAB),
-                           naive_process(row, params), atol=1e-12)
+        assert np.allclose(
+            np.bincount(process(row, params).ids, process(row, params).probs, SAMPLING_VOCAB),
+            naive_process(row, params),
+            atol=1e-12,
+        )
         ours = median_us(lambda: process(row, params), args.repeats)
         naive = median_us(lambda: naive_process(row, params), args.repeats)
         print(f"{f'process, top-k {top_k}':<44}{ours:>10.0f}{naive:>11.0f}{naive / ours:>12.1f}")
@@ -336,8 +347,11 @@ def variant(rng: np.random.Generator, tpl: list[np.ndarray]) -> np.ndarray:
 
 
 def suffix_main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="bench_parts.py --part suffix-store", description=SUFFIX_DOC,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench_parts.py --part suffix-store",
+        description=SUFFIX_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--tokens", type=int, default=300_000, help="store size in tokens")
     ap.add_argument("--k", type=int, default=8, help="draft length asked for")
     ap.add_argument("--queries", type=int, default=20, help="generations simulated")
@@ -392,14 +406,18 @@ def suffix_main(argv: list[str]) -> None:
         t0 = time.perf_counter()
         drafter.propose(extra[0][:52], args.k, GREEDY, rng)
         second_us = (time.perf_counter() - t0) * 1e6
-        print(f"start-up: SuffixStore() + SuffixDrafter() {ctor_us:.0f} µs; first propose (loads {path.name}) "
-              f"{first_ms:.1f} ms, the next {second_us:.0f} µs; in memory {store.corpus.nbytes / 2**20:.1f} MiB")
+        print(
+            f"start-up: SuffixStore() + SuffixDrafter() {ctor_us:.0f} µs; first propose (loads {path.name}) "
+            f"{first_ms:.1f} ms, the next {second_us:.0f} µs; in memory {store.corpus.nbytes / 2**20:.1f} MiB"
+        )
         store = SuffixStore(path, fingerprint=FP)
         drafter = SuffixDrafter(store)  # preload=True: a thread reads the file while the models load
         time.sleep(0.5)  # loading a GGUF and evaluating the prompt take longer than this
         t0 = time.perf_counter()
         drafter.begin(extra[0][:50])
-        print(f"with preload (the default): the engine's drafter prefill waits {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        print(
+            f"with preload (the default): the engine's drafter prefill waits {(time.perf_counter() - t0) * 1e3:.1f} ms"
+        )
 
         times: list[float] = []
         cpu: list[float] = []  # thread CPU time: the cost without preemption by other processes
@@ -449,8 +467,9 @@ class ScriptedBackend:
 
     _shared: dict[tuple[int, int], np.ndarray] = {}  # (n_batch, vocab) -> the logits buffer, reused as llama.cpp's is
 
-    def __init__(self, script: np.ndarray, pieces: list[bytes], *, vocab: int = HOST_VOCAB, n_ctx: int = 8192,
-                 n_batch: int = 128) -> None:
+    def __init__(
+        self, script: np.ndarray, pieces: list[bytes], *, vocab: int = HOST_VOCAB, n_ctx: int = 8192, n_batch: int = 128
+    ) -> None:
         self.script = np.asarray(script, dtype=np.int32)
         self.pieces = pieces
         self._vocab, self._n_ctx, self._n_batch = vocab, n_ctx, n_batch
@@ -496,8 +515,11 @@ class ScriptedBackend:
         m, start = len(toks), self._n
         self._tokens[start : start + m] = toks
         self._n = start + m
-        out = self._rows(np.arange(start + m - n_logits, start + m)) if n_logits else np.zeros((0, self._vocab),
-                                                                                              np.float32)
+        out = (
+            self._rows(np.arange(start + m - n_logits, start + m))
+            if n_logits
+            else np.zeros((0, self._vocab), np.float32)
+        )
         self.passes += 1
         self.decode_s += CLOCK() - t0
         return out
@@ -580,8 +602,7 @@ def flat_curve():
     return VerifyCurve(ms=tuple(5.0 + 0.01 * b for b in range(1, B_MAX + 1)))  # a GPU: v(65) = 1.1 v(1)
 
 
-def fake_run(k: int | None, script: np.ndarray, prompt: np.ndarray, pieces: list[bytes], n_out: int,
-             tmp: Path) -> dict:
+def fake_run(k: int | None, script: np.ndarray, prompt: np.ndarray, pieces: list[bytes], n_out: int, tmp: Path) -> dict:
     """One `specdec run`-shaped generation on the scripted backend; k None = `--k auto` on the flat curve."""
     from specdec_cli.cli.render import StreamRenderer
     from specdec_cli.core.controller import AdaptiveK, FixedK
@@ -615,8 +636,13 @@ def fake_run(k: int | None, script: np.ndarray, prompt: np.ndarray, pieces: list
     cpu = CLOCK() - t0
     host_ms = (cpu - backend.decode_s) * 1e3
     text = drive.result().text
-    return {"host_ms": host_ms / passes, "draft_ms": draft_ms / passes, "rows": rows / passes, "passes": passes,
-            "text": text}
+    return {
+        "host_ms": host_ms / passes,
+        "draft_ms": draft_ms / passes,
+        "rows": rows / passes,
+        "passes": passes,
+        "text": text,
+    }
 
 
 def fake_table(repeats: int, n_prompt: int, n_out: int) -> list[dict]:
@@ -640,22 +666,35 @@ def fake_table(repeats: int, n_prompt: int, n_out: int) -> list[dict]:
         texts = {r["text"] for r in rs}
         assert len(texts) == 1, f"{name}: the output changed between repeats"
         host = [r["host_ms"] for r in rs]
-        table.append({"config": name, "text": texts.pop(), "rows": statistics.median(r["rows"] for r in rs),
-                      "passes": statistics.median(r["passes"] for r in rs), "host": host,
-                      "draft": statistics.median(r["draft_ms"] for r in rs)})
+        table.append(
+            {
+                "config": name,
+                "text": texts.pop(),
+                "rows": statistics.median(r["rows"] for r in rs),
+                "passes": statistics.median(r["passes"] for r in rs),
+                "host": host,
+                "draft": statistics.median(r["draft_ms"] for r in rs),
+            }
+        )
     return table
 
 
 def print_fake(table: list[dict], repeats: int, n_prompt: int, n_out: int) -> None:
-    print(f"\n(a) fake backend, zero-cost passes at V = {HOST_VOCAB:,}: prompt {n_prompt} tokens, -n {n_out}, "
-          f"median of {repeats} interleaved repeats (min-max), CPU time")
-    print(f"{'config':<12} {'rows/pass':>9} {'passes':>6} {'host ms/pass':>22} {'of it drafting':>14} "
-          f"{'budget':>7} {'within':>6}")
+    print(
+        f"\n(a) fake backend, zero-cost passes at V = {HOST_VOCAB:,}: prompt {n_prompt} tokens, -n {n_out}, "
+        f"median of {repeats} interleaved repeats (min-max), CPU time"
+    )
+    print(
+        f"{'config':<12} {'rows/pass':>9} {'passes':>6} {'host ms/pass':>22} {'of it drafting':>14} "
+        f"{'budget':>7} {'within':>6}"
+    )
     for r in table:
         med, lo, hi = statistics.median(r["host"]), min(r["host"]), max(r["host"])
         budget = 1.0 + 0.1 * r["rows"]
-        print(f"{r['config']:<12} {r['rows']:>9.1f} {r['passes']:>6.0f} {med:>8.3f} ({lo:.3f}-{hi:.3f}) "
-              f"{r['draft']:>14.3f} {budget:>7.2f} {'yes' if med <= budget else 'NO':>6}")
+        print(
+            f"{r['config']:<12} {r['rows']:>9.1f} {r['passes']:>6.0f} {med:>8.3f} ({lo:.3f}-{hi:.3f}) "
+            f"{r['draft']:>14.3f} {budget:>7.2f} {'yes' if med <= budget else 'NO':>6}"
+        )
     outputs = hashlib.sha256("".join(r["text"] for r in table).encode()).hexdigest()[:16]
     print(f"outputs sha256 {outputs} (the same before and after a change that keeps greedy output)")
 
@@ -707,8 +746,10 @@ def real_table(args) -> None:
     print(host.describe_build(system_info()))
     spec = SpecOptions()
     runs = []
-    with open_session(ModelOptions(target=args.model, prompt_cache=False), method=spec.method) as session, \
-            Assembler(session) as assembler:
+    with (
+        open_session(ModelOptions(target=args.model, prompt_cache=False), method=spec.method) as session,
+        Assembler(session) as assembler,
+    ):
         prompt = session.prompt_tokens(prompt_text)
         target = session.target
         for name in ("decode", "decode_branches", "truncate"):  # the backend's own CPU time (llama_decode included)
@@ -717,8 +758,10 @@ def real_table(args) -> None:
         if curve is None and not args.measure:
             os.environ["SPECDEC_VERIFY_CURVE"] = "off"  # the engine would measure one now (~70 s for 1.5B alone)
         curve = session.verify_curve(measure=args.measure)
-        print(f"target: {session.target_path.name}, {session.target.n_threads} threads, prompt {len(prompt)} tokens, "
-              f"verify curve: {'measured' if curve is not None else 'none kept (--measure to measure it)'}")
+        print(
+            f"target: {session.target_path.name}, {session.target.n_threads} threads, prompt {len(prompt)} tokens, "
+            f"verify curve: {'measured' if curve is not None else 'none kept (--measure to measure it)'}"
+        )
         for _ in range(args.real_repeats):
             # a fresh controller and a drafter of its own per repeat, neither saved: every repeat starts alike
             drafter = assembler.make_drafter(spec)
@@ -745,18 +788,34 @@ def real_table(args) -> None:
             cpu = (time.thread_time() - c0 - clock["cpu"]) * 1e3  # this thread outside llama_decode: host work
             target_ms = clock["s"] * 1e3
             backend = (clock["backend"] - clock["cpu"]) * 1e3  # in the backend's methods, outside llama_decode
-            runs.append({"wall": wall, "target": target_ms, "draft": draft_ms, "host": wall - target_ms - draft_ms, "cpu": cpu,
-                         "backend": backend, "cpu_median": statistics.median(per_pass),
-                         "passes": passes, "rows": rows / passes, "calls": clock["calls"],
-                         "tokens": len(drive.result().tokens), "text": drive.result().text})
+            runs.append(
+                {
+                    "wall": wall,
+                    "target": target_ms,
+                    "draft": draft_ms,
+                    "host": wall - target_ms - draft_ms,
+                    "cpu": cpu,
+                    "backend": backend,
+                    "cpu_median": statistics.median(per_pass),
+                    "passes": passes,
+                    "rows": rows / passes,
+                    "calls": clock["calls"],
+                    "tokens": len(drive.result().tokens),
+                    "text": drive.result().text,
+                }
+            )
     llama_cpp.llama_decode = inner
-    print(f"\n(b) real: specdec run --method auto -n {args.n} {Path(args.prompt).name} (prompt cache off; median of "
-          f"{len(runs)} repeats, min-max)")
+    print(
+        f"\n(b) real: specdec run --method auto -n {args.n} {Path(args.prompt).name} (prompt cache off; median of "
+        f"{len(runs)} repeats, min-max)"
+    )
     print(f"{'':<16} {'median':>9} {'min-max':>19}")
 
     def row(label: str, xs: Sequence[float], fmt: str = "{:.1f}") -> None:
-        print(f"{label:<16} {fmt.format(statistics.median(xs)):>9} "
-              f"{(fmt.format(min(xs)) + '-' + fmt.format(max(xs))):>19}")
+        print(
+            f"{label:<16} {fmt.format(statistics.median(xs)):>9} "
+            f"{(fmt.format(min(xs)) + '-' + fmt.format(max(xs))):>19}"
+        )
 
     row("wall ms", [r["wall"] for r in runs])
     row("target ms", [r["target"] for r in runs])
@@ -769,18 +828,22 @@ def real_table(args) -> None:
     row("  median pass", [r["cpu_median"] for r in runs], "{:.2f}")  # without the first steps' one-off costs
     row("  in the backend", [r["backend"] / r["passes"] for r in runs], "{:.2f}")  # models/llama.py's Python
     row("budget ms/pass", [1.0 + 0.1 * r["rows"] for r in runs], "{:.2f}")
-    print(f"tokens: {sorted({r['tokens'] for r in runs})}; output sha256 "
-          f"{sorted({hashlib.sha256(r['text'].encode()).hexdigest()[:16] for r in runs})}")
+    print(
+        f"tokens: {sorted({r['tokens'] for r in runs})}; output sha256 "
+        f"{sorted({hashlib.sha256(r['text'].encode()).hexdigest()[:16] for r in runs})}"
+    )
 
 
 def _cpu_timed(fn, clock: dict):
     """`fn` adding this thread's CPU seconds in it to clock["backend"]."""
+
     def timed(*args, **kwargs):
         c0 = time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             clock["backend"] = clock.get("backend", 0.0) + time.thread_time() - c0
+
     return timed
 
 
@@ -804,9 +867,11 @@ def host_main(argv: list[str]) -> None:
         profile(args.profile, args.prompt_tokens, args.fake_n)
         return
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"host: {platform.node()} {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs; "
-          f"python {platform.python_version()}, numpy {np.__version__}; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"host: {platform.node()} {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs; "
+        f"python {platform.python_version()}, numpy {np.__version__}; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     if not args.no_fake:
         table = fake_table(args.repeats, args.prompt_tokens, args.fake_n)
         print_fake(table, args.repeats, args.prompt_tokens, args.fake_n)
@@ -816,10 +881,17 @@ def host_main(argv: list[str]) -> None:
 
 
 # -- --part kv-pool (was bench_kv_pool.py) ---------------------------------------------------------------------------
-CASES = ["8 rows, a lane of 8,000 beside", "8 rows + 256 prefill rows (8,000 deep)", "4 lanes x 8 rows",
-         "1 lane x 8 rows, 3 lanes beside", "3 lanes x 8 rows + 256 prefill rows", "4 lanes x 1, 4, 12, 2 rows",
-         "64 rows (2,500 deep) + 10 rows of another lane", "64 rows (2,500 deep) alone",
-         "10 rows (1,500 deep) alone"]
+CASES = [
+    "8 rows, a lane of 8,000 beside",
+    "8 rows + 256 prefill rows (8,000 deep)",
+    "4 lanes x 8 rows",
+    "1 lane x 8 rows, 3 lanes beside",
+    "3 lanes x 8 rows + 256 prefill rows",
+    "4 lanes x 1, 4, 12, 2 rows",
+    "64 rows (2,500 deep) + 10 rows of another lane",
+    "64 rows (2,500 deep) alone",
+    "10 rows (1,500 deep) alone",
+]
 
 
 def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
@@ -833,15 +905,22 @@ def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
     from specdec_cli.models.llama import PHASED, LlamaBackend
 
     rng = np.random.default_rng(0)
-    be = LlamaBackend(str(model_path(None)), n_ctx=16384, n_batch=512, n_threads=threads, flash_attn=PHASED,
-                      n_lanes=4, kv_unified=unified)
+    be = LlamaBackend(
+        str(model_path(None)),
+        n_ctx=16384,
+        n_batch=512,
+        n_threads=threads,
+        flash_attn=PHASED,
+        n_lanes=4,
+        kv_unified=unified,
+    )
     lanes = [be.lane(i) for i in range(4)]
 
     def fill(lane, n: int) -> None:
         lane.truncate(0)
         toks = rng.integers(1000, 30000, n).astype(np.int32)
         for s in range(0, n, 512):
-            be.decode_many([(lane, toks[s:s + 512], 0)])
+            be.decode_many([(lane, toks[s : s + 512], 0)])
 
     def timed(spec) -> list[float]:
         out = []
@@ -861,17 +940,25 @@ def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
     fill(lanes[0], 1500)
     fill(lanes[2], 1000)
     fill(lanes[3], 2000)
-    res += [timed([(lane, 8) for lane in lanes]), timed([(lanes[1], 8)]),
-            timed([(lanes[0], 8), (lanes[1], 8), (lanes[2], 8), (lanes[3], 256)]),
-            timed([(lanes[0], 1), (lanes[1], 4), (lanes[2], 12), (lanes[3], 2)]),
-            timed([(lanes[1], 64), (lanes[0], 10)]), timed([(lanes[1], 64)]), timed([(lanes[0], 10)])]
+    res += [
+        timed([(lane, 8) for lane in lanes]),
+        timed([(lanes[1], 8)]),
+        timed([(lanes[0], 8), (lanes[1], 8), (lanes[2], 8), (lanes[3], 256)]),
+        timed([(lanes[0], 1), (lanes[1], 4), (lanes[2], 12), (lanes[3], 2)]),
+        timed([(lanes[1], 64), (lanes[0], 10)]),
+        timed([(lanes[1], 64)]),
+        timed([(lanes[0], 10)]),
+    ]
     be.close()
     return res
 
 
 def kv_pool_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="bench_parts.py --part kv-pool", description=KV_POOL_DOC,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench_parts.py --part kv-pool",
+        description=KV_POOL_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -884,26 +971,51 @@ def kv_pool_main(argv: list[str]) -> int:
     got: dict[str, list[list[float]]] = {"per-lane": [[] for _ in CASES], "unified": [[] for _ in CASES]}
     for _ in range(args.rounds):
         for layout in ("per-lane", "unified"):
-            out = subprocess.run([sys.executable, __file__, "--part", "kv-pool", "--child", layout, "--repeats", str(args.repeats),
-                                  "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--part",
+                    "kv-pool",
+                    "--child",
+                    layout,
+                    "--repeats",
+                    str(args.repeats),
+                    "--threads",
+                    str(args.threads),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             for acc, ms in zip(got[layout], json.loads(out.stdout.strip().splitlines()[-1]), strict=False):
                 acc.extend(ms)
-    print("\n| pass (ms, median (min-max)) | KV stream per lane | one pool (-kvu) | pool / streams |\n|---|---|---|---|")
+    print(
+        "\n| pass (ms, median (min-max)) | KV stream per lane | one pool (-kvu) | pool / streams |\n|---|---|---|---|"
+    )
     for i, case in enumerate(CASES):
         a, b = got["per-lane"][i], got["unified"][i]
         cell = lambda v: f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"  # noqa: E731
         print(f"| {case} | {cell(a)} | {cell(b)} | {statistics.median(b) / statistics.median(a):.2f}x |")
     return 0
 
+
 def main(argv: list[str] | None = None) -> int:
     """`--part P` picks the benchmark; the rest of the command line is its own options (`--part P --help`)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 add_help=False)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False
+    )
     ap.add_argument("--part", choices=PARTS, required=True)
     args, rest = ap.parse_known_args(argv)
-    run = {"predict-drafter": predict_main, "sampling": sampling_main, "suffix-store": suffix_main, "host": host_main,
-           "kv-pool": kv_pool_main}[args.part]
+    run = {
+        "predict-drafter": predict_main,
+        "sampling": sampling_main,
+        "suffix-store": suffix_main,
+        "host": host_main,
+        "kv-pool": kv_pool_main,
+    }[args.part]
     return run(rest) or 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -205,8 +205,12 @@ class Server:
 def serve_env(home: Path, checkout: Path = ROOT) -> dict[str, str]:
     """The environment of a `specdec serve` on a fresh home: SPECDEC_HOME=`home`, its prompt cache in `home`/prompts
     (servers measured side by side must not restore each other's KV states) and `checkout` first on PYTHONPATH."""
-    return {**os.environ, "SPECDEC_HOME": str(home), "SPECDEC_PROMPT_CACHE": str(Path(home) / "prompts"),
-            "PYTHONPATH": str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {
+        **os.environ,
+        "SPECDEC_HOME": str(home),
+        "SPECDEC_PROMPT_CACHE": str(Path(home) / "prompts"),
+        "PYTHONPATH": str(checkout) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
 
 
 def launch(cmd: list[str], home: str | Path) -> tuple[Server, str]:
@@ -240,8 +244,12 @@ def model_path(target: str | None) -> Path:
 
 
 # -- HTTP ---------------------------------------------------------------------------------------------------------
-HEADERS = {"Content-Type": "application/json", "x-api-key": "unused", "Authorization": "Bearer unused",
-           "anthropic-version": "2023-06-01"}
+HEADERS = {
+    "Content-Type": "application/json",
+    "x-api-key": "unused",
+    "Authorization": "Bearer unused",
+    "anthropic-version": "2023-06-01",
+}
 
 
 def post(url: str, path: str, body: dict, timeout: float = 3600) -> tuple[int, dict, float]:
@@ -341,7 +349,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def spread(values: list[float], digits: int = 2) -> str:
-    """"median (min-max)" of `values`."""
+    """ "median (min-max)" of `values`."""
     values = [v for v in values if v == v]
     if not values:
         return "-"
@@ -383,8 +391,11 @@ def harvest(seed: Path, home: Path) -> None:
     except (OSError, ValueError):
         return
     curves = kept.setdefault("curves", {})
-    fresh = {k: v for k, v in (doc.get("curves") or {}).items()
-             if not (v.get("curve") or {}).get("stale") and (k not in curves or (curves[k].get("curve") or {}).get("stale"))}
+    fresh = {
+        k: v
+        for k, v in (doc.get("curves") or {}).items()
+        if not (v.get("curve") or {}).get("stale") and (k not in curves or (curves[k].get("curve") or {}).get("stale"))
+    }
     if not fresh and (seed / "learnt.json").is_file():
         return
     curves.update(fresh)
@@ -427,8 +438,10 @@ def source_file() -> str:
 
 
 def first_messages(code: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Here is my file:\n\n```python\n{code}\n```\n\n{INSTRUCTIONS[0]}"}]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Here is my file:\n\n```python\n{code}\n```\n\n{INSTRUCTIONS[0]}"},
+    ]
 
 
 def start_server(args, method: str, home: str) -> tuple[Server, str]:
@@ -453,15 +466,26 @@ def editor_session(client, code: str, max_tokens: int) -> list[dict]:
         reply = resp.choices[0].message.content
         messages.append({"role": "assistant", "content": reply})
         spec = resp.model_extra["specdec"]
-        rows.append({"request": i + 1, "wall_s": wall, "tokens": resp.usage.completion_tokens,
-                     "prompt_tokens": resp.usage.prompt_tokens,
-                     "cached_tokens": resp.usage.prompt_tokens_details.cached_tokens,
-                     "client_tok_s": resp.usage.completion_tokens / wall, "decode_tok_s": spec["tokens_per_s"],
-                     "drafted": spec["drafted"], "accepted": spec["accepted"], "tokens_per_pass": spec["tokens_per_pass"]})
-        print(f"  request {i + 1:2d}: {rows[-1]['tokens']:4d} tokens in {wall:6.2f} s  "
-              f"{rows[-1]['client_tok_s']:6.1f} tok/s (decode {spec['tokens_per_s']:.1f})  "
-              f"acceptance {spec['acceptance_rate']:.0%}  cached {rows[-1]['cached_tokens']}/{rows[-1]['prompt_tokens']}",
-              file=sys.stderr)
+        rows.append(
+            {
+                "request": i + 1,
+                "wall_s": wall,
+                "tokens": resp.usage.completion_tokens,
+                "prompt_tokens": resp.usage.prompt_tokens,
+                "cached_tokens": resp.usage.prompt_tokens_details.cached_tokens,
+                "client_tok_s": resp.usage.completion_tokens / wall,
+                "decode_tok_s": spec["tokens_per_s"],
+                "drafted": spec["drafted"],
+                "accepted": spec["accepted"],
+                "tokens_per_pass": spec["tokens_per_pass"],
+            }
+        )
+        print(
+            f"  request {i + 1:2d}: {rows[-1]['tokens']:4d} tokens in {wall:6.2f} s  "
+            f"{rows[-1]['client_tok_s']:6.1f} tok/s (decode {spec['tokens_per_s']:.1f})  "
+            f"acceptance {spec['acceptance_rate']:.0%}  cached {rows[-1]['cached_tokens']}/{rows[-1]['prompt_tokens']}",
+            file=sys.stderr,
+        )
     return rows
 
 
@@ -470,8 +494,13 @@ def http_runs(client, messages: list[dict], max_tokens: int, repeats: int) -> li
     for _ in range(repeats + 1):  # the first run is a warm-up (it fills the KV cache)
         t0 = time.perf_counter()
         resp = client.chat.completions.create(model="specdec", messages=messages, max_tokens=max_tokens, temperature=0)
-        out.append({"wall_s": time.perf_counter() - t0, "tokens": resp.usage.completion_tokens,
-                    "decode_ms": resp.model_extra["specdec"]["decode_ms"]})
+        out.append(
+            {
+                "wall_s": time.perf_counter() - t0,
+                "tokens": resp.usage.completion_tokens,
+                "decode_ms": resp.model_extra["specdec"]["decode_ms"],
+            }
+        )
     return out[1:]
 
 
@@ -489,8 +518,10 @@ def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> li
     try:
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            request = Request(GenerationConfig(max_tokens=max_tokens),
-                              messages=tuple(Message(m["role"], m["content"]) for m in messages))
+            request = Request(
+                GenerationConfig(max_tokens=max_tokens),
+                messages=tuple(Message(m["role"], m["content"]) for m in messages),
+            )
             drive = service.stream(request, service.prompt_tokens(request))
             try:
                 for _record in drive:
@@ -534,8 +565,11 @@ def chat_main(argv: list[str]) -> int:
             t0 = time.perf_counter()
             rows = editor_session(client, code, args.max_tokens)
             total = time.perf_counter() - t0
-            overhead = http_runs(client, first_messages(code), args.overhead_tokens, args.repeats) \
-                if method == "none" else None
+            overhead = (
+                http_runs(client, first_messages(code), args.overhead_tokens, args.repeats)
+                if method == "none"
+                else None
+            )
         finally:
             stop_server(proc)
         results["methods"][method] = {"rows": rows, "total_s": total}
@@ -551,17 +585,34 @@ def chat_main(argv: list[str]) -> int:
         return sum(r["tokens"] for r in rows) / sum(r["wall_s"] for r in rows)
 
     base = results["methods"]["none"]["total_s"]
-    table = Table(title=f"specdec serve, editor-like session: 10 requests, history resent, {args.max_tokens} tokens max")
-    for col in ("method", "total s", "speedup vs none", "tok/s 1-5", "tok/s 6-10", "learning (6-10 / 1-5)",
-                "acceptance", "tokens per pass"):
+    table = Table(
+        title=f"specdec serve, editor-like session: 10 requests, history resent, {args.max_tokens} tokens max"
+    )
+    for col in (
+        "method",
+        "total s",
+        "speedup vs none",
+        "tok/s 1-5",
+        "tok/s 6-10",
+        "learning (6-10 / 1-5)",
+        "acceptance",
+        "tokens per pass",
+    ):
         table.add_column(col, justify="left" if col == "method" else "right")
     for method, res in results["methods"].items():
         rows = res["rows"]
         drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
         early, late = tok_s(rows[:5]), tok_s(rows[5:])
-        table.add_row(method, f"{res['total_s']:.1f}", f"{base / res['total_s']:.2f}×", f"{early:.1f}", f"{late:.1f}",
-                      f"{late / early:.2f}×", f"{accepted / drafted:.0%}" if drafted else "–",
-                      f"{statistics.mean(r['tokens_per_pass'] for r in rows):.2f}")
+        table.add_row(
+            method,
+            f"{res['total_s']:.1f}",
+            f"{base / res['total_s']:.2f}×",
+            f"{early:.1f}",
+            f"{late:.1f}",
+            f"{late / early:.2f}×",
+            f"{accepted / drafted:.0%}" if drafted else "–",
+            f"{statistics.mean(r['tokens_per_pass'] for r in rows):.2f}",
+        )
     per_request = Table(title="tok/s per request (client side, prefill included)")
     per_request.add_column("method")
     for i in range(len(INSTRUCTIONS)):
@@ -577,11 +628,20 @@ def chat_main(argv: list[str]) -> int:
     direct_s = statistics.median(r["wall_s"] for r in direct)
     decode_s = statistics.median(r["decode_ms"] for r in direct) / 1e3
     share = (http_s - direct_s) / decode_s if decode_s else float("nan")
-    results["overhead"].update({"http_median_s": http_s, "direct_median_s": direct_s, "decode_median_s": decode_s,
-                                "overhead_share_of_decode": share})
-    out.print(f"HTTP overhead, {http[0]['tokens']}-token reply (method none, median of {args.repeats} warm runs): "
-              f"server {http_s * 1e3:.0f} ms vs engine in process {direct_s * 1e3:.0f} ms "
-              f"(decode {decode_s * 1e3:.0f} ms): {share:+.1%} of decode time", highlight=False)
+    results["overhead"].update(
+        {
+            "http_median_s": http_s,
+            "direct_median_s": direct_s,
+            "decode_median_s": decode_s,
+            "overhead_share_of_decode": share,
+        }
+    )
+    out.print(
+        f"HTTP overhead, {http[0]['tokens']}-token reply (method none, median of {args.repeats} warm runs): "
+        f"server {http_s * 1e3:.0f} ms vs engine in process {direct_s * 1e3:.0f} ms "
+        f"(decode {decode_s * 1e3:.0f} ms): {share:+.1%} of decode time",
+        highlight=False,
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
@@ -599,18 +659,28 @@ CASES = {
         "class Vec:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
         "    def add(self, other):\n",
         "\n\n    def sub(self, other):\n        if not isinstance(other, Vec):\n            raise TypeError(other)\n"
-        "        return Vec(self.x - other.x, self.y - other.y)\n", []),
+        "        return Vec(self.x - other.x, self.y - other.y)\n",
+        [],
+    ),
     # a call site whose definition is in another file (input_extra)
     "extra file": (
         "from shapes import area\n\n\ndef report(rects):\n    total = 0\n    for r in rects:\n",
         "\n    return total\n",
-        [{"filename": "shapes.py", "text": "def area(width: float, height: float) -> float:\n"
-                                          "    \"\"\"The area of a width x height rectangle.\"\"\"\n"
-                                          "    return width * height\n"}]),
+        [
+            {
+                "filename": "shapes.py",
+                "text": "def area(width: float, height: float) -> float:\n"
+                '    """The area of a width x height rectangle."""\n'
+                "    return width * height\n",
+            }
+        ],
+    ),
     # a dict entry between similar entries
     "config entry": (
-        "DEFAULTS = {\n    \"host\": \"127.0.0.1\",\n    \"port\": 8000,\n",
-        "\n    \"timeout_s\": 30,\n    \"retries\": 3,\n}\n", []),
+        'DEFAULTS = {\n    "host": "127.0.0.1",\n    "port": 8000,\n',
+        '\n    "timeout_s": 30,\n    "retries": 3,\n}\n',
+        [],
+    ),
 }
 
 
@@ -635,8 +705,14 @@ def infill(url: str, prefix: str, suffix: str, extra: list, n_predict: int) -> d
     """One streamed /infill request: {"ttft_s", "total_s", "text", "specdec"}."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=900)
-    body = {"input_prefix": prefix, "input_suffix": suffix, "input_extra": extra, "n_predict": n_predict,
-            "temperature": 0, "stream": True}
+    body = {
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": extra,
+        "n_predict": n_predict,
+        "temperature": 0,
+        "stream": True,
+    }
     t0 = time.perf_counter()
     conn.request("POST", "/infill", body=json.dumps(body), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
@@ -655,14 +731,21 @@ def infill(url: str, prefix: str, suffix: str, extra: list, n_predict: int) -> d
             last = obj
     total = time.perf_counter() - t0
     conn.close()
-    return {"ttft_s": ttft if ttft is not None else total, "total_s": total, "text": "".join(text),
-            "specdec": last.get("specdec", {}), "tokens": last.get("tokens_predicted", 0)}
+    return {
+        "ttft_s": ttft if ttft is not None else total,
+        "total_s": total,
+        "text": "".join(text),
+        "specdec": last.get("specdec", {}),
+        "tokens": last.get("tokens_predicted", 0),
+    }
 
 
 def fim_table(rows: dict, method: str) -> str:
     """The markdown table: one row per case and method, medians (min-max) over the repeats so far."""
-    out = ["| case | method | tokens | time to first token, s | completion time, s | tokens/pass | accepted/drafted |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "| case | method | tokens | time to first token, s | completion time, s | tokens/pass | accepted/drafted |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (name, m), rs in rows.items():
         tpp = statistics.median(r["specdec"].get("tokens_per_pass", 1.0) for r in rs)
         sources = {}
@@ -673,8 +756,10 @@ def fim_table(rows: dict, method: str) -> str:
                 acc[1] += v["drafted"]
         shown = ", ".join(f"{s} {a}/{d}" for s, (a, d) in sorted(sources.items())) or "-"
         tokens = statistics.median(r["tokens"] for r in rs)
-        out.append(f"| {name} | {m} | {tokens:g} | {spread([r['ttft_s'] for r in rs])} | "
-                   f"{spread([r['total_s'] for r in rs])} | {tpp:.2f} | {shown} |")
+        out.append(
+            f"| {name} | {m} | {tokens:g} | {spread([r['ttft_s'] for r in rs])} | "
+            f"{spread([r['total_s'] for r in rs])} | {tpp:.2f} | {shown} |"
+        )
     return "\n".join(out)
 
 
@@ -694,8 +779,20 @@ def fim_main(argv: list[str]) -> int:
     print(host.describe_build(system_info()), file=sys.stderr)  # which build both servers run (this venv's)
     servers = {}
     for method in (args.method, "none"):
-        cmd = [sys.executable, "-m", "specdec_cli", "serve", "-t", args.target, "--method", method, "--port", "0",
-               "--ctx", str(args.ctx)] + (["--threads", str(args.threads)] if args.threads else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_cli",
+            "serve",
+            "-t",
+            args.target,
+            "--method",
+            method,
+            "--port",
+            "0",
+            "--ctx",
+            str(args.ctx),
+        ] + (["--threads", str(args.threads)] if args.threads else [])
         servers[method] = launch(cmd, tempfile.mkdtemp(prefix=f"bench-fim-{method}-"))
     rows: dict[tuple[str, str], list[dict]] = {}
     try:
@@ -725,8 +822,14 @@ def fim_main(argv: list[str]) -> int:
 SOURCE_COMMIT = "fbc1b06c63a70e889841c505b6bc1021403fd9e7"  # the text the requests are built from (git show)
 
 
-AGENT_FILES = ["specdec_cli/server/worker.py", "specdec_cli/server/http.py", "specdec_cli/server/service.py",
-               "specdec_cli/driver.py", "specdec_cli/core/engine.py", "specdec_cli/stores/kv_parking.py"]
+AGENT_FILES = [
+    "specdec_cli/server/worker.py",
+    "specdec_cli/server/http.py",
+    "specdec_cli/server/service.py",
+    "specdec_cli/driver.py",
+    "specdec_cli/core/engine.py",
+    "specdec_cli/stores/kv_parking.py",
+]
 
 
 FIM_FILE = "specdec_cli/core/controller.py"  # the file being edited: the cursor inside it
@@ -735,8 +838,12 @@ FIM_FILE = "specdec_cli/core/controller.py"  # the file being edited: the cursor
 FIM_EXTRA = ["specdec_cli/core/cost_model.py", "specdec_cli/core/verify_curve.py", "specdec_cli/core/stats.py"]
 
 
-CHAT_FILES = ["specdec_cli/server/fim.py", "specdec_cli/core/detok.py", "specdec_cli/stores/kv_parking.py",
-              "specdec_cli/server/reply.py"]
+CHAT_FILES = [
+    "specdec_cli/server/fim.py",
+    "specdec_cli/core/detok.py",
+    "specdec_cli/stores/kv_parking.py",
+    "specdec_cli/server/reply.py",
+]
 
 
 CHARS_PER_TOKEN = 3.3  # Qwen2.5's tokenizer on this Python source, about (the tables report the real counts)
@@ -748,30 +855,55 @@ FIM_PERIOD_S = 2.0
 COUNT_AT_S = 5.0
 
 
-AGENT_SYSTEM = ("You are a coding agent working in the user's repository. Use the tools to read and change files; "
-                "answer concisely. When the user asks a question about code they pasted, answer from that code.")
+AGENT_SYSTEM = (
+    "You are a coding agent working in the user's repository. Use the tools to read and change files; "
+    "answer concisely. When the user asks a question about code they pasted, answer from that code."
+)
 
 
 AGENT_TOOLS = [  # Claude Code's shape: name, description, input_schema
-    {"name": "Read", "description": "Read a file from the local filesystem.",
-     "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"},
-                                                        "offset": {"type": "number"}, "limit": {"type": "number"}},
-                      "required": ["file_path"], "additionalProperties": False}},
-    {"name": "Bash", "description": "Run a bash command and return its output.",
-     "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
-                                                        "description": {"type": "string"}},
-                      "required": ["command"], "additionalProperties": False}},
-    {"name": "Edit", "description": "Replace old_string with new_string in a file.",
-     "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"},
-                                                        "old_string": {"type": "string"},
-                                                        "new_string": {"type": "string"}},
-                      "required": ["file_path", "old_string", "new_string"], "additionalProperties": False}},
+    {
+        "name": "Read",
+        "description": "Read a file from the local filesystem.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"file_path": {"type": "string"}, "offset": {"type": "number"}, "limit": {"type": "number"}},
+            "required": ["file_path"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "Bash",
+        "description": "Run a bash command and return its output.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "Edit",
+        "description": "Replace old_string with new_string in a file.",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "file_path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+            },
+            "required": ["file_path", "old_string", "new_string"],
+            "additionalProperties": False,
+        },
+    },
 ]
 
 
-AGENT_TASK = ("Above are the server's worker, HTTP layer, service, driver, engine and KV parking. Explain in a short "
-              "numbered list how one request travels from the HTTP handler to the engine and back, naming the "
-              "functions it passes through.")
+AGENT_TASK = (
+    "Above are the server's worker, HTTP layer, service, driver, engine and KV parking. Explain in a short "
+    "numbered list how one request travels from the HTTP handler to the engine and back, naming the "
+    "functions it passes through."
+)
 
 
 CHAT_TASK = "Rewrite this module with full type hints on every function and a one-line docstring where one is missing."
@@ -781,10 +913,13 @@ CHAT_TASK = "Rewrite this module with full type hints on every function and a on
 def source(path: str) -> str:
     """`path` at SOURCE_COMMIT (the same text whatever is checked out)."""
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "show", f"{SOURCE_COMMIT}:{path}"], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{SOURCE_COMMIT}:{path}"], check=True, capture_output=True, text=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"cannot read {path} at {SOURCE_COMMIT[:10]} (a git checkout of specdec is needed): {e}") from e
+        raise SystemExit(
+            f"cannot read {path} at {SOURCE_COMMIT[:10]} (a git checkout of specdec is needed): {e}"
+        ) from e
 
 
 def agent_body(tokens: int, max_tokens: int, nonce: str, capture: Path | None) -> tuple[str, dict]:
@@ -797,22 +932,33 @@ def agent_body(tokens: int, max_tokens: int, nonce: str, capture: Path | None) -
         if path != "/v1/messages":
             raise SystemExit(f"{capture}: only Anthropic /v1/messages captures are supported here (it is {path})")
         system = body.get("system") or ""
-        body["system"] = f"[{nonce}] {system}" if isinstance(system, str) else \
-            [{"type": "text", "text": f"[{nonce}]"}, *system]
+        body["system"] = (
+            f"[{nonce}] {system}" if isinstance(system, str) else [{"type": "text", "text": f"[{nonce}]"}, *system]
+        )
         body.update(stream=True, temperature=0, max_tokens=max_tokens)
         body.pop("top_p", None), body.pop("top_k", None)
         return path, body
     budget, parts = int(tokens * CHARS_PER_TOKEN), []
     for f in AGENT_FILES:
         text = source(f)
-        parts.append(f"<file path=\"{f}\">\n{text[:max(0, budget)]}\n</file>")
+        parts.append(f'<file path="{f}">\n{text[: max(0, budget)]}\n</file>')
         budget -= len(text)
         if budget <= 0:
             break
-    body = {"model": "claude-sonnet-4-5", "max_tokens": max_tokens, "stream": True, "temperature": 0,
-            "system": f"[{nonce}] {AGENT_SYSTEM}", "tools": AGENT_TOOLS,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "\n\n".join(parts)},
-                                                       {"type": "text", "text": AGENT_TASK}]}]}
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "system": f"[{nonce}] {AGENT_SYSTEM}",
+        "tools": AGENT_TOOLS,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "\n\n".join(parts)}, {"type": "text", "text": AGENT_TASK}],
+            }
+        ],
+    }
     return "/v1/messages", body
 
 
@@ -832,8 +978,10 @@ class Editor:
     def make(cls, quick: bool, n_predict: int) -> Editor:
         lines = source(FIM_FILE).splitlines(keepends=True)
         chunk = 8 if quick else 64
-        extra = [{"filename": f, "text": "".join(source(f).splitlines(keepends=True)[:chunk])}
-                 for f in FIM_EXTRA[: 1 if quick else 3]]
+        extra = [
+            {"filename": f, "text": "".join(source(f).splitlines(keepends=True)[:chunk])}
+            for f in FIM_EXTRA[: 1 if quick else 3]
+        ]
         at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("def ") and i > len(lines) // 2)
         return cls(lines, at + 1, extra, "        ", n_predict, *((16, 8) if quick else (256, 64)))
 
@@ -841,29 +989,57 @@ class Editor:
         """The i-th request (the current line typed i characters further; i < 0: nothing typed yet)."""
         n_prefix, n_suffix = self.n_prefix, self.n_suffix
         word = "return self.weights[index]"
-        return {"id_slot": 0, "input_prefix": "".join(self.lines[max(0, self.at - n_prefix):self.at]),
-                "input_suffix": "".join(self.lines[self.at + 1:self.at + 1 + n_suffix]),
-                "input_extra": self.extra, "prompt": self.typed + word[:max(0, i) % len(word)],
-                "n_predict": 0 if warm_up else self.n_predict, "n_indent": len(self.typed), "top_k": 40,
-                "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
-                "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "temperature": 0,
-                "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/predicted_n",
-                                    "timings/predicted_ms", "tokens_cached", "truncated"]}
+        return {
+            "id_slot": 0,
+            "input_prefix": "".join(self.lines[max(0, self.at - n_prefix) : self.at]),
+            "input_suffix": "".join(self.lines[self.at + 1 : self.at + 1 + n_suffix]),
+            "input_extra": self.extra,
+            "prompt": self.typed + word[: max(0, i) % len(word)],
+            "n_predict": 0 if warm_up else self.n_predict,
+            "n_indent": len(self.typed),
+            "top_k": 40,
+            "top_p": 0.90,
+            "samplers": ["top_k", "top_p", "infill"],
+            "stream": False,
+            "cache_prompt": True,
+            "t_max_prompt_ms": 500,
+            "t_max_predict_ms": 1000,
+            "temperature": 0,
+            "response_fields": [
+                "content",
+                "timings/prompt_n",
+                "timings/prompt_ms",
+                "timings/predicted_n",
+                "timings/predicted_ms",
+                "tokens_cached",
+                "truncated",
+            ],
+        }
 
 
 def chat_bodies(quick: bool, nonce: str) -> list[dict]:
     """The four chats: a module to rewrite, 0.6-2k prompt tokens (quick: 100-250), 128-256 max tokens (quick:
     8-16). `nonce` starts the system prompt (the cells' prompts are the same but for it: a reply is compared with
     the same chat's reply in the other cell, so both cells of a repeat share it)."""
-    sizes, limits = ((100, 150, 200, 250), (8, 12, 16, 10)) if quick else ((600, 1000, 1400, 1900),
-                                                                           (128, 192, 256, 160))
+    sizes, limits = (
+        ((100, 150, 200, 250), (8, 12, 16, 10)) if quick else ((600, 1000, 1400, 1900), (128, 192, 256, 160))
+    )
     out = []
     for f, n, limit in zip(CHAT_FILES, sizes, limits, strict=False):
         text = source(f)[: int(n * CHARS_PER_TOKEN)]
-        out.append({"model": "specdec", "stream": True, "temperature": 0, "max_tokens": limit,
-                    "stream_options": {"include_usage": True},
-                    "messages": [{"role": "system", "content": f"[{nonce}] You are a careful Python programmer."},
-                                 {"role": "user", "content": f"{CHAT_TASK}\n\n```python\n{text}\n```"}]})
+        out.append(
+            {
+                "model": "specdec",
+                "stream": True,
+                "temperature": 0,
+                "max_tokens": limit,
+                "stream_options": {"include_usage": True},
+                "messages": [
+                    {"role": "system", "content": f"[{nonce}] You are a careful Python programmer."},
+                    {"role": "user", "content": f"{CHAT_TASK}\n\n```python\n{text}\n```"},
+                ],
+            }
+        )
     return out
 
 
@@ -882,8 +1058,13 @@ def lists_parallel(checkout: Path) -> bool:
     """Whether `specdec serve --help` of `checkout` lists --parallel."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "NO_COLOR": "1", "COLUMNS": "200"}
     try:
-        out = subprocess.run([sys.executable, "-P", "-m", "specdec_cli", "serve", "--help"], capture_output=True,
-                             text=True, env=env, timeout=120).stdout
+        out = subprocess.run(
+            [sys.executable, "-P", "-m", "specdec_cli", "serve", "--help"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "--parallel" in out
@@ -899,24 +1080,51 @@ class Cell:
         a, port = self.args, free_port()
         log = self.work / f"{self.kind.name}-{self.label}.log"
         if self.kind.binary is not None:
-            cmd = [str(self.kind.binary), "-m", str(model_path(a.target)), "--jinja", "-np", str(a.parallel), "-kvu",
-                   "--spec-type", "ngram-mod", "-c", str(a.ctx or 32768), "-t", str(a.threads),
-                   "--host", "127.0.0.1", "--port", str(port)]
+            cmd = [
+                str(self.kind.binary),
+                "-m",
+                str(model_path(a.target)),
+                "--jinja",
+                "-np",
+                str(a.parallel),
+                "-kvu",
+                "--spec-type",
+                "ngram-mod",
+                "-c",
+                str(a.ctx or 32768),
+                "-t",
+                str(a.threads),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
             self.home = None
             self.server = Server(self.kind.name, cmd, f"http://127.0.0.1:{port}", log)
         else:
             self.home = Path(tempfile.mkdtemp(prefix="home-", dir=self.work))
             shutil.copytree(self.seed, self.home / "data", dirs_exist_ok=True)  # data_dir(): $SPECDEC_HOME/data
             # -P: not the working directory's specdec_cli (the checkout this script is in) but the PYTHONPATH's
-            cmd = [sys.executable, "-P", "-m", "specdec_cli", "serve", "--port", str(port), "--threads", str(a.threads),
-                   "--no-prompt-cache"]
+            cmd = [
+                sys.executable,
+                "-P",
+                "-m",
+                "specdec_cli",
+                "serve",
+                "--port",
+                str(port),
+                "--threads",
+                str(a.threads),
+                "--no-prompt-cache",
+            ]
             cmd += ["--ctx", str(a.ctx)] if a.ctx else []
             cmd += ["-t", a.target] if a.target else []
             cmd += ["--method", a.method] if a.method else []
             cmd += ["--parallel", str(a.parallel)] if self.kind.parallel else []
             try:
-                self.server = Server(self.kind.name, cmd, f"http://127.0.0.1:{port}", log,
-                                     serve_env(self.home, self.kind.checkout))
+                self.server = Server(
+                    self.kind.name, cmd, f"http://127.0.0.1:{port}", log, serve_env(self.home, self.kind.checkout)
+                )
             except SystemExit:
                 harvest(self.seed, self.home)  # a verify curve measured before it gave up is kept for the next
                 raise
@@ -945,8 +1153,9 @@ def fim_once(url: str, editor: Editor, i: int) -> Fim:
     if status != 200:
         raise SystemExit(f"/infill failed: HTTP {status}: {json.dumps(reply)[:300]}")
     timings = reply.get("timings") or {}
-    ms = (reply.get("timings/prompt_ms", timings.get("prompt_ms")) or 0) + \
-        (reply.get("timings/predicted_ms", timings.get("predicted_ms")) or 0)
+    ms = (reply.get("timings/prompt_ms", timings.get("prompt_ms")) or 0) + (
+        reply.get("timings/predicted_ms", timings.get("predicted_ms")) or 0
+    )
     return Fim(t0, wall, ms / 1e3, reply.get("content", ""))
 
 
@@ -973,7 +1182,7 @@ def editor_cells(kind: Kind, args, work: Path, seed: Path, rep: int, editor: Edi
     """The three cells of one repeat, in an order that alternates with `rep`."""
     res: dict = {}
     order = ["fim", "agent", "during"]
-    order = order[rep % 3:] + order[:rep % 3]
+    order = order[rep % 3 :] + order[: rep % 3]
     # one prompt for the repeat's agent cells (each on a fresh server with no prompt cache), so its reply during the
     # FIMs can be compared with its reply alone
     path, body = agent_body(args.agent_prompt, args.agent_tokens, f"r{rep}", args.agent_body)
@@ -987,8 +1196,12 @@ def editor_cells(kind: Kind, args, work: Path, seed: Path, rep: int, editor: Edi
             elif cell == "agent":
                 agent = stream(c.url, path, body)
                 _check(agent, "agent alone")
-                got = {"agent_alone": agent.wall, "agent_prompt": agent.prompt, "agent_out": agent.tokens,
-                       "agent_text": agent.text}
+                got = {
+                    "agent_alone": agent.wall,
+                    "agent_prompt": agent.prompt,
+                    "agent_out": agent.tokens,
+                    "agent_text": agent.text,
+                }
             else:
                 got = during(c.url, editor, path, body)
         res.update(got)
@@ -1027,9 +1240,15 @@ def during(url: str, editor: Editor, path: str, body: dict) -> dict:
     status, n, count_s = box.get("count", (None, None, float("nan")))
     if status not in (None, 200):
         print(f"  count_tokens: HTTP {status}", file=sys.stderr)
-    return {"fim_during": latencies, "agent_during": agent.wall, "agent_during_text": agent.text,
-            "agent_during_out": agent.tokens, "fim_service": service, "count_s": count_s,
-            "count_n": n}
+    return {
+        "fim_during": latencies,
+        "agent_during": agent.wall,
+        "agent_during_text": agent.text,
+        "agent_during_out": agent.tokens,
+        "fim_service": service,
+        "count_s": count_s,
+        "count_n": n,
+    }
 
 
 def fim_costs(fims: list[Fim], agent_end: float) -> tuple[list[float], float]:
@@ -1046,35 +1265,56 @@ def _check(s: Streamed, what: str) -> None:
 
 def _fmt(v) -> str:
     if isinstance(v, list):
-        return f"p50 {pct(v, .5):.2f} s p95 {pct(v, .95):.2f} s (n={len(v)})"
+        return f"p50 {pct(v, 0.5):.2f} s p95 {pct(v, 0.95):.2f} s (n={len(v)})"
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 def editor_table(kind: str, reps: list[dict]) -> str:
     """Scenario 1's table for one server kind: one row per measure, the median (min-max) over the repeats."""
     col = lambda key, f=lambda x: x: [f(r[key]) for r in reps if key in r]  # noqa: E731
-    fim_alone95, fim_during95 = col("fim_alone", lambda v: pct(v, .95)), col("fim_during", lambda v: pct(v, .95))
+    fim_alone95, fim_during95 = col("fim_alone", lambda v: pct(v, 0.95)), col("fim_during", lambda v: pct(v, 0.95))
     agent_alone, agent_during, service = col("agent_alone"), col("agent_during"), col("fim_service")
     count = col("count_s")
-    rows = [("FIM latency p50 alone, s", col("fim_alone", lambda v: pct(v, .5)), ""),
-            ("FIM latency p95 alone, s", fim_alone95, ""),
-            ("FIM latency p50 during the agent, s", col("fim_during", lambda v: pct(v, .5)), ""),
-            ("FIM latency p95 during the agent, s", fim_during95,
-             _target([d - a for a, d in zip(fim_alone95, fim_during95, strict=False)], 1.5, "p95 during - p95 alone", "s")),
-            ("FIMs answered during the agent", col("fim_during", len), ""),
-            ("agent alone, s", agent_alone, ""),
-            ("agent during, s", agent_during, ""),
-            ("FIMs' service time during the agent, s", service, ""),
-            ("agent during / (alone + FIM service)", [d / (a + s) for a, d, s in zip(agent_alone, agent_during, service, strict=False)],
-             _target([d / (a + s) for a, d, s in zip(agent_alone, agent_during, service, strict=False)], 1.1, "ratio", "x")),
-            ("count_tokens 5 s in, s", count, _target(count, 0.1, "latency", "s"))]
+    rows = [
+        ("FIM latency p50 alone, s", col("fim_alone", lambda v: pct(v, 0.5)), ""),
+        ("FIM latency p95 alone, s", fim_alone95, ""),
+        ("FIM latency p50 during the agent, s", col("fim_during", lambda v: pct(v, 0.5)), ""),
+        (
+            "FIM latency p95 during the agent, s",
+            fim_during95,
+            _target(
+                [d - a for a, d in zip(fim_alone95, fim_during95, strict=False)], 1.5, "p95 during - p95 alone", "s"
+            ),
+        ),
+        ("FIMs answered during the agent", col("fim_during", len), ""),
+        ("agent alone, s", agent_alone, ""),
+        ("agent during, s", agent_during, ""),
+        ("FIMs' service time during the agent, s", service, ""),
+        (
+            "agent during / (alone + FIM service)",
+            [d / (a + s) for a, d, s in zip(agent_alone, agent_during, service, strict=False)],
+            _target(
+                [d / (a + s) for a, d, s in zip(agent_alone, agent_during, service, strict=False)], 1.1, "ratio", "x"
+            ),
+        ),
+        ("count_tokens 5 s in, s", count, _target(count, 0.1, "latency", "s")),
+    ]
     prompt = col("agent_prompt")
-    out = [f"### {kind}: an editor during an agent's cold request ({spread(prompt, 0)} prompt tokens, "
-           f"{spread(col('agent_out'), 0)} out)", "", "| measure | median (min-max) | target |", "|---|---|---|"]
+    out = [
+        f"### {kind}: an editor during an agent's cold request ({spread(prompt, 0)} prompt tokens, "
+        f"{spread(col('agent_out'), 0)} out)",
+        "",
+        "| measure | median (min-max) | target |",
+        "|---|---|---|",
+    ]
     out += [f"| {name} | {spread(vals)} | {target} |" for name, vals, target in rows]
-    same = [f"repeat {i + 1}: " + divergence(r["agent_text"], r["agent_during_text"]) +
-            f" ({r.get('agent_out')} tokens alone, {r.get('agent_during_out')} during)"
-            for i, r in enumerate(reps) if "agent_text" in r and "agent_during_text" in r]
+    same = [
+        f"repeat {i + 1}: "
+        + divergence(r["agent_text"], r["agent_during_text"])
+        + f" ({r.get('agent_out')} tokens alone, {r.get('agent_during_out')} during)"
+        for i, r in enumerate(reps)
+        if "agent_text" in r and "agent_during_text" in r
+    ]
     if same:  # greedy: the agent's reply beside the FIMs is its reply alone, up to near-ties (`specdec check`)
         out += ["", "the agent's reply during the FIMs against alone: " + "; ".join(same)]
     return "\n".join(out)
@@ -1130,10 +1370,14 @@ def aggregate(replies: list[Streamed]) -> dict:
     wall = max(r.end for r in replies) - min(r.sent for r in replies)
     decode = union_s([(r.first, r.end) for r in replies if r.first is not None])
     after_first = sum(max(0, r.tokens - 1) for r in replies)
-    return {"tok_s": tokens / wall if wall > 0 else float("nan"), "wall_s": wall, "tokens": tokens,
-            "decode_tok_s": after_first / decode if decode > 0 else float("nan"),
-            "first_s": sum(r.first - r.sent for r in replies if r.first is not None),
-            "prompts": [r.prompt for r in replies]}
+    return {
+        "tok_s": tokens / wall if wall > 0 else float("nan"),
+        "wall_s": wall,
+        "tokens": tokens,
+        "decode_tok_s": after_first / decode if decode > 0 else float("nan"),
+        "first_s": sum(r.first - r.sent for r in replies if r.first is not None),
+        "prompts": [r.prompt for r in replies],
+    }
 
 
 def sharing_gain(seed: Path, model: Path, n: int, rows: int = 16) -> float | None:
@@ -1147,13 +1391,18 @@ def sharing_gain(seed: Path, model: Path, n: int, rows: int = 16) -> float | Non
         curves = json.loads((seed / "learnt.json").read_text()).get("curves") or {}
     except (OSError, ValueError):
         return None
-    ours = sorted(((v.get("curve") or {}) for k, v in curves.items() if k.startswith(f"{model.name}:")),
-                  key=lambda c: bool(c.get("stale")))  # a stale curve (drifted, or measured on a busy machine) last
+    ours = sorted(
+        ((v.get("curve") or {}) for k, v in curves.items() if k.startswith(f"{model.name}:")),
+        key=lambda c: bool(c.get("stale")),
+    )  # a stale curve (drifted, or measured on a busy machine) last
     ms = ours[0].get("ms") if ours else None
     if not ms or len(ms) < n:
         return None
-    return max(sum(ms[r - 1] for r in rs) / ms[sum(rs) - 1]
-               for rs in itertools.combinations_with_replacement(range(1, rows + 1), n) if sum(rs) <= len(ms))
+    return max(
+        sum(ms[r - 1] for r in rs) / ms[sum(rs) - 1]
+        for rs in itertools.combinations_with_replacement(range(1, rows + 1), n)
+        if sum(rs) <= len(ms)
+    )
 
 
 def ceiling(serial: dict, gain: float) -> float:
@@ -1166,21 +1415,26 @@ def ceiling(serial: dict, gain: float) -> float:
 
 
 def divergence(a: str, b: str) -> str:
-    """"equal", or where `b` leaves `a`: the character and a little of each side."""
+    """ "equal", or where `b` leaves `a`: the character and a little of each side."""
     if a == b:
         return "equal"
     i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-    return f"diverges at char {i}: {a[i:i + 24]!r} vs {b[i:i + 24]!r}"
+    return f"diverges at char {i}: {a[i : i + 24]!r} vs {b[i : i + 24]!r}"
 
 
 def chats_cells(kind: Kind, args, work: Path, seed: Path, rep: int) -> dict:
     """One repeat on `kind`: one after another and at once (fresh servers, order alternating with `rep`); both
     cells send the same prompts (the repeat's nonce)."""
     bodies = chat_bodies(args.quick, f"r{rep}")
-    warm = {"model": "specdec", "max_tokens": 8, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": f"[{rep}] Say hello."}]}
+    warm = {
+        "model": "specdec",
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": f"[{rep}] Say hello."}],
+    }
     res: dict = {}
-    for together in ((False, True) if rep % 2 == 0 else (True, False)):
+    for together in (False, True) if rep % 2 == 0 else (True, False):
         name = "together" if together else "serial"
         with Cell(kind, args, work, seed, f"r{rep}-chats-{name}") as c:
             stream(c.url, "/v1/chat/completions", warm)  # the first request's one-off costs, as the issue's runs
@@ -1189,8 +1443,12 @@ def chats_cells(kind: Kind, args, work: Path, seed: Path, rep: int) -> dict:
             _check(r, f"chat {i + 1} ({name})")
         res[name] = aggregate(replies)
         res[f"{name}_texts"] = [r.text for r in replies]
-        print(f"  {kind.name} rep {rep + 1} {name}: {res[name]['tok_s']:.2f} tok/s, decode "
-              f"{res[name]['decode_tok_s']:.2f} tok/s, {res[name]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"  {kind.name} rep {rep + 1} {name}: {res[name]['tok_s']:.2f} tok/s, decode "
+            f"{res[name]['decode_tok_s']:.2f} tok/s, {res[name]['wall_s']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     res["same"] = [divergence(a, b) for a, b in zip(res["serial_texts"], res["together_texts"], strict=False)]
     return res
 
@@ -1202,25 +1460,33 @@ def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: floa
     ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"), strict=False)]
     dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"), strict=False)]
     prompts = reps[0]["serial"]["prompts"]
-    out = [f"### {kind}: four greedy chats (prompts {', '.join(map(str, prompts))} tokens)", "",
-           "| measure | median (min-max) | target |", "|---|---|---|",
-           f"| one after another: aggregate tok/s | {spread(col('serial', 'tok_s'))} | |",
-           f"| at once: aggregate tok/s | {spread(col('together', 'tok_s'))} | |",
-           f"| at once / one after another | {spread(ratio)} | {_target(ratio, 1.3, 'ratio', 'x', at_least=True)} |",
-           f"| one after another: decode-phase tok/s | {spread(col('serial', 'decode_tok_s'))} | |",
-           f"| at once: decode-phase tok/s | {spread(col('together', 'decode_tok_s'))} | |",
-           f"| decode phase: at once / one after another | {spread(dratio)} | |",
-           f"| one after another: wall s | {spread(col('serial', 'wall_s'))} | |",
-           f"| at once: wall s | {spread(col('together', 'wall_s'))} | |"]
+    out = [
+        f"### {kind}: four greedy chats (prompts {', '.join(map(str, prompts))} tokens)",
+        "",
+        "| measure | median (min-max) | target |",
+        "|---|---|---|",
+        f"| one after another: aggregate tok/s | {spread(col('serial', 'tok_s'))} | |",
+        f"| at once: aggregate tok/s | {spread(col('together', 'tok_s'))} | |",
+        f"| at once / one after another | {spread(ratio)} | {_target(ratio, 1.3, 'ratio', 'x', at_least=True)} |",
+        f"| one after another: decode-phase tok/s | {spread(col('serial', 'decode_tok_s'))} | |",
+        f"| at once: decode-phase tok/s | {spread(col('together', 'decode_tok_s'))} | |",
+        f"| decode phase: at once / one after another | {spread(dratio)} | |",
+        f"| one after another: wall s | {spread(col('serial', 'wall_s'))} | |",
+        f"| at once: wall s | {spread(col('together', 'wall_s'))} | |",
+    ]
     if gain is not None:
         top = [ceiling(r["serial"], gain) for r in reps]
         first = statistics.median(col("serial", "first_s"))
-        out.append(f"| ceiling of at once / one after another here | {spread(top)} | prefills {first:.1f} s of "
-                   f"{statistics.median(col('serial', 'wall_s')):.1f} s one after another; decoding at once at most "
-                   f"{gain:.2f}x as fast (the most a pass shared by 4 lanes saves on the verify curve) |")
+        out.append(
+            f"| ceiling of at once / one after another here | {spread(top)} | prefills {first:.1f} s of "
+            f"{statistics.median(col('serial', 'wall_s')):.1f} s one after another; decoding at once at most "
+            f"{gain:.2f}x as fast (the most a pass shared by 4 lanes saves on the verify curve) |"
+        )
     if peer:
         vs = [t / p["together"]["tok_s"] for t, p in zip(col("together", "tok_s"), peer, strict=False)]
-        out.append(f"| at once / llama-server at once | {spread(vs)} | {_target(vs, 1.5, 'ratio', 'x', at_least=True)} |")
+        out.append(
+            f"| at once / llama-server at once | {spread(vs)} | {_target(vs, 1.5, 'ratio', 'x', at_least=True)} |"
+        )
     out += ["", "Each reply at once against the same chat one after another:", ""]
     for rep, r in enumerate(reps, 1):
         out.append(f"- repeat {rep}: " + "; ".join(f"chat {i + 1} {s}" for i, s in enumerate(r["same"])))
@@ -1232,14 +1498,17 @@ def host_line() -> str:
     """The host's CPU, its count and load, Python and the OS, in one line."""
     from specdec_cli.models.machine import cpu_model
 
-    return f"host: {cpu_model()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at start, Python " \
-           f"{platform.python_version()}, {platform.system()} {platform.release()}"
+    return (
+        f"host: {cpu_model()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at start, Python "
+        f"{platform.python_version()}, {platform.system()} {platform.release()}"
+    )
 
 
 def checkout_line(path: Path) -> str:
     try:
-        rev = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(path), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         rev = "?"
     return f"{path} at {rev or '?'}"
@@ -1253,29 +1522,62 @@ def kv_per_token(model: Path) -> int:
     info = check_gguf(model)
     m, a = info.metadata, info.architecture
     head_dim = m.get(f"{a}.attention.key_length") or m[f"{a}.embedding_length"] // m[f"{a}.attention.head_count"]
-    return int(m[f"{a}.block_count"]) * 2 * int(m.get(f"{a}.attention.head_count_kv") or
-                                                 m[f"{a}.attention.head_count"]) * int(head_dim) * 2
+    return (
+        int(m[f"{a}.block_count"])
+        * 2
+        * int(m.get(f"{a}.attention.head_count_kv") or m[f"{a}.attention.head_count"])
+        * int(head_dim)
+        * 2
+    )
 
 
 def concurrency_main(argv: list[str], workloads: set[str]) -> int:
-    ap = argparse.ArgumentParser(prog="bench_serve.py --workload editor-during-agent,chats", description=CONCURRENCY_DOC)
-    ap.add_argument("--scenarios", default=None, help="bench_concurrency.py's name for the workloads: editor, "
-                    "chats or both (comma-separated); overrides --workload")
+    ap = argparse.ArgumentParser(
+        prog="bench_serve.py --workload editor-during-agent,chats", description=CONCURRENCY_DOC
+    )
+    ap.add_argument(
+        "--scenarios",
+        default=None,
+        help="bench_concurrency.py's name for the workloads: editor, "
+        "chats or both (comma-separated); overrides --workload",
+    )
     ap.add_argument("-t", "--target", default=None, help="model (default: the catalog's default target)")
     ap.add_argument("--method", default=None, help="specdec serve --method (default: its default)")
-    ap.add_argument("--parallel", type=int, default=4, help="sequences at once: specdec serve --parallel (when "
-                    "listed by its --help) and llama-server -np")
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        help="sequences at once: specdec serve --parallel (when listed by its --help) and llama-server -np",
+    )
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ctx", type=int, default=None, help="specdec serve --ctx (default: its own, 32768) and "
-                    "llama-server -c, the one KV pool its -kvu slots share (default 32768)")
+    ap.add_argument(
+        "--ctx",
+        type=int,
+        default=None,
+        help="specdec serve --ctx (default: its own, 32768) and "
+        "llama-server -c, the one KV pool its -kvu slots share (default 32768)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test): a ~400-token agent request of "
-                    "8 tokens, 8-token FIMs in a 24-line window, 100-250-token chats of 8-16 tokens")
-    ap.add_argument("--agent-prompt", type=int, default=None, help="the agent request's prompt tokens, about "
-                    "(default 8000; --quick 400)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes (a smoke test): a ~400-token agent request of "
+        "8 tokens, 8-token FIMs in a 24-line window, 100-250-token chats of 8-16 tokens",
+    )
+    ap.add_argument(
+        "--agent-prompt",
+        type=int,
+        default=None,
+        help="the agent request's prompt tokens, about (default 8000; --quick 400)",
+    )
     ap.add_argument("--agent-tokens", type=int, default=None, help="the agent's max tokens (default 256; quick 8)")
-    ap.add_argument("--agent-body", type=Path, default=None, help="an Anthropic /v1/messages request body (or an "
-                    "agent_capture.py NNN-POST-*.json) to send as the agent's instead of the built one")
+    ap.add_argument(
+        "--agent-body",
+        type=Path,
+        default=None,
+        help="an Anthropic /v1/messages request body (or an "
+        "agent_capture.py NNN-POST-*.json) to send as the agent's instead of the built one",
+    )
     ap.add_argument("--fim-n-predict", type=int, default=None, help="FIM n_predict (default llama.vim's 128; quick 8)")
     ap.add_argument("--fim-alone", type=int, default=None, help="FIM requests in the alone cell (default 8; quick 3)")
     ap.add_argument("--llama-server", type=Path, default=None, help="also measure this llama-server (chats)")
@@ -1287,8 +1589,11 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
     args.agent_tokens = args.agent_tokens or (8 if q else 256)
     args.fim_n_predict = args.fim_n_predict or (8 if q else 128)
     args.fim_alone = args.fim_alone or (3 if q else 8)
-    scenarios = {s.strip() for s in args.scenarios.split(",")} if args.scenarios else \
-        {"editor" if w == "editor-during-agent" else w for w in workloads}
+    scenarios = (
+        {s.strip() for s in args.scenarios.split(",")}
+        if args.scenarios
+        else {"editor" if w == "editor-during-agent" else w for w in workloads}
+    )
     if not scenarios <= {"editor", "chats"}:
         raise SystemExit(f"--scenarios: {args.scenarios!r}: use editor, chats or editor,chats")
 
@@ -1298,8 +1603,13 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
 
     kinds = [Kind("specdec", checkout=ROOT, parallel=lists_parallel(ROOT))]
     if args.baseline is not None:
-        kinds.append(Kind(f"specdec@{args.baseline.name}", checkout=args.baseline.resolve(),
-                          parallel=lists_parallel(args.baseline.resolve())))
+        kinds.append(
+            Kind(
+                f"specdec@{args.baseline.name}",
+                checkout=args.baseline.resolve(),
+                parallel=lists_parallel(args.baseline.resolve()),
+            )
+        )
     peer = Kind("llama-server", binary=args.llama_server) if args.llama_server is not None else None
     print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
     print(host_line())
@@ -1309,16 +1619,24 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
     if peer is not None:
         print(f"llama-server: {peer.binary} -np {args.parallel} -kvu --spec-type ngram-mod, -t {args.threads}")
     model = model_path(args.target)
-    print(f"model: {model.name} (KV cache {kv_per_token(model) / 1024:g} KiB per token); threads {args.threads}; "
-          f"repeats {args.repeats}{'; --quick' if q else ''}", flush=True)
+    print(
+        f"model: {model.name} (KV cache {kv_per_token(model) / 1024:g} KiB per token); threads {args.threads}; "
+        f"repeats {args.repeats}{'; --quick' if q else ''}",
+        flush=True,
+    )
 
     if "editor" in scenarios:
-        what = f"{args.agent_body} (its body)" if args.agent_body else \
-            f"built: Claude Code's shape, specdec's {', '.join(AGENT_FILES)} at {SOURCE_COMMIT[:10]} cut to ~" \
+        what = (
+            f"{args.agent_body} (its body)"
+            if args.agent_body
+            else f"built: Claude Code's shape, specdec's {', '.join(AGENT_FILES)} at {SOURCE_COMMIT[:10]} cut to ~"
             f"{args.agent_prompt} tokens, and a question"
+        )
         print(f"agent request: POST /v1/messages, streamed, greedy, max_tokens {args.agent_tokens}; {what}")
-        print(f"editor: POST /infill as llama.vim sends it, n_predict {args.fim_n_predict}, every {FIM_PERIOD_S:g} s, "
-              f"in {FIM_FILE} at {SOURCE_COMMIT[:10]}; count_tokens {COUNT_AT_S:g} s into the agent's request")
+        print(
+            f"editor: POST /infill as llama.vim sends it, n_predict {args.fim_n_predict}, every {FIM_PERIOD_S:g} s, "
+            f"in {FIM_FILE} at {SOURCE_COMMIT[:10]}; count_tokens {COUNT_AT_S:g} s into the agent's request"
+        )
     work = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
     seed = seed_home(work)
     print(f"server logs in {work}", file=sys.stderr)
@@ -1338,15 +1656,23 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
         if scenario == "editor":
             print(editor_table(name, reps))
         else:
-            print(chats_table(name, reps, results.get(("chats", "llama-server")) if name != "llama-server" else None,
-                              gain if name != "llama-server" else None))
+            print(
+                chats_table(
+                    name,
+                    reps,
+                    results.get(("chats", "llama-server")) if name != "llama-server" else None,
+                    gain if name != "llama-server" else None,
+                )
+            )
         print()
     base = results.get(("chats", kinds[-1].name)) if len(kinds) > 1 else None
     if base is not None and "chats" in scenarios:  # one client at a time: this checkout against the baseline's
         ours = results[("chats", kinds[0].name)]
         ratio = [o["serial"]["tok_s"] / b["serial"]["tok_s"] for o, b in zip(ours, base, strict=False)]
-        print(f"one after another, {kinds[0].name} / {kinds[-1].name} aggregate tok/s: {spread(ratio)} "
-              f"({_target(ratio, 0.97, 'ratio', 'x', at_least=True)}: at most 3 % slower)\n")
+        print(
+            f"one after another, {kinds[0].name} / {kinds[-1].name} aggregate tok/s: {spread(ratio)} "
+            f"({_target(ratio, 0.97, 'ratio', 'x', at_least=True)}: at most 3 % slower)\n"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps({f"{s}/{n}": r for (s, n), r in results.items()}, indent=1))
     shutil.rmtree(work / "seed-home", ignore_errors=True)
@@ -1400,8 +1726,18 @@ def load_session(name: str, max_tokens: int) -> list[tuple[str, dict]]:
 
 def start_specdec(args, home: Path, log: Path) -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", str(port), "--ctx", str(args.ctx),
-           "--method", args.method]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specdec_cli",
+        "serve",
+        "--port",
+        str(port),
+        "--ctx",
+        str(args.ctx),
+        "--method",
+        args.method,
+    ]
     if args.target:
         cmd += ["-t", args.target]
     return Server("specdec", cmd, f"http://127.0.0.1:{port}", log, serve_env(home))
@@ -1409,8 +1745,22 @@ def start_specdec(args, home: Path, log: Path) -> Server:
 
 def start_llama(args, model: Path, log: Path) -> Server:
     port = free_port()
-    cmd = [str(args.llama_server), "-m", str(model), "--jinja", "--spec-type", "ngram-mod", "-c", str(args.ctx),
-           "-t", str(args.threads), "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(args.llama_server),
+        "-m",
+        str(model),
+        "--jinja",
+        "--spec-type",
+        "ngram-mod",
+        "-c",
+        str(args.ctx),
+        "-t",
+        str(args.threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     return Server("llama-server", cmd, f"http://127.0.0.1:{port}", log)
 
 
@@ -1475,20 +1825,27 @@ def replay(server: Server, run: str, turns: list[tuple[str, dict]], timeout: flo
             acc = re.findall(r"draft acceptance rate = ([\d.]+) \(\s*(\d+) accepted /\s*(\d+) generated", log)
             note = f"{acc[-1][1]}/{acc[-1][2]} drafts accepted" if acc else ""
         row = Turn(server.kind, run, i, prompt, cached, output, prefill, decode, wall, note)
-        print(f"  {row.server:12s} {row.run:8s} turn {row.turn}: prompt {row.prompt} ({row.cached} cached), "
-              f"{row.output} out, prefill {row.prefill_s:.1f} s, decode {row.decode_s:.1f} s, wall {row.wall_s:.1f} s"
-              f" {row.note}", flush=True)
+        print(
+            f"  {row.server:12s} {row.run:8s} turn {row.turn}: prompt {row.prompt} ({row.cached} cached), "
+            f"{row.output} out, prefill {row.prefill_s:.1f} s, decode {row.decode_s:.1f} s, wall {row.wall_s:.1f} s"
+            f" {row.note}",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
 
 def replay_table(rows: list[Turn]) -> str:
     """The per-turn table and the totals, as Markdown."""
-    out = ["| server | run | turn | prompt (cached) | output | prefill s | decode s | server s | wall s | drafts |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| server | run | turn | prompt (cached) | output | prefill s | decode s | server s | wall s | drafts |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r.server} | {r.run} | {r.turn} | {r.prompt} ({r.cached}) | {r.output} | {r.prefill_s:.1f} | "
-                   f"{r.decode_s:.1f} | {r.server_s:.1f} | {r.wall_s:.1f} | {r.note} |")
+        out.append(
+            f"| {r.server} | {r.run} | {r.turn} | {r.prompt} ({r.cached}) | {r.output} | {r.prefill_s:.1f} | "
+            f"{r.decode_s:.1f} | {r.server_s:.1f} | {r.wall_s:.1f} | {r.note} |"
+        )
     totals = {}
     for r in rows:
         t = totals.setdefault((r.server, r.run), [0.0, 0.0, 0.0])
@@ -1510,16 +1867,23 @@ def replay_run(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="specdec-replay-"))
     home = args.home or work / "specdec-home"
     model = model_path(args.target)
-    print(f"replaying {args.session} ({len(turns)} turns, max tokens {args.max_tokens}) with {model.name}; "
-          f"logs in {work}; load: {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"replaying {args.session} ({len(turns)} turns, max tokens {args.max_tokens}) with {model.name}; "
+        f"logs in {work}; load: {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     from specdec_cli.models import host
     from specdec_cli.models.llama import system_info
 
     print(host.describe_build(system_info()), flush=True)  # which build specdec serve runs (this venv's)
     rows: list[Turn] = []
     servers = [s for s in ("specdec", "llama-server") if s in args.servers]
-    plan = [(run_name, kind) for run_name in args.runs.split(",") for kind in servers
-            if not (kind == "llama-server" and run_name == "restart" and args.llama_once)]
+    plan = [
+        (run_name, kind)
+        for run_name in args.runs.split(",")
+        for kind in servers
+        if not (kind == "llama-server" and run_name == "restart" and args.llama_once)
+    ]
     for run_name, kind in plan:
         if kind == "specdec":
             server = start_specdec(args, home, work / "specdec.log")
@@ -1543,8 +1907,12 @@ def replay_main(argv: list[str]) -> int:
     imp.add_argument("--name", required=True)
     go = sub.add_parser("run", help="replay a session against both servers, twice")
     go.add_argument("--session", required=True)
-    go.add_argument("--llama-server", type=Path, default=None, help="llama-server to compare with (with --servers "
-                    "llama-server, the default)")
+    go.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        help="llama-server to compare with (with --servers llama-server, the default)",
+    )
     go.add_argument("-t", "--target", default=None)
     go.add_argument("--method", default="auto")
     go.add_argument("--ctx", type=int, default=32768)
@@ -1554,12 +1922,21 @@ def replay_main(argv: list[str]) -> int:
     go.add_argument("--servers", default="specdec,llama-server")
     go.add_argument("--runs", default="first,restart", help="first: a cold start; restart: after a restart")
     go.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
-    go.add_argument("--home", type=Path, default=None, help="specdec's SPECDEC_HOME (prompt cache, suffix store): "
-                    "default a fresh one; an earlier run's to replay after a restart only (--runs restart)")
+    go.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="specdec's SPECDEC_HOME (prompt cache, suffix store): "
+        "default a fresh one; an earlier run's to replay after a restart only (--runs restart)",
+    )
     go.add_argument("--out", type=Path, default=None, help="also write the tables (Markdown) here")
-    go.add_argument("--llama-once", action="store_true", help="replay on llama-server once: it keeps nothing across "
-                    "a restart, so its replay after one is its first session again (then the restart row compares "
-                    "with that)")
+    go.add_argument(
+        "--llama-once",
+        action="store_true",
+        help="replay on llama-server once: it keeps nothing across "
+        "a restart, so its replay after one is its first session again (then the restart row compares "
+        "with that)",
+    )
     args = parser.parse_args(argv)
     if args.command == "import":
         import_session(args.capture, args.name)
@@ -1573,8 +1950,12 @@ def replay_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`--workload W[,W]` picks the workload; the rest of the command line is that workload's own options."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    ap.add_argument("--workload", "-w", default=None, help=", ".join(WORKLOADS) + " (editor-during-agent and chats "
-                    "may go together, comma-separated)")
+    ap.add_argument(
+        "--workload",
+        "-w",
+        default=None,
+        help=", ".join(WORKLOADS) + " (editor-during-agent and chats may go together, comma-separated)",
+    )
     args, rest = ap.parse_known_args(argv)
     if args.workload is None:
         if "--help" in rest or "-h" in rest:

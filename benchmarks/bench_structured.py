@@ -51,35 +51,45 @@ EXTRACT_PROMPT = (
     "Extract the invoice below into one JSON object with these fields: invoice_number, issue_date, due_date, "
     "purchase_order, seller_name, seller_vat_number, customer_name, customer_contact, line_items (each with "
     "description, quantity, unit_price, amount), subtotal, vat_rate_percent, vat_amount, total_due, currency, "
-    "bank_sort_code, bank_account, contact_email. Copy the values exactly as they are written.\n\n")
+    "bank_sort_code, bank_account, contact_email. Copy the values exactly as they are written.\n\n"
+)
 
-TOOL = {"type": "function", "function": {
-    "name": "create_event",
-    "description": "Create a calendar event and invite people to it.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "title": {"type": "string"},
-            "date": {"type": "string", "description": "YYYY-MM-DD"},
-            "start_time": {"type": "string", "description": "HH:MM, 24-hour"},
-            "duration_minutes": {"type": "integer"},
-            "location": {"type": "string"},
-            "attendees": {"type": "array", "items": {"type": "string", "description": "e-mail address"}},
-            "notes": {"type": "string"},
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "create_event",
+        "description": "Create a calendar event and invite people to it.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string"},
+                "date": {"type": "string", "description": "YYYY-MM-DD"},
+                "start_time": {"type": "string", "description": "HH:MM, 24-hour"},
+                "duration_minutes": {"type": "integer"},
+                "location": {"type": "string"},
+                "attendees": {"type": "array", "items": {"type": "string", "description": "e-mail address"}},
+                "notes": {"type": "string"},
+            },
+            "required": ["title", "date", "start_time", "duration_minutes", "location", "attendees", "notes"],
+            "additionalProperties": False,
         },
-        "required": ["title", "date", "start_time", "duration_minutes", "location", "attendees", "notes"],
-        "additionalProperties": False,
-    }}}
+    },
+}
 TOOL_USER = "Please put this meeting in my calendar and invite everyone on it.\n\n" + "{mail}"
-TOOL_RESULT = {"event_id": "evt_7Q2K9", "status": "confirmed", "invitations_sent": 3,
-               "calendar_link": "https://cal.example.org/e/evt_7Q2K9"}
+TOOL_RESULT = {
+    "event_id": "evt_7Q2K9",
+    "status": "confirmed",
+    "invitations_sent": 3,
+    "calendar_link": "https://cal.example.org/e/evt_7Q2K9",
+}
 
 QWEN_TOOLS_SYSTEM = (  # Qwen2.5's chat template with tools, for a build whose format_chat takes no tools
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more "
     "functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> "
     "XML tags:\n<tools>\n{tools}\n</tools>\n\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
-    "<args-json-object>}}\n</tool_call>")
+    'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
+    "<args-json-object>}}\n</tool_call>"
+)
 
 
 class GrammarClock:
@@ -88,8 +98,14 @@ class GrammarClock:
 
     def __init__(self) -> None:
         self.ms = 0.0
-        for owner, name in ((Constraint, "masks"), (Constraint, "commit"), (Constraint, "forced"),
-                            (Constraint, "cut"), (Constraint, "done"), (sampling, "apply_mask")):
+        for owner, name in (
+            (Constraint, "masks"),
+            (Constraint, "commit"),
+            (Constraint, "forced"),
+            (Constraint, "cut"),
+            (Constraint, "done"),
+            (sampling, "apply_mask"),
+        ):
             self._wrap(owner, name)
 
     def _wrap(self, owner, name: str) -> None:
@@ -97,12 +113,14 @@ class GrammarClock:
         clock = self
 
         if isinstance(real, property):
+
             def timed_get(obj, _f=real.fget):
                 t = time.perf_counter()
                 try:
                     return _f(obj)
                 finally:
                     clock.ms += (time.perf_counter() - t) * 1e3
+
             setattr(owner, name, property(timed_get))
             return
 
@@ -112,15 +130,19 @@ class GrammarClock:
                 return _f(*a, **kw)
             finally:
                 clock.ms += (time.perf_counter() - t) * 1e3
+
         setattr(owner, name, timed)
 
 
 def tool_grammar(session, layout: str) -> constraint.Grammar:
     """`<tool_call>\\n{"name": "create_event", "arguments": {...}}\\n</tool_call>`: the wrapper as special tokens
     when the vocabulary has them as single tokens (Qwen2.5), as text otherwise."""
-    call = {"type": "object", "properties": {"name": {"const": TOOL["function"]["name"]},
-                                             "arguments": TOOL["function"]["parameters"]},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    call = {
+        "type": "object",
+        "properties": {"name": {"const": TOOL["function"]["name"]}, "arguments": TOOL["function"]["parameters"]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
     body = constraint.json_schema(call, name="tool", layout=layout).lark.removeprefix("start: ").strip()
     single = len(session.target.tokenize("<tool_call>", add_special=False, parse_special=True)) == 1
     open_, close = ("<tool_call>", "</tool_call>") if single else ('"<tool_call>"', '"</tool_call>"')
@@ -165,8 +187,9 @@ def valid_call(text: str, tokenizer) -> bool:
         call = json.loads(match.group(1))
     except ValueError:
         return False
-    return (call.get("name") == TOOL["function"]["name"]
-            and valid_json(json.dumps(call.get("arguments")), TOOL["function"]["parameters"], tokenizer))
+    return call.get("name") == TOOL["function"]["name"] and valid_json(
+        json.dumps(call.get("arguments")), TOOL["function"]["parameters"], tokenizer
+    )
 
 
 def run_ours(session, method: str, prompt: np.ndarray, budget: int, grammar, clock: GrammarClock) -> dict:
@@ -181,9 +204,16 @@ def run_ours(session, method: str, prompt: np.ndarray, budget: int, grammar, clo
         if drafter is not None:
             drafter.close()
     s = gen.stats
-    return {"tok_s": s.tokens_per_s, "n": s.n_generated, "passes": s.n_target_passes, "text": gen.text,
-            "grammar_ms": clock.ms, "decode_ms": s.decode_ms, "finish": s.finish_reason,
-            "sources": {k: v["accepted"] for k, v in s.by_source.items()}}
+    return {
+        "tok_s": s.tokens_per_s,
+        "n": s.n_generated,
+        "passes": s.n_target_passes,
+        "text": gen.text,
+        "grammar_ms": clock.ms,
+        "decode_ms": s.decode_ms,
+        "finish": s.finish_reason,
+        "sources": {k: v["accepted"] for k, v in s.by_source.items()},
+    }
 
 
 def main() -> int:
@@ -209,8 +239,11 @@ def main() -> int:
     mail = (HERE / "meeting_mail.txt").read_text()
     runs: dict[str, dict[str, list[dict]]] = {}
     t_start = time.perf_counter()
-    with open_session(ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
-                      method="auto", reporter=RichReporter(console)) as session:
+    with open_session(
+        ModelOptions(target=args.target, ctx=args.ctx, threads=args.threads, prompt_cache=False),
+        method="auto",
+        reporter=RichReporter(console),
+    ) as session:
         threads = session.target.n_threads
         tok = session.target.lltokenizer()
         call_messages = [{"role": "user", "content": TOOL_USER.format(mail=mail)}]
@@ -218,21 +251,34 @@ def main() -> int:
         for name in args.tasks.split(","):
             if name == "extract":
                 text = render(session, [{"role": "user", "content": EXTRACT_PROMPT + invoice}], None)
-                configs = {f"{m} {lay}": constraint.json_schema(schema, name="bench", layout=lay)
-                           for lay in constraint.LAYOUTS for m in ("auto", "none")}
+                configs = {
+                    f"{m} {lay}": constraint.json_schema(schema, name="bench", layout=lay)
+                    for lay in constraint.LAYOUTS
+                    for m in ("auto", "none")
+                }
                 configs["none unconstrained"] = None
             elif name == "tool":
                 text = render(session, call_messages, [TOOL])
-                configs = {f"{m} {lay}": tool_grammar(session, lay) for lay in constraint.LAYOUTS
-                           for m in ("auto", "none")}
+                configs = {
+                    f"{m} {lay}": tool_grammar(session, lay) for lay in constraint.LAYOUTS for m in ("auto", "none")
+                }
                 configs["none unconstrained"] = None
             elif name == "answer":
                 args_json = json.dumps({"title": "Pump maintenance review", "date": "2026-12-03"})
                 history = call_messages + [
-                    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
-                                                                         "function": {"name": "create_event",
-                                                                                      "arguments": args_json}}]},
-                    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(TOOL_RESULT)}]
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "create_event", "arguments": args_json},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(TOOL_RESULT)},
+                ]
                 text = render(session, history, [TOOL])
                 configs = {"auto": None, "none": None}
             else:
@@ -246,21 +292,37 @@ def main() -> int:
                 run_ours(session, "none", prompt, 4, None, clock)  # the prompt into the KV cache (never timed)
                 for label, grammar in configs.items():
                     r = run_ours(session, label.split()[0], prompt, args.max_tokens, grammar, clock)
-                    r["valid"] = (valid_json(r["text"], schema, tok) if name == "extract" else
-                                  valid_call(r["text"], tok) if name == "tool" else None)
+                    r["valid"] = (
+                        valid_json(r["text"], schema, tok)
+                        if name == "extract"
+                        else valid_call(r["text"], tok)
+                        if name == "tool"
+                        else None
+                    )
                     runs[name][label].append(r)
-                    console.print(f"[{rep + 1}/{args.repeats}] {name:7s} {label:20s} {r['tok_s']:6.1f} tok/s "
-                                  f"{r['n']:4d} tokens {r['passes']:4d} passes  valid {r['valid']}  "
-                                  f"grammar {r['grammar_ms']:.0f} ms  {r['sources']}")
+                    console.print(
+                        f"[{rep + 1}/{args.repeats}] {name:7s} {label:20s} {r['tok_s']:6.1f} tok/s "
+                        f"{r['n']:4d} tokens {r['passes']:4d} passes  valid {r['valid']}  "
+                        f"grammar {r['grammar_ms']:.0f} ms  {r['sources']}"
+                    )
                 if tools_bin and name == "extract":
-                    nr = run_plain(tools_bin, session.target_path, text, args.max_tokens, threads, args.ctx,
-                                   json_schema=schema)
+                    nr = run_plain(
+                        tools_bin, session.target_path, text, args.max_tokens, threads, args.ctx, json_schema=schema
+                    )
                     body = (nr.text or "").replace("<|im_end|>", "").strip()
-                    r = {"tok_s": nr.decode_tok_s, "n": nr.n_decoded, "passes": nr.n_decoded, "text": body,
-                         "valid": valid_json(body, schema, tok), "grammar_ms": None}
+                    r = {
+                        "tok_s": nr.decode_tok_s,
+                        "n": nr.n_decoded,
+                        "passes": nr.n_decoded,
+                        "text": body,
+                        "valid": valid_json(body, schema, tok),
+                        "grammar_ms": None,
+                    }
                     runs[name]["native -jf"].append(r)
-                    console.print(f"[{rep + 1}/{args.repeats}] {name:7s} native -jf            "
-                                  f"{r['tok_s']:6.1f} tok/s {r['n']:4d} tokens  valid {r['valid']}")
+                    console.print(
+                        f"[{rep + 1}/{args.repeats}] {name:7s} native -jf            "
+                        f"{r['tok_s']:6.1f} tok/s {r['n']:4d} tokens  valid {r['valid']}"
+                    )
     print(report(runs, session.target_path.name, threads, args, time.perf_counter() - t_start))
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
@@ -269,12 +331,15 @@ def main() -> int:
 
 def report(runs: dict, model: str, threads: int, args, seconds: float) -> str:
     """The Markdown table: per task and configuration, medians (spread) over the repeats."""
-    lines = [f"Structured outputs, {model}, {threads} threads, greedy, budget {args.max_tokens}, {args.repeats} "
-             f"interleaved repeat(s), {seconds:.0f} s in all. Decode tok/s: median (min-max); speedups are ratios "
-             "of medians.", "",
-             "| task | configuration | decode tok/s | vs none (same layout) | vs native -jf | tokens | passes "
-             "| valid | grammar ms/step | plain step ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Structured outputs, {model}, {threads} threads, greedy, budget {args.max_tokens}, {args.repeats} "
+        f"interleaved repeat(s), {seconds:.0f} s in all. Decode tok/s: median (min-max); speedups are ratios "
+        "of medians.",
+        "",
+        "| task | configuration | decode tok/s | vs none (same layout) | vs native -jf | tokens | passes "
+        "| valid | grammar ms/step | plain step ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for task, configs in runs.items():
         med = {c: statistics.median(r["tok_s"] for r in rs) for c, rs in configs.items() if rs}
         plain = configs.get("none unconstrained") or []
@@ -294,7 +359,8 @@ def report(runs: dict, model: str, threads: int, args, seconds: float) -> str:
                 f"| {statistics.median(r['n'] for r in rs):.0f} | {statistics.median(r['passes'] for r in rs):.0f} "
                 f"| {f'{100 * sum(valid) / len(valid):.0f} %' if valid else '-'} "
                 f"| {f'{statistics.median(g):.2f}' if g and any(g) else '-'} "
-                f"| {f'{plain_ms:.1f}' if plain_ms else '-'} |")
+                f"| {f'{plain_ms:.1f}' if plain_ms else '-'} |"
+            )
     return "\n".join(lines)
 
 

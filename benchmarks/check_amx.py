@@ -21,8 +21,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "specdec_cli" / "prompts"
-PROMPTS = ["edit/textwrap_rename.txt", "edit/bisect_rename.txt", "edit/posixpath_rename.txt",
-           "edit/genericpath_type_hints.txt", "explain/shlex_quote.txt", "write/lighthouse_story.txt"]
+PROMPTS = [
+    "edit/textwrap_rename.txt",
+    "edit/bisect_rename.txt",
+    "edit/posixpath_rename.txt",
+    "edit/genericpath_type_hints.txt",
+    "explain/shlex_quote.txt",
+    "write/lighthouse_story.txt",
+]
 
 
 def main() -> None:
@@ -44,25 +50,60 @@ def main() -> None:
         for rel in args.prompts.split(","):
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "off.json"
-                cmd = [sys.executable, "-m", "specdec_cli", "run", str(ROOT / rel), "--method", "none", "-n",
-                       str(args.max_tokens), "--no-prompt-cache", "--json", str(out),
-                       *(["-t", args.target] if args.target else [])]
-                subprocess.run(cmd, env={**os.environ, "SPECDEC_AMX": "off"}, check=True, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "specdec_cli",
+                    "run",
+                    str(ROOT / rel),
+                    "--method",
+                    "none",
+                    "-n",
+                    str(args.max_tokens),
+                    "--no-prompt-cache",
+                    "--json",
+                    str(out),
+                    *(["-t", args.target] if args.target else []),
+                ]
+                subprocess.run(
+                    cmd,
+                    env={**os.environ, "SPECDEC_AMX": "off"},
+                    check=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=1800,
+                )
                 off = json.loads(out.read_text())
             prompt = session.prompt_tokens((ROOT / rel).read_text(encoding="utf-8"))
-            report = audit_output(session.target, prompt, off["tokens"],
-                                  ended_with_eog=off["finish_reason"] == "eog")
+            report = audit_output(session.target, prompt, off["tokens"], ended_with_eog=off["finish_reason"] == "eog")
             first = report.flags[0] if report.flags else None
-            rows.append((rel, report.n_checked, len(report.flags), report.near_ties, report.divergences,
-                         report.largest_margin, first))
-            print(f"{rel}: {report.n_checked} tokens, {len(report.flags)} positions where the AMX argmax differs "
-                  f"({report.near_ties} near-ties, {report.divergences} divergences), largest margin "
-                  f"{report.largest_margin:.3f}", file=sys.stderr, flush=True)
+            rows.append(
+                (
+                    rel,
+                    report.n_checked,
+                    len(report.flags),
+                    report.near_ties,
+                    report.divergences,
+                    report.largest_margin,
+                    first,
+                )
+            )
+            print(
+                f"{rel}: {report.n_checked} tokens, {len(report.flags)} positions where the AMX argmax differs "
+                f"({report.near_ties} near-ties, {report.divergences} divergences), largest margin "
+                f"{report.largest_margin:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
     print("\n| prompt | tokens | AMX argmax differs | near-ties | divergences | largest margin (logits) | first |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for rel, n, f, nt, dv, lm, first in rows:
-        where = "–" if first is None else f"#{first.position}: {first.token_text!r} vs {first.argmax_text!r} ({first.margin:.3f})"
+        where = (
+            "–"
+            if first is None
+            else f"#{first.position}: {first.token_text!r} vs {first.argmax_text!r} ({first.margin:.3f})"
+        )
         print(f"| {rel} | {n} | {f} | {nt} | {dv} | {lm:.3f} | {where} |")
     sys.exit(0 if all(r[4] == 0 for r in rows) else 7)
 

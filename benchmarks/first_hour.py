@@ -47,8 +47,10 @@ CURVE_AGAIN = re.compile(r"verify curve disturbed \(.*?\): (?:waiting [0-9]+ s a
 CURVE_STALE = re.compile(r"verify curve stale: (.*?); measuring it again")
 # `render.print_compare`: "compare plain decoding 8.1 tok/s, speculative 16.9 tok/s → 2.08× speedup (median of 3
 # pairs, 1.98–2.13×)"
-COMPARE = re.compile(r"compare\s+plain decoding ([0-9.]+) tok/s, speculative ([0-9.]+) tok/s → ([0-9.]+)× speedup"
-                     r"(?: \(median of \d+ pairs, ([0-9.]+)–([0-9.]+)×\))?")
+COMPARE = re.compile(
+    r"compare\s+plain decoding ([0-9.]+) tok/s, speculative ([0-9.]+) tok/s → ([0-9.]+)× speedup"
+    r"(?: \(median of \d+ pairs, ([0-9.]+)–([0-9.]+)×\))?"
+)
 # `chat_view.footer_text`: "247 tokens · 12.3 tok/s · acceptance 61% · mean accepted 2.10 · prefill ..."
 FOOTER = re.compile(r"^(\d+) tokens · ([0-9.]+) tok/s · ")
 ACCEPTANCE = re.compile(r" · acceptance (\d+)% · ")
@@ -82,8 +84,11 @@ class Curves:
 def parse_curves(stderr: str) -> Curves:
     """The curve measurements announced in a step's stderr (colour codes and progress bars allowed)."""
     text = ANSI.sub("", stderr)
-    return Curves(done=[(float(m.group(1)), m.group(2) != "but not kept") for m in CURVE_DONE.finditer(text)],
-                  disturbed=len(CURVE_AGAIN.findall(text)), stale=CURVE_STALE.findall(text))
+    return Curves(
+        done=[(float(m.group(1)), m.group(2) != "but not kept") for m in CURVE_DONE.finditer(text)],
+        disturbed=len(CURVE_AGAIN.findall(text)),
+        stale=CURVE_STALE.findall(text),
+    )
 
 
 def parse_compare(stderr: str) -> str | None:
@@ -103,8 +108,11 @@ def parse_tune(doc: dict) -> str | None:
     summary = doc.get("summary") or []
     if not summary:
         return None
-    overall = [f"{s['config']} {s['speedup_geomean']:.2f}×" for s in summary
-               if s.get("speedup_geomean") is not None and s.get("config") != "none"]
+    overall = [
+        f"{s['config']} {s['speedup_geomean']:.2f}×"
+        for s in summary
+        if s.get("speedup_geomean") is not None and s.get("config") != "none"
+    ]
     auto = next((s for s in summary if s.get("config") == "auto"), None)
     per_prompt = ""
     if auto is not None and auto.get("speedup"):
@@ -125,6 +133,7 @@ def parse_footer(screen: str) -> str | None:
 
 def curve_changes(before: dict, after: dict) -> int:
     """Curves learnt.json gained or whose measurement changed between two reads of its "curves" section."""
+
     def measured(entry):
         curve = entry.get("curve") if isinstance(entry, dict) else None
         return (curve.get("measured_at"), curve.get("seconds"), curve.get("stale")) if isinstance(curve, dict) else None
@@ -153,10 +162,15 @@ def specdec(*args: str) -> list[str]:
 def home_env(root: Path, shared_cache: Path) -> tuple[dict[str, str], str]:
     """The environment of an empty home under `root`, and a note on how the model cache is shared."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_") or k in ("SPECDEC_DEBUG",)}
-    env.update(SPECDEC_HOME=str(root / "home"), XDG_CONFIG_HOME=str(root / "config"),
-               XDG_DATA_HOME=str(root / "data"), XDG_CACHE_HOME=str(root / "cache"),
-               SPECDEC_PROMPT_CACHE=str(root / "prompt-cache"), COLUMNS="240",  # the stats table's rows unwrapped
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env.update(
+        SPECDEC_HOME=str(root / "home"),
+        XDG_CONFIG_HOME=str(root / "config"),
+        XDG_DATA_HOME=str(root / "data"),
+        XDG_CACHE_HOME=str(root / "cache"),
+        SPECDEC_PROMPT_CACHE=str(root / "prompt-cache"),
+        COLUMNS="240",  # the stats table's rows unwrapped
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     cache = root / "models"
     cache.mkdir(parents=True)
     try:
@@ -167,8 +181,10 @@ def home_env(root: Path, shared_cache: Path) -> tuple[dict[str, str], str]:
         return env, f"model files hard-linked from {shared_cache}; host check, prompt cache and curves fresh"
     except OSError as e:
         env["SPECDEC_CACHE"] = str(shared_cache)
-        return env, (f"model cache shared ({shared_cache}: no hard links there, {e.strerror or e}); its host.json "
-                     "may spare the host check")
+        return env, (
+            f"model cache shared ({shared_cache}: no hard links there, {e.strerror or e}); its host.json "
+            "may spare the host check"
+        )
 
 
 def learnt_curves(env: dict[str, str]) -> dict:
@@ -185,13 +201,27 @@ def run_step(name: str, argv: list[str], env: dict[str, str], parse) -> Row:
     before = learnt_curves(env)
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    p = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, encoding="utf-8",
-                       errors="replace", timeout=STEP_TIMEOUT_S)
+    p = subprocess.run(
+        argv,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=STEP_TIMEOUT_S,
+    )
     seconds = time.monotonic() - t0
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
-    return Row(name, seconds, parse_curves(p.stderr), curve_changes(before, learnt_curves(env)),
-               parse(p.stdout, p.stderr) or f"exit {p.returncode}", p.returncode)
+    return Row(
+        name,
+        seconds,
+        parse_curves(p.stderr),
+        curve_changes(before, learnt_curves(env)),
+        parse(p.stdout, p.stderr) or f"exit {p.returncode}",
+        p.returncode,
+    )
 
 
 def chat_step(argv: list[str], env: dict[str, str], timeout: float = STEP_TIMEOUT_S) -> Row:
@@ -203,8 +233,16 @@ def chat_step(argv: list[str], env: dict[str, str], timeout: float = STEP_TIMEOU
     print(f"[{time.strftime('%H:%M:%S')}] chat turn: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     master, slave = pty.openpty()
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, env={**env, "TERM": env.get("TERM", "xterm-256color"), "COLUMNS": "120"}, cwd=ROOT,
-                         stdin=slave, stdout=slave, stderr=slave, close_fds=True, start_new_session=True)
+    p = subprocess.Popen(
+        argv,
+        env={**env, "TERM": env.get("TERM", "xterm-256color"), "COLUMNS": "120"},
+        cwd=ROOT,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
+        start_new_session=True,
+    )
     os.close(slave)
     screen = ""
     sent = quit_sent = False
@@ -237,8 +275,9 @@ def chat_step(argv: list[str], env: dict[str, str], timeout: float = STEP_TIMEOU
     seconds = time.monotonic() - t0
     reply = screen.split(CHAT_MESSAGE, 1)[-1] if sent else ""
     result = parse_footer(reply) or ("no reply" if sent else "no prompt")
-    return Row("chat turn (pty)", seconds, parse_curves(screen), curve_changes(before, learnt_curves(env)),
-               result, code)
+    return Row(
+        "chat turn (pty)", seconds, parse_curves(screen), curve_changes(before, learnt_curves(env)), result, code
+    )
 
 
 def doctor_step(env: dict[str, str], root: Path) -> Row:
@@ -263,28 +302,46 @@ def doctor_step(env: dict[str, str], root: Path) -> Row:
 def table(rows: list[Row]) -> str:
     """The report: one line per step, then the totals."""
     header = ("step", "wall", "curve measurements (stderr)", "learnt.json curves", "speedups / result")
-    cells = [header] + [(r.step + ("" if r.code == 0 else f" (exit {r.code})"), f"{r.seconds:.1f} s", str(r.curves),
-                         str(r.learnt), r.result) for r in rows]
+    cells = [header] + [
+        (
+            r.step + ("" if r.code == 0 else f" (exit {r.code})"),
+            f"{r.seconds:.1f} s",
+            str(r.curves),
+            str(r.learnt),
+            r.result,
+        )
+        for r in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header) - 1)]
     lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(widths))) + "  " + c[-1] for c in cells]
     lines.insert(1, "-" * max(len(line) for line in lines))
     total_s = sum(r.seconds for r in rows)
     measured = sum(r.curves.attempts for r in rows)
     measured_s = sum(s for r in rows for s, _ in r.curves.done)
-    lines.append(f"total {total_s:.0f} s; verify curve measured {measured} time{'s' * (measured != 1)} "
-                 f"({measured_s:.0f} s of finished measurements)")
+    lines.append(
+        f"total {total_s:.0f} s; verify curve measured {measured} time{'s' * (measured != 1)} "
+        f"({measured_s:.0f} s of finished measurements)"
+    )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", "-t", help="target model for every step (a catalog name or a .gguf path) "
-                    "[default: the catalog's default, as the quick start]")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--target",
+        "-t",
+        help="target model for every step (a catalog name or a .gguf path) "
+        "[default: the catalog's default, as the quick start]",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="specdec tune --repeats N [default: 1]")
     ap.add_argument("--skip-tune", action="store_true", help="leave out specdec tune --k 4..16")
-    ap.add_argument("--cache", type=Path, help="the shared model cache [default: $SPECDEC_CACHE, else "
-                    "$XDG_CACHE_HOME/specdec, else ~/.cache/specdec]")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        help="the shared model cache [default: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec]",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary home (its path is printed)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -317,9 +374,14 @@ def main(argv: list[str] | None = None) -> int:
                 except (OSError, ValueError):
                     return None
 
-            rows.append(run_step(f"tune --k 4..16 --repeats {args.repeats}",
-                                 specdec("tune", "--k", "4..16", "--repeats", str(args.repeats), "--json",
-                                         str(tune_json), *target), env, tune))
+            rows.append(
+                run_step(
+                    f"tune --k 4..16 --repeats {args.repeats}",
+                    specdec("tune", "--k", "4..16", "--repeats", str(args.repeats), "--json", str(tune_json), *target),
+                    env,
+                    tune,
+                )
+            )
         rows.append(chat_step(specdec("chat", "-n", str(CHAT_TOKENS), *target), env))
         rows.append(doctor_step(env, root))
     finally:

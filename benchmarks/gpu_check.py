@@ -54,26 +54,92 @@ WHEELS = CACHE / "wheels"
 EDIT = ROOT / "specdec_cli" / "prompts" / "edit" / "textwrap_rename.txt"
 REAL = "smollm2-135m"  # the catalog's small real model, used where the model cache has it
 # what the trimmed sdist leaves out (relative to its root): not needed to build the library
-DROP = [".git", ".github", "docs", "examples", "tests", "docker",
-        *(f"vendor/llama.cpp/{d}" for d in (".git", ".github", ".devops", "models", "docs", "media", "benches",
-                                            "tests", "examples", "conversion", "scripts", "tools", "pocs", "app")),
-        *(f"vendor/llama.cpp/ggml/src/ggml-{b}" for b in ("cann", "et", "hexagon", "hip", "musa", "opencl", "openvino",
-                                                          "sycl", "virtgpu", "vulkan", "webgpu", "zdnn", "zendnn"))]
+DROP = [
+    ".git",
+    ".github",
+    "docs",
+    "examples",
+    "tests",
+    "docker",
+    *(
+        f"vendor/llama.cpp/{d}"
+        for d in (
+            ".git",
+            ".github",
+            ".devops",
+            "models",
+            "docs",
+            "media",
+            "benches",
+            "tests",
+            "examples",
+            "conversion",
+            "scripts",
+            "tools",
+            "pocs",
+            "app",
+        )
+    ),
+    *(
+        f"vendor/llama.cpp/ggml/src/ggml-{b}"
+        for b in (
+            "cann",
+            "et",
+            "hexagon",
+            "hip",
+            "musa",
+            "opencl",
+            "openvino",
+            "sycl",
+            "virtgpu",
+            "vulkan",
+            "webgpu",
+            "zdnn",
+            "zendnn",
+        )
+    ),
+]
 # wheels for a machine without network: the build backend, then specdec's and gguf's dependencies
 BUILD_WHEELS = ["scikit-build-core", "pathspec", "packaging", "ninja"]
-RUN_WHEELS = ["typer>=0.29,<0.30", "rich", "filelock", "huggingface-hub", "llguidance>=1.9,<1.10", "jinja2",
-              "diskcache", "typing-extensions", "gguf", "pyyaml", "tqdm", "numpy",
-              # specdec serve (the concurrency step): the ASGI stack and pydantic
-              "fastapi", "uvicorn", "sse-starlette"]
+RUN_WHEELS = [
+    "typer>=0.29,<0.30",
+    "rich",
+    "filelock",
+    "huggingface-hub",
+    "llguidance>=1.9,<1.10",
+    "jinja2",
+    "diskcache",
+    "typing-extensions",
+    "gguf",
+    "pyyaml",
+    "tqdm",
+    "numpy",
+    # specdec serve (the concurrency step): the ASGI stack and pydantic
+    "fastapi",
+    "uvicorn",
+    "sse-starlette",
+]
 # the GPU machine's Python (its CUDA image: Python 3.12 on manylinux x86-64): compiled wheels must match it
 DEVICE_PYTHON = "3.12"
-DEVICE_PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
-                    "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-                    "manylinux1_x86_64"]
+DEVICE_PLATFORMS = [
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
 # the concurrency step's four prompts: source files of this repository, cut to 0.6-2k tokens of the random model's
 # tokenizer (about a token a character)
-SERVE_FILES = ["specdec_cli/server/fim.py", "specdec_cli/core/detok.py", "specdec_cli/stores/kv_parking.py",
-               "specdec_cli/server/reply.py"]
+SERVE_FILES = [
+    "specdec_cli/server/fim.py",
+    "specdec_cli/core/detok.py",
+    "specdec_cli/stores/kv_parking.py",
+    "specdec_cli/server/reply.py",
+]
 SERVE_CHARS = [600, 1000, 1400, 2000]
 
 
@@ -86,8 +152,22 @@ def prepare(python: str = sys.executable) -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = CACHE / "download"
     shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run([python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                    f"llama-cpp-python=={VERSION}", "-d", str(tmp)], check=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={VERSION}",
+            "-d",
+            str(tmp),
+        ],
+        check=True,
+    )
     with tarfile.open(next(tmp.glob("*.tar.gz"))) as tar:
         tar.extractall(tmp, filter="data")
     src = tmp / SDIST
@@ -99,13 +179,33 @@ def prepare(python: str = sys.executable) -> int:
     shutil.rmtree(tmp)
     shutil.rmtree(WHEELS, ignore_errors=True)
     platforms = [x for p in DEVICE_PLATFORMS for x in ("--platform", p)]
-    subprocess.run([python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "--python-version",
-                    DEVICE_PYTHON, "--implementation", "cp", *platforms, "-d", str(WHEELS),
-                    *BUILD_WHEELS, *RUN_WHEELS], check=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary",
+            ":all:",
+            "--python-version",
+            DEVICE_PYTHON,
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(WHEELS),
+            *BUILD_WHEELS,
+            *RUN_WHEELS,
+        ],
+        check=True,
+    )
     total = sum(f.stat().st_size for f in CACHE.rglob("*") if f.is_file())
-    print(f"{TRIMMED.relative_to(ROOT)}: {TRIMMED.stat().st_size / 2**20:.1f} MiB; {WHEELS.relative_to(ROOT)}: "
-          f"{len(list(WHEELS.iterdir()))} wheels; {total / 2**20:.1f} MiB in all under {CACHE.relative_to(ROOT)}",
-          file=sys.stderr)
+    print(
+        f"{TRIMMED.relative_to(ROOT)}: {TRIMMED.stat().st_size / 2**20:.1f} MiB; {WHEELS.relative_to(ROOT)}: "
+        f"{len(list(WHEELS.iterdir()))} wheels; {total / 2**20:.1f} MiB in all under {CACHE.relative_to(ROOT)}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -125,8 +225,13 @@ def card() -> dict:
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return {}
     name, cap, mem, driver = (x.strip() for x in (out.splitlines() or [",,,"])[0].split(",")[:4])
@@ -139,8 +244,10 @@ def build(work: Path, arch: str, log: Path) -> tuple[str, str]:
     (the venv's python, a one-line description). Raises RuntimeError with the step that failed (its output is in
     `log`)."""
     if not TRIMMED.is_file():
-        raise RuntimeError(f"{TRIMMED.relative_to(ROOT)} is missing: run `python benchmarks/gpu_check.py prepare` "
-                           "where there is network, and carry .cache/gpu_check")
+        raise RuntimeError(
+            f"{TRIMMED.relative_to(ROOT)} is missing: run `python benchmarks/gpu_check.py prepare` "
+            "where there is network, and carry .cache/gpu_check"
+        )
     venv = work / "venv"
     py = str(venv / "bin" / "python")
 
@@ -177,10 +284,34 @@ def build(work: Path, arch: str, log: Path) -> tuple[str, str]:
     flags = f"{amx_flags} " if amx_flags else ""
     args = f"{flags}-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES={arch} -DLLAVA_BUILD=OFF"
     env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 4))
-    step("build", [py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--verbose", str(source),
-                   "-w", str(work / "wheel")], env=env)
-    step("install", [py, "-m", "pip", "install", "--force-reinstall", "--no-deps",
-                     str(next((work / "wheel").glob("llama_cpp_python-*.whl")))])
+    step(
+        "build",
+        [
+            py,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--verbose",
+            str(source),
+            "-w",
+            str(work / "wheel"),
+        ],
+        env=env,
+    )
+    step(
+        "install",
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "--force-reinstall",
+            "--no-deps",
+            str(next((work / "wheel").glob("llama_cpp_python-*.whl"))),
+        ],
+    )
     return py, f"llama-cpp-python {VERSION}, CMAKE_ARGS={args}"
 
 
@@ -208,8 +339,15 @@ def specdec(py: str, args: list[str], env: dict, log: Path, timeout: float) -> t
         f.write(f"\n$ specdec {' '.join(args)}\n")
         f.flush()
         try:
-            p = subprocess.run([py, "-m", "specdec_cli", *args], stdout=subprocess.PIPE, stderr=f, text=True,
-                               env=env, cwd=ROOT, timeout=timeout)
+            p = subprocess.run(
+                [py, "-m", "specdec_cli", *args],
+                stdout=subprocess.PIPE,
+                stderr=f,
+                text=True,
+                env=env,
+                cwd=ROOT,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return 124, time.monotonic() - t0, ""
     return p.returncode, time.monotonic() - t0, p.stdout
@@ -229,31 +367,48 @@ def check(a: argparse.Namespace) -> int:
     log.write_text("")
     rows: list[Row] = []
     gpu = card()
-    rows.append(Row("card", f"{gpu['name']}, compute {gpu['compute_cap']}, {gpu['memory']}, driver {gpu['driver']}"
-                    if gpu else "no NVIDIA GPU (nvidia-smi not found or failed): a CPU run"))
+    rows.append(
+        Row(
+            "card",
+            f"{gpu['name']}, compute {gpu['compute_cap']}, {gpu['memory']}, driver {gpu['driver']}"
+            if gpu
+            else "no NVIDIA GPU (nvidia-smi not found or failed): a CPU run",
+        )
+    )
     py = sys.executable
     if a.no_build:
         try:
             import llama_cpp
 
-            rows.append(Row("build", f"--no-build: llama-cpp-python {llama_cpp.__version__} as installed ("
-                            f"{'GPU offload' if llama_cpp.llama_supports_gpu_offload() else 'CPU'})"))
+            rows.append(
+                Row(
+                    "build",
+                    f"--no-build: llama-cpp-python {llama_cpp.__version__} as installed ("
+                    f"{'GPU offload' if llama_cpp.llama_supports_gpu_offload() else 'CPU'})",
+                )
+            )
         except ImportError:
             rows.append(Row("build", "--no-build, and no llama-cpp-python installed", ok=False))
     else:
         arch = a.arch or (gpu.get("compute_cap", "").replace(".", "") if gpu else "")
         t0 = time.monotonic()
         if not arch or shutil.which("nvcc") is None:
-            rows.append(Row("build", "skipped: " + ("no nvcc on PATH" if arch else "no card to build for (--arch)"),
-                            ok=False))
+            rows.append(
+                Row("build", "skipped: " + ("no nvcc on PATH" if arch else "no card to build for (--arch)"), ok=False)
+            )
         else:
             try:
                 py, what = build(work, arch, log)
                 rows.append(Row("build", what, time.monotonic() - t0))
             except RuntimeError as e:
                 rows.append(Row("build", str(e), time.monotonic() - t0, ok=False))
-    env = dict(os.environ, SPECDEC_HOME=str(work / "home"), NO_COLOR="1", COLUMNS="200",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        SPECDEC_HOME=str(work / "home"),
+        NO_COLOR="1",
+        COLUMNS="200",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     env.pop("SPECDEC_VERIFY_CURVE", None)
     # the model: a random GGUF at the shape asked for (gguf from the environment, else the sdist's gguf-py)
     t0 = time.monotonic()
@@ -261,30 +416,61 @@ def check(a: argparse.Namespace) -> int:
     gguf_py = work / "src" / SDIST / "vendor" / "llama.cpp" / "gguf-py"
     mk_env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(gguf_py)]))
     if not model.is_file():
-        p = subprocess.run([py, str(ROOT / "benchmarks" / "random_gguf.py"), str(model), "--shape", a.shape],
-                           env=mk_env, capture_output=True, text=True)
+        p = subprocess.run(
+            [py, str(ROOT / "benchmarks" / "random_gguf.py"), str(model), "--shape", a.shape],
+            env=mk_env,
+            capture_output=True,
+            text=True,
+        )
         if p.returncode:
-            rows.append(Row("model", f"random_gguf.py failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}",
-                            time.monotonic() - t0, ok=False))
+            rows.append(
+                Row(
+                    "model",
+                    f"random_gguf.py failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}",
+                    time.monotonic() - t0,
+                    ok=False,
+                )
+            )
     models = [model] if model.is_file() else []
     if models:
-        rows.append(Row("model", f"{model.name}: random weights at {a.shape}'s shape, "
-                        f"{model.stat().st_size / 2**20:,.1f} MiB", time.monotonic() - t0))
+        rows.append(
+            Row(
+                "model",
+                f"{model.name}: random weights at {a.shape}'s shape, {model.stat().st_size / 2**20:,.1f} MiB",
+                time.monotonic() - t0,
+            )
+        )
     real = None if a.no_real else real_model()
     if real is not None:
         models.append(real)
         rows.append(Row("model", f"{real.name}: the catalog's {REAL} (real weights)"))
     left = lambda: max(30.0, a.budget - (time.monotonic() - t_start))  # noqa: E731
     if models:
-        code, s, out = specdec(py, ["doctor", "--measure", "--target", str(models[0]), "--json", "-"], env, log,
-                               left())
+        code, s, out = specdec(py, ["doctor", "--measure", "--target", str(models[0]), "--json", "-"], env, log, left())
         rows += doctor_rows(code, s, out, models[0])
         if a.serve_repeats:
             rows += serve_rows(py, models[0], a, env, work, log, left)
     for m in models:
         doc = work / f"run-{m.stem}.json"
-        code, s, _ = specdec(py, ["run", a.edit, "--target", str(m), "--raw", "-n", str(a.tokens), "--compare",
-                                  "--json", str(doc), "--no-prompt-cache"], env, log, left())
+        code, s, _ = specdec(
+            py,
+            [
+                "run",
+                a.edit,
+                "--target",
+                str(m),
+                "--raw",
+                "-n",
+                str(a.tokens),
+                "--compare",
+                "--json",
+                str(doc),
+                "--no-prompt-cache",
+            ],
+            env,
+            log,
+            left(),
+        )
         rows += run_rows(code, s, doc, m)
     table = render(rows, time.monotonic() - t_start)
     print(table)
@@ -311,8 +497,18 @@ def post(url: str, body: dict, timeout: float) -> dict:
         return json.loads(r.read())
 
 
-def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[str], a: argparse.Namespace,
-               env: dict, home: Path, log: Path, timeout: float) -> dict:
+def serve_cell(
+    py: str,
+    model: Path,
+    method: str,
+    at_once: bool,
+    prompts: list[str],
+    a: argparse.Namespace,
+    env: dict,
+    home: Path,
+    log: Path,
+    timeout: float,
+) -> dict:
     """One cell on a fresh server (`home`: a SPECDEC_HOME holding only the verify curve): the prompts as greedy
     `/v1/completions` of `a.serve_tokens` tokens each, one after another or all at once. Returns {"wall_s", "tokens",
     "texts"}. Raises RuntimeError (the server did not start, a request failed)."""
@@ -322,15 +518,31 @@ def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[s
     from bench_serve import free_port  # benchmarks/ is on sys.path when a script in it runs
 
     port = free_port()
-    cmd = [py, "-m", "specdec_cli", "serve", "--port", str(port), "--parallel", str(a.parallel), "-t", str(model),
-           "--method", method, "--ctx", "8192", "--no-prompt-cache"]
+    cmd = [
+        py,
+        "-m",
+        "specdec_cli",
+        "serve",
+        "--port",
+        str(port),
+        "--parallel",
+        str(a.parallel),
+        "-t",
+        str(model),
+        "--method",
+        method,
+        "--ctx",
+        "8192",
+        "--no-prompt-cache",
+    ]
     url = f"http://127.0.0.1:{port}"
     t_end = time.monotonic() + timeout
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(env, SPECDEC_HOME=str(home)),
-                                cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(env, SPECDEC_HOME=str(home)), cwd=ROOT
+        )
     try:
         while True:
             if proc.poll() is not None:
@@ -366,8 +578,11 @@ def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[s
         wall = time.monotonic() - t0
         if errors:
             raise RuntimeError("; ".join(errors))
-        return {"wall_s": wall, "tokens": sum(r["usage"]["completion_tokens"] for r in out),
-                "texts": [r["choices"][0]["text"] for r in out]}
+        return {
+            "wall_s": wall,
+            "tokens": sum(r["usage"]["completion_tokens"] for r in out),
+            "texts": [r["choices"][0]["text"] for r in out],
+        }
     finally:
         proc.terminate()
         try:
@@ -377,8 +592,9 @@ def serve_cell(py: str, model: Path, method: str, at_once: bool, prompts: list[s
             proc.wait()
 
 
-def serve_rows(py: str, model: Path, a: argparse.Namespace, env: dict, work: Path, log: Path,
-               left: Callable[[], float]) -> list[Row]:
+def serve_rows(
+    py: str, model: Path, a: argparse.Namespace, env: dict, work: Path, log: Path, left: Callable[[], float]
+) -> list[Row]:
     """`specdec serve --parallel N` on `model`: for --method auto and none, four greedy completions one after another
     and then at once, each cell on a fresh server holding the verify curve that `doctor --measure` kept (nothing else
     learnt), the cells interleaved over `a.serve_repeats`. A row per method: aggregate tok/s (output tokens over the
@@ -391,7 +607,7 @@ def serve_rows(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     t_all = time.monotonic()
     for rep in range(a.serve_repeats):
         for method in ("auto", "none"):
-            for at_once in ((False, True) if rep % 2 == 0 else (True, False)):
+            for at_once in (False, True) if rep % 2 == 0 else (True, False):
                 home = work / f"serve-{method}-{'once' if at_once else 'serial'}-{rep}"
                 shutil.rmtree(home, ignore_errors=True)
                 (home / "data").mkdir(parents=True)
@@ -407,15 +623,26 @@ def serve_rows(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     rows = []
     for method in ("auto", "none"):
         serial, once = results[(method, False)], results[(method, True)]
-        same = sum(x == y for s, o in zip(serial, once, strict=False) for x, y in zip(s["texts"], o["texts"], strict=False))
-        rows.append(Row(f"serve --parallel {a.parallel} --method {method}",
-                        f"4 completions of {a.serve_tokens} tokens ({serial[0]['tokens']} made): one after another "
-                        f"{med(serial):.1f} tok/s, at once "
-                        f"{med(once):.1f} tok/s: {med(once) / med(serial):.2f}x; replies at once equal to one after "
-                        f"another: {same}/{len(prompts) * len(serial)}"))
-    rows.append(Row("serve: speculative vs plain at once",
-                    f"{med(results[('auto', True)]) / med(results[('none', True)]):.2f}x "
-                    f"(medians of {a.serve_repeats} interleaved repeat(s))", time.monotonic() - t_all))
+        same = sum(
+            x == y for s, o in zip(serial, once, strict=False) for x, y in zip(s["texts"], o["texts"], strict=False)
+        )
+        rows.append(
+            Row(
+                f"serve --parallel {a.parallel} --method {method}",
+                f"4 completions of {a.serve_tokens} tokens ({serial[0]['tokens']} made): one after another "
+                f"{med(serial):.1f} tok/s, at once "
+                f"{med(once):.1f} tok/s: {med(once) / med(serial):.2f}x; replies at once equal to one after "
+                f"another: {same}/{len(prompts) * len(serial)}",
+            )
+        )
+    rows.append(
+        Row(
+            "serve: speculative vs plain at once",
+            f"{med(results[('auto', True)]) / med(results[('none', True)]):.2f}x "
+            f"(medians of {a.serve_repeats} interleaved repeat(s))",
+            time.monotonic() - t_all,
+        )
+    )
     return rows
 
 
@@ -428,16 +655,23 @@ def doctor_rows(code: int, seconds: float, out: str, model: Path) -> list[Row]:
     curve = next((c["curve"] for c in doc.get("verify_curves", []) if c.get("target") == model.name), None)
     g = doc.get("gpu", {})
     devs = ", ".join(f"{d['name']} {d['free_mib']:,}/{d['total_mib']:,} MiB" for d in g.get("devices") or [])
-    rows = [Row("GPU lines", f"backend {g.get('backend') or 'none'}; devices {devs or 'n/a'}; layers "
-                f"{g.get('layers')} ({g.get('why') or 'n/a'})")]
+    rows = [
+        Row(
+            "GPU lines",
+            f"backend {g.get('backend') or 'none'}; devices {devs or 'n/a'}; layers "
+            f"{g.get('layers')} ({g.get('why') or 'n/a'})",
+        )
+    ]
     if curve is None:
         return [Row(what, f"exit {code}: no curve kept (see gpu_check.log)", seconds, ok=False), *rows]
     ms = curve["ms"]
     v = {b: ms[b - 1] for b in (1, 2, 4, 8, 16, 32, 64) if b <= len(ms)}
     flat = len(ms) >= 64 and ms[63] <= 1.3 * ms[0]
-    text = "  ".join(f"v({b}) {x:.2f}" for b, x in v.items()) + f" ms; {'flat' if flat else 'not flat'} " \
-        f"(v(64)/v(1) = {ms[min(63, len(ms) - 1)] / ms[0]:.2f})" + (f"; disturbed: {curve['disturbed']}"
-                                                                  if curve.get("disturbed") else "")
+    text = (
+        "  ".join(f"v({b}) {x:.2f}" for b, x in v.items()) + f" ms; {'flat' if flat else 'not flat'} "
+        f"(v(64)/v(1) = {ms[min(63, len(ms) - 1)] / ms[0]:.2f})"
+        + (f"; disturbed: {curve['disturbed']}" if curve.get("disturbed") else "")
+    )
     return [Row(what, text, seconds, ok=code == 0), *rows]
 
 
@@ -448,16 +682,31 @@ def run_rows(code: int, seconds: float, path: Path, model: Path) -> list[Row]:
     except (OSError, ValueError):
         return [Row(what, f"exit {code}: no --json written (see gpu_check.log)", seconds, ok=False)]
     st, c = doc["stats"], doc.get("compare") or {}
-    speed = (f"{c['speedup']:.2f}x plain ({c['speculative_tokens_per_s']:.1f} vs {c['plain_tokens_per_s']:.1f} "
-             f"tok/s, {'identical' if c.get('identical') else 'outputs differ: ' + str(c.get('verdict'))})"
-             if c else "no comparison")
-    rows = [Row(what, f"{speed}; {st['tokens_per_pass']:.2f} tokens/pass, {st['ms_per_pass']:.2f} ms/pass, "
-                f"mean K {st['mean_k']:.1f}", seconds, ok=code == 0)]
+    speed = (
+        f"{c['speedup']:.2f}x plain ({c['speculative_tokens_per_s']:.1f} vs {c['plain_tokens_per_s']:.1f} "
+        f"tok/s, {'identical' if c.get('identical') else 'outputs differ: ' + str(c.get('verdict'))})"
+        if c
+        else "no comparison"
+    )
+    rows = [
+        Row(
+            what,
+            f"{speed}; {st['tokens_per_pass']:.2f} tokens/pass, {st['ms_per_pass']:.2f} ms/pass, "
+            f"mean K {st['mean_k']:.1f}",
+            seconds,
+            ok=code == 0,
+        )
+    ]
     spec, plain = host_ms(st), host_ms(c.get("plain_stats") or {}) if c else None
     if spec is not None:
-        rows.append(Row("host work per pass", f"{spec:.2f} ms speculative ({st['n_target_passes']} passes)"
-                        + (f", {plain:.2f} ms plain" if plain is not None else "")
-                        + f"; a target pass {st['ms_per_pass']:.2f} ms"))
+        rows.append(
+            Row(
+                "host work per pass",
+                f"{spec:.2f} ms speculative ({st['n_target_passes']} passes)"
+                + (f", {plain:.2f} ms plain" if plain is not None else "")
+                + f"; a target pass {st['ms_per_pass']:.2f} ms",
+            )
+        )
     rows.append(energy_row(st.get("energy") or {}, ((c.get("plain_stats") or {}).get("energy") or {}) if c else {}))
     return rows
 
@@ -470,15 +719,20 @@ def energy_row(spec: dict, plain: dict) -> Row:
     text = f"{spec['j_per_token']:.4f} J/token speculative"
     if plain.get("available") and plain.get("j_per_token"):
         text += f", {plain['j_per_token']:.4f} plain ({plain['j_per_token'] / spec['j_per_token']:.2f}x less)"
-    return Row("energy per token", f"{text}; {spec['decode_watts']:.1f} W decoding; counted: "
-               f"{', '.join(spec.get('counted') or []) or '?'}")
+    return Row(
+        "energy per token",
+        f"{text}; {spec['decode_watts']:.1f} W decoding; counted: {', '.join(spec.get('counted') or []) or '?'}",
+    )
 
 
 def render(rows: list[Row], total: float) -> str:
     """The one table, as plain text (it goes to logs and reports): what | result | seconds."""
     width = max(len(r.what) for r in rows)
-    lines = [f"gpu_check ({platform.node() or '?'}, {total:.0f} s in all)", f"{'what':<{width}}  {'s':>6}  result",
-             f"{'-' * width}  {'-' * 6}  {'-' * 40}"]
+    lines = [
+        f"gpu_check ({platform.node() or '?'}, {total:.0f} s in all)",
+        f"{'what':<{width}}  {'s':>6}  result",
+        f"{'-' * width}  {'-' * 6}  {'-' * 40}",
+    ]
     for r in rows:
         s = f"{r.seconds:6.1f}" if r.seconds is not None else " " * 6
         lines.append(f"{r.what:<{width}}  {s}  {'' if r.ok else 'FAILED: '}{r.result}")
@@ -489,22 +743,40 @@ def render(rows: list[Row], total: float) -> str:
 # the Vulkan mode: a real GPU backend on any machine (Mesa's lavapipe runs Vulkan on the CPU)
 
 
-VK_COMMANDS = ("run --method none", "run (auto)", "check", "chat (3 turns)", "prompt cache (2nd run restores)",
-               "serve --parallel 2 (2 at once)")
-CHAT_TURNS = ["Write a Python function that checks whether a string is a palindrome.",
-              "Now make it ignore case and spaces.", "Add a docstring to it."]
+VK_COMMANDS = (
+    "run --method none",
+    "run (auto)",
+    "check",
+    "chat (3 turns)",
+    "prompt cache (2nd run restores)",
+    "serve --parallel 2 (2 at once)",
+)
+CHAT_TURNS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Now make it ignore case and spaces.",
+    "Add a docstring to it.",
+]
 
 
-def _vk_run(py: str, args: list[str], env: dict, log: Path, timeout: float, stdin: str | None = None
-            ) -> tuple[int, float, str]:
+def _vk_run(
+    py: str, args: list[str], env: dict, log: Path, timeout: float, stdin: str | None = None
+) -> tuple[int, float, str]:
     """`python -m specdec_cli ARGS` with `stdin`; (exit code, seconds, stdout); stderr goes to `log`."""
     t0 = time.monotonic()
     with open(log, "a") as f:
         f.write(f"\n$ [{Path(py).parent.parent.name}] specdec {' '.join(args)}\n")
         f.flush()
         try:
-            p = subprocess.run([py, "-m", "specdec_cli", *args], input=stdin or "", stdout=subprocess.PIPE,
-                               stderr=f, text=True, env=env, cwd=ROOT, timeout=timeout)
+            p = subprocess.run(
+                [py, "-m", "specdec_cli", *args],
+                input=stdin or "",
+                stdout=subprocess.PIPE,
+                stderr=f,
+                text=True,
+                env=env,
+                cwd=ROOT,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return 124, time.monotonic() - t0, ""
     return p.returncode, time.monotonic() - t0, p.stdout
@@ -527,21 +799,35 @@ def vk_outputs(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
     t = a.budget
     common = ["-t", str(model), "--raw", "-n", str(a.tokens)]
     out: dict[str, dict] = {}
-    for name, extra in (("run --method none", ["--method", "none", "--no-prompt-cache", "--logprobs", "2"]),
-                        ("run (auto)", ["--no-prompt-cache"])):
+    for name, extra in (
+        ("run --method none", ["--method", "none", "--no-prompt-cache", "--logprobs", "2"]),
+        ("run (auto)", ["--no-prompt-cache"]),
+    ):
         doc = work / f"{tag}-{model.stem}-{name.split()[-1].strip('()')}.json"
         rc, s, _ = _vk_run(py, ["run", a.edit, *common, *extra, "--json", str(doc)], env, log, t)
         d = _json(doc)
         st = d.get("stats") or {}
-        out[name] = {"rc": rc, "s": s, "text": d.get("text"), "tok_s": st.get("tokens_per_s"),
-                     "passes": st.get("n_target_passes"), "tokens": d.get("tokens"), "logprobs": d.get("logprobs")}
+        out[name] = {
+            "rc": rc,
+            "s": s,
+            "text": d.get("text"),
+            "tok_s": st.get("tokens_per_s"),
+            "passes": st.get("n_target_passes"),
+            "tokens": d.get("tokens"),
+            "logprobs": d.get("logprobs"),
+        }
     doc = work / f"{tag}-{model.stem}-check.json"
-    rc, s, _ = _vk_run(py, ["check", a.edit, "-t", str(model), "--raw", "-n", str(a.tokens), "--json", str(doc)],
-                       env, log, t)
+    rc, s, _ = _vk_run(
+        py, ["check", a.edit, "-t", str(model), "--raw", "-n", str(a.tokens), "--json", str(doc)], env, log, t
+    )
     d = _json(doc)
     c = d.get("check") or {}
-    out["check"] = {"rc": rc, "s": s, "text": d.get("text"),
-                    "verdict": f"{c.get('n_checked')} positions checked, {c.get('n_flagged')} flagged" if c else ""}
+    out["check"] = {
+        "rc": rc,
+        "s": s,
+        "text": d.get("text"),
+        "verdict": f"{c.get('n_checked')} positions checked, {c.get('n_flagged')} flagged" if c else "",
+    }
     saved = work / f"{tag}-{model.stem}-chat.json"
     script = "\n".join([*CHAT_TURNS, f"/save {saved}", "/quit"]) + "\n"
     rc, s, _ = _vk_run(py, ["chat", "-t", str(model), "-n", str(a.tokens)], env, log, t, stdin=script)
@@ -555,11 +841,26 @@ def vk_outputs(py: str, model: Path, a: argparse.Namespace, env: dict, work: Pat
         d = _json(doc)
         texts.append(d.get("text"))
         restored.append((d.get("stats") or {}).get("n_restored") or 0)
-    out["prompt cache (2nd run restores)"] = {"rc": rc, "s": s, "text": texts[1], "same_as_first": texts[0] == texts[1],
-                                              "restored": restored[1]}
+    out["prompt cache (2nd run restores)"] = {
+        "rc": rc,
+        "s": s,
+        "text": texts[1],
+        "same_as_first": texts[0] == texts[1],
+        "restored": restored[1],
+    }
     try:
-        cell = serve_cell(py, model, "auto", True, [CHAT_TURNS[0], CHAT_TURNS[1]],
-                          argparse.Namespace(parallel=2, serve_tokens=a.tokens), env, home / "serve", log, t)
+        cell = serve_cell(
+            py,
+            model,
+            "auto",
+            True,
+            [CHAT_TURNS[0], CHAT_TURNS[1]],
+            argparse.Namespace(parallel=2, serve_tokens=a.tokens),
+            env,
+            home / "serve",
+            log,
+            t,
+        )
         out[VK_COMMANDS[-1]] = {"rc": 0, "s": cell["wall_s"], "text": cell["texts"]}
     except RuntimeError as e:
         out[VK_COMMANDS[-1]] = {"rc": 1, "s": None, "text": None, "error": str(e)}
@@ -581,8 +882,10 @@ def cross_divergence(cpu: dict, vk: dict) -> str:
     if b[i] not in top:
         return f"first differs at token {i}: the device's token is not in the CPU build's top 2 (a DIVERGENCE)"
     margin = lps[i]["logprob"] - top[b[i]]
-    return (f"first differs at token {i} of {len(a)}: margin {margin:.3f} logits in the CPU build's numerics, "
-            f"{'a numerical near-tie' if margin < 1.0 else 'a DIVERGENCE'}")
+    return (
+        f"first differs at token {i} of {len(a)}: margin {margin:.3f} logits in the CPU build's numerics, "
+        f"{'a numerical near-tie' if margin < 1.0 else 'a DIVERGENCE'}"
+    )
 
 
 def vulkan(a: argparse.Namespace) -> int:
@@ -597,8 +900,12 @@ def vulkan(a: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "vulkan_check.log"
     log.write_text("")
-    env = dict(os.environ, NO_COLOR="1", COLUMNS="200",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        NO_COLOR="1",
+        COLUMNS="200",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     env["SPECDEC_VERIFY_CURVE"] = "off"  # outputs are compared here, not speed: no curve measured on either build
     cpu_env = dict(env, SPECDEC_GPU_LAYERS="0")
     # ggml-vulkan skips a device of type CPU (Mesa's lavapipe) unless it is named
@@ -608,8 +915,14 @@ def vulkan(a: argparse.Namespace) -> int:
     try:
         g = json.loads(out).get("gpu", {})
         devs = ", ".join(f"{d['name']} {d['free_mib']:,}/{d['total_mib']:,} MiB" for d in g.get("devices") or [])
-        rows.append(Row("device", f"backend {g.get('backend') or 'none'}; devices {devs or 'n/a'}", s, ok=rc == 0
-                        and bool(g.get("backend"))))
+        rows.append(
+            Row(
+                "device",
+                f"backend {g.get('backend') or 'none'}; devices {devs or 'n/a'}",
+                s,
+                ok=rc == 0 and bool(g.get("backend")),
+            )
+        )
     except ValueError:
         rows.append(Row("device", f"specdec doctor exited {rc} with no report (see vulkan_check.log)", s, ok=False))
     models = [Path(m) for m in a.models] if a.models else [m for m in (real_model(),) if m is not None]
@@ -618,8 +931,11 @@ def vulkan(a: argparse.Namespace) -> int:
         rc, s, out = _vk_run(a.vk_python, ["doctor", "-t", str(model), "--json", "-"], vk_env, log, a.budget)
         try:
             g = json.loads(out).get("gpu", {})
-            rows.append(Row(f"{model.name}: layers", f"{g.get('layers')} on the device ({g.get('why') or 'n/a'})", s,
-                            ok=rc == 0))
+            rows.append(
+                Row(
+                    f"{model.name}: layers", f"{g.get('layers')} on the device ({g.get('why') or 'n/a'})", s, ok=rc == 0
+                )
+            )
         except ValueError:
             rows.append(Row(f"{model.name}: layers", f"doctor -t exited {rc} with no report", s, ok=False))
         cpu = vk_outputs(sys.executable, model, a, cpu_env, work, log)
@@ -631,30 +947,53 @@ def vulkan(a: argparse.Namespace) -> int:
             what = "yes" if equal else ("n/a" if not ok else "no")
             extra = ""
             if name.startswith("prompt cache"):
-                extra = f"; restored {v.get('restored')} tokens on the device, same as its first run: " \
-                        f"{v.get('same_as_first')}"
+                extra = (
+                    f"; restored {v.get('restored')} tokens on the device, same as its first run: "
+                    f"{v.get('same_as_first')}"
+                )
             if v.get("tok_s"):
                 extra += f"; {v['tok_s']:.1f} tok/s on lavapipe (a CPU's speed), {c.get('tok_s') or 0:.1f} CPU build"
             if v.get("error"):
                 extra += f"; {v['error']}"
-            rows.append(Row(f"{model.name}: {name}", f"exit {c.get('rc')}/{v.get('rc')} (CPU/Vulkan); output equal "
-                            f"to the CPU build's: {what}{extra}", v.get("s"), ok=ok))
-            results.append({"model": model.name, "command": name, "equal": equal, "cpu_rc": c.get("rc"),
-                            "vk_rc": v.get("rc"), "vk": {k: x for k, x in v.items() if k != "text"}})
+            rows.append(
+                Row(
+                    f"{model.name}: {name}",
+                    f"exit {c.get('rc')}/{v.get('rc')} (CPU/Vulkan); output equal to the CPU build's: {what}{extra}",
+                    v.get("s"),
+                    ok=ok,
+                )
+            )
+            results.append(
+                {
+                    "model": model.name,
+                    "command": name,
+                    "equal": equal,
+                    "cpu_rc": c.get("rc"),
+                    "vk_rc": v.get("rc"),
+                    "vk": {k: x for k, x in v.items() if k != "text"},
+                }
+            )
         cmp_cpu, cmp_vk = cpu.get("run --method none", {}), vk.get("run --method none", {})
         rows.append(Row(f"{model.name}: plain greedy, CPU build vs device", cross_divergence(cmp_cpu, cmp_vk)))
         chk = vk.get("check", {})
-        rows.append(Row(f"{model.name}: check on the device", f"exit {chk.get('rc')} (0: every divergence from "
-                        f"one-token decoding a near-tie); {chk.get('verdict') or ''}", chk.get("s"),
-                        ok=chk.get("rc") == 0))
+        rows.append(
+            Row(
+                f"{model.name}: check on the device",
+                f"exit {chk.get('rc')} (0: every divergence from "
+                f"one-token decoding a near-tie); {chk.get('verdict') or ''}",
+                chk.get("s"),
+                ok=chk.get("rc") == 0,
+            )
+        )
     table = render(rows, time.monotonic() - t_start).replace("gpu_check (", "vulkan check (", 1)
     print(table)
     out_dir = os.environ.get("OUT")
     for d in (work, Path(out_dir) if out_dir else None):
         if d is not None:
             (d / "vulkan_check.txt").write_text(table + "\n")
-            (d / "vulkan_check.json").write_text(json.dumps({"rows": [r.__dict__ for r in rows],
-                                                             "commands": results}, indent=1))
+            (d / "vulkan_check.json").write_text(
+                json.dumps({"rows": [r.__dict__ for r in rows], "commands": results}, indent=1)
+            )
     return 0 if all(r.ok for r in rows) else 1
 
 
@@ -664,8 +1003,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("prepare", help="download and trim the sdist and the wheels into .cache/gpu_check (network)")
     vk = sub.add_parser("vulkan", help="the same greedy commands on a Vulkan build and this Python's, compared")
     vk.add_argument("--vk-python", required=True, help="a Python whose llama-cpp-python is a Vulkan build")
-    vk.add_argument("--model", dest="models", action="append",
-                    help="a GGUF to run (repeatable; default: the catalog's smollm2-135m from the model cache)")
+    vk.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        help="a GGUF to run (repeatable; default: the catalog's smollm2-135m from the model cache)",
+    )
     ap.add_argument("--no-build", action="store_true", help="use the llama-cpp-python installed (a CPU run)")
     ap.add_argument("--arch", help="CMAKE_CUDA_ARCHITECTURES (default: the card's compute capability)")
     ap.add_argument("--shape", default="qwen2.5-coder-1.5b", help="the random model's shape (random_gguf.SHAPES)")

@@ -48,8 +48,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTED = {200, 400, 401, 403, 404, 408, 413, 429}  # what a request may get while the server runs
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
 TOOL_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 LONG_TEXT = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(150))
 
@@ -59,14 +62,33 @@ class Server:
     """`specdec serve` on a free loopback port, its stderr collected by a thread."""
 
     def __init__(self, args, home: Path) -> None:
-        cmd = [sys.executable, "-m", "specdec_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--save-interval", str(args.save_interval), "--timeout", str(args.timeout), "--queue", str(args.queue),
-               "--max-tokens", str(args.max_tokens)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--save-interval",
+            str(args.save_interval),
+            "--timeout",
+            str(args.timeout),
+            "--queue",
+            str(args.queue),
+            "--max-tokens",
+            str(args.max_tokens),
+        ]
         for flag, value in (("-t", args.model), ("--ctx", args.ctx), ("--threads", args.threads)):
             if value is not None:
                 cmd += [flag, str(value)]
-        env = {**os.environ, "SPECDEC_HOME": str(home), "SPECDEC_PROMPT_CACHE": str(home / "prompts"),
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {
+            **os.environ,
+            "SPECDEC_HOME": str(home),
+            "SPECDEC_PROMPT_CACHE": str(home / "prompts"),
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
         env.pop("SPECDEC_SERVE_KEY", None)
         if not args.measure_curve:  # minutes on a busy machine, and not what this run measures
             env["SPECDEC_VERIFY_CURVE"] = "off"
@@ -110,11 +132,19 @@ def body_of(api: str, shape: str, stream: bool, content: str, max_tokens: int) -
     """(path, JSON body) of one request of `api` ("chat", "responses", "messages") and `shape` ("plain", "tool",
     "schema")."""
     if api == "chat":
-        body = {"model": "x", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                "stream": stream}
+        body = {
+            "model": "x",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
         if shape == "tool":
-            body["tools"] = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.",
-                                                               "parameters": TOOL_PARAMS}}]
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "description": "The weather.", "parameters": TOOL_PARAMS},
+                }
+            ]
         elif shape == "schema":
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
         return "/v1/chat/completions", body
@@ -125,8 +155,12 @@ def body_of(api: str, shape: str, stream: bool, content: str, max_tokens: int) -
         elif shape == "schema":
             body["text"] = {"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA}}
         return "/v1/responses", body
-    body = {"model": "x", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "stream": stream}
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
     if shape == "tool":
         body["tools"] = [{"name": "get_weather", "description": "The weather.", "input_schema": TOOL_PARAMS}]
     elif shape == "schema":
@@ -159,11 +193,17 @@ def one_request(port: int, rng: random.Random, tally: Tally, max_tokens: int, ti
     stream = rng.random() < 0.5
     long_drop = rng.random() < 0.10
     stream_drop = stream and not long_drop and rng.random() < 0.20
-    content = (LONG_TEXT + "\nSummarise.") if long_drop else \
-        rng.choice(["Say hello.", "What is 2 + 2?", "Plan a trip to Paris.", "Weather in Oslo?"])
+    content = (
+        (LONG_TEXT + "\nSummarise.")
+        if long_drop
+        else rng.choice(["Say hello.", "What is 2 + 2?", "Plan a trip to Paris.", "Weather in Oslo?"])
+    )
     path, body = body_of(api, shape, stream, content, max_tokens)
-    kind = f"{api}{' stream' if stream else ''} {shape}" + (" (dropped in prefill)" if long_drop else "") + \
-        (" (dropped mid-stream)" if stream_drop else "")
+    kind = (
+        f"{api}{' stream' if stream else ''} {shape}"
+        + (" (dropped in prefill)" if long_drop else "")
+        + (" (dropped mid-stream)" if stream_drop else "")
+    )
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -224,8 +264,10 @@ def oversized_status(port: int) -> int | str:
     """The status of a request announcing a 100 MB body (its headers only: the server answers before the body)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 100000000\r\n\r\n" + b"x" * 65536)
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000000\r\n\r\n" + b"x" * 65536
+            )
             head = s.recv(64)
         return int(head.split()[1])
     except (OSError, ValueError, IndexError) as e:
@@ -238,19 +280,54 @@ def faults_loop(port: int, until: float, tally: Tally) -> None:
     deep_args = "[" * 60_000 + "]" * 60_000
     while time.monotonic() < until:
         checks = {
-            "forged Host (403)": (raw_status(port, "POST", "/v1/chat/completions", b"{}",
-                                             {**json_headers, "Host": "evil.example"}), 403),
-            "cross-origin preflight (403)": (raw_status(port, "OPTIONS", "/v1/chat/completions", None, {
-                "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}), 403),
+            "forged Host (403)": (
+                raw_status(port, "POST", "/v1/chat/completions", b"{}", {**json_headers, "Host": "evil.example"}),
+                403,
+            ),
+            "cross-origin preflight (403)": (
+                raw_status(
+                    port,
+                    "OPTIONS",
+                    "/v1/chat/completions",
+                    None,
+                    {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+                ),
+                403,
+            ),
             "oversized body (413)": (oversized_status(port), 413),
-            "body nested 100,000 deep (400)": (raw_status(port, "POST", "/v1/chat/completions",
-                                                          b"[" * 100_000 + b"]" * 100_000, json_headers), 400),
-            "arguments nested too deep (400)": (raw_status(port, "POST", "/v1/chat/completions", json.dumps(
-                {"model": "x", "messages": [
-                    {"role": "user", "content": "hi"},
-                    {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep_args}}]},
-                    {"role": "tool", "tool_call_id": "c", "content": "ok"}]}).encode(), json_headers), 400),
+            "body nested 100,000 deep (400)": (
+                raw_status(port, "POST", "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000, json_headers),
+                400,
+            ),
+            "arguments nested too deep (400)": (
+                raw_status(
+                    port,
+                    "POST",
+                    "/v1/chat/completions",
+                    json.dumps(
+                        {
+                            "model": "x",
+                            "messages": [
+                                {"role": "user", "content": "hi"},
+                                {
+                                    "role": "assistant",
+                                    "content": None,
+                                    "tool_calls": [
+                                        {
+                                            "id": "c",
+                                            "type": "function",
+                                            "function": {"name": "f", "arguments": deep_args},
+                                        }
+                                    ],
+                                },
+                                {"role": "tool", "tool_call_id": "c", "content": "ok"},
+                            ],
+                        }
+                    ).encode(),
+                    json_headers,
+                ),
+                400,
+            ),
         }
         for kind, (status, want) in checks.items():
             tally.add(kind, status)
@@ -272,7 +349,7 @@ def slowloris(port: int, n: int, until: float, closed: list[int]) -> None:
     while time.monotonic() < until and socks:
         for s in list(socks):
             try:
-                s.sendall(head[i % len(head):i % len(head) + 1])
+                s.sendall(head[i % len(head) : i % len(head) + 1])
                 s.setblocking(False)
                 try:
                     if s.recv(1024) == b"":
@@ -315,8 +392,9 @@ class HealthProbe:
     do not delay the measuring): `stop()` returns [(time.time(), ms, status)]."""
 
     def __init__(self, port: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", HEALTH_PROBE, str(port)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HEALTH_PROBE, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     def stop(self) -> list[tuple[float, float, int | str]]:
         out, _ = self.proc.communicate("stop\n", timeout=60)
@@ -348,8 +426,9 @@ def drop_in_prefill(port: int, rng: random.Random, tally: Tally, n: int, wait_s:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         kind = "chat plain (dropped during its running prefill)"
         try:
-            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                         headers={"Content-Type": "application/json"})
+            conn.request(
+                "POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
             seen = None
             while time.monotonic() < deadline and not seen:  # until it runs (a fast model may finish its prefill first)
                 time.sleep(0.1)
@@ -368,8 +447,15 @@ def drop_in_prefill(port: int, rng: random.Random, tally: Tally, n: int, wait_s:
 
 # -- the kill and the restart ----------------------------------------------------------------------------------------
 def store_files(home: Path) -> list[Path]:
-    return [p for p in home.rglob("*") if p.is_file() and "prompts" not in p.parts and not p.name.endswith(".lock")
-            and ".tmp-" not in p.name and ".corrupt-" not in p.name]
+    return [
+        p
+        for p in home.rglob("*")
+        if p.is_file()
+        and "prompts" not in p.parts
+        and not p.name.endswith(".lock")
+        and ".tmp-" not in p.name
+        and ".corrupt-" not in p.name
+    ]
 
 
 def watch_saves(home: Path, done: threading.Event, saves: list[float]) -> None:
@@ -401,8 +487,11 @@ def check_files(home: Path) -> dict:
     """After the restart: corrupt files set aside, temporaries left, learnt.json parses, the suffix store reads."""
     from specdec_cli.stores.suffix_store import read_store
 
-    out = {"corrupt set aside": [p.name for p in home.rglob("*.corrupt-*")],
-           "temporaries": [p.name for p in home.rglob(".*.tmp-*")], "unreadable": []}
+    out = {
+        "corrupt set aside": [p.name for p in home.rglob("*.corrupt-*")],
+        "temporaries": [p.name for p in home.rglob(".*.tmp-*")],
+        "unreadable": [],
+    }
     for p in store_files(home):
         if p.name == "learnt.json":
             try:
@@ -437,11 +526,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
     ap.add_argument("--ctx", type=int, help="the server's --ctx")
     ap.add_argument("--threads", type=int, help="the server's --threads")
-    ap.add_argument("--prefill-drops", type=int, default=3, help="after the load, requests given up during their "
-                    "running prefill, one at a time (default 3; the load's own are dropped while queued)")
+    ap.add_argument(
+        "--prefill-drops",
+        type=int,
+        default=3,
+        help="after the load, requests given up during their "
+        "running prefill, one at a time (default 3; the load's own are dropped while queued)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--measure-curve", action="store_true", help="let the server measure its verify curve at start "
-                    "(the fresh SPECDEC_HOME has none; off by default: minutes, and not what this run measures)")
+    ap.add_argument(
+        "--measure-curve",
+        action="store_true",
+        help="let the server measure its verify curve at start "
+        "(the fresh SPECDEC_HOME has none; off by default: minutes, and not what this run measures)",
+    )
     ap.add_argument("--request-timeout", type=float, default=600.0, help="a client's socket timeout (default 600 s)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -462,16 +560,20 @@ def main() -> None:
     load_start = time.time()
     t_start = time.monotonic()
     until = t_start + args.duration
-    threads = [threading.Thread(target=client_loop, args=(port, args.seed * 1000 + i, until, tally, args), daemon=True)
-               for i in range(args.clients)]
-    threads += [threading.Thread(target=faults_loop, args=(port, until, tally), daemon=True),
-                threading.Thread(target=slowloris, args=(port, args.slowloris, until, closed), daemon=True)]
+    threads = [
+        threading.Thread(target=client_loop, args=(port, args.seed * 1000 + i, until, tally, args), daemon=True)
+        for i in range(args.clients)
+    ]
+    threads += [
+        threading.Thread(target=faults_loop, args=(port, until, tally), daemon=True),
+        threading.Thread(target=slowloris, args=(port, args.slowloris, until, closed), daemon=True),
+    ]
     for t in threads:
         t.start()
     hard_stop = until + min(args.request_timeout, args.timeout) + 60  # the run stops by itself
-    for t in threads[:args.clients + 2]:
+    for t in threads[: args.clients + 2]:
         t.join(max(0.0, hard_stop - time.monotonic()))
-    stragglers = sum(t.is_alive() for t in threads[:args.clients])
+    stragglers = sum(t.is_alive() for t in threads[: args.clients])
     load_end = time.time()  # the clients' last requests answered (the queue drained)
     if server.proc.poll() is None and args.prefill_drops:  # the load's long prompts were dropped while queued
         print(f"{args.prefill_drops} drops during a running prefill ...", file=sys.stderr)
@@ -484,9 +586,18 @@ def main() -> None:
     health_failures = [str(status) for _, _, status in health if status != 200]
     slowest = sorted(health, key=lambda h: -h[1])[:3]
     if not crashed:  # one more answer, so a save falls due while the server is idle: the kill lands in it
-        if raw_status(port, "POST", "/v1/chat/completions", json.dumps(
-                {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),
-                {"Content-Type": "application/json"}) == 200:
+        if (
+            raw_status(
+                port,
+                "POST",
+                "/v1/chat/completions",
+                json.dumps(
+                    {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+                ).encode(),
+                {"Content-Type": "application/json"},
+            )
+            == 200
+        ):
             tally.last_answer = time.time()
     caught, killed_at = (False, time.time()) if crashed else kill_during_save(server, home, 2 * args.save_interval)
     saved = [p.stat().st_mtime for p in store_files(home)]
@@ -498,22 +609,35 @@ def main() -> None:
     during = [t for t in saves if load_start <= t <= load_end]
     gaps = [b - a for a, b in zip([load_start, *during], [*during, min(load_end, killed_at)], strict=True)]
     restarted = Server(args, home)
-    after = raw_status(restarted.port, "POST", "/v1/chat/completions", json.dumps(
-        {"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),
-        {"Content-Type": "application/json"})
+    after = raw_status(
+        restarted.port,
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({"model": "x", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}).encode(),
+        {"Content-Type": "application/json"},
+    )
     code = restarted.stop()
     files = check_files(home)
 
     # the server's log
     lines = server.lines + restarted.lines
-    stop_after = [float(m.group(1)) for line in lines for m in [re.search(r"stopped ([\d.]+) s after the client", line)]
-                  if m]
-    in_prefill = [(float(m.group(1)), float(m.group(2))) for line in lines for m in [re.search(
-        r"stopped ([\d.]+) s after the client left; its prefill's chunks took ([\d.]+) s", line)] if m]
+    stop_after = [
+        float(m.group(1)) for line in lines for m in [re.search(r"stopped ([\d.]+) s after the client", line)] if m
+    ]
+    in_prefill = [
+        (float(m.group(1)), float(m.group(2)))
+        for line in lines
+        for m in [re.search(r"stopped ([\d.]+) s after the client left; its prefill's chunks took ([\d.]+) s", line)]
+        if m
+    ]
     queued = [float(m.group(1)) for line in lines for m in [re.search(r"queued ([\d.]+) s", line)] if m]
     logged = sum(1 for line in lines if re.match(r"#\d+ ", line))
-    fives = sum(n for kinds in tally.by_kind.values() for status, n in kinds.items()
-                if isinstance(status, int) and status >= 500)
+    fives = sum(
+        n
+        for kinds in tally.by_kind.values()
+        for status, n in kinds.items()
+        if isinstance(status, int) and status >= 500
+    )
 
     print(f"\n{'request':55} statuses")
     for kind in sorted(tally.by_kind):
@@ -524,26 +648,43 @@ def main() -> None:
         ("server crashed during the load (target no)", "yes" if crashed else "no"),
         ("clients still waiting at the hard stop", str(stragglers)),
         ("slowloris connections closed by the server", f"{closed[0]} of {args.slowloris}"),
-        ("worker time after a disconnect, max / p99 (s)",
-         f"{max(stop_after):.2f} / {pct(stop_after, 0.99):.2f} ({len(stop_after)} disconnects seen)"
-         if stop_after else "none seen"),
-        ("... of those during a running prefill: worker time / its longest chunk (s) (target <= 1 chunk)",
-         ", ".join(f"{a:.2f} / {c:.2f}" for a, c in in_prefill) if in_prefill else "none seen"),
+        (
+            "worker time after a disconnect, max / p99 (s)",
+            f"{max(stop_after):.2f} / {pct(stop_after, 0.99):.2f} ({len(stop_after)} disconnects seen)"
+            if stop_after
+            else "none seen",
+        ),
+        (
+            "... of those during a running prefill: worker time / its longest chunk (s) (target <= 1 chunk)",
+            ", ".join(f"{a:.2f} / {c:.2f}" for a, c in in_prefill) if in_prefill else "none seen",
+        ),
         ("queue wait p50 / p99 (s)", f"{pct(queued, 0.5):.2f} / {pct(queued, 0.99):.2f}" if queued else "none"),
-        ("/health latency p50 / p99 / max (ms) (target < 100)",
-         f"{pct(latencies, 0.5):.1f} / {pct(latencies, 0.99):.1f} / {max(latencies):.1f}" if latencies else "none"),
-        ("/health's slowest answers (ms, s into the run, nearest save s)", "; ".join(
-            f"{ms:.0f} at {t - load_start:.0f} s ({min((abs(t - v) for v in saves), default=float('nan')):.1f})"
-            for t, ms, _ in slowest)),
+        (
+            "/health latency p50 / p99 / max (ms) (target < 100)",
+            f"{pct(latencies, 0.5):.1f} / {pct(latencies, 0.99):.1f} / {max(latencies):.1f}" if latencies else "none",
+        ),
+        (
+            "/health's slowest answers (ms, s into the run, nearest save s)",
+            "; ".join(
+                f"{ms:.0f} at {t - load_start:.0f} s ({min((abs(t - v) for v in saves), default=float('nan')):.1f})"
+                for t, ms, _ in slowest
+            ),
+        ),
         ("/health failures (target 0)", f"{len(health_failures)} {sorted(set(health_failures))}"),
         ("kill -9 caught a save under way", "yes" if caught else "no (killed after waiting)"),
-        ("saves during the load; longest time without one (s)",
-         f"{len(during)}; {max(gaps):.1f} (target <= interval {args.save_interval:g} + one request)"),
+        (
+            "saves during the load; longest time without one (s)",
+            f"{len(during)}; {max(gaps):.1f} (target <= interval {args.save_interval:g} + one request)",
+        ),
         ("learnt state's age at the kill (s): since the last save", f"{age:.1f} (interval {args.save_interval:g})"),
-        ("learning lost by the kill (s of answers after the last save)",
-         f"{lost:.1f} (target <= interval {args.save_interval:g})"),
-        ("files after the restart: corrupt / temporaries / unreadable",
-         f"{len(files['corrupt set aside'])} / {len(files['temporaries'])} / {len(files['unreadable'])}"),
+        (
+            "learning lost by the kill (s of answers after the last save)",
+            f"{lost:.1f} (target <= interval {args.save_interval:g})",
+        ),
+        (
+            "files after the restart: corrupt / temporaries / unreadable",
+            f"{len(files['corrupt set aside'])} / {len(files['temporaries'])} / {len(files['unreadable'])}",
+        ),
         ("request after the restart", str(after)),
         ("restarted server's exit code (SIGTERM)", str(code)),
     ]

@@ -131,20 +131,51 @@ SHAPES = {
 ARCH_SHAPES: dict[str, dict[str, object]] = {
     "qwen2": SHAPES,
     "lfm2": {  # sources: the module docstring's table
-        "lfm2-1.2b": Lfm2Shape(n_layer=16, n_embd=2048, n_ff=8192, n_head=32, n_head_kv=8, n_vocab=65536,
-                               attn_layers=(2, 5, 8, 10, 12, 14)),
+        "lfm2-1.2b": Lfm2Shape(
+            n_layer=16, n_embd=2048, n_ff=8192, n_head=32, n_head_kv=8, n_vocab=65536, attn_layers=(2, 5, 8, 10, 12, 14)
+        ),
         # untied: with the embedding as its output, this tiny one repeats the prompt's last token forever
-        "tiny": Lfm2Shape(n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=512, attn_layers=(1, 3),
-                          tied=False, n_ctx_train=4096),
+        "tiny": Lfm2Shape(
+            n_layer=4,
+            n_embd=64,
+            n_ff=128,
+            n_head=4,
+            n_head_kv=2,
+            n_vocab=512,
+            attn_layers=(1, 3),
+            tied=False,
+            n_ctx_train=4096,
+        ),
     },
     "qwen35": {
-        "qwen3.5-2b": Qwen35Shape(n_layer=24, n_embd=2048, n_ff=6144, n_head=8, n_head_kv=2, head_dim=256,
-                                  n_vocab=248320, linear_k_heads=16, linear_v_heads=16, linear_head_dim=128,
-                                  rope_sections=(11, 11, 10, 0)),
+        "qwen3.5-2b": Qwen35Shape(
+            n_layer=24,
+            n_embd=2048,
+            n_ff=6144,
+            n_head=8,
+            n_head_kv=2,
+            head_dim=256,
+            n_vocab=248320,
+            linear_k_heads=16,
+            linear_v_heads=16,
+            linear_head_dim=128,
+            rope_sections=(11, 11, 10, 0),
+        ),
         # head_dim 64 x partial_rotary 0.25 = 16 rotary dims = 8 pairs, split 3/3/2 as 32 pairs are split 11/11/10
-        "tiny": Qwen35Shape(n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=64, n_vocab=512,
-                            linear_k_heads=2, linear_v_heads=2, linear_head_dim=32, rope_sections=(3, 3, 2, 0),
-                            n_ctx_train=4096),
+        "tiny": Qwen35Shape(
+            n_layer=4,
+            n_embd=64,
+            n_ff=128,
+            n_head=4,
+            n_head_kv=2,
+            head_dim=64,
+            n_vocab=512,
+            linear_k_heads=2,
+            linear_v_heads=2,
+            linear_head_dim=32,
+            rope_sections=(3, 3, 2, 0),
+            n_ctx_train=4096,
+        ),
     },
     "mamba2": {
         "mamba2-1.3b": Mamba2Shape(n_layer=48, n_embd=2048, n_vocab=50288),
@@ -217,8 +248,12 @@ class _Writer:
         self.w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
 
     def vector(self, name: str, n: int, value: float | None = None, scale: float = 0.02) -> None:
-        self.f32_tensor(name, np.full(n, value, np.float32) if value is not None
-                        else self.rng.standard_normal(n, dtype=np.float32) * np.float32(scale))
+        self.f32_tensor(
+            name,
+            np.full(n, value, np.float32)
+            if value is not None
+            else self.rng.standard_normal(n, dtype=np.float32) * np.float32(scale),
+        )
 
     def close(self, path: str | Path) -> Path:
         self.w.write_header_to_file()
@@ -228,8 +263,9 @@ class _Writer:
         return Path(path)
 
 
-def write(path: str | Path, shape: Shape | Lfm2Shape | Qwen35Shape | Mamba2Shape, *, dtype: str = "f16",
-          seed: int = 0) -> Path:
+def write(
+    path: str | Path, shape: Shape | Lfm2Shape | Qwen35Shape | Mamba2Shape, *, dtype: str = "f16", seed: int = 0
+) -> Path:
     """Write a random GGUF of `shape` (its type names the architecture) to `path` (weights `dtype`: "f16" or "q8_0";
     norms f32); return it. Raises KeyError for another dtype."""
     if isinstance(shape, Lfm2Shape):
@@ -267,15 +303,17 @@ def _write_qwen2(path: str | Path, shape: Shape, dtype: str, seed: int) -> Path:
     w.add_add_bos_token(True)
 
     def weight(name: str, rows: int, cols: int) -> None:  # a matrix of `rows` outputs x `cols` inputs
-        x = (rng.standard_normal((rows, cols), dtype=np.float32) * (0.5 / np.sqrt(cols)))
+        x = rng.standard_normal((rows, cols), dtype=np.float32) * (0.5 / np.sqrt(cols))
         if qtype == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, x.astype(np.float16))
         else:
             w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
 
     def vector(name: str, n: int, value: float | None = None) -> None:
-        w.add_tensor(name, np.full(n, value, np.float32) if value is not None
-                     else (rng.standard_normal(n, dtype=np.float32) * 0.02))
+        w.add_tensor(
+            name,
+            np.full(n, value, np.float32) if value is not None else (rng.standard_normal(n, dtype=np.float32) * 0.02),
+        )
 
     e, kv = shape.n_embd, shape.n_embd // shape.n_head * shape.n_head_kv
     weight("token_embd.weight", shape.n_vocab, e)
@@ -299,8 +337,6 @@ def _write_qwen2(path: str | Path, shape: Shape, dtype: str, seed: int) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(path)
-
-
 
 
 def _write_lfm2(path: str | Path, shape: Lfm2Shape, dtype: str, seed: int) -> Path:
@@ -335,8 +371,10 @@ def _write_lfm2(path: str | Path, shape: Lfm2Shape, dtype: str, seed: int) -> Pa
             g.weight(b + "attn_v.weight", kv, e)
             g.weight(b + "attn_output.weight", e, e)
         else:
-            g.f32_tensor(b + "shortconv.conv.weight",  # {l_cache, n_embd}: one causal filter per channel
-                         g.rng.standard_normal((e, shape.l_cache), dtype=np.float32) * np.float32(0.5))
+            g.f32_tensor(
+                b + "shortconv.conv.weight",  # {l_cache, n_embd}: one causal filter per channel
+                g.rng.standard_normal((e, shape.l_cache), dtype=np.float32) * np.float32(0.5),
+            )
             g.weight(b + "shortconv.in_proj.weight", 3 * e, e)
             g.weight(b + "shortconv.out_proj.weight", e, e)
         g.vector(b + "ffn_norm.weight", e, 1.0)
@@ -409,11 +447,15 @@ def _write_qwen35(path: str | Path, shape: Qwen35Shape, dtype: str, seed: int) -
         elif recurrent[i]:  # Gated DeltaNet
             g.weight(b + "attn_qkv.weight", conv_dim, e)
             g.weight(b + "attn_gate.weight", value_dim, e)
-            g.f32_tensor(b + "ssm_conv1d.weight",  # {d_conv, conv_dim}
-                         g.rng.standard_normal((conv_dim, shape.d_conv), dtype=np.float32) * np.float32(0.5))
+            g.f32_tensor(
+                b + "ssm_conv1d.weight",  # {d_conv, conv_dim}
+                g.rng.standard_normal((conv_dim, shape.d_conv), dtype=np.float32) * np.float32(0.5),
+            )
             g.vector(b + "ssm_dt.bias", shape.linear_v_heads, scale=0.5)
-            g.f32_tensor(b + "ssm_a",  # -exp(A_log), as the converter stores it: a decay in (0, 1) per step
-                         -np.exp(g.rng.uniform(-2.0, 0.5, shape.linear_v_heads).astype(np.float32)))
+            g.f32_tensor(
+                b + "ssm_a",  # -exp(A_log), as the converter stores it: a decay in (0, 1) per step
+                -np.exp(g.rng.uniform(-2.0, 0.5, shape.linear_v_heads).astype(np.float32)),
+            )
             g.weight(b + "ssm_beta.weight", shape.linear_v_heads, e)
             g.weight(b + "ssm_alpha.weight", shape.linear_v_heads, e)
             g.vector(b + "ssm_norm.weight", shape.linear_head_dim, 1.0)
@@ -450,8 +492,10 @@ def _write_mamba2(path: str | Path, shape: Mamba2Shape, dtype: str, seed: int) -
         b = f"blk.{i}."
         g.vector(b + "attn_norm.weight", e, 1.0)
         g.weight(b + "ssm_in.weight", d_inner + conv_dim + heads, e)
-        g.f32_tensor(b + "ssm_conv1d.weight",  # {d_conv, conv_dim}
-                     g.rng.standard_normal((conv_dim, shape.d_conv), dtype=np.float32) * np.float32(0.5))
+        g.f32_tensor(
+            b + "ssm_conv1d.weight",  # {d_conv, conv_dim}
+            g.rng.standard_normal((conv_dim, shape.d_conv), dtype=np.float32) * np.float32(0.5),
+        )
         g.vector(b + "ssm_conv1d.bias", conv_dim)
         g.vector(b + "ssm_dt.bias", heads, scale=0.5)
         g.f32_tensor(b + "ssm_a", -np.exp(g.rng.uniform(-2.0, 0.5, (heads, 1)).astype(np.float32)))  # {1, heads}

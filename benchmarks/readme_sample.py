@@ -32,8 +32,9 @@ def record(args: list[str], out: Path, *, width: int = 110) -> None:
     from specdec_cli.cli.commands import run as run_command
     from specdec_cli.cli.console import THEME, RichReporter
 
-    console = Console(theme=THEME, highlight=False, record=True, force_terminal=True, width=width,
-                      file=io.StringIO(), soft_wrap=True)
+    console = Console(
+        theme=THEME, highlight=False, record=True, force_terminal=True, width=width, file=io.StringIO(), soft_wrap=True
+    )
     run_command.err_console = lambda: console  # the statistics
     quiet = Console(file=io.StringIO())
     run_command.RichReporter = lambda _console: RichReporter(quiet)  # loading spinners and bars: not recorded

@@ -41,12 +41,21 @@ VERSION = 1
 QUICKSTART = "specdec_cli/prompts/edit/textwrap_rename.txt"
 # (name, what it shows, the arguments after `specdec run`); --json PATH is added when it runs.
 RUNS = [
-    ("quickstart", "the quick start `make` runs: the default target and method on an edit",
-     [QUICKSTART, "-n", "256", "--compare"]),
-    ("noise floor", "the same prompt, plain decoding against itself: a speedup inside this band means nothing",
-     [QUICKSTART, "-n", "256", "--method", "none", "--compare"]),
-    ("free text", "free writing, where nothing can be copied: auto falls back to plain steps",
-     ["specdec_cli/prompts/write/lighthouse_story.txt", "-n", "256", "--compare"]),
+    (
+        "quickstart",
+        "the quick start `make` runs: the default target and method on an edit",
+        [QUICKSTART, "-n", "256", "--compare"],
+    ),
+    (
+        "noise floor",
+        "the same prompt, plain decoding against itself: a speedup inside this band means nothing",
+        [QUICKSTART, "-n", "256", "--method", "none", "--compare"],
+    ),
+    (
+        "free text",
+        "free writing, where nothing can be copied: auto falls back to plain steps",
+        ["specdec_cli/prompts/write/lighthouse_story.txt", "-n", "256", "--compare"],
+    ),
 ]
 QUICK_ARGS = ["-t", "smollm2-135m", "-n", "16", "--compare", "1"]  # --quick: the plumbing, on the tiny model
 
@@ -62,11 +71,18 @@ def _host() -> dict:
     doc = json.loads(done.stdout)
     curves = doc.get("verify_curves") or []
     return {
-        "cpu": doc.get("cpu"), "cores": doc.get("cores"), "usable_cpus": doc.get("usable_cpus"),
-        "threads": doc.get("threads_default"), "os": doc.get("os"), "python": doc.get("python"),
-        "specdec": doc.get("specdec"), "llama_cpp_python": doc.get("llama_cpp_python"),
-        "system_info": doc.get("system_info"), "gpu_offload": doc.get("gpu_offload"),
-        "amx_in_use": (doc.get("amx") or {}).get("in_use"), "amx_reason": (doc.get("amx") or {}).get("reason"),
+        "cpu": doc.get("cpu"),
+        "cores": doc.get("cores"),
+        "usable_cpus": doc.get("usable_cpus"),
+        "threads": doc.get("threads_default"),
+        "os": doc.get("os"),
+        "python": doc.get("python"),
+        "specdec": doc.get("specdec"),
+        "llama_cpp_python": doc.get("llama_cpp_python"),
+        "system_info": doc.get("system_info"),
+        "gpu_offload": doc.get("gpu_offload"),
+        "amx_in_use": (doc.get("amx") or {}).get("in_use"),
+        "amx_reason": (doc.get("amx") or {}).get("reason"),
         "verify_curve_ms": _curve_points(curves[0]["curve"]) if curves else None,
     }
 
@@ -88,30 +104,48 @@ def _run(name: str, what: str, args: list[str]) -> dict:
         doc = json.loads(out.read_text(encoding="utf-8"))
     stats, compare = doc["stats"], doc.get("compare") or {}
     return {
-        "name": name, "what": what, "command": "specdec run " + " ".join(args),
-        "target": Path(doc["config"]["target"]).name, "method": doc["config"]["method"],
-        "n_tokens": stats["n_generated"], "tokens_per_pass": round(stats["tokens_per_pass"], 2),
-        "acceptance_rate": round(stats["acceptance_rate"], 3), "by_source": stats.get("by_source") or {},
-        "speedup": compare.get("speedup"), "speedup_min": compare.get("speedup_min"),
-        "speedup_max": compare.get("speedup_max"), "pairs": compare.get("pairs"),
+        "name": name,
+        "what": what,
+        "command": "specdec run " + " ".join(args),
+        "target": Path(doc["config"]["target"]).name,
+        "method": doc["config"]["method"],
+        "n_tokens": stats["n_generated"],
+        "tokens_per_pass": round(stats["tokens_per_pass"], 2),
+        "acceptance_rate": round(stats["acceptance_rate"], 3),
+        "by_source": stats.get("by_source") or {},
+        "speedup": compare.get("speedup"),
+        "speedup_min": compare.get("speedup_min"),
+        "speedup_max": compare.get("speedup_max"),
+        "pairs": compare.get("pairs"),
         "speculative_tokens_per_s": compare.get("speculative_tokens_per_s"),
         "plain_tokens_per_s": compare.get("plain_tokens_per_s"),
-        "identical": compare.get("identical"), "verdict": compare.get("verdict"),
+        "identical": compare.get("identical"),
+        "verdict": compare.get("verdict"),
     }
 
 
 def measure(*, quick: bool = False) -> dict:
     """Run `RUNS` (with `QUICK_ARGS` instead of their options when `quick`) and return the results document."""
-    runs = RUNS if not quick else [(n, w, [a[0], *QUICK_ARGS, *(["--method", "none"] if "none" in a else [])])
-                                    for n, w, a in RUNS]
+    runs = (
+        RUNS
+        if not quick
+        else [(n, w, [a[0], *QUICK_ARGS, *(["--method", "none"] if "none" in a else [])]) for n, w, a in RUNS]
+    )
     started = dt.datetime.now(dt.UTC)
     measured = [_run(*r) for r in runs]
     host = _host()  # after the runs: the verify curve the first one measured, where this machine had none
-    return {"version": VERSION, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": "make results",
-            "quick": quick, "host": host, "runs": measured}
+    return {
+        "version": VERSION,
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "make results",
+        "quick": quick,
+        "host": host,
+        "runs": measured,
+    }
 
 
 # -- rendering: from the document alone ------------------------------------------------------------------------------
+
 
 def _x(value) -> str:
     return "—" if value is None else f"{value:.2f}×"
@@ -139,15 +173,18 @@ def readme_block(doc: dict) -> str:
     """The README's one figure: the quick start's speedup, with its host and date, between the markers."""
     quick = next(r for r in doc["runs"] if r["name"] == "quickstart")
     host = doc["host"]
-    where = ", ".join(str(x) for x in (host.get("cpu"), f"{host['threads']} threads" if host.get("threads") else None)
-                      if x)
+    where = ", ".join(
+        str(x) for x in (host.get("cpu"), f"{host['threads']} threads" if host.get("threads") else None) if x
+    )
     facts = [f"min-max {_x(quick['speedup_min'])}-{_x(quick['speedup_max'])}{_pairs(quick.get('pairs'), ' over ')}"]
     if quick.get("tokens_per_pass") is not None:
         facts.append(f"{quick['tokens_per_pass']:.2f} tokens per target pass")
     if _output(quick) != "—":
         facts.append(f"outputs {_output(quick)}")
-    line = (f"On {where} ({doc['date']}), the quick start ran **{_x(quick['speedup'])}** as fast as plain decoding "
-            f"({', '.join(facts)}): [docs/results.md](docs/results.md).")
+    line = (
+        f"On {where} ({doc['date']}), the quick start ran **{_x(quick['speedup'])}** as fast as plain decoding "
+        f"({', '.join(facts)}): [docs/results.md](docs/results.md)."
+    )
     return f"{README_BEGIN}\n{line}\n{README_END}"
 
 
@@ -183,8 +220,11 @@ def render(doc: dict) -> str:
     ]
     curve = host.get("verify_curve_ms")
     if curve:
-        lines.append("| verify curve (ms of one target pass over b tokens) | "
-                     + ", ".join(f"v({b}) {ms}" for b, ms in curve.items()) + " |")
+        lines.append(
+            "| verify curve (ms of one target pass over b tokens) | "
+            + ", ".join(f"v({b}) {ms}" for b, ms in curve.items())
+            + " |"
+        )
     lines += [
         "",
         "## Runs",
@@ -201,7 +241,8 @@ def render(doc: dict) -> str:
             f"{_pairs(r.get('pairs'), ', ')}) "
             f"| {_num(r['speculative_tokens_per_s'])} / {_num(r['plain_tokens_per_s'])} "
             f"| {_num(r['tokens_per_pass'], '{:.2f}')} "
-            f"| {_percent(r['acceptance_rate'])} | {_output(r)} |")
+            f"| {_percent(r['acceptance_rate'])} | {_output(r)} |"
+        )
     lines += ["", *(f"- **{r['name']}**: {r['what']}." for r in doc["runs"])]
     lines += [
         "",
@@ -243,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="The tiny model, 16 tokens: a plumbing check.")
     parser.add_argument("--json", type=Path, default=JSON_PATH, help="The results document (default: %(default)s).")
     parser.add_argument("--markdown", type=Path, default=MD_PATH, help="The page (default: %(default)s).")
-    parser.add_argument("--readme", type=Path, default=README_PATH,
-                        help="The README whose figure is rendered (default: %(default)s).")
+    parser.add_argument(
+        "--readme", type=Path, default=README_PATH, help="The README whose figure is rendered (default: %(default)s)."
+    )
     args = parser.parse_args(argv)
     if args.quick and not args.render and args.json == JSON_PATH:
         parser.error("--quick writes no result: give --json, --markdown and --readme paths of your own")

@@ -59,11 +59,18 @@ PATCH = f"*** Begin Patch\n*** Update File: bug.py\n@@\n def add(a, b):\n-{OLD[1
 def turn_of(path: str, body: dict) -> int:
     """How far the conversation has got: the number of tool results it carries (0 on the first turn)."""
     if path == "/v1/messages":
-        return sum(1 for m in body.get("messages") or () if m.get("role") == "user"
-                   and isinstance(m.get("content"), list)
-                   for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result")
-    return sum(1 for item in body.get("input") or () if isinstance(item, dict)
-               and item.get("type") in ("function_call_output", "custom_tool_call_output"))
+        return sum(
+            1
+            for m in body.get("messages") or ()
+            if m.get("role") == "user" and isinstance(m.get("content"), list)
+            for b in m["content"]
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        )
+    return sum(
+        1
+        for item in body.get("input") or ()
+        if isinstance(item, dict) and item.get("type") in ("function_call_output", "custom_tool_call_output")
+    )
 
 
 def tool_names(body: dict) -> dict[str, dict]:
@@ -107,12 +114,20 @@ def claude_reply(body: dict, work: Path) -> list[dict]:
     turn = turn_of("/v1/messages", body)
     target = str(work / "bug.py")
     if turn == 0 and "Read" in tools:
-        return [{"type": "text", "text": "Let me read bug.py."},
-                {"type": "tool_use", "id": f"toolu_{turn:02d}stub", "name": "Read", "input": {"file_path": target}}]
+        return [
+            {"type": "text", "text": "Let me read bug.py."},
+            {"type": "tool_use", "id": f"toolu_{turn:02d}stub", "name": "Read", "input": {"file_path": target}},
+        ]
     if turn == 1 and "Edit" in tools:
-        return [{"type": "text", "text": "`add` subtracts; it must add."},
-                {"type": "tool_use", "id": f"toolu_{turn:02d}stub", "name": "Edit",
-                 "input": {"file_path": target, "old_string": OLD, "new_string": NEW}}]
+        return [
+            {"type": "text", "text": "`add` subtracts; it must add."},
+            {
+                "type": "tool_use",
+                "id": f"toolu_{turn:02d}stub",
+                "name": "Edit",
+                "input": {"file_path": target, "old_string": OLD, "new_string": NEW},
+            },
+        ]
     return [{"type": "text", "text": FINAL}]
 
 
@@ -124,10 +139,18 @@ def codex_reply(body: dict) -> list[dict]:
 
     def command(cmd: str) -> dict:
         if "exec_command" in tools:
-            return {"type": "function_call", "call_id": call_id, "name": "exec_command",
-                    "arguments": json.dumps({"cmd": cmd})}
-        return {"type": "function_call", "call_id": call_id, "name": "shell",
-                "arguments": json.dumps({"command": ["bash", "-lc", cmd]})}
+            return {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": "exec_command",
+                "arguments": json.dumps({"cmd": cmd}),
+            }
+        return {
+            "type": "function_call",
+            "call_id": call_id,
+            "name": "shell",
+            "arguments": json.dumps({"command": ["bash", "-lc", cmd]}),
+        }
 
     if tools and turn == 0:
         return [command("cat bug.py")]
@@ -135,11 +158,18 @@ def codex_reply(body: dict) -> list[dict]:
         if "apply_patch" in tools and tools["apply_patch"].get("type") == "custom":
             return [{"type": "custom_tool_call", "call_id": call_id, "name": "apply_patch", "input": PATCH}]
         if "apply_patch" in tools:
-            return [{"type": "function_call", "call_id": call_id, "name": "apply_patch",
-                     "arguments": json.dumps({"input": PATCH})}]
+            return [
+                {
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": "apply_patch",
+                    "arguments": json.dumps({"input": PATCH}),
+                }
+            ]
         return [command("sed -i 's/return a - b/return a + b/' bug.py")]
-    return [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": FINAL,
-                                                                   "annotations": []}]}]
+    return [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": FINAL, "annotations": []}]}
+    ]
 
 
 # -- the wire formats -------------------------------------------------------------------------------------------------
@@ -154,29 +184,79 @@ def rough_tokens(body: dict) -> int:
 def messages_answer(body: dict, blocks: list[dict]) -> tuple[str, str]:
     """(content type, text) of a /v1/messages reply: a message JSON, or its server-sent events when streamed."""
     stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
-    usage = {"input_tokens": rough_tokens(body), "output_tokens": 16, "cache_creation_input_tokens": 0,
-             "cache_read_input_tokens": 0}
-    message = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
-               "model": body.get("model", "stub"), "content": blocks, "stop_reason": stop, "stop_sequence": None,
-               "usage": usage}
+    usage = {
+        "input_tokens": rough_tokens(body),
+        "output_tokens": 16,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    message = {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "stub"),
+        "content": blocks,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage,
+    }
     if not body.get("stream"):
         return "application/json", json.dumps(message)
-    out = [sse("message_start", {"type": "message_start", "message": {
-        **message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}})]
+    out = [
+        sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}},
+            },
+        )
+    ]
     for i, b in enumerate(blocks):
         if b["type"] == "text":
-            out.append(sse("content_block_start", {"type": "content_block_start", "index": i,
-                                                   "content_block": {"type": "text", "text": ""}}))
-            out.append(sse("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                   "delta": {"type": "text_delta", "text": b["text"]}}))
+            out.append(
+                sse(
+                    "content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                )
+            )
+            out.append(
+                sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": b["text"]}},
+                )
+            )
         else:
-            out.append(sse("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
-                "type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}}))
-            out.append(sse("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(b["input"])}}))
+            out.append(
+                sse(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": i,
+                        "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}},
+                    },
+                )
+            )
+            out.append(
+                sse(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(b["input"])},
+                    },
+                )
+            )
         out.append(sse("content_block_stop", {"type": "content_block_stop", "index": i}))
-    out.append(sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                                     "usage": {"output_tokens": 16}}))
+    out.append(
+        sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": 16},
+            },
+        )
+    )
     out.append(sse("message_stop", {"type": "message_stop"}))
     return "text/event-stream", "".join(out)
 
@@ -188,40 +268,90 @@ def responses_answer(body: dict, items: list[dict]) -> tuple[str, str]:
         item.setdefault("id", f"{item['type'][:2]}_stub{turn:02d}{i}")
         item["status"] = "completed"
     n_in = rough_tokens(body)
-    response = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response", "created_at": int(time.time()),
-                "status": "in_progress", "model": body.get("model", "stub"), "output": [],
-                "usage": None, "error": None, "incomplete_details": None}
-    done = {**response, "status": "completed", "output": items, "usage": {
-        "input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 16,
-        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + 16}}
+    response = {
+        "id": f"resp_{uuid.uuid4().hex[:24]}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "model": body.get("model", "stub"),
+        "output": [],
+        "usage": None,
+        "error": None,
+        "incomplete_details": None,
+    }
+    done = {
+        **response,
+        "status": "completed",
+        "output": items,
+        "usage": {
+            "input_tokens": n_in,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 16,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": n_in + 16,
+        },
+    }
     if not body.get("stream"):
         return "application/json", json.dumps(done)
     seq = iter(range(1_000_000))
-    out = [sse("response.created", {"type": "response.created", "sequence_number": next(seq), "response": response}),
-           sse("response.in_progress", {"type": "response.in_progress", "sequence_number": next(seq),
-                                        "response": response})]
+    out = [
+        sse("response.created", {"type": "response.created", "sequence_number": next(seq), "response": response}),
+        sse(
+            "response.in_progress", {"type": "response.in_progress", "sequence_number": next(seq), "response": response}
+        ),
+    ]
     for i, item in enumerate(items):
         start = {**item, "status": "in_progress"}
         if item["type"] == "message":
             start["content"] = []
-        out.append(sse("response.output_item.added", {"type": "response.output_item.added", "sequence_number":
-                                                      next(seq), "output_index": i, "item": start}))
+        out.append(
+            sse(
+                "response.output_item.added",
+                {"type": "response.output_item.added", "sequence_number": next(seq), "output_index": i, "item": start},
+            )
+        )
         if item["type"] == "message":
             text = item["content"][0]["text"]
             part = {"type": "output_text", "text": "", "annotations": []}
             common = {"item_id": item["id"], "output_index": i, "content_index": 0}
-            out.append(sse("response.content_part.added", {"type": "response.content_part.added",
-                                                           "sequence_number": next(seq), **common, "part": part}))
-            out.append(sse("response.output_text.delta", {"type": "response.output_text.delta",
-                                                          "sequence_number": next(seq), **common, "delta": text}))
-            out.append(sse("response.output_text.done", {"type": "response.output_text.done",
-                                                         "sequence_number": next(seq), **common, "text": text}))
-            out.append(sse("response.content_part.done", {"type": "response.content_part.done", "sequence_number":
-                                                          next(seq), **common, "part": {**part, "text": text}}))
-        out.append(sse("response.output_item.done", {"type": "response.output_item.done", "sequence_number":
-                                                     next(seq), "output_index": i, "item": item}))
-    out.append(sse("response.completed", {"type": "response.completed", "sequence_number": next(seq),
-                                          "response": done}))
+            out.append(
+                sse(
+                    "response.content_part.added",
+                    {"type": "response.content_part.added", "sequence_number": next(seq), **common, "part": part},
+                )
+            )
+            out.append(
+                sse(
+                    "response.output_text.delta",
+                    {"type": "response.output_text.delta", "sequence_number": next(seq), **common, "delta": text},
+                )
+            )
+            out.append(
+                sse(
+                    "response.output_text.done",
+                    {"type": "response.output_text.done", "sequence_number": next(seq), **common, "text": text},
+                )
+            )
+            out.append(
+                sse(
+                    "response.content_part.done",
+                    {
+                        "type": "response.content_part.done",
+                        "sequence_number": next(seq),
+                        **common,
+                        "part": {**part, "text": text},
+                    },
+                )
+            )
+        out.append(
+            sse(
+                "response.output_item.done",
+                {"type": "response.output_item.done", "sequence_number": next(seq), "output_index": i, "item": item},
+            )
+        )
+    out.append(
+        sse("response.completed", {"type": "response.completed", "sequence_number": next(seq), "response": done})
+    )
     return "text/event-stream", "".join(out)
 
 
@@ -271,8 +401,13 @@ class Stub:
         if method == "HEAD":
             return 200, "text/plain", ""
         if method == "GET" and bare in ("/v1/models", "/models"):
-            return 200, "application/json", json.dumps({"object": "list", "data": [
-                {"id": "specdec", "object": "model", "created": 0, "owned_by": "stub"}]})
+            return (
+                200,
+                "application/json",
+                json.dumps(
+                    {"object": "list", "data": [{"id": "specdec", "object": "model", "created": 0, "owned_by": "stub"}]}
+                ),
+            )
         if method == "POST" and bare == "/v1/messages/count_tokens" and isinstance(body, dict):
             return 200, "application/json", json.dumps({"input_tokens": rough_tokens(body)})
         if method == "POST" and bare == "/v1/messages" and isinstance(body, dict):
@@ -284,14 +419,24 @@ class Stub:
     def record(self, method: str, path: str, headers: dict, body, raw: bytes, status: int, reply: str) -> None:
         bare = path.split("?")[0]
         slug = re.sub(r"[^A-Za-z0-9]+", "_", bare).strip("_") or "root"  # v1_messages, as the old recorder had it
-        doc = {"path": path, "method": method, "headers": headers, "body_json": body,
-               "body": None if body is not None else raw.decode("utf-8", "replace"), "status": status,
-               "reply": reply}
+        doc = {
+            "path": path,
+            "method": method,
+            "headers": headers,
+            "body_json": body,
+            "body": None if body is not None else raw.decode("utf-8", "replace"),
+            "status": status,
+            "reply": reply,
+        }
         with self.lock:
             self.n += 1
             (self.out / "all" / f"{self.n:03d}-{method}-{slug}.json").write_text(json.dumps(doc, indent=1))
-            if method == "POST" and bare in ("/v1/messages", "/v1/responses") and isinstance(body, dict) \
-                    and body.get("tools"):
+            if (
+                method == "POST"
+                and bare in ("/v1/messages", "/v1/responses")
+                and isinstance(body, dict)
+                and body.get("tools")
+            ):
                 self.turns += 1
                 (self.out / f"{self.turns:03d}-POST-{slug}.json").write_text(json.dumps(doc, indent=1))
         print(f"  {self.n:3d} {method} {path} -> {status}", file=sys.stderr, flush=True)
@@ -322,14 +467,23 @@ def capture(args) -> None:
         else:
             cmd, env = agents_e2e.codex_command(exe, stub.url, root, args.timeout, args.codex_metadata, ctx=32768)
         transcript = root / f"{args.agent}-transcript.jsonl"
-        result = agents_e2e.run_agent(args.agent, cmd, work, env, transcript, args.timeout,
-                                      agents_e2e.claude_summary if args.agent == "claude" else agents_e2e.codex_summary)
+        result = agents_e2e.run_agent(
+            args.agent,
+            cmd,
+            work,
+            env,
+            transcript,
+            args.timeout,
+            agents_e2e.claude_summary if args.agent == "claude" else agents_e2e.codex_summary,
+        )
     finally:
         stub.close()
     print(result.note)
-    print(f"{args.agent}: exit {result.exit_code} in {result.seconds:.0f} s; bug.py "
-          f"{'fixed' if result.passed else 'changed' if result.changed else 'unchanged'}; {stub.n} requests, "
-          f"{stub.turns} conversation turns in {out}; transcript {transcript}")
+    print(
+        f"{args.agent}: exit {result.exit_code} in {result.seconds:.0f} s; bug.py "
+        f"{'fixed' if result.passed else 'changed' if result.changed else 'unchanged'}; {stub.n} requests, "
+        f"{stub.turns} conversation turns in {out}; transcript {transcript}"
+    )
     if stub.turns < 3:
         raise SystemExit(f"only {stub.turns} turns captured (see {out / 'all'})")
     if args.import_name:
@@ -359,13 +513,17 @@ def count(args) -> None:
                 doc = json.loads(f.read_text())
                 if doc["path"] == "/v1/messages":
                     request = anthropic_messages.to_request(
-                        anthropic_messages.MessagesRequest.model_validate(doc["body"]), ctx)
+                        anthropic_messages.MessagesRequest.model_validate(doc["body"]), ctx
+                    )
                 else:
                     request = openai_responses.to_request(
-                        openai_responses.ResponsesRequest.model_validate(doc["body"]), ctx, store).request
+                        openai_responses.ResponsesRequest.model_validate(doc["body"]), ctx, store
+                    ).request
                 counts.append(len(ctx.worker.service.prompt_tokens(request)))
-            print(f"{name}: {len(counts)} turns, prompt tokens {', '.join(f'{n:,}' for n in counts)} "
-                  f"({session.target_path.name})")
+            print(
+                f"{name}: {len(counts)} turns, prompt tokens {', '.join(f'{n:,}' for n in counts)} "
+                f"({session.target_path.name})"
+            )
     finally:
         session.close()
 
@@ -376,14 +534,23 @@ def main() -> None:
     for agent in ("claude", "codex"):
         p = sub.add_parser(agent, help=f"capture a {agent} session against the scripted stub")
         p.set_defaults(agent=agent)
-        p.add_argument("--out", type=Path, required=True,
-                       help="the capture directory (new, or an earlier capture's: replaced)")
+        p.add_argument(
+            "--out", type=Path, required=True, help="the capture directory (new, or an earlier capture's: replaced)"
+        )
         p.add_argument("--import", dest="import_name", default=None, help="then import it as this session name")
-        p.add_argument("--clients", type=Path, default=None,
-                       help="a directory with node_modules/.bin/claude and codex (default: agents_e2e's npm install)")
+        p.add_argument(
+            "--clients",
+            type=Path,
+            default=None,
+            help="a directory with node_modules/.bin/claude and codex (default: agents_e2e's npm install)",
+        )
         p.add_argument("--timeout", type=int, default=300, help="seconds for the agent's whole session")
-        p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "specdec-capture",
-                       help="the scratch repository, the agent's HOME and its transcript go under WORK/AGENT")
+        p.add_argument(
+            "--work",
+            type=Path,
+            default=Path(tempfile.gettempdir()) / "specdec-capture",
+            help="the scratch repository, the agent's HOME and its transcript go under WORK/AGENT",
+        )
         if agent == "codex":
             p.add_argument("--codex-metadata", choices=["catalog", "fallback"], default="catalog")
     c = sub.add_parser("count", help="prompt tokens per turn of imported sessions (no generation)")

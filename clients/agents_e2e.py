@@ -104,8 +104,11 @@ def npm_bin(agent: str, clients: Path | None = None) -> Path:
     if not exe.exists():
         NPM_DIR.mkdir(parents=True, exist_ok=True)
         print(f"installing {package} into {NPM_DIR} ...", file=sys.stderr)
-        done = subprocess.run(["npm", "install", "--prefix", str(NPM_DIR), "--no-audit", "--no-fund", package],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["npm", "install", "--prefix", str(NPM_DIR), "--no-audit", "--no-fund", package],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0 or not exe.exists():
             raise SystemExit(f"npm install {package} failed:\n{done.stderr[-2000:]}")
     return exe
@@ -143,8 +146,11 @@ class Server:
     def lines(self) -> list[str]:
         """The per-request lines ("#3 responses: ...", "count_tokens: ...") and the notes about hosted tools left
         out."""
-        return [ln for ln in self.log.read_text().splitlines()
-                if re.match(r"#\d+ |count_tokens:|messages: server tools|responses: left out", ln)]
+        return [
+            ln
+            for ln in self.log.read_text().splitlines()
+            if re.match(r"#\d+ |count_tokens:|messages: server tools|responses: left out", ln)
+        ]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -177,15 +183,15 @@ def check(work: Path) -> tuple[bool, bool]:
     return changed, test.returncode == 0
 
 
-def run_agent(agent: str, cmd: list[str], work: Path, env: dict, transcript: Path, timeout: float,
-              summary) -> Result:
+def run_agent(agent: str, cmd: list[str], work: Path, env: dict, transcript: Path, timeout: float, summary) -> Result:
     """Run the agent's command in `work` (its output to `transcript`, at most `timeout` s; exit code -1 when it ran
     out), then check the scratch directory."""
     t0 = time.monotonic()
     with open(transcript, "w") as out:
         try:
-            done = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=timeout)
+            done = subprocess.run(
+                cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+            )
             code = done.returncode
         except subprocess.TimeoutExpired:
             code = -1
@@ -195,22 +201,48 @@ def run_agent(agent: str, cmd: list[str], work: Path, env: dict, transcript: Pat
 
 
 # -- the agents -----------------------------------------------------------------------------------------------------
-def claude_command(exe: Path, url: str, root: Path, work: Path, timeout: float, key: str = "unused"
-                   ) -> tuple[list[str], dict]:
+def claude_command(
+    exe: Path, url: str, root: Path, work: Path, timeout: float, key: str = "unused"
+) -> tuple[list[str], dict]:
     """(command, environment) of Claude Code (`claude -p TASK`) against `url` with API key `key`, its HOME a
     temporary directory under `root` that trusts `work`."""
     home = root / "home-claude"
     home.mkdir(exist_ok=True)
-    (home / ".claude.json").write_text(json.dumps({
-        "hasCompletedOnboarding": True, "lastOnboardingVersion": "2.1.197", "theme": "dark",
-        "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
-        "projects": {str(work): {"hasTrustDialogAccepted": True}}}))
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key,
-           "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "DISABLE_ERROR_REPORTING": "1", "API_TIMEOUT_MS": str(int(timeout * 1000)),
-           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000))}
-    cmd = [str(exe), "-p", TASK, "--model", "specdec", "--permission-mode", "acceptEdits",
-           "--output-format", "stream-json", "--verbose"]
+    (home / ".claude.json").write_text(
+        json.dumps(
+            {
+                "hasCompletedOnboarding": True,
+                "lastOnboardingVersion": "2.1.197",
+                "theme": "dark",
+                "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+                "projects": {str(work): {"hasTrustDialogAccepted": True}},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": url,
+        "ANTHROPIC_API_KEY": key,
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "API_TIMEOUT_MS": str(int(timeout * 1000)),
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
+    }
+    cmd = [
+        str(exe),
+        "-p",
+        TASK,
+        "--model",
+        "specdec",
+        "--permission-mode",
+        "acceptEdits",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]
     return cmd, env
 
 
@@ -248,8 +280,10 @@ def claude_summary(transcript: Path) -> str:
                 elif block.get("type") == "text":
                     out.append(f"  text {block.get('text', '')[:200]!r}")
         elif kind == "result":
-            out.append(f"  result {event.get('subtype')}: is_error={event.get('is_error')} turns="
-                       f"{event.get('num_turns')} {str(event.get('result', ''))[:200]!r}")
+            out.append(
+                f"  result {event.get('subtype')}: is_error={event.get('is_error')} turns="
+                f"{event.get('num_turns')} {str(event.get('result', ''))[:200]!r}"
+            )
     return "\n".join(out)
 
 
@@ -258,15 +292,17 @@ def codex_catalog(exe: Path, env: dict, ctx: int, path: Path) -> Path:
     freeform apply_patch tool, unified exec), its context window `ctx`."""
     out = subprocess.run([str(exe), "debug", "models"], env=env, capture_output=True, text=True, check=True)
     models = json.loads(out.stdout)["models"]
-    entry = next((m for m in models if m.get("slug") == "gpt-5.5"), None) or \
-        next(m for m in models if m.get("apply_patch_tool_type") == "freeform")
+    entry = next((m for m in models if m.get("slug") == "gpt-5.5"), None) or next(
+        m for m in models if m.get("apply_patch_tool_type") == "freeform"
+    )
     entry = {**entry, "slug": "specdec", "display_name": "specdec", "context_window": ctx, "max_context_window": ctx}
     path.write_text(json.dumps({"models": [entry]}))
     return path
 
 
-def codex_command(exe: Path, url: str, root: Path, timeout: float, metadata: str, ctx: int, key: str = "unused"
-                  ) -> tuple[list[str], dict]:
+def codex_command(
+    exe: Path, url: str, root: Path, timeout: float, metadata: str, ctx: int, key: str = "unused"
+) -> tuple[list[str], dict]:
     """(command without its task, environment) of Codex CLI (`codex exec`) against `url` with API key `key`: HOME
     a temporary directory under `root`, CODEX_HOME emptied, its config.toml naming the server; `metadata` "catalog"
     gives the model Codex's full metadata (`codex_catalog`, context window `ctx`)."""
@@ -301,8 +337,10 @@ def codex_summary(transcript: Path) -> str:
         kind = item.get("type") or event.get("type")
         if event.get("type") == "item.completed":
             if kind == "command_execution":
-                out.append(f"  command {item.get('command')!r} -> exit {item.get('exit_code')}: "
-                           f"{(item.get('aggregated_output') or '')[:160]!r}")
+                out.append(
+                    f"  command {item.get('command')!r} -> exit {item.get('exit_code')}: "
+                    f"{(item.get('aggregated_output') or '')[:160]!r}"
+                )
             elif kind == "file_change":
                 out.append(f"  file_change {json.dumps(item.get('changes'))[:200]} {item.get('status')}")
             elif kind in ("agent_message", "reasoning"):
@@ -324,15 +362,32 @@ def main() -> None:
     parser.add_argument("--agent", choices=["claude", "codex", "all"], default="all")
     parser.add_argument("-t", "--target", default=None, help="the served model (default: the catalog's default)")
     parser.add_argument("--method", default="auto")
-    parser.add_argument("--ctx", type=int, default=None,
-                        help="--ctx for specdec serve (default: serve's, 32768; the agents' prompts are 9k-25k tokens)")
+    parser.add_argument(
+        "--ctx",
+        type=int,
+        default=None,
+        help="--ctx for specdec serve (default: serve's, 32768; the agents' prompts are 9k-25k tokens)",
+    )
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one agent's whole session")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="--max-tokens for specdec serve: the longest reply (default: serve's)")
-    parser.add_argument("--codex-metadata", choices=["catalog", "fallback"], default="catalog",
-                        help="Codex's model metadata: catalog (apply_patch as a grammar tool) or fallback")
-    parser.add_argument("--clients", type=Path, default=None, help="take the agents from DIR/node_modules/.bin "
-                        "(a directory where `npm install @openai/codex @anthropic-ai/claude-code` was run)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="--max-tokens for specdec serve: the longest reply (default: serve's)",
+    )
+    parser.add_argument(
+        "--codex-metadata",
+        choices=["catalog", "fallback"],
+        default="catalog",
+        help="Codex's model metadata: catalog (apply_patch as a grammar tool) or fallback",
+    )
+    parser.add_argument(
+        "--clients",
+        type=Path,
+        default=None,
+        help="take the agents from DIR/node_modules/.bin "
+        "(a directory where `npm install @openai/codex @anthropic-ai/claude-code` was run)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the scratch dirs, logs and transcripts here")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="specdec-agents-"))
@@ -350,8 +405,10 @@ def main() -> None:
             server.stop()
         result.server_lines = server.lines()
         results.append(result)
-        print(f"{agent}: {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s (exit {result.exit_code}, "
-              f"bug.py {'changed' if result.changed else 'unchanged'})")
+        print(
+            f"{agent}: {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s (exit {result.exit_code}, "
+            f"bug.py {'changed' if result.changed else 'unchanged'})"
+        )
         for line in result.server_lines:
             print(f"  server: {line}")
         if result.note:

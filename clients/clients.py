@@ -78,30 +78,39 @@ def run_langchain(url: str, part: str) -> str:
         assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather", msg
         return repr(msg.tool_calls)
     if part == "structured_pydantic":
+
         class Person(BaseModel):
             """A person mentioned in the text."""
+
             name: str = Field(description="The person's name")
             age: int = Field(description="Age in years")
 
         p = llm.with_structured_output(Person, method="json_schema").invoke(
-            [SystemMessage("Extract the person."), HumanMessage("Bob is 42 years old.", name="alice")])
+            [SystemMessage("Extract the person."), HumanMessage("Bob is 42 years old.", name="alice")]
+        )
         assert p.name == "Bob" and p.age == 42, p
         return repr(p)
     if part == "structured_typeddict":
+
         class PersonT(TypedDict):
             """A person mentioned in the text."""
+
             name: Annotated[str, ..., "The person's name"]
             age: Annotated[int, ..., "Age in years"]
 
         p = llm.with_structured_output(PersonT, method="json_schema").invoke(
-            [SystemMessage("Extract the person."), HumanMessage("Bob is 42 years old.", name="alice")])
+            [SystemMessage("Extract the person."), HumanMessage("Bob is 42 years old.", name="alice")]
+        )
         assert p["name"] == "Bob" and p["age"] == 42, p
         return repr(p)
     if part == "tool_loop_named":
         bound = llm.bind_tools([get_weather])
-        messages = [SystemMessage("You are a helpful assistant. Use tools for live data; answer in one sentence once "
-                                  "you have the result."),
-                    HumanMessage("What is the weather in Paris right now?", name="alice")]
+        messages = [
+            SystemMessage(
+                "You are a helpful assistant. Use tools for live data; answer in one sentence once you have the result."
+            ),
+            HumanMessage("What is the weather in Paris right now?", name="alice"),
+        ]
         first = bound.invoke(messages)
         assert first.tool_calls, first
         messages.append(first)
@@ -127,7 +136,8 @@ def run_smolagents(url: str) -> str:
 
     model = OpenAIServerModel(model_id=MODEL, api_base=url, api_key="unused")
     out = ToolCallingAgent(tools=[get_weather], model=model, max_steps=4, verbosity_level=0).run(
-        "What is the weather in Paris?")
+        "What is the weather in Paris?"
+    )
     assert "22" in str(out) or "unny" in str(out), out
     return str(out)
 
@@ -141,10 +151,15 @@ def run_instructor(url: str, mode: str) -> str:
         name: str
         age: int
 
-    client = instructor.from_openai(openai.OpenAI(base_url=url, api_key="unused", timeout=600),
-                                    mode=getattr(instructor.Mode, mode))
-    user = client.chat.completions.create(model=MODEL, response_model=User, max_retries=0, messages=[
-        {"role": "user", "content": "Extract the user: Jason is 25 years old and lives in Lyon."}])
+    client = instructor.from_openai(
+        openai.OpenAI(base_url=url, api_key="unused", timeout=600), mode=getattr(instructor.Mode, mode)
+    )
+    user = client.chat.completions.create(
+        model=MODEL,
+        response_model=User,
+        max_retries=0,
+        messages=[{"role": "user", "content": "Extract the user: Jason is 25 years old and lives in Lyon."}],
+    )
     assert user.age == 25 and "Jason" in user.name, user
     return repr(user)
 
@@ -158,8 +173,13 @@ def run_parse(url: str) -> str:
         country: str
 
     client = openai.OpenAI(base_url=url, api_key="unused", timeout=600, max_retries=0)
-    done = client.chat.completions.parse(model=MODEL, response_format=City, messages=[
-        {"role": "user", "content": "Which city is the capital of France? Answer with the city and its country."}])
+    done = client.chat.completions.parse(
+        model=MODEL,
+        response_format=City,
+        messages=[
+            {"role": "user", "content": "Which city is the capital of France? Answer with the city and its country."}
+        ],
+    )
     city = done.choices[0].message.parsed
     assert city is not None and "Paris" in city.name, done
     return repr(city)
@@ -173,14 +193,18 @@ def run_pydantic_ai(url: str, part: str) -> str:
 
     class City(BaseModel):
         """A city."""
+
         name: str = Field(description="City name")
         country: str
 
     model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=url, api_key="unused"))
     if part == "tool":  # an agent with one plain tool: it must call it and answer with its result
         calls: list[str] = []
-        agent = Agent(model, instructions="You are a helpful assistant. Call a tool when you need data; once a tool's "
-                      "result is in the conversation, answer the user's question with it in one sentence.")
+        agent = Agent(
+            model,
+            instructions="You are a helpful assistant. Call a tool when you need data; once a tool's "
+            "result is in the conversation, answer the user's question with it in one sentence.",
+        )
 
         @agent.tool_plain
         def get_weather(city: str) -> str:
@@ -195,7 +219,8 @@ def run_pydantic_ai(url: str, part: str) -> str:
     output = NativeOutput(City) if part == "native" else City
     t0 = time.monotonic()
     result = Agent(model, output_type=output, instructions="Answer about cities.").run_sync(
-        "Which city is the capital of France?")
+        "Which city is the capital of France?"
+    )
     took = time.monotonic() - t0
     city = result.output
     assert "Paris" in city.name, city
@@ -218,8 +243,12 @@ def run_agents(url: str) -> str:
         return weather_tool_fn(city)
 
     client = AsyncOpenAI(base_url=url, api_key="unused", timeout=600, max_retries=0)
-    agent = Agent(name="Assistant", instructions="You are a helpful assistant.", tools=[get_weather],
-                  model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
+    agent = Agent(
+        name="Assistant",
+        instructions="You are a helpful assistant.",
+        tools=[get_weather],
+        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+    )
     result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
     assert calls and result.final_output, (calls, result.final_output)
     return f"{result.final_output!r} (tool called for {calls})"
@@ -250,12 +279,14 @@ SCENARIOS = {  # name -> (venv, function and args)
 def run_llm(python: Path, url: str, schema: bool) -> str:
     home = Path(tempfile.mkdtemp(prefix="bench-llm-"))
     (home / "extra-openai-models.yaml").write_text(
-        f"- model_id: {MODEL}\n  model_name: {MODEL}\n  api_base: \"{url}\"\n  supports_schema: true\n"
-        "  supports_tools: true\n")
+        f'- model_id: {MODEL}\n  model_name: {MODEL}\n  api_base: "{url}"\n  supports_schema: true\n'
+        "  supports_tools: true\n"
+    )
     env = {**os.environ, "LLM_USER_PATH": str(home), "OPENAI_API_KEY": "unused"}
     llm = python.parent / "llm"
-    cmd = [str(llm), "-m", MODEL] + (["--schema", "name, age int", "Bob is 42 years old."] if schema else
-                                     ["Say hello in one short sentence."])
+    cmd = [str(llm), "-m", MODEL] + (
+        ["--schema", "name, age int", "Bob is 42 years old."] if schema else ["Say hello in one short sentence."]
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
         raise AssertionError(out.stderr.strip()[-400:])
@@ -274,10 +305,27 @@ def run_aider(python: Path, url: str) -> str:
     work = Path(tempfile.mkdtemp(prefix="bench-aider-"))
     (work / "avg.py").write_text(BUG)
     env = {**os.environ, "HOME": str(work / "home"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    cmd = [str(python.parent / "aider"), "--model", f"openai/{MODEL}", "--openai-api-base", url, "--openai-api-key",
-           "unused", "--yes", "--no-git", "--no-check-update", "--analytics-disable", "--no-show-release-notes",
-           "--no-show-model-warnings", "--no-pretty", "--edit-format", "whole", "--message",
-           "Fix the bug in avg.py: average must not add 1.", "avg.py"]
+    cmd = [
+        str(python.parent / "aider"),
+        "--model",
+        f"openai/{MODEL}",
+        "--openai-api-base",
+        url,
+        "--openai-api-key",
+        "unused",
+        "--yes",
+        "--no-git",
+        "--no-check-update",
+        "--analytics-disable",
+        "--no-show-release-notes",
+        "--no-show-model-warnings",
+        "--no-pretty",
+        "--edit-format",
+        "whole",
+        "--message",
+        "Fix the bug in avg.py: average must not add 1.",
+        "avg.py",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=900, stdin=subprocess.DEVNULL)
     fixed = (work / "avg.py").read_text()
     assert "+ 1" not in fixed and "sum(xs) / len(xs)" in fixed, (fixed, out.stdout[-400:])
@@ -320,8 +368,14 @@ class Recorder:
                     self.wfile.write(chunk)
                     self.wfile.flush()
                 conn.close()
-                recorder.records.append({"path": self.path, "request": body.decode("utf-8", "replace"),
-                                         "status": resp.status, "response": data.decode("utf-8", "replace")})
+                recorder.records.append(
+                    {
+                        "path": self.path,
+                        "request": body.decode("utf-8", "replace"),
+                        "status": resp.status,
+                        "response": data.decode("utf-8", "replace"),
+                    }
+                )
 
             do_GET = do_POST = _forward
 
@@ -369,8 +423,9 @@ def check_records(records: list[dict]) -> list[str]:
             try:
                 json.loads(c["arguments"])
             except json.JSONDecodeError:
-                problems.append(f"request {i + 1}: tool call {c['name']} has arguments that are not JSON: "
-                                f"{c['arguments'][:80]!r}")
+                problems.append(
+                    f"request {i + 1}: tool call {c['name']} has arguments that are not JSON: {c['arguments'][:80]!r}"
+                )
     return problems
 
 
@@ -394,8 +449,13 @@ def run_one(name: str, python: Path, url: str, timeout: float) -> tuple[bool, fl
         elif name.startswith("aider"):
             detail = run_aider(python, url)
         else:
-            out = subprocess.run([str(python), __file__, "--run", name, "--url", url], capture_output=True, text=True,
-                                 timeout=timeout, env={**os.environ, "PYTHONPATH": ""})
+            out = subprocess.run(
+                [str(python), __file__, "--run", name, "--url", url],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, "PYTHONPATH": ""},
+            )
             lines = out.stdout.strip().splitlines()
             if out.returncode or not lines:
                 raise AssertionError((out.stderr.strip().splitlines() or ["(no output)"])[-1][:400])
@@ -432,8 +492,20 @@ def main() -> int:
     if args.url:
         url, recorder = args.url, None
     else:
-        cmd = [sys.executable, "-m", "specdec_cli", "serve", "-t", args.target, "--method", args.method, "--port",
-               "0", "--ctx", str(args.ctx)] + (["--threads", str(args.threads)] if args.threads else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_cli",
+            "serve",
+            "-t",
+            args.target,
+            "--method",
+            args.method,
+            "--port",
+            "0",
+            "--ctx",
+            str(args.ctx),
+        ] + (["--threads", str(args.threads)] if args.threads else [])
         proc, server_url = launch(cmd, tempfile.mkdtemp(prefix="bench-clients-"))
         recorder = Recorder(server_url.removesuffix("/v1"))
         url = recorder.url
@@ -449,9 +521,12 @@ def main() -> int:
         problems = check_records(recorder.records)
         lengths = [ln for ln in log.splitlines() if "finish length" in ln]
         n_calls = sum(len(replies(r)[1]) for r in recorder.records if r["path"].startswith("/v1/chat"))
-        print(f"{'PASS' if not problems else 'FAIL'}  replies: {len(recorder.records)} requests, {n_calls} tool calls "
-              f"returned; none ended with finish_reason length and every tool call's arguments are JSON"
-              if not problems else f"FAIL  replies: {'; '.join(problems[:6])}")
+        print(
+            f"{'PASS' if not problems else 'FAIL'}  replies: {len(recorder.records)} requests, {n_calls} tool calls "
+            f"returned; none ended with finish_reason length and every tool call's arguments are JSON"
+            if not problems
+            else f"FAIL  replies: {'; '.join(problems[:6])}"
+        )
         failed += bool(problems)
         for ln in lengths:
             print(f"      server: {ln}")

@@ -57,14 +57,20 @@ def checks(base: str, key: str, max_tokens: int) -> list[tuple[str, object]]:
 
     msgs = [{"role": "user", "content": ASK}]
     for name, url in urls.items():
+
         def chat(url=url):
             r = oai(url).chat.completions.create(model="specdec", messages=msgs, max_tokens=max_tokens)
             assert r.choices[0].message.content, r
             return r.choices[0].message.content
 
         def chat_stream(url=url):
-            text = "".join(c.choices[0].delta.content or "" for c in oai(url).chat.completions.create(
-                model="specdec", messages=msgs, max_tokens=max_tokens, stream=True) if c.choices)
+            text = "".join(
+                c.choices[0].delta.content or ""
+                for c in oai(url).chat.completions.create(
+                    model="specdec", messages=msgs, max_tokens=max_tokens, stream=True
+                )
+                if c.choices
+            )
             assert text, text
             return text
 
@@ -75,8 +81,7 @@ def checks(base: str, key: str, max_tokens: int) -> list[tuple[str, object]]:
 
         def responses_stream(url=url):
             kinds, text = [], ""
-            for ev in oai(url).responses.create(model="specdec", input=ASK, max_output_tokens=max_tokens,
-                                                stream=True):
+            for ev in oai(url).responses.create(model="specdec", input=ASK, max_output_tokens=max_tokens, stream=True):
                 kinds.append(ev.type)
                 text += getattr(ev, "delta", "") if ev.type == "response.output_text.delta" else ""
             assert text and kinds[-1] in ("response.completed", "response.incomplete"), kinds
@@ -102,18 +107,24 @@ def checks(base: str, key: str, max_tokens: int) -> list[tuple[str, object]]:
             assert n > 0, n
             return f"{n} tokens"
 
-        out += [(f"openai chat.completions ({name})", chat), (f"openai chat.completions stream ({name})", chat_stream),
-                (f"openai responses ({name})", responses), (f"openai responses stream ({name})", responses_stream),
-                (f"openai models.list ({name})", models), (f"anthropic messages ({name})", messages),
-                (f"anthropic messages stream ({name})", messages_stream),
-                (f"anthropic count_tokens ({name})", count)]
+        out += [
+            (f"openai chat.completions ({name})", chat),
+            (f"openai chat.completions stream ({name})", chat_stream),
+            (f"openai responses ({name})", responses),
+            (f"openai responses stream ({name})", responses_stream),
+            (f"openai models.list ({name})", models),
+            (f"anthropic messages ({name})", messages),
+            (f"anthropic messages stream ({name})", messages_stream),
+            (f"anthropic count_tokens ({name})", count),
+        ]
 
     def after_idle():
         client, aclient = oai(urls["127.0.0.1"]), ant(urls["127.0.0.1"])
         got = []
         for _ in range(2):
-            got.append(client.chat.completions.create(model="specdec", messages=msgs, max_tokens=4)
-                       .choices[0].message.content)
+            got.append(
+                client.chat.completions.create(model="specdec", messages=msgs, max_tokens=4).choices[0].message.content
+            )
             got.append(aclient.messages.create(model="specdec", messages=msgs, max_tokens=4).content[0].text)
             time.sleep(IDLE_S)
         return " / ".join(map(repr, got))
@@ -130,23 +141,54 @@ def checks(base: str, key: str, max_tokens: int) -> list[tuple[str, object]]:
     out += [
         ("openai and anthropic again after an idle pause past keep-alive", after_idle),
         ("refused: a request without a key", lambda: without_key(url, msgs)),
-        ("refused: openai with a wrong key", lambda: refused(
-            lambda: oai(url, api_key="wrong").responses.create(model="s", input=ASK, max_output_tokens=2),
-            openai.AuthenticationError, 401)),
-        ("refused: anthropic with a wrong key", lambda: refused(
-            lambda: ant(url, api_key="wrong").messages.create(model="s", messages=msgs, max_tokens=2),
-            anthropic.AuthenticationError, 401)),
-        ("refused: openai with a forged Host", lambda: refused(
-            lambda: oai(url, default_headers={"Host": "evil.example"}).chat.completions.create(
-                model="s", messages=msgs, max_tokens=2), openai.PermissionDeniedError, 403)),
-        ("refused: anthropic with a forged Host", lambda: refused(
-            lambda: ant(url, default_headers={"Host": f"evil.example:{port}"}).messages.create(
-                model="s", messages=msgs, max_tokens=2), anthropic.PermissionDeniedError, 403)),
-        ("refused: a browser Origin", lambda: refused(
-            lambda: oai(url, default_headers={"Origin": "https://evil.example"}).models.list(),
-            openai.PermissionDeniedError, 403)),
-        ("health without a key", lambda: json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())
-         ["status"]),
+        (
+            "refused: openai with a wrong key",
+            lambda: refused(
+                lambda: oai(url, api_key="wrong").responses.create(model="s", input=ASK, max_output_tokens=2),
+                openai.AuthenticationError,
+                401,
+            ),
+        ),
+        (
+            "refused: anthropic with a wrong key",
+            lambda: refused(
+                lambda: ant(url, api_key="wrong").messages.create(model="s", messages=msgs, max_tokens=2),
+                anthropic.AuthenticationError,
+                401,
+            ),
+        ),
+        (
+            "refused: openai with a forged Host",
+            lambda: refused(
+                lambda: oai(url, default_headers={"Host": "evil.example"}).chat.completions.create(
+                    model="s", messages=msgs, max_tokens=2
+                ),
+                openai.PermissionDeniedError,
+                403,
+            ),
+        ),
+        (
+            "refused: anthropic with a forged Host",
+            lambda: refused(
+                lambda: ant(url, default_headers={"Host": f"evil.example:{port}"}).messages.create(
+                    model="s", messages=msgs, max_tokens=2
+                ),
+                anthropic.PermissionDeniedError,
+                403,
+            ),
+        ),
+        (
+            "refused: a browser Origin",
+            lambda: refused(
+                lambda: oai(url, default_headers={"Origin": "https://evil.example"}).models.list(),
+                openai.PermissionDeniedError,
+                403,
+            ),
+        ),
+        (
+            "health without a key",
+            lambda: json.loads(urllib.request.urlopen(f"{url}/health", timeout=10).read())["status"],
+        ),
     ]
     return out
 
@@ -154,8 +196,9 @@ def checks(base: str, key: str, max_tokens: int) -> list[tuple[str, object]]:
 def without_key(url: str, msgs: list[dict]) -> str:
     """POST /v1/chat/completions with no key at all (the SDKs will not send one without): must be a 401."""
     body = json.dumps({"model": "s", "messages": msgs, "max_tokens": 2}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", method="POST", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions", method="POST", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         urllib.request.urlopen(req, timeout=60)
     except urllib.error.HTTPError as e:
@@ -168,8 +211,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--target", default=None, help="the served model (default: the catalog's default)")
     ap.add_argument("--max-tokens", type=int, default=16, help="serve's --max-tokens (every reply is short)")
-    ap.add_argument("--api-key-file", action="store_true", help="give serve its key with --api-key-file, not "
-                    "SPECDEC_SERVE_KEY")
+    ap.add_argument(
+        "--api-key-file", action="store_true", help="give serve its key with --api-key-file, not SPECDEC_SERVE_KEY"
+    )
     ap.add_argument("--url", default=None, help="a running server (http://HOST:PORT); then --key is its key")
     ap.add_argument("--key", default=None)
     args = ap.parse_args()

@@ -45,13 +45,22 @@ class Assembler:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._drafters: dict[tuple, Drafter | None] = {}  # (method, ngram_min, ngram_max, corpus) -> shared by its engines
+        self._drafters: dict[
+            tuple, Drafter | None
+        ] = {}  # (method, ngram_min, ngram_max, corpus) -> shared by its engines
         self._controllers: dict[tuple, AdaptiveK] = {}  # (method, k_max) -> the AdaptiveK that keeps learning
         self._watch: CurveWatch | None = None  # the passes timed here against the verify curve (`watch`)
 
     # -- engines ------------------------------------------------------------------------------------------------
-    def engine(self, spec: SpecOptions, *, fresh: bool = False, saved_k: int | None = None,
-               drafter: Drafter | None | object = _BUILD, controller: KController | None = None) -> SpeculativeEngine:
+    def engine(
+        self,
+        spec: SpecOptions,
+        *,
+        fresh: bool = False,
+        saved_k: int | None = None,
+        drafter: Drafter | None | object = _BUILD,
+        controller: KController | None = None,
+    ) -> SpeculativeEngine:
         """The engine for `spec` on the session's target: its drafter (this assembler's, `drafter(spec)`; None for
         method none) and, with a drafter, its K controller (`make_controller`: `--k N`, the K `specdec tune --save`
         chose when `saved_k` is given, else the learning `--k auto`, or a new one that learns from nothing when
@@ -73,11 +82,15 @@ class Assembler:
         if controller is None and drafter is not None:
             controller = self.make_controller(spec, saved_k=saved_k, fresh=fresh)
         curve = self.session.verify_curve(measure=drafter is not None)
-        engine = SpeculativeEngine(self.session.target, drafter, controller,
-                                   # PromptCache takes the StatefulBackend it saves (a narrower type than the protocol's)
-                                   prompt_cache=None if fresh else self.session.prompt_cache,  # type: ignore[arg-type]
-                                   curve=curve,
-                                   clock=getattr(self.session, "clock", time.perf_counter))
+        engine = SpeculativeEngine(
+            self.session.target,
+            drafter,
+            controller,
+            # PromptCache takes the StatefulBackend it saves (a narrower type than the protocol's)
+            prompt_cache=None if fresh else self.session.prompt_cache,  # type: ignore[arg-type]
+            curve=curve,
+            clock=getattr(self.session, "clock", time.perf_counter),
+        )
         engine.watch = self.watch(curve)  # `driver.Drive` shows it every pass (plain decoding's too)
         return engine
 
@@ -93,8 +106,9 @@ class Assembler:
     def curve_drifted(self) -> bool:
         """The passes timed by this assembler's engines (`watch`), or the b = 1 passes a `--k auto` controller timed
         (`CostModel.drifted`), disagree with the measured verify curve."""
-        return (self._watch is not None and self._watch.drifted()) or \
-            any(ctrl.model.drifted() for ctrl in self._controllers.values())
+        return (self._watch is not None and self._watch.drifted()) or any(
+            ctrl.model.drifted() for ctrl in self._controllers.values()
+        )
 
     def drift_why(self) -> str:
         """How the passes timed here disagreed with the curve, one phrase beginning with `PASSES_OFF` ("" when they
@@ -138,8 +152,10 @@ class Assembler:
 
             head = session.mtp_head()
             if head is None:
-                raise UsageError(f"--method mtp needs a target with an MTP block, and {session.target_path.name} has "
-                                 "none.", "Use a model with one (e.g. Qwen3.5), or --method auto.")
+                raise UsageError(
+                    f"--method mtp needs a target with an MTP block, and {session.target_path.name} has none.",
+                    "Use a model with one (e.g. Qwen3.5), or --method auto.",
+                )
             return MtpDrafter(head)
         if method is Method.predict:
             return AutoDrafter(predictor=self._predictor, name="predict")
@@ -152,8 +168,9 @@ class Assembler:
             suffix = SuffixDrafter(SuffixStore(store_path(data_dir(), fingerprint), fingerprint=fingerprint))
             if method is Method.suffix:
                 return suffix
-            model: Drafter | None = ModelDrafter(session.draft) if session.draft is not None and session.auto_draft \
-                else None
+            model: Drafter | None = (
+                ModelDrafter(session.draft) if session.draft is not None and session.auto_draft else None
+            )
             if model is None and (head := session.mtp_head()) is not None:  # the target's own MTP block
                 from specdec_cli.drafters.mtp import MtpDrafter
 
@@ -173,8 +190,10 @@ class Assembler:
 
         name = None if spec.corpus == "auto" else spec.corpus
         if name is not None and name not in {d.name for d in list_corpora(data_dir(), fingerprint)}:
-            raise UsageError(f"No corpus named {name!r} for this model's tokenizer.",
-                             "See them with specdec learn --list, or learn one: specdec learn PATH --name NAME.")
+            raise UsageError(
+                f"No corpus named {name!r} for this model's tokenizer.",
+                "See them with specdec learn --list, or learn one: specdec learn PATH --name NAME.",
+            )
         return CorpusDrafter(CorpusSet(data_dir(), fingerprint, name))
 
     def _predictor(self, prediction: np.ndarray) -> Drafter:
@@ -182,8 +201,11 @@ class Assembler:
         from specdec_cli.drafters.predict import PredictionDrafter
 
         target = self.session.target
-        return PredictionDrafter(prediction, piece=target.piece,
-                                 tokenize=lambda text: target.tokenize(text, add_special=False, parse_special=False))
+        return PredictionDrafter(
+            prediction,
+            piece=target.piece,
+            tokenize=lambda text: target.tokenize(text, add_special=False, parse_special=False),
+        )
 
     # -- K controllers ------------------------------------------------------------------------------------------
     def make_controller(self, spec: SpecOptions, *, saved_k: int | None = None, fresh: bool = False) -> KController:
@@ -201,8 +223,9 @@ class Assembler:
         curve = self.session.verify_curve()  # this machine's measured v(b): K is chosen on its cheap sizes
         # the draft model's cost per token where `open_session` timed it (auto on a GPU): its K follows it at once
         draft_ms = getattr(self.session, "draft_ms", None)
-        prior = CostPrior(draft_ms_per_token=draft_ms) if draft_ms is not None and spec.method in USES_DRAFT_MODEL \
-            else None
+        prior = (
+            CostPrior(draft_ms_per_token=draft_ms) if draft_ms is not None and spec.method in USES_DRAFT_MODEL else None
+        )
         if spec.fixed_k is not None:
             return FixedK(spec.fixed_k, curve)
         if saved_k is not None:
@@ -244,12 +267,20 @@ class Assembler:
                 details[key] = {"target": Path(self.session.target_path).name, "method": method, "k_max": k_max}
         curves = {}
         curve = self.session.verify_curve(measure=False) if self._controllers or self._watch is not None else None
-        if curve is not None and curve.depth and not curve.provisional and not curve.stale \
-                and PASSES_OFF not in curve.measured_for and self.curve_drifted():
+        if (
+            curve is not None
+            and curve.depth
+            and not curve.provisional
+            and not curve.stale
+            and PASSES_OFF not in curve.measured_for
+            and self.curve_drifted()
+        ):
             key = self.session.curve_key()
             if key is not None:
-                curves[key] = {"curve": replace(curve, stale=True, stale_why=self.drift_why()).to_dict(),
-                               "target": Path(self.session.target_path).name}
+                curves[key] = {
+                    "curve": replace(curve, stale=True, stale_why=self.drift_why()).to_dict(),
+                    "target": Path(self.session.target_path).name,
+                }
         learnt.save(keyed, details, curves=curves)
 
     def save(self) -> None:
@@ -296,10 +327,14 @@ def notes(session: Session, spec: SpecOptions, stats: RunStats, *, predicted: bo
     if spec.method is Method.auto and session.draft is None and session.draft_plan.reason:
         out.append(f"no draft model: {session.draft_plan.reason}.")
     if predicted and spec.method in USES_PREDICTION and Source.predict not in stats.by_source:
-        out.append("the prediction was never drafted from: the reply did not follow it, or another source (the "
-                   "prompt, past outputs) offered the same text first.")
+        out.append(
+            "the prediction was never drafted from: the reply did not follow it, or another source (the "
+            "prompt, past outputs) offered the same text first."
+        )
     rollback = getattr(session.target, "rollback", "kv")
     if spec.method is not Method.none and rollback == "none":
-        out.append(f"plain decoding: llama.cpp cannot copy the recurrent state of this {session.target.kind} model, "
-                   "so a rejected draft could not be rolled back.")
+        out.append(
+            f"plain decoding: llama.cpp cannot copy the recurrent state of this {session.target.kind} model, "
+            "so a rejected draft could not be rolled back."
+        )
     return tuple(out)

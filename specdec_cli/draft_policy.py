@@ -54,16 +54,25 @@ def paired_draft(target: str | None, catalog: Catalog) -> str | None:
     return next((p.draft for p in catalog.pairs.values() if p.target == name), None)
 
 
-def plan(method: Method | str, target: str | None, draft: str | None, catalog: Catalog, *, gpu_offload: bool,
-         tuned_pays: bool) -> DraftPlan:
+def plan(
+    method: Method | str,
+    target: str | None,
+    draft: str | None,
+    catalog: Catalog,
+    *,
+    gpu_offload: bool,
+    tuned_pays: bool,
+) -> DraftPlan:
     """The draft model for `method` (see the module docstring). Raises UsageError for `--method draft` with a
     target the catalog pairs with no draft model and no `--draft`."""
     method = Method(method)
     if method is Method.draft:
         name = draft or paired_draft(target, catalog)
         if name is None:
-            raise UsageError(f"--method draft needs a draft model, and the catalog pairs none with {target}.",
-                             "Pass --draft NAME (a model with the same tokenizer), or use --method auto.")
+            raise UsageError(
+                f"--method draft needs a draft model, and the catalog pairs none with {target}.",
+                "Pass --draft NAME (a model with the same tokenizer), or use --method auto.",
+            )
         return DraftPlan(name, "--method draft")
     if method is not Method.auto:
         return DraftPlan(None)
@@ -79,13 +88,18 @@ def plan(method: Method | str, target: str | None, draft: str | None, catalog: C
     return DraftPlan(None, f"{CPU_ONLY}; --draft NAME includes one anyway")
 
 
-def draft_pays(draft_ms: float, verify_ms: Sequence[float] | np.ndarray, *, acceptance: float = PRIOR_ACCEPTANCE,
-               margin: float = MARGIN) -> tuple[bool, str]:
+def draft_pays(
+    draft_ms: float,
+    verify_ms: Sequence[float] | np.ndarray,
+    *,
+    acceptance: float = PRIOR_ACCEPTANCE,
+    margin: float = MARGIN,
+) -> tuple[bool, str]:
     """Would a draft model whose drafted token costs `draft_ms` (ms) beat plain decoding on the target's verify curve
     `verify_ms` (float [m], v(b) ms for b = 1..m, m >= 2) at `acceptance` per position? The best K's expected
     tokens per ms (`cost_model.expected_tokens` / `expected_ms`, every draft filled) against 1 / v(1), by `margin`.
     Returns (pays, one line with the ratio draft_ms / v(1) and the expected speedup at the best K)."""
-    v = np.asarray(verify_ms, dtype=np.float64)[:DEFAULT_K_MAX + 1]  # [k_max + 1]
+    v = np.asarray(verify_ms, dtype=np.float64)[: DEFAULT_K_MAX + 1]  # [k_max + 1]
     k_max = len(v) - 1
     a = np.full(k_max, acceptance)
     rates = expected_tokens(a) / expected_ms(v, draft_ms, 0.0, np.ones(k_max))  # [k_max + 1] tokens per ms by K
@@ -93,11 +107,15 @@ def draft_pays(draft_ms: float, verify_ms: Sequence[float] | np.ndarray, *, acce
     ratio = draft_ms / float(v[0])
     speedup = float(rates[k] / rates[0])
     if k > 0:
-        return True, (f"a draft token costs {draft_ms:.2f} ms, {ratio:.2f} x the target's pass: "
-                      f"{speedup:.2f}x expected at K = {k} and {acceptance:.0%} acceptance")
+        return True, (
+            f"a draft token costs {draft_ms:.2f} ms, {ratio:.2f} x the target's pass: "
+            f"{speedup:.2f}x expected at K = {k} and {acceptance:.0%} acceptance"
+        )
     best = float(rates[1:].max() / rates[0])
-    return False, (f"a draft token costs {draft_ms:.2f} ms, {ratio:.2f} x the target's pass: at {acceptance:.0%} "
-                   f"acceptance even its best K would run at {best:.2f}x plain decoding")
+    return False, (
+        f"a draft token costs {draft_ms:.2f} ms, {ratio:.2f} x the target's pass: at {acceptance:.0%} "
+        f"acceptance even its best K would run at {best:.2f}x plain decoding"
+    )
 
 
 def tuned_draft_pays(target_path: str | os.PathLike[str], threads: int | None) -> bool:
@@ -111,7 +129,11 @@ def tuned_draft_pays(target_path: str | os.PathLike[str], threads: int | None) -
         return False
     mark = f"|draft|{tuned.machine(threads)['key']}"  # then the placement, on a build that offloads
     for key, entry in tuned.load().items():
-        if key.startswith(prefix) and (key.endswith(mark) or f"{mark}|" in key) and entry.get("k") != 0 \
-                and float(entry.get("speedup") or 0.0) > 1.0:
+        if (
+            key.startswith(prefix)
+            and (key.endswith(mark) or f"{mark}|" in key)
+            and entry.get("k") != 0
+            and float(entry.get("speedup") or 0.0) > 1.0
+        ):
             return True
     return False

@@ -57,8 +57,14 @@ class Drive:
         finish_reason: the `Finish` record's reason, None until it came (or when stopped early).
     """
 
-    def __init__(self, engine: SpeculativeEngine, prompt: np.ndarray, config: GenerationConfig,
-                 meter: Meter | None = None, rows: bool = False) -> None:
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        prompt: np.ndarray,
+        config: GenerationConfig,
+        meter: Meter | None = None,
+        rows: bool = False,
+    ) -> None:
         self.engine, self.prompt, self.config = engine, prompt, config
         self.rows = rows  # hand each pass out (`engine.Rows`, answered by `send`) instead of running it here
         self.meter = meter if meter is not None else default_meter()
@@ -81,8 +87,9 @@ class Drive:
             return
         engine = self.engine
         watch = getattr(engine, "watch", None)  # the Assembler's `CurveWatch`: every pass timed against the curve
-        gen: Generator[Any, Any, None] = engine.steps(self.prompt, self.config) if self.rows else \
-            engine.generate(self.prompt, self.config)
+        gen: Generator[Any, Any, None] = (
+            engine.steps(self.prompt, self.config) if self.rows else engine.generate(self.prompt, self.config)
+        )
         gauge = self.gauge = Gauge(self.meter)
         self._t0 = time.perf_counter()
         answer = None
@@ -144,20 +151,34 @@ class Drive:
     def stats(self) -> RunStats:
         """The `RunStats` of the records so far (finish reason "interrupted" when stopped before the end)."""
         gauge = self.gauge
-        return summarize(self.records, decode_ms=self.decode_ms,
-                         finish_reason=FinishReason.interrupted if self.interrupted else None,
-                         energy=gauge.energy if gauge is not None else None,
-                         energy_note=gauge.note if gauge is not None else "energy not measured: not started")
+        return summarize(
+            self.records,
+            decode_ms=self.decode_ms,
+            finish_reason=FinishReason.interrupted if self.interrupted else None,
+            energy=gauge.energy if gauge is not None else None,
+            energy_note=gauge.note if gauge is not None else "energy not measured: not started",
+        )
 
     def result(self) -> Result:
         """The `Result` of the records so far."""
         steps = [r for r in self.records if isinstance(r, Step)]
-        return Result(text="".join(s.text for s in steps), tokens=[t for s in steps for t in s.emitted],
-                      stats=self.stats, steps=steps, interrupted=self.interrupted)
+        return Result(
+            text="".join(s.text for s in steps),
+            tokens=[t for s in steps for t in s.emitted],
+            stats=self.stats,
+            steps=steps,
+            interrupted=self.interrupted,
+        )
 
 
-def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,
-           meter: Meter | None = None, *, rows: bool = False) -> Drive:
+def stream(
+    engine: SpeculativeEngine,
+    prompt: Sequence[int] | np.ndarray,
+    config: GenerationConfig,
+    meter: Meter | None = None,
+    *,
+    rows: bool = False,
+) -> Drive:
     """Drive `engine` over `prompt` (int [n], n >= 1): the `Drive` to iterate for its records. `meter`: the energy
     counters to read (default: `models.energy.default_meter()`, this host's). `rows`: the records come with each
     pass's `engine.Rows`, which the consumer answers with `send(logits)` (the server's scheduler); else the passes run
@@ -174,13 +195,19 @@ def stream(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config
     if n == 0:
         raise UsageError("The prompt is empty.", "Give a prompt with some text.")
     if n >= n_ctx:
-        raise ContextOverflowError(f"The prompt is {n} tokens but the context window is {n_ctx} tokens.",
-                                   f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.")
+        raise ContextOverflowError(
+            f"The prompt is {n} tokens but the context window is {n_ctx} tokens.",
+            f"Use --ctx {_round_up(n + config.max_tokens)} or a shorter prompt.",
+        )
     return Drive(engine, prompt, config, meter, rows)
 
 
-def generate(engine: SpeculativeEngine, prompt: Sequence[int] | np.ndarray, config: GenerationConfig,
-             on_step: Callable[[Step], None] | None = None) -> Result:
+def generate(
+    engine: SpeculativeEngine,
+    prompt: Sequence[int] | np.ndarray,
+    config: GenerationConfig,
+    on_step: Callable[[Step], None] | None = None,
+) -> Result:
     """The whole generation of `prompt` (int [n]), calling `on_step` with each `Step` as it arrives.
 
     Ctrl-C ends the generation with what was produced kept (`Result.interrupted`, finish reason

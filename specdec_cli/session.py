@@ -49,7 +49,9 @@ class Session:
     _curve: VerifyCurve | None | Literal[False] = None  # `verify_curve()` once known; False: none to be had
     _text: PromptText | None = None  # `prompt_text()` once built
     draft_ms: float | None = None  # the draft model's measured ms per drafted token (auto on a GPU), None: not timed
-    clock: Callable[[], float] = time.perf_counter  # s: what the curve and a draft token are timed with (tests: virtual)
+    clock: Callable[[], float] = (
+        time.perf_counter
+    )  # s: what the curve and a draft token are timed with (tests: virtual)
     offload: dict[str, Offload] = field(default_factory=dict)  # "target", "draft": n_gpu_layers each loaded with, why
     _mtp: Any = None  # `mtp_head()` once made; False: the target has no MTP block
     _placement: str | None = None  # `placement()` once known
@@ -67,8 +69,9 @@ class Session:
                 from specdec_cli.models.llama import gpu_offload_supported
 
                 gpu = gpu_offload_supported()
-                self._placement = devices.placement(self.target_path, off.layers, gpu=gpu,
-                                                    devs=devices.devices() if gpu else None)
+                self._placement = devices.placement(
+                    self.target_path, off.layers, gpu=gpu, devs=devices.devices() if gpu else None
+                )
         return self._placement
 
     def curve_key(self) -> str | None:
@@ -91,8 +94,11 @@ class Session:
         if self._curve is None and measure:
             key = self.curve_key()
             kept = learnt.load_curve(key, stale_ok=True)
-            why = learnt.why_measure(key, kept, learnt.timed_on(self.options.threads, self.placement())
-                                     if key is not None and kept is None else None)
+            why = learnt.why_measure(
+                key,
+                kept,
+                learnt.timed_on(self.options.threads, self.placement()) if key is not None and kept is None else None,
+            )
             curve = self._measure_curve(key, why, retry=kept is None or not kept.provisional) if why else kept
             self._curve = curve if curve is not None else False
         elif self._curve is None:
@@ -112,20 +118,26 @@ class Session:
         reporter = self.reporter if self.reporter is not None else _QUIET
 
         def once(**kw) -> VerifyCurve:
-            with reporter.progress(f"measuring this machine's verify curve: {why}", plan_passes(),
-                                   unit="steps") as task:
+            with reporter.progress(
+                f"measuring this machine's verify curve: {why}", plan_passes(), unit="steps"
+            ) as task:
                 return measure(self.target, progress=lambda done, total: task.advance(), clock=self.clock, **kw)
 
         wait = time.sleep if self.clock is time.perf_counter else None  # a virtual clock has no machine to settle
-        curve = measure_steady(self.target, attempts=ATTEMPTS if retry else 1, say=reporter.say, measure_fn=once,
-                               wait=wait)
+        curve = measure_steady(
+            self.target, attempts=ATTEMPTS if retry else 1, say=reporter.say, measure_fn=once, wait=wait
+        )
         curve = replace(curve, measured_for=why, provisional=bool(curve.disturbed) and retry)
         if curve.provisional:
-            reporter.say(f"verify curve measured in {curve.seconds:.1f} s ({why}) and kept as provisional: "
-                         f"{curve.disturbed} (the machine was busy); the next run measures it again, once")
+            reporter.say(
+                f"verify curve measured in {curve.seconds:.1f} s ({why}) and kept as provisional: "
+                f"{curve.disturbed} (the machine was busy); the next run measures it again, once"
+            )
         elif curve.disturbed:
-            reporter.say(f"verify curve measured in {curve.seconds:.1f} s ({why}), the machine still busy "
-                         f"({curve.disturbed}): kept as it is (specdec doctor --measure times it afresh)")
+            reporter.say(
+                f"verify curve measured in {curve.seconds:.1f} s ({why}), the machine still busy "
+                f"({curve.disturbed}): kept as it is (specdec doctor --measure times it afresh)"
+            )
         else:
             reporter.say(f"verify curve measured in {curve.seconds:.1f} s ({why}) and kept (specdec doctor shows it)")
         learnt.save_curve(key, curve, self.target_path, learnt.timed_on(self.options.threads, self.placement()))
@@ -204,8 +216,13 @@ class Session:
         """
         return self.tokenize_chat(self.chat_prompt(messages, tools=tools))
 
-    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
-                    template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The text of `chat_tokens`: the chat template rendered, the assistant's generation prompt appended;
         `template_kwargs`: extra template variables (`chat_template_kwargs`), passed only when there are some."""
         extra = {"template_kwargs": dict(template_kwargs)} if template_kwargs else {}
@@ -249,8 +266,9 @@ class Session:
         from specdec_cli.models.resolver import resolve
 
         catalog = load_catalog()
-        self.attach_draft(resolve(name or self.options.draft or catalog.default_draft, catalog, reporter=reporter),
-                          reporter=reporter)
+        self.attach_draft(
+            resolve(name or self.options.draft or catalog.default_draft, catalog, reporter=reporter), reporter=reporter
+        )
 
     def attach_draft(self, path: Path, *, reporter: Reporter | None = None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
@@ -262,9 +280,15 @@ class Session:
         probe_load(path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
         off = gpu_layers(path, o)  # the GPU's memory as the target left it
         with _status(reporter, f"Loading {path.name}"):
-            draft = LlamaBackend(path, n_ctx=o.ctx, n_batch=o.n_batch, n_threads=o.threads,
-                                 n_gpu_layers=off.layers, verbose=o.verbose,
-                                 flash_attn=getattr(self.target, "flash_attn", None))  # the target's numerics
+            draft = LlamaBackend(
+                path,
+                n_ctx=o.ctx,
+                n_batch=o.n_batch,
+                n_threads=o.threads,
+                n_gpu_layers=off.layers,
+                verbose=o.verbose,
+                flash_attn=getattr(self.target, "flash_attn", None),
+            )  # the target's numerics
         try:
             check_compatible(self.target, draft)
         except BaseException:
@@ -322,8 +346,15 @@ class PromptText:
         vocab: the vocabulary's `VocabInfo` where it was read here (a llama.cpp target), else None.
     """
 
-    def __init__(self, tokenize: Callable[..., list[int]], format_chat: Callable[..., str], fim: FimTokens, *,
-                 vocab=None, close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        tokenize: Callable[..., list[int]],
+        format_chat: Callable[..., str],
+        fim: FimTokens,
+        *,
+        vocab=None,
+        close: Callable[[], None] | None = None,
+    ) -> None:
         self._tokenize, self._format_chat, self.fim, self.vocab = tokenize, format_chat, fim, vocab
         self._close = close
         self._lock = threading.Lock()
@@ -345,16 +376,28 @@ class PromptText:
             vocab.close()
             raise
 
-        def format_chat(messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                        template_kwargs: Mapping[str, Any] | None = None) -> str:
+        def format_chat(
+            messages: list[dict],
+            *,
+            add_generation_prompt: bool = True,
+            tools: list[dict] | None = None,
+            template_kwargs: Mapping[str, Any] | None = None,
+        ) -> str:
             # what `LlamaBackend.format_chat` does, from the values read above
             if not template:
                 from specdec_cli.errors import UsageError
 
                 raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
-            return render_chat_template(template, messages, bos_token=bos, eos_token=eos,
-                                        add_generation_prompt=add_generation_prompt, model_name=name, tools=tools,
-                                        template_kwargs=template_kwargs)
+            return render_chat_template(
+                template,
+                messages,
+                bos_token=bos,
+                eos_token=eos,
+                add_generation_prompt=add_generation_prompt,
+                model_name=name,
+                tools=tools,
+                template_kwargs=template_kwargs,
+            )
 
         return cls(vocab.tokenize, format_chat, target.fim_tokens(), vocab=info, close=vocab.close)
 
@@ -367,8 +410,13 @@ class PromptText:
         """`Backend.fim_tokens` (read once)."""
         return self.fim
 
-    def chat_prompt(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
-                    template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """`Session.chat_prompt`: the chat template rendered, the assistant's generation prompt appended. Raises
         ToolsUnsupportedError, UsageError (the template refused the conversation), ModelError (it failed)."""
         extra = {"template_kwargs": dict(template_kwargs)} if template_kwargs else {}
@@ -385,8 +433,14 @@ class PromptText:
             self._close = None
 
 
-def open_session(options: ModelOptions, *, method: Method | str | None = None, need_draft: bool = False,
-                 reporter: Reporter | None = None, clock: Callable[[], float] = time.perf_counter) -> Session:
+def open_session(
+    options: ModelOptions,
+    *,
+    method: Method | str | None = None,
+    need_draft: bool = False,
+    reporter: Reporter | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Session:
     """Resolve and load the target and, when `method` calls for one (`draft_policy.plan`: `--method draft`; `auto`
     where a draft model pays or `--draft` names one) or `need_draft`, the draft model; check their vocabularies.
     `reporter` shows fetching and loading (`models.resolver.Reporter`; None: notes as plain stderr lines). Each
@@ -412,12 +466,21 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
 
     def auto_plan(target_path: Path) -> DraftPlan:
         """Whether auto includes a draft model: --draft, a GPU, or specdec tune measured that it pays here."""
-        return draft_policy.plan(Method.auto, options.target, options.draft, catalog, gpu_offload=gpu,
-                                 tuned_pays=draft_policy.tuned_draft_pays(target_path, options.threads))
+        return draft_policy.plan(
+            Method.auto,
+            options.target,
+            options.draft,
+            catalog,
+            gpu_offload=gpu,
+            tuned_pays=draft_policy.tuned_draft_pays(target_path, options.threads),
+        )
 
     if method is None:
-        plan = DraftPlan(options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft
-                         if need_draft else None)
+        plan = DraftPlan(
+            options.draft or draft_policy.paired_draft(options.target, catalog) or catalog.default_draft
+            if need_draft
+            else None
+        )
     elif method is not Method.auto:  # a bad --method draft pairing fails before anything is fetched
         plan = draft_policy.plan(method, options.target, options.draft, catalog, gpu_offload=gpu, tuned_pays=False)
     target_path = resolve(options.target or catalog.default_target, catalog, reporter=reporter)
@@ -436,15 +499,28 @@ def open_session(options: ModelOptions, *, method: Method | str | None = None, n
         return host.device_flash_attn(target_path, off.layers, reporter=reporter)
 
     with _status(reporter, f"Loading {target_path.name}"):
-        target = LlamaBackend(target_path, n_ctx=options.ctx, n_batch=options.n_batch, n_threads=options.threads,
-                              n_gpu_layers=off.layers, verbose=options.verbose,
-                              flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers,
-                                                    device_probe=device_probe),
-                              n_lanes=options.lanes,
-                              kv_unified=options.kv_unified)
-    session = Session(target=target, target_path=target_path, options=options, draft_plan=plan,
-                      prompt_cache=PromptCache() if options.prompt_cache else None,
-                      auto_draft=auto_draft, reporter=reporter, clock=clock, offload={"target": off})
+        target = LlamaBackend(
+            target_path,
+            n_ctx=options.ctx,
+            n_batch=options.n_batch,
+            n_threads=options.threads,
+            n_gpu_layers=off.layers,
+            verbose=options.verbose,
+            flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers, device_probe=device_probe),
+            n_lanes=options.lanes,
+            kv_unified=options.kv_unified,
+        )
+    session = Session(
+        target=target,
+        target_path=target_path,
+        options=options,
+        draft_plan=plan,
+        prompt_cache=PromptCache() if options.prompt_cache else None,
+        auto_draft=auto_draft,
+        reporter=reporter,
+        clock=clock,
+        offload={"target": off},
+    )
     if draft_path is not None:
         try:
             session.attach_draft(draft_path, reporter=reporter)
@@ -493,8 +569,14 @@ def keep_draft_if_it_pays(session: Session) -> None:
 FLASH_ATTN_ENV = "SPECDEC_FLASH_ATTN"  # on | off | auto (default: the host's measured choice, else llama.cpp's auto)
 
 
-def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[str, str] | None = None, *,
-               gpu_layers: int | None = None, device_probe: Callable[[], str] | None = None) -> bool | str | None:
+def flash_attn(
+    target_path: str | Path,
+    threads: int | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    gpu_layers: int | None = None,
+    device_probe: Callable[[], str] | None = None,
+) -> bool | str | None:
     """Flash attention for the target: SPECDEC_FLASH_ATTN=on/off, else the choice `specdec doctor --measure` made
     on this host for this model and thread count (`measure.flash_attn`), else None: llama.cpp's auto (on wherever the
     backend supports it, the CPU's included). Unmeasured it stays llama.cpp's: its CPU kernel computes each query row
@@ -522,13 +604,17 @@ def flash_attn(target_path: str | Path, threads: int | None, environ: Mapping[st
     switch = flash_attn_switch()
     if value == PHASED:
         if not switch:
-            raise ConfigError(f"{FLASH_ATTN_ENV}=phased needs a llama-cpp-python that can switch flash attention "
-                              "between passes (a stock build cannot).",
-                              "Build the patched one with specdec install-llama-cpp, or unset it.")
+            raise ConfigError(
+                f"{FLASH_ATTN_ENV}=phased needs a llama-cpp-python that can switch flash attention "
+                "between passes (a stock build cannot).",
+                "Build the patched one with specdec install-llama-cpp, or unset it.",
+            )
         return PHASED
     if value not in ("auto", ""):
-        raise ConfigError(f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
-                          "Unset it (the measured choice), or set it to on, off or phased.")
+        raise ConfigError(
+            f"{FLASH_ATTN_ENV}={value!r} is not one of on, off, phased, auto.",
+            "Unset it (the measured choice), or set it to on, off or phased.",
+        )
     on_cpu = gpu_layers == 0 or not gpu_offload_supported()  # what this run offloads, not what the build could
     phased = PHASED if switch and on_cpu else None  # the CPU's default where it can switch
     measured = learnt.load_flash_attn(learnt.curve_key(target_path, threads))
@@ -566,7 +652,7 @@ def flash_attn_state(fa: bool | str | None) -> str:
 
 
 def kernels_line(kernels: dict[str, str] | None) -> str:
-    """"AMX kernels: in use; flash attention: off (measured here: ...)" from `Session.kernels` ("" for None)."""
+    """ "AMX kernels: in use; flash attention: off (measured here: ...)" from `Session.kernels` ("" for None)."""
     if not kernels:
         return ""
     return f"AMX kernels: {kernels['amx']}; flash attention: {kernels['flash_attn']}"

@@ -39,15 +39,24 @@ class Method(StrEnum):
 # (--method, bench's --methods, chat's /method, SpecOptions); the short names stay the canonical spelling (tuned.json,
 # learnt.json and bench labels are keyed by them).
 METHOD_ALIASES = {
-    "prompt-lookup": "ngram", "prompt": "ngram", "lookup": "ngram",
-    "past-outputs": "suffix", "store": "suffix", "suffix-decoding": "suffix",
-    "prediction": "predict", "predicted-outputs": "predict",
+    "prompt-lookup": "ngram",
+    "prompt": "ngram",
+    "lookup": "ngram",
+    "past-outputs": "suffix",
+    "store": "suffix",
+    "suffix-decoding": "suffix",
+    "prediction": "predict",
+    "predicted-outputs": "predict",
     "draft-model": "draft",
-    "mtp-head": "mtp", "draft-mtp": "mtp", "nextn": "mtp",
+    "mtp-head": "mtp",
+    "draft-mtp": "mtp",
+    "nextn": "mtp",
     "plain": "none",
 }
-METHOD_NAMES = ("auto, none (plain), ngram (prompt-lookup), suffix (past-outputs), predict (prediction), "
-                "draft (draft-model), mtp (mtp-head)")
+METHOD_NAMES = (
+    "auto, none (plain), ngram (prompt-lookup), suffix (past-outputs), predict (prediction), "
+    "draft (draft-model), mtp (mtp-head)"
+)
 NEEDS_DRAFT_MODEL = {Method.draft}  # methods that cannot run without a draft model (auto includes one where it pays)
 USES_DRAFT_MODEL = {Method.draft, Method.auto}  # methods that may draft with a loaded draft model
 USES_PREDICTION = {Method.auto, Method.predict}  # methods that draft from a predicted output (--predict)

@@ -48,9 +48,37 @@ def char_pieces() -> list[bytes]:
     for c in range(32, 127):
         pieces[c] = bytes([c])
     pieces[9], pieces[10] = b"\t", b"\n"
-    merges = [b'{"', b'":', b'", "', b'"}', b'": "', b', "', b"true", b"false", b"null", b"name", b"age", b"  ",
-              b"\n  ", b"Ann", b"Bob", b"er", b"in", b"on", b"an", b"12", b"00", b"ag", b"am", b"e\"", b"me", b"}\n",
-              b"\":", b'"name', b'"age']
+    merges = [
+        b'{"',
+        b'":',
+        b'", "',
+        b'"}',
+        b'": "',
+        b', "',
+        b"true",
+        b"false",
+        b"null",
+        b"name",
+        b"age",
+        b"  ",
+        b"\n  ",
+        b"Ann",
+        b"Bob",
+        b"er",
+        b"in",
+        b"on",
+        b"an",
+        b"12",
+        b"00",
+        b"ag",
+        b"am",
+        b'e"',
+        b"me",
+        b"}\n",
+        b'":',
+        b'"name',
+        b'"age',
+    ]
     free = [i for i in range(128) if i not in (1, 9, 10) and not 32 <= i <= 126]
     for i, m in zip(free, merges, strict=False):
         pieces[i] = m
@@ -101,11 +129,23 @@ class FakeBackend(RecurrentGuard, Backend):
     rollback = KV
     n_rs_seq = 0
 
-    def __init__(self, fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits, *, n_ctx: int = 512,
-                 n_batch: int = 64, vocab: int = V, path: str = "fake.gguf", eos: int = EOS,
-                 pieces: Sequence[bytes] | None = None, chat_template: str | None = None, clock: Clock | None = None,
-                 cost: Callable[[int], float] | None = None, branches: bool = True, recurrent: str | None = None,
-                 n_rs_seq: int = 4) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Sequence[int]], np.ndarray] = hashed_logits,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 64,
+        vocab: int = V,
+        path: str = "fake.gguf",
+        eos: int = EOS,
+        pieces: Sequence[bytes] | None = None,
+        chat_template: str | None = None,
+        clock: Clock | None = None,
+        cost: Callable[[int], float] | None = None,
+        branches: bool = True,
+        recurrent: str | None = None,
+        n_rs_seq: int = 4,
+    ) -> None:
         """pieces: each token's bytes (e.g. `CHARS`, with vocab = len(pieces)); None = `word`. chat_template: a
         Jinja chat template `format_chat` renders (as `LlamaBackend` does); None = the toy format below. clock, cost:
         a virtual clock advanced by `cost(b)` ms per pass of b tokens. branches: `decode_branches` is available.
@@ -167,7 +207,9 @@ class FakeBackend(RecurrentGuard, Backend):
         """One shared pass: each part (lane, tokens, n_logits) gets exactly what its own `decode` gives (logits are a
         function of the lane's own prefix), and the virtual clock advances once, by cost(rows of all parts)."""
         root = self.__dict__.get("_root", self)
-        root.__dict__.setdefault("passes", []).append(tuple((getattr(lane, "lane_index", 0), len(t)) for lane, t, _ in parts))
+        root.__dict__.setdefault("passes", []).append(
+            tuple((getattr(lane, "lane_index", 0), len(t)) for lane, t, _ in parts)
+        )
         clock, cost = self._clock, self._cost
         out = []
         try:
@@ -378,9 +420,15 @@ class FakeBackend(RecurrentGuard, Backend):
         if self.template is not None:
             from specdec_cli.models.llama import render_chat_template
 
-            return render_chat_template(self.template, messages, bos_token="", eos_token="",
-                                        add_generation_prompt=add_generation_prompt, tools=tools,
-                                        template_kwargs=template_kwargs)
+            return render_chat_template(
+                self.template,
+                messages,
+                bos_token="",
+                eos_token="",
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+                template_kwargs=template_kwargs,
+            )
         parts = [f"<tool_call> {' '.join(t['function']['name'] for t in tools)}\n"] if tools else []
         for m in messages:
             parts.append(m.get("content") or "")
@@ -393,7 +441,6 @@ class FakeBackend(RecurrentGuard, Backend):
 
     def close(self) -> None:
         pass
-
 
 
 class RecordingBackend(FakeBackend):
@@ -411,29 +458,67 @@ class RecordingBackend(FakeBackend):
 
     def format_chat(self, messages, *, add_generation_prompt: bool = True, tools=None, template_kwargs=None) -> str:
         self.renders.append((messages, tools, dict(template_kwargs or {})))
-        return super().format_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                   template_kwargs=template_kwargs)
+        return super().format_chat(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, template_kwargs=template_kwargs
+        )
 
 
 # -- literal `specdec bench` JSON for the report tests ---------------------------------------------------------------
-def run(config, prompt, tps, *, kind="edit", repeat=0, cold=False, tokens=(1, 2, 3, 4), drafted=0, accepted=0,
-        spec_steps=0, ttft=None, rss=1000):
+def run(
+    config,
+    prompt,
+    tps,
+    *,
+    kind="edit",
+    repeat=0,
+    cold=False,
+    tokens=(1, 2, 3, 4),
+    drafted=0,
+    accepted=0,
+    spec_steps=0,
+    ttft=None,
+    rss=1000,
+):
     """One run of `config` on `prompt` at `tps` decode tok/s, as bench's JSON records it."""
-    return {"config": config, "prompt": prompt, "kind": kind, "repeat": repeat, "cold": cold, "tokens_per_s": tps,
-            "tokens": list(tokens), "n_drafted": drafted, "n_accepted": accepted, "n_spec_steps": spec_steps,
-            "ttft_ms": ttft, "peak_rss_kib": rss}
+    return {
+        "config": config,
+        "prompt": prompt,
+        "kind": kind,
+        "repeat": repeat,
+        "cold": cold,
+        "tokens_per_s": tps,
+        "tokens": list(tokens),
+        "n_drafted": drafted,
+        "n_accepted": accepted,
+        "n_spec_steps": spec_steps,
+        "ttft_ms": ttft,
+        "peak_rss_kib": rss,
+    }
 
 
 def bench_doc(runs, configs, prompts):
     """A bench JSON document holding `runs` of `configs` (BenchConfig) on `prompts` ((name, kind) pairs)."""
     from specdec_cli.measure import bench as B
 
-    return {"version": B.JSON_VERSION, "target": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": None,
-            "prompts": [{"name": n, "kind": k, "n_tokens": 612} for n, k in prompts],
-            "settings": {"repeats": 2, "max_tokens": 128, "k": "auto", "ctx": 4096, "threads": 2},
-            "started_at": "now", "configs": [c.label for c in configs], "runs": runs,
-            "machine": {"cpu": "AMD EPYC 7B13 64-Core Processor", "cores": 1, "logical_cpus": 2, "threads": 2,
-                        "memory_bytes": 25 * 2**30, "llama_cpp_python": "0.3.36"}}
+    return {
+        "version": B.JSON_VERSION,
+        "target": "/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "draft": None,
+        "prompts": [{"name": n, "kind": k, "n_tokens": 612} for n, k in prompts],
+        "settings": {"repeats": 2, "max_tokens": 128, "k": "auto", "ctx": 4096, "threads": 2},
+        "started_at": "now",
+        "configs": [c.label for c in configs],
+        "runs": runs,
+        "machine": {
+            "cpu": "AMD EPYC 7B13 64-Core Processor",
+            "cores": 1,
+            "logical_cpus": 2,
+            "threads": 2,
+            "memory_bytes": 25 * 2**30,
+            "llama_cpp_python": "0.3.36",
+        },
+    }
+
 
 class Clock:
     """A virtual monotonic clock in seconds: `clock()` reads it, `advance(s)` moves it (the fake backend's passes)."""
@@ -464,7 +549,7 @@ def unstrike(screen: str) -> tuple[str, list[str]]:
     struck = False
     pos = 0
     for m in [*SGR.finditer(screen), None]:
-        chunk = screen[pos:m.start() if m else len(screen)]
+        chunk = screen[pos : m.start() if m else len(screen)]
         if chunk and struck:  # a newline ends a row: no cell, never struck (tmux keeps the state across rows)
             first, *rows = chunk.split("\n")
             spans[-1] += first
@@ -496,10 +581,13 @@ def greedy_tokenize(pieces: Sequence[bytes], data: bytes, skip=frozenset()) -> l
     starts with."""
     out, i = [], 0
     while i < len(data):
-        best = max((t for t, p in enumerate(pieces) if p and t not in skip and data.startswith(p, i)),
-                   key=lambda t: len(pieces[t]), default=-1)
+        best = max(
+            (t for t, p in enumerate(pieces) if p and t not in skip and data.startswith(p, i)),
+            key=lambda t: len(pieces[t]),
+            default=-1,
+        )
         if best < 0:
-            raise ValueError(f"no token for byte {data[i:i + 1]!r}")
+            raise ValueError(f"no token for byte {data[i : i + 1]!r}")
         out.append(best)
         i += len(pieces[best])
     return out
@@ -538,7 +626,7 @@ def fake_sdist(folder: Path, version: str) -> Path:
             for hunk in hunks:
                 while len(lines) < hunk.old_start - 1:
                     lines.append(f"// filler {len(lines) + 1}\n".encode())
-                lines[hunk.old_start - 1:hunk.old_start - 1 + len(hunk.old)] = hunk.old
+                lines[hunk.old_start - 1 : hunk.old_start - 1 + len(hunk.old)] = hunk.old
     out = folder / f"{top}.tar.gz"
     with tarfile.open(out, "w:gz") as tar:
         for rel, lines in files.items():
@@ -595,4 +683,3 @@ def step(k: int, n_drafted: int, n_accepted: int, draft_ms: float, verify_ms: fl
 
 def lookup_draft(match_len: int, n: int = 64):
     return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
-

@@ -106,9 +106,19 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(backend: FakeBackend | None = None, *, method: str = "ngram", k: str = "4", queue: int = 16,
-            api_key: str | None = None, max_body_bytes: int | None = None, session: Session | None = None,
-            app_kw: dict | None = None, worker_kw: dict | None = None, server_kw: dict | None = None):
+def serving(
+    backend: FakeBackend | None = None,
+    *,
+    method: str = "ngram",
+    k: str = "4",
+    queue: int = 16,
+    api_key: str | None = None,
+    max_body_bytes: int | None = None,
+    session: Session | None = None,
+    app_kw: dict | None = None,
+    worker_kw: dict | None = None,
+    server_kw: dict | None = None,
+):
     """A server on a free loopback port, uvicorn in a background thread, over the real service on a fake backend.
     `app_kw`, `worker_kw`, `server_kw`: more arguments of `create_app`, `Worker` and `make_server`."""
     backend = backend if backend is not None else FakeBackend(hashed_logits)
@@ -118,8 +128,12 @@ def serving(backend: FakeBackend | None = None, *, method: str = "ngram", k: str
     worker = Worker(service, bound=queue, log=lines.append, **(worker_kw or {}))
     sock = bind("127.0.0.1", 0)
     # greedy unless a request asks otherwise (`specdec serve --temperature 0`), so replies are known exactly
-    server = make_server(create_app(worker, defaults=Defaults(temperature=0.0), api_key=api_key,
-                                    max_body_bytes=max_body_bytes, **(app_kw or {})), **(server_kw or {}))
+    server = make_server(
+        create_app(
+            worker, defaults=Defaults(temperature=0.0), api_key=api_key, max_body_bytes=max_body_bytes, **(app_kw or {})
+        ),
+        **(server_kw or {}),
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     worker.start()
     thread.start()
@@ -145,7 +159,6 @@ def chat(client, content: str = PROMPT, **kw):
     return client.chat.completions.create(model="fake", messages=[{"role": "user", "content": content}], **kw)
 
 
-
 def start_blocking_request(s, backend: SlowBackend) -> threading.Thread:
     """A first request that holds the worker until `backend.gate` is set."""
     backend.gate.clear()
@@ -159,9 +172,13 @@ def start_blocking_request(s, backend: SlowBackend) -> threading.Thread:
 def start_real_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`specdec serve -t MODEL ARGS` as a subprocess on a free loopback port: (the process, its base URL)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "SPECDEC_DEBUG": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "-t", str(model), "--port", "0",
-                             "--threads", "2", *args],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec_cli", "serve", "-t", str(model), "--port", "0", "--threads", "2", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     url = None
     deadline = time.monotonic() + 120
     lines = []
@@ -177,7 +194,6 @@ def start_real_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
         proc.wait()
         raise AssertionError("".join(lines))
     return proc, url
-
 
 
 # -- the Qwen loopback server, in this process ----------------------------------------------------------------------
@@ -197,8 +213,11 @@ def loopback(session, method: str):
     import openai
 
     try:
-        yield service, openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600), \
-            base_url(sock)
+        yield (
+            service,
+            openai.OpenAI(base_url=base_url(sock), api_key="unused", max_retries=0, timeout=600),
+            base_url(sock),
+        )
     finally:
         worker.stop()
         server.should_exit = True
@@ -212,25 +231,42 @@ def loopback(session, method: str):
 def qwen_server(target, *, ctx: int = 2048):
     """`target` (Qwen2.5-Coder) served on a loopback port in this process, method auto: yields (base URL, the
     service); stopped and closed after."""
-    session = open_session(ModelOptions(target=str(target), ctx=ctx, threads=2, prompt_cache=False),
-                           method="auto")
+    session = open_session(ModelOptions(target=str(target), ctx=ctx, threads=2, prompt_cache=False), method="auto")
     with loopback(session, "auto") as (service, _, url):
         yield url, service
 
 
 # -- tools and grammars over the CHARS vocabulary -------------------------------------------------------------------
 V = len(CHARS)
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris"]}, "unit": {"enum": ["C"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC"]}}, "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris"]}, "unit": {"enum": ["C"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def tools_backend(**kw) -> FakeBackend:
     return FakeBackend(lambda p: hashed_logits(p, V, peak=2.0), vocab=V, pieces=CHARS, n_ctx=1024, **kw)
-
 
 
 def scripted(reply: str, *markers: bytes):
@@ -241,7 +277,7 @@ def scripted(reply: str, *markers: bytes):
     def fn(prefix):
         text = b"".join(CHARS[int(t)] for t in prefix)
         start = max(text.rfind(m) + len(m) for m in markers if m in text)
-        rest = reply.encode()[len(text) - start:]
+        rest = reply.encode()[len(text) - start :]
         logits = np.full(V, -10.0, np.float32)
         for t, piece in enumerate(CHARS):
             if piece and rest.startswith(piece):
@@ -249,6 +285,7 @@ def scripted(reply: str, *markers: bytes):
         if not rest:
             logits[EOS] = 5.0
         return logits
+
     return fn
 
 
@@ -269,6 +306,4 @@ def accepts(lark: str, text: str) -> bool:
     return ok == n and complete
 
 
-
 CODEX_GRAMMAR = (DATA / "codex-apply_patch.lark").read_text()  # Codex CLI 0.169's apply_patch grammar
-

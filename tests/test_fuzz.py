@@ -57,8 +57,29 @@ VALID = textwrap.dedent(f"""\
     wheels = [{{ package = "mine-model", version = "1.0", member = "mine_model/m.gguf" }}]
     """)
 
-KEYS = ["defaults", "models", "pairs", "target", "draft", "description", "file", "size", "sources", "kind", "hf",
-        "pypi", "repo", "revision", "sha256", "wheels", "package", "version", "member", "mine", "smollm2-135m"]
+KEYS = [
+    "defaults",
+    "models",
+    "pairs",
+    "target",
+    "draft",
+    "description",
+    "file",
+    "size",
+    "sources",
+    "kind",
+    "hf",
+    "pypi",
+    "repo",
+    "revision",
+    "sha256",
+    "wheels",
+    "package",
+    "version",
+    "member",
+    "mine",
+    "smollm2-135m",
+]
 scalars = st.one_of(
     st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
     st.booleans(),
@@ -68,9 +89,12 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.sampled_from(KEYS) | st.text(string.ascii_letters, min_size=1, max_size=5),
-                                            inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(KEYS) | st.text(string.ascii_letters, min_size=1, max_size=5), inner, max_size=4
+        ),
+    ),
     max_leaves=12,
 )
 
@@ -110,7 +134,7 @@ def test_catalog_from_random_documents(tmp_path, doc):
 def test_catalog_from_a_mangled_valid_file(tmp_path, edits):
     text = VALID
     for at, cut, insert in edits:
-        text = text[:at] + insert + text[at + cut:]
+        text = text[:at] + insert + text[at + cut :]
     check_catalog(tmp_path / "models.toml", text)
 
 
@@ -145,8 +169,13 @@ def check_prompt(read, data: bytes) -> None:
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=200), st.text(max_size=100).map(lambda s: s.encode("utf-8", "surrogatepass")),
-                      st.text(max_size=50).map(lambda s: ("\ufeff" + s).encode("utf-8", "surrogatepass"))))
+@given(
+    data=st.one_of(
+        st.binary(max_size=200),
+        st.text(max_size=100).map(lambda s: s.encode("utf-8", "surrogatepass")),
+        st.text(max_size=50).map(lambda s: ("\ufeff" + s).encode("utf-8", "surrogatepass")),
+    )
+)
 def test_prompt_reader_on_random_bytes_from_a_file_and_from_stdin(tmp_path, data):
     path = tmp_path / "prompt.txt"
     path.write_bytes(data)
@@ -204,8 +233,11 @@ def test_suffix_drafter_on_any_context_and_store(tmp_path, history, context, k):
 
 
 @FUZZ
-@given(context=st.one_of(contexts, st.lists(st.integers(0, 31), min_size=1, max_size=80)),
-       k=st.integers(1, 8), sampling=st.sampled_from(SAMPLING))
+@given(
+    context=st.one_of(contexts, st.lists(st.integers(0, 31), min_size=1, max_size=80)),
+    k=st.integers(1, 8),
+    sampling=st.sampled_from(SAMPLING),
+)
 def test_auto_drafter_with_a_fake_model_on_any_context(tmp_path, context, k, sampling):
     model = ModelDrafter(FakeBackend(hashed_logits, n_ctx=1024))
     drafter = AutoDrafter(SuffixDrafter(None), model)

@@ -51,10 +51,19 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     index). A copy, because setuptools packs whatever an earlier build left in build/ and *.egg-info/."""
     out = tmp_path_factory.mktemp("wheel")
     src = tmp_path_factory.mktemp("src") / "specdec"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
-                                                             "__pycache__", ".pytest_cache", ".hypothesis", "results"))
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
-                          capture_output=True, text=True, timeout=600)
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "results"
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0 and "No matching distribution found for setuptools" in proc.stderr:
         pytest.skip("setuptools cannot be had from the index here")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -78,9 +87,13 @@ def test_the_wheel_ships_the_installer_and_every_patch_it_applies(wheel):
 
 def test_make_runs_the_shipped_installer_as_a_script(tmp_path):
     assert "$(BIN)/python specdec_cli/llama_build/install.py" in (ROOT / "Makefile").read_text()
-    proc = subprocess.run([sys.executable, str(ROOT / "specdec_cli" / "llama_build" / "install.py"), "--dry-run"],
-                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "specdec_cli" / "llama_build" / "install.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"python={sys.executable}" in proc.stdout and "state=" in proc.stdout and "backend=" in proc.stdout
 
@@ -155,8 +168,9 @@ def test_a_missing_compiler_is_one_line_with_the_fix_and_bash_patch_tar_are_not_
     from specdec_cli.__main__ import main
 
     real = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name: None if name in ("bash", "patch", "tar", "c++", "g++",
-                                                                       "clang++") else real(name))
+    monkeypatch.setattr(
+        shutil, "which", lambda name: None if name in ("bash", "patch", "tar", "c++", "g++", "clang++") else real(name)
+    )
     assert main(["install-llama-cpp"]) == 8
     err = capfd.readouterr().err.strip().splitlines()[-1]
     assert "needs a C++ compiler (c++), not found on PATH" in err and "apt-get install build-essential" in err
@@ -204,13 +218,18 @@ def test_an_environment_is_done_only_while_it_still_loads_a_patched_build(tmp_pa
     env = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     python = str(env / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     fake = Path(site) / "llama_cpp"  # a binding whose library has (or lacks) specdec's symbol
     fake.mkdir()
     (fake / "__init__.py").write_text("from . import llama_cpp\n")
-    (fake / "llama_cpp.py").write_text("class _Lib:\n    pass\n_lib = _Lib()\n"
-                                       + ("_lib.llama_set_flash_attn = print\n" if patched else ""))
+    (fake / "llama_cpp.py").write_text(
+        "class _Lib:\n    pass\n_lib = _Lib()\n" + ("_lib.llama_set_flash_attn = print\n" if patched else "")
+    )
     plan = build.install_plan(python)
     (env / ".llama-cpp-python-wheel").write_text(plan.wheel_dir + "\n")  # as after an install from that wheel
     assert build.install_plan(python).state == ("installed" if patched else "build")

@@ -53,8 +53,9 @@ def test_nothing_outside_the_cli_imports_typer_or_rich():
         for imported, line in imports(tree, name, path.name == "__init__.py"):
             if imported.split(".")[0] in TERMINAL_LIBRARIES:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
-    assert offenders == [], "the library must not draw on a terminal; move this into specdec_cli/cli/:\n" + \
-        "\n".join(offenders)
+    assert offenders == [], "the library must not draw on a terminal; move this into specdec_cli/cli/:\n" + "\n".join(
+        offenders
+    )
 
 
 def test_nothing_outside_the_cli_imports_the_cli():
@@ -107,8 +108,10 @@ def upward_imports(mods: dict[str, tuple[Path, ast.AST]], layers: list[list[str]
         for line, target in sorted(hits):  # `from pkg import mod` names pkg and pkg.mod: report the module
             if not any(n == line and t.startswith(target + ".") for n, t in hits):
                 other = unit_of(target)
-                out.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} "
-                           f"({unit}: layer {rank[unit]} -> {other}: layer {rank.get(other)})")
+                out.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} "
+                    f"({unit}: layer {rank[unit]} -> {other}: layer {rank.get(other)})"
+                )
     return out
 
 
@@ -118,16 +121,21 @@ def test_imports_point_down_the_doc_layers():
     layers = doc_layers(ARCHITECTURE.read_text(encoding="utf-8"))
     assert [u for layer in layers for u in layer].count("core") == 1
     offenders = upward_imports(modules(), layers)
-    assert offenders == [], "imports that climb the layers of docs/architecture.md; move what both need into the lower one:\n" + \
-        "\n".join(offenders)
+    assert offenders == [], (
+        "imports that climb the layers of docs/architecture.md; move what both need into the lower one:\n"
+        + "\n".join(offenders)
+    )
 
 
 def test_the_layer_check_finds_an_upward_import():
     tree = ast.parse("def f():\n    from specdec_cli.session import Session\n")
-    mods = {"specdec_cli.core.engine": (PACKAGE / "core" / "engine.py", tree),
-            "specdec_cli.session": (PACKAGE / "session.py", ast.parse(""))}
+    mods = {
+        "specdec_cli.core.engine": (PACKAGE / "core" / "engine.py", tree),
+        "specdec_cli.session": (PACKAGE / "session.py", ast.parse("")),
+    }
     assert upward_imports(mods, [["session"], ["core"]]) == [
-        "specdec_cli/core/engine.py:2 imports specdec_cli.session (core: layer 1 -> session: layer 0)"]
+        "specdec_cli/core/engine.py:2 imports specdec_cli.session (core: layer 1 -> session: layer 0)"
+    ]
     assert upward_imports(mods, [["core"], ["session"]]) == []
 
 

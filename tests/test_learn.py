@@ -126,9 +126,11 @@ def _refusing_to_delete(mp: pytest.MonkeyPatch, names: set[str]) -> None:
     def refuse(real):
         def call(*paths, **kw):
             if any(Path(p).name in names for p in paths[:2]):
-                raise PermissionError(13, "The process cannot access the file because it is being used by another "
-                                          "process", str(paths[0]))
+                raise PermissionError(
+                    13, "The process cannot access the file because it is being used by another process", str(paths[0])
+                )
             return real(*paths, **kw)
+
         return call
 
     for fn in ("remove", "unlink", "replace", "rename"):
@@ -149,8 +151,9 @@ def test_learn_writes_a_new_generation_beside_one_a_reader_maps_where_it_cannot_
         assert second.written and mapped <= {p.name for p in second.directory.iterdir()}  # the old one stays
         fresh = store.Mapped(second.directory)
         assert fresh.generation != reader.generation
-        assert {Path(e.path).name: bytes(fresh.segment(e).astype(np.uint8)) for e in fresh.files}["mod1.py"] == \
-            b"def changed():\n    pass\n"
+        assert {Path(e.path).name: bytes(fresh.segment(e).astype(np.uint8)) for e in fresh.files}[
+            "mod1.py"
+        ] == b"def changed():\n    pass\n"
         for e in reader.files:  # the reader still reads its generation, mod1.py as it was
             assert bytes(reader.segment(e).astype(np.uint8)) == before[Path(e.path).name]
     del reader, fresh
@@ -231,8 +234,14 @@ def test_a_corrupt_index_is_set_aside_with_a_warning(tmp_path, damage):
 def write_corpus(name: str, docs: list[np.ndarray]) -> Path:
     d = store.tokenizer_dir(data_dir(), FP) / name
     with store.files.lock(store.lock_path(d), 5):
-        store.write(d, fingerprint=FP, name=name, roots=["/nowhere"], segments=docs,
-                    entries_=[(f"/nowhere/f{i}", 1, 1) for i in range(len(docs))])
+        store.write(
+            d,
+            fingerprint=FP,
+            name=name,
+            roots=["/nowhere"],
+            segments=docs,
+            entries_=[(f"/nowhere/f{i}", 1, 1) for i in range(len(docs))],
+        )
     return d
 
 
@@ -287,9 +296,21 @@ def write_version_1(name: str, docs: list[np.ndarray]) -> Path:
     tokens.astype(">i4").tofile(d / "tokens-0123456789ab.be32")
     suffix_array(tokens).astype(np.int32).tofile(d / "sa-0123456789ab.i32")
     files_ = [[f"/nowhere/f{i}", 1, 1, int(a), len(x)] for i, (a, x) in enumerate(zip(starts, docs, strict=False))]
-    (d / store.MANIFEST).write_text(json.dumps({
-        "format": "specdec-corpus", "version": 1, "fingerprint": FP, "name": name, "roots": ["/nowhere"],
-        "generation": "0123456789ab", "n_tokens": int(sum(len(x) for x in docs)), "updated": 0.0, "files": files_}))
+    (d / store.MANIFEST).write_text(
+        json.dumps(
+            {
+                "format": "specdec-corpus",
+                "version": 1,
+                "fingerprint": FP,
+                "name": name,
+                "roots": ["/nowhere"],
+                "generation": "0123456789ab",
+                "n_tokens": int(sum(len(x) for x in docs)),
+                "updated": 0.0,
+                "files": files_,
+            }
+        )
+    )
     return d
 
 
@@ -302,8 +323,10 @@ def test_a_version_1_index_is_read_then_rewritten_by_learn_without_tokenizing(tm
     shutil.rmtree(first.directory)
     d = write_version_1("proj", docs)
     meta = json.loads((d / store.MANIFEST).read_text())
-    meta["roots"], meta["files"] = [str(root.resolve())], [[p, s, m, f[3], f[4]]
-                                                          for (p, s, m), f in zip(entries, meta["files"], strict=False)]
+    meta["roots"], meta["files"] = (
+        [str(root.resolve())],
+        [[p, s, m, f[3], f[4]] for (p, s, m), f in zip(entries, meta["files"], strict=False)],
+    )
     (d / store.MANIFEST).write_text(json.dumps(meta))
     old = store.Mapped(d, FP)  # read as it is: 4-byte tokens
     assert old.version == 1 and [old.segment(e).tolist() for e in old.files] == [x.tolist() for x in docs]
@@ -345,8 +368,12 @@ def fake_corpus(tmp_path: Path, target: FakeBackend, tokens: list[int], name: st
 
 
 def plain_output(target, prompt, n):
-    return [t for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=n))
-            if isinstance(r, Step) for t in r.emitted]
+    return [
+        t
+        for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=n))
+        if isinstance(r, Step)
+        for t in r.emitted
+    ]
 
 
 def test_the_corpus_drafts_its_continuation_with_frequencies(tmp_path):
@@ -475,7 +502,7 @@ def test_the_stream_and_legend_give_the_corpus_its_colour():
     from specdec_cli.core.records import ACCEPTED
 
     assert segment_style(ACCEPTED, "corpus") == "spec.accepted.corpus" and "spec.accepted.corpus" in THEME.styles
-    spans = {str(legend("auto"))[s.start:s.end]: str(s.style) for s in legend("auto").spans}
+    spans = {str(legend("auto"))[s.start : s.end]: str(s.style) for s in legend("auto").spans}
     assert spans["corpus"] == "spec.accepted.corpus"
     assert "corpus" not in str(legend("predict"))
 
@@ -561,8 +588,9 @@ def test_run_drafts_from_the_corpus_and_corpus_off_or_a_bad_name_says_so(tmp_pat
     from specdec_cli.session import Session
 
     def open_session(options, *, method=None, need_draft=False, reporter=None):
-        return Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "t.gguf",
-                       options=options)
+        return Session(
+            target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "t.gguf", options=options
+        )
 
     monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", open_session)
     prompt = [5, 9, 3, 17, 4, 22, 8]
@@ -571,8 +599,7 @@ def test_run_drafts_from_the_corpus_and_corpus_off_or_a_bad_name_says_so(tmp_pat
     fake_corpus(tmp_path, FakeBackend(), prompt[-4:] + reply, name="repo")
 
     def run(*extra):
-        code = main(["run", str(tmp_path / "p.txt"), "--raw", "-n", "80", "--json", str(tmp_path / "r.json"),
-                     *extra])
+        code = main(["run", str(tmp_path / "p.txt"), "--raw", "-n", "80", "--json", str(tmp_path / "r.json"), *extra])
         out, err = capsys.readouterr()
         return code, err, json.loads((tmp_path / "r.json").read_text()) if code == 0 else None
 

@@ -40,8 +40,12 @@ def test_learn_then_auto_drafts_the_reply_from_the_corpus(smollm2_path, tmp_path
     from specdec_cli.session import open_session
     from specdec_cli.spec import Method, ModelOptions, SpecOptions
 
-    with open_session(ModelOptions(target=str(smollm2_path), ctx=1024, prompt_cache=False),
-                      method=Method.none) as session, Assembler(session) as assembler:
+    with (
+        open_session(
+            ModelOptions(target=str(smollm2_path), ctx=1024, prompt_cache=False), method=Method.none
+        ) as session,
+        Assembler(session) as assembler,
+    ):
         prompt = session.prompt_tokens(QUESTION)
         plain = generate(assembler.engine(SpecOptions(method="none")), prompt, GenerationConfig(max_tokens=96))
         # the project's code is what the reply reuses: here, the reply itself, in a file of the repository
@@ -62,10 +66,14 @@ def test_learn_then_auto_drafts_the_reply_from_the_corpus(smollm2_path, tmp_path
 
         # K fixed: which source drafts is auto's choice, but how far --k auto goes rests on wall-clock timings
         # (no verify curve in tests), which made this test pass alone and fail after another model load
-        off = generate(assembler.engine(SpecOptions(method="auto", corpus="off", k="8"), fresh=True), prompt,
-                       GenerationConfig(max_tokens=96))
-        on = generate(assembler.engine(SpecOptions(method="auto", k="8"), fresh=True), prompt,
-                      GenerationConfig(max_tokens=96))
+        off = generate(
+            assembler.engine(SpecOptions(method="auto", corpus="off", k="8"), fresh=True),
+            prompt,
+            GenerationConfig(max_tokens=96),
+        )
+        on = generate(
+            assembler.engine(SpecOptions(method="auto", k="8"), fresh=True), prompt, GenerationConfig(max_tokens=96)
+        )
     assert Source.corpus not in off.stats.by_source
     corpus = on.stats.by_source[Source.corpus]
     assert corpus["accepted"] >= 30, on.stats.by_source

@@ -14,15 +14,23 @@ def imports_of_tests(source: str) -> list[tuple[str, int]]:
     """(module, line) of every import of a test module (`test_*`) in `source`."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+            else []
+        )
         found += [(n, node.lineno) for n in names if n.split(".")[-1].startswith("test_")]
     return found
 
 
 def test_no_test_module_imports_another():
-    bad = [f"{path.relative_to(TESTS)}:{line} imports {name}" for path in sorted(TESTS.rglob("*.py"))
-           for name, line in imports_of_tests(path.read_text(encoding="utf-8"))]
+    bad = [
+        f"{path.relative_to(TESTS)}:{line} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for name, line in imports_of_tests(path.read_text(encoding="utf-8"))
+    ]
     assert not bad, "move what is shared into tests/fakes.py or tests/helpers.py:\n" + "\n".join(bad)
 
 

@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
             # A storage failure no command turned into a domain error: still one line that says where and what.
             where = f" ({e.filename})" if e.filename else ""
-            _print_error(f"{e.strerror or e}{where}. Check free space and permissions there; SPECDEC_HOME and "
-                         "SPECDEC_CACHE move specdec's own files.")
+            _print_error(
+                f"{e.strerror or e}{where}. Check free space and permissions there; SPECDEC_HOME and "
+                "SPECDEC_CACHE move specdec's own files."
+            )
             return 1
         # Typer's own usage errors (bad option values) carry an exit code and know how to show themselves.
         show = getattr(e, "show", None)

@@ -28,29 +28,55 @@ app = typer.Typer(
 )
 
 
-def _model_options(target: str | None, draft: str | None, ctx: int, threads: int | None, gpu_layers: int,
-                   verbose: bool, no_prompt_cache: bool = False) -> ModelOptions:
+def _model_options(
+    target: str | None,
+    draft: str | None,
+    ctx: int,
+    threads: int | None,
+    gpu_layers: int,
+    verbose: bool,
+    no_prompt_cache: bool = False,
+) -> ModelOptions:
     """The one place the model options every command shares (--target, --draft, --ctx, --threads, --gpu-layers,
     --verbose, and --no-prompt-cache where the command has it) become `ModelOptions`."""
-    return ModelOptions(target=target, draft=draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
-                        prompt_cache=not no_prompt_cache)
+    return ModelOptions(
+        target=target,
+        draft=draft,
+        ctx=ctx,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        verbose=verbose,
+        prompt_cache=not no_prompt_cache,
+    )
 
 
 def _spec_options(method: Method, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
     """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once. A --k left
     out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
     Raises UsageError for a bad --k (exit 2)."""
-    return SpecOptions(method=method, k=K(k or "auto"), k_given=k is not None, ngram_min=ngram_min,
-                       ngram_max=ngram_max, corpus=corpus or "auto")
+    return SpecOptions(
+        method=method,
+        k=K(k or "auto"),
+        k_given=k is not None,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
+        corpus=corpus or "auto",
+    )
 
 
-def _generation_config(max_tokens: int, stop: list[str] | None = None, grammar=None, logprobs: int | None = None,
-                       **sampling) -> GenerationConfig:
+def _generation_config(
+    max_tokens: int, stop: list[str] | None = None, grammar=None, logprobs: int | None = None, **sampling
+) -> GenerationConfig:
     """--max-tokens, --stop, the grammar the structured-output options ask for (`o.grammar_option`), --logprobs and
     the sampling options (`SamplingParams`' fields; those a command lacks keep their defaults) as the
     `GenerationConfig` a command generates with."""
-    return GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()), sampling=SamplingParams(**sampling),
-                            grammar=grammar, logprobs=logprobs)
+    return GenerationConfig(
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        sampling=SamplingParams(**sampling),
+        grammar=grammar,
+        logprobs=logprobs,
+    )
 
 
 def _version(value: bool) -> None:
@@ -80,7 +106,7 @@ RUN_EXAMPLES = """
   specdec run invoice.txt --json-schema invoice.schema.json   [dim]# JSON valid against the schema; keys drafted free[/dim]
   specdec run q.txt --json-object --json r.json --logprobs 5  [dim]# any JSON object; logprobs in r.json[/dim]
   specdec run q.txt --grammar answer.lark             [dim]# a Lark or GBNF grammar[/dim]
-"""
+"""  # noqa: E501  (the [dim] markup is not printed: the lines people see fit)
 
 
 @app.command(epilog=RUN_EXAMPLES)
@@ -110,9 +136,13 @@ def run(
     clean: o.Clean = False,
     json_out: o.JsonOut = None,
     compare: o.Compare = 0,
-    strict: bool = typer.Option(False, "--strict", help="Implies --compare. Exit with code 7 when the greedy "
-                                "output leaves plain decoding at a token that is not a numerical near-tie.",
-                                rich_help_panel=o.OUTPUT),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Implies --compare. Exit with code 7 when the greedy "
+        "output leaves plain decoding at a token that is not a numerical near-tie.",
+        rich_help_panel=o.OUTPUT,
+    ),
     idle_baseline: o.IdleBaseline = False,
     logprobs: o.Logprobs = None,
     json_object: o.JsonObject = False,
@@ -133,8 +163,9 @@ def run(
     if predict == "-" and prompt_file == "-":
         raise typer.BadParameter("the prompt and the prediction cannot both come from stdin", param_hint="--predict")
     if logprobs is not None and not json_out:
-        raise typer.BadParameter("log-probabilities are written to the --json output; add --json PATH",
-                                 param_hint="--logprobs")
+        raise typer.BadParameter(
+            "log-probabilities are written to the --json output; add --json PATH", param_hint="--logprobs"
+        )
     constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     text = read_prompt(prompt_file)
     prediction = read_prediction(predict) if predict is not None else None
@@ -142,10 +173,25 @@ def run(
         text,
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        config=_generation_config(max_tokens, stop, constrained, logprobs, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, min_p=min_p, seed=seed),
-        output=OutputOptions(plain=plain, clean=clean, json_path=json_out, compare=compare or (o.COMPARE_PAIRS if strict else 0),
-                             strict=strict, idle_baseline=idle_baseline),
+        config=_generation_config(
+            max_tokens,
+            stop,
+            constrained,
+            logprobs,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+        ),
+        output=OutputOptions(
+            plain=plain,
+            clean=clean,
+            json_path=json_out,
+            compare=compare or (o.COMPARE_PAIRS if strict else 0),
+            strict=strict,
+            idle_baseline=idle_baseline,
+        ),
         raw=raw,
         system=system,
         prediction=prediction,
@@ -212,8 +258,9 @@ def chat(
     code = execute(
         models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        config=_generation_config(max_tokens, stop, constrained, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  min_p=min_p, seed=seed),
+        config=_generation_config(
+            max_tokens, stop, constrained, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed
+        ),
         system=system,
         plain=plain,
         clean=clean,
@@ -252,11 +299,23 @@ def tune(
     target: o.Target = None,
     draft: o.DraftModel = None,
     method: o.MethodOpt = Method.auto,
-    k: str = typer.Option("1,2,4,8,16", "--k", "-k", help="Fixed K values to measure: a list (2,4,8) and ranges "
-                          "(4..16 = 4, 6, 8, 12, 16), or 'auto' for none. Plain decoding and auto always run.",
-                          rich_help_panel=o.SPEC),
-    repeats: int = typer.Option(1, "--repeats", "-r", min=1, max=100, help="Runs of every configuration on every "
-                                "prompt; tok/s is their median.", rich_help_panel=o.SPEC),
+    k: str = typer.Option(
+        "1,2,4,8,16",
+        "--k",
+        "-k",
+        help="Fixed K values to measure: a list (2,4,8) and ranges "
+        "(4..16 = 4, 6, 8, 12, 16), or 'auto' for none. Plain decoding and auto always run.",
+        rich_help_panel=o.SPEC,
+    ),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        "-r",
+        min=1,
+        max=100,
+        help="Runs of every configuration on every prompt; tok/s is their median.",
+        rich_help_panel=o.SPEC,
+    ),
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 128,
@@ -265,13 +324,26 @@ def tune(
     ctx: o.Ctx = 4096,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = -1,
-    json_out: str = typer.Option(None, "--json", help="Write every run's measurements and the machine description "
-                                 "as JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
-    save: bool = typer.Option(False, "--save", help="Save the best setting for this model pair, method and machine "
-                              "(config dir/tuned.json); `specdec run` uses it when --k is not given.",
-                              rich_help_panel=o.OUTPUT),
-    plot: str = typer.Option(None, "--plot", help="Draw this machine's measured verify curve to PATH (.png or .svg; "
-                             "needs pip install 'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
+    json_out: str = typer.Option(
+        None,
+        "--json",
+        help="Write every run's measurements and the machine description as JSON to PATH ('-' = stdout).",
+        rich_help_panel=o.OUTPUT,
+    ),
+    save: bool = typer.Option(
+        False,
+        "--save",
+        help="Save the best setting for this model pair, method and machine "
+        "(config dir/tuned.json); `specdec run` uses it when --k is not given.",
+        rich_help_panel=o.OUTPUT,
+    ),
+    plot: str = typer.Option(
+        None,
+        "--plot",
+        help="Draw this machine's measured verify curve to PATH (.png or .svg; "
+        "needs pip install 'specdec-cli\\[plot]').",
+        rich_help_panel=o.OUTPUT,
+    ),
     verbose: o.Verbose = False,
 ) -> None:
     """Measure decoding speed by K on this machine, and save the best setting (help: TUNE_HELP)."""
@@ -318,11 +390,23 @@ def check(
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 256,
     stop: o.Stop = None,
-    temperature: float = typer.Option(0.0, "--temperature", "--temp", min=0.0, help="Must be 0: the check is "
-                                      "greedy (sampling is checked statistically).", rich_help_panel=o.SAMPLING),
-    threshold: float = typer.Option(NEAR_TIE_THRESHOLD, "--threshold", min=0.0, help="Near-tie threshold in "
-                                    "logits: a token that is not the target's batch-1 argmax by less than this is "
-                                    "a numerical near-tie, by more a divergence.", rich_help_panel=o.SPEC),
+    temperature: float = typer.Option(
+        0.0,
+        "--temperature",
+        "--temp",
+        min=0.0,
+        help="Must be 0: the check is greedy (sampling is checked statistically).",
+        rich_help_panel=o.SAMPLING,
+    ),
+    threshold: float = typer.Option(
+        NEAR_TIE_THRESHOLD,
+        "--threshold",
+        min=0.0,
+        help="Near-tie threshold in "
+        "logits: a token that is not the target's batch-1 argmax by less than this is "
+        "a numerical near-tie, by more a divergence.",
+        rich_help_panel=o.SPEC,
+    ),
     system: o.System = None,
     raw: o.Raw = False,
     ctx: o.Ctx = 4096,
@@ -349,8 +433,9 @@ def check(
     from specdec_cli.cli.commands.check import execute, refuse_sampling
     from specdec_cli.cli.inputs import read_prompt
 
-    config = _generation_config(max_tokens, stop, o.grammar_option(json_object, json_schema, grammar, json_layout),
-                                temperature=temperature)
+    config = _generation_config(
+        max_tokens, stop, o.grammar_option(json_object, json_schema, grammar, json_layout), temperature=temperature
+    )
     refuse_sampling(config)  # before reading stdin or loading models
     code = execute(
         read_prompt(prompt_file),
@@ -406,38 +491,82 @@ def bench(
     prompts: o.PromptDir = None,
     target: o.Target = None,
     draft: o.DraftModel = None,
-    methods: str = typer.Option("none,auto,ngram,suffix,draft", "--methods", help="Our methods to measure, "
-                                "comma-separated (none always runs: it is the baseline).", rich_help_panel=o.SPEC),
-    no_peer: bool = typer.Option(False, "--no-peer", help="Skip llama-cpp-python's prompt lookup decoding.",
-                                 rich_help_panel=o.SPEC),
-    llama_cpp: str = typer.Option(None, "--llama-cpp", help="Also run native llama.cpp on the same prompts: DIR holds "
-                                  "llama-completion and llama-speculative-simple (plain, and --spec-type ngram-simple).",
-                                  rich_help_panel=o.SPEC),
+    methods: str = typer.Option(
+        "none,auto,ngram,suffix,draft",
+        "--methods",
+        help="Our methods to measure, comma-separated (none always runs: it is the baseline).",
+        rich_help_panel=o.SPEC,
+    ),
+    no_peer: bool = typer.Option(
+        False, "--no-peer", help="Skip llama-cpp-python's prompt lookup decoding.", rich_help_panel=o.SPEC
+    ),
+    llama_cpp: str = typer.Option(
+        None,
+        "--llama-cpp",
+        help="Also run native llama.cpp on the same prompts: DIR holds "
+        "llama-completion and llama-speculative-simple (plain, and --spec-type ngram-simple).",
+        rich_help_panel=o.SPEC,
+    ),
     k: o.KAuto = "auto",
-    repeats: int = typer.Option(1, "--repeats", "-r", min=1, max=100, help="Timed runs of every configuration on "
-                                "every prompt; tok/s is their median.", rich_help_panel=o.SPEC),
-    all_builtin: bool = typer.Option(False, "--all-builtin", help="Without prompt files: every built-in prompt, "
-                                     "not one per class."),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        "-r",
+        min=1,
+        max=100,
+        help="Timed runs of every configuration on every prompt; tok/s is their median.",
+        rich_help_panel=o.SPEC,
+    ),
+    all_builtin: bool = typer.Option(
+        False, "--all-builtin", help="Without prompt files: every built-in prompt, not one per class."
+    ),
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 96,
     ctx: o.Ctx = 4096,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = -1,
-    json_out: str = typer.Option(None, "--json", help="Write every raw measurement and the machine description as "
-                                 "JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT),
-    plot: str = typer.Option(None, "--plot", help="Write a chart of the speedup by method and prompt class to PATH "
-                             "(.png or .svg; needs pip install 'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
-    markdown: bool = typer.Option(False, "--markdown", help="Print the results as a Markdown table (one row per "
-                                  "configuration) to stdout; the report goes to stderr.", rich_help_panel=o.OUTPUT),
-    from_json: str = typer.Option(None, "--from-json", help="Measure nothing: report a run saved with --json "
-                                  "(with --markdown and --plot).", rich_help_panel=o.OUTPUT),
-    workload: str = typer.Option("default", "--workload", "-w", help="What to measure: default, plain, auto, verify "
-                                 "(presets of --methods, prompts and --native), predict, suffix or edits (sittings of "
-                                 "their own; they take -n, --repeats, --k and --llama-cpp).", rich_help_panel=o.SPEC),
-    native: str = typer.Option(None, "--native", help="With --llama-cpp: the native configurations, comma-separated: "
-                               "plain and llama-speculative-simple --spec-type names (default: plain,ngram-simple).",
-                               rich_help_panel=o.SPEC),
+    json_out: str = typer.Option(
+        None,
+        "--json",
+        help="Write every raw measurement and the machine description as JSON to PATH ('-' = stdout).",
+        rich_help_panel=o.OUTPUT,
+    ),
+    plot: str = typer.Option(
+        None,
+        "--plot",
+        help="Write a chart of the speedup by method and prompt class to PATH "
+        "(.png or .svg; needs pip install 'specdec-cli\\[plot]').",
+        rich_help_panel=o.OUTPUT,
+    ),
+    markdown: bool = typer.Option(
+        False,
+        "--markdown",
+        help="Print the results as a Markdown table (one row per configuration) to stdout; the report goes to stderr.",
+        rich_help_panel=o.OUTPUT,
+    ),
+    from_json: str = typer.Option(
+        None,
+        "--from-json",
+        help="Measure nothing: report a run saved with --json (with --markdown and --plot).",
+        rich_help_panel=o.OUTPUT,
+    ),
+    workload: str = typer.Option(
+        "default",
+        "--workload",
+        "-w",
+        help="What to measure: default, plain, auto, verify "
+        "(presets of --methods, prompts and --native), predict, suffix or edits (sittings of "
+        "their own; they take -n, --repeats, --k and --llama-cpp).",
+        rich_help_panel=o.SPEC,
+    ),
+    native: str = typer.Option(
+        None,
+        "--native",
+        help="With --llama-cpp: the native configurations, comma-separated: "
+        "plain and llama-speculative-simple --spec-type names (default: plain,ngram-simple).",
+        rich_help_panel=o.SPEC,
+    ),
     verbose: o.Verbose = False,
 ) -> None:
     """Benchmark every drafting method and llama-cpp-python's prompt lookup (help: BENCH_HELP)."""
@@ -451,10 +580,20 @@ def bench(
     if preset is not None:  # a preset's methods and peers; its prompts unless prompt files are given
         methods, no_peer = preset.methods, no_peer or not preset.peer
     no_peer = no_peer or workload in OWN  # a sitting of its own names its configurations itself
-    options = BenchOptions(methods=parse_methods(methods), peer=not no_peer, k=k, ngram_min=ngram_min,
-                           ngram_max=ngram_max, max_tokens=max_tokens, repeats=repeats, llama_cpp=llama_cpp,
-                           native=parse_native(native) if native else (preset.native if preset else NATIVE),
-                           json_path=json_out, plot_path=plot, markdown=markdown)
+    options = BenchOptions(
+        methods=parse_methods(methods),
+        peer=not no_peer,
+        k=k,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        llama_cpp=llama_cpp,
+        native=parse_native(native) if native else (preset.native if preset else NATIVE),
+        json_path=json_out,
+        plot_path=plot,
+        markdown=markdown,
+    )
     models = _model_options(target, draft, ctx, threads, gpu_layers, verbose)
     if from_json:
         code = B.from_json(from_json, options=options)
@@ -483,22 +622,35 @@ DOCTOR_EXAMPLES = """
   specdec doctor --measure --plot curve.png [dim]# measure the verify curve and flash attention now, draw the curve[/dim]
   SPECDEC_AMX=off specdec run p.txt     [dim]# force the safe (slower) load path[/dim]
   SPECDEC_FLASH_ATTN=on specdec serve   [dim]# flash attention on, whatever was measured[/dim]
-"""
+"""  # noqa: E501  (the [dim] markup is not printed: the lines people see fit)
 
 
 @app.command(epilog=DOCTOR_EXAMPLES)
 def doctor(
-    json_out: str = typer.Option(None, "--json", help="Write the report as JSON to PATH ('-' = stdout).",
-                                 rich_help_panel=o.OUTPUT),
-    probe: bool = typer.Option(False, "--probe", help="If this llama.cpp has AMX kernels and they were never tried "
-                               "on this CPU, try them now in a child process (a few seconds)."),
-    measure: bool = typer.Option(False, "--measure", help="Measure the verify curve (ms of one target pass by batch "
-                                 "size) of the default model now, and time flash attention on, off and phased (where "
-                                 "this build can switch it) at 2,048 tokens of context; keep both (about two minutes; "
-                                 "otherwise the first run measures the curve, and flash attention is phased where the "
-                                 "build can switch it on a CPU, else llama.cpp's default)."),
-    plot: str = typer.Option(None, "--plot", help="Draw the verify curves to PATH (.png or .svg; needs pip install "
-                             "'specdec-cli\\[plot]').", rich_help_panel=o.OUTPUT),
+    json_out: str = typer.Option(
+        None, "--json", help="Write the report as JSON to PATH ('-' = stdout).", rich_help_panel=o.OUTPUT
+    ),
+    probe: bool = typer.Option(
+        False,
+        "--probe",
+        help="If this llama.cpp has AMX kernels and they were never tried "
+        "on this CPU, try them now in a child process (a few seconds).",
+    ),
+    measure: bool = typer.Option(
+        False,
+        "--measure",
+        help="Measure the verify curve (ms of one target pass by batch "
+        "size) of the default model now, and time flash attention on, off and phased (where "
+        "this build can switch it) at 2,048 tokens of context; keep both (about two minutes; "
+        "otherwise the first run measures the curve, and flash attention is phased where the "
+        "build can switch it on a CPU, else llama.cpp's default).",
+    ),
+    plot: str = typer.Option(
+        None,
+        "--plot",
+        help="Draw the verify curves to PATH (.png or .svg; needs pip install 'specdec-cli\\[plot]').",
+        rich_help_panel=o.OUTPUT,
+    ),
     target: o.Target = None,
     gpu_layers: o.GpuLayers = -1,
 ) -> None:
@@ -539,13 +691,22 @@ INSTALL_LLAMA_CPP_EXAMPLES = """
 
 @app.command("install-llama-cpp", epilog=INSTALL_LLAMA_CPP_EXAMPLES)
 def install_llama_cpp(
-    amx: str = typer.Option("auto", "--amx", help="x86 CPUs with AMX: auto = build the AMX kernels with the patch "
-                            "that makes them run; off = compile AMX out. Elsewhere nothing changes."),
-    backend: str = typer.Option("auto", "--backend", help="llama.cpp's backend: auto (Metal on macOS on Apple "
-                                "Silicon, llama-cpp-python's default there; CUDA where nvcc is found and nvidia-smi "
-                                "lists a GPU; else the CPU), cpu, metal, cuda or vulkan."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say which backend and why, what would be done and what it "
-                                 "costs; change nothing."),
+    amx: str = typer.Option(
+        "auto",
+        "--amx",
+        help="x86 CPUs with AMX: auto = build the AMX kernels with the patch "
+        "that makes them run; off = compile AMX out. Elsewhere nothing changes.",
+    ),
+    backend: str = typer.Option(
+        "auto",
+        "--backend",
+        help="llama.cpp's backend: auto (Metal on macOS on Apple "
+        "Silicon, llama-cpp-python's default there; CUDA where nvcc is found and nvidia-smi "
+        "lists a GPU; else the CPU), cpu, metal, cuda or vulkan.",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Say which backend and why, what would be done and what it costs; change nothing."
+    ),
 ) -> None:
     """Build specdec's patched llama-cpp-python for this machine and install it into the Python specdec runs on.
 
@@ -588,18 +749,29 @@ LEARN_EXAMPLES = """
 def learn(
     paths: list[Path] = typer.Argument(None, help="Folders and files to learn.", show_default=False),
     target: o.Target = None,
-    name: str = typer.Option(None, "--name", help="The corpus's name (default: the git work tree's or the "
-                             "folder's name)."),
-    include: list[str] = typer.Option(None, "--include", help="Only files matching this glob (repeatable; "
-                                      "matched against the path relative to the folder, or the file name)."),
+    name: str = typer.Option(
+        None, "--name", help="The corpus's name (default: the git work tree's or the folder's name)."
+    ),
+    include: list[str] = typer.Option(
+        None,
+        "--include",
+        help="Only files matching this glob (repeatable; "
+        "matched against the path relative to the folder, or the file name).",
+    ),
     exclude: list[str] = typer.Option(None, "--exclude", help="Leave out files matching this glob (repeatable)."),
-    max_tokens: int = typer.Option(20_000_000, "--max-tokens", min=1, help="Size cap of the corpus, in tokens "
-                                   "(7 bytes on disk each); files past it are skipped and counted."),
-    max_file_bytes: int = typer.Option(1_000_000, "--max-file-bytes", min=1, help="Files larger than this are "
-                                       "skipped as huge."),
+    max_tokens: int = typer.Option(
+        20_000_000,
+        "--max-tokens",
+        min=1,
+        help="Size cap of the corpus, in tokens (7 bytes on disk each); files past it are skipped and counted.",
+    ),
+    max_file_bytes: int = typer.Option(
+        1_000_000, "--max-file-bytes", min=1, help="Files larger than this are skipped as huge."
+    ),
     list_: bool = typer.Option(False, "--list", help="List the corpora learnt: files, tokens, size, roots."),
-    forget: str = typer.Option(None, "--forget", metavar="PATH|NAME", help="Forget the files learnt under PATH, "
-                               "or the whole corpus NAME."),
+    forget: str = typer.Option(
+        None, "--forget", metavar="PATH|NAME", help="Forget the files learnt under PATH, or the whole corpus NAME."
+    ),
 ) -> None:
     """Learn your code and documents once, so --method auto drafts from them before you ever paste them.
 
@@ -611,8 +783,17 @@ def learn(
     """
     from specdec_cli.cli.commands.learn import execute
 
-    code = execute(paths or [], target=target, name=name, include=include or (), exclude=exclude or (),
-                   max_tokens=max_tokens, max_file_bytes=max_file_bytes, list_=list_, forget=forget)
+    code = execute(
+        paths or [],
+        target=target,
+        name=name,
+        include=include or (),
+        exclude=exclude or (),
+        max_tokens=max_tokens,
+        max_file_bytes=max_file_bytes,
+        list_=list_,
+        forget=forget,
+    )
     if code:
         raise typer.Exit(code)
 
@@ -634,8 +815,6 @@ SERVE_EXAMPLES = """
 """
 
 
-
-
 @app.command(epilog=SERVE_EXAMPLES)
 def serve(
     target: o.Target = None,
@@ -645,66 +824,152 @@ def serve(
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     corpus: o.CorpusOpt = "auto",
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
-                             "then give a key, or --insecure-no-api-key).", rich_help_panel="Server"),
-    port: int = typer.Option(8000, "--port", "-p", min=0, max=65535, help="TCP port (0 = a free one; the URL "
-                             "actually bound is printed).", rich_help_panel="Server"),
-    api_key: str = typer.Option(None, "--api-key", help="Require `Authorization: Bearer KEY` (or `x-api-key`) on "
-                                "/v1 routes (401 otherwise). Other users of this machine can read a command line: "
-                                "prefer --api-key-file or SPECDEC_SERVE_KEY.", rich_help_panel="Server"),
-    api_key_file: Path = typer.Option(None, "--api-key-file", help="Read the key from this file; one key per line "
-                                      "(one per client: each key's conversations are cached apart).",
-                                      rich_help_panel="Server"),
-    insecure_no_api_key: bool = typer.Option(False, "--insecure-no-api-key", help="Serve a --host other than "
-                                             "loopback without a key: anyone who reaches the port uses the model.",
-                                             rich_help_panel="Server"),
-    allowed_host: list[str] = typer.Option([], "--allowed-host", help="Also answer requests for this Host name "
-                                           "(repeatable; * = any). A loopback server answers only localhost, "
-                                           "127.0.0.1 and [::1] otherwise: web pages cannot reach it by DNS "
-                                           "rebinding.", rich_help_panel="Server"),
-    cors_origin: list[str] = typer.Option([], "--cors-origin", help="Let browser pages of this origin use the "
-                                          "server (repeatable; e.g. http://localhost:*; * = any). None by default: "
-                                          "a request with an Origin header gets 403.", rich_help_panel="Server"),
-    timeout: float = typer.Option(1800, "--timeout", min=1, help="Seconds one request may hold the model (its "
-                                  "prefill and reply) before it is stopped with 408.", rich_help_panel="Server"),
-    max_connections: int = typer.Option(128, "--max-connections", min=1, max=100_000, help="Open connections at "
-                                        "once; beyond: 503.", rich_help_panel="Server"),
-    save_interval: float = typer.Option(300, "--save-interval", min=1, help="Save what was learnt (the suffix "
-                                        "store, --k auto) this many seconds after the last save once a request was "
-                                        "served (between two requests, or at once when idle), and after every 16 "
-                                        "requests.", rich_help_panel="Server"),
-    queue: int = typer.Option(16, "--queue", min=0, max=100_000, help="Requests that may wait while every lane "
-                              "is busy (interactive ones first, then in arrival order); beyond it: 429.",
-                              rich_help_panel="Server"),
-    parallel: int = typer.Option(o.SERVE_PARALLEL, "--parallel", "-np", min=1, max=64, help="Requests generated at "
-                                 "once (slots, llama-server's -np): an editor's completions while an agent works. "
-                                 "One loop serves them all: each step it plans every slot's verify rows and prompt "
-                                 "chunks (interactive requests first) and evaluates them in one llama_decode call "
-                                 "(with the default KV stream per slot, slots of unequal rows get a call each); each "
-                                 "slot has its own --ctx of KV cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 "
-                                 "= 3.7 GB, allocated at start; /health and the start-up line say how much). 1: one "
-                                 "at a time.",
-                                 rich_help_panel="Server"),
-    kv_unified: bool = typer.Option(False, "--kv-unified/--kv-per-lane", help="With --parallel: a KV stream per "
-                                    "lane (each lane's rows attend to its own tokens only; no second draft "
-                                    "branches), or one KV pool for every lane (llama-server's -kvu: every pass "
-                                    "attends over all lanes' cells, slower here once lanes hold long prompts; a "
-                                    "lone lane keeps its second branch).", rich_help_panel="Server"),
-    learn: list[Path] = typer.Option(None, "--learn", metavar="PATH", help="Learn PATH (as specdec learn does: "
-                                     "only what changed) in the background at start-up; requests are served "
-                                     "meanwhile, and drafted from it once it is learnt. Repeatable.",
-                                     rich_help_panel=o.SPEC),
-    max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1, max=1 << 20, help="Tokens per reply when "
-                                   "a request sets no max_tokens (never more than the context). [default: 4096]",
-                                   rich_help_panel=o.SAMPLING),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Address to listen on (0.0.0.0: every interface; then give a key, or --insecure-no-api-key).",
+        rich_help_panel="Server",
+    ),
+    port: int = typer.Option(
+        8000,
+        "--port",
+        "-p",
+        min=0,
+        max=65535,
+        help="TCP port (0 = a free one; the URL actually bound is printed).",
+        rich_help_panel="Server",
+    ),
+    api_key: str = typer.Option(
+        None,
+        "--api-key",
+        help="Require `Authorization: Bearer KEY` (or `x-api-key`) on "
+        "/v1 routes (401 otherwise). Other users of this machine can read a command line: "
+        "prefer --api-key-file or SPECDEC_SERVE_KEY.",
+        rich_help_panel="Server",
+    ),
+    api_key_file: Path = typer.Option(
+        None,
+        "--api-key-file",
+        help="Read the key from this file; one key per line "
+        "(one per client: each key's conversations are cached apart).",
+        rich_help_panel="Server",
+    ),
+    insecure_no_api_key: bool = typer.Option(
+        False,
+        "--insecure-no-api-key",
+        help="Serve a --host other than loopback without a key: anyone who reaches the port uses the model.",
+        rich_help_panel="Server",
+    ),
+    allowed_host: list[str] = typer.Option(
+        [],
+        "--allowed-host",
+        help="Also answer requests for this Host name "
+        "(repeatable; * = any). A loopback server answers only localhost, "
+        "127.0.0.1 and [::1] otherwise: web pages cannot reach it by DNS "
+        "rebinding.",
+        rich_help_panel="Server",
+    ),
+    cors_origin: list[str] = typer.Option(
+        [],
+        "--cors-origin",
+        help="Let browser pages of this origin use the "
+        "server (repeatable; e.g. http://localhost:*; * = any). None by default: "
+        "a request with an Origin header gets 403.",
+        rich_help_panel="Server",
+    ),
+    timeout: float = typer.Option(
+        1800,
+        "--timeout",
+        min=1,
+        help="Seconds one request may hold the model (its prefill and reply) before it is stopped with 408.",
+        rich_help_panel="Server",
+    ),
+    max_connections: int = typer.Option(
+        128,
+        "--max-connections",
+        min=1,
+        max=100_000,
+        help="Open connections at once; beyond: 503.",
+        rich_help_panel="Server",
+    ),
+    save_interval: float = typer.Option(
+        300,
+        "--save-interval",
+        min=1,
+        help="Save what was learnt (the suffix "
+        "store, --k auto) this many seconds after the last save once a request was "
+        "served (between two requests, or at once when idle), and after every 16 "
+        "requests.",
+        rich_help_panel="Server",
+    ),
+    queue: int = typer.Option(
+        16,
+        "--queue",
+        min=0,
+        max=100_000,
+        help="Requests that may wait while every lane "
+        "is busy (interactive ones first, then in arrival order); beyond it: 429.",
+        rich_help_panel="Server",
+    ),
+    parallel: int = typer.Option(
+        o.SERVE_PARALLEL,
+        "--parallel",
+        "-np",
+        min=1,
+        max=64,
+        help="Requests generated at "
+        "once (slots, llama-server's -np): an editor's completions while an agent works. "
+        "One loop serves them all: each step it plans every slot's verify rows and prompt "
+        "chunks (interactive requests first) and evaluates them in one llama_decode call "
+        "(with the default KV stream per slot, slots of unequal rows get a call each); each "
+        "slot has its own --ctx of KV cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 "
+        "= 3.7 GB, allocated at start; /health and the start-up line say how much). 1: one "
+        "at a time.",
+        rich_help_panel="Server",
+    ),
+    kv_unified: bool = typer.Option(
+        False,
+        "--kv-unified/--kv-per-lane",
+        help="With --parallel: a KV stream per "
+        "lane (each lane's rows attend to its own tokens only; no second draft "
+        "branches), or one KV pool for every lane (llama-server's -kvu: every pass "
+        "attends over all lanes' cells, slower here once lanes hold long prompts; a "
+        "lone lane keeps its second branch).",
+        rich_help_panel="Server",
+    ),
+    learn: list[Path] = typer.Option(
+        None,
+        "--learn",
+        metavar="PATH",
+        help="Learn PATH (as specdec learn does: "
+        "only what changed) in the background at start-up; requests are served "
+        "meanwhile, and drafted from it once it is learnt. Repeatable.",
+        rich_help_panel=o.SPEC,
+    ),
+    max_tokens: int = typer.Option(
+        None,
+        "--max-tokens",
+        "-n",
+        min=1,
+        max=1 << 20,
+        help="Tokens per reply when a request sets no max_tokens (never more than the context). [default: 4096]",
+        rich_help_panel=o.SAMPLING,
+    ),
     temperature: o.Temperature = None,
     top_k: o.TopK = None,
     top_p: o.TopP = None,
     min_p: o.MinP = None,
     seed: o.Seed = None,
-    ctx: int = typer.Option(o.SERVE_CTX, "--ctx", min=64, max=1 << 20, help="Context window in tokens: coding "
-                            "agents' prompts (Claude Code, Codex) are 6k-25k tokens; the KV cache takes ~28 KB a "
-                            "token for Qwen2.5-Coder-1.5B (0.9 GB at 32768).", rich_help_panel=o.MODELS),
+    ctx: int = typer.Option(
+        o.SERVE_CTX,
+        "--ctx",
+        min=64,
+        max=1 << 20,
+        help="Context window in tokens: coding "
+        "agents' prompts (Claude Code, Codex) are 6k-25k tokens; the KV cache takes ~28 KB a "
+        "token for Qwen2.5-Coder-1.5B (0.9 GB at 32768).",
+        rich_help_panel=o.MODELS,
+    ),
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = -1,
     verbose: o.Verbose = False,
@@ -719,7 +984,8 @@ def serve(
     whose KV cache shares the longest prefix with it, so a resent conversation evaluates only its new tokens (a long one
     is parked in memory while a side request runs, and swapped back for its next turn); the suffix
     store and --k auto learn across requests and are saved as it serves (every 16 requests or --save-interval
-    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses carry OpenAI's usage and a `specdec` field with the speculation statistics;
+    seconds) and when it stops (Ctrl-C or SIGTERM: the current step or prompt chunk finishes, exit 0). Responses
+    carry OpenAI's usage and a `specdec` field with the speculation statistics;
     the `prediction` field (predicted outputs) is accepted. A request that leaves sampling out gets what its API
     documents (OpenAI's and Anthropic's temperature 1) unless a sampling option is given here: then that value. A
     reply without max_tokens stops at --max-tokens (4096 unless given), and none is longer than --max-tokens when it
@@ -735,18 +1001,27 @@ def serve(
     from specdec_cli.server.request import Defaults
 
     code = execute(
-        models=replace(_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-                       lanes=parallel, kv_unified=kv_unified),
+        models=replace(
+            _model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
+            lanes=parallel,
+            kv_unified=kv_unified,
+        ),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        defaults=Defaults(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                          max_tokens=max_tokens),
+        defaults=Defaults(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens
+        ),
         host=host,
         port=port,
         api_key=server_key(api_key, api_key_file),
         queue=queue,
-        access=Access(allowed_hosts=tuple(allowed_host), cors_origins=tuple(cors_origin),
-                      insecure_no_api_key=insecure_no_api_key, timeout=timeout, max_connections=max_connections,
-                      save_interval=save_interval),
+        access=Access(
+            allowed_hosts=tuple(allowed_host),
+            cors_origins=tuple(cors_origin),
+            insecure_no_api_key=insecure_no_api_key,
+            timeout=timeout,
+            max_connections=max_connections,
+            save_interval=save_interval,
+        ),
         learn=tuple(learn or ()),
     )
     if code:
@@ -758,8 +1033,12 @@ def _mount_subcommands() -> None:
     from specdec_cli.cli.commands.models import models_app
 
     app.add_typer(models_app, name="models", help="List and fetch the models in models.toml.")
-    app.add_typer(cache_app, name="cache", help="The suffix drafter's stores of past outputs and the prompt cache (stats "
-                  "also lists the corpora specdec learn made).")
+    app.add_typer(
+        cache_app,
+        name="cache",
+        help="The suffix drafter's stores of past outputs and the prompt cache (stats "
+        "also lists the corpora specdec learn made).",
+    )
 
 
 def _reflow(doc: str | None) -> str | None:

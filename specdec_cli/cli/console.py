@@ -116,17 +116,26 @@ def write_json(path: str, doc: dict, *, indent: int = 2) -> None:
     try:
         files.write_atomic(Path(path), text + "\n", private=False)
     except OSError as e:
-        raise UsageError(f"Cannot write --json {path}: {e.strerror or e}.", "Give a writable path, or - for stdout.") \
-            from None
+        raise UsageError(
+            f"Cannot write --json {path}: {e.strerror or e}.", "Give a writable path, or - for stdout."
+        ) from None
 
 
 def progress(console: Console, unit: str = "runs"):
     """A Rich progress bar for long sweeps (tune, bench); hidden when `console` is not a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn(unit), TimeElapsedColumn(), console=console, transient=True,
-                    disable=not console.is_terminal)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
 
 
 @contextlib.contextmanager
@@ -172,8 +181,13 @@ class RichReporter:
 
         columns: tuple[ProgressColumn, ...]
         if unit == "bytes":
-            columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                       TimeRemainingColumn())
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+            )
         else:
             columns = (SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console) as bar:

@@ -42,8 +42,11 @@ def curve_table(curve: VerifyCurve, timed: dict[int, float] | None = None, *, bl
                 continue
             cheap = curve.cheap(b)
             style = "spec.accepted" if cheap else ""
-            cells += [Text(f"{b}{CHEAP_MARK if cheap else ' '}", style=style),
-                      Text(f"{curve.at(b):.1f}", style=style), f"{curve.at(b) / b:.1f}"]
+            cells += [
+                Text(f"{b}{CHEAP_MARK if cheap else ' '}", style=style),
+                Text(f"{curve.at(b):.1f}", style=style),
+                f"{curve.at(b) / b:.1f}",
+            ]
             if timed is not None:
                 cells.append(f"{timed[b]:.1f}" if b in timed else "")
         t.add_row(*cells)
@@ -56,8 +59,11 @@ def curve_caption(curve: VerifyCurve) -> Text:
     spread = max(curve.spread, default=0.0)
     sizes = f"{len(curve.sizes)} sizes (the rest interpolated)" if curve.sizes else "every size"
     per_pass, per_row = curve.depth_ms
-    deep = (f"; at {curve.depth} tokens a pass costs {per_pass:.1f} + {per_row:.2f} b ms more per 1,000 tokens of "
-            "context" if curve.depth else "; timed at one depth only")
+    deep = (
+        f"; at {curve.depth} tokens a pass costs {per_pass:.1f} + {per_row:.2f} b ms more per 1,000 tokens of context"
+        if curve.depth
+        else "; timed at one depth only"
+    )
     if curve.stale:
         state = f"; STALE ({curve.stale_why or 'marked so by an earlier run'}): measured again at the next run"
     elif curve.provisional:
@@ -66,10 +72,13 @@ def curve_caption(curve: VerifyCurve) -> Text:
         state = f"; timed on a busy machine ({curve.disturbed})"
     else:
         state = ""
-    return Text(f"{CHEAP_MARK} cheap: no larger pass costs less ({cheap}); measured {curve.measured_at or '?'} in "
-                f"{curve.seconds:.1f} s{f' ({curve.measured_for})' if curve.measured_for else ''}, {sizes}, "
-                f"{curve.repeats} pass(es) each after {curve.context} tokens"
-                f"{f', largest spread {spread:.0%}' if curve.repeats > 1 else ''}{deep}{state}", style="spec.label")
+    return Text(
+        f"{CHEAP_MARK} cheap: no larger pass costs less ({cheap}); measured {curve.measured_at or '?'} in "
+        f"{curve.seconds:.1f} s{f' ({curve.measured_for})' if curve.measured_for else ''}, {sizes}, "
+        f"{curve.repeats} pass(es) each after {curve.context} tokens"
+        f"{f', largest spread {spread:.0%}' if curve.repeats > 1 else ''}{deep}{state}",
+        style="spec.label",
+    )
 
 
 def check_plot_path(path: str) -> None:
@@ -93,8 +102,14 @@ def write_curve_plot(path: str, curves: list[tuple[str, VerifyCurve]], title: st
         bs = list(range(1, curve.b_max + 1))
         line = ax.plot(bs, [curve.at(b) for b in bs], linewidth=1.2, label=label)[0]
         cheap = curve.cheap_sizes()
-        ax.plot(cheap, [curve.at(b) for b in cheap], "o", markersize=3.5, color=line.get_color(),
-                label=f"{label}: cheap sizes" if len(curves) > 1 else "cheap sizes (no larger pass costs less)")
+        ax.plot(
+            cheap,
+            [curve.at(b) for b in cheap],
+            "o",
+            markersize=3.5,
+            color=line.get_color(),
+            label=f"{label}: cheap sizes" if len(curves) > 1 else "cheap sizes (no larger pass costs less)",
+        )
     ax.set_xlabel("b: tokens in one target pass (the pending token + the draft)")
     ax.set_ylabel("ms per pass")
     ax.set_xlim(0, max(c.b_max for _, c in curves) + 1)

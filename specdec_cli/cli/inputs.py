@@ -81,7 +81,9 @@ def check_output_path(path: str | None, option: str = "--json") -> None:
     target = Path(path).expanduser()
     parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
-        raise UsageError(f"{option} {path} is a directory.", f"Give a file path, e.g. {option} {Path(path) / 'out.json'}.")
+        raise UsageError(
+            f"{option} {path} is a directory.", f"Give a file path, e.g. {option} {Path(path) / 'out.json'}."
+        )
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: the directory {parent} does not exist.", "Create it, or write elsewhere.")
     if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):

@@ -28,125 +28,260 @@ OUTPUT = "Output"
 
 Target = Annotated[
     str | None,
-    typer.Option("--target", "-t", help="Target model: a name from models.toml, a path to a .gguf file, or a "
-                 "Hugging Face repo (owner/repo[:QUANT], hf.co/owner/repo[:QUANT]; fetched and verified once). "
-                 "[default: the catalog's default target]", rich_help_panel=MODELS),
+    typer.Option(
+        "--target",
+        "-t",
+        help="Target model: a name from models.toml, a path to a .gguf file, or a "
+        "Hugging Face repo (owner/repo[:QUANT], hf.co/owner/repo[:QUANT]; fetched and verified once). "
+        "[default: the catalog's default target]",
+        rich_help_panel=MODELS,
+    ),
 ]
 DraftModel = Annotated[
     str | None,
-    typer.Option("--draft", "-d", help="Draft model: a name, a .gguf path or owner/repo[:QUANT]. --method auto "
-                 "includes it only where "
-                 "it pays (a GPU build) unless named here. [default: the catalog's draft for the target]",
-                 rich_help_panel=MODELS),
+    typer.Option(
+        "--draft",
+        "-d",
+        help="Draft model: a name, a .gguf path or owner/repo[:QUANT]. --method auto "
+        "includes it only where "
+        "it pays (a GPU build) unless named here. [default: the catalog's draft for the target]",
+        rich_help_panel=MODELS,
+    ),
 ]
-Ctx = Annotated[int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)]
+Ctx = Annotated[
+    int, typer.Option("--ctx", min=64, max=1 << 20, help="Context window in tokens.", rich_help_panel=MODELS)
+]
 Threads = Annotated[
     int | None,
-    typer.Option("--threads", min=1, max=1024,
-                 help="CPU threads. [default: every usable CPU; the performance cores on Apple Silicon]",
-                 rich_help_panel=MODELS),
+    typer.Option(
+        "--threads",
+        min=1,
+        max=1024,
+        help="CPU threads. [default: every usable CPU; the performance cores on Apple Silicon]",
+        rich_help_panel=MODELS,
+    ),
 ]
 GpuLayers = Annotated[
     int,
-    typer.Option("--gpu-layers", min=-1, envvar="SPECDEC_GPU_LAYERS", help="Layers to offload with a Metal/CUDA "
-                 "build of llama-cpp-python (-1 = all that fit in the GPU's free memory; CPU builds ignore it).",
-                 rich_help_panel=MODELS),
+    typer.Option(
+        "--gpu-layers",
+        min=-1,
+        envvar="SPECDEC_GPU_LAYERS",
+        help="Layers to offload with a Metal/CUDA "
+        "build of llama-cpp-python (-1 = all that fit in the GPU's free memory; CPU builds ignore it).",
+        rich_help_panel=MODELS,
+    ),
 ]
-MethodOpt = Annotated[Method, typer.Option("--method", "-m", parser=_method_option, metavar="METHOD",
-                                           help=f"Where drafts come from: {METHOD_NAMES}. auto: each step the "
-                                           "source that pays on this machine (prompt lookup, past outputs, "
-                                           "--predict, the code `specdec learn` indexed, a draft model on GPUs) "
-                                           "or none.", rich_help_panel=SPEC)]
-CorpusOpt = Annotated[str, typer.Option("--corpus", metavar="NAME|auto|off", help="--method auto also drafts from "
-                                        "the code `specdec learn` indexed: auto = every corpus learnt for this "
-                                        "model's tokenizer, a name = that one, off = none.", rich_help_panel=SPEC)]
+MethodOpt = Annotated[
+    Method,
+    typer.Option(
+        "--method",
+        "-m",
+        parser=_method_option,
+        metavar="METHOD",
+        help=f"Where drafts come from: {METHOD_NAMES}. auto: each step the "
+        "source that pays on this machine (prompt lookup, past outputs, "
+        "--predict, the code `specdec learn` indexed, a draft model on GPUs) "
+        "or none.",
+        rich_help_panel=SPEC,
+    ),
+]
+CorpusOpt = Annotated[
+    str,
+    typer.Option(
+        "--corpus",
+        metavar="NAME|auto|off",
+        help="--method auto also drafts from "
+        "the code `specdec learn` indexed: auto = every corpus learnt for this "
+        "model's tokenizer, a name = that one, off = none.",
+        rich_help_panel=SPEC,
+    ),
+]
 NoPromptCache = Annotated[
     bool,
-    typer.Option("--no-prompt-cache", help="Neither restore nor save prompts' KV states (the prompt cache in "
-                 "$SPECDEC_CACHE/prompts: a later run on the same long prompt starts in a second).",
-                 rich_help_panel=MODELS),
+    typer.Option(
+        "--no-prompt-cache",
+        help="Neither restore nor save prompts' KV states (the prompt cache in "
+        "$SPECDEC_CACHE/prompts: a later run on the same long prompt starts in a second).",
+        rich_help_panel=MODELS,
+    ),
 ]
 Predict = Annotated[
     str | None,
-    typer.Option("--predict", help="A file with the output you expect (e.g. the file you asked to edit): drafted "
-                 "from, never evaluated, so its length does not matter (predicted outputs). '-' = stdin.",
-                 rich_help_panel=SPEC),
+    typer.Option(
+        "--predict",
+        help="A file with the output you expect (e.g. the file you asked to edit): drafted "
+        "from, never evaluated, so its length does not matter (predicted outputs). '-' = stdin.",
+        rich_help_panel=SPEC,
+    ),
 ]
 
 
 def _k_option(default: str = ""):
     """--k, its help ending with `default` where the command's default needs saying."""
-    return typer.Option("--k", "-k", help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed "
-                        "number 0-64." + default, rich_help_panel=SPEC)
+    return typer.Option(
+        "--k",
+        "-k",
+        help="Draft length K: 'auto' (chosen each step from measured costs) or a fixed number 0-64." + default,
+        rich_help_panel=SPEC,
+    )
 
 
-K = Annotated[str | None, _k_option(" [default: the setting `specdec tune --save` found best for these models, "
-                                       "method and machine, else auto]")]
+K = Annotated[
+    str | None,
+    _k_option(
+        " [default: the setting `specdec tune --save` found best for these models, method and machine, else auto]"
+    ),
+]
 KAuto = Annotated[str, _k_option()]  # a fixed default: auto
-NgramMin = Annotated[int, typer.Option("--ngram-min", min=1, max=16, help="Shortest n-gram prompt lookup matches.",
-                                       rich_help_panel=SPEC)]
-NgramMax = Annotated[int, typer.Option("--ngram-max", min=1, max=32, help="Longest n-gram prompt lookup matches.",
-                                       rich_help_panel=SPEC)]
+NgramMin = Annotated[
+    int, typer.Option("--ngram-min", min=1, max=16, help="Shortest n-gram prompt lookup matches.", rich_help_panel=SPEC)
+]
+NgramMax = Annotated[
+    int, typer.Option("--ngram-max", min=1, max=32, help="Longest n-gram prompt lookup matches.", rich_help_panel=SPEC)
+]
 Temperature = Annotated[
     float,
-    typer.Option("--temperature", "--temp", min=0.0, max=5.0,
-                 help="0 = greedy. Above 0, the target's distribution is kept exactly (rejection sampling, or keyed "
-                      "by --seed).",
-                 rich_help_panel=SAMPLING),
+    typer.Option(
+        "--temperature",
+        "--temp",
+        min=0.0,
+        max=5.0,
+        help="0 = greedy. Above 0, the target's distribution is kept exactly (rejection sampling, or keyed by --seed).",
+        rich_help_panel=SAMPLING,
+    ),
 ]
-TopK = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0 = off).",
-                                   rich_help_panel=SAMPLING)]
-TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling (1.0 = off).",
-                                     rich_help_panel=SAMPLING)]
-MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0,
-                                     help="Drop tokens below min-p × the top probability (0 = off).",
-                                     rich_help_panel=SAMPLING)]
-Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the random stream: the same seed gives the same "
-                                          "text, speculative or not.", rich_help_panel=SAMPLING)]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.",
-                                        rich_help_panel=SAMPLING)]
-Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable); not included in the output.",
-                                                    rich_help_panel=SAMPLING)]
+TopK = Annotated[
+    int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0 = off).", rich_help_panel=SAMPLING)
+]
+TopP = Annotated[
+    float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling (1.0 = off).", rich_help_panel=SAMPLING)
+]
+MinP = Annotated[
+    float,
+    typer.Option(
+        "--min-p",
+        min=0.0,
+        max=1.0,
+        help="Drop tokens below min-p × the top probability (0 = off).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+Seed = Annotated[
+    int | None,
+    typer.Option(
+        "--seed",
+        help="Seed of the random stream: the same seed gives the same text, speculative or not.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+MaxTokens = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.", rich_help_panel=SAMPLING
+    ),
+]
+Stop = Annotated[
+    list[str] | None,
+    typer.Option("--stop", help="Stop string (repeatable); not included in the output.", rich_help_panel=SAMPLING),
+]
 System = Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
-Plain = Annotated[bool, typer.Option("--plain", help="No colours: print only the generated text.", rich_help_panel=OUTPUT)]
-Clean = Annotated[bool, typer.Option("--clean", help="Hide rejected draft tokens in the stream (shown on one line "
-                                     "otherwise; never part of the text).", rich_help_panel=OUTPUT)]
+Plain = Annotated[
+    bool, typer.Option("--plain", help="No colours: print only the generated text.", rich_help_panel=OUTPUT)
+]
+Clean = Annotated[
+    bool,
+    typer.Option(
+        "--clean",
+        help="Hide rejected draft tokens in the stream (shown on one line otherwise; never part of the text).",
+        rich_help_panel=OUTPUT,
+    ),
+]
 JsonOut = Annotated[
     str | None,
-    typer.Option("--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).",
-                 rich_help_panel=OUTPUT),
+    typer.Option(
+        "--json", help="Write the text and every statistic as JSON to PATH ('-' = stdout).", rich_help_panel=OUTPUT
+    ),
 ]
 COMPARE_PAIRS = 3  # `--compare` without a number
-IdleBaseline = Annotated[bool, typer.Option(
-    "--idle-baseline", help="Before the run, measure a second of idle power from the same energy counters; the "
-    "energy per token is then also given net of it (docs/energy.md).", rich_help_panel=OUTPUT)]
-Compare = Annotated[int, typer.Option(
-    "--compare", metavar="[N]", min=0,
-    help=f"Then measure the speedup over plain decoding in this process: after an untimed warm-up, N pairs "
-         f"(default {COMPARE_PAIRS}) of this run replayed and plain decoding, interleaved, the order alternating; "
-         f"prints the median speedup with its min-max, and how much of the output agrees.",
-    rich_help_panel=OUTPUT)]
+IdleBaseline = Annotated[
+    bool,
+    typer.Option(
+        "--idle-baseline",
+        help="Before the run, measure a second of idle power from the same energy counters; the "
+        "energy per token is then also given net of it (docs/energy.md).",
+        rich_help_panel=OUTPUT,
+    ),
+]
+Compare = Annotated[
+    int,
+    typer.Option(
+        "--compare",
+        metavar="[N]",
+        min=0,
+        help=f"Then measure the speedup over plain decoding in this process: after an untimed warm-up, N pairs "
+        f"(default {COMPARE_PAIRS}) of this run replayed and plain decoding, interleaved, the order alternating; "
+        f"prints the median speedup with its min-max, and how much of the output agrees.",
+        rich_help_panel=OUTPUT,
+    ),
+]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
 PromptDir = Annotated[list[Path] | None, typer.Argument(help="Prompt files or directories.")]
 
 STRUCTURE = "Structured output"
-JsonObject = Annotated[bool, typer.Option("--json-object", help="Constrain the reply to one JSON object (any keys), "
-                                          "as OpenAI's response_format json_object.", rich_help_panel=STRUCTURE)]
-JsonSchema = Annotated[str | None, typer.Option("--json-schema", metavar="FILE", help="Constrain the reply to "
-                                                   "JSON valid against the JSON Schema in FILE.",
-                                                   rich_help_panel=STRUCTURE)]
-GrammarFile = Annotated[str | None, typer.Option("--grammar", metavar="FILE", help="Constrain the reply to the "
-                                                    "grammar in FILE: Lark (llguidance's dialect, `start:` first) or "
-                                                    "GBNF (llama.cpp's, `root ::=`).", rich_help_panel=STRUCTURE)]
-JsonLayoutOpt = Annotated[str, typer.Option("--json-layout", help="How JSON is laid out with --json-object and "
-                                            "--json-schema. inline: one line, ', ' and ': ' between items, so every "
-                                            "key is forced and drafted free; free: any whitespace, as the model "
-                                            "likes (keys after a newline are not forced).", rich_help_panel=STRUCTURE)]
-Logprobs = Annotated[int | None, typer.Option("--logprobs", min=0, max=20, metavar="N", help="With --json: each "
-                                                 "emitted token's log-probability and its N most likely alternatives "
-                                                 "(0-20), read from the verify passes (no extra pass).",
-                                                 rich_help_panel=OUTPUT)]
+JsonObject = Annotated[
+    bool,
+    typer.Option(
+        "--json-object",
+        help="Constrain the reply to one JSON object (any keys), as OpenAI's response_format json_object.",
+        rich_help_panel=STRUCTURE,
+    ),
+]
+JsonSchema = Annotated[
+    str | None,
+    typer.Option(
+        "--json-schema",
+        metavar="FILE",
+        help="Constrain the reply to JSON valid against the JSON Schema in FILE.",
+        rich_help_panel=STRUCTURE,
+    ),
+]
+GrammarFile = Annotated[
+    str | None,
+    typer.Option(
+        "--grammar",
+        metavar="FILE",
+        help="Constrain the reply to the "
+        "grammar in FILE: Lark (llguidance's dialect, `start:` first) or "
+        "GBNF (llama.cpp's, `root ::=`).",
+        rich_help_panel=STRUCTURE,
+    ),
+]
+JsonLayoutOpt = Annotated[
+    str,
+    typer.Option(
+        "--json-layout",
+        help="How JSON is laid out with --json-object and "
+        "--json-schema. inline: one line, ', ' and ': ' between items, so every "
+        "key is forced and drafted free; free: any whitespace, as the model "
+        "likes (keys after a newline are not forced).",
+        rich_help_panel=STRUCTURE,
+    ),
+]
+Logprobs = Annotated[
+    int | None,
+    typer.Option(
+        "--logprobs",
+        min=0,
+        max=20,
+        metavar="N",
+        help="With --json: each "
+        "emitted token's log-probability and its N most likely alternatives "
+        "(0-20), read from the verify passes (no extra pass).",
+        rich_help_panel=OUTPUT,
+    ),
+]
 
 
 def grammar_option(json_object: bool, json_schema: str | None, grammar: str | None, layout: str):
@@ -158,11 +293,20 @@ def grammar_option(json_object: bool, json_schema: str | None, grammar: str | No
     """
     from specdec_cli.core import constraint
 
-    given = [flag for flag, on in (("--json-object", json_object), ("--json-schema", json_schema is not None),
-                                   ("--grammar", grammar is not None)) if on]
+    given = [
+        flag
+        for flag, on in (
+            ("--json-object", json_object),
+            ("--json-schema", json_schema is not None),
+            ("--grammar", grammar is not None),
+        )
+        if on
+    ]
     if len(given) > 1:
-        raise UsageError(f"{' and '.join(given)} both constrain the reply; give one.",
-                         "A JSON schema with {\"type\": \"object\"} is --json-object.")
+        raise UsageError(
+            f"{' and '.join(given)} both constrain the reply; give one.",
+            'A JSON schema with {"type": "object"} is --json-object.',
+        )
     if layout not in constraint.LAYOUTS:
         raise UsageError(f"--json-layout {layout!r} is not a layout.", f"Use one of: {', '.join(constraint.LAYOUTS)}.")
     if json_object:

@@ -28,18 +28,26 @@ def pass_placement(stats) -> str:
     """Where the passes fell on the measured verify curve, one line: "92 % of passes at cheap sizes, passes 1.02×
     the curve's prediction at depth 700; a second branch in 12 passes (followed in 5)" (depth: the passes' mean
     context, `RunStats.curve_depth`)."""
-    line = (f"{stats.cheap_passes / stats.curve_passes:.0%} of passes at cheap sizes, passes "
-            f"{stats.verify_ms / stats.curve_ms:.2f}× the curve's prediction at depth {stats.curve_depth}"
-            if stats.curve_ms > 0 else "")
+    line = (
+        f"{stats.cheap_passes / stats.curve_passes:.0%} of passes at cheap sizes, passes "
+        f"{stats.verify_ms / stats.curve_ms:.2f}× the curve's prediction at depth {stats.curve_depth}"
+        if stats.curve_ms > 0
+        else ""
+    )
     if stats.branch_passes:
         line += f"; a second branch in {stats.branch_passes} passes (followed in {stats.branch_won})"
     return line
 
 
-ACCEPTED_BY_SOURCE: dict[str, str] = {Source.prompt: "spec.accepted", Source.store: "spec.accepted.store",
-                      Source.predict: "spec.accepted.predict", Source.draft: "spec.accepted.draft",
-                      Source.mtp: "spec.accepted.mtp",
-                      Source.corpus: "spec.accepted.corpus", Source.grammar: "spec.accepted.grammar"}
+ACCEPTED_BY_SOURCE: dict[str, str] = {
+    Source.prompt: "spec.accepted",
+    Source.store: "spec.accepted.store",
+    Source.predict: "spec.accepted.predict",
+    Source.draft: "spec.accepted.draft",
+    Source.mtp: "spec.accepted.mtp",
+    Source.corpus: "spec.accepted.corpus",
+    Source.grammar: "spec.accepted.grammar",
+}
 
 
 def segment_style(kind: str, source: str) -> str:
@@ -125,8 +133,15 @@ class StreamRenderer:
         clock: seconds, monotonic (tests pass a virtual one).
     """
 
-    def __init__(self, out: TextIO, *, styled: bool, show_rejected: bool = True, refresh_s: float = REFRESH_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        styled: bool,
+        show_rejected: bool = True,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.out = out
         self.styled = styled
         self.show_rejected = show_rejected and styled
@@ -224,7 +239,7 @@ def _ms(x: float) -> str:
 
 
 def joules(x: float) -> str:
-    """"12.3 J", "0.845 J", "1.23 kJ": three significant digits."""
+    """ "12.3 J", "0.845 J", "1.23 kJ": three significant digits."""
     return f"{x / 1e3:.3g} kJ" if abs(x) >= 1e4 else f"{x:.3g} J"
 
 
@@ -234,10 +249,19 @@ def energy_rows(stats: RunStats) -> list[tuple[str, Text]]:
     e = stats.energy
     if e is None:
         return [("energy", Text(f"n/a: {stats.energy_note or 'not measured'}", style="spec.warn"))]
-    rows = [("energy", Text(f"{joules(e.joules)} in {_ms(e.seconds * 1e3)}, {e.watts:.1f} W mean: prefill "
-                            f"{joules(e.prefill_j)}, decoding {joules(e.decode_j)} ({e.decode_watts:.1f} W)")),
-            ("J / token", Text.assemble((f"{e.per_token(stats.n_generated) or 0:.3g} J", "bold"),
-                                        " per output token (decoding)"))]
+    rows = [
+        (
+            "energy",
+            Text(
+                f"{joules(e.joules)} in {_ms(e.seconds * 1e3)}, {e.watts:.1f} W mean: prefill "
+                f"{joules(e.prefill_j)}, decoding {joules(e.decode_j)} ({e.decode_watts:.1f} W)"
+            ),
+        ),
+        (
+            "J / token",
+            Text.assemble((f"{e.per_token(stats.n_generated) or 0:.3g} J", "bold"), " per output token (decoding)"),
+        ),
+    ]
     if e.idle_w is not None and stats.n_generated:
         net = (e.decode_j - e.idle_w * e.decode_s) / stats.n_generated
         rows.append(("net of idle", Text(f"{net:.3g} J per output token (idle {e.idle_w:.1f} W measured before)")))
@@ -266,34 +290,56 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
     pre_rate = stats.n_prefill_evaluated / (stats.prefill_ms / 1e3) if stats.prefill_ms > 0 else 0.0
     reused = stats.n_cached
     if stats.n_restored:  # "prefill 1790 tokens: 1784 restored from the prompt cache in 0.4 s, 6 evaluated"
-        table.add_row("prompt", f"prefill {stats.n_prompt} tokens: {stats.n_restored} restored from the prompt cache "
-                      f"in {_ms(stats.restore_ms)}, {stats.n_prefill_evaluated} evaluated "
-                      f"(prefill {_ms(stats.prefill_ms)} in all)")
+        table.add_row(
+            "prompt",
+            f"prefill {stats.n_prompt} tokens: {stats.n_restored} restored from the prompt cache "
+            f"in {_ms(stats.restore_ms)}, {stats.n_prefill_evaluated} evaluated "
+            f"(prefill {_ms(stats.prefill_ms)} in all)",
+        )
     else:
-        table.add_row("prompt", f"{stats.n_prompt} tokens, prefill {_ms(stats.prefill_ms)}"
-                      + (f" ({pre_rate:.0f} tok/s)" if pre_rate else "")
-                      + (f", {reused} reused from cache" if reused else ""))
-    table.add_row("generated", Text.assemble(f"{stats.n_generated} tokens in {_ms(stats.decode_ms)}: ",
-                                             (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
-                                             f"  ({stats.finish_reason or 'unfinished'})"))
+        table.add_row(
+            "prompt",
+            f"{stats.n_prompt} tokens, prefill {_ms(stats.prefill_ms)}"
+            + (f" ({pre_rate:.0f} tok/s)" if pre_rate else "")
+            + (f", {reused} reused from cache" if reused else ""),
+        )
+    table.add_row(
+        "generated",
+        Text.assemble(
+            f"{stats.n_generated} tokens in {_ms(stats.decode_ms)}: ",
+            (f"{stats.tokens_per_s:.1f} tok/s", "bold"),
+            f"  ({stats.finish_reason or 'unfinished'})",
+        ),
+    )
     for what, cell in energy_rows(stats):
         table.add_row(what, cell)
-    table.add_row("target passes", f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass, "
-                  f"{stats.ms_per_pass:.1f} ms per pass, {stats.mean_batch:.1f} tokens in it)")
+    table.add_row(
+        "target passes",
+        f"{stats.n_target_passes}  ({stats.tokens_per_pass:.2f} tokens per pass, "
+        f"{stats.ms_per_pass:.1f} ms per pass, {stats.mean_batch:.1f} tokens in it)",
+    )
     if stats.curve_passes:
         table.add_row("verify curve", pass_placement(stats))
     if method != Method.none:
-        table.add_row("drafted", f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: "
-                      f"acceptance rate {stats.acceptance_rate:.1%}")
+        table.add_row(
+            "drafted",
+            f"{stats.n_drafted} by {method}, accepted {stats.n_accepted}: acceptance rate {stats.acceptance_rate:.1%}",
+        )
         table.add_row("accepted length", f"mean {stats.mean_accepted_length:.2f} draft tokens per speculative step")
         if stats.by_source and (len(stats.by_source) > 1 or method == Method.auto):
-            table.add_row("sources", "  ".join(f"{_label(src)} {c['accepted']}/{c['drafted']}"
-                                               for src, c in sorted(stats.by_source.items(),
-                                                                    key=lambda kv: -kv[1]["accepted"]))
-                          + "  (accepted/drafted)")
+            table.add_row(
+                "sources",
+                "  ".join(
+                    f"{_label(src)} {c['accepted']}/{c['drafted']}"
+                    for src, c in sorted(stats.by_source.items(), key=lambda kv: -kv[1]["accepted"])
+                )
+                + "  (accepted/drafted)",
+            )
         if Source.predict in stats.by_source:
-            table.add_row("prediction", f"{stats.accepted_prediction_tokens} tokens accepted, "
-                          f"{stats.rejected_prediction_tokens} rejected")
+            table.add_row(
+                "prediction",
+                f"{stats.accepted_prediction_tokens} tokens accepted, {stats.rejected_prediction_tokens} rejected",
+            )
         table.add_row("time", f"drafting {_ms(stats.draft_ms)}, verifying {_ms(stats.verify_ms)}")
         if stats.k_histogram:
             ks = "  ".join(f"K={k}:{n}" for k, n in sorted(stats.k_histogram.items()))
@@ -302,21 +348,33 @@ def stats_table(stats: RunStats, *, method: str, title: str | None = None) -> Ta
             if not proposed:
                 break
             frac = accepted / proposed if proposed else 0.0
-            table.add_row(f"position {i + 1}" if i == 0 else f"{i + 1}",
-                          f"{_bar(frac)} {frac:6.1%}  ({accepted}/{proposed})")
+            table.add_row(
+                f"position {i + 1}" if i == 0 else f"{i + 1}", f"{_bar(frac)} {frac:6.1%}  ({accepted}/{proposed})"
+            )
     return table
 
 
-def print_stats(console: Console, stats: RunStats, *, method: str, title: str | None = None,
-                notes: tuple[str, ...] = ()) -> None:
+def print_stats(
+    console: Console, stats: RunStats, *, method: str, title: str | None = None, notes: tuple[str, ...] = ()
+) -> None:
     """The statistics table, then `notes` (one line each: why no draft model is used, an unused prediction)."""
     console.print(stats_table(stats, method=method, title=title))
     for note in notes:
         console.print(Text(f"note: {note}", style="spec.label"))
 
 
-def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int, n_plain: int, divergence=None,
-                  control: bool = False, energy: Paired | None = None, energy_note: str | None = None) -> None:
+def print_compare(
+    console: Console,
+    paired: Paired,
+    *,
+    shared: int,
+    n_spec: int,
+    n_plain: int,
+    divergence=None,
+    control: bool = False,
+    energy: Paired | None = None,
+    energy_note: str | None = None,
+) -> None:
     """The speedup against plain decoding measured in the same process (`paired`: a = speculative, b = plain, rates
     in tok/s): the median over the pairs and its spread; then how much of the output agrees.
 
@@ -329,39 +387,59 @@ def print_compare(console: Console, paired: Paired, *, shared: int, n_spec: int,
     n = len(paired.pairs)
     style = "spec.label" if control else ("spec.good" if speedup >= 1.0 else "spec.bad")
     spread = f" (median of {n} pairs, {paired.low:.2f}–{paired.high:.2f}×)" if n > 1 else " (1 pair)"
-    console.print(Text.assemble(
-        ("compare ", "spec.label"),
-        f"plain decoding {paired.b_median:.1f} tok/s, {'plain again' if control else 'speculative'} "
-        f"{paired.a_median:.1f} tok/s → ",
-        (f"{speedup:.2f}× speedup", style), spread))
+    console.print(
+        Text.assemble(
+            ("compare ", "spec.label"),
+            f"plain decoding {paired.b_median:.1f} tok/s, {'plain again' if control else 'speculative'} "
+            f"{paired.a_median:.1f} tok/s → ",
+            (f"{speedup:.2f}× speedup", style),
+            spread,
+        )
+    )
     if control:
-        console.print(Text("        --method none against plain decoding: both sides are plain, so this ratio is "
-                           "this machine's noise right now", style="spec.label"))
+        console.print(
+            Text(
+                "        --method none against plain decoding: both sides are plain, so this ratio is "
+                "this machine's noise right now",
+                style="spec.label",
+            )
+        )
     if energy is not None:
         ratio = energy.median
         e_style = "spec.label" if control else ("spec.good" if ratio <= 1.0 else "spec.bad")
         e_spread = f" (median of {n} pairs, {energy.low:.2f}–{energy.high:.2f}×)" if n > 1 else " (1 pair)"
-        console.print(Text.assemble(
-            ("energy  ", "spec.label"),
-            f"plain decoding {energy.b_median:.3g} J/token, {'plain again' if control else 'speculative'} "
-            f"{energy.a_median:.3g} J/token → ", (f"{ratio:.2f}× the energy per token", e_style), e_spread))
+        console.print(
+            Text.assemble(
+                ("energy  ", "spec.label"),
+                f"plain decoding {energy.b_median:.3g} J/token, {'plain again' if control else 'speculative'} "
+                f"{energy.a_median:.3g} J/token → ",
+                (f"{ratio:.2f}× the energy per token", e_style),
+                e_spread,
+            )
+        )
     else:
         console.print(Text(f"energy  n/a: {energy_note or 'not measured'}", style="spec.warn"))
     same = shared == n_spec == n_plain
-    agree = Text.assemble(("        ", "spec.label"),
-                          (f"outputs identical ({shared} tokens)", "spec.good") if same else
-                          f"outputs share their first {shared} tokens (speculative {n_spec}, plain {n_plain})")
+    agree = Text.assemble(
+        ("        ", "spec.label"),
+        (f"outputs identical ({shared} tokens)", "spec.good")
+        if same
+        else f"outputs share their first {shared} tokens (speculative {n_spec}, plain {n_plain})",
+    )
     console.print(agree)
     if isinstance(divergence, str):
         console.print(Text(f"        {divergence}", style="spec.warn"))
     elif divergence is not None:
         verdict_style = "spec.warn" if divergence.verdict == NEAR_TIE else "spec.bad"
         margin = "unknown" if divergence.margin is None else f"{divergence.margin:.3f} logits"
-        console.print(Text.assemble(
-            ("        ", "spec.label"),
-            f"token {divergence.position}: speculative {divergence.spec_text}, plain {divergence.plain_text}; "
-            f"plain run's margin {margin} (near-tie below {float(divergence.threshold)}): ",
-            (divergence.verdict, verdict_style)))
+        console.print(
+            Text.assemble(
+                ("        ", "spec.label"),
+                f"token {divergence.position}: speculative {divergence.spec_text}, plain {divergence.plain_text}; "
+                f"plain run's margin {margin} (near-tie below {float(divergence.threshold)}): ",
+                (divergence.verdict, verdict_style),
+            )
+        )
 
 
 def announce_tuned_k(console: Console, k: int | None) -> None:

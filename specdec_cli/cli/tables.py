@@ -21,7 +21,7 @@ def results_table(**kwargs) -> Table:
 
 
 def speed_cell(tokens_per_s: float | None, speedup: float | None) -> Text:
-    """"12.3 1.45×": tok/s, then the speedup over plain decoding (when given), coloured."""
+    """ "12.3 1.45×": tok/s, then the speedup over plain decoding (when given), coloured."""
     cell = Text("–" if tokens_per_s is None else f"{tokens_per_s:.1f}")
     if speedup is not None:
         cell.append(f" {speedup:.2f}×", style=speed_style(speedup))
@@ -32,7 +32,7 @@ ENERGY_HEADER = "J/\ntoken"  # the energy column's heading (decoding's joules pe
 
 
 def energy_cell(j_per_token: float | None) -> Text:
-    """"0.253": decoding's joules per output token from the host's counters; a dim "n/a" without them (the report's
+    """ "0.253": decoding's joules per output token from the host's counters; a dim "n/a" without them (the report's
     note says why): never an estimate."""
     return Text("n/a", style="spec.label") if j_per_token is None else Text(f"{j_per_token:.3g}")
 
@@ -70,6 +70,7 @@ def speedup_chart(title: str, groups: list[tuple[str, list[Bar]]], width: int) -
             if n <= one:
                 bar.append(" " * (one - n) + "│", style="spec.label")
             bar.append(" " * (width - len(bar)))
-            chart.add_row(Text(b.label, style="spec.label"), bar,
-                          Text(f"{b.speedup:.2f}×", style="bold" if b.best else ""))
+            chart.add_row(
+                Text(b.label, style="spec.label"), bar, Text(f"{b.speedup:.2f}×", style="bold" if b.best else "")
+            )
     return chart

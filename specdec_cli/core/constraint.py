@@ -87,8 +87,10 @@ def json_schema(schema: dict, *, name: str, layout: JsonLayout = DEFAULT_LAYOUT)
             the JSON path (e.g. `properties.age.type`) where it is wrong.
     """
     if not isinstance(schema, dict):
-        raise GrammarError(f"{name}: a JSON schema is a JSON object, not {type(schema).__name__}.",
-                           'Give an object such as {"type": "object", "properties": {...}}.')
+        raise GrammarError(
+            f"{name}: a JSON schema is a JSON object, not {type(schema).__name__}.",
+            'Give an object such as {"type": "object", "properties": {...}}.',
+        )
     if layout not in _LAYOUT_OPTIONS:
         raise GrammarError(f"{name}: unknown JSON layout {layout!r}.", f"Use one of: {', '.join(LAYOUTS)}.")
     doc = dict(schema)
@@ -101,8 +103,10 @@ def json_schema(schema: dict, *, name: str, layout: JsonLayout = DEFAULT_LAYOUT)
     error = _validate(lark)
     if error:
         where = _schema_path(schema, error)
-        raise GrammarError(f"{name}: {where + ': ' if where else ''}{_schema_message(error)}",
-                           "Fix the schema (llguidance's supported JSON Schema: docs/json_schema.md).")
+        raise GrammarError(
+            f"{name}: {where + ': ' if where else ''}{_schema_message(error)}",
+            "Fix the schema (llguidance's supported JSON Schema: docs/json_schema.md).",
+        )
     return Grammar(lark=lark, name=name)
 
 
@@ -111,8 +115,10 @@ def from_lark(text: str, *, name: str) -> Grammar:
     column where it is wrong."""
     error = _validate(text)
     if error:
-        raise GrammarError(f"{name}: {_lark_message(error)}",
-                           "Fix the grammar (llguidance's Lark syntax: docs/syntax.md of guidance-ai/llguidance).")
+        raise GrammarError(
+            f"{name}: {_lark_message(error)}",
+            "Fix the grammar (llguidance's Lark syntax: docs/syntax.md of guidance-ai/llguidance).",
+        )
     return Grammar(lark=text, name=name)
 
 
@@ -140,15 +146,17 @@ def load(path: str, kind: Literal["json-schema", "grammar"], *, layout: JsonLayo
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{option} {path}: cannot read it ({getattr(e, 'strerror', None) or e}).",
-                         "Give a readable UTF-8 file.") from None
+        raise UsageError(
+            f"{option} {path}: cannot read it ({getattr(e, 'strerror', None) or e}).", "Give a readable UTF-8 file."
+        ) from None
     name = f"{option} {path}"
     if kind == "json-schema":
         try:
             schema = json.loads(text)
         except json.JSONDecodeError as e:
-            raise GrammarError(f"{name}: not JSON: {e.msg} (line {e.lineno}, column {e.colno}).",
-                               "Give a JSON Schema file.") from None
+            raise GrammarError(
+                f"{name}: not JSON: {e.msg} (line {e.lineno}, column {e.colno}).", "Give a JSON Schema file."
+            ) from None
         return json_schema(schema, name=name, layout=layout)
     if "::=" in text:
         return from_gbnf(text, name=name)
@@ -185,9 +193,16 @@ def _schema_path(schema: Any, error: str) -> str:
     best = ""
     for path, key, value in _leaves(schema, ()):
         quoted_key = f"'{key}'" in message or f'"{key}"' in message
-        named_value = isinstance(value, (str, int, float)) and not isinstance(value, bool) and (
-            f": {value}" in message or f"'{value}'" in message or f'"{value}"' in message
-            or (isinstance(value, str) and value.startswith("#/") and f"'{value[1:]}'" in message))  # a $ref
+        named_value = (
+            isinstance(value, (str, int, float))
+            and not isinstance(value, bool)
+            and (
+                f": {value}" in message
+                or f"'{value}'" in message
+                or f'"{value}"' in message
+                or (isinstance(value, str) and value.startswith("#/") and f"'{value[1:]}'" in message)
+            )
+        )  # a $ref
         if quoted_key or named_value:
             candidate = ".".join(path)
             if len(candidate) > len(best):
@@ -236,8 +251,7 @@ class Constraint:
 
     def _check(self, prefix: str = "") -> None:
         if self.matcher.is_error():
-            raise GrammarError(f"{prefix}{_lark_message(self.matcher.get_error())}",
-                               "Fix the grammar or schema.")
+            raise GrammarError(f"{prefix}{_lark_message(self.matcher.get_error())}", "Fix the grammar or schema.")
 
     def forced(self) -> np.ndarray:
         """int32 [m]: the tokens the grammar forces next (llguidance's canonical fast-forward tokens; m may be 0)."""
@@ -268,8 +282,10 @@ class Constraint:
             self.matcher.unsafe_compute_mask_ptr(rows[i].ctypes.data, nbytes)
             if i < k and not self.matcher.is_stopped():
                 if not self.matcher.consume_token(int(draft[i])):
-                    raise ConstraintStateError(f"{self.grammar.name}: a draft token the grammar refuses reached "
-                                               f"verification ({self.matcher.get_error()}); a bug in specdec.")
+                    raise ConstraintStateError(
+                        f"{self.grammar.name}: a draft token the grammar refuses reached "
+                        f"verification ({self.matcher.get_error()}); a bug in specdec."
+                    )
                 self._consumed += 1
         self._pending = [int(t) for t in draft[: self._consumed]]
         return rows
@@ -289,13 +305,23 @@ class Constraint:
         if self.matcher.consume_token(int(token)) and not self.matcher.is_error():
             self._committed.append(int(token))
             return
-        log.warning("%s: the grammar's state was out of step with the output (a bug in specdec); rebuilt from the "
-                    "%d committed tokens. %s", self.grammar.name, len(self._committed), self.matcher.get_error())
+        log.warning(
+            "%s: the grammar's state was out of step with the output (a bug in specdec); rebuilt from the "
+            "%d committed tokens. %s",
+            self.grammar.name,
+            len(self._committed),
+            self.matcher.get_error(),
+        )
         self.matcher = self._new_matcher()  # (`reset` keeps an error state)
-        if not self.matcher.consume_tokens(self._committed) or not self.matcher.consume_token(int(token)) \
-                or self.matcher.is_error():
-            raise ConstraintStateError(f"{self.grammar.name}: the grammar's state cannot follow the output "
-                                       f"({self.matcher.get_error()}); a bug in specdec.")
+        if (
+            not self.matcher.consume_tokens(self._committed)
+            or not self.matcher.consume_token(int(token))
+            or self.matcher.is_error()
+        ):
+            raise ConstraintStateError(
+                f"{self.grammar.name}: the grammar's state cannot follow the output "
+                f"({self.matcher.get_error()}); a bug in specdec."
+            )
         self._committed.append(int(token))
 
     @property
@@ -312,6 +338,18 @@ def start(grammar: Grammar | None, tokenizer_of, n_vocab: int) -> Constraint | N
     return Constraint(grammar, tokenizer_of(), n_vocab)
 
 
-__all__ = ["Constraint", "ConstraintStateError", "Grammar", "GrammarError", "LAYOUTS", "DEFAULT_LAYOUT", "JsonLayout", "from_gbnf",
-           "from_lark", "json_object", "json_schema", "load", "start"]
-
+__all__ = [
+    "Constraint",
+    "ConstraintStateError",
+    "Grammar",
+    "GrammarError",
+    "LAYOUTS",
+    "DEFAULT_LAYOUT",
+    "JsonLayout",
+    "from_gbnf",
+    "from_lark",
+    "json_object",
+    "json_schema",
+    "load",
+    "start",
+]

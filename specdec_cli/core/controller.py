@@ -346,7 +346,9 @@ class AdaptiveK(KController):
         # sizes.
         seen = self.model.verified_depth(b, draft.source)
         v = self.model.verify_curve()
-        allowance = max(PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K)))
+        allowance = max(
+            PROBE_K, 2 * seen, _cheapest_per_token(v, seen, self._known_k(SLOW_START_GROWTH * seen + PROBE_K))
+        )
         if flat(v) and self.model.curve is not None:
             allowance = K_LIMIT  # a measured flat curve: a deep pass that fails costs little more than a plain step
         elif self.model.curve is not None:
@@ -359,8 +361,13 @@ class AdaptiveK(KController):
         accept = self._accept(draft, n)  # [n]
         expected = expected_tokens(accept)  # [n + 1] tokens by K
         k = best_k(expected / v[: n + 1], self.margin)  # tokens per ms by K
-        if self.model.curve is None and seen and k < n and accept[:seen].min() >= FRONTIER_ACCEPTANCE \
-                and expected[n] >= FRONTIER_ACCEPTANCE * (n + 1):
+        if (
+            self.model.curve is None
+            and seen
+            and k < n
+            and accept[:seen].min() >= FRONTIER_ACCEPTANCE
+            and expected[n] >= FRONTIER_ACCEPTANCE * (n + 1)
+        ):
             # Every verified position is nearly always right, and so is the whole draft expected to be: verify all
             # of it (at most twice the verified depth: slow start), to learn the positions and batch sizes beyond.
             # Without this the verify curve traps K: beyond the largest batch a verify step has timed, v(b) is
@@ -462,9 +469,15 @@ class AdaptiveK(KController):
         generate at once never see each other's half-done replies; one sequence alone decides exactly as this
         controller would in place."""
         root = self._root or self
-        seq = AdaptiveK(root.k_max, lookup_k_max=root.lookup_k_max, probe_every=root.probe_every,
-                        half_life=root.model.half_life, prior=root.model.prior, margin=root.margin,
-                        curve=root.model.curve)
+        seq = AdaptiveK(
+            root.k_max,
+            lookup_k_max=root.lookup_k_max,
+            probe_every=root.probe_every,
+            half_life=root.model.half_life,
+            prior=root.model.prior,
+            margin=root.margin,
+            curve=root.model.curve,
+        )
         seq._root = root
         seq._share(root)
         return seq
@@ -546,14 +559,17 @@ class AdaptiveK(KController):
                 state.window[bucket] = max(PROBE_K, 2 * step.n_accepted)
             elif step.n_accepted == len(step.drafted):  # grows as the slow start does (`trim`)
                 n = len(step.drafted)
-                cheap = _cheapest_per_token(self.model.verify_curve(), n, self._known_k(SLOW_START_GROWTH * n + PROBE_K))
+                cheap = _cheapest_per_token(
+                    self.model.verify_curve(), n, self._known_k(SLOW_START_GROWTH * n + PROBE_K)
+                )
                 state.window[bucket] = max(int(state.window[bucket]), 2 * n, cheap)
             if state.since[bucket] == 0:
                 # A bucket's probe that did not beat plain decoding stretches that bucket's probe interval.
                 v1 = self.model.verify_curve()
                 paid = v1 is not None and (step.n_accepted + 1) * float(v1[0]) >= step.verify_ms
                 state.interval[bucket] = (
-                    self.probe_every if paid else min(2 * state.interval[bucket], MAX_BACKOFF * self.probe_every))
+                    self.probe_every if paid else min(2 * state.interval[bucket], MAX_BACKOFF * self.probe_every)
+                )
             return
         if not step.drafted or self.best > 0:  # not a probe of the draft model (or it had nothing)
             return
@@ -695,9 +711,11 @@ class _LookupState:
 
     @classmethod
     def new(cls, probe_every: int) -> _LookupState:
-        return cls(since=np.where(BUCKET_EDGES >= EARLY_PROBE_MATCH, probe_every - 1, 0).astype(np.int64),
-                   interval=np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64),
-                   window=np.full(len(BUCKET_EDGES), K_LIMIT, dtype=np.int64))
+        return cls(
+            since=np.where(BUCKET_EDGES >= EARLY_PROBE_MATCH, probe_every - 1, 0).astype(np.int64),
+            interval=np.full(len(BUCKET_EDGES), probe_every, dtype=np.int64),
+            window=np.full(len(BUCKET_EDGES), K_LIMIT, dtype=np.int64),
+        )
 
 
 __all__ = ["AdaptiveK", "FixedK", "KController", "flat"]

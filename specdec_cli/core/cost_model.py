@@ -177,15 +177,21 @@ class CostModel:
             # a pass's cost includes its rollback (a recurrent state's checkpoint restored and replayed: `rollback_ms`)
             self._observe_verify(step.batch_size, step.verify_ms + step.rollback_ms)
             self._observe_attention(step)
-            if self.curve is not None and step.batch_size == 1 and step.verify_ms > 0.0 \
-                    and step.n_past <= WATCH_CONTEXT:
+            if (
+                self.curve is not None
+                and step.batch_size == 1
+                and step.verify_ms > 0.0
+                and step.n_past <= WATCH_CONTEXT
+            ):
                 v1, v1_n = self._v1
                 ratio = step.verify_ms / self.curve.predict(1, step.n_past or self.curve.context)  # at its depth
                 self._v1 = (v1 + (ratio - v1) / (v1_n + 1), v1_n + 1)
         model = bucket is None and step.k > 0  # a draft without evidence: the draft model's
         if model:
             self._draft = self._draft * self.decay + np.array([1.0, n, n * n, step.draft_ms, n * step.draft_ms])
-        for acc, fill in ((self._acc, self._fill), (self._acc_m, self._fill_m)) if model else ((self._acc, self._fill),):
+        for acc, fill in (
+            ((self._acc, self._fill), (self._acc_m, self._fill_m)) if model else ((self._acc, self._fill),)
+        ):
             _count(acc, fill, step, n, self.k_max)
         if step.k > 0:
             src = self.by_source.setdefault(step.source or "?", {"steps": 0, "drafted": 0, "accepted": 0, "ms": 0.0})
@@ -290,8 +296,11 @@ class CostModel:
         draft = np.asarray(state["draft"], float)
         acc_b = {str(k): np.asarray(v, float) for k, v in dict(state.get("acc_by_source", {})).items()}
         bucket_shape = (len(BUCKET_EDGES), 2, self.k_max)
-        if any(a.shape != self._acc.shape for a in (acc, fill, acc_m, fill_m)) or draft.shape != self._draft.shape \
-                or any(a.shape != bucket_shape for a in acc_b.values()):
+        if (
+            any(a.shape != self._acc.shape for a in (acc, fill, acc_m, fill_m))
+            or draft.shape != self._draft.shape
+            or any(a.shape != bucket_shape for a in acc_b.values())
+        ):
             raise ValueError("learnt arrays of another shape")
         for a in (acc, fill, acc_m, fill_m, draft, *acc_b.values()):
             if not np.isfinite(a).all() or (a < 0).any():
@@ -363,8 +372,11 @@ class CostModel:
         sizes = np.arange(1, self.k_max + 2)  # [k_max + 1]
         per_pass, per_row = curve.depth_ms  # the curve's own price of the context in use (`VerifyCurve.predict`)
         extra = ((self.context or curve.context) - curve.context) / 1000.0
-        priced = base if extra == 0.0 or (per_pass, per_row) == (0.0, 0.0) else \
-            np.maximum(base + (per_pass + per_row * sizes) * extra, 0.5 * base)  # [k_max + 1]
+        priced = (
+            base
+            if extra == 0.0 or (per_pass, per_row) == (0.0, 0.0)
+            else np.maximum(base + (per_pass + per_row * sizes) * extra, 0.5 * base)
+        )  # [k_max + 1]
         timed = [(b, p) for b, p in self.points.items() if p.verified and b <= self.k_max + 1]
         if not timed:
             return priced
@@ -462,8 +474,9 @@ class CostModel:
                 chains.append(out)
         return chains[bucket]
 
-    def _bucket_chain(self, counts: np.ndarray, bucket: int, source: str, pooled: float,
-                      memo: str | None = None) -> np.ndarray:
+    def _bucket_chain(
+        self, counts: np.ndarray, bucket: int, source: str, pooled: float, memo: str | None = None
+    ) -> np.ndarray:
         """a_i of `source`'s drafts in `bucket` from counts float [7, 2, k_max]: each bucket's chain from its prior
         mean (`pooled` a_1 capped by `SHORT_MATCH_PRIOR`, or `SOURCE_PRIOR`), raised to the bucket below's. `memo`:
         the memo's source key under which the lower buckets' chains, computed on the way, are kept too (they are
@@ -548,8 +561,11 @@ class CostModel:
             # lookup drafts by source and match length (bucket lower edge): a_1, and the decayed number of verified
             # drafts
             "acceptance_by_match": {
-                source: {str(int(edge)): [r(self.acceptance(b, source)[0]), r(counts[b, 1, 0])]
-                         for b, edge in enumerate(BUCKET_EDGES) if counts[b, 1, 0] > 0}
+                source: {
+                    str(int(edge)): [r(self.acceptance(b, source)[0]), r(counts[b, 1, 0])]
+                    for b, edge in enumerate(BUCKET_EDGES)
+                    if counts[b, 1, 0] > 0
+                }
                 for source, counts in self._acc_b.items()
             },
         }
@@ -576,4 +592,3 @@ def _depth(counts: np.ndarray | None, bucket: int) -> int:
 def bucket_of(match_len: int) -> int:
     """The match-length bucket (0..6) of a lookup draft whose source matched `match_len` >= 1 context tokens."""
     return int(np.searchsorted(BUCKET_EDGES, match_len, side="right")) - 1
-

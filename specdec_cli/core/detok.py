@@ -29,7 +29,9 @@ class TextStream:
         self._tail = ""  # the end of the released text, to find stop strings that straddle a release
         self._keep = max((len(s) for s in self._stop), default=1) - 1
         self.text_parts: list[str] = []  # everything released, in order
-        self.hit: str | None = None  # the stop string that ended the stream (the earliest in the text; ties: listed first)
+        self.hit: str | None = (
+            None  # the stop string that ended the stream (the earliest in the text; ties: listed first)
+        )
 
     @property
     def text(self) -> str:

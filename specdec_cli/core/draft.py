@@ -146,6 +146,11 @@ class DrafterBase(Drafter):
 def cut(draft: Draft, k: int) -> Draft:
     """The first k tokens of a draft (and their q and probabilities): a drafter returned more than asked, or the
     controller trimmed it."""
-    return Draft(tokens=draft.tokens[:k], dists=draft.dists[:k] if draft.dists is not None else None,
-                 score=draft.score, source=draft.source, match_len=draft.match_len,
-                 probs=draft.probs[:k] if draft.probs is not None else None)
+    return Draft(
+        tokens=draft.tokens[:k],
+        dists=draft.dists[:k] if draft.dists is not None else None,
+        score=draft.score,
+        source=draft.source,
+        match_len=draft.match_len,
+        probs=draft.probs[:k] if draft.probs is not None else None,
+    )

@@ -150,9 +150,17 @@ class SpeculativeEngine:
 
     watch: Any = None  # the assembler's `CurveWatch`, which `driver.Drive` shows every pass to; None: none
 
-    def __init__(self, target: Backend, drafter: Drafter | None = None, controller: KController | None = None, *,
-                 prompt_cache: StateCache | None = None, parking: StateParking | None = None,
-                 clock: Callable[[], float] = time.perf_counter, curve: VerifyCurve | None = None) -> None:
+    def __init__(
+        self,
+        target: Backend,
+        drafter: Drafter | None = None,
+        controller: KController | None = None,
+        *,
+        prompt_cache: StateCache | None = None,
+        parking: StateParking | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        curve: VerifyCurve | None = None,
+    ) -> None:
         self.clock = clock  # seconds; tests drive the controller deterministically with a virtual clock
         self.curve = curve
         self.prompt_cache = prompt_cache
@@ -172,8 +180,9 @@ class SpeculativeEngine:
             self._sequence = (self.controller, self.controller.sequence())
         return self._sequence[1]
 
-    def generate(self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()
-                 ) -> Generator[Record, None, None]:
+    def generate(
+        self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()
+    ) -> Generator[Record, None, None]:
         """Yield one `Prefill`, then one `Step` per target forward pass, then one `Finish`: `steps` with every pass
         run on the target alone (the one-sequence case; the server's `server.lanes.Scheduler` runs many at once).
 
@@ -263,8 +272,9 @@ class SpeculativeEngine:
                 # commit: the accepted drafts, then the target's token, cut at an end, a stop string or the budget
                 new = [*map(int, d[:n_acc]), token]
                 n_past = n - 1  # the cache held context[:n - 1] when the pass ran
-                emitted, segments, finish = self._emit(new, n_acc, d, text, config.max_tokens - n_out,
-                                                       t_verify > t_lines)
+                emitted, segments, finish = self._emit(
+                    new, n_acc, d, text, config.max_tokens - n_out, t_verify > t_lines
+                )
                 ctx[n : n + len(new)] = new
                 n += len(new)
                 n_out += len(emitted)
@@ -296,8 +306,11 @@ class SpeculativeEngine:
                     rollback_ms=rollback_ms,
                 )
                 if self.curve is not None:  # where this pass's batch size fell on the measured curve
-                    step = replace(step, curve_ms=self.curve.predict(step.batch_size, n_past or self.curve.context),
-                                   cheap=self.curve.cheap(step.batch_size))
+                    step = replace(
+                        step,
+                        curve_ms=self.curve.predict(step.batch_size, n_past or self.curve.context),
+                        cheap=self.curve.cheap(step.batch_size),
+                    )
                 if drafter is not None and step.source != GRAMMAR:
                     self.sequence.observe(step)  # 6. adapt (forced drafts are the grammar's, not the controller's)
                 yield step
@@ -348,8 +361,14 @@ class SpeculativeEngine:
         if self.prompt_cache is not None and self.target.rollback != "kv" and n_eval:
             # a recurrent state can only be restored whole: the prompt's is the one a later prompt starts with
             self.prompt_cache.save(self.target)
-        return Prefill(n_prompt=len(prompt), n_evaluated=n_eval, ms=(t1 - t0) * 1e3, draft_ms=draft_ms,
-                       n_restored=n_restored, restore_ms=restore_ms)
+        return Prefill(
+            n_prompt=len(prompt),
+            n_evaluated=n_eval,
+            ms=(t1 - t0) * 1e3,
+            draft_ms=draft_ms,
+            n_restored=n_restored,
+            restore_ms=restore_ms,
+        )
 
     def save_prompt(self) -> int:
         """Save the target's KV state (the last generation's prompt and output) to the prompt cache, for a later run
@@ -359,9 +378,14 @@ class SpeculativeEngine:
             return 0
         return self.prompt_cache.save(self.target)
 
-    def _choose_and_draft(self, context: np.ndarray, budget: int, sampling: SamplingParams,
-                          rng: np.random.Generator,
-                          grammar: Constraint | None = None) -> tuple[int, Draft, Draft | None]:
+    def _choose_and_draft(
+        self,
+        context: np.ndarray,
+        budget: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        grammar: Constraint | None = None,
+    ) -> tuple[int, Draft, Draft | None]:
         """Choose K, draft, and keep what is worth verifying. context: int32 [n]; budget: output tokens left.
         With a grammar: the tokens it forces are the draft when there are any (source "grammar"); otherwise every
         draft is cut at its first token the grammar forbids, before it is verified.
@@ -405,8 +429,9 @@ class SpeculativeEngine:
             alt = controller.branch(draft, others, min(limit, budget - 1) + 1) if others else None
         return k, draft, alt
 
-    def _emit(self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream,
-              budget: int, late: bool = False) -> tuple[list[int], list, FinishReason | None]:
+    def _emit(
+        self, new: list[int], n_acc: int, drafted: np.ndarray, text: TextStream, budget: int, late: bool = False
+    ) -> tuple[list[int], list, FinishReason | None]:
         """Commit `new` (accepted drafts, then the target token) to the output, in order, stopping at an
         end-of-generation token, a stop string, the token budget or, when `late` (past `line_time_ms`), a newline.
 

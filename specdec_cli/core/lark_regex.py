@@ -24,16 +24,31 @@ MAX_PATTERN = 200_000  # characters of the regex a grammar becomes; a larger one
 # llguidance's `%import common.NAME` terminals (parser/src/lark/common.rs of guidance-ai/llguidance, after Lark's
 # common.lark), as regexes
 COMMON = {
-    "DIGIT": r"[0-9]", "HEXDIGIT": r"[a-fA-F0-9]", "INT": r"[0-9]+", "SIGNED_INT": r"(\+|-)?[0-9]+",
-    "DECIMAL": r"([0-9]+\.[0-9]*)|(\.[0-9]+)", "_EXP": r"[eE](\+|-)?[0-9]+",
+    "DIGIT": r"[0-9]",
+    "HEXDIGIT": r"[a-fA-F0-9]",
+    "INT": r"[0-9]+",
+    "SIGNED_INT": r"(\+|-)?[0-9]+",
+    "DECIMAL": r"([0-9]+\.[0-9]*)|(\.[0-9]+)",
+    "_EXP": r"[eE](\+|-)?[0-9]+",
     "FLOAT": r"([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+",
     "SIGNED_FLOAT": r"(\+|-)?(([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+)",
     "NUMBER": r"([0-9]+)|([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+",
     "SIGNED_NUMBER": r"(\+|-)?(([0-9]+)|([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+)",
-    "ESCAPED_STRING": r"\"([^\"\\]|\\.)*\"", "LCASE_LETTER": r"[a-z]", "UCASE_LETTER": r"[A-Z]",
-    "LETTER": r"[A-Za-z]", "WORD": r"[A-Za-z]+", "CNAME": r"[_A-Za-z][_A-Za-z0-9]*", "WS_INLINE": r"[ \t]+",
-    "WS": r"[ \t\f\r\n]+", "CR": r"\r", "LF": r"\n", "NEWLINE": r"(\r?\n)+", "SH_COMMENT": r"#[^\n]*",
-    "CPP_COMMENT": r"//[^\n]*", "C_COMMENT": r"\/\*[^*]*\*+(?:[^/*][^*]*\*+)*\/", "SQL_COMMENT": r"--[^\n]*",
+    "ESCAPED_STRING": r"\"([^\"\\]|\\.)*\"",
+    "LCASE_LETTER": r"[a-z]",
+    "UCASE_LETTER": r"[A-Z]",
+    "LETTER": r"[A-Za-z]",
+    "WORD": r"[A-Za-z]+",
+    "CNAME": r"[_A-Za-z][_A-Za-z0-9]*",
+    "WS_INLINE": r"[ \t]+",
+    "WS": r"[ \t\f\r\n]+",
+    "CR": r"\r",
+    "LF": r"\n",
+    "NEWLINE": r"(\r?\n)+",
+    "SH_COMMENT": r"#[^\n]*",
+    "CPP_COMMENT": r"//[^\n]*",
+    "C_COMMENT": r"\/\*[^*]*\*+(?:[^/*][^*]*\*+)*\/",
+    "SQL_COMMENT": r"--[^\n]*",
 }
 
 
@@ -59,11 +74,14 @@ def input_pattern(syntax: Literal["lark", "regex"], definition: str, *, depth: i
         body = lark.regex(d)
         if body is not None and len(body) <= MAX_PATTERN:
             return f"^(?:{body})$"
-    raise Unsupported("the grammar is too large to hold its input to (its recursive rules unrolled once exceed "
-                      f"{MAX_PATTERN} characters of regex), or its recursion never ends")
+    raise Unsupported(
+        "the grammar is too large to hold its input to (its recursive rules unrolled once exceed "
+        f"{MAX_PATTERN} characters of regex), or its recursion never ends"
+    )
 
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<ws>[ \t\r]+|\\\n)
   | (?P<comment>(//|\#)[^\n]*)
   | (?P<nl>\n)
@@ -77,7 +95,9 @@ _TOKEN = re.compile(r"""
   | (?P<special><[^<>\s]+>)
   | (?P<ref>@[\w-]+)
   | (?P<punct>[:|()\[\]{}+*?~,.=&])
-""", re.X)
+""",
+    re.X,
+)
 
 
 @dataclass
@@ -260,7 +280,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
         m = _TOKEN.match(text, i)
         if m is None:
             line = text.count("\n", 0, i) + 1
-            raise Unsupported(f"line {line}: cannot read {text[i:i + 20]!r}")
+            raise Unsupported(f"line {line}: cannot read {text[i : i + 20]!r}")
         kind = m.lastgroup
         assert kind is not None  # every alternative of the pattern is a named group
         if kind == "directive" and m.group() in ("%json", "%regex"):
@@ -281,7 +301,7 @@ def _statements(tokens: list[tuple[str, str]]) -> Iterable[list[tuple[str, str]]
     depth = 0
     for i, tok in enumerate(tokens):
         if tok[0] == "nl":
-            rest = next((t for t in tokens[i + 1:] if t[0] != "nl"), None)
+            rest = next((t for t in tokens[i + 1 :] if t[0] != "nl"), None)
             if depth == 0 and rest != ("punct", "|") and current:
                 yield current
                 current = []
@@ -384,7 +404,7 @@ class _Items:
                 self.i += 1
                 end = self.peek()
                 if end is None or end[0] != "string":
-                    raise Unsupported("a range needs two strings: \"a\"..\"z\"")
+                    raise Unsupported('a range needs two strings: "a".."z"')
                 self.i += 1
                 return ("range", text, _lark_string(end[1]))
             return ("string", text, not value.endswith('"'))  # "..."i: case-insensitive

@@ -24,7 +24,9 @@ class Source(StrEnum):
     `RunStats.by_source` (and so of --json's `stats.by_source` and the server's `specdec.sources`), the stream's
     colours and legend. A StrEnum: it prints, compares and serialises as its value; `label` is what people read."""
 
-    prompt = "prompt"  # prompt lookup: a match in this prompt and output (--method ngram, suffix's and auto's local index)
+    prompt = (
+        "prompt"  # prompt lookup: a match in this prompt and output (--method ngram, suffix's and auto's local index)
+    )
     store = "store"  # the suffix store of past outputs (SuffixDecoding; --method suffix and auto)
     predict = "predict"  # the predicted output the user gave (predicted outputs: --predict, OpenAI's `prediction`)
     draft = "draft"  # a draft model
@@ -36,13 +38,21 @@ class Source(StrEnum):
 
     @property
     def label(self) -> str:
-        """"prompt lookup", "past outputs", "prediction", "draft model"."""
+        """ "prompt lookup", "past outputs", "prediction", "draft model"."""
         return _LABELS[self]
 
 
-_LABELS = {Source.prompt: "prompt lookup", Source.store: "past outputs", Source.predict: "prediction",
-           Source.draft: "draft model", Source.mtp: "MTP head", Source.grammar: "grammar (forced)",
-           Source.realign: "prompt lookup (realigned)", Source.corpus: "corpus", Source.none: "no draft"}
+_LABELS = {
+    Source.prompt: "prompt lookup",
+    Source.store: "past outputs",
+    Source.predict: "prediction",
+    Source.draft: "draft model",
+    Source.mtp: "MTP head",
+    Source.grammar: "grammar (forced)",
+    Source.realign: "prompt lookup (realigned)",
+    Source.corpus: "corpus",
+    Source.none: "no draft",
+}
 
 
 class FinishReason(StrEnum):

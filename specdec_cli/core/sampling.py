@@ -246,8 +246,9 @@ def _row(logits: np.ndarray, masks: np.ndarray | None, i: int) -> np.ndarray:
     return logits[i] if masks is None else apply_mask(logits[i], masks[i])
 
 
-def token_logprob(row: np.ndarray, token: int, n_top: int = 0,
-                  mask: np.ndarray | None = None) -> tuple[float, tuple[tuple[int, float], ...]]:
+def token_logprob(
+    row: np.ndarray, token: int, n_top: int = 0, mask: np.ndarray | None = None
+) -> tuple[float, tuple[tuple[int, float], ...]]:
     """The log-probability of `token` under softmax(row) at temperature 1, masked by `mask` (int32 [W]) and
     renormalised when given, and the `n_top` most likely tokens as (token, logprob), most likely first.
 
@@ -407,8 +408,9 @@ def verify_stochastic(
     return k, sample(process(_row(logits, masks, k), params), rng)
 
 
-def verify_keyed(draft_tokens: np.ndarray, logits: np.ndarray, params: SamplingParams, position: int,
-                 masks: np.ndarray | None = None) -> tuple[int, int]:
+def verify_keyed(
+    draft_tokens: np.ndarray, logits: np.ndarray, params: SamplingParams, position: int, masks: np.ndarray | None = None
+) -> tuple[int, int]:
     """Drafter-invariant verification of one draft under a seed (Daliri et al. 2024, arXiv 2411.18104).
 
     Row i's token is `sample_at(p_i, params.seed, position + i)`, p_i = process(logits[i]) (masked by masks[i] when
@@ -452,8 +454,14 @@ class Proposal(Protocol):
     def dists(self) -> tuple[Dist, ...] | None: ...
 
 
-def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-           masks: np.ndarray | None = None, position: int | None = None) -> tuple[int, int]:
+def verify(
+    draft: Proposal,
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    masks: np.ndarray | None = None,
+    position: int | None = None,
+) -> tuple[int, int]:
     """Verify `draft` against target logits float32 [len(draft)+1, V], masked by the grammar's `masks` (int32
     [len(draft)+1, W]) when given: greedy at temperature 0; with a seed, keyed by `position` (that of the token row 0
     predicts: `verify_keyed`); else rejection sampling. Returns (n_accepted, correction or bonus token). Raises
@@ -467,9 +475,15 @@ def verify(draft: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.
     return verify_stochastic(draft.tokens, draft.dists, logits, params, rng, masks)
 
 
-def verify_branches(drafts: Sequence[np.ndarray], logits: np.ndarray, rows: Sequence[np.ndarray],
-                    params: SamplingParams, rng: np.random.Generator,
-                    masks: np.ndarray | None = None, position: int | None = None) -> tuple[int, int, int]:
+def verify_branches(
+    drafts: Sequence[np.ndarray],
+    logits: np.ndarray,
+    rows: Sequence[np.ndarray],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    masks: np.ndarray | None = None,
+    position: int | None = None,
+) -> tuple[int, int, int]:
     """Verify deterministic drafts (q = one-hot) scored in one target pass, a token tree of a few branches.
 
     Args:

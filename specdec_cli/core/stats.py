@@ -98,15 +98,21 @@ class RunStats:
         d = asdict(self)
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
         d["batch_histogram"] = {str(b): v for b, v in sorted(self.batch_histogram.items())}
-        d["energy"] = self.energy.to_dict(self.n_generated) if self.energy is not None else \
-            unavailable_dict(self.energy_note)
+        d["energy"] = (
+            self.energy.to_dict(self.n_generated) if self.energy is not None else unavailable_dict(self.energy_note)
+        )
         del d["energy_note"]
         return d
 
 
-def summarize(records: Iterable[Record], *, decode_ms: float | None = None,
-              finish_reason: FinishReason | None = None, energy: Energy | None = None,
-              energy_note: str | None = "energy not measured") -> RunStats:
+def summarize(
+    records: Iterable[Record],
+    *,
+    decode_ms: float | None = None,
+    finish_reason: FinishReason | None = None,
+    energy: Energy | None = None,
+    energy_note: str | None = "energy not measured",
+) -> RunStats:
     """Aggregate records into `RunStats`.
 
     Args:

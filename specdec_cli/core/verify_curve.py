@@ -130,24 +130,44 @@ class VerifyCurve:
         return not (1.0 - DRIFT) * v1 <= v1_ms <= (1.0 + DRIFT) * v1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ms": [round(x, 3) for x in self.ms], "spread": [round(x, 4) for x in self.spread],
-                "repeats": self.repeats, "context": self.context, "seconds": round(self.seconds, 2),
-                "measured_at": self.measured_at, "stale": self.stale, "disturbed": self.disturbed,
-                "sizes": list(self.sizes), "depth": self.depth, "depth_ms": [round(x, 4) for x in self.depth_ms],
-                "stale_why": self.stale_why, "provisional": self.provisional, "measured_for": self.measured_for}
+        return {
+            "ms": [round(x, 3) for x in self.ms],
+            "spread": [round(x, 4) for x in self.spread],
+            "repeats": self.repeats,
+            "context": self.context,
+            "seconds": round(self.seconds, 2),
+            "measured_at": self.measured_at,
+            "stale": self.stale,
+            "disturbed": self.disturbed,
+            "sizes": list(self.sizes),
+            "depth": self.depth,
+            "depth_ms": [round(x, 4) for x in self.depth_ms],
+            "stale_why": self.stale_why,
+            "provisional": self.provisional,
+            "measured_for": self.measured_for,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VerifyCurve:
         """Raises ValueError, TypeError or KeyError for a dict that is not a `to_dict()` (an older one, without the
         sizes and depth, reads as one timed at every size and one depth)."""
         per_pass, per_row = (float(x) for x in d.get("depth_ms", (0.0, 0.0)))
-        return cls(ms=tuple(float(x) for x in d["ms"]), spread=tuple(float(x) for x in d.get("spread", ())),
-                   repeats=int(d.get("repeats", 1)), context=int(d.get("context", CONTEXT)),
-                   seconds=float(d.get("seconds", 0.0)), measured_at=str(d.get("measured_at", "")),
-                   stale=bool(d.get("stale", False)), disturbed=str(d.get("disturbed", "")),
-                   sizes=tuple(int(b) for b in d.get("sizes", ())), depth=int(d.get("depth", 0)),
-                   depth_ms=(per_pass, per_row), stale_why=str(d.get("stale_why", "")),
-                   provisional=bool(d.get("provisional", False)), measured_for=str(d.get("measured_for", "")))
+        return cls(
+            ms=tuple(float(x) for x in d["ms"]),
+            spread=tuple(float(x) for x in d.get("spread", ())),
+            repeats=int(d.get("repeats", 1)),
+            context=int(d.get("context", CONTEXT)),
+            seconds=float(d.get("seconds", 0.0)),
+            measured_at=str(d.get("measured_at", "")),
+            stale=bool(d.get("stale", False)),
+            disturbed=str(d.get("disturbed", "")),
+            sizes=tuple(int(b) for b in d.get("sizes", ())),
+            depth=int(d.get("depth", 0)),
+            depth_ms=(per_pass, per_row),
+            stale_why=str(d.get("stale_why", "")),
+            provisional=bool(d.get("provisional", False)),
+            measured_for=str(d.get("measured_for", "")),
+        )
 
 
 class CurveWatch:
@@ -203,5 +223,8 @@ class CurveWatch:
         """How the passes compared, one phrase beginning with `PASSES_OFF` ("" before `WATCH_MIN` passes)."""
         r = self.ratio()
         n = len(self.b1) if len(self.b1) >= WATCH_MIN else len(self.every)
-        return "" if r is None else (f"{PASSES_OFF}: {n} passes cost {r:.2f}x it at depth {self.depth()} (more than "
-                                     f"{DRIFT:.0%} off)")
+        return (
+            ""
+            if r is None
+            else (f"{PASSES_OFF}: {n} passes cost {r:.2f}x it at depth {self.depth()} (more than {DRIFT:.0%} off)")
+        )

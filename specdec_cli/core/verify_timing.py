@@ -44,14 +44,26 @@ def plan_passes(b_max: int = B_MAX, repeats: int = REPEATS, deep: bool = True) -
     of `DEEP_SIZES` (with `deep`), the b = 1 passes around them, and the one-pass fills of each context."""
     sizes = plan(b_max)
     deep_sizes = [b for b in DEEP_SIZES if b <= sizes[-1]] if deep else []
-    return (repeats * len(sizes) + 2 * repeats + (repeats - 1 > 0) + 1
-            + (1 + repeats * len(deep_sizes) if deep_sizes else 0))
+    return (
+        repeats * len(sizes)
+        + 2 * repeats
+        + (repeats - 1 > 0)
+        + 1
+        + (1 + repeats * len(deep_sizes) if deep_sizes else 0)
+    )
 
 
-def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, context: int = CONTEXT,
-            deep: int = DEEP, clock: Callable[[], float] = time.perf_counter,
-            progress: Callable[[int, int], None] | None = None,
-            load: Callable[[], float | None] | None = None) -> VerifyCurve:
+def measure(
+    backend: Backend,
+    *,
+    b_max: int = B_MAX,
+    repeats: int = REPEATS,
+    context: int = CONTEXT,
+    deep: int = DEEP,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int, int], None] | None = None,
+    load: Callable[[], float | None] | None = None,
+) -> VerifyCurve:
     """Time one pass over b tokens with logits for all b rows at each b of `plan(b_max)`, `repeats` times each
     (ascending, then descending: a slow drift of the machine then biases no size), after `context` tokens in the KV
     cache (fewer when the context window or one batch cannot hold them); then `DEEP_SIZES` again after `deep`
@@ -134,15 +146,29 @@ def measure(backend: Backend, *, b_max: int = B_MAX, repeats: int = REPEATS, con
         backend.truncate(0)
     fast = {b: _fastest(t) for b, t in times.items() if t}
     spread = tuple(_spread(times[b]) for b in sizes)
-    depth_ms = _depth_ms({b: fast[b] for b in deep_sizes}, {b: _fastest(t) for b, t in deep_times.items() if t},
-                         deep - context) if deep_sizes and not busy else (0.0, 0.0)
+    depth_ms = (
+        _depth_ms(
+            {b: fast[b] for b in deep_sizes}, {b: _fastest(t) for b, t in deep_times.items() if t}, deep - context
+        )
+        if deep_sizes and not busy
+        else (0.0, 0.0)
+    )
     if load is None:  # the host's load matters to its own clock, not to a virtual one
         load = _load_average if clock is time.perf_counter else lambda: None
     why = busy or disturbance(min(first), min(end), spread, load())
     done_rounds = min(len(t) for t in times.values())  # (fewer than `repeats` where a busy machine stopped it)
-    return VerifyCurve(ms=_interpolate(fast, b_max), spread=spread, repeats=done_rounds, context=context,
-                       seconds=clock() - start, measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       disturbed=why, sizes=sizes, depth=deep if deep_sizes and not busy else 0, depth_ms=depth_ms)
+    return VerifyCurve(
+        ms=_interpolate(fast, b_max),
+        spread=spread,
+        repeats=done_rounds,
+        context=context,
+        seconds=clock() - start,
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        disturbed=why,
+        sizes=sizes,
+        depth=deep if deep_sizes and not busy else 0,
+        depth_ms=depth_ms,
+    )
 
 
 def _tokens(vocab: int, n: int) -> np.ndarray:
@@ -230,9 +256,15 @@ ATTEMPTS = 2  # measurements `measure_steady` makes before it gives up on a quie
 WAIT_S = 10.0  # seconds `measure_steady` waits for a busy machine to settle before it measures again
 
 
-def measure_steady(backend: Backend, *, attempts: int = ATTEMPTS, say: Callable[[str], None] | None = None,
-                   measure_fn: Callable[..., VerifyCurve] | None = None,
-                   wait: Callable[[float], None] | None = None, **kw) -> VerifyCurve:
+def measure_steady(
+    backend: Backend,
+    *,
+    attempts: int = ATTEMPTS,
+    say: Callable[[str], None] | None = None,
+    measure_fn: Callable[..., VerifyCurve] | None = None,
+    wait: Callable[[float], None] | None = None,
+    **kw,
+) -> VerifyCurve:
     """`measure` until a measurement is not disturbed, at most `attempts` times, calling `wait(WAIT_S)` (e.g.
     `time.sleep`; None: no wait) before each repeat; `say` is told why each disturbed one is repeated. Returns the
     last curve (its `disturbed` set when every attempt was disturbed: the caller keeps it as provisional). Keyword
@@ -251,8 +283,9 @@ def measure_steady(backend: Backend, *, attempts: int = ATTEMPTS, say: Callable[
     return curve
 
 
-def measure_token_ms(backend: Backend, *, passes: int = 8, context: int = 64,
-                     clock: Callable[[], float] = time.perf_counter) -> float:
+def measure_token_ms(
+    backend: Backend, *, passes: int = 8, context: int = 64, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """ms of one one-token pass (a draft model's cost per drafted token): the median of `passes` passes after
     `context` tokens, after one untimed warm-up pass (a GPU's clocks ramp up). The cache is emptied first and left
     empty. Raises what `Backend.decode` and `truncate` raise; ValueError for passes < 1."""
@@ -260,7 +293,7 @@ def measure_token_ms(backend: Backend, *, passes: int = 8, context: int = 64,
         raise ValueError(f"passes must be >= 1, got {passes}")
     context = max(1, min(context, backend.n_ctx - 2, backend.n_batch))
     vocab = backend.n_vocab
-    tokens = (np.arange(context + 1, dtype=np.int64) * 7919 % max(vocab - 256, 1) + min(256, vocab - 1))
+    tokens = np.arange(context + 1, dtype=np.int64) * 7919 % max(vocab - 256, 1) + min(256, vocab - 1)
     tokens = tokens.astype(np.int32)
     backend.truncate(0)
     try:
@@ -283,9 +316,16 @@ def _timed_pass(backend: Backend, tokens: np.ndarray, n_logits: int, clock: Call
     return ms
 
 
-def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (1, 4, 8, 16), chunk: int = 256,
-                     repeats: int = 3, clock: Callable[[], float] = time.perf_counter,
-                     progress: Callable[[int, int], None] | None = None) -> dict:
+def measure_at_depth(
+    backend: Backend,
+    *,
+    depth: int,
+    sizes: tuple[int, ...] = (1, 4, 8, 16),
+    chunk: int = 256,
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """What a long context costs: after `depth` tokens in the KV cache, the ms of one prefill chunk of `chunk` tokens
     (no logits) and of one verify pass over b tokens (logits for all b rows), b in `sizes`; median of `repeats`.
 
@@ -298,8 +338,9 @@ def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (
     chunk = min(chunk, backend.n_batch)
     depth = max(1, min(depth, backend.n_ctx - max(chunk, *sizes)))
     vocab = backend.n_vocab
-    tokens = (np.arange(depth + max(chunk, *sizes), dtype=np.int64) * 7919 % max(vocab - 256, 1)
-              + min(256, vocab - 1)).astype(np.int32)
+    tokens = (
+        np.arange(depth + max(chunk, *sizes), dtype=np.int64) * 7919 % max(vocab - 256, 1) + min(256, vocab - 1)
+    ).astype(np.int32)
     start = clock()
     backend.truncate(0)
     times: dict[int, list[float]] = {b: [] for b in sizes}
@@ -312,15 +353,21 @@ def measure_at_depth(backend: Backend, *, depth: int, sizes: tuple[int, ...] = (
         backend.truncate(depth)
         for _ in range(repeats):
             for b in (*sizes, 0):  # 0: the prefill chunk
-                (times[b] if b else chunk_times).append(_timed_pass(backend, tokens[depth : depth + (b or chunk)], b,
-                                                                    clock))
+                (times[b] if b else chunk_times).append(
+                    _timed_pass(backend, tokens[depth : depth + (b or chunk)], b, clock)
+                )
                 done += 1
                 if progress is not None:
                     progress(done, total)
     finally:
         backend.truncate(0)
-    return {"depth": depth, "chunk": chunk, "chunk_ms": statistics.median(chunk_times),
-            "ms": {b: statistics.median(t) for b, t in times.items()}, "seconds": clock() - start}
+    return {
+        "depth": depth,
+        "chunk": chunk,
+        "chunk_ms": statistics.median(chunk_times),
+        "ms": {b: statistics.median(t) for b, t in times.items()},
+        "seconds": clock() - start,
+    }
 
 
 OFF_MARGIN = 0.10  # flash attention off must make a turn this much cheaper (a fraction of on's) to be chosen

@@ -34,17 +34,23 @@ from specdec_cli.drafters.suffix import SuffixDrafter
 
 class AutoDrafter(DrafterBase):
     """Args:
-        suffix: the prompt-lookup and suffix-store source (`SuffixDrafter`; its store may be None), or None.
-        model: a draft model (`ModelDrafter`), or None: then only free drafts are made.
-        predictor: builds the prediction's drafter for one generation from its tokens (int32 [m]), e.g.
-            `lambda p: PredictionDrafter(p, piece=target.piece, tokenize=...)`; None = predictions are ignored.
-        name: "auto", or "predict" for `--method predict` (the prediction alone).
-        corpus: the learnt corpora's source (`CorpusDrafter`), or None (`--corpus off`, or a method without it).
+    suffix: the prompt-lookup and suffix-store source (`SuffixDrafter`; its store may be None), or None.
+    model: a draft model (`ModelDrafter`), or None: then only free drafts are made.
+    predictor: builds the prediction's drafter for one generation from its tokens (int32 [m]), e.g.
+        `lambda p: PredictionDrafter(p, piece=target.piece, tokenize=...)`; None = predictions are ignored.
+    name: "auto", or "predict" for `--method predict` (the prediction alone).
+    corpus: the learnt corpora's source (`CorpusDrafter`), or None (`--corpus off`, or a method without it).
     """
 
-    def __init__(self, suffix: SuffixDrafter | None = None, model: Drafter | None = None, *,
-                 predictor: Callable[[np.ndarray], Drafter] | None = None, name: str = "auto",
-                 corpus: Drafter | None = None) -> None:
+    def __init__(
+        self,
+        suffix: SuffixDrafter | None = None,
+        model: Drafter | None = None,
+        *,
+        predictor: Callable[[np.ndarray], Drafter] | None = None,
+        name: str = "auto",
+        corpus: Drafter | None = None,
+    ) -> None:
         self.suffix, self.model, self.predictor, self.corpus = suffix, model, predictor, corpus
         self.has_model = model is not None
         self.name = name
@@ -52,8 +58,13 @@ class AutoDrafter(DrafterBase):
 
     def fork(self) -> AutoDrafter:
         """Forks of the lookup sources, without the draft model (one sequence's KV cache)."""
-        return AutoDrafter(self.suffix.fork() if self.suffix is not None else None, None, predictor=self.predictor,
-                           name=self.name, corpus=self.corpus.fork() if self.corpus is not None else None)
+        return AutoDrafter(
+            self.suffix.fork() if self.suffix is not None else None,
+            None,
+            predictor=self.predictor,
+            name=self.name,
+            corpus=self.corpus.fork() if self.corpus is not None else None,
+        )
 
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         if self.suffix is not None:
@@ -75,8 +86,12 @@ class AutoDrafter(DrafterBase):
         drafts = []
         if self.suffix is not None:
             local, glob, alt, realigned = self.suffix.continuations(context, k, more=True)
-            drafts += [self.suffix.draft(local, Source.prompt), self.suffix.draft(glob, Source.store),
-                       self.suffix.draft(alt, Source.prompt), self.suffix.draft(realigned, Source.realign)]
+            drafts += [
+                self.suffix.draft(local, Source.prompt),
+                self.suffix.draft(glob, Source.store),
+                self.suffix.draft(alt, Source.prompt),
+                self.suffix.draft(realigned, Source.realign),
+            ]
         if self.prediction is not None:
             drafts.append(self.prediction.propose(context, k, sampling, rng))
         if self.corpus is not None:

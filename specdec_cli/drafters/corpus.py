@@ -50,8 +50,18 @@ class CorpusDrafter(DrafterBase):
 
     name = Source.corpus
 
-    def __init__(self, corpora: CorpusSet, *, max_depth: int = 64, min_match: int = 3, factor: float = 4.0,
-                 min_token_prob: float = 0.1, min_count: int = 3, min_follow: int = 2, copy_match: int = 16) -> None:
+    def __init__(
+        self,
+        corpora: CorpusSet,
+        *,
+        max_depth: int = 64,
+        min_match: int = 3,
+        factor: float = 4.0,
+        min_token_prob: float = 0.1,
+        min_count: int = 3,
+        min_follow: int = 2,
+        copy_match: int = 16,
+    ) -> None:
         if not 1 <= max_depth < WINDOW:
             raise ValueError(f"max_depth must be in 1..{WINDOW - 1}, got {max_depth}")
         if not 1 <= min_follow <= min_count:
@@ -84,8 +94,9 @@ class CorpusDrafter(DrafterBase):
                 best, best_key = cont, key
         if best is None:
             return Draft(tokens=EMPTY, source=Source.corpus)
-        return Draft(tokens=best.tokens, score=best.confidence, source=Source.corpus, match_len=best.match_len,
-                     probs=best.probs)
+        return Draft(
+            tokens=best.tokens, score=best.confidence, source=Source.corpus, match_len=best.match_len, probs=best.probs
+        )
 
     def _lookup(self, c: Corpus, context: np.ndarray, k: int) -> tuple[Continuation, int]:
         """One corpus's continuation and its kind (2: a copy, 1: supported, 0: weak).

@@ -43,7 +43,7 @@ class Edit:
 
     def __init__(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
         self.old, self.new, self.hits, self.misses = old, new, 0, 0
-        self.insertion = new[:len(old)] == old  # text added after `old`, which stays
+        self.insertion = new[: len(old)] == old  # text added after `old`, which stays
 
     @property
     def trusted(self) -> bool:
@@ -82,7 +82,7 @@ class CopyEdits:
 
     # -- following the output -----------------------------------------------------------------------------------------
     def update(self, context: np.ndarray) -> None:
-        new = context[self.n_prompt + len(self.out):]
+        new = context[self.n_prompt + len(self.out) :]
         for t in new.tolist():
             self.out.append(t)
             self._consume(t)
@@ -149,7 +149,7 @@ class CopyEdits:
                 agree = since - m
                 if agree < RESYNC or s + j + agree > self.n_prompt:
                     continue
-                if out[o + m:] == prompt[s + j:s + j + agree].tolist():
+                if out[o + m :] == prompt[s + j : s + j + agree].tolist():
                     best = (j, m, agree)
                     break
             if best:
@@ -159,9 +159,9 @@ class CopyEdits:
         j, m, agree = best
         self.one_for_one[j != m] += 1
         if j and m:
-            self._learn(tuple(prompt[s:s + j].tolist()), tuple(out[o:o + m]))
+            self._learn(tuple(prompt[s : s + j].tolist()), tuple(out[o : o + m]))
         elif m and s > 0:  # an insertion, kept with the prompt token before it
-            self._learn((int(prompt[s - 1]),), (int(prompt[s - 1]), *out[o:o + m]))
+            self._learn((int(prompt[s - 1]),), (int(prompt[s - 1]), *out[o : o + m]))
         self.src, self.run, self.diverged = s + j + agree, agree, None
 
     def _learn(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
@@ -180,8 +180,11 @@ class CopyEdits:
         cands = self.by_first.get(int(self.prompt[pos]))
         if not cands:
             return []
-        return [e for e in cands if (e.trusted or not trusted)
-                and self.prompt[pos:pos + len(e.old)].tolist() == list(e.old)]
+        return [
+            e
+            for e in cands
+            if (e.trusted or not trusted) and self.prompt[pos : pos + len(e.old)].tolist() == list(e.old)
+        ]
 
     # -- drafting -------------------------------------------------------------------------------------------------
     def draft(self, k: int) -> np.ndarray:
@@ -197,8 +200,10 @@ class CopyEdits:
                 return np.zeros(0, dtype=np.int32)
             s, o = self.diverged
             since = len(self.out) - o
-            if self.one_for_one[0] < self.one_for_one[1] \
-                    or self.out[o + 1:] != self.prompt[s + 1:s + since].tolist():  # not one for one
+            if (
+                self.one_for_one[0] < self.one_for_one[1]
+                or self.out[o + 1 :] != self.prompt[s + 1 : s + since].tolist()
+            ):  # not one for one
                 return np.zeros(0, dtype=np.int32)
             return np.asarray(self._copy(s + since, k), dtype=np.int32)
         out = list(self.pending[:k])
@@ -210,7 +215,7 @@ class CopyEdits:
         prompt = self.prompt
         out: list[int] = []
         if not self.edits:  # nothing learnt yet (most steps of most replies): the prompt as it is
-            return prompt[pos:pos + k].tolist()
+            return prompt[pos : pos + k].tolist()
         while len(out) < k and pos < self.n_prompt:
             edits = self._at(pos)
             if edits:
@@ -234,7 +239,7 @@ class CopyEdits:
         i, changed = 0, False
         while i < len(toks) and len(out) < len(toks):
             for e in self.by_first.get(toks[i], ()):
-                if e.trusted and not e.insertion and tuple(toks[i:i + len(e.old)]) == e.old:
+                if e.trusted and not e.insertion and tuple(toks[i : i + len(e.old)]) == e.old:
                     out.extend(e.new)
                     i += len(e.old)
                     changed = True
@@ -242,4 +247,4 @@ class CopyEdits:
             else:
                 out.append(toks[i])
                 i += 1
-        return np.asarray(out[:len(toks)], dtype=np.int32) if changed else tokens
+        return np.asarray(out[: len(toks)], dtype=np.int32) if changed else tokens

@@ -63,5 +63,9 @@ class MtpDrafter(DrafterBase):
             return tok
 
         tokens = self.head.draft(int(context[-1]), len(context) - 1, k, choose)
-        return Draft(tokens=np.asarray(tokens, dtype=np.int32), dists=None if sampling.greedy else tuple(dists),
-                     score=0.0 if sampling.greedy else score[0], source=Source.mtp)
+        return Draft(
+            tokens=np.asarray(tokens, dtype=np.int32),
+            dists=None if sampling.greedy else tuple(dists),
+            score=0.0 if sampling.greedy else score[0],
+            source=Source.mtp,
+        )

@@ -67,6 +67,10 @@ class NgramDrafter(DrafterBase):
                 start = int(ends[best]) + 1
                 cont = ctx[start : start + k]
                 if len(cont):
-                    return Draft(tokens=cont.astype(np.int32, copy=True), score=n / self.n_max, source=Source.prompt,
-                                 match_len=int(lengths[best]))
+                    return Draft(
+                        tokens=cont.astype(np.int32, copy=True),
+                        score=n / self.n_max,
+                        source=Source.prompt,
+                        match_len=int(lengths[best]),
+                    )
         return Draft(tokens=EMPTY, source=Source.prompt)

@@ -76,9 +76,17 @@ class PredictionDrafter(DrafterBase):
 
     name = "predict"
 
-    def __init__(self, prediction: np.ndarray, *, piece: Callable[[int], bytes],
-                 tokenize: Callable[[str], list[int]] | None = None, ahead: int = 256, behind: int = 64,
-                 max_match_bytes: int = 64, min_global_tokens: int = 2) -> None:
+    def __init__(
+        self,
+        prediction: np.ndarray,
+        *,
+        piece: Callable[[int], bytes],
+        tokenize: Callable[[str], list[int]] | None = None,
+        ahead: int = 256,
+        behind: int = 64,
+        max_match_bytes: int = 64,
+        min_global_tokens: int = 2,
+    ) -> None:
         pred = np.asarray(prediction, dtype=np.int32)
         if pred.ndim != 1:
             raise ValueError(f"prediction must be one-dimensional, got shape {pred.shape}")
@@ -164,8 +172,11 @@ class PredictionDrafter(DrafterBase):
         self._seen += len(new)
         if self._ptr >= 0:
             pend = self._pending
-            expected = np.concatenate((pend, self.prediction[self._ptr : self._ptr + len(new) - len(pend)])) \
-                if len(pend) else self.prediction[self._ptr : self._ptr + len(new)]
+            expected = (
+                np.concatenate((pend, self.prediction[self._ptr : self._ptr + len(new) - len(pend)]))
+                if len(pend)
+                else self.prediction[self._ptr : self._ptr + len(new)]
+            )
             n = min(len(expected), len(new))
             neq = np.flatnonzero(expected[:n] != new[:n])
             agree = int(neq[0]) if len(neq) else n

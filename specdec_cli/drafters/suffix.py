@@ -134,8 +134,9 @@ class LocalIndex:
         m = int(lengths.max())
         return m, c[lengths == m]
 
-    def walk(self, ends: np.ndarray, match_len: int, max_len: int, min_prob: float,
-             second: bool = False) -> Continuation:
+    def walk(
+        self, ends: np.ndarray, match_len: int, max_len: int, min_prob: float, second: bool = False
+    ) -> Continuation:
         """Follow the most frequent continuation after the occurrences ending at `ends` (int64 [c], ascending).
 
         Same rule as the global walk: stop after `max_len` tokens, when every occurrence has run into the end of the
@@ -254,9 +255,16 @@ class SuffixDrafter(DrafterBase):
     def fork(self) -> SuffixDrafter:
         """The same store (what any sequence learns, every sequence drafts from), a prompt index and edits of its
         own."""
-        return SuffixDrafter(self.store, max_depth=self.max_depth, factor=self.factor,
-                             min_token_prob=self.min_token_prob, store_prompt=self.store_prompt, lead_in=self.lead_in,
-                             max_candidates=self.local.max_candidates, preload=False)
+        return SuffixDrafter(
+            self.store,
+            max_depth=self.max_depth,
+            factor=self.factor,
+            min_token_prob=self.min_token_prob,
+            store_prompt=self.store_prompt,
+            lead_in=self.lead_in,
+            max_candidates=self.local.max_candidates,
+            preload=False,
+        )
 
     def begin(self, context: np.ndarray, prediction: np.ndarray | None = None) -> None:
         """Start a generation: index the prompt (int32 [n]) afresh and collect the store, so the engine counts both
@@ -295,7 +303,7 @@ class SuffixDrafter(DrafterBase):
                 self.edits.anchor(int(ends[0]) + 1)
             local, alt = self._edited(local), self._edited(alt)
             copy = self.edits.draft(k)  # past every edit so far, the learnt ones applied ahead
-            if len(copy) and not np.array_equal(copy, local.tokens[:len(copy)]):
+            if len(copy) and not np.array_equal(copy, local.tokens[: len(copy)]):
                 # its evidence: the run since the copy re-synced, or, re-syncing, a guess's
                 run = REALIGN_MATCH if self.edits.src is None else max(1, min(self.edits.run, self.max_depth))
                 realigned = Continuation(copy, np.ones(len(copy)), run, 1, 1, "local")
@@ -313,14 +321,15 @@ class SuffixDrafter(DrafterBase):
     def _edited(self, c: Continuation) -> Continuation:
         """`c` with the learnt replacements applied (`CopyEdits.apply`): a renamed word drafted as renamed."""
         tokens = self.edits.apply(c.tokens)
-        return c if tokens is c.tokens else replace(c, tokens=tokens, probs=c.probs[:len(tokens)])
+        return c if tokens is c.tokens else replace(c, tokens=tokens, probs=c.probs[: len(tokens)])
 
     def draft(self, c: Continuation, source: Source) -> Draft:
         """A continuation as a deterministic draft (with its evidence) labelled `source`."""
         if not len(c.tokens):
             return Draft(tokens=EMPTY, dists=None, score=0.0, source=source)
-        return Draft(tokens=c.tokens, dists=None, score=c.confidence, source=source, match_len=c.match_len,
-                     probs=c.probs)
+        return Draft(
+            tokens=c.tokens, dists=None, score=c.confidence, source=source, match_len=c.match_len, probs=c.probs
+        )
 
     def propose(self, context: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         """Draft up to k tokens after `context` (int32 [n]); deterministic, `sampling` and `rng` are unused."""

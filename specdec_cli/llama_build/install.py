@@ -54,8 +54,10 @@ from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__" and sys.version_info < (3, 11):  # before anything that needs a newer Python
-    sys.exit(f"specdec needs Python 3.11+; this is {sys.version_info[0]}.{sys.version_info[1]} ({sys.executable}). "
-             "Run it with a newer one (python3.12 specdec_cli/llama_build/install.py).")
+    sys.exit(
+        f"specdec needs Python 3.11+; this is {sys.version_info[0]}.{sys.version_info[1]} ({sys.executable}). "
+        "Run it with a newer one (python3.12 specdec_cli/llama_build/install.py)."
+    )
 
 VERSION = "0.3.36"
 PATCH_DIR = Path(__file__).resolve().parent / "patches"
@@ -68,16 +70,19 @@ PATCHES = (FA_PATCH, AMX_PATCH)
 BACKENDS = ("auto", "cpu", "metal", "cuda", "vulkan")
 BACKEND_FLAGS = {"cpu": "", "metal": "-DGGML_METAL=on", "cuda": "-DGGML_CUDA=on", "vulkan": "-DGGML_VULKAN=on"}
 # the GPU backends a user's CMAKE_ARGS may switch on; auto then leaves the choice to them
-_CMAKE_BACKEND = re.compile(r"-DGGML_(CUDA|METAL|VULKAN|HIP|SYCL|MUSA|OPENCL)(?::BOOL)?=(ON|1|TRUE|YES)\b",
-                            re.IGNORECASE)
+_CMAKE_BACKEND = re.compile(
+    r"-DGGML_(CUDA|METAL|VULKAN|HIP|SYCL|MUSA|OPENCL)(?::BOOL)?=(ON|1|TRUE|YES)\b", re.IGNORECASE
+)
 AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 MARKER = ".llama-cpp-python-wheel"  # in sys.prefix: the wheel folder installed there
 CPUINFO = Path("/proc/cpuinfo")
 CUDA_DEFAULT_ROOT = "/usr/local/cuda"  # where CMake looks for the toolkit by default on Linux
 _X86 = ("x86_64", "amd64", "i686", "i386", "x86")
 # In the target Python: its wheel tag and prefix (the key and the marker), and whether llama_cpp is a patched build.
-_PROBE = ("import json, sys, sysconfig; print(json.dumps({'tag': sys.implementation.cache_tag + ' ' + "
-          "sysconfig.get_platform(), 'prefix': sys.prefix}))")
+_PROBE = (
+    "import json, sys, sysconfig; print(json.dumps({'tag': sys.implementation.cache_tag + ' ' + "
+    "sysconfig.get_platform(), 'prefix': sys.prefix}))"
+)
 _PATCHED = "import sys, llama_cpp; sys.exit(0 if hasattr(llama_cpp.llama_cpp._lib, 'llama_set_flash_attn') else 1)"
 
 
@@ -133,8 +138,9 @@ def has_amx(cpu: str) -> bool:
     return "amx_tile" in words and "amx_int8" in words
 
 
-def cpu_patches_and_flags(cpu: str, amx: str = "auto", system: str | None = None,
-                          machine: str | None = None) -> tuple[list[str], str]:
+def cpu_patches_and_flags(
+    cpu: str, amx: str = "auto", system: str | None = None, machine: str | None = None
+) -> tuple[list[str], str]:
     """The patches (names in PATCH_DIR) and the CMake flags a build for this CPU gets: the flash-attention switch
     always; on x86 (not Windows) with `amx` "auto" and AMX in `cpu`'s flags the AMX tile fix, else AMX compiled out
     (-mno-amx-* in CMAKE_C_FLAGS and CMAKE_CXX_FLAGS); elsewhere no flags."""
@@ -185,8 +191,9 @@ def _apple_silicon(system: str, machine: str) -> bool:
     return system == "Darwin" and machine.lower() in ("arm64", "aarch64")
 
 
-def choose_backend(requested: str = "auto", *, user_args: str = "", system: str | None = None,
-                   machine: str | None = None) -> Backend:
+def choose_backend(
+    requested: str = "auto", *, user_args: str = "", system: str | None = None, machine: str | None = None
+) -> Backend:
     """The backend for `requested` (one of BACKENDS). auto: a GPU backend that `user_args` (CMAKE_ARGS) switches on;
     else Metal on macOS on Apple Silicon; else CUDA where `nvcc` is found and `nvidia-smi -L` lists a GPU; else the
     CPU. Raises InstallError for a name not in BACKENDS."""
@@ -202,16 +209,26 @@ def choose_backend(requested: str = "auto", *, user_args: str = "", system: str 
     if m := _CMAKE_BACKEND.search(user_args):
         return Backend(m.group(1).lower(), "", f"CMAKE_ARGS switches it on ({m.group(0)})")
     if _apple_silicon(system, machine):
-        return Backend("metal", BACKEND_FLAGS["metal"], "macOS on Apple Silicon: Metal, llama-cpp-python's default "
-                       "there (--backend cpu for none)")
+        return Backend(
+            "metal",
+            BACKEND_FLAGS["metal"],
+            "macOS on Apple Silicon: Metal, llama-cpp-python's default there (--backend cpu for none)",
+        )
     nvcc = find_nvcc()
     if nvcc and (gpus := nvidia_gpus()):
         return Backend("cuda", BACKEND_FLAGS["cuda"], f"nvcc at {nvcc} and an NVIDIA GPU ({gpus[0]})")
     if nvcc:
-        return Backend("cpu", "", f"nvcc at {nvcc}, but no NVIDIA GPU answers (nvidia-smi -L lists none); "
-                       "--backend cuda builds for CUDA anyway")
-    return Backend("cpu", "", "no CUDA compiler (nvcc) found, not macOS on Apple Silicon; --backend vulkan or cuda "
-                   "to build for a GPU")
+        return Backend(
+            "cpu",
+            "",
+            f"nvcc at {nvcc}, but no NVIDIA GPU answers (nvidia-smi -L lists none); "
+            "--backend cuda builds for CUDA anyway",
+        )
+    return Backend(
+        "cpu",
+        "",
+        "no CUDA compiler (nvcc) found, not macOS on Apple Silicon; --backend vulkan or cuda to build for a GPU",
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -244,9 +261,16 @@ class Plan:
 
     def lines(self) -> str:
         """The plan as name=value lines, the backend's reason aside (it goes to stderr)."""
-        fields = {"version": self.version, "python": self.python, "prefix": self.prefix, "backend": self.backend,
-                  "patches": " ".join(self.patches), "cmake_args": self.cmake_args, "wheel_dir": self.wheel_dir,
-                  "state": self.state}
+        fields = {
+            "version": self.version,
+            "python": self.python,
+            "prefix": self.prefix,
+            "backend": self.backend,
+            "patches": " ".join(self.patches),
+            "cmake_args": self.cmake_args,
+            "wheel_dir": self.wheel_dir,
+            "state": self.state,
+        }
         return "".join(f"{k}={v}\n" for k, v in fields.items())
 
 
@@ -266,22 +290,28 @@ def cache_key(version: str, cmake_args: str, tag: str, cpu: str, patch_sum: str)
 
 def _probe(python: str) -> dict:
     try:
-        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [python, "-c", _PROBE], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError) as e:
         raise InstallError(f"{python} could not be run: {e}.", "Pass a Python 3.11+ with --python.") from e
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise InstallError(f"{python} failed to report its version and prefix: {last}",
-                           "Pass a Python 3.11+ with --python.")
+        raise InstallError(
+            f"{python} failed to report its version and prefix: {last}", "Pass a Python 3.11+ with --python."
+        )
     return json.loads(proc.stdout)
 
 
 def loads_patched_build(python: str) -> bool:
     """Whether `python` imports a llama-cpp-python that has specdec's `llama_set_flash_attn` (a child process)."""
     try:
-        return subprocess.run([python, "-c", _PATCHED], capture_output=True, timeout=120,
-                              stdin=subprocess.DEVNULL).returncode == 0
+        return (
+            subprocess.run(
+                [python, "-c", _PATCHED], capture_output=True, timeout=120, stdin=subprocess.DEVNULL
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -322,8 +352,9 @@ def make_plan(python: str | None = None, *, backend: str = "auto", amx: str = "a
         state = "cached"
     else:
         state = "build"
-    return Plan(version, python, info["prefix"], chosen.name, chosen.reason, tuple(patches), args, str(wheel_dir),
-                state)
+    return Plan(
+        version, python, info["prefix"], chosen.name, chosen.reason, tuple(patches), args, str(wheel_dir), state
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -409,12 +440,14 @@ def apply_patch(patch: Path, root: Path) -> list[Path]:
         pos = 0
         for n, hunk in enumerate(hunks, 1):
             start = hunk.old_start if not hunk.old else hunk.old_start - 1
-            found = original[start:start + len(hunk.old)]
+            found = original[start : start + len(hunk.old)]
             if start < pos or found != hunk.old:
-                applied = original[start:start + len(hunk.new)] == hunk.new
-                raise PatchError(f"{name}: hunk {n} of {rel} does not match at line {hunk.old_start}"
-                                 + (" (the patch looks applied already)." if applied else "."),
-                                 "The sdist is not the one the patch was made for: check LLAMA_CPP_PYTHON_VERSION.")
+                applied = original[start : start + len(hunk.new)] == hunk.new
+                raise PatchError(
+                    f"{name}: hunk {n} of {rel} does not match at line {hunk.old_start}"
+                    + (" (the patch looks applied already)." if applied else "."),
+                    "The sdist is not the one the patch was made for: check LLAMA_CPP_PYTHON_VERSION.",
+                )
             out += original[pos:start] + hunk.new
             pos = start + len(hunk.old)
         results.append((path, b"".join(out + original[pos:])))
@@ -443,9 +476,11 @@ def missing_tools() -> list[str]:
 def check_tools() -> None:
     """Raises InstallError naming what `missing_tools` found missing, and how to install it."""
     if missing := missing_tools():
-        raise InstallError(f"Building llama-cpp-python needs {', '.join(missing)}, not found on PATH.",
-                           "Install them (Debian/Ubuntu: apt-get install build-essential; Fedora: dnf install gcc-c++; "
-                           "macOS: xcode-select --install) and run it again.")
+        raise InstallError(
+            f"Building llama-cpp-python needs {', '.join(missing)}, not found on PATH.",
+            "Install them (Debian/Ubuntu: apt-get install build-essential; Fedora: dnf install gcc-c++; "
+            "macOS: xcode-select --install) and run it again.",
+        )
 
 
 def _run(step: str, cmd: list[str], *, out=None, env: dict | None = None, fix: str | None = None) -> None:
@@ -456,8 +491,9 @@ def _run(step: str, cmd: list[str], *, out=None, env: dict | None = None, fix: s
     except OSError as e:
         raise InstallError(f"{step} could not run: {e}.", fix) from e
     if code != 0:
-        raise InstallError(f"{step} failed (exit {code}); the lines above say where.",
-                           fix or "Fix what they name and run it again.")
+        raise InstallError(
+            f"{step} failed (exit {code}); the lines above say where.", fix or "Fix what they name and run it again."
+        )
 
 
 def _ensure_pip(python: str, out=None) -> None:
@@ -484,11 +520,25 @@ def build_wheel(plan: Plan, *, out=None) -> Path:
     tmp: Path | None = building  # None once moved into place
     try:
         src = building / "src"
-        print(f"Building llama-cpp-python {plan.version} from its sdist with {' '.join(plan.patches)}",
-              file=sys.stderr)
-        _run("Downloading the llama-cpp-python sdist", [python, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--no-binary", ":all:", f"llama-cpp-python=={plan.version}", "-d", str(src)], out=out,
-             fix="Check the network (or a pip index: PIP_INDEX_URL) and run it again.")
+        print(f"Building llama-cpp-python {plan.version} from its sdist with {' '.join(plan.patches)}", file=sys.stderr)
+        _run(
+            "Downloading the llama-cpp-python sdist",
+            [
+                python,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={plan.version}",
+                "-d",
+                str(src),
+            ],
+            out=out,
+            fix="Check the network (or a pip index: PIP_INDEX_URL) and run it again.",
+        )
         tarballs = sorted(src.glob("llama_cpp_python-*.tar.gz"))
         if len(tarballs) != 1:
             raise InstallError(f"pip download left {len(tarballs)} llama-cpp-python sdists in {src}, not one.")
@@ -499,14 +549,32 @@ def build_wheel(plan: Plan, *, out=None) -> Path:
         source = folders[0]
         for name in plan.patches:
             apply_patch(PATCH_DIR / name, source)
-        print(f"Building llama-cpp-python {plan.version} for {plan.backend} (~10 min on 2 cores; CMake's steps "
-              f"follow); CMAKE_ARGS={plan.cmake_args}", file=sys.stderr)
+        print(
+            f"Building llama-cpp-python {plan.version} for {plan.backend} (~10 min on 2 cores; CMake's steps "
+            f"follow); CMAKE_ARGS={plan.cmake_args}",
+            file=sys.stderr,
+        )
         env = {**os.environ, "CMAKE_ARGS": plan.cmake_args}
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
         # --verbose: CMake's configuration and every compile step ([n/N] ...) are printed: a long build shows progress
-        _run("Building llama-cpp-python (pip wheel)", [python, "-m", "pip", "wheel", "--verbose", "--no-cache-dir",
-             "--no-deps", str(source), "-w", str(building / "wheel")], out=out, env=env,
-             fix="Fix what they name and run it again (a GPU backend needs its SDK: docs/install.md).")
+        _run(
+            "Building llama-cpp-python (pip wheel)",
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--verbose",
+                "--no-cache-dir",
+                "--no-deps",
+                str(source),
+                "-w",
+                str(building / "wheel"),
+            ],
+            out=out,
+            env=env,
+            fix="Fix what they name and run it again (a GPU backend needs its SDK: docs/install.md).",
+        )
         shutil.rmtree(src)
         built = wheels_in(building / "wheel")
         if not built:
@@ -546,12 +614,18 @@ def install(plan: Plan, *, out=None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The script: print the backend line, then the plan (--dry-run) or carry it out. Returns the exit code."""
-    parser = argparse.ArgumentParser(prog="install.py", description="Build specdec's patched llama-cpp-python for "
-                                     "this machine and install it into a Python.")
+    parser = argparse.ArgumentParser(
+        prog="install.py",
+        description="Build specdec's patched llama-cpp-python for this machine and install it into a Python.",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan (name=value lines); change nothing")
     parser.add_argument("--backend", default="auto", choices=BACKENDS, help="the llama.cpp backend (default: auto)")
-    parser.add_argument("--amx", default="off" if os.environ.get("SPECDEC_AMX") == "off" else "auto",
-                        choices=("auto", "off"), help="x86 CPUs with AMX: patch the kernels (auto) or compile them out")
+    parser.add_argument(
+        "--amx",
+        default="off" if os.environ.get("SPECDEC_AMX") == "off" else "auto",
+        choices=("auto", "off"),
+        help="x86 CPUs with AMX: patch the kernels (auto) or compile them out",
+    )
     parser.add_argument("--python", default=sys.executable, help="the interpreter to install into (default: this one)")
     a = parser.parse_args(argv)
     try:
@@ -561,8 +635,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(plan.lines())
             return 0
         if plan.state == "installed":
-            print(f"llama-cpp-python {plan.version} is installed from the wheel built for this machine: "
-                  f"{plan.wheel_dir}", file=sys.stderr)
+            print(
+                f"llama-cpp-python {plan.version} is installed from the wheel built for this machine: {plan.wheel_dir}",
+                file=sys.stderr,
+            )
             return 0
         install(plan)
     except InstallError as e:

@@ -52,8 +52,9 @@ END = "<end of generation>"  # shown for the end-of-generation token where a run
 _EOG_SEARCH = 64  # end-of-generation tokens are looked for among this many best logits
 
 
-def teacher_force(backend: Backend, prompt_tokens: Sequence[int] | np.ndarray,
-                  output_tokens: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def teacher_force(
+    backend: Backend, prompt_tokens: Sequence[int] | np.ndarray, output_tokens: Sequence[int] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Re-score `output_tokens` with the target one token at a time (batch 1), from an empty cache.
 
     The cache is cleared, the prompt minus its last token is prefilled in n_batch chunks, and then prompt[-1],
@@ -239,12 +240,19 @@ class Divergence:
     def describe(self) -> str:
         """One line for the terminal."""
         m = "margin unknown" if self.margin is None else f"margin {self.margin:.3f} logits"
-        return (f"first divergence at token {self.position}: speculative {self.spec_text}, plain {self.plain_text} "
-                f"({m} in the plain run; near-tie threshold {float(self.threshold)}): {self.verdict}")
+        return (
+            f"first divergence at token {self.position}: speculative {self.spec_text}, plain {self.plain_text} "
+            f"({m} in the plain run; near-tie threshold {float(self.threshold)}): {self.verdict}"
+        )
 
 
-def compare_divergence(spec_tokens: Sequence[int], plain_tokens: Sequence[int], probe: FirstMismatchProbe | None,
-                       backend: Backend, threshold: float = NEAR_TIE_THRESHOLD) -> Divergence | None:
+def compare_divergence(
+    spec_tokens: Sequence[int],
+    plain_tokens: Sequence[int],
+    probe: FirstMismatchProbe | None,
+    backend: Backend,
+    threshold: float = NEAR_TIE_THRESHOLD,
+) -> Divergence | None:
     """The first divergence of a greedy speculative output from the plain one, judged by the plain run's margin.
 
     Args:
@@ -270,8 +278,16 @@ def compare_divergence(spec_tokens: Sequence[int], plain_tokens: Sequence[int], 
         else:  # the speculative run stopped here with an end-of-generation token the records do not keep
             _, margin = eog_margin(row, backend.is_eog)
     verdict = classify(margin, threshold) if margin is not None else DIVERGENCE
-    return Divergence(position=d, spec_token=spec_tok, plain_token=plain_tok, spec_text=token_label(backend, spec_tok),
-                      plain_text=token_label(backend, plain_tok), margin=margin, verdict=verdict, threshold=threshold)
+    return Divergence(
+        position=d,
+        spec_token=spec_tok,
+        plain_token=plain_tok,
+        spec_text=token_label(backend, spec_tok),
+        plain_text=token_label(backend, plain_tok),
+        margin=margin,
+        verdict=verdict,
+        threshold=threshold,
+    )
 
 
 # -- specdec check: every emitted token against the batch-1 argmax ---------------------------------------------------
@@ -342,9 +358,15 @@ class AuditReport:
         }
 
 
-def audit_output(backend: Backend, prompt_tokens: Sequence[int] | np.ndarray, output_tokens: Sequence[int] | np.ndarray,
-                 *, ended_with_eog: bool = False, threshold: float = NEAR_TIE_THRESHOLD,
-                 grammar: Grammar | None = None) -> AuditReport:
+def audit_output(
+    backend: Backend,
+    prompt_tokens: Sequence[int] | np.ndarray,
+    output_tokens: Sequence[int] | np.ndarray,
+    *,
+    ended_with_eog: bool = False,
+    threshold: float = NEAR_TIE_THRESHOLD,
+    grammar: Grammar | None = None,
+) -> AuditReport:
     """Check every emitted token against the target's batch-1 argmax along the same output (`teacher_force`).
 
     Args:
@@ -363,15 +385,30 @@ def audit_output(backend: Backend, prompt_tokens: Sequence[int] | np.ndarray, ou
     out = np.asarray(output_tokens, dtype=np.int32)
     argmax, margin, next_row = _score(backend, prompt_tokens, out, with_next=ended_with_eog, grammar=grammar)
     flags = [
-        Flag(position=int(i), token=int(out[i]), argmax=int(argmax[i]), token_text=token_label(backend, int(out[i])),
-             argmax_text=token_label(backend, int(argmax[i])), margin=float(margin[i]),
-             verdict=classify(float(margin[i]), threshold))
+        Flag(
+            position=int(i),
+            token=int(out[i]),
+            argmax=int(argmax[i]),
+            token_text=token_label(backend, int(out[i])),
+            argmax_text=token_label(backend, int(argmax[i])),
+            margin=float(margin[i]),
+            verdict=classify(float(margin[i]), threshold),
+        )
         for i in np.flatnonzero(argmax != out)
     ]
     if next_row is not None:
         best = int(np.argmax(next_row))
         if not backend.is_eog(best):
             _, m = eog_margin(next_row, backend.is_eog)
-            flags.append(Flag(position=len(out), token=None, argmax=best, token_text=END,
-                              argmax_text=token_label(backend, best), margin=m, verdict=classify(m, threshold)))
+            flags.append(
+                Flag(
+                    position=len(out),
+                    token=None,
+                    argmax=best,
+                    token_text=END,
+                    argmax_text=token_label(backend, best),
+                    margin=m,
+                    verdict=classify(m, threshold),
+                )
+            )
     return AuditReport(n_checked=len(out) + (1 if ended_with_eog else 0), flags=tuple(flags), threshold=threshold)

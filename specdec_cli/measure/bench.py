@@ -223,14 +223,26 @@ class BenchResult:
     def from_dict(cls, d: Mapping[str, Any]) -> BenchResult:
         """Raises KeyError for a record without its place, tok/s or tokens."""
         tokens = d["tokens"]
-        return cls(config=d["config"], prompt=d["prompt"], repeat=d["repeat"], cold=d["cold"],
-                   tokens_per_s=d["tokens_per_s"], tokens=tuple(tokens) if tokens is not None else None,
-                   n_tokens=d.get("n_tokens") or 0, ttft_ms=d.get("ttft_ms"), n_drafted=d.get("n_drafted") or 0,
-                   n_accepted=d.get("n_accepted") or 0, n_spec_steps=d.get("n_spec_steps") or 0,
-                   n_steps=d.get("n_steps") or 0, verify_ms=d.get("verify_ms") or 0.0,
-                   curve_passes=d.get("curve_passes") or 0, cheap_passes=d.get("cheap_passes") or 0,
-                   peak_rss_kib=d.get("peak_rss_kib"), decode_j=d.get("decode_joules"),
-                   energy_note=d.get("energy_note"))
+        return cls(
+            config=d["config"],
+            prompt=d["prompt"],
+            repeat=d["repeat"],
+            cold=d["cold"],
+            tokens_per_s=d["tokens_per_s"],
+            tokens=tuple(tokens) if tokens is not None else None,
+            n_tokens=d.get("n_tokens") or 0,
+            ttft_ms=d.get("ttft_ms"),
+            n_drafted=d.get("n_drafted") or 0,
+            n_accepted=d.get("n_accepted") or 0,
+            n_spec_steps=d.get("n_spec_steps") or 0,
+            n_steps=d.get("n_steps") or 0,
+            verify_ms=d.get("verify_ms") or 0.0,
+            curve_passes=d.get("curve_passes") or 0,
+            cheap_passes=d.get("cheap_passes") or 0,
+            peak_rss_kib=d.get("peak_rss_kib"),
+            decode_j=d.get("decode_joules"),
+            energy_note=d.get("energy_note"),
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -243,8 +255,10 @@ def parse_methods(spec: str) -> list[str]:
     names = [_canonical(s) for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in OUR_METHODS and n != AUTO_WARM]
     if bad:
-        raise UsageError(f"Unknown method {bad[0]!r} in --methods.",
-                         f"Use a comma-separated list of: {', '.join(OUR_METHODS)}, {AUTO_WARM}.")
+        raise UsageError(
+            f"Unknown method {bad[0]!r} in --methods.",
+            f"Use a comma-separated list of: {', '.join(OUR_METHODS)}, {AUTO_WARM}.",
+        )
     return [m for m in OUR_METHODS if m in names or m is Method.none] + ([AUTO_WARM] if AUTO_WARM in names else [])
 
 
@@ -265,12 +279,17 @@ def without_unpaired_draft(options: BenchOptions, models) -> tuple[BenchOptions,
     from specdec_cli.config import load_catalog
     from specdec_cli.draft_policy import paired_draft
 
-    if Method.draft not in options.methods or models.draft is not None \
-            or paired_draft(models.target, load_catalog()) is not None:
+    if (
+        Method.draft not in options.methods
+        or models.draft is not None
+        or paired_draft(models.target, load_catalog()) is not None
+    ):
         return options, None
     kept = [m for m in options.methods if m is not Method.draft]
-    return replace(options, methods=kept), ("draft: not measured: the catalog pairs no draft model with this target "
-                                            "(--draft names one with the same tokenizer).")
+    return replace(options, methods=kept), (
+        "draft: not measured: the catalog pairs no draft model with this target "
+        "(--draft names one with the same tokenizer)."
+    )
 
 
 def parse_native(spec: str) -> tuple[str, ...]:
@@ -295,7 +314,9 @@ def configs_for(methods: list[str], peer: bool, native: bool | tuple[str, ...] =
     if peer:
         out += [BenchConfig(f"peer-{n}", "peer", num_pred_tokens=n) for n in PEER_SETTINGS]
     if native:
-        out += [BenchConfig(f"native-{m}", "native", method=m) for m in (NATIVE if isinstance(native, bool) else native)]
+        out += [
+            BenchConfig(f"native-{m}", "native", method=m) for m in (NATIVE if isinstance(native, bool) else native)
+        ]
     return out
 
 
@@ -317,11 +338,19 @@ class NativeRunner:
             r = run_plain(self.tools, self.target, text, n, self.threads, self.ctx)
         else:
             r = run_speculative(self.tools, self.target, text, n, self.threads, self.ctx, spec_type=msg["method"])
-        return {"tokens_per_s": r.decode_tok_s, "n_tokens": r.n_decoded, "decode_ms": 1e3 * r.decode_s,
-                "energy_note": "native llama.cpp runs in its own process, not metered",
-                "ttft_ms": r.prefill_ms if msg["cold"] else None, "n_drafted": r.n_drafted or 0,
-                "n_accepted": r.n_accepted or 0, "n_spec_steps": 0, "peak_rss_kib": None, "tokens": None,
-                "command": list(r.command)}
+        return {
+            "tokens_per_s": r.decode_tok_s,
+            "n_tokens": r.n_decoded,
+            "decode_ms": 1e3 * r.decode_s,
+            "energy_note": "native llama.cpp runs in its own process, not metered",
+            "ttft_ms": r.prefill_ms if msg["cold"] else None,
+            "n_drafted": r.n_drafted or 0,
+            "n_accepted": r.n_accepted or 0,
+            "n_spec_steps": 0,
+            "peak_rss_kib": None,
+            "tokens": None,
+            "command": list(r.command),
+        }
 
     def close(self, kill: bool = False) -> None:
         pass
@@ -336,8 +365,9 @@ def schedule(n_configs: int, n_prompts: int, repeats: int) -> list[Slot]:
 # Summary: pure functions over the raw run dicts (the same dicts --json holds)
 
 
-def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig],
-              prompts: list[tuple[str, str]]) -> list[BenchSummary]:
+def summarize(
+    runs: list[dict[str, Any]], configs: list[BenchConfig], prompts: list[tuple[str, str]]
+) -> list[BenchSummary]:
     """Per-configuration summaries of the raw runs (read as `BenchResult`s). `prompts`: (name, class) in report
     order.
 
@@ -361,15 +391,20 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig],
                 s.tps_by_prompt[name] = med
                 if len(tps) > 1 and med > 0:
                     spreads.append((max(tps) - min(tps)) / med)
-            ratios = [r.tokens_per_s / b.tokens_per_s for r in rs
-                      if (b := base.get((name, r.repeat))) is not None and b.tokens_per_s > 0
-                      and r.tokens_per_s > 0]
+            ratios = [
+                r.tokens_per_s / b.tokens_per_s
+                for r in rs
+                if (b := base.get((name, r.repeat))) is not None and b.tokens_per_s > 0 and r.tokens_per_s > 0
+            ]
             all_ratios += ratios
             if ratios:
                 s.speedup_by_prompt[name] = statistics.median(ratios)
                 s.speedup_spread_by_prompt[name] = (min(ratios), max(ratios))
-            ttft = [r.ttft_ms for r in results if r.cold and r.config == c.label and r.prompt == name
-                    and r.ttft_ms is not None]
+            ttft = [
+                r.ttft_ms
+                for r in results
+                if r.cold and r.config == c.label and r.prompt == name and r.ttft_ms is not None
+            ]
             if ttft:
                 s.ttft_by_prompt[name] = statistics.median(ttft)
         if all_ratios:
@@ -397,8 +432,10 @@ def summarize(runs: list[dict[str, Any]], configs: list[BenchConfig],
         if mine and all(r.decode_j is not None for r in mine) and (n := sum(r.n_tokens for r in mine)):
             s.j_per_token = sum(r.decode_j or 0.0 for r in mine) / n  # (all set: checked above)
         elif mine:
-            s.energy_note = next((r.energy_note for r in mine if r.energy_note), None) or \
-                "not recorded (a --json from before energy was measured)"
+            s.energy_note = (
+                next((r.energy_note for r in mine if r.energy_note), None)
+                or "not recorded (a --json from before energy was measured)"
+            )
         peaks = [r.peak_rss_kib for r in results if r.config == c.label and r.peak_rss_kib]
         s.peak_rss_kib = max(peaks) if peaks else None
         same, compared, least = 0, 0, None
@@ -457,8 +494,15 @@ class BenchRun:
     started: float = field(default_factory=time.time)
 
 
-def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, options: BenchOptions, reporter: Reporter,
-        progress: Callable[[int], AbstractContextManager[Task]]) -> BenchRun:
+def run(
+    prompts: list[PromptCase],
+    configs: list[BenchConfig],
+    *,
+    models,
+    options: BenchOptions,
+    reporter: Reporter,
+    progress: Callable[[int], AbstractContextManager[Task]],
+) -> BenchRun:
     """Start the workers, check every prompt fits, and run the schedule. Ctrl-C stops the workers and returns what
     was measured (`BenchRun.interrupted`).
 
@@ -479,20 +523,41 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     name = models.draft or paired_draft(models.target, catalog)
     draft = resolve(name, catalog, reporter=reporter) if need_draft and name is not None else None
     load_plan = host.current_plan()
-    bench = BenchRun(target, draft, describe(models.threads, [target] + ([draft] if draft else []),
-                                             system_info=system_info(),
-                                             load_plan=load_plan.to_dict() if load_plan is not None else None))
-    model_msg = {"target": str(target), "draft": str(draft) if draft else None, "draft_named": models.draft is not None,
-                 "ctx": models.ctx,
-                 "threads": models.threads, "gpu_layers": models.gpu_layers, "verbose": models.verbose}
+    bench = BenchRun(
+        target,
+        draft,
+        describe(
+            models.threads,
+            [target] + ([draft] if draft else []),
+            system_info=system_info(),
+            load_plan=load_plan.to_dict() if load_plan is not None else None,
+        ),
+    )
+    model_msg = {
+        "target": str(target),
+        "draft": str(draft) if draft else None,
+        "draft_named": models.draft is not None,
+        "ctx": models.ctx,
+        "threads": models.threads,
+        "gpu_layers": models.gpu_layers,
+        "verbose": models.verbose,
+    }
     workers: dict[str, BenchProcess | NativeRunner] = {}
     plan = schedule(len(configs), len(prompts), options.repeats)
     bench.planned = len(plan)
     try:
         with reporter.status(f"Loading {target.name}" + (f" and {draft.name}" if draft else "")):
-            workers["ours"] = ours = BenchProcess("ours", {
-                "models": model_msg, "prompts": [p.text for p in prompts], "methods": options.methods,
-                "k": options.k, "ngram_min": options.ngram_min, "ngram_max": options.ngram_max})
+            workers["ours"] = ours = BenchProcess(
+                "ours",
+                {
+                    "models": model_msg,
+                    "prompts": [p.text for p in prompts],
+                    "methods": options.methods,
+                    "k": options.k,
+                    "ngram_min": options.ngram_min,
+                    "ngram_max": options.ngram_max,
+                },
+            )
         bench.ours_info = ours.info
         bench.tokens = bench.ours_info["tokens"]
         kind = bench.ours_info.get("kind", "transformer")
@@ -501,39 +566,66 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
             configs[:] = [c for c in configs if c.family != "peer"]
             plan = schedule(len(configs), len(prompts), options.repeats)
             bench.planned = len(plan)
-            bench.notes.append(f"peer: not measured: llama-cpp-python's prompt lookup rolls back by trimming the KV "
-                               f"cache, which this {kind} model's recurrent state cannot take (its decode fails).")
+            bench.notes.append(
+                f"peer: not measured: llama-cpp-python's prompt lookup rolls back by trimming the KV "
+                f"cache, which this {kind} model's recurrent state cannot take (its decode fails)."
+            )
         for p, t in zip(prompts, bench.tokens, strict=False):
             need = len(t) + options.max_tokens + 16
             if need > models.ctx:
                 raise ContextOverflowError(
                     f"Prompt {p.name} is {len(t)} tokens; with --max-tokens {options.max_tokens} it needs more "
-                    f"than --ctx {models.ctx}.", f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.")
+                    f"than --ctx {models.ctx}.",
+                    f"Use --ctx {1 << max(need - 1, 1).bit_length()} or a shorter prompt.",
+                )
         if options.peer and any(c.family == "peer" for c in configs):
             with reporter.status(f"Loading {target.name} in llama-cpp-python (logits_all=True)"):
-                workers["peer"] = peer = BenchProcess("peer", {"models": model_msg, "prompt_tokens": bench.tokens,
-                                                  "warmup_tokens": bench.ours_info["warmup_tokens"]})
+                workers["peer"] = peer = BenchProcess(
+                    "peer",
+                    {
+                        "models": model_msg,
+                        "prompt_tokens": bench.tokens,
+                        "warmup_tokens": bench.ours_info["warmup_tokens"],
+                    },
+                )
             bench.peer_info = peer.info
         if options.llama_cpp:
             from specdec_cli.measure.native import find_tools
 
-            workers["native"] = NativeRunner(find_tools(options.llama_cpp), target, bench.ours_info["rendered"],
-                                             bench.ours_info["threads"] or models.threads or 1, models.ctx)
+            workers["native"] = NativeRunner(
+                find_tools(options.llama_cpp),
+                target,
+                bench.ours_info["rendered"],
+                bench.ours_info["threads"] or models.threads or 1,
+                models.ctx,
+            )
 
         with progress(len(plan)) as task:
             for slot in plan:
                 c, p = configs[slot.config], prompts[slot.prompt]
                 task.describe(f"{c.label:>8} · {p.name} · " + ("cold" if slot.cold else f"repeat {slot.repeat + 1}"))
-                msg = {"op": "run", "prompt": slot.prompt, "cold": slot.cold,
-                       "max_tokens": min(COLD_TOKENS, options.max_tokens) if slot.cold else options.max_tokens}
+                msg = {
+                    "op": "run",
+                    "prompt": slot.prompt,
+                    "cold": slot.cold,
+                    "max_tokens": min(COLD_TOKENS, options.max_tokens) if slot.cold else options.max_tokens,
+                }
                 if c.family in ("ours", "native"):
                     msg["method"] = c.method
                     msg["warm"] = c.warm
                 else:
                     msg["num_pred_tokens"] = c.num_pred_tokens
                 result = workers[c.family].call(msg)
-                bench.runs.append({"config": c.label, "prompt": p.name, "kind": p.kind, "repeat": slot.repeat,
-                                   "cold": slot.cold, **result})
+                bench.runs.append(
+                    {
+                        "config": c.label,
+                        "prompt": p.name,
+                        "kind": p.kind,
+                        "repeat": slot.repeat,
+                        "cold": slot.cold,
+                        **result,
+                    }
+                )
                 task.advance()
     except KeyboardInterrupt:
         bench.interrupted = True
@@ -543,8 +635,9 @@ def run(prompts: list[PromptCase], configs: list[BenchConfig], *, models, option
     return bench
 
 
-def json_doc(bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConfig], *, models,
-             options: BenchOptions) -> dict[str, Any]:
+def json_doc(
+    bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConfig], *, models, options: BenchOptions
+) -> dict[str, Any]:
     """The --json document (version `JSON_VERSION`) without its summary: settings, machine, peer, every raw run."""
     ours_info, peer_info, tokens = bench.ours_info, bench.peer_info, bench.tokens
     return {
@@ -554,19 +647,32 @@ def json_doc(bench: BenchRun, prompts: list[PromptCase], configs: list[BenchConf
         "wall_s": round(time.time() - bench.started, 1),
         "interrupted": bench.interrupted,
         "machine": bench.machine,
-        "settings": {"methods": options.methods, "peer": options.peer, "k": options.k, "max_tokens": options.max_tokens,
-                     "cold_tokens": min(COLD_TOKENS, options.max_tokens), "repeats": options.repeats,
-                     "ctx": models.ctx, "threads": ours_info.get("threads", models.threads),
-                     "ngram_min": options.ngram_min, "ngram_max": options.ngram_max, "sampling": "greedy"},
+        "settings": {
+            "methods": options.methods,
+            "peer": options.peer,
+            "k": options.k,
+            "max_tokens": options.max_tokens,
+            "cold_tokens": min(COLD_TOKENS, options.max_tokens),
+            "repeats": options.repeats,
+            "ctx": models.ctx,
+            "threads": ours_info.get("threads", models.threads),
+            "ngram_min": options.ngram_min,
+            "ngram_max": options.ngram_max,
+            "sampling": "greedy",
+        },
         "target": str(bench.target),
         "draft": str(bench.draft) if bench.draft else None,
         "suffix_store_tokens": ours_info.get("suffix_store_tokens"),
         "kernels": ours_info.get("kernels"),
         "peer": _peer_doc(peer_info, models.ctx) if options.peer and any(c.family == "peer" for c in configs) else None,
-        "rss_after_load_bytes": {"ours": _kib_to_bytes(ours_info.get("rss_after_load_kib")),
-                                 "peer": _kib_to_bytes((peer_info or {}).get("rss_after_load_kib"))},
-        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": len(tokens[i]) if i < len(tokens) else None}
-                    for i, p in enumerate(prompts)],  # no tokens: interrupted while loading
+        "rss_after_load_bytes": {
+            "ours": _kib_to_bytes(ours_info.get("rss_after_load_kib")),
+            "peer": _kib_to_bytes((peer_info or {}).get("rss_after_load_kib")),
+        },
+        "prompts": [
+            {"name": p.name, "kind": p.kind, "n_tokens": len(tokens[i]) if i < len(tokens) else None}
+            for i, p in enumerate(prompts)
+        ],  # no tokens: interrupted while loading
         "configs": [c.label for c in configs],
         "schedule_runs": bench.planned,
         "runs": bench.runs,
@@ -596,9 +702,9 @@ def _peer_doc(info: dict[str, Any] | None, n_ctx: int) -> dict[str, Any]:
         "calls": [peer_call(n, n_ctx) for n in PEER_SETTINGS],
         "max_ngram_size": MAX_NGRAM_SIZE,
         "driven_by": "Llama.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0), the generator create_completion "
-                     "wraps; llama-cpp-python's own defaults otherwise (flash attention off)",
+        "wraps; llama-cpp-python's own defaults otherwise (flash attention off)",
         "logits_all_note": "without logits_all=True, Llama(draft_model=...) fails in 0.3.36 with a numpy broadcast "
-                           "error once the context passes n_batch (512) tokens",
+        "error once the context passes n_batch (512) tokens",
         "scores_buffer_bytes": info.get("scores_bytes") if info else None,
         "n_vocab": info.get("n_vocab") if info else None,
         "acceptance": "derived: each proposal's common prefix with the final output (specdec_cli.measure.peer)",

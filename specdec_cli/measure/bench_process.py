@@ -34,8 +34,15 @@ class BenchProcess:
         self.family = family
         code = "from specdec_cli.measure.bench_process import worker_main; worker_main()"
         # Own session: Ctrl-C in the terminal reaches only the parent, which stops the workers itself.
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, encoding="utf-8", bufsize=1, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+            start_new_session=True,
+        )
         try:
             self.info = self.call({"op": "init", "family": family, **init})
         except BaseException:
@@ -54,8 +61,10 @@ class BenchProcess:
             line = ""
         if not line:
             code = self.proc.wait()
-            raise BackendError(f"The bench worker for {self.family} exited with code {code}.",
-                               "Run with --verbose to see llama.cpp's log, or SPECDEC_DEBUG=1 for tracebacks.")
+            raise BackendError(
+                f"The bench worker for {self.family} exited with code {code}.",
+                "Run with --verbose to see llama.cpp's log, or SPECDEC_DEBUG=1 for tracebacks.",
+            )
         reply = json.loads(line)
         if "error" in reply:
             raise _remote_error(reply["error"])
@@ -91,8 +100,10 @@ def _remote_error(e: dict[str, Any]) -> SpecdecError:
         err = cls.__new__(cls)
         SpecdecError.__init__(err, e["message"], e.get("fix"))
         return err
-    return BackendError(f"A bench worker failed: {e.get('type')}: {e.get('message')} (a bug in specdec).",
-                        "Run with SPECDEC_DEBUG=1 for the worker's traceback.")
+    return BackendError(
+        f"A bench worker failed: {e.get('type')}: {e.get('message')} (a bug in specdec).",
+        "Run with SPECDEC_DEBUG=1 for the worker's traceback.",
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -191,10 +202,18 @@ def _windows_rss_kib() -> tuple[int | None, int | None]:
     size_t = ctypes.c_size_t
 
     class Counters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS (psapi.h)
-        _fields_ = [("cb", ctypes.c_uint32), ("PageFaultCount", ctypes.c_uint32), ("PeakWorkingSetSize", size_t),
-                    ("WorkingSetSize", size_t), ("QuotaPeakPagedPoolUsage", size_t), ("QuotaPagedPoolUsage", size_t),
-                    ("QuotaPeakNonPagedPoolUsage", size_t), ("QuotaNonPagedPoolUsage", size_t),
-                    ("PagefileUsage", size_t), ("PeakPagefileUsage", size_t)]
+        _fields_ = [
+            ("cb", ctypes.c_uint32),
+            ("PageFaultCount", ctypes.c_uint32),
+            ("PeakWorkingSetSize", size_t),
+            ("WorkingSetSize", size_t),
+            ("QuotaPeakPagedPoolUsage", size_t),
+            ("QuotaPagedPoolUsage", size_t),
+            ("QuotaPeakNonPagedPoolUsage", size_t),
+            ("QuotaNonPagedPoolUsage", size_t),
+            ("PagefileUsage", size_t),
+            ("PeakPagefileUsage", size_t),
+        ]
 
     try:
         kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]  # Windows only
@@ -252,9 +271,16 @@ class _OursRunner:
         m = msg["models"]
         self.session = open_session(
             # auto includes a draft model as `run` would: a named --draft, or where it pays (draft_policy)
-            ModelOptions(target=m["target"], draft=m["draft"] if m.get("draft_named") else None, ctx=m["ctx"],
-                         threads=m["threads"], gpu_layers=m["gpu_layers"], verbose=m["verbose"]),
-            need_draft=m["draft"] is not None)
+            ModelOptions(
+                target=m["target"],
+                draft=m["draft"] if m.get("draft_named") else None,
+                ctx=m["ctx"],
+                threads=m["threads"],
+                gpu_layers=m["gpu_layers"],
+                verbose=m["verbose"],
+            ),
+            need_draft=m["draft"] is not None,
+        )
         self.assembler = Assembler(self.session)  # every run's engine is fresh, with a drafter that does not learn
         self.k, self.ngram = msg["k"], (msg["ngram_min"], msg["ngram_max"])  # k was checked by the parent
         self.prompts = [self.session.prompt_tokens(t) for t in msg["prompts"]]
@@ -269,13 +295,17 @@ class _OursRunner:
 
             fp = self.session.vocab_fingerprint()
             store_tokens = SuffixStore(store_path(data_dir(), fp), fingerprint=fp).corpus.n_tokens
-        self.info = {"tokens": [p.tolist() for p in self.prompts], "warmup_tokens": warm.tolist(),
-                     # the chat-templated prompt text, for the native llama.cpp peer (the same ids when it tokenizes)
-                     "rendered": [self.session.target.format_chat([{"role": "user", "content": t}])
-                                  for t in msg["prompts"]],
-                     "threads": self.session.target.n_threads, "suffix_store_tokens": store_tokens,
-                     "kind": self.session.target.kind,  # a recurrent or hybrid model: the peer cannot run it
-                     "rss_after_load_kib": _rss_kib()[1], "kernels": self.session.kernels()}
+        self.info = {
+            "tokens": [p.tolist() for p in self.prompts],
+            "warmup_tokens": warm.tolist(),
+            # the chat-templated prompt text, for the native llama.cpp peer (the same ids when it tokenizes)
+            "rendered": [self.session.target.format_chat([{"role": "user", "content": t}]) for t in msg["prompts"]],
+            "threads": self.session.target.n_threads,
+            "suffix_store_tokens": store_tokens,
+            "kind": self.session.target.kind,  # a recurrent or hybrid model: the peer cannot run it
+            "rss_after_load_kib": _rss_kib()[1],
+            "kernels": self.session.kernels(),
+        }
 
     def _drafter(self, method: Method):
         if method is Method.none:
@@ -298,8 +328,9 @@ class _OursRunner:
         from specdec_cli.spec import SpecOptions
 
         # a fresh --k auto per run (unless warm), as the drafters do not learn either: a cold start each time
-        engine = self.assembler.engine(SpecOptions(method=method, k=self.k), fresh=not warm,
-                                       drafter=self._drafter(method))
+        engine = self.assembler.engine(
+            SpecOptions(method=method, k=self.k), fresh=not warm, drafter=self._drafter(method)
+        )
         first: list[float] = []  # perf_counter s when the first step arrived
 
         def clock(step) -> None:
@@ -316,11 +347,17 @@ class _OursRunner:
             if self.session.draft is not None:
                 self.session.draft.truncate(0)
         reset = _reset_peak_rss()
-        g, ttft = self._generate(Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"],
-                                 warm=msg.get("warm", False))
+        g, ttft = self._generate(
+            Method(msg["method"]), self.prompts[msg["prompt"]], msg["max_tokens"], warm=msg.get("warm", False)
+        )
         hwm, rss = _rss_kib()
-        return {**run_record(g), "ttft_ms": ttft if msg["cold"] else None, "peak_rss_kib": hwm, "rss_kib": rss,
-                "peak_rss_reset": reset}
+        return {
+            **run_record(g),
+            "ttft_ms": ttft if msg["cold"] else None,
+            "peak_rss_kib": hwm,
+            "rss_kib": rss,
+            "peak_rss_reset": reset,
+        }
 
     def close(self) -> None:
         try:
@@ -336,17 +373,27 @@ class _PeerRunner:
         from specdec_cli.measure.peer import PeerModel
 
         m = msg["models"]
-        self.model = PeerModel(m["target"], n_ctx=m["ctx"], n_threads=m["threads"], n_gpu_layers=m["gpu_layers"],
-                               verbose=m["verbose"])
+        self.model = PeerModel(
+            m["target"], n_ctx=m["ctx"], n_threads=m["threads"], n_gpu_layers=m["gpu_layers"], verbose=m["verbose"]
+        )
         self.prompts = msg["prompt_tokens"]
         self.model.generate(msg["warmup_tokens"], num_pred_tokens=10, max_tokens=4, cold=True)
-        self.info = {"scores_bytes": self.model.scores_nbytes, "n_vocab": self.model.n_vocab,
-                     "n_ctx": m["ctx"], "threads": self.model.n_threads, "rss_after_load_kib": _rss_kib()[1]}
+        self.info = {
+            "scores_bytes": self.model.scores_nbytes,
+            "n_vocab": self.model.n_vocab,
+            "n_ctx": m["ctx"],
+            "threads": self.model.n_threads,
+            "rss_after_load_kib": _rss_kib()[1],
+        }
 
     def run(self, msg: dict[str, Any]) -> dict[str, Any]:
         reset = _reset_peak_rss()
-        r = self.model.generate(self.prompts[msg["prompt"]], num_pred_tokens=msg["num_pred_tokens"],
-                                max_tokens=msg["max_tokens"], cold=msg["cold"])
+        r = self.model.generate(
+            self.prompts[msg["prompt"]],
+            num_pred_tokens=msg["num_pred_tokens"],
+            max_tokens=msg["max_tokens"],
+            cold=msg["cold"],
+        )
         hwm, rss = _rss_kib()
         a = r.acceptance
         return {

@@ -67,15 +67,22 @@ def _named(*names: str) -> list[PromptCase]:
 
 PRESET = {
     "plain": Preset("none", False, ("plain",), lambda: [builtin(("edit",))[0]]),
-    "auto": Preset(f"none,ngram,suffix,auto,{AUTO_WARM}", False, ("plain", "ngram-simple"),
-                   lambda: _named("textwrap_rename", "colorsys_type_hints", "shlex_quote", "lighthouse_story",
-                                  "sched_rename_method")),
+    "auto": Preset(
+        f"none,ngram,suffix,auto,{AUTO_WARM}",
+        False,
+        ("plain", "ngram-simple"),
+        lambda: _named(
+            "textwrap_rename", "colorsys_type_hints", "shlex_quote", "lighthouse_story", "sched_rename_method"
+        ),
+    ),
     "verify": Preset(f"none,{AUTO_WARM}", False, ("ngram-simple", "ngram-mod"), lambda: builtin(("edit", "write"))),
 }
 
 EDITS_WARM = (("python_history", 96), ("tests_essay", 96), ("sched_rename_method", 384))  # never measured
-SUFFIX_INSTRUCTION = ("Add Python type hints to this function and keep everything else exactly as it is, including "
-                      "the docstring and comments. Reply with the complete function only.")
+SUFFIX_INSTRUCTION = (
+    "Add Python type hints to this function and keep everything else exactly as it is, including "
+    "the docstring and comments. Reply with the complete function only."
+)
 SUFFIX_FUNCTIONS = ("normcase", "isabs", "join", "split", "splitext", "basename", "dirname", "expanduser")
 
 
@@ -118,8 +125,9 @@ def run_workload(name: str, *, models, options, reporter) -> Sitting:
         prompts.setdefault(case.name, case)
         if record.get("n_prompt"):
             n_prompt.setdefault(case.name, record["n_prompt"])
-        runs.append({"config": config, "prompt": case.name, "kind": case.kind, "repeat": repeat, "cold": False,
-                     **record})
+        runs.append(
+            {"config": config, "prompt": case.name, "kind": case.kind, "repeat": repeat, "cold": False, **record}
+        )
         reporter.note(f"{config:>14} · {case.name} · repeat {repeat + 1}: {record['tokens_per_s']:.1f} tok/s")
 
     interrupted = False
@@ -130,11 +138,22 @@ def run_workload(name: str, *, models, options, reporter) -> Sitting:
         interrupted = True
     target = target or Path(models.target or "?")
     plan = host.current_plan()
-    machine = describe(models.threads, [target] if target.exists() else [], system_info=system_info(),
-                       load_plan=plan.to_dict() if plan is not None else None)
-    bench = BenchRun(target, None, machine,
-                     ours_info=info, tokens=[[0] * n_prompt.get(p, 0) for p in prompts],  # json_doc counts them
-                     runs=runs, planned=len(runs), interrupted=interrupted)
+    machine = describe(
+        models.threads,
+        [target] if target.exists() else [],
+        system_info=system_info(),
+        load_plan=plan.to_dict() if plan is not None else None,
+    )
+    bench = BenchRun(
+        target,
+        None,
+        machine,
+        ours_info=info,
+        tokens=[[0] * n_prompt.get(p, 0) for p in prompts],  # json_doc counts them
+        runs=runs,
+        planned=len(runs),
+        interrupted=interrupted,
+    )
     return Sitting([config_from_label(label) for label in labels], list(prompts.values()), bench)
 
 
@@ -144,13 +163,16 @@ def _session(models, reporter, **kw) -> Iterator[tuple[Any, Any]]:
     from specdec_cli.assemble import Assembler
     from specdec_cli.session import open_session
 
-    with open_session(replace(models, prompt_cache=False), reporter=reporter, **kw) as session, \
-            Assembler(session) as assembler:
+    with (
+        open_session(replace(models, prompt_cache=False), reporter=reporter, **kw) as session,
+        Assembler(session) as assembler,
+    ):
         yield session, assembler
 
 
-def _generate(assembler, method: str, prompt, config, *, k: str = "auto", learn: bool = False, fresh: bool = True,
-              drafter=None):
+def _generate(
+    assembler, method: str, prompt, config, *, k: str = "auto", learn: bool = False, fresh: bool = True, drafter=None
+):
     """One generation with `method`: a drafter of its own (closed after; it learns nothing unless `learn`), or
     `drafter` as given; a new --k auto controller when `fresh`."""
     from specdec_cli.driver import generate
@@ -179,18 +201,30 @@ def _predict(emit, info, models, options, reporter) -> Path:
                 pc = PromptCase(case.name, "predict", case.prompt)
                 prompt, pred = session.prompt_tokens(case.prompt), session.prediction_tokens(case.prediction)
                 _generate(assembler, "none", prompt, replace(base, max_tokens=4))  # prefill once, untimed
-                for label, method, config in (("none", "none", base), ("ngram", "ngram", base), ("auto", "auto", base),
-                                              ("predict", "predict", replace(base, prediction=pred)),
-                                              ("auto+predict", "auto", replace(base, prediction=pred))):
+                for label, method, config in (
+                    ("none", "none", base),
+                    ("ngram", "ngram", base),
+                    ("auto", "auto", base),
+                    ("predict", "predict", replace(base, prediction=pred)),
+                    ("auto+predict", "auto", replace(base, prediction=pred)),
+                ):
                     g = _generate(assembler, method, prompt, config, k=options.k)
-                    emit(label, pc, repeat, {**run_record(g), "accepted_prediction_tokens":
-                                             g.stats.accepted_prediction_tokens})
+                    emit(
+                        label,
+                        pc,
+                        repeat,
+                        {**run_record(g), "accepted_prediction_tokens": g.stats.accepted_prediction_tokens},
+                    )
                     first = first or g
             # iterate on the instruction: a changed prompt; the previous reply as the prediction vs a store that
             # learnt it
             case = predict_cases()[0]
-            changed = PromptCase(f"{case.name}-changed", "iterate", case.prompt.replace(
-                "Return the whole file", "Return the complete file", 1) + "\nKeep every comment as it is.")
+            changed = PromptCase(
+                f"{case.name}-changed",
+                "iterate",
+                case.prompt.replace("Return the whole file", "Return the complete file", 1)
+                + "\nKeep every comment as it is.",
+            )
             assert first is not None  # (the loop above ran)
             prompt, pred = session.prompt_tokens(changed.text), session.prediction_tokens(first.text)
             _generate(assembler, "none", prompt, replace(base, max_tokens=4))
@@ -198,8 +232,11 @@ def _predict(emit, info, models, options, reporter) -> Path:
             try:
                 _generate(assembler, "suffix", session.prompt_tokens(case.prompt), base, drafter=store)  # it learns
                 for label, method, config, drafter in (
-                        ("none", "none", base, None), ("suffix", "suffix", base, store),
-                        ("auto", "auto", base, None), ("auto+predict", "auto", replace(base, prediction=pred), None)):
+                    ("none", "none", base, None),
+                    ("suffix", "suffix", base, store),
+                    ("auto", "auto", base, None),
+                    ("auto+predict", "auto", replace(base, prediction=pred), None),
+                ):
                     g = _generate(assembler, method, prompt, config, k=options.k, drafter=drafter)
                     emit(label, changed, repeat, run_record(g))
             finally:
@@ -218,9 +255,12 @@ def suffix_prompts() -> list[PromptCase]:
     """`SUFFIX_INSTRUCTION` over each of `SUFFIX_FUNCTIONS`, read from this Python's posixpath.py."""
     source = Path(sysconfig.get_paths()["stdlib"], "posixpath.py").read_text(encoding="utf-8")
     funcs = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
-    return [PromptCase(name, "pass 1",
-                       f"{SUFFIX_INSTRUCTION}\n\n```python\n{ast.get_source_segment(source, funcs[name])}\n```")
-            for name in SUFFIX_FUNCTIONS]
+    return [
+        PromptCase(
+            name, "pass 1", f"{SUFFIX_INSTRUCTION}\n\n```python\n{ast.get_source_segment(source, funcs[name])}\n```"
+        )
+        for name in SUFFIX_FUNCTIONS
+    ]
 
 
 @contextmanager
@@ -242,8 +282,11 @@ def _suffix(emit, info, models, options, reporter) -> Path:
     from specdec_cli.measure.bench_process import run_record
 
     config = GenerationConfig(max_tokens=options.max_tokens)
-    with tempfile.TemporaryDirectory(prefix="specdec-bench-suffix-") as tmp, _home(Path(tmp)), \
-            _session(models, reporter, need_draft=False) as (session, assembler):
+    with (
+        tempfile.TemporaryDirectory(prefix="specdec-bench-suffix-") as tmp,
+        _home(Path(tmp)),
+        _session(models, reporter, need_draft=False) as (session, assembler),
+    ):
         info.update(threads=session.target.n_threads, kernels=session.kernels())
         suffix = assembler.make_drafter(_spec("suffix", options.k))
         ngram = assembler.make_drafter(_spec("ngram", options.k))
@@ -253,12 +296,22 @@ def _suffix(emit, info, models, options, reporter) -> Path:
             for pass_no in (1, 2):
                 for case, prompt in cases:
                     # plain decoding runs in both passes: the warm pass is compared with plain decoding beside it
-                    plan = [("none", None), ("ngram", ngram), ("suffix", suffix)] if pass_no == 1 else [
-                        ("none", None), ("suffix", suffix), ("suffix-fresh", suffix)]
+                    plan = (
+                        [("none", None), ("ngram", ngram), ("suffix", suffix)]
+                        if pass_no == 1
+                        else [("none", None), ("suffix", suffix), ("suffix-fresh", suffix)]
+                    )
                     pc = case if pass_no == 1 else PromptCase(f"{case.name} (pass 2)", "pass 2", case.text)
                     for label, drafter in plan:
-                        g = _generate(assembler, label.removesuffix("-fresh"), prompt, config, k=options.k,
-                                      drafter=drafter, fresh=label.endswith("-fresh"))
+                        g = _generate(
+                            assembler,
+                            label.removesuffix("-fresh"),
+                            prompt,
+                            config,
+                            k=options.k,
+                            drafter=drafter,
+                            fresh=label.endswith("-fresh"),
+                        )
                         emit(label, pc, 0, run_record(g))
         finally:
             suffix.close()
@@ -271,27 +324,44 @@ def _specdec_run(home: Path, args: list[str], out: Path) -> dict[str, Any]:
     Raises UsageError with the tail of its stderr when it fails."""
     env = {**os.environ, "SPECDEC_HOME": str(home), "NO_COLOR": "1"}
     cmd = [sys.executable, "-m", "specdec_cli", "run", *args, "--no-prompt-cache", "--json", str(out)]
-    proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, timeout=1800)
+    proc = subprocess.run(
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
-        raise UsageError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}",
-                         "Run that command alone to see why.")
+        raise UsageError(
+            f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}", "Run that command alone to see why."
+        )
     return json.loads(out.read_text(encoding="utf-8"))
 
 
 def seed_home(home: Path, curves: dict[str, Any]) -> Path:
     """A home whose learnt.json holds only these measured verify curves (a fresh controller, not a fresh curve)."""
     (home / "data").mkdir(parents=True, exist_ok=True)
-    (home / "data" / "learnt.json").write_text(json.dumps({"version": 1, "entries": {}, "curves": curves}),
-                                               encoding="utf-8")
+    (home / "data" / "learnt.json").write_text(
+        json.dumps({"version": 1, "entries": {}, "curves": curves}), encoding="utf-8"
+    )
     return home
 
 
 def _edits(emit, info, models, options, reporter) -> Path:
     from specdec_cli.measure.bench import NativeRunner
 
-    cases = _named("textwrap_rename", "colorsys_type_hints", "bisect_rename", "heapq_type_hints", "posixpath_rename",
-                   "genericpath_type_hints", "lighthouse_story", "shlex_quote")
+    cases = _named(
+        "textwrap_rename",
+        "colorsys_type_hints",
+        "bisect_rename",
+        "heapq_type_hints",
+        "posixpath_rename",
+        "genericpath_type_hints",
+        "lighthouse_story",
+        "shlex_quote",
+    )
     warm = {c.name: c for c in _named(*(n for n, _ in EDITS_WARM))}
     common = (["-t", models.target] if models.target else []) + ["--ctx", str(models.ctx)]
     with tempfile.TemporaryDirectory(prefix="specdec-bench-edits-") as tmp:
@@ -321,21 +391,48 @@ def _edits(emit, info, models, options, reporter) -> Path:
             shutil.copytree(warm0, shared)
             for i in [*range(r % len(cases), len(cases)), *range(r % len(cases))]:
                 case = cases[i]
-                for cfg in configs[r % len(configs):] + configs[: r % len(configs)]:
+                for cfg in configs[r % len(configs) :] + configs[: r % len(configs)]:
                     if cfg.startswith("native-"):
                         assert native is not None  # (native configs only with it)
-                        emit(cfg, case, r, native.call({"prompt": i, "max_tokens": options.max_tokens, "cold": False,
-                                                      "method": cfg[7:]}))
+                        emit(
+                            cfg,
+                            case,
+                            r,
+                            native.call(
+                                {"prompt": i, "max_tokens": options.max_tokens, "cold": False, "method": cfg[7:]}
+                            ),
+                        )
                         continue
                     home = shared if cfg == "shared" else seed_home(base / f"{case.name}-{cfg}-{r}", curves)
-                    d = _specdec_run(home, [str(files[case.name]), *common, "-n", str(options.max_tokens),
-                                            *(["--method", "none"] if cfg == "none" else [])], base / "out.json")
+                    d = _specdec_run(
+                        home,
+                        [
+                            str(files[case.name]),
+                            *common,
+                            "-n",
+                            str(options.max_tokens),
+                            *(["--method", "none"] if cfg == "none" else []),
+                        ],
+                        base / "out.json",
+                    )
                     st = d["stats"]
-                    emit(cfg, case, r, {"tokens_per_s": st["tokens_per_s"], "n_tokens": st["n_generated"],
-                                      "n_prompt": st["n_prompt"], "n_drafted": st["n_drafted"],
-                                      "n_accepted": st["n_accepted"], "n_steps": st["n_target_passes"],
-                                      "n_spec_steps": sum(1 for s in d["steps"] if s.get("drafted")),
-                                      "verify_ms": st["verify_ms"], "curve_passes": st["curve_passes"],
-                                      "cheap_passes": st["cheap_passes"], "tokens": d["tokens"],
-                                      "k_max": max((s["k"] for s in d["steps"]), default=0)})
+                    emit(
+                        cfg,
+                        case,
+                        r,
+                        {
+                            "tokens_per_s": st["tokens_per_s"],
+                            "n_tokens": st["n_generated"],
+                            "n_prompt": st["n_prompt"],
+                            "n_drafted": st["n_drafted"],
+                            "n_accepted": st["n_accepted"],
+                            "n_steps": st["n_target_passes"],
+                            "n_spec_steps": sum(1 for s in d["steps"] if s.get("drafted")),
+                            "verify_ms": st["verify_ms"],
+                            "curve_passes": st["curve_passes"],
+                            "cheap_passes": st["cheap_passes"],
+                            "tokens": d["tokens"],
+                            "k_max": max((s["k"] for s in d["steps"]), default=0),
+                        },
+                    )
     return target

@@ -78,8 +78,10 @@ class Comparison:
             if g.stats.j_per_token is None:
                 return g.stats.energy_note or "no output tokens"
             if g.stats.j_per_token <= 0:
-                return "a side's counters did not advance (a run shorter than their update interval: NVML's is " \
-                       "20-100 ms); use more --max-tokens"
+                return (
+                    "a side's counters did not advance (a run shorter than their update interval: NVML's is "
+                    "20-100 ms); use more --max-tokens"
+                )
         return "no pairs"
 
 
@@ -95,9 +97,18 @@ def energy_pairs(paired: Paired[Result, Result]) -> Paired[Result, Result] | Non
     return Paired(tuple(pairs), paired.a_results, paired.b_results) if pairs else None
 
 
-def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
-                  reference: list[int], pairs: int, *, drafter: Drafter | None, controller: KController | None,
-                  threshold: float = NEAR_TIE_THRESHOLD) -> Comparison:
+def against_plain(
+    session: Session,
+    spec: SpecOptions,
+    prompt: np.ndarray,
+    config: GenerationConfig,
+    reference: list[int],
+    pairs: int,
+    *,
+    drafter: Drafter | None,
+    controller: KController | None,
+    threshold: float = NEAR_TIE_THRESHOLD,
+) -> Comparison:
     """Warm up, then `pairs` interleaved pairs of the speculative side and plain decoding (`paired.measure`).
 
     Args:
@@ -132,8 +143,14 @@ def against_plain(session: Session, spec: SpecOptions, prompt: np.ndarray, confi
         generate(assembler.engine(plain_spec, fresh=True), prompt, replace(config, max_tokens=WARMUP_TOKENS))
 
     def speculative() -> tuple[float, Result]:
-        return run(assembler.engine(spec, fresh=True, drafter=learning_free,
-                                    controller=copy.deepcopy(controller) if learning_free is not None else None))
+        return run(
+            assembler.engine(
+                spec,
+                fresh=True,
+                drafter=learning_free,
+                controller=copy.deepcopy(controller) if learning_free is not None else None,
+            )
+        )
 
     def plain() -> tuple[float, Result]:
         rate, g = run((assembler if first_plain else probed).engine(plain_spec, fresh=True))

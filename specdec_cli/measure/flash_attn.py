@@ -59,12 +59,16 @@ class Choice:
         on, off = self.turn_ms["on"], self.turn_ms["off"]
         if "phased" in self.turn_ms:
             state = "phased" if self.phased else "on" if self.on else "off"
-            return (f"flash attention {state}"
-                    f": at {self.depth} tokens of context a prompt token plus an output token cost "
-                    f"{self.turn_ms['phased']:.1f} ms phased, {on:.1f} ms with it, {off:.1f} ms without")
+            return (
+                f"flash attention {state}"
+                f": at {self.depth} tokens of context a prompt token plus an output token cost "
+                f"{self.turn_ms['phased']:.1f} ms phased, {on:.1f} ms with it, {off:.1f} ms without"
+            )
         why = "" if not (self.on and off < on) else f" (off is chosen only when {OFF_MARGIN:.0%} cheaper)"
-        return (f"flash attention {'on' if self.on else 'off'}: at {self.depth} tokens of context a prompt token plus "
-                f"an output token cost {on:.1f} ms with it, {off:.1f} ms without{why}")
+        return (
+            f"flash attention {'on' if self.on else 'off'}: at {self.depth} tokens of context a prompt token plus "
+            f"an output token cost {on:.1f} ms with it, {off:.1f} ms without{why}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"on": self.on, "depth": self.depth, "turn_ms": self.turn_ms, "ms": self.ms}
@@ -78,15 +82,16 @@ class Choice:
             raise TypeError("on must be a bool")
         names = ("on", "off", "phased") if "phased" in d["turn_ms"] else ("on", "off")
         turn_ms = {k: float(d["turn_ms"][k]) for k in names}
-        return cls(on=prefers_on(turn_ms), depth=int(d["depth"]), turn_ms=turn_ms,
-                   ms={k: dict(d["ms"][k]) for k in names})
+        return cls(
+            on=prefers_on(turn_ms), depth=int(d["depth"]), turn_ms=turn_ms, ms={k: dict(d["ms"][k]) for k in names}
+        )
 
 
 def decode_ms_per_token(ms: dict[Any, float], acceptance: float = ACCEPTANCE) -> float:
     """ms per output token of the cheapest verify size in `ms` ({b: ms of one pass over b tokens}) when each draft
     token is accepted with probability `acceptance` until the first rejection: a pass over b tokens yields
     1 + a + ... + a^(b-1) tokens (the accepted drafts and the bonus token)."""
-    return min(v / sum(acceptance ** i for i in range(int(b))) for b, v in ms.items())
+    return min(v / sum(acceptance**i for i in range(int(b))) for b, v in ms.items())
 
 
 def decide(off: dict[str, Any], on: dict[str, Any], phased: dict[str, Any] | None = None) -> Choice:
@@ -95,8 +100,9 @@ def decide(off: dict[str, Any], on: dict[str, Any], phased: dict[str, Any] | Non
     costs no more than on. `off`/`on`/`phased`: `measure_at_depth`'s dicts."""
     timed = {"on": on, "off": off, **({"phased": phased} if phased is not None else {})}
     turn = {name: m["chunk_ms"] / m["chunk"] + decode_ms_per_token(m["ms"]) for name, m in timed.items()}
-    return Choice(on=prefers_on(turn), depth=int(off["depth"]), turn_ms=turn,
-                  ms={name: _json(m) for name, m in timed.items()})
+    return Choice(
+        on=prefers_on(turn), depth=int(off["depth"]), turn_ms=turn, ms={name: _json(m) for name, m in timed.items()}
+    )
 
 
 def _json(m: dict[str, Any]) -> dict[str, Any]:
@@ -111,10 +117,15 @@ def settings() -> tuple[Any, ...]:
     return (False, True, PHASED) if flash_attn_switch() else (False, True)
 
 
-def measure(target_path: str | Path, *, threads: int | None = None, depth: int = DEPTH,
-            backend: Callable[[bool], Any] | None = None,
-            progress: Callable[[int, int], None] | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> Choice:
+def measure(
+    target_path: str | Path,
+    *,
+    threads: int | None = None,
+    depth: int = DEPTH,
+    backend: Callable[[bool], Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Choice:
     """Time the settings (off, on, then phased where the build can switch: `models.llama.flash_attn_switch`; each in a
     context of its own, loaded and closed in turn) and decide.
     `backend(flash_attn)`: opens a `Backend` (default: `LlamaBackend` of `target_path` with room for `depth`);
@@ -130,8 +141,9 @@ def measure(target_path: str | Path, *, threads: int | None = None, depth: int =
         timed = settings()
 
         def backend(flash_attn: bool):
-            return LlamaBackend(target_path, n_ctx=depth + 2 * CHUNK, n_batch=512, n_threads=threads,
-                                flash_attn=flash_attn)
+            return LlamaBackend(
+                target_path, n_ctx=depth + 2 * CHUNK, n_batch=512, n_threads=threads, flash_attn=flash_attn
+            )
 
     done = [0]
     total = len(timed) * (len(SIZES) + 1) * REPEATS
@@ -145,8 +157,9 @@ def measure(target_path: str | Path, *, threads: int | None = None, depth: int =
     for setting in timed:
         b = backend(setting)
         try:
-            results[setting] = measure_at_depth(b, depth=depth, sizes=SIZES, chunk=CHUNK, repeats=REPEATS,
-                                                progress=tick, clock=clock)
+            results[setting] = measure_at_depth(
+                b, depth=depth, sizes=SIZES, chunk=CHUNK, repeats=REPEATS, progress=tick, clock=clock
+            )
         finally:
             b.close()
     phased = next((r for s, r in results.items() if not isinstance(s, bool)), None)  # PHASED's, if timed

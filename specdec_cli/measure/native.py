@@ -148,8 +148,11 @@ def find_tools(directory: str | os.PathLike[str]) -> NativeTools:
         comp, spec = d / COMPLETION, d / SPECULATIVE
         if _is_exe(comp) and _is_exe(spec):
             return NativeTools(comp.resolve(), spec.resolve())
-    missing = [n for n in (COMPLETION, SPECULATIVE) if not any(_is_exe(d / n) for d in (root, root / "bin",
-                                                                                         root / "build" / "bin"))]
+    missing = [
+        n
+        for n in (COMPLETION, SPECULATIVE)
+        if not any(_is_exe(d / n) for d in (root, root / "bin", root / "build" / "bin"))
+    ]
     raise UsageError(
         f"--llama-cpp {directory}: no executable {' or '.join(missing)} in it, bin/ or build/bin/.", BUILD_HINT
     )
@@ -214,25 +217,46 @@ def _unparsed(tool: str, lines: str, stderr_text: str) -> NativeToolError:
 # -- command lines -------------------------------------------------------------------------------------------
 def _common_args(model_path: Path, prompt_file: str, n_predict: int, threads: int, ctx: int) -> list[str]:
     return [
-        "-m", str(model_path),
-        "-bf", prompt_file,          # verbatim prompt (no trailing-newline strip)
-        "--no-escape",               # no \n processing inside the prompt
-        "-n", str(n_predict),
-        "-t", str(threads), "-tb", str(threads),
-        "-c", str(ctx),
-        "--temp", "0", "--top-k", "1",  # greedy
-        "--seed", "0",
+        "-m",
+        str(model_path),
+        "-bf",
+        prompt_file,  # verbatim prompt (no trailing-newline strip)
+        "--no-escape",  # no \n processing inside the prompt
+        "-n",
+        str(n_predict),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        str(ctx),
+        "--temp",
+        "0",
+        "--top-k",
+        "1",  # greedy
+        "--seed",
+        "0",
     ]
 
 
 def completion_command(
-    tools: NativeTools, model_path: Path, prompt_file: str, n_tokens: int, threads: int, ctx: int,
+    tools: NativeTools,
+    model_path: Path,
+    prompt_file: str,
+    n_tokens: int,
+    threads: int,
+    ctx: int,
     schema_file: str | None = None,
 ) -> list[str]:
     """The `llama-completion` argument list: plain greedy decoding of `n_tokens`, no chat template, no prompt echo;
     constrained by the JSON schema in `schema_file` when given (`-jf`: llama.cpp's own schema-to-grammar)."""
-    return [str(tools.completion), *_common_args(model_path, prompt_file, n_tokens, threads, ctx),
-            "-no-cnv", "--no-display-prompt", *(("-jf", schema_file) if schema_file is not None else ())]
+    return [
+        str(tools.completion),
+        *_common_args(model_path, prompt_file, n_tokens, threads, ctx),
+        "-no-cnv",
+        "--no-display-prompt",
+        *(("-jf", schema_file) if schema_file is not None else ()),
+    ]
 
 
 def speculative_command(
@@ -255,10 +279,16 @@ def speculative_command(
     if spec_type not in SPEC_TYPES:
         raise UsageError(f"Unknown llama.cpp --spec-type {spec_type!r}.", f"Use one of: {', '.join(SPEC_TYPES)}.")
     if (spec_type == "draft-simple") != (draft_model is not None):
-        raise UsageError("llama.cpp draft-simple needs a draft model, and only it takes one.",
-                         "Pass draft_model with spec_type='draft-simple'.")
-    cmd = [str(tools.speculative), *_common_args(model_path, prompt_file, max(n_tokens - 1, 0), threads, ctx),
-           "--spec-type", spec_type]
+        raise UsageError(
+            "llama.cpp draft-simple needs a draft model, and only it takes one.",
+            "Pass draft_model with spec_type='draft-simple'.",
+        )
+    cmd = [
+        str(tools.speculative),
+        *_common_args(model_path, prompt_file, max(n_tokens - 1, 0), threads, ctx),
+        "--spec-type",
+        spec_type,
+    ]
     if draft_model is not None:
         cmd += ["-md", str(draft_model), "-td", str(threads), "-tbd", str(threads)]
     if n_max is not None:
@@ -314,8 +344,9 @@ def run_speculative(
     model = _check_inputs(model_path, n_tokens)
     draft = _check_inputs(draft_model, n_tokens) if draft_model is not None else None
     with _prompt_file(prompt_text) as pf:
-        cmd = speculative_command(tools, model, pf, n_tokens, threads, ctx,
-                                  spec_type=spec_type, draft_model=draft, n_max=n_max)
+        cmd = speculative_command(
+            tools, model, pf, n_tokens, threads, ctx, spec_type=spec_type, draft_model=draft, n_max=n_max
+        )
         out, err = _run(cmd, timeout_s)
     stats = parse_speculative(err)
     return _result(f"native {spec_type}", stats, _speculative_text(out, prompt_text), cmd)
@@ -345,11 +376,14 @@ def _prompt_file(text: str) -> Iterator[str]:
 def _run(cmd: list[str], timeout_s: float) -> tuple[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, env=env,
-                              check=False)
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, env=env, check=False
+        )
     except subprocess.TimeoutExpired:
-        raise NativeToolError(f"{Path(cmd[0]).name} did not finish within {timeout_s:.0f} s (killed).",
-                              "Use a smaller token budget or context.") from None
+        raise NativeToolError(
+            f"{Path(cmd[0]).name} did not finish within {timeout_s:.0f} s (killed).",
+            "Use a smaller token budget or context.",
+        ) from None
     except OSError as e:
         raise NativeToolError(f"{cmd[0]} could not be started: {e.strerror}.", BUILD_HINT) from None
     out = proc.stdout.decode("utf-8", "replace")
@@ -361,8 +395,9 @@ def _run(cmd: list[str], timeout_s: float) -> tuple[str, str]:
 
 def _failed(cmd: list[str], code: int, err: str) -> NativeToolError:
     tail = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "(no output)")
-    return NativeToolError(f"{Path(cmd[0]).name} exited with code {code}: {tail[:200]}",
-                           "Run the command by hand to see its full output.")
+    return NativeToolError(
+        f"{Path(cmd[0]).name} exited with code {code}: {tail[:200]}", "Run the command by hand to see its full output."
+    )
 
 
 def _completion_text(stdout: str) -> str:
@@ -375,7 +410,7 @@ def _speculative_text(stdout: str, prompt_text: str) -> str | None:
     """`llama-speculative-simple` prints "\\n\\n", the prompt's token pieces, the output, then "\\n\\n"."""
     body = stdout.removeprefix("\n\n").removesuffix("\n\n")
     at = body.find(prompt_text)
-    return body[at + len(prompt_text):] if at >= 0 else None
+    return body[at + len(prompt_text) :] if at >= 0 else None
 
 
 def _result(name: str, s: NativeStats, text: str | None, cmd: list[str]) -> NativeResult:

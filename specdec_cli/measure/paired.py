@@ -76,12 +76,22 @@ class Paired(Generic[A, B]):
 
     def to_dict(self, a: str = "a", b: str = "b") -> dict:
         """For --json: the median ratio, its min and max, and every pair (rates named `a` and `b`)."""
-        return {"pairs": len(self.pairs), "median": self.median, "min": self.low, "max": self.high,
-                "each": [{a: p.a, b: p.b, "ratio": p.ratio, "first": a if p.a_first else b} for p in self.pairs]}
+        return {
+            "pairs": len(self.pairs),
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
+            "each": [{a: p.a, b: p.b, "ratio": p.ratio, "first": a if p.a_first else b} for p in self.pairs],
+        }
 
 
-def measure(side_a: Callable[[], tuple[float, A]], side_b: Callable[[], tuple[float, B]], n: int, *,
-            warmup: Callable[[], None] | None = None) -> Paired[A, B]:
+def measure(
+    side_a: Callable[[], tuple[float, A]],
+    side_b: Callable[[], tuple[float, B]],
+    n: int,
+    *,
+    warmup: Callable[[], None] | None = None,
+) -> Paired[A, B]:
     """Run `warmup` once (untimed), then `n` pairs of the two sides, A first in pairs 1, 3, 5, ..., B first in the
     others. Each side returns (its rate, its result); the rates are paired as measured.
 

@@ -48,8 +48,10 @@ MAX_NGRAM_SIZE = 2  # LlamaPromptLookupDecoding's default
 
 def peer_call(num_pred_tokens: int, n_ctx: int) -> str:
     """The Python call the peer configuration runs, as shown in the report."""
-    return (f"Llama(model_path, n_ctx={n_ctx}, logits_all=True, "
-            f"draft_model=LlamaPromptLookupDecoding(num_pred_tokens={num_pred_tokens}))")
+    return (
+        f"Llama(model_path, n_ctx={n_ctx}, logits_all=True, "
+        f"draft_model=LlamaPromptLookupDecoding(num_pred_tokens={num_pred_tokens}))"
+    )
 
 
 class RecordingDraft:
@@ -147,8 +149,16 @@ class PeerModel:
     its KV cache the way our methods share our target's. Raises ModelError when llama.cpp cannot load the model.
     """
 
-    def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = -1,
-                 verbose: bool = False, logits_all: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int = -1,
+        verbose: bool = False,
+        logits_all: bool = True,
+    ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -157,12 +167,20 @@ class PeerModel:
         self._lookup = LlamaPromptLookupDecoding
         threads = n_threads or default_threads()
         try:
-            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                             n_gpu_layers=n_gpu_layers, logits_all=logits_all, verbose=verbose,
-                             draft_model=LlamaPromptLookupDecoding(num_pred_tokens=PEER_SETTINGS[0]))
+            self.llm = Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=n_gpu_layers,
+                logits_all=logits_all,
+                verbose=verbose,
+                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=PEER_SETTINGS[0]),
+            )
         except ValueError as e:
-            raise ModelError(f"llama-cpp-python could not load {path}: {e}.",
-                             "Run with --verbose to see llama.cpp's log.") from None
+            raise ModelError(
+                f"llama-cpp-python could not load {path}: {e}.", "Run with --verbose to see llama.cpp's log."
+            ) from None
         self.n_threads = threads
 
     @property
@@ -180,8 +198,9 @@ class PeerModel:
 
         return bool(llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, token))  # create_completion's own check
 
-    def generate(self, prompt: list[int] | np.ndarray, *, num_pred_tokens: int, max_tokens: int,
-                 cold: bool = False) -> PeerRun:
+    def generate(
+        self, prompt: list[int] | np.ndarray, *, num_pred_tokens: int, max_tokens: int, cold: bool = False
+    ) -> PeerRun:
         """Greedy generation of up to `max_tokens` tokens after `prompt` (int [n] ids).
 
         cold: start from an empty KV cache (`Llama.reset`); otherwise `Llama.generate` reuses the longest cached
@@ -215,9 +234,13 @@ class PeerModel:
         # prompt's own pass. Every call maps to one target pass over [last token, proposal].
         context = np.asarray(prompt + tokens, dtype=np.int32)
         calls = [(L, d) for L, d in draft.calls if L > len(prompt)]
-        return PeerRun(tokens=tokens, token_times_s=times, finish_reason=finish,
-                       acceptance=lookup_acceptance(calls, context),
-                       proposals=[(L, len(d)) for L, d in calls])
+        return PeerRun(
+            tokens=tokens,
+            token_times_s=times,
+            finish_reason=finish,
+            acceptance=lookup_acceptance(calls, context),
+            proposals=[(L, len(d)) for L, d in calls],
+        )
 
     def close(self) -> None:
         self.llm.close()

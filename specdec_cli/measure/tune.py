@@ -82,8 +82,9 @@ def parse_tune_k(spec: str) -> list[int]:
     try:
         return k_values(spec)
     except ValueError as e:
-        raise UsageError(str(e), "For example --k 4..16, --k 2,4,8, or --k auto (auto and plain decoding only).") \
-            from None
+        raise UsageError(
+            str(e), "For example --k 4..16, --k 2,4,8, or --k auto (auto and plain decoding only)."
+        ) from None
 
 
 def configs_for(ks: list[int]) -> list[TuneConfig]:
@@ -155,8 +156,9 @@ class Measurement:
             "curve_passes": self.curve_passes,
             "branch_passes": self.branch_passes,
             "decode_joules": rounded(self.decode_j),
-            "j_per_token": rounded(self.decode_j / self.n_tokens if self.decode_j is not None and self.n_tokens
-                                   else None, 6),
+            "j_per_token": rounded(
+                self.decode_j / self.n_tokens if self.decode_j is not None and self.n_tokens else None, 6
+            ),
             "controller": self.controller,
         }
 
@@ -246,6 +248,7 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
     Configurations or prompts without runs (an interrupted tune) are left out of the dicts; the geometric mean
     covers the prompts where both the configuration and plain decoding ran (None if there are none).
     """
+
     def median_tps(label: str, prompt: str) -> float | None:
         xs = [m.tokens_per_s for m in measurements if m.config == label and m.prompt == prompt]
         return statistics.median(xs) if xs else None
@@ -266,22 +269,24 @@ def summarize(measurements: list[Measurement], configs: list[TuneConfig], prompt
         steps = sum(khist.values())
         passes = sum(m.n_passes for m in runs)
         placed = sum(m.curve_passes for m in runs)
-        out.append(ConfigSummary(
-            config=c,
-            tokens_per_s=tps,
-            speedup=speedup,
-            speedup_geomean=geomean(list(speedup.values())),
-            acceptance_rate=_ratio(accepted, drafted),
-            mean_accepted_length=_ratio(accepted, spec_steps),
-            mean_k=_ratio(sum(k * n for k, n in khist.items()), steps),
-            k_histogram=khist,
-            runs=len(runs),
-            n_drafted=drafted,
-            tokens_per_pass=_ratio(sum(m.n_tokens for m in runs), passes),
-            ms_per_pass=_ratio(sum(m.verify_ms for m in runs), passes),
-            cheap_share=sum(m.cheap_passes for m in runs) / placed if placed else None,
-            **_energy(runs),
-        ))
+        out.append(
+            ConfigSummary(
+                config=c,
+                tokens_per_s=tps,
+                speedup=speedup,
+                speedup_geomean=geomean(list(speedup.values())),
+                acceptance_rate=_ratio(accepted, drafted),
+                mean_accepted_length=_ratio(accepted, spec_steps),
+                mean_k=_ratio(sum(k * n for k, n in khist.items()), steps),
+                k_histogram=khist,
+                runs=len(runs),
+                n_drafted=drafted,
+                tokens_per_pass=_ratio(sum(m.n_tokens for m in runs), passes),
+                ms_per_pass=_ratio(sum(m.verify_ms for m in runs), passes),
+                cheap_share=sum(m.cheap_passes for m in runs) / placed if placed else None,
+                **_energy(runs),
+            )
+        )
     return out
 
 
@@ -347,8 +352,16 @@ class TuneRun:
     machine: dict[str, Any]
 
 
-def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: GenerationConfig,
-        configs: list[TuneConfig], repeats: int, task: Task | None = None) -> TuneRun:
+def run(
+    session,
+    prompts: list[PromptCase],
+    *,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    configs: list[TuneConfig],
+    repeats: int,
+    task: Task | None = None,
+) -> TuneRun:
     """One warm-up, then every configuration on every prompt `repeats` times in `sweep.schedule` order, each run
     with a fresh K controller and the same drafter (which does not learn). Ctrl-C ends it with what was measured.
 
@@ -368,8 +381,11 @@ def run(session, prompts: list[PromptCase], *, spec: SpecOptions, config: Genera
     mach = machine(session.target.n_threads, session.placement())
 
     def engine(c: TuneConfig):  # a fresh controller for every run
-        return assembler.engine(replace(spec, k=K("auto" if c.mode != "fixed" else c.label)), fresh=True,
-                                drafter=drafter if c.mode != "none" else None)
+        return assembler.engine(
+            replace(spec, k=K("auto" if c.mode != "fixed" else c.label)),
+            fresh=True,
+            drafter=drafter if c.mode != "none" else None,
+        )
 
     interrupted = False
     try:
@@ -418,28 +434,54 @@ def check_curve(session) -> bool:
     return True
 
 
-def save_best(session, spec: SpecOptions, config: GenerationConfig, options: TuneOptions,
-              summaries: list[ConfigSummary], best: TuneConfig, mach: dict[str, Any], names: list[str]) -> Path:
+def save_best(
+    session,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    options: TuneOptions,
+    summaries: list[ConfigSummary],
+    best: TuneConfig,
+    mach: dict[str, Any],
+    names: list[str],
+) -> Path:
     """--save: write `best` for this pair, method and machine to tuned.json (`stores.tuned.save`, with the tune's
     measurements as details); return the file. Raises OSError when it cannot be written."""
     from specdec_cli.stores.tuned import save
 
     win = next(s for s in summaries if s.config == best)
     plain = next(s for s in summaries if s.config.label == "none")
-    return save(session.target_path, session.draft_path, spec.method, mach, best.saved_k, {
-        "speedup": rounded(win.speedup_geomean),
-        "tokens_per_s": rounded(statistics.fmean(win.tokens_per_s.values()), 3),
-        "plain_tokens_per_s": rounded(statistics.fmean(plain.tokens_per_s.values()), 3),
-        "speedup_by_config": {s.config.label: rounded(s.speedup_geomean) for s in summaries},
-        "prompts": names,
-        "max_tokens": config.max_tokens,
-        "repeats": options.repeats,
-    })
+    return save(
+        session.target_path,
+        session.draft_path,
+        spec.method,
+        mach,
+        best.saved_k,
+        {
+            "speedup": rounded(win.speedup_geomean),
+            "tokens_per_s": rounded(statistics.fmean(win.tokens_per_s.values()), 3),
+            "plain_tokens_per_s": rounded(statistics.fmean(plain.tokens_per_s.values()), 3),
+            "speedup_by_config": {s.config.label: rounded(s.speedup_geomean) for s in summaries},
+            "prompts": names,
+            "max_tokens": config.max_tokens,
+            "repeats": options.repeats,
+        },
+    )
 
 
-def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: TuneOptions, prompts: list[PromptCase],
-             configs: list[TuneConfig], tune: TuneRun, summaries: list[ConfigSummary], best: TuneConfig | None,
-             curve: list[tuple[int, float, int]], d_ms: float | None, saved: Path | None) -> dict[str, Any]:
+def json_doc(
+    session,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    options: TuneOptions,
+    prompts: list[PromptCase],
+    configs: list[TuneConfig],
+    tune: TuneRun,
+    summaries: list[ConfigSummary],
+    best: TuneConfig | None,
+    curve: list[tuple[int, float, int]],
+    d_ms: float | None,
+    saved: Path | None,
+) -> dict[str, Any]:
     """The --json document (version `JSON_VERSION`)."""
     return {
         "version": JSON_VERSION,
@@ -451,7 +493,10 @@ def json_doc(session, spec: SpecOptions, config: GenerationConfig, options: Tune
         "repeats": options.repeats,
         "max_tokens": config.max_tokens,
         "sampling": {"temperature": config.sampling.temperature, "seed": config.sampling.seed},
-        "prompts": [{"name": p.name, "kind": p.kind, "n_tokens": int(len(t))} for p, t in zip(prompts, tune.tokens, strict=False)],
+        "prompts": [
+            {"name": p.name, "kind": p.kind, "n_tokens": int(len(t))}
+            for p, t in zip(prompts, tune.tokens, strict=False)
+        ],
         "machine": tune.machine,
         "interrupted": tune.interrupted,
         "runs": [m.to_dict() for m in tune.measurements],

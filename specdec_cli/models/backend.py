@@ -176,8 +176,14 @@ class Backend(Protocol):
         server reads its tool-call format from it (`server.tool_formats.detect`)."""
         ...
 
-    def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def format_chat(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """Render `messages` ({"role", "content"}, plus `name`, `reasoning_content`, `tool_calls` / `tool_call_id`)
         with the model's own chat template (sandboxed Jinja); `tools` (OpenAI's tool dicts) are passed to the template
         as `tools`, `template_kwargs` as variables of their own (e.g. `enable_thinking`).
@@ -238,5 +244,5 @@ def sync(backend: Backend, context: np.ndarray, interrupt: Callable[[], None] | 
     for c0 in range(keep, len(context), chunk):
         if interrupt is not None and c0 > keep:
             interrupt()
-        backend.decode(context[c0:c0 + chunk], n_logits=0)
+        backend.decode(context[c0 : c0 + chunk], n_logits=0)
     return len(context) - keep

@@ -77,8 +77,11 @@ def library_files(folder: Path | None = None) -> list[Path]:
         entries = sorted(folder.iterdir())
     except OSError:
         return []
-    return [p for p in entries if p.is_file() and ("llama" in p.name or "ggml" in p.name)
-            and any(s in p.name for s in _LIB_SUFFIXES)]
+    return [
+        p
+        for p in entries
+        if p.is_file() and ("llama" in p.name or "ggml" in p.name) and any(s in p.name for s in _LIB_SUFFIXES)
+    ]
 
 
 def installed_from(python_prefix: str | None = None) -> str | None:
@@ -123,8 +126,14 @@ class BuildInfo:
         return f"{INSTALL_COMMAND} builds the patched one for this Python ({BUILD_COST})"
 
     def to_dict(self) -> dict:
-        return {"patched": self.patched, "name": self.name, "amx_kernels": self.amx_kernels,
-                "library_dir": self.library_dir, "installed_from": self.installed_from, "advice": self.advice}
+        return {
+            "patched": self.patched,
+            "name": self.name,
+            "amx_kernels": self.amx_kernels,
+            "library_dir": self.library_dir,
+            "installed_from": self.installed_from,
+            "advice": self.advice,
+        }
 
 
 def describe(*, patched: bool, amx_kernels: bool) -> BuildInfo:

@@ -36,16 +36,27 @@ class Device:
     total: int
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "description": self.description, "kind": self.kind,
-                "free_mib": self.free >> 20, "total_mib": self.total >> 20}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "kind": self.kind,
+            "free_mib": self.free >> 20,
+            "total_mib": self.total >> 20,
+        }
 
 
 # ggml's device API lives in two libraries: ggml-backend-reg.cpp (`_count`, `_get`) is built into ggml,
 # ggml-backend.cpp (`_name`, `_description`, `_type`, `_memory`) into ggml-base (ggml/src/CMakeLists.txt). Linux and
 # macOS find them through llama's dependencies; Windows exports a function only from the DLL that defines it.
 _GGML_LIBRARIES = ("ggml-base", "ggml")
-_DEVICE_API = ("ggml_backend_dev_count", "ggml_backend_dev_get", "ggml_backend_dev_name",
-               "ggml_backend_dev_description", "ggml_backend_dev_type", "ggml_backend_dev_memory")
+_DEVICE_API = (
+    "ggml_backend_dev_count",
+    "ggml_backend_dev_get",
+    "ggml_backend_dev_name",
+    "ggml_backend_dev_description",
+    "ggml_backend_dev_type",
+    "ggml_backend_dev_memory",
+)
 _open_library = ctypes.CDLL
 
 
@@ -74,10 +85,15 @@ def devices() -> list[Device] | None:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         memory(dev, ctypes.byref(free), ctypes.byref(total))
         k = int(kind(dev))
-        out.append(Device(name=(name(dev) or b"?").decode("utf-8", "replace"),
-                          description=(desc(dev) or b"").decode("utf-8", "replace"),
-                          kind=KINDS[k] if 0 <= k < len(KINDS) else "?", free=int(free.value),
-                          total=int(total.value)))
+        out.append(
+            Device(
+                name=(name(dev) or b"?").decode("utf-8", "replace"),
+                description=(desc(dev) or b"").decode("utf-8", "replace"),
+                kind=KINDS[k] if 0 <= k < len(KINDS) else "?",
+                free=int(free.value),
+                total=int(total.value),
+            )
+        )
     return out
 
 
@@ -166,8 +182,12 @@ def offload(path: str | os.PathLike[str], requested: int, *, gpu: bool, free: in
     if need <= free:
         return Offload(ALL, f"all layers: {Path(path).name} needs {mib(need)} of {mib(free)} free", need)
     fit = max(0, int(layers * (free - (COMPUTE_MIB << 20)) / max(need - (COMPUTE_MIB << 20), 1))) if layers else 0
-    return Offload(fit, f"{fit} of {layers} layers: {Path(path).name} needs {mib(need)} and {mib(free)} is free "
-                        "(--gpu-layers N sets it)", need * fit // layers if layers else 0)
+    return Offload(
+        fit,
+        f"{fit} of {layers} layers: {Path(path).name} needs {mib(need)} and {mib(free)} is free "
+        "(--gpu-layers N sets it)",
+        need * fit // layers if layers else 0,
+    )
 
 
 def placement(path: str | os.PathLike[str], layers: int, *, gpu: bool, devs: list[Device] | None) -> str:

@@ -46,10 +46,14 @@ AUTO: Any = object()  # `discover`'s default for a module: import it where it ap
 IDLE_SECONDS = 1.0  # the idle baseline's length
 # what to run when a meter's library is missing: the distribution is specdec-cli, not on PyPI, so the extra is named
 # from a checkout (docs/install.md) and the package itself is the short way
-NVML_FIX = ("install nvidia-ml-py into specdec's environment: uv tool install './specdec[energy-nvidia]', or "
-            "pip install nvidia-ml-py")
-APPLE_FIX = ("install zeus-apple-silicon into specdec's environment: uv tool install './specdec[energy-apple]', or "
-             "pip install zeus-apple-silicon")
+NVML_FIX = (
+    "install nvidia-ml-py into specdec's environment: uv tool install './specdec[energy-nvidia]', or "
+    "pip install nvidia-ml-py"
+)
+APPLE_FIX = (
+    "install zeus-apple-silicon into specdec's environment: uv tool install './specdec[energy-apple]', or "
+    "pip install zeus-apple-silicon"
+)
 
 
 @dataclass(frozen=True)
@@ -146,8 +150,9 @@ class Span:
             now = self._read()
             if now is not None and self._last is not None:
                 try:
-                    self.joules += sum(counted(a, b, c.wrap_j)
-                                       for c, a, b in zip(self._meter.counters, self._last, now, strict=False))
+                    self.joules += sum(
+                        counted(a, b, c.wrap_j) for c, a, b in zip(self._meter.counters, self._last, now, strict=False)
+                    )
                     self._last = now
                 except ValueError as e:
                     self.error = str(e)
@@ -199,21 +204,32 @@ class Energy:
 
     def net_of(self, idle_w: float) -> Energy:
         """The same readings with an idle baseline (W) attached: `to_dict` then adds the figures net of idle."""
-        return Energy(self.prefill_j, self.prefill_s, self.decode_j, self.decode_s, self.counted, self.left_out,
-                      idle_w)
+        return Energy(self.prefill_j, self.prefill_s, self.decode_j, self.decode_s, self.counted, self.left_out, idle_w)
 
     def to_dict(self, n_tokens: int) -> dict[str, Any]:
         """For --json: joules (J), seconds, watts (W) and J per output token, rounded to what counters resolve."""
         r = lambda x, n=4: round(x, n) if x is not None else None  # noqa: E731
-        d = {"available": True, "joules": r(self.joules), "prefill_joules": r(self.prefill_j),
-             "decode_joules": r(self.decode_j), "seconds": r(self.seconds), "prefill_seconds": r(self.prefill_s),
-             "decode_seconds": r(self.decode_s), "watts": r(self.watts, 3), "decode_watts": r(self.decode_watts, 3),
-             "j_per_token": r(self.per_token(n_tokens), 6), "counted": list(self.counted),
-             "left_out": list(self.left_out)}
+        d = {
+            "available": True,
+            "joules": r(self.joules),
+            "prefill_joules": r(self.prefill_j),
+            "decode_joules": r(self.decode_j),
+            "seconds": r(self.seconds),
+            "prefill_seconds": r(self.prefill_s),
+            "decode_seconds": r(self.decode_s),
+            "watts": r(self.watts, 3),
+            "decode_watts": r(self.decode_watts, 3),
+            "j_per_token": r(self.per_token(n_tokens), 6),
+            "counted": list(self.counted),
+            "left_out": list(self.left_out),
+        }
         if self.idle_w is not None:
             net = self.decode_j - self.idle_w * self.decode_s
-            d.update(idle_watts=r(self.idle_w, 3), decode_joules_net_of_idle=r(net),
-                     j_per_token_net_of_idle=r(net / n_tokens if n_tokens > 0 else None, 6))
+            d.update(
+                idle_watts=r(self.idle_w, 3),
+                decode_joules_net_of_idle=r(net),
+                j_per_token_net_of_idle=r(net / n_tokens if n_tokens > 0 else None, 6),
+            )
         return d
 
 
@@ -253,9 +269,14 @@ class Gauge:
             return None
         assert self._prefill is not None  # (`end` marks the prefill first)
         (pj, ps), (j, s) = self._prefill, self._end
-        return Energy(prefill_j=pj, prefill_s=ps, decode_j=j - pj, decode_s=s - ps,
-                      counted=tuple(c.name for c in self.meter.counters),
-                      left_out=tuple(m.line() for m in self.meter.missing))
+        return Energy(
+            prefill_j=pj,
+            prefill_s=ps,
+            decode_j=j - pj,
+            decode_s=s - ps,
+            counted=tuple(c.name for c in self.meter.counters),
+            left_out=tuple(m.line() for m in self.meter.missing),
+        )
 
     @property
     def note(self) -> str | None:
@@ -267,8 +288,12 @@ class Gauge:
         return None if self._end is not None else "energy not measured: the generation has not ended"
 
 
-def idle_watts(meter: Meter, seconds: float = IDLE_SECONDS, sleep: Callable[[float], None] | None = None,
-               clock: Callable[[], float] | None = None) -> float | None:
+def idle_watts(
+    meter: Meter,
+    seconds: float = IDLE_SECONDS,
+    sleep: Callable[[float], None] | None = None,
+    clock: Callable[[], float] | None = None,
+) -> float | None:
     """The idle baseline: mean power (W) over `seconds` of sleeping, from the same counters; None without any (or on a
     read error)."""
     if not meter.available:
@@ -304,11 +329,17 @@ def _uj_reader(path: Path) -> Callable[[], float]:
 def rapl(root: Path) -> tuple[list[Counter], list[Missing]]:
     """The package domains of the powercap tree at `root` (never psys, never a subdomain)."""
     if not root.is_dir():
-        return [], [Missing("RAPL", f"{root} does not exist: this kernel exposes no RAPL counters (a virtual machine, "
-                            "a container without /sys/class/powercap, or not Linux)")]
+        return [], [
+            Missing(
+                "RAPL",
+                f"{root} does not exist: this kernel exposes no RAPL counters (a virtual machine, "
+                "a container without /sys/class/powercap, or not Linux)",
+            )
+        ]
     try:
-        zones = sorted((z for z in root.iterdir() if PACKAGE_ZONE.fullmatch(z.name)),
-                       key=lambda z: int(z.name.split(":")[1]))
+        zones = sorted(
+            (z for z in root.iterdir() if PACKAGE_ZONE.fullmatch(z.name)), key=lambda z: int(z.name.split(":")[1])
+        )
     except OSError as e:
         return [], [Missing("RAPL", f"{root} cannot be listed: {e.strerror or e}")]
     counters, missing = [], []
@@ -325,10 +356,14 @@ def rapl(root: Path) -> tuple[list[Counter], list[Missing]]:
             read()
             wrap_j = int((zone / "max_energy_range_uj").read_text(encoding="utf-8")) / 1e6
         except PermissionError:
-            missing.append(Missing(
-                "RAPL", f"permission denied reading {energy} (root-only since the CVE-2020-8694 fix)",
-                f"sudo chmod o+r {root}/intel-rapl:*/energy_uj until the next boot, or the udev rule in "
-                "docs/energy.md"))
+            missing.append(
+                Missing(
+                    "RAPL",
+                    f"permission denied reading {energy} (root-only since the CVE-2020-8694 fix)",
+                    f"sudo chmod o+r {root}/intel-rapl:*/energy_uj until the next boot, or the udev rule in "
+                    "docs/energy.md",
+                )
+            )
             return [], missing  # a partial package sum would be a figure for part of the machine
         except (OSError, ValueError) as e:
             missing.append(Missing("RAPL", f"{energy} cannot be read: {getattr(e, 'strerror', None) or e}"))
@@ -364,8 +399,7 @@ def nvml(module: Any) -> tuple[list[Counter], list[Missing]]:
             module.nvmlDeviceGetTotalEnergyConsumption(handle)
         except Exception as e:
             return [], [Missing("NVML", f"GPU {i} has no energy counter ({e}; Volta and newer have one)")]
-        counters.append(Counter(f"NVML GPU {i} ({name})", "GPU board",
-                                partial(_nvml_joules, module, handle)))
+        counters.append(Counter(f"NVML GPU {i} ({name})", "GPU board", partial(_nvml_joules, module, handle)))
     if not counters:
         return [], [Missing("NVML", "NVML sees no GPU")]
     return counters, []
@@ -433,10 +467,22 @@ def discover(powercap: str | Path | None = None, *, nvml_module: Any = AUTO, app
         missing += m
     # the optional sources: the module given (AUTO: imported where the source applies), its reader, and what is
     # missing where it applies and its package is not installed
-    optional = ((nvml_module, _cuda_build, "pynvml", nvml,
-                 Missing("NVML", "llama.cpp runs on an NVIDIA GPU and nvidia-ml-py is not installed", NVML_FIX)),
-                (apple_module, _apple_silicon, "zeus_apple_silicon", apple,
-                 Missing("Apple Silicon", "zeus-apple-silicon is not installed", APPLE_FIX)))
+    optional = (
+        (
+            nvml_module,
+            _cuda_build,
+            "pynvml",
+            nvml,
+            Missing("NVML", "llama.cpp runs on an NVIDIA GPU and nvidia-ml-py is not installed", NVML_FIX),
+        ),
+        (
+            apple_module,
+            _apple_silicon,
+            "zeus_apple_silicon",
+            apple,
+            Missing("Apple Silicon", "zeus-apple-silicon is not installed", APPLE_FIX),
+        ),
+    )
     for module, applies, name, read, not_installed in optional:
         if module is AUTO:
             module = None

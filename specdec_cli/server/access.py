@@ -44,7 +44,7 @@ def host_name(header: str) -> str:
     """The name of a `Host` header, without its port: "127.0.0.1:8000" → "127.0.0.1", "[::1]:8000" → "::1"."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header[1:]
+        return header[1 : header.find("]")] if "]" in header else header[1:]
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
@@ -89,8 +89,13 @@ class AccessGuard:
     """ASGI middleware: 403 for a `Host` that `hosts` refuses or an `Origin` that `origins` refuses, in the API's
     error shape (`error_body(path, error)`); everything else goes to `app` (CORS headers: a `CORSMiddleware` inside)."""
 
-    def __init__(self, app: Callable, hosts: HostCheck, origins: OriginCheck,
-                 error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body()) -> None:
+    def __init__(
+        self,
+        app: Callable,
+        hosts: HostCheck,
+        origins: OriginCheck,
+        error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body(),
+    ) -> None:
         self.app = app
         self.hosts = hosts
         self.origins = origins
@@ -106,12 +111,20 @@ class AccessGuard:
         error = None
         host_name = host.decode("latin-1") if host is not None else None
         if not self.hosts(host_name):
-            error = ApiError(403, f"Host {host_name!r} is not one this server answers: it listens on "
-                             "this machine only, for local names (localhost, 127.0.0.1, [::1]). Start specdec serve "
-                             "with --allowed-host NAME to answer another.", code="host_not_allowed")
+            error = ApiError(
+                403,
+                f"Host {host_name!r} is not one this server answers: it listens on "
+                "this machine only, for local names (localhost, 127.0.0.1, [::1]). Start specdec serve "
+                "with --allowed-host NAME to answer another.",
+                code="host_not_allowed",
+            )
         elif origin is not None and not self.origins(origin.decode("latin-1")):
-            error = ApiError(403, f"Origin {origin.decode('latin-1')!r} is not allowed: browser pages reach this "
-                             "server only from the origins of specdec serve --cors-origin.", code="origin_not_allowed")
+            error = ApiError(
+                403,
+                f"Origin {origin.decode('latin-1')!r} is not allowed: browser pages reach this "
+                "server only from the origins of specdec serve --cors-origin.",
+                code="origin_not_allowed",
+            )
         if error is not None:
             body = self.error_body(scope.get("path", ""), error)
             await JSONResponse(body, status_code=403)(scope, receive, send)
@@ -123,6 +136,11 @@ def cors_options(origins: OriginCheck) -> dict:
     """Starlette `CORSMiddleware`'s options for `origins` (what `AccessGuard` lets through): every method and request
     header the APIs use, the Retry-After header readable, preflights cached 10 minutes."""
     regex = "|".join(origins.any_port) or None
-    return dict(allow_origins=["*"] if origins.any else sorted(origins.exact), allow_origin_regex=regex,
-                allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], expose_headers=["Retry-After"],
-                max_age=600)
+    return dict(
+        allow_origins=["*"] if origins.any else sorted(origins.exact),
+        allow_origin_regex=regex,
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["*"],
+        expose_headers=["Retry-After"],
+        max_age=600,
+    )

@@ -81,9 +81,18 @@ BILLING = "x-anthropic-billing-header:"  # Claude Code's per-prompt stamp, the f
 IMAGE_IN_RESULT = "[an image was here: this model reads text only]"
 
 # HTTP status → Anthropic's error type (docs: Errors); others: invalid_request_error below 500, api_error from 500
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-               503: "overloaded_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 # -- the wire format ------------------------------------------------------------------------------------------------
@@ -138,9 +147,12 @@ def to_request(body: Counted, ctx: Context, *, label: str = "messages") -> Reque
     schema llguidance cannot compile, non-empty `mcp_servers`, an empty stop sequence.
     """
     if body.mcp_servers:
-        raise ApiError(400, "mcp_servers: specdec serve does not connect to MCP servers (their tools would change "
-                       "the reply). Run the MCP client on your side and send its tools as tools.",
-                       param="mcp_servers")
+        raise ApiError(
+            400,
+            "mcp_servers: specdec serve does not connect to MCP servers (their tools would change "
+            "the reply). Run the MCP client on your side and send its tools as tools.",
+            param="mcp_servers",
+        )
     messages = messages_of(body.system, body.messages)
     tools = tools_of(body.tools, body.tool_choice, log=ctx.worker.log)
     output = output_of(body.output_config, body.output_format)
@@ -177,8 +189,9 @@ def _system_text(system: str | list[dict]) -> str:
         return system
     for i, block in enumerate(system):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise ApiError(400, f"system.{i} is not a text block ({{\"type\": \"text\", \"text\": ...}}).",
-                           param=f"system.{i}")
+            raise ApiError(
+                400, f'system.{i} is not a text block ({{"type": "text", "text": ...}}).', param=f"system.{i}"
+            )
     return "\n".join(b["text"] for b in system if not b["text"].startswith(BILLING))
 
 
@@ -207,11 +220,15 @@ def _user_turn(content: str | list[dict], where: str) -> list[Message]:
                 text = []
             out.append(_tool_result(block, at))
         elif kind in ("image", "document", "search_result"):
-            raise ApiError(400, f"{at} is a {kind} block: this model reads text only. Send text blocks.",
-                           param=f"{at}.type")
+            raise ApiError(
+                400, f"{at} is a {kind} block: this model reads text only. Send text blocks.", param=f"{at}.type"
+            )
         else:
-            raise ApiError(400, f"{at} is a {kind!r} block, which a user message cannot hold here (text, "
-                           "tool_result).", param=f"{at}.type")
+            raise ApiError(
+                400,
+                f"{at} is a {kind!r} block, which a user message cannot hold here (text, tool_result).",
+                param=f"{at}.type",
+            )
     if text or not out:
         out.append(Message("user", "\n".join(text)))
     return out
@@ -233,8 +250,11 @@ def _tool_result(block: dict, where: str) -> Message:
             elif kind in ("image", "document"):
                 parts.append(IMAGE_IN_RESULT)
             else:
-                raise ApiError(400, f"{where}.content.{k} is a {kind!r} block; a tool result holds text.",
-                               param=f"{where}.content.{k}.type")
+                raise ApiError(
+                    400,
+                    f"{where}.content.{k} is a {kind!r} block; a tool result holds text.",
+                    param=f"{where}.content.{k}.type",
+                )
         text = "\n".join(parts)
     elif content is None:
         text = ""
@@ -265,10 +285,15 @@ def _assistant_turn(content: str | list[dict], where: str) -> Message:
         elif kind == "redacted_thinking":
             continue  # encrypted by Anthropic: nothing a local model can read
         else:
-            raise ApiError(400, f"{at} is a {kind!r} block, which an assistant message cannot hold here (text, "
-                           "tool_use, thinking, redacted_thinking).", param=f"{at}.type")
-    return Message("assistant", "\n".join(text), tool_calls=tuple(calls),
-                   reasoning="\n".join(reasoning) if reasoning else None)
+            raise ApiError(
+                400,
+                f"{at} is a {kind!r} block, which an assistant message cannot hold here (text, "
+                "tool_use, thinking, redacted_thinking).",
+                param=f"{at}.type",
+            )
+    return Message(
+        "assistant", "\n".join(text), tool_calls=tuple(calls), reasoning="\n".join(reasoning) if reasoning else None
+    )
 
 
 def _blocks(content: list, where: str) -> Iterator[tuple[str, str, dict]]:
@@ -308,14 +333,24 @@ def tools_of(tools: list[dict] | None, tool_choice: dict | None, *, log=print) -
         if kind not in (None, "custom"):  # web_search_20250305, bash_20250124, code_execution_..., mcp_toolset, ...
             skipped.append(f"{tool.get('name', '?')} ({kind})")
             continue
-        specs.append(function_tool(where, tool.get("name"), tool.get("description"), tool.get("input_schema", MISSING),
-                                   taken=[t.name for t in specs], schema="input_schema", lenient=True))
+        specs.append(
+            function_tool(
+                where,
+                tool.get("name"),
+                tool.get("description"),
+                tool.get("input_schema", MISSING),
+                taken=[t.name for t in specs],
+                schema="input_schema",
+                lenient=True,
+            )
+        )
     if skipped:
         log(f"messages: server tools left out of the prompt (a local server cannot run them): {', '.join(skipped)}")
     if not specs:
         if tool_choice is not None and tool_choice.get("type") not in ("auto", "none"):
-            raise ApiError(400, "tool_choice asks for a tool call, but no (client) tools are given.",
-                           param="tool_choice")
+            raise ApiError(
+                400, "tool_choice asks for a tool call, but no (client) tools are given.", param="tool_choice"
+            )
         return None
     choice = tool_choice or {"type": "auto"}
     kind = choice.get("type")
@@ -330,8 +365,9 @@ def tools_of(tools: list[dict] | None, tool_choice: dict | None, *, log=print) -
     elif kind == "tool":
         mode, named = "required", [Named(choice.get("name"), "tool_choice", "tool_choice.name")]
     else:
-        raise ApiError(400, f"tool_choice.type {kind!r} is not one of 'auto', 'any', 'tool', 'none'.",
-                       param="tool_choice.type")
+        raise ApiError(
+            400, f"tool_choice.type {kind!r} is not one of 'auto', 'any', 'tool', 'none'.", param="tool_choice.type"
+        )
     single = choice.get("disable_parallel_tool_use") is True or kind == "tool"
     return choose(specs, mode, named, parallel=not single)
 
@@ -348,7 +384,7 @@ def output_of(output_config: dict | None, output_format: dict | None) -> Output 
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise ApiError(400, f"{param} is not {{\"type\": \"json_schema\", \"schema\": {{...}}}}.", param=param)
+        raise ApiError(400, f'{param} is not {{"type": "json_schema", "schema": {{...}}}}.', param=param)
     try:
         return Output(fmt["schema"], json_schema(fmt["schema"], name=param))
     except GrammarError as e:
@@ -367,8 +403,12 @@ def stop_reason(end: End) -> str:
 def usage_json(n_prompt: int, n_cached: int, n_output: int) -> dict:
     """Anthropic's usage: `input_tokens` are the prompt tokens evaluated, `cache_read_input_tokens` those reused
     from the KV or prompt cache (their sum is the prompt), `cache_creation_input_tokens` 0 (caching is automatic)."""
-    return {"input_tokens": n_prompt - n_cached, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": n_cached, "output_tokens": n_output}
+    return {
+        "input_tokens": n_prompt - n_cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": n_cached,
+        "output_tokens": n_output,
+    }
 
 
 def _end_usage(end: End) -> dict:
@@ -415,14 +455,26 @@ class MessageWriter:
         content: list[dict] = []
         if reply.content:
             content.append({"type": "text", "text": reply.content})
-        content += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": _input(c.arguments)}
-                    for c in reply.calls]
-        return {**self._message(content, stop_reason(end), end.stats.run.stop), "usage": _end_usage(end),
-                "specdec": end.stats.specdec(self.method)}
+        content += [
+            {"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": _input(c.arguments)}
+            for c in reply.calls
+        ]
+        return {
+            **self._message(content, stop_reason(end), end.stats.run.stop),
+            "usage": _end_usage(end),
+            "specdec": end.stats.specdec(self.method),
+        }
 
     def _message(self, content: list, reason: str | None, stop: str | None) -> dict:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": reason, "stop_sequence": stop if reason == "stop_sequence" else None}
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": stop if reason == "stop_sequence" else None,
+        }
 
     # -- a stream
     def opening(self) -> list[Sse]:
@@ -446,9 +498,16 @@ class MessageWriter:
         if isinstance(event, End):
             reason = stop_reason(event)
             stop = event.stats.run.stop if reason == "stop_sequence" else None
-            return self._close() + [_event("message_delta", {
-                "delta": {"stop_reason": reason, "stop_sequence": stop}, "usage": _end_usage(event),
-                "specdec": event.stats.specdec(self.method)})]
+            return self._close() + [
+                _event(
+                    "message_delta",
+                    {
+                        "delta": {"stop_reason": reason, "stop_sequence": stop},
+                        "usage": _end_usage(event),
+                        "specdec": event.stats.specdec(self.method),
+                    },
+                )
+            ]
         return []
 
     def closing(self) -> list[Sse]:

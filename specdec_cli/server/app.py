@@ -42,9 +42,17 @@ TRANSLATORS = (openai_chat, openai_completions, openai_responses, anthropic_mess
 BODY_TIMEOUT_S = 30.0  # a request body pausing longer between two parts is a slow client's: 408
 
 
-def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str | Sequence[str] | None = None,
-               max_body_bytes: int | None = None, bind_host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
-               cors_origins: Sequence[str] = (), body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
+def create_app(
+    worker: Worker,
+    *,
+    defaults: Defaults = Defaults(),
+    api_key: str | Sequence[str] | None = None,
+    max_body_bytes: int | None = None,
+    bind_host: str = "127.0.0.1",
+    allowed_hosts: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
+    body_timeout: float = BODY_TIMEOUT_S,
+) -> FastAPI:
     """The app serving `worker`'s model.
 
     Args:
@@ -65,8 +73,9 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     error_body = lambda path, err: ctx.error_body(path, err)  # noqa: E731 (ctx is made below)
     app.state.error_body = error_body  # for `make_server`'s refusals beyond --max-connections
     # middleware added last runs first: the access check, then CORS, then the body limit
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx), error_body=error_body,
-                       timeout=body_timeout)
+    app.add_middleware(
+        BodyLimit, max_bytes=max_body_bytes or max(1 << 20, 64 * n_ctx), error_body=error_body, timeout=body_timeout
+    )
     origins = OriginCheck(cors_origins)
     app.add_middleware(CORSMiddleware, **cors_options(origins))
     app.add_middleware(AccessGuard, hosts=HostCheck(bind_host, allowed_hosts), origins=origins, error_body=error_body)
@@ -89,8 +98,12 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
             if match is not None:
                 request.state.key_scope = hashlib.blake2b(match.encode(), digest_size=8).hexdigest()
                 return
-        raise ApiError(401, "Invalid or missing API key: send the header `Authorization: Bearer KEY` (or "
-                       "`x-api-key: KEY`) with the key given to specdec serve --api-key.", code="invalid_api_key")
+        raise ApiError(
+            401,
+            "Invalid or missing API key: send the header `Authorization: Bearer KEY` (or "
+            "`x-api-key: KEY`) with the key given to specdec serve --api-key.",
+            code="invalid_api_key",
+        )
 
     ctx = Context(worker, defaults, auth=[Depends(authenticate)])
 
@@ -107,16 +120,25 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             routes = [cast(APIRoute, r) for r in app.routes]  # (routes with methods have a path)
-            paths = ", ".join(sorted({f"{m} {r.path}" for r in routes for m in getattr(r, "methods", ())
-                                      if m in ("GET", "POST") and r.path != "/v1/models/{name}"}))
+            paths = ", ".join(
+                sorted(
+                    {
+                        f"{m} {r.path}"
+                        for r in routes
+                        for m in getattr(r, "methods", ())
+                        if m in ("GET", "POST") and r.path != "/v1/models/{name}"
+                    }
+                )
+            )
             message = f"Unknown path {request.url.path}. specdec serve offers {paths}."
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}."
         else:
             message = str(exc.detail)
         err = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(ctx.error_body(request.url.path, err), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            ctx.error_body(request.url.path, err), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
@@ -131,8 +153,14 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
         "kv": `GenerationService.kv_memory()` (lanes, tokens per lane, bytes per token, bytes in all; for a recurrent
         or hybrid target its kind, rollback and recurrent-state snapshots' bytes per lane)}."""
         queue = worker.status()
-        body = {"status": "ok", "model": model_id, "method": method, "busy": queue["running"] is not None,
-                "queued": queue["waiting"], "queue": queue}
+        body = {
+            "status": "ok",
+            "model": model_id,
+            "method": method,
+            "busy": queue["running"] is not None,
+            "queued": queue["waiting"],
+            "queue": queue,
+        }
         kv = worker.service.kv_memory()
         if kv["bytes"] or kv.get("kind"):  # a recurrent or hybrid target: its snapshots' memory too
             body["kv"] = kv
@@ -145,8 +173,12 @@ def create_app(worker: Worker, *, defaults: Defaults = Defaults(), api_key: str 
     @app.get("/v1/models/{name}", dependencies=ctx.auth)
     async def model(name: str) -> dict:
         if name != model_id:
-            raise ApiError(404, f"The model {name!r} does not exist: this server serves {model_id!r}.",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model {name!r} does not exist: this server serves {model_id!r}.",
+                param="model",
+                code="model_not_found",
+            )
         return _model_card(model_id, created)
 
     for translator in TRANSLATORS:
@@ -165,12 +197,20 @@ def validation_error(errors: Sequence[dict]) -> ApiError:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
-        return ApiError(400, f"The request body is not valid JSON: {first.get('msg', '')} "
-                        f"(at character {loc[0] if loc else '?'}).", code="invalid_json")
+        return ApiError(
+            400,
+            f"The request body is not valid JSON: {first.get('msg', '')} (at character {loc[0] if loc else '?'}).",
+            code="invalid_json",
+        )
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":  # as OpenAI answers a field it does not know
-        return ApiError(400, f"Unrecognized request argument supplied: {param}. specdec serve implements OpenAI's "
-                        "fields (and top_k, min_p); leave it out.", param=param, code="unknown_parameter")
+        return ApiError(
+            400,
+            f"Unrecognized request argument supplied: {param}. specdec serve implements OpenAI's "
+            "fields (and top_k, min_p); leave it out.",
+            param=param,
+            code="unknown_parameter",
+        )
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     where = f"{param}: " if param else ""
     return ApiError(400, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")
@@ -181,9 +221,13 @@ class BodyLimit:
     one that pauses more than `timeout` seconds between two parts 408 (a slow client must not hold a connection), its
     JSON made by `error_body(path, error)` (the API's shape; default: OpenAI's)."""
 
-    def __init__(self, app: Callable, max_bytes: int,
-                 error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body(),
-                 timeout: float = BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        app: Callable,
+        max_bytes: int,
+        error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body(),
+        timeout: float = BODY_TIMEOUT_S,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.error_body = error_body
@@ -200,10 +244,12 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), self.timeout)
             except TimeoutError:
-                err = ApiError(408, f"The request body paused for more than {self.timeout:g} s.",
-                               code="request_timeout")
-                await JSONResponse(self.error_body(scope.get("path", ""), err), status_code=408,
-                                   headers={"Connection": "close"})(scope, receive, send)
+                err = ApiError(
+                    408, f"The request body paused for more than {self.timeout:g} s.", code="request_timeout"
+                )
+                await JSONResponse(
+                    self.error_body(scope.get("path", ""), err), status_code=408, headers={"Connection": "close"}
+                )(scope, receive, send)
                 return
             if message["type"] == "http.disconnect":
                 return
@@ -212,8 +258,11 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         if too_large:
-            err = ApiError(413, f"The request body is larger than this server's limit of {self.max_bytes} bytes.",
-                           code="request_too_large")
+            err = ApiError(
+                413,
+                f"The request body is larger than this server's limit of {self.max_bytes} bytes.",
+                code="request_too_large",
+            )
             await JSONResponse(self.error_body(scope.get("path", ""), err), status_code=413)(scope, receive, send)
             return
         replayed = False
@@ -252,8 +301,14 @@ KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this, seconds 
 MAX_CONNECTIONS = 128  # open connections at once (`--max-connections`); beyond: 503 (`_protocol`)
 
 
-def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_level: str = "warning",
-                max_connections: int = MAX_CONNECTIONS, header_timeout: float = HEADER_TIMEOUT_S):
+def make_server(
+    app: FastAPI,
+    *,
+    on_exit: Callable[[], None] | None = None,
+    log_level: str = "warning",
+    max_connections: int = MAX_CONNECTIONS,
+    header_timeout: float = HEADER_TIMEOUT_S,
+):
     """A uvicorn `Server` for `app` (no access log: the worker logs one line per request). `on_exit` runs first when
     a signal (Ctrl-C, SIGTERM) asks the server to stop, so running generations end after their current step.
 
@@ -275,10 +330,15 @@ def make_server(app: FastAPI, *, on_exit: Callable[[], None] | None = None, log_
                 on_exit()
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=10,
-                            lifespan="off", timeout_keep_alive=KEEP_ALIVE_S,
-                            http=_protocol(header_timeout, max_connections,
-                                           getattr(app.state, "error_body", lambda path, err: err.body())))
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=_protocol(header_timeout, max_connections, getattr(app.state, "error_body", lambda path, err: err.body())),
+    )
     return _Server(config)
 
 
@@ -295,11 +355,19 @@ def _protocol(timeout: float, max_connections: int, error_body: Callable[[str, A
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     async def refuse(scope, receive, send) -> None:
-        error = ApiError(503, f"The server has {max_connections} connections open, its limit (specdec serve "
-                         "--max-connections); this one is closed. Retry in a moment, or start the server with a "
-                         "higher --max-connections.", type="server_error", code="too_many_connections")
-        await JSONResponse(error_body(scope.get("path", ""), error), status_code=503,
-                           headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
+        error = ApiError(
+            503,
+            f"The server has {max_connections} connections open, its limit (specdec serve "
+            "--max-connections); this one is closed. Retry in a moment, or start the server with a "
+            "higher --max-connections.",
+            type="server_error",
+            code="too_many_connections",
+        )
+        await JSONResponse(
+            error_body(scope.get("path", ""), error),
+            status_code=503,
+            headers={"Retry-After": "1", "Connection": "close"},
+        )(scope, receive, send)
 
     class _Bounded(H11Protocol):
         _header_timer = None
@@ -311,8 +379,9 @@ def _protocol(timeout: float, max_connections: int, error_body: Callable[[str, A
             async def bounded(scope, receive, send) -> None:
                 # as uvicorn counts: every open connection (this one too), the requests under way (this one's task
                 # was added before it ran)
-                if scope["type"] == "http" and (len(self.connections) >= max_connections
-                                                or len(self.tasks) > max_connections):
+                if scope["type"] == "http" and (
+                    len(self.connections) >= max_connections or len(self.tasks) > max_connections
+                ):
                     await refuse(scope, receive, send)
                 else:
                     await app(scope, receive, send)
@@ -351,4 +420,3 @@ def base_url(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}/v1"
-

@@ -109,7 +109,7 @@ class InputDecoder:
             m = _INPUT_HEAD.match(self._buf)
             if m is None:
                 return ""
-            self._buf = self._buf[m.end():]
+            self._buf = self._buf[m.end() :]
             self._state = "string"
         i, buf = 0, self._buf
         while self._state == "string" and i < len(buf):
@@ -146,7 +146,7 @@ class InputDecoder:
             if 0xD800 <= code < 0xDC00:  # a surrogate pair's first half: its second follows
                 if len(buf) - i < 12:
                     break
-                low = _hex4(buf, i + 8) if buf[i + 6:i + 8] == "\\u" else None
+                low = _hex4(buf, i + 8) if buf[i + 6 : i + 8] == "\\u" else None
                 if low is not None and 0xDC00 <= low < 0xE000:
                     out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
                     i += 12
@@ -168,11 +168,11 @@ class InputDecoder:
         whole = value.get(INPUT) if isinstance(value, dict) else None
         if not isinstance(whole, str) or not whole.startswith(self.sent):
             return self.sent, ""
-        return whole, whole[len(self.sent):]
+        return whole, whole[len(self.sent) :]
 
 
 def _hex4(text: str, at: int) -> int | None:
-    digits = text[at:at + 4]
+    digits = text[at : at + 4]
     return int(digits, 16) if len(digits) == 4 and all(c in "0123456789abcdefABCDEF" for c in digits) else None
 
 

@@ -21,8 +21,16 @@ SERVER = "server_error"
 class ApiError(Exception):
     """An error to send as it is: HTTP `status` and OpenAI's error fields."""
 
-    def __init__(self, status: int, message: str, *, type: str = INVALID, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -46,8 +54,10 @@ class QueueFullError(Exception):
 
     def __init__(self, bound: int, retry_after: int = 1) -> None:
         self.retry_after = max(1, int(retry_after))
-        super().__init__(f"The server is busy: {bound} requests are already waiting (specdec serve --queue {bound}). "
-                         f"Retry in {self.retry_after} s.")
+        super().__init__(
+            f"The server is busy: {bound} requests are already waiting (specdec serve --queue {bound}). "
+            f"Retry in {self.retry_after} s."
+        )
 
 
 class ShuttingDownError(Exception):
@@ -62,9 +72,11 @@ class DeadlineError(Exception):
     between two chunks, or between two steps of its reply)."""
 
     def __init__(self, timeout: float) -> None:
-        super().__init__(f"The request took longer than this server's limit of {timeout:g} s (specdec serve "
-                         "--timeout) and was stopped. Ask for fewer tokens (max_tokens) or a shorter prompt; a retry "
-                         "finds the prompt evaluated so far in the cache.")
+        super().__init__(
+            f"The request took longer than this server's limit of {timeout:g} s (specdec serve "
+            "--timeout) and was stopped. Ask for fewer tokens (max_tokens) or a shorter prompt; a retry "
+            "finds the prompt evaluated so far in the cache."
+        )
 
 
 class ClientGoneError(Exception):
@@ -98,12 +110,22 @@ def to_api_error(exc: BaseException, *, param: str | None = None) -> ApiError:
     for cls, status, type_, code in ERROR_TABLE:
         if isinstance(exc, cls):
             retry = getattr(exc, "retry_after", None)
-            return ApiError(status, str(exc), type=type_, code=code,
-                            param=param if cls in (ContextOverflowError, UsageError) else None,
-                            headers={"Retry-After": str(retry)} if retry is not None else None)
+            return ApiError(
+                status,
+                str(exc),
+                type=type_,
+                code=code,
+                param=param if cls in (ContextOverflowError, UsageError) else None,
+                headers={"Retry-After": str(retry)} if retry is not None else None,
+            )
     # the exception's own text stays in the server's log (`internal`): it may name files, limits or code
-    return ApiError(500, "Internal error: a bug in specdec, logged by the server (SPECDEC_DEBUG=1 logs the "
-                    "traceback); the server goes on.", type=SERVER, code="internal_error")
+    return ApiError(
+        500,
+        "Internal error: a bug in specdec, logged by the server (SPECDEC_DEBUG=1 logs the "
+        "traceback); the server goes on.",
+        type=SERVER,
+        code="internal_error",
+    )
 
 
 def internal(exc: BaseException) -> str:

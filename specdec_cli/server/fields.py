@@ -48,47 +48,82 @@ class Field:
     neutral: tuple[Any, ...] = ()
 
 
-_NO_PENALTIES = ("specdec serve does not implement repetition penalties (they would change the target distribution "
-                 "speculation preserves)")
+_NO_PENALTIES = (
+    "specdec serve does not implement repetition penalties (they would change the target distribution "
+    "speculation preserves)"
+)
 
 FIELDS: tuple[Field, ...] = (
     # -- informs: accepted, used where the model has room ---------------------------------------------------------
-    Field("messages[].name", INFORMS, "given to the chat template as the message's `name` (templates that read it "
-          "show it)"),
-    Field("response_format.json_schema.description", INFORMS, "shown to the model in a system-message line, as "
-          "OpenAI does"),
+    Field(
+        "messages[].name",
+        INFORMS,
+        "given to the chat template as the message's `name` (templates that read it show it)",
+    ),
+    Field(
+        "response_format.json_schema.description",
+        INFORMS,
+        "shown to the model in a system-message line, as OpenAI does",
+    ),
     Field("response_format.json_schema.strict", INFORMS, "accepted; the schema is always enforced"),
     Field("tools[].function.strict", INFORMS, "accepted; the parameters are always enforced"),
-    Field("chat_template_kwargs", INFORMS, "given to the chat template as variables (e.g. `enable_thinking`), as "
-          "llama-server and vLLM do"),
-    Field("reasoning_effort, reasoning.effort", INFORMS, "given to the chat template as `reasoning_effort` "
-          "(reasoning models' templates read it)"),
-    Field("messages[].reasoning_content", INFORMS, "an assistant's reasoning sent back: given to the chat template "
-          "as `reasoning_content`"),
-    Field("cache_control", INFORMS, "accepted and dropped (on messages and parts): the KV cache keeps the longest "
-          "common prefix anyway"),
+    Field(
+        "chat_template_kwargs",
+        INFORMS,
+        "given to the chat template as variables (e.g. `enable_thinking`), as llama-server and vLLM do",
+    ),
+    Field(
+        "reasoning_effort, reasoning.effort",
+        INFORMS,
+        "given to the chat template as `reasoning_effort` (reasoning models' templates read it)",
+    ),
+    Field(
+        "messages[].reasoning_content",
+        INFORMS,
+        "an assistant's reasoning sent back: given to the chat template as `reasoning_content`",
+    ),
+    Field(
+        "cache_control",
+        INFORMS,
+        "accepted and dropped (on messages and parts): the KV cache keeps the longest common prefix anyway",
+    ),
     Field("metadata, store", INFORMS, "accepted; nothing is stored"),
     Field("service_tier", INFORMS, "accepted; one tier"),
-    Field("prompt_cache_key, prompt_cache_retention, prompt_cache_options", INFORMS, "accepted: the KV cache keeps "
-          "the longest common prefix, and the prompt cache a finished prompt, on their own"),
+    Field(
+        "prompt_cache_key, prompt_cache_retention, prompt_cache_options",
+        INFORMS,
+        "accepted: the KV cache keeps the longest common prefix, and the prompt cache a finished prompt, on their own",
+    ),
     Field("user, safety_identifier, model", INFORMS, "accepted: labels (the server serves one model)"),
     Field("verbosity", INFORMS, "accepted; not applied (a hint to OpenAI's models)"),
-    Field("any other field", INFORMS, "accepted and ignored, logged once per name (as llama-server, vLLM, Ollama "
-          "and LM Studio do)"),
+    Field(
+        "any other field",
+        INFORMS,
+        "accepted and ignored, logged once per name (as llama-server, vLLM, Ollama and LM Studio do)",
+    ),
     # -- changes what must come back: implemented ---------------------------------------------------------------
     Field("max_tokens, max_completion_tokens, stop, seed", CHANGES, "implemented"),
-    Field("temperature, top_p, top_k, min_p", CHANGES, "implemented (lossless: rejection sampling keeps the "
-          "target's distribution; with a `seed`, the reply is plain decoding's with that seed)"),
+    Field(
+        "temperature, top_p, top_k, min_p",
+        CHANGES,
+        "implemented (lossless: rejection sampling keeps the "
+        "target's distribution; with a `seed`, the reply is plain decoding's with that seed)",
+    ),
     Field("stream, stream_options.include_usage", CHANGES, "implemented"),
     Field("tools, tool_choice, parallel_tool_calls", CHANGES, "implemented: calls constrained by a grammar"),
     Field("response_format", CHANGES, "implemented: `json_object`, `json_schema` (a grammar), `text`"),
     Field("logprobs, top_logprobs", CHANGES, "implemented (0-20 alternatives)"),
     Field("prediction", CHANGES, "implemented: drafted from, never evaluated"),
-    Field("suffix", CHANGES, "implemented on /v1/completions: fill in the middle with the model's FIM tokens (400 "
-          "naming the model when it has none)"),
+    Field(
+        "suffix",
+        CHANGES,
+        "implemented on /v1/completions: fill in the middle with the model's FIM tokens (400 "
+        "naming the model when it has none)",
+    ),
     # -- changes what must come back: refused with a 400 naming the field unless left out or neutral -----------
-    Field("n", CHANGES, "refused unless 1", "specdec serve generates one choice per request: send several requests",
-          (1,)),
+    Field(
+        "n", CHANGES, "refused unless 1", "specdec serve generates one choice per request: send several requests", (1,)
+    ),
     Field("best_of", CHANGES, "refused unless 1", "specdec serve generates one completion per request", (1,)),
     Field("frequency_penalty", CHANGES, "refused unless 0", _NO_PENALTIES, (0,)),
     Field("presence_penalty", CHANGES, "refused unless 0", _NO_PENALTIES, (0,)),
@@ -96,15 +131,27 @@ FIELDS: tuple[Field, ...] = (
     Field("audio", CHANGES, "refused", "specdec serve generates text only"),
     Field("modalities", CHANGES, 'refused unless ["text"]', "specdec serve generates text only", (["text"],)),
     Field("functions", CHANGES, "refused: send `tools`", "functions is OpenAI's deprecated form of tools: send tools"),
-    Field("function_call", CHANGES, "refused: send `tool_choice`",
-          "function_call is OpenAI's deprecated form of tool_choice: send tool_choice"),
+    Field(
+        "function_call",
+        CHANGES,
+        "refused: send `tool_choice`",
+        "function_call is OpenAI's deprecated form of tool_choice: send tool_choice",
+    ),
     Field("web_search_options", CHANGES, "refused", "specdec serve does not search the web"),
     Field("moderation", CHANGES, "refused", "specdec serve does not moderate"),
     Field("echo", CHANGES, "refused unless false", "specdec serve does not echo the prompt", (False,)),
-    Field("stream_options.include_obfuscation", CHANGES, "refused unless false",
-          "specdec serve does not pad its stream chunks", (False,)),
-    Field("tools, tool_choice, parallel_tool_calls, response_format on /v1/completions", CHANGES,
-          "refused: send them to /v1/chat/completions"),
+    Field(
+        "stream_options.include_obfuscation",
+        CHANGES,
+        "refused unless false",
+        "specdec serve does not pad its stream chunks",
+        (False,),
+    ),
+    Field(
+        "tools, tool_choice, parallel_tool_calls, response_format on /v1/completions",
+        CHANGES,
+        "refused: send them to /v1/chat/completions",
+    ),
     Field("content parts other than text (images, audio, files)", CHANGES, "refused: the model reads text only"),
 )
 
@@ -112,7 +159,8 @@ CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 """Chat fields that change the reply, refused by a raw-prompt endpoint (`/v1/completions`) that cannot honour them."""
 
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    f.name: (f.neutral, f.refused) for f in FIELDS if f.refused is not None and "." not in f.name}
+    f.name: (f.neutral, f.refused) for f in FIELDS if f.refused is not None and "." not in f.name
+}
 """Top-level field → (its neutral values, why it is refused otherwise): what `openai_base.refuse_unsupported`
 checks."""
 
@@ -127,8 +175,20 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
-                                "raise_exception", "strftime_now", "functions", "function_call", "tool_choice"})
+TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "raise_exception",
+        "strftime_now",
+        "functions",
+        "function_call",
+        "tool_choice",
+    }
+)
 """The chat template's variables specdec sets itself (Hugging Face's and llama-cpp-python's): not overridable."""
 
 
@@ -139,8 +199,11 @@ def check_template_kwargs(kwargs: Mapping[str, Any] | None, param: str) -> dict[
         return {}
     for name in kwargs:
         if name in TEMPLATE_VARIABLES:
-            raise ApiError(400, f"{param}.{name}: the chat template's {name!r} is the server's to set. Leave it "
-                           "out.", param=f"{param}.{name}")
+            raise ApiError(
+                400,
+                f"{param}.{name}: the chat template's {name!r} is the server's to set. Leave it out.",
+                param=f"{param}.{name}",
+            )
     return dict(kwargs)
 
 

@@ -30,6 +30,7 @@ class Vocabulary(Protocol):
 
     def fim_tokens(self) -> FimTokens: ...
 
+
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator for models without FIM_SEP
 MAX_WINDOW = 2048  # llama-server's default n_batch: the prefix+suffix window
 
@@ -65,5 +66,13 @@ def fim_prompt(backend: Vocabulary, fim: Fim, *, n_ctx: int, n_predict: int) -> 
     n_suffix = min(len(suffix), max(0, window // 4 - (2 + len(prompt))))
     n_extra = min(max(0, n_ctx - window - 2 * n_predict), len(extra))
     bos = backend.tokenize("", add_special=True, parse_special=False)  # [BOS] when the model wants one
-    return [*extra[len(extra) - n_extra:], *bos, t.pre, *prefix[len(prefix) - n_prefix:], *prompt,
-            t.suf, *suffix[:n_suffix], t.mid]
+    return [
+        *extra[len(extra) - n_extra :],
+        *bos,
+        t.pre,
+        *prefix[len(prefix) - n_prefix :],
+        *prompt,
+        t.suf,
+        *suffix[:n_suffix],
+        t.mid,
+    ]

@@ -36,7 +36,7 @@ def answered_calls(messages: Sequence[Message]) -> frozenset[CallKey]:
     last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
     if last is None or not messages[last].tool_calls:
         return frozenset()
-    answered = {m.tool_call_id for m in messages[last + 1:] if m.role == "tool"}
+    answered = {m.tool_call_id for m in messages[last + 1 :] if m.role == "tool"}
     return frozenset(call_key(c.name, c.arguments) for c in messages[last].tool_calls if c.id in answered)
 
 

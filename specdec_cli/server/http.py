@@ -65,8 +65,9 @@ class Context:
         for m in getattr(body, "messages", None) or ():
             names.extend(f"messages[].{n}" for n in (getattr(m, "model_extra", None) or ()) if n != "cache_control")
         for name in self.ignored.note(names):
-            self.worker.log(f"{path}: field {name!r} is not one specdec serve knows: accepted and ignored (logged "
-                            "once)")
+            self.worker.log(
+                f"{path}: field {name!r} is not one specdec serve knows: accepted and ignored (logged once)"
+            )
 
     @property
     def service(self):
@@ -95,8 +96,15 @@ class Context:
                 return body(error)
         return error.body()
 
-    async def respond(self, http: HttpRequest, request: Request, writer: Writer, *, stream: bool,
-                      on_start: Callable[[Started], None] | None = None) -> Response:
+    async def respond(
+        self,
+        http: HttpRequest,
+        request: Request,
+        writer: Writer,
+        *,
+        stream: bool,
+        on_start: Callable[[Started], None] | None = None,
+    ) -> Response:
         """Serve `request` and answer in `writer`'s wire format: a JSON body, or a stream of events.
 
         `on_start` is called with the worker's `Started` (prompt tokens, how many were cached) before the writer
@@ -133,15 +141,19 @@ class Context:
         reply = job.reply  # parsed and collected on the worker thread; complete once `Done` came
         # Until the response streams, this handler listens for the client's disconnect (then sse-starlette does).
         if stream and worker.ahead(job):  # waiting behind another: headers now, keep-alive comments meanwhile
-            return EventSourceResponse(_stream(events, worker, job, writer, on_start=on_start,
-                                               queued=worker.ahead(job)), sep="\n", ping=KEEPALIVE_S)
+            return EventSourceResponse(
+                _stream(events, worker, job, writer, on_start=on_start, queued=worker.ahead(job)),
+                sep="\n",
+                ping=KEEPALIVE_S,
+            )
         watcher = asyncio.ensure_future(_cancel_on_disconnect(http, worker, job))
         try:
             try:
                 first = await asyncio.wait_for(events.get(), STREAM_COMMIT_S if stream else None)
             except TimeoutError:  # a long prefill: answer now, keep-alive comments until the reply begins
-                return EventSourceResponse(_stream(events, worker, job, writer, on_start=on_start),
-                                           sep="\n", ping=KEEPALIVE_S)
+                return EventSourceResponse(
+                    _stream(events, worker, job, writer, on_start=on_start), sep="\n", ping=KEEPALIVE_S
+                )
             if isinstance(first, Failed):
                 raise to_api_error(first.error, param=param)
             if on_start is not None and isinstance(first, Started):
@@ -168,8 +180,16 @@ async def _cancel_on_disconnect(http: HttpRequest, worker: Worker, job: Job) -> 
             return
 
 
-async def _stream(events: asyncio.Queue, worker: Worker, job: Job, writer: Writer, *, started: bool = False,
-                  on_start: Callable[[Started], None] | None = None, queued: int = 0):
+async def _stream(
+    events: asyncio.Queue,
+    worker: Worker,
+    job: Job,
+    writer: Writer,
+    *,
+    started: bool = False,
+    on_start: Callable[[Started], None] | None = None,
+    queued: int = 0,
+):
     """The server-sent events of a stream: the writer's opening, its events for each reply event, its closing. A
     failure mid-stream is the writer's `failure`. When the client disconnects, sse-starlette cancels this generator;
     `finally` cancels the generation.

@@ -70,7 +70,10 @@ SHARE_ROWS = 32  # a long request's prefill rows per pass with an interactive sl
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
 QUIET_S = 60.0  # no editor's request for this long: prefill pieces are whole batches
 MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
-ACCEPT_PRIOR = (9.0, 1.0)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
+ACCEPT_PRIOR = (
+    9.0,
+    1.0,
+)  # pseudo-counts (accepted, rejections): 0.9 before evidence (a lookup draft is mostly right or absent)
 ACCEPT_DECAY = 0.9  # per verify pass: a slot's acceptance follows its current text
 
 
@@ -173,9 +176,18 @@ class Scheduler:
         piece_s, quiet_s, share, share_rows: see the module's docstring.
     """
 
-    def __init__(self, backend: Any, n_slots: int, *, curve: VerifyCurve | None = None,
-                 clock: Callable[[], float] = time.perf_counter, piece_s: float = PIECE_S,
-                 quiet_s: float = QUIET_S, share: float = SHARE, share_rows: int = SHARE_ROWS) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        n_slots: int,
+        *,
+        curve: VerifyCurve | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        piece_s: float = PIECE_S,
+        quiet_s: float = QUIET_S,
+        share: float = SHARE,
+        share_rows: int = SHARE_ROWS,
+    ) -> None:
         self.backend = backend
         self.slots = [Slot(self, backend.lane(i) if n_slots > 1 else backend, i) for i in range(n_slots)]
         self.curve = curve
@@ -203,8 +215,14 @@ class Scheduler:
         """A sequence is running (`step` has work)."""
         return bool(self._active)
 
-    def start(self, slot: Slot, program: Generator[Rows, np.ndarray | None, None], priority: Priority, *,
-              check: Callable[[], None] | None = None) -> None:
+    def start(
+        self,
+        slot: Slot,
+        program: Generator[Rows, np.ndarray | None, None],
+        priority: Priority,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         """Run `program` on `slot` from the next `step` on: a generator that yields its rows (`engine.Rows`) and is
         sent their logits (None for a prefill's); `check` raises to stop it between its prefill's pieces (the error is
         thrown into it). The slot is free again once the program returns."""
@@ -334,10 +352,15 @@ class Scheduler:
                 sub = parts[0][0]
                 results = [sub.slot.backend.decode_branches(sub.tokens, sub.branch)]
             else:
-                pieces = [(s.slot.backend, s.tokens[s.done : s.done + m], s.n_logits if s.done + m == len(s.tokens)
-                           else 0) for s, m in parts]
-                results = [pieces[0][0].decode(pieces[0][1], pieces[0][2])] if len(self.slots) == 1 else \
-                    self.backend.decode_many(pieces)
+                pieces = [
+                    (s.slot.backend, s.tokens[s.done : s.done + m], s.n_logits if s.done + m == len(s.tokens) else 0)
+                    for s, m in parts
+                ]
+                results = (
+                    [pieces[0][0].decode(pieces[0][1], pieces[0][2])]
+                    if len(self.slots) == 1
+                    else self.backend.decode_many(pieces)
+                )
         except BaseException as e:  # noqa: BLE001 (thrown into every program of the pass)
             error, results = e, [None] * len(parts)
         ms = (self.clock() - t0) * 1e3
@@ -394,8 +417,9 @@ class Scheduler:
             elif any(s.slot.priority.cls != INTERACTIVE for s in self._subs.values()):  # they waited for it
                 self._owed_ms += self.share * ms
             return
-        shared = any(s.slot.priority.cls == INTERACTIVE for s, _ in parts) and \
-            any(s.slot.priority.cls != INTERACTIVE and s.splittable for s in self._subs.values())
+        shared = any(s.slot.priority.cls == INTERACTIVE for s, _ in parts) and any(
+            s.slot.priority.cls != INTERACTIVE and s.splittable for s in self._subs.values()
+        )
         if not shared:
             self._owed_ms = 0.0
             return
@@ -429,8 +453,9 @@ class Scheduler:
         if interactive and self.split:  # a pass for the interactive slots, or one for the others when they are owed it
             per = self._ms_per_row if self._ms_per_row is not None else 0.0
             steps = sum(s.left for s in rest if s.splittable == 0)
-            cost = (self._v(np.array([steps]))[0] if steps else 0.0) + \
-                (MIN_PIECE * per if any(s.splittable for s in rest) else 0.0)
+            cost = (self._v(np.array([steps]))[0] if steps else 0.0) + (
+                MIN_PIECE * per if any(s.splittable for s in rest) else 0.0
+            )
             if self._owed_ms >= cost:
                 subs = rest
                 piece = min(piece, max(MIN_PIECE, int(self._owed_ms / per))) if per > 0 else piece
@@ -482,8 +507,9 @@ class Scheduler:
     def _piece(self) -> int:
         """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else about
         `piece_s` seconds at the measured ms per row."""
-        if self.clock() - self._editor_at > self.quiet_s and \
-                not any(x.priority.editor for x in self.slots if x.index in self._active):
+        if self.clock() - self._editor_at > self.quiet_s and not any(
+            x.priority.editor for x in self.slots if x.index in self._active
+        ):
             return self.backend.n_batch
         if self._ms_per_row is None:
             return FIRST_PIECE

@@ -80,10 +80,16 @@ def to_request(body: InfillRequest, ctx: Context) -> Request:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
     asked = body.max_tokens or (body.n_predict if body.n_predict > 0 else None)
     limit = 1 if body.n_predict == 0 else ctx.defaults.limit(asked, ctx.n_ctx)  # 0: evaluate the prompt, warm up
-    sampling = ctx.defaults.sampling(LLAMA_CPP, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                     min_p=body.min_p, seed=body.seed)
-    fim = Fim(prefix=body.input_prefix, suffix=body.input_suffix, prompt=body.prompt, repo=True,
-              extra=tuple((c.filename, c.text) for c in body.input_extra))
+    sampling = ctx.defaults.sampling(
+        LLAMA_CPP, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
+    )
+    fim = Fim(
+        prefix=body.input_prefix,
+        suffix=body.input_suffix,
+        prompt=body.prompt,
+        repo=True,
+        extra=tuple((c.filename, c.text) for c in body.input_extra),
+    )
     budget = [t for t in (body.t_max_prompt_ms, body.t_max_predict_ms) if t is not None and t > 0]
     lines = float(body.t_max_predict_ms) if body.t_max_predict_ms is not None and body.t_max_predict_ms > 0 else None
     config = GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, line_time_ms=lines)
@@ -110,8 +116,19 @@ class InfillWriter:
 
     def events(self, event: ReplyEvent) -> list[Sse]:
         if isinstance(event, Content) and event.text and not self.warm_up:
-            return [_sse({"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": 0,
-                          "tokens_predicted": 0, "tokens_evaluated": 0})]
+            return [
+                _sse(
+                    {
+                        "index": 0,
+                        "content": event.text,
+                        "tokens": [],
+                        "stop": False,
+                        "id_slot": 0,
+                        "tokens_predicted": 0,
+                        "tokens_evaluated": 0,
+                    }
+                )
+            ]
         if isinstance(event, End):
             return [_sse(self._select(self._final(event, "")))]
         return []
@@ -126,16 +143,28 @@ class InfillWriter:
         r = end.stats.run
         predicted_n = 0 if self.warm_up else r.n_generated
         return {
-            "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": self.model,
-            "tokens_predicted": predicted_n, "tokens_evaluated": r.n_prompt,
-            "generation_settings": {"n_predict": -1}, "prompt": "", "has_new_line": "\n" in content,
-            "truncated": False, "stop_type": STOP_TYPES.get(end.finish, "eos"), "stopping_word": "",
+            "index": 0,
+            "content": content,
+            "tokens": [],
+            "id_slot": 0,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": predicted_n,
+            "tokens_evaluated": r.n_prompt,
+            "generation_settings": {"n_predict": -1},
+            "prompt": "",
+            "has_new_line": "\n" in content,
+            "truncated": False,
+            "stop_type": STOP_TYPES.get(end.finish, "eos"),
+            "stopping_word": "",
             "tokens_cached": r.n_cached + predicted_n,
             "timings": {
-                "prompt_n": r.n_prompt - r.n_cached, "prompt_ms": round(r.prefill_ms, 3),
+                "prompt_n": r.n_prompt - r.n_cached,
+                "prompt_ms": round(r.prefill_ms, 3),
                 "prompt_per_token_ms": _per(r.prefill_ms, r.n_prompt - r.n_cached),
                 "prompt_per_second": _rate(r.n_prompt - r.n_cached, r.prefill_ms),
-                "predicted_n": predicted_n, "predicted_ms": round(r.decode_ms, 3),
+                "predicted_n": predicted_n,
+                "predicted_ms": round(r.decode_ms, 3),
                 "predicted_per_token_ms": _per(r.decode_ms, predicted_n),
                 "predicted_per_second": _rate(predicted_n, r.decode_ms),
             },

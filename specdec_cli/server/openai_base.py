@@ -88,8 +88,12 @@ def refuse_unsupported(req: Generation) -> None:
         shown = json.dumps(value)[:60]
         raise ApiError(400, f"{name} = {shown}: {why}. Leave {name} out.", param=name)
     if req.stream_options is not None and req.stream_options.include_obfuscation:
-        raise ApiError(400, "stream_options.include_obfuscation = true: specdec serve does not pad its stream "
-                       "chunks. Leave it out, or send false.", param="stream_options.include_obfuscation")
+        raise ApiError(
+            400,
+            "stream_options.include_obfuscation = true: specdec serve does not pad its stream "
+            "chunks. Leave it out, or send false.",
+            param="stream_options.include_obfuscation",
+        )
 
 
 def check_logprobs(name: str, n: int | None) -> None:
@@ -98,8 +102,9 @@ def check_logprobs(name: str, n: int | None) -> None:
         raise ApiError(400, f"{name} = {n}: it must be between 0 and {MAX_TOP_LOGPROBS}.", param=name)
 
 
-def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_tokens: int | None = None,
-                      logprobs: int | None = None) -> GenerationConfig:
+def generation_config(
+    req: Generation, defaults: Defaults, n_ctx: int, *, max_tokens: int | None = None, logprobs: int | None = None
+) -> GenerationConfig:
     """The engine's `GenerationConfig` for a request's limits, stop strings and sampling (the service adds the
     grammar). Raises ApiError (400) for what the engine cannot honour.
 
@@ -118,8 +123,9 @@ def generation_config(req: Generation, defaults: Defaults, n_ctx: int, *, max_to
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
     limit = defaults.limit(max_tokens or req.max_tokens, n_ctx)
-    sampling = defaults.sampling(OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                                 min_p=req.min_p, seed=req.seed)
+    sampling = defaults.sampling(
+        OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed
+    )
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
 
 
@@ -170,8 +176,13 @@ class OpenAIWriter:
         return [sse(error.body())]  # the openai client raises APIError on a chunk with "error"
 
     def _base(self) -> dict:
-        out = {"id": self.id, "object": self.CHUNK_OBJECT, "created": self.created, "model": self.model,
-               "system_fingerprint": None}
+        out = {
+            "id": self.id,
+            "object": self.CHUNK_OBJECT,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+        }
         if self.include_usage:
             out["usage"] = None
         return out
@@ -200,9 +211,15 @@ def _logprob(value: float) -> float:
 
 def chat_logprobs(entries: Sequence[PieceLogprob]) -> list[dict]:
     """Chat's `logprobs.content`: per token {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}."""
-    return [{"token": token_string(e.piece), "logprob": _logprob(e.logprob), "bytes": list(e.piece),
-             "top_logprobs": [{"token": token_string(p), "logprob": _logprob(lp), "bytes": list(p)} for p, lp in e.top]}
-            for e in entries]
+    return [
+        {
+            "token": token_string(e.piece),
+            "logprob": _logprob(e.logprob),
+            "bytes": list(e.piece),
+            "top_logprobs": [{"token": token_string(p), "logprob": _logprob(lp), "bytes": list(p)} for p, lp in e.top],
+        }
+        for e in entries
+    ]
 
 
 def completion_logprobs(entries: Sequence[PieceLogprob], offset: int = 0) -> dict:
@@ -213,8 +230,9 @@ def completion_logprobs(entries: Sequence[PieceLogprob], offset: int = 0) -> dic
         offsets.append(offset)
         tokens.append(token_string(e.piece))
         offset += len(e.piece.decode("utf-8", "ignore"))
-    return {"tokens": tokens, "token_logprobs": [_logprob(e.logprob) for e in entries],
-            "top_logprobs": [{token_string(p): _logprob(lp) for p, lp in e.top} for e in entries],
-            "text_offset": offsets}
-
-
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_logprob(e.logprob) for e in entries],
+        "top_logprobs": [{token_string(p): _logprob(lp) for p, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }

@@ -124,11 +124,16 @@ def to_request(body: ChatRequest, ctx: Context) -> Request:
         if not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true.", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    config = generation_config(body, ctx.defaults, ctx.n_ctx, max_tokens=body.max_completion_tokens,
-                               logprobs=logprobs)
-    return Request(config=config, messages=messages_of(body), tools=tools_of(body),
-                   output=output_of(body.response_format), label="chat", template_kwargs=template_kwargs_of(body),
-                   prediction=content_text(body.prediction.content, "prediction.content") if body.prediction else None)
+    config = generation_config(body, ctx.defaults, ctx.n_ctx, max_tokens=body.max_completion_tokens, logprobs=logprobs)
+    return Request(
+        config=config,
+        messages=messages_of(body),
+        tools=tools_of(body),
+        output=output_of(body.response_format),
+        label="chat",
+        template_kwargs=template_kwargs_of(body),
+        prediction=content_text(body.prediction.content, "prediction.content") if body.prediction else None,
+    )
 
 
 def template_kwargs_of(body: ChatRequest) -> dict[str, Any]:
@@ -147,27 +152,42 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
 
     A message's `name` and an assistant's `reasoning_content` are kept (the template gets them).
 
-    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls that are not functions or whose arguments are not a JSON object, the
-    deprecated `function` role, fields a role does not take.
+    Raises ApiError (400) naming the field: parts other than text, a tool message without `tool_call_id`, tool calls
+    that are not functions or whose arguments are not a JSON object, the deprecated `function` role, fields a role does
+    not take.
     """
     out = []
     for i, m in enumerate(body.messages):
         where = f"messages.{i}"
         if m.role == "function":
-            raise ApiError(400, f"{where}.role 'function' is OpenAI's deprecated form of 'tool' messages: send role "
-                           "'tool' with tool_call_id.", param=f"{where}.role")
-        for field_, allowed in (("tool_calls", {"assistant"}), ("tool_call_id", {"tool"}), ("refusal", {"assistant"}),
-                                ("audio", set()), ("function_call", set())):
+            raise ApiError(
+                400,
+                f"{where}.role 'function' is OpenAI's deprecated form of 'tool' messages: send role "
+                "'tool' with tool_call_id.",
+                param=f"{where}.role",
+            )
+        for field_, allowed in (
+            ("tool_calls", {"assistant"}),
+            ("tool_call_id", {"tool"}),
+            ("refusal", {"assistant"}),
+            ("audio", set()),
+            ("function_call", set()),
+        ):
             if getattr(m, field_) is not None and m.role not in allowed:
                 hint = "; send tool_calls" if field_ == "function_call" else ""
-                raise ApiError(400, f"{where}.{field_} is not supported on a {m.role} message{hint}.",
-                               param=f"{where}.{field_}")
+                raise ApiError(
+                    400, f"{where}.{field_} is not supported on a {m.role} message{hint}.", param=f"{where}.{field_}"
+                )
         if m.role == "tool":
             if not m.tool_call_id:
-                raise ApiError(400, f"{where}: a tool message needs tool_call_id (the id of the call it answers).",
-                               param=f"{where}.tool_call_id")
-            out.append(Message("tool", content_text(m.content, f"{where}.content"), name=m.name,
-                               tool_call_id=m.tool_call_id))
+                raise ApiError(
+                    400,
+                    f"{where}: a tool message needs tool_call_id (the id of the call it answers).",
+                    param=f"{where}.tool_call_id",
+                )
+            out.append(
+                Message("tool", content_text(m.content, f"{where}.content"), name=m.name, tool_call_id=m.tool_call_id)
+            )
         elif m.role == "assistant":
             text = content_text(m.content, f"{where}.content", refusal_ok=True)
             if m.refusal:
@@ -175,17 +195,28 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
             calls = tuple(_tool_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ()))
             out.append(Message("assistant", text, name=m.name, tool_calls=calls, reasoning=m.reasoning_content))
         else:
-            out.append(Message("system" if m.role == "developer" else m.role,
-                               content_text(m.content, f"{where}.content"), name=m.name))
+            out.append(
+                Message(
+                    "system" if m.role == "developer" else m.role,
+                    content_text(m.content, f"{where}.content"),
+                    name=m.name,
+                )
+            )
     return tuple(out)
 
 
 def _tool_call(call: Any, where: str) -> ToolCall:
     """An assistant's past tool call ({"id", "type": "function", "function": {"name", "arguments"}}), checked."""
-    if not isinstance(call, dict) or call.get("type", "function") != "function" or \
-            not isinstance(call.get("function"), dict):
-        raise ApiError(400, f"{where} is not a function call ({{\"id\", \"type\": \"function\", \"function\": "
-                       "{\"name\", \"arguments\"}}).", param=where)
+    if (
+        not isinstance(call, dict)
+        or call.get("type", "function") != "function"
+        or not isinstance(call.get("function"), dict)
+    ):
+        raise ApiError(
+            400,
+            f'{where} is not a function call ({{"id", "type": "function", "function": {{"name", "arguments"}}}}).',
+            param=where,
+        )
     fn = call["function"]
     name, arguments = fn.get("name"), fn.get("arguments")
     if not isinstance(name, str) or not name:
@@ -193,8 +224,11 @@ def _tool_call(call: Any, where: str) -> ToolCall:
     try:
         args = loads(arguments, f"{where}.function.arguments") if isinstance(arguments, str) else arguments
     except json.JSONDecodeError as e:
-        raise ApiError(400, f"{where}.function.arguments is not JSON ({e.msg} at character {e.pos}).",
-                       param=f"{where}.function.arguments") from None
+        raise ApiError(
+            400,
+            f"{where}.function.arguments is not JSON ({e.msg} at character {e.pos}).",
+            param=f"{where}.function.arguments",
+        ) from None
     if not isinstance(args, dict):
         raise ApiError(400, f"{where}.function.arguments is not a JSON object.", param=f"{where}.function.arguments")
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
@@ -225,8 +259,11 @@ def check_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool 
         where = f"tools.{i}"
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise ApiError(400, f"{where}.type is {kind!r}: specdec serve calls tools of type 'function' only.",
-                           param=f"{where}.type")
+            raise ApiError(
+                400,
+                f"{where}.type is {kind!r}: specdec serve calls tools of type 'function' only.",
+                param=f"{where}.type",
+            )
         unknown = set(tool) - {"type", "function"}
         if unknown:
             raise ApiError(400, f"{where} has unknown fields: {', '.join(sorted(unknown))}.", param=where)
@@ -235,10 +272,20 @@ def check_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool 
             raise ApiError(400, f"{where}.function is missing.", param=f"{where}.function")
         unknown = set(fn) - {"name", "description", "parameters", "strict"}
         if unknown:
-            raise ApiError(400, f"{where}.function has unknown fields: {', '.join(sorted(unknown))}.",
-                           param=f"{where}.function")
-        specs.append(function_tool(f"{where}.function", fn.get("name"), fn.get("description"), fn.get("parameters"),
-                                   strict=fn.get("strict"), taken=[t.name for t in specs], noun="function"))
+            raise ApiError(
+                400, f"{where}.function has unknown fields: {', '.join(sorted(unknown))}.", param=f"{where}.function"
+            )
+        specs.append(
+            function_tool(
+                f"{where}.function",
+                fn.get("name"),
+                fn.get("description"),
+                fn.get("parameters"),
+                strict=fn.get("strict"),
+                taken=[t.name for t in specs],
+                noun="function",
+            )
+        )
     mode, named = _choice(tool_choice)
     # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
     single = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
@@ -261,8 +308,11 @@ def _choice(tool_choice: Any) -> tuple[ToolMode, list[Named] | None]:
         spec = tool_choice.get("allowed_tools") or {}
         mode = spec.get("mode")
         if mode not in ("auto", "required"):
-            raise ApiError(400, f"tool_choice.allowed_tools.mode is {mode!r}; use 'auto' or 'required'.",
-                           param="tool_choice.allowed_tools.mode")
+            raise ApiError(
+                400,
+                f"tool_choice.allowed_tools.mode is {mode!r}; use 'auto' or 'required'.",
+                param="tool_choice.allowed_tools.mode",
+            )
         allowed = []
         for i, tool in enumerate(spec.get("tools") or ()):
             name = ((tool or {}).get("function") or {}).get("name") if isinstance(tool, dict) else None
@@ -271,9 +321,12 @@ def _choice(tool_choice: Any) -> tuple[ToolMode, list[Named] | None]:
         if not allowed:
             raise ApiError(400, "tool_choice.allowed_tools.tools is empty.", param="tool_choice.allowed_tools.tools")
         return mode, allowed
-    raise ApiError(400, f"tool_choice {json.dumps(tool_choice)[:80]} is not one of 'auto', 'none', 'required', "
-                   '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}.',
-                   param="tool_choice")
+    raise ApiError(
+        400,
+        f"tool_choice {json.dumps(tool_choice)[:80]} is not one of 'auto', 'none', 'required', "
+        '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}.',
+        param="tool_choice",
+    )
 
 
 def output_of(response_format: dict | None) -> Output | None:
@@ -294,16 +347,23 @@ def _json_schema_output(response_format: dict) -> Output:
     """`response_format` of type json_schema: its `json_schema` object, checked, as an `Output`."""
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict):
-        raise ApiError(400, "response_format of type 'json_schema' needs json_schema: {\"name\", \"schema\", "
-                       "\"strict\", \"description\"}.", param="response_format.json_schema")
+        raise ApiError(
+            400,
+            'response_format of type \'json_schema\' needs json_schema: {"name", "schema", "strict", "description"}.',
+            param="response_format.json_schema",
+        )
     name = format_name(spec.get("name"), "response_format.json_schema.name")
     description = spec.get("description")
     if description is not None and not isinstance(description, str):
-        raise ApiError(400, "response_format.json_schema.description is not a string.",
-                       param="response_format.json_schema.description")
+        raise ApiError(
+            400,
+            "response_format.json_schema.description is not a string.",
+            param="response_format.json_schema.description",
+        )
     if spec.get("strict") not in (None, True, False):
-        raise ApiError(400, "response_format.json_schema.strict is not a boolean.",
-                       param="response_format.json_schema.strict")
+        raise ApiError(
+            400, "response_format.json_schema.strict is not a boolean.", param="response_format.json_schema.strict"
+        )
     schema = spec.get("schema", {})
     try:
         return Output(schema, json_schema(schema, name="response_format"), name=name, description=description)
@@ -323,15 +383,27 @@ class ChatWriter(OpenAIWriter):
     def body(self, reply: ReplyStream) -> dict:
         end = reply.end
         assert end is not None  # a whole response is written once the reply is done
-        msg: dict = {"role": "assistant", "content": None if reply.calls and not reply.content else reply.content,
-                     "refusal": None}
+        msg: dict = {
+            "role": "assistant",
+            "content": None if reply.calls and not reply.content else reply.content,
+            "refusal": None,
+        }
         if reply.calls:
             msg["tool_calls"] = [_call_json(c) for c in reply.calls]
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "message": msg, "logprobs": self._logprobs(reply.logprobs),
-                         "finish_reason": finish_reason(end)}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": msg,
+                    "logprobs": self._logprobs(reply.logprobs),
+                    "finish_reason": finish_reason(end),
+                }
+            ],
             "usage": usage_json(end.stats),
             "specdec": end.stats.specdec(self.method),
         }
@@ -348,19 +420,36 @@ class ChatWriter(OpenAIWriter):
             return [self._chunk(delta, self._logprobs(event.logprobs) if event.logprobs else None)]
         if isinstance(event, CallStart):
             c = event.call
-            return [self._chunk({"tool_calls": [{"index": c.index, "id": c.id, "type": "function",
-                                                 "function": {"name": c.name, "arguments": ""}}]})]
+            return [
+                self._chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": c.index,
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            ]
         if isinstance(event, Arguments):
             return [self._chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})]
         if isinstance(event, End):
-            return ([self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))]
-                    + self._usage(event.stats))
+            return [
+                self._chunk({}, finish=finish_reason(event), specdec=event.stats.specdec(self.method))
+            ] + self._usage(event.stats)
         return []  # CallEnd: nothing of its own in this format
 
-    def _chunk(self, delta: dict, logprobs: dict | None = None, *, finish: str | None = None,
-               **extra) -> Sse:
-        return sse({**self._base(), "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
-                                                  "finish_reason": finish}], **extra})
+    def _chunk(self, delta: dict, logprobs: dict | None = None, *, finish: str | None = None, **extra) -> Sse:
+        return sse(
+            {
+                **self._base(),
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                **extra,
+            }
+        )
 
     def _logprobs(self, entries: list[PieceLogprob] | tuple[PieceLogprob, ...]) -> dict | None:
         return {"content": chat_logprobs(entries), "refusal": None} if self.want_logprobs else None
@@ -383,6 +472,10 @@ def routes(app: FastAPI, ctx: Context) -> None:
     async def chat_completions(body: ChatRequest, http: HttpRequest) -> Response:
         request = await asyncio.to_thread(to_request, body, ctx)  # tools' schemas compile off the event loop
         ctx.ignore(http.url.path, body)
-        writer = ChatWriter(ctx.model_id, ctx.method, logprobs=request.config.logprobs is not None,
-                            include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        writer = ChatWriter(
+            ctx.model_id,
+            ctx.method,
+            logprobs=request.config.logprobs is not None,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        )
         return await ctx.respond(http, request, writer, stream=bool(body.stream))

@@ -47,21 +47,30 @@ def to_request(body: CompletionRequest, ctx: Context) -> Request:
     check_logprobs("logprobs", body.logprobs)
     for name in CHAT_ONLY:
         if (body.model_extra or {}).get(name) is not None:
-            raise ApiError(400, f"{name}: /v1/completions writes text from a raw prompt and cannot honour it. Send it "
-                           "to /v1/chat/completions.", param=name)
+            raise ApiError(
+                400,
+                f"{name}: /v1/completions writes text from a raw prompt and cannot honour it. Send it "
+                "to /v1/chat/completions.",
+                param=name,
+            )
     config = generation_config(body, ctx.defaults, ctx.n_ctx, logprobs=body.logprobs)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         prompt = ctx.service.check_token_ids(prompt, "prompt")
     elif isinstance(prompt, list):
         if len(prompt) != 1:
-            raise ApiError(400, f"prompt is a list of {len(prompt)} prompts; specdec serve takes one prompt per "
-                           "request. Send them one by one.", param="prompt")
+            raise ApiError(
+                400,
+                f"prompt is a list of {len(prompt)} prompts; specdec serve takes one prompt per "
+                "request. Send them one by one.",
+                param="prompt",
+            )
         prompt = prompt[0] if isinstance(prompt[0], str) else ctx.service.check_token_ids(prompt[0], "prompt")
     if body.suffix:
         if not isinstance(prompt, str):
-            raise ApiError(400, "suffix needs a text prompt (the code before the cursor), not token ids.",
-                           param="suffix")
+            raise ApiError(
+                400, "suffix needs a text prompt (the code before the cursor), not token ids.", param="suffix"
+            )
         ctx.service.require_fim("suffix")
         return Request(config=config, fim=Fim(prefix=prompt, suffix=body.suffix), label="completion")
     return Request(config=config, prompt=prompt, label="completion")
@@ -79,11 +88,19 @@ class CompletionWriter(OpenAIWriter):
         end = reply.end
         assert end is not None  # a whole response is written once the reply is done
         return {
-            "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "text": reply.content,
-                         "logprobs": completion_logprobs(reply.logprobs) if self.want_logprobs else None,
-                         "finish_reason": FINISH_REASONS.get(end.finish)}],
+            "choices": [
+                {
+                    "index": 0,
+                    "text": reply.content,
+                    "logprobs": completion_logprobs(reply.logprobs) if self.want_logprobs else None,
+                    "finish_reason": FINISH_REASONS.get(end.finish),
+                }
+            ],
             "usage": usage_json(end.stats),
             "specdec": end.stats.specdec(self.method),
         }
@@ -97,13 +114,19 @@ class CompletionWriter(OpenAIWriter):
             self._offset += len(event.text)
             return [self._chunk(event.text, lp)]
         if isinstance(event, End):
-            return ([self._chunk("", None, finish=FINISH_REASONS.get(event.finish),
-                                 specdec=event.stats.specdec(self.method))] + self._usage(event.stats))
+            return [
+                self._chunk("", None, finish=FINISH_REASONS.get(event.finish), specdec=event.stats.specdec(self.method))
+            ] + self._usage(event.stats)
         return []
 
     def _chunk(self, text: str, logprobs: dict | None, *, finish: str | None = None, **extra) -> Sse:
-        return sse({**self._base(), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
-                                                  "finish_reason": finish}], **extra})
+        return sse(
+            {
+                **self._base(),
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+                **extra,
+            }
+        )
 
 
 def routes(app: FastAPI, ctx: Context) -> None:
@@ -113,6 +136,10 @@ def routes(app: FastAPI, ctx: Context) -> None:
     async def completions(body: CompletionRequest, http: HttpRequest) -> Response:
         request = to_request(body, ctx)
         ctx.ignore(http.url.path, body)
-        writer = CompletionWriter(ctx.model_id, ctx.method, logprobs=body.logprobs is not None,
-                                  include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        writer = CompletionWriter(
+            ctx.model_id,
+            ctx.method,
+            logprobs=body.logprobs is not None,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        )
         return await ctx.respond(http, request, writer, stream=bool(body.stream))

@@ -83,15 +83,48 @@ STORE_SIZE = 64  # responses held for previous_response_id
 ID_DIGITS = 32  # hex digits of a Responses id after its prefix (resp_, msg_, fc_, ctc_)
 LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the text's log-probabilities
 # tool types a local server cannot run: left out of the prompt (logged once), never a 400
-HOSTED = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search", "code_interpreter",
-          "image_generation", "computer", "computer_use", "computer_use_preview", "mcp", "local_shell", "shell",
-          "apply_patch", "tool_search", "programmatic_tool_calling")
+HOSTED = (
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer",
+    "computer_use",
+    "computer_use_preview",
+    "mcp",
+    "local_shell",
+    "shell",
+    "apply_patch",
+    "tool_search",
+    "programmatic_tool_calling",
+)
 # input items of hosted tools' calls: they cannot be replayed to the model here (left out, logged once)
-HOSTED_ITEMS = ("web_search_call", "file_search_call", "computer_call", "computer_call_output",
-                "code_interpreter_call", "image_generation_call", "local_shell_call", "local_shell_call_output",
-                "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_list_tools",
-                "mcp_approval_request", "mcp_approval_response", "mcp_call", "tool_search_call",
-                "tool_search_output", "additional_tools", "compaction", "program", "program_output")
+HOSTED_ITEMS = (
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "code_interpreter_call",
+    "image_generation_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "mcp_call",
+    "tool_search_call",
+    "tool_search_output",
+    "additional_tools",
+    "compaction",
+    "program",
+    "program_output",
+)
 SYSTEM_ROLES = ("system", "developer")
 
 
@@ -235,28 +268,43 @@ def to_request(body: ResponsesRequest, ctx: Context, store: ResponseStore) -> Tr
             raise ApiError(400, f"{name} = {json.dumps(value)[:60]}: {why}. Leave {name} out.", param=name)
     options = body.stream_options or {}
     if options.get("include_obfuscation"):
-        raise ApiError(400, "stream_options.include_obfuscation = true: specdec serve does not pad its stream "
-                       "events. Leave it out, or send false.", param="stream_options.include_obfuscation")
+        raise ApiError(
+            400,
+            "stream_options.include_obfuscation = true: specdec serve does not pad its stream "
+            "events. Leave it out, or send false.",
+            param="stream_options.include_obfuscation",
+        )
     if body.input is None:
         raise ApiError(400, "input is missing: send a string or a list of input items.", param="input")
     items: list[dict] = []
     if body.previous_response_id is not None:
         held = store.get(body.previous_response_id)
         if held is None:
-            raise ApiError(400, f"Previous response with id {body.previous_response_id!r} not found: specdec serve "
-                           f"holds the last {store.capacity} responses of this process (those created with store "
-                           "not false), in memory. Send the whole conversation as input instead.",
-                           param="previous_response_id", code="previous_response_not_found")
+            raise ApiError(
+                400,
+                f"Previous response with id {body.previous_response_id!r} not found: specdec serve "
+                f"holds the last {store.capacity} responses of this process (those created with store "
+                "not false), in memory. Send the whole conversation as input instead.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         items.extend(held.items)
-    new = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": body.input}]}] \
-        if isinstance(body.input, str) else list(body.input)
+    new = (
+        [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": body.input}]}]
+        if isinstance(body.input, str)
+        else list(body.input)
+    )
     base = len(items)
     for i, item in enumerate(new):
         if isinstance(item, dict) and item.get("type") == "item_reference":
             found = store.item(str(item.get("id")))
             if found is None:
-                raise ApiError(400, f"input.{i} refers to item {item.get('id')!r}, which no response held by this "
-                               "server has. Send the item itself.", param=f"input.{i}.id")
+                raise ApiError(
+                    400,
+                    f"input.{i} refers to item {item.get('id')!r}, which no response held by this "
+                    "server has. Send the item itself.",
+                    param=f"input.{i}.id",
+                )
             item = found
         items.append(item)
     tools, names, hosted_tools = tools_of(body)
@@ -266,11 +314,11 @@ def to_request(body: ResponsesRequest, ctx: Context, store: ResponseStore) -> Tr
         check_logprobs("top_logprobs", body.top_logprobs)
     logprobs = (body.top_logprobs or 0) if LOGPROBS in include else None
     limit = ctx.defaults.limit(body.max_output_tokens, ctx.n_ctx)
-    sampling = ctx.defaults.sampling(OPENAI, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                     min_p=body.min_p, seed=body.seed)
+    sampling = ctx.defaults.sampling(
+        OPENAI, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
+    )
     config = GenerationConfig(max_tokens=limit, sampling=sampling, logprobs=logprobs)
-    request = Request(config=config, messages=messages, tools=tools, output=output_of(body.text),
-                      label="responses")
+    request = Request(config=config, messages=messages, tools=tools, output=output_of(body.text), label="responses")
     return Translation(request, names, items, tuple(dict.fromkeys(hosted_tools + hosted_items)))
 
 
@@ -296,8 +344,11 @@ def messages_of(items: list, instructions: Any, names: Names, base: int = 0) -> 
         if isinstance(instructions, str):
             text = instructions
         else:
-            text = "\n\n".join(_text(it.get("content"), f"instructions.{j}.content")
-                               for j, it in enumerate(instructions) if isinstance(it, dict))
+            text = "\n\n".join(
+                _text(it.get("content"), f"instructions.{j}.content")
+                for j, it in enumerate(instructions)
+                if isinstance(it, dict)
+            )
         if text:
             out.append(Message("system", text))
 
@@ -319,8 +370,11 @@ def messages_of(items: list, instructions: Any, names: Names, base: int = 0) -> 
             elif role in ("user", "assistant"):
                 out.append(Message(role, text))
             else:
-                raise ApiError(400, f"{where(i)}.role is {role!r}: use 'user', 'assistant', 'system' or 'developer'.",
-                               param=f"{where(i)}.role")
+                raise ApiError(
+                    400,
+                    f"{where(i)}.role is {role!r}: use 'user', 'assistant', 'system' or 'developer'.",
+                    param=f"{where(i)}.role",
+                )
         elif kind in ("function_call", "custom_tool_call"):
             call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str) or not name:
@@ -341,8 +395,11 @@ def messages_of(items: list, instructions: Any, names: Names, base: int = 0) -> 
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
-                raise ApiError(400, f"{where(i)}: a {kind} item needs the call_id of the call it answers.",
-                               param=f"{where(i)}.call_id")
+                raise ApiError(
+                    400,
+                    f"{where(i)}: a {kind} item needs the call_id of the call it answers.",
+                    param=f"{where(i)}.call_id",
+                )
             out.append(Message("tool", _text(item.get("output"), f"{where(i)}.output"), tool_call_id=call_id))
         elif kind == "reasoning":
             continue  # the client's copy of reasoning the model did not do here (or did in its text)
@@ -351,9 +408,13 @@ def messages_of(items: list, instructions: Any, names: Names, base: int = 0) -> 
         elif kind == "item_reference":
             raise ApiError(400, f"{where(i)}: an item_reference inside a held response.", param=where(i))
         else:
-            raise ApiError(400, f"{where(i)}.type {kind!r} is not an input item type specdec serve reads (message, "
-                           "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
-                           "reasoning, item_reference).", param=f"{where(i)}.type")
+            raise ApiError(
+                400,
+                f"{where(i)}.type {kind!r} is not an input item type specdec serve reads (message, "
+                "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
+                "reasoning, item_reference).",
+                param=f"{where(i)}.type",
+            )
     return tuple(out), tuple(skipped)
 
 
@@ -385,8 +446,11 @@ def tools_of(body: ResponsesRequest) -> tuple[Tools | None, Names, tuple[str, ..
         elif kind == "namespace":
             ns = tool.get("name")
             if not isinstance(ns, str) or not NAME.match(ns):
-                raise ApiError(400, f"{where}.name {ns!r} is not a namespace name (letters, digits, _ and -).",
-                               param=f"{where}.name")
+                raise ApiError(
+                    400,
+                    f"{where}.name {ns!r} is not a namespace name (letters, digits, _ and -).",
+                    param=f"{where}.name",
+                )
             for j, inner in enumerate(tool.get("tools") or ()):
                 inner_kind = inner.get("type") if isinstance(inner, dict) else None
                 if inner_kind in ("function", "custom"):
@@ -398,19 +462,29 @@ def tools_of(body: ResponsesRequest) -> tuple[Tools | None, Names, tuple[str, ..
         elif isinstance(kind, str):
             hosted.append(kind)
         else:
-            raise ApiError(400, f"{where} is not a tool ({{\"type\": \"function\", \"name\", ...}}).", param=where)
+            raise ApiError(400, f'{where} is not a tool ({{"type": "function", "name", ...}}).', param=where)
     bare = [t.get("name") for _, t, _ in found]
     specs: list[Tool] = []
     for ns, tool, where in found:
         name = tool.get("name")
         flat = name if ns is None or bare.count(name) == 1 else f"{ns}__{name}"
         if tool["type"] == "function":
-            specs.append(function_tool(where, name, tool.get("description"), tool.get("parameters"),
-                                       strict=tool.get("strict"), taken=names.original, flat=flat))
+            specs.append(
+                function_tool(
+                    where,
+                    name,
+                    tool.get("description"),
+                    tool.get("parameters"),
+                    strict=tool.get("strict"),
+                    taken=names.original,
+                    flat=flat,
+                )
+            )
         else:
             flat, description = tool_name(where, name, tool.get("description"), taken=names.original, flat=flat)
-            specs.append(custom_tool(flat, description, _custom_format(tool.get("format"), f"{where}.format"),
-                                     param=where))
+            specs.append(
+                custom_tool(flat, description, _custom_format(tool.get("format"), f"{where}.format"), param=where)
+            )
         assert isinstance(flat, str) and isinstance(name, str)  # (`tool_name` checked both above)
         names.original[flat] = (ns, name)
         names.kinds[flat] = tool["type"]
@@ -419,9 +493,12 @@ def tools_of(body: ResponsesRequest) -> tuple[Tools | None, Names, tuple[str, ..
     choice = body.tool_choice
     if not specs:
         if choice not in (None, "auto", "none"):
-            raise ApiError(400, "tool_choice asks for a tool call, but no tool specdec serve can call was given "
-                           f"(function or custom tools; left out: {', '.join(hosted) or 'none'}).",
-                           param="tool_choice")
+            raise ApiError(
+                400,
+                "tool_choice asks for a tool call, but no tool specdec serve can call was given "
+                f"(function or custom tools; left out: {', '.join(hosted) or 'none'}).",
+                param="tool_choice",
+            )
         return None, names, tuple(hosted)
     mode, named, single = _choice(choice, names, [t.name for t in specs])
     parallel = body.parallel_tool_calls is not False and not single
@@ -433,8 +510,12 @@ def _custom_format(fmt: Any, where: str):
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "grammar":
-        raise ApiError(400, f"{where} is not a custom tool format ({{\"type\": \"text\"}} or {{\"type\": \"grammar\", "
-                       "\"syntax\": \"lark\" | \"regex\", \"definition\": ...}}).", param=where)
+        raise ApiError(
+            400,
+            f'{where} is not a custom tool format ({{"type": "text"}} or {{"type": "grammar", '
+            '"syntax": "lark" | "regex", "definition": ...}}).',
+            param=where,
+        )
     return input_grammar(fmt.get("syntax"), fmt.get("definition"), param=where)
 
 
@@ -446,8 +527,11 @@ def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, list[
     if choice in ("none", "required"):
         return choice, None, False
     if not isinstance(choice, dict):
-        raise ApiError(400, f"tool_choice {json.dumps(choice)[:60]} is not 'auto', 'none', 'required' or an object.",
-                       param="tool_choice")
+        raise ApiError(
+            400,
+            f"tool_choice {json.dumps(choice)[:60]} is not 'auto', 'none', 'required' or an object.",
+            param="tool_choice",
+        )
     kind = choice.get("type")
 
     def resolve(entry: dict, where: str) -> Named:
@@ -468,16 +552,26 @@ def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, list[
             if entry_kind in ("function", "custom"):
                 allowed.append(resolve(entry, f"tool_choice.tools.{i}"))
             elif entry_kind == "namespace":
-                allowed += [Named(f, f"tool_choice.tools.{i}", f"tool_choice.tools.{i}.name")
-                            for f, (ns, _) in names.original.items() if ns == entry.get("name")]
+                allowed += [
+                    Named(f, f"tool_choice.tools.{i}", f"tool_choice.tools.{i}.name")
+                    for f, (ns, _) in names.original.items()
+                    if ns == entry.get("name")
+                ]
         if not allowed:
             if mode == "required":
-                raise ApiError(400, "tool_choice.tools allows no function or custom tool, and mode is 'required'.",
-                               param="tool_choice.tools")
+                raise ApiError(
+                    400,
+                    "tool_choice.tools allows no function or custom tool, and mode is 'required'.",
+                    param="tool_choice.tools",
+                )
             return "none", None, False
         return mode, [n for i, n in enumerate(allowed) if all(m.name != n.name for m in allowed[:i])], False
-    raise ApiError(400, f"tool_choice forces the tool type {kind!r}, which specdec serve cannot run (it runs no "
-                   "hosted tools). Use 'auto', 'required', or a function or custom tool.", param="tool_choice")
+    raise ApiError(
+        400,
+        f"tool_choice forces the tool type {kind!r}, which specdec serve cannot run (it runs no "
+        "hosted tools). Use 'auto', 'required', or a function or custom tool.",
+        param="tool_choice",
+    )
 
 
 def output_of(text: TextConfig | None) -> Output | None:
@@ -494,8 +588,9 @@ def _json_schema_output(fmt: dict) -> Output:
     name = format_name(fmt.get("name"), "text.format.name")
     schema = fmt.get("schema")
     if not isinstance(schema, dict):
-        raise ApiError(400, "text.format.schema is missing: give the JSON schema of the reply.",
-                       param="text.format.schema")
+        raise ApiError(
+            400, "text.format.schema is missing: give the JSON schema of the reply.", param="text.format.schema"
+        )
     try:
         return Output(schema, json_schema(schema, name="text.format"), name=name, description=fmt.get("description"))
     except GrammarError as e:
@@ -506,9 +601,13 @@ def _json_schema_output(fmt: dict) -> Output:
 def usage_json(end: End) -> dict:
     """The Responses `usage`: input tokens (and those found in the KV cache), output tokens (none reasoning)."""
     r = end.stats.run
-    return {"input_tokens": r.n_prompt, "input_tokens_details": {"cached_tokens": r.n_cached},
-            "output_tokens": r.n_generated, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": r.n_prompt + r.n_generated}
+    return {
+        "input_tokens": r.n_prompt,
+        "input_tokens_details": {"cached_tokens": r.n_cached},
+        "output_tokens": r.n_generated,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": r.n_prompt + r.n_generated,
+    }
 
 
 class ResponsesWriter:
@@ -522,8 +621,14 @@ class ResponsesWriter:
             items (the store keeps them).
     """
 
-    def __init__(self, body: ResponsesRequest, translation: Translation, model: str, method: str,
-                 on_done: Callable[[dict, list[dict]], None]) -> None:
+    def __init__(
+        self,
+        body: ResponsesRequest,
+        translation: Translation,
+        model: str,
+        method: str,
+        on_done: Callable[[dict, list[dict]], None],
+    ) -> None:
         self.id = new_id("resp", digits=ID_DIGITS)
         self.created = int(time.time())
         self.req, self.tr, self.model, self.method = body, translation, model, method
@@ -554,8 +659,10 @@ class ResponsesWriter:
     # -- a stream
     def opening(self) -> list[Sse]:
         response = self._response("in_progress")
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+        return [
+            self._event("response.created", response=response),
+            self._event("response.in_progress", response=response),
+        ]
 
     def events(self, event: ReplyEvent) -> list[Sse]:
         out: list[Sse] = []
@@ -574,38 +681,70 @@ class ResponsesWriter:
             if self.want_logprobs:
                 part["logprobs"] += logprobs
             self._pending_logprobs = []
-            out.append(self._event("response.output_text.delta", item_id=self.output[index]["id"],
-                                   output_index=index, content_index=0, delta=event.text, logprobs=logprobs))
+            out.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self.output[index]["id"],
+                    output_index=index,
+                    content_index=0,
+                    delta=event.text,
+                    logprobs=logprobs,
+                )
+            )
         elif isinstance(event, CallStart):
             out += self._release() + self._close_message("completed")
             c = event.call
             item = self._call_item(c.id, c.name, c.kind, "", "in_progress")
             self.output.append(item)
             self._calls[c.index] = len(self.output) - 1
-            out.append(self._event("response.output_item.added", output_index=len(self.output) - 1,
-                                   item=dict(item)))
+            out.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item)))
         elif isinstance(event, Arguments):
             index = self._calls[event.index]
             item = self.output[index]
             if item["type"] == "function_call":
                 item["arguments"] += event.text
-                out.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                       output_index=index, delta=event.text))
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=event.text,
+                    )
+                )
             else:
                 item["input"] += event.text
-                out.append(self._event("response.custom_tool_call_input.delta", item_id=item["id"],
-                                       output_index=index, delta=event.text))
+                out.append(
+                    self._event(
+                        "response.custom_tool_call_input.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=event.text,
+                    )
+                )
         elif isinstance(event, CallEnd):
             index = self._calls[event.index]
             item = self.output[index]
             if item["type"] == "function_call":
                 item["arguments"] = event.call.arguments
-                out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                       output_index=index, name=item["name"], arguments=item["arguments"]))
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        name=item["name"],
+                        arguments=item["arguments"],
+                    )
+                )
             else:
                 item["input"] = event.call.arguments
-                out.append(self._event("response.custom_tool_call_input.done", item_id=item["id"],
-                                       output_index=index, input=item["input"]))
+                out.append(
+                    self._event(
+                        "response.custom_tool_call_input.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        input=item["input"],
+                    )
+                )
             out += self._release()
             self._held = index  # done once we know whether a limit cut it
         elif isinstance(event, End):
@@ -634,9 +773,16 @@ class ResponsesWriter:
         self.output.append(item)
         self._message = index = len(self.output) - 1
         shown = {**item, "content": []}
-        return [self._event("response.output_item.added", output_index=index, item=shown),
-                self._event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                            part=_text_part(""))]
+        return [
+            self._event("response.output_item.added", output_index=index, item=shown),
+            self._event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=_text_part(""),
+            ),
+        ]
 
     def _close_message(self, status: str) -> list[Sse]:
         if self._message is None:
@@ -645,11 +791,20 @@ class ResponsesWriter:
         item = self.output[index]
         item["status"] = status
         part = item["content"][0]
-        return [self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                            text=part["text"], logprobs=part.get("logprobs", [])),
-                self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                            part=dict(part)),
-                self._event("response.output_item.done", output_index=index, item=_copy(item))]
+        return [
+            self._event(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=part.get("logprobs", []),
+            ),
+            self._event(
+                "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=dict(part)
+            ),
+            self._event("response.output_item.done", output_index=index, item=_copy(item)),
+        ]
 
     def _release(self, status: str = "completed") -> list[Sse]:
         """The held call's output_item.done (`status`: "incomplete" when a limit cut the reply right after it)."""
@@ -660,17 +815,28 @@ class ResponsesWriter:
         return [self._event("response.output_item.done", output_index=index, item=_copy(self.output[index]))]
 
     def _message_item(self, item_id: str, text: str, status: str) -> dict:
-        return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-                "content": [_text_part(text)]}
+        return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [_text_part(text)]}
 
     def _call_item(self, call_id: str, flat: str, kind: str, text: str, status: str) -> dict:
         namespace, name = self.tr.names.restore(flat)
         if kind == "custom":
-            item = {"id": new_id("ctc", digits=ID_DIGITS), "type": "custom_tool_call", "status": status,
-                    "call_id": call_id, "name": name, "input": text}
+            item = {
+                "id": new_id("ctc", digits=ID_DIGITS),
+                "type": "custom_tool_call",
+                "status": status,
+                "call_id": call_id,
+                "name": name,
+                "input": text,
+            }
         else:
-            item = {"id": new_id("fc", digits=ID_DIGITS), "type": "function_call", "status": status, "call_id": call_id,
-                    "name": name, "arguments": text}
+            item = {
+                "id": new_id("fc", digits=ID_DIGITS),
+                "type": "function_call",
+                "status": status,
+                "call_id": call_id,
+                "name": name,
+                "arguments": text,
+            }
         if namespace is not None:
             item["namespace"] = namespace
         return item
@@ -690,21 +856,40 @@ class ResponsesWriter:
 
     def _response(self, status: str) -> dict:
         b, sampling = self.req, self.tr.request.config.sampling
-        text = {"format": (b.text.format if b.text and b.text.format else {"type": "text"}),
-                "verbosity": (b.text.verbosity if b.text and b.text.verbosity else "medium")}
+        text = {
+            "format": (b.text.format if b.text and b.text.format else {"type": "text"}),
+            "verbosity": (b.text.verbosity if b.text and b.text.verbosity else "medium"),
+        }
         return {
-            "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "background": False, "completed_at": None, "error": None, "incomplete_details": None,
-            "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
-            "max_tool_calls": b.max_tool_calls, "model": self.model, "output": [],
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "background": False,
+            "completed_at": None,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "max_tool_calls": b.max_tool_calls,
+            "model": self.model,
+            "output": [],
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": b.previous_response_id,
             "reasoning": {"effort": (b.reasoning or {}).get("effort"), "summary": (b.reasoning or {}).get("summary")},
-            "service_tier": "default", "store": b.store is not False, "temperature": sampling.temperature,
-            "text": text, "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
-            "tools": list(b.tools or []), "top_logprobs": b.top_logprobs, "top_p": sampling.top_p,
-            "truncation": b.truncation or "disabled", "usage": None, "user": b.user,
-            "metadata": b.metadata or {}, "prompt_cache_key": b.prompt_cache_key,
+            "service_tier": "default",
+            "store": b.store is not False,
+            "temperature": sampling.temperature,
+            "text": text,
+            "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
+            "tools": list(b.tools or []),
+            "top_logprobs": b.top_logprobs,
+            "top_p": sampling.top_p,
+            "truncation": b.truncation or "disabled",
+            "usage": None,
+            "user": b.user,
+            "metadata": b.metadata or {},
+            "prompt_cache_key": b.prompt_cache_key,
             "safety_identifier": b.safety_identifier,
         }
 
@@ -733,8 +918,9 @@ def routes(app: FastAPI, ctx: Context, *, store: ResponseStore | None = None) ->
         tr = await asyncio.to_thread(to_request, body, ctx, store)  # tools' schemas compile off the event loop
         if tr.hosted and tr.hosted not in noted:  # said once per set, not on every turn of an agent's session
             noted.add(tr.hosted)
-            ctx.worker.log(f"responses: left out of the prompt, as a local server cannot run them: "
-                           f"{', '.join(tr.hosted)}")
+            ctx.worker.log(
+                f"responses: left out of the prompt, as a local server cannot run them: {', '.join(tr.hosted)}"
+            )
 
         def keep(response: dict, items: list[dict]) -> None:
             if body.store is not False:
@@ -747,7 +933,11 @@ def routes(app: FastAPI, ctx: Context, *, store: ResponseStore | None = None) ->
     async def retrieve(response_id: str) -> dict:
         held = store.get(response_id)
         if held is None:
-            raise ApiError(404, f"No response with id {response_id!r}: specdec serve holds the last "
-                           f"{store.capacity} responses of this process (created with store not false).",
-                           param="response_id", code="not_found")
+            raise ApiError(
+                404,
+                f"No response with id {response_id!r}: specdec serve holds the last "
+                f"{store.capacity} responses of this process (created with store not false).",
+                param="response_id",
+                code="not_found",
+            )
         return held.response

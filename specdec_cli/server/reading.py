@@ -36,8 +36,9 @@ def json_output(fmt: dict | None, where: str, schema_output: Callable[[dict], Ou
     if kind == "json_object":
         return Output({"type": "object"}, json_object(name=where))
     if kind != "json_schema":
-        raise ApiError(400, f"{where}.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.",
-                       param=f"{where}.type")
+        raise ApiError(
+            400, f"{where}.type {kind!r} is not one of 'text', 'json_object', 'json_schema'.", param=f"{where}.type"
+        )
     return schema_output(fmt)
 
 
@@ -48,8 +49,9 @@ def format_name(name: Any, param: str) -> str:
     return name
 
 
-def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: tuple[str, ...] = ("text",),
-                 sep: str = "") -> str:
+def content_text(
+    content: Any, where: str, *, refusal_ok: bool = False, kinds: tuple[str, ...] = ("text",), sep: str = ""
+) -> str:
     """The text of a message's content: a string, a list of text parts (of a type in `kinds`: Chat's "text",
     Responses' "input_text" / "output_text") joined with `sep`, or null (""). A part's other keys (`cache_control`,
     Responses' `annotations`) only inform. Other parts (images, audio, files) get a 400 naming them.
@@ -70,16 +72,21 @@ def content_text(content: Any, where: str, *, refusal_ok: bool = False, kinds: t
         elif kind == "refusal" and refusal_ok and isinstance(part.get("refusal"), str):
             out.append(part["refusal"])
         elif kind in NOT_TEXT:
-            raise ApiError(400, f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
-                           param=f"{where}.{i}.type")
+            raise ApiError(
+                400,
+                f"{where}.{i} is an {kind} part: this model reads text only. Send text parts.",
+                param=f"{where}.{i}.type",
+            )
         else:
-            raise ApiError(400, f"{where}.{i} is not a text part ({{\"type\": \"{kinds[0]}\", \"text\": ...}}).",
-                           param=f"{where}.{i}")
+            raise ApiError(
+                400, f'{where}.{i} is not a text part ({{"type": "{kinds[0]}", "text": ...}}).', param=f"{where}.{i}"
+            )
     return sep.join(out)
 
 
-def tool_name(where: str, name: Any, description: Any, *, taken: Collection[str] = (), flat: str | None = None,
-              noun: str = "tool") -> tuple[str, str | None]:
+def tool_name(
+    where: str, name: Any, description: Any, *, taken: Collection[str] = (), flat: str | None = None, noun: str = "tool"
+) -> tuple[str, str | None]:
     """A tool's name and description, checked: (the name it is called by, its description). `where`: the object
     that holds the fields ("tools.0.function" in Chat, "tools.0" in Responses and Messages); `taken`: the names of
     the tools before it; `flat`: the name it is called by when not its own (Responses: a namespaced tool whose name
@@ -88,8 +95,11 @@ def tool_name(where: str, name: Any, description: Any, *, taken: Collection[str]
     Raises ApiError (400, `param` the field): a name that is not letters, digits, _ and - (at most 64, OpenAI's
     rule), a name already taken, a description that is not a string."""
     if not isinstance(name, str) or not NAME.match(name):
-        raise ApiError(400, f"{where}.name {name!r} is not a {noun} name (letters, digits, _ and -, at most 64).",
-                       param=f"{where}.name")
+        raise ApiError(
+            400,
+            f"{where}.name {name!r} is not a {noun} name (letters, digits, _ and -, at most 64).",
+            param=f"{where}.name",
+        )
     flat = name if flat is None else flat
     if flat in taken:
         raise ApiError(400, f"Two tools are named {flat!r}.", param=f"{where}.name")
@@ -98,9 +108,19 @@ def tool_name(where: str, name: Any, description: Any, *, taken: Collection[str]
     return flat, description
 
 
-def function_tool(where: str, name: Any, description: Any, parameters: Any = None, *, strict: Any = None,
-                  taken: Collection[str] = (), flat: str | None = None, noun: str = "tool",
-                  schema: str = "parameters", lenient: bool = False) -> Tool:
+def function_tool(
+    where: str,
+    name: Any,
+    description: Any,
+    parameters: Any = None,
+    *,
+    strict: Any = None,
+    taken: Collection[str] = (),
+    flat: str | None = None,
+    noun: str = "tool",
+    schema: str = "parameters",
+    lenient: bool = False,
+) -> Tool:
     """A function tool, checked (the one check of every dialect's function tools): its name and description
     (`tool_name`), `strict` (a boolean or left out; informs), its arguments schema `parameters` (None: no arguments;
     `MISSING`: a required schema left out), which llguidance must compile (`tools.check_parameters`; `lenient`:
@@ -125,8 +145,7 @@ class Named(NamedTuple):
     noun: str = "tool"
 
 
-def choose(specs: Sequence[Tool], mode: ToolMode, named: Sequence[Named] | None = None, *,
-           parallel: bool) -> Tools:
+def choose(specs: Sequence[Tool], mode: ToolMode, named: Sequence[Named] | None = None, *, parallel: bool) -> Tools:
     """The request's `Tools`: `specs`, and what its `tool_choice` said, read from the dialect's words by its
     translator: `mode` ("auto", "required", "none"), `named` (None: every tool may be called; else the tools the
     choice names, in its order), `parallel` (more than one call in a reply).
@@ -137,6 +156,9 @@ def choose(specs: Sequence[Tool], mode: ToolMode, named: Sequence[Named] | None 
         return Tools(tuple(specs), tuple(names), mode, parallel=parallel)
     for n in named:
         if n.name not in names:
-            raise ApiError(400, f"{n.where} names the {n.noun} {n.name!r}, which is not among the tools "
-                           f"({', '.join(names)}).", param=n.param)
+            raise ApiError(
+                400,
+                f"{n.where} names the {n.noun} {n.name!r}, which is not among the tools ({', '.join(names)}).",
+                param=n.param,
+            )
     return Tools(tuple(specs), tuple(n.name for n in named), mode, parallel=parallel)

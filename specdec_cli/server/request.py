@@ -124,8 +124,7 @@ def _input_parameters(grammar: InputGrammar | None) -> dict:
         about = f"The tool's input: raw text in this Lark grammar:\n{grammar.definition.strip()}"
     else:
         about = f"The tool's input: raw text matching this regular expression: {grammar.definition}"
-    return {"type": "object", "properties": {"input": {"type": "string", "description": about}},
-            "required": ["input"]}
+    return {"type": "object", "properties": {"input": {"type": "string", "description": about}}, "required": ["input"]}
 
 
 @dataclass(frozen=True)
@@ -290,13 +289,22 @@ class Defaults:
     seed: int | None = None
     max_tokens: int | None = None
 
-    def sampling(self, api: ApiDefaults, *, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, min_p: float | None = None, seed: int | None = None) -> SamplingParams:
+    def sampling(
+        self,
+        api: ApiDefaults,
+        *,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        seed: int | None = None,
+    ) -> SamplingParams:
         """The sampling of a request: each value the request sent (not None), else the server's, else `api`'s.
 
         Args:
             seed: the request's seed (-1: random, as llama-server; None: the server's).
         """
+
         def pick(asked, own, documented):
             return asked if asked is not None else own if own is not None else documented
 

@@ -63,8 +63,9 @@ class GenerationService:
     Raises (construction): UsageError for a bad method or K (`Assembler.make_drafter`, `make_controller`).
     """
 
-    def __init__(self, session: Session, spec: SpecOptions, *, saved_k: int | None = None,
-                 model_id: str | None = None) -> None:
+    def __init__(
+        self, session: Session, spec: SpecOptions, *, saved_k: int | None = None, model_id: str | None = None
+    ) -> None:
         self.session = session
         self.spec = spec
         self.model_id = model_id or session.target_path.stem
@@ -79,7 +80,8 @@ class GenerationService:
         self.text = session.prompt_text()
         """The target's tokenizer and chat template apart from its context (`session.PromptText`): any thread."""
         self.tool_format: ToolFormat = detect_tool_format(
-            target.chat_template(), lambda t: target.tokenize(t, add_special=False, parse_special=True), target.piece)
+            target.chat_template(), lambda t: target.tokenize(t, add_special=False, parse_special=True), target.piece
+        )
         """How the chat template takes tools and writes calls (`tool_formats`: Hermes, Llama 3, Mistral, Phi-4, or
         the generic JSON fallback)."""
         self.fim: FimTokens = self.text.fim_tokens()
@@ -103,8 +105,16 @@ class GenerationService:
         for slot in scheduler.slots[1:]:
             drafter = engine.drafter.fork() if engine.drafter is not None else None
             cache = PromptCache() if engine.prompt_cache is not None else None
-            self._engines.append(SpeculativeEngine(slot.backend, drafter, engine.controller, prompt_cache=cache,
-                                                   parking=KvParking(), curve=engine.curve))
+            self._engines.append(
+                SpeculativeEngine(
+                    slot.backend,
+                    drafter,
+                    engine.controller,
+                    prompt_cache=cache,
+                    parking=KvParking(),
+                    curve=engine.curve,
+                )
+            )
             self._engines[-1].passes = slot
         self._scopes = [None] * n_lanes
         return scheduler
@@ -116,11 +126,19 @@ class GenerationService:
         they take per lane, `LlamaBackend.snapshot_bytes`)."""
         target = self.session.target
         per = target.kv_bytes_per_token() if hasattr(target, "kv_bytes_per_token") else 0
-        doc: dict[str, Any] = {"lanes": self.lanes, "ctx": target.n_ctx, "bytes_per_token": per,
-                               "bytes": per * target.n_ctx * self.lanes}
+        doc: dict[str, Any] = {
+            "lanes": self.lanes,
+            "ctx": target.n_ctx,
+            "bytes_per_token": per,
+            "bytes": per * target.n_ctx * self.lanes,
+        }
         if getattr(target, "kind", "transformer") != "transformer":
-            doc.update(kind=target.kind, rollback=target.rollback, n_rs_seq=getattr(target, "n_rs_seq", 0),
-                       snapshot_bytes=target.snapshot_bytes if hasattr(target, "snapshot_bytes") else 0)
+            doc.update(
+                kind=target.kind,
+                rollback=target.rollback,
+                n_rs_seq=getattr(target, "n_rs_seq", 0),
+                snapshot_bytes=target.snapshot_bytes if hasattr(target, "snapshot_bytes") else 0,
+            )
         return doc
 
     @property
@@ -173,18 +191,24 @@ class GenerationService:
     def require_fim(self, param: str) -> None:
         """Raise ApiError (400, `param`, naming the model) unless the model has fill-in-the-middle tokens."""
         if not self.fim.usable:
-            raise ApiError(400, f"{self.session.target_path.name} has no fill-in-the-middle tokens (FIM prefix, "
-                           "suffix and middle), so it cannot complete between a prefix and a suffix. Serve a code "
-                           "model trained for it (e.g. -t qwen2.5-coder-1.5b), or send the prompt without a suffix.",
-                           param=param)
+            raise ApiError(
+                400,
+                f"{self.session.target_path.name} has no fill-in-the-middle tokens (FIM prefix, "
+                "suffix and middle), so it cannot complete between a prefix and a suffix. Serve a code "
+                "model trained for it (e.g. -t qwen2.5-coder-1.5b), or send the prompt without a suffix.",
+                param=param,
+            )
 
     def check_token_ids(self, ids, param: str) -> tuple[int, ...]:
         """`ids` (a prompt as token ids) as a tuple; raise ApiError (400, `param`) for an id outside the
         vocabulary."""
         bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
         if bad is not None:
-            raise ApiError(400, f"{param} holds token id {bad}, outside this model's vocabulary (0-{self.n_vocab - 1}).",
-                           param=param)
+            raise ApiError(
+                400,
+                f"{param} holds token id {bad}, outside this model's vocabulary (0-{self.n_vocab - 1}).",
+                param=param,
+            )
         return tuple(ids)
 
     def parser(self, request: Request) -> Parser:
@@ -213,8 +237,11 @@ class GenerationService:
         decodes. Raises what `prompt_tokens` raises."""
         if request.prompt_ids is not None:
             return request
-        prediction = None if request.prediction is None else \
-            tuple(self.text.tokenize(request.prediction, add_special=False, parse_special=False))
+        prediction = (
+            None
+            if request.prediction is None
+            else tuple(self.text.tokenize(request.prediction, add_special=False, parse_special=False))
+        )
         return replace(request, prompt_ids=tuple(self.prompt_tokens(request)), prediction_ids=prediction)
 
     def prompt_tokens(self, request: Request) -> list[int]:
@@ -268,8 +295,15 @@ class GenerationService:
         return ids
 
     # -- generation ---------------------------------------------------------------------------------------------
-    def stream(self, request: Request, prompt_tokens: Sequence[int],
-               interrupt: Callable[[], None] | None = None, lane: int = 0, *, rows: bool = False) -> Drive:
+    def stream(
+        self,
+        request: Request,
+        prompt_tokens: Sequence[int],
+        interrupt: Callable[[], None] | None = None,
+        lane: int = 0,
+        *,
+        rows: bool = False,
+    ) -> Drive:
         """One request's generation (`driver.Drive`): iterate it for the engine's records, read its stats after.
 
         Closing it early (client gone, shutdown) leaves the target's KV cache holding only committed tokens, ready
@@ -289,8 +323,11 @@ class GenerationService:
             ContextOverflowError: the prompt does not fit in the context window (raised here, before generating).
             UsageError: empty prompt. BackendError (from the iteration): llama.cpp failed.
         """
-        prediction = request.prediction_ids if request.prediction_ids is not None else \
-            self.session.prediction_tokens(request.prediction)
+        prediction = (
+            request.prediction_ids
+            if request.prediction_ids is not None
+            else self.session.prediction_tokens(request.prediction)
+        )
         config = replace(request.config, prediction=prediction, interrupt=interrupt)
         if request.scope != self._scopes[lane]:
             self._enter_scope(request.scope, lane)
@@ -311,8 +348,9 @@ class GenerationService:
     def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
         """The step's `Step.logprobs` with each token's bytes (`Backend.piece`), for the response JSON."""
         piece = self.session.target.piece
-        return tuple(PieceLogprob(piece(lp.token), lp.logprob, tuple((piece(t), p) for t, p in lp.top))
-                     for lp in logprobs)
+        return tuple(
+            PieceLogprob(piece(lp.token), lp.logprob, tuple((piece(t), p) for t, p in lp.top)) for lp in logprobs
+        )
 
     def save_learnt(self) -> None:
         """Save what the drafter's store and `--k auto` learnt so far (`Assembler.save`), serving on: the worker
@@ -340,8 +378,11 @@ def with_description(messages: Sequence[Message], output: Output | None) -> Sequ
     (NAME): DESCRIPTION" appended to the first system message, or a system message of its own first."""
     if output is None or not output.description:
         return messages
-    line = f"Respond with JSON ({output.name}): {output.description}" if output.name else \
-        f"Respond with JSON: {output.description}"
+    line = (
+        f"Respond with JSON ({output.name}): {output.description}"
+        if output.name
+        else f"Respond with JSON: {output.description}"
+    )
     if messages and messages[0].role == "system":
         first = messages[0]
         return (replace(first, content=f"{first.content}\n\n{line}" if first.content else line), *messages[1:])
@@ -362,9 +403,10 @@ def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         if m.reasoning is not None:
             msg["reasoning_content"] = m.reasoning
         if m.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": template_arguments(c)}}
-                                 for c in m.tool_calls]
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": template_arguments(c)}}
+                for c in m.tool_calls
+            ]
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)

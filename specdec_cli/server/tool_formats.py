@@ -7,19 +7,19 @@ forced tokens drafted free, drafts cut at the first forbidden token — works in
 reply back into text and calls, `reply.Parser`). `detect` picks one from the template's text by substrings, as
 llama.cpp's `common_chat_templates_apply` tries its specialised formats first (common/chat.cpp):
 
-| family                          | detected by                         | a reply's calls                                  |
-|---------------------------------|-------------------------------------|--------------------------------------------------|
-| Hermes / Qwen2.5 / Qwen3        | `<tool_call>`                       | `<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>` |
-| Llama 3.1 / 3.2 / 3.3           | `<|start_header_id|>` + `ipython`   | `{"name": N, "parameters": A}` (one per turn)    |
-| Mistral v3 (7B v0.3, Nemo)      | `[TOOL_CALLS]` without `[ARGS]`     | `[TOOL_CALLS][{"name": N, "arguments": A}, ...]` |
-| Phi-4-mini                      | `<|tool|>`                          | `functools[{"name": N, "arguments": A}, ...]`    |
-| generic (anything else: SmolLM2, Gemma, Mistral 3.2's `[ARGS]`) | — | the whole reply is JSON: `{"tool_calls": [...]}` or `{"response": "..."}` |
+| family                | detected by                     | a reply's calls                                            |
+|-----------------------|---------------------------------|------------------------------------------------------------|
+| Hermes/Qwen2.5/Qwen3  | `<tool_call>`                   | `<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>` |
+| Llama 3.1/3.2/3.3     | `<|start_header_id|>`+`ipython` | `{"name": N, "parameters": A}` (one per turn)              |
+| Mistral 7B v0.3, Nemo | `[TOOL_CALLS]`, no `[ARGS]`     | `[TOOL_CALLS][{"name": N, "arguments": A}, ...]`           |
+| Phi-4-mini            | `<|tool|>`                      | `functools[{"name": N, "arguments": A}, ...]`              |
+| generic               | anything else                   | JSON: `{"tool_calls": [...]}` or `{"response": "..."}`     |
 
-The generic format is llama-server's fallback for templates without tool support (its old `common_chat_params_init_
-generic`, and minja's polyfills for the history): the tools are described in a system message, the reply is JSON
-held to a schema, past calls are rendered as the JSON the model wrote and tool results as user text. A model without
-any chat template (Gemma 3 270M, a base model) cannot chat at all: the chat template's absence is a 400 before tools
-matter (`LlamaBackend.format_chat`).
+The generic format (anything else: SmolLM2, Gemma, Mistral 3.2's `[ARGS]`) is llama-server's fallback for templates
+without tool support (its old `common_chat_params_init_generic`, and minja's polyfills for the history): the tools
+are described in a system message, the reply is JSON held to a schema, past calls are rendered as the JSON the model
+wrote and tool results as user text. A model without any chat template (Gemma 3 270M, a base model) cannot chat at
+all: the chat template's absence is a 400 before tools matter (`LlamaBackend.format_chat`).
 """
 
 from __future__ import annotations
@@ -153,8 +153,9 @@ class JsonCalls:
         more = ' (", " call)*' if tools.parallel else ""
         lines.append(f'calls: {self._opening()} call{more} "]"' if self.array else f"calls: {self._opening()} call")
         plain = "reply" if reply is not None else "TEXT"
-        lines.insert(0, {"none": f"start: {plain}", "required": "start: calls"}.get(tools.mode,
-                                                                                  f"start: {plain} | calls"))
+        lines.insert(
+            0, {"none": f"start: {plain}", "required": "start: calls"}.get(tools.mode, f"start: {plain} | calls")
+        )
         if reply is not None:
             lines.append(f"reply: %json {json.dumps({**reply, 'x-guidance': INLINE}, ensure_ascii=False)}")
         lines.append(_text_rule(self.heads()))
@@ -176,8 +177,9 @@ class JsonCalls:
         return f"({marker} | {json.dumps(head)})" if head else f"{marker}?"
 
     def parser(self, tools, output):
-        return JsonCallsParser(tools is not None and tools.mode != "none", heads=self.heads(), key=self.key,
-                               array=self.array)
+        return JsonCallsParser(
+            tools is not None and tools.mode != "none", heads=self.heads(), key=self.key, array=self.array
+        )
 
 
 @dataclass(frozen=True)
@@ -196,8 +198,9 @@ class Llama3(JsonCalls):
         for m in messages:
             calls = m.get("tool_calls") or []
             if len(calls) > 1:
-                out.extend({**m, "content": m.get("content") if i == 0 else "", "tool_calls": [c]}
-                           for i, c in enumerate(calls))
+                out.extend(
+                    {**m, "content": m.get("content") if i == 0 else "", "tool_calls": [c]} for i, c in enumerate(calls)
+                )
             else:
                 out.append(m)
         return out, tools
@@ -266,13 +269,17 @@ class Generic:
         out: list[dict] = []
         for m in messages:
             if m["role"] == "tool":
-                text = json.dumps({"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m["content"]}},
-                                  ensure_ascii=False)
+                text = json.dumps(
+                    {"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m["content"]}},
+                    ensure_ascii=False,
+                )
                 m = {"role": "user", "content": text}
             elif m["role"] == "assistant":  # as the model wrote it (plain text too, when it had the tools)
-                m = _calls_as_text(m, lambda calls: json.dumps({"tool_calls": calls}, ensure_ascii=False),
-                                   plain=(lambda text: json.dumps({"response": text}, ensure_ascii=False))
-                                   if tools else None)
+                m = _calls_as_text(
+                    m,
+                    lambda calls: json.dumps({"tool_calls": calls}, ensure_ascii=False),
+                    plain=(lambda text: json.dumps({"response": text}, ensure_ascii=False)) if tools else None,
+                )
             if out and out[-1]["role"] == m["role"] and m["role"] == "user":  # templates that need alternation
                 out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
             else:
@@ -294,11 +301,18 @@ class Generic:
         if not tools.parallel:
             array["maxItems"] = 1
         branches = {
-            "calls": {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],
-                      "additionalProperties": False},
-            "response": {"type": "object", "properties": {"response": reply if reply is not None else
-                                                          {"type": "string"}},
-                         "required": ["response"], "additionalProperties": False},
+            "calls": {
+                "type": "object",
+                "properties": {"tool_calls": array},
+                "required": ["tool_calls"],
+                "additionalProperties": False,
+            },
+            "response": {
+                "type": "object",
+                "properties": {"response": reply if reply is not None else {"type": "string"}},
+                "required": ["response"],
+                "additionalProperties": False,
+            },
         }
         chosen = {"required": ["calls"], "none": ["response"]}.get(tools.mode, ["calls", "response"])
         schema = branches[chosen[0]] if len(chosen) == 1 else {"anyOf": [branches[c] for c in chosen]}
@@ -312,9 +326,11 @@ def generic_instructions(tools: Sequence[Mapping[str, Any]]) -> str:
     """The system message that describes `tools` (OpenAI's tool dicts) and the JSON reply (llama-server's words,
     shortened)."""
     listed = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    return ("You can call any of the following tools to satisfy the user's requests:\n" + listed + "\n\n"
-            'Respond in JSON format, either with {"tool_calls": [{"name": TOOL_NAME, "arguments": {...}}]} to call '
-            'tools, or with {"response": "..."} to reply to the user.')
+    return (
+        "You can call any of the following tools to satisfy the user's requests:\n" + listed + "\n\n"
+        'Respond in JSON format, either with {"tool_calls": [{"name": TOOL_NAME, "arguments": {...}}]} to call '
+        'tools, or with {"response": "..."} to reply to the user.'
+    )
 
 
 def detect(template: str | None, tokenize: Tokenize | None = None, piece: Piece | None = None) -> ToolFormat:
@@ -351,8 +367,8 @@ class _JsonParser(StreamingParser):
         if not self.tools:
             return []
         out = self._drain(final=True)
-        if self._mode in ("calls", "value") and not cut and self._buf[self._pos:]:
-            out.append(Content(self._buf[self._pos:]))
+        if self._mode in ("calls", "value") and not cut and self._buf[self._pos :]:
+            out.append(Content(self._buf[self._pos :]))
         return out
 
     def _read_calls(self, key: str, *, many: bool = True) -> list[ReplyEvent]:
@@ -360,7 +376,7 @@ class _JsonParser(StreamingParser):
         "done" at the array's "]" (or after one call when not `many`)."""
         out: list[ReplyEvent] = []
         while self._mode == "calls":
-            rest = self._buf[self._pos:]
+            rest = self._buf[self._pos :]
             self._pos += len(rest) - len(rest.lstrip(" \n,"))
             if self._buf.startswith("]", self._pos):
                 self._mode = "done"
@@ -372,7 +388,7 @@ class _JsonParser(StreamingParser):
             if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                 out.extend(_call_events(self.calls, obj["name"], obj.get(key, {})))
             else:  # not a call (possible only without a grammar)
-                out.append(Content(self._buf[self._pos:end]))
+                out.append(Content(self._buf[self._pos : end]))
             self._pos = end
             if not many:
                 self._mode = "done"
@@ -399,7 +415,7 @@ class JsonCallsParser(_JsonParser):
             else:
                 self._mode, self._pos = "calls", len(self._buf) - len(s) + len(head) - 1  # at the first "{"
         if self._mode == "text":
-            out: list[ReplyEvent] = [Content(self._buf[self._pos:])] if self._buf[self._pos:] else []
+            out: list[ReplyEvent] = [Content(self._buf[self._pos :])] if self._buf[self._pos :] else []
             self._pos = len(self._buf)
             return out
         return self._read_calls(self.key, many=self.array)
@@ -430,13 +446,13 @@ class GenericParser(_JsonParser):
                 self._mode = "text"
         out: list[ReplyEvent] = []
         if self._mode == "text":
-            if buf[self._pos:]:
-                out.append(Content(buf[self._pos:]))
+            if buf[self._pos :]:
+                out.append(Content(buf[self._pos :]))
             self._pos = len(buf)
         elif self._mode == "string":
             text, closed = _partial_string(buf, self._pos)
             if text is not None and len(text) > len(self._sent):
-                out.append(Content(text[len(self._sent):]))
+                out.append(Content(text[len(self._sent) :]))
                 self._sent = text
             if closed:
                 self._mode, self._pos = "done", len(buf)
@@ -445,7 +461,7 @@ class GenericParser(_JsonParser):
                 _, end = _DECODER.raw_decode(buf, self._pos)
             except json.JSONDecodeError:
                 return out
-            out.append(Content(buf[self._pos:end]))
+            out.append(Content(buf[self._pos : end]))
             self._mode = "done"
         return out + self._read_calls("arguments")
 
@@ -462,7 +478,7 @@ def _partial_string(buf: str, start: int) -> tuple[str | None, bool]:
             i += step
             continue
         if c == '"':
-            return json.loads(buf[start:i + 1]), True
+            return json.loads(buf[start : i + 1]), True
         i += 1
     try:
         return json.loads(buf[start:i] + '"'), False
@@ -481,8 +497,12 @@ def _call_events(calls: list[ParsedCall], name: str, arguments: Any) -> list[Rep
 # -- helpers ----------------------------------------------------------------------------------------------------------
 def _call_schema(name: str, parameters: Mapping[str, Any], key: str) -> dict:
     """{"name": NAME, KEY: <parameters>}, in that order."""
-    return {"type": "object", "properties": {"name": {"const": name}, key: dict(parameters)},
-            "required": ["name", key], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, key: dict(parameters)},
+        "required": ["name", key],
+        "additionalProperties": False,
+    }
 
 
 def _text_rule(heads: Sequence[str]) -> str:
@@ -499,8 +519,7 @@ def _lark(lines: list[str]) -> Grammar:
         raise ApiError(400, str(e), param="tools") from None
 
 
-def _calls_as_text(message: dict, calls_text: Callable[[list], str],
-                   plain: Callable[[str], str] | None = None) -> dict:
+def _calls_as_text(message: dict, calls_text: Callable[[list], str], plain: Callable[[str], str] | None = None) -> dict:
     """An assistant message whose `tool_calls` the template cannot render, with them written into its content as
     the model wrote them (`calls_text` of [{"name", "arguments"}]); `plain`: how a turn without calls is written."""
     if message["role"] != "assistant":

@@ -39,8 +39,17 @@ from specdec_cli.server.errors import ApiError
 from specdec_cli.server.reply import Arguments, CallEnd, CallStart, Content, ParsedCall, ReplyEvent, new_id
 from specdec_cli.server.request import NO_PARAMETERS, Tools
 
-__all__ = ["Arguments", "CallEnd", "CallStart", "Content", "ReplyParser", "Tags", "check_parameters", "detect_tags",
-           "grammar"]
+__all__ = [
+    "Arguments",
+    "CallEnd",
+    "CallStart",
+    "Content",
+    "ReplyParser",
+    "Tags",
+    "check_parameters",
+    "detect_tags",
+    "grammar",
+]
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -101,8 +110,12 @@ def detect_tags(tokenize: Callable[[str], list[int]], piece: Callable[[int], byt
 
 def call_schema(name: str, parameters: Mapping[str, Any]) -> dict:
     """The JSON schema of one call's object: {"name": NAME, "arguments": <parameters>}, in that order."""
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def grammar(tools: Tools, tags: Tags, *, reply: dict | None = None) -> Grammar:
@@ -126,7 +139,7 @@ def grammar(tools: Tools, tags: Tags, *, reply: dict | None = None) -> Grammar:
     body = calls[0] if len(calls) == 1 else {"anyOf": calls}
     # free text cannot start with "{" or FENCE_OPEN + "{" (then it is a call): llguidance's lexer is greedy, so TEXT
     # must die right there for the call's own lexemes to take over
-    fence = r'/(```json\n)?\{(?s:.*)/'
+    fence = r"/(```json\n)?\{(?s:.*)/"
     if tags.special:  # a regex cannot produce a special token: free text never contains <tool_call>
         text = f"TEXT: /(?s:.*)/ & ~{fence}"
     else:
@@ -228,7 +241,7 @@ class ReplyParser(StreamingParser):
                     return out  # it may still become a fenced call
                 self._fresh = False
                 if self._buf.startswith(FENCED_CALL):
-                    self._buf = self._buf[len(FENCE_OPEN):]
+                    self._buf = self._buf[len(FENCE_OPEN) :]
                     self._open, self._close, self._state = FENCE_OPEN, FENCE_CLOSE, "head"
                 elif self._buf.startswith("{"):  # a bare object: the whole reply is the call
                     self._open, self._close, self._state = "", "", "head"
@@ -238,13 +251,13 @@ class ReplyParser(StreamingParser):
                 if at < 0:
                     keep = 0 if final else _held_tag_prefix(self._buf)
                     self._text(self._buf[: len(self._buf) - keep], out)
-                    self._buf = self._buf[len(self._buf) - keep:]
+                    self._buf = self._buf[len(self._buf) - keep :]
                     if final and self._spaces and not self.calls:
                         out.append(Content(self._spaces))
                     return out
                 self._text(self._buf[:at], out)
                 self._spaces = ""  # whitespace next to a call is not content
-                self._buf = self._buf[at + len(OPEN):]
+                self._buf = self._buf[at + len(OPEN) :]
                 self._open, self._close, self._state = OPEN, CLOSE, "head"
             elif self._state == "head":
                 m = _HEAD.match(self._buf)
@@ -255,7 +268,7 @@ class ReplyParser(StreamingParser):
                     if end >= 0 or final:  # not the expected shape
                         block = self._buf[:end] if end >= 0 else self._buf
                         self._fallback(block, self._close if end >= 0 else "", out)
-                        self._buf = self._buf[end + len(self._close):] if end >= 0 else ""
+                        self._buf = self._buf[end + len(self._close) :] if end >= 0 else ""
                         self._state = "text"
                         continue
                     return out
@@ -264,7 +277,7 @@ class ReplyParser(StreamingParser):
                 except json.JSONDecodeError:
                     name = m.group(1)
                 self._start(name, out)
-                self._buf = self._buf[m.end():]
+                self._buf = self._buf[m.end() :]
                 self._state = "args"
             else:  # args: the text up to the wrapper's closing brace before </tool_call>
                 end = self._buf.find(self._close) if self._close else -1
@@ -274,7 +287,7 @@ class ReplyParser(StreamingParser):
                     args = args[:-1].rstrip() if args.endswith("}") else args
                     self._send_args(call, args, out)
                     out.append(CallEnd(call.frozen(), call.index))
-                    self._buf = self._buf[end + len(self._close):]
+                    self._buf = self._buf[end + len(self._close) :]
                     self._state = "text"
                     continue
                 if final:
@@ -296,7 +309,7 @@ class ReplyParser(StreamingParser):
         return call
 
     def _send_args(self, call: ParsedCall, args: str, out: list[ReplyEvent]) -> None:
-        piece = args[self._args_sent:]
+        piece = args[self._args_sent :]
         if piece:
             call.arguments += piece
             self._args_sent += len(piece)
@@ -309,7 +322,7 @@ class ReplyParser(StreamingParser):
         if body:
             out.append(Content(self._spaces + body))
             self._spaces = ""
-        self._spaces += text[len(body):]  # trailing whitespace waits for what follows it
+        self._spaces += text[len(body) :]  # trailing whitespace waits for what follows it
 
     def _fallback(self, block: str, close: str, out: list[ReplyEvent]) -> None:
         try:
@@ -338,7 +351,7 @@ def _held_args_tail(text: str, close: str) -> int:
     end = len(text.rstrip())
     brace = text.rfind("}", 0, end)
     if brace >= 0:
-        rest = text[brace + 1:].lstrip()
+        rest = text[brace + 1 :].lstrip()
         if close.strip().startswith(rest):
             end = len(text[:brace].rstrip())
     return end

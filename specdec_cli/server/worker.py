@@ -104,8 +104,9 @@ class Job:
     """A submitted request: its id (for the log), its delivery callback, its reply (parsed and collected on the
     loop's thread; read it after `Done`), and whether it was cancelled."""
 
-    def __init__(self, job_id: int, request: Request, deliver: Callable[[Event], None],
-                 reply: ReplyStream | None = None) -> None:
+    def __init__(
+        self, job_id: int, request: Request, deliver: Callable[[Event], None], reply: ReplyStream | None = None
+    ) -> None:
         self.id = job_id
         self.request = request
         self.deliver = deliver
@@ -120,8 +121,11 @@ class Job:
         self.chunk_ends: list[float] = []  # time.monotonic() at each of its prefill's chunks' ends (`Worker._check`)
 
 
-OUTCOMES = {ClientGoneError: "cancelled (client gone)", ShuttingDownError: "cut short (shutting down)",
-            DeadlineError: "stopped at its deadline (--timeout)"}  # the log's word for each
+OUTCOMES = {
+    ClientGoneError: "cancelled (client gone)",
+    ShuttingDownError: "cut short (shutting down)",
+    DeadlineError: "stopped at its deadline (--timeout)",
+}  # the log's word for each
 FIRST_GUESS_S = 10.0  # a request's wall time before any was served (Retry-After's first estimate), seconds
 MEAN_WEIGHT = 0.3  # weight of the latest request in the moving mean of wall times
 PLACE_MARGIN = 32  # tokens of prefix another idle lane must share beyond the taking lane's to be handed a request
@@ -158,8 +162,15 @@ class Worker:
         saver: the learnt state's periodic save, run between steps and when idle.
     """
 
-    def __init__(self, service: GenerationService, *, bound: int = 16, log: Callable[[str], None] = _stderr,
-                 timeout: float | None = None, saver: Saver | None = None) -> None:
+    def __init__(
+        self,
+        service: GenerationService,
+        *,
+        bound: int = 16,
+        log: Callable[[str], None] = _stderr,
+        timeout: float | None = None,
+        saver: Saver | None = None,
+    ) -> None:
         self.service = service
         self.bound = bound
         self.log = log
@@ -252,11 +263,25 @@ class Worker:
         None, "busy": [the same for every running request], "retry_after_s": the Retry-After a request refused now
         would get}."""
         with self._cv:
-            busy = [{"id": job.id, "kind": job.request.label,
-                     "age_s": round(time.monotonic() - job.started_at, 2), "tokens": job.tokens, "lane": lane}
-                    for lane, job in sorted(self._running.items()) if job.started_at is not None]
-            return {"waiting": len(self._pending), "bound": self.bound, "lanes": self.n_lanes,
-                    "running": busy[0] if busy else None, "busy": busy, "retry_after_s": self._retry_after()}
+            busy = [
+                {
+                    "id": job.id,
+                    "kind": job.request.label,
+                    "age_s": round(time.monotonic() - job.started_at, 2),
+                    "tokens": job.tokens,
+                    "lane": lane,
+                }
+                for lane, job in sorted(self._running.items())
+                if job.started_at is not None
+            ]
+            return {
+                "waiting": len(self._pending),
+                "bound": self.bound,
+                "lanes": self.n_lanes,
+                "running": busy[0] if busy else None,
+                "busy": busy,
+                "retry_after_s": self._retry_after(),
+            }
 
     def _retry_after(self) -> int:
         """Whole seconds until a queue place is likely free (>= 1): the waiting requests and the running ones, each
@@ -277,16 +302,21 @@ class Worker:
         if self.n_lanes == 1 or job.prompt is None:
             return lane
         prompt = np.asarray(job.prompt, dtype=np.int32)
-        idle = [i for i in range(self.n_lanes) if i not in self._running or (
-            self._running[i].request is not None and self._running[i].request.interactive)]
+        idle = [
+            i
+            for i in range(self.n_lanes)
+            if i not in self._running or (self._running[i].request is not None and self._running[i].request.interactive)
+        ]
 
         def shared(i: int) -> int:
             return max((common_prefix(held, prompt) for held in self.service.lane_tokens(i)), default=0)
 
         scores = {i: shared(i) for i in idle}
         best = max(idle, key=lambda i: (scores[i], -self._used[i]))
-        if best in self._running and scores[best] <= max(scores.get(i, 0) for i in idle if i not in self._running) \
-                + WAIT_MARGIN:
+        if (
+            best in self._running
+            and scores[best] <= max(scores.get(i, 0) for i in idle if i not in self._running) + WAIT_MARGIN
+        ):
             idle = [i for i in idle if i not in self._running]  # not worth waiting for: the best idle lane
             best = max(idle, key=lambda i: (scores[i], -self._used[i]))
         if best in self._running:
@@ -332,8 +362,9 @@ class Worker:
                     break
                 job = min(waiting, key=_rank)
                 if job.prompt is None:
-                    job.prompt = list(job.request.prompt_ids) if job.request.prompt_ids is not None else \
-                        self._tokens(job)
+                    job.prompt = (
+                        list(job.request.prompt_ids) if job.request.prompt_ids is not None else self._tokens(job)
+                    )
                 job.lane = self._place(min(free, key=lambda i: self._used[i]), job)
                 if job.lane in self._running:  # held for the finishing slot that holds its prefix
                     continue
@@ -422,8 +453,9 @@ class Worker:
         if reply.stopped and reply.end is not None:  # stopped here, not by the engine: the reply's own finish
             stats = reply.end.stats
         if job.cancelled_at is not None and outcome == OUTCOMES[ClientGoneError]:  # the worker's time after it
-            note += f" (stopped {max(0.0, time.monotonic() - job.cancelled_at):.2f} s after the client left" + \
-                (f"; its prefill's chunks took {max(chunks):.2f} s at most)" if (chunks := _chunk_s(job)) else ")")
+            note += f" (stopped {max(0.0, time.monotonic() - job.cancelled_at):.2f} s after the client left" + (
+                f"; its prefill's chunks took {max(chunks):.2f} s at most)" if (chunks := _chunk_s(job)) else ")"
+            )
         note += f"; queued {job.started_at - job.submitted_at:.2f} s"
         if self.n_lanes > 1:
             note += f"; lane {lane}"
@@ -436,8 +468,7 @@ class Worker:
             return ClientGoneError()
         if self._stopping:
             return ShuttingDownError()
-        if self.timeout is not None and job.started_at is not None \
-                and time.monotonic() - job.started_at > self.timeout:
+        if self.timeout is not None and job.started_at is not None and time.monotonic() - job.started_at > self.timeout:
             return DeadlineError(self.timeout)
         return None
 
@@ -490,13 +521,20 @@ SAVE_INTERVAL_S = 300.0  # seconds between two saves, at most (`specdec serve --
 class Saver:
     """When to save what was learnt while the server runs (`Worker(saver=Saver(service.save_learnt))`): once `every`
     requests were served since the last save, or `interval` seconds passed with at least one served, so a crash
-    (kill -9) loses at most that much. The worker calls `note` after each request (and, when that made a save due,
-    saves on its own thread while no lane runs Python) and `save_now` when a save falls due while it is idle (the learning of the last requests before a
-    quiet hour is on disk within `interval`, not at the next request), so nothing mutates the stores during a save;
-    each store writes atomically under its own file lock. Nothing served since the last save: nothing to write."""
+    (SIGKILL) loses at most that much. The worker calls `note` after each request (and, when that made a save due, saves
+    on the loop's thread between two steps) and `save_now` when a save falls due while it is idle (the learning of the
+    last requests before a quiet hour is on disk within `interval`, not at the next request), so nothing mutates the
+    stores during a save; each store writes atomically under its own file lock. Nothing served since the last save:
+    nothing to write."""
 
-    def __init__(self, save: Callable[[], None], *, every: int = SAVE_EVERY, interval: float = SAVE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        save: Callable[[], None],
+        *,
+        every: int = SAVE_EVERY,
+        interval: float = SAVE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.save, self.every, self.interval, self.clock = save, every, interval, clock
         self.served = 0  # requests served since the last save (their learning is in memory only)
         self.last = clock()
@@ -544,8 +582,11 @@ def _chunk_s(job: Job) -> list[float]:
 def log_line(job_id: int, kind: str, stats: RequestStats, outcome: str, method: str) -> str:
     """One line per request: prompt (cached), tokens, tok/s, acceptance by source, tokens per pass, finish."""
     r = stats.run
-    parts = [f"#{job_id} {kind}: {r.n_prompt} prompt tokens ({r.n_cached} cached)",
-             f"{r.n_generated} tokens in {stats.wall_ms / 1e3:.2f} s", f"{r.tokens_per_s:.1f} tok/s"]
+    parts = [
+        f"#{job_id} {kind}: {r.n_prompt} prompt tokens ({r.n_cached} cached)",
+        f"{r.n_generated} tokens in {stats.wall_ms / 1e3:.2f} s",
+        f"{r.tokens_per_s:.1f} tok/s",
+    ]
     if method != Method.none:
         by_source = ", ".join(f"{src} {v['accepted']}/{v['drafted']}" for src, v in sorted(r.by_source.items()))
         parts.append(f"acceptance {r.acceptance_rate:.0%}" + (f" ({by_source})" if by_source else ""))

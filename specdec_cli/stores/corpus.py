@@ -118,8 +118,9 @@ def _check_manifest(meta: object, directory: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CorruptCorpus("not a specdec corpus")
     if meta.get("version") not in READS:
-        raise CorruptCorpus(f"format version {meta.get('version')} (this specdec reads versions "
-                            f"{', '.join(map(str, READS))})")
+        raise CorruptCorpus(
+            f"format version {meta.get('version')} (this specdec reads versions {', '.join(map(str, READS))})"
+        )
     if meta.get("token_bytes", 4) not in (3, 4) or (meta["version"] == 1 and "token_bytes" in meta):
         raise CorruptCorpus(f"{meta.get('token_bytes')}-byte tokens")
     fp = meta.get("fingerprint")
@@ -163,22 +164,33 @@ def info(directory: Path) -> CorpusInfo:
     directory = Path(directory)
     meta = read_manifest(directory)
     size = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
-    return CorpusInfo(str(meta.get("name", directory.name)), directory, meta["fingerprint"],
-                      tuple(meta.get("roots", ())), len(meta["files"]), int(meta.get("n_tokens", 0)), size,
-                      float(meta.get("updated", 0.0)))
+    return CorpusInfo(
+        str(meta.get("name", directory.name)),
+        directory,
+        meta["fingerprint"],
+        tuple(meta.get("roots", ())),
+        len(meta["files"]),
+        int(meta.get("n_tokens", 0)),
+        size,
+        float(meta.get("updated", 0.0)),
+    )
 
 
 def list_corpora(data_dir: Path, fingerprint: str | None = None) -> list[Path]:
     """The corpus folders (of one tokenizer, or of every one), sorted; set-aside ones are not listed, nor is a folder
     with no manifest (a forgotten corpus whose arrays a reader still mapped: `remove`)."""
     base = root_dir(data_dir)
-    tok_dirs = [tokenizer_dir(data_dir, fingerprint)] if fingerprint else (
-        sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else [])
+    tok_dirs = (
+        [tokenizer_dir(data_dir, fingerprint)]
+        if fingerprint
+        else (sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else [])
+    )
     out = []
     for t in tok_dirs:
         if t.is_dir():
-            out += sorted(p for p in t.iterdir()
-                          if p.is_dir() and ".corrupt-" not in p.name and (p / MANIFEST).exists())
+            out += sorted(
+                p for p in t.iterdir() if p.is_dir() and ".corrupt-" not in p.name and (p / MANIFEST).exists()
+            )
     return out
 
 
@@ -188,12 +200,18 @@ def set_aside_corrupt(directory: Path, err: Exception) -> None:
         with files.lock(lock_path(directory), LOCK_TIMEOUT_S):
             aside = files.set_aside(directory)
     except Exception as e:  # OSError, filelock.Timeout
-        warnings.warn(f"The corpus {directory} is unusable ({err}) and could not be moved aside ({reason(e)}); "
-                      f"drafting without it. Delete it (specdec learn --forget {directory.name}).",
-                      CorpusWarning, stacklevel=3)
+        warnings.warn(
+            f"The corpus {directory} is unusable ({err}) and could not be moved aside ({reason(e)}); "
+            f"drafting without it. Delete it (specdec learn --forget {directory.name}).",
+            CorpusWarning,
+            stacklevel=3,
+        )
         return
-    warnings.warn(f"The corpus {directory} was unusable ({err}); moved it to {aside.name}. Learn it again "
-                  f"(specdec learn PATH).", CorpusWarning, stacklevel=3)
+    warnings.warn(
+        f"The corpus {directory} was unusable ({err}); moved it to {aside.name}. Learn it again (specdec learn PATH).",
+        CorpusWarning,
+        stacklevel=3,
+    )
 
 
 def lock_path(directory: Path) -> Path:
@@ -232,14 +250,19 @@ class Mapped:
         sa = np.frombuffer(sa_map, dtype=np.int32)  # [T]
         starts = np.array([e.start for e in self.files] + [t], dtype=np.int64)
         ends = starts[1:] - 1  # each file's separator
-        if (np.any(np.diff(starts) != np.array([e.n_tokens + 1 for e in self.files]))
-                or starts[0] != 0 or np.any(tokens[ends] != SEP)):
+        if (
+            np.any(np.diff(starts) != np.array([e.n_tokens + 1 for e in self.files]))
+            or starts[0] != 0
+            or np.any(tokens[ends] != SEP)
+        ):
             raise CorruptCorpus("its tokens disagree with its manifest")
         lo, hi = (int(sa[0]), int(sa[-1])) if t < 4 else (int(sa.min()), int(sa.max()))
         if lo < 0 or hi >= t:
             raise CorruptCorpus("its suffix array points outside its tokens")
         corpus = Corpus(tokens, starts, np.zeros(len(self.files)), sa, width=w)
-        corpus._buf = cast(bytes, tok_map)  # (a map slices as bytes do) the map's bytes are the lookups' big-endian token string: nothing is copied
+        corpus._buf = cast(
+            bytes, tok_map
+        )  # (a map slices as bytes do) the map's bytes are the lookups' big-endian token string: nothing is copied
         self.corpus = corpus
 
     def _map(self, path: Path, size: int) -> mmap.mmap:
@@ -270,8 +293,9 @@ def load(directory: Path, fingerprint: str | None = None) -> Mapped | None:
         set_aside_corrupt(Path(directory), e)
         return None
     except (OSError, ValueError) as e:
-        warnings.warn(f"Cannot read the corpus {directory}: {reason(e)}; drafting without it.", CorpusWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"Cannot read the corpus {directory}: {reason(e)}; drafting without it.", CorpusWarning, stacklevel=2
+        )
         return None
 
 
@@ -293,8 +317,11 @@ class CorpusSet:
             self._loaded.clear()
             self.mapped = []
             return self.mapped
-        dirs = [self.base / self.name] if self.name else sorted(
-            p for p in self.base.iterdir() if p.is_dir() and ".corrupt-" not in p.name)
+        dirs = (
+            [self.base / self.name]
+            if self.name
+            else sorted(p for p in self.base.iterdir() if p.is_dir() and ".corrupt-" not in p.name)
+        )
         loaded = {}
         for d in dirs:
             try:
@@ -312,8 +339,16 @@ class CorpusSet:
 # -- writing -----------------------------------------------------------------------------------------------------
 
 
-def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str], segments: Sequence[np.ndarray],
-          entries_: Sequence[tuple[str, int, int]], extra: dict | None = None) -> int:
+def write(
+    directory: Path,
+    *,
+    fingerprint: str,
+    name: str,
+    roots: Sequence[str],
+    segments: Sequence[np.ndarray],
+    entries_: Sequence[tuple[str, int, int]],
+    extra: dict | None = None,
+) -> int:
     """Write a corpus: `segments[i]` (int32 [n_i] token ids >= 0) is the file `entries_[i]` = (path, size,
     mtime_ns). Builds the suffix array, writes a new generation (3-byte tokens unless an id is >= 0xFFFFFF) and
     its manifest, deletes the old generation. The caller holds `lock_path(directory)`. Returns the bytes on disk.
@@ -330,11 +365,19 @@ def write(directory: Path, *, fingerprint: str, name: str, roots: Sequence[str],
     with files.staged(sa_path) as tmp:
         sa.astype(np.int32).tofile(tmp)
     meta = {
-        "format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "name": name, "roots": list(roots),
-        "generation": generation, "token_bytes": width, "n_tokens": int(tokens.size - len(segments)),
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint,
+        "name": name,
+        "roots": list(roots),
+        "generation": generation,
+        "token_bytes": width,
+        "n_tokens": int(tokens.size - len(segments)),
         "updated": time.time(),
-        "files": [FileEntry(p, s, m, int(a), len(seg)).to_list()
-                  for (p, s, m), a, seg in zip(entries_, starts[:-1], segments, strict=False)],
+        "files": [
+            FileEntry(p, s, m, int(a), len(seg)).to_list()
+            for (p, s, m), a, seg in zip(entries_, starts[:-1], segments, strict=False)
+        ],
         **(extra or {}),
     }
     files.write_atomic(directory / MANIFEST, json.dumps(meta))

@@ -128,8 +128,11 @@ class KvParking:
         data = backend.snapshot()
         entry = _Parked(held.copy(), data, len(data), time.monotonic())
         # states that are a prefix of the new one are covered by it
-        self._entries = [e for e in self._entries
-                         if not (len(e.tokens) <= len(held) and np.array_equal(held[: len(e.tokens)], e.tokens))]
+        self._entries = [
+            e
+            for e in self._entries
+            if not (len(e.tokens) <= len(held) and np.array_equal(held[: len(e.tokens)], e.tokens))
+        ]
         self._entries.append(entry)
         self.n_parked += 1
         self._entries.sort(key=lambda e: e.used)

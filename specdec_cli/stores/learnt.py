@@ -69,8 +69,14 @@ def learnt_path() -> Path:
     return data_dir() / FILE_NAME
 
 
-def entry_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-              threads: int | None, k_max: int, placement: str = "") -> str | None:
+def entry_key(
+    target_path: str | os.PathLike[str],
+    draft_path: str | os.PathLike[str] | None,
+    method: str,
+    threads: int | None,
+    k_max: int,
+    placement: str = "",
+) -> str | None:
     """The learnt.json key of a pair, method, machine, placement (`stores.tuned.machine`) and K limit; None when a
     model file cannot be read (a fake or vanished model: nothing is kept for it)."""
     from specdec_cli.stores.tuned import machine, setting_key
@@ -96,8 +102,10 @@ def _entries(path: Path, section: str = "entries") -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        _warn(f"Ignoring what --k auto learnt in earlier runs: cannot read {path} "
-              f"({getattr(e, 'strerror', None) or e}). {fix}")
+        _warn(
+            f"Ignoring what --k auto learnt in earlier runs: cannot read {path} "
+            f"({getattr(e, 'strerror', None) or e}). {fix}"
+        )
         return {}
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("entries"), dict):
         _warn(f"Ignoring what --k auto learnt in earlier runs: {path} is not a version-{VERSION} learnt.json. {fix}")
@@ -118,14 +126,20 @@ def restore(controller: AdaptiveK, key: str | None) -> bool:
     try:
         controller.restore(entry["state"], MAX_WEIGHT)
     except (ValueError, TypeError, KeyError) as e:
-        _warn(f"Ignoring what --k auto learnt for this model and method in {path}: it does not fit ({e}). "
-              f"Delete {path}; --k auto then learns afresh.")
+        _warn(
+            f"Ignoring what --k auto learnt for this model and method in {path}: it does not fit ({e}). "
+            f"Delete {path}; --k auto then learns afresh."
+        )
         return False
     return True
 
 
-def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] | None = None, *,
-         curves: dict[str, dict[str, Any]] | None = None) -> Path | None:
+def save(
+    controllers: dict[str, AdaptiveK],
+    details: dict[str, dict[str, Any]] | None = None,
+    *,
+    curves: dict[str, dict[str, Any]] | None = None,
+) -> Path | None:
     """Save each controller's state under its key, and each of `curves` ({key: {"curve": VerifyCurve.to_dict(), ...}},
     `curve_key`), keeping the other entries; return the file (None: nothing to save, or the save failed with a
     `LearntWarning`)."""
@@ -151,11 +165,14 @@ def save(controllers: dict[str, AdaptiveK], details: dict[str, dict[str, Any]] |
                 entries[key] = {"state": ctrl.state(), **(details or {}).get(key, {}), "saved_at": stamp}
             for key, entry in (curves or {}).items():  # merged: a curve and the flash-attention choice share a key
                 kept[key] = {**kept.get(key, {}), **entry, "saved_at": stamp}
-            files.write_atomic(path, json.dumps({"version": VERSION, "entries": entries, "curves": kept},
-                                                ensure_ascii=False) + "\n")
+            files.write_atomic(
+                path, json.dumps({"version": VERSION, "entries": entries, "curves": kept}, ensure_ascii=False) + "\n"
+            )
     except (OSError, filelock.Timeout) as e:
-        _warn(f"Could not save what --k auto learnt to {path} ({getattr(e, 'strerror', None) or e}); the next run "
-              f"learns afresh. Make {path.parent} writable, or set SPECDEC_HOME.")
+        _warn(
+            f"Could not save what --k auto learnt to {path} ({getattr(e, 'strerror', None) or e}); the next run "
+            f"learns afresh. Make {path.parent} writable, or set SPECDEC_HOME."
+        )
         return None
     return path
 
@@ -187,13 +204,20 @@ def timed_on(threads: int | None, placement: str = "") -> dict[str, str]:
 
     m = machine(threads, placement)
     plan = ", extra-bufts off" if "extra-bufts-off" in m["key"].split("|") else ""
-    return {"cpu": str(m.get("cpu", "?")), "threads": str(m.get("threads", threads)),
-            "build": f"system info {m.get('system_info_sha256', '?')}, llama-cpp-python {package_version()}{plan}",
-            "placement": placement}
+    return {
+        "cpu": str(m.get("cpu", "?")),
+        "threads": str(m.get("threads", threads)),
+        "build": f"system info {m.get('system_info_sha256', '?')}, llama-cpp-python {package_version()}{plan}",
+        "placement": placement,
+    }
 
 
-_CHANGES = {"build": "another llama.cpp build", "threads": "other threads", "placement": "another device or offload",
-            "cpu": "another CPU"}
+_CHANGES = {
+    "build": "another llama.cpp build",
+    "threads": "other threads",
+    "placement": "another device or offload",
+    "cpu": "another CPU",
+}
 
 
 def why_measure(key: str | None, kept: VerifyCurve | None, timed: dict[str, str] | None = None) -> str:
@@ -221,11 +245,17 @@ def why_measure(key: str | None, kept: VerifyCurve | None, timed: dict[str, str]
         placement = here.get("placement", "")
         if not isinstance(theirs, dict):  # an older specdec's: no device in its key
             older = placement and other == key.replace(f"|{placement}|llama-cpp-python", "|llama-cpp-python")
-            diff = [f"{_CHANGES['placement']} ({placement} here; the kept curve does not say where it was timed)"
-                    if older else "another build or machine"]
+            diff = [
+                f"{_CHANGES['placement']} ({placement} here; the kept curve does not say where it was timed)"
+                if older
+                else "another build or machine"
+            ]
         else:
-            diff = [f"{_CHANGES[f]} ({here[f] or 'the CPU'} here, {theirs.get(f) or 'the CPU'} kept)" for f in _CHANGES
-                    if f in here and theirs.get(f, "") != here[f]] or ["another build or machine"]
+            diff = [
+                f"{_CHANGES[f]} ({here[f] or 'the CPU'} here, {theirs.get(f) or 'the CPU'} kept)"
+                for f in _CHANGES
+                if f in here and theirs.get(f, "") != here[f]
+            ] or ["another build or machine"]
         if nearest is None or len(diff) < len(nearest):
             nearest = diff
     return "; ".join(nearest) if nearest else "none kept for this model, machine and device yet"
@@ -249,8 +279,9 @@ def load_curve(key: str | None, *, stale_ok: bool = False) -> VerifyCurve | None
     return curve if stale_ok or not curve.stale else None
 
 
-def save_curve(key: str | None, curve: VerifyCurve, target: str | os.PathLike[str],
-               timed: dict[str, str] | None = None) -> Path | None:
+def save_curve(
+    key: str | None, curve: VerifyCurve, target: str | os.PathLike[str], timed: dict[str, str] | None = None
+) -> Path | None:
     """Keep `curve` under `key` (None: nothing to do), with what it was timed on (`timed_on`) where given."""
     if key is None:
         return None
@@ -267,8 +298,15 @@ def forget_curve(key: str | None, why: str = "") -> None:
 
     curve = load_curve(key, stale_ok=True)
     if key is not None and curve is not None:
-        save({}, curves={key: {"curve": replace(curve, stale=True, stale_why=why).to_dict(),
-                               "target": _entries(learnt_path(), "curves")[key].get("target", "?")}})
+        save(
+            {},
+            curves={
+                key: {
+                    "curve": replace(curve, stale=True, stale_why=why).to_dict(),
+                    "target": _entries(learnt_path(), "curves")[key].get("target", "?"),
+                }
+            },
+        )
 
 
 def save_flash_attn(key: str | None, choice: dict[str, Any]) -> Path | None:

@@ -377,8 +377,9 @@ class PromptCache:
                 self._remove_orphans()
                 entries = list(self._entries(digest, key))
                 for e in entries:
-                    if (len(e.tokens) == len(toks) if whole else len(e.tokens) >= len(toks)) \
-                            and np.array_equal(e.tokens[: len(toks)], toks):
+                    if (len(e.tokens) == len(toks) if whole else len(e.tokens) >= len(toks)) and np.array_equal(
+                        e.tokens[: len(toks)], toks
+                    ):
                         os.utime(e.header)
                         return 0
                 header, written = self._write(backend, toks, key, digest)

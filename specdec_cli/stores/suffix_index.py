@@ -175,8 +175,9 @@ class Corpus:
 
     __slots__ = ("tokens", "offsets", "added", "sa", "_buf", "_sav", "width")
 
-    def __init__(self, tokens: np.ndarray | PackedTokens, offsets: np.ndarray, added: np.ndarray, sa: np.ndarray,
-                 width: int = 4) -> None:
+    def __init__(
+        self, tokens: np.ndarray | PackedTokens, offsets: np.ndarray, added: np.ndarray, sa: np.ndarray, width: int = 4
+    ) -> None:
         self.tokens = tokens  # int32 [T] (or a PackedTokens read as int32)
         self.width = width  # bytes a token in the lookups' byte string (`_buf`): 4, or 3 (`PackedTokens`)
         self.offsets = offsets  # int64 [D+1]
@@ -276,8 +277,9 @@ class Corpus:
             self._sav = memoryview(cast(Any, self.sa))  # (numpy's arrays are buffers; its stubs do not say so)
         return self._sav
 
-    def longest_match(self, context: np.ndarray, max_depth: int, upper: int | None = None,
-                      min_count: int = 1) -> tuple[int, int, int]:
+    def longest_match(
+        self, context: np.ndarray, max_depth: int, upper: int | None = None, min_count: int = 1
+    ) -> tuple[int, int, int]:
         """The longest suffix of `context` (int32 [n]) that occurs in the corpus at least `min_count` times, at most
         `max_depth` tokens.
 

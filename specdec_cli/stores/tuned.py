@@ -66,7 +66,7 @@ def tuned_path() -> Path:
 
 
 def model_id(path: str | os.PathLike[str]) -> str:
-    """"<name>:<size>:<sha256(first MiB + last MiB)[:16]>" of a model file. Raises OSError if it cannot be read."""
+    """ "<name>:<size>:<sha256(first MiB + last MiB)[:16]>" of a model file. Raises OSError if it cannot be read."""
     p = Path(path)
     size = p.stat().st_size
     h = hashlib.sha256()
@@ -108,8 +108,9 @@ def machine(threads: int | None, placement: str = "") -> dict[str, Any]:
     return desc
 
 
-def setting_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-                machine_key: str) -> str:
+def setting_key(
+    target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str, machine_key: str
+) -> str:
     """The tuned.json key of a model pair, method and machine (see the module docstring)."""
     draft = model_id(draft_path) if draft_path is not None else "-"
     return f"{model_id(target_path)}|{draft}|{method}|{machine_key}"
@@ -149,8 +150,13 @@ def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
     return doc["settings"]
 
 
-def lookup_entry(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-                 threads: int | None, placement: str = "") -> dict[str, Any] | None:
+def lookup_entry(
+    target_path: str | os.PathLike[str],
+    draft_path: str | os.PathLike[str] | None,
+    method: str,
+    threads: int | None,
+    placement: str = "",
+) -> dict[str, Any] | None:
     """The saved entry for this pair, method, machine and placement (`machine`; its "k" is an int 0..64 or "auto"),
     or None."""
     settings = load()
@@ -164,14 +170,21 @@ def lookup_entry(target_path: str | os.PathLike[str], draft_path: str | os.PathL
     if entry is None:
         return None
     if not isinstance(entry, dict) or not _valid_k(entry.get("k")):
-        _warn(f"Ignoring the saved tune setting for {Path(target_path).name} ({method}) in {tuned_path()}: "
-              f"its \"k\" must be \"auto\" or a whole number 0..{K_LIMIT}. Run `specdec tune --save` again.")
+        _warn(
+            f"Ignoring the saved tune setting for {Path(target_path).name} ({method}) in {tuned_path()}: "
+            f'its "k" must be "auto" or a whole number 0..{K_LIMIT}. Run `specdec tune --save` again.'
+        )
         return None
     return entry
 
 
-def lookup(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-           threads: int | None, placement: str = "") -> int | None:
+def lookup(
+    target_path: str | os.PathLike[str],
+    draft_path: str | os.PathLike[str] | None,
+    method: str,
+    threads: int | None,
+    placement: str = "",
+) -> int | None:
     """The K `specdec tune --save` found best for this pair, method and machine; None = use AdaptiveK.
 
     None covers both "nothing saved" and a saved "auto". `draft_path` is None for methods without a draft model
@@ -188,8 +201,14 @@ def lookup(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[st
 # Writing
 
 
-def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, method: str,
-         machine_desc: dict[str, Any], k: int | str, details: dict[str, Any] | None = None) -> Path:
+def save(
+    target_path: str | os.PathLike[str],
+    draft_path: str | os.PathLike[str] | None,
+    method: str,
+    machine_desc: dict[str, Any],
+    k: int | str,
+    details: dict[str, Any] | None = None,
+) -> Path:
     """Record K (an int 0..64 or "auto") for this pair, method and machine; return the file written.
 
     Other entries are kept; a corrupt file is set aside (`files.set_aside`, with a `TunedWarning`) and a killed
@@ -219,6 +238,7 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
             aside = files.set_aside(path)
             _warn(f"{broken[0].message} Set aside as {aside.name}; {path.name} holds only this setting now.")
         settings[key] = entry
-        files.write_atomic(path, json.dumps({"version": VERSION, "settings": settings}, indent=2,
-                                            ensure_ascii=False) + "\n")
+        files.write_atomic(
+            path, json.dumps({"version": VERSION, "settings": settings}, indent=2, ensure_ascii=False) + "\n"
+        )
     return path

@@ -37,9 +37,17 @@ def test_the_ceiling_of_chats_at_once_comes_from_the_prefills_and_the_verify_cur
     assert serial["first_s"] == pytest.approx(20.0)
     assert bc.ceiling(serial, 2.0) == pytest.approx(28 / (20 + 8 / 2))
     ms = [40.0 + 12.0 * b for b in range(1, 65)]  # v(b) = 40 + 12 b ms: one-row passes merge best
-    (tmp_path / "learnt.json").write_text(json.dumps({"curves": {  # a stale curve and another model's are not it
-        "m.gguf:1:y|old": {"curve": {"ms": [1.0] * 64, "stale": True}},
-        "other.gguf:1:x|cpu": {"curve": {"ms": [1.0] * 64}}, "m.gguf:1:x|cpu": {"curve": {"ms": ms}}}}))
+    (tmp_path / "learnt.json").write_text(
+        json.dumps(
+            {
+                "curves": {  # a stale curve and another model's are not it
+                    "m.gguf:1:y|old": {"curve": {"ms": [1.0] * 64, "stale": True}},
+                    "other.gguf:1:x|cpu": {"curve": {"ms": [1.0] * 64}},
+                    "m.gguf:1:x|cpu": {"curve": {"ms": ms}},
+                }
+            }
+        )
+    )
     assert bc.sharing_gain(tmp_path, Path("/models/m.gguf"), 4) == pytest.approx(4 * 52 / 88)
     ms[31] = 100.0  # a cheap 32-row pass (a kernel tile): four passes of 32 rows in all merge best
     (tmp_path / "learnt.json").write_text(json.dumps({"curves": {"m.gguf:1:x|cpu": {"curve": {"ms": ms}}}}))
@@ -48,8 +56,9 @@ def test_the_ceiling_of_chats_at_once_comes_from_the_prefills_and_the_verify_cur
     stale_only = {"curves": {"m.gguf:1:x|cpu": {"curve": {"ms": ms, "stale": True}}}}
     (tmp_path / "learnt.json").write_text(json.dumps(stale_only))
     assert bc.sharing_gain(tmp_path, Path("/models/m.gguf"), 4) == pytest.approx((4 * 40 + 12 * 32) / 100)  # no other
-    table = bc.chats_table("specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None,
-                           gain=2.0)
+    table = bc.chats_table(
+        "specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None, gain=2.0
+    )
     assert "| ceiling of at once / one after another here | 1.17 |" in table
 
 
@@ -70,8 +79,13 @@ def test_stream_events_of_both_apis_are_read():
 
 
 def test_the_editor_sends_llama_vim_s_requests_typing_one_character_further_each_time():
-    editor = bc.Editor(lines=[f"line {i}\n" for i in range(400)], at=300, extra=[{"filename": "a.py", "text": "x"}],
-                       typed="    ", n_predict=128)
+    editor = bc.Editor(
+        lines=[f"line {i}\n" for i in range(400)],
+        at=300,
+        extra=[{"filename": "a.py", "text": "x"}],
+        typed="    ",
+        n_predict=128,
+    )
     warm, first, second = editor.body(-1, warm_up=True), editor.body(1), editor.body(2)
     assert warm["n_predict"] == 0 and first["n_predict"] == 128
     assert first["input_prefix"] == "".join(f"line {i}\n" for i in range(44, 300))  # llama.vim's n_prefix 256
@@ -88,9 +102,11 @@ def test_a_target_is_met_or_not_on_the_median():
 
 
 def test_the_agent_s_budget_counts_the_service_of_the_fims_answered_while_it_ran():
-    fims = [bc.Fim(sent=1.0, latency=2.0, service_s=1.5, text=""),  # answered at 3: during the agent
-            bc.Fim(sent=4.0, latency=9.0, service_s=1.0, text=""),  # queued behind it, answered at 13: after
-            bc.Fim(sent=12.0, latency=1.0, service_s=0.5, text="")]  # sent after its end (10)
+    fims = [
+        bc.Fim(sent=1.0, latency=2.0, service_s=1.5, text=""),  # answered at 3: during the agent
+        bc.Fim(sent=4.0, latency=9.0, service_s=1.0, text=""),  # queued behind it, answered at 13: after
+        bc.Fim(sent=12.0, latency=1.0, service_s=0.5, text=""),
+    ]  # sent after its end (10)
     latencies, service = bc.fim_costs(fims, agent_end=10.0)
     assert latencies == [2.0, 9.0] and service == pytest.approx(1.5)
 
@@ -117,8 +133,10 @@ def test_a_stale_seed_curve_is_replaced_by_the_one_a_cell_measured(tmp_path):
     seed.mkdir(), (home / "data").mkdir(parents=True)  # the server's data_dir: $SPECDEC_HOME/data
     stale = {"curves": {"m|cpu": {"curve": {"ms": [9.0], "stale": True}}, "d|cpu": {"curve": {"ms": [1.0]}}}}
     (seed / "learnt.json").write_text(json.dumps({**stale, "entries": {}}))
-    fresh = {"curves": {"m|cpu": {"curve": {"ms": [5.0], "stale": False}}, "d|cpu": {"curve": {"ms": [2.0]}}},
-             "entries": {"x": 1}}
+    fresh = {
+        "curves": {"m|cpu": {"curve": {"ms": [5.0], "stale": False}}, "d|cpu": {"curve": {"ms": [2.0]}}},
+        "entries": {"x": 1},
+    }
     (home / "data" / "learnt.json").write_text(json.dumps(fresh))
     bc.harvest(seed, home)
     kept = json.loads((seed / "learnt.json").read_text())
@@ -128,9 +146,19 @@ def test_a_stale_seed_curve_is_replaced_by_the_one_a_cell_measured(tmp_path):
 
 
 def test_the_editor_table_says_whether_the_agent_s_reply_during_the_fims_is_its_reply_alone():
-    rep = {"fim_alone": [1.0, 2.0], "fim_during": [2.0, 3.0], "agent_alone": 10.0, "agent_during": 20.0,
-           "fim_service": 9.0, "count_s": 0.05, "agent_prompt": 6000, "agent_out": 256, "agent_during_out": 66,
-           "agent_text": "The request goes through", "agent_during_text": "The request passes"}
+    rep = {
+        "fim_alone": [1.0, 2.0],
+        "fim_during": [2.0, 3.0],
+        "agent_alone": 10.0,
+        "agent_during": 20.0,
+        "fim_service": 9.0,
+        "count_s": 0.05,
+        "agent_prompt": 6000,
+        "agent_out": 256,
+        "agent_during_out": 66,
+        "agent_text": "The request goes through",
+        "agent_during_text": "The request passes",
+    }
     table = bc.editor_table("specdec", [rep])
     assert "diverges at char 12" in table and "256 tokens alone, 66 during" in table
 
@@ -153,8 +181,9 @@ def test_the_agent_sends_one_prompt_alone_and_during_the_fims(tmp_path, monkeypa
     monkeypatch.setattr(bc, "Cell", FakeCell)
     monkeypatch.setattr(bc, "warm_fim", lambda url, editor: None)
     monkeypatch.setattr(bc, "fim_loop", lambda url, editor, until, out, start=0: None)
-    monkeypatch.setattr(bc, "stream", lambda url, path, body: sent.setdefault("agent", body) and
-                        reply(0.0, 0.1, 1.0, 8, "same"))
+    monkeypatch.setattr(
+        bc, "stream", lambda url, path, body: sent.setdefault("agent", body) and reply(0.0, 0.1, 1.0, 8, "same")
+    )
     monkeypatch.setattr(bc, "_check", lambda s, what: None)
     monkeypatch.setattr(bc, "during", lambda url, editor, path, body: sent.setdefault("during", body) and {})
     args = type("Args", (), {"agent_prompt": 400, "agent_tokens": 8, "agent_body": None, "fim_alone": 1})()
@@ -170,7 +199,10 @@ def test_the_workload_picks_the_sitting_and_passes_the_rest_of_the_command_line_
     monkeypatch.setattr(bc, "fim_main", lambda argv: calls.append(("fim", argv)) or 0)
     assert bc.main(["--workload", "editor-during-agent,chats", "--quick", "--repeats", "1"]) == 0
     assert bc.main(["-w", "fim", "--repeats", "3"]) == 0
-    assert calls == [("c", ["--quick", "--repeats", "1"], {"editor-during-agent", "chats"}), ("fim", ["--repeats", "3"])]
+    assert calls == [
+        ("c", ["--quick", "--repeats", "1"], {"editor-during-agent", "chats"}),
+        ("fim", ["--repeats", "3"]),
+    ]
     for bad in (["--workload", "chat,fim"], ["--workload", "agents"], []):
         with pytest.raises(SystemExit) as e:
             bc.main(bad)

@@ -70,11 +70,14 @@ def test_the_compare_line_as_run_prints_it():
 
     from specdec_cli.cli.render import pass_placement
 
-    stats = SimpleNamespace(cheap_passes=46, curve_passes=50, verify_ms=1070.0, curve_ms=1000.0, curve_depth=700,
-                            branch_passes=0)
+    stats = SimpleNamespace(
+        cheap_passes=46, curve_passes=50, verify_ms=1070.0, curve_ms=1000.0, curve_depth=700, branch_passes=0
+    )
     placed = f"verify curve │ {pass_placement(stats)}\n"  # the stats table's row, as run prints it
-    assert fh.parse_compare(placed + out.getvalue()) == \
-        "2.09× (1.94–2.15×), plain 8.1 tok/s; passes 1.07× the curve's prediction at depth 700"
+    assert (
+        fh.parse_compare(placed + out.getvalue())
+        == "2.09× (1.94–2.15×), plain 8.1 tok/s; passes 1.07× the curve's prediction at depth 700"
+    )
 
 
 def test_the_chat_footer_as_chat_prints_it():
@@ -89,27 +92,35 @@ def test_the_chat_footer_as_chat_prints_it():
 
 
 def test_tune_speedups_from_its_json():
-    doc = {"best": "k6", "summary": [
-        {"config": "none", "speedup_geomean": 1.0, "speedup": {"bisect_rename": 1.0}},
-        {"config": "k4", "speedup_geomean": 1.24, "speedup": {"bisect_rename": 1.24}},
-        {"config": "k6", "speedup_geomean": 1.32, "speedup": {"bisect_rename": 1.32}},
-        {"config": "auto", "speedup_geomean": 1.04, "speedup": {"bisect_rename": 1.06, "free": 1.02}}]}
-    assert fh.parse_tune(doc) == ("k4 1.24×, k6 1.32×, auto 1.04×; auto by prompt: bisect_rename 1.06×, "
-                                  "free 1.02×; best k6")
+    doc = {
+        "best": "k6",
+        "summary": [
+            {"config": "none", "speedup_geomean": 1.0, "speedup": {"bisect_rename": 1.0}},
+            {"config": "k4", "speedup_geomean": 1.24, "speedup": {"bisect_rename": 1.24}},
+            {"config": "k6", "speedup_geomean": 1.32, "speedup": {"bisect_rename": 1.32}},
+            {"config": "auto", "speedup_geomean": 1.04, "speedup": {"bisect_rename": 1.06, "free": 1.02}},
+        ],
+    }
+    assert fh.parse_tune(doc) == (
+        "k4 1.24×, k6 1.32×, auto 1.04×; auto by prompt: bisect_rename 1.06×, free 1.02×; best k6"
+    )
     assert fh.parse_tune({"summary": []}) is None
 
 
 def test_learnt_curves_that_changed_are_counted():
     old = {"a": {"curve": {"measured_at": "t1", "seconds": 160.0, "stale": False}}}
-    new = {"a": {"curve": {"measured_at": "t2", "seconds": 58.0, "stale": False}},
-           "b": {"curve": {"measured_at": "t3", "seconds": 50.0, "stale": False}}}
+    new = {
+        "a": {"curve": {"measured_at": "t2", "seconds": 58.0, "stale": False}},
+        "b": {"curve": {"measured_at": "t3", "seconds": 50.0, "stale": False}},
+    }
     assert fh.curve_changes({}, old) == 1 and fh.curve_changes(old, old) == 0 and fh.curve_changes(old, new) == 2
 
 
 def test_the_table_has_a_row_per_step_and_the_totals():
-    rows = [fh.Row("quick start", 190.0, fh.parse_curves(CURVE_STDERR), 1, "2.08× (1.98–2.13×), plain 8.1 tok/s",
-                   0),
-            fh.Row("second run", 20.0, fh.Curves(), 0, "2.10×", 0)]
+    rows = [
+        fh.Row("quick start", 190.0, fh.parse_curves(CURVE_STDERR), 1, "2.08× (1.98–2.13×), plain 8.1 tok/s", 0),
+        fh.Row("second run", 20.0, fh.Curves(), 0, "2.10×", 0),
+    ]
     text = fh.table(rows)
     lines = text.splitlines()
     assert lines[0].startswith("step") and lines[2].startswith("quick start") and "190.0 s" in lines[2]
@@ -143,10 +154,12 @@ def test_the_home_is_empty_and_the_models_are_linked_not_downloaded(tmp_path, mo
 
 
 def test_the_curve_lines_of_this_version_are_counted() -> None:
-    text = ("verify curve disturbed (a one-token pass took 66.4 ms at the start and 2291.1 ms at the end): waiting 10 s "
-            "and measuring it again\n"
-            "verify curve measured in 49.1 s (another device or offload (CPU, 0 layers offloaded here)) and kept as "
-            "provisional: a one-token pass took 70 ms (the machine was busy); the next run measures it again, once\n"
-            "verify curve measured in 52.0 s (provisional) and kept (specdec doctor shows it)\n")
+    text = (
+        "verify curve disturbed (a one-token pass took 66.4 ms at the start and 2291.1 ms at the end): waiting 10 s "
+        "and measuring it again\n"
+        "verify curve measured in 49.1 s (another device or offload (CPU, 0 layers offloaded here)) and kept as "
+        "provisional: a one-token pass took 70 ms (the machine was busy); the next run measures it again, once\n"
+        "verify curve measured in 52.0 s (provisional) and kept (specdec doctor shows it)\n"
+    )
     curves = fh.parse_curves(text)
     assert curves.done == [(49.1, True), (52.0, True)] and curves.disturbed == 1

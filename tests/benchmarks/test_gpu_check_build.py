@@ -46,8 +46,10 @@ def test_the_build_patches_the_sdist_with_the_shipped_patches_and_builds_for_cud
     py, description = check.build(work, "90", work / "log")
     assert py == str(work / "venv" / "bin" / "python")
     assert "llama_set_flash_attn" in seen["header"]  # the flash-attention switch, applied
-    assert seen["cmake_args"] == (installer.cpu_patches_and_flags("no amx", "auto", "Linux", "x86_64")[1]
-                                  + " -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF")
+    assert seen["cmake_args"] == (
+        installer.cpu_patches_and_flags("no amx", "auto", "Linux", "x86_64")[1]
+        + " -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF"
+    )
     assert "-mno-amx-tile" in seen["cmake_args"] and description.endswith(seen["cmake_args"])
 
 
@@ -55,7 +57,11 @@ def test_the_vulkan_mode_judges_where_the_device_leaves_the_cpu_builds_output() 
     check = gpu_check()
 
     def lp(tok, p, other, q):
-        return {"token": tok, "logprob": p, "top_logprobs": [{"token": tok, "logprob": p}, {"token": other, "logprob": q}]}
+        return {
+            "token": tok,
+            "logprob": p,
+            "top_logprobs": [{"token": tok, "logprob": p}, {"token": other, "logprob": q}],
+        }
 
     cpu = {"tokens": [5, 6, 7], "logprobs": [lp(5, -0.1, 9, -3.0), lp(6, -0.6, 8, -0.9), lp(7, -0.2, 1, -4.0)]}
     assert check.cross_divergence(cpu, {"tokens": [5, 6, 7]}) == "identical"

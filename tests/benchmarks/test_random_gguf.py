@@ -24,8 +24,11 @@ def test_a_tiny_model_loads_as_its_kind(fixture, request) -> None:
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     assert model, f"llama.cpp refused {path.name}"
     try:
-        kind = (bool(llama_cpp.llama_model_is_hybrid(model)), bool(llama_cpp.llama_model_is_recurrent(model)),
-                int(llama_cpp.llama_model_n_layer_nextn(model)))
+        kind = (
+            bool(llama_cpp.llama_model_is_hybrid(model)),
+            bool(llama_cpp.llama_model_is_recurrent(model)),
+            int(llama_cpp.llama_model_n_layer_nextn(model)),
+        )
     finally:
         llama_cpp.llama_model_free(model)
     assert kind == KINDS[fixture]

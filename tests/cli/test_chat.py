@@ -34,18 +34,25 @@ runner = CliRunner()
 
 
 def fake_session(fn=hashed_logits, *, n_ctx=512, draft=True) -> Session:
-    return Session(target=FakeBackend(fn, n_ctx=n_ctx), target_path=Path("fake.gguf"),
-                   draft=FakeBackend(fn, n_ctx=n_ctx) if draft else None,
-                   draft_path=Path("fake-draft.gguf") if draft else None)
+    return Session(
+        target=FakeBackend(fn, n_ctx=n_ctx),
+        target_path=Path("fake.gguf"),
+        draft=FakeBackend(fn, n_ctx=n_ctx) if draft else None,
+        draft_path=Path("fake-draft.gguf") if draft else None,
+    )
 
 
 def make_chat(session=None, *, method="draft", k="auto", max_tokens=8, system=None):
     session = session or fake_session()
     err = io.StringIO()
-    view = ChatView(out=io.StringIO(), err=make_console(file=err), interactive=False, styled=False,
-                    show_rejected=False)
-    chat = Chat(session, spec=SpecOptions(method=method, k=k), config=GenerationConfig(max_tokens=max_tokens),
-                view=view, system=system)
+    view = ChatView(out=io.StringIO(), err=make_console(file=err), interactive=False, styled=False, show_rejected=False)
+    chat = Chat(
+        session,
+        spec=SpecOptions(method=method, k=k),
+        config=GenerationConfig(max_tokens=max_tokens),
+        view=view,
+        system=system,
+    )
     return chat, view.out, err
 
 
@@ -158,8 +165,12 @@ class LoggingBackend(FakeBackend):
 
 def test_second_turn_prefill_evaluates_only_the_new_tokens():
     # bigram logits never end the reply, so both turns stop at max tokens and retokenize exactly
-    session = Session(target=FakeBackend(bigram_logits), target_path=Path("t.gguf"),
-                      draft=LoggingBackend(bigram_logits), draft_path=Path("d.gguf"))
+    session = Session(
+        target=FakeBackend(bigram_logits),
+        target_path=Path("t.gguf"),
+        draft=LoggingBackend(bigram_logits),
+        draft_path=Path("d.gguf"),
+    )
     chat, out, err = make_chat(session, k="3", max_tokens=8)
     first = chat.turn(words(5, 6, 7))
     assert first.stats.n_prompt == 3 and first.stats.n_prefill_evaluated == 2
@@ -205,8 +216,9 @@ class Interrupting:
 
 def test_ctrl_c_keeps_the_shown_text_and_leaves_the_caches_consistent():
     fn = Interrupting()
-    session = Session(target=FakeBackend(fn), target_path=Path("t.gguf"), draft=FakeBackend(hashed_logits),
-                      draft_path=Path("d.gguf"))
+    session = Session(
+        target=FakeBackend(fn), target_path=Path("t.gguf"), draft=FakeBackend(hashed_logits), draft_path=Path("d.gguf")
+    )
     chat, out, err = make_chat(session, k="2", max_tokens=30)
     chat.turn(words(3, 4))
     fn.countdown = 12
@@ -321,8 +333,9 @@ class Tty(io.StringIO):
 def test_save_and_a_pipe_get_the_clean_text_while_the_terminal_shows_rejected_drafts(tmp_path):
     tty = Tty()
     view = ChatView(out=tty, err=make_console(file=io.StringIO()), interactive=False, styled=True, show_rejected=True)
-    chat = Chat(fake_session(), spec=SpecOptions(method="ngram", k="4"), config=GenerationConfig(max_tokens=60),
-                view=view)
+    chat = Chat(
+        fake_session(), spec=SpecOptions(method="ngram", k="4"), config=GenerationConfig(max_tokens=60), view=view
+    )
     chat.turn(words(5, 9, 3, 17, 4, 22, 8, 5, 9, 3, 17))
     reply = chat.conversation.turns[0].assistant
     kept, rejected = unstrike(tty.getvalue())
@@ -425,9 +438,23 @@ def test_help_has_examples():
 
 @pytest.mark.real
 def test_cli_real_smollm2_two_turns_reuse_the_cache(smollm2_path):
-    result = invoke(["-t", str(smollm2_path), "-d", str(smollm2_path), "--method", "draft", "-n", "12", "--k", "3",
-                     "--threads", "2"],
-                    "Hi!\n/stats\nName a colour.\n")
+    result = invoke(
+        [
+            "-t",
+            str(smollm2_path),
+            "-d",
+            str(smollm2_path),
+            "--method",
+            "draft",
+            "-n",
+            "12",
+            "--k",
+            "3",
+            "--threads",
+            "2",
+        ],
+        "Hi!\n/stats\nName a colour.\n",
+    )
     assert result.exit_code == 0, result.output
     assert len([line for line in result.stdout.splitlines() if line.strip()]) >= 2
     footers = [line for line in result.stderr.splitlines() if " tok/s · " in line]

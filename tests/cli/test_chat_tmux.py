@@ -84,10 +84,26 @@ def test_chat_in_a_terminal_survives_ctrl_c(tmp_path, smollm2_path):
     home = tmp_path / "home"
     rc_file = tmp_path / "rc"
     saved = tmp_path / "chat.json"
-    chat = [sys.executable, "-m", "specdec_cli", "chat", "-t", "smollm2-135m", "-d", "smollm2-135m", "-n", "200",
-            "--k", "3", "--threads", "2"]
-    command = (f"cd {shlex.quote(str(tmp_path))} && env SPECDEC_HOME={shlex.quote(str(home))} "
-               f"{shlex.join(chat)}; echo $? > {shlex.quote(str(rc_file))}")
+    chat = [
+        sys.executable,
+        "-m",
+        "specdec_cli",
+        "chat",
+        "-t",
+        "smollm2-135m",
+        "-d",
+        "smollm2-135m",
+        "-n",
+        "200",
+        "--k",
+        "3",
+        "--threads",
+        "2",
+    ]
+    command = (
+        f"cd {shlex.quote(str(tmp_path))} && env SPECDEC_HOME={shlex.quote(str(home))} "
+        f"{shlex.join(chat)}; echo $? > {shlex.quote(str(rc_file))}"
+    )
     tmux = Tmux(tmp_path / "tmux.sock", command)
     try:
         screen = tmux.wait_for(lambda s: prompts(s) == 1, "the first prompt")
@@ -139,11 +155,29 @@ def test_rejected_drafts_never_take_the_replys_lines_in_a_terminal(tmp_path, smo
     only one that strikes) removed, is the reply's text line for line; and rejected drafts were shown."""
     rc_file = tmp_path / "rc"
     saved = tmp_path / "chat.json"
-    chat = [sys.executable, "-m", "specdec_cli", "chat", "-t", "smollm2-135m", "--method", "ngram", "--ngram-min", "1",
-            "--k", "8", "-n", "160", "--threads", "2"]
+    chat = [
+        sys.executable,
+        "-m",
+        "specdec_cli",
+        "chat",
+        "-t",
+        "smollm2-135m",
+        "--method",
+        "ngram",
+        "--ngram-min",
+        "1",
+        "--k",
+        "8",
+        "-n",
+        "160",
+        "--threads",
+        "2",
+    ]
     root = str(Path(__file__).resolve().parents[2])  # this checkout's specdec_cli, whatever is installed
-    command = (f"cd {shlex.quote(str(tmp_path))} && env SPECDEC_HOME={shlex.quote(str(tmp_path / 'home'))} "
-               f"PYTHONPATH={shlex.quote(root)} {shlex.join(chat)}; echo $? > {shlex.quote(str(rc_file))}")
+    command = (
+        f"cd {shlex.quote(str(tmp_path))} && env SPECDEC_HOME={shlex.quote(str(tmp_path / 'home'))} "
+        f"PYTHONPATH={shlex.quote(root)} {shlex.join(chat)}; echo $? > {shlex.quote(str(rc_file))}"
+    )
     tmux = Tmux(tmp_path / "tmux.sock", command)
     message = "Write a Python function is_palindrome(s) with a docstring, and show how to call it."
     try:

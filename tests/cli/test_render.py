@@ -106,17 +106,28 @@ def _code_steps():
 
     parts = [  # (accepted, rejected, target) per step
         ("def is_pal", "\nimport re\n", "indrome"),
-        ("(s: str) -> bool:\n", "    \"\"\"Return\n    True", "    "),
+        ("(s: str) -> bool:\n", '    """Return\n    True', "    "),
         ('"""True if s reads', "\tthe same\n\n", " the same backwards."),
         ('"""\n    s = s.lower()\n', "\n\n```python\nimport re\nprint(is_palindrome('abba'))\n", "    return"),
         (" s == s[::-1]", " \n", "\n"),
-        ("\n\nprint(is_palindrome(\"level\"))", "  # True if", "\n"),
+        ('\n\nprint(is_palindrome("level"))', "  # True if", "\n"),
     ]
     steps = []
     for i, (acc, rej, tgt) in enumerate(parts):
-        steps.append(Step(index=i, k=3, drafted=(1, 2, 3), n_accepted=1, target_token=4, emitted=(1, 4),
-                          segments=((ACCEPTED, acc), (REJECTED, rej), (TARGET, tgt)), draft_ms=0.0, verify_ms=1.0,
-                          source="prompt"))
+        steps.append(
+            Step(
+                index=i,
+                k=3,
+                drafted=(1, 2, 3),
+                n_accepted=1,
+                target_token=4,
+                emitted=(1, 4),
+                segments=((ACCEPTED, acc), (REJECTED, rej), (TARGET, tgt)),
+                draft_ms=0.0,
+                verify_ms=1.0,
+                source="prompt",
+            )
+        )
     return steps, "".join(s.text for s in steps)
 
 
@@ -192,13 +203,34 @@ def test_the_stream_is_written_byte_for_byte_as_rich_prints_it():
     from specdec_cli.cli.render import segment_style
     from specdec_cli.core.records import ACCEPTED, TARGET, Step
 
-    texts = ["def f(x):\n", "    return x\n\n", "é [bold]not markup[/]", "a\rb\x07c", "\n", "x\x1b[31my", "  ",
-             "tab\there", "end"]
+    texts = [
+        "def f(x):\n",
+        "    return x\n\n",
+        "é [bold]not markup[/]",
+        "a\rb\x07c",
+        "\n",
+        "x\x1b[31my",
+        "  ",
+        "tab\there",
+        "end",
+    ]
     steps = []
     for i, t in enumerate(texts):
         segments = ((ACCEPTED, t), (REJECTED, texts[-1 - i]), (TARGET, texts[(i + 3) % len(texts)]))
-        steps.append(Step(index=i, k=2, drafted=(1, 2), n_accepted=1, target_token=3, emitted=(1, 3),
-                          segments=segments, draft_ms=0.0, verify_ms=1.0, source=("prompt", "store")[i % 2]))
+        steps.append(
+            Step(
+                index=i,
+                k=2,
+                drafted=(1, 2),
+                n_accepted=1,
+                target_token=3,
+                emitted=(1, 3),
+                segments=segments,
+                draft_ms=0.0,
+                verify_ms=1.0,
+                source=("prompt", "store")[i % 2],
+            )
+        )
     out, expected = Terminal(), Terminal()
     renderer = StreamRenderer(out, styled=True, refresh_s=0.0, clock=Clock())  # each step printed on its own
     rich = make_console(file=expected)

@@ -28,8 +28,15 @@ def narrow(monkeypatch):
 def test_a_table_written_to_a_file_takes_the_width_it_needs(narrow):
     buf = io.StringIO()
     table = Table()
-    for name in ("configuration", "decode tok/s", "speedup over none", "acceptance", "mean accepted length",
-                 "time to first token", "peak RSS"):
+    for name in (
+        "configuration",
+        "decode tok/s",
+        "speedup over none",
+        "acceptance",
+        "mean accepted length",
+        "time to first token",
+        "peak RSS",
+    ):
         table.add_column(name, no_wrap=True)
     table.add_row("auto (the default)", "29.9", "1.57×", "78 %", "12.30", "1.43 s", "1.90 GiB")
     make_console(file=buf).print(table)
@@ -41,8 +48,13 @@ def test_a_table_written_to_a_file_takes_the_width_it_needs(narrow):
 
 def test_bench_report_through_a_pipe_has_no_ellipsis(narrow, capsys, tmp_path):
     configs = B.configs_for(["none", "auto", "ngram", "suffix"], peer=True)
-    prompts = [("textwrap_rename", "edit"), ("colorsys_type_hints", "edit"), ("shlex_quote", "explain"),
-               ("lighthouse_story", "write"), ("sched_rename_method", "rewrite")]
+    prompts = [
+        ("textwrap_rename", "edit"),
+        ("colorsys_type_hints", "edit"),
+        ("shlex_quote", "explain"),
+        ("lighthouse_story", "write"),
+        ("sched_rename_method", "rewrite"),
+    ]
     runs = []
     for repeat in (0, 1):
         for name, _ in prompts:

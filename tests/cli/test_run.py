@@ -21,8 +21,9 @@ def fake_session(monkeypatch, tmp_path):
     def open_session(options, *, method=None, need_draft=False, reporter=None):
         need_draft = wants_draft(options, method, need_draft)
         calls.append((options, need_draft))
-        s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
-                    options=options)
+        s = Session(
+            target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf", options=options
+        )
         if need_draft:
             s.draft = FakeBackend(hashed_logits, n_ctx=options.ctx)
             s.draft_path = tmp_path / "draft.gguf"
@@ -58,14 +59,39 @@ def test_piped_stdout_receives_exactly_the_generated_text(fake_session, prompt_f
 
 
 def test_json_to_stdout_has_the_text_and_every_statistic(fake_session, prompt_file, capsys):
-    code, out, _ = cli(capsys, "run", str(prompt_file), "--method", "draft", "--k", "4", "--max-tokens", "15",
-                       "--compare", "--json", "-")
+    code, out, _ = cli(
+        capsys,
+        "run",
+        str(prompt_file),
+        "--method",
+        "draft",
+        "--k",
+        "4",
+        "--max-tokens",
+        "15",
+        "--compare",
+        "--json",
+        "-",
+    )
     assert code == 0
     doc = json.loads(out)  # stdout is JSON only: the text is not also streamed there
     assert doc["text"] == expected_text(15)
-    for key in ("n_prompt", "prefill_ms", "n_generated", "decode_ms", "tokens_per_s", "n_target_passes", "n_drafted",
-                "n_accepted", "acceptance_rate", "mean_accepted_length", "tokens_per_pass", "acceptance_by_position",
-                "k_histogram", "finish_reason"):
+    for key in (
+        "n_prompt",
+        "prefill_ms",
+        "n_generated",
+        "decode_ms",
+        "tokens_per_s",
+        "n_target_passes",
+        "n_drafted",
+        "n_accepted",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "tokens_per_pass",
+        "acceptance_by_position",
+        "k_histogram",
+        "finish_reason",
+    ):
         assert key in doc["stats"], key
     assert doc["config"]["method"] == "draft" and doc["config"]["k"] == "4"
     assert doc["compare"]["identical"] is True
@@ -138,9 +164,16 @@ def test_version(capsys):
     assert code == 0 and out.startswith("specdec ")
 
 
-@pytest.mark.parametrize("alias, canonical", [("prompt-lookup", "ngram"), ("past_outputs", "suffix"),
-                                              ("draft-model", "draft"), ("plain", "none"),
-                                              ("ngram", "ngram")])
+@pytest.mark.parametrize(
+    "alias, canonical",
+    [
+        ("prompt-lookup", "ngram"),
+        ("past_outputs", "suffix"),
+        ("draft-model", "draft"),
+        ("plain", "none"),
+        ("ngram", "ngram"),
+    ],
+)
 def test_method_takes_the_fields_names_and_the_old_spellings(fake_session, prompt_file, capsys, alias, canonical):
     code, out, _ = cli(capsys, "run", str(prompt_file), "--method", alias, "--max-tokens", "5", "--json", "-")
     assert code == 0
@@ -171,9 +204,14 @@ def test_a_cp1252_pipe_gets_utf8_and_nothing_is_reported_as_a_bug(monkeypatch, t
     text = "→ é 中文 ✓\n"
     pieces = [piece.encode() for piece in ("→ ", "é ", "中文 ", "✓\n")] * 8
     pieces[1] = b""  # EOS
-    monkeypatch.setattr("specdec_cli.cli.commands.run.open_session", lambda options, **kw: Session(
-        target=FakeBackend(hashed_logits, pieces=pieces, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
-        options=options))
+    monkeypatch.setattr(
+        "specdec_cli.cli.commands.run.open_session",
+        lambda options, **kw: Session(
+            target=FakeBackend(hashed_logits, pieces=pieces, n_ctx=options.ctx),
+            target_path=tmp_path / "target.gguf",
+            options=options,
+        ),
+    )
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(text * 3, encoding="utf-8")
     out, err = io.BytesIO(), io.BytesIO()

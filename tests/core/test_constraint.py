@@ -19,9 +19,16 @@ from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.drafters.ngram import NgramDrafter
 
 V = len(CHARS)
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},
-                                           "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
-          "required": ["name", "age", "tags"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
 
 
 def logits_fn(prefix, seed=0):
@@ -95,15 +102,20 @@ def test_json_schema_layouts():
     assert '"whitespace_flexible": true' in free.lark
     own = constraint.json_schema({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}, name="s")
     assert json.loads(own.lark.removeprefix("start: %json "))["x-guidance"] == {"whitespace_flexible": False}
-    assert constraint.json_object().lark == 'start: %json {"type": "object", "x-guidance": ' \
+    assert (
+        constraint.json_object().lark == 'start: %json {"type": "object", "x-guidance": '
         '{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}}\n'
+    )
 
 
-@pytest.mark.parametrize("schema, where", [
-    ({"type": "object", "properties": {"age": {"type": "integr"}}}, "properties.age.type: Invalid type: integr"),
-    ({"type": "object", "properties": {"a": {"type": "string", "minLength": "x"}}}, "properties.a.minLength: "),
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}, "properties.a.$ref: "),
-])
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({"type": "object", "properties": {"age": {"type": "integr"}}}, "properties.age.type: Invalid type: integr"),
+        ({"type": "object", "properties": {"a": {"type": "string", "minLength": "x"}}}, "properties.a.minLength: "),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}, "properties.a.$ref: "),
+    ],
+)
 def test_a_bad_schema_names_the_spot(schema, where):
     with pytest.raises(GrammarError) as e:
         constraint.json_schema(schema, name="--json-schema s.json")
@@ -197,8 +209,9 @@ def test_rollback_after_rejections_keeps_the_matcher_in_sync():
     b = backend()
     prompt = prompt_of("describe", b)
     wrong = b.tokenize('{"name": "Bobin", "age": 1200, "tags": ["er"]}')
-    records, steps, tokens = run(SpeculativeEngine(b, Fixed(script=wrong, n_prompt=len(prompt)), FixedK(4)),
-                                 prompt, g, max_tokens=80)
+    records, steps, tokens = run(
+        SpeculativeEngine(b, Fixed(script=wrong, n_prompt=len(prompt)), FixedK(4)), prompt, g, max_tokens=80
+    )
     assert sum(s.rejected for s in steps) >= 3
     assert (tokens, records[-1].finish_reason) == constrained_reference(logits_fn, prompt, g, b, 80)
 
@@ -216,8 +229,7 @@ def test_logprobs_are_the_masked_log_softmax_of_each_emitted_token():
     b = backend()
     doc = '{"name": "Ann", "age": 12, "tags": []}'
     prompt = prompt_of(doc, b)
-    _, steps, tokens = run(SpeculativeEngine(b, NgramDrafter(1, 3), FixedK(4)), prompt, g, max_tokens=40,
-                           logprobs=3)
+    _, steps, tokens = run(SpeculativeEngine(b, NgramDrafter(1, 3), FixedK(4)), prompt, g, max_tokens=40, logprobs=3)
     m = LLMatcher(b.lltokenizer(), LLMatcher.grammar_from_lark(g.lark), log_level=0)
     got = [lp for s in steps for lp in s.logprobs]
     assert [lp.token for lp in got] == tokens and any(len(s.emitted) > 1 for s in steps)
@@ -238,8 +250,9 @@ def test_logprobs_are_the_masked_log_softmax_of_each_emitted_token():
 
 def test_logprobs_without_a_grammar_and_at_zero():
     b = FakeBackend()
-    _, steps, tokens = run(SpeculativeEngine(b, NgramDrafter(1, 3), FixedK(4)), [5, 9, 3, 5, 9], None,
-                           max_tokens=12, logprobs=0)
+    _, steps, tokens = run(
+        SpeculativeEngine(b, NgramDrafter(1, 3), FixedK(4)), [5, 9, 3, 5, 9], None, max_tokens=12, logprobs=0
+    )
     got = [lp for s in steps for lp in s.logprobs]
     assert [lp.token for lp in got] == tokens and all(lp.top == () for lp in got)
     ctx = [5, 9, 3, 5, 9]
@@ -253,8 +266,13 @@ def test_sampling_under_a_grammar_stays_inside_it():
     g = constraint.json_schema(SCHEMA, name="s")
     for seed in range(3):
         b = backend()
-        records, _, tokens = run(SpeculativeEngine(b, NgramDrafter(1, 3), FixedK(4)), prompt_of("a b", b), g,
-                                 max_tokens=120, sampling=SamplingParams(temperature=1.0, seed=seed))
+        records, _, tokens = run(
+            SpeculativeEngine(b, NgramDrafter(1, 3), FixedK(4)),
+            prompt_of("a b", b),
+            g,
+            max_tokens=120,
+            sampling=SamplingParams(temperature=1.0, seed=seed),
+        )
         if records[-1].finish_reason == "eog":
             doc = json.loads(text(tokens))
             assert set(doc) == {"name", "age", "tags"} and len(doc["name"]) <= 8
@@ -304,8 +322,21 @@ def cli(capsys, *args):
 
 def test_run_json_schema_with_logprobs(char_sessions, capsys):
     d = char_sessions
-    code, out, _ = cli(capsys, "run", d / "p.txt", "--json-schema", d / "s.json", "--json", "-", "--logprobs", 2,
-                       "-n", 120, "--method", "ngram")
+    code, out, _ = cli(
+        capsys,
+        "run",
+        d / "p.txt",
+        "--json-schema",
+        d / "s.json",
+        "--json",
+        "-",
+        "--logprobs",
+        2,
+        "-n",
+        120,
+        "--method",
+        "ngram",
+    )
     doc = json.loads(out)
     assert code == 0 and doc["finish_reason"] == "eog"
     reply = json.loads(doc["text"])
@@ -322,13 +353,16 @@ def test_check_audits_a_constrained_run(char_sessions, capsys):
     assert code == 0 and "PASS" in out and "0 divergences" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--json-schema", "bad.json"], "--json-schema {d}/bad.json: properties.age.type: Invalid type: integr"),
-    (["--grammar", "bad.lark"], "--grammar {d}/bad.lark: line 1, column 8: unknown name"),
-    (["--json-object", "--grammar", "bad.lark"], "--json-object and --grammar both constrain the reply; give one."),
-    (["--json-object", "--json-layout", "pretty"], "--json-layout 'pretty' is not a layout."),
-    (["--json-object", "--logprobs", "3"], "add --json PATH"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--json-schema", "bad.json"], "--json-schema {d}/bad.json: properties.age.type: Invalid type: integr"),
+        (["--grammar", "bad.lark"], "--grammar {d}/bad.lark: line 1, column 8: unknown name"),
+        (["--json-object", "--grammar", "bad.lark"], "--json-object and --grammar both constrain the reply; give one."),
+        (["--json-object", "--json-layout", "pretty"], "--json-layout 'pretty' is not a layout."),
+        (["--json-object", "--logprobs", "3"], "add --json PATH"),
+    ],
+)
 def test_bad_constraints_are_one_line_errors_with_exit_2(char_sessions, capsys, args, message):
     d = char_sessions
     (d / "bad.json").write_text('{"type": "object", "properties": {"age": {"type": "integr"}}}')
@@ -345,11 +379,17 @@ def test_chat_replies_follow_the_schema_every_turn(monkeypatch, tmp_path):
     from specdec_cli.cli.commands import chat as chat_mod
     from specdec_cli.session import Session
 
-    monkeypatch.setattr(chat_mod, "open_session", lambda options, **kw: Session(
-        target=backend(n_ctx=options.ctx), target_path=tmp_path / "t.gguf"))
+    monkeypatch.setattr(
+        chat_mod,
+        "open_session",
+        lambda options, **kw: Session(target=backend(n_ctx=options.ctx), target_path=tmp_path / "t.gguf"),
+    )
     (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
-    result = CliRunner().invoke(app, ["chat", "--json-schema", str(tmp_path / "s.json"), "-n", "120",
-                                      "--method", "ngram"], input="Ann is 12\nBob is 30\n")
+    result = CliRunner().invoke(
+        app,
+        ["chat", "--json-schema", str(tmp_path / "s.json"), "-n", "120", "--method", "ngram"],
+        input="Ann is 12\nBob is 30\n",
+    )
     assert result.exit_code == 0, result.output
     replies = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     assert len(replies) == 2 and all(set(r) == {"name", "age", "tags"} for r in replies)
@@ -366,8 +406,12 @@ def test_a_draft_that_ends_the_reply_is_accepted_whole():
     g = constraint.from_lark('start: "xk" "z"? | "yq"', name="g")  # nothing forced; "xk" may end or go on
     b = backend(wants)
     prompt = prompt_of("go", b)
-    records, steps, tokens = run(SpeculativeEngine(b, Fixed(script=[ord("x"), ord("k"), EOS], n_prompt=len(prompt)),
-                                                   FixedK(4)), prompt, g, max_tokens=10)
+    records, steps, tokens = run(
+        SpeculativeEngine(b, Fixed(script=[ord("x"), ord("k"), EOS], n_prompt=len(prompt)), FixedK(4)),
+        prompt,
+        g,
+        max_tokens=10,
+    )
     assert text(tokens) == "xk" and records[-1].finish_reason == "eog"
     assert len(steps) == 1 and steps[0].n_accepted == 3 and steps[0].target_token is None
 
@@ -393,7 +437,7 @@ class _Replay(DrafterBase):
 
     def propose(self, context, k, sampling, rng):
         done = len(context) - self.n_prompt
-        return Draft(tokens=np.asarray([A_, B_, C_, EOS][done:done + k], np.int32), source=self.name, match_len=8)
+        return Draft(tokens=np.asarray([A_, B_, C_, EOS][done : done + k], np.int32), source=self.name, match_len=8)
 
 
 def test_a_draft_ending_with_eos_after_the_grammar_completes_is_rolled_back_exactly():

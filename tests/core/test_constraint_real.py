@@ -17,12 +17,21 @@ from specdec_cli.models.llama import LlamaBackend
 
 pytestmark = pytest.mark.real
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                           "city": {"type": "string"}, "languages": {"type": "array",
-                                                                                     "items": {"type": "string"}}},
-          "required": ["name", "age", "city", "languages"], "additionalProperties": False}
-TEXT = ("Return the person as JSON with name, age, city and languages.\n\nMarta Oliveira is 34 years old, lives in "
-        "Porto and speaks Portuguese, English and French.")
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "languages": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "city", "languages"],
+    "additionalProperties": False,
+}
+TEXT = (
+    "Return the person as JSON with name, age, city and languages.\n\nMarta Oliveira is 34 years old, lives in "
+    "Porto and speaks Portuguese, English and French."
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +52,9 @@ def generate(engine, prompt, grammar):
 def test_constrained_speculation_equals_constrained_plain_up_to_near_ties(smol, layout):
     target = smol
     g = constraint.json_schema(SCHEMA, name="test", layout=layout)
-    prompt = target.tokenize(target.format_chat([{"role": "user", "content": TEXT}]), add_special=False,
-                             parse_special=True)
+    prompt = target.tokenize(
+        target.format_chat([{"role": "user", "content": TEXT}]), add_special=False, parse_special=True
+    )
     target.truncate(0)
     plain, _, plain_end = generate(SpeculativeEngine(target, None), prompt, g)
     target.truncate(0)

@@ -12,14 +12,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from fakes import DRAFT_MODEL_MS, cpu, gpu, lookup_draft, step
 from specdec_cli.core.controller import AdaptiveK, FixedK
 from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import K, SpecOptions, k_values, parse_k
-from fakes import DRAFT_MODEL_MS, cpu, gpu, lookup_draft, step
 
-def simulate(ctrl, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0,
-             noise: float = 0.05) -> tuple[float, list[int]]:
+
+def simulate(
+    ctrl, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0, noise: float = 0.05
+) -> tuple[float, list[int]]:
     """Drive `ctrl` for `steps` steps; return (tokens/s, the K of every step).
 
     The drafter proposes all K tokens with probability `fill`, else none (a lookup drafter without a match); each
@@ -43,8 +45,9 @@ def simulate(ctrl, curve, *, d_ms: float, accept: float, steps: int, seed: int, 
     return 1000.0 * tokens / ms, ks
 
 
-def simulate_fixed(k: int, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0,
-                   noise: float = 0.05) -> float:
+def simulate_fixed(
+    k: int, curve, *, d_ms: float, accept: float, steps: int, seed: int, fill: float = 1.0, noise: float = 0.05
+) -> float:
     """`simulate` for a fixed K, vectorised over steps: tokens/s."""
     rng = np.random.default_rng(seed)
     n = np.where(rng.random(steps) < fill, k, 0) if k else np.zeros(steps, dtype=int)  # [steps] draft lengths
@@ -64,8 +67,13 @@ def test_parse_k() -> None:
     assert parse_k(" AUTO ") is None
     assert parse_k("0") == 0
     assert parse_k("64") == 64
-    for bad, says in [("65", "between 0 and 64"), ("-1", "between 0 and 64"), ("four", "'auto' or a whole number"),
-                      ("", "'auto' or a whole number"), ("2.5", "'auto' or a whole number")]:
+    for bad, says in [
+        ("65", "between 0 and 64"),
+        ("-1", "between 0 and 64"),
+        ("four", "'auto' or a whole number"),
+        ("", "'auto' or a whole number"),
+        ("2.5", "'auto' or a whole number"),
+    ]:
         with pytest.raises(ValueError, match=says):
             parse_k(bad)
 
@@ -88,8 +96,14 @@ def test_k_values() -> None:
     assert k_values("0..4") == [0, 1, 2, 3, 4]
     assert k_values("5..7") == [5, 6, 7]
     assert k_values("0, 10..20") == [0, 10, 12, 16, 20]
-    for bad, says in [("", "needs values"), ("2,,4", "needs values"), ("16..4", "runs backwards"),
-                      ("4..x", "whole numbers"), ("auto", "whole numbers"), ("0..65", "between 0 and 64")]:
+    for bad, says in [
+        ("", "needs values"),
+        ("2,,4", "needs values"),
+        ("16..4", "runs backwards"),
+        ("4..x", "whole numbers"),
+        ("auto", "whole numbers"),
+        ("0..65", "between 0 and 64"),
+    ]:
         with pytest.raises(ValueError, match=says):
             k_values(bad)
 
@@ -126,8 +140,9 @@ def test_expected_ms_charges_the_batch_actually_verified() -> None:
     v = np.array([10.0, 20.0, 30.0])  # b = 1, 2, 3
     np.testing.assert_allclose(expected_ms(v, 5.0, 1.0, np.ones(2)), [10, 1 + 5 + 20, 1 + 10 + 30])
     # fill 0.5 at position 1: half the calls draft nothing and verify one token
-    np.testing.assert_allclose(expected_ms(v, 5.0, 0.0, np.array([0.5, 1.0])),
-                               [10, 0.5 * 10 + 0.5 * 20 + 2.5, 0.5 * 10 + 0.5 * 30 + 5.0])
+    np.testing.assert_allclose(
+        expected_ms(v, 5.0, 0.0, np.array([0.5, 1.0])), [10, 0.5 * 10 + 0.5 * 20 + 2.5, 0.5 * 10 + 0.5 * 30 + 5.0]
+    )
 
 
 def test_hysteresis_keeps_plain_decoding_unless_speculation_clearly_pays() -> None:
@@ -177,9 +192,12 @@ def test_a_prior_with_measured_costs_skips_the_exploration() -> None:
     learnt = AdaptiveK()
     feed(learnt, cpu, d_ms=DRAFT_MODEL_MS, a=0.9)
     snap = learnt.snapshot()
-    prior = CostPrior(acceptance=snap["acceptance"][0], draft_ms_per_token=snap["draft_ms_per_token"],
-                      draft_ms_per_call=snap["draft_ms_per_call"],
-                      verify_ms=tuple((b, ms) for b, ms, _n in snap["verify_ms"]))
+    prior = CostPrior(
+        acceptance=snap["acceptance"][0],
+        draft_ms_per_token=snap["draft_ms_per_token"],
+        draft_ms_per_call=snap["draft_ms_per_call"],
+        verify_ms=tuple((b, ms) for b, ms, _n in snap["verify_ms"]),
+    )
     ctrl = AdaptiveK(prior=prior)
     assert ctrl.next_k() == 0  # the curve and the draft cost are known: plain decoding wins from step 0
     ctrl.observe(step(0, 0, 0, 0.0, 58.0))
@@ -223,7 +241,7 @@ def test_failed_probes_back_off() -> None:
     tries = [i for i, k in enumerate(ks) if k > 0]
     assert tries[0] == 1  # the prior's try
     probes = [i for i in tries[1:] if ks[i] == 3]
-    assert len(probes) >= 6 and probes == tries[len(tries) - len(probes):]
+    assert len(probes) >= 6 and probes == tries[len(tries) - len(probes) :]
     assert list(np.diff(probes))[-4:] == [64] * 4
 
 
@@ -275,8 +293,10 @@ def test_auto_is_close_to_the_best_fixed_k(name: str) -> None:
     auto, _ = simulate(AdaptiveK(), steps=1500, seed=2, **sc)
     fixed = [simulate_fixed(k, steps=20_000, seed=3, **sc) for k in range(17)]  # long runs: a less noisy best
     best = int(np.argmax(fixed))
-    print(f"{name}: auto {auto:.1f} tok/s = {auto / fixed[best]:.3f} x best fixed K={best} {fixed[best]:.1f}, "
-          f"{auto / fixed[0]:.3f} x plain {fixed[0]:.1f}")
+    print(
+        f"{name}: auto {auto:.1f} tok/s = {auto / fixed[best]:.3f} x best fixed K={best} {fixed[best]:.1f}, "
+        f"{auto / fixed[0]:.3f} x plain {fixed[0]:.1f}"
+    )
     assert auto >= fraction * fixed[best]
     assert auto >= 0.95 * fixed[0]
 
@@ -301,7 +321,9 @@ def drive_lookup(ctrl: AdaptiveK, *, steps: int, seed: int, curve=cpu) -> list[t
         right = 40 if m == 40 else int(rng.random() < 0.2)
         n_acc = min(keep, right)
         out.append((m, keep))
-        ctrl.observe(replace(step(keep, keep, n_acc, 0.02, curve(keep + 1)), source="ngram" if keep else "", match_len=m))
+        ctrl.observe(
+            replace(step(keep, keep, n_acc, 0.02, curve(keep + 1)), source="ngram" if keep else "", match_len=m)
+        )
     return out
 
 
@@ -369,8 +391,9 @@ def test_a_slow_first_lookup_call_does_not_hide_that_lookup_drafts_are_free() ->
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
     for draft_ms, free in ((30.0, False), (0.05, True), (30.0, True)):  # warm-up, steady state, one hiccup
         keep = ctrl.trim(lookup_draft(40, 3))
-        ctrl.observe(replace(step(keep, keep, keep, draft_ms, cpu(keep + 1)), source="ngram" if keep else "",
-                             match_len=40))
+        ctrl.observe(
+            replace(step(keep, keep, keep, draft_ms, cpu(keep + 1)), source="ngram" if keep else "", match_len=40)
+        )
         assert (ctrl.next_k() == 64) is free
 
 
@@ -393,7 +416,9 @@ def test_a_bumpy_verify_curve_does_not_trap_k_below_drafts_that_are_always_right
     for _ in range(12):
         keep = ctrl.trim(lookup_draft(40))
         ks.append(keep)
-        ctrl.observe(replace(step(keep, keep, keep, 0.02, bumpy(keep + 1)), source="ngram" if keep else "", match_len=40))
+        ctrl.observe(
+            replace(step(keep, keep, keep, 0.02, bumpy(keep + 1)), source="ngram" if keep else "", match_len=40)
+        )
     assert max(ks) >= 32 and ks[-1] >= 32, ks
 
 
@@ -468,8 +493,11 @@ def test_a_lookup_step_is_not_counted_as_the_draft_models_probe() -> None:
         if k == 0:
             ctrl.observe(step(0, 0, 0, 0.0, flat))
             continue
-        drafts = [Draft(tokens=np.arange(min(k, 8), dtype=np.int32), source="prompt", match_len=40)] \
-            if rng.random() < 0.5 else []
+        drafts = (
+            [Draft(tokens=np.arange(min(k, 8), dtype=np.int32), source="prompt", match_len=40)]
+            if rng.random() < 0.5
+            else []
+        )
         k, draft = ctrl.choose(drafts, True, k)
         if draft is None and k > 0:  # the draft model drafts k tokens, all rejected
             model_steps.append(i)

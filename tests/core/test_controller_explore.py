@@ -121,8 +121,20 @@ def passes_at(model: CostModel, n_past: int, attention: float, sizes=(1, 4, 16, 
     for _ in range(repeat):
         for b in sizes:
             ms = CURVE.at(b) + attention * b * (n_past - CURVE.context) / 1000.0
-            model.observe(Step(index=0, k=b - 1, drafted=tuple(range(b - 1)), n_accepted=b - 1, target_token=1,
-                               emitted=(), segments=(), draft_ms=0.0, verify_ms=ms, n_past=n_past))
+            model.observe(
+                Step(
+                    index=0,
+                    k=b - 1,
+                    drafted=tuple(range(b - 1)),
+                    n_accepted=b - 1,
+                    target_token=1,
+                    emitted=(),
+                    segments=(),
+                    draft_ms=0.0,
+                    verify_ms=ms,
+                    n_past=n_past,
+                )
+            )
 
 
 def test_a_long_context_is_priced_by_the_attention_its_passes_pay():

@@ -44,11 +44,38 @@ CURVE = VerifyCurve(ms=tuple(linear(b) for b in range(1, 66)))
 # The curve the issue's sitting kept (docs/results-history.md), by the sizes it timed: bumpy where the one above is
 # smooth, and dearer at b = 2 (a draft of one token at the prior acceptance does not pay), priced at the depth of the
 # context in use as the host's passes were (ms per row per 1,000 tokens past the 256 it was timed at)
-_HOST = {1: 65, 2: 110, 3: 150, 4: 171, 5: 231, 6: 247, 7: 292, 8: 503, 9: 570, 10: 496, 11: 571, 12: 535, 13: 581,
-         14: 541, 15: 560, 16: 472, 17: 571, 24: 771, 32: 953, 40: 1212, 48: 1406, 56: 1716, 64: 1674}
+_HOST = {
+    1: 65,
+    2: 110,
+    3: 150,
+    4: 171,
+    5: 231,
+    6: 247,
+    7: 292,
+    8: 503,
+    9: 570,
+    10: 496,
+    11: 571,
+    12: 535,
+    13: 581,
+    14: 541,
+    15: 560,
+    16: 472,
+    17: 571,
+    24: 771,
+    32: 953,
+    40: 1212,
+    48: 1406,
+    56: 1716,
+    64: 1674,
+}
 HOST_ROW_MS = 4.5
-HOST = VerifyCurve(ms=tuple(float(np.interp(b, sorted(_HOST), [_HOST[x] for x in sorted(_HOST)]))
-                         for b in range(1, 66)), context=256, depth=640, depth_ms=(0.0, HOST_ROW_MS))
+HOST = VerifyCurve(
+    ms=tuple(float(np.interp(b, sorted(_HOST), [_HOST[x] for x in sorted(_HOST)])) for b in range(1, 66)),
+    context=256,
+    depth=640,
+    depth_ms=(0.0, HOST_ROW_MS),
+)
 TUNE_OUT = 128  # output tokens of each of `specdec tune`'s runs
 
 
@@ -129,8 +156,9 @@ def run(case, controller: KController | None, n: int = OUT, curve: VerifyCurve =
     target = FakeBackend(fn, n_ctx=4096, n_batch=128, vocab=vocab[0] if vocab else VOCAB, clock=clock, cost=cost)
     drafter = AutoDrafter(SuffixDrafter(None)) if controller is not None else None
     engine = SpeculativeEngine(target, drafter, controller, clock=clock, curve=curve)
-    steps = [r for r in engine.generate(np.asarray(prompt, np.int32), GenerationConfig(max_tokens=n))
-             if isinstance(r, Step)]
+    steps = [
+        r for r in engine.generate(np.asarray(prompt, np.int32), GenerationConfig(max_tokens=n)) if isinstance(r, Step)
+    ]
     assert [t for s in steps for t in s.emitted] == greedy_reference(fn, prompt, n)
     return sum(len(s.emitted) for s in steps) / sum(s.draft_ms + s.verify_ms for s in steps) * 1e3, steps
 
@@ -139,6 +167,7 @@ def speedups(cases, n: int = OUT, curve: VerifyCurve = CURVE) -> tuple[dict[str,
     """Each configuration's tokens/s over plain decoding's ("4".."16", "auto") on `cases` together (each makes `n`
     tokens: the harmonic mean of their rates is their tokens over their time, as one prompt made of them), and auto's
     steps."""
+
     def rate(make) -> tuple[float, list[Step]]:
         runs = [run(case, make(), n, curve) for case in cases]
         return len(cases) / sum(1.0 / r for r, _ in runs), [s for _, steps in runs for s in steps]
@@ -201,10 +230,16 @@ def test_auto_drafts_deep_only_behind_evidence_of_a_long_run(name):
 
 
 if __name__ == "__main__":  # the table: speedup over plain decoding by configuration, virtual time
-    cases = {**{name: [edit(seed, **kw) for seed in SEEDS] for name, kw in EDITS.items()}, "free text": [free_text(1)],
-             "bisect_rename": [word_edit()]}
+    cases = {
+        **{name: [edit(seed, **kw) for seed in SEEDS] for name, kw in EDITS.items()},
+        "free text": [free_text(1)],
+        "bisect_rename": [word_edit()],
+    }
     for (name, case), (n, curve) in itertools.product(cases.items(), ((OUT, CURVE), (TUNE_OUT, HOST))):
         x, steps = speedups(case, n, curve)
         name = f"{name}, {'host' if curve is HOST else 'linear'} {n}"
-        print(f"{name:>24}: " + " ".join(f"K={k} {v:.2f}x" for k, v in x.items() if k != "auto")
-              + f"  auto {x['auto']:.2f}x ({x['auto'] / max(x[str(k)] for k in FIXED_K):.2f} of the best fixed K)")
+        print(
+            f"{name:>24}: "
+            + " ".join(f"K={k} {v:.2f}x" for k, v in x.items() if k != "auto")
+            + f"  auto {x['auto']:.2f}x ({x['auto'] / max(x[str(k)] for k in FIXED_K):.2f} of the best fixed K)"
+        )

@@ -49,8 +49,10 @@ def schedule(records) -> list[tuple[int, int]]:
 
 def interleaved(cases, controller: AdaptiveK, n: int = 160) -> list[list[tuple[int, int]]]:
     """The cases generated at once, one record of each in turn (as a server's lanes take turns), on one controller."""
-    gens = [engine(case, controller).generate(np.asarray(case[0], np.int32), GenerationConfig(max_tokens=n))
-            for case in cases]
+    gens = [
+        engine(case, controller).generate(np.asarray(case[0], np.int32), GenerationConfig(max_tokens=n))
+        for case in cases
+    ]
     out: list[list] = [[] for _ in cases]
     live = set(range(len(cases)))
     while live:
@@ -93,7 +95,9 @@ def test_one_sequence_decides_as_the_controller_in_place():
     runs = []
     for controller in (AdaptiveK(curve=CURVE), InPlace(curve=CURVE)):
         e = engine(copying(1), controller)
-        turns = [schedule(e.generate(np.asarray(case[0], np.int32), GenerationConfig(max_tokens=120)))
-                 for case in (copying(1), copying(1))]
+        turns = [
+            schedule(e.generate(np.asarray(case[0], np.int32), GenerationConfig(max_tokens=120)))
+            for case in (copying(1), copying(1))
+        ]
         runs.append((turns, controller.state(), controller.snapshot()["k"]))
     assert runs[0] == runs[1]

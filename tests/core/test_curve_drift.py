@@ -148,13 +148,37 @@ def test_one_token_passes_over_a_long_context_do_not_say_drift() -> None:
     watch, model = CurveWatch(curve), CostModel(16, curve=curve)
     for _ in range(20):
         watch.observe(1, 1.5 * base_ms(1), n_past=6000)
-        model.observe(Step(index=0, k=0, drafted=(), n_accepted=0, target_token=1, emitted=(1,), segments=(),
-                           draft_ms=0.0, verify_ms=1.5 * base_ms(1), n_past=6000))
+        model.observe(
+            Step(
+                index=0,
+                k=0,
+                drafted=(),
+                n_accepted=0,
+                target_token=1,
+                emitted=(1,),
+                segments=(),
+                draft_ms=0.0,
+                verify_ms=1.5 * base_ms(1),
+                n_past=6000,
+            )
+        )
     assert not watch.drifted() and not model.drifted()
     for _ in range(8):  # the same cost over a short context: the machine did change
         watch.observe(1, 1.5 * base_ms(1), n_past=100)
-        model.observe(Step(index=0, k=0, drafted=(), n_accepted=0, target_token=1, emitted=(1,), segments=(),
-                           draft_ms=0.0, verify_ms=1.5 * base_ms(1), n_past=100))
+        model.observe(
+            Step(
+                index=0,
+                k=0,
+                drafted=(),
+                n_accepted=0,
+                target_token=1,
+                emitted=(1,),
+                segments=(),
+                draft_ms=0.0,
+                verify_ms=1.5 * base_ms(1),
+                n_past=100,
+            )
+        )
     assert watch.drifted() and model.drifted()
 
 
@@ -198,8 +222,14 @@ def test_a_kept_curve_6x_off_the_passes_a_tune_times_is_measured_again(tmp_path,
     target, clock = backend(lambda b, t: base_ms(b))
     say = Say()
     session = Session(target=target, target_path=model, clock=clock, reporter=say)
-    run(session, [PromptCase("p", "edit", "a b c a b c a b")], spec=SpecOptions(method="ngram"),
-        config=GenerationConfig(max_tokens=12), configs=configs_for([]), repeats=1)
+    run(
+        session,
+        [PromptCase("p", "edit", "a b c a b c a b")],
+        spec=SpecOptions(method="ngram"),
+        config=GenerationConfig(max_tokens=12),
+        configs=configs_for([]),
+        repeats=1,
+    )
     kept = learnt.load_curve(key)
     assert kept is not None and kept.ms[0] == pytest.approx(base_ms(1))  # measured again, on today's passes
     assert session.verify_curve().ms[0] == pytest.approx(base_ms(1))  # and the tune's engines priced on it
@@ -278,8 +308,7 @@ def test_a_run_at_600_to_800_tokens_of_context_does_not_mark_a_true_curve_stale(
     assert curve is not None and not curve.disturbed
     prompt = np.arange(2, 602) % 60 + 2
     with Assembler(session) as assembler:
-        result = driver.generate(assembler.engine(SpecOptions(method="none")), prompt,
-                                 GenerationConfig(max_tokens=200))
+        result = driver.generate(assembler.engine(SpecOptions(method="none")), prompt, GenerationConfig(max_tokens=200))
         assert not assembler.curve_drifted()
     kept = learnt.load_curve(learnt.curve_key(model, None))
     assert kept is not None and kept.to_dict() == curve.to_dict()  # kept, not stale
@@ -288,8 +317,9 @@ def test_a_run_at_600_to_800_tokens_of_context_does_not_mark_a_true_curve_stale(
     assert f"passes 1.00× the curve's prediction at depth {result.stats.curve_depth}" in pass_placement(result.stats)
 
 
-def test_passes_off_the_prediction_for_a_whole_run_mark_the_curve_stale_once_with_the_reason(tmp_path,
-                                                                                            monkeypatch) -> None:
+def test_passes_off_the_prediction_for_a_whole_run_mark_the_curve_stale_once_with_the_reason(
+    tmp_path, monkeypatch
+) -> None:
     # The machine got 1.5x slower (a governor, another build of the same version): the run's passes say so at their
     # depth, the curve is marked stale with the reason, and the next run measures it again, naming it. If the fresh
     # curve meets the passes no better, it is not marked stale again: one measurement for it, not one per run.

@@ -2,8 +2,17 @@
 
 from specdec_cli.core.detok import TextStream, piece_text
 
-PIECES = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: "é".encode()[:1], 6: "é".encode()[1:], 7: b"\n", 8: b"END",
-          9: b"[bold]"}
+PIECES = {
+    1: b"Hel",
+    2: b"lo",
+    3: b" wor",
+    4: b"ld",
+    5: "é".encode()[:1],
+    6: "é".encode()[1:],
+    7: b"\n",
+    8: b"END",
+    9: b"[bold]",
+}
 
 
 def push_all(stream, tokens, kind="target"):

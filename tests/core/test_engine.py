@@ -20,7 +20,6 @@ from specdec_cli.errors import ContextOverflowError, UsageError
 PROMPT = [5, 9, 3, 17, 4, 22, 8]
 
 
-
 def run(engine, prompt=PROMPT, **cfg):
     records = list(engine.generate(prompt, GenerationConfig(**cfg)))
     steps = [r for r in records if isinstance(r, Step)]
@@ -117,8 +116,14 @@ def test_draft_model_catches_up_when_all_drafts_are_accepted():
         def propose(self, context, k, sampling, rng):
             before = self.backend.n_evaluated
             draft = super().propose(context, k, sampling, rng)
-            calls.append((list(context), list(self.backend.tokens[: len(context)]), self.backend.n_evaluated - before,
-                          len(draft)))
+            calls.append(
+                (
+                    list(context),
+                    list(self.backend.tokens[: len(context)]),
+                    self.backend.n_evaluated - before,
+                    len(draft),
+                )
+            )
             return draft
 
     calls = []
@@ -139,16 +144,18 @@ def test_eog_ends_generation_and_is_not_emitted():
         logits[EOS if len(prefix) >= len(PROMPT) + 5 else 7] = 9.0
         return logits
 
-    records, steps, tokens = run(SpeculativeEngine(FakeBackend(fn), ModelDrafter(FakeBackend(fn)), FixedK(3)),
-                                 max_tokens=50)
+    records, steps, tokens = run(
+        SpeculativeEngine(FakeBackend(fn), ModelDrafter(FakeBackend(fn)), FixedK(3)), max_tokens=50
+    )
     assert tokens == [7] * 5
     assert finish_reason(records) == "eog"
     assert EOS not in tokens
 
 
 def test_max_tokens_is_exact_even_mid_draft():
-    records, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend()), FixedK(6)),
-                                 max_tokens=10)
+    records, steps, tokens = run(
+        SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend()), FixedK(6)), max_tokens=10
+    )
     assert len(tokens) == 10
     assert finish_reason(records) == "length"
 
@@ -170,8 +177,11 @@ def test_stop_string_cuts_output_and_nothing_after_it_is_emitted():
     words = [f"w{t} " for t in reference]
     stop = words[6] + words[7].strip()  # spans two tokens
     expected_text = "".join(words[:6])
-    records, steps, tokens = run(SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits))),
-                                                   FixedK(4)), max_tokens=30, stop=(stop,))
+    records, steps, tokens = run(
+        SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noisy(hashed_logits))), FixedK(4)),
+        max_tokens=30,
+        stop=(stop,),
+    )
     text = "".join(s.text for s in steps)
     assert text == expected_text
     assert finish_reason(records) == "stop"
@@ -186,8 +196,10 @@ def test_rejected_drafts_are_shown_between_accepted_and_correction():
     def noisy30(prefix):
         return noisy(fn, flip_every=2)(prefix)
 
-    _, steps, _ = run(SpeculativeEngine(FakeBackend(fn, vocab=30), ModelDrafter(FakeBackend(noisy30, vocab=30)),
-                                        FixedK(4)), max_tokens=30)
+    _, steps, _ = run(
+        SpeculativeEngine(FakeBackend(fn, vocab=30), ModelDrafter(FakeBackend(noisy30, vocab=30)), FixedK(4)),
+        max_tokens=30,
+    )
     rejected = [s for s in steps if s.rejected]
     assert len(rejected) >= 3
     for s in rejected:
@@ -202,8 +214,9 @@ def test_rejected_drafts_are_shown_between_accepted_and_correction():
 def test_a_verify_batch_never_exceeds_one_llama_batch():
     # n_batch 4: a K = 8 draft would need 9 logits rows in one decode call, which llama.cpp (and the fake) refuse.
     target = FakeBackend(hashed_logits, n_batch=4)
-    _, steps, tokens = run(SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits)), FixedK(8)),
-                           max_tokens=20)
+    _, steps, tokens = run(
+        SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits)), FixedK(8)), max_tokens=20
+    )
     assert tokens == greedy_reference(hashed_logits, PROMPT, 20)
     assert max(len(s.drafted) for s in steps) == 3 and target.max_logit_rows == 4
 
@@ -255,8 +268,9 @@ def test_empty_prompt_and_context_overflow_are_clear_errors():
 
 def test_context_fills_up_gracefully():
     target = FakeBackend(hashed_logits, n_ctx=20)
-    records, steps, tokens = run(SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits, n_ctx=20)),
-                                                   FixedK(4)), max_tokens=100)
+    records, steps, tokens = run(
+        SpeculativeEngine(target, ModelDrafter(FakeBackend(hashed_logits, n_ctx=20)), FixedK(4)), max_tokens=100
+    )
     assert finish_reason(records) == "context"
     assert tokens == greedy_reference(hashed_logits, PROMPT, len(tokens))
     assert len(PROMPT) + len(tokens) <= 21
@@ -283,8 +297,9 @@ def test_drafter_proposing_fewer_tokens_is_a_plain_step():
 def test_ngram_drafter_on_a_repetitive_target_accepts_long_drafts():
     # The bigram model cycles through a pattern; after one cycle, prompt lookup predicts it exactly.
     prompt = [2, 3, 4]
-    _, steps, tokens = run(SpeculativeEngine(FakeBackend(bigram_logits), NgramDrafter(1, 3), FixedK(8)), prompt,
-                           max_tokens=80)
+    _, steps, tokens = run(
+        SpeculativeEngine(FakeBackend(bigram_logits), NgramDrafter(1, 3), FixedK(8)), prompt, max_tokens=80
+    )
     assert tokens == greedy_reference(bigram_logits, prompt, 80)
     pos, late = 0, []
     for s in steps:
@@ -306,13 +321,13 @@ def test_the_controller_trims_lookup_drafts_and_the_steps_record_what_was_verifi
 
     prompt = [2, 3, 4]
     ctrl = TrimToTwo()
-    _, steps, tokens = run(SpeculativeEngine(FakeBackend(bigram_logits), NgramDrafter(1, 3), ctrl), prompt,
-                           max_tokens=60)
+    _, steps, tokens = run(
+        SpeculativeEngine(FakeBackend(bigram_logits), NgramDrafter(1, 3), ctrl), prompt, max_tokens=60
+    )
     assert tokens == greedy_reference(bigram_logits, prompt, 60)  # trimming never changes greedy output
     assert any(n == 8 and m >= 3 for n, m in ctrl.seen)  # asked with the full draft and its evidence
     assert all(len(s.drafted) <= 2 for s in steps)
     assert all(s.k == len(s.drafted) for s in steps if s.drafted)  # the step records the K verified
-
 
 
 def test_an_empty_draft_after_an_ask_for_everything_is_recorded_as_a_plain_step():

@@ -62,8 +62,7 @@ class SlowLookup(AutoDrafter):
 def copy_steps(cost, max_tokens: int = 200, lookup_ms: float = 0.0) -> list[Step]:
     target, clock = timed(cost)
     curve = measure(target, clock=clock)
-    engine = SpeculativeEngine(target, SlowLookup(clock, lookup_ms), AdaptiveK(curve=curve), clock=clock,
-                               curve=curve)
+    engine = SpeculativeEngine(target, SlowLookup(clock, lookup_ms), AdaptiveK(curve=curve), clock=clock, curve=curve)
     records = list(engine.generate(np.asarray(COPIED, np.int32), GenerationConfig(max_tokens=max_tokens)))
     steps = [r for r in records if isinstance(r, Step)]
     assert [t for s in steps for t in s.emitted] == COPIED[:max_tokens]  # lossless
@@ -86,7 +85,9 @@ def test_on_a_flat_curve_auto_drafts_32_or_more_within_5_passes() -> None:
 
 def test_on_a_cpu_curve_auto_still_starts_slow() -> None:
     steps = copy_steps(cpu_ms)
-    assert max(len(s.drafted) for s in steps[:3]) <= 6, [s.k for s in steps[:8]]  # slow start: a failed pass costs dear here
+    assert max(len(s.drafted) for s in steps[:3]) <= 6, [
+        s.k for s in steps[:8]
+    ]  # slow start: a failed pass costs dear here
 
 
 def test_on_a_flat_curve_a_second_branch_is_verified_in_the_free_slots() -> None:

@@ -63,9 +63,19 @@ def test_greedy_verification_in_blocks_agrees_with_every_row_at_once(k):
 
 def _step(n_drafted: int, n_accepted: int, source: str = "prompt", match_len: int = 5) -> Step:
     drafted = tuple(range(n_drafted))
-    return Step(index=0, k=n_drafted, drafted=drafted, n_accepted=n_accepted, target_token=7,
-                emitted=drafted[:n_accepted] + (7,), segments=(), draft_ms=0.1, verify_ms=10.0, source=source,
-                match_len=match_len)
+    return Step(
+        index=0,
+        k=n_drafted,
+        drafted=drafted,
+        n_accepted=n_accepted,
+        target_token=7,
+        emitted=drafted[:n_accepted] + (7,),
+        segments=(),
+        draft_ms=0.1,
+        verify_ms=10.0,
+        source=source,
+        match_len=match_len,
+    )
 
 
 def test_run_acceptance_kept_across_steps_equals_it_computed_afresh():

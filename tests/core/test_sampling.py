@@ -252,11 +252,17 @@ def scenarios() -> dict:
     return {
         # overlapping, different: q has mass where the truncated target has none (3, 5 at position 1; 0 at
         # position 2), and at position 2 the target has mass where q has none (5: only reachable as a correction)
-        "overlap": ((one_of([0.1, 0.45, 0.05, 0.2, 0.05, 0.15]), one_of([0.3, 0.1, 0.3, 0.3], [0, 1, 2, 3])),
-                    None, TRUNCATED),
+        "overlap": (
+            (one_of([0.1, 0.45, 0.05, 0.2, 0.05, 0.15]), one_of([0.3, 0.1, 0.3, 0.3], [0, 1, 2, 3])),
+            None,
+            TRUNCATED,
+        ),
         # disjoint supports: top-k 2 keeps {0, 1}; the draft proposes only {3, 4, 5}
-        "disjoint": ((one_of([0.5, 0.3, 0.2], [3, 4, 5]),), None,
-                     SamplingParams(temperature=1.3, top_k=2, top_p=1.0, min_p=0.0)),
+        "disjoint": (
+            (one_of([0.5, 0.3, 0.2], [3, 4, 5]),),
+            None,
+            SamplingParams(temperature=1.3, top_k=2, top_p=1.0, min_p=0.0),
+        ),
         # q = p: every draft token is accepted
         "q_equals_p": ((p1,), None, TRUNCATED),
         # a deterministic drafter (q = one-hot): token 1 at position 1 (p ~ 0.3), token 3 at position 2
@@ -273,8 +279,12 @@ def run(name: str, n_trials: int, seed: int = 1234) -> tuple[np.ndarray, np.ndar
         drafts = np.broadcast_to(fixed, (n_trials, len(fixed)))
     else:  # draw every trial's draft at once, d_i ~ q_i (inverse CDF): [N, k]
         drafts = np.stack(
-            [q.ids[np.minimum(np.searchsorted(np.cumsum(q.probs), draft_rng.random(n_trials)), len(q.ids) - 1)]
-             for q in dists], axis=1)
+            [
+                q.ids[np.minimum(np.searchsorted(np.cumsum(q.probs), draft_rng.random(n_trials)), len(q.ids) - 1)]
+                for q in dists
+            ],
+            axis=1,
+        )
     n, token = np.array([sampling.verify_stochastic(d, dists, TARGET, params, rng) for d in drafts]).T  # [N] each
     first = np.where(n > 0, drafts[:, 0], token)  # the accepted d_1, or the correction
     if drafts.shape[1] == 1:
@@ -464,8 +474,12 @@ def masked_run(n_trials: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
     dists, _, params = scenarios()["overlap"]
     draft_rng, rng = np.random.default_rng(seed), make_rng(seed + 1)
     drafts = np.stack(
-        [q.ids[np.minimum(np.searchsorted(np.cumsum(q.probs), draft_rng.random(n_trials)), len(q.ids) - 1)]
-         for q in dists], axis=1)  # [N, 2]
+        [
+            q.ids[np.minimum(np.searchsorted(np.cumsum(q.probs), draft_rng.random(n_trials)), len(q.ids) - 1)]
+            for q in dists
+        ],
+        axis=1,
+    )  # [N, 2]
     n, token = np.array([sampling.verify_stochastic(d, dists, TARGET, params, rng, MASKS) for d in drafts]).T
     first = np.where(n > 0, drafts[:, 0], token)
     second = np.where(n > 1, drafts[:, 1], token)[n > 0]
@@ -483,9 +497,18 @@ def test_mask_rows_and_bits():
     assert sampling.allowed(MASKS[:2], np.array([1, 2])).tolist() == [True, False]
     assert sampling.allowed(MASKS[:2], np.array([0, 0])).tolist() == [False, True]
     masked = sampling.apply_mask(row, MASKS[0])
-    assert masked.dtype == np.float32 and np.isneginf(masked[[0, 5]]).all() and masked[[1, 2, 3, 4]].tolist() == [1, 2, 3, 4]
+    assert (
+        masked.dtype == np.float32
+        and np.isneginf(masked[[0, 5]]).all()
+        and masked[[1, 2, 3, 4]].tolist() == [1, 2, 3, 4]
+    )
     big = bitmask([[0, 31, 32, 151_935]], 151_936)[0]  # bit 31 is the sign bit of an int32 word
-    assert np.flatnonzero(np.isfinite(sampling.apply_mask(np.zeros(151_936, np.float32), big))).tolist() == [0, 31, 32, 151_935]
+    assert np.flatnonzero(np.isfinite(sampling.apply_mask(np.zeros(151_936, np.float32), big))).tolist() == [
+        0,
+        31,
+        32,
+        151_935,
+    ]
     assert sampling.allowed(np.stack([big] * 3), np.array([31, 30, 151_935])).tolist() == [True, False, True]
 
 

@@ -32,8 +32,11 @@ SEEDED = SamplingParams(temperature=0.8, top_k=8, top_p=0.97, min_p=0.0, seed=7)
 def generate(drafter, k: int = 4, params: SamplingParams = SEEDED, max_tokens: int = 40, prompt=PROMPT, fn=markov):
     """(emitted tokens, steps) of one generation on the fake target."""
     engine = SpeculativeEngine(FakeBackend(fn), drafter, FixedK(k) if drafter is not None else None)
-    steps = [r for r in engine.generate(prompt, GenerationConfig(max_tokens=max_tokens, sampling=params))
-             if isinstance(r, Step)]
+    steps = [
+        r
+        for r in engine.generate(prompt, GenerationConfig(max_tokens=max_tokens, sampling=params))
+        if isinstance(r, Step)
+    ]
     return [t for s in steps for t in s.emitted], steps
 
 
@@ -96,8 +99,9 @@ def test_a_seed_gives_plain_decodings_tokens_whatever_is_drafted(name, k):
 def test_two_branches_in_one_pass_give_plain_decodings_tokens():
     plain, _ = generate(None, max_tokens=60)
     engine = SpeculativeEngine(FakeBackend(markov), Copy(plain, branches=True), TwoBranches(6))
-    steps = [r for r in engine.generate(PROMPT, GenerationConfig(max_tokens=60, sampling=SEEDED))
-             if isinstance(r, Step)]
+    steps = [
+        r for r in engine.generate(PROMPT, GenerationConfig(max_tokens=60, sampling=SEEDED)) if isinstance(r, Step)
+    ]
     assert [t for s in steps for t in s.emitted] == plain
     assert any(s.branch and s.branch_won for s in steps) and any(s.branch and not s.branch_won for s in steps)
 
@@ -109,8 +113,9 @@ def test_a_draft_model_equal_to_the_target_has_every_draft_accepted_under_a_seed
 
 
 def test_different_seeds_give_different_outputs():
-    outputs = {tuple(generate(None, params=SamplingParams(temperature=0.8, seed=s), max_tokens=20)[0])
-               for s in range(8)}
+    outputs = {
+        tuple(generate(None, params=SamplingParams(temperature=0.8, seed=s), max_tokens=20)[0]) for s in range(8)
+    }
     assert len(outputs) == 8
 
 
@@ -135,8 +140,9 @@ def test_the_noise_of_a_token_depends_only_on_seed_position_and_token():
 
 
 def test_the_draw_at_a_position_ignores_the_candidates_order():
-    p = process(np.array([1.0, 0.5, 2.0, -1.0, 0.3], np.float32), SamplingParams(temperature=1.0, top_k=0,
-                                                                                top_p=1.0, min_p=0.0))
+    p = process(
+        np.array([1.0, 0.5, 2.0, -1.0, 0.3], np.float32), SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    )
     order = np.random.default_rng(0).permutation(len(p.ids))
     shuffled = sampling.Dist(p.ids[order], p.probs[order])
     assert [sample_at(p, 5, i) for i in range(50)] == [sample_at(shuffled, 5, i) for i in range(50)]

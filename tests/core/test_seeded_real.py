@@ -21,8 +21,25 @@ def test_a_seeded_sampled_run_gives_the_same_text_speculative_or_not(model, requ
     prompt.write_text(PROMPT, encoding="utf-8")
     runs = []
     for method in (["--method", "none"], []):  # plain decoding, then the default (auto: lookup drafts here)
-        code = main(["run", str(prompt), "-t", str(path), "-n", "24", "--raw", "--json", "-", "--no-prompt-cache",
-                     "--temperature", "0.8", "--seed", "7", *method])
+        code = main(
+            [
+                "run",
+                str(prompt),
+                "-t",
+                str(path),
+                "-n",
+                "24",
+                "--raw",
+                "--json",
+                "-",
+                "--no-prompt-cache",
+                "--temperature",
+                "0.8",
+                "--seed",
+                "7",
+                *method,
+            ]
+        )
         out, err = capsys.readouterr()
         assert code == 0, err
         runs.append(json.loads(out))

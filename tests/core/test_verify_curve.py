@@ -98,8 +98,9 @@ def run_copy(curve: VerifyCurve | None, every: int = 23, clock: Clock | None = N
     prompt = [int(t) for t in np.random.default_rng(1).integers(2, 30, 400)]
     clock = clock or Clock()
     target = FakeBackend(copying_target(prompt, every), n_ctx=1024, n_batch=128, clock=clock, cost=tiled)
-    engine = SpeculativeEngine(target, AutoDrafter(SuffixDrafter(None)), AdaptiveK(curve=curve), clock=clock,
-                               curve=curve)
+    engine = SpeculativeEngine(
+        target, AutoDrafter(SuffixDrafter(None)), AdaptiveK(curve=curve), clock=clock, curve=curve
+    )
     records = list(engine.generate(np.asarray(prompt, np.int32), GenerationConfig(max_tokens=360)))
     steps = [r for r in records if isinstance(r, Step)]
     assert [t for s in steps for t in s.emitted] == greedy_reference(target.fn, prompt, 360)
@@ -142,8 +143,12 @@ def test_without_the_curve_k_lands_past_the_tile_boundaries():
 
 def fake_machine(threads, placement=""):
     """`stores.tuned.machine` of a fake CPU with a build that may offload (`placement`)."""
-    return {"cpu": "cpu", "threads": threads, "system_info_sha256": "abc",
-            "key": f"cpu|{threads}|abc" + (f"|{placement}" if placement else "")}
+    return {
+        "cpu": "cpu",
+        "threads": threads,
+        "system_info_sha256": "abc",
+        "key": f"cpu|{threads}|abc" + (f"|{placement}" if placement else ""),
+    }
 
 
 def test_the_curve_learnt_json_keeps_is_measured_again_once_stale(tmp_path, monkeypatch):
@@ -175,8 +180,10 @@ def test_curves_and_tuned_k_are_kept_per_device_and_layers_offloaded(tmp_path, m
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     monkeypatch.setenv(learnt.VERIFY_ENV, "auto")
-    gpu = [devices.Device("CPU", "a CPU", "CPU", 0, 0),
-           devices.Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "GPU", 1 << 30, 1 << 30)]
+    gpu = [
+        devices.Device("CPU", "a CPU", "CPU", 0, 0),
+        devices.Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "GPU", 1 << 30, 1 << 30),
+    ]
     monkeypatch.setattr(devices, "model_need", lambda path, n_ctx: (1 << 30, 28))
     cpu_build = devices.placement(model, -1, gpu=False, devs=None)
     none_on = devices.placement(model, 0, gpu=True, devs=gpu)
@@ -184,8 +191,10 @@ def test_curves_and_tuned_k_are_kept_per_device_and_layers_offloaded(tmp_path, m
     assert cpu_build == "" and none_on == "CPU, 0 layers offloaded"
     assert all_on == "Vulkan0 llvmpipe (LLVM 15.0.6, 256 bits), 29 layers offloaded"
     assert devices.placement(model, 99, gpu=True, devs=gpu) == all_on  # the count offloaded, not the option
-    assert devices.placement(model, 10, gpu=True, devs=gpu) == "Vulkan0 llvmpipe (LLVM 15.0.6, 256 bits), 10 layers " \
+    assert (
+        devices.placement(model, 10, gpu=True, devs=gpu) == "Vulkan0 llvmpipe (LLVM 15.0.6, 256 bits), 10 layers "
         "offloaded"
+    )
     keys = [learnt.curve_key(model, 2, p) for p in (cpu_build, none_on, all_on)]
     assert len(set(keys)) == 3 and keys[0] == learnt.curve_key(model, 2)  # a CPU build: an older specdec's key
     assert len({learnt.entry_key(model, None, "ngram", 2, 16, p) for p in (cpu_build, none_on, all_on)}) == 3
@@ -209,17 +218,22 @@ def test_a_curve_is_measured_only_for_a_reason_and_the_reason_is_named(tmp_path,
     assert learnt.why_measure(key, None, learnt.timed_on(2, cpu)) == "none kept for this model, machine and device yet"
     learnt.save_curve(key, deep, model, learnt.timed_on(2, cpu))
     assert learnt.why_measure(key, deep) == ""  # kept and true: used as it is
-    assert learnt.why_measure(learnt.curve_key(model, 4, cpu), None, learnt.timed_on(4, cpu)) == \
-        "other threads (4 here, 2 kept)"
-    assert learnt.why_measure(learnt.curve_key(model, 2, vulkan), None, learnt.timed_on(2, vulkan)) == \
-        f"another device or offload ({vulkan} here, {cpu} kept)"
+    assert (
+        learnt.why_measure(learnt.curve_key(model, 4, cpu), None, learnt.timed_on(4, cpu))
+        == "other threads (4 here, 2 kept)"
+    )
+    assert (
+        learnt.why_measure(learnt.curve_key(model, 2, vulkan), None, learnt.timed_on(2, vulkan))
+        == f"another device or offload ({vulkan} here, {cpu} kept)"
+    )
     assert "stale: 12 passes" in learnt.why_measure(key, replace(deep, stale=True, stale_why="12 passes cost 2x"))
     assert "provisional" in learnt.why_measure(key, replace(deep, provisional=True, disturbed="busy"))
     assert "one depth" in learnt.why_measure(key, CURVE)  # an older specdec's curve, timed at 256 tokens only
     learnt.learnt_path().unlink()
     learnt.save_curve(learnt.curve_key(model, 2), deep, model)  # an older specdec's entry: no device in its key
     assert learnt.why_measure(learnt.curve_key(model, 2, vulkan), None, learnt.timed_on(2, vulkan)).startswith(
-        f"another device or offload ({vulkan} here; the kept curve does not say where it was timed)")
+        f"another device or offload ({vulkan} here; the kept curve does not say where it was timed)"
+    )
 
 
 def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, monkeypatch):
@@ -244,6 +258,7 @@ def test_a_session_measures_its_curve_once_with_progress_and_keeps_it(tmp_path, 
             class Task:
                 def advance(task, n=1):
                     self.advanced.append(n)
+
             yield Task()
 
     def session():
@@ -268,8 +283,19 @@ def test_real_passes_rescale_the_curve_and_a_drift_of_v1_is_noticed():
     model = CostModel(16, curve=CURVE)
     assert model.verify_curve()[15] == 100.0 and model.verify_curve()[14] == 140.0  # the shape as measured
     for _ in range(20):  # this machine is twice as slow today, at b = 1
-        model.observe(Step(index=0, k=0, drafted=(), n_accepted=0, target_token=1, emitted=(1,), segments=(),
-                           draft_ms=0.0, verify_ms=40.0))
+        model.observe(
+            Step(
+                index=0,
+                k=0,
+                drafted=(),
+                n_accepted=0,
+                target_token=1,
+                emitted=(1,),
+                segments=(),
+                draft_ms=0.0,
+                verify_ms=40.0,
+            )
+        )
     v = model.verify_curve()
     assert v[0] == pytest.approx(40.0, rel=0.1) and v[15] < v[14]  # rescaled, the tile boundary kept
     assert model.drifted()

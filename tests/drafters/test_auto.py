@@ -90,8 +90,11 @@ def test_choose_compares_each_lookup_draft_by_its_source_evidence():
         for source, right in (("predict", True), ("store", False)):
             d = Draft(tokens=np.arange(8, dtype=np.int32), source=source, match_len=9)
             keep = ctrl.trim(d)
-            ctrl.observe(replace(step(keep, keep, keep if right else 0, 0.02, cpu(keep + 1)), source=source,
-                                 match_len=d.match_len))
+            ctrl.observe(
+                replace(
+                    step(keep, keep, keep if right else 0, 0.02, cpu(keep + 1)), source=source, match_len=d.match_len
+                )
+            )
     ctrl.next_k()
     store = Draft(tokens=np.arange(8, dtype=np.int32), source="store", match_len=9)
     predict = Draft(tokens=np.arange(8, dtype=np.int32) + 1, source="predict", match_len=9)
@@ -104,8 +107,12 @@ def test_choose_compares_each_lookup_draft_by_its_source_evidence():
 def test_a_prediction_that_is_the_output_is_drafted_from_the_first_token():
     target = FakeBackend(hashed_logits, n_ctx=1024)
     prompt = np.arange(2, 8, dtype=np.int32)
-    plain = [t for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=60))
-             if isinstance(r, Step) for t in r.emitted]
+    plain = [
+        t
+        for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=60))
+        if isinstance(r, Step)
+        for t in r.emitted
+    ]
     drafter = AutoDrafter(predictor=lambda p: PredictionDrafter(p, piece=target.piece), name="predict")
     from specdec_cli.core.controller import FixedK
 
@@ -127,14 +134,24 @@ def test_auto_is_lossless_with_every_source(temperature):
     target = FakeBackend(hashed_logits, n_ctx=1024)
     prompt = np.arange(2, 40, dtype=np.int32) % 7 + 2  # repeats: prompt lookup finds matches
     sampling = SamplingParams(temperature=temperature, seed=3)
-    plain = [t for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=80,
-                                                                                          sampling=sampling))
-             if isinstance(r, Step) for t in r.emitted]
-    drafter = AutoDrafter(SuffixDrafter(None), ModelDrafter(FakeBackend(hashed_logits, n_ctx=1024)),
-                          predictor=lambda p: PredictionDrafter(p, piece=target.piece))
+    plain = [
+        t
+        for r in SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=80, sampling=sampling))
+        if isinstance(r, Step)
+        for t in r.emitted
+    ]
+    drafter = AutoDrafter(
+        SuffixDrafter(None),
+        ModelDrafter(FakeBackend(hashed_logits, n_ctx=1024)),
+        predictor=lambda p: PredictionDrafter(p, piece=target.piece),
+    )
     config = GenerationConfig(max_tokens=80, sampling=sampling, prediction=tuple(plain[:30]))
-    out = [t for r in SpeculativeEngine(target, drafter, AdaptiveK()).generate(prompt, config)
-           if isinstance(r, Step) for t in r.emitted]
+    out = [
+        t
+        for r in SpeculativeEngine(target, drafter, AdaptiveK()).generate(prompt, config)
+        if isinstance(r, Step)
+        for t in r.emitted
+    ]
     assert out == plain  # greedy: exactly the target's output; seeded sampling: plain decoding's with that seed
 
 
@@ -166,7 +183,7 @@ def test_the_stream_styles_accepted_tokens_by_their_source():
     assert segment_style(ACCEPTED, "draft") == "spec.accepted.draft"
     assert segment_style(ACCEPTED, "prompt") == segment_style(ACCEPTED, "ngram") == "spec.accepted"
     assert segment_style(TARGET, "predict") == "spec.target" and segment_style(REJECTED, "store") == "spec.rejected"
-    spans = {str(legend("auto"))[s.start:s.end]: str(s.style) for s in legend("auto").spans}
+    spans = {str(legend("auto"))[s.start : s.end]: str(s.style) for s in legend("auto").spans}
     assert spans["prediction"] == "spec.accepted.predict" and spans["past outputs"] == "spec.accepted.store"
     assert "accepted draft" in str(legend("ngram"))
 

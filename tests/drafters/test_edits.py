@@ -51,11 +51,11 @@ def tokens_per_pass(drafter: SuffixDrafter, k: int = 32) -> float:
         ctx = np.concatenate((PROMPT, np.array(out, dtype=np.int32))).astype(np.int32)
         best = 0
         for d in auto.lookup(ctx, k, None, None):
-            want = REPLY[len(out):len(out) + len(d.tokens)]
+            want = REPLY[len(out) : len(out) + len(d.tokens)]
             agree = [a == b for a, b in zip(d.tokens.tolist(), want, strict=False)]
             n = agree.index(False) if False in agree else len(agree)
             best = max(best, n)
-        out += REPLY[len(out):len(out) + best + 1]
+        out += REPLY[len(out) : len(out) + best + 1]
         passes += 1
     return len(REPLY) / passes
 
@@ -111,11 +111,13 @@ def test_an_edit_the_reply_stops_making_is_no_longer_drafted():
 
 def scripted(prompt: np.ndarray, reply: list[int], vocab: int = 512):
     """logits(prefix) peaking at the reply's next token (then the end token 1): its greedy decode is `reply`."""
+
     def fn(prefix):
         i = len(prefix) - len(prompt)
         logits = np.zeros(vocab, dtype=np.float32)
         logits[reply[i] if 0 <= i < len(reply) else 1] = 5.0
         return logits
+
     return fn
 
 
@@ -126,8 +128,13 @@ def test_through_the_engine_the_output_is_the_targets_in_fewer_passes():
         clock = Clock()  # a CPU-like verify curve on a virtual clock: 60 ms + 4 ms a token
         target = FakeBackend(fn, vocab=512, n_ctx=2048, n_batch=64, clock=clock, cost=lambda b: 60.0 + 4.0 * b)
         drafter = None if ctrl is None else AutoDrafter(SuffixDrafter(None))
-        steps = [r for r in SpeculativeEngine(target, drafter, ctrl, clock=clock).generate(
-            PROMPT.tolist(), GenerationConfig(max_tokens=len(REPLY))) if isinstance(r, Step)]
+        steps = [
+            r
+            for r in SpeculativeEngine(target, drafter, ctrl, clock=clock).generate(
+                PROMPT.tolist(), GenerationConfig(max_tokens=len(REPLY))
+            )
+            if isinstance(r, Step)
+        ]
         runs[name] = ([t for s in steps for t in s.emitted], len(steps))
     assert runs["fixed"][0] == runs["auto"][0] == runs["none"][0] == REPLY
     # 373 passes plain; 31 at K = 16 and 21 under --k auto with the edits learnt (103 and 93 without them)

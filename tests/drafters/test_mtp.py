@@ -82,8 +82,10 @@ def test_mtp_is_a_method_with_the_fields_names() -> None:
 # -- sampling: the q the drafter returns is the q it drew from ---------------------------------------------------
 
 V = 6
-TARGET_ROWS = np.array([[2.0, 1.5, 0.2, -0.5, 1.0, -3.0], [-1.0, 0.3, 1.8, 0.9, 0.0, 1.1],
-                        [0.4, 0.4, -2.0, 1.0, 0.1, 0.6]], dtype=np.float32)
+TARGET_ROWS = np.array(
+    [[2.0, 1.5, 0.2, -0.5, 1.0, -3.0], [-1.0, 0.3, 1.8, 0.9, 0.0, 1.1], [0.4, 0.4, -2.0, 1.0, 0.1, 0.6]],
+    dtype=np.float32,
+)
 HEAD_ROWS = np.array([[0.0, 2.2, 0.5, 1.0, -1.0, 0.3], [1.0, -0.5, 0.2, 1.9, 0.4, 0.0]], dtype=np.float32)
 PARAMS = SamplingParams(temperature=0.9, top_k=5, top_p=1.0, min_p=0.0)
 
@@ -155,5 +157,7 @@ def test_under_a_seed_the_block_drafts_the_draws_the_target_makes_with_the_same_
     for seed in range(40):
         params = SamplingParams(temperature=0.9, top_k=5, top_p=1.0, min_p=0.0, seed=seed)
         d = MtpDrafter(TargetHead()).propose(np.array([1, 2, 3], np.int32), 2, params, make_rng(0))
-        assert sampling.verify_keyed(d.tokens, TARGET_ROWS, params, 3) == (2, sampling.sample_at(
-            process(TARGET_ROWS[2], params), seed, 5))
+        assert sampling.verify_keyed(d.tokens, TARGET_ROWS, params, 3) == (
+            2,
+            sampling.sample_at(process(TARGET_ROWS[2], params), seed, 5),
+        )

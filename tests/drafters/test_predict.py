@@ -16,11 +16,66 @@ from specdec_cli.drafters.predict import PredictionDrafter
 from specdec_cli.errors import UsageError
 
 # A toy code vocabulary: id -> text.
-VOCAB = {2: "def", 3: " f", 4: "(", 5: "x", 6: "):", 7: "\n", 8: "    ", 9: "a", 10: " =", 11: " compute",
-         12: "b", 13: " 2", 14: "c", 15: " 3", 16: "return", 17: " x", 18: "d", 19: " 4", 20: " foo", 21: " foo(",
-         22: ")", 23: "z", 24: " 9", 25: " 7", 26: "```", 27: "python", 28: "e", 29: " 5"}
-(DEF, F, LP, X, RPC, NL, IND, A, EQ, COMP, B, TWO, C, THREE, RET, SX, D, FOUR, FOO, FOO_LP, RP, Z, NINE, SEVEN,
- FENCE, PY, E, FIVE) = range(2, 30)
+VOCAB = {
+    2: "def",
+    3: " f",
+    4: "(",
+    5: "x",
+    6: "):",
+    7: "\n",
+    8: "    ",
+    9: "a",
+    10: " =",
+    11: " compute",
+    12: "b",
+    13: " 2",
+    14: "c",
+    15: " 3",
+    16: "return",
+    17: " x",
+    18: "d",
+    19: " 4",
+    20: " foo",
+    21: " foo(",
+    22: ")",
+    23: "z",
+    24: " 9",
+    25: " 7",
+    26: "```",
+    27: "python",
+    28: "e",
+    29: " 5",
+}
+(
+    DEF,
+    F,
+    LP,
+    X,
+    RPC,
+    NL,
+    IND,
+    A,
+    EQ,
+    COMP,
+    B,
+    TWO,
+    C,
+    THREE,
+    RET,
+    SX,
+    D,
+    FOUR,
+    FOO,
+    FOO_LP,
+    RP,
+    Z,
+    NINE,
+    SEVEN,
+    FENCE,
+    PY,
+    E,
+    FIVE,
+) = range(2, 30)
 PROMPT = np.array([5, 9, 3, 17], dtype=np.int32)  # any prompt: the drafter only looks at the output after it
 
 
@@ -39,12 +94,12 @@ def tokenize(text: str) -> list[int]:
     return out
 
 
-L0 = [DEF, F, LP, X, RPC, NL]                # def f(x):
-L1 = [IND, A, EQ, COMP, LP, X, RP, NL]       #     a = compute(x)
-L2 = [IND, B, EQ, COMP, LP, TWO, RP, NL]     #     b = compute( 2)
-L3 = [IND, C, EQ, COMP, LP, THREE, RP, NL]   #     c = compute( 3)
-L4 = [IND, D, EQ, COMP, LP, FOUR, RP, NL]    #     d = compute( 4)
-L5 = [IND, RET, SX, NL]                      #     return x
+L0 = [DEF, F, LP, X, RPC, NL]  # def f(x):
+L1 = [IND, A, EQ, COMP, LP, X, RP, NL]  #     a = compute(x)
+L2 = [IND, B, EQ, COMP, LP, TWO, RP, NL]  #     b = compute( 2)
+L3 = [IND, C, EQ, COMP, LP, THREE, RP, NL]  #     c = compute( 3)
+L4 = [IND, D, EQ, COMP, LP, FOUR, RP, NL]  #     d = compute( 4)
+L5 = [IND, RET, SX, NL]  #     return x
 PRED = np.array(L0 + L1 + L2 + L3 + L4 + L5, dtype=np.int32)
 INSERTED = [IND, Z, EQ, NINE, NL]  #     z = 9
 
@@ -259,8 +314,13 @@ ENGINE_PROMPT = [5, 9, 3, 17, 4, 22, 8]
 
 
 def generate(target, drafter, k, max_tokens):
-    steps = [r for r in SpeculativeEngine(target, drafter, FixedK(k)).generate(
-        ENGINE_PROMPT, GenerationConfig(max_tokens=max_tokens)) if isinstance(r, Step)]
+    steps = [
+        r
+        for r in SpeculativeEngine(target, drafter, FixedK(k)).generate(
+            ENGINE_PROMPT, GenerationConfig(max_tokens=max_tokens)
+        )
+        if isinstance(r, Step)
+    ]
     return steps, [t for s in steps for t in s.emitted]
 
 
@@ -282,8 +342,9 @@ def test_prediction_equal_to_the_output_accepts_every_draft(k):
 def test_edited_prediction_through_the_engine_stays_lossless_and_realigns():
     reference = greedy_reference(hashed_logits, ENGINE_PROMPT, 60)
     # the prediction differs from the output: 3 tokens deleted at 10, 2 inserted at 30, one changed at 45
-    pred = reference[:10] + reference[13:30] + [7, 7] + reference[30:45] + [(reference[45] + 1) % 28 + 2] \
-        + reference[46:]
+    pred = (
+        reference[:10] + reference[13:30] + [7, 7] + reference[30:45] + [(reference[45] + 1) % 28 + 2] + reference[46:]
+    )
     target = FakeBackend(hashed_logits)
     steps, tokens = generate(target, PredictionDrafter(np.array(pred, np.int32), piece=target.piece), 4, 60)
     assert tokens == reference
@@ -294,11 +355,15 @@ def test_edited_prediction_through_the_engine_stays_lossless_and_realigns():
 
 # -- reading the prediction file --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("data", "message"), [
-    (b"x = 1\x00\n", "The prediction in {} looks binary (it contains NUL bytes). Give a UTF-8 text file."),
-    (b"caf\xe9\n", "The prediction in {} is not UTF-8 (invalid byte at offset 3)."),
-    (b"  \n", "The prediction in {} is empty. Write something in it."),
-])
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"x = 1\x00\n", "The prediction in {} looks binary (it contains NUL bytes). Give a UTF-8 text file."),
+        (b"caf\xe9\n", "The prediction in {} is not UTF-8 (invalid byte at offset 3)."),
+        (b"  \n", "The prediction in {} is empty. Write something in it."),
+    ],
+)
 def test_bad_prediction_file_is_one_usage_error(tmp_path, data, message):
     path = tmp_path / "original.py"
     path.write_bytes(data)
@@ -311,8 +376,10 @@ def test_bad_prediction_file_is_one_usage_error(tmp_path, data, message):
 def test_missing_or_directory_prediction_file(tmp_path):
     with pytest.raises(UsageError) as e:
         read_prediction(str(tmp_path / "nope.py"))
-    assert str(e.value) == f"Prediction file {tmp_path / 'nope.py'} does not exist. Give a path to a text file, or - " \
-                           "for stdin."
+    assert (
+        str(e.value) == f"Prediction file {tmp_path / 'nope.py'} does not exist. Give a path to a text file, or - "
+        "for stdin."
+    )
     with pytest.raises(UsageError, match="is a directory"):
         read_prediction(str(tmp_path))
 
@@ -327,6 +394,7 @@ def test_prediction_file_is_read_like_a_prompt(tmp_path):
 
 
 # -- the packaged edit prompts ----------------------------------------------------------------------------------------
+
 
 def test_packaged_predict_prompts_quote_their_original_whole():
     from specdec_cli.prompts import builtin, predict_cases

@@ -20,8 +20,14 @@ from specdec_cli.llama_build import install as installer
 
 PATCH = installer.PATCH_DIR / installer.AMX_PATCH
 FA_PATCH = installer.PATCH_DIR / installer.FA_PATCH
-FA_FILES = ("include/llama.h", "src/llama-context.h", "src/llama-context.cpp", "src/llama-graph.h", "src/llama-graph.cpp",
-            "src/llama-cparams.h")
+FA_FILES = (
+    "include/llama.h",
+    "src/llama-context.h",
+    "src/llama-context.cpp",
+    "src/llama-graph.h",
+    "src/llama-graph.cpp",
+    "src/llama-cparams.h",
+)
 VK_PATCH = installer.PATCH_DIR / installer.VK_PATCH
 VK_FILE = "ggml/src/ggml-vulkan/ggml-vulkan.cpp"
 FILES = ("ggml/src/ggml-cpu/amx/mmq.cpp", *FA_FILES, VK_FILE)
@@ -57,9 +63,24 @@ def _downloaded(version: str) -> Path:
     found = sorted(where.glob(f"llama_cpp_python-{version}.tar.gz"))
     if not found:
         where.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                               f"llama-cpp-python=={version}", "-d", str(where)], capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={version}",
+                "-d",
+                str(where),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         found = sorted(where.glob(f"llama_cpp_python-{version}.tar.gz"))
         if proc.returncode != 0 or not found:
             pytest.skip(f"the llama-cpp-python {version} sdist could not be downloaded: {proc.stderr[-300:]}")
@@ -69,7 +90,7 @@ def _downloaded(version: str) -> Path:
 def test_the_amx_patch_applies_exactly_and_puts_the_barrier_before_the_tile_load(sdist):
     assert installer.apply_patch(PATCH, sdist) == [sdist / "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"]
     text = (sdist / "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp").read_text()
-    init = text[text.index("inline void ggml_tile_config_init(void)"):]
+    init = text[text.index("inline void ggml_tile_config_init(void)") :]
     init = init[: init.index("\n}\n")]
     barrier = init.index('__asm__ __volatile__("" : : "r"(&tc) : "memory");')
     assert barrier < init.index("_tile_loadconfig(&tc);")
@@ -92,12 +113,14 @@ def test_the_flash_attention_switch_applies_exactly_and_rebuilds_the_graph_on_a_
             assert (src / name).read_bytes() == (ref / "vendor/llama.cpp" / name).read_bytes(), name
     with pytest.raises(installer.PatchError, match="looks applied already"):
         installer.apply_patch(FA_PATCH, sdist)
-    assert "LLAMA_API bool llama_set_flash_attn(struct llama_context * ctx, bool flash_attn);" in (
-        src / "include/llama.h").read_text()
+    assert (
+        "LLAMA_API bool llama_set_flash_attn(struct llama_context * ctx, bool flash_attn);"
+        in (src / "include/llama.h").read_text()
+    )
     # a graph built for the other setting is never reused
     assert "cparams.flash_attn              == other.cparams.flash_attn" in (src / "src/llama-graph.h").read_text()
     graph = (src / "src/llama-graph.cpp").read_text()
-    fa = graph[graph.index("if (use_flash_attn) {"):graph.index("ggml_flash_attn_ext(ctx0, q, k, v")]
+    fa = graph[graph.index("if (use_flash_attn) {") : graph.index("ggml_flash_attn_ext(ctx0, q, k, v")]
     assert "if (cparams.flash_attn_v_cont) {" in fa and "ggml_cont(ctx0, v)" in fa  # V's rows contiguous for the CPU
 
 
@@ -128,9 +151,11 @@ def test_the_vulkan_patch_applies_exactly_and_keeps_the_layer_settings_where_the
     assert installer.apply_patch(VK_PATCH, sdist) == [sdist / "vendor/llama.cpp" / VK_FILE]
     text = (sdist / "vendor/llama.cpp" / VK_FILE).read_text()
     start = text.index("#ifdef VK_EXT_layer_settings\n    VkBool32 enable_best_practice")
-    block = text[start:text.index("#endif", start)]
+    block = text[start : text.index("#endif", start)]
     assert "vk::LayerSettingsCreateInfoEXT layer_setting_info(settings);" in block
-    assert "#else" in block and "instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);" in block
+    assert (
+        "#else" in block and "instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);" in block
+    )
 
 
 def test_a_vulkan_build_gets_the_layer_settings_patch_and_no_other_backend_does(monkeypatch, tmp_path):

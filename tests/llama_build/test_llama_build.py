@@ -18,8 +18,10 @@ from specdec_cli.llama_build import install as installer
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "specdec_cli" / "llama_build" / "install.py"
-AMX_OFF_ARGS = ("-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
-                "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'")
+AMX_OFF_ARGS = (
+    "-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
+    "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+)
 
 
 @pytest.fixture
@@ -62,8 +64,14 @@ def test_the_dry_run_is_the_same_plan_with_a_path_that_has_only_python(tmp_path)
     base = {"HOME": str(tmp_path), "SPECDEC_WHEELS": str(tmp_path / "wheels")}
 
     def dry_run(path: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--backend", "cpu"], capture_output=True,
-                              text=True, env={**base, "PATH": path}, timeout=120, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), "--dry-run", "--backend", "cpu"],
+            capture_output=True,
+            text=True,
+            env={**base, "PATH": path},
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
 
     bare = dry_run(str(only))
     assert bare.returncode == 0, bare.stderr
@@ -77,10 +85,24 @@ def test_the_dry_run_is_the_same_plan_with_a_path_that_has_only_python(tmp_path)
     # the command says the same under that PATH
     cli = [sys.executable, "-m", "specdec_cli", "install-llama-cpp", "--dry-run", "--backend", "cpu"]
     env = {**base, "COLUMNS": "300", "NO_COLOR": "1"}
-    bare_cli = subprocess.run(cli, capture_output=True, text=True, env={**env, "PATH": str(only)}, cwd=ROOT,
-                              timeout=120, stdin=subprocess.DEVNULL)
-    full_cli = subprocess.run(cli, capture_output=True, text=True, env={**env, "PATH": os.environ["PATH"]}, cwd=ROOT,
-                              timeout=120, stdin=subprocess.DEVNULL)
+    bare_cli = subprocess.run(
+        cli,
+        capture_output=True,
+        text=True,
+        env={**env, "PATH": str(only)},
+        cwd=ROOT,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    full_cli = subprocess.run(
+        cli,
+        capture_output=True,
+        text=True,
+        env={**env, "PATH": os.environ["PATH"]},
+        cwd=ROOT,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert bare_cli.returncode == 0, bare_cli.stderr
     assert bare_cli.stdout == full_cli.stdout and fields["wheel_dir"] in bare_cli.stdout
 
@@ -88,8 +110,13 @@ def test_the_dry_run_is_the_same_plan_with_a_path_that_has_only_python(tmp_path)
 def test_the_wheel_key_is_the_bash_installers_so_kept_wheels_stay_valid():
     """The same five lines, the same 16 hex digits as `printf '%s\\n' ... | sha256sum | cut -c1-16` gave."""
     patch_sum = installer.hashlib.sha256(b"abc").hexdigest()
-    key = installer.cache_key("0.3.36", AMX_OFF_ARGS, "cpython-311 linux-x86_64",
-                              "model name\t: Intel(R) Xeon(R) flags\t: fpu avx2", patch_sum)
+    key = installer.cache_key(
+        "0.3.36",
+        AMX_OFF_ARGS,
+        "cpython-311 linux-x86_64",
+        "model name\t: Intel(R) Xeon(R) flags\t: fpu avx2",
+        patch_sum,
+    )
     assert key == "2b486d704fa712e1"
 
 
@@ -125,9 +152,13 @@ def test_the_cpu_on_windows_comes_from_the_registry(monkeypatch):
             return False
 
     winreg = types.SimpleNamespace(
-        HKEY_LOCAL_MACHINE="HKLM", OpenKey=lambda root, path: opened.append((root, path)) or Key(),
-        QueryValueEx=lambda key, name: ("Intel(R) Core(TM) Ultra 7 155H  " if name == "ProcessorNameString" else
-                                        None, 1))
+        HKEY_LOCAL_MACHINE="HKLM",
+        OpenKey=lambda root, path: opened.append((root, path)) or Key(),
+        QueryValueEx=lambda key, name: (
+            "Intel(R) Core(TM) Ultra 7 155H  " if name == "ProcessorNameString" else None,
+            1,
+        ),
+    )
     monkeypatch.setitem(sys.modules, "winreg", winreg)
     assert installer.cpu_description("Windows") == "Intel(R) Core(TM) Ultra 7 155H"
     assert opened == [("HKLM", r"HARDWARE\DESCRIPTION\System\CentralProcessor\0")]
@@ -202,8 +233,9 @@ def test_vulkan_only_when_asked_and_cmake_args_still_decides(monkeypatch, tmp_pa
     assert named.backend == "cuda" and "CMAKE_ARGS" in named.backend_reason
     assert named.cmake_args == f"{AMX_OFF_ARGS} -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=89"
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_VULKAN=off")  # appended after ours: CMake takes the last
-    assert installer.make_plan(sys.executable, backend="vulkan").cmake_args.endswith("-DGGML_VULKAN=on "
-                                                                                     "-DGGML_VULKAN=off")
+    assert installer.make_plan(sys.executable, backend="vulkan").cmake_args.endswith(
+        "-DGGML_VULKAN=on -DGGML_VULKAN=off"
+    )
     with pytest.raises(installer.InstallError, match="--backend 'rocm' is not a choice"):
         installer.choose_backend("rocm")
 
@@ -329,8 +361,11 @@ def test_a_build_downloads_patches_builds_moves_and_installs(tmp_path, monkeypat
     pip = FakePip(fake_sdist(tmp_path, plan.version))
     monkeypatch.setattr(installer.subprocess, "run", pip)
     real_which = installer.shutil.which
-    monkeypatch.setattr(installer.shutil, "which", lambda name: None if name in (
-        "bash", "patch", "tar", "sha256sum", "paste", "nproc") else real_which(name))
+    monkeypatch.setattr(
+        installer.shutil,
+        "which",
+        lambda name: None if name in ("bash", "patch", "tar", "sha256sum", "paste", "nproc") else real_which(name),
+    )
     monkeypatch.delenv("CMAKE_BUILD_PARALLEL_LEVEL", raising=False)
     installer.install(plan)
     py = [sys.executable, "-m", "pip"]
@@ -339,7 +374,8 @@ def test_a_build_downloads_patches_builds_moves_and_installs(tmp_path, monkeypat
     assert pip.calls[1][:4] == [*py, "download"] and "llama-cpp-python==0.3.36" in pip.calls[1]
     build_env = pip.envs[2]
     assert build_env["CMAKE_ARGS"] == plan.cmake_args and build_env["CMAKE_BUILD_PARALLEL_LEVEL"] == str(
-        os.cpu_count() or 2)
+        os.cpu_count() or 2
+    )
     wheel = Path(plan.wheel_dir) / "llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
     assert wheel.read_bytes() == b"wheel" and sorted(p.name for p in Path(plan.wheel_dir).iterdir()) == [wheel.name]
     assert pip.calls[3] == [*py, "install", "--force-reinstall", "--no-deps", str(wheel)]
@@ -380,12 +416,18 @@ def test_no_pip_gets_ensurepip_first(tmp_path, monkeypatch, wheels):
 
 def test_the_script_says_the_backend_and_fails_in_one_line(tmp_path, wheels):
     env = {**os.environ, "SPECDEC_WHEELS": str(wheels), "LLAMA_CPP_PYTHON_VERSION": "0.3.36"}
-    bad = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--python", str(tmp_path / "no-python")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--python", str(tmp_path / "no-python")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.strip().splitlines()[-1].startswith("install.py: error: ") and "--python" in bad.stderr
-    choice = subprocess.run([sys.executable, str(SCRIPT), "--backend", "rocm"], capture_output=True, text=True,
-                            env=env, timeout=120)
+    choice = subprocess.run(
+        [sys.executable, str(SCRIPT), "--backend", "rocm"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert choice.returncode == 2 and "invalid choice: 'rocm'" in choice.stderr
 
 
@@ -397,20 +439,38 @@ def test_make_with_an_old_python_stops_at_once_in_one_line(tmp_path):
     if subprocess.run(["make", "--version"], capture_output=True).returncode != 0:
         pytest.skip("no make")
     shim = tmp_path / "python3"  # a Python that says it is 3.9, as macOS's command-line tools' python3 is
-    shim.write_text(f"#!{sys.executable}\nimport sys\nsys.version_info = (3, 9, 6, 'final', 0)\n"
-                    "if sys.argv[1:2] != ['-c']:\n    sys.exit('the shim only runs -c')\nexec(sys.argv[2])\n")
+    shim.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.version_info = (3, 9, 6, 'final', 0)\n"
+        "if sys.argv[1:2] != ['-c']:\n    sys.exit('the shim only runs -c')\nexec(sys.argv[2])\n"
+    )
     shim.chmod(0o755)
     venv = tmp_path / "venv"
-    proc = subprocess.run(["make", f"PYTHON={shim}", f"VENV={venv}"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        ["make", f"PYTHON={shim}", f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1, lines
     assert f"specdec needs Python 3.11+; this is 3.9 ({shim}). Run: make PYTHON=python3.12" in lines[0]
     assert not venv.exists()
-    missing = subprocess.run(["make", "-n", f"PYTHON={tmp_path / 'nothing'}", f"VENV={venv}"], capture_output=True,
-                             text=True, cwd=ROOT, timeout=120)
+    missing = subprocess.run(
+        ["make", "-n", f"PYTHON={tmp_path / 'nothing'}", f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert missing.returncode != 0 and "did not run. Run: make PYTHON=python3.12" in missing.stderr
-    fine = subprocess.run(["make", "-n", f"PYTHON={sys.executable}", f"VENV={venv}"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    fine = subprocess.run(
+        ["make", "-n", f"PYTHON={sys.executable}", f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert fine.returncode == 0 and "specdec_cli/llama_build/install.py --backend auto" in fine.stdout
     assert "nproc" not in (ROOT / "Makefile").read_text()

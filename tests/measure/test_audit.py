@@ -49,8 +49,9 @@ def check_engine(engine, prompt, config, threshold=NEAR_TIE_THRESHOLD):
     batch-1 argmax. Returns (the generation, the audit report)."""
     refuse_sampling(config)
     result = generate(engine, prompt, config)
-    report = audit_output(engine.target, prompt, result.tokens, ended_with_eog=result.stats.finish_reason == "eog",
-                          threshold=threshold)
+    report = audit_output(
+        engine.target, prompt, result.tokens, ended_with_eog=result.stats.finish_reason == "eog", threshold=threshold
+    )
     return result, report
 
 
@@ -315,8 +316,9 @@ def test_check_cli_passes_on_a_correct_engine(fake_sessions, prompt_file, capsys
 def test_check_cli_exits_7_on_a_bug_and_lists_the_position(fake_sessions, prompt_file, capsys, tmp_path):
     fake_sessions["bug"] = skip_one_rollback
     report_path = tmp_path / "report.json"
-    code, out, err = cli(capsys, "check", str(prompt_file), "--method", "draft", "--k", "4", "-n", "40",
-                         "--json", str(report_path))
+    code, out, err = cli(
+        capsys, "check", str(prompt_file), "--method", "draft", "--k", "4", "-n", "40", "--json", str(report_path)
+    )
     assert code == 7
     assert DIVERGENCE in out and "FAIL" in out
     assert "not the target's batch-1 argmax" in err
@@ -332,8 +334,9 @@ def test_check_cli_refuses_temperature(prompt_file, capsys):
 
 
 def test_run_compare_json_reports_the_divergence(fake_sessions, prompt_file, capsys):
-    code, out, err = cli(capsys, "run", str(prompt_file), "--method", "draft", "--k", "3", "-n", "20", "--compare",
-                         "--json", "-")
+    code, out, err = cli(
+        capsys, "run", str(prompt_file), "--method", "draft", "--k", "3", "-n", "20", "--compare", "--json", "-"
+    )
     assert code == 0
     compare = json.loads(out)["compare"]
     assert compare["identical"] and compare["divergence"] is None and compare["verdict"] == "identical"
@@ -347,8 +350,9 @@ def test_run_strict_exits_7_when_the_speculative_run_has_a_bug(fake_sessions, pr
             seen.append(skip_one_rollback(target))
 
     fake_sessions["bug"] = bug_in_first_target_only
-    code, out, err = cli(capsys, "run", str(prompt_file), "--method", "draft", "--k", "4", "-n", "40", "--strict",
-                         "--json", "-")
+    code, out, err = cli(
+        capsys, "run", str(prompt_file), "--method", "draft", "--k", "4", "-n", "40", "--strict", "--json", "-"
+    )
     assert code == 7
     compare = json.loads(out)["compare"]
     assert compare["verdict"] == DIVERGENCE and compare["divergence"]["margin"] >= NEAR_TIE_THRESHOLD
@@ -362,8 +366,10 @@ def test_run_strict_refuses_sampling(prompt_file, capsys):
 
 # -- the real tiny model ---------------------------------------------------------------------------------------------
 
-COPY_HEAVY = ("Repeat this list exactly, one item per line: apple, banana, cherry, date, elderberry, fig, grape, "
-              "honeydew, kiwi, lemon, mango, nectarine.")
+COPY_HEAVY = (
+    "Repeat this list exactly, one item per line: apple, banana, cherry, date, elderberry, fig, grape, "
+    "honeydew, kiwi, lemon, mango, nectarine."
+)
 FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -385,8 +391,9 @@ def tiny(smollm2_path):
 def test_check_passes_on_the_tiny_model(tiny, method, text):
     prompt = tiny.prompt_tokens(text)
     drafter = NgramDrafter(2, 4) if method == "ngram" else ModelDrafter(tiny.draft)
-    result, report = check_engine(SpeculativeEngine(tiny.target, drafter, FixedK(4)), prompt,
-                                  GenerationConfig(max_tokens=48))
+    result, report = check_engine(
+        SpeculativeEngine(tiny.target, drafter, FixedK(4)), prompt, GenerationConfig(max_tokens=48)
+    )
     assert len(result.tokens) > 10
     assert report.passed, report.flags
     if method == "draft":

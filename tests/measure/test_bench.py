@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec_cli.__main__ import main
 from fakes import run
+from specdec_cli.__main__ import main
 from specdec_cli.cli.commands.bench_report import markdown_table
 from specdec_cli.errors import BackendError, IncompatiblePairError, UsageError
 from specdec_cli.measure import bench as B
@@ -41,12 +41,24 @@ def test_schedule_starts_each_first_repeat_block_with_cold_runs_and_rotates_the_
     plan = B.schedule(3, 2, 2)
     as_tuples = [(s.repeat, s.prompt, s.config, s.cold) for s in plan]
     assert as_tuples == [
-        (0, 0, 0, True), (0, 0, 1, True), (0, 0, 2, True),  # repeat 0, prompt 0: cold runs first
-        (0, 0, 0, False), (0, 0, 1, False), (0, 0, 2, False),
-        (0, 1, 1, True), (0, 1, 2, True), (0, 1, 0, True),  # next block: one position later
-        (0, 1, 1, False), (0, 1, 2, False), (0, 1, 0, False),
-        (1, 0, 2, False), (1, 0, 0, False), (1, 0, 1, False),  # later repeats: warm cache, no cold runs
-        (1, 1, 0, False), (1, 1, 1, False), (1, 1, 2, False),
+        (0, 0, 0, True),
+        (0, 0, 1, True),
+        (0, 0, 2, True),  # repeat 0, prompt 0: cold runs first
+        (0, 0, 0, False),
+        (0, 0, 1, False),
+        (0, 0, 2, False),
+        (0, 1, 1, True),
+        (0, 1, 2, True),
+        (0, 1, 0, True),  # next block: one position later
+        (0, 1, 1, False),
+        (0, 1, 2, False),
+        (0, 1, 0, False),
+        (1, 0, 2, False),
+        (1, 0, 0, False),
+        (1, 0, 1, False),  # later repeats: warm cache, no cold runs
+        (1, 1, 0, False),
+        (1, 1, 1, False),
+        (1, 1, 2, False),
     ]
     # every (prompt, config) has exactly one cold run, and `repeats` timed runs
     for p in range(2):
@@ -60,8 +72,13 @@ def test_methods_are_parsed_in_canonical_order_with_none_always_in() -> None:
     assert B.parse_methods("auto,none,draft,suffix,ngram") == ["none", "auto", "ngram", "suffix", "draft"]
     with pytest.raises(UsageError, match="Unknown method 'medusa' in --methods.*none, auto, ngram, suffix, draft"):
         B.parse_methods("ngram,medusa")
-    assert [c.label for c in B.configs_for(["none", "ngram"], peer=True)] == ["none", "A/A", "ngram", "peer-10",
-                                                                              "peer-2"]
+    assert [c.label for c in B.configs_for(["none", "ngram"], peer=True)] == [
+        "none",
+        "A/A",
+        "ngram",
+        "peer-10",
+        "peer-2",
+    ]
     assert [c.label for c in B.configs_for(["none", "draft"], peer=False)] == ["none", "A/A", "draft"]
     control = B.configs_for(["none"], peer=False)[1]
     assert (control.family, control.method, control.control, control.plain) == ("ours", "none", True, True)
@@ -79,8 +96,13 @@ def test_workload_configurations_warm_auto_native_names_and_their_labels_read_ba
     configs = B.configs_for(["none", "auto", "auto-warm"], peer=False, native=("ngram-mod",))
     assert [c.label for c in configs] == ["none", "A/A", "auto", "auto-warm", "native-ngram-mod"]
     warm, native = configs[3], configs[4]
-    assert (warm.method, warm.warm, configs[2].warm, native.family, native.method) == \
-        ("auto", True, False, "native", "ngram-mod")
+    assert (warm.method, warm.warm, configs[2].warm, native.family, native.method) == (
+        "auto",
+        True,
+        False,
+        "native",
+        "ngram-mod",
+    )
     assert [B.config_from_label(c.label) for c in configs] == configs
     from specdec_cli.measure.bench_workloads import check_workload
 
@@ -96,14 +118,18 @@ def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreem
     prompts = [("p", "edit"), ("q", "edit"), ("w", "write")]
     runs = [
         # cold runs: TTFT and RSS only; their tok/s must not count
-        run("none", "p", 999, cold=True, ttft=900, rss=5000), run("ngram", "p", 999, cold=True, ttft=1100),
+        run("none", "p", 999, cold=True, ttft=900, rss=5000),
+        run("ngram", "p", 999, cold=True, ttft=1100),
         run("none", "q", 999, kind="edit", cold=True, ttft=500),
         # prompt p: two repeats, plain 10 and 20 tok/s; ngram 30 and 20 → paired ratios 3.0 and 1.0
-        run("none", "p", 10, repeat=0), run("none", "p", 20, repeat=1),
+        run("none", "p", 10, repeat=0),
+        run("none", "p", 20, repeat=1),
         run("ngram", "p", 30, repeat=0, drafted=10, accepted=8, spec_steps=4),
         run("ngram", "p", 20, repeat=1, drafted=10, accepted=2, spec_steps=4, tokens=(1, 2, 9)),
         # prompt q: ratio 4.0; prompt w (class write): ratio 0.5
-        run("none", "q", 10), run("ngram", "q", 40), run("none", "w", 10, kind="write"),
+        run("none", "q", 10),
+        run("ngram", "q", 40),
+        run("none", "w", 10, kind="write"),
         run("ngram", "w", 5, kind="write", tokens=(1, 7)),
         # the peer ran on p only, in repeat 0
         run("peer-10", "p", 5, drafted=6, accepted=3, spec_steps=3, rss=3000),
@@ -130,15 +156,32 @@ def test_summary_medians_paired_speedups_geomeans_acceptance_ttft_rss_and_agreem
 
 def test_a_run_record_reads_as_a_frozen_bench_result() -> None:
     """The summary reads each --json run record as a `BenchResult`: what a worker did not report is 0 or None."""
-    native = B.BenchResult.from_dict({"config": "native-plain", "prompt": "p", "repeat": 1, "cold": False,
-                                      "tokens_per_s": 21.0, "tokens": None})
-    assert (native.repeat, native.tokens_per_s, native.tokens, native.n_steps, native.verify_ms) == \
-        (1, 21.0, None, 0, 0)
+    native = B.BenchResult.from_dict(
+        {"config": "native-plain", "prompt": "p", "repeat": 1, "cold": False, "tokens_per_s": 21.0, "tokens": None}
+    )
+    assert (native.repeat, native.tokens_per_s, native.tokens, native.n_steps, native.verify_ms) == (
+        1,
+        21.0,
+        None,
+        0,
+        0,
+    )
     assert (native.ttft_ms, native.peak_rss_kib, native.n_drafted) == (None, None, 0)
-    ours = B.BenchResult.from_dict({**run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1, tokens=(1, 2),
-                                          cold=True, ttft=80), "n_steps": 2, "verify_ms": 9.5})
-    assert (ours.config, ours.cold, ours.tokens, ours.n_drafted, ours.n_accepted, ours.n_spec_steps) == \
-        ("ngram", True, (1, 2), 4, 3, 1)
+    ours = B.BenchResult.from_dict(
+        {
+            **run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1, tokens=(1, 2), cold=True, ttft=80),
+            "n_steps": 2,
+            "verify_ms": 9.5,
+        }
+    )
+    assert (ours.config, ours.cold, ours.tokens, ours.n_drafted, ours.n_accepted, ours.n_spec_steps) == (
+        "ngram",
+        True,
+        (1, 2),
+        4,
+        3,
+        1,
+    )
     assert (ours.ttft_ms, ours.peak_rss_kib, ours.n_steps, ours.verify_ms) == (80, 1000, 2, 9.5)
     with pytest.raises(AttributeError):
         ours.n_drafted = 5  # frozen
@@ -154,16 +197,29 @@ def test_an_interrupted_bench_summarises_what_ran() -> None:
 def test_markdown_table_has_a_column_per_class_and_a_row_per_configuration() -> None:
     configs = [c for c in B.configs_for(["none", "ngram"], peer=True) if not c.control]  # its row: test_compare.py
     prompts = [("p", "edit"), ("w", "write")]
-    runs = [run("none", "p", 10), run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1),
-            run("peer-10", "p", 5), run("peer-2", "p", 10), run("none", "w", 10, kind="write"),
-            run("ngram", "w", 10, kind="write", tokens=(1, 2)), run("none", "p", 1, cold=True, ttft=1500, rss=2048)]
-    doc = {"target": "/m/t.gguf", "draft": None, "prompts": [{"name": n, "kind": k, "n_tokens": 9} for n, k in prompts],
-           "settings": {"repeats": 1, "max_tokens": 96, "k": "auto"}, "started_at": "now",
-           "machine": {"cpu": "Test CPU", "cores": 2, "logical_cpus": 2, "threads": 2}}
+    runs = [
+        run("none", "p", 10),
+        run("ngram", "p", 20, drafted=4, accepted=3, spec_steps=1),
+        run("peer-10", "p", 5),
+        run("peer-2", "p", 10),
+        run("none", "w", 10, kind="write"),
+        run("ngram", "w", 10, kind="write", tokens=(1, 2)),
+        run("none", "p", 1, cold=True, ttft=1500, rss=2048),
+    ]
+    doc = {
+        "target": "/m/t.gguf",
+        "draft": None,
+        "prompts": [{"name": n, "kind": k, "n_tokens": 9} for n, k in prompts],
+        "settings": {"repeats": 1, "max_tokens": 96, "k": "auto"},
+        "started_at": "now",
+        "machine": {"cpu": "Test CPU", "cores": 2, "logical_cpus": 2, "threads": 2},
+    }
     lines = markdown_table(doc, B.summarize(runs, configs, prompts)).splitlines()
     assert lines[0].startswith("<!-- specdec bench, now: t.gguf; 2 prompts") and "Test CPU" in lines[0]
-    assert lines[1] == ("| configuration | decode tok/s | speedup | edit | write | acceptance | mean accepted length "
-                        "| TTFT | peak RSS | greedy = none |")
+    assert lines[1] == (
+        "| configuration | decode tok/s | speedup | edit | write | acceptance | mean accepted length "
+        "| TTFT | peak RSS | greedy = none |"
+    )
     assert lines[3] == "| `none` | 10.0 | 1.00× |  |  |  |  | 1.50 s | 2 MiB |  |"
     assert lines[4] == "| `ngram` | 15.0 | 1.41× | 2.00× | 1.00× | 75% | 3.00 | – | 1 MiB | 1/2 ≥2 |"
     assert lines[5].startswith("| llama-cpp-python lookup (N=10) | 5.0 | 0.50× | 0.50× | – | n/a | n/a |")
@@ -179,9 +235,9 @@ def test_lookup_acceptance_is_each_proposals_common_prefix_with_the_output() -> 
     context = np.array(prompt + output, dtype=np.int32)
     calls = [
         (4, np.array([2, 3, 0, 0], np.int32)),  # after token 1: 2, 3 accepted, then the target's 4 != 0
-        (7, np.array([], np.int32)),            # no match: a plain step
-        (8, np.array([6, 6, 6], np.int32)),     # only one position is left in the output: cut to [6], accepted
-        (6, np.array([9], np.int32)),           # rejected at once
+        (7, np.array([], np.int32)),  # no match: a plain step
+        (8, np.array([6, 6, 6], np.int32)),  # only one position is left in the output: cut to [6], accepted
+        (6, np.array([9], np.int32)),  # rejected at once
     ]
     st = lookup_acceptance(calls, context)
     assert (st.n_drafted, st.n_accepted, st.n_spec_steps, st.n_steps) == (4 + 1 + 1, 2 + 1, 3, 4)
@@ -219,10 +275,14 @@ def test_the_bench_worker_runs_without_resource_or_proc_and_reports_rss_as_missi
     assert fresh._rss_kib() == (None, None)
 
 
-@pytest.mark.parametrize("sysctl, threads, why", [
-    ({"hw.perflevel0.physicalcpu": "8\n", "hw.physicalcpu": "12\n"}, 8, "the performance cores"),
-    ({"hw.physicalcpu": "10\n"}, 10, "the physical cores"),  # a macOS without performance levels
-    ({}, 12, "the CPUs this process may use")])  # sysctl says nothing
+@pytest.mark.parametrize(
+    "sysctl, threads, why",
+    [
+        ({"hw.perflevel0.physicalcpu": "8\n", "hw.physicalcpu": "12\n"}, 8, "the performance cores"),
+        ({"hw.physicalcpu": "10\n"}, 10, "the physical cores"),  # a macOS without performance levels
+        ({}, 12, "the CPUs this process may use"),
+    ],
+)  # sysctl says nothing
 def test_threads_default_to_the_performance_cores_on_apple_silicon(monkeypatch, sysctl, threads, why) -> None:
     import platform
     import subprocess
@@ -288,8 +348,12 @@ def test_usage_errors_are_one_line_with_the_fix(capsys, tmp_path) -> None:
 
 
 def test_worker_errors_come_back_as_the_same_error_type() -> None:
-    e = bench_worker._remote_error({"type": "IncompatiblePairError", "message": "Vocabularies differ.", "fix": "Pass --draft X."})
-    assert isinstance(e, IncompatiblePairError) and str(e) == "Vocabularies differ. Pass --draft X." and e.exit_code == 4
+    e = bench_worker._remote_error(
+        {"type": "IncompatiblePairError", "message": "Vocabularies differ.", "fix": "Pass --draft X."}
+    )
+    assert (
+        isinstance(e, IncompatiblePairError) and str(e) == "Vocabularies differ. Pass --draft X." and e.exit_code == 4
+    )
     e = bench_worker._remote_error({"type": "KeyError", "message": "'x'"})
     assert isinstance(e, BackendError) and "a bug in specdec" in str(e)
 
@@ -306,30 +370,48 @@ class FakeWorker:
 
     def __init__(self, family, init):
         self.family = family
-        self.info = ({"tokens": [[1, 2, 3]] * len(init["prompts"]), "warmup_tokens": [1], "threads": 2,
-                      "suffix_store_tokens": None, "rss_after_load_kib": 10}
-                     if family == "ours" else {"scores_bytes": 4, "n_vocab": 1, "rss_after_load_kib": 10})
+        self.info = (
+            {
+                "tokens": [[1, 2, 3]] * len(init["prompts"]),
+                "warmup_tokens": [1],
+                "threads": 2,
+                "suffix_store_tokens": None,
+                "rss_after_load_kib": 10,
+            }
+            if family == "ours"
+            else {"scores_bytes": 4, "n_vocab": 1, "rss_after_load_kib": 10}
+        )
 
     def call(self, msg):
         FakeWorker.calls += 1
         if FakeWorker.calls == FakeWorker.interrupt_at:
             raise KeyboardInterrupt
-        return {"tokens_per_s": 10.0, "n_tokens": 4, "ttft_ms": 5.0 if msg["cold"] else None, "n_drafted": 0,
-                "n_accepted": 0, "n_spec_steps": 0, "peak_rss_kib": 100, "tokens": [5, 6, 7, 8]}
+        return {
+            "tokens_per_s": 10.0,
+            "n_tokens": 4,
+            "ttft_ms": 5.0 if msg["cold"] else None,
+            "n_drafted": 0,
+            "n_accepted": 0,
+            "n_spec_steps": 0,
+            "peak_rss_kib": 100,
+            "tokens": [5, 6, 7, 8],
+        }
 
     def close(self, *, kill=False):
         FakeWorker.closed.append((self.family, kill))
 
 
-def test_ctrl_c_stops_the_workers_reports_and_writes_the_runs_so_far(smollm2_path, tmp_path, monkeypatch,
-                                                                     capsys) -> None:
+def test_ctrl_c_stops_the_workers_reports_and_writes_the_runs_so_far(
+    smollm2_path, tmp_path, monkeypatch, capsys
+) -> None:
     monkeypatch.setattr(B, "BenchProcess", FakeWorker)
     FakeWorker.calls, FakeWorker.closed = 0, []
     p = tmp_path / "a.txt"
     p.write_text("Say something.", encoding="utf-8")
     out_json = tmp_path / "b.json"
-    code, out, _ = cli(capsys, "bench", str(p), "-t", "smollm2-135m", "--methods", "none,ngram", "--json",
-                       str(out_json))
+    code, out, _ = cli(
+        capsys, "bench", str(p), "-t", "smollm2-135m", "--methods", "none,ngram", "--json", str(out_json)
+    )
     assert code == 130
     assert sorted(FakeWorker.closed) == [("ours", True), ("peer", True)]  # killed, not waited for
     assert "Interrupted after 4 of 10 runs" in out  # none, A/A, ngram, peer-10, peer-2: 5 cold + 5 timed
@@ -350,11 +432,27 @@ def two_prompts(tmp_path) -> list[Path]:
     return [a, b]
 
 
-def test_bench_cli_runs_every_configuration_and_writes_json_png_and_markdown(smollm2_path, two_prompts, tmp_path,
-                                                                             capsys) -> None:
+def test_bench_cli_runs_every_configuration_and_writes_json_png_and_markdown(
+    smollm2_path, two_prompts, tmp_path, capsys
+) -> None:
     out_json, out_png = tmp_path / "bench.json", tmp_path / "out.png"
-    code, out, err = cli(capsys, "bench", *map(str, two_prompts), "-t", "smollm2-135m", "-d", "smollm2-135m",
-                         "-n", "8", "--repeats", "1", "--json", str(out_json), "--plot", str(out_png))
+    code, out, err = cli(
+        capsys,
+        "bench",
+        *map(str, two_prompts),
+        "-t",
+        "smollm2-135m",
+        "-d",
+        "smollm2-135m",
+        "-n",
+        "8",
+        "--repeats",
+        "1",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
+    )
     assert code == 0, err
     doc = json.loads(out_json.read_text(encoding="utf-8"))
     assert doc["configs"] == ALL and doc["interrupted"] is False
@@ -385,7 +483,9 @@ def test_bench_cli_runs_every_configuration_and_writes_json_png_and_markdown(smo
     assert m["llama_cpp_python"] == llama_cpp.__version__
     marker = Path(str(smollm2_path) + ".sha256").read_text(encoding="ascii").split()[0]
     assert [x["sha256"] for x in m["models"]] == [marker, marker]
-    assert doc["peer"]["calls"][0].endswith("logits_all=True, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))")
+    assert doc["peer"]["calls"][0].endswith(
+        "logits_all=True, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))"
+    )
     assert doc["peer"]["scores_buffer_bytes"] == 4096 * doc["peer"]["n_vocab"] * 4
     # the report, and a PNG
     for label in ALL:
@@ -429,10 +529,20 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     def fake(kind):
         def run(tools, target, text, n, threads, ctx, **kw):
             seen.append((kind, text, n, threads, ctx, kw.get("spec_type")))
-            return native.NativeResult(name=kind, decode_tok_s=41.5, n_decoded=n, decode_s=n / 41.5,
-                                       n_drafted=10 if kind != "plain" else None, n_accepted=7 if kind != "plain"
-                                       else None, acceptance=None, prefill_ms=900.0, n_prompt=5, text="x",
-                                       command=("llama-x",))
+            return native.NativeResult(
+                name=kind,
+                decode_tok_s=41.5,
+                n_decoded=n,
+                decode_s=n / 41.5,
+                n_drafted=10 if kind != "plain" else None,
+                n_accepted=7 if kind != "plain" else None,
+                acceptance=None,
+                prefill_ms=900.0,
+                n_prompt=5,
+                text="x",
+                command=("llama-x",),
+            )
+
         return run
 
     monkeypatch.setattr(native, "run_plain", fake("plain"))
@@ -443,12 +553,37 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     assert seen == [("plain", "<rendered 1>", 8, 2, 4096, None), ("spec", "<rendered 0>", 96, 2, 4096, "ngram-simple")]
     assert cold["ttft_ms"] == 900.0 and timed["ttft_ms"] is None and timed["tokens_per_s"] == 41.5
     assert (timed["n_drafted"], timed["n_accepted"]) == (10, 7) and timed["tokens"] is None
-    assert [c.label for c in B.configs_for(["none", "auto"], peer=False, native=True)] == \
-        ["none", "A/A", "auto", "native-plain", "native-ngram-simple"]
-    runs = [{"config": "none", "prompt": "p", "repeat": 0, "cold": False, "tokens_per_s": 20.0, "tokens": [1, 2],
-             "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0},
-            {"config": "native-plain", "prompt": "p", "repeat": 0, "cold": False, "tokens_per_s": 21.0,
-             "tokens": None, "n_drafted": 0, "n_accepted": 0, "n_spec_steps": 0}]
+    assert [c.label for c in B.configs_for(["none", "auto"], peer=False, native=True)] == [
+        "none",
+        "A/A",
+        "auto",
+        "native-plain",
+        "native-ngram-simple",
+    ]
+    runs = [
+        {
+            "config": "none",
+            "prompt": "p",
+            "repeat": 0,
+            "cold": False,
+            "tokens_per_s": 20.0,
+            "tokens": [1, 2],
+            "n_drafted": 0,
+            "n_accepted": 0,
+            "n_spec_steps": 0,
+        },
+        {
+            "config": "native-plain",
+            "prompt": "p",
+            "repeat": 0,
+            "cold": False,
+            "tokens_per_s": 21.0,
+            "tokens": None,
+            "n_drafted": 0,
+            "n_accepted": 0,
+            "n_spec_steps": 0,
+        },
+    ]
     configs = [c for c in B.configs_for(["none"], peer=False, native=True) if not c.control][:2]
     (_, nat) = B.summarize(runs, configs, [("p", "edit")])
     assert nat.speedup == pytest.approx(21.0 / 20.0) and nat.agree == (0, 0, None)
@@ -461,7 +596,10 @@ def test_the_draft_method_is_left_out_with_a_line_for_a_target_no_draft_model_go
     kept, note = B.without_unpaired_draft(options, ModelOptions(target=str(tmp_path / "lfm2-tiny.gguf")))
     assert B.Method.draft not in kept.methods and B.Method.ngram in kept.methods
     assert note and "--draft" in note
-    for models in (ModelOptions(target=None), ModelOptions(target=str(tmp_path / "x.gguf"), draft="qwen2.5-coder-0.5b")):
+    for models in (
+        ModelOptions(target=None),
+        ModelOptions(target=str(tmp_path / "x.gguf"), draft="qwen2.5-coder-0.5b"),
+    ):
         assert B.without_unpaired_draft(options, models) == (options, None)  # the default pair, or a named draft
 
 
@@ -485,8 +623,12 @@ def test_a_workload_of_its_own_is_summarised_as_the_bench_is(monkeypatch) -> Non
 
     monkeypatch.setattr(W, "_suffix", fake)
     notes: list[str] = []
-    sitting = W.run_workload("suffix", models=SimpleNamespace(threads=2, target=None), options=None,
-                             reporter=SimpleNamespace(note=notes.append))
+    sitting = W.run_workload(
+        "suffix",
+        models=SimpleNamespace(threads=2, target=None),
+        options=None,
+        reporter=SimpleNamespace(note=notes.append),
+    )
     assert [c.label for c in sitting.configs] == ["none", "native-ngram-mod", "suffix-fresh"]
     assert sitting.configs[1].family == "native" and sitting.configs[2].family == "ours"
     assert [(c.name, c.kind) for c in sitting.prompts] == [("p", "pass 1"), ("p (pass 2)", "pass 2")]

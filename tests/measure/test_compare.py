@@ -70,8 +70,9 @@ def test_compare_alone_means_the_default_number_of_pairs():
 @pytest.fixture
 def fake_session(monkeypatch, tmp_path):
     def open_session(options, *, method=None, need_draft=False, reporter=None):
-        s = Session(target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf",
-                    options=options)
+        s = Session(
+            target=FakeBackend(hashed_logits, n_ctx=options.ctx), target_path=tmp_path / "target.gguf", options=options
+        )
         if wants_draft(options, method, need_draft):
             s.draft = FakeBackend(hashed_logits, n_ctx=options.ctx)
             s.draft_path = tmp_path / "draft.gguf"
@@ -132,8 +133,16 @@ def run_json(capsys, *args):
 def test_compare_warms_up_then_interleaves_the_pairs_alternating(fake_session, prompt_file, capsys, generations):
     doc, _ = run_json(capsys, prompt_file, "--method", "ngram", "--k", "3", "-n", "20", "--compare", "4")
     assert generations[0] == ("plain", 8)  # the untimed warm-up, before either side is timed
-    assert generations[1:] == [("spec", 20), ("plain", 20), ("plain", 20), ("spec", 20),
-                               ("spec", 20), ("plain", 20), ("plain", 20), ("spec", 20)]
+    assert generations[1:] == [
+        ("spec", 20),
+        ("plain", 20),
+        ("plain", 20),
+        ("spec", 20),
+        ("spec", 20),
+        ("plain", 20),
+        ("plain", 20),
+        ("spec", 20),
+    ]
     assert doc["compare"]["pairs"] == 4
     assert [p["first"] for p in doc["compare"]["each_pair"]] == ["speculative_tokens_per_s", "plain_tokens_per_s"] * 2
 
@@ -177,9 +186,17 @@ def test_a_compare_does_not_learn_from_its_replays(fake_session, prompt_file, ca
 def test_the_control_row_is_plain_against_plain_with_its_range():
     configs = B.configs_for(["none", "ngram"], peer=False)
     prompts = [("p", "edit"), ("q", "edit")]
-    runs = [run("none", "p", 10, tokens=(1, 2, 3), rss=100), run("A/A", "p", 9, tokens=(1, 2, 3), rss=100), run("ngram", "p", 20, tokens=(1, 2, 3), rss=100),
-            run("none", "p", 10, repeat=1, tokens=(1, 2, 3), rss=100), run("A/A", "p", 10.5, repeat=1, tokens=(1, 2, 3), rss=100), run("ngram", "p", 20, repeat=1, tokens=(1, 2, 3), rss=100),
-            run("none", "q", 20, tokens=(1, 2, 3), rss=100), run("A/A", "q", 21, tokens=(1, 2, 3), rss=100), run("ngram", "q", 30, tokens=(1, 2, 3), rss=100)]
+    runs = [
+        run("none", "p", 10, tokens=(1, 2, 3), rss=100),
+        run("A/A", "p", 9, tokens=(1, 2, 3), rss=100),
+        run("ngram", "p", 20, tokens=(1, 2, 3), rss=100),
+        run("none", "p", 10, repeat=1, tokens=(1, 2, 3), rss=100),
+        run("A/A", "p", 10.5, repeat=1, tokens=(1, 2, 3), rss=100),
+        run("ngram", "p", 20, repeat=1, tokens=(1, 2, 3), rss=100),
+        run("none", "q", 20, tokens=(1, 2, 3), rss=100),
+        run("A/A", "q", 21, tokens=(1, 2, 3), rss=100),
+        run("ngram", "q", 30, tokens=(1, 2, 3), rss=100),
+    ]
     none, control, ngram = B.summarize(runs, configs, prompts)
     assert control.config.method == "none" and control.speedup_by_prompt == pytest.approx({"p": 0.975, "q": 1.05})
     assert control.pair_range == pytest.approx((0.9, 1.05)) and control.agree == (3, 3, None)
@@ -188,8 +205,22 @@ def test_the_control_row_is_plain_against_plain_with_its_range():
 
 
 def test_a_seeded_sampled_compare_finds_the_outputs_identical(fake_session, prompt_file, capsys):
-    doc, err = run_json(capsys, prompt_file, "--method", "draft", "--k", "3", "-n", "30", "--compare", "1",
-                        "--temperature", "0.9", "--seed", "5")
+    doc, err = run_json(
+        capsys,
+        prompt_file,
+        "--method",
+        "draft",
+        "--k",
+        "3",
+        "-n",
+        "30",
+        "--compare",
+        "1",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "5",
+    )
     assert doc["stats"]["n_drafted"] > 0
     assert doc["compare"]["identical"] and "outputs identical (30 tokens)" in err
     assert "different random numbers" not in err

@@ -22,14 +22,14 @@ ON_CHEAP = {"depth": 2048, "chunk": 256, "chunk_ms": 1280.0, "ms": {1: 90.0, 4: 
 
 def test_a_speculative_output_token_costs_the_cheapest_size_over_the_tokens_it_yields():
     # b = 8 at 0.8 acceptance yields 1 + 0.8 + ... + 0.8^7 = 4.16 tokens: 200 / 4.16 = 48.1 ms, below b = 4's 50.8
-    assert flash_attn.decode_ms_per_token(OFF["ms"]) == pytest.approx(200 / sum(0.8 ** i for i in range(8)))
+    assert flash_attn.decode_ms_per_token(OFF["ms"]) == pytest.approx(200 / sum(0.8**i for i in range(8)))
     assert flash_attn.decode_ms_per_token({1: 100.0}) == 100.0  # plain decoding: one token a pass
 
 
 def test_off_wins_where_dear_verify_passes_outweigh_a_cheaper_prefill():
     choice = flash_attn.decide(OFF, ON_DEAR_VERIFY)
     assert not choice.on
-    assert choice.turn_ms["off"] == pytest.approx(10.0 + 200 / sum(0.8 ** i for i in range(8)))
+    assert choice.turn_ms["off"] == pytest.approx(10.0 + 200 / sum(0.8**i for i in range(8)))
     assert choice.turn_ms["on"] == pytest.approx(5.0 + 100.0)  # its cheapest: plain decoding
     assert "off" in choice.reason and "2048" in choice.reason
 
@@ -83,8 +83,10 @@ def test_measure_times_both_settings_each_in_its_own_backend_and_decides():
     assert choice.ms["off"]["ms"] == pytest.approx({"1": 70.0, "4": 100.0, "8": 140.0, "16": 220.0})
     assert choice.ms["on"]["chunk_ms"] == pytest.approx(1280.0)
     # off: 10 ms a prompt token + 140 ms / 4.16 tokens at b = 8; on: 5 ms + 100 ms (plain decoding is its cheapest)
-    assert choice.turn_ms == {"off": pytest.approx(10.0 + 140 / sum(0.8 ** i for i in range(8))),
-                              "on": pytest.approx(105.0)}
+    assert choice.turn_ms == {
+        "off": pytest.approx(10.0 + 140 / sum(0.8**i for i in range(8))),
+        "on": pytest.approx(105.0),
+    }
     assert not choice.on
 
 
@@ -114,8 +116,11 @@ def test_a_model_loads_with_the_variable_else_the_measured_choice_else_llama_cpp
     assert flash_attn_for(model, 2, {}) is None  # nothing measured: llama.cpp's auto
     learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
     assert flash_attn_for(model, 2, {}) is False
-    kept_before_the_margin = {**flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict(), "on": False,
-                              "turn_ms": {"off": 72.7, "on": 75.5}}  # off by 4 %: decided again, on
+    kept_before_the_margin = {
+        **flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict(),
+        "on": False,
+        "turn_ms": {"off": 72.7, "on": 75.5},
+    }  # off by 4 %: decided again, on
     learnt.save_flash_attn(learnt.curve_key(model, 2), kept_before_the_margin)
     assert flash_attn_for(model, 2, {}) is True
     learnt.save_flash_attn(learnt.curve_key(model, 2), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
@@ -148,7 +153,7 @@ def test_where_the_build_can_switch_the_cpu_runs_phased_unless_on_was_measured_c
     assert flash_attn_for(model, 2, {}) == llama.PHASED  # measured before phased existed: on's prefill, off's passes
     choice = flash_attn.decide(OFF, ON_DEAR_VERIFY, PHASED)
     assert choice.phased and "phased" in choice.reason
-    assert choice.turn_ms["phased"] == pytest.approx(5.0 + 200 / sum(0.8 ** i for i in range(8)))
+    assert choice.turn_ms["phased"] == pytest.approx(5.0 + 200 / sum(0.8**i for i in range(8)))
     learnt.save_flash_attn(key, choice.to_dict())
     assert flash_attn.Choice.from_dict(learnt.load_flash_attn(key)).phased
     assert flash_attn_for(model, 2, {}) == llama.PHASED
@@ -188,8 +193,10 @@ def test_doctor_shows_the_measured_choice_under_its_curve(tmp_path, monkeypatch)
     for part in doctor.curve_renderables({"verify_curves": doctor.curves(), "threads_default": 2}):
         console.print(part)
     text = console.export_text()
-    assert ("flash attention on for prefill chunks, off for verify passes past 2,048 tokens of context (measured at 2048"
-            in text)
+    assert (
+        "flash attention on for prefill chunks, off for verify passes past 2,048 tokens of context (measured at 2048"
+        in text
+    )
     assert "phased 53.1 ms" in text  # 5 ms of prefill + 200 ms over 4.16 tokens
     monkeypatch.setenv(FLASH_ATTN_ENV, "on")
     console = Console(width=400, record=True)
@@ -225,8 +232,12 @@ def test_doctor_shows_the_choice_beside_a_curve_kept_per_device(tmp_path, monkey
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     where = "Vulkan0 llvmpipe, 29 layers offloaded"
-    learnt.save_curve(learnt.curve_key(model, None, where), VerifyCurve(ms=(20.0, 30.0), depth=640), model,
-                      learnt.timed_on(None, where))
+    learnt.save_curve(
+        learnt.curve_key(model, None, where),
+        VerifyCurve(ms=(20.0, 30.0), depth=640),
+        model,
+        learnt.timed_on(None, where),
+    )
     learnt.save_flash_attn(learnt.curve_key(model, None), flash_attn.decide(OFF, ON_DEAR_VERIFY).to_dict())
     (entry,) = doctor.curves()
     assert entry["placement"] == where and entry["flash_attn"]["on"] is False
@@ -270,8 +281,10 @@ def test_the_report_says_flash_attention_is_off_because_it_crashed_on_the_device
     fake = FakeBackend()
     fake.flash_attn = False
     session = Session(target=fake, target_path=model, offload={"target": Offload(-1, "all")})
-    assert session.kernels()["flash_attn"] == \
-        "off (llama.cpp's flash attention crashed (SIGSEGV) on a verify pass on this device)"
+    assert (
+        session.kernels()["flash_attn"]
+        == "off (llama.cpp's flash attention crashed (SIGSEGV) on a verify pass on this device)"
+    )
     session.offload = {"target": Offload(0, "--gpu-layers 0")}
     session._placement = None
     assert session.kernels()["flash_attn"] == "off (as the backend was opened)"

@@ -38,8 +38,9 @@ def test_parse_speculative_smollm2_ngram_simple():
     # "encoded  625 tokens in   19.199 seconds", "decoded  176 tokens in   65.337 seconds" (176 > -n 127: a whole
     # draft verified at the budget's end), n_drafted = 194, n_accept = 101; the target's own common_perf_print
     # "prompt eval" (826 tokens: verify batches count as prompt eval) and "eval" lines must not be used.
-    assert s == N.NativeStats(n_prompt=625, prefill_ms=19199.0, n_decoded=176, decode_s=65.337,
-                              n_drafted=194, n_accepted=101)
+    assert s == N.NativeStats(
+        n_prompt=625, prefill_ms=19199.0, n_decoded=176, decode_s=65.337, n_drafted=194, n_accepted=101
+    )
 
 
 def test_parse_completion_qwen():
@@ -49,8 +50,9 @@ def test_parse_completion_qwen():
 
 def test_parse_speculative_qwen_ngram_simple():
     s = N.parse_speculative(read("qwen2.5-coder-1.5b.ngram-simple.stderr.txt"))
-    assert s == N.NativeStats(n_prompt=584, prefill_ms=24511.0, n_decoded=143, decode_s=39.464,
-                              n_drafted=188, n_accepted=108)
+    assert s == N.NativeStats(
+        n_prompt=584, prefill_ms=24511.0, n_decoded=143, decode_s=39.464, n_drafted=188, n_accepted=108
+    )
 
 
 def test_parse_speculative_nothing_drafted():
@@ -104,8 +106,9 @@ def test_output_text_from_recorded_stdout():
 def test_output_text_qwen_speculative_extends_plain():
     """Qwen2.5-Coder-1.5B: native ngram-simple's 143 tokens begin with native plain's 128 (587 characters)."""
     comp = N._completion_text(read("qwen2.5-coder-1.5b.completion.stdout.txt"))
-    spec = N._speculative_text(read("qwen2.5-coder-1.5b.ngram-simple.stdout.txt"),
-                               read("qwen2.5-coder-1.5b.prompt.txt"))
+    spec = N._speculative_text(
+        read("qwen2.5-coder-1.5b.ngram-simple.stdout.txt"), read("qwen2.5-coder-1.5b.prompt.txt")
+    )
     assert len(comp) == 587 and spec.startswith(comp) and len(spec) > len(comp)
 
 
@@ -175,14 +178,16 @@ def test_speculative_command_budget_and_type():
 @pytest.mark.parametrize("spec_type,flag", sorted(N.N_MAX_FLAG.items()))
 def test_speculative_n_max_flag(spec_type, flag):
     draft = Path("/d.gguf") if spec_type == "draft-simple" else None
-    cmd = N.speculative_command(TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, spec_type=spec_type,
-                                draft_model=draft, n_max=5)
+    cmd = N.speculative_command(
+        TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, spec_type=spec_type, draft_model=draft, n_max=5
+    )
     assert _flag(cmd, flag) == "5"
 
 
 def test_speculative_command_draft_model():
-    cmd = N.speculative_command(TOOLS, Path("/m.gguf"), "/p", 64, 3, 4096, spec_type="draft-simple",
-                                draft_model=Path("/d.gguf"))
+    cmd = N.speculative_command(
+        TOOLS, Path("/m.gguf"), "/p", 64, 3, 4096, spec_type="draft-simple", draft_model=Path("/d.gguf")
+    )
     assert (_flag(cmd, "-md"), _flag(cmd, "-td"), _flag(cmd, "-tbd")) == ("/d.gguf", "3", "3")
     with pytest.raises(UsageError, match="draft-simple needs a draft model"):
         N.speculative_command(TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, spec_type="draft-simple")
@@ -209,9 +214,16 @@ sys.exit({code})
 def _replay_tools(tmp_path: Path, stem: str, code: int = 0) -> tuple[N.NativeTools, Path]:
     log = tmp_path / "call.json"
     for name, kind in (("llama-completion", "completion"), ("llama-speculative-simple", "ngram-simple")):
-        _exe(tmp_path / "bin" / name, REPLAY.format(
-            python=sys.executable, log=str(log), code=code,
-            stdout=str(DATA / f"{stem}.{kind}.stdout.txt"), stderr=str(DATA / f"{stem}.{kind}.stderr.txt")))
+        _exe(
+            tmp_path / "bin" / name,
+            REPLAY.format(
+                python=sys.executable,
+                log=str(log),
+                code=code,
+                stdout=str(DATA / f"{stem}.{kind}.stdout.txt"),
+                stderr=str(DATA / f"{stem}.{kind}.stderr.txt"),
+            ),
+        )
     return N.find_tools(tmp_path), log
 
 
@@ -252,8 +264,9 @@ def test_run_failure_is_one_line(tmp_path):
 
 
 def test_run_timeout(tmp_path):
-    tools = N.NativeTools(_exe(tmp_path / "llama-completion", f"#!{sys.executable}\nimport time; time.sleep(30)\n"),
-                          tmp_path / "unused")
+    tools = N.NativeTools(
+        _exe(tmp_path / "llama-completion", f"#!{sys.executable}\nimport time; time.sleep(30)\n"), tmp_path / "unused"
+    )
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     with pytest.raises(NativeToolError, match="did not finish within 1 s"):

@@ -30,12 +30,37 @@ from specdec_cli.stores import tuned
 runner = CliRunner()
 
 
-def m(config: str, prompt: str, tps: float, *, repeat: int = 0, drafted: int = 0, accepted: int = 0,
-      spec_steps: int = 0, khist: dict[int, int] | None = None, verify=(), drafts=()) -> Measurement:
-    return Measurement(config=config, prompt=prompt, repeat=repeat, tokens_per_s=tps, n_tokens=16, n_drafted=drafted,
-                       n_accepted=accepted, n_spec_steps=spec_steps, mean_k=0.0, k_histogram=khist or {},
-                       decode_ms=1000.0, prefill_ms=0.0, n_prefill_evaluated=0, finish_reason="length",
-                       verify=list(verify), drafts=list(drafts))
+def m(
+    config: str,
+    prompt: str,
+    tps: float,
+    *,
+    repeat: int = 0,
+    drafted: int = 0,
+    accepted: int = 0,
+    spec_steps: int = 0,
+    khist: dict[int, int] | None = None,
+    verify=(),
+    drafts=(),
+) -> Measurement:
+    return Measurement(
+        config=config,
+        prompt=prompt,
+        repeat=repeat,
+        tokens_per_s=tps,
+        n_tokens=16,
+        n_drafted=drafted,
+        n_accepted=accepted,
+        n_spec_steps=spec_steps,
+        mean_k=0.0,
+        k_histogram=khist or {},
+        decode_ms=1000.0,
+        prefill_ms=0.0,
+        n_prefill_evaluated=0,
+        finish_reason="length",
+        verify=list(verify),
+        drafts=list(drafts),
+    )
 
 
 # ---- what runs, in which order
@@ -43,10 +68,18 @@ def m(config: str, prompt: str, tps: float, *, repeat: int = 0, drafted: int = 0
 
 def test_schedule_interleaves_configs_and_rotates_the_order_every_block() -> None:
     assert [(s.repeat, s.prompt, s.config, s.cold) for s in T.schedule(3, 2, 2)] == [
-        (0, 0, 0, False), (0, 0, 1, False), (0, 0, 2, False),  # repeat 0, prompt 0
-        (0, 1, 1, False), (0, 1, 2, False), (0, 1, 0, False),  # repeat 0, prompt 1: one later
-        (1, 0, 2, False), (1, 0, 0, False), (1, 0, 1, False),
-        (1, 1, 0, False), (1, 1, 1, False), (1, 1, 2, False),
+        (0, 0, 0, False),
+        (0, 0, 1, False),
+        (0, 0, 2, False),  # repeat 0, prompt 0
+        (0, 1, 1, False),
+        (0, 1, 2, False),
+        (0, 1, 0, False),  # repeat 0, prompt 1: one later
+        (1, 0, 2, False),
+        (1, 0, 0, False),
+        (1, 0, 1, False),
+        (1, 1, 0, False),
+        (1, 1, 1, False),
+        (1, 1, 2, False),
     ]
     plan = T.schedule(4, 1, 4)
     for position in range(4):  # over n_configs blocks every configuration takes every position once
@@ -56,7 +89,10 @@ def test_schedule_interleaves_configs_and_rotates_the_order_every_block() -> Non
 def test_configs_and_k_parsing() -> None:
     assert [c.label for c in T.configs_for([2, 4])] == ["none", "2", "4", "auto"]
     assert [(c.mode, c.k, c.title, c.saved_k) for c in T.configs_for([8])] == [
-        ("none", None, "plain", 0), ("fixed", 8, "K=8", 8), ("auto", None, "auto", "auto")]
+        ("none", None, "plain", 0),
+        ("fixed", 8, "K=8", 8),
+        ("auto", None, "auto", "auto"),
+    ]
     assert T.parse_tune_k("4..16") == [4, 6, 8, 12, 16]
     assert T.parse_tune_k("8,2") == [2, 8]
     assert T.parse_tune_k(" Auto ") == []
@@ -69,11 +105,14 @@ def test_configs_and_k_parsing() -> None:
 
 def test_median_of_repeats_speedup_over_plain_and_geometric_mean() -> None:
     runs = [
-        m("none", "edit", 10.0, repeat=0), m("none", "edit", 12.0, repeat=1), m("none", "edit", 20.0, repeat=2),
+        m("none", "edit", 10.0, repeat=0),
+        m("none", "edit", 12.0, repeat=1),
+        m("none", "edit", 20.0, repeat=2),
         m("4", "edit", 18.0, repeat=0, drafted=8, accepted=6, spec_steps=2, khist={4: 3}),
         m("4", "edit", 30.0, repeat=1, drafted=8, accepted=2, spec_steps=2, khist={4: 3}),
         m("4", "edit", 24.0, repeat=2, drafted=4, accepted=4, spec_steps=1, khist={4: 1, 2: 1}),
-        m("none", "write", 10.0), m("4", "write", 5.0),
+        m("none", "write", 10.0),
+        m("4", "write", 5.0),
     ]
     configs = T.configs_for([4])
     plain, k4, auto = T.summarize(runs, configs, ["edit", "write"])
@@ -90,9 +129,20 @@ def test_median_of_repeats_speedup_over_plain_and_geometric_mean() -> None:
 
 
 def summaries(speedups: dict[str, float]) -> list[T.ConfigSummary]:
-    return [T.ConfigSummary(config=TuneConfig(label), tokens_per_s={"p": 10.0 * s}, speedup={"p": s},
-                            speedup_geomean=s, acceptance_rate=0.5, mean_accepted_length=1.0, mean_k=0.0,
-                            k_histogram={}, runs=1) for label, s in speedups.items()]
+    return [
+        T.ConfigSummary(
+            config=TuneConfig(label),
+            tokens_per_s={"p": 10.0 * s},
+            speedup={"p": s},
+            speedup_geomean=s,
+            acceptance_rate=0.5,
+            mean_accepted_length=1.0,
+            mean_k=0.0,
+            k_histogram={},
+            runs=1,
+        )
+        for label, s in speedups.items()
+    ]
 
 
 def test_choose_best_prefers_auto_within_the_margin() -> None:
@@ -104,23 +154,28 @@ def test_choose_best_prefers_auto_within_the_margin() -> None:
 
 
 def test_verify_cost_curve_and_draft_cost() -> None:
-    runs = [m("none", "p", 1.0, verify=[(1, 50.0), (1, 70.0), (1, 60.0)]),
-            m("4", "p", 1.0, verify=[(5, 200.0), (3, 120.0), (5, 220.0)], drafts=[(4, 40.0), (2, 30.0), (4, 48.0)])]
+    runs = [
+        m("none", "p", 1.0, verify=[(1, 50.0), (1, 70.0), (1, 60.0)]),
+        m("4", "p", 1.0, verify=[(5, 200.0), (3, 120.0), (5, 220.0)], drafts=[(4, 40.0), (2, 30.0), (4, 48.0)]),
+    ]
     assert T.verify_curve(runs) == [(1, 60.0, 3), (3, 120.0, 1), (5, 210.0, 2)]
     assert T.draft_cost(runs) == pytest.approx(12.0)  # median of 10, 15, 12 ms per drafted token
     assert T.draft_cost(runs[:1]) is None
 
 
 def test_report_shows_the_table_the_chart_and_the_cost_curve() -> None:
-    runs = [m("none", "edit", 10.0, verify=[(1, 50.0)]), m("4", "edit", 20.0, drafted=4, accepted=3, spec_steps=1,
-                                                          verify=[(5, 100.0)], drafts=[(4, 8.0)]),
-            m("auto", "edit", 15.0, khist={0: 2, 3: 1})]
+    runs = [
+        m("none", "edit", 10.0, verify=[(1, 50.0)]),
+        m("4", "edit", 20.0, drafted=4, accepted=3, spec_steps=1, verify=[(5, 100.0)], drafts=[(4, 8.0)]),
+        m("auto", "edit", 15.0, khist={0: 2, 3: 1}),
+    ]
     configs = T.configs_for([4])
     s = T.summarize(runs, configs, ["edit"])
     best = T.choose_best(s)
     buf = io.StringIO()
     Console(file=buf, width=100, color_system=None, theme=THEME).print(
-        report(s, ["edit"], best, T.verify_curve(runs), T.draft_cost(runs)))
+        report(s, ["edit"], best, T.verify_curve(runs), T.draft_cost(runs))
+    )
     text = buf.getvalue()
     assert re.search(r"K=4\s+20\.0 2\.00×\s+2\.00×\s+75%\s+3\.00", text)
     assert "speedup over plain decoding" in text and "█" in text
@@ -146,9 +201,16 @@ MACHINE = {"cpu": "Test CPU", "threads": 2, "system_info_sha256": "abc", "key": 
 
 @pytest.fixture
 def fixed_machine(monkeypatch):
-    monkeypatch.setattr(tuned, "machine", lambda threads, placement="": {
-        **MACHINE, "threads": threads or 2, "placement": placement,
-        "key": f"Test CPU|{threads or 2}|abc" + (f"|{placement}" if placement else "")})
+    monkeypatch.setattr(
+        tuned,
+        "machine",
+        lambda threads, placement="": {
+            **MACHINE,
+            "threads": threads or 2,
+            "placement": placement,
+            "key": f"Test CPU|{threads or 2}|abc" + (f"|{placement}" if placement else ""),
+        },
+    )
 
 
 def test_tuned_round_trip(models, fixed_machine) -> None:
@@ -188,12 +250,15 @@ def test_model_id_reads_both_ends(tmp_path) -> None:
     assert tuned.model_id(a) != before
 
 
-@pytest.mark.parametrize("content, says", [
-    ("{not json", "not valid JSON"),
-    ('{"version": 2, "settings": {}}', "not a version-1 tuned.json"),
-    ("[1, 2]", "not a version-1 tuned.json"),
-    (b"\xff\xfe", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"version": 2, "settings": {}}', "not a version-1 tuned.json"),
+        ("[1, 2]", "not a version-1 tuned.json"),
+        (b"\xff\xfe", "cannot read"),
+    ],
+)
 def test_a_corrupt_tuned_json_is_ignored_with_a_warning(models, fixed_machine, content, says) -> None:
     target, draft = models
     path = tuned.tuned_path()
@@ -229,8 +294,9 @@ def test_tune_cli_writes_every_run_and_run_uses_the_saved_setting(smollm2_path, 
     prompt.write_text("Count from 1 to 30, separated by commas.\n", encoding="utf-8")
     out = tmp_path / "tune.json"
     models = ["-t", "smollm2-135m", "-d", "smollm2-135m", "--method", "draft"]  # (the default is auto)
-    result = runner.invoke(app, ["tune", str(prompt), *models, "--k", "2,4", "--max-tokens", "16", "--json",
-                                 str(out), "--save"])
+    result = runner.invoke(
+        app, ["tune", str(prompt), *models, "--k", "2,4", "--max-tokens", "16", "--json", str(out), "--save"]
+    )
     assert result.exit_code == 0, result.output
     assert "speedup over plain decoding" in result.stdout and "target forward pass by batch size" in result.stdout
     doc = json.loads(out.read_text())
@@ -256,7 +322,7 @@ def test_tune_cli_writes_every_run_and_run_uses_the_saved_setting(smollm2_path, 
 
     # --save wrote the best configuration for this pair, method and machine
     saved = json.loads(Path(doc["saved"]).read_text())["settings"]
-    (key, entry), = saved.items()
+    ((key, entry),) = saved.items()
     assert entry["k"] == TuneConfig(doc["best"]).saved_k and entry["method"] == "draft"
     assert key.startswith(f"{smollm2_path.name}:") and "|draft|" in key
 
@@ -294,8 +360,24 @@ def test_ctrl_c_reports_and_writes_the_runs_so_far_and_saves_nothing(smollm2_pat
     prompt = tmp_path / "p.txt"
     prompt.write_text("Say hello.", encoding="utf-8")
     out = tmp_path / "tune.json"
-    result = runner.invoke(app, ["tune", str(prompt), "-t", "smollm2-135m", "-d", "smollm2-135m", "--k", "2",
-                                 "--max-tokens", "4", "--json", str(out), "--save"])
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            str(prompt),
+            "-t",
+            "smollm2-135m",
+            "-d",
+            "smollm2-135m",
+            "--k",
+            "2",
+            "--max-tokens",
+            "4",
+            "--json",
+            str(out),
+            "--save",
+        ],
+    )
     assert result.exit_code == 130
     assert "Interrupted after 1 of 3 runs" in result.stdout
     assert "Not saved" in result.stderr and not tuned.tuned_path().exists()
@@ -304,7 +386,6 @@ def test_ctrl_c_reports_and_writes_the_runs_so_far_and_saves_nothing(smollm2_pat
 
 
 def test_tune_usage_errors(tmp_path) -> None:
-    for args, says in [(["--method", "none"], "--method none has no K to tune"),
-                       (["--k", "x"], "whole numbers")]:
+    for args, says in [(["--method", "none"], "--method none has no K to tune"), (["--k", "x"], "whole numbers")]:
         result = runner.invoke(app, ["tune", "-t", "smollm2-135m", *args])
         assert isinstance(result.exception, UsageError) and says in str(result.exception)

@@ -75,8 +75,18 @@ def test_only_the_package_domains_are_summed(tmp_path):
     meter = E.discover(tmp_path, nvml_module=None, apple_module=None)
     assert [c.name for c in meter.counters] == ["RAPL package-0", "RAPL package-1"]
     span = E.Span(meter)
-    advance(zones, {"package-0": 30.0, "package-1": 20.0, "core-0": 18.0, "uncore-0": 5.0, "core-1": 12.0,
-                    "psys": 65.0, "mmio": 30.0})
+    advance(
+        zones,
+        {
+            "package-0": 30.0,
+            "package-1": 20.0,
+            "core-0": 18.0,
+            "uncore-0": 5.0,
+            "core-1": 12.0,
+            "psys": 65.0,
+            "mmio": 30.0,
+        },
+    )
     joules, _ = span.mark()
     assert joules == pytest.approx(50.0)
 
@@ -219,10 +229,13 @@ def fake_pynvml(boards_mj: list[list[float] | None]) -> SimpleNamespace:
             raise FakeNVMLError("Not Supported")
         return next(its[h])
 
-    return SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: len(its),
-                           nvmlDeviceGetHandleByIndex=lambda i: i,
-                           nvmlDeviceGetName=lambda h: f"NVIDIA Fake {h}".encode(),
-                           nvmlDeviceGetTotalEnergyConsumption=energy)
+    return SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: len(its),
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: f"NVIDIA Fake {h}".encode(),
+        nvmlDeviceGetTotalEnergyConsumption=energy,
+    )
 
 
 def test_nvml_boards_add_to_the_package(tmp_path):
@@ -230,8 +243,11 @@ def test_nvml_boards_add_to_the_package(tmp_path):
     zones = powercap_tree(tmp_path)
     nvml = fake_pynvml([[1_000.0, 1_000.0, 16_000.0], [500.0, 500.0, 25_500.0]])  # a test read at discovery
     meter = E.discover(tmp_path, nvml_module=nvml, apple_module=None)
-    assert [c.name for c in meter.counters] == ["RAPL package-0", "NVML GPU 0 (NVIDIA Fake 0)",
-                                                "NVML GPU 1 (NVIDIA Fake 1)"]
+    assert [c.name for c in meter.counters] == [
+        "RAPL package-0",
+        "NVML GPU 0 (NVIDIA Fake 0)",
+        "NVML GPU 1 (NVIDIA Fake 1)",
+    ]
     assert [c.covers for c in meter.counters] == ["CPU socket", "GPU board", "GPU board"]
     span = E.Span(meter)
     advance(zones, {"package-0": 40.0, "core-0": 30.0, "psys": 90.0})
@@ -270,15 +286,23 @@ class FakeAppleMonitor:
     def get_cumulative_energy(self):
         self.n += 1
         cpu = 1_000 * self.n
-        return SimpleNamespace(cpu_total_mj=cpu, efficiency_cores_mj=[cpu // 4, cpu // 4],
-                               performance_cores_mj=[cpu // 4, cpu // 4], efficiency_core_manager_mj=cpu // 10,
-                               performance_core_manager_mj=cpu // 10, gpu_mj=3_000 * self.n, gpu_sram_mj=100 * self.n,
-                               ane_mj=500 * self.n, dram_mj=None)
+        return SimpleNamespace(
+            cpu_total_mj=cpu,
+            efficiency_cores_mj=[cpu // 4, cpu // 4],
+            performance_cores_mj=[cpu // 4, cpu // 4],
+            efficiency_core_manager_mj=cpu // 10,
+            performance_core_manager_mj=cpu // 10,
+            gpu_mj=3_000 * self.n,
+            gpu_sram_mj=100 * self.n,
+            ane_mj=500 * self.n,
+            dram_mj=None,
+        )
 
 
 def test_apple_silicon_sums_cpu_gpu_and_ane_but_not_the_cores_inside_the_cpu():
-    meter = E.discover(nvml_module=None, apple_module=SimpleNamespace(AppleEnergyMonitor=FakeAppleMonitor),
-                       powercap="/nonexistent")
+    meter = E.discover(
+        nvml_module=None, apple_module=SimpleNamespace(AppleEnergyMonitor=FakeAppleMonitor), powercap="/nonexistent"
+    )
     meter = E.Meter(meter.counters)  # RAPL's "absent" aside
     (c,) = meter.counters
     assert c.name == "Apple SoC (CPU, GPU, ANE)" and c.wrap_j is None
@@ -310,8 +334,11 @@ def result(decode_j: float | None, n: int) -> Result:
 
 def test_compare_pairs_energy_per_token_as_it_pairs_the_rates():
     """Speculative 6 J for 20 tokens against plain 10 J for 20: 0.6× per pair; one pair without a figure: none."""
-    paired = Paired((Pair(30.0, 10.0, True), Pair(28.0, 10.0, False)),
-                    (result(6.0, 20), result(9.0, 20)), (result(10.0, 20), result(10.0, 20)))
+    paired = Paired(
+        (Pair(30.0, 10.0, True), Pair(28.0, 10.0, False)),
+        (result(6.0, 20), result(9.0, 20)),
+        (result(10.0, 20), result(10.0, 20)),
+    )
     e = energy_pairs(paired)
     assert e.ratios == pytest.approx([0.6, 0.9]) and [p.a_first for p in e.pairs] == [True, False]
     assert e.a_median == pytest.approx(0.375) and e.b_median == pytest.approx(0.5)
@@ -320,8 +347,10 @@ def test_compare_pairs_energy_per_token_as_it_pairs_the_rates():
 
 
 def test_tune_and_bench_pool_joules_over_tokens_or_say_why_not():
-    runs = [T.Measurement("4", "p", r, 10.0, n, 0, 0, 0, 0.0, {}, 1.0, 1.0, 0, "length", decode_j=j)
-            for r, (n, j) in enumerate([(20, 4.0), (30, 11.0)])]
+    runs = [
+        T.Measurement("4", "p", r, 10.0, n, 0, 0, 0, 0.0, {}, 1.0, 1.0, 0, "length", decode_j=j)
+        for r, (n, j) in enumerate([(20, 4.0), (30, 11.0)])
+    ]
     (s,) = T.summarize(runs, [T.TuneConfig("4")], ["p"])
     assert s.j_per_token == pytest.approx(15.0 / 50) and s.to_dict()["j_per_token"] == pytest.approx(0.3)
     runs[1].decode_j, runs[1].energy_note = None, "no energy counter: RAPL: absent"
@@ -396,8 +425,11 @@ def slow_session(monkeypatch, tmp_path):
     started = []
 
     def open_session(options, *, method=None, need_draft=False, reporter=None):
-        s = Session(target=PacedBackend(hashed_logits, n_ctx=options.ctx, hooks=started),
-                    target_path=tmp_path / "target.gguf", options=options)
+        s = Session(
+            target=PacedBackend(hashed_logits, n_ctx=options.ctx, hooks=started),
+            target_path=tmp_path / "target.gguf",
+            options=options,
+        )
         if wants_draft(options, method, need_draft):
             s.draft = FakeBackend(hashed_logits, n_ctx=options.ctx)
             s.draft_path = tmp_path / "draft.gguf"
@@ -418,8 +450,9 @@ def prompt_file(tmp_path):
 WATTS = 25.0
 
 
-def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_session, prompt_file, tmp_path,
-                                                                           monkeypatch, capsys):
+def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(
+    slow_session, prompt_file, tmp_path, monkeypatch, capsys
+):
     root = tmp_path / "powercap"
     max_uj = round(WATTS * 20 * 1e6)  # one wrap every 20 s: once in this test
     zones = powercap_tree(root, max_uj=max_uj)
@@ -428,8 +461,9 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     power.start()
     slow_session.append(power.begin)  # the counter starts rising at the shown run's prefill
     try:
-        code = main(["run", str(prompt_file), "--method", "ngram", "--k", "3", "-n", "60", "--compare", "2",
-                     "--json", "-"])
+        code = main(
+            ["run", str(prompt_file), "--method", "ngram", "--k", "3", "-n", "60", "--compare", "2", "--json", "-"]
+        )
     finally:
         power.stop.set()
         power.join()
@@ -456,8 +490,9 @@ def test_run_compare_reports_the_counters_wattage_and_joules_for_both_arms(slow_
     assert "J per output token" in err and "W mean" in err and "the energy per token" in err
 
 
-def test_run_without_any_counter_exits_0_and_says_why_with_no_number(slow_session, prompt_file, tmp_path,
-                                                                     monkeypatch, capsys):
+def test_run_without_any_counter_exits_0_and_says_why_with_no_number(
+    slow_session, prompt_file, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv(E.POWERCAP_ENV, str(tmp_path / "no-powercap"))
     code = main(["run", str(prompt_file), "--method", "ngram", "-n", "8", "--compare", "1", "--json", "-"])
     out, err = capsys.readouterr()
@@ -504,8 +539,9 @@ def test_doctor_lists_the_counters_it_can_read(tmp_path, monkeypatch):
     assert r["counters"] == [] and r["missing"][0]["source"] == "RAPL"
 
 
-def test_run_idle_baseline_measures_idle_first_and_nets_it_out(slow_session, prompt_file, tmp_path, monkeypatch,
-                                                               capsys):
+def test_run_idle_baseline_measures_idle_first_and_nets_it_out(
+    slow_session, prompt_file, tmp_path, monkeypatch, capsys
+):
     """The counter rises at 25 W throughout: the idle second reads 25 W, and decoding net of it is about nothing."""
     root = tmp_path / "powercap"
     max_uj = round(WATTS * 20 * 1e6)
@@ -523,8 +559,9 @@ def test_run_idle_baseline_measures_idle_first_and_nets_it_out(slow_session, pro
     assert code == 0, err
     e = json.loads(out)["stats"]["energy"]
     assert e["idle_watts"] == pytest.approx(WATTS, rel=0.2)
-    assert e["decode_joules_net_of_idle"] == pytest.approx(e["decode_joules"] - e["idle_watts"] * e["decode_seconds"],
-                                                           abs=2e-3)
+    assert e["decode_joules_net_of_idle"] == pytest.approx(
+        e["decode_joules"] - e["idle_watts"] * e["decode_seconds"], abs=2e-3
+    )
     assert e["j_per_token_net_of_idle"] == pytest.approx(e["decode_joules_net_of_idle"] / 20, abs=1e-4)
     assert "net of idle" in err
 

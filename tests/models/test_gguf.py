@@ -222,12 +222,29 @@ def test_kv_bytes_per_token_from_the_header():
     from specdec_cli.models.gguf import GGUFInfo, kv_bytes_per_token
 
     def info(meta):
-        return GGUFInfo(path=None, version=3, n_tensors=0, n_kv=0, architecture="qwen2", name=None,
-                        tokenizer_model=None, alignment=32, data_offset=0, implied_size=0, file_size=0, tensors=(),
-                        metadata=meta, array_lengths={})
+        return GGUFInfo(
+            path=None,
+            version=3,
+            n_tensors=0,
+            n_kv=0,
+            architecture="qwen2",
+            name=None,
+            tokenizer_model=None,
+            alignment=32,
+            data_offset=0,
+            implied_size=0,
+            file_size=0,
+            tensors=(),
+            metadata=meta,
+            array_lengths={},
+        )
 
-    qwen = {"qwen2.block_count": 28, "qwen2.attention.head_count": 12, "qwen2.attention.head_count_kv": 2,
-            "qwen2.embedding_length": 1536}
+    qwen = {
+        "qwen2.block_count": 28,
+        "qwen2.attention.head_count": 12,
+        "qwen2.attention.head_count_kv": 2,
+        "qwen2.embedding_length": 1536,
+    }
     assert kv_bytes_per_token(info(qwen)) == 28 * 2 * 128 * 2 * 2 == 28672
     assert kv_bytes_per_token(info({**qwen, "qwen2.attention.key_length": 64})) == 28 * (64 + 128) * 2 * 2
     assert kv_bytes_per_token(info({"qwen2.block_count": 28})) is None

@@ -78,7 +78,9 @@ def open_auto(state, **options):
 def test_both_models_load_fully_offloaded_by_default(gpu_build) -> None:
     with open_auto(gpu_build) as session:
         assert gpu_build["loaded"] == [("qwen2.5-coder-1.5b.gguf", -1), ("qwen2.5-coder-0.5b.gguf", -1)]
-        assert session.offload["target"].layers == -1 and "needs 2.0 GiB of 24.0 GiB free" in session.offload["target"].why
+        assert (
+            session.offload["target"].layers == -1 and "needs 2.0 GiB of 24.0 GiB free" in session.offload["target"].why
+        )
 
 
 def test_the_users_layers_reach_the_loader(gpu_build) -> None:
@@ -133,16 +135,18 @@ def test_a_curve_timed_with_no_layers_offloaded_does_not_price_a_fully_offloaded
     from specdec_cli.session import open_session
 
     def session(**options):
-        return open_session(ModelOptions(target="qwen2.5-coder-1.5b", **options), method="ngram",
-                            clock=gpu_build["clock"])
+        return open_session(
+            ModelOptions(target="qwen2.5-coder-1.5b", **options), method="ngram", clock=gpu_build["clock"]
+        )
 
     with session(gpu_layers=0) as cpu:
         assert cpu.placement() == "CPU, 0 layers offloaded"
         assert "none kept" in cpu.verify_curve().measured_for
     with session() as gpu:
         assert gpu.placement() == "CUDA0 a GPU, 29 layers offloaded"
-        assert gpu.verify_curve().measured_for == ("another device or offload (CUDA0 a GPU, 29 layers offloaded "
-                                                   "here, CPU, 0 layers offloaded kept)")
+        assert gpu.verify_curve().measured_for == (
+            "another device or offload (CUDA0 a GPU, 29 layers offloaded here, CPU, 0 layers offloaded kept)"
+        )
     with session() as again:
         before = gpu_build["clock"]()
         assert again.verify_curve().to_dict() == gpu.verify_curve().to_dict()
@@ -191,15 +195,24 @@ def _memory(dev, free, total) -> None:  # writes through the byref()s as ggml_ba
 
 
 _COUNT_GET = {"ggml_backend_dev_count": lambda: 2, "ggml_backend_dev_get": lambda i: i + 1}
-_NAME_TYPE_MEMORY = {"ggml_backend_dev_name": lambda dev: [b"CPU", b"CUDA0"][dev - 1],
-                     "ggml_backend_dev_description": lambda dev: b"a device",
-                     "ggml_backend_dev_type": lambda dev: [0, 1][dev - 1], "ggml_backend_dev_memory": _memory}
+_NAME_TYPE_MEMORY = {
+    "ggml_backend_dev_name": lambda dev: [b"CPU", b"CUDA0"][dev - 1],
+    "ggml_backend_dev_description": lambda dev: b"a device",
+    "ggml_backend_dev_type": lambda dev: [0, 1][dev - 1],
+    "ggml_backend_dev_memory": _memory,
+}
 
 
-@pytest.mark.parametrize("exports", [
-    {"ggml": _COUNT_GET, "ggml-base": _NAME_TYPE_MEMORY},  # as the sources build them (ggml-backend-reg.cpp in ggml)
-    {"ggml": {}, "ggml-base": {**_COUNT_GET, **_NAME_TYPE_MEMORY}},  # every function from ggml-base alone
-])
+@pytest.mark.parametrize(
+    "exports",
+    [
+        {
+            "ggml": _COUNT_GET,
+            "ggml-base": _NAME_TYPE_MEMORY,
+        },  # as the sources build them (ggml-backend-reg.cpp in ggml)
+        {"ggml": {}, "ggml-base": {**_COUNT_GET, **_NAME_TYPE_MEMORY}},  # every function from ggml-base alone
+    ],
+)
 def test_the_device_memory_is_found_where_llama_dll_does_not_export_ggml(monkeypatch, tmp_path, exports) -> None:
     """Windows: llama.dll exports none of ggml's device functions (a DLL exports only its own); they are looked up in
     ggml-base.dll and ggml.dll next to it, so the GPU's free memory decides the layers instead of "unknown"."""
@@ -215,11 +228,14 @@ def test_the_device_memory_is_found_where_llama_dll_does_not_export_ggml(monkeyp
 
     monkeypatch.setattr(devices, "_open_library", open_library)
     bindings = types.SimpleNamespace(_lib=_Lib(), _base_path=tmp_path, __file__=str(tmp_path / "llama_cpp.py"))
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(llama_backend_init=lambda: None,
-                                                                        llama_cpp=bindings))
+    monkeypatch.setitem(
+        sys.modules, "llama_cpp", types.SimpleNamespace(llama_backend_init=lambda: None, llama_cpp=bindings)
+    )
     devs = devices.devices()
-    assert devs == [devices.Device("CPU", "a device", "CPU", 1 * GIB, 2 * GIB),
-                    devices.Device("CUDA0", "a device", "GPU", 8 * GIB, 24 * GIB)]
+    assert devs == [
+        devices.Device("CPU", "a device", "CPU", 1 * GIB, 2 * GIB),
+        devices.Device("CUDA0", "a device", "GPU", 8 * GIB, 24 * GIB),
+    ]
     assert devices.gpu_free(devs) == 8 * GIB
     assert sorted(opened) == ["ggml-base.dll", "ggml.dll"]
 
@@ -236,8 +252,14 @@ def test_doctor_shows_the_backend_the_devices_their_memory_and_the_layers(monkey
     model = rg.write(tmp_path / "tiny.gguf", rg.SHAPES["tiny"])
     monkeypatch.setattr(llama, "gpu_offload_supported", lambda: True)
     monkeypatch.setattr(llama, "system_info", lambda: "CUDA : ARCHS = 890 | USE_GRAPHS = 1 | CPU : AVX2 = 1 |")
-    monkeypatch.setattr(devices, "devices", lambda: [devices.Device("CPU", "a CPU", "CPU", 8 * GIB, 16 * GIB),
-                                                     devices.Device("CUDA0", "RTX 4070 Laptop", "GPU", 7 * GIB, 8 * GIB)])
+    monkeypatch.setattr(
+        devices,
+        "devices",
+        lambda: [
+            devices.Device("CPU", "a CPU", "CPU", 8 * GIB, 16 * GIB),
+            devices.Device("CUDA0", "RTX 4070 Laptop", "GPU", 7 * GIB, 8 * GIB),
+        ],
+    )
     result = CliRunner().invoke(app, ["doctor", "--target", str(model), "--json", "-"])
     assert result.exit_code == 0, result.output
     g = json.loads(result.stdout)["gpu"]
@@ -295,8 +317,14 @@ def test_doctor_names_the_backend_from_the_devices_where_the_system_info_lists_o
 
     monkeypatch.setattr(llama, "gpu_offload_supported", lambda: True)
     monkeypatch.setattr(llama, "system_info", lambda: "CPU : SSE3 = 1 | AVX2 = 1 | OPENMP = 1 | REPACK = 1 |")
-    monkeypatch.setattr(devices, "devices", lambda: [devices.Device("Vulkan0", "llvmpipe", "GPU", 2 * GIB, 2 * GIB),
-                                                     devices.Device("CPU", "AMD EPYC", "CPU", 8 * GIB, 16 * GIB)])
+    monkeypatch.setattr(
+        devices,
+        "devices",
+        lambda: [
+            devices.Device("Vulkan0", "llvmpipe", "GPU", 2 * GIB, 2 * GIB),
+            devices.Device("CPU", "AMD EPYC", "CPU", 8 * GIB, 16 * GIB),
+        ],
+    )
     monkeypatch.setattr(doctor, "_probe_model", lambda: None)
     assert doctor.gpu()["backend"] == "VULKAN"
     monkeypatch.setattr(devices, "devices", lambda: [devices.Device("CPU", "AMD EPYC", "CPU", 8 * GIB, 16 * GIB)])

@@ -17,9 +17,13 @@ from typer.testing import CliRunner
 from specdec_cli.errors import ModelError, UsageError
 from specdec_cli.models import host
 
-NO_AMX = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
-AMX = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
-       "AMX_INT8 = 1 | LLAMAFILE = 1 | REPACK = 1 |")
+NO_AMX = (
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
+)
+AMX = (
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
+    "AMX_INT8 = 1 | LLAMAFILE = 1 | REPACK = 1 |"
+)
 
 
 def never() -> str:
@@ -86,7 +90,9 @@ def test_plan_probes_once_per_build_and_cpu_and_warns_once(monkeypatch, fresh_pl
 
     calls = []
     monkeypatch.setattr(llama, "system_info", lambda: AMX)
-    monkeypatch.setattr(host, "probe_child", lambda path, threads: calls.append((str(path), threads)) or "crash: SIGSEGV")
+    monkeypatch.setattr(
+        host, "probe_child", lambda path, threads: calls.append((str(path), threads)) or "crash: SIGSEGV"
+    )
     with pytest.warns(host.HostWarning, match="issue 20824"):
         plan = host.plan("m.gguf", n_threads=2, system_info=AMX)
     assert not plan.extra_bufts and calls == [("m.gguf", 2)]
@@ -114,8 +120,10 @@ def test_plan_does_not_remember_a_probe_without_verdict(monkeypatch, fresh_plan)
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("returncode, verdict", [(0, "ok"), (-11, "crash: SIGSEGV"), (-6, "crash: SIGABRT"),
-                                                 (3, "no verdict: the trial decode exited with 3")])
+@pytest.mark.parametrize(
+    "returncode, verdict",
+    [(0, "ok"), (-11, "crash: SIGSEGV"), (-6, "crash: SIGABRT"), (3, "no verdict: the trial decode exited with 3")],
+)
 def test_probe_child_maps_the_child_exit(monkeypatch, tmp_path, returncode, verdict):
     seen = {}
 
@@ -128,17 +136,22 @@ def test_probe_child_maps_the_child_exit(monkeypatch, tmp_path, returncode, verd
     assert seen["command"][-2:] == [str(tmp_path / "m.gguf"), "4"]  # loaded as built, with the real thread count
 
 
-@pytest.mark.parametrize("returncode, verdict", [
-    (0xC0000005, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)"),  # as subprocess gives it on Windows: unsigned
-    (0xC0000005 - 2**32, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)"),  # the same read as a signed int32
-    (0xC000001D, "crash: STATUS_ILLEGAL_INSTRUCTION (0xC000001D)"),  # an AMX kernel on a CPU without it
-    (0xC0000409, "crash: STATUS_STACK_BUFFER_OVERRUN (0xC0000409)"),  # abort() in a release build (fail fast)
-    (0xC0000135 - 2**32, "crash: NTSTATUS (0xC0000135)"),  # any other error-severity code
-    (0x40010004, "no verdict: the trial decode exited with 1073807364")])  # not an error: no crash
+@pytest.mark.parametrize(
+    "returncode, verdict",
+    [
+        (0xC0000005, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)"),  # as subprocess gives it on Windows: unsigned
+        (0xC0000005 - 2**32, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)"),  # the same read as a signed int32
+        (0xC000001D, "crash: STATUS_ILLEGAL_INSTRUCTION (0xC000001D)"),  # an AMX kernel on a CPU without it
+        (0xC0000409, "crash: STATUS_STACK_BUFFER_OVERRUN (0xC0000409)"),  # abort() in a release build (fail fast)
+        (0xC0000135 - 2**32, "crash: NTSTATUS (0xC0000135)"),  # any other error-severity code
+        (0x40010004, "no verdict: the trial decode exited with 1073807364"),
+    ],
+)  # not an error: no crash
 def test_a_windows_exception_exit_is_a_crash_like_a_signal(monkeypatch, tmp_path, returncode, verdict):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # probed.json stays here
-    monkeypatch.setattr(subprocess, "run", lambda command, **kw: subprocess.CompletedProcess(command, returncode, "",
-                                                                                             "fault\n"))
+    monkeypatch.setattr(
+        subprocess, "run", lambda command, **kw: subprocess.CompletedProcess(command, returncode, "", "fault\n")
+    )
     assert host.probe_child(tmp_path / "m.gguf", 4) == verdict
     model = tmp_path / "user.gguf"
     model.write_bytes(b"GGUF")
@@ -178,8 +191,15 @@ def test_doctor_table_names_every_fact(monkeypatch, fresh_plan):
     monkeypatch.setattr(llama, "system_info", lambda: NO_AMX)
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 0, result.output
-    for label in ("llama-cpp-python", "GPU offload", "threads", "AMX in the CPU", "AMX kernels in llama.cpp",
-                  "models load", "as built"):
+    for label in (
+        "llama-cpp-python",
+        "GPU offload",
+        "threads",
+        "AMX in the CPU",
+        "AMX kernels in llama.cpp",
+        "models load",
+        "as built",
+    ):
         assert label in result.stdout
 
 
@@ -253,8 +273,10 @@ def fake_build(root, name: str, payload: bytes):
 def test_two_builds_sharing_one_cache_each_get_their_own_verdict(monkeypatch, fresh_plan, tmp_path, first, second):
     """Same llama-cpp-python version, system info and CPU; only the library files differ (stock AMX kernels crash,
     the patched ones run). Each build is probed once and loads at its own speed, in either order."""
-    builds = {"patched": fake_build(tmp_path, "patched", b"with the tile barrier"),
-              "stock": fake_build(tmp_path, "stock", b"without it")}
+    builds = {
+        "patched": fake_build(tmp_path, "patched", b"with the tile barrier"),
+        "stock": fake_build(tmp_path, "stock", b"without it"),
+    }
     verdicts = {"patched": "ok", "stock": "crash: SIGILL"}
     probed = []
 
@@ -317,11 +339,18 @@ def test_a_trial_load_that_llama_cpp_refused_is_remembered_and_not_tried_again(t
     assert len(runs) == 2
 
 
-@pytest.mark.parametrize("returncode, verdict, kept", [
-    (0, "ok", True), (-11, "crash: SIGSEGV", True), (0xC0000005, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)", True),
-    (1, "no verdict: the trial passes exited with 1", False)])
-def test_the_device_flash_attention_probe_runs_once_and_keeps_a_verdict(monkeypatch, tmp_path, returncode, verdict,
-                                                                         kept):
+@pytest.mark.parametrize(
+    "returncode, verdict, kept",
+    [
+        (0, "ok", True),
+        (-11, "crash: SIGSEGV", True),
+        (0xC0000005, "crash: STATUS_ACCESS_VIOLATION (0xC0000005)", True),
+        (1, "no verdict: the trial passes exited with 1", False),
+    ],
+)
+def test_the_device_flash_attention_probe_runs_once_and_keeps_a_verdict(
+    monkeypatch, tmp_path, returncode, verdict, kept
+):
     monkeypatch.setattr(host, "_host_file", lambda: tmp_path / "host.json")
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")

@@ -35,8 +35,9 @@ def cli(capsys, *args):
 
 
 def run_tokens(capsys, prompt_file, path, *args):
-    code, out, err = cli(capsys, "run", str(prompt_file), "-t", str(path), "-n", "48", "--raw", "--json", "-",
-                         "--no-prompt-cache", *args)
+    code, out, err = cli(
+        capsys, "run", str(prompt_file), "-t", str(path), "-n", "48", "--raw", "--json", "-", "--no-prompt-cache", *args
+    )
     assert code == 0, err
     return json.loads(out)["tokens"]
 
@@ -59,8 +60,11 @@ def test_the_kind_and_rollback_of_each_tiny_model(tiny):
 
     name, path = tiny
     d = describe_model(path)
-    want = {"lfm2_tiny": ("hybrid", "snapshots"), "qwen35_tiny": ("hybrid", "snapshots"),
-            "mamba2_tiny": ("recurrent", "checkpoints")}[name]
+    want = {
+        "lfm2_tiny": ("hybrid", "snapshots"),
+        "qwen35_tiny": ("hybrid", "snapshots"),
+        "mamba2_tiny": ("recurrent", "checkpoints"),
+    }[name]
     assert (d["kind"], d["rollback"]) == want
     assert d["state_bytes"] > 0
     assert (d["n_rs_seq"] > 0) == (want[1] == "snapshots")
@@ -96,8 +100,10 @@ def test_speculative_greedy_output_equals_plain_decoding(tiny, method, prompt_fi
     assert run_tokens(capsys, prompt_file, path, *method) == plain
 
 
-TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def with_template(src, dst):
@@ -106,8 +112,20 @@ def with_template(src, dst):
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--chat-template", TEMPLATE, str(src),
-                    str(dst), "--force"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gguf.scripts.gguf_new_metadata",
+            "--chat-template",
+            TEMPLATE,
+            str(src),
+            str(dst),
+            "--force",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return dst
 
 
@@ -167,7 +185,10 @@ def test_doctor_says_the_kind_the_rollback_its_memory_and_the_mtp_block(tiny, tm
     code, _, err = cli(capsys, "doctor", "-t", str(path), "--json", str(out))
     assert code == 0, err
     m = json.loads(out.read_text(encoding="utf-8"))["model"]
-    want = {"lfm2_tiny": ("hybrid", "snapshots", 0), "qwen35_tiny": ("hybrid", "snapshots", 1),
-            "mamba2_tiny": ("recurrent", "checkpoints", 0)}[name]
+    want = {
+        "lfm2_tiny": ("hybrid", "snapshots", 0),
+        "qwen35_tiny": ("hybrid", "snapshots", 1),
+        "mamba2_tiny": ("recurrent", "checkpoints", 0),
+    }[name]
     assert (m["kind"], m["rollback"], m["mtp_layers"]) == want
     assert m["snapshot_bytes"] == m["n_rs_seq"] * m["state_bytes"] and m["state_bytes"] > 0

@@ -25,8 +25,10 @@ RSS_LIMIT = 600 << 20  # bytes; room for a run, while a logits_all buffer (or an
 
 
 def long_prompt(path):
-    path.write_text("Summarize this text in one sentence.\n\n" + " ".join(
-        f"The lighthouse keeper number {i} watched the sea and wrote down the ships." for i in range(190)))
+    path.write_text(
+        "Summarize this text in one sentence.\n\n"
+        + " ".join(f"The lighthouse keeper number {i} watched the sea and wrote down the ships." for i in range(190))
+    )
     return path
 
 
@@ -43,8 +45,27 @@ def test_every_decode_asks_for_at_most_k_plus_1_rows_of_logits(smollm2_path, tmp
 
     monkeypatch.setattr(LlamaBackend, "decode", recording)
     prompt = long_prompt(tmp_path / "long.txt")
-    code = main(["run", str(prompt), "-t", str(smollm2_path), "-d", str(smollm2_path), "--method", "draft",
-                 "--ctx", "4096", "--k", str(K), "-n", "40", "--plain", "--json", str(tmp_path / "out.json")])
+    code = main(
+        [
+            "run",
+            str(prompt),
+            "-t",
+            str(smollm2_path),
+            "-d",
+            str(smollm2_path),
+            "--method",
+            "draft",
+            "--ctx",
+            "4096",
+            "--k",
+            str(K),
+            "-n",
+            "40",
+            "--plain",
+            "--json",
+            str(tmp_path / "out.json"),
+        ]
+    )
     assert code == 0
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["stats"]["n_prompt"] > 3000 and doc["config"]["ctx"] == 4096
@@ -73,6 +94,8 @@ def test_peak_rss_of_a_long_run_at_ctx_4096_is_far_below_a_logits_all_buffer(smo
     peak = int(proc.stderr.split("MAXRSS_KB")[-1].split()[0]) * 1024  # kB
     doc = json.loads(out.read_text())
     assert doc["stats"]["n_prompt"] > 3000 and doc["config"]["ctx"] == 4096
-    print(f"peak RSS {peak / 1e6:.0f} MB (limit {RSS_LIMIT / 1e6:.0f} MB; "
-          f"logits_all alone {LOGITS_ALL_BYTES / 1e6:.0f} MB)")
+    print(
+        f"peak RSS {peak / 1e6:.0f} MB (limit {RSS_LIMIT / 1e6:.0f} MB; "
+        f"logits_all alone {LOGITS_ALL_BYTES / 1e6:.0f} MB)"
+    )
     assert peak < RSS_LIMIT < LOGITS_ALL_BYTES

@@ -29,7 +29,6 @@ pytestmark = pytest.mark.real
 CODE_PROMPT = "Write a Python function `is_prime(n)` with a docstring, then explain it in two sentences."
 
 
-
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
     target = LlamaBackend(smollm2_path, n_ctx=1024)
@@ -51,8 +50,9 @@ def tokens_of(records):
 def test_smollm2_speculating_on_itself_accepts_nearly_every_draft(smol):
     target, draft = smol
     prompt = chat_tokens(target, CODE_PROMPT)
-    records = list(SpeculativeEngine(target, ModelDrafter(draft), FixedK(4)).generate(
-        prompt, GenerationConfig(max_tokens=96)))
+    records = list(
+        SpeculativeEngine(target, ModelDrafter(draft), FixedK(4)).generate(prompt, GenerationConfig(max_tokens=96))
+    )
     s = summarize(records)
     assert s.n_drafted >= 60
     # draft = target: every rejection is a batched-vs-one-token numerical flip at a near-tie, which is rare
@@ -66,8 +66,12 @@ def test_smollm2_greedy_speculation_agrees_with_plain_decoding(smol):
     plain = tokens_of(SpeculativeEngine(target, None).generate(prompt, GenerationConfig(max_tokens=64)))
     for drafter in (NgramDrafter(1, 3), ModelDrafter(draft)):
         target.truncate(0)
-        spec = tokens_of(SpeculativeEngine(target, drafter, FixedK(4)).generate(prompt, GenerationConfig(max_tokens=64)))
-        shared = next((i for i, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b), min(len(spec), len(plain)))
+        spec = tokens_of(
+            SpeculativeEngine(target, drafter, FixedK(4)).generate(prompt, GenerationConfig(max_tokens=64))
+        )
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b), min(len(spec), len(plain))
+        )
         # Equal up to numerical near-ties: on this short code prompt they agree for a long stretch.
         assert shared >= 24, (drafter.name, shared)
 
@@ -99,14 +103,19 @@ def test_speculative_sampling_matches_the_target_distribution_on_a_real_model(sm
     spec, plain = Counter(), Counter()
     accepted = drafted = 0
     for i in range(n):
-        recs = list(spec_engine.generate(prompt, GenerationConfig(max_tokens=2, sampling=SamplingParams(seed=i, **params))))
+        recs = list(
+            spec_engine.generate(prompt, GenerationConfig(max_tokens=2, sampling=SamplingParams(seed=i, **params)))
+        )
         toks = tokens_of(recs)
         spec[tuple(toks[:2])] += 1
         st = summarize(recs)
         accepted += st.n_accepted
         drafted += st.n_drafted
-        recs = list(plain_engine.generate(prompt, GenerationConfig(max_tokens=2,
-                                                                     sampling=SamplingParams(seed=10_000 + i, **params))))
+        recs = list(
+            plain_engine.generate(
+                prompt, GenerationConfig(max_tokens=2, sampling=SamplingParams(seed=10_000 + i, **params))
+            )
+        )
         plain[tuple(tokens_of(recs)[:2])] += 1
     # The draft really disagreed with the target sometimes (otherwise this would test nothing).
     assert 0.2 < accepted / drafted < 0.98
@@ -119,8 +128,10 @@ def test_speculative_sampling_matches_the_target_distribution_on_a_real_model(sm
     # Pairs: two-sample chi-square (homogeneity) between speculative and plain sampling, rare pairs pooled.
     keys = sorted(set(spec) | set(plain), key=lambda k: -(spec[k] + plain[k]))
     common = [k for k in keys if spec[k] + plain[k] >= 10]
-    table = [[spec[k] for k in common] + [n - sum(spec[k] for k in common)],
-             [plain[k] for k in common] + [n - sum(plain[k] for k in common)]]
+    table = [
+        [spec[k] for k in common] + [n - sum(spec[k] for k in common)],
+        [plain[k] for k in common] + [n - sum(plain[k] for k in common)],
+    ]
     table = [row for row in zip(*table, strict=True) if sum(row) > 0]
     assert sps.chi2_contingency(np.array(table).T).pvalue > 1e-3
 
@@ -138,8 +149,25 @@ def test_incompatible_vocabularies_are_refused_naming_both_files(smollm2_path, g
 def test_run_cli_on_the_tiny_model_writes_complete_json(smollm2_path, tmp_path, capsys):
     p = tmp_path / "p.txt"
     p.write_text(CODE_PROMPT)
-    code = main(["run", str(p), "-t", "smollm2-135m", "-d", "smollm2-135m", "--method", "draft", "--k", "4",
-                 "--max-tokens", "32", "--compare", "--json", "-"])
+    code = main(
+        [
+            "run",
+            str(p),
+            "-t",
+            "smollm2-135m",
+            "-d",
+            "smollm2-135m",
+            "--method",
+            "draft",
+            "--k",
+            "4",
+            "--max-tokens",
+            "32",
+            "--compare",
+            "--json",
+            "-",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     assert doc["stats"]["n_generated"] == len(doc["tokens"]) > 0
@@ -154,8 +182,9 @@ def test_the_suffix_drafter_learns_from_the_first_run_of_a_prompt_for_the_second
     p.write_text(CODE_PROMPT)
     runs = []
     for _ in range(2):
-        code = main(["run", str(p), "-t", "smollm2-135m", "--method", "suffix", "--k", "8", "--max-tokens", "64",
-                     "--json", "-"])
+        code = main(
+            ["run", str(p), "-t", "smollm2-135m", "--method", "suffix", "--k", "8", "--max-tokens", "64", "--json", "-"]
+        )
         assert code == 0
         runs.append(json.loads(capsys.readouterr().out))
     first, second = (r["stats"]["n_generated"] / r["stats"]["n_target_passes"] for r in runs)
@@ -193,7 +222,8 @@ def test_qwen_target_with_gemma_draft_is_refused(qwen_pair, gemma_path, tmp_path
 
 
 def test_phased_flash_attention_runs_prefill_chunks_and_short_contexts_with_it_on_and_long_verify_passes_off(
-        smollm2_path):
+    smollm2_path,
+):
     from specdec_cli.models.llama import PHASE_ROWS, PHASED, flash_attn_switch
 
     if not flash_attn_switch():

@@ -120,30 +120,51 @@ def hf_listing() -> list[str]:
 # --- the names ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, ref", [
-    ("owner/Model-GGUF", HfRef("owner/Model-GGUF")),
-    ("owner/Model-GGUF:Q4_K_M", HfRef("owner/Model-GGUF", "Q4_K_M")),
-    ("owner/Model-GGUF:ud-q4_k_xl", HfRef("owner/Model-GGUF", "ud-q4_k_xl")),
-    ("hf.co/owner/Model-GGUF:Q8_0", HfRef("owner/Model-GGUF", "Q8_0", explicit=True)),
-    ("hf.co/owner/Model-GGUF", HfRef("owner/Model-GGUF", explicit=True)),
-    ("huggingface.co/owner/Model-GGUF:q8_0", HfRef("owner/Model-GGUF", "q8_0", explicit=True)),
-    ("https://huggingface.co/owner/Model-GGUF", HfRef("owner/Model-GGUF", explicit=True)),
-    ("https://huggingface.co/owner/Model-GGUF/", HfRef("owner/Model-GGUF", explicit=True)),
-    ("https://huggingface.co/owner/Model-GGUF/tree/main", HfRef("owner/Model-GGUF", explicit=True)),
-    ("https://huggingface.co/owner/Model-GGUF/tree/v2", HfRef("owner/Model-GGUF", explicit=True, revision="v2")),
-    ("https://huggingface.co/owner/Model-GGUF/blob/main/Model-Q8_0.gguf",
-     HfRef("owner/Model-GGUF", file="Model-Q8_0.gguf", explicit=True)),
-    ("https://huggingface.co/owner/Model-GGUF/blob/" + COMMIT + "/Model-Q8_0.gguf",
-     HfRef("owner/Model-GGUF", file="Model-Q8_0.gguf", explicit=True, revision=COMMIT)),
-    ("https://huggingface.co/owner/Model-GGUF/resolve/main/BF16/Model-BF16-00001-of-00002.gguf?download=true",
-     HfRef("owner/Model-GGUF", file="BF16/Model-BF16-00001-of-00002.gguf", explicit=True)),
-])
+@pytest.mark.parametrize(
+    "text, ref",
+    [
+        ("owner/Model-GGUF", HfRef("owner/Model-GGUF")),
+        ("owner/Model-GGUF:Q4_K_M", HfRef("owner/Model-GGUF", "Q4_K_M")),
+        ("owner/Model-GGUF:ud-q4_k_xl", HfRef("owner/Model-GGUF", "ud-q4_k_xl")),
+        ("hf.co/owner/Model-GGUF:Q8_0", HfRef("owner/Model-GGUF", "Q8_0", explicit=True)),
+        ("hf.co/owner/Model-GGUF", HfRef("owner/Model-GGUF", explicit=True)),
+        ("huggingface.co/owner/Model-GGUF:q8_0", HfRef("owner/Model-GGUF", "q8_0", explicit=True)),
+        ("https://huggingface.co/owner/Model-GGUF", HfRef("owner/Model-GGUF", explicit=True)),
+        ("https://huggingface.co/owner/Model-GGUF/", HfRef("owner/Model-GGUF", explicit=True)),
+        ("https://huggingface.co/owner/Model-GGUF/tree/main", HfRef("owner/Model-GGUF", explicit=True)),
+        ("https://huggingface.co/owner/Model-GGUF/tree/v2", HfRef("owner/Model-GGUF", explicit=True, revision="v2")),
+        (
+            "https://huggingface.co/owner/Model-GGUF/blob/main/Model-Q8_0.gguf",
+            HfRef("owner/Model-GGUF", file="Model-Q8_0.gguf", explicit=True),
+        ),
+        (
+            "https://huggingface.co/owner/Model-GGUF/blob/" + COMMIT + "/Model-Q8_0.gguf",
+            HfRef("owner/Model-GGUF", file="Model-Q8_0.gguf", explicit=True, revision=COMMIT),
+        ),
+        (
+            "https://huggingface.co/owner/Model-GGUF/resolve/main/BF16/Model-BF16-00001-of-00002.gguf?download=true",
+            HfRef("owner/Model-GGUF", file="BF16/Model-BF16-00001-of-00002.gguf", explicit=True),
+        ),
+    ],
+)
 def test_each_name_form_parses(text, ref):
     assert resolver.parse_hf_ref(text) == ref
 
 
-@pytest.mark.parametrize("text", ["smollm2-135m", "models/model.gguf", "./owner/repo", "~/owner/repo", "/owner/repo",
-                                  "a/b/c", "C:/models/x", "owner/repo:", "hf.co/owner"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "smollm2-135m",
+        "models/model.gguf",
+        "./owner/repo",
+        "~/owner/repo",
+        "/owner/repo",
+        "a/b/c",
+        "C:/models/x",
+        "owner/repo:",
+        "hf.co/owner",
+    ],
+)
 def test_paths_and_names_are_not_hub_repos(text):
     assert resolver.parse_hf_ref(text) is None
 
@@ -163,8 +184,10 @@ def test_a_catalog_name_and_an_existing_path_keep_precedence(hub, tmp_path):
 def test_a_name_that_is_neither_a_file_nor_a_repo_says_both(hub):
     with pytest.raises(ModelError) as e:
         resolver.resolve("owner/no-such-repo:Q4_K_M", empty_catalog())
-    assert e.value.message == ("owner/no-such-repo:Q4_K_M is not a file, and no Hugging Face repo owner/no-such-repo "
-                               "was found (or it is private).")
+    assert e.value.message == (
+        "owner/no-such-repo:Q4_K_M is not a file, and no Hugging Face repo owner/no-such-repo "
+        "was found (or it is private)."
+    )
 
 
 # --- choosing the file --------------------------------------------------------------------------------------------
@@ -172,13 +195,16 @@ def test_a_name_that_is_neither_a_file_nor_a_repo_says_both(hub):
 FILES = list(REPO_FILES)
 
 
-@pytest.mark.parametrize("quant, chosen", [
-    (None, "Model-Q4_K_M.gguf"),  # llama.cpp's default
-    ("q4_k_m", "Model-Q4_K_M.gguf"),  # case-insensitive
-    ("Q8_0", "Model-Q8_0.gguf"),
-    ("UD-Q4_K_XL", "Model-UD-Q4_K_XL.gguf"),
-    ("q4_k_xl", "Model-UD-Q4_K_XL.gguf"),
-])
+@pytest.mark.parametrize(
+    "quant, chosen",
+    [
+        (None, "Model-Q4_K_M.gguf"),  # llama.cpp's default
+        ("q4_k_m", "Model-Q4_K_M.gguf"),  # case-insensitive
+        ("Q8_0", "Model-Q8_0.gguf"),
+        ("UD-Q4_K_XL", "Model-UD-Q4_K_XL.gguf"),
+        ("q4_k_xl", "Model-UD-Q4_K_XL.gguf"),
+    ],
+)
 def test_quant_matching(quant, chosen):
     assert resolver.select_files(FILES, HfRef("o/r", quant)) == [chosen]
 
@@ -208,11 +234,15 @@ def test_a_repo_without_gguf_files_is_one_line():
 
 def test_split_gguf_names_every_part_and_refuses_an_incomplete_one():
     assert resolver.select_files(FILES, HfRef("o/r", "bf16")) == [
-        "BF16/Model-BF16-00001-of-00002.gguf", "BF16/Model-BF16-00002-of-00002.gguf"]
+        "BF16/Model-BF16-00001-of-00002.gguf",
+        "BF16/Model-BF16-00002-of-00002.gguf",
+    ]
     with pytest.raises(ModelError) as e:
         resolver.select_files(FILES[:-1], HfRef("o/r", "BF16"))
-    assert e.value.message == ("o/r: the split GGUF BF16/Model-BF16-00001-of-00002.gguf is incomplete "
-                               "(missing Model-BF16-00002-of-00002.gguf).")
+    assert e.value.message == (
+        "o/r: the split GGUF BF16/Model-BF16-00001-of-00002.gguf is incomplete "
+        "(missing Model-BF16-00002-of-00002.gguf)."
+    )
 
 
 # --- fetching, verifying, caching ---------------------------------------------------------------------------------
@@ -240,8 +270,9 @@ def test_a_cached_file_is_reused_without_asking_the_hub(hub, monkeypatch):
     hub.down = True
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert resolver.resolve("owner/Model-GGUF:q8_0", empty_catalog()) == first
-    assert resolver.resolve("https://huggingface.co/owner/Model-GGUF/blob/main/Model-Q8_0.gguf",
-                            empty_catalog()) == first
+    assert (
+        resolver.resolve("https://huggingface.co/owner/Model-GGUF/blob/main/Model-Q8_0.gguf", empty_catalog()) == first
+    )
     assert hub.calls == []
 
 
@@ -265,7 +296,8 @@ def test_split_gguf_fetches_every_part_and_returns_the_first(hub, monkeypatch):
     path = resolver.resolve("owner/Model-GGUF:BF16", empty_catalog())
     assert path.name == "Model-BF16-00001-of-00002.gguf"
     assert (path.parent / "Model-BF16-00002-of-00002.gguf").read_bytes() == REPO_FILES[
-        "BF16/Model-BF16-00002-of-00002.gguf"]
+        "BF16/Model-BF16-00002-of-00002.gguf"
+    ]
     hub.calls.clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert resolver.resolve("owner/Model-GGUF:bf16", empty_catalog()) == path and hub.calls == []
@@ -311,7 +343,13 @@ def test_an_unpinned_catalog_entry_is_verified_against_the_hub(hub, monkeypatch)
     catalog = config.load_catalog()
     spec = catalog.models["unpinned"]
     assert (spec.size, spec.sources[0].sha256, spec.kind, spec.rollback, spec.mtp, spec.ci) == (
-        None, None, "hybrid", "snapshots", True, False)
+        None,
+        None,
+        "hybrid",
+        "snapshots",
+        True,
+        False,
+    )
     path = resolver.resolve("unpinned", catalog)
     assert path == config.cache_dir() / "unpinned.gguf" and path.read_bytes() == REPO_FILES["Model-Q8_0.gguf"]
     hub.calls.clear()
@@ -331,16 +369,22 @@ def test_an_unpinned_catalog_entry_offline_says_why():
     write_user_catalog()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
-        with pytest.raises(ModelError, match="its sha256 is not pinned and the Hub, which publishes it, cannot be "
-                                             r"asked \(HF_HUB_OFFLINE is set\)"):
+        with pytest.raises(
+            ModelError,
+            match="its sha256 is not pinned and the Hub, which publishes it, cannot be "
+            r"asked \(HF_HUB_OFFLINE is set\)",
+        ):
             resolver.resolve("unpinned", config.load_catalog())
 
 
-@pytest.mark.parametrize("line, error", [
-    ('kind = "mamba"', "models.bad.kind: expected one of 'transformer', 'hybrid', 'recurrent'"),
-    ('rollback = "rewind"', "models.bad.rollback: expected one of 'kv', 'snapshots', 'checkpoints'"),
-    ('mtp = "yes"', "models.bad.mtp: expected true or false"),
-])
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        ('kind = "mamba"', "models.bad.kind: expected one of 'transformer', 'hybrid', 'recurrent'"),
+        ('rollback = "rewind"', "models.bad.rollback: expected one of 'kv', 'snapshots', 'checkpoints'"),
+        ('mtp = "yes"', "models.bad.mtp: expected true or false"),
+    ],
+)
 def test_new_catalog_fields_are_validated(line, error):
     path = write_user_catalog(f"""
     [models.bad]
@@ -368,7 +412,7 @@ def test_a_pinned_sha256_still_needs_its_size():
     kind = "hf"
     repo = "o/r"
     file = "bad.gguf"
-    sha256 = "{'a' * 64}"
+    sha256 = "{"a" * 64}"
     """)
     with pytest.raises(ConfigError, match="models.bad: missing key 'size'"):
         config.load_catalog()
@@ -478,7 +522,9 @@ def test_a_hub_that_fails_is_one_line_naming_the_repo(hub):
     hub.down = True
     with pytest.raises(ModelError) as e:
         resolver.resolve("owner/Model-GGUF:Q8_0", empty_catalog())
-    assert e.value.message == "Could not list owner/Model-GGUF on the Hugging Face Hub: ConnectionError: the Hub is down."
+    assert (
+        e.value.message == "Could not list owner/Model-GGUF on the Hugging Face Hub: ConnectionError: the Hub is down."
+    )
     assert hf_listing() == []
 
 

@@ -96,7 +96,7 @@ def test_sync_of_a_changed_history_on_a_recurrent_backend_gives_a_fresh_prefills
     target = FakeBackend(hashed_logits, recurrent="snapshots", n_rs_seq=4)
     history = PROMPT + [20, 21, 22, 23, 24, 25]
     sync(target, np.asarray(PROMPT, np.int32))
-    for t in history[len(PROMPT):]:
+    for t in history[len(PROMPT) :]:
         target.decode([t], n_logits=1)
     changed = np.asarray(history[:-4] + [26, 27, 28], np.int32)
     sync(target, changed[:-1])

@@ -12,17 +12,30 @@ pytest.importorskip("fastapi")
 anthropic = pytest.importorskip("anthropic")
 
 from fakes import CHARS, FakeBackend, RecordingBackend, greedy_reference, hashed_logits  # noqa: E402
+from helpers import (  # noqa: E402
+    CAPTURES,
+    PROMPT,
+    PROMPT_TOKENS,
+    SlowBackend,
+    serving,
+    start_blocking_request,
+    text_of,
+)
 from specdec_cli.server.anthropic_messages import MessagesRequest, error_body, to_request, tools_of  # noqa: E402
 from specdec_cli.server.errors import ApiError  # noqa: E402
 from specdec_cli.server.request import Message, ToolCall  # noqa: E402
-from helpers import (  # noqa: E402
-    CAPTURES, PROMPT, PROMPT_TOKENS, SlowBackend, serving, start_blocking_request, text_of,
-)
 
 V = len(CHARS)
-WEATHER = {"name": "get_weather", "description": "The weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"enum": ["Paris"]}, "unit": {"enum": ["C"]}},
-                            "required": ["city", "unit"], "additionalProperties": False}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris"]}, "unit": {"enum": ["C"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+}
 USER = [{"role": "user", "content": PROMPT}]
 
 
@@ -82,10 +95,14 @@ def test_stop_sequences_end_the_reply_and_the_one_that_matched_is_named():
     assert 0 < cut < text.find(later)  # the later one also occurs, after it
     with serving() as s:
         client = client_of(s)
-        resp = client.messages.create(model="m", max_tokens=40, messages=USER,
-                                      stop_sequences=["never there", later, stop])
-        events = list(client.messages.create(model="m", max_tokens=40, messages=USER, stream=True,
-                                             stop_sequences=["never there", later, stop]))
+        resp = client.messages.create(
+            model="m", max_tokens=40, messages=USER, stop_sequences=["never there", later, stop]
+        )
+        events = list(
+            client.messages.create(
+                model="m", max_tokens=40, messages=USER, stream=True, stop_sequences=["never there", later, stop]
+            )
+        )
     assert resp.stop_reason == "stop_sequence" and resp.stop_sequence == stop
     assert resp.content[0].text == text[:cut]
     delta = [e for e in events if e.type == "message_delta"][0].delta
@@ -96,19 +113,36 @@ def test_a_tool_round_trip_streamed_and_not():
     forced = {"type": "tool", "name": "get_weather"}
     with serving(chars_backend(RecordingBackend)) as s:
         client = client_of(s)
-        resp = client.messages.create(model="m", max_tokens=200, tools=[WEATHER], tool_choice=forced,
-                                      messages=[{"role": "user", "content": "weather in Paris?"}])
-        with client.messages.stream(model="m", max_tokens=200, tools=[WEATHER], tool_choice=forced,
-                                    messages=[{"role": "user", "content": "weather in Paris?"}]) as stream:
+        resp = client.messages.create(
+            model="m",
+            max_tokens=200,
+            tools=[WEATHER],
+            tool_choice=forced,
+            messages=[{"role": "user", "content": "weather in Paris?"}],
+        )
+        with client.messages.stream(
+            model="m",
+            max_tokens=200,
+            tools=[WEATHER],
+            tool_choice=forced,
+            messages=[{"role": "user", "content": "weather in Paris?"}],
+        ) as stream:
             events = list(stream)
             streamed = stream.get_final_message()
         [call] = resp.content
-        history = [{"role": "user", "content": "weather in Paris?"},
-                   {"role": "assistant", "content": [call.model_dump(exclude_none=True)]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                                 "content": [{"type": "text", "text": "22 C"}]}]}]
-        answer = client.messages.create(model="m", max_tokens=10, tools=[WEATHER], tool_choice={"type": "none"},
-                                        messages=history)
+        history = [
+            {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": [call.model_dump(exclude_none=True)]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call.id, "content": [{"type": "text", "text": "22 C"}]}
+                ],
+            },
+        ]
+        answer = client.messages.create(
+            model="m", max_tokens=10, tools=[WEATHER], tool_choice={"type": "none"}, messages=history
+        )
         rendered, tools = s.backend.rendered
     assert resp.stop_reason == "tool_use"
     assert call.type == "tool_use" and call.id.startswith("toolu_") and call.name == "get_weather"
@@ -116,12 +150,18 @@ def test_a_tool_round_trip_streamed_and_not():
     [block] = streamed.content
     assert (block.type, block.name, block.input) == ("tool_use", "get_weather", {"city": "Paris", "unit": "C"})
     assert streamed.stop_reason == "tool_use"
-    partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta"
-                      and e.delta.type == "input_json_delta")
+    partial = "".join(
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    )
     assert json.loads(partial) == {"city": "Paris", "unit": "C"}
     # the result went back to the template as the call's tool message; the call as Hugging Face's tool_calls
-    assert rendered[1]["tool_calls"] == [{"id": call.id, "type": "function", "function": {
-        "name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}}]
+    assert rendered[1]["tool_calls"] == [
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}},
+        }
+    ]
     assert rendered[2] == {"role": "tool", "content": "22 C", "tool_call_id": call.id}
     assert tools[0]["function"]["name"] == "get_weather"
     assert answer.stop_reason in ("end_turn", "max_tokens") and all(b.type == "text" for b in answer.content)
@@ -146,7 +186,11 @@ def test_count_tokens_answers_while_a_generation_holds_the_worker():
     backend = SlowBackend(hashed_logits)
     with serving(backend) as s:
         first = start_blocking_request(s, backend)  # the worker is inside its prefill until the gate opens
-        counted = client_of(s).with_options(timeout=3).messages.count_tokens(model="m", system="You are terse.", messages=USER)
+        counted = (
+            client_of(s)
+            .with_options(timeout=3)
+            .messages.count_tokens(model="m", system="You are terse.", messages=USER)
+        )
         held = not backend.gate.is_set() and s.health()["busy"]  # answered while the generation still held it
         backend.gate.set()
         first.join(10)
@@ -188,8 +232,14 @@ def test_the_kept_prompts_are_the_newest_and_never_shared():
 
     backend = CountingTokenizer(hashed_logits)
     service = GenerationService(Session(target=backend, target_path=Path("fake.gguf")), SpecOptions(method="none"))
-    requests = [service.check(to_request(MessagesRequest(model="m", max_tokens=1, messages=[
-        {"role": "user", "content": f"w{i} w{i}"}]), Ctx())) for i in range(KEPT_PROMPTS + 1)]
+    requests = [
+        service.check(
+            to_request(
+                MessagesRequest(model="m", max_tokens=1, messages=[{"role": "user", "content": f"w{i} w{i}"}]), Ctx()
+            )
+        )
+        for i in range(KEPT_PROMPTS + 1)
+    ]
     base = backend.chat_tokenized  # (the tool format's detection tokenizes too)
     first = service.prompt_tokens(requests[0])
     first.append(-1)  # a caller's list is its own: the kept ids are unchanged
@@ -201,15 +251,38 @@ def test_the_kept_prompts_are_the_newest_and_never_shared():
     assert backend.chat_tokenized == base + KEPT_PROMPTS + 1
     service.prompt_tokens(requests[0])
     assert backend.chat_tokenized == base + KEPT_PROMPTS + 2
-    with_tools = service.check(to_request(MessagesRequest(model="m", max_tokens=1, messages=[
-        {"role": "user", "content": "w0 w0"}], tools=[WEATHER]), Ctx()))
+    with_tools = service.check(
+        to_request(
+            MessagesRequest(model="m", max_tokens=1, messages=[{"role": "user", "content": "w0 w0"}], tools=[WEATHER]),
+            Ctx(),
+        )
+    )
     service.prompt_tokens(with_tools)  # the same messages with tools: another prompt
     assert backend.chat_tokenized == base + KEPT_PROMPTS + 3
-    calls = [service.check(to_request(MessagesRequest(model="m", max_tokens=1, messages=[
-        {"role": "user", "content": "w0"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": args}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "w1"}]}],
-        tools=[WEATHER]), Ctx())) for args in ({"city": "Paris", "unit": "C"}, {"unit": "C", "city": "Paris"})]
+    calls = [
+        service.check(
+            to_request(
+                MessagesRequest(
+                    model="m",
+                    max_tokens=1,
+                    messages=[
+                        {"role": "user", "content": "w0"},
+                        {
+                            "role": "assistant",
+                            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": args}],
+                        },
+                        {
+                            "role": "user",
+                            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "w1"}],
+                        },
+                    ],
+                    tools=[WEATHER],
+                ),
+                Ctx(),
+            )
+        )
+        for args in ({"city": "Paris", "unit": "C"}, {"unit": "C", "city": "Paris"})
+    ]
     for r in calls:  # the same arguments in another order: a template's tojson writes another prompt
         service.prompt_tokens(r)
     assert backend.chat_tokenized == base + KEPT_PROMPTS + 5
@@ -219,8 +292,18 @@ def test_errors_are_anthropic_s_json_and_the_client_s_exception_classes():
     with serving(api_key="secret", max_body_bytes=4096) as s:
         client = client_of(s, api_key="secret")
         with pytest.raises(anthropic.BadRequestError) as bad:
-            client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+            client.messages.create(
+                model="m",
+                max_tokens=5,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+                        ],
+                    }
+                ],
+            )
         with pytest.raises(anthropic.BadRequestError) as invalid:  # a validation error: 400, not 422
             client.messages.create(model="m", max_tokens=5, messages=USER, extra_body={"temperature": 1.5})
         with pytest.raises(anthropic.AuthenticationError) as denied:
@@ -231,11 +314,16 @@ def test_errors_are_anthropic_s_json_and_the_client_s_exception_classes():
             client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "w1 " * 2000}])
         status, not_allowed = s.raw("GET", "/v1/messages", headers={"x-api-key": "secret"})
         with pytest.raises(anthropic.BadRequestError) as tool_choice:
-            client.messages.create(model="m", max_tokens=5, messages=USER, tools=[WEATHER],
-                                   tool_choice={"type": "tool", "name": "nope"})
-    assert bad.value.body == {"type": "error", "error": {
-        "type": "invalid_request_error",
-        "message": "messages.0.content.0 is a image block: this model reads text only. Send text blocks."}}
+            client.messages.create(
+                model="m", max_tokens=5, messages=USER, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}
+            )
+    assert bad.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "messages.0.content.0 is a image block: this model reads text only. Send text blocks.",
+        },
+    }
     assert invalid.value.body["error"]["type"] == "invalid_request_error"
     assert "temperature" in invalid.value.body["error"]["message"]
     assert denied.value.body["error"]["type"] == "authentication_error"
@@ -248,8 +336,9 @@ def test_errors_are_anthropic_s_json_and_the_client_s_exception_classes():
 def test_x_api_key_and_bearer_both_authenticate_and_head_is_answered():
     with serving(api_key="secret") as s:
         by_header = client_of(s, api_key="secret").messages.create(model="m", max_tokens=2, messages=USER)
-        by_token = anthropic.Anthropic(base_url=s.url.removesuffix("/v1"), auth_token="secret", max_retries=0,
-                                       timeout=20).messages.create(model="m", max_tokens=2, messages=USER)
+        by_token = anthropic.Anthropic(
+            base_url=s.url.removesuffix("/v1"), auth_token="secret", max_retries=0, timeout=20
+        ).messages.create(model="m", max_tokens=2, messages=USER)
         import http.client
         from urllib.parse import urlparse
 
@@ -258,8 +347,12 @@ def test_x_api_key_and_bearer_both_authenticate_and_head_is_answered():
         conn.request("HEAD", "/")
         head = conn.getresponse().status
         conn.close()
-        status, _ = s.raw("POST", "/v1/messages?beta=true", json.dumps(
-            {"model": "m", "max_tokens": 2, "messages": USER}).encode(), headers={"x-api-key": "secret"})
+        status, _ = s.raw(
+            "POST",
+            "/v1/messages?beta=true",
+            json.dumps({"model": "m", "max_tokens": 2, "messages": USER}).encode(),
+            headers={"x-api-key": "secret"},
+        )
     assert by_header.usage.output_tokens == by_token.usage.output_tokens == 2
     assert head == 200 and status == 200
 
@@ -282,45 +375,84 @@ class Ctx:
 
 
 def test_claude_code_s_request_shape_becomes_one_system_prompt_and_plain_turns():
-    body = MessagesRequest.model_validate({
-        "model": "specdec", "max_tokens": 32000, "stream": True,
-        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.5b8;"},
-                   {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
-                   {"type": "text", "text": "Be careful."}],
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
-                                         {"type": "text", "text": "fix bug.py", "cache_control": {"type": "ephemeral"}}]},
-            {"role": "system", "content": "Available agent types: ..."},
-            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Read it first.", "signature": ""},
-                                              {"type": "redacted_thinking", "data": "opaque"},
-                                              {"type": "tool_use", "id": "toolu_1", "name": "Read",
-                                               "input": {"file_path": "bug.py"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
-                                          "content": "no such file"},
-                                         {"type": "text", "text": "try again"}]}],
-        "tools": [{"name": "Read", "description": "Read a file", "input_schema": {
-                      "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
-                      "properties": {"file_path": {"type": "string"},
-                                     "meta": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}},
-                      "required": ["file_path"], "additionalProperties": False}},
-                  {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
-        "metadata": {"user_id": "{\"device_id\": \"x\"}"}, "thinking": {"type": "adaptive"},
-        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-        "output_config": {"effort": "high"}, "some_future_field": 1,
-    })
+    body = MessagesRequest.model_validate(
+        {
+            "model": "specdec",
+            "max_tokens": 32000,
+            "stream": True,
+            "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.5b8;"},
+                {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Be careful."},
+            ],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                        {"type": "text", "text": "fix bug.py", "cache_control": {"type": "ephemeral"}},
+                    ],
+                },
+                {"role": "system", "content": "Available agent types: ..."},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "Read it first.", "signature": ""},
+                        {"type": "redacted_thinking", "data": "opaque"},
+                        {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "bug.py"}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True, "content": "no such file"},
+                        {"type": "text", "text": "try again"},
+                    ],
+                },
+            ],
+            "tools": [
+                {
+                    "name": "Read",
+                    "description": "Read a file",
+                    "input_schema": {
+                        "$schema": "https://json-schema.org/draft/2020-12/schema",
+                        "type": "object",
+                        "properties": {
+                            "file_path": {"type": "string"},
+                            "meta": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+                        },
+                        "required": ["file_path"],
+                        "additionalProperties": False,
+                    },
+                },
+                {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+            ],
+            "metadata": {"user_id": '{"device_id": "x"}'},
+            "thinking": {"type": "adaptive"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"},
+            "some_future_field": 1,
+        }
+    )
     ctx = Ctx()
     request = to_request(body, ctx)
     assert request.messages == (
         Message("system", "You are a Claude agent.\nBe careful.\n\nAvailable agent types: ..."),
         Message("user", "<system-reminder>x</system-reminder>\nfix bug.py"),
-        Message("assistant", "", tool_calls=(ToolCall("toolu_1", "Read", '{"file_path": "bug.py"}'),),
-                reasoning="Read it first."),
+        Message(
+            "assistant",
+            "",
+            tool_calls=(ToolCall("toolu_1", "Read", '{"file_path": "bug.py"}'),),
+            reasoning="Read it first.",
+        ),
         Message("tool", "Error: no such file", tool_call_id="toolu_1"),
         Message("user", "try again"),
     )
     assert [t.name for t in request.tools.specs] == ["Read"] and request.tools.mode == "auto"
-    assert ctx.lines == ["messages: server tools left out of the prompt (a local server cannot run them): "
-                         "web_search (web_search_20250305)"]
+    assert ctx.lines == [
+        "messages: server tools left out of the prompt (a local server cannot run them): "
+        "web_search (web_search_20250305)"
+    ]
     assert request.config.max_tokens == 32000
     assert request.config.sampling.temperature == 1.0  # Anthropic's documented default (the server was given none)
     assert request.output is None
@@ -344,10 +476,18 @@ def test_refused_fields_and_output_config_format():
     with pytest.raises(ApiError) as mcp:
         to_request(MessagesRequest.model_validate({**base, "mcp_servers": [{"type": "url", "url": "http://x"}]}), Ctx())
     assert mcp.value.param == "mcp_servers"
-    schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"],
-              "additionalProperties": False}
-    request = to_request(MessagesRequest.model_validate(
-        {**base, "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": schema}}}), Ctx())
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    request = to_request(
+        MessagesRequest.model_validate(
+            {**base, "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": schema}}}
+        ),
+        Ctx(),
+    )
     assert request.output.schema == schema
     with pytest.raises(ApiError) as bad:
         to_request(MessagesRequest.model_validate({**base, "output_config": {"format": {"type": "text"}}}), Ctx())
@@ -395,8 +535,12 @@ def test_a_stream_whose_prompt_takes_long_is_answered_before_its_prefill_ends(mo
         """(connection, response) of a streamed Messages request, once its status line and headers came."""
         u = urlparse(s.url)
         conn = hc.HTTPConnection(u.hostname, u.port, timeout=20)
-        conn.request("POST", "/v1/messages", json.dumps({"model": "m", "max_tokens": 2, "messages": USER,
-                                                         "stream": True}), {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/messages",
+            json.dumps({"model": "m", "max_tokens": 2, "messages": USER, "stream": True}),
+            {"Content-Type": "application/json"},
+        )
         return conn, conn.getresponse()
 
     monkeypatch.setattr(http, "STREAM_COMMIT_S", 0.05)
@@ -453,13 +597,18 @@ def test_a_prompt_whose_client_gave_up_is_saved_at_shutdown_for_the_restart(smol
             if attempt == 0:  # stream, then hang up right after the first event: the request is cancelled
                 u = urlparse(base)
                 conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-                conn.request("POST", "/v1/messages", json.dumps({**body, "stream": True, "max_tokens": 2000}),
-                             {"Content-Type": "application/json"})
+                conn.request(
+                    "POST",
+                    "/v1/messages",
+                    json.dumps({**body, "stream": True, "max_tokens": 2000}),
+                    {"Content-Type": "application/json"},
+                )
                 conn.getresponse().readline()
                 conn.close()
             else:
                 reply = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0, timeout=300).messages.create(
-                    **body)
+                    **body
+                )
                 usages.append(reply.usage)
             proc.send_signal(__import__("signal").SIGTERM)
             _, err = proc.communicate(timeout=120)

@@ -71,6 +71,7 @@ def test_the_start_up_line_says_the_defaults_and_the_cap():
     line = startup_line("qwen", "auto", "http://127.0.0.1:8000/v1", Defaults(), n_ctx=32768, api_key=False)
     assert "at most 4096 tokens per reply" in line and "--max-tokens" in line
     assert "temperature and top_p as each API documents" in line
-    line = startup_line("qwen", "auto", "http://x/v1", Defaults(temperature=0.0, max_tokens=64), n_ctx=2048,
-                        api_key=True)
+    line = startup_line(
+        "qwen", "auto", "http://x/v1", Defaults(temperature=0.0, max_tokens=64), n_ctx=2048, api_key=True
+    )
     assert "at most 64 tokens per reply" in line and "temperature 0" in line and "API key required" in line

@@ -12,8 +12,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import CHARS, RecordingBackend, hashed_logits  # noqa: E402
-from specdec_cli.server import fields  # noqa: E402
 from helpers import PROMPT, serving  # noqa: E402
+from specdec_cli.server import fields  # noqa: E402
 
 USER = [{"role": "user", "content": PROMPT}]
 
@@ -25,24 +25,41 @@ def post(s, body: dict, path: str = "/v1/chat/completions"):
 def test_a_messages_name_goes_to_the_template():
     backend = RecordingBackend()
     with serving(backend) as s:
-        status, reply = post(s, {"messages": [{"role": "user", "content": PROMPT, "name": "ann"},
-                                              {"role": "assistant", "content": "w5", "name": "bot"},
-                                              {"role": "user", "content": PROMPT}]})
+        status, reply = post(
+            s,
+            {
+                "messages": [
+                    {"role": "user", "content": PROMPT, "name": "ann"},
+                    {"role": "assistant", "content": "w5", "name": "bot"},
+                    {"role": "user", "content": PROMPT},
+                ]
+            },
+        )
     assert status == 200, reply
     messages, _, _ = backend.renders[-1]
     assert [m.get("name") for m in messages] == ["ann", "bot", None]
 
 
 def test_a_schemas_description_is_shown_to_the_model_and_strict_is_accepted():
-    backend = RecordingBackend(lambda p: hashed_logits(p, len(CHARS), peak=2.0), vocab=len(CHARS), pieces=CHARS,
-                        n_ctx=1024)  # grammars need a byte-complete vocabulary
-    fmt = {"type": "json_schema", "json_schema": {"name": "Person", "description": "A person named in the text.",
-                                                  "strict": True, "schema": {"type": "object"}}}
+    backend = RecordingBackend(
+        lambda p: hashed_logits(p, len(CHARS), peak=2.0), vocab=len(CHARS), pieces=CHARS, n_ctx=1024
+    )  # grammars need a byte-complete vocabulary
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "Person",
+            "description": "A person named in the text.",
+            "strict": True,
+            "schema": {"type": "object"},
+        },
+    }
     with serving(backend) as s:
         status, reply = post(s, {"messages": USER, "response_format": fmt, "max_tokens": 1})
         assert status == 200, reply
-        status, reply = post(s, {"messages": [{"role": "system", "content": "Be brief."}, *USER],
-                                 "response_format": fmt, "max_tokens": 1})
+        status, reply = post(
+            s,
+            {"messages": [{"role": "system", "content": "Be brief."}, *USER], "response_format": fmt, "max_tokens": 1},
+        )
         assert status == 200, reply
     alone, merged = (m for m, _, _ in backend.renders)
     assert alone[0]["role"] == "system" and "A person named in the text." in alone[0]["content"]
@@ -54,9 +71,14 @@ def test_a_schemas_description_is_shown_to_the_model_and_strict_is_accepted():
 def test_template_kwargs_reasoning_effort_and_reasoning_content_go_to_the_template():
     backend = RecordingBackend()
     with serving(backend) as s:
-        status, reply = post(s, {"messages": [*USER, {"role": "assistant", "content": "w5", "reasoning_content": "hm"},
-                                              *USER],
-                                 "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low"})
+        status, reply = post(
+            s,
+            {
+                "messages": [*USER, {"role": "assistant", "content": "w5", "reasoning_content": "hm"}, *USER],
+                "chat_template_kwargs": {"enable_thinking": False},
+                "reasoning_effort": "low",
+            },
+        )
         assert status == 200, reply
         status, bad = post(s, {"messages": USER, "chat_template_kwargs": {"messages": []}})
     messages, _, kwargs = backend.renders[-1]
@@ -66,8 +88,15 @@ def test_template_kwargs_reasoning_effort_and_reasoning_content_go_to_the_templa
 
 
 INFORMING = {
-    "metadata": {"run": "1"}, "store": True, "service_tier": "flex", "user": "ann", "safety_identifier": "s",
-    "prompt_cache_key": "k", "prompt_cache_retention": "24h", "verbosity": "low", "reasoning": {"effort": "high"},
+    "metadata": {"run": "1"},
+    "store": True,
+    "service_tier": "flex",
+    "user": "ann",
+    "safety_identifier": "s",
+    "prompt_cache_key": "k",
+    "prompt_cache_retention": "24h",
+    "verbosity": "low",
+    "reasoning": {"effort": "high"},
     "some_vendor_field": {"x": 1},
 }
 
@@ -79,8 +108,13 @@ def test_fields_that_only_inform_are_accepted_and_change_nothing():
             status, reply = post(s, {"messages": USER, name: value})
             assert status == 200, (name, reply)
             assert reply["choices"] == plain[1]["choices"], name
-        cached = [{"role": "user", "content": [{"type": "text", "text": PROMPT, "cache_control": {"type": "ephemeral"}}],
-                   "cache_control": {"type": "ephemeral"}}]
+        cached = [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": PROMPT, "cache_control": {"type": "ephemeral"}}],
+                "cache_control": {"type": "ephemeral"},
+            }
+        ]
         status, reply = post(s, {"messages": cached})
         assert status == 200 and reply["choices"] == plain[1]["choices"], reply
         status, _ = post(s, {"prompt": PROMPT, "some_vendor_field": 2, "user": "ann"}, "/v1/completions")

@@ -12,10 +12,10 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, hashed_logits  # noqa: E402
+from helpers import serving  # noqa: E402
 from specdec_cli.models.backend import FimTokens  # noqa: E402
 from specdec_cli.server.fim import SNIPPET, fim_prompt  # noqa: E402
 from specdec_cli.server.request import Fim  # noqa: E402
-from helpers import serving  # noqa: E402
 
 # FakeBackend: "wN" is token N; the FIM tokens of a Qwen-like vocabulary, in a 64-token one
 PRE, SUF, MID, PAD, REP, SEP = 60, 61, 62, 63, 58, 59
@@ -54,22 +54,28 @@ def test_the_fim_prompt_is_llama_servers_layout():
     backend = FimBackend()
     plain = fim_prompt(backend, Fim(prefix="w5 w6", suffix="w7"), n_ctx=512, n_predict=8)
     assert plain == [PRE, 5, 6, SUF, 7, MID]
-    repo = fim_prompt(backend, Fim(prefix="w5", suffix="w7", extra=(("w9", "w10 w11"),), prompt="w12", repo=True),
-                      n_ctx=512, n_predict=8)
+    repo = fim_prompt(
+        backend,
+        Fim(prefix="w5", suffix="w7", extra=(("w9", "w10 w11"),), prompt="w12", repo=True),
+        n_ctx=512,
+        n_predict=8,
+    )
     # [REP] myproject\n [SEP] filename\n chunk ... [SEP] filename\n [PRE] prefix prompt [SUF] suffix [MID]
     myproject, filename = backend.tokenize("myproject\n", add_special=False), backend.tokenize("filename\n")
     assert repo == [REP, *myproject, SEP, 9, *backend.tokenize("\n"), 10, 11, SEP, *filename, PRE, 5, 12, SUF, 7, MID]
     no_repo = FimBackend(FimTokens(pre=PRE, suf=SUF, mid=MID))
-    joined = fim_prompt(no_repo, Fim(prefix="w5", suffix="w7", extra=(("a.py", "w10"),), repo=True), n_ctx=512,
-                        n_predict=8)
+    joined = fim_prompt(
+        no_repo, Fim(prefix="w5", suffix="w7", extra=(("a.py", "w10"),), repo=True), n_ctx=512, n_predict=8
+    )
     # no FIM_REP/FIM_SEP: the chunk after llama-server's "--- snippet ---" separator, then the FIM prompt
     assert joined == [*no_repo.tokenize(SNIPPET, add_special=False), 10, PRE, 5, SUF, 7, MID]
 
 
 def test_a_long_prefix_and_suffix_are_cut_to_fit_3_to_1():
     backend = FimBackend()
-    tokens = fim_prompt(backend, Fim(prefix=" ".join(["w5"] * 400), suffix=" ".join(["w7"] * 400)), n_ctx=512,
-                        n_predict=8)
+    tokens = fim_prompt(
+        backend, Fim(prefix=" ".join(["w5"] * 400), suffix=" ".join(["w7"] * 400)), n_ctx=512, n_predict=8
+    )
     assert tokens.count(5) == 192 and tokens.count(7) == 64 - 2  # window 256: 3/4 prefix, 1/4 - 2 suffix
     assert tokens[0] == PRE and tokens[-1] == MID
 
@@ -101,23 +107,39 @@ def test_a_model_without_fim_tokens_gets_a_400_naming_it():
 def test_infill_in_llama_cpps_shape_streamed_and_not():
     backend = FimBackend()
     with serving(backend) as s:
-        body = {"input_prefix": "w5 w6", "input_suffix": "w7", "input_extra": [{"filename": "w9", "text": "w10"}],
-                "prompt": "w12", "n_predict": 4, "temperature": 0, "n_indent": 4, "t_max_predict_ms": 500,
-                "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True}
+        body = {
+            "input_prefix": "w5 w6",
+            "input_suffix": "w7",
+            "input_extra": [{"filename": "w9", "text": "w10"}],
+            "prompt": "w12",
+            "n_predict": 4,
+            "temperature": 0,
+            "n_indent": 4,
+            "t_max_predict_ms": 500,
+            "samplers": ["top_k", "top_p", "infill"],
+            "cache_prompt": True,
+        }
         status, reply = completion(s, body, "/infill")
         status_f, fields = completion(s, {**body, "response_fields": ["content", "timings/prompt_n"]}, "/infill")
         import http.client
         from urllib.parse import urlparse
+
         u = urlparse(s.url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-        conn.request("POST", "/infill", body=json.dumps({**body, "stream": True}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/infill", body=json.dumps({**body, "stream": True}), headers={"Content-Type": "application/json"}
+        )
         stream = conn.getresponse().read().decode()
         conn.close()
     assert status == 200, reply
     assert reply["stop"] is True and reply["tokens_predicted"] == 4 and reply["stop_type"] == "limit"
-    assert reply["tokens_evaluated"] > 0 and set(reply["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n",
-                                                                        "predicted_ms", "predicted_per_second"}
+    assert reply["tokens_evaluated"] > 0 and set(reply["timings"]) >= {
+        "prompt_n",
+        "prompt_ms",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+    }
     assert isinstance(reply["content"], str) and "specdec" in reply
     assert status_f == 200 and set(fields) == {"content", "timings/prompt_n"}
     assert fields["content"] == reply["content"]
@@ -147,14 +169,28 @@ def test_qwen_coder_fills_the_missing_line_through_completions_and_infill(qwen_p
         assert service.fim.usable and service.fim.rep is not None and service.fim.sep is not None
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         by_suffix = client.completions.create(model="q", prompt=PREFIX, suffix=SUFFIX, max_tokens=24, temperature=0)
-        raw = client.completions.create(model="q", prompt=f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>",
-                                        max_tokens=24, temperature=0)
+        raw = client.completions.create(
+            model="q",
+            prompt=f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>",
+            max_tokens=24,
+            temperature=0,
+        )
         u = urlparse(url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-        conn.request("POST", "/infill", body=json.dumps({
-            "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "temperature": 0,
-            "input_extra": [{"filename": "main.py", "text": "from fib import fib\n"}]}),
-            headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/infill",
+            body=json.dumps(
+                {
+                    "input_prefix": PREFIX,
+                    "input_suffix": SUFFIX,
+                    "n_predict": 24,
+                    "temperature": 0,
+                    "input_extra": [{"filename": "main.py", "text": "from fib import fib\n"}],
+                }
+            ),
+            headers={"Content-Type": "application/json"},
+        )
         infill = json.loads(conn.getresponse().read())
         conn.close()
     for text in (by_suffix.choices[0].text, raw.choices[0].text, infill["content"]):

@@ -20,7 +20,6 @@ openai = pytest.importorskip("openai")
 
 from fakes import FakeBackend, hashed_logits  # noqa: E402
 from helpers import PROMPT, PROMPT_TOKENS, SlowBackend, chat, serving  # noqa: E402
-
 from specdec_cli.core.engine import GenerationConfig  # noqa: E402
 from specdec_cli.errors import UsageError  # noqa: E402
 from specdec_cli.server.access import HostCheck, OriginCheck, is_loopback  # noqa: E402
@@ -42,8 +41,12 @@ def raw(s, method, path, body=None, headers=None):
     u = urlparse(s.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     try:
-        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
-                     headers={"Content-Type": "application/json", **(headers or {})})
+        conn.request(
+            method,
+            path,
+            body=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         resp = conn.getresponse()
         data = resp.read()
         try:
@@ -62,8 +65,10 @@ def test_a_forged_host_is_refused_with_403_in_each_apis_shape():
         chat_status, _, chat_body = raw(s, "POST", "/v1/chat/completions", MESSAGES, {"Host": "evil.example"})
         msg_status, _, msg_body = raw(s, "POST", "/v1/messages", MESSAGES, {"Host": f"evil.example:{port}"})
         health, _, _ = raw(s, "GET", "/health", headers={"Host": "evil.example"})
-        local = [raw(s, "POST", "/v1/chat/completions", MESSAGES, {"Host": h})[0]
-                 for h in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "app.localhost")]
+        local = [
+            raw(s, "POST", "/v1/chat/completions", MESSAGES, {"Host": h})[0]
+            for h in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "app.localhost")
+        ]
     assert chat_status == 403 and chat_body["error"]["code"] == "host_not_allowed"
     assert "--allowed-host" in chat_body["error"]["message"]
     assert msg_status == 403 and msg_body["type"] == "error" and msg_body["error"]["type"] == "permission_error"
@@ -83,8 +88,11 @@ def test_allowed_host_and_a_non_loopback_bind_answer_other_names():
 
 
 def test_browser_origins_only_as_cors_origin_allows_with_preflights():
-    preflight = {"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": "http://localhost:5173",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     with serving() as s:
         refused, _, refused_body = raw(s, "POST", "/v1/chat/completions", MESSAGES, {"Origin": "http://evil.example"})
         refused_pre, _, _ = raw(s, "OPTIONS", "/v1/chat/completions", None, preflight)
@@ -109,8 +117,7 @@ def test_a_non_loopback_bind_without_a_key_is_refused_unless_confirmed(monkeypat
 
     with pytest.raises(UsageError) as refused:
         check_exposure("0.0.0.0", (), False)
-    assert "--api-key-file" in str(refused.value) + refused.value.fix and "--insecure-no-api-key" in \
-        refused.value.fix
+    assert "--api-key-file" in str(refused.value) + refused.value.fix and "--insecure-no-api-key" in refused.value.fix
     check_exposure("0.0.0.0", ("k",), False)
     check_exposure("0.0.0.0", (), True)
     check_exposure("127.0.0.1", (), False)
@@ -179,8 +186,9 @@ class GatedBackend(FakeBackend):
 
 
 def _worker(backend, **kw):
-    service = GenerationService(Session(target=backend, target_path=Path("fake.gguf")),
-                                SpecOptions(method="none", k="4"))
+    service = GenerationService(
+        Session(target=backend, target_path=Path("fake.gguf")), SpecOptions(method="none", k="4")
+    )
     lines: list[str] = []
     return Worker(service, log=lines.append, **kw), lines
 
@@ -196,8 +204,10 @@ def test_a_long_prefill_stops_within_one_chunk(how):
     got = threading.Event()
     worker.start()
     try:
-        job = worker.submit(Request(config=GenerationConfig(max_tokens=5), prompt=LONG, label="completion"),
-                            lambda e: (events.append(e), got.set()))
+        job = worker.submit(
+            Request(config=GenerationConfig(max_tokens=5), prompt=LONG, label="completion"),
+            lambda e: (events.append(e), got.set()),
+        )
         assert backend.first.wait(10)
         if how == "cancel":
             worker.cancel(job)
@@ -221,8 +231,9 @@ def test_a_long_prefill_stops_within_one_chunk(how):
     assert not any(isinstance(e, Started) for e in events)
     assert len(backend.tokens) == 64  # the evaluated chunk stays in the cache for a retry
     if how == "cancel":  # the log says how long the worker went on, against what a chunk took (load_faults reads it)
-        m = re.search(r"stopped ([\d.]+) s after the client left; its prefill's chunks took ([\d.]+) s at most",
-                      lines[0])
+        m = re.search(
+            r"stopped ([\d.]+) s after the client left; its prefill's chunks took ([\d.]+) s at most", lines[0]
+        )
         assert m and float(m.group(1)) <= float(m.group(2)), lines
 
 
@@ -304,8 +315,10 @@ def test_a_body_that_stalls_gets_408():
     with serving(app_kw={"body_timeout": 0.5}) as s:
         conn = socket.create_connection(("127.0.0.1", _port(s)))
         try:
-            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 1000\r\n\r\n{\"model\":")
+            conn.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model":'
+            )
             conn.settimeout(10)
             head = conn.recv(4096)
         finally:
@@ -358,11 +371,22 @@ def test_serve_builds_the_grammar_tokenizer_before_it_answers(monkeypatch):
         def run(self, sockets):
             seen["built before serving"] = list(backend.built_on)
 
-    monkeypatch.setattr(serve_cmd, "open_session",
-                        lambda *a, **kw: Session(target=backend, target_path=Path("fake.gguf")))
+    monkeypatch.setattr(
+        serve_cmd, "open_session", lambda *a, **kw: Session(target=backend, target_path=Path("fake.gguf"))
+    )
     monkeypatch.setattr("specdec_cli.server.app.make_server", lambda app, **kw: Server())
-    assert serve_cmd.execute(models=ModelOptions(), spec=SpecOptions(method="none", k="4"), defaults=Defaults(),
-                             host="127.0.0.1", port=0, api_key=(), queue=4) == 0
+    assert (
+        serve_cmd.execute(
+            models=ModelOptions(),
+            spec=SpecOptions(method="none", k="4"),
+            defaults=Defaults(),
+            host="127.0.0.1",
+            port=0,
+            api_key=(),
+            queue=4,
+        )
+        == 0
+    )
     assert seen["built before serving"] == ["MainThread"]
 
 
@@ -410,8 +434,10 @@ def _requests_served(worker, n: int) -> list:
             done[i].set()
 
     for i in range(n):
-        worker.submit(Request(config=GenerationConfig(max_tokens=4), prompt=PROMPT_TOKENS, label="completion"),
-                      partial(deliver, i))
+        worker.submit(
+            Request(config=GenerationConfig(max_tokens=4), prompt=PROMPT_TOKENS, label="completion"),
+            partial(deliver, i),
+        )
     for d in done:
         assert d.wait(20)
     return last
@@ -420,8 +446,9 @@ def _requests_served(worker, n: int) -> list:
 def test_saves_land_while_requests_keep_coming():
     saves: list[tuple[int, str]] = []  # (requests waiting at the save, the saving thread)
     worker, _ = _worker(SlowBackend(hashed_logits, delay=0.01), bound=64)
-    worker.saver = Saver(lambda: saves.append((worker.status()["waiting"], threading.current_thread().name)),
-                         every=10**6, interval=0.05)
+    worker.saver = Saver(
+        lambda: saves.append((worker.status()["waiting"], threading.current_thread().name)), every=10**6, interval=0.05
+    )
     worker.start()
     try:
         last = _requests_served(worker, 30)
@@ -437,8 +464,9 @@ def test_the_last_requests_learning_is_saved_while_the_server_is_idle():
     saved = threading.Event()
     saves: list[str] = []
     worker, lines = _worker(FakeBackend(hashed_logits))
-    worker.saver = Saver(lambda: (saves.append(threading.current_thread().name), saved.set()), every=10**6,
-                         interval=0.2)
+    worker.saver = Saver(
+        lambda: (saves.append(threading.current_thread().name), saved.set()), every=10**6, interval=0.2
+    )
     worker.start()
     try:
         assert isinstance(_requests_served(worker, 1)[0], Done)
@@ -495,7 +523,7 @@ def test_one_keys_prompt_never_serves_another_key():
         first = chat(s.client("alice"), max_tokens=3)
         again = chat(s.client("alice"), max_tokens=3)
         other = chat(s.client("bob"), max_tokens=3)
-    cached = lambda r: (r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0)  # noqa
+    cached = lambda r: r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0  # noqa
     assert cached(first) == 0 and cached(again) > 0
     assert cached(other) == 0  # bob's identical prompt found none of alice's in any cache
     assert first.choices[0].message.content == other.choices[0].message.content
@@ -522,14 +550,25 @@ DEEP = "[" * 50_000 + "]" * 50_000
 
 
 def test_arguments_nested_too_deeply_are_a_400_naming_the_field():
-    chat_body = {"model": "x", "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
-    responses_body = {"model": "x", "input": [
-        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": DEEP},
-        {"type": "function_call_output", "call_id": "c1", "output": "ok"}]}
+    chat_body = {
+        "model": "x",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+    }
+    responses_body = {
+        "model": "x",
+        "input": [
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": DEEP},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        ],
+    }
     with serving() as s:
         chat_status, _, chat_err = raw(s, "POST", "/v1/chat/completions", chat_body)
         resp_status, _, resp_err = raw(s, "POST", "/v1/responses", responses_body)
@@ -543,8 +582,9 @@ def test_a_bug_tells_the_client_nothing_internal():
     err = to_api_error(RuntimeError("cannot open /home/alice/secret.txt"))
     assert err.status == 500 and err.code == "internal_error"
     assert "secret" not in err.message and "RuntimeError" not in err.message
-    assert "RuntimeError: cannot open /home/alice/secret.txt" in internal(RuntimeError("cannot open "
-                                                                                       "/home/alice/secret.txt"))
+    assert "RuntimeError: cannot open /home/alice/secret.txt" in internal(
+        RuntimeError("cannot open /home/alice/secret.txt")
+    )
 
 
 def test_a_bug_during_generation_is_logged_not_sent():

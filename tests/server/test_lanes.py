@@ -34,8 +34,13 @@ def _engine(slot, k: int = 4) -> SpeculativeEngine:
     return engine
 
 
-def _program(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig, got: list[int],
-             stop_after: int | None = None):
+def _program(
+    engine: SpeculativeEngine,
+    prompt: list[int],
+    config: GenerationConfig,
+    got: list[int],
+    stop_after: int | None = None,
+):
     """The engine's steps as a scheduler program: its rows go out, its emitted tokens into `got`; it stops (as a
     client that went away) once it has `stop_after` tokens."""
     steps = engine.steps(prompt, config)
@@ -57,8 +62,11 @@ def _program(engine: SpeculativeEngine, prompt: list[int], config: GenerationCon
         steps.close()
 
 
-def _run(sched: Scheduler, jobs: list[tuple[int, SpeculativeEngine, list[int], GenerationConfig, Priority]],
-         arrivals: dict[int, tuple] | None = None) -> dict[int, list[int]]:
+def _run(
+    sched: Scheduler,
+    jobs: list[tuple[int, SpeculativeEngine, list[int], GenerationConfig, Priority]],
+    arrivals: dict[int, tuple] | None = None,
+) -> dict[int, list[int]]:
     """Start each (slot, engine, prompt, config, priority) and step until every sequence ended; `arrivals`: pass count
     -> such a job, started before the step after that many passes. The output tokens by slot."""
     out: dict[int, list[int]] = {}
@@ -101,8 +109,10 @@ def test_seeded_sampled_request_unchanged_by_a_neighbour():
     backend2 = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
     sched2, engines2 = _engines(backend2, 2)
     other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
-    both = _run(sched2, [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)),
-                         (1, engines2[1], PROMPTS[1], other, Priority(seq=1))])
+    both = _run(
+        sched2,
+        [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)), (1, engines2[1], PROMPTS[1], other, Priority(seq=1))],
+    )
     assert any(len(p) > 1 for p in backend2.passes)
     assert both[0] == alone
 
@@ -120,8 +130,10 @@ def test_a_seeded_sampled_request_is_unchanged_when_a_neighbour_shortens_its_dra
     backend2 = FakeBackend(markov, n_ctx=256, n_batch=64)
     sched2, engines2 = _engines(backend2, 2)
     other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
-    both = _run(sched2, [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)),
-                         (1, engines2[1], PROMPTS[1], other, Priority(seq=1))])
+    both = _run(
+        sched2,
+        [(0, engines2[0], PROMPTS[0], sampled, Priority(seq=0)), (1, engines2[1], PROMPTS[1], other, Priority(seq=1))],
+    )
     assert any(len(p) > 1 for p in backend2.passes)
     assert both[0] == alone
 
@@ -156,9 +168,14 @@ def _fake_subs(sched: Scheduler, spec: list[tuple[int, int, int, Priority]]) -> 
 def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_share():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     sched = Scheduler(backend, 3, share_rows=32)
-    agent, fim, chat = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1)),  # an agent's prefill chunk
-                                          (1, 5, 5, Priority(INTERACTIVE, seq=2)),  # an editor's verify step
-                                          (2, 3, 3, Priority(BATCH, seq=3))])
+    agent, fim, chat = _fake_subs(
+        sched,
+        [
+            (0, 512, 0, Priority(BATCH, seq=1)),  # an agent's prefill chunk
+            (1, 5, 5, Priority(INTERACTIVE, seq=2)),  # an editor's verify step
+            (2, 3, 3, Priority(BATCH, seq=3)),
+        ],
+    )
     parts = sched._compose()
     assert parts[0] == (fim, 5)  # the interactive step first
     assert (chat, 3) in parts  # every waiting step rides along
@@ -184,8 +201,9 @@ def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) ->
     long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, n_prompt)]
     sched.note(Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
     editor = (1, engines[1], PROMPTS[3], GenerationConfig(max_tokens=editor_tokens), Priority(INTERACTIVE, seq=2))
-    out = _run(sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))],
-               {2: editor})
+    out = _run(
+        sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))], {2: editor}
+    )
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
     assert out[1] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
     return backend
@@ -219,7 +237,7 @@ def test_with_a_kv_stream_per_lane_a_long_prefill_gets_its_share_in_passes_of_it
     assert not any(len(p) > 1 for p in backend.passes)  # never an agent's rows beside the editor's
     first = next(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
     last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
-    window = backend.passes[first:last + 1]  # from the editor's first pass to its last
+    window = backend.passes[first : last + 1]  # from the editor's first pass to its last
     ms = [10.0 + 5.0 * p[0][1] for p in window]
     agent_ms = sum(m for m, p in zip(ms, window, strict=False) if p[0][0] == 0)
     assert 0.12 <= agent_ms / sum(ms) <= 0.3  # about its share of the time
@@ -249,9 +267,9 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
     backend.kv_streams = True
     sched = Scheduler(backend, 2, piece_s=1.0, share=0.1)
     sched._ms_per_row = 15.0
-    agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
+    (agent,) = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
     sched._account([(agent, 64)], 960.0, 64)  # between two editor requests
-    fim, = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
+    (fim,) = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
     for n in range(1, 200):  # noqa: B007 - read after the loop
         parts = sched._compose()
         if parts[0][0] is agent:
@@ -286,8 +304,13 @@ def test_with_kv_streams_on_a_cpu_long_requests_run_one_at_a_time(flat):
 def test_compose_earliest_deadline_first_among_interactive():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
     sched = Scheduler(backend, 2)
-    late, soon = _fake_subs(sched, [(0, 60, 0, Priority(INTERACTIVE, deadline=50.0, seq=1)),
-                                    (1, 60, 0, Priority(INTERACTIVE, deadline=10.0, seq=2))])
+    late, soon = _fake_subs(
+        sched,
+        [
+            (0, 60, 0, Priority(INTERACTIVE, deadline=50.0, seq=1)),
+            (1, 60, 0, Priority(INTERACTIVE, deadline=10.0, seq=2)),
+        ],
+    )
     parts = sched._compose()
     assert parts[0][0] is soon and parts[0][1] == 60  # the earlier deadline's prefill first, whole
     assert parts[1] == (late, 4)  # the other takes what the batch has left
@@ -301,8 +324,9 @@ def test_with_kv_streams_one_interactive_prompt_is_read_at_a_time():
     backend.kv_streams = backend.interruptible = True
     sched = Scheduler(backend, 3)
     sched._ms_per_row, sched._editor_at = 20.0, sched.clock()  # an editor in use: 1-s pieces would be 64 rows
-    late, soon = _fake_subs(sched, [(0, 600, 1, Priority(INTERACTIVE, seq=1)),
-                                    (1, 300, 1, Priority(INTERACTIVE, deadline=10.0, seq=2))])
+    late, soon = _fake_subs(
+        sched, [(0, 600, 1, Priority(INTERACTIVE, seq=1)), (1, 300, 1, Priority(INTERACTIVE, deadline=10.0, seq=2))]
+    )
     sched._active = {0, 1}
     assert sched._compose() == [(soon, 300)]
 
@@ -316,8 +340,13 @@ def _long_beside_editor(interruptible: bool = False):
     sched.note(Priority(INTERACTIVE, editor=True))
     engines = [_engine(slot) for slot in sched.slots]
     long_prompt = [int(x) for x in np.random.default_rng(0).integers(2, 30, 1500)]
-    return backend, sched, engines, long_prompt, (0, engines[0], long_prompt, GenerationConfig(max_tokens=4),
-                                                  Priority(BATCH, seq=1))
+    return (
+        backend,
+        sched,
+        engines,
+        long_prompt,
+        (0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1)),
+    )
 
 
 def test_a_long_prefill_alone_goes_in_pieces_so_a_newcomer_joins_within_one():
@@ -349,8 +378,9 @@ def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
     def arrives_during_second(parts):  # the editor's request comes while the agent's second piece runs
         if len(backend.__dict__.get("passes", [])) == 1 and sched.slots[1].program is None and not out[1]:
             priority = Priority(INTERACTIVE, seq=2)
-            sched.start(sched.slots[1], _program(engines[1], PROMPTS[3], GenerationConfig(max_tokens=8), out[1]),
-                        priority)
+            sched.start(
+                sched.slots[1], _program(engines[1], PROMPTS[3], GenerationConfig(max_tokens=8), out[1]), priority
+            )
             sched.preempt(priority)  # what the worker does as it takes the request
             if asked[-1] is True:
                 raise PassInterrupted(2, sum(len(t) for _, t, _ in parts))
@@ -372,10 +402,10 @@ def test_who_may_interrupt_a_pass():
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     backend.interruptible = True
     sched = Scheduler(backend, 3)
-    agent, = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
+    (agent,) = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
     below = sched._preemption([(agent, 64)])
     assert Priority(INTERACTIVE, seq=9) < below  # any interactive newcomer
-    chat, = _fake_subs(sched, [(1, 600, 1, Priority(INTERACTIVE, seq=2))])  # a short reply reading its prompt
+    (chat,) = _fake_subs(sched, [(1, 600, 1, Priority(INTERACTIVE, seq=2))])  # a short reply reading its prompt
     assert sched._preemption([(agent, 64)]) is None  # the share, paid while `chat` waits
     below = sched._preemption([(chat, 512)])
     assert Priority(INTERACTIVE, deadline=5.0, seq=9) < below  # a FIM with a deadline
@@ -391,16 +421,22 @@ def test_a_slot_whose_request_ended_is_free_at_once_while_another_reads_its_prom
     agent's prompt to be read to its end."""
     backend, sched, engines, long_prompt, agent = _long_beside_editor()
     first: list[int] = []
-    sched.start(sched.slots[1], _program(engines[1], PROMPTS[3], GenerationConfig(max_tokens=2), first),
-                Priority(INTERACTIVE, seq=2))
+    sched.start(
+        sched.slots[1],
+        _program(engines[1], PROMPTS[3], GenerationConfig(max_tokens=2), first),
+        Priority(INTERACTIVE, seq=2),
+    )
     out = {0: []}
     sched.start(sched.slots[0], _program(*agent[1:4], out[0]), agent[4])
     while sched.slots[1].program is not None:
         sched.step()
     ended_at = len(backend.passes)
     second: list[int] = []
-    sched.start(sched.slots[1], _program(engines[1], PROMPTS[2], GenerationConfig(max_tokens=4), second),
-                Priority(INTERACTIVE, seq=3))
+    sched.start(
+        sched.slots[1],
+        _program(engines[1], PROMPTS[2], GenerationConfig(max_tokens=4), second),
+        Priority(INTERACTIVE, seq=3),
+    )
     while sched.busy:
         sched.step()
     assert first == greedy_reference(hashed_logits, PROMPTS[3], 2)

@@ -19,9 +19,11 @@ from specdec_cli.server.lanes import Priority, Scheduler
 
 pytestmark = pytest.mark.real
 
-PROMPTS = ["Write a Python function `is_prime(n)` with a docstring.",
-           "Rename x to total in:\ndef f(x):\n    y = x + 1\n    return x * y\n",
-           "List the planets of the solar system, one per line."]
+PROMPTS = [
+    "Write a Python function `is_prime(n)` with a docstring.",
+    "Rename x to total in:\ndef f(x):\n    y = x + 1\n    return x * y\n",
+    "List the planets of the solar system, one per line.",
+]
 NEAR_TIE = 1.0  # logits: a larger gap at a divergence would be a bug, not rounding
 
 
@@ -56,8 +58,13 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
     alone = []
     for p in prompts:
         alone_backend.truncate(0)
-        alone.append(_out(SpeculativeEngine(alone_backend, NgramDrafter(1, 3), FixedK(4)).generate(
-            p, GenerationConfig(max_tokens=32))))
+        alone.append(
+            _out(
+                SpeculativeEngine(alone_backend, NgramDrafter(1, 3), FixedK(4)).generate(
+                    p, GenerationConfig(max_tokens=32)
+                )
+            )
+        )
     shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3, kv_unified=unified)
     # a flat curve (a GPU's): long requests share the passes with KV streams too (on a CPU's they run one at a time)
     sched = Scheduler(shared_backend, 3, curve=VerifyCurve(ms=tuple(50.0 for _ in range(65))))
@@ -94,8 +101,7 @@ def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path):
     lanes = [shared.lane(i) for i in range(3)]
     prompts = [_tokens(solo, p) for p in PROMPTS]
     rows = [3, 9, 1]  # rows of each lane's part (logits of all)
-    got = shared.decode_many([(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i])
-                              for i in range(3)])
+    got = shared.decode_many([(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i]) for i in range(3)])
     for i in range(3):
         solo.truncate(0)
         want = solo.decode(np.asarray(prompts[i][: 20 + rows[i]], np.int32), n_logits=rows[i])

@@ -14,16 +14,25 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from specdec_cli.core.lark_regex import input_pattern  # noqa: E402
 from helpers import CODEX_GRAMMAR  # noqa: E402
+from specdec_cli.core.lark_regex import input_pattern  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.qwen]
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
-                          "required": ["city"]}}
-INSTRUCTIONS = ("You are a helpful assistant. Call a tool when you need data; once a tool's result is in the "
-                "conversation, answer the user's question with it in one sentence.")
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "The city"}},
+        "required": ["city"],
+    },
+}
+INSTRUCTIONS = (
+    "You are a helpful assistant. Call a tool when you need data; once a tool's result is in the "
+    "conversation, answer the user's question with it in one sentence."
+)
 QUESTION = "What is the weather like in Paris right now?"
 BUG = "def add(a, b):\n    return a - b\n"
 
@@ -48,8 +57,11 @@ def test_a_function_tool_round_trip(qwen_client, stream):
     call = calls[0]
     assert call.name == "get_weather" and call.call_id.startswith("call_")
     assert "Paris" in json.loads(call.arguments)["city"]
-    history = [{"role": "user", "content": QUESTION}, call.model_dump(exclude_none=True),
-               {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 22 degrees Celsius."}]
+    history = [
+        {"role": "user", "content": QUESTION},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 22 degrees Celsius."},
+    ]
     final = _turn(qwen_client, history, stream, max_output_tokens=60)
     assert final.status == "completed" and [item.type for item in final.output] == ["message"]
     assert "22" in final.output_text, final.output_text
@@ -58,15 +70,25 @@ def test_a_function_tool_round_trip(qwen_client, stream):
 
 
 def test_a_custom_tool_input_is_held_to_codex_apply_patch_grammar(qwen_client):
-    tool = {"type": "custom", "name": "apply_patch",
-            "description": "Edit a file with a patch in the apply_patch format: '*** Begin Patch', then "
-                           "'*** Update File: PATH', '@@', the changed lines ('-' removed, '+' added, ' ' kept), "
-                           "then '*** End Patch'.",
-            "format": {"type": "grammar", "syntax": "lark", "definition": CODEX_GRAMMAR}}
-    events = list(qwen_client.responses.create(
-        model="qwen", temperature=0, max_output_tokens=200, stream=True, tools=[tool],
-        tool_choice={"type": "custom", "name": "apply_patch"},
-        input=f"bug.py holds:\n```python\n{BUG}```\nadd() subtracts. Fix the bug in bug.py with apply_patch."))
+    tool = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Edit a file with a patch in the apply_patch format: '*** Begin Patch', then "
+        "'*** Update File: PATH', '@@', the changed lines ('-' removed, '+' added, ' ' kept), "
+        "then '*** End Patch'.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": CODEX_GRAMMAR},
+    }
+    events = list(
+        qwen_client.responses.create(
+            model="qwen",
+            temperature=0,
+            max_output_tokens=200,
+            stream=True,
+            tools=[tool],
+            tool_choice={"type": "custom", "name": "apply_patch"},
+            input=f"bug.py holds:\n```python\n{BUG}```\nadd() subtracts. Fix the bug in bug.py with apply_patch.",
+        )
+    )
     response = events[-1].response
     assert events[-1].type == "response.completed", response
     [call] = response.output
@@ -89,10 +111,18 @@ def test_openai_agents_default_model_completes_a_tool_round_trip(qwen_client):
     async def run() -> str:
         agents.set_tracing_disabled(True)
         model = agents.OpenAIResponsesModel(
-            model="qwen", openai_client=openai.AsyncOpenAI(base_url=str(qwen_client.base_url), api_key="unused",
-                                                           max_retries=0, timeout=600))
-        agent = agents.Agent(name="Assistant", instructions=INSTRUCTIONS, model=model, tools=[get_weather],
-                             model_settings=agents.ModelSettings(temperature=0))
+            model="qwen",
+            openai_client=openai.AsyncOpenAI(
+                base_url=str(qwen_client.base_url), api_key="unused", max_retries=0, timeout=600
+            ),
+        )
+        agent = agents.Agent(
+            name="Assistant",
+            instructions=INSTRUCTIONS,
+            model=model,
+            tools=[get_weather],
+            model_settings=agents.ModelSettings(temperature=0),
+        )
         result = await agents.Runner.run(agent, QUESTION, max_turns=4)
         return result.final_output
 

@@ -22,8 +22,12 @@ def open_stream(s, body: dict, timeout: float):
     """POST a streamed chat request; (connection, response) once the status line and headers came."""
     u = urlparse(s.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "fake", "stream": True, **body}),
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps({"model": "fake", "stream": True, **body}),
+        headers={"Content-Type": "application/json"},
+    )
     return conn, conn.getresponse()
 
 
@@ -107,8 +111,12 @@ def test_prompts_are_rendered_and_tokenized_off_the_worker_thread():
     with serving(backend) as s:
         backend.threads.clear()  # what the service read at construction
         first = start_blocking_request(s, backend)
-        second = threading.Thread(target=chat, args=(s.client(),), daemon=True, kwargs={
-            "max_tokens": 2, "prediction": {"type": "content", "content": "w3 w17 w4"}})  # tokenized too
+        second = threading.Thread(
+            target=chat,
+            args=(s.client(),),
+            daemon=True,
+            kwargs={"max_tokens": 2, "prediction": {"type": "content", "content": "w3 w17 w4"}},
+        )  # tokenized too
         second.start()
         s.wait(lambda h: h["queued"] == 1)
         backend.gate.set()
@@ -121,14 +129,19 @@ def test_a_template_that_refuses_the_conversation_is_a_400_before_the_queue():
     """A prompt the template refuses is answered at once (400 naming messages), even while another request runs."""
     backend = SlowBackend(hashed_logits, chat_template="{{ raise_exception('roles must alternate') }}")
     with serving(backend) as s:
-        first = threading.Thread(target=s.raw, args=("POST", "/v1/completions",
-                                                     json.dumps({"model": "f", "prompt": PROMPT, "max_tokens": 3})
-                                                     .encode()), daemon=True)
+        first = threading.Thread(
+            target=s.raw,
+            args=("POST", "/v1/completions", json.dumps({"model": "f", "prompt": PROMPT, "max_tokens": 3}).encode()),
+            daemon=True,
+        )
         backend.gate.clear()
         first.start()
         s.wait(lambda h: h["busy"])
-        status, body = s.raw("POST", "/v1/chat/completions", json.dumps(
-            {"model": "f", "stream": True, "messages": [{"role": "user", "content": PROMPT}]}).encode())
+        status, body = s.raw(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": "f", "stream": True, "messages": [{"role": "user", "content": PROMPT}]}).encode(),
+        )
         held = not backend.gate.is_set()
         backend.gate.set()
         first.join(10)

@@ -24,15 +24,22 @@ from specdec_cli.server.tools import ReplyParser  # noqa: E402
 
 
 def stats(finish: str) -> RequestStats:
-    return RequestStats(summarize([Prefill(n_prompt=2, n_evaluated=2, ms=1.0),
-                                   Step(0, 0, (), 0, 7, (7,), (), 0.1, 1.0), Finish(finish)]))
+    return RequestStats(
+        summarize(
+            [Prefill(n_prompt=2, n_evaluated=2, ms=1.0), Step(0, 0, (), 0, 7, (7,), (), 0.1, 1.0), Finish(finish)]
+        )
+    )
 
 
 def test_a_reply_with_text_and_a_call_streams_start_arguments_and_end_then_the_end():
     reply = ReplyStream(ReplyParser(True))
     events = []
-    for piece in ['Let me look.\n<tool_call>\n{"name": "get', '_weather", "arguments": {"city": ', '"Paris"}}',
-                  '\n</tool_call>']:
+    for piece in [
+        'Let me look.\n<tool_call>\n{"name": "get',
+        '_weather", "arguments": {"city": ',
+        '"Paris"}}',
+        "\n</tool_call>",
+    ]:
         events += reply.delta(piece)
     events += reply.done(stats("eog"))
     kinds = [type(e).__name__ for e in events]
@@ -66,7 +73,7 @@ def test_a_steps_logprobs_ride_on_its_first_event_even_when_its_text_is_held_bac
 def test_a_call_is_held_back_until_it_is_complete():
     reply = ReplyStream(ReplyParser(True))
     assert reply.delta('<tool_call>\n{"name": "f", "arguments": {"a": ') == []
-    events = reply.delta('1}}\n</tool_call>')
+    events = reply.delta("1}}\n</tool_call>")
     kinds = [type(e).__name__ for e in events]
     assert kinds[0] == "CallStart" and set(kinds[1:-1]) == {"Arguments"} and kinds[-1] == "CallEnd"
 
@@ -89,8 +96,13 @@ def test_the_guard_compares_arguments_as_json_and_knows_the_last_turns_answered_
     assert call_key("f", '{"a": 1, "b": {"c": 2}}') == call_key("f", '{"b":{"c":2},\n "a":1}')
     assert call_key("f", '{"a": 1}') != call_key("g", '{"a": 1}') != call_key("f", '{"a": 2}')
     c1, c2, c3 = ToolCall("c1", "f", '{"a": 1}'), ToolCall("c2", "g", "{}"), ToolCall("c3", "h", "{}")
-    messages = [Message("user", "hi"), Message("assistant", tool_calls=(c3,)), Message("tool", "r", tool_call_id="c3"),
-                Message("assistant", tool_calls=(c1, c2)), Message("tool", "r1", tool_call_id="c1")]
+    messages = [
+        Message("user", "hi"),
+        Message("assistant", tool_calls=(c3,)),
+        Message("tool", "r", tool_call_id="c3"),
+        Message("assistant", tool_calls=(c1, c2)),
+        Message("tool", "r1", tool_call_id="c1"),
+    ]
     assert answered_calls(messages) == {call_key("f", '{"a":1}')}  # c2 unanswered, c3 an older turn's
     assert answered_calls(messages + [Message("assistant", "done")]) == frozenset()
     guard = CallGuard.of(messages)

@@ -42,6 +42,7 @@ from specdec_cli.server.errors import (  # noqa: E402
 )
 from specdec_cli.server.reply import RequestStats  # noqa: E402
 
+
 # -- the OpenAI API with the fake service -------------------------------------------------------------------------
 def test_chat_completion_is_the_greedy_output_with_usage_and_specdec_stats():
     expected = greedy_reference(hashed_logits, PROMPT_TOKENS, 40)
@@ -156,8 +157,10 @@ def test_prediction_usage_counts_steps_drafted_from_the_prediction():
     stats = RequestStats(summarize(records))
     details = openai_base.usage_json(stats)["completion_tokens_details"]
     assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (6, 1)
-    assert stats.specdec("auto")["sources"] == {"predict": {"steps": 2, "drafted": 7, "accepted": 6},
-                                                             "store": {"steps": 1, "drafted": 2, "accepted": 0}}
+    assert stats.specdec("auto")["sources"] == {
+        "predict": {"steps": 2, "drafted": 7, "accepted": 6},
+        "store": {"steps": 1, "drafted": 2, "accepted": 0},
+    }
     assert openai_base.openai_finish(stats) == "length" and stats.run.n_generated == 9
 
 
@@ -169,9 +172,14 @@ def test_models_health_and_unknown_paths():
         with pytest.raises(openai.NotFoundError) as missing:
             s.client().models.retrieve("gpt-9")
         status, body = s.raw("GET", "/v1/nothing")
-        assert s.health() == {"status": "ok", "model": "fake", "method": "ngram", "busy": False, "queued": 0,
-                              "queue": {"waiting": 0, "bound": 16, "lanes": 1, "running": None, "busy": [],
-                                            "retry_after_s": 1}}
+        assert s.health() == {
+            "status": "ok",
+            "model": "fake",
+            "method": "ngram",
+            "busy": False,
+            "queued": 0,
+            "queue": {"waiting": 0, "bound": 16, "lanes": 1, "running": None, "busy": [], "retry_after_s": 1},
+        }
     assert missing.value.body["code"] == "model_not_found"
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
     assert "/v1/chat/completions" in body["error"]["message"]
@@ -192,8 +200,11 @@ def test_bad_requests_get_openai_error_json():
             chat(client, " ".join(["w5"] * 100))
         status_json, not_json = s.raw("POST", "/v1/chat/completions", b"{not json")
         status_none, no_messages = s.raw("POST", "/v1/chat/completions", json.dumps({"model": "x"}).encode())
-        status_big, big = s.raw("POST", "/v1/chat/completions", json.dumps(
-            {"model": "x", "messages": [{"role": "user", "content": "w5 " * 5000}]}).encode())
+        status_big, big = s.raw(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": "x", "messages": [{"role": "user", "content": "w5 " * 5000}]}).encode(),
+        )
         after = chat(client, max_tokens=5)  # nothing above broke the server
     assert role.value.status_code == 400 and role.value.body["param"] == "messages.0.role"
     for invalid in (role, temp, negative):  # OpenAI's status and type for an invalid field: never 422
@@ -329,18 +340,25 @@ def test_stop_ends_the_running_request_and_fails_the_waiting_ones():
 
 
 # -- the error table (unit) -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("exc, status, type_, code", [
-    (QueueFullError(3), 429, "rate_limit_error", "queue_full"),
-    (ShuttingDownError(), 503, "server_error", "shutting_down"),
-    (ClientGoneError(), 499, "invalid_request_error", "client_gone"),
-    (ContextOverflowError("The prompt is 900 tokens.", "Use --ctx 1024."), 400, "invalid_request_error",
-     "context_length_exceeded"),
-    (UsageError("The prompt is empty.", "Send text."), 400, "invalid_request_error", None),
-    (DecodeError(1, 12), 500, "server_error", "backend_error"),
-    (CacheTrimError("llama_memory_seq_rm refused"), 500, "server_error", "backend_error"),
-    (ModelError("The chat template failed."), 500, "server_error", None),
-    (KeyError("boom"), 500, "server_error", "internal_error"),
-])
+@pytest.mark.parametrize(
+    "exc, status, type_, code",
+    [
+        (QueueFullError(3), 429, "rate_limit_error", "queue_full"),
+        (ShuttingDownError(), 503, "server_error", "shutting_down"),
+        (ClientGoneError(), 499, "invalid_request_error", "client_gone"),
+        (
+            ContextOverflowError("The prompt is 900 tokens.", "Use --ctx 1024."),
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+        ),
+        (UsageError("The prompt is empty.", "Send text."), 400, "invalid_request_error", None),
+        (DecodeError(1, 12), 500, "server_error", "backend_error"),
+        (CacheTrimError("llama_memory_seq_rm refused"), 500, "server_error", "backend_error"),
+        (ModelError("The chat template failed."), 500, "server_error", None),
+        (KeyError("boom"), 500, "server_error", "internal_error"),
+    ],
+)
 def test_error_table(exc, status, type_, code):
     err = to_api_error(exc, param="messages")
     assert (err.status, err.type, err.code) == (status, type_, code)
@@ -365,8 +383,12 @@ def test_error_table_keeps_api_errors_and_names_the_limit():
 
 
 def test_validation_errors_name_the_field():
-    e = validation_error([{"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'", "type": "x"},
-                          {"loc": ("body", "n"), "msg": "bad", "type": "y"}])
+    e = validation_error(
+        [
+            {"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'", "type": "x"},
+            {"loc": ("body", "n"), "msg": "bad", "type": "y"},
+        ]
+    )
     assert (e.status, e.type, e.param) == (400, "invalid_request_error", "messages.0.role")
     assert "messages.0.role: Input should be 'user'" in e.message and "1 more" in e.message
     j = validation_error([{"loc": ("body", 1), "msg": "JSON decode error", "type": "json_invalid"}])
@@ -403,8 +425,16 @@ def test_real_server_saves_the_prompt_cache_so_a_restart_serves_the_prompt_from_
     """A ~1,000-token prompt served, the server stopped with SIGTERM and started again: the same prompt comes from
     the prompt cache (usage.prompt_tokens_details.cached_tokens >= 95 % of the prompt). The server drives its
     generations through the driver, which saves a finished prompt; before, only `specdec run` saved one."""
-    facts = [f"Fact {i}: the {c} box on shelf {i % 7} holds {i * 3} {n}." for i, (c, n) in enumerate(
-        zip(["red", "green", "blue", "yellow", "white"] * 12, ["pens", "cups", "keys", "maps", "nails", "coins"] * 10, strict=False))]
+    facts = [
+        f"Fact {i}: the {c} box on shelf {i % 7} holds {i * 3} {n}."
+        for i, (c, n) in enumerate(
+            zip(
+                ["red", "green", "blue", "yellow", "white"] * 12,
+                ["pens", "cups", "keys", "maps", "nails", "coins"] * 10,
+                strict=False,
+            )
+        )
+    ]
     messages = [{"role": "user", "content": "Read these facts.\n" + "\n".join(facts) + "\nWhich box holds 30 keys?"}]
     served = []
     for _ in range(2):
@@ -437,9 +467,16 @@ def test_real_server_end_to_end(smollm2_path, tmp_path):
         first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0)
         text = first.choices[0].message.content
         assert text.strip() and first.usage.completion_tokens > 0
-        streamed = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48,
-                                                       temperature=0, stream=True,
-                                                       stream_options={"include_usage": True}))
+        streamed = list(
+            client.chat.completions.create(
+                model="smollm2",
+                messages=messages,
+                max_tokens=48,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         again = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         usage = streamed[-1].usage
         spec = next(c for c in streamed if c.choices and c.choices[0].finish_reason).model_extra["specdec"]

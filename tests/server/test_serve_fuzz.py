@@ -25,72 +25,228 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 # every endpoint with a valid body and the fields its API knows (mutated below)
 ENDPOINTS = {
-    "/v1/chat/completions": ({"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "w5 w9"}]},
-                             ["messages", "max_tokens", "max_completion_tokens", "stream", "tools", "tool_choice",
-                              "response_format", "temperature", "top_p", "n", "stop", "logprobs", "top_logprobs",
-                              "prediction", "seed", "stream_options", "parallel_tool_calls", "chat_template_kwargs",
-                              "reasoning_effort", "user"]),
-    "/v1/completions": ({"model": "x", "max_tokens": 4, "prompt": "w5 w9"},
-                        ["prompt", "max_tokens", "stream", "temperature", "stop", "logprobs", "echo", "suffix",
-                         "seed", "n", "best_of"]),
-    "/v1/responses": ({"model": "x", "max_output_tokens": 4, "input": "w5 w9"},
-                      ["input", "instructions", "max_output_tokens", "stream", "tools", "tool_choice", "text",
-                       "previous_response_id", "temperature", "top_p", "reasoning", "store", "include"]),
-    "/v1/messages": ({"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "w5 w9"}]},
-                     ["messages", "system", "max_tokens", "stream", "tools", "tool_choice", "stop_sequences",
-                      "temperature", "top_k", "top_p", "output_config", "output_format", "thinking", "metadata",
-                      "mcp_servers"]),
-    "/v1/messages/count_tokens": ({"model": "x", "messages": [{"role": "user", "content": "w5 w9"}]},
-                                  ["messages", "system", "tools", "tool_choice"]),
-    "/infill": ({"input_prefix": "w5", "input_suffix": "w9", "n_predict": 4},
-                ["input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "max_tokens", "stream",
-                 "temperature", "stop", "seed", "response_fields"]),
+    "/v1/chat/completions": (
+        {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "w5 w9"}]},
+        [
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "stream",
+            "tools",
+            "tool_choice",
+            "response_format",
+            "temperature",
+            "top_p",
+            "n",
+            "stop",
+            "logprobs",
+            "top_logprobs",
+            "prediction",
+            "seed",
+            "stream_options",
+            "parallel_tool_calls",
+            "chat_template_kwargs",
+            "reasoning_effort",
+            "user",
+        ],
+    ),
+    "/v1/completions": (
+        {"model": "x", "max_tokens": 4, "prompt": "w5 w9"},
+        ["prompt", "max_tokens", "stream", "temperature", "stop", "logprobs", "echo", "suffix", "seed", "n", "best_of"],
+    ),
+    "/v1/responses": (
+        {"model": "x", "max_output_tokens": 4, "input": "w5 w9"},
+        [
+            "input",
+            "instructions",
+            "max_output_tokens",
+            "stream",
+            "tools",
+            "tool_choice",
+            "text",
+            "previous_response_id",
+            "temperature",
+            "top_p",
+            "reasoning",
+            "store",
+            "include",
+        ],
+    ),
+    "/v1/messages": (
+        {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "w5 w9"}]},
+        [
+            "messages",
+            "system",
+            "max_tokens",
+            "stream",
+            "tools",
+            "tool_choice",
+            "stop_sequences",
+            "temperature",
+            "top_k",
+            "top_p",
+            "output_config",
+            "output_format",
+            "thinking",
+            "metadata",
+            "mcp_servers",
+        ],
+    ),
+    "/v1/messages/count_tokens": (
+        {"model": "x", "messages": [{"role": "user", "content": "w5 w9"}]},
+        ["messages", "system", "tools", "tool_choice"],
+    ),
+    "/infill": (
+        {"input_prefix": "w5", "input_suffix": "w9", "n_predict": 4},
+        [
+            "input_prefix",
+            "input_suffix",
+            "input_extra",
+            "prompt",
+            "n_predict",
+            "max_tokens",
+            "stream",
+            "temperature",
+            "stop",
+            "seed",
+            "response_fields",
+        ],
+    ),
 }
 
 ROLES = st.sampled_from(["user", "assistant", "system", "developer", "tool", "function", "", "x"])
-BLOCK_TYPES = st.sampled_from(["text", "image", "image_url", "tool_use", "tool_result", "input_text", "output_text",
-                               "function_call", "function_call_output", "document", "thinking", "x"])
-scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
-json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
-blocks = st.fixed_dictionaries({"type": BLOCK_TYPES}, optional={
-    "text": json_values, "content": json_values, "input": json_values, "id": json_values, "name": json_values,
-    "tool_use_id": json_values, "arguments": json_values | st.just("[" * 3000 + "]" * 3000), "call_id": json_values,
-    "source": json_values, "image_url": json_values, "output": json_values})
+BLOCK_TYPES = st.sampled_from(
+    [
+        "text",
+        "image",
+        "image_url",
+        "tool_use",
+        "tool_result",
+        "input_text",
+        "output_text",
+        "function_call",
+        "function_call_output",
+        "document",
+        "thinking",
+        "x",
+    ]
+)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+json_values = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12
+)
+blocks = st.fixed_dictionaries(
+    {"type": BLOCK_TYPES},
+    optional={
+        "text": json_values,
+        "content": json_values,
+        "input": json_values,
+        "id": json_values,
+        "name": json_values,
+        "tool_use_id": json_values,
+        "arguments": json_values | st.just("[" * 3000 + "]" * 3000),
+        "call_id": json_values,
+        "source": json_values,
+        "image_url": json_values,
+        "output": json_values,
+    },
+)
 # mostly well-formed, so that the fuzz reaches past the first check: valid roles and call shapes first
 ARGUMENTS = st.just("[" * 3000 + "]" * 3000) | st.just('{"a": 1}') | st.text(max_size=12) | json_values
-calls = st.lists(st.fixed_dictionaries({"id": st.just("c1") | json_values, "type": st.just("function") | json_values,
-                                        "function": st.fixed_dictionaries({"name": st.just("f") | json_values},
-                                                                          optional={"arguments": ARGUMENTS})}),
-                 min_size=1, max_size=2)
+calls = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.just("c1") | json_values,
+            "type": st.just("function") | json_values,
+            "function": st.fixed_dictionaries({"name": st.just("f") | json_values}, optional={"arguments": ARGUMENTS}),
+        }
+    ),
+    min_size=1,
+    max_size=2,
+)
 history = st.tuples(  # a well-formed tool round trip whose parts are fuzzed
     st.just({"role": "user", "content": "w5"}),
-    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | st.text(max_size=5),
-                           "tool_calls": st.lists(st.fixed_dictionaries({
-                               "id": st.just("c1"), "type": st.just("function"),
-                               "function": st.fixed_dictionaries({"name": st.just("f"), "arguments": ARGUMENTS})}),
-                               min_size=1, max_size=1)}),
-    st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.just("c1"),
-                           "content": st.text(max_size=12) | st.lists(blocks, max_size=2)})).map(list)
-messages = history | st.lists(st.just({"role": "user", "content": "w5"})
-                    | st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": calls})
-                    | st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.just("c1"),
-                                             "content": st.text(max_size=12) | st.lists(blocks, max_size=2)})
-                    | st.fixed_dictionaries({"role": ROLES}, optional={
-                        "content": st.text(max_size=12) | st.lists(blocks, max_size=3) | json_values,
-                        "tool_calls": calls | json_values, "tool_call_id": json_values, "name": json_values}),
-                    min_size=1, max_size=4)
+    st.fixed_dictionaries(
+        {
+            "role": st.just("assistant"),
+            "content": st.none() | st.text(max_size=5),
+            "tool_calls": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "id": st.just("c1"),
+                        "type": st.just("function"),
+                        "function": st.fixed_dictionaries({"name": st.just("f"), "arguments": ARGUMENTS}),
+                    }
+                ),
+                min_size=1,
+                max_size=1,
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("tool"),
+            "tool_call_id": st.just("c1"),
+            "content": st.text(max_size=12) | st.lists(blocks, max_size=2),
+        }
+    ),
+).map(list)
+messages = history | st.lists(
+    st.just({"role": "user", "content": "w5"})
+    | st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": calls})
+    | st.fixed_dictionaries(
+        {
+            "role": st.just("tool"),
+            "tool_call_id": st.just("c1"),
+            "content": st.text(max_size=12) | st.lists(blocks, max_size=2),
+        }
+    )
+    | st.fixed_dictionaries(
+        {"role": ROLES},
+        optional={
+            "content": st.text(max_size=12) | st.lists(blocks, max_size=3) | json_values,
+            "tool_calls": calls | json_values,
+            "tool_call_id": json_values,
+            "name": json_values,
+        },
+    ),
+    min_size=1,
+    max_size=4,
+)
 
-items = st.tuples(st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.just("c1"),  # a round trip
-                                         "name": st.just("f"), "arguments": ARGUMENTS}),
-                  st.just({"type": "function_call_output", "call_id": "c1", "output": "ok"})).map(list) \
-    | st.lists(st.just({"role": "user", "content": "w5"})  # the Responses API's input items
-                 | st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.just("c1"),
-                                          "name": st.just("f") | json_values, "arguments": ARGUMENTS})
-                 | st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.just("c1")},
-                                         optional={"output": json_values})
-                 | blocks, min_size=1, max_size=4)
+items = st.tuples(
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.just("c1"),  # a round trip
+            "name": st.just("f"),
+            "arguments": ARGUMENTS,
+        }
+    ),
+    st.just({"type": "function_call_output", "call_id": "c1", "output": "ok"}),
+).map(list) | st.lists(
+    st.just({"role": "user", "content": "w5"})  # the Responses API's input items
+    | st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.just("c1"),
+            "name": st.just("f") | json_values,
+            "arguments": ARGUMENTS,
+        }
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": st.just("c1")}, optional={"output": json_values}
+    )
+    | blocks,
+    min_size=1,
+    max_size=4,
+)
 
 
 @st.composite

@@ -89,23 +89,30 @@ def test_real_server_answers_the_openai_and_anthropic_sdks_at_once(smollm2_path)
 
     from helpers import start_real_server
 
-    proc, url = start_real_server(smollm2_path, "--parallel", "2", "--ctx", "1024", "--no-prompt-cache",
-                                   "--temperature", "0")  # greedy where a request sets no temperature
+    proc, url = start_real_server(
+        smollm2_path, "--parallel", "2", "--ctx", "1024", "--no-prompt-cache", "--temperature", "0"
+    )  # greedy where a request sets no temperature
     try:
         oa = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
         an = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=300)
         ask = [{"role": "user", "content": "Name three colours."}]
 
         def via_openai():
-            return oa.chat.completions.create(model="m", messages=ask, max_tokens=16, temperature=0).choices[0].message.content
+            return (
+                oa.chat.completions.create(model="m", messages=ask, max_tokens=16, temperature=0)
+                .choices[0]
+                .message.content
+            )
 
         def via_anthropic():
             return an.messages.create(model="m", messages=ask, max_tokens=16).content[0].text
 
         alone = (via_openai(), via_anthropic())
         got: dict[str, str] = {}
-        threads = [threading.Thread(target=lambda: got.__setitem__("openai", via_openai())),
-                   threading.Thread(target=lambda: got.__setitem__("anthropic", via_anthropic()))]
+        threads = [
+            threading.Thread(target=lambda: got.__setitem__("openai", via_openai())),
+            threading.Thread(target=lambda: got.__setitem__("anthropic", via_anthropic())),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -132,8 +139,9 @@ def test_a_completion_waits_for_the_finishing_lane_that_holds_its_prefix():
     from specdec_cli.server.worker import Job, Worker
 
     held = {0: [], 1: list(range(100, 600))}  # lane 1 served the previous completion
-    service = SimpleNamespace(lanes=2, scheduler=None, lane_tokens=lambda i: [np.asarray(held[i], np.int32)],
-                              reply=lambda r: None)
+    service = SimpleNamespace(
+        lanes=2, scheduler=None, lane_tokens=lambda i: [np.asarray(held[i], np.int32)], reply=lambda r: None
+    )
     worker = Worker(service)
     fim = Request(config=GenerationConfig(max_tokens=32), fim=Fim(prefix="a", suffix="b"), label="infill")
     worker._running[1] = Job(1, fim, lambda e: None)  # still finishing its previous completion
@@ -155,8 +163,9 @@ def test_a_new_request_goes_to_the_least_recently_used_lane_not_the_one_that_too
     from specdec_cli.server.worker import Job, Worker
 
     held = {0: [], 1: list(range(100, 600)), 2: []}  # lane 1 served the editor's last completion
-    service = SimpleNamespace(lanes=3, scheduler=None, lane_tokens=lambda i: [np.asarray(held[i], np.int32)],
-                              reply=lambda r: None)
+    service = SimpleNamespace(
+        lanes=3, scheduler=None, lane_tokens=lambda i: [np.asarray(held[i], np.int32)], reply=lambda r: None
+    )
     worker = Worker(service)
     worker._used = [5.0, 9.0, 3.0]
     agent = Job(1, Request(config=GenerationConfig(max_tokens=4096)), lambda e: None)
@@ -186,8 +195,9 @@ def test_the_save_after_requests_runs_on_the_loop_between_steps_only_when_due():
     backend.decode_many = marked
     with serving(backend) as s:
         saves: list[tuple[str, bool]] = []
-        s.worker.saver = Saver(lambda: saves.append((threading.current_thread().name, in_pass.is_set())), every=3,
-                               interval=1e6)
+        s.worker.saver = Saver(
+            lambda: saves.append((threading.current_thread().name, in_pass.is_set())), every=3, interval=1e6
+        )
         for i in range(4):
             chat(s.client(), CHATS[i], max_tokens=4)
         s.wait(lambda h: not h["busy"])

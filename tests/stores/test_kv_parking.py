@@ -77,9 +77,15 @@ def test_through_the_server_a_turn_after_a_side_request_evaluates_only_its_new_t
         client = anthropic.Anthropic(base_url=s.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=20)
         first = client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": conversation}])
         client.messages.create(model="m", max_tokens=3, messages=[{"role": "user", "content": "w5 w6 w7"}])
-        turn2 = client.messages.create(model="m", max_tokens=3, messages=[
-            {"role": "user", "content": conversation}, {"role": "assistant", "content": first.content[0].text},
-            {"role": "user", "content": "w9 w10"}])
+        turn2 = client.messages.create(
+            model="m",
+            max_tokens=3,
+            messages=[
+                {"role": "user", "content": conversation},
+                {"role": "assistant", "content": first.content[0].text},
+                {"role": "user", "content": "w9 w10"},
+            ],
+        )
     assert first.usage.input_tokens == len(MAIN)
     # the conversation and most of the first reply come from the parked state: a few tokens evaluated, not 300
     assert turn2.usage.cache_read_input_tokens >= len(MAIN)

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend, cpu, lookup_draft, step
-from specdec_cli.stores import learnt
-from specdec_cli.core.controller import AdaptiveK
-from specdec_cli.stores.learnt import LearntWarning, learnt_path
 from specdec_cli.assemble import Assembler
+from specdec_cli.core.controller import AdaptiveK
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
+from specdec_cli.stores import learnt
+from specdec_cli.stores.learnt import LearntWarning, learnt_path
 
 
 def trained() -> AdaptiveK:
@@ -57,13 +57,17 @@ def test_restored_evidence_is_capped_so_todays_measurements_outweigh_it() -> Non
     assert new.model.acceptance(b, "ngram")[0] < 0.6
 
 
-@pytest.mark.parametrize("damage", [
-    lambda s: s | {"model": s["model"] | {"k_max": 16}},
-    lambda s: s | {"model": s["model"] | {"acc": [[1.0], [2.0]]}},
-    lambda s: s | {"model": s["model"] | {"verify": [[1, -5.0, 1, True]]}},
-    lambda s: s | {"model": s["model"] | {"acc": np.full((2, 64), np.nan).tolist()}},
-    lambda s: {"evidence": True},
-], ids=["k_max", "shape", "negative-ms", "nan", "missing"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda s: s | {"model": s["model"] | {"k_max": 16}},
+        lambda s: s | {"model": s["model"] | {"acc": [[1.0], [2.0]]}},
+        lambda s: s | {"model": s["model"] | {"verify": [[1, -5.0, 1, True]]}},
+        lambda s: s | {"model": s["model"] | {"acc": np.full((2, 64), np.nan).tolist()}},
+        lambda s: {"evidence": True},
+    ],
+    ids=["k_max", "shape", "negative-ms", "nan", "missing"],
+)
 def test_a_state_that_does_not_fit_is_refused_and_the_controller_unchanged(damage) -> None:
     ctrl = AdaptiveK()
     model = ctrl.model
@@ -117,11 +121,14 @@ def test_a_session_that_learnt_nothing_saves_nothing(tmp_path) -> None:
     assert not learnt_path().exists()
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("{not json", "cannot read"),
-    ('{"version": 99, "entries": {}}', "not a version-1 learnt.json"),
-    ("[]", "not a version-1 learnt.json"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("{not json", "cannot read"),
+        ('{"version": 99, "entries": {}}', "not a version-1 learnt.json"),
+        ("[]", "not a version-1 learnt.json"),
+    ],
+)
 def test_a_broken_learnt_file_warns_starts_afresh_and_is_replaced_on_save(tmp_path, text, reason) -> None:
     path = learnt_path()
     path.parent.mkdir(parents=True)

@@ -64,16 +64,26 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
     if note:
         err.print(Text(note, style="spec.warn"))
     configs = configs_for(options.methods, options.peer, native=options.native if options.llama_cpp else False)
-    bench = run(prompts, configs, models=models, options=options, reporter=RichReporter(err),
-                progress=lambda total: _progress(err, total))
+    bench = run(
+        prompts,
+        configs,
+        models=models,
+        options=options,
+        reporter=RichReporter(err),
+        progress=lambda total: _progress(err, total),
+    )
     for line in bench.notes:
         err.print(Text(line, style="spec.warn"))
     doc = json_doc(bench, prompts, configs, models=models, options=options)
     summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
     doc["summary"] = [s.to_dict() for s in summaries]
     if bench.interrupted:
-        out.print(Text(f"Interrupted after {len(bench.runs)} of {bench.planned} runs: the numbers below cover only "
-                       "those.", style="spec.warn"))
+        out.print(
+            Text(
+                f"Interrupted after {len(bench.runs)} of {bench.planned} runs: the numbers below cover only those.",
+                style="spec.warn",
+            )
+        )
     render(doc, summaries, out=out, options=options)
     if options.json_path:
         write_json(options.json_path, doc)
@@ -95,8 +105,12 @@ def execute_workload(name: str, *, models, options: BenchOptions) -> int:
     summaries = summarize(sitting.bench.runs, sitting.configs, [(p.name, p.kind) for p in sitting.prompts])
     doc["summary"] = [s.to_dict() for s in summaries]
     if sitting.bench.interrupted:
-        out.print(Text(f"Interrupted after {len(sitting.bench.runs)} runs: the numbers below cover only those.",
-                       style="spec.warn"))
+        out.print(
+            Text(
+                f"Interrupted after {len(sitting.bench.runs)} runs: the numbers below cover only those.",
+                style="spec.warn",
+            )
+        )
     render(doc, summaries, out=out, options=options)
     if options.json_path:
         write_json(options.json_path, doc)
@@ -128,11 +142,14 @@ def from_json(path: str, *, options: BenchOptions) -> int:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"Cannot read --from-json {path}: {e}.", "Give a file written by specdec bench --json.") \
-            from None
+        raise UsageError(
+            f"Cannot read --from-json {path}: {e}.", "Give a file written by specdec bench --json."
+        ) from None
     if not isinstance(doc, dict) or doc.get("version") != JSON_VERSION or "runs" not in doc:
-        raise UsageError(f"{path} is not a specdec bench --json file (version {JSON_VERSION}).",
-                         "Write one with specdec bench --json PATH.")
+        raise UsageError(
+            f"{path} is not a specdec bench --json file (version {JSON_VERSION}).",
+            "Write one with specdec bench --json PATH.",
+        )
     if options.plot_path:
         check_plot_path(options.plot_path)
     configs = [config_from_label(label) for label in doc["configs"]]

@@ -142,8 +142,10 @@ def _prompt_stats() -> None:
 def clear(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     only: Annotated[
-        str | None, typer.Option("--only", metavar="suffix|prompts", help="Delete only the suffix stores, or only "
-                                    "the prompt cache.")  # fmt: skip
+        str | None,
+        typer.Option(
+            "--only", metavar="suffix|prompts", help="Delete only the suffix stores, or only the prompt cache."
+        ),  # fmt: skip
     ] = None,
 ) -> None:
     from filelock import Timeout
@@ -172,7 +174,9 @@ def clear(
             why = "another specdec process holds its lock" if isinstance(e, Timeout) else (e.strerror or str(e))
             raise UsageError(f"Cannot delete the prompt cache in {prompts.directory}: {why}.",
                              "Retry when the other run ends, or delete the directory by hand.") from None  # fmt: skip
-        err_console().print(Text(f"Deleted {n_prompts} prompt-cache entries ({n_files} file(s)) in {prompts.directory}."))
+        err_console().print(
+            Text(f"Deleted {n_prompts} prompt-cache entries ({n_files} file(s)) in {prompts.directory}.")
+        )
     if not paths and not aside:
         return
     try:

@@ -164,7 +164,6 @@ def _touch_private(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
-
 # ================================================================================================================
 # The loop
 
@@ -190,8 +189,15 @@ def loop(chat: Chat, reader: LineReader) -> None:
             chat.view.note("Interrupted.")
 
 
-def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig, system: str | None,
-            plain: bool = False, clean: bool = False) -> int:
+def execute(
+    *,
+    models: ModelOptions,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    system: str | None,
+    plain: bool = False,
+    clean: bool = False,
+) -> int:
     """Run a chat on stdin/stdout. Returns 0 (also after Ctrl-C/Ctrl-D at the prompt).
 
     Without --k (`spec.k_given` False), the K `specdec tune --save` chose for these models, method and machine.
@@ -202,15 +208,17 @@ def execute(*, models: ModelOptions, spec: SpecOptions, config: GenerationConfig
 
     interactive = _isatty(sys.stdin)
     err = err_console()
-    view = ChatView(out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain),
-                    show_rejected=not clean)
+    view = ChatView(
+        out=sys.stdout, err=err, interactive=interactive, styled=wants_color(sys.stdout, plain), show_rejected=not clean
+    )
     with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
         saved_k = tuned_k(session, spec)
         announce_tuned_k(err, saved_k)
         chat = Chat(session, spec=spec, config=config, view=view, system=system, saved_k=saved_k)
         try:
-            reader = LineReader(sys.stdin, interactive=interactive,
-                                history=config_dir() / HISTORY_FILE if interactive else None)
+            reader = LineReader(
+                sys.stdin, interactive=interactive, history=config_dir() / HISTORY_FILE if interactive else None
+            )
             view.banner(session, spec, config)
             try:
                 loop(chat, reader)

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from specdec_cli.cli.commands.chat_session import Chat
 
 
-
-
 @dataclass(frozen=True)
 class Command:
     run: Callable[[Chat, str], bool]  # (chat, argument) → True to end the chat
@@ -56,8 +54,9 @@ def _k(chat: Chat, arg: str) -> bool:
         chat.set_spec(replace(chat.spec, k=K(arg), k_given=True))
     except UsageError as e:
         raise UsageError(e.message, "Use /k auto or /k N with N from 0 to 64.") from None
-    chat.view.note(f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)."
-                                                 if chat.drafter is None else "."))
+    chat.view.note(
+        f"K is now {chat.spec.k}" + (" (it applies once a drafter is on: /method)." if chat.drafter is None else ".")
+    )
     return False
 
 
@@ -70,8 +69,10 @@ def _predict(chat: Chat, arg: str) -> bool:
         raise UsageError("/predict needs a file: the text you expect the next reply to repeat.", "/predict FILE")
     chat.prediction = read_prediction(arg.strip())
     uses = chat.spec.method in USES_PREDICTION
-    chat.view.note(f"The next reply drafts from {arg.strip()} ({len(chat.prediction):,} characters)."
-                   + ("" if uses else f" The method {chat.spec.method} does not: /method auto uses it."))
+    chat.view.note(
+        f"The next reply drafts from {arg.strip()} ({len(chat.prediction):,} characters)."
+        + ("" if uses else f" The method {chat.spec.method} does not: /method auto uses it.")
+    )
     return False
 
 
@@ -95,8 +96,9 @@ def _method(chat: Chat, arg: str) -> bool:
     try:
         chat.set_spec(replace(chat.spec, method=method))
     except ImportError as e:  # a drafter module this build does not have
-        raise UsageError(f"--method {method} is not available in this build ({e}).",
-                         f"Use /method with one of {names}.") from None
+        raise UsageError(
+            f"--method {method} is not available in this build ({e}).", f"Use /method with one of {names}."
+        ) from None
     chat.view.note(f"The method is now {method}.")
     chat.view.show_legend(method)
     return False
@@ -108,14 +110,17 @@ def _save(chat: Chat, arg: str) -> bool:
     path = Path(arg.strip()).expanduser()
     kind = {".md": "md", ".markdown": "md", ".json": "json"}.get(path.suffix.lower())
     if kind is None:
-        raise UsageError(f"Cannot tell the format of {path.name} from its extension.",
-                         "Use a path ending in .md (Markdown) or .json (JSON).")
+        raise UsageError(
+            f"Cannot tell the format of {path.name} from its extension.",
+            "Use a path ending in .md (Markdown) or .json (JSON).",
+        )
     text = transcript_markdown(chat) if kind == "md" else transcript_json(chat)
     try:
         files.write_atomic(path, text)  # 0o600, also over a file that had wider permissions
     except OSError as e:
-        raise UsageError(f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable.") \
-            from None
+        raise UsageError(
+            f"Could not write {path}: {e.strerror or e}.", "Check the directory exists and is writable."
+        ) from None
     n = len(chat.conversation.turns)
     chat.view.note(f"Saved {n} turn{'s' * (n != 1)} to {path} (readable by you only).")
     return False
@@ -129,8 +134,11 @@ def _rejected(chat: Chat, arg: str) -> bool:
     if choice:
         chat.view.show_rejected = choice == "on"
     shown = "shown" if chat.view.show_rejected else "hidden"
-    chat.view.note(f"Rejected drafts are {shown} from the next reply on." if choice else
-                   f"Rejected drafts are {shown}. Change it with /rejected on or /rejected off.")
+    chat.view.note(
+        f"Rejected drafts are {shown} from the next reply on."
+        if choice
+        else f"Rejected drafts are {shown}. Change it with /rejected on or /rejected off."
+    )
     if choice == "on" and not chat.view.styled:
         chat.view.note("They are shown only in colour, on a terminal (not with --plain, NO_COLOR or a pipe).")
     return False
@@ -145,11 +153,16 @@ COMMANDS: dict[str, Command] = {
     "/reset": Command(_reset, "/reset", "start a new conversation (keeps the system prompt and the models)"),
     "/stats": Command(_stats, "/stats", "session totals and acceptance by draft position"),
     "/k": Command(_k, "/k N|auto", "draft length K from the next reply on (e.g. /k 4, /k auto)"),
-    "/method": Command(_method, "/method NAME", "drafter: auto, none, draft, ngram, suffix, predict (loads a draft "
-                       "model if needed)"),
+    "/method": Command(
+        _method, "/method NAME", "drafter: auto, none, draft, ngram, suffix, predict (loads a draft model if needed)"
+    ),
     "/predict": Command(_predict, "/predict FILE", "draft the next reply from FILE, the text you expect back"),
-    "/rejected": Command(_rejected, "/rejected on|off", "show the drafts the target rejected in the reply, or hide "
-                         "them (on one line, in their own style; never in /save)"),
+    "/rejected": Command(
+        _rejected,
+        "/rejected on|off",
+        "show the drafts the target rejected in the reply, or hide "
+        "them (on one line, in their own style; never in /save)",
+    ),
     "/save": Command(_save, "/save PATH", "write the transcript: PATH.md as Markdown, PATH.json as JSON (mode 600)"),
     "/quit": Command(_quit, "/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at an empty prompt)"),
     "/exit": Command(_quit, "", ""),  # an alias, not listed
@@ -161,8 +174,10 @@ def dispatch(chat: Chat, line: str) -> bool:
     name, _, arg = line.strip().partition(" ")
     command = COMMANDS.get(name.lower())
     if command is None:
-        raise UsageError(f"Unknown command {name}.", "/help lists the commands; start a message with // to send "
-                         "text that begins with a slash.")
+        raise UsageError(
+            f"Unknown command {name}.",
+            "/help lists the commands; start a message with // to send text that begins with a slash.",
+        )
     return command.run(chat, arg.strip())
 
 
@@ -184,8 +199,15 @@ def transcript_json(chat: Chat) -> str:
         "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "messages": conv.messages(),
         "turns": [
-            {"user": t.user, "assistant": t.assistant, "interrupted": t.interrupted, "in_context": i >= conv.start,
-             "method": t.method, "k": t.k, "stats": t.stats.to_dict() if t.stats else None}
+            {
+                "user": t.user,
+                "assistant": t.assistant,
+                "interrupted": t.interrupted,
+                "in_context": i >= conv.start,
+                "method": t.method,
+                "k": t.k,
+                "stats": t.stats.to_dict() if t.stats else None,
+            }
             for i, t in enumerate(conv.turns)
         ],
     }

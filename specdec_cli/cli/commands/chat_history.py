@@ -60,8 +60,9 @@ class Conversation:
             msgs.append({"role": "user", "content": user})
         return msgs
 
-    def fit(self, chat_tokens: Callable[[list[dict[str, str]]], list[int]], user: str, *, n_ctx: int,
-            max_tokens: int) -> Fit:
+    def fit(
+        self, chat_tokens: Callable[[list[dict[str, str]]], list[int]], user: str, *, n_ctx: int, max_tokens: int
+    ) -> Fit:
         """The prompt for `user`'s message, dropping the oldest turns when it plus `max_tokens` overflows `n_ctx`.
 
         The system prompt is never dropped. Dropping changes the start of the prompt, so the whole window is evaluated

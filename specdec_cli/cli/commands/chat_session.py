@@ -25,8 +25,16 @@ class Chat:
     Raises (from `turn`, `set_spec`): SpecdecError subclasses; the loop prints them and carries on.
     """
 
-    def __init__(self, session: Session, *, spec: SpecOptions, config: GenerationConfig, view: ChatView,
-                 system: str | None = None, saved_k: int | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        spec: SpecOptions,
+        config: GenerationConfig,
+        view: ChatView,
+        system: str | None = None,
+        saved_k: int | None = None,
+    ) -> None:
         self.session = session
         self.config = config
         self.view = view
@@ -55,19 +63,27 @@ class Chat:
     def turn(self, text: str) -> Turn | None:
         """Answer one message: fit the history, stream the reply, record it. None when interrupted before any text."""
         target = self.session.target
-        fit = self.conversation.fit(self.session.chat_tokens, text, n_ctx=target.n_ctx,
-                                    max_tokens=self.config.max_tokens)
+        fit = self.conversation.fit(
+            self.session.chat_tokens, text, n_ctx=target.n_ctx, max_tokens=self.config.max_tokens
+        )
         if fit.start > self.conversation.start:
-            self.view.dropped(fit.start - self.conversation.start, len(fit.prompt), target.n_ctx,
-                              self.config.max_tokens)
+            self.view.dropped(
+                fit.start - self.conversation.start, len(fit.prompt), target.n_ctx, self.config.max_tokens
+            )
             self.conversation.start = fit.start
         if fit.budget < self.config.max_tokens:
-            self.view.note(f"The reply is limited to {fit.budget} tokens: that is what the {target.n_ctx}-token "
-                           "context has left after your message.")
+            self.view.note(
+                f"The reply is limited to {fit.budget} tokens: that is what the {target.n_ctx}-token "
+                "context has left after your message."
+            )
         draft_cache = self._draft_cache(fit.prompt)
         prediction, self.prediction = self.prediction, None
-        config = replace(self.config, max_tokens=fit.budget, sampling=self._sampling(),
-                         prediction=self.session.prediction_tokens(prediction))
+        config = replace(
+            self.config,
+            max_tokens=fit.budget,
+            sampling=self._sampling(),
+            prediction=self.session.prediction_tokens(prediction),
+        )
         renderer = self.view.stream()
         try:
             gen = generate(self.engine, fit.prompt, config, renderer.step)
@@ -79,8 +95,15 @@ class Chat:
         if gen.interrupted and not gen.text:
             self.view.note("Interrupted before any text; the message was not added to the conversation.")
             return None
-        turn = Turn(user=text, assistant=gen.text, interrupted=gen.interrupted, stats=gen.stats,
-                    method=self.spec.method, k=self.spec.k, draft_cache=draft_cache)
+        turn = Turn(
+            user=text,
+            assistant=gen.text,
+            interrupted=gen.interrupted,
+            stats=gen.stats,
+            method=self.spec.method,
+            k=self.spec.k,
+            draft_cache=draft_cache,
+        )
         self.conversation.add(turn)
         self.view.footer(turn)
         return turn

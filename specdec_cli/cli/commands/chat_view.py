@@ -87,11 +87,23 @@ class ChatView:
         if not self.interactive:
             return
         models = session.target_path.name + (f" + draft {session.draft_path.name}" if session.draft_path else "")
-        self.err.print(Text.assemble(("specdec chat ", "bold"), (f"{models} · method {spec.method} · K {spec.k} · "
-                                     f"ctx {session.target.n_ctx} · up to {config.max_tokens} tokens per reply",
-                                     "spec.label")))
-        self.err.print(Text('/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
-                            "reply · Ctrl-D quits", style="spec.label"))
+        self.err.print(
+            Text.assemble(
+                ("specdec chat ", "bold"),
+                (
+                    f"{models} · method {spec.method} · K {spec.k} · "
+                    f"ctx {session.target.n_ctx} · up to {config.max_tokens} tokens per reply",
+                    "spec.label",
+                ),
+            )
+        )
+        self.err.print(
+            Text(
+                '/help for commands · end a line with \\ or use """ for several lines · Ctrl-C stops a '
+                "reply · Ctrl-D quits",
+                style="spec.label",
+            )
+        )
         self._grammar = config.grammar is not None
         if config.grammar is not None:
             self.err.print(Text(f"every reply follows {config.grammar.name}", style="spec.label"))
@@ -110,9 +122,11 @@ class ChatView:
         self.err.print(Text.assemble(("error: ", "bold red"), str(e)))
 
     def dropped(self, n: int, n_prompt: int, n_ctx: int, max_tokens: int) -> None:
-        self.note(f"The conversation is too long for the {n_ctx}-token context: dropped the {n} oldest "
-                  f"turn{'s' * (n != 1)} (the system prompt is kept) to leave room for a {max_tokens}-token reply; "
-                  f"the prompt is now {n_prompt} tokens. /save keeps the whole transcript; --ctx raises the limit.")
+        self.note(
+            f"The conversation is too long for the {n_ctx}-token context: dropped the {n} oldest "
+            f"turn{'s' * (n != 1)} (the system prompt is kept) to leave room for a {max_tokens}-token reply; "
+            f"the prompt is now {n_prompt} tokens. /save keeps the whole transcript; --ctx raises the limit."
+        )
 
     def help(self, commands: list[tuple[str, str]]) -> None:
         """The slash commands, as (usage, what it does), and how to type messages."""
@@ -122,11 +136,15 @@ class ChatView:
         for usage, what in commands:
             table.add_row(usage, what)
         self.err.print(table)
-        self.err.print(Text(
-            'Several lines: end a line with \\ to continue it, or wrap the text in """ … """.\n'
-            "Start a message with // to send text that begins with a slash.\n"
-            "Ctrl-C stops a reply and keeps what was shown; Ctrl-D, or Ctrl-C at an empty prompt, quits.\n"
-            "Examples: /k 4   /method ngram   /save chat.md   /save chat.json", style="spec.label"))
+        self.err.print(
+            Text(
+                'Several lines: end a line with \\ to continue it, or wrap the text in """ … """.\n'
+                "Start a message with // to send text that begins with a slash.\n"
+                "Ctrl-C stops a reply and keeps what was shown; Ctrl-D, or Ctrl-C at an empty prompt, quits.\n"
+                "Examples: /k 4   /method ngram   /save chat.md   /save chat.json",
+                style="spec.label",
+            )
+        )
 
     # -- statistics -------------------------------------------------------------------------------------------
     def stats(self, totals: Totals, method: str) -> None:
@@ -138,13 +156,22 @@ class ChatView:
         table.add_column(style="spec.label", justify="right")
         table.add_column()
         table.add_row("", Text("session totals", style="bold"))
-        table.add_row("replies", f"{totals.turns}: {s.n_generated} tokens in {_ms(s.decode_ms)}, "
-                      f"{s.tokens_per_s:.1f} tok/s, {s.tokens_per_pass:.2f} tokens per target pass")
-        table.add_row("prompts", f"{totals.n_prompt} tokens: {totals.n_reused} reused from the cache, "
-                      f"{totals.n_prompt - totals.n_reused} evaluated in {_ms(totals.prefill_ms)}")
+        table.add_row(
+            "replies",
+            f"{totals.turns}: {s.n_generated} tokens in {_ms(s.decode_ms)}, "
+            f"{s.tokens_per_s:.1f} tok/s, {s.tokens_per_pass:.2f} tokens per target pass",
+        )
+        table.add_row(
+            "prompts",
+            f"{totals.n_prompt} tokens: {totals.n_reused} reused from the cache, "
+            f"{totals.n_prompt - totals.n_reused} evaluated in {_ms(totals.prefill_ms)}",
+        )
         if s.n_drafted:
-            table.add_row("drafted", f"{s.n_drafted}, accepted {s.n_accepted}: acceptance rate "
-                          f"{s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}")
+            table.add_row(
+                "drafted",
+                f"{s.n_drafted}, accepted {s.n_accepted}: acceptance rate "
+                f"{s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}",
+            )
             if s.k_histogram:
                 ks = "  ".join(f"K={k}:{n}" for k, n in sorted(s.k_histogram.items()))
                 table.add_row("K chosen", f"mean {s.mean_k:.1f}  ({ks})")
@@ -162,8 +189,10 @@ class ChatView:
         if not totals.turns:
             return
         s = totals.summary()
-        line = f"session: {totals.turns} repl{'ies' if totals.turns != 1 else 'y'}, {s.n_generated} tokens, " \
-               f"{s.tokens_per_s:.1f} tok/s"
+        line = (
+            f"session: {totals.turns} repl{'ies' if totals.turns != 1 else 'y'}, {s.n_generated} tokens, "
+            f"{s.tokens_per_s:.1f} tok/s"
+        )
         if s.n_drafted:
             line += f", acceptance {s.acceptance_rate:.1%}, mean accepted length {s.mean_accepted_length:.2f}"
         self.err.print(Text(line, style="spec.label"))

@@ -44,8 +44,9 @@ def report_table(report: AuditReport) -> Table:
     table.add_column("verdict")
     for f in report.flags:
         style = "spec.bad" if f.verdict == DIVERGENCE else "spec.warn"
-        table.add_row(str(f.position), Text(f.token_text), Text(f.argmax_text), f"{f.margin:.3f}",
-                      Text(f.verdict, style=style))
+        table.add_row(
+            str(f.position), Text(f.token_text), Text(f.argmax_text), f"{f.margin:.3f}", Text(f.verdict, style=style)
+        )
     return table
 
 
@@ -70,15 +71,26 @@ def print_report(console: Console, report: AuditReport) -> None:
     console.print(summary_line(report))
 
 
-def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
-            json_path: str | None, raw: bool, system: str | None, threshold: float = NEAR_TIE_THRESHOLD) -> int:
+def execute(
+    prompt_text: str,
+    *,
+    models: ModelOptions,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    json_path: str | None,
+    raw: bool,
+    system: str | None,
+    threshold: float = NEAR_TIE_THRESHOLD,
+) -> int:
     """Run `specdec check`. Returns 0 (pass) or 130 (interrupted); raises CheckFailedError (exit 7) on a divergence."""
     refuse_sampling(config)
     check_output_path(json_path)  # a bad --json path fails before the generation, not after
     err = err_console()
     out = err if json_path == "-" else make_console()
-    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session, \
-            Assembler(session) as assembler:
+    with (
+        open_session(models, method=spec.method, reporter=RichReporter(err)) as session,
+        Assembler(session) as assembler,
+    ):
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         engine = assembler.engine(spec)
         with status(err, f"Generating with --method {spec.method}"):
@@ -86,9 +98,14 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         if result.interrupted:
             return 130
         with status(err, f"Re-scoring {len(result.tokens)} tokens one at a time"):
-            report = audit_output(session.target, prompt, result.tokens,
-                                  ended_with_eog=result.stats.finish_reason == "eog", threshold=threshold,
-                                  grammar=config.grammar)
+            report = audit_output(
+                session.target,
+                prompt,
+                result.tokens,
+                ended_with_eog=result.stats.finish_reason == "eog",
+                threshold=threshold,
+                grammar=config.grammar,
+            )
         print_report(out, report)
         if json_path:
             _write_json(json_path, session, spec, config, result, report)
@@ -104,14 +121,15 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     return 0
 
 
-def _write_json(path: str, session, spec: SpecOptions, config: GenerationConfig, result: Result,
-                report: AuditReport) -> None:
+def _write_json(
+    path: str, session, spec: SpecOptions, config: GenerationConfig, result: Result, report: AuditReport
+) -> None:
     from specdec_cli.models.llama import system_info
 
     doc = {
         "check": report.to_dict(),
         "numerics": "margins are from the target evaluated one token at a time from an empty cache, as plain "
-                    "decoding does (teacher forcing along the speculative output)",
+        "decoding does (teacher forcing along the speculative output)",
         "text": result.text,
         "tokens": result.tokens,
         "finish_reason": result.stats.finish_reason,

@@ -45,9 +45,16 @@ def curves(threads: int | None = None) -> list[dict[str, Any]]:
             continue
         placement = (entry.get("timed") or {}).get("placement", "")
         plain = key.replace(f"|{placement}|llama-cpp-python", "|llama-cpp-python")  # where the choice is kept
-        out.append({"key": key, "target": entry.get("target", "?"), "curve": curve.to_dict(),
-                    "cheap": curve.cheap_sizes(), "flash_attn": learnt.load_flash_attn(key) or
-                    learnt.load_flash_attn(plain), "placement": placement})
+        out.append(
+            {
+                "key": key,
+                "target": entry.get("target", "?"),
+                "curve": curve.to_dict(),
+                "cheap": curve.cheap_sizes(),
+                "flash_attn": learnt.load_flash_attn(key) or learnt.load_flash_attn(plain),
+                "placement": placement,
+            }
+        )
     return out
 
 
@@ -68,9 +75,13 @@ def measure_curve(console, target: str | None = None, gpu_layers: int = -1) -> s
         return None
     options = ModelOptions(ctx=1024, gpu_layers=gpu_layers)
     off = layers_for(model, options)
-    session = Session(target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads(), n_gpu_layers=off.layers),
-                      target_path=model, options=ModelOptions(), reporter=RichReporter(console),
-                      offload={"target": off})
+    session = Session(
+        target=LlamaBackend(model, n_ctx=1024, n_threads=default_threads(), n_gpu_layers=off.layers),
+        target_path=model,
+        options=ModelOptions(),
+        reporter=RichReporter(console),
+        offload={"target": off},
+    )
     learnt.forget_curve(session.curve_key(), "specdec doctor --measure asked for it")  # even when one is kept
     with session:
         session.verify_curve()
@@ -86,8 +97,9 @@ def measure_flash_attn(model, reporter) -> None:
     settings = flash_attn.settings()
     total = len(settings) * (len(flash_attn.SIZES) + 1) * flash_attn.REPEATS
     what = "on, off and phased" if len(settings) == 3 else "on and off"
-    with reporter.progress(f"timing flash attention {what} at {flash_attn.DEPTH} tokens of context", total,
-                           unit="steps") as task:
+    with reporter.progress(
+        f"timing flash attention {what} at {flash_attn.DEPTH} tokens of context", total, unit="steps"
+    ) as task:
         choice = flash_attn.measure(model, progress=lambda done, total: task.advance())
     learnt.save_flash_attn(learnt.curve_key(model, None), choice.to_dict())
     reporter.say(choice.reason)
@@ -105,8 +117,25 @@ def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
 
     offload = gpu_offload_supported()
     info = system_info()
-    backends = [name for name in ("CUDA", "METAL", "Metal", "VULKAN", "Vulkan", "HIP", "ROCm", "SYCL", "OPENCL",
-                                  "MUSA", "CANN", "KOMPUTE", "BLAS") if f"{name} :" in info or f"{name}:" in info]
+    backends = [
+        name
+        for name in (
+            "CUDA",
+            "METAL",
+            "Metal",
+            "VULKAN",
+            "Vulkan",
+            "HIP",
+            "ROCm",
+            "SYCL",
+            "OPENCL",
+            "MUSA",
+            "CANN",
+            "KOMPUTE",
+            "BLAS",
+        )
+        if f"{name} :" in info or f"{name}:" in info
+    ]
     devs = devices.devices()
     if not backends and devs:  # a build whose system info lists only the CPU (ggml's dynamic backends): the devices'
         backends = [re.sub(r"\d+$", "", d.name) for d in devs if d.kind != "CPU"]  # "Vulkan0" -> "Vulkan"
@@ -115,21 +144,38 @@ def gpu(target: str | None = None, gpu_layers: int = -1) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a report never fails on a model it cannot find
         model = None
     off = layers_for(model, ModelOptions(gpu_layers=gpu_layers)) if model is not None else None
-    return {"offload": offload, "backend": ", ".join(dict.fromkeys(b.upper() for b in backends)),
-            "devices": None if devs is None else [d.to_dict() for d in devs],
-            "model": None if model is None else str(model),
-            "layers": None if off is None else off.layers, "why": "" if off is None else off.why}
+    return {
+        "offload": offload,
+        "backend": ", ".join(dict.fromkeys(b.upper() for b in backends)),
+        "devices": None if devs is None else [d.to_dict() for d in devs],
+        "model": None if model is None else str(model),
+        "layers": None if off is None else off.layers,
+        "why": "" if off is None else off.why,
+    }
 
 
 def gpu_rows(g: dict[str, Any]) -> list[tuple[str, str]]:
     """The report's GPU lines: backend, each device with its free/total memory, the layers a model offloads."""
-    rows = [("GPU backend", g["backend"] or ("none: a CPU build (docs/gpu.md builds one for CUDA or Metal)"
-                                             if not g["offload"] else "a GPU build (llama_supports_gpu_offload)"))]
+    rows = [
+        (
+            "GPU backend",
+            g["backend"]
+            or (
+                "none: a CPU build (docs/gpu.md builds one for CUDA or Metal)"
+                if not g["offload"]
+                else "a GPU build (llama_supports_gpu_offload)"
+            ),
+        )
+    ]
     if g["devices"] is None:
         rows.append(("devices", "n/a (this llama.cpp does not expose ggml's device API)"))
     for d in g["devices"] or ():
-        rows.append((f"device {d['name']}", f"{d['kind']}: {d['description']}; memory {d['free_mib']:,} MiB free of "
-                                           f"{d['total_mib']:,} MiB"))
+        rows.append(
+            (
+                f"device {d['name']}",
+                f"{d['kind']}: {d['description']}; memory {d['free_mib']:,} MiB free of {d['total_mib']:,} MiB",
+            )
+        )
     if g["model"] is None:
         rows.append(("layers offloaded", "n/a (no model downloaded to size)"))
     elif not g["offload"]:
@@ -158,8 +204,11 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
         if model is not None:
             probed_with = str(model)
             verdict = host.probe_child(model, default_threads())
-    plan = host.decide(info, setting, lambda: verdict or "no verdict: not probed yet (at the first model load, "
-                       "or now with specdec doctor --probe)")
+    plan = host.decide(
+        info,
+        setting,
+        lambda: verdict or "no verdict: not probed yet (at the first model load, or now with specdec doctor --probe)",
+    )
     return {
         "specdec": __version__,
         "python": platform.python_version(),
@@ -189,9 +238,19 @@ def report(*, probe: bool = False, target: str | None = None, gpu_layers: int = 
         "serve_kv": serve_kv(),
         "model": model_report(target) if target else None,
         "energy": energy_report(),
-        "env": {k: os.environ[k] for k in ("SPECDEC_HOME", "SPECDEC_CACHE", host.ENV, "SPECDEC_DEBUG", "NO_COLOR",
-                                           "SPECDEC_GPU_LAYERS", "CUDA_VISIBLE_DEVICES")
-                if k in os.environ},
+        "env": {
+            k: os.environ[k]
+            for k in (
+                "SPECDEC_HOME",
+                "SPECDEC_CACHE",
+                host.ENV,
+                "SPECDEC_DEBUG",
+                "NO_COLOR",
+                "SPECDEC_GPU_LAYERS",
+                "CUDA_VISIBLE_DEVICES",
+            )
+            if k in os.environ
+        },
     }
 
 
@@ -219,16 +278,21 @@ def model_row(m: dict[str, Any]) -> str:
     """The report's line about `-t MODEL`: its kind, how it rolls back and what that costs, its MTP block."""
     if "error" in m:
         return f"{m['model']}: {m['error']}"
-    kind = {"transformer": "a transformer (KV cache: rolls back to any position)",
-            "hybrid": "hybrid (attention and recurrent layers)", "recurrent": "recurrent"}[m["kind"]]
+    kind = {
+        "transformer": "a transformer (KV cache: rolls back to any position)",
+        "hybrid": "hybrid (attention and recurrent layers)",
+        "recurrent": "recurrent",
+    }[m["kind"]]
     state = _size(m["state_bytes"])
-    how = {"kv": "",
-           "snapshots": f"; rolls back by {m['n_rs_seq']} recurrent-state snapshots per sequence "
-                        f"({_size(m['snapshot_bytes'])} per sequence: {m['n_rs_seq']} x {state}), so a draft "
-                        f"is at most {m['n_rs_seq']} tokens",
-           "checkpoints": f"; no snapshots in llama.cpp for {m['architecture']}: rolls back by a checkpoint of its "
-                         f"{state} state before each verify pass and a replay of the kept tokens",
-           "none": "; cannot roll back: plain decoding"}[m["rollback"]]
+    how = {
+        "kv": "",
+        "snapshots": f"; rolls back by {m['n_rs_seq']} recurrent-state snapshots per sequence "
+        f"({_size(m['snapshot_bytes'])} per sequence: {m['n_rs_seq']} x {state}), so a draft "
+        f"is at most {m['n_rs_seq']} tokens",
+        "checkpoints": f"; no snapshots in llama.cpp for {m['architecture']}: rolls back by a checkpoint of its "
+        f"{state} state before each verify pass and a replay of the kept tokens",
+        "none": "; cannot roll back: plain decoding",
+    }[m["rollback"]]
     mtp = f"; MTP block: {m['mtp_layers']} layer(s)" if m["mtp_layers"] else "; no MTP block"
     return f"{m['architecture']}: {kind}{how}{mtp} ({m['model']})"
 
@@ -256,8 +320,13 @@ def serve_kv() -> dict[str, Any] | None:
         return None
     if per is None:
         return None
-    return {"model": catalog.default_target, "lanes": SERVE_PARALLEL, "ctx": SERVE_CTX, "bytes_per_token": per,
-            "bytes": per * SERVE_CTX * SERVE_PARALLEL}
+    return {
+        "model": catalog.default_target,
+        "lanes": SERVE_PARALLEL,
+        "ctx": SERVE_CTX,
+        "bytes_per_token": per,
+        "bytes": per * SERVE_CTX * SERVE_PARALLEL,
+    }
 
 
 def energy_report() -> dict[str, Any]:
@@ -266,9 +335,11 @@ def energy_report() -> dict[str, Any]:
     from specdec_cli.models.energy import discover, powercap_root
 
     meter = discover()
-    return {"powercap": str(powercap_root()),
-            "counters": [{"name": c.name, "covers": c.covers, "wraps_at_joules": c.wrap_j} for c in meter.counters],
-            "missing": [{"source": m.source, "reason": m.reason, "fix": m.fix} for m in meter.missing]}
+    return {
+        "powercap": str(powercap_root()),
+        "counters": [{"name": c.name, "covers": c.covers, "wraps_at_joules": c.wrap_j} for c in meter.counters],
+        "missing": [{"source": m.source, "reason": m.reason, "fix": m.fix} for m in meter.missing],
+    }
 
 
 def _resolve(target: str):
@@ -303,24 +374,44 @@ def table(doc: dict[str, Any]) -> Table:
         ("python", f"{doc['python']} ({doc['os']})"),
         ("llama-cpp-python", doc["llama_cpp_python"] or "not installed"),
         ("llama.cpp build", build["name"] + (f"; {build['advice']}" if build["advice"] else "")),
-        ("llama.cpp libraries", (build["library_dir"] or "not found") + (
-            f" (installed from {build['installed_from']})" if build["installed_from"] else "")),
-        ("GPU offload", yes_no[doc["gpu_offload"]] + ("" if doc["gpu_offload"] else " (a CPU build: specdec "
-                                                      "install-llama-cpp --backend cuda builds for CUDA; "
-                                                      "docs/install.md, docs/gpu.md)")),
+        (
+            "llama.cpp libraries",
+            (build["library_dir"] or "not found")
+            + (f" (installed from {build['installed_from']})" if build["installed_from"] else ""),
+        ),
+        (
+            "GPU offload",
+            yes_no[doc["gpu_offload"]]
+            + (
+                ""
+                if doc["gpu_offload"]
+                else " (a CPU build: specdec "
+                "install-llama-cpp --backend cuda builds for CUDA; "
+                "docs/install.md, docs/gpu.md)"
+            ),
+        ),
         ("CPU", f"{doc['cpu']}, {doc['cores'] or '?'} cores, {doc['usable_cpus']} usable CPUs"),
         ("threads", f"{doc['threads_default']} by default: {doc['threads_why']} (--threads)"),
         ("AMX in the CPU", yes_no[amx["cpu_has_amx"]]),
         ("AMX kernels in llama.cpp", yes_no[amx["build_has_amx"]]),
         (host.ENV, amx["setting"]),
-        ("AMX trial decode", amx["verdict"] or "not needed" if not amx["build_has_amx"] else
-         amx["verdict"] or "not run yet (specdec doctor --probe, or at the first model load)"),
+        (
+            "AMX trial decode",
+            amx["verdict"] or "not needed"
+            if not amx["build_has_amx"]
+            else amx["verdict"] or "not run yet (specdec doctor --probe, or at the first model load)",
+        ),
         ("AMX kernels in use", yes_no[amx["in_use"]]),
         ("models load", f"{amx['load_path']}: {amx['reason']}"),
-        ("energy counters", " + ".join(f"{c['name']} ({c['covers']})" for c in doc["energy"]["counters"])
-         or "none: energy is reported as n/a"),
-        *[("energy: " + m["source"], m["reason"] + (f" (fix: {m['fix']})" if m["fix"] else ""))
-          for m in doc["energy"]["missing"]],
+        (
+            "energy counters",
+            " + ".join(f"{c['name']} ({c['covers']})" for c in doc["energy"]["counters"])
+            or "none: energy is reported as n/a",
+        ),
+        *[
+            ("energy: " + m["source"], m["reason"] + (f" (fix: {m['fix']})" if m["fix"] else ""))
+            for m in doc["energy"]["missing"]
+        ],
         ("system info", doc["system_info"]),
         ("config / data / cache", f"{doc['paths']['config']}  {doc['paths']['data']}  {doc['paths']['cache']}"),
     ]
@@ -329,8 +420,13 @@ def table(doc: dict[str, Any]) -> Table:
         rows.append(("model (-t)", model_row(doc["model"])))
     kv = doc.get("serve_kv")
     if kv:
-        rows.append(("serve's KV cache", f"{kv['lanes']} lanes x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} "
-                     f"KB = {kv['bytes'] / 2**30:.1f} GB for {kv['model']} (specdec serve --parallel, --ctx)"))
+        rows.append(
+            (
+                "serve's KV cache",
+                f"{kv['lanes']} lanes x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} "
+                f"KB = {kv['bytes'] / 2**30:.1f} GB for {kv['model']} (specdec serve --parallel, --ctx)",
+            )
+        )
     rows += [(k, v) for k, v in doc["env"].items() if k != host.ENV]
     for what, value in rows:
         t.add_row(what, Text(str(value)))
@@ -344,15 +440,27 @@ def curve_renderables(doc: dict[str, Any]) -> list[Any]:
     from specdec_cli.core.verify_curve import VerifyCurve
 
     if not doc["verify_curves"]:
-        return [Text("verify curve: not measured on this machine yet (the first `specdec run` measures it, or "
-                     "`specdec doctor --measure` now)", style="spec.label")]
+        return [
+            Text(
+                "verify curve: not measured on this machine yet (the first `specdec run` measures it, or "
+                "`specdec doctor --measure` now)",
+                style="spec.label",
+            )
+        ]
     out: list[Any] = []
     for entry in doc["verify_curves"]:
         curve = VerifyCurve.from_dict(entry["curve"])
         where = f", {entry['placement']}" if entry.get("placement") else ""
-        out += [Text(f"verify curve: {entry['target']}, {doc['threads_default']} threads{where}: ms of one target "
-                     "pass over b tokens", style="bold"), curve_table(curve), curve_caption(curve),
-                flash_attn_line(entry.get("flash_attn"))]
+        out += [
+            Text(
+                f"verify curve: {entry['target']}, {doc['threads_default']} threads{where}: ms of one target "
+                "pass over b tokens",
+                style="bold",
+            ),
+            curve_table(curve),
+            curve_caption(curve),
+            flash_attn_line(entry.get("flash_attn")),
+        ]
     return out
 
 
@@ -367,30 +475,48 @@ def flash_attn_line(choice: dict[str, Any] | None) -> Text:
 
     phased = PHASED if flash_attn_switch() and not gpu_offload_supported() else None
     if choice is None and phased:
-        return Text(f"flash attention: {flash_attn_state(phased)} (this build switches it between passes; not "
-                    "measured here: specdec doctor --measure times it)", style="spec.label")
+        return Text(
+            f"flash attention: {flash_attn_state(phased)} (this build switches it between passes; not "
+            "measured here: specdec doctor --measure times it)",
+            style="spec.label",
+        )
     if choice is None:
-        return Text("flash attention: llama.cpp's auto (not measured here: specdec doctor --measure times it on and "
-                    "off at a long context)", style="spec.label")
+        return Text(
+            "flash attention: llama.cpp's auto (not measured here: specdec doctor --measure times it on and "
+            "off at a long context)",
+            style="spec.label",
+        )
     from specdec_cli.measure.flash_attn import Choice
 
     try:
         Choice.from_dict(choice)  # only that it reads: `flash_attn_choice` below decides again under today's rule
     except (KeyError, TypeError, ValueError):
-        return Text("flash attention: llama.cpp's auto (the measured choice is unreadable: specdec doctor --measure)",
-                    style="spec.label")
+        return Text(
+            "flash attention: llama.cpp's auto (the measured choice is unreadable: specdec doctor --measure)",
+            style="spec.label",
+        )
     on, off = (choice["ms"][k] for k in ("on", "off"))
     passes = ", ".join(f"v({b}) {off['ms'][b]:.0f} / {on['ms'][b]:.0f}" for b in off["ms"])
     state = flash_attn_state(flash_attn_choice(choice, phased))
-    also = (f"; phased {choice['turn_ms']['phased']:.1f} ms" if "phased" in choice["turn_ms"] else "")
-    return Text(f"flash attention {state} (measured at {choice['depth']} tokens of context, "
-                f"off / on ms: a {off['chunk']}-token prefill chunk {off['chunk_ms']:.0f} / {on['chunk_ms']:.0f}, "
-                f"{passes}; a prompt token + an output token {choice['turn_ms']['off']:.1f} / "
-                f"{choice['turn_ms']['on']:.1f} ms{also})", style="spec.label")
+    also = f"; phased {choice['turn_ms']['phased']:.1f} ms" if "phased" in choice["turn_ms"] else ""
+    return Text(
+        f"flash attention {state} (measured at {choice['depth']} tokens of context, "
+        f"off / on ms: a {off['chunk']}-token prefill chunk {off['chunk_ms']:.0f} / {on['chunk_ms']:.0f}, "
+        f"{passes}; a prompt token + an output token {choice['turn_ms']['off']:.1f} / "
+        f"{choice['turn_ms']['on']:.1f} ms{also})",
+        style="spec.label",
+    )
 
 
-def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: str | None = None,
-            target: str | None = None, gpu_layers: int = -1) -> int:
+def execute(
+    *,
+    json_path: str | None,
+    probe: bool,
+    measure: bool = False,
+    plot: str | None = None,
+    target: str | None = None,
+    gpu_layers: int = -1,
+) -> int:
     """Print the report (table to stdout, or JSON to `json_path`, '-' = stdout); `measure`: the verify curve first
     (a few seconds, progress on stderr); `plot`: draw the verify curves to that .png/.svg. Returns 0."""
     from specdec_cli.cli.console import err_console, make_console, write_json
@@ -402,15 +528,22 @@ def execute(*, json_path: str | None, probe: bool, measure: bool = False, plot: 
 
         check_plot_path(plot)
     if measure and measure_curve(err_console(), target, gpu_layers) is None:
-        err_console().print(Text("No model downloaded to measure a verify curve with: specdec models pull "
-                                 "qwen2.5-coder-1.5b", style="spec.warn"))
+        err_console().print(
+            Text(
+                "No model downloaded to measure a verify curve with: specdec models pull qwen2.5-coder-1.5b",
+                style="spec.warn",
+            )
+        )
     doc = report(probe=probe, target=target, gpu_layers=gpu_layers)
     if plot and doc["verify_curves"]:
         from specdec_cli.cli.curve_view import write_curve_plot
         from specdec_cli.core.verify_curve import VerifyCurve
 
-        write_curve_plot(plot, [(e["target"], VerifyCurve.from_dict(e["curve"])) for e in doc["verify_curves"]],
-                         f"{doc['cpu']}, {doc['threads_default']} threads")
+        write_curve_plot(
+            plot,
+            [(e["target"], VerifyCurve.from_dict(e["curve"])) for e in doc["verify_curves"]],
+            f"{doc['cpu']}, {doc['threads_default']} threads",
+        )
     if json_path:
         write_json(json_path, doc)
         if json_path == "-":

@@ -15,8 +15,10 @@ from rich.text import Text
 from specdec_cli.errors import BuildError
 from specdec_cli.models import build
 
-PATCH_NAMES = {"llama-cpp-python-flash-attn-switch.patch": "the flash-attention switch",
-               "llama-cpp-python-amx-tileconfig.patch": "the AMX tile fix (llama.cpp issue 20824)"}
+PATCH_NAMES = {
+    "llama-cpp-python-flash-attn-switch.patch": "the flash-attention switch",
+    "llama-cpp-python-amx-tileconfig.patch": "the AMX tile fix (llama.cpp issue 20824)",
+}
 # In a child Python: exit 0 when the installed llama-cpp-python is the patched build (it has llama_set_flash_attn).
 _CHECK = "import llama_cpp, sys; sys.exit(0 if hasattr(llama_cpp.llama_cpp._lib, 'llama_set_flash_attn') else 1)"
 
@@ -31,14 +33,20 @@ def describe(plan: build.InstallPlan) -> str:
     patches = " and ".join(PATCH_NAMES.get(p, p) for p in plan.patches)
     where = f"{plan.prefix} ({plan.python})"
     if plan.state == "installed":
-        return (f"llama-cpp-python {plan.version} in {where} is already specdec's patched build for this machine, "
-                f"from {plan.wheel_dir}: nothing to do.")
+        return (
+            f"llama-cpp-python {plan.version} in {where} is already specdec's patched build for this machine, "
+            f"from {plan.wheel_dir}: nothing to do."
+        )
     if plan.state == "cached":
-        return (f"Installing llama-cpp-python {plan.version} ({plan.backend}) with {patches} into {where} from the "
-                f"wheel built earlier for this machine ({plan.wheel_dir}): a few seconds.")
-    return (f"Building llama-cpp-python {plan.version} ({plan.backend}) from its sdist with {patches} and installing "
-            f"it into {where}: {build.BUILD_COST}; the wheel ({build.WHEEL_SIZE}) is kept in {plan.wheel_dir} for "
-            "later installs.")
+        return (
+            f"Installing llama-cpp-python {plan.version} ({plan.backend}) with {patches} into {where} from the "
+            f"wheel built earlier for this machine ({plan.wheel_dir}): a few seconds."
+        )
+    return (
+        f"Building llama-cpp-python {plan.version} ({plan.backend}) from its sdist with {patches} and installing "
+        f"it into {where}: {build.BUILD_COST}; the wheel ({build.WHEEL_SIZE}) is kept in {plan.wheel_dir} for "
+        "later installs."
+    )
 
 
 def execute(*, amx: str, dry_run: bool, backend: str = "auto") -> int:
@@ -62,8 +70,14 @@ def execute(*, amx: str, dry_run: bool, backend: str = "auto") -> int:
     build.install(plan)
     check = subprocess.run([sys.executable, "-c", _CHECK], stdin=subprocess.DEVNULL, capture_output=True)
     if check.returncode != 0:
-        raise BuildError(f"The install finished, but {sys.executable} does not load the patched build "
-                         "(no llama_set_flash_attn).", "Run specdec doctor to see which llama.cpp it loads.")
-    err.print(Text(f"Done: {sys.executable} now loads specdec's patched llama.cpp build (specdec doctor shows it).",
-                   style="bold"))
+        raise BuildError(
+            f"The install finished, but {sys.executable} does not load the patched build (no llama_set_flash_attn).",
+            "Run specdec doctor to see which llama.cpp it loads.",
+        )
+    err.print(
+        Text(
+            f"Done: {sys.executable} now loads specdec's patched llama.cpp build (specdec doctor shows it).",
+            style="bold",
+        )
+    )
     return 0

@@ -70,8 +70,18 @@ class LazyTokenizer:
             self._tok = None
 
 
-def run_learn(paths: Sequence[Path], *, tokenize: Callable[[str], Sequence[int]], fingerprint: str, name: str | None,
-              include: Sequence[str], exclude: Sequence[str], max_tokens: int, max_file_bytes: int, console):
+def run_learn(
+    paths: Sequence[Path],
+    *,
+    tokenize: Callable[[str], Sequence[int]],
+    fingerprint: str,
+    name: str | None,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    max_tokens: int,
+    max_file_bytes: int,
+    console,
+):
     """`learn.learn` with a progress bar on `console` (a terminal only); returns its report."""
     from specdec_cli.cli.console import progress
     from specdec_cli.config import data_dir
@@ -83,17 +93,28 @@ def run_learn(paths: Sequence[Path], *, tokenize: Callable[[str], Sequence[int]]
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return learn(paths, tokenize=tokenize, fingerprint=fingerprint, data_dir=data_dir(), name=name,
-                     include=include, exclude=exclude, max_tokens=max_tokens, max_file_bytes=max_file_bytes,
-                     progress=advance)
+        return learn(
+            paths,
+            tokenize=tokenize,
+            fingerprint=fingerprint,
+            data_dir=data_dir(),
+            name=name,
+            include=include,
+            exclude=exclude,
+            max_tokens=max_tokens,
+            max_file_bytes=max_file_bytes,
+            progress=advance,
+        )
 
 
 def summary(report) -> str:
     """One line: "learnt myrepo: 412 files, 1,234,567 tokens, 9.9 MB on disk, 38.2 s (312 tokenized at 1.9 M
     tokens/min, 100 unchanged, 3 forgotten; skipped 2 binary, 1 huge)"."""
     rate = report.tokenized_tokens / report.seconds * 60 if report.seconds > 0 else 0.0
-    parts = [f"{report.tokenized_files} tokenized" + (f" at {rate / 1e6:.1f} M tokens/min" if
-                                                      report.tokenized_tokens else "")]
+    parts = [
+        f"{report.tokenized_files} tokenized"
+        + (f" at {rate / 1e6:.1f} M tokens/min" if report.tokenized_tokens else "")
+    ]
     if report.unchanged:
         parts.append(f"{report.unchanged} unchanged")
     if report.forgotten:
@@ -104,12 +125,24 @@ def summary(report) -> str:
         parts.append("skipped " + ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())))
     per = f", {report.size_bytes / report.tokens:.1f} bytes/token" if report.tokens else ""
     verb = "learnt" if report.written else "unchanged"
-    return (f"{verb} {report.name}: {report.files:,} files, {report.tokens:,} tokens, {_human(report.size_bytes)} on "
-            f"disk{per}, {report.seconds:.1f} s ({'; '.join(parts)})")
+    return (
+        f"{verb} {report.name}: {report.files:,} files, {report.tokens:,} tokens, {_human(report.size_bytes)} on "
+        f"disk{per}, {report.seconds:.1f} s ({'; '.join(parts)})"
+    )
 
 
-def execute(paths: Sequence[Path], *, target: str | None, name: str | None, include: Sequence[str],
-            exclude: Sequence[str], max_tokens: int, max_file_bytes: int, list_: bool, forget: str | None) -> int:
+def execute(
+    paths: Sequence[Path],
+    *,
+    target: str | None,
+    name: str | None,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    max_tokens: int,
+    max_file_bytes: int,
+    list_: bool,
+    forget: str | None,
+) -> int:
     from specdec_cli.cli.console import RichReporter, err_console, make_console
     from specdec_cli.config import data_dir, load_catalog
 
@@ -122,8 +155,9 @@ def execute(paths: Sequence[Path], *, target: str | None, name: str | None, incl
 
         rep = forget_path(forget, data_dir())
         if not rep.corpora_deleted and not rep.files_forgotten:
-            raise UsageError(f"Nothing learnt is named {forget!r} or lies under it.",
-                             "See what is learnt with specdec learn --list.")
+            raise UsageError(
+                f"Nothing learnt is named {forget!r} or lies under it.", "See what is learnt with specdec learn --list."
+            )
         for c in rep.corpora_deleted:
             err.print(Text(f"forgot the corpus {c}"))
         if rep.files_forgotten:
@@ -140,16 +174,35 @@ def execute(paths: Sequence[Path], *, target: str | None, name: str | None, incl
     model_path = resolve(target or catalog.default_target, catalog, reporter=RichReporter(err))
     tok = LazyTokenizer(model_path, data_dir())
     try:
-        report = run_learn(paths, tokenize=tok, fingerprint=tok.fingerprint(), name=name, include=include,
-                           exclude=exclude, max_tokens=max_tokens, max_file_bytes=max_file_bytes, console=err)
+        report = run_learn(
+            paths,
+            tokenize=tok,
+            fingerprint=tok.fingerprint(),
+            name=name,
+            include=include,
+            exclude=exclude,
+            max_tokens=max_tokens,
+            max_file_bytes=max_file_bytes,
+            console=err,
+        )
     finally:
         tok.close()
     err.print(Text(summary(report)))
     if report.skipped.get("size cap"):
-        err.print(Text(f"note: the corpus reached its size cap ({max_tokens:,} tokens); raise it with --max-tokens, "
-                       "or narrow it with --include/--exclude.", style="spec.warn"))
-    err.print(Text(f"--method auto now drafts from it (specdec run, chat, serve; --corpus {report.name} to use only "
-                   "it, --corpus off for none).", style="spec.label"))
+        err.print(
+            Text(
+                f"note: the corpus reached its size cap ({max_tokens:,} tokens); raise it with --max-tokens, "
+                "or narrow it with --include/--exclude.",
+                style="spec.warn",
+            )
+        )
+    err.print(
+        Text(
+            f"--method auto now drafts from it (specdec run, chat, serve; --corpus {report.name} to use only "
+            "it, --corpus off for none).",
+            style="spec.label",
+        )
+    )
     return 0
 
 
@@ -162,18 +215,39 @@ def corpus_table(title: str = "corpora") -> Table | None:
     if not dirs:
         return None
     table = Table(title=title, title_justify="left")
-    for col, justify in (("name", "left"), ("tokenizer", "left"), ("files", "right"), ("tokens", "right"),
-                         ("size", "right"), ("updated", "left"), ("roots", "left")):
+    for col, justify in (
+        ("name", "left"),
+        ("tokenizer", "left"),
+        ("files", "right"),
+        ("tokens", "right"),
+        ("size", "right"),
+        ("updated", "left"),
+        ("roots", "left"),
+    ):
         table.add_column(col, justify=cast(JustifyMethod, justify), overflow="fold")
     for d in dirs:
         try:
             i = store.info(d)
         except (store.CorruptCorpus, OSError) as e:
-            table.add_row(d.name, d.parent.name, "", "", "", "", Text(f"unusable: {e}; set aside on its next use",
-                                                                          style="spec.bad"))
+            table.add_row(
+                d.name,
+                d.parent.name,
+                "",
+                "",
+                "",
+                "",
+                Text(f"unusable: {e}; set aside on its next use", style="spec.bad"),
+            )
             continue
-        table.add_row(i.name, d.parent.name, f"{i.n_files:,}", f"{i.n_tokens:,}", _human(i.size_bytes),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(i.updated)), "\n".join(i.roots))
+        table.add_row(
+            i.name,
+            d.parent.name,
+            f"{i.n_files:,}",
+            f"{i.n_tokens:,}",
+            _human(i.size_bytes),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(i.updated)),
+            "\n".join(i.roots),
+        )
     return table
 
 

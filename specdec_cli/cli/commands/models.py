@@ -30,8 +30,11 @@ def _help(*paragraphs: str, examples: list[str]) -> str:
 models_app = typer.Typer(
     help=_help(
         "List and fetch the models of the catalog (models.toml), or any GGUF repo on the Hugging Face Hub.",
-        examples=["specdec models list", "specdec models pull smollm2-135m",
-                  "specdec models pull unsloth/Qwen3.5-2B-GGUF:Q4_K_M"],
+        examples=[
+            "specdec models list",
+            "specdec models pull smollm2-135m",
+            "specdec models pull unsloth/Qwen3.5-2B-GGUF:Q4_K_M",
+        ],
     ),
     no_args_is_help=True,
 )
@@ -106,18 +109,28 @@ def list_models() -> None:
 def pull(
     names: Annotated[
         list[str] | None,
-        typer.Argument(metavar="NAME...", help="Model or pair names from `specdec models list`, or Hugging Face repos "
-                       "(owner/repo[:QUANT], hf.co/owner/repo[:QUANT], a huggingface.co URL).", show_default=False),
+        typer.Argument(
+            metavar="NAME...",
+            help="Model or pair names from `specdec models list`, or Hugging Face repos "
+            "(owner/repo[:QUANT], hf.co/owner/repo[:QUANT], a huggingface.co URL).",
+            show_default=False,
+        ),
     ] = None,
-    all_models: Annotated[bool, typer.Option("--all", help="Fetch every model of the catalog but those "
-                                             "marked 'not in CI' (name them to fetch them).")] = False,
+    all_models: Annotated[
+        bool,
+        typer.Option(
+            "--all", help="Fetch every model of the catalog but those marked 'not in CI' (name them to fetch them)."
+        ),
+    ] = False,
 ) -> None:
     catalog = config.load_catalog()
     items = _selected(catalog, names or [], all_models)
     err = err_console()
     if all_models and (skipped := [s.name for s in catalog.models.values() if not s.ci]):
-        err.print(f"skipped {len(skipped)} models marked 'not in CI' (pull them by name): {', '.join(skipped)}",
-                  highlight=False)
+        err.print(
+            f"skipped {len(skipped)} models marked 'not in CI' (pull them by name): {', '.join(skipped)}",
+            highlight=False,
+        )
     failures: list[tuple[str, SpecdecError]] = []
     for item in items:
         name = item.name if isinstance(item, ModelSpec) else str(item)

@@ -17,7 +17,7 @@ from specdec_cli.cli.render import StreamRenderer, announce_tuned_k, legend, pri
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.driver import Result, generate
 from specdec_cli.errors import CheckFailedError, UsageError
-from specdec_cli.measure.audit import DIVERGENCE
+from specdec_cli.measure.audit import DIVERGENCE, Divergence
 from specdec_cli.measure.comparison import against_plain
 from specdec_cli.models.energy import unavailable_dict
 from specdec_cli.session import Session, open_session
@@ -34,8 +34,17 @@ class OutputOptions:
     idle_baseline: bool = False  # measure a second of idle power first; energy is then also given net of it
 
 
-def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
-            output: OutputOptions, raw: bool, system: str | None, prediction: str | None = None) -> int:
+def execute(
+    prompt_text: str,
+    *,
+    models: ModelOptions,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    output: OutputOptions,
+    raw: bool,
+    system: str | None,
+    prediction: str | None = None,
+) -> int:
     """Run one prompt. Returns the exit code (130 when interrupted).
 
     prediction: the text of `--predict FILE` (predicted outputs), drafted from by auto and predict.
@@ -44,12 +53,17 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     is used when there is one (`assemble.tuned_k`); otherwise `spec.k`.
     """
     if output.strict and not config.sampling.greedy:
-        raise UsageError("--strict checks greedy output token by token and explains a divergence by greedy margins; "
-                         "with --temperature above 0 only a --seed makes the outputs agree token by token, and its "
-                         "near-ties are not explained.", "Drop --strict, or use --temperature 0.")
+        raise UsageError(
+            "--strict checks greedy output token by token and explains a divergence by greedy margins; "
+            "with --temperature above 0 only a --seed makes the outputs agree token by token, and its "
+            "near-ties are not explained.",
+            "Drop --strict, or use --temperature 0.",
+        )
     if spec.method is Method.predict and prediction is None:
-        raise UsageError("--method predict drafts from a predicted output, and none was given.",
-                         "Add --predict FILE (the text you expect back), or use --method auto.")
+        raise UsageError(
+            "--method predict drafts from a predicted output, and none was given.",
+            "Add --predict FILE (the text you expect back), or use --method auto.",
+        )
     check_output_path(output.json_path)  # a --json path that cannot be written fails now, not after the generation
     err = err_console()
     json_to_stdout = output.json_path == "-"
@@ -58,8 +72,10 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
     styled = wants_color(out_stream, output.plain)
     show_stream = not json_to_stdout or styled
 
-    with open_session(models, method=spec.method, reporter=RichReporter(err)) as session, \
-            Assembler(session) as assembler:
+    with (
+        open_session(models, method=spec.method, reporter=RichReporter(err)) as session,
+        Assembler(session) as assembler,
+    ):
         prompt = session.prompt_tokens(prompt_text, raw=raw, system=system)
         config = replace(config, prediction=session.prediction_tokens(prediction))
         saved_k = tuned_k(session, spec)
@@ -80,8 +96,12 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
         if idle_w is not None and result.stats.energy is not None:
             result = replace(result, stats=replace(result.stats, energy=result.stats.energy.net_of(idle_w)))
 
-        print_stats(err, result.stats, method=spec.method,
-                    notes=notes(session, spec, result.stats, predicted=prediction is not None))
+        print_stats(
+            err,
+            result.stats,
+            method=spec.method,
+            notes=notes(session, spec, result.stats, predicted=prediction is not None),
+        )
         compare = None
         if replay is not None:
             try:
@@ -95,15 +115,24 @@ def execute(prompt_text: str, *, models: ModelOptions, spec: SpecOptions, config
                     replay[0].close()  # it learnt nothing: nothing is saved
         if output.json_path:
             k_source = "tuned" if saved_k is not None else ("option" if spec.k_given else "default")
-            _write_json(output.json_path, session, spec, config, result, compare,
-                        k=str(saved_k) if saved_k is not None else spec.k, k_source=k_source)
+            _write_json(
+                output.json_path,
+                session,
+                spec,
+                config,
+                result,
+                compare,
+                k=str(saved_k) if saved_k is not None else spec.k,
+                k_source=k_source,
+            )
     if output.strict and compare is not None and compare["verdict"] == DIVERGENCE:
         d = compare["divergence"]
         margin = "unknown" if d["margin"] is None else f"{d['margin']:.3f} logits >= {float(d['threshold'])}"
         raise CheckFailedError(
             f"The speculative output left plain decoding at token {d['position']} ({d['spec_text']} instead of "
             f"{d['plain_text']}), and that is not a numerical near-tie (margin {margin}).",
-            "Run specdec check with the same options to see every position.")
+            "Run specdec check with the same options to see every position.",
+        )
     return 130 if result.interrupted else 0
 
 
@@ -126,34 +155,64 @@ def _compare_energy(c) -> dict:
     if e is None:
         return unavailable_dict(c.energy_note)
     joules = lambda rs: [round(g.stats.energy.decode_j, 4) for g in rs]  # noqa: E731
-    return {"available": True,
-            "speculative_j_per_token": e.a_median, "plain_j_per_token": e.b_median,
-            "ratio": e.median, "ratio_min": e.low, "ratio_max": e.high,  # speculative / plain, per pair
-            "speculative_decode_joules": joules(e.a_results), "plain_decode_joules": joules(e.b_results),
-            "each_pair": e.to_dict("speculative_j_per_token", "plain_j_per_token")["each"]}
+    return {
+        "available": True,
+        "speculative_j_per_token": e.a_median,
+        "plain_j_per_token": e.b_median,
+        "ratio": e.median,
+        "ratio_min": e.low,
+        "ratio_max": e.high,  # speculative / plain, per pair
+        "speculative_decode_joules": joules(e.a_results),
+        "plain_decode_joules": joules(e.b_results),
+        "each_pair": e.to_dict("speculative_j_per_token", "plain_j_per_token")["each"],
+    }
 
 
-def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: GenerationConfig,
-             shown: Result, pairs: int, replay, err) -> dict:
+def _compare(
+    session: Session,
+    spec: SpecOptions,
+    prompt: np.ndarray,
+    config: GenerationConfig,
+    shown: Result,
+    pairs: int,
+    replay,
+    err,
+) -> dict:
     """Plain decoding of the same prompt in this process, in `pairs` interleaved pairs with a replay of the shown
     run (`comparison.against_plain`): the median speedup and its spread, and the agreement check."""
     drafter, controller = replay
     with status(err, f"--compare: {pairs} pair{'s' * (pairs != 1)} of speculative and plain decoding, interleaved"):
-        c = against_plain(session, spec, prompt, config, shown.tokens, pairs, drafter=drafter,
-                          controller=controller)
+        c = against_plain(session, spec, prompt, config, shown.tokens, pairs, drafter=drafter, controller=controller)
     plain = c.plain
+    note: Divergence | str | None
     if config.sampling.greedy:
         note = c.divergence
     elif config.sampling.seed is None:
-        note = ("sampling: the two runs drew different random numbers; speculative sampling is lossless in "
-                "distribution, not token by token (with --seed, token by token)")
+        note = (
+            "sampling: the two runs drew different random numbers; speculative sampling is lossless in "
+            "distribution, not token by token (with --seed, token by token)"
+        )
     else:  # seeded: each position's draw is keyed, so the outputs part only where the batch shape moved a logit
         same = c.shared == len(shown.tokens) == len(plain.tokens)
-        note = None if same else ("sampling with --seed: the outputs part where llama.cpp's logits, which depend on "
-                                  "the batch shape, moved the seed's draw (a near-tie)")
-    print_compare(err, c.paired, shared=c.shared, n_spec=len(shown.tokens), n_plain=len(plain.tokens),
-                  divergence=note, control=spec.method == Method.none, energy=c.energy,
-                  energy_note=c.energy_note)
+        note = (
+            None
+            if same
+            else (
+                "sampling with --seed: the outputs part where llama.cpp's logits, which depend on "
+                "the batch shape, moved the seed's draw (a near-tie)"
+            )
+        )
+    print_compare(
+        err,
+        c.paired,
+        shared=c.shared,
+        n_spec=len(shown.tokens),
+        n_plain=len(plain.tokens),
+        divergence=note,
+        control=spec.method == Method.none,
+        energy=c.energy,
+        energy_note=c.energy_note,
+    )
     return {
         "pairs": len(c.paired.pairs),
         "speculative_tokens_per_s": c.paired.a_median,  # medians over the pairs
@@ -169,15 +228,25 @@ def _compare(session: Session, spec: SpecOptions, prompt: np.ndarray, config: Ge
         # greedy only: where the outputs first differ, judged by the plain (batch-1) run's own logit margin there
         "divergence": c.divergence.to_dict() if c.divergence is not None else None,
         "verdict": (c.divergence.verdict if c.divergence is not None else "identical")
-        if config.sampling.greedy else None,
+        if config.sampling.greedy
+        else None,
         "plain_text": plain.text,
         "plain_stats": plain.stats.to_dict(),
         "energy": _compare_energy(c),
     }
 
 
-def _write_json(path: str, session: Session, spec: SpecOptions, config: GenerationConfig, result: Result,
-                compare: dict | None, *, k: str, k_source: str) -> None:
+def _write_json(
+    path: str,
+    session: Session,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    result: Result,
+    compare: dict | None,
+    *,
+    k: str,
+    k_source: str,
+) -> None:
     from specdec_cli.models.llama import system_info
 
     doc: dict[str, Any] = {
@@ -204,15 +273,25 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
             "draft_model": session.draft_plan.reason or None,  # why a draft model is (not) used
         },
         # OpenAI's names for predicted outputs (stats.by_source has every source's drafted/accepted)
-        "usage": {"completion_tokens": len(result.tokens),
-                  "completion_tokens_details": {
-                      "accepted_prediction_tokens": result.stats.accepted_prediction_tokens,
-                      "rejected_prediction_tokens": result.stats.rejected_prediction_tokens}},
+        "usage": {
+            "completion_tokens": len(result.tokens),
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": result.stats.accepted_prediction_tokens,
+                "rejected_prediction_tokens": result.stats.rejected_prediction_tokens,
+            },
+        },
         "system_info": system_info(),
         "steps": [
-            {"k": s.k, "drafted": list(s.drafted), "n_accepted": s.n_accepted, "target_token": s.target_token,
-             "emitted": list(s.emitted), "draft_ms": round(s.draft_ms, 3), "verify_ms": round(s.verify_ms, 3),
-             "source": s.source}
+            {
+                "k": s.k,
+                "drafted": list(s.drafted),
+                "n_accepted": s.n_accepted,
+                "target_token": s.target_token,
+                "emitted": list(s.emitted),
+                "draft_ms": round(s.draft_ms, 3),
+                "verify_ms": round(s.verify_ms, 3),
+                "source": s.source,
+            }
             for s in result.steps
         ],
         "compare": compare,
@@ -221,7 +300,13 @@ def _write_json(path: str, session: Session, spec: SpecOptions, config: Generati
         piece = session.target.piece
         text_of = lambda t: piece(t).decode("utf-8", "replace")  # noqa: E731
         doc["logprobs"] = [
-            {"token": lp.token, "text": text_of(lp.token), "logprob": lp.logprob,
-             "top_logprobs": [{"token": t, "text": text_of(t), "logprob": v} for t, v in lp.top]}
-            for s in result.steps for lp in s.logprobs]
+            {
+                "token": lp.token,
+                "text": text_of(lp.token),
+                "logprob": lp.logprob,
+                "top_logprobs": [{"token": t, "text": text_of(t), "logprob": v} for t, v in lp.top],
+            }
+            for s in result.steps
+            for lp in s.logprobs
+        ]
     write_json(path, doc)

@@ -54,8 +54,10 @@ def server_key(api_key: str | None, api_key_file: Path | None) -> tuple[str, ...
         try:
             text = Path(api_key_file).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"Cannot read the key file {api_key_file} ({getattr(e, 'strerror', None) or e}).",
-                             "Give a readable file with one key per line.") from None
+            raise UsageError(
+                f"Cannot read the key file {api_key_file} ({getattr(e, 'strerror', None) or e}).",
+                "Give a readable file with one key per line.",
+            ) from None
         keys = tuple(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
         if not keys:
             raise UsageError(f"The key file {api_key_file} holds no key.", "Write one key per line.")
@@ -70,13 +72,24 @@ def check_exposure(host: str, api_key: Sequence[str], insecure_no_api_key: bool)
     from specdec_cli.server.access import is_loopback
 
     if not api_key and not is_loopback(host) and not insecure_no_api_key:
-        raise UsageError(f"--host {host} lets other machines reach the server, and it has no API key.",
-                         f"Give one with --api-key-file FILE (or {KEY_ENV}=...), or serve without one with "
-                         "--insecure-no-api-key.")
+        raise UsageError(
+            f"--host {host} lets other machines reach the server, and it has no API key.",
+            f"Give one with --api-key-file FILE (or {KEY_ENV}=...), or serve without one with --insecure-no-api-key.",
+        )
 
 
-def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, port: int, api_key: Sequence[str],
-            queue: int, access: Access = Access(), learn: tuple = ()) -> int:
+def execute(
+    *,
+    models: ModelOptions,
+    spec: SpecOptions,
+    defaults,
+    host: str,
+    port: int,
+    api_key: Sequence[str],
+    queue: int,
+    access: Access = Access(),
+    learn: tuple = (),
+) -> int:
     """Serve until a signal; save what was learnt; return 0.
 
     `defaults`: a `specdec_cli.server.request.Defaults` (sampling and max tokens for requests that leave them out).
@@ -109,23 +122,38 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         sock.close()
         raise
 
-    worker = Worker(service, bound=queue, timeout=access.timeout,
-                    saver=Saver(service.save_learnt, interval=access.save_interval))
-    app = create_app(worker, defaults=defaults, api_key=api_key, bind_host=host, allowed_hosts=access.allowed_hosts,
-                     cors_origins=access.cors_origins)
+    worker = Worker(
+        service, bound=queue, timeout=access.timeout, saver=Saver(service.save_learnt, interval=access.save_interval)
+    )
+    app = create_app(
+        worker,
+        defaults=defaults,
+        api_key=api_key,
+        bind_host=host,
+        allowed_hosts=access.allowed_hosts,
+        cors_origins=access.cors_origins,
+    )
     server = make_server(app, on_exit=worker.stop, max_connections=access.max_connections)
     worker.start()
     if learn:
         learn_in_background(learn, session.target_path, session.vocab_fingerprint(), err)
-    for line in (startup_line(service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx,
-                              api_key=bool(api_key)),
-                 context_line(service.n_ctx), lanes_line(service.kv_memory(), spec.method),
-                 access_line(host, api_key, access),
-                 prompt_cache_line(service.session.prompt_cache)):
+    for line in (
+        startup_line(
+            service.model_id, spec.method, base_url(sock), defaults, n_ctx=service.n_ctx, api_key=bool(api_key)
+        ),
+        context_line(service.n_ctx),
+        lanes_line(service.kv_memory(), spec.method),
+        access_line(host, api_key, access),
+        prompt_cache_line(service.session.prompt_cache),
+    ):
         err.print(line, highlight=False, markup=False)
     if not api_key and os.environ.get(CLIENT_KEY_ENV):
-        err.print(f"note: {CLIENT_KEY_ENV} is a client's variable and is not the server's key; give the server one "
-                  f"with --api-key-file or {KEY_ENV}.", highlight=False, markup=False)
+        err.print(
+            f"note: {CLIENT_KEY_ENV} is a client's variable and is not the server's key; give the server one "
+            f"with --api-key-file or {KEY_ENV}.",
+            highlight=False,
+            markup=False,
+        )
     try:
         with _signals_handled_by_server():
             server.run(sockets=[sock])
@@ -133,8 +161,12 @@ def execute(*, models: ModelOptions, spec: SpecOptions, defaults, host: str, por
         worker.stop()  # the running request ends within one prefill chunk or step; waiting ones get 503
         worker.join(timeout=STOP_WAIT_S)
         if worker.alive:  # llama.cpp is still in a call: freeing the models under it would crash
-            err.print(f"specdec serve: the running request did not stop within {STOP_WAIT_S:g} s; exiting without "
-                      "saving (what was learnt is saved every --save-interval).", highlight=False, markup=False)
+            err.print(
+                f"specdec serve: the running request did not stop within {STOP_WAIT_S:g} s; exiting without "
+                "saving (what was learnt is saved every --save-interval).",
+                highlight=False,
+                markup=False,
+            )
             sys.stderr.flush()
             os._exit(1)
         service.close()  # the suffix store and --k auto's controller are saved here
@@ -147,23 +179,32 @@ def access_line(host: str, api_key: Sequence[str], access: Access) -> str:
     """The start-up line that says who may reach the server and how to open it further."""
     from specdec_cli.server.access import is_loopback
 
-    who = ("this machine only, for the Host names localhost, 127.0.0.1 and [::1]"
-           + (f" and {', '.join(access.allowed_hosts)}" if access.allowed_hosts else " (--allowed-host adds one)")
-           if is_loopback(host) and "*" not in access.allowed_hosts else f"every machine that reaches {host}")
-    key = (f"an API key required ({len(api_key)} keys, each one's conversations cached apart)" if len(api_key) > 1
-           else "an API key required" if api_key else "no API key")
+    who = (
+        "this machine only, for the Host names localhost, 127.0.0.1 and [::1]"
+        + (f" and {', '.join(access.allowed_hosts)}" if access.allowed_hosts else " (--allowed-host adds one)")
+        if is_loopback(host) and "*" not in access.allowed_hosts
+        else f"every machine that reaches {host}"
+    )
+    key = (
+        f"an API key required ({len(api_key)} keys, each one's conversations cached apart)"
+        if len(api_key) > 1
+        else "an API key required"
+        if api_key
+        else "no API key"
+    )
     origins = ", ".join(access.cors_origins) if access.cors_origins else "none (--cors-origin allows one)"
-    return (f"access: {who}; {key}; browser origins: {origins}; a request may take {access.timeout:g} s "
-            f"(--timeout).")
+    return f"access: {who}; {key}; browser origins: {origins}; a request may take {access.timeout:g} s (--timeout)."
 
 
 def prompt_cache_line(cache) -> str:
     """The start-up line that says where finished prompts persist (a `PromptCache`, or None: not kept)."""
     if cache is None:
         return "prompt cache: off (--no-prompt-cache): nothing of a conversation is written to disk."
-    return (f"prompt cache: every finished request's prompt and reply (their KV state) is saved to {cache.directory} "
-            f"(up to {cache.max_bytes / 2**30:g} GiB) and reused after a restart; --no-prompt-cache turns it off, "
-            "`specdec cache clear --only prompts` deletes it.")
+    return (
+        f"prompt cache: every finished request's prompt and reply (their KV state) is saved to {cache.directory} "
+        f"(up to {cache.max_bytes / 2**30:g} GiB) and reused after a restart; --no-prompt-cache turns it off, "
+        "`specdec cache clear --only prompts` deletes it."
+    )
 
 
 def learn_in_background(paths, model_path, fingerprint: str, err) -> threading.Thread:
@@ -181,8 +222,11 @@ def learn_in_background(paths, model_path, fingerprint: str, err) -> threading.T
             report = learn(list(paths), tokenize=tok, fingerprint=fingerprint, data_dir=data_dir())
             err.print(f"specdec serve: {summary(report)}", highlight=False, markup=False)
         except Exception as e:  # a bad path, an unwritable data directory: serving goes on without it
-            err.print(f"specdec serve: could not learn {', '.join(map(str, paths))}: {reason(e)}", highlight=False,
-                      markup=False)
+            err.print(
+                f"specdec serve: could not learn {', '.join(map(str, paths))}: {reason(e)}",
+                highlight=False,
+                markup=False,
+            )
         finally:
             tok.close()
 
@@ -199,23 +243,30 @@ def context_line(n_ctx: int) -> str:
     would."""
     if n_ctx >= AGENT_PROMPT_TOKENS:
         return f"context window: {n_ctx} tokens (holds coding agents' prompts: Claude Code's, Codex's)."
-    return (f"context window: {n_ctx} tokens: too small for coding agents' prompts (Claude Code's ~20k tokens); "
-            "use --ctx 32768.")
+    return (
+        f"context window: {n_ctx} tokens: too small for coding agents' prompts (Claude Code's ~20k tokens); "
+        "use --ctx 32768."
+    )
 
 
 def lanes_line(kv: dict, method: str) -> str:
     """The start-up line about lanes: how many requests generate at once, and the KV cache they take
     (`GenerationService.kv_memory`)."""
     size = f"{kv['bytes'] / 2**30:.1f} GB" if kv["bytes"] >= 2**30 else f"{kv['bytes'] / 2**20:.0f} MB"
-    memory = f"; KV cache {size} ({kv['lanes']} x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} KB)" \
-        if kv["bytes"] else ""
+    memory = (
+        f"; KV cache {size} ({kv['lanes']} x {kv['ctx']} tokens x {kv['bytes_per_token'] / 1024:.0f} KB)"
+        if kv["bytes"]
+        else ""
+    )
     if kv.get("kind"):  # a recurrent or hybrid target: its state's snapshots, and how it rolls back
         memory += f"; {recurrent_note(kv)}"
     if kv["lanes"] == 1:
         return f"lanes: 1 (one request at a time; --parallel N serves N at once){memory}."
     note = "; a draft model drafts for lane 0 only" if method == "draft" else ""
-    return (f"lanes: {kv['lanes']} requests at once (--parallel), sharing each forward pass, interactive ones "
-            f"first{memory}{note}.")
+    return (
+        f"lanes: {kv['lanes']} requests at once (--parallel), sharing each forward pass, interactive ones "
+        f"first{memory}{note}."
+    )
 
 
 def recurrent_note(kv: dict) -> str:
@@ -224,8 +275,10 @@ def recurrent_note(kv: dict) -> str:
     snap = kv.get("snapshot_bytes", 0)
     if kv["rollback"] == "snapshots":
         size = f"{snap / 2**20:.1f} MB" if snap >= 2**20 else f"{snap / 2**10:.0f} KB"
-        return (f"a {kv['kind']} model: {kv['n_rs_seq']} recurrent-state snapshots per lane ({size} each lane), "
-                f"drafts of at most {kv['n_rs_seq']} tokens")
+        return (
+            f"a {kv['kind']} model: {kv['n_rs_seq']} recurrent-state snapshots per lane ({size} each lane), "
+            f"drafts of at most {kv['n_rs_seq']} tokens"
+        )
     if kv["rollback"] == "checkpoints":
         return f"a {kv['kind']} model: rolled back by checkpoint and replay (no snapshots for this architecture)"
     return f"a {kv['kind']} model that cannot roll back: plain decoding"
@@ -234,15 +287,27 @@ def recurrent_note(kv: dict) -> str:
 def startup_line(model_id: str, method: str, url: str, defaults, *, n_ctx: int, api_key: bool) -> str:
     """The one line `specdec serve` prints when it is ready: the model, method and URL, what a request that leaves
     sampling and max_tokens out gets (`defaults`: a `server.request.Defaults`), whether a key is required."""
-    own = [f"{name} {value:g}" for name, value in (("temperature", defaults.temperature), ("top_p", defaults.top_p),
-                                                   ("top_k", defaults.top_k), ("min_p", defaults.min_p))
-           if value is not None]
-    sampling = ", ".join(own) + " unless a request sets them" if own else \
-        "temperature and top_p as each API documents (OpenAI's: 1 and 1)"
+    own = [
+        f"{name} {value:g}"
+        for name, value in (
+            ("temperature", defaults.temperature),
+            ("top_p", defaults.top_p),
+            ("top_k", defaults.top_k),
+            ("min_p", defaults.min_p),
+        )
+        if value is not None
+    ]
+    sampling = (
+        ", ".join(own) + " unless a request sets them"
+        if own
+        else "temperature and top_p as each API documents (OpenAI's: 1 and 1)"
+    )
     cap = min(defaults.cap, n_ctx)
     key = " (API key required)" if api_key else ""
-    return (f"specdec serve: {model_id} (--method {method}) at {url}{key}; {sampling}; at most {cap} tokens per "
-            f"reply when a request sets no max_tokens (--max-tokens); one line per request below; Ctrl-C stops.")
+    return (
+        f"specdec serve: {model_id} (--method {method}) at {url}{key}; {sampling}; at most {cap} tokens per "
+        f"reply when a request sets no max_tokens (--max-tokens); one line per request below; Ctrl-C stops."
+    )
 
 
 def require_extra() -> None:
@@ -251,8 +316,10 @@ def require_extra() -> None:
         import sse_starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise UsageError(f"specdec serve needs FastAPI, uvicorn and sse-starlette ({e.name} is missing).",
-                         "Install them with: pip install 'specdec-cli[serve]'") from None
+        raise UsageError(
+            f"specdec serve needs FastAPI, uvicorn and sse-starlette ({e.name} is missing).",
+            "Install them with: pip install 'specdec-cli[serve]'",
+        ) from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -261,17 +328,22 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         return bind(host, port)
     except socket.gaierror:
-        raise UsageError(f"Unknown host {host!r}.", "Use --host 127.0.0.1 (this machine only) or an address of "
-                         "this machine.") from None
+        raise UsageError(
+            f"Unknown host {host!r}.", "Use --host 127.0.0.1 (this machine only) or an address of this machine."
+        ) from None
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise UsageError(f"Port {port} on {host} is in use.", "Use another --port, or --port 0 for a free one.") \
-                from None
+            raise UsageError(
+                f"Port {port} on {host} is in use.", "Use another --port, or --port 0 for a free one."
+            ) from None
         if e.errno == errno.EACCES:
-            raise UsageError(f"Port {port} on {host} needs privileges.", "Use a port above 1023, or --port 0.") \
-                from None
-        raise UsageError(f"Cannot listen on {host}:{port}: {e.strerror or e}.",
-                         "Check --host (an address of this machine) and --port.") from None
+            raise UsageError(
+                f"Port {port} on {host} needs privileges.", "Use a port above 1023, or --port 0."
+            ) from None
+        raise UsageError(
+            f"Cannot listen on {host}:{port}: {e.strerror or e}.",
+            "Check --host (an address of this machine) and --port.",
+        ) from None
 
 
 @contextlib.contextmanager

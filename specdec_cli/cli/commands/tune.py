@@ -44,8 +44,14 @@ from specdec_cli.session import open_session
 from specdec_cli.spec import Method, ModelOptions, SpecOptions
 
 
-def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOptions, config: GenerationConfig,
-            options: TuneOptions) -> int:
+def execute(
+    prompts: list[PromptCase],
+    *,
+    models: ModelOptions,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    options: TuneOptions,
+) -> int:
     """Measure every configuration on `prompts`, print the report, write --json, --save. Returns the exit code
     (130 when interrupted: the runs so far are reported and written, nothing is saved)."""
     if spec.method == Method.none:
@@ -60,8 +66,9 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
         measured = session.verify_curve()  # measured now (a progress bar) when this machine has none
         progress = progress_bar(err)
         with progress:
-            task = RichTask(progress, progress.add_task("warm-up", total=len(schedule(len(configs), len(prompts),
-                                                                                      options.repeats))))
+            task = RichTask(
+                progress, progress.add_task("warm-up", total=len(schedule(len(configs), len(prompts), options.repeats)))
+            )
             tune = run(session, prompts, spec=spec, config=config, configs=configs, repeats=options.repeats, task=task)
         measured = session.verify_curve()  # measured again when the passes the tune timed disagreed with it
         names = [p.name for p in prompts]
@@ -69,34 +76,63 @@ def execute(prompts: list[PromptCase], *, models: ModelOptions, spec: SpecOption
         best = choose_best(summaries) if not tune.interrupted else None
         curve = verify_curve(tune.measurements)
         d_ms = draft_cost([m for m in tune.measurements if m.config != "none"])
-        out.print(report(summaries, names, best, curve, d_ms, header=header(session, spec, prompts, options, config),
-                         partial=f"{len(tune.measurements)} of {tune.planned} runs" if tune.interrupted else None,
-                         measured=measured), soft_wrap=False)
+        out.print(
+            report(
+                summaries,
+                names,
+                best,
+                curve,
+                d_ms,
+                header=header(session, spec, prompts, options, config),
+                partial=f"{len(tune.measurements)} of {tune.planned} runs" if tune.interrupted else None,
+                measured=measured,
+            ),
+            soft_wrap=False,
+        )
         if options.plot and measured is not None:
-            write_curve_plot(options.plot, [(session.target_path.name, measured)],
-                             f"{tune.machine.get('cpu')}, {tune.machine.get('threads')} threads")
+            write_curve_plot(
+                options.plot,
+                [(session.target_path.name, measured)],
+                f"{tune.machine.get('cpu')}, {tune.machine.get('threads')} threads",
+            )
         saved = _save(session, spec, config, options, summaries, best, tune.machine, names, err)
         if options.json_path:
-            write_json(options.json_path, json_doc(session, spec, config, options, prompts, configs, tune, summaries,
-                                                   best, curve, d_ms, saved))
+            write_json(
+                options.json_path,
+                json_doc(session, spec, config, options, prompts, configs, tune, summaries, best, curve, d_ms, saved),
+            )
     return 130 if tune.interrupted else 0
 
 
-def _save(session, spec: SpecOptions, config: GenerationConfig, options: TuneOptions,
-          summaries: list[ConfigSummary], best: TuneConfig | None, mach: dict[str, Any], names: list[str],
-          err) -> Path | None:
+def _save(
+    session,
+    spec: SpecOptions,
+    config: GenerationConfig,
+    options: TuneOptions,
+    summaries: list[ConfigSummary],
+    best: TuneConfig | None,
+    mach: dict[str, Any],
+    names: list[str],
+    err,
+) -> Path | None:
     """--save: write the best setting to tuned.json (`measure.tune.save_best`) and say so; without --save, say how."""
     if not options.save:
         if best is not None:
-            err.print(Text("Add --save to make `specdec run` use this setting when --k is not given.",
-                           style="spec.label"))
+            err.print(
+                Text("Add --save to make `specdec run` use this setting when --k is not given.", style="spec.label")
+            )
         return None
     if best is None:
         err.print(Text("Not saved: the tune did not finish; run it again to save a setting.", style="spec.warn"))
         return None
     saved = save_best(session, spec, config, options, summaries, best, mach, names)
-    err.print(Text.assemble(("saved ", "spec.label"), f"{best.title} for {session.target_path.name}"
-                            + (f" + {session.draft_path.name}" if session.draft_path else "")
-                            + f", --method {spec.method}, {mach['threads']} threads → {saved}"))
+    err.print(
+        Text.assemble(
+            ("saved ", "spec.label"),
+            f"{best.title} for {session.target_path.name}"
+            + (f" + {session.draft_path.name}" if session.draft_path else "")
+            + f", --method {spec.method}, {mach['threads']} threads → {saved}",
+        )
+    )
     err.print(Text("`specdec run` uses it when --k is not given.", style="spec.label"))
     return saved
