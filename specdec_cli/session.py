@@ -192,7 +192,8 @@ class Session:
         from specdec_cli.models import host
 
         off = self.offload.get("target")
-        verdict = host.known_device_flash_attn(self.target_path, off.layers) if off and off.layers else None
+        ctx = self.options.ctx
+        verdict = host.known_device_flash_attn(self.target_path, off.layers, ctx) if off and off.layers else None
         return verdict.removeprefix("crash: ") if verdict and verdict.startswith("crash") else None
 
     # -- prompts ------------------------------------------------------------------------------------------------
@@ -496,7 +497,7 @@ def open_session(
     def device_probe() -> str:
         from specdec_cli.models import host
 
-        return host.device_flash_attn(target_path, off.layers, reporter=reporter)
+        return host.device_flash_attn(target_path, off.layers, options.ctx, reporter=reporter)
 
     with _status(reporter, f"Loading {target_path.name}"):
         target = LlamaBackend(

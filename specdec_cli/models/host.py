@@ -325,17 +325,17 @@ def probe_load(path: Path, *, reporter: Reporter | None = None) -> None:
 # Flash attention on an offloading device
 
 
-def device_flash_attn(path: Path, gpu_layers: int, *, reporter: Reporter | None = None) -> str:
+def device_flash_attn(path: Path, gpu_layers: int, n_ctx: int, *, reporter: Reporter | None = None) -> str:
     """Whether llama.cpp's flash attention survives a verify pass on the device this run offloads to: "ok",
     "crash: SIGSEGV" or "no verdict: ...".
 
-    A device's flash-attention kernel can die on the multi-row passes speculation makes while one-token decoding
-    works (Mesa's lavapipe through ggml-vulkan: docs/gpu.md), and a kernel that dies takes the whole process with
-    it. So once per build, device, model file and layer count, a child process (`llama.probe_main`'s "device"
-    mode) loads the model as this run will, with llama.cpp's flash attention, and runs verify passes of several
-    sizes. The verdict is remembered in host.json beside the AMX verdicts; a probe that could not run or timed out
-    gives no verdict and is tried again next time. `reporter` shows a spinner."""
-    key = _device_key(path, gpu_layers)
+    A device's flash-attention kernel can die on the multi-row passes speculation makes while one-token decoding works
+    (Mesa's lavapipe through ggml-vulkan: docs/gpu.md), and a kernel that dies takes the whole process with it. So once
+    per build, device, model file, layer count and context size, a child process (`llama.probe_main`'s "device" mode)
+    loads the model as this run will, with llama.cpp's flash attention, and runs verify passes of several sizes. The
+    verdict is remembered in host.json beside the AMX verdicts; a probe that could not run or timed out gives no verdict
+    and is tried again next time. `reporter` shows a spinner."""
+    key = _device_key(path, gpu_layers, n_ctx)
     if key is None:
         return "no verdict: the model file cannot be keyed"
     known = _verdicts().get(key)
@@ -343,7 +343,7 @@ def device_flash_attn(path: Path, gpu_layers: int, *, reporter: Reporter | None 
         return known
     try:
         with reporter.status("Checking flash attention on this device (once)") if reporter else nullcontext():
-            proc = _probe_process([str(path), "device", str(gpu_layers)], LOAD_PROBE_TIMEOUT)
+            proc = _probe_process([str(path), "device", str(gpu_layers), str(n_ctx)], LOAD_PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"no verdict: the trial passes took over {LOAD_PROBE_TIMEOUT:.0f} s"
     except OSError as e:
@@ -359,16 +359,16 @@ def device_flash_attn(path: Path, gpu_layers: int, *, reporter: Reporter | None 
     return verdict
 
 
-def known_device_flash_attn(path: Path, gpu_layers: int) -> str | None:
+def known_device_flash_attn(path: Path, gpu_layers: int, n_ctx: int) -> str | None:
     """The verdict `device_flash_attn` remembered for this build, device, model file and layers, or None (never
     probed); it probes nothing."""
-    key = _device_key(path, gpu_layers)
+    key = _device_key(path, gpu_layers, n_ctx)
     return None if key is None else _verdicts().get(key)
 
 
-def _device_key(path: Path, gpu_layers: int) -> str | None:
+def _device_key(path: Path, gpu_layers: int, n_ctx: int) -> str | None:
     """The key of a device verdict: "fa:" + a hash of the build (`build_id`), the devices (`devices.devices`), the
-    model file (`_probe_key`) and the layers offloaded; None for a file that cannot be keyed."""
+    model file (`_probe_key`), the layers offloaded and the context size; None for a file that cannot be keyed."""
     from specdec_cli.models import devices
     from specdec_cli.models.machine import package_version
 
@@ -376,7 +376,7 @@ def _device_key(path: Path, gpu_layers: int) -> str | None:
     if model is None:
         return None
     devs = "; ".join(f"{d.name} {d.description}" for d in (devices.devices() or []))
-    text = f"{package_version()}|{build_id()}|{devs}|{model}|{gpu_layers}"
+    text = f"{package_version()}|{build_id()}|{devs}|{model}|{gpu_layers}|{n_ctx}"
     return "fa:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1102,7 +1102,7 @@ def probe_main(argv: list[str]) -> int:
     argv = [path] for `host.probe_load` (is this file safe to load?): extra buffer types off, so a host whose
     llama.cpp AMX kernels crash does not make a sound file look corrupt. argv = [path, threads] for
     `host.probe_child` (do this build's AMX kernels work on this CPU?): loaded as built, with the threads of the real
-    load (AMX worker threads are where issue 20824 faults). argv = [path, "device", layers] for
+    load (AMX worker threads are where issue 20824 faults). argv = [path, "device", layers, n_ctx] for
     `host.device_flash_attn` (does the device's flash attention survive verify passes?): `layers` offloaded, llama.cpp's
     flash attention, a prefill and verify passes of several sizes with logits for every row, each rolled back.
 
@@ -1110,8 +1110,8 @@ def probe_main(argv: list[str]) -> int:
     the signal into an error or a verdict. Exit code `host.PROBE_REFUSED`, with the message on stderr, when the load
     fails cleanly.
     """
-    if len(argv) == 3 and argv[1] == "device":
-        return _probe_device(argv[0], int(argv[2]))
+    if len(argv) in (3, 4) and argv[1] == "device":
+        return _probe_device(argv[0], int(argv[2]), int(argv[3]) if len(argv) > 3 else 1024)
     kernels = len(argv) > 1
     threads = int(argv[1]) if kernels else 2
 
@@ -1128,9 +1128,10 @@ def probe_main(argv: list[str]) -> int:
     )
 
 
-def _probe_device(path: str, layers: int) -> int:
-    """`probe_main`'s device mode: verify passes the engine's sizes make, on the device, with flash attention as
-    llama.cpp chooses it; exit 0 when they return, `host.PROBE_REFUSED` when the load fails cleanly."""
+def _probe_device(path: str, layers: int, n_ctx: int) -> int:
+    """`probe_main`'s device mode: verify passes the engine's sizes make, on the device, in a context of the run's
+    `n_ctx` (a kernel's plan can depend on the cache's size), with flash attention as llama.cpp chooses it; exit 0
+    when they return, `host.PROBE_REFUSED` when the load fails cleanly."""
 
     def passes(backend: LlamaBackend) -> None:
         # a context past 512 tokens, as an edit's prompt makes (a kernel may split the KV cache there)
@@ -1142,7 +1143,10 @@ def _probe_device(path: str, layers: int) -> int:
             backend.truncate(len(toks))
 
     return _probe(
-        lambda: LlamaBackend(path, n_ctx=1024, n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None), passes
+        lambda: LlamaBackend(
+            path, n_ctx=max(n_ctx, 1024), n_batch=512, n_threads=2, n_gpu_layers=layers, flash_attn=None
+        ),
+        passes,
     )
 
 

@@ -273,11 +273,12 @@ def test_the_report_says_flash_attention_is_off_because_it_crashed_on_the_device
     from specdec_cli.models import host
     from specdec_cli.models.devices import Offload
     from specdec_cli.session import Session
+    from specdec_cli.spec import ModelOptions
 
     monkeypatch.setattr(host, "_host_file", lambda: tmp_path / "host.json")
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
-    host._remember(host._device_key(model, -1), "crash: SIGSEGV")
+    host._remember(host._device_key(model, -1, ModelOptions().ctx), "crash: SIGSEGV")
     fake = FakeBackend()
     fake.flash_attn = False
     session = Session(target=fake, target_path=model, offload={"target": Offload(-1, "all")})

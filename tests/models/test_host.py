@@ -361,17 +361,18 @@ def test_the_device_flash_attention_probe_runs_once_and_keeps_a_verdict(
         return subprocess.CompletedProcess(command, returncode, "", "")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    assert host.known_device_flash_attn(model, -1) is None
-    assert host.device_flash_attn(model, -1) == verdict
-    assert calls[0][-3:] == [str(model), "device", "-1"]  # the child's device mode, with this run's layers
-    assert host.device_flash_attn(model, -1) == verdict
+    assert host.known_device_flash_attn(model, -1, 4096) is None
+    assert host.device_flash_attn(model, -1, 4096) == verdict
+    assert calls[0][-4:] == [str(model), "device", "-1", "4096"]  # the device mode, with this run's layers and context
+    assert host.device_flash_attn(model, -1, 4096) == verdict
     assert len(calls) == (1 if kept else 2)  # a verdict is remembered; no verdict is asked again next time
-    assert host.known_device_flash_attn(model, -1) == (verdict if kept else None)
-    assert host.known_device_flash_attn(model, 12) is None  # another placement: its own verdict
+    assert host.known_device_flash_attn(model, -1, 4096) == (verdict if kept else None)
+    assert host.known_device_flash_attn(model, 12, 4096) is None  # another placement: its own verdict
+    assert host.known_device_flash_attn(model, -1, 8192) is None  # another context size: its own verdict
 
 
 def test_the_device_probes_child_runs_verify_passes_on_a_real_model(smollm2_path):
     """`probe_main`'s device mode on this machine's build (a CPU build offloads nothing): exit 0."""
     from specdec_cli.models.llama import probe_main
 
-    assert probe_main([str(smollm2_path), "device", "-1"]) == 0
+    assert probe_main([str(smollm2_path), "device", "-1", "1024"]) == 0
