@@ -20,7 +20,8 @@ def test_a_seeded_sampled_run_gives_the_same_text_speculative_or_not(model, requ
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(PROMPT, encoding="utf-8")
     runs = []
-    for method in (["--method", "none"], []):  # plain decoding, then the default (auto: lookup drafts here)
+    # plain decoding, prompt lookup at a fixed K (it drafts whatever a pass costs), then the default (auto chooses)
+    for method in (["--method", "none"], ["--method", "ngram", "--k", "4"], []):
         code = main(
             [
                 "run",
@@ -43,6 +44,7 @@ def test_a_seeded_sampled_run_gives_the_same_text_speculative_or_not(model, requ
         out, err = capsys.readouterr()
         assert code == 0, err
         runs.append(json.loads(out))
-    plain, spec = runs
+    plain, spec, auto = runs
     assert spec["stats"]["n_drafted"] > 0  # drafts were verified (and rejected, which consumes randomness)
     assert spec["text"] == plain["text"] and spec["tokens"] == plain["tokens"]
+    assert auto["tokens"] == plain["tokens"]
