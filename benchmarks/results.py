@@ -65,11 +65,16 @@ def _specdec(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], cwd=ROOT, text=True, **kw)
 
 
-def _host() -> dict:
-    """What `specdec doctor --json -` says of this machine and its llama.cpp build (nothing is loaded)."""
+def _host(target: str | None = None) -> dict:
+    """What `specdec doctor --json -` says of this machine and its llama.cpp build (nothing is loaded), with the
+    verify curve kept for `target` (a model file's name: the quick start's), not whichever the data lists first."""
     done = _specdec(["doctor", "--json", "-"], capture_output=True, check=True)
-    doc = json.loads(done.stdout)
-    curves = doc.get("verify_curves") or []
+    return host_facts(json.loads(done.stdout), target)
+
+
+def host_facts(doc: dict, target: str | None) -> dict:
+    """`_host`'s dict from a `specdec doctor --json` document: the curve is `target`'s (None: none kept for it)."""
+    curves = [c for c in doc.get("verify_curves") or [] if c.get("target") == target]
     return {
         "cpu": doc.get("cpu"),
         "cores": doc.get("cores"),
@@ -133,7 +138,7 @@ def measure(*, quick: bool = False) -> dict:
     )
     started = dt.datetime.now(dt.UTC)
     measured = [_run(*r) for r in runs]
-    host = _host()  # after the runs: the verify curve the first one measured, where this machine had none
+    host = _host(measured[0]["target"])  # after the runs: the curve the first one measured, where there was none
     return {
         "version": VERSION,
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),

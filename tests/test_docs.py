@@ -285,6 +285,17 @@ def test_the_results_page_and_the_readme_figure_are_rendered_from_the_json():
     )
 
 
+def test_the_results_page_shows_the_quick_start_targets_own_curve():
+    """doctor lists every curve kept here; the page's is the quick start target's, not the first listed (a tiny
+    test model's curve beside the 1.5B's plain decoding made the page contradict itself)."""
+    results = results_module()
+    tiny = {"target": "qwen35-mtp-tiny.gguf", "curve": {"ms": [0.4, 0.5]}}
+    qwen = {"target": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "curve": {"ms": [71.5, 120.0, 150.0, 203.0]}}
+    doc = {"verify_curves": [tiny, qwen]}
+    assert results.host_facts(doc, qwen["target"])["verify_curve_ms"] == {"1": 71.5, "2": 120.0, "4": 203.0}
+    assert results.host_facts(doc, "other.gguf")["verify_curve_ms"] is None
+
+
 def test_render_needs_only_the_json(tmp_path):
     """`--render` on a small fixture: the page and the README's figure, with nothing measured."""
     results = results_module()
