@@ -116,7 +116,14 @@ def parse_tune(doc: dict) -> str | None:
     auto = next((s for s in summary if s.get("config") == "auto"), None)
     per_prompt = ""
     if auto is not None and auto.get("speedup"):
-        per_prompt = "; auto by prompt: " + ", ".join(f"{p} {v:.2f}×" for p, v in auto["speedup"].items())
+        fixed = [s for s in summary if s.get("config") not in ("none", "auto")]
+
+        def against_best(prompt: str, v: float) -> str:  # issue 55: auto >= 0.95 x the best fixed K on each prompt
+            best = max(fixed, key=lambda s: (s.get("speedup") or {}).get(prompt, 0.0), default=None)
+            b = (best.get("speedup") or {}).get(prompt) if best is not None else None
+            return f"{prompt} {v:.2f}×" + (f" (best fixed {best['config']} {b:.2f}×: {v / b:.2f} of it)" if b else "")
+
+        per_prompt = "; auto by prompt: " + ", ".join(against_best(p, v) for p, v in auto["speedup"].items())
     return ", ".join(overall) + per_prompt + (f"; best {doc['best']}" if doc.get("best") else "")
 
 

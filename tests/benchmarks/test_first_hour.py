@@ -102,7 +102,8 @@ def test_tune_speedups_from_its_json():
         ],
     }
     assert fh.parse_tune(doc) == (
-        "k4 1.24×, k6 1.32×, auto 1.04×; auto by prompt: bisect_rename 1.06×, free 1.02×; best k6"
+        "k4 1.24×, k6 1.32×, auto 1.04×; auto by prompt: bisect_rename 1.06× (best fixed k6 1.32×: 0.80 of it), "
+        "free 1.02×; best k6"
     )
     assert fh.parse_tune({"summary": []}) is None
 
