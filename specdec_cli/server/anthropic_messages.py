@@ -3,7 +3,7 @@
 
 Follows Anthropic's API reference (Messages, Count tokens, Streaming Messages, Errors) as the official `anthropic`
 Python package parses it (`types/message.py`, `raw_message_stream_event.py`, `usage.py`, `message_delta_usage.py`),
-and what Claude Code 2.1 sends (captured with `benchmarks/agent_capture.py claude`). Claude Code adds `?beta=true`
+and what Claude Code 2.1 sends (captured with `clients/agent_capture.py claude`). Claude Code adds `?beta=true`
 to both paths and probes `HEAD /`; both are answered.
 
 Request → `Request`:

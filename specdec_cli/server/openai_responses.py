@@ -4,7 +4,7 @@ into the `response` object or its stream of typed events. What Codex CLI, openai
 
 Follows OpenAI's API reference as the official `openai` Python package parses it (`types/responses/`:
 `response_create_params.py`, `response.py`, `response_stream_event.py`), checked against what Codex CLI 0.169,
-openai-agents 0.24 and openai 3.57 send and need back (captured from the real clients: notes/agents.md). Shaped after
+openai-agents 0.24 and openai 3.57 send and need back (captured with `clients/agent_capture.py`). Shaped after
 llama-server's `server_chat_convert_responses_to_chatcmpl` (a Responses body becomes one chat conversation) and its
 `to_json_oaicompat_resp[_stream]` (the same results written back as Responses events).
 
