@@ -210,10 +210,16 @@ def probe_child(model_path: Path, n_threads: int) -> str:
     """Load `model_path` as built (extra buffer types on) in a child process and decode a prefill and a verify
     batch with `n_threads` threads. Returns "ok", "crash: SIGSEGV" (any death by a signal, or by an exception on
     Windows: `crash_name`) or "no verdict: ..."."""
+    return _child_verdict([str(model_path), str(n_threads)], PROBE_TIMEOUT, "the trial decode")
+
+
+def _child_verdict(args: list[str], timeout: float, what: str) -> str:
+    """Run a probe child (`_probe_process`) and read its exit: "ok", "crash: SIGSEGV" (`crash_name`) or "no verdict:
+    ..." (`what` names the trial in that message: timed out, could not start, or exited otherwise)."""
     try:
-        proc = _probe_process([str(model_path), str(n_threads)], PROBE_TIMEOUT)
+        proc = _probe_process(args, timeout)
     except subprocess.TimeoutExpired:
-        return f"no verdict: the trial decode took over {PROBE_TIMEOUT:.0f} s"
+        return f"no verdict: {what} took over {timeout:.0f} s"
     except OSError as e:
         return f"no verdict: {e.strerror or e}"
     if proc.returncode == 0:
@@ -221,7 +227,7 @@ def probe_child(model_path: Path, n_threads: int) -> str:
     crash = crash_name(proc.returncode)
     if crash is not None:
         return f"crash: {crash}"
-    return f"no verdict: the trial decode exited with {proc.returncode}"
+    return f"no verdict: {what} exited with {proc.returncode}"
 
 
 def _probe_process(args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -341,20 +347,12 @@ def device_flash_attn(path: Path, gpu_layers: int, n_ctx: int, *, reporter: Repo
     known = _verdicts().get(key)
     if known is not None:
         return known
-    try:
-        with reporter.status("Checking flash attention on this device (once)") if reporter else nullcontext():
-            proc = _probe_process([str(path), "device", str(gpu_layers), str(n_ctx)], LOAD_PROBE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return f"no verdict: the trial passes took over {LOAD_PROBE_TIMEOUT:.0f} s"
-    except OSError as e:
-        return f"no verdict: {e.strerror or e}"
-    crash = crash_name(proc.returncode)
-    if proc.returncode == 0:
-        verdict = "ok"
-    elif crash is not None:
-        verdict = f"crash: {crash}"
-    else:
-        return f"no verdict: the trial passes exited with {proc.returncode}"
+    with reporter.status("Checking flash attention on this device (once)") if reporter else nullcontext():
+        verdict = _child_verdict(
+            [str(path), "device", str(gpu_layers), str(n_ctx)], LOAD_PROBE_TIMEOUT, "the trial passes"
+        )
+    if verdict.startswith("no verdict"):
+        return verdict
     _remember(key, verdict)
     return verdict
 
