@@ -445,6 +445,9 @@ def test_make_with_an_old_python_stops_at_once_in_one_line(tmp_path):
     )
     shim.chmod(0o755)
     venv = tmp_path / "venv"
+    # make as a user runs it from a shell: under `make test` the parent's MAKELEVEL and MAKEFLAGS would make the
+    # child print "Entering directory" lines the user never sees.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     proc = subprocess.run(
         ["make", f"PYTHON={shim}", f"VENV={venv}"],
         capture_output=True,
@@ -452,6 +455,7 @@ def test_make_with_an_old_python_stops_at_once_in_one_line(tmp_path):
         cwd=ROOT,
         timeout=120,
         stdin=subprocess.DEVNULL,
+        env=env,
     )
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1, lines
@@ -463,6 +467,7 @@ def test_make_with_an_old_python_stops_at_once_in_one_line(tmp_path):
         text=True,
         cwd=ROOT,
         timeout=120,
+        env=env,
     )
     assert missing.returncode != 0 and "did not run. Run: make PYTHON=python3.12" in missing.stderr
     fine = subprocess.run(
@@ -471,6 +476,7 @@ def test_make_with_an_old_python_stops_at_once_in_one_line(tmp_path):
         text=True,
         cwd=ROOT,
         timeout=120,
+        env=env,
     )
     assert fine.returncode == 0 and "specdec_cli/llama_build/install.py --backend auto" in fine.stdout
     assert "nproc" not in (ROOT / "Makefile").read_text()
