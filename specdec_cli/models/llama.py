@@ -994,30 +994,41 @@ class LlamaBackend(RecurrentGuard):
         template = llama_cpp.llama_model_chat_template(self._model, None)
         return template.decode("utf-8", "replace") if template else None
 
-    def format_chat(
-        self,
-        messages: list[dict],
-        *,
-        add_generation_prompt: bool = True,
-        tools: list[dict] | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
-        template = self.chat_template()
-        if not template:
-            raise UsageError(f"{Path(self.path).name} has no chat template.", "Use --raw to send the prompt as is.")
+    def format_chat(self, messages: list[dict], **options: Any) -> str:
+        """`Backend.format_chat`: render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's
+        sandboxed Jinja env (`chat_formatter`)."""
+        return self.chat_formatter()(messages, **options)
+
+    def chat_formatter(self) -> Callable[..., str]:
+        """`format_chat` with the chat template and its BOS/EOS text read now: the function it returns touches no
+        llama.cpp state, so another thread may call it while this one decodes (`session.PromptText`)."""
+        template, name = self.chat_template(), Path(self.path).name
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
-        return render_chat_template(
-            template,
-            messages,
-            bos_token=self.token_text(bos) if bos >= 0 else "",
-            eos_token=self.token_text(eos) if eos >= 0 else "",
-            add_generation_prompt=add_generation_prompt,
-            model_name=Path(self.path).name,
-            tools=tools,
-            template_kwargs=template_kwargs,
-        )
+        bos_token = self.token_text(bos) if bos >= 0 else ""
+        eos_token = self.token_text(eos) if eos >= 0 else ""
+
+        def format_chat(
+            messages: list[dict],
+            *,
+            add_generation_prompt: bool = True,
+            tools: list[dict] | None = None,
+            template_kwargs: Mapping[str, Any] | None = None,
+        ) -> str:
+            if not template:
+                raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
+            return render_chat_template(
+                template,
+                messages,
+                bos_token=bos_token,
+                eos_token=eos_token,
+                add_generation_prompt=add_generation_prompt,
+                model_name=name,
+                tools=tools,
+                template_kwargs=template_kwargs,
+            )
+
+        return format_chat
 
     # -- interrupting a pass from another thread -----------------------------------------------------------------
     @property
