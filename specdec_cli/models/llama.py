@@ -29,6 +29,7 @@ What it does differently from `llama_cpp.Llama`:
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import warnings
@@ -1001,34 +1002,24 @@ class LlamaBackend(RecurrentGuard):
 
     def chat_formatter(self) -> Callable[..., str]:
         """`format_chat` with the chat template and its BOS/EOS text read now: the function it returns touches no
-        llama.cpp state, so another thread may call it while this one decodes (`session.PromptText`)."""
+        llama.cpp state, so another thread may call it while this one decodes (`session.PromptText`). Without a
+        template, that function raises UsageError."""
         template, name = self.chat_template(), Path(self.path).name
+        if not template:
+
+            def no_template(messages: list[dict], **options: Any) -> str:
+                raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
+
+            return no_template
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
-        bos_token = self.token_text(bos) if bos >= 0 else ""
-        eos_token = self.token_text(eos) if eos >= 0 else ""
-
-        def format_chat(
-            messages: list[dict],
-            *,
-            add_generation_prompt: bool = True,
-            tools: list[dict] | None = None,
-            template_kwargs: Mapping[str, Any] | None = None,
-        ) -> str:
-            if not template:
-                raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
-            return render_chat_template(
-                template,
-                messages,
-                bos_token=bos_token,
-                eos_token=eos_token,
-                add_generation_prompt=add_generation_prompt,
-                model_name=name,
-                tools=tools,
-                template_kwargs=template_kwargs,
-            )
-
-        return format_chat
+        return functools.partial(
+            render_chat_template,
+            template,
+            bos_token=self.token_text(bos) if bos >= 0 else "",
+            eos_token=self.token_text(eos) if eos >= 0 else "",
+            model_name=name,
+        )
 
     # -- interrupting a pass from another thread -----------------------------------------------------------------
     @property
