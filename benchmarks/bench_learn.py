@@ -206,7 +206,7 @@ def main() -> None:
     from specdec_cli.config import data_dir
     from specdec_cli.core.engine import GenerationConfig
     from specdec_cli.driver import generate
-    from specdec_cli.learn import learn
+    from specdec_cli.learn import LearnOptions, learn
     from specdec_cli.measure.audit import classify, first_divergence, teacher_force
     from specdec_cli.measure.sweep import NoLearning
     from specdec_cli.session import open_session
@@ -232,14 +232,14 @@ def main() -> None:
         # 1. learn, then learn again unchanged
         tok = LazyTokenizer(session.target_path, data_dir())
         fp = session.vocab_fingerprint()
-        first = learn([source], tokenize=tok, fingerprint=fp, data_dir=data_dir(), name="bench")
+        first = learn([source], tokenize=tok, fingerprint=fp, data_dir=data_dir(), options=LearnOptions(name="bench"))
         tok.close()
         again = learn(
             [source],
             tokenize=LazyTokenizer(session.target_path, data_dir()),
             fingerprint=fp,
             data_dir=data_dir(),
-            name="bench",
+            options=LearnOptions(name="bench"),
         )
         rate = first.tokenized_tokens / first.seconds * 60
         per_token = first.size_bytes / first.tokens

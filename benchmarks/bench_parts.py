@@ -346,12 +346,14 @@ def variant(rng: np.random.Generator, tpl: list[np.ndarray]) -> np.ndarray:
     return doc
 
 
+def _part_parser(part: str, doc: str) -> argparse.ArgumentParser:
+    """The argument parser of `--part PART`, its help `doc` as written (line breaks kept)."""
+    prog = f"bench_parts.py --part {part}"
+    return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def suffix_main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(
-        prog="bench_parts.py --part suffix-store",
-        description=SUFFIX_DOC,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = _part_parser("suffix-store", SUFFIX_DOC)
     ap.add_argument("--tokens", type=int, default=300_000, help="store size in tokens")
     ap.add_argument("--k", type=int, default=8, help="draft length asked for")
     ap.add_argument("--queries", type=int, default=20, help="generations simulated")
@@ -954,11 +956,7 @@ def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
 
 
 def kv_pool_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(
-        prog="bench_parts.py --part kv-pool",
-        description=KV_POOL_DOC,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = _part_parser("kv-pool", KV_POOL_DOC)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)

@@ -147,27 +147,17 @@ SERVE_CHARS = [600, 1000, 1400, 2000]
 # prepare (with network)
 
 
+def pip_download(python: str, *args: str) -> None:
+    """`python -m pip download --quiet ARGS`; raises CalledProcessError when it fails."""
+    subprocess.run([python, "-m", "pip", "download", "--quiet", *args], check=True)
+
+
 def prepare(python: str = sys.executable) -> int:
     """Download and trim the sdist, and download the wheels, into `CACHE`. Returns 0."""
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = CACHE / "download"
     shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            f"llama-cpp-python=={VERSION}",
-            "-d",
-            str(tmp),
-        ],
-        check=True,
-    )
+    pip_download(python, "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d", str(tmp))
     with tarfile.open(next(tmp.glob("*.tar.gz"))) as tar:
         tar.extractall(tmp, filter="data")
     src = tmp / SDIST
@@ -179,27 +169,8 @@ def prepare(python: str = sys.executable) -> int:
     shutil.rmtree(tmp)
     shutil.rmtree(WHEELS, ignore_errors=True)
     platforms = [x for p in DEVICE_PLATFORMS for x in ("--platform", p)]
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--only-binary",
-            ":all:",
-            "--python-version",
-            DEVICE_PYTHON,
-            "--implementation",
-            "cp",
-            *platforms,
-            "-d",
-            str(WHEELS),
-            *BUILD_WHEELS,
-            *RUN_WHEELS,
-        ],
-        check=True,
-    )
+    binary = ["--only-binary", ":all:", "--python-version", DEVICE_PYTHON, "--implementation", "cp", *platforms]
+    pip_download(python, *binary, "-d", str(WHEELS), *BUILD_WHEELS, *RUN_WHEELS)
     total = sum(f.stat().st_size for f in CACHE.rglob("*") if f.is_file())
     print(
         f"{TRIMMED.relative_to(ROOT)}: {TRIMMED.stat().st_size / 2**20:.1f} MiB; {WHEELS.relative_to(ROOT)}: "
@@ -332,15 +303,19 @@ def real_model() -> Path | None:
     return path if path.is_file() else None
 
 
-def specdec(py: str, args: list[str], env: dict, log: Path, timeout: float) -> tuple[int, float, str]:
-    """Run `python -m specdec_cli ARGS`; (exit code, seconds, its stdout); stderr goes to `log`."""
+def specdec(
+    py: str, args: list[str], env: dict, log: Path, timeout: float, *, stdin: str | None = None, tag: str = ""
+) -> tuple[int, float, str]:
+    """Run `python -m specdec_cli ARGS` with `stdin` (None: this process's); (exit code, seconds, its stdout); stderr
+    goes to `log`, after the command line (`tag` before it)."""
     t0 = time.monotonic()
     with open(log, "a") as f:
-        f.write(f"\n$ specdec {' '.join(args)}\n")
+        f.write(f"\n$ {tag}specdec {' '.join(args)}\n")
         f.flush()
         try:
             p = subprocess.run(
                 [py, "-m", "specdec_cli", *args],
+                input=stdin,
                 stdout=subprocess.PIPE,
                 stderr=f,
                 text=True,
@@ -761,25 +736,8 @@ CHAT_TURNS = [
 def _vk_run(
     py: str, args: list[str], env: dict, log: Path, timeout: float, stdin: str | None = None
 ) -> tuple[int, float, str]:
-    """`python -m specdec_cli ARGS` with `stdin`; (exit code, seconds, stdout); stderr goes to `log`."""
-    t0 = time.monotonic()
-    with open(log, "a") as f:
-        f.write(f"\n$ [{Path(py).parent.parent.name}] specdec {' '.join(args)}\n")
-        f.flush()
-        try:
-            p = subprocess.run(
-                [py, "-m", "specdec_cli", *args],
-                input=stdin or "",
-                stdout=subprocess.PIPE,
-                stderr=f,
-                text=True,
-                env=env,
-                cwd=ROOT,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            return 124, time.monotonic() - t0, ""
-    return p.returncode, time.monotonic() - t0, p.stdout
+    """`specdec` in the Vulkan check's environment `py`, named in the log, with `stdin` (none: empty)."""
+    return specdec(py, args, env, log, timeout, stdin=stdin or "", tag=f"[{Path(py).parent.parent.name}] ")
 
 
 def _json(path: Path) -> dict:

@@ -131,13 +131,20 @@ class Server:
 def body_of(api: str, shape: str, stream: bool, content: str, max_tokens: int) -> tuple[str, dict]:
     """(path, JSON body) of one request of `api` ("chat", "responses", "messages") and `shape` ("plain", "tool",
     "schema")."""
+    if api == "responses":
+        body = {"model": "x", "input": content, "max_output_tokens": max_tokens, "stream": stream}
+        if shape == "tool":
+            body["tools"] = [{"type": "function", "name": "get_weather", "parameters": TOOL_PARAMS}]
+        elif shape == "schema":
+            body["text"] = {"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA}}
+        return "/v1/responses", body
+    body = {  # chat's and messages' alike
+        "model": "x",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
     if api == "chat":
-        body = {
-            "model": "x",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "stream": stream,
-        }
         if shape == "tool":
             body["tools"] = [
                 {
@@ -148,19 +155,6 @@ def body_of(api: str, shape: str, stream: bool, content: str, max_tokens: int) -
         elif shape == "schema":
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
         return "/v1/chat/completions", body
-    if api == "responses":
-        body = {"model": "x", "input": content, "max_output_tokens": max_tokens, "stream": stream}
-        if shape == "tool":
-            body["tools"] = [{"type": "function", "name": "get_weather", "parameters": TOOL_PARAMS}]
-        elif shape == "schema":
-            body["text"] = {"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA}}
-        return "/v1/responses", body
-    body = {
-        "model": "x",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "stream": stream,
-    }
     if shape == "tool":
         body["tools"] = [{"name": "get_weather", "description": "The weather.", "input_schema": TOOL_PARAMS}]
     elif shape == "schema":

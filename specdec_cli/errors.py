@@ -27,6 +27,12 @@ class SpecdecError(Exception):
 
     exit_code: int = 1
 
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs) -> None:
+        """`class XError(SpecdecError, exit_code=N)`: a subclass's exit code said beside its name (else inherited)."""
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
+
     def __init__(self, message: str, fix: str | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -36,60 +42,44 @@ class SpecdecError(Exception):
         return self.message if not self.fix else f"{self.message} {self.fix}"
 
 
-class UsageError(SpecdecError):
+class UsageError(SpecdecError, exit_code=2):
     """Bad arguments or input the user can correct (prompt file missing, empty, not UTF-8, ...)."""
-
-    exit_code = 2
 
 
 class ToolsUnsupportedError(UsageError):
     """Tools were given, and the model's chat template has no place for them (it never reads `tools`)."""
 
 
-class ModelError(SpecdecError):
+class ModelError(SpecdecError, exit_code=3):
     """A model could not be resolved, fetched, verified or loaded."""
-
-    exit_code = 3
 
 
 class ChecksumError(ModelError):
     """A fetched file's sha256 differs from the pinned one; the file has been deleted."""
 
 
-class IncompatiblePairError(SpecdecError):
+class IncompatiblePairError(SpecdecError, exit_code=4):
     """Target and draft models do not share a vocabulary."""
 
-    exit_code = 4
 
-
-class ContextOverflowError(SpecdecError):
+class ContextOverflowError(SpecdecError, exit_code=5):
     """The prompt (or chat history) does not fit in the context window."""
 
-    exit_code = 5
 
-
-class ConfigError(SpecdecError):
+class ConfigError(SpecdecError, exit_code=6):
     """models.toml or the user config is malformed."""
 
-    exit_code = 6
 
-
-class CheckFailedError(SpecdecError):
+class CheckFailedError(SpecdecError, exit_code=7):
     """A losslessness check found a divergence that is not a numerical near-tie."""
 
-    exit_code = 7
 
-
-class BuildError(SpecdecError):
+class BuildError(SpecdecError, exit_code=8):
     """llama-cpp-python could not be built or installed (a tool is missing, or the build failed)."""
 
-    exit_code = 8
 
-
-class BackendError(SpecdecError):
+class BackendError(SpecdecError, exit_code=1):
     """llama.cpp refused an operation (decode failed, KV cache could not be trimmed, ...)."""
-
-    exit_code = 1
 
 
 class DecodeError(BackendError):

@@ -85,6 +85,25 @@ GENERATED_MARKS = (
 _HEAD = 8192
 
 
+@dataclass(frozen=True)
+class LearnOptions:
+    """What `learn` takes in and how much (`specdec learn`'s options).
+
+    Attributes:
+        name: the corpus's name (None: `default_name`).
+        include: globs a file must match, relative path or file name (empty: every file).
+        exclude: globs of files to leave out.
+        max_tokens: the corpus's size cap in tokens; files past it are skipped and counted.
+        max_file_bytes: a larger file is skipped as huge.
+    """
+
+    name: str | None = None
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = ()
+    max_tokens: int = store.DEFAULT_MAX_TOKENS
+    max_file_bytes: int = MAX_FILE_BYTES
+
+
 @dataclass
 class LearnReport:
     """What a `learn` did: the summary line's numbers (`specdec learn` prints them)."""
@@ -213,14 +232,11 @@ def learn(
     tokenize: Callable[[str], Sequence[int]],
     fingerprint: str,
     data_dir: Path,
-    name: str | None = None,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    max_tokens: int = store.DEFAULT_MAX_TOKENS,
-    max_file_bytes: int = MAX_FILE_BYTES,
+    options: LearnOptions = LearnOptions(),
     progress: Callable[[int, int], None] | None = None,
 ) -> LearnReport:
-    """Learn (or update) the corpus `name` (default: `default_name`) from `paths` (files and folders).
+    """Learn (or update) the corpus `options.name` (default: `default_name`) from `paths` (files and folders), the
+    files `options` selects, up to its caps.
 
     `tokenize(text)` gives the target's token ids (no BOS, special tokens not parsed); it is called only for files
     that are new or changed, so it may load the tokenizer lazily. `progress(done, total)` after each file considered.
@@ -230,7 +246,7 @@ def learn(
     for r in roots:
         if not r.exists():
             raise FileNotFoundError(f"{r} does not exist")
-    name = store.safe_name(name) if name else default_name(roots)
+    name = store.safe_name(options.name) if options.name else default_name(roots)
     directory = store.tokenizer_dir(data_dir, fingerprint) / name
     report = LearnReport(name=name, directory=directory)
     files.private_dir(directory.parent)
@@ -247,7 +263,7 @@ def learn(
         known_roots = list(dict.fromkeys((list(old.meta.get("roots", ())) if old is not None else []) + root_strs))
         found: dict[str, Path] = {}
         for r in roots:
-            for p in candidate_files(r, include, exclude):
+            for p in candidate_files(r, options.include, options.exclude):
                 if not any(_under(str(p), x) for x in excluded):
                     found.setdefault(str(p), p)
         # files of this corpus outside the roots learnt now are kept as they are
@@ -275,7 +291,7 @@ def learn(
                 continue
             e = old_by_path.get(path)
             if e is not None and e.size == st.st_size and e.mtime_ns == st.st_mtime_ns:
-                if total + e.n_tokens > max_tokens:
+                if total + e.n_tokens > options.max_tokens:
                     report.skip("size cap")
                     changed = True
                 else:
@@ -285,10 +301,10 @@ def learn(
                     total += e.n_tokens
                     report.unchanged += 1
             else:
-                why = "generated" if _generated_name(p) else ("size cap" if total >= max_tokens else "")
+                why = "generated" if _generated_name(p) else ("size cap" if total >= options.max_tokens else "")
                 text = None
                 if not why:
-                    text, why = read_text(p, max_file_bytes)
+                    text, why = read_text(p, options.max_file_bytes)
                 if text is None:
                     report.skip(why)
                     changed = changed or e is not None
@@ -296,7 +312,7 @@ def learn(
                     t1 = time.perf_counter()
                     toks = np.asarray(tokenize(text), dtype=np.int32)
                     report.tokenize_s += time.perf_counter() - t1
-                    if total + len(toks) > max_tokens:
+                    if total + len(toks) > options.max_tokens:
                         report.skip("size cap")
                         changed = changed or e is not None
                     elif len(toks):

@@ -363,43 +363,17 @@ class PromptText:
     @classmethod
     def of(cls, target: Backend, path: str | Path) -> PromptText:
         """The prompts of `target` (loaded from `path`). Raises ModelError (the vocabulary-only load failed)."""
-        from specdec_cli.models.llama import LlamaBackend, VocabOnly, render_chat_template
+        from specdec_cli.models.llama import LlamaBackend, VocabOnly
 
         if not isinstance(target, LlamaBackend):
             return cls(target.tokenize, target.format_chat, target.fim_tokens())
-        template, name = target.chat_template(), Path(path).name
         vocab = VocabOnly(path)
         try:
             info = vocab.vocab_info()
-            bos = target.token_text(info.bos) if info.bos >= 0 else ""
-            eos = target.token_text(info.eos) if info.eos >= 0 else ""
+            format_chat = target.chat_formatter()  # the template and its BOS/EOS text read once, here
         except BaseException:
             vocab.close()
             raise
-
-        def format_chat(
-            messages: list[dict],
-            *,
-            add_generation_prompt: bool = True,
-            tools: list[dict] | None = None,
-            template_kwargs: Mapping[str, Any] | None = None,
-        ) -> str:
-            # what `LlamaBackend.format_chat` does, from the values read above
-            if not template:
-                from specdec_cli.errors import UsageError
-
-                raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
-            return render_chat_template(
-                template,
-                messages,
-                bos_token=bos,
-                eos_token=eos,
-                add_generation_prompt=add_generation_prompt,
-                model_name=name,
-                tools=tools,
-                template_kwargs=template_kwargs,
-            )
-
         return cls(vocab.tokenize, format_chat, target.fim_tokens(), vocab=info, close=vocab.close)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:

@@ -20,7 +20,7 @@ from specdec_cli.core.records import Source, Step
 from specdec_cli.core.stats import summarize
 from specdec_cli.drafters.auto import AutoDrafter
 from specdec_cli.drafters.corpus import CorpusDrafter
-from specdec_cli.learn import forget, learn
+from specdec_cli.learn import LearnOptions, forget, learn
 from specdec_cli.stores import corpus as store
 
 FP = "f00d" * 16
@@ -45,7 +45,7 @@ def make_tree(root: Path, n: int = 5) -> Path:
 
 
 def run(root, tok, **kw):
-    return learn([root], tokenize=tok, fingerprint=FP, data_dir=data_dir(), **kw)
+    return learn([root], tokenize=tok, fingerprint=FP, data_dir=data_dir(), options=LearnOptions(**kw))
 
 
 def learnt_paths(report) -> set[str]:

@@ -782,18 +782,16 @@ def learn(
     forgotten.
     """
     from specdec_cli.cli.commands.learn import execute
+    from specdec_cli.learn import LearnOptions
 
-    code = execute(
-        paths or [],
-        target=target,
+    options = LearnOptions(
         name=name,
-        include=include or (),
-        exclude=exclude or (),
+        include=tuple(include or ()),
+        exclude=tuple(exclude or ()),
         max_tokens=max_tokens,
         max_file_bytes=max_file_bytes,
-        list_=list_,
-        forget=forget,
     )
+    code = execute(paths or [], target=target, options=options, list_=list_, forget=forget)
     if code:
         raise typer.Exit(code)
 

@@ -139,6 +139,15 @@ def progress(console: Console, unit: str = "runs"):
 
 
 @contextlib.contextmanager
+def sweep_task(console: Console, description: str, total: int) -> Iterator[RichTask]:
+    """A sweep's progress bar (`progress`) of `total` runs, open for the block, as the one `RichTask` the measuring
+    code advances and describes."""
+    bar = progress(console)
+    with bar:
+        yield RichTask(bar, bar.add_task(description, total=total))
+
+
+@contextlib.contextmanager
 def status(console: Console | None, message: str) -> Iterator[None]:
     """A spinner with `message` while the block runs; nothing when `console` is None or not a terminal."""
     if console is None or not console.is_terminal:

@@ -29,6 +29,7 @@ What it does differently from `llama_cpp.Llama`:
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import warnings
@@ -994,29 +995,30 @@ class LlamaBackend(RecurrentGuard):
         template = llama_cpp.llama_model_chat_template(self._model, None)
         return template.decode("utf-8", "replace") if template else None
 
-    def format_chat(
-        self,
-        messages: list[dict],
-        *,
-        add_generation_prompt: bool = True,
-        tools: list[dict] | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's sandboxed Jinja env."""
-        template = self.chat_template()
+    def format_chat(self, messages: list[dict], **options: Any) -> str:
+        """`Backend.format_chat`: render messages with the GGUF's `tokenizer.chat_template` in llama-cpp-python's
+        sandboxed Jinja env (`chat_formatter`)."""
+        return self.chat_formatter()(messages, **options)
+
+    def chat_formatter(self) -> Callable[..., str]:
+        """`format_chat` with the chat template and its BOS/EOS text read now: the function it returns touches no
+        llama.cpp state, so another thread may call it while this one decodes (`session.PromptText`). Without a
+        template, that function raises UsageError."""
+        template, name = self.chat_template(), Path(self.path).name
         if not template:
-            raise UsageError(f"{Path(self.path).name} has no chat template.", "Use --raw to send the prompt as is.")
+
+            def no_template(messages: list[dict], **options: Any) -> str:
+                raise UsageError(f"{name} has no chat template.", "Use --raw to send the prompt as is.")
+
+            return no_template
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
-        return render_chat_template(
+        return functools.partial(
+            render_chat_template,
             template,
-            messages,
             bos_token=self.token_text(bos) if bos >= 0 else "",
             eos_token=self.token_text(eos) if eos >= 0 else "",
-            add_generation_prompt=add_generation_prompt,
-            model_name=Path(self.path).name,
-            tools=tools,
-            template_kwargs=template_kwargs,
+            model_name=name,
         )
 
     # -- interrupting a pass from another thread -----------------------------------------------------------------

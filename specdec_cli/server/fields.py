@@ -53,73 +53,62 @@ _NO_PENALTIES = (
     "speculation preserves)"
 )
 
-FIELDS: tuple[Field, ...] = (
-    # -- informs: accepted, used where the model has room ---------------------------------------------------------
-    Field(
-        "messages[].name",
-        INFORMS,
-        "given to the chat template as the message's `name` (templates that read it show it)",
-    ),
-    Field(
-        "response_format.json_schema.description",
-        INFORMS,
-        "shown to the model in a system-message line, as OpenAI does",
-    ),
-    Field("response_format.json_schema.strict", INFORMS, "accepted; the schema is always enforced"),
-    Field("tools[].function.strict", INFORMS, "accepted; the parameters are always enforced"),
-    Field(
+_INFORMING: tuple[tuple[str, str], ...] = (
+    # (field, what specdec serve does): accepted, used where the model has room
+    ("messages[].name", "given to the chat template as the message's `name` (templates that read it show it)"),
+    ("response_format.json_schema.description", "shown to the model in a system-message line, as OpenAI does"),
+    ("response_format.json_schema.strict", "accepted; the schema is always enforced"),
+    ("tools[].function.strict", "accepted; the parameters are always enforced"),
+    (
         "chat_template_kwargs",
-        INFORMS,
         "given to the chat template as variables (e.g. `enable_thinking`), as llama-server and vLLM do",
     ),
-    Field(
+    (
         "reasoning_effort, reasoning.effort",
-        INFORMS,
         "given to the chat template as `reasoning_effort` (reasoning models' templates read it)",
     ),
-    Field(
+    (
         "messages[].reasoning_content",
-        INFORMS,
         "an assistant's reasoning sent back: given to the chat template as `reasoning_content`",
     ),
-    Field(
+    (
         "cache_control",
-        INFORMS,
         "accepted and dropped (on messages and parts): the KV cache keeps the longest common prefix anyway",
     ),
-    Field("metadata, store", INFORMS, "accepted; nothing is stored"),
-    Field("service_tier", INFORMS, "accepted; one tier"),
-    Field(
+    ("metadata, store", "accepted; nothing is stored"),
+    ("service_tier", "accepted; one tier"),
+    (
         "prompt_cache_key, prompt_cache_retention, prompt_cache_options",
-        INFORMS,
         "accepted: the KV cache keeps the longest common prefix, and the prompt cache a finished prompt, on their own",
     ),
-    Field("user, safety_identifier, model", INFORMS, "accepted: labels (the server serves one model)"),
-    Field("verbosity", INFORMS, "accepted; not applied (a hint to OpenAI's models)"),
-    Field(
-        "any other field",
-        INFORMS,
-        "accepted and ignored, logged once per name (as llama-server, vLLM, Ollama and LM Studio do)",
-    ),
-    # -- changes what must come back: implemented ---------------------------------------------------------------
-    Field("max_tokens, max_completion_tokens, stop, seed", CHANGES, "implemented"),
-    Field(
+    ("user, safety_identifier, model", "accepted: labels (the server serves one model)"),
+    ("verbosity", "accepted; not applied (a hint to OpenAI's models)"),
+    ("any other field", "accepted and ignored, logged once per name (as llama-server, vLLM, Ollama and LM Studio do)"),
+)
+
+_IMPLEMENTED: tuple[tuple[str, str], ...] = (
+    # (field, what specdec serve does): changes what must come back, and is implemented
+    ("max_tokens, max_completion_tokens, stop, seed", "implemented"),
+    (
         "temperature, top_p, top_k, min_p",
-        CHANGES,
         "implemented (lossless: rejection sampling keeps the "
         "target's distribution; with a `seed`, the reply is plain decoding's with that seed)",
     ),
-    Field("stream, stream_options.include_usage", CHANGES, "implemented"),
-    Field("tools, tool_choice, parallel_tool_calls", CHANGES, "implemented: calls constrained by a grammar"),
-    Field("response_format", CHANGES, "implemented: `json_object`, `json_schema` (a grammar), `text`"),
-    Field("logprobs, top_logprobs", CHANGES, "implemented (0-20 alternatives)"),
-    Field("prediction", CHANGES, "implemented: drafted from, never evaluated"),
-    Field(
+    ("stream, stream_options.include_usage", "implemented"),
+    ("tools, tool_choice, parallel_tool_calls", "implemented: calls constrained by a grammar"),
+    ("response_format", "implemented: `json_object`, `json_schema` (a grammar), `text`"),
+    ("logprobs, top_logprobs", "implemented (0-20 alternatives)"),
+    ("prediction", "implemented: drafted from, never evaluated"),
+    (
         "suffix",
-        CHANGES,
         "implemented on /v1/completions: fill in the middle with the model's FIM tokens (400 "
         "naming the model when it has none)",
     ),
+)
+
+FIELDS: tuple[Field, ...] = (
+    *(Field(name, INFORMS, does) for name, does in _INFORMING),
+    *(Field(name, CHANGES, does) for name, does in _IMPLEMENTED),
     # -- changes what must come back: refused with a 400 naming the field unless left out or neutral -----------
     Field(
         "n", CHANGES, "refused unless 1", "specdec serve generates one choice per request: send several requests", (1,)

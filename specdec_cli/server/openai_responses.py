@@ -82,6 +82,11 @@ from specdec_cli.server.tools import NAME
 STORE_SIZE = 64  # responses held for previous_response_id
 ID_DIGITS = 32  # hex digits of a Responses id after its prefix (resp_, msg_, fc_, ctc_)
 LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the text's log-probabilities
+CALL_ITEMS = {
+    "function_call": ("fc", "arguments", "response.function_call_arguments"),
+    "custom_tool_call": ("ctc", "input", "response.custom_tool_call_input"),
+}
+"""A call item's type → its id prefix, the field its text streams into, and the prefix of its stream events."""
 # tool types a local server cannot run: left out of the prompt (logged once), never a 400
 HOSTED = (
     "web_search",
@@ -701,50 +706,18 @@ class ResponsesWriter:
         elif isinstance(event, Arguments):
             index = self._calls[event.index]
             item = self.output[index]
-            if item["type"] == "function_call":
-                item["arguments"] += event.text
-                out.append(
-                    self._event(
-                        "response.function_call_arguments.delta",
-                        item_id=item["id"],
-                        output_index=index,
-                        delta=event.text,
-                    )
-                )
-            else:
-                item["input"] += event.text
-                out.append(
-                    self._event(
-                        "response.custom_tool_call_input.delta",
-                        item_id=item["id"],
-                        output_index=index,
-                        delta=event.text,
-                    )
-                )
+            _, field, events = CALL_ITEMS[item["type"]]
+            item[field] += event.text
+            out.append(self._event(f"{events}.delta", item_id=item["id"], output_index=index, delta=event.text))
         elif isinstance(event, CallEnd):
             index = self._calls[event.index]
             item = self.output[index]
-            if item["type"] == "function_call":
-                item["arguments"] = event.call.arguments
-                out.append(
-                    self._event(
-                        "response.function_call_arguments.done",
-                        item_id=item["id"],
-                        output_index=index,
-                        name=item["name"],
-                        arguments=item["arguments"],
-                    )
-                )
-            else:
-                item["input"] = event.call.arguments
-                out.append(
-                    self._event(
-                        "response.custom_tool_call_input.done",
-                        item_id=item["id"],
-                        output_index=index,
-                        input=item["input"],
-                    )
-                )
+            _, field, events = CALL_ITEMS[item["type"]]
+            item[field] = event.call.arguments
+            named = {"name": item["name"]} if item["type"] == "function_call" else {}  # OpenAI names only these
+            out.append(
+                self._event(f"{events}.done", item_id=item["id"], output_index=index, **named, **{field: item[field]})
+            )
             out += self._release()
             self._held = index  # done once we know whether a limit cut it
         elif isinstance(event, End):
@@ -819,24 +792,16 @@ class ResponsesWriter:
 
     def _call_item(self, call_id: str, flat: str, kind: str, text: str, status: str) -> dict:
         namespace, name = self.tr.names.restore(flat)
-        if kind == "custom":
-            item = {
-                "id": new_id("ctc", digits=ID_DIGITS),
-                "type": "custom_tool_call",
-                "status": status,
-                "call_id": call_id,
-                "name": name,
-                "input": text,
-            }
-        else:
-            item = {
-                "id": new_id("fc", digits=ID_DIGITS),
-                "type": "function_call",
-                "status": status,
-                "call_id": call_id,
-                "name": name,
-                "arguments": text,
-            }
+        item_type = "custom_tool_call" if kind == "custom" else "function_call"
+        prefix, field, _ = CALL_ITEMS[item_type]
+        item = {
+            "id": new_id(prefix, digits=ID_DIGITS),
+            "type": item_type,
+            "status": status,
+            "call_id": call_id,
+            "name": name,
+            field: text,
+        }
         if namespace is not None:
             item["namespace"] = namespace
         return item

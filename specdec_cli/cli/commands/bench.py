@@ -7,10 +7,8 @@ re-renders a saved --json document (`--from-json`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +16,14 @@ from rich.console import Console
 from rich.text import Text
 
 from specdec_cli.cli.commands.bench_report import check_plot_path, markdown_table, report, write_plot
-from specdec_cli.cli.console import (
-    RichReporter,
-    RichTask,
-    err_console,
-    make_console,
-    write_json,
-)
-from specdec_cli.cli.console import (
-    progress as progress_bar,
-)
+from specdec_cli.cli.console import RichReporter, err_console, make_console, sweep_task, write_json
 from specdec_cli.errors import UsageError
 from specdec_cli.measure import sweep
 from specdec_cli.measure.bench import (
     JSON_VERSION,
+    BenchConfig,
     BenchOptions,
+    BenchRun,
     BenchSummary,
     config_from_label,
     configs_for,
@@ -70,24 +61,12 @@ def execute(prompts: list[PromptCase], *, models, options: BenchOptions) -> int:
         models=models,
         options=options,
         reporter=RichReporter(err),
-        progress=lambda total: _progress(err, total),
+        progress=lambda total: sweep_task(err, "bench", total),
     )
     for line in bench.notes:
         err.print(Text(line, style="spec.warn"))
     doc = json_doc(bench, prompts, configs, models=models, options=options)
-    summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
-    doc["summary"] = [s.to_dict() for s in summaries]
-    if bench.interrupted:
-        out.print(
-            Text(
-                f"Interrupted after {len(bench.runs)} of {bench.planned} runs: the numbers below cover only those.",
-                style="spec.warn",
-            )
-        )
-    render(doc, summaries, out=out, options=options)
-    if options.json_path:
-        write_json(options.json_path, doc)
-    return 130 if bench.interrupted else 0
+    return _finish(doc, bench, configs, prompts, f"{len(bench.runs)} of {bench.planned} runs", out=out, options=options)
 
 
 def execute_workload(name: str, *, models, options: BenchOptions) -> int:
@@ -102,27 +81,30 @@ def execute_workload(name: str, *, models, options: BenchOptions) -> int:
     sitting = run_workload(name, models=models, options=options, reporter=RichReporter(err))
     doc = json_doc(sitting.bench, sitting.prompts, sitting.configs, models=models, options=options)
     doc.update(workload=name, peer=None)
-    summaries = summarize(sitting.bench.runs, sitting.configs, [(p.name, p.kind) for p in sitting.prompts])
+    done = f"{len(sitting.bench.runs)} runs"
+    return _finish(doc, sitting.bench, sitting.configs, sitting.prompts, done, out=out, options=options)
+
+
+def _finish(
+    doc: dict[str, Any],
+    bench: BenchRun,
+    configs: list[BenchConfig],
+    prompts: list[PromptCase],
+    done: str,
+    *,
+    out: Console,
+    options: BenchOptions,
+) -> int:
+    """Summarise `bench`'s runs into `doc`, print the report (after a warning saying `done`, the runs made, when it
+    was interrupted) and write --json/--plot/--markdown. Returns the exit code: 0, or 130 when interrupted."""
+    summaries = summarize(bench.runs, configs, [(p.name, p.kind) for p in prompts])
     doc["summary"] = [s.to_dict() for s in summaries]
-    if sitting.bench.interrupted:
-        out.print(
-            Text(
-                f"Interrupted after {len(sitting.bench.runs)} runs: the numbers below cover only those.",
-                style="spec.warn",
-            )
-        )
+    if bench.interrupted:
+        out.print(Text(f"Interrupted after {done}: the numbers below cover only those.", style="spec.warn"))
     render(doc, summaries, out=out, options=options)
     if options.json_path:
         write_json(options.json_path, doc)
-    return 130 if sitting.bench.interrupted else 0
-
-
-@contextlib.contextmanager
-def _progress(console: Console, total: int) -> Iterator[RichTask]:
-    """The bench's progress bar of `total` runs (hidden when `console` is not a terminal)."""
-    progress = progress_bar(console)
-    with progress:
-        yield RichTask(progress, progress.add_task("bench", total=total))
+    return 130 if bench.interrupted else 0
 
 
 def render(doc: dict[str, Any], summaries: list[BenchSummary], *, out: Console, options: BenchOptions) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -22,6 +22,7 @@ from specdec_cli.cli.console import human_size as _human
 from specdec_cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from specdec_cli.learn import LearnOptions
     from specdec_cli.models.llama import VocabOnly
 
 
@@ -70,43 +71,6 @@ class LazyTokenizer:
             self._tok = None
 
 
-def run_learn(
-    paths: Sequence[Path],
-    *,
-    tokenize: Callable[[str], Sequence[int]],
-    fingerprint: str,
-    name: str | None,
-    include: Sequence[str],
-    exclude: Sequence[str],
-    max_tokens: int,
-    max_file_bytes: int,
-    console,
-):
-    """`learn.learn` with a progress bar on `console` (a terminal only); returns its report."""
-    from specdec_cli.cli.console import progress
-    from specdec_cli.config import data_dir
-    from specdec_cli.learn import learn
-
-    with progress(console, unit="files") as bar:
-        task = bar.add_task("learning", total=None)
-
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        return learn(
-            paths,
-            tokenize=tokenize,
-            fingerprint=fingerprint,
-            data_dir=data_dir(),
-            name=name,
-            include=include,
-            exclude=exclude,
-            max_tokens=max_tokens,
-            max_file_bytes=max_file_bytes,
-            progress=advance,
-        )
-
-
 def summary(report) -> str:
     """One line: "learnt myrepo: 412 files, 1,234,567 tokens, 9.9 MB on disk, 38.2 s (312 tokenized at 1.9 M
     tokens/min, 100 unchanged, 3 forgotten; skipped 2 binary, 1 huge)"."""
@@ -132,19 +96,11 @@ def summary(report) -> str:
 
 
 def execute(
-    paths: Sequence[Path],
-    *,
-    target: str | None,
-    name: str | None,
-    include: Sequence[str],
-    exclude: Sequence[str],
-    max_tokens: int,
-    max_file_bytes: int,
-    list_: bool,
-    forget: str | None,
+    paths: Sequence[Path], *, target: str | None, options: LearnOptions, list_: bool, forget: str | None
 ) -> int:
-    from specdec_cli.cli.console import RichReporter, err_console, make_console
+    from specdec_cli.cli.console import RichReporter, err_console, make_console, progress
     from specdec_cli.config import data_dir, load_catalog
+    from specdec_cli.learn import learn
 
     err = err_console()
     if list_:
@@ -174,24 +130,23 @@ def execute(
     model_path = resolve(target or catalog.default_target, catalog, reporter=RichReporter(err))
     tok = LazyTokenizer(model_path, data_dir())
     try:
-        report = run_learn(
-            paths,
-            tokenize=tok,
-            fingerprint=tok.fingerprint(),
-            name=name,
-            include=include,
-            exclude=exclude,
-            max_tokens=max_tokens,
-            max_file_bytes=max_file_bytes,
-            console=err,
-        )
+        fingerprint = tok.fingerprint()
+        with progress(err, unit="files") as bar:
+            task = bar.add_task("learning", total=None)
+
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            report = learn(
+                paths, tokenize=tok, fingerprint=fingerprint, data_dir=data_dir(), options=options, progress=advance
+            )
     finally:
         tok.close()
     err.print(Text(summary(report)))
     if report.skipped.get("size cap"):
         err.print(
             Text(
-                f"note: the corpus reached its size cap ({max_tokens:,} tokens); raise it with --max-tokens, "
+                f"note: the corpus reached its size cap ({options.max_tokens:,} tokens); raise it with --max-tokens, "
                 "or narrow it with --include/--exclude.",
                 style="spec.warn",
             )

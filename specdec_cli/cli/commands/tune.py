@@ -12,16 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from specdec_cli.cli.commands.tune_report import header, report
-from specdec_cli.cli.console import (
-    RichReporter,
-    RichTask,
-    err_console,
-    make_console,
-    write_json,
-)
-from specdec_cli.cli.console import (
-    progress as progress_bar,
-)
+from specdec_cli.cli.console import RichReporter, err_console, make_console, sweep_task, write_json
 from specdec_cli.cli.curve_view import check_plot_path, write_curve_plot
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.errors import UsageError
@@ -64,11 +55,7 @@ def execute(
     configs = configs_for(options.ks)
     with open_session(models, method=spec.method, reporter=RichReporter(err)) as session:
         measured = session.verify_curve()  # measured now (a progress bar) when this machine has none
-        progress = progress_bar(err)
-        with progress:
-            task = RichTask(
-                progress, progress.add_task("warm-up", total=len(schedule(len(configs), len(prompts), options.repeats)))
-            )
+        with sweep_task(err, "warm-up", len(schedule(len(configs), len(prompts), options.repeats))) as task:
             tune = run(session, prompts, spec=spec, config=config, configs=configs, repeats=options.repeats, task=task)
         measured = session.verify_curve()  # measured again when the passes the tune timed disagreed with it
         names = [p.name for p in prompts]
