@@ -4,7 +4,6 @@
     python benchmarks/bench_parts.py --part sampling [options]          # the sampling math at a 152k vocabulary
     python benchmarks/bench_parts.py --part suffix-store [options]      # the suffix store: build, memory, propose
     python benchmarks/bench_parts.py --part host [options]              # host work per target pass
-    python benchmarks/bench_parts.py --part kv-pool [options]           # a KV pool against a stream per lane
     python benchmarks/bench_parts.py --part P --help                    # a part's own options
 
 ## --part predict-drafter
@@ -84,25 +83,6 @@ Run:
     python benchmarks/bench_parts.py --part host                      # fake only, 7 repeats
     python benchmarks/bench_parts.py --part host --real --real-repeats 3
     python benchmarks/bench_parts.py --part host --profile 16         # cProfile of a fake run at K = 16, top 30
-
-## --part kv-pool
-
-What a pass costs with lanes in one KV pool (`--kv-unified`, llama-server's `-kvu`) against a KV stream per lane
-(`--kv-per-lane`, the default): the passes `specdec serve --parallel` makes, timed on the default model.
-
-One context of 4 lanes (`LlamaBackend(n_lanes=4)`), phased flash attention as the server runs it, for each layout:
-1. a lane 2,500 tokens deep verifies 8 rows while another lane holds 8,000 cells (an agent's prompt beside an
-   editor's completion, or an idle lane keeping its prefix for the next request);
-2. the same 8 rows sharing the pass with 256 prefill rows of the deep lane;
-3. four lanes 1,000-2,500 deep verify 8 rows each (four chats decoding), and one of them alone;
-4. three lanes' 8 rows with a fourth lane's 256 prefill rows;
-5. four lanes' verify rows of unequal lengths (1, 4, 12, 2: chats decoding at once);
-6. 64 prefill rows of one lane with another's 10 (an editor's completion and an agent's rows), and each alone.
-With a stream per lane, `decode_many` puts unequal parts in descending sequence ids, so each is a ubatch of its own.
-Each figure: the median of `--repeats` passes after one unmeasured (ms), with min-max; the two layouts run in
-separate processes, alternately, `--rounds` times. CPU-heavy: run it alone.
-
-    python benchmarks/bench_parts.py --part kv-pool                    # 2 rounds, 5 passes each
 """
 
 from __future__ import annotations
@@ -110,12 +90,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -134,10 +112,8 @@ from specdec_cli.drafters.suffix import SuffixDrafter  # noqa: E402
 from specdec_cli.stores.suffix_index import Corpus  # noqa: E402
 from specdec_cli.stores.suffix_store import SuffixStore  # noqa: E402
 
-PARTS = ("predict-drafter", "sampling", "suffix-store", "host", "kv-pool")
-(PREDICT_DOC, SAMPLING_DOC, SUFFIX_DOC, HOST_DOC, KV_POOL_DOC) = (
-    part.split("\n\n", 1)[1] for part in __doc__.split("\n## ")[1:]
-)
+PARTS = ("predict-drafter", "sampling", "suffix-store", "host")
+(PREDICT_DOC, SAMPLING_DOC, SUFFIX_DOC, HOST_DOC) = (part.split("\n\n", 1)[1] for part in __doc__.split("\n## ")[1:])
 
 
 # -- --part predict-drafter (was bench_predict_drafter.py) -----------------------------------------------------------
@@ -882,122 +858,6 @@ def host_main(argv: list[str]) -> None:
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-# -- --part kv-pool (was bench_kv_pool.py) ---------------------------------------------------------------------------
-CASES = [
-    "8 rows, a lane of 8,000 beside",
-    "8 rows + 256 prefill rows (8,000 deep)",
-    "4 lanes x 8 rows",
-    "1 lane x 8 rows, 3 lanes beside",
-    "3 lanes x 8 rows + 256 prefill rows",
-    "4 lanes x 1, 4, 12, 2 rows",
-    "64 rows (2,500 deep) + 10 rows of another lane",
-    "64 rows (2,500 deep) alone",
-    "10 rows (1,500 deep) alone",
-]
-
-
-def child(unified: bool, repeats: int, threads: int) -> list[list[float]]:
-    """Run in a process of its own: the ms of each case's passes (one list per case, in CASES' order)."""
-    import time
-
-    import numpy as np
-
-    sys.path.insert(0, str(ROOT))
-    from bench_serve import model_path  # noqa: E402  (benchmarks/ is on sys.path)
-    from specdec_cli.models.llama import PHASED, LlamaBackend
-
-    rng = np.random.default_rng(0)
-    be = LlamaBackend(
-        str(model_path(None)),
-        n_ctx=16384,
-        n_batch=512,
-        n_threads=threads,
-        flash_attn=PHASED,
-        n_lanes=4,
-        kv_unified=unified,
-    )
-    lanes = [be.lane(i) for i in range(4)]
-
-    def fill(lane, n: int) -> None:
-        lane.truncate(0)
-        toks = rng.integers(1000, 30000, n).astype(np.int32)
-        for s in range(0, n, 512):
-            be.decode_many([(lane, toks[s : s + 512], 0)])
-
-    def timed(spec) -> list[float]:
-        out = []
-        for _ in range(repeats + 1):
-            bases = [lane._n for lane, _ in spec]
-            parts = [(lane, rng.integers(1000, 30000, r).astype(np.int32), min(r, 16)) for lane, r in spec]
-            t0 = time.perf_counter()
-            be.decode_many(parts)
-            out.append((time.perf_counter() - t0) * 1e3)
-            for (lane, _), b in zip(spec, bases, strict=False):
-                lane.truncate(b)
-        return out[1:]
-
-    fill(lanes[1], 2500)
-    fill(lanes[0], 8000)
-    res = [timed([(lanes[1], 8)]), timed([(lanes[1], 8), (lanes[0], 256)])]
-    fill(lanes[0], 1500)
-    fill(lanes[2], 1000)
-    fill(lanes[3], 2000)
-    res += [
-        timed([(lane, 8) for lane in lanes]),
-        timed([(lanes[1], 8)]),
-        timed([(lanes[0], 8), (lanes[1], 8), (lanes[2], 8), (lanes[3], 256)]),
-        timed([(lanes[0], 1), (lanes[1], 4), (lanes[2], 12), (lanes[3], 2)]),
-        timed([(lanes[1], 64), (lanes[0], 10)]),
-        timed([(lanes[1], 64)]),
-        timed([(lanes[0], 10)]),
-    ]
-    be.close()
-    return res
-
-
-def kv_pool_main(argv: list[str]) -> int:
-    ap = _part_parser("kv-pool", KV_POOL_DOC)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--child", choices=["unified", "per-lane"], help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args.child == "unified", args.repeats, args.threads)))
-        return 0
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
-    got: dict[str, list[list[float]]] = {"per-lane": [[] for _ in CASES], "unified": [[] for _ in CASES]}
-    for _ in range(args.rounds):
-        for layout in ("per-lane", "unified"):
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--part",
-                    "kv-pool",
-                    "--child",
-                    layout,
-                    "--repeats",
-                    str(args.repeats),
-                    "--threads",
-                    str(args.threads),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            for acc, ms in zip(got[layout], json.loads(out.stdout.strip().splitlines()[-1]), strict=False):
-                acc.extend(ms)
-    print(
-        "\n| pass (ms, median (min-max)) | KV stream per lane | one pool (-kvu) | pool / streams |\n|---|---|---|---|"
-    )
-    for i, case in enumerate(CASES):
-        a, b = got["per-lane"][i], got["unified"][i]
-        cell = lambda v: f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"  # noqa: E731
-        print(f"| {case} | {cell(a)} | {cell(b)} | {statistics.median(b) / statistics.median(a):.2f}x |")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """`--part P` picks the benchmark; the rest of the command line is its own options (`--part P --help`)."""
     ap = argparse.ArgumentParser(
@@ -1010,7 +870,6 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": sampling_main,
         "suffix-store": suffix_main,
         "host": host_main,
-        "kv-pool": kv_pool_main,
     }[args.part]
     return run(rest) or 0
 

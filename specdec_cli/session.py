@@ -483,7 +483,6 @@ def open_session(
             verbose=options.verbose,
             flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers, device_probe=device_probe),
             n_lanes=options.lanes,
-            kv_unified=options.kv_unified,
         )
     session = Session(
         target=target,

@@ -169,7 +169,6 @@ class ModelOptions:
     verbose: bool = False
     prompt_cache: bool = True  # restore and save prompts' KV states across runs (`--no-prompt-cache`: off)
     lanes: int = 1  # sequences generated at once, each with `ctx` tokens of KV (`specdec serve --parallel`)
-    kv_unified: bool = False  # a KV stream per lane; True: one KV pool (llama-server's -kvu, `--kv-unified`)
 
 
 @dataclass(frozen=True)

@@ -919,20 +919,10 @@ def serve(
         "once (slots, llama-server's -np): an editor's completions while an agent works. "
         "One loop serves them all: each step it plans every slot's verify rows and prompt "
         "chunks (interactive requests first) and evaluates them in one llama_decode call "
-        "(with the default KV stream per slot, slots of unequal rows get a call each); each "
+        "(each slot has a KV stream of its own, so slots of unequal rows get a call each); each "
         "slot has its own --ctx of KV cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 "
         "= 3.7 GB, allocated at start; /health and the start-up line say how much). 1: one "
         "at a time.",
-        rich_help_panel="Server",
-    ),
-    kv_unified: bool = typer.Option(
-        False,
-        "--kv-unified/--kv-per-lane",
-        help="With --parallel: a KV stream per "
-        "lane (each lane's rows attend to its own tokens only; no second draft "
-        "branches), or one KV pool for every lane (llama-server's -kvu: every pass "
-        "attends over all lanes' cells, slower here once lanes hold long prompts; a "
-        "lone lane keeps its second branch).",
         rich_help_panel="Server",
     ),
     learn: list[Path] = typer.Option(
@@ -1002,7 +992,6 @@ def serve(
         models=replace(
             _model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
             lanes=parallel,
-            kv_unified=kv_unified,
         ),
         spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
         defaults=Defaults(

@@ -228,14 +228,8 @@ class LlamaBackend(RecurrentGuard):
         phase_depth: phased: a pass that starts before this many tokens of context runs with flash attention
             (`PHASE_DEPTH`).
         n_lanes: sequences this context serves side by side (`lane(i)`, `decode_many`: the server's `--parallel`),
-            each with its own `n_ctx` tokens of KV cache. 1 = one sequence, as before.
-        kv_unified: with lanes, a KV stream per lane (False, the default): a lane's rows attend only to its own
-            stream's cells, but llama.cpp splits a pass into ubatches of equal rows per stream (a pass of lanes with
-            1, 5 and 17 rows is three ubatches), and lanes have no second branch; or one KV pool of
-            `n_lanes * n_ctx` cells for all (True: llama.cpp's unified KV cache, llama-server's `-kvu`; each lane
-            keeps a second sequence for its branches, and a shared pass is one ubatch), where every pass attends
-            over the pool's cells, other lanes' too, so a shallow lane's pass pays for a deep lane's cells
-            (`benchmarks/bench_kv_pool.py` times both layouts). Ignored with one lane.
+            each with its own `n_ctx` tokens of KV cache in a KV stream of its own (its rows attend to its cells only;
+            no second branch). 1 = one sequence, as before.
         rs_snapshots: recurrent-state snapshots per sequence to ask llama.cpp for (`llama_context_params.n_rs_seq`)
             on a recurrent or hybrid model; llama.cpp grants them only to the architectures in its
             `llm_arch_supports_rs_rollback` (0 otherwise: then rollback is by checkpoint and replay). Each snapshot
@@ -267,7 +261,6 @@ class LlamaBackend(RecurrentGuard):
         flash_attn: bool | str | None = None,
         phase_depth: int = PHASE_DEPTH,
         n_lanes: int = 1,
-        kv_unified: bool = False,
         rs_snapshots: int = RS_SNAPSHOTS,
     ) -> None:
         _init_once(verbose)
@@ -307,15 +300,14 @@ class LlamaBackend(RecurrentGuard):
             cparams.n_rs_seq = max(0, int(rs_snapshots))
         if n_lanes < 1:
             raise ValueError(f"n_lanes={n_lanes}: at least 1")
-        cparams.n_ctx = n_ctx * n_lanes  # the KV pool; each lane may fill n_ctx of it
+        cparams.n_ctx = n_ctx * n_lanes  # n_ctx per lane's stream
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        # lane i: sequence 2i, and 2i + 1 for the second branch of its verify passes (i without branches, or with a
-        # KV stream per lane)
-        if n_lanes > 1 and not kv_unified:
+        # lane i: sequence i in a KV stream of its own; one lane: sequence 0, and 1 for the second branch
+        if n_lanes > 1:
             branches = False  # a branch's cells would be copied across streams
-        cparams.n_seq_max = (2 if branches else 1) * n_lanes
-        cparams.kv_unified = branches or (n_lanes > 1 and kv_unified)  # one pool: branches share the prefix's cells
+        cparams.n_seq_max = 2 if branches else n_lanes
+        cparams.kv_unified = branches  # branches share the committed prefix's cells (one pool)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -350,7 +342,6 @@ class LlamaBackend(RecurrentGuard):
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._n_ctx = int(llama_cpp.llama_n_ctx(ctx)) // n_lanes
         self.n_lanes = n_lanes
-        self.kv_streams = n_lanes > 1 and not cparams.kv_unified  # a KV stream per lane (`server.lanes` splits passes)
         self._root = self  # the lane that owns the model, context and batch (`lane`)
         self._s0, self._s1 = 0, 1  # this lane's sequence ids: its own, and its second branch's
         self._n_batch = int(llama_cpp.llama_n_batch(ctx))
@@ -762,7 +753,7 @@ class LlamaBackend(RecurrentGuard):
                 )
             if n_logits > len(toks):
                 raise ValueError(f"n_logits={n_logits} exceeds the part ({len(toks)} tokens)")
-        if self.kv_streams and len({len(t) for _, t, _ in parts}) > 1:
+        if self.n_lanes > 1 and len({len(t) for _, t, _ in parts}) > 1:
             return self._decode_apart(parts)
         first: list[int] = []
         off, depth = 0, self._n_ctx

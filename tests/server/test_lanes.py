@@ -1,10 +1,8 @@
-"""Several sequences at once (`server.lanes`): one loop's shared passes, the scheduler's order, the joint K.
+"""Several sequences at once (`server.lanes`): one loop's shared passes, the scheduler's order, each slot's K.
 
 Each test drives `Scheduler.step` itself, so when a request arrives is a pass count, never a wall-clock moment."""
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import pytest
@@ -16,14 +14,16 @@ from specdec_cli.core.records import Step
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.drafters.ngram import NgramDrafter
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority, Scheduler, _Sub
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority, Scheduler, Slot, _Sub
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [10, 11, 12, 10, 11, 12, 10], [3, 4, 3, 4, 3, 4, 3, 4], [20, 21, 22, 23]]
 
 
-def _engines(backend: FakeBackend, n: int, k: int = 4) -> tuple[Scheduler, list[SpeculativeEngine]]:
-    """A scheduler of n slots over `backend`; an engine per slot."""
-    sched = Scheduler(backend, n)
+def _engines(
+    backend: FakeBackend, n: int, k: int = 4, curve: VerifyCurve | None = None
+) -> tuple[Scheduler, list[SpeculativeEngine]]:
+    """A scheduler of n slots over `backend` (its verify curve `curve`); an engine per slot."""
+    sched = Scheduler(backend, n, curve=curve)
     return sched, [_engine(slot, k) for slot in sched.slots]
 
 
@@ -87,9 +87,14 @@ def _run(
     raise AssertionError("a sequence never finished")
 
 
+def _flat() -> VerifyCurve:
+    """A flat verify curve (a GPU's): long requests share the passes (on a CPU's they run one at a time)."""
+    return _curve(lambda b: 50.0 + 0.1 * b)
+
+
 def test_shared_passes_give_each_sequence_its_own_greedy_output():
     backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
-    sched, engines = _engines(backend, 4)
+    sched, engines = _engines(backend, 4, curve=_flat())
     config = GenerationConfig(max_tokens=40)
     jobs = [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(4)]
     out = _run(sched, jobs)
@@ -107,7 +112,7 @@ def test_seeded_sampled_request_unchanged_by_a_neighbour():
     sched, engines = _engines(backend, 2)
     alone = _run(sched, [(0, engines[0], PROMPTS[0], sampled, Priority())])[0]
     backend2 = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
-    sched2, engines2 = _engines(backend2, 2)
+    sched2, engines2 = _engines(backend2, 2, curve=_flat())
     other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
     both = _run(
         sched2,
@@ -118,7 +123,8 @@ def test_seeded_sampled_request_unchanged_by_a_neighbour():
 
 
 def test_a_seeded_sampled_request_is_unchanged_when_a_neighbour_shortens_its_drafts(monkeypatch):
-    # the joint K gives a slot fewer draft tokens beside others; keyed sampling makes the output independent of K.
+    # a slot's controller may give it fewer draft tokens beside others; keyed sampling makes the output independent
+    # of K.
     # A target with one favourite after each token: its outputs repeat, so n-gram drafts are often accepted.
     def markov(prefix):
         return hashed_logits(prefix[-1:])
@@ -126,9 +132,9 @@ def test_a_seeded_sampled_request_is_unchanged_when_a_neighbour_shortens_its_dra
     sampled = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=0.9, seed=1234))
     sched, engines = _engines(FakeBackend(markov, n_ctx=256, n_batch=64), 2)
     alone = _run(sched, [(0, engines[0], PROMPTS[0], sampled, Priority())])[0]
-    monkeypatch.setattr(Scheduler, "draft_limit", lambda self, slot: 1 if len(self._active) > 1 else 4)
+    monkeypatch.setattr(Slot, "draft_limit", property(lambda self: 1 if len(self._s._active) > 1 else 4))
     backend2 = FakeBackend(markov, n_ctx=256, n_batch=64)
-    sched2, engines2 = _engines(backend2, 2)
+    sched2, engines2 = _engines(backend2, 2, curve=_flat())
     other = GenerationConfig(max_tokens=30, sampling=SamplingParams(temperature=1.0, seed=7))
     both = _run(
         sched2,
@@ -140,7 +146,7 @@ def test_a_seeded_sampled_request_is_unchanged_when_a_neighbour_shortens_its_dra
 
 def test_a_cancelled_sequence_leaves_the_others_kv_intact():
     backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
-    sched, engines = _engines(backend, 2)
+    sched, engines = _engines(backend, 2, curve=_flat())
     config = GenerationConfig(max_tokens=40)
     got: list[int] = []
     sched.start(sched.slots[1], _program(engines[1], PROMPTS[1], config, got, stop_after=5), Priority(seq=1))
@@ -165,28 +171,7 @@ def _fake_subs(sched: Scheduler, spec: list[tuple[int, int, int, Priority]]) -> 
     return subs
 
 
-def test_compose_puts_interactive_steps_first_and_cuts_a_long_prefill_to_its_share():
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = Scheduler(backend, 3, share_rows=32)
-    agent, fim, chat = _fake_subs(
-        sched,
-        [
-            (0, 512, 0, Priority(BATCH, seq=1)),  # an agent's prefill chunk
-            (1, 5, 5, Priority(INTERACTIVE, seq=2)),  # an editor's verify step
-            (2, 3, 3, Priority(BATCH, seq=3)),
-        ],
-    )
-    parts = sched._compose()
-    assert parts[0] == (fim, 5)  # the interactive step first
-    assert (chat, 3) in parts  # every waiting step rides along
-    assert (agent, 32) in parts  # before any pass was timed: the long prefill advances by share_rows, no more
-    sched._ms_per_row, sched._owed_ms = 10.0, 0.0
-    assert agent not in [s for s, _ in sched._compose()]  # timed, nothing owed yet: the interactive pass runs light
-    sched._owed_ms = 45.0
-    assert (agent, 5) in sched._compose()  # what 45 ms owed buys at 10 ms a row
-
-
-def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) -> FakeBackend:
+def _agent_beside_editor(n_prompt: int, editor_tokens: int) -> FakeBackend:
     """An agent's long prefill (slot 0) and an editor's completion arriving after its second pass (slot 1), on a
     virtual clock (passes of 10 + 5 ms a row), share 0.25, pieces of 0.5 s; both outputs checked against their greedy
     ones. Returns the backend (its `passes`)."""
@@ -194,9 +179,7 @@ def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) ->
 
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
-    backend.kv_streams = kv_streams
     sched = Scheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
-    assert sched.split is kv_streams
     engines = [_engine(slot) for slot in sched.slots]
     long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, n_prompt)]
     sched.note(Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
@@ -209,31 +192,11 @@ def _agent_beside_editor(kv_streams: bool, n_prompt: int, editor_tokens: int) ->
     return backend
 
 
-def test_a_long_prefill_gets_its_time_share_beside_an_interactive_lane_and_no_more():
-    """One KV pool: while the editor decodes, the agent's prefill rows ride in its passes and take about `share` of the
-    time (it never starves, and does not slow each editor step by a whole piece or a fixed number of rows)."""
-    n_prompt = 1500
-    backend = _agent_beside_editor(False, n_prompt, 60)
-    # the passes with the editor in them while the agent was still reading its prompt
-    read, both = 0, []
-    for p in backend.passes:
-        rows = dict(p)
-        if read < n_prompt - 1 and 1 in rows:
-            both.append(p)
-        read += rows.get(0, 0)
-    assert len(both) >= 10
-    agent_ms = sum(5.0 * dict(p).get(0, 0) for p in both)
-    total_ms = sum(10.0 + 5.0 * sum(r for _, r in p) for p in both)
-    assert 0.15 <= agent_ms / total_ms <= 0.35  # about its share of the time
-    longest_wait = max(len(list(g)) for k, g in itertools.groupby(both, key=lambda p: 0 in dict(p)) if not k)
-    assert longest_wait <= 4  # never starved for long: owed time buys a row every few passes
-
-
-def test_with_a_kv_stream_per_lane_a_long_prefill_gets_its_share_in_passes_of_its_own():
-    """A KV stream per lane (`LlamaBackend.kv_streams`): llama.cpp would run an agent's rows beside an editor's as
-    ubatches of their own anyway, so no pass mixes them; the agent's passes take about `share` of the time while the
+def test_a_long_prefill_gets_its_share_in_passes_of_its_own():
+    """A KV stream per lane: llama.cpp would run an agent's rows beside an editor's as ubatches of their own anyway,
+    so no pass mixes them; the agent's passes take about `share` of the time while the
     editor decodes (never starving)."""
-    backend = _agent_beside_editor(True, 3000, 400)
+    backend = _agent_beside_editor(3000, 400)
     assert not any(len(p) > 1 for p in backend.passes)  # never an agent's rows beside the editor's
     first = next(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
     last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
@@ -264,28 +227,26 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
     until that much is owed again (ms per row 15, share 0.1: a 64-row piece, 960 ms, is due after 9.6 s of the
     editor's passes, 19.2 s after a piece in the gap); and it does come: the agent never starves."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    backend.kv_streams = True
     sched = Scheduler(backend, 2, piece_s=1.0, share=0.1)
     sched._ms_per_row = 15.0
     (agent,) = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
-    sched._account([(agent, 64)], 960.0, 64)  # between two editor requests
+    sched._account([(agent, 64)], 960.0)  # between two editor requests
     (fim,) = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
     for n in range(1, 200):  # noqa: B007 - read after the loop
         parts = sched._compose()
         if parts[0][0] is agent:
             break
         assert parts == [(fim, 4)]
-        sched._account(parts, 200.0, 4)
+        sched._account(parts, 200.0)
     assert 94 <= n <= 98  # (960 + 960) / (0.1 x 200 ms) passes
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["cpu-curve", "flat-curve"])
-def test_with_kv_streams_on_a_cpu_long_requests_run_one_at_a_time(flat):
-    """KV stream per lane, a CPU's curve: three chats sent at once run one after another in arrival order (their rows
-    could not share a ubatch, so interleaving only made each wait for the others), each its greedy reply; on a flat
-    curve (a GPU) they share the passes."""
+def test_on_a_cpu_long_requests_run_one_at_a_time(flat):
+    """A KV stream per lane and a CPU's curve: three chats sent at once run one after another in arrival order (their
+    rows could not share a ubatch, so interleaving only made each wait for the others), each its greedy reply; on a
+    flat curve (a GPU) they share the passes."""
     backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
-    backend.kv_streams = True
     sched, engines = _engines(backend, 3)
     sched.curve = _curve(lambda b: 50.0 + (0.1 if flat else 10.0) * b)
     config = GenerationConfig(max_tokens=30)
@@ -311,17 +272,18 @@ def test_compose_earliest_deadline_first_among_interactive():
             (1, 60, 0, Priority(INTERACTIVE, deadline=10.0, seq=2)),
         ],
     )
-    parts = sched._compose()
-    assert parts[0][0] is soon and parts[0][1] == 60  # the earlier deadline's prefill first, whole
-    assert parts[1] == (late, 4)  # the other takes what the batch has left
+    # the earlier deadline's prefill first, whole; the other's waits (one interactive prompt at a time)
+    assert sched._compose() == [(soon, 60)]
+    del sched._subs[1]
+    assert sched._compose() == [(late, 60)]
 
 
-def test_with_kv_streams_one_interactive_prompt_is_read_at_a_time():
-    """KV streams and an interruptible backend: the interactive prompt first in line (the earlier deadline: a FIM
+def test_one_interactive_prompt_is_read_at_a_time():
+    """An interruptible backend: the interactive prompt first in line (the earlier deadline: a FIM
     beside a short reply) is read in whole batches, and the other's waits (its piece would be a llama_decode of its
     own in the same pass, slowing the first); a newcomer ahead of it would interrupt the pass."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    backend.kv_streams = backend.interruptible = True
+    backend.interruptible = True
     sched = Scheduler(backend, 3)
     sched._ms_per_row, sched._editor_at = 20.0, sched.clock()  # an editor in use: 1-s pieces would be 64 rows
     late, soon = _fake_subs(
@@ -452,55 +414,14 @@ def _curve(cost) -> VerifyCurve:
     return VerifyCurve(ms=tuple(float(cost(b)) for b in sizes))
 
 
-def test_joint_k_shrinks_as_the_batch_grows_on_a_cpu_curve_and_not_on_a_flat_one():
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
-    cpu = _curve(lambda b: 86.0 + 9.0 * (b - 1))  # a pass over 16 rows ~2.6x one row
-    sched = Scheduler(backend, 4, curve=cpu)
-    lanes = sched.slots
-    for lane in lanes:
-        lane._acc = [7.0, 1.0]  # acceptance 0.875
-    sched._active = {0}
-    assert lanes[0].draft_limit == 127  # alone: as deep as a batch (its controller decides)
-    sched._active = {0, 1}
-    lanes[1].last_rows = 8
-    two = lanes[0].draft_limit
-    sched._active = {0, 1, 2, 3}
-    lanes[2].last_rows = lanes[3].last_rows = 8
-    four = lanes[0].draft_limit
-    assert 0 < four < two < 127
-    flat = Scheduler(backend, 4, curve=_curve(lambda b: 10.0 + 0.01 * b))
-    for lane in flat.slots:
-        lane._acc, lane.last_rows = [99.0, 1.0], 8  # a copy: drafts nearly always right
-    flat._active = {0, 1, 2, 3}
-    assert flat.slots[0].draft_limit >= 32  # a flat curve: rows are nearly free, speculate deep
-    sched_copy = Scheduler(backend, 4, curve=cpu)
-    for lane in sched_copy.slots:
-        lane._acc, lane.last_rows = [99.0, 1.0], 8
-    sched_copy._active = {0, 1, 2, 3}
-    assert sched_copy.slots[0].draft_limit < flat.slots[0].draft_limit  # the steep curve prices the rows
-
-
-def test_with_a_kv_stream_per_lane_a_lane_keeps_its_own_k():
+def test_a_lane_keeps_its_own_k_beside_others():
     """Each lane's rows are a ubatch of their own (`LlamaBackend.decode_many`): the others' rows do not make its
-    draft dearer, so no joint bound shrinks it."""
+    draft dearer, so nothing shrinks it below what a batch takes."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=64)
-    backend.kv_streams = True
     sched = Scheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b))
     for x in sched.slots:
         sched._active.add(x.index)
-        x.last_rows = 17
-    assert sched.draft_limit(sched.slots[0]) == 63
-    backend.kv_streams = False
-    assert Scheduler(backend, 4, curve=_curve(lambda b: 80.0 + 12.0 * b)).split is False
-
-
-def test_joint_k_never_below_plain_batched_decoding():
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=128)
-    sched = Scheduler(backend, 4, curve=_curve(lambda b: 10.0 * b))  # every row costs a full pass
-    for lane in sched.slots:
-        lane._acc, lane.last_rows = [0.0, 5.0], 1  # drafts never accepted
-    sched._active = {0, 1, 2, 3}
-    assert sched.slots[0].draft_limit == 0  # plain decoding rows only
+    assert sched.slots[0].draft_limit == 63
 
 
 def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
@@ -533,25 +454,8 @@ def test_prefill_pieces_last_about_piece_s_at_the_measured_cost_per_row():
     assert [rows for p in backend.passes for lane, rows in p if rows > 8][:2] == [512, 512]
 
 
-def test_beside_a_long_prefill_a_decoding_lane_speculates_deeper():
-    """A lane reading its prompt adds its next piece to the pass and no token: beside it a decoding lane's draft rows
-    are nearly free (9 ms against a pass of ~4.7 s on a CPU-shaped curve), so its K is deep; counted as a lane
-    decoding one row (what it verified last), the pass looked small and K stayed shallow."""
-    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
-    sched = Scheduler(backend, 2, curve=_curve(lambda b: 86.0 + 9.0 * (b - 1)))
-    reader, decoder = sched.slots
-    decoder._acc = [3.0, 1.0]  # acceptance 0.75
-    sched._active = {0, 1}
-    _fake_subs(sched, [(0, 1500, 0, Priority(BATCH, seq=1))])  # lane 0's prompt, waiting for its pieces
-    beside_prefill = decoder.draft_limit
-    sched._subs.clear()
-    reader.last_rows = 1  # lane 0 decoding plain steps instead
-    beside_decoding = decoder.draft_limit
-    assert beside_prefill >= 12 and beside_decoding <= 6
-
-
 def test_lanes_of_a_recurrent_target_draft_within_its_snapshots_and_give_greedy_output():
-    # a hybrid target with 2 snapshots per sequence: every lane's drafts stay within them (the joint K takes the
+    # a hybrid target with 2 snapshots per sequence: every lane's drafts stay within them (`Slot.draft_limit` takes the
     # target's draft_limit), so each rollback is a snapshot's, and each lane's output is its own greedy one
     from fakes import bigram_logits
 

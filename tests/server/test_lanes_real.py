@@ -51,8 +51,7 @@ def _program(engine, prompt, config, got):
             got += item.emitted
 
 
-@pytest.mark.parametrize("unified", [False, True], ids=["stream-per-lane", "unified"])
-def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path, unified):
+def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path):
     alone_backend = LlamaBackend(smollm2_path, n_ctx=512)
     prompts = [_tokens(alone_backend, p) for p in PROMPTS]
     alone = []
@@ -65,8 +64,8 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
                 )
             )
         )
-    shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3, kv_unified=unified)
-    # a flat curve (a GPU's): long requests share the passes with KV streams too (on a CPU's they run one at a time)
+    shared_backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
+    # a flat curve (a GPU's): long requests share the passes (on a CPU's they run one at a time)
     sched = Scheduler(shared_backend, 3, curve=VerifyCurve(ms=tuple(50.0 for _ in range(65))))
     out: dict[int, list[int]] = {}
     for i, slot in enumerate(sched.slots):
@@ -97,7 +96,6 @@ def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path):
     every part gets the logits of its own rows, in the order the parts were given, the earlier ones copied."""
     solo = LlamaBackend(smollm2_path, n_ctx=512)
     shared = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
-    assert shared.kv_streams
     lanes = [shared.lane(i) for i in range(3)]
     prompts = [_tokens(solo, p) for p in PROMPTS]
     rows = [3, 9, 1]  # rows of each lane's part (logits of all)
@@ -141,8 +139,7 @@ def test_an_interrupted_pass_leaves_every_lanes_kv_as_before(smollm2_path, parts
     backend.close()
 
 
-@pytest.mark.parametrize("unified", [False, True], ids=["stream-per-slot", "unified"])
-def test_slots_of_a_hybrid_target_each_keep_their_own_recurrent_state(lfm2_tiny, unified):
+def test_slots_of_a_hybrid_target_each_keep_their_own_recurrent_state(lfm2_tiny):
     """Three slots of a tiny hybrid (lfm2: snapshots) in one loop: each sequence's recurrent state is its own, so each
     speculative output is plain decoding's alone (random weights: near-ties aside, which a tiny model does not meet
     on these prompts)."""
@@ -153,7 +150,7 @@ def test_slots_of_a_hybrid_target_each_keep_their_own_recurrent_state(lfm2_tiny,
         alone.truncate(0)
         plain.append(_out(SpeculativeEngine(alone).generate(p, GenerationConfig(max_tokens=24))))
     alone.close()
-    backend = LlamaBackend(lfm2_tiny, n_ctx=256, n_lanes=3, kv_unified=unified)
+    backend = LlamaBackend(lfm2_tiny, n_ctx=256, n_lanes=3)
     sched = Scheduler(backend, 3)
     out: dict[int, list[int]] = {}
     for i, slot in enumerate(sched.slots):
@@ -165,5 +162,3 @@ def test_slots_of_a_hybrid_target_each_keep_their_own_recurrent_state(lfm2_tiny,
         sched.step()
     backend.close()
     assert [out[i] for i in range(3)] == plain
-    if unified:
-        assert max(len(p) for p in sched.log) == 3  # one pass held all three
