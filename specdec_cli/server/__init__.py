@@ -20,8 +20,11 @@ One internal request, one event stream, a translator per API (STYLE.md, habit 14
               the tool-call format of each template family (Hermes, Llama 3, Mistral, Phi-4, generic JSON):
               detected from the chat template; how it renders tools and history, its grammar, its parser.
     guards    loop guards: no reply repeats a tool call (of its own, or the last turn's answered ones).
-    worker    one thread that serves requests one at a time in arrival order, from a bounded queue (its status:
-              /health, Retry-After).
+    worker    the one thread that owns the model: a bounded queue (its status: /health, Retry-After), each request
+              placed on a slot, and the loop that runs `lanes.Scheduler.step`.
+    lanes     slots (sequences of one context) and the scheduler that plans each pass's rows.
+    jobs      a submitted request: its program on a slot, the events it delivers, its log line.
+    saver     when what was learnt is saved while the server runs.
     errors    the one table mapping exceptions to HTTP status codes and error fields.
     app       the ASGI app (FastAPI + sse-starlette): mounts each translator's routes, authentication, errors.
 

@@ -61,6 +61,7 @@ from specdec_cli.core.constraint import GrammarError, json_schema
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.http import Context
+from specdec_cli.server.jobs import Started
 from specdec_cli.server.reading import MISSING, Named, choose, function_tool
 from specdec_cli.server.reply import (
     Arguments,
@@ -74,7 +75,6 @@ from specdec_cli.server.reply import (
     new_id,
 )
 from specdec_cli.server.request import ANTHROPIC, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
-from specdec_cli.server.worker import Started
 
 PATH = "/v1/messages"
 BILLING = "x-anthropic-billing-header:"  # Claude Code's per-prompt stamp, the first system block

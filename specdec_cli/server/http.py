@@ -28,9 +28,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from specdec_cli.server.errors import ApiError, to_api_error
 from specdec_cli.server.fields import Ignored
+from specdec_cli.server.jobs import Delta, Done, Event, Failed, Job, Started
 from specdec_cli.server.reply import Writer
 from specdec_cli.server.request import Defaults, Request
-from specdec_cli.server.worker import Delta, Done, Event, Failed, Job, Started, Worker
+from specdec_cli.server.worker import Worker
 
 ErrorBody = Callable[[ApiError], dict]  # an API's error JSON for an ApiError
 # A stream whose prompt is still being evaluated after this many seconds is answered (200) before its reply begins,

@@ -1,14 +1,10 @@
 """Several generations at once on one loaded model: slots, and the one loop that plans their passes.
 
-A slot is one sequence of the target's context (`LlamaBackend.lane`: its own KV stream and tokens); the request on it is
-a program (the engine's steps under the worker's delivery) that yields its rows (`engine.Rows`) and is sent their
-logits. One thread, the one that owns llama.cpp's context, calls `Scheduler.step` again and again, as llama-server's
-`update_slots` and vLLM's schedule -> execute -> update do; docs/architecture.md draws the loop and
-docs/serving-concurrency.md says why each rule of `_compose` is there.
-
-Lossless per slot: each slot's rows attend to its own cells only, so its logits are those of its own pass up to the
-rounding of a larger batch (near-ties, which `specdec check` explains), and a seeded request samples each position
-with noise keyed by its seed (`sampling.sample_at`), so its output is the same whatever its neighbours do.
+A slot is one sequence of the target's context (`LlamaBackend.lane`: its own KV stream and tokens); the request on it
+is a program that yields its rows (`engine.Rows`) and is sent their logits. The thread that owns llama.cpp calls
+`Scheduler.step` again and again, as llama-server's `update_slots` does (docs/architecture.md draws the loop;
+docs/serving-concurrency.md says why each rule is there). Lossless per slot: its rows attend to its own cells only, and
+a seeded request's noise is keyed by its seed (`sampling.sample_at`), whatever its neighbours do.
 """
 
 from __future__ import annotations
@@ -39,9 +35,8 @@ MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcom
 
 @dataclass(order=True)
 class Priority:
-    """A sequence's place in line: class (INTERACTIVE before BATCH), then deadline (time.monotonic() s; inf: none),
-    then arrival order. `editor`: an editor's request (a completion, a warm-up, one with a deadline), whose next one
-    comes soon: prefill pieces stay short for `quiet_s` after it (not part of the order)."""
+    """A sequence's place in line: class (INTERACTIVE first), deadline (time.monotonic() s; inf: none), arrival.
+    `editor` (not part of the order): its next request comes soon, so prefill pieces stay short for `quiet_s`."""
 
     cls: int = BATCH
     deadline: float = math.inf
@@ -71,10 +66,8 @@ class _Sub:
 
 
 class Slot:
-    """One sequence of the target's context: its own backend (`LlamaBackend.lane`, or the target itself with one slot),
-    the program running on it, and what its engine's passes allow (`SpeculativeEngine.passes`): `draft_limit`,
-    `branches` (only while the slot is alone) and `shared_rows` (rows of other sequences in its last pass). Used from
-    the scheduler's thread only."""
+    """One sequence of the target: its backend (`LlamaBackend.lane`; the target itself with one slot), the program on
+    it, and what its engine's passes allow (`SpeculativeEngine.passes`). Used from the scheduler's thread only."""
 
     def __init__(self, scheduler: Scheduler, backend: Any, index: int) -> None:
         self._s = scheduler
@@ -92,15 +85,14 @@ class Slot:
 
     @property
     def draft_limit(self) -> int:
-        """The most draft tokens of one pass: a batch's, or a recurrent target's snapshots. Each slot's rows are
-        evaluated apart (a KV stream each), so its own controller's K stands whatever the other slots do."""
+        """A batch's worth of draft tokens, or a recurrent target's snapshots: each slot's rows are evaluated apart (a
+        KV stream each), so its own controller's K stands whatever the other slots do."""
         return min(self.backend.n_batch - 1, self.backend.draft_limit)
 
 
 class Scheduler:
-    """The slots of one target and the one loop that runs them: `step` plans every sequence's rows, makes one
-    `llama_decode` of them and hands each its logits. Every call but `preempt` comes from one thread, the one that
-    owns llama.cpp's context (the server's `Worker` loop).
+    """The slots of one target and the one loop that runs them. Every call but `preempt` comes from the one thread
+    that owns llama.cpp's context (the server's `Worker` loop).
 
     Args:
         backend: the target (`LlamaBackend` made with n_lanes = `n_slots`, or a fake with `lane(i)` and
@@ -153,9 +145,8 @@ class Scheduler:
         *,
         check: Callable[[], None] | None = None,
     ) -> None:
-        """Run `program` on `slot` from the next `step` on: a generator that yields its rows (`engine.Rows`) and is
-        sent their logits (None for a prefill's); `check` raises to stop it between its prefill's pieces (the error is
-        thrown into it). The slot is free again once the program returns."""
+        """Run `program` on `slot` from the next `step` on: it yields its rows and is sent their logits (None for a
+        prefill's); `check` raises to stop it between its prefill's pieces. The slot is free once it returns."""
         assert slot.program is None, "a slot runs one sequence at a time"
         self.note(priority)
         slot.priority, slot.program, slot.check, slot.answer = priority, program, check, None
@@ -175,9 +166,8 @@ class Scheduler:
                 self.backend.interrupt()
 
     def step(self) -> bool:
-        """One step: start the programs new since the last step (to their first rows), plan the pass (`_compose`),
-        check the prefills it continues, run it (one `llama_decode`) and hand each sequence its logits to accept
-        (`_pass`). Returns False when nothing was waiting. Raises what a program raised (that slot is then free)."""
+        """Start the new programs (to their first rows), plan the pass (`_compose`), check the prefills it continues,
+        run it and hand each sequence its logits (`_pass`). False: nothing was waiting. Raises what a program raised."""
         for slot in sorted((self.slots[i] for i in self._active if i not in self._subs), key=lambda x: x.priority):
             self._advance(slot)
         if not self._subs:
@@ -234,9 +224,8 @@ class Scheduler:
 
     # -- a pass -------------------------------------------------------------------------------------------------------
     def _pass(self, parts: list[tuple[_Sub, int]]) -> None:
-        """Evaluate `parts` (one `decode` with one slot, a second branch's `decode_branches`, else one `decode_many`),
-        then hand each program whose rows are all evaluated their logits (or the pass's error), interactive ones
-        first: each accepts, rolls back and yields its next rows before the next pass overwrites the logits."""
+        """Evaluate `parts` (`decode` with one slot, `decode_branches` for a second branch, else `decode_many`), then
+        send each program whose rows are all evaluated its logits (or the error), interactive first, while they last."""
         with self._lock:
             self._stop_below = self._preemption(parts)
             may_stop = self._stop_below is not None

@@ -4,7 +4,7 @@ The worker turns a request's output (one piece of text per target pass) into `Re
 `ReplyStream` — text, a tool call's start, pieces of its arguments, its end, and the end of the reply — parsed by
 the request's tool-call parser (`tools.ReplyParser`), calls held back until complete and checked against repeats
 (`guards.CallGuard`), and collects the whole reply for a non-streamed answer; it sends the events to the HTTP side
-(`worker.Delta`, `worker.Done`). A translator renders them in its API's wire format (Chat Completions chunks,
+(`jobs.Delta`, `jobs.Done`). A translator renders them in its API's wire format (Chat Completions chunks,
 Responses events, Anthropic's content blocks); none of them parses model output itself.
 
 Shaped after llama-server's `task_result_state` diffs (one stream of text/tool-call deltas, formatted per API by
@@ -216,7 +216,7 @@ class ReplyStream:
     _held: list[ReplyEvent] = field(default_factory=list)  # the events of the call being written
 
     def delta(self, text: str, logprobs: Sequence[PieceLogprob] = ()) -> list[ReplyEvent]:
-        """The events of one step's text (`worker.Delta`); its log-probabilities ride on the first. Nothing once
+        """The events of one step's text (`jobs.Delta`); its log-probabilities ride on the first. Nothing once
         `stopped`."""
         if self.stopped:
             return []

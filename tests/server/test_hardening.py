@@ -24,9 +24,11 @@ from specdec_cli.core.engine import GenerationConfig  # noqa: E402
 from specdec_cli.errors import UsageError  # noqa: E402
 from specdec_cli.server.access import HostCheck, OriginCheck, is_loopback  # noqa: E402
 from specdec_cli.server.errors import ClientGoneError, DeadlineError, ShuttingDownError, internal, to_api_error  # noqa: E402,E501
+from specdec_cli.server.jobs import Done, Failed, Started  # noqa: E402
 from specdec_cli.server.request import Defaults, Request  # noqa: E402
+from specdec_cli.server.saver import Saver  # noqa: E402
 from specdec_cli.server.service import GenerationService  # noqa: E402
-from specdec_cli.server.worker import Done, Failed, Saver, Started, Worker  # noqa: E402
+from specdec_cli.server.worker import Worker  # noqa: E402
 from specdec_cli.session import Session  # noqa: E402
 from specdec_cli.spec import SpecOptions  # noqa: E402
 

@@ -135,8 +135,9 @@ def test_a_completion_waits_for_the_finishing_lane_that_holds_its_prefix():
     from types import SimpleNamespace
 
     from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.jobs import Job
     from specdec_cli.server.request import Fim, Request
-    from specdec_cli.server.worker import Job, Worker
+    from specdec_cli.server.worker import Worker
 
     held = {0: [], 1: list(range(100, 600))}  # lane 1 served the previous completion
     service = SimpleNamespace(
@@ -159,8 +160,9 @@ def test_a_new_request_goes_to_the_least_recently_used_lane_not_the_one_that_too
     from types import SimpleNamespace
 
     from specdec_cli.core.engine import GenerationConfig
+    from specdec_cli.server.jobs import Job
     from specdec_cli.server.request import Request
-    from specdec_cli.server.worker import Job, Worker
+    from specdec_cli.server.worker import Worker
 
     held = {0: [], 1: list(range(100, 600)), 2: []}  # lane 1 served the editor's last completion
     service = SimpleNamespace(
@@ -179,7 +181,7 @@ def test_a_new_request_goes_to_the_least_recently_used_lane_not_the_one_that_too
 def test_the_save_after_requests_runs_on_the_loop_between_steps_only_when_due():
     """After each request the loop counts it for the save of what was learnt and saves, on its own thread between two
     steps (no pass under way, nothing mutating the stores), only when that made a save due."""
-    from specdec_cli.server.worker import Saver
+    from specdec_cli.server.saver import Saver
 
     backend = _laned(SlowBackend(hashed_logits, n_ctx=1024, delay=0.01), 2)
     in_pass = threading.Event()

@@ -102,8 +102,9 @@ def execute(
     from specdec_cli.cli.console import RichReporter, err_console
     from specdec_cli.cli.render import announce_tuned_k
     from specdec_cli.server.app import base_url, create_app, make_server
+    from specdec_cli.server.saver import Saver
     from specdec_cli.server.service import GenerationService
-    from specdec_cli.server.worker import Saver, Worker
+    from specdec_cli.server.worker import Worker
 
     sock = _bind(host, port)  # before loading a model: a port in use fails at once
     err = err_console()
