@@ -342,8 +342,6 @@ class LlamaBackend(RecurrentGuard):
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self._n_ctx = int(llama_cpp.llama_n_ctx(ctx)) // n_lanes
         self.n_lanes = n_lanes
-        self._root = self  # the lane that owns the model, context and batch (`lane`)
-        self._s0, self._s1 = 0, 1  # this lane's sequence ids: its own, and its second branch's
         self._n_batch = int(llama_cpp.llama_n_batch(ctx))
         self.n_threads = threads
 
@@ -364,22 +362,37 @@ class LlamaBackend(RecurrentGuard):
         self._seq1 = [0] * self._n_batch  # seq_id[i][0] as set: a lane's sequence, or its second branch's
         self._seq2 = [1] * self._n_batch  # seq_id[i][1] as set (read only where n_seq_id is 2)
         self._branches = branches
-        self._branch: tuple[int, np.ndarray] | None = None  # (start, the pending second branch's tokens)
         self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(ctx)) if self.kind != TRANSFORMER else 0
-        self.rollback = KV if self.kind == TRANSFORMER else SNAPSHOTS if self.n_rs_seq else CHECKPOINT
-        self._guard_reset()
-        self._ckpt_buf: ctypes.Array | None = None  # reused by every checkpoint of the same size
-        self._state_bytes: int | None = None  # one sequence's recurrent state (`recurrent_state_bytes`)
-
-        # The tokens held in the KV cache, positions 0.._n-1.
-        self._tokens = np.zeros(self._n_ctx, dtype=np.int32)
-        self._n = 0
         self._pieces: dict[int, bytes] = {}
         self._lltokenizer: Any = None  # built on first use (grammars)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._abort_flag, self._abort_fn = _install_abort(ctx)
+        self._init_sequence(self, 0, 1, KV if self.kind == TRANSFORMER else SNAPSHOTS if self.n_rs_seq else CHECKPOINT)
+
+    # What every lane of one context shares (`lane`): the model, the context, its one batch and the batch's views, the
+    # vocabulary's caches, sizes and settings. The rest is each sequence's own (`_init_sequence`).
+    _SHARED = (
+        "path", "extra_bufts", "kind", "flash_attn", "phase_depth", "n_lanes", "n_threads", "n_rs_seq",
+        "_model", "_ctx", "_cparams", "_vocab", "_mem", "_n_vocab", "_n_ctx", "_n_batch", "_branches",
+        "_batch", "_b_token", "_b_pos", "_b_nseq", "_b_logits", "_seq1", "_seq2",
+        "_pieces", "_piece_buf", "_abort_flag", "_abort_fn",
+    )  # fmt: skip
+
+    def _init_sequence(self, root: LlamaBackend, s0: int, s1: int, rollback: str) -> None:
+        """One sequence's own state: the lane that owns the context (`root`), its sequence ids (its own, its second
+        branch's), the tokens its KV cells hold, a pending branch, how it rolls back (`rollback`, which its guard may
+        lower), its recurrent state's guard and checkpoint buffer, and its counters."""
+        self._root = root
+        self._s0, self._s1 = s0, s1
+        self._tokens = np.zeros(root._n_ctx, dtype=np.int32)  # the tokens held in the KV cache, positions 0.._n-1
+        self._n = 0
+        self._branch: tuple[int, np.ndarray] | None = None  # (start, the pending second branch's tokens)
+        self.rollback = rollback
+        self._guard_reset()
+        self._ckpt_buf: ctypes.Array | None = None  # reused by every checkpoint of the same size
+        self._state_bytes: int | None = None  # one sequence's recurrent state (`recurrent_state_bytes`)
         self.n_decode_calls = 0  # llama_decode calls (for stats and tests)
         self.n_evaluated = 0  # tokens evaluated in total
-        self._abort_flag, self._abort_fn = _install_abort(ctx)
 
     # -- sizes ---------------------------------------------------------------------------------------------------
     @property
@@ -684,26 +697,20 @@ class LlamaBackend(RecurrentGuard):
 
     # -- lanes: several sequences side by side in one context ------------------------------------------------
     def lane(self, i: int) -> LlamaBackend:
-        """Lane `i` (0 <= i < n_lanes) of this context: a `Backend` of its own sequence (2i; 2i + 1 for its second
-        branch) and its own `tokens`, sharing the model, the context and the batch with every other lane; lane 0
-        is this object. Not thread-safe: llama.cpp's context is shared, so one thread at a time calls any lane
-        (`server.lanes.Scheduler`'s loop does). Raises ValueError for a lane the context was not made with."""
+        """Lane `i` (0 <= i < n_lanes) of this context: a `Backend` of its own sequence (seq_id i, in a KV stream of its
+        own; no second branch) and its own `tokens`, sharing `_SHARED` (the model, the context, the batch) with every
+        other lane; lane 0 is this object. Not thread-safe: llama.cpp's context is shared, so one thread at a time
+        calls any lane (`server.lanes.Scheduler`'s loop does). Raises ValueError for a lane the context was not made
+        with."""
         if not 0 <= i < self.n_lanes:
             raise ValueError(f"lane {i}: this context has {self.n_lanes} (n_lanes)")
         root = self._root
         if i == 0:
             return root
-        lane = object.__new__(LlamaBackend)
-        lane.__dict__.update(root.__dict__)  # the model, context, batch and its views, pieces: shared
-        lane._root = root
-        per = int(root._cparams.n_seq_max) // root.n_lanes  # sequences per lane: 2 with branches
-        lane._s0, lane._s1 = per * i, per * i + (per - 1)  # without branches s1 is s0, and never used
-        lane._tokens = np.zeros(root._n_ctx, dtype=np.int32)
-        lane._n = 0
-        lane._branch = None
-        lane.n_decode_calls = lane.n_evaluated = 0
-        lane._guard_reset()
-        lane._ckpt_buf = None
+        lane = LlamaBackend.__new__(LlamaBackend)  # (not __init__: the model and context are root's)
+        for name in self._SHARED:
+            setattr(lane, name, getattr(root, name))
+        lane._init_sequence(root, i, i, root.rollback)  # (a rollback the root's guard lowered holds for the model)
         llama_cpp.llama_memory_seq_rm(root._mem, lane._s0, -1, -1)
         return lane
 

@@ -162,3 +162,25 @@ def test_slots_of_a_hybrid_target_each_keep_their_own_recurrent_state(lfm2_tiny)
         sched.step()
     backend.close()
     assert [out[i] for i in range(3)] == plain
+
+
+def test_a_lane_shares_the_context_and_none_of_the_roots_sequence_state(lfm2_tiny):
+    """`LlamaBackend.lane` shares the model, the context and the batch, and starts its own sequence's state: a lane made
+    after the root rolled back by a snapshot holds no tokens and counts no rollback, and its own rollback leaves the
+    root's tokens and counters as they were."""
+    backend = LlamaBackend(lfm2_tiny, n_ctx=256, n_lanes=2)
+    assert backend.rollback == "snapshots"
+    prompt = [1, 5, 6, 7, 5, 6, 7]
+    backend.decode(prompt, n_logits=1)
+    backend.decode([8, 9, 10], n_logits=3)
+    backend.truncate(len(prompt) + 1)  # one of the pass's own tokens: a snapshot
+    assert backend.n_snapshot_rollbacks == 1
+    lane = backend.lane(1)
+    assert len(lane.tokens) == 0 and lane.n_decode_calls == 0 and lane.n_snapshot_rollbacks == 0
+    lane.decode(prompt, n_logits=1)
+    lane.decode([8, 9, 10], n_logits=3)
+    lane.truncate(len(prompt) + 2)
+    assert lane.n_snapshot_rollbacks == 1 and backend.n_snapshot_rollbacks == 1
+    assert list(backend.tokens) == [*prompt, 8] and list(lane.tokens) == [*prompt, 8, 9]
+    assert lane.n_vocab == backend.n_vocab and lane.n_ctx == backend.n_ctx
+    backend.close()
