@@ -395,8 +395,8 @@ class SpeculativeEngine:
             return 0, NO_DRAFT, None
         target, drafter = self.target, self.drafter
         room = target.n_ctx - len(context)  # the verify batch adds k + 1 tokens to a cache holding n - 1
-        # never draft more than the token budget, the context window and one llama.cpp batch can take (or, with
-        # other sequences in the same passes, what the joint K allows: `server.lanes`)
+        # never draft more than the token budget, the context window and one llama.cpp batch can take (or, on a
+        # server's slot, what `server.lanes.Slot.draft_limit` allows)
         passes = self.passes or target
         limit = min(budget - 1, room - 1, passes.draft_limit)
         if grammar is not None and limit > 0:

@@ -95,8 +95,8 @@ class Backend(Protocol):
 
     @property
     def draft_limit(self) -> int:
-        """The most draft tokens one verify pass should carry: n_batch - 1 (one llama.cpp batch), or less for a
-        lane sharing its passes with other sequences (`server.lanes.Slot`: the joint K)."""
+        """The most draft tokens one verify pass should carry: n_batch - 1 (one llama.cpp batch), or less where a
+        recurrent state rolls back only so far (`rollback.draft_limit`)."""
         ...
 
     @property
