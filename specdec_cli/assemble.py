@@ -86,8 +86,7 @@ class Assembler:
             self.session.target,
             drafter,
             controller,
-            # PromptCache takes the StatefulBackend it saves (a narrower type than the protocol's)
-            prompt_cache=None if fresh else self.session.prompt_cache,  # type: ignore[arg-type]
+            prompt_cache=None if fresh else self.session.prompt_cache,
             curve=curve,
             clock=getattr(self.session, "clock", time.perf_counter),
         )

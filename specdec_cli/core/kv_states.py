@@ -5,23 +5,22 @@ memory (`stores.kv_parking.KvParking` implements `StateParking`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from specdec_cli.models.backend import Backend
-
 
 class StateCache(Protocol):
-    """KV states saved across runs."""
+    """KV states saved across runs. `backend` is the engine's target: a store needs more of it than `Backend`
+    states (its KV state as bytes: `stores.prompt_cache.StatefulBackend`)."""
 
-    def restore(self, backend: Backend, tokens: Sequence[int] | np.ndarray) -> tuple[int, float]:
+    def restore(self, backend: Any, tokens: Sequence[int] | np.ndarray) -> tuple[int, float]:
         """Replace the backend's KV cache by the saved state of the longest prefix of `tokens`, when that beats what
         it holds: (tokens restored, ms it took)."""
         ...
 
-    def save(self, backend: Backend) -> int:
+    def save(self, backend: Any) -> int:
         """Save the backend's KV state; the bytes written (0: nothing written)."""
         ...
 
@@ -29,7 +28,8 @@ class StateCache(Protocol):
 class StateParking(Protocol):
     """KV states kept in memory while a request with other tokens uses the KV cache."""
 
-    def prepare(self, backend: Backend, context: np.ndarray) -> int:
+    def prepare(self, backend: Any, context: np.ndarray) -> int:
         """Before `context` is evaluated: park what it would cut, or swap a parked state back in; the tokens
-        restored."""
+        restored. `backend` is the engine's target: a parking needs more of it than `Backend` states (its KV state
+        as a snapshot in memory: `stores.kv_parking.ParkableBackend`)."""
         ...

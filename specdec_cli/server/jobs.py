@@ -82,20 +82,26 @@ class Job:
     loop's thread; read it after `Done`), and whether it was cancelled."""
 
     def __init__(
-        self, job_id: int, request: Request, deliver: Callable[[Event], None], reply: ReplyStream | None = None
+        self,
+        job_id: int,
+        request: Request,
+        deliver: Callable[[Event], None],
+        reply: ReplyStream | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = job_id
+        self.clock = clock  # seconds, monotonic: the worker's (`Worker.clock`)
         self.request = request
         self.deliver = deliver
         self.reply = reply
         self.cancelled = threading.Event()
-        self.submitted_at = time.monotonic()
-        self.started_at: float | None = None  # time.monotonic() when the worker took it
-        self.cancelled_at: float | None = None  # time.monotonic() when its client went away
+        self.submitted_at = clock()
+        self.started_at: float | None = None  # clock() when the worker took it
+        self.cancelled_at: float | None = None  # clock() when its client went away
         self.tokens = 0  # output tokens so far
         self.prompt: list[int] | None = None  # its prompt tokens, once a lane has computed them
         self.lane: int | None = None  # the lane it must run on (the one sharing its prompt's longest prefix)
-        self.chunk_ends: list[float] = []  # time.monotonic() at each of its prefill's chunks' ends (`Worker._check`)
+        self.chunk_ends: list[float] = []  # clock() at each of its prefill's chunks' ends (`Worker._check`)
 
     def send(self, event: Event) -> None:
         """Deliver `event`; a receiving side that is gone (its event loop closed at shutdown) is nothing to tell."""
@@ -211,7 +217,7 @@ class Job:
             parts.append(f"{r.tokens_per_pass:.2f} tok/pass")
         parts.append(f"finish {r.finish_reason}" if outcome == "ok" else outcome)
         if self.cancelled_at is not None and outcome == OUTCOMES[ClientGoneError]:  # the worker's time after it
-            note += f" (stopped {max(0.0, time.monotonic() - self.cancelled_at):.2f} s after the client left" + (
+            note += f" (stopped {max(0.0, self.clock() - self.cancelled_at):.2f} s after the client left" + (
                 f"; its prefill's chunks took {max(chunks):.2f} s at most)" if (chunks := self._chunk_s()) else ")"
             )
         if self.started_at is not None:

@@ -47,6 +47,7 @@ from specdec_cli.server.tool_formats import detect as detect_tool_format
 from specdec_cli.session import Session
 from specdec_cli.spec import SpecOptions
 from specdec_cli.stores.kv_parking import KvParking
+from specdec_cli.stores.prompt_cache import PromptCache
 
 KEPT_PROMPTS = 8  # conversations whose prompt token ids `GenerationService.prompt_tokens` keeps
 
@@ -97,7 +98,6 @@ class GenerationService:
         engine keeps the per-reply state of its own sequence of it (`KController.sequence`). One slot: the engine
         as it is, over the target."""
         from specdec_cli.core.engine import SpeculativeEngine
-        from specdec_cli.stores.prompt_cache import PromptCache
 
         engine = self._engine
         scheduler = Scheduler(self.session.target, n_lanes, curve=engine.curve)
@@ -151,7 +151,7 @@ class GenerationService:
         (for choosing the lane that shares the longest prefix with a request, as llama-server picks a slot)."""
         engine = self._engines[lane]
         held = [np.asarray(engine.target.tokens)]
-        if engine.parking is not None:
+        if isinstance(engine.parking, KvParking):
             held += engine.parking.parked_tokens()
         return held
 
@@ -269,6 +269,7 @@ class GenerationService:
         if not request.is_chat:
             if isinstance(request.prompt, str):
                 return text.tokenize(request.prompt, add_special=True, parse_special=True)
+            assert request.prompt is not None  # (a request is a chat, a completion's prompt or a FIM)
             return list(request.prompt)
         tools = [t.template_json() for t in request.tools.specs] if request.tools is not None else None
         messages = template_messages(with_description(request.messages, request.output))
@@ -278,7 +279,7 @@ class GenerationService:
             key = None
         with self._kept_lock:
             kept = self._kept.get(key) if key is not None else None
-            if kept is not None:
+            if key is not None and kept is not None:
                 self._kept.move_to_end(key)
                 return list(kept)
         messages, tools = self.tool_format.render(messages, tools)
@@ -341,7 +342,7 @@ class GenerationService:
         engine.save_prompt()  # the previous scope's last state, under its own key
         engine.target.truncate(0)
         engine.parking = KvParking()
-        if engine.prompt_cache is not None:
+        if isinstance(engine.prompt_cache, PromptCache):
             engine.prompt_cache.scope = scope
         self._scopes[lane] = scope
 

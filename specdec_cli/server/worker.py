@@ -23,7 +23,7 @@ from specdec_cli.core.engine import Rows
 from specdec_cli.models.backend import common_prefix
 from specdec_cli.server.errors import ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError
 from specdec_cli.server.jobs import Event, Failed, Job
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority, Scheduler
 from specdec_cli.server.request import Request
 from specdec_cli.server.service import GenerationService
 
@@ -46,8 +46,7 @@ def _priority(job: Job) -> Priority:
     return Priority(cls, deadline, job.id, editor=request.fim is not None or request.deadline_ms is not None)
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+_stderr = partial(print, file=sys.stderr, flush=True)  # the default log: a line to stderr
 
 
 class Worker:
@@ -59,6 +58,7 @@ class Worker:
         log: one line per request (default: stderr).
         timeout: seconds a request may hold a slot (`--timeout`); None: no deadline.
         saver: the learnt state's periodic save, run between steps and when idle.
+        clock: seconds, monotonic: requests' ages, deadlines and Retry-After (tests pass a virtual one).
     """
 
     def __init__(
@@ -69,18 +69,20 @@ class Worker:
         log: Callable[[str], None] = _stderr,
         timeout: float | None = None,
         saver: Saver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.service = service
         self.bound = bound
         self.log = log
         self.timeout = timeout
         self.saver = saver
-        self.n_lanes = getattr(service, "lanes", 1)
-        self.scheduler = getattr(service, "scheduler", None)
+        self.clock = clock
+        self.n_lanes: int = service.lanes
+        self.scheduler: Scheduler = service.scheduler
         self._cv = threading.Condition()
         self._pending: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # slot -> the job it serves
-        self._used = [0.0] * self.n_lanes  # time.monotonic() each slot last finished a job (least recently used)
+        self._used = [0.0] * self.n_lanes  # clock() each slot last finished a job (least recently used)
         self._stopping = False
         self._save_due = False  # a request's end made a save due: saved before the next step
         self._ids = itertools.count(1)
@@ -92,17 +94,15 @@ class Worker:
         self._thread.start()
 
     def submit(self, request: Request, deliver: Callable[[Event], None]) -> Job:
-        """Queue `request`; its events go to `deliver` (called on the loop's thread; it must not block).
-
-        Raises: QueueFullError (the queue is at its bound), ShuttingDownError.
-        """
+        """Queue `request`; its events go to `deliver` (called on the loop's thread; it must not block). Raises
+        QueueFullError (the queue is at its bound) or ShuttingDownError."""
         with self._cv:
             if self._stopping:
                 raise ShuttingDownError()
             # jobs that idle lanes are about to take do not count against the bound
             if len(self._pending) >= self.bound + (self.n_lanes - len(self._running)):
                 raise QueueFullError(self.bound, self._retry_after())
-            job = Job(next(self._ids), request, deliver, self.service.reply(request))
+            job = Job(next(self._ids), request, deliver, self.service.reply(request), self.clock)
             self._pending.append(job)
             free = len(self._running) < self.n_lanes
             self._cv.notify_all()
@@ -115,7 +115,7 @@ class Worker:
         event is `Failed(ClientGoneError())` (none if it had finished). Idempotent."""
         with self._cv:
             if job.cancelled_at is None:
-                job.cancelled_at = time.monotonic()
+                job.cancelled_at = self.clock()
             job.cancelled.set()
             try:
                 self._pending.remove(job)
@@ -124,8 +124,7 @@ class Worker:
         job.send(Failed(ClientGoneError()))
 
     def stop(self) -> None:
-        """Stop serving: waiting requests fail with ShuttingDownError, the running ones end after their current
-        step."""
+        """Stop serving: waiting requests fail with ShuttingDownError, the running ones end after their step."""
         with self._cv:
             self._stopping = True
             waiting = list(self._pending)
@@ -163,7 +162,7 @@ class Worker:
                 {
                     "id": job.id,
                     "kind": job.request.label,
-                    "age_s": round(time.monotonic() - job.started_at, 2),
+                    "age_s": round(self.clock() - job.started_at, 2),
                     "tokens": job.tokens,
                     "lane": lane,
                 }
@@ -182,7 +181,7 @@ class Worker:
     def _retry_after(self) -> int:
         """Whole seconds until a queue place is likely free (>= 1): the waiting requests and the running ones, each
         the mean time of recent requests, over the lanes, less the oldest running one's age (lock held)."""
-        now = time.monotonic()
+        now = self.clock()
         age = max((now - j.started_at for j in self._running.values() if j.started_at), default=0.0)
         work = self._mean_s * (len(self._pending) + len(self._running)) / self.n_lanes
         return max(1, math.ceil(work - age))
@@ -263,7 +262,7 @@ class Worker:
             assert job.lane is not None  # (placed above, or handed to a slot before)
             self._pending.remove(job)
             self._running[job.lane] = job
-            job.started_at = time.monotonic()
+            job.started_at = self.clock()
             self._start(job, job.lane)
 
     def _tokens(self, job: Job) -> list[int]:
@@ -288,8 +287,8 @@ class Worker:
         """`job` left its slot: free it and count the request for Retry-After and the saver."""
         with self._cv:
             self._running.pop(lane, None)
-            self._used[lane] = time.monotonic()
-            took = time.monotonic() - job.started_at
+            now = self._used[lane] = self.clock()
+            took = now - (job.started_at or now)
             self._mean_s = (1 - MEAN_WEIGHT) * self._mean_s + MEAN_WEIGHT * took
             if self.saver is not None and self.saver.note():
                 self._save_due = True
@@ -311,13 +310,13 @@ class Worker:
             return ClientGoneError()
         if self._stopping:
             return ShuttingDownError()
-        if self.timeout is not None and job.started_at is not None and time.monotonic() - job.started_at > self.timeout:
+        if self.timeout is not None and job.started_at is not None and self.clock() - job.started_at > self.timeout:
             return DeadlineError(self.timeout)
         return None
 
     def _check(self, job: Job) -> None:
         """Raise `_stopped(job)` if there is a reason: called between the prefill's chunks (`Scheduler.step`)."""
-        job.chunk_ends.append(time.monotonic())
+        job.chunk_ends.append(self.clock())
         stopped = self._stopped(job)
         if stopped is not None:
             raise stopped

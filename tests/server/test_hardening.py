@@ -201,7 +201,8 @@ LONG = tuple(int(t) for t in np.arange(300) % 50 + 5)  # 300 prompt tokens: five
 @pytest.mark.parametrize("how", ["cancel", "stop", "deadline"])
 def test_a_long_prefill_stops_within_one_chunk(how):
     backend = GatedBackend(hashed_logits, n_batch=64)
-    worker, lines = _worker(backend, timeout=0.05 if how == "deadline" else None)
+    now = [0.0]  # the worker's clock, seconds: moved past the deadline by the test, not slept through
+    worker, lines = _worker(backend, timeout=5.0 if how == "deadline" else None, clock=lambda: now[0])
     events: list = []
     got = threading.Event()
     worker.start()
@@ -216,7 +217,7 @@ def test_a_long_prefill_stops_within_one_chunk(how):
         elif how == "stop":
             worker.stop()
         else:
-            time.sleep(0.1)  # past the deadline
+            now[0] += 6.0  # past the deadline
         backend.go.set()
         worker.join(5) if how == "stop" else got.wait(10)
         deadline = time.monotonic() + 10
@@ -473,7 +474,7 @@ def test_the_last_requests_learning_is_saved_while_the_server_is_idle():
     try:
         assert isinstance(_requests_served(worker, 1)[0], Done)
         assert saved.wait(10)  # no other request came: the save fell due while the worker waited for one
-        time.sleep(0.5)  # two more intervals with nothing served: nothing more to write
+        assert worker.saver.due_in() is None  # nothing served since: the idle worker waits with nothing to write
         assert saves == ["specdec-serve-worker"]
         assert isinstance(_requests_served(worker, 1)[0], Done)  # the worker serves on after its idle save
     finally:
