@@ -28,6 +28,7 @@ from specdec_cli.stores.prompt_cache import PromptCache
 
 if TYPE_CHECKING:
     from specdec_cli.core.verify_curve import VerifyCurve
+    from specdec_cli.models.llama import LlamaBackend
     from specdec_cli.models.resolver import Reporter
 
 
@@ -274,22 +275,13 @@ class Session:
     def attach_draft(self, path: Path, *, reporter: Reporter | None = None) -> None:
         """Load the draft model at `path` and check its vocabulary against the target's (closed again on failure)."""
         from specdec_cli.models.host import probe_load
-        from specdec_cli.models.llama import LlamaBackend
         from specdec_cli.models.vocab import check_compatible
 
         o = self.options
         probe_load(path, reporter=reporter)  # a file llama.cpp would crash on is refused here, in a child process
         off = gpu_layers(path, o)  # the GPU's memory as the target left it
         with _status(reporter, f"Loading {path.name}"):
-            draft = LlamaBackend(
-                path,
-                n_ctx=o.ctx,
-                n_batch=o.n_batch,
-                n_threads=o.threads,
-                n_gpu_layers=off.layers,
-                verbose=o.verbose,
-                flash_attn=getattr(self.target, "flash_attn", None),
-            )  # the target's numerics
+            draft = _load(path, o, off.layers, getattr(self.target, "flash_attn", None))  # the target's numerics
         try:
             check_compatible(self.target, draft)
         except BaseException:
@@ -432,7 +424,7 @@ def open_session(
     from specdec_cli import draft_policy
     from specdec_cli.config import load_catalog
     from specdec_cli.models.host import probe_load
-    from specdec_cli.models.llama import LlamaBackend, gpu_offload_supported
+    from specdec_cli.models.llama import gpu_offload_supported
     from specdec_cli.models.resolver import resolve
 
     catalog = load_catalog()
@@ -474,16 +466,8 @@ def open_session(
         return host.device_flash_attn(target_path, off.layers, options.ctx, reporter=reporter)
 
     with _status(reporter, f"Loading {target_path.name}"):
-        target = LlamaBackend(
-            target_path,
-            n_ctx=options.ctx,
-            n_batch=options.n_batch,
-            n_threads=options.threads,
-            n_gpu_layers=off.layers,
-            verbose=options.verbose,
-            flash_attn=flash_attn(target_path, options.threads, gpu_layers=off.layers, device_probe=device_probe),
-            n_lanes=options.lanes,
-        )
+        fa = flash_attn(target_path, options.threads, gpu_layers=off.layers, device_probe=device_probe)
+        target = _load(target_path, options, off.layers, fa, n_lanes=options.lanes)
     session = Session(
         target=target,
         target_path=target_path,
@@ -645,6 +629,22 @@ class _Quiet:
 
 
 _QUIET = _Quiet()
+
+
+def _load(path: Path, o: ModelOptions, layers: int, flash_attn: Any, n_lanes: int = 1) -> LlamaBackend:
+    """A model loaded as `o` says (context, batch, threads, verbosity), `layers` offloaded, with `flash_attn`."""
+    from specdec_cli.models.llama import LlamaBackend
+
+    return LlamaBackend(
+        path,
+        n_ctx=o.ctx,
+        n_batch=o.n_batch,
+        n_threads=o.threads,
+        n_gpu_layers=layers,
+        verbose=o.verbose,
+        flash_attn=flash_attn,
+        n_lanes=n_lanes,
+    )
 
 
 def _status(reporter: Reporter | None, message: str) -> AbstractContextManager[None]:
