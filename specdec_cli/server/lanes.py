@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_cli.core.controller import FLAT
+from specdec_cli.core.controller import flat
 from specdec_cli.errors import PassInterrupted
 
 if TYPE_CHECKING:
@@ -352,11 +352,11 @@ class Scheduler:
         return parts
 
     def _steep(self) -> bool:
-        """A CPU's verify curve (not `controller.flat`: v(64) > FLAT x v(1)): long requests then run one at a time
+        """A CPU's verify curve (not `controller.flat`; no curve counts as steep): long requests then run one at a time
         beside the interactive ones. Their rows cannot share a ubatch and a row costs nearly the same in any pass, so
         interleaving them only made each one's steps wait for the others' prefill (docs/results-history.md,
         2026-11-27, night). On a flat curve (a GPU) they share the passes."""
-        return self._v(64) > FLAT * self._v(1)
+        return not flat(np.asarray(self.curve.ms) if self.curve is not None else None)
 
     def _piece(self) -> int:
         """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else about
