@@ -30,7 +30,7 @@ PIECE_S = 1.0  # seconds of prefill in one pass (its piece), so a request that a
 SHARE = 0.1  # the long requests' share of the passes' time while an interactive slot runs (so they never starve)
 FIRST_PIECE = 256  # prefill rows per pass before any pass was timed
 QUIET_S = 60.0  # no editor's request for this long: prefill pieces are whole batches
-MIN_PIECE = 64  # smaller pieces cost a CPU more per row than they save a newcomer
+MIN_PIECE = 32  # smaller pieces cost a CPU more per row than they save a newcomer
 
 
 @dataclass(order=True)
@@ -101,7 +101,8 @@ class Scheduler:
         curve: the target's measured verify curve (`_steep`, and a step's cost in `_compose`); None: an affine
             guess, v(b) = 1 + 0.1 (b - 1).
         clock: seconds, monotonic.
-        piece_s, quiet_s, share: see PIECE_S, QUIET_S and SHARE.
+        piece_s, quiet_s, share: see PIECE_S, QUIET_S and SHARE; the share is paid at most `piece_s` of passes while
+            the same interactive slots run (`_account`), so an editor's completion waits about one piece at most.
     """
 
     def __init__(
@@ -122,6 +123,9 @@ class Scheduler:
         self.piece_s, self.quiet_s, self.share = piece_s, quiet_s, share
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests while interactive slots run (negative: ahead)
+        self._lent_ms = (
+            0.0  # long requests' pass time since an interactive slot was last alone in starting (`_account`)
+        )
         self._lock = threading.Lock()  # guards `_stop_below` (`preempt` comes from other threads)
         self._stop_below: Priority | None = None  # a newcomer ahead of this may interrupt the pass under way
         self.interrupted = 0  # passes interrupted
@@ -149,6 +153,8 @@ class Scheduler:
         prefill's); `check` raises to stop it between its prefill's pieces. The slot is free once it returns."""
         assert slot.program is None, "a slot runs one sequence at a time"
         self.note(priority)
+        if priority.cls == INTERACTIVE and not self._interactive():
+            self._lent_ms = 0.0  # the long requests' time during the interactive slots' run starts again
         slot.priority, slot.program, slot.check, slot.answer = priority, program, check, None
         self._active.add(slot.index)
 
@@ -213,6 +219,10 @@ class Scheduler:
     def interruptible(self) -> bool:
         """The backend can stop a pass under way (`LlamaBackend.interrupt`)."""
         return bool(getattr(self.backend, "interruptible", False))
+
+    def _interactive(self) -> bool:
+        """An interactive slot is running."""
+        return any(self.slots[i].priority.cls == INTERACTIVE for i in self._active)
 
     def alone(self, slot: Slot) -> bool:
         """No other slot is generating (then a second branch is offered: it needs a pass of its own)."""
@@ -291,9 +301,13 @@ class Scheduler:
         """Keep the long requests' time share while an interactive slot runs: owed += share x an interactive pass's ms
         while they wait, -= the ms of each pass of theirs, the ones between an editor's requests too (down to one piece
         ahead: the piece an editor's next request waits for as it arrives counts as the share of its passes, which
-        then need not stop for another)."""
+        then need not stop for another). What they get while the same interactive slots run (`_lent_ms`, from the
+        start of the first of them) is capped at `piece_s` (`_compose`): an editor's completion then waits about one
+        piece for them whatever its length, and they run in the time between the interactive requests."""
         if not any(s.slot.priority.cls == INTERACTIVE for s, _ in parts):  # the long requests' pass: it pays
             self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms - ms)  # (ahead by one piece at most)
+            if self._interactive():
+                self._lent_ms += ms
         elif any(s.slot.priority.cls != INTERACTIVE for s in self._subs.values()):  # they waited for it
             self._owed_ms += self.share * ms
 
@@ -317,9 +331,11 @@ class Scheduler:
             per = self._ms_per_row if self._ms_per_row is not None else 0.0
             steps = sum(s.left for s in rest if s.splittable == 0)
             cost = (self._v(steps) if steps else 0.0) + (MIN_PIECE * per if any(s.splittable for s in rest) else 0.0)
-            if self._owed_ms >= cost:
+            left_ms = self.piece_s * 1e3 - self._lent_ms  # of the most they get beside these interactive slots
+            if self._owed_ms >= cost and left_ms >= cost:
                 subs = rest
-                piece = min(piece, max(MIN_PIECE, int(self._owed_ms / per))) if per > 0 else piece
+                paid = min(self._owed_ms, left_ms)
+                piece = min(piece, max(MIN_PIECE, int(paid / per))) if per > 0 else piece
             else:
                 subs = inter
         # an interactive slot alone among the interactive ones reads its prompt in whole batches: nothing waits
