@@ -7,6 +7,7 @@ that must end early, a repeated tool call, stops its generation at once), then `
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -19,6 +20,7 @@ from specdec_cli.core.records import Finish, Prefill, Step
 from specdec_cli.core.stats import RunStats
 from specdec_cli.driver import Drive
 from specdec_cli.server.errors import ClientGoneError, DeadlineError, ShuttingDownError, internal, to_api_error
+from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority
 from specdec_cli.server.reply import End, ReplyEvent, ReplyStream, RequestStats
 from specdec_cli.server.request import Request
 from specdec_cli.spec import Method
@@ -102,6 +104,11 @@ class Job:
         self.prompt: list[int] | None = None  # its prompt tokens, once a lane has computed them
         self.lane: int | None = None  # the lane it must run on (the one sharing its prompt's longest prefix)
         self.chunk_ends: list[float] = []  # clock() at each of its prefill's chunks' ends (`Worker._check`)
+        deadline = self.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
+        # its place in line, in the queue and in the scheduler's passes: interactive requests first, then the earliest
+        # deadline, arrival; an editor's (a completion, one with a deadline) keeps prefill chunks short: its next comes
+        editor = request.fim is not None or request.deadline_ms is not None
+        self.priority = Priority(INTERACTIVE if request.interactive else BATCH, deadline, job_id, editor=editor)
 
     def send(self, event: Event) -> None:
         """Deliver `event`; a receiving side that is gone (its event loop closed at shutdown) is nothing to tell."""

@@ -153,7 +153,7 @@ class Scheduler:
         prefill's); `check` raises to stop it between its prefill's pieces. The slot is free once it returns."""
         assert slot.program is None, "a slot runs one sequence at a time"
         self.note(priority)
-        if priority.cls == INTERACTIVE and not self._interactive():
+        if priority.cls == INTERACTIVE and all(self.slots[i].priority.cls != INTERACTIVE for i in self._active):
             self._lent_ms = 0.0  # the long requests' time during the interactive slots' run starts again
         slot.priority, slot.program, slot.check, slot.answer = priority, program, check, None
         self._active.add(slot.index)
@@ -179,9 +179,8 @@ class Scheduler:
         if not self._subs:
             return False
         parts = self._compose()
-        for sub, _ in [p for p in parts if p[0].done and p[0].slot.check is not None]:  # between a prefill's pieces
-            check = sub.slot.check
-            assert check is not None  # (the filter above)
+        checks = [(s, s.slot.check) for s, _ in parts if s.done and s.slot.check is not None]
+        for sub, check in checks:  # between a prefill's pieces
             try:
                 check()
             except BaseException as e:  # noqa: BLE001 (its program's to handle)
@@ -219,10 +218,6 @@ class Scheduler:
     def interruptible(self) -> bool:
         """The backend can stop a pass under way (`LlamaBackend.interrupt`)."""
         return bool(getattr(self.backend, "interruptible", False))
-
-    def _interactive(self) -> bool:
-        """An interactive slot is running."""
-        return any(self.slots[i].priority.cls == INTERACTIVE for i in self._active)
 
     def alone(self, slot: Slot) -> bool:
         """No other slot is generating (then a second branch is offered: it needs a pass of its own)."""
@@ -306,8 +301,7 @@ class Scheduler:
         piece for them whatever its length, and they run in the time between the interactive requests."""
         if not any(s.slot.priority.cls == INTERACTIVE for s, _ in parts):  # the long requests' pass: it pays
             self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms - ms)  # (ahead by one piece at most)
-            if self._interactive():
-                self._lent_ms += ms
+            self._lent_ms += ms  # (from 0 again as the next interactive request starts when none runs: `start`)
         elif any(s.slot.priority.cls != INTERACTIVE for s in self._subs.values()):  # they waited for it
             self._owed_ms += self.share * ms
 

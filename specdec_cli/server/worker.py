@@ -23,7 +23,7 @@ from specdec_cli.core.engine import Rows
 from specdec_cli.models.backend import common_prefix
 from specdec_cli.server.errors import ClientGoneError, DeadlineError, QueueFullError, ShuttingDownError
 from specdec_cli.server.jobs import Event, Failed, Job
-from specdec_cli.server.lanes import BATCH, INTERACTIVE, Priority, Scheduler
+from specdec_cli.server.lanes import Scheduler
 from specdec_cli.server.request import Request
 from specdec_cli.server.service import GenerationService
 
@@ -34,16 +34,6 @@ FIRST_GUESS_S = 10.0  # a request's wall time before any was served (Retry-After
 MEAN_WEIGHT = 0.3  # weight of the latest request in the moving mean of wall times
 PLACE_MARGIN = 32  # tokens of prefix another idle lane must share beyond the taking lane's to be handed a request
 WAIT_MARGIN = 256  # tokens of prefix a finishing interactive lane must share beyond every idle lane's to be waited for
-
-
-def _priority(job: Job) -> Priority:
-    """A request's place in line, in the queue and in the scheduler's passes: interactive requests first, then the
-    earliest deadline, arrival. An editor's request (a completion, one with a deadline) keeps prefill chunks short,
-    since its next one comes soon."""
-    request = job.request
-    deadline = job.submitted_at + request.deadline_ms / 1e3 if request.deadline_ms is not None else math.inf
-    cls = INTERACTIVE if request.interactive else BATCH
-    return Priority(cls, deadline, job.id, editor=request.fim is not None or request.deadline_ms is not None)
 
 
 _stderr = partial(print, file=sys.stderr, flush=True)  # the default log: a line to stderr
@@ -107,7 +97,7 @@ class Worker:
             free = len(self._running) < self.n_lanes
             self._cv.notify_all()
         if free and self.scheduler is not None:  # it may stop a long request's pass under way
-            self.scheduler.preempt(_priority(job))
+            self.scheduler.preempt(job.priority)
         return job
 
     def cancel(self, job: Job) -> None:
@@ -251,7 +241,7 @@ class Worker:
                 waiting = [j for j in self._pending if j.lane is None]
                 if not waiting:
                     break
-                job = min(waiting, key=_priority)
+                job = min(waiting, key=lambda j: j.priority)
                 if job.prompt is None:
                     job.prompt = (
                         list(job.request.prompt_ids) if job.request.prompt_ids is not None else self._tokens(job)
@@ -263,17 +253,16 @@ class Worker:
             self._pending.remove(job)
             self._running[job.lane] = job
             job.started_at = self.clock()
-            self._start(job, job.lane)
+            check = partial(self._check, job)
+            self.scheduler.start(
+                self.scheduler.slots[job.lane], self._generate(job, job.lane), job.priority, check=check
+            )
 
     def _tokens(self, job: Job) -> list[int]:
         try:
             return self.service.prompt_tokens(job.request)
         except Exception:  # noqa: BLE001 (its program reports it: `Job.run` tokenizes again)
             return []
-
-    def _start(self, job: Job, lane: int) -> None:
-        slot = self.scheduler.slots[lane]
-        self.scheduler.start(slot, self._generate(job, lane), _priority(job), check=partial(self._check, job))
 
     def _save(self) -> None:
         """Run the `Saver` between two steps (nothing mutates the stores meanwhile)."""

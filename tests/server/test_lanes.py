@@ -235,6 +235,7 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
     sched._ms_per_row = 15.0
     (agent,) = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
     sched._account([(agent, 64)], 960.0)  # between two editor requests
+    sched.start(sched.slots[1], (rows for rows in ()), Priority(INTERACTIVE, seq=2))  # the next one arrives
     (fim,) = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
     for n in range(1, 200):  # noqa: B007 - read after the loop
         parts = sched._compose()
