@@ -284,9 +284,9 @@ def check(
     models: ModelOptions = o.group(o.model_options),
     method: o.MethodOpt = Method.auto,
     k: o.KAuto = "auto",
-    spec: SpecOptions = o.group(o.spec_options, omit=("corpus",)),
+    spec: SpecOptions = o.group(o.spec_options, omit=("corpus",)),  # --method and --k (auto, no tuned K) above
     config: GenerationConfig = o.group(o.generation_config, max_tokens=256, omit=("top_k", "top_p", "min_p", "seed")),
-    temperature: float = typer.Option(
+    temperature: float = typer.Option(  # check's own --temperature, passed to generation_config
         0.0,
         "--temperature",
         "--temp",
