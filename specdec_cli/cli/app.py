@@ -61,7 +61,7 @@ RUN_EXAMPLES = """
 @app.command(epilog=RUN_EXAMPLES)
 @o.grouped
 def run(
-    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
+    prompt_file: o.PromptFile,
     models: ModelOptions = o.group(o.model_options),
     method: o.MethodOpt = Method.auto,
     k: o.K = None,
@@ -280,7 +280,7 @@ CHECK_EXAMPLES = """
 @app.command(epilog=CHECK_EXAMPLES)
 @o.grouped
 def check(
-    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
+    prompt_file: o.PromptFile,
     models: ModelOptions = o.group(o.model_options),
     method: o.MethodOpt = Method.auto,
     k: o.KAuto = "auto",

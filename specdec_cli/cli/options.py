@@ -235,6 +235,7 @@ Compare = Annotated[
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
 PromptDir = Annotated[list[Path] | None, typer.Argument(help="Prompt files or directories.")]
+PromptFile = Annotated[str, typer.Argument(help="Prompt file (UTF-8 text), or - to read standard input.")]
 
 STRUCTURE = "Structured output"
 JsonObject = Annotated[
