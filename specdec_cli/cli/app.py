@@ -12,6 +12,7 @@ from specdec_cli import __version__
 from specdec_cli.cli import options as o
 from specdec_cli.core.constraint import Grammar
 from specdec_cli.core.engine import GenerationConfig
+from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
 from specdec_cli.spec import K, Method, ModelOptions, SpecOptions
 
@@ -26,6 +27,62 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _model_options(
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    no_prompt_cache: o.NoPromptCache = False,
+    verbose: o.Verbose = False,
+) -> ModelOptions:
+    """The one place the model options every command shares become `ModelOptions` (a `group`'s builder)."""
+    return ModelOptions(
+        target=target,
+        draft=draft,
+        ctx=ctx,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        verbose=verbose,
+        prompt_cache=not no_prompt_cache,
+    )
+
+
+def _spec_options(
+    method: o.MethodOpt = Method.auto,
+    k: o.K = None,
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
+) -> SpecOptions:
+    """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once (a `group`'s
+    builder). A --k left out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies
+    where there is one. Raises UsageError for a bad --k (exit 2)."""
+    return SpecOptions(
+        method=method,
+        k=K(k or "auto"),
+        k_given=k is not None,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
+        corpus=corpus or "auto",
+    )
+
+
+def _generation_config(
+    max_tokens: o.MaxTokens = 512,
+    stop: o.Stop = None,
+    temperature: o.Temperature = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
+) -> GenerationConfig:
+    """--max-tokens, --stop and the sampling options as the `GenerationConfig` a command generates with (a `group`'s
+    builder; the command adds the grammar `o.grammar_option` reads and --logprobs where it has them)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    return GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling)
 
 
 def _version(value: bool) -> None:
@@ -62,12 +119,12 @@ RUN_EXAMPLES = """
 @o.grouped
 def run(
     prompt_file: o.PromptFile,
-    models: ModelOptions = o.group(o.model_options),
+    models: ModelOptions = o.group(_model_options),
     method: o.MethodOpt = Method.auto,
     k: o.K = None,
     predict: o.Predict = None,
-    spec: SpecOptions = o.group(o.spec_options),  # --method and --k declared above, --predict between them
-    config: GenerationConfig = o.group(o.generation_config),
+    spec: SpecOptions = o.group(_spec_options),  # --method and --k declared above, --predict between them
+    config: GenerationConfig = o.group(_generation_config),
     system: o.System = None,
     raw: o.Raw = False,
     plain: o.Plain = False,
@@ -142,9 +199,9 @@ CHAT_EXAMPLES = """
 @app.command(epilog=CHAT_EXAMPLES)
 @o.grouped
 def chat(
-    models: ModelOptions = o.group(o.model_options),
-    spec: SpecOptions = o.group(o.spec_options),
-    config: GenerationConfig = o.group(o.generation_config),
+    models: ModelOptions = o.group(_model_options),
+    spec: SpecOptions = o.group(_spec_options),
+    config: GenerationConfig = o.group(_generation_config),
     system: o.System = None,
     plain: o.Plain = False,
     clean: o.Clean = False,
@@ -200,7 +257,7 @@ TUNE_HELP = (
 @o.grouped
 def tune(
     prompts: o.PromptDir = None,
-    models: ModelOptions = o.group(o.model_options, omit=("no_prompt_cache",)),
+    models: ModelOptions = o.group(_model_options, omit=("no_prompt_cache",)),
     method: o.MethodOpt = Method.auto,
     k: str = typer.Option(
         "1,2,4,8,16",
@@ -221,7 +278,7 @@ def tune(
     ),
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
-    config: GenerationConfig = o.group(o.generation_config, max_tokens=128, omit=("stop", "top_k", "top_p", "min_p")),
+    config: GenerationConfig = o.group(_generation_config, max_tokens=128, omit=("stop", "top_k", "top_p", "min_p")),
     json_out: str = typer.Option(
         None,
         "--json",
@@ -281,12 +338,12 @@ CHECK_EXAMPLES = """
 @o.grouped
 def check(
     prompt_file: o.PromptFile,
-    models: ModelOptions = o.group(o.model_options),
+    models: ModelOptions = o.group(_model_options),
     method: o.MethodOpt = Method.auto,
     k: o.KAuto = "auto",
-    spec: SpecOptions = o.group(o.spec_options, omit=("corpus",)),  # --method and --k (auto, no tuned K) above
-    config: GenerationConfig = o.group(o.generation_config, max_tokens=256, omit=("top_k", "top_p", "min_p", "seed")),
-    temperature: float = typer.Option(  # check's own --temperature, passed to generation_config
+    spec: SpecOptions = o.group(_spec_options, omit=("corpus",)),  # --method and --k (auto, no tuned K) above
+    config: GenerationConfig = o.group(_generation_config, max_tokens=256, omit=("top_k", "top_p", "min_p", "seed")),
+    temperature: float = typer.Option(  # check's own --temperature, passed to _generation_config
         0.0,
         "--temperature",
         "--temp",
@@ -377,7 +434,7 @@ BENCH_HELP = (
 @o.grouped
 def bench(
     prompts: o.PromptDir = None,
-    models: ModelOptions = o.group(o.model_options, omit=("no_prompt_cache",)),
+    models: ModelOptions = o.group(_model_options, omit=("no_prompt_cache",)),
     methods: str = typer.Option(
         "none,auto,ngram,suffix,draft",
         "--methods",
@@ -701,7 +758,7 @@ SERVE_EXAMPLES = """
 def serve(
     target: o.Target = None,
     draft: o.DraftModel = None,
-    spec: SpecOptions = o.group(o.spec_options),
+    spec: SpecOptions = o.group(_spec_options),
     host: str = typer.Option(
         "127.0.0.1",
         "--host",
@@ -838,7 +895,7 @@ def serve(
         "token for Qwen2.5-Coder-1.5B (0.9 GB at 32768).",
         rich_help_panel=o.MODELS,
     ),
-    models: ModelOptions = o.group(o.model_options),  # --target, --draft and --ctx declared above
+    models: ModelOptions = o.group(_model_options),  # --target, --draft and --ctx declared above
     verbose: o.Verbose = False,
 ) -> None:
     """Serve OpenAI's API (chat and text completions) and Anthropic's Messages API (Claude Code) locally, with

@@ -13,9 +13,6 @@ from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
-from specdec_cli import spec
-from specdec_cli.core.engine import GenerationConfig
-from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import METHOD_NAMES, Method, parse_method
 
@@ -334,62 +331,6 @@ def grammar_option(
     return None
 
 
-def model_options(
-    target: Target = None,
-    draft: DraftModel = None,
-    ctx: Ctx = 4096,
-    threads: Threads = None,
-    gpu_layers: GpuLayers = -1,
-    no_prompt_cache: NoPromptCache = False,
-    verbose: Verbose = False,
-) -> spec.ModelOptions:
-    """The one place the model options every command shares become `ModelOptions` (a `group`'s builder)."""
-    return spec.ModelOptions(
-        target=target,
-        draft=draft,
-        ctx=ctx,
-        threads=threads,
-        gpu_layers=gpu_layers,
-        verbose=verbose,
-        prompt_cache=not no_prompt_cache,
-    )
-
-
-def spec_options(
-    method: MethodOpt = Method.auto,
-    k: K = None,
-    ngram_min: NgramMin = 2,
-    ngram_max: NgramMax = 4,
-    corpus: CorpusOpt = "auto",
-) -> spec.SpecOptions:
-    """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once (a `group`'s
-    builder). A --k left out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies
-    where there is one. Raises UsageError for a bad --k (exit 2)."""
-    return spec.SpecOptions(
-        method=method,
-        k=spec.K(k or "auto"),
-        k_given=k is not None,
-        ngram_min=ngram_min,
-        ngram_max=ngram_max,
-        corpus=corpus or "auto",
-    )
-
-
-def generation_config(
-    max_tokens: MaxTokens = 512,
-    stop: Stop = None,
-    temperature: Temperature = 0.0,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    seed: Seed = None,
-) -> GenerationConfig:
-    """--max-tokens, --stop and the sampling options as the `GenerationConfig` a command generates with (a `group`'s
-    builder; the command adds the grammar `grammar_option` reads and --logprobs where it has them)."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    return GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling)
-
-
 @dataclass(frozen=True)
 class Group:
     """The default of a command parameter that stands for several options: `build`'s parameters (option aliases),
@@ -401,7 +342,7 @@ class Group:
 
 
 def group(build: Callable[..., Any], *, omit: tuple[str, ...] = (), **defaults: Any) -> Any:
-    """A `Group` for a command parameter's default: `models: ModelOptions = group(model_options, ctx=8192)`."""
+    """A `Group` for a command parameter's default: `models: ModelOptions = group(build, ctx=8192)`."""
     unknown = (set(omit) | set(defaults)) - set(inspect.signature(build).parameters)
     assert not unknown, f"{build.__name__} has no parameters {sorted(unknown)}"
     return Group(build, omit, defaults)
