@@ -1,4 +1,5 @@
-"""Options shared by several commands, as `Annotated` aliases (one definition, one help text).
+"""Options shared by several commands, as `Annotated` aliases (one definition, one help text), and option groups
+(`group`, `grouped`): one command parameter standing for several options and receiving the object they build.
 
 Only command-line things live here; the domain types and their parsers (`Method`, K) are `specdec_cli.spec`'s."""
 
