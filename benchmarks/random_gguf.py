@@ -122,10 +122,12 @@ class Mamba2Shape:
     rms_eps: float = 1e-5
 
 
+TINY = dict(n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=512, n_ctx_train=4096)  # every tiny attention model's
+
 SHAPES = {
     # Qwen2.5-Coder-1.5B-Instruct's config.json (tied embeddings: no output.weight)
     "qwen2.5-coder-1.5b": Shape(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, n_vocab=151936),
-    "tiny": Shape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=512, n_ctx_train=4096),
+    "tiny": Shape(n_layer=2, **TINY),
 }
 
 ARCH_SHAPES: dict[str, dict[str, object]] = {
@@ -135,17 +137,7 @@ ARCH_SHAPES: dict[str, dict[str, object]] = {
             n_layer=16, n_embd=2048, n_ff=8192, n_head=32, n_head_kv=8, n_vocab=65536, attn_layers=(2, 5, 8, 10, 12, 14)
         ),
         # untied: with the embedding as its output, this tiny one repeats the prompt's last token forever
-        "tiny": Lfm2Shape(
-            n_layer=4,
-            n_embd=64,
-            n_ff=128,
-            n_head=4,
-            n_head_kv=2,
-            n_vocab=512,
-            attn_layers=(1, 3),
-            tied=False,
-            n_ctx_train=4096,
-        ),
+        "tiny": Lfm2Shape(n_layer=4, **TINY, attn_layers=(1, 3), tied=False),
     },
     "qwen35": {
         "qwen3.5-2b": Qwen35Shape(
@@ -164,17 +156,12 @@ ARCH_SHAPES: dict[str, dict[str, object]] = {
         # head_dim 64 x partial_rotary 0.25 = 16 rotary dims = 8 pairs, split 3/3/2 as 32 pairs are split 11/11/10
         "tiny": Qwen35Shape(
             n_layer=4,
-            n_embd=64,
-            n_ff=128,
-            n_head=4,
-            n_head_kv=2,
+            **TINY,
             head_dim=64,
-            n_vocab=512,
             linear_k_heads=2,
             linear_v_heads=2,
             linear_head_dim=32,
             rope_sections=(3, 3, 2, 0),
-            n_ctx_train=4096,
         ),
     },
     "mamba2": {
@@ -255,6 +242,30 @@ class _Writer:
             else self.rng.standard_normal(n, dtype=np.float32) * np.float32(scale),
         )
 
+    def transformer(
+        self, shape: Shape | Lfm2Shape | Qwen35Shape, head_count_kv: int | list[int], block_count: int | None = None
+    ) -> None:
+        """The keys every attention model here writes: context, width, blocks (`block_count`: MTP blocks included;
+        None = `shape.n_layer`), feed-forward width, heads and KV heads (a list: per layer), RoPE base, norm epsilon."""
+        self.u32("context_length", shape.n_ctx_train)
+        self.u32("embedding_length", shape.n_embd)
+        self.u32("block_count", shape.n_layer if block_count is None else block_count)
+        self.u32("feed_forward_length", shape.n_ff)
+        self.u32("attention.head_count", shape.n_head)
+        if isinstance(head_count_kv, list):
+            self.array("attention.head_count_kv", head_count_kv)
+        else:
+            self.u32("attention.head_count_kv", head_count_kv)
+        self.f32("rope.freq_base", shape.rope_base)
+        self.f32("attention.layer_norm_rms_epsilon", shape.rms_eps)
+
+    def ffn(self, b: str, norm: str, shape: _Transformer) -> None:
+        """Block `b`'s feed-forward part: its norm (named `norm`), then the gate, up and down matrices."""
+        self.vector(b + norm, shape.n_embd, 1.0)
+        self.weight(b + "ffn_gate.weight", shape.n_ff, shape.n_embd)
+        self.weight(b + "ffn_up.weight", shape.n_ff, shape.n_embd)
+        self.weight(b + "ffn_down.weight", shape.n_embd, shape.n_ff)
+
     def close(self, path: str | Path) -> Path:
         self.w.write_header_to_file()
         self.w.write_kv_data_to_file()
@@ -278,65 +289,23 @@ def write(
 
 
 def _write_qwen2(path: str | Path, shape: Shape, dtype: str, seed: int) -> Path:
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    qtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[dtype]
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name(f"random {shape.n_layer}x{shape.n_embd}")
-    w.add_context_length(shape.n_ctx_train)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_rope_freq_base(shape.rope_base)
-    w.add_layer_norm_rms_eps(shape.rms_eps)
-    w.add_file_type(1 if dtype == "f16" else 7)  # LLAMA_FTYPE_MOSTLY_F16 / Q8_0
-    pieces, scores, types = vocabulary(shape.n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(pieces)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-
-    def weight(name: str, rows: int, cols: int) -> None:  # a matrix of `rows` outputs x `cols` inputs
-        x = rng.standard_normal((rows, cols), dtype=np.float32) * (0.5 / np.sqrt(cols))
-        if qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
-
-    def vector(name: str, n: int, value: float | None = None) -> None:
-        w.add_tensor(
-            name,
-            np.full(n, value, np.float32) if value is not None else (rng.standard_normal(n, dtype=np.float32) * 0.02),
-        )
-
     e, kv = shape.n_embd, shape.n_embd // shape.n_head * shape.n_head_kv
-    weight("token_embd.weight", shape.n_vocab, e)
-    vector("output_norm.weight", e, 1.0)
+    g = _Writer(path, "qwen2", shape.n_vocab, dtype, seed, f"random {shape.n_layer}x{e}")
+    g.transformer(shape, shape.n_head_kv)
+    g.weight("token_embd.weight", shape.n_vocab, e)
+    g.vector("output_norm.weight", e, 1.0)
     for i in range(shape.n_layer):
         b = f"blk.{i}."
-        vector(b + "attn_norm.weight", e, 1.0)
-        weight(b + "attn_q.weight", e, e)
-        vector(b + "attn_q.bias", e)
-        weight(b + "attn_k.weight", kv, e)
-        vector(b + "attn_k.bias", kv)
-        weight(b + "attn_v.weight", kv, e)
-        vector(b + "attn_v.bias", kv)
-        weight(b + "attn_output.weight", e, e)
-        vector(b + "ffn_norm.weight", e, 1.0)
-        weight(b + "ffn_gate.weight", shape.n_ff, e)
-        weight(b + "ffn_up.weight", shape.n_ff, e)
-        weight(b + "ffn_down.weight", e, shape.n_ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+        g.vector(b + "attn_norm.weight", e, 1.0)
+        g.weight(b + "attn_q.weight", e, e)
+        g.vector(b + "attn_q.bias", e)
+        g.weight(b + "attn_k.weight", kv, e)
+        g.vector(b + "attn_k.bias", kv)
+        g.weight(b + "attn_v.weight", kv, e)
+        g.vector(b + "attn_v.bias", kv)
+        g.weight(b + "attn_output.weight", e, e)
+        g.ffn(b, "ffn_norm.weight", shape)
+    return g.close(path)
 
 
 def _write_lfm2(path: str | Path, shape: Lfm2Shape, dtype: str, seed: int) -> Path:
@@ -346,14 +315,7 @@ def _write_lfm2(path: str | Path, shape: Lfm2Shape, dtype: str, seed: int) -> Pa
     e, hd = shape.n_embd, shape.n_embd // shape.n_head
     kv = hd * shape.n_head_kv
     g = _Writer(path, "lfm2", shape.n_vocab, dtype, seed, f"random lfm2 {shape.n_layer}x{e}")
-    g.u32("context_length", shape.n_ctx_train)
-    g.u32("embedding_length", e)
-    g.u32("block_count", shape.n_layer)
-    g.u32("feed_forward_length", shape.n_ff)
-    g.u32("attention.head_count", shape.n_head)
-    g.array("attention.head_count_kv", [shape.n_head_kv if i in shape.attn_layers else 0 for i in range(shape.n_layer)])
-    g.f32("rope.freq_base", shape.rope_base)
-    g.f32("attention.layer_norm_rms_epsilon", shape.rms_eps)
+    g.transformer(shape, [shape.n_head_kv if i in shape.attn_layers else 0 for i in range(shape.n_layer)])
     g.u32("vocab_size", shape.n_vocab)
     g.u32("shortconv.l_cache", shape.l_cache)
     g.weight("token_embd.weight", shape.n_vocab, e)
@@ -377,10 +339,7 @@ def _write_lfm2(path: str | Path, shape: Lfm2Shape, dtype: str, seed: int) -> Pa
             )
             g.weight(b + "shortconv.in_proj.weight", 3 * e, e)
             g.weight(b + "shortconv.out_proj.weight", e, e)
-        g.vector(b + "ffn_norm.weight", e, 1.0)
-        g.weight(b + "ffn_gate.weight", shape.n_ff, e)
-        g.weight(b + "ffn_up.weight", shape.n_ff, e)
-        g.weight(b + "ffn_down.weight", e, shape.n_ff)
+        g.ffn(b, "ffn_norm.weight", shape)
     return g.close(path)
 
 
@@ -398,16 +357,9 @@ def _write_qwen35(path: str | Path, shape: Qwen35Shape, dtype: str, seed: int) -
     n_all = n + shape.n_nextn
     recurrent = [i < n and (i + 1) % shape.full_attn_interval != 0 for i in range(n_all)]
     g = _Writer(path, "qwen35", shape.n_vocab, dtype, seed, f"random qwen35 {n}x{e} + {shape.n_nextn} MTP")
-    g.u32("context_length", shape.n_ctx_train)
-    g.u32("embedding_length", e)
-    g.u32("block_count", n_all)
-    g.u32("feed_forward_length", shape.n_ff)
-    g.u32("attention.head_count", shape.n_head)
-    g.u32("attention.head_count_kv", shape.n_head_kv)
+    g.transformer(shape, shape.n_head_kv, block_count=n_all)
     g.u32("attention.key_length", hd)
     g.u32("attention.value_length", hd)
-    g.f32("rope.freq_base", shape.rope_base)
-    g.f32("attention.layer_norm_rms_epsilon", shape.rms_eps)
     g.u32("ssm.conv_kernel", shape.d_conv)
     g.u32("ssm.state_size", shape.linear_head_dim)
     g.u32("ssm.group_count", shape.linear_k_heads)
@@ -428,12 +380,6 @@ def _write_qwen35(path: str | Path, shape: Qwen35Shape, dtype: str, seed: int) -
         g.weight(b + "attn_output.weight", e, q)
         g.vector(b + "attn_q_norm.weight", hd, 1.0)
         g.vector(b + "attn_k_norm.weight", hd, 1.0)
-
-    def ffn(b: str) -> None:
-        g.vector(b + "post_attention_norm.weight", e, 1.0)
-        g.weight(b + "ffn_gate.weight", shape.n_ff, e)
-        g.weight(b + "ffn_up.weight", shape.n_ff, e)
-        g.weight(b + "ffn_down.weight", e, shape.n_ff)
 
     for i in range(n_all):
         b = f"blk.{i}."
@@ -462,7 +408,7 @@ def _write_qwen35(path: str | Path, shape: Qwen35Shape, dtype: str, seed: int) -
             g.weight(b + "ssm_out.weight", e, value_dim)
         else:
             attention(b)
-        ffn(b)
+        g.ffn(b, "post_attention_norm.weight", shape)
     return g.close(path)
 
 

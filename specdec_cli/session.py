@@ -216,19 +216,7 @@ class Session:
             tools: OpenAI's tool dicts for templates that describe tools (Qwen2.5's); None = none.
         Raises ToolsUnsupportedError (tools, and a template that never reads them), and what `format_chat` raises.
         """
-        return self.tokenize_chat(self.chat_prompt(messages, tools=tools))
-
-    def chat_prompt(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict] | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> str:
-        """The text of `chat_tokens`: the chat template rendered, the assistant's generation prompt appended;
-        `template_kwargs`: extra template variables (`chat_template_kwargs`), passed only when there are some."""
-        extra = {"template_kwargs": dict(template_kwargs)} if template_kwargs else {}
-        return self.target.format_chat(messages, add_generation_prompt=True, tools=tools, **extra)
+        return self.tokenize_chat(self.target.format_chat(messages, add_generation_prompt=True, tools=tools))
 
     def tokenize_chat(self, prompt: str) -> list[int]:
         """Tokens of a rendered chat prompt (special tokens parsed; the template wrote the BOS it wants)."""
@@ -384,7 +372,8 @@ class PromptText:
         tools: list[dict] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """`Session.chat_prompt`: the chat template rendered, the assistant's generation prompt appended. Raises
+        """The text of `Session.chat_tokens`: the chat template rendered, the assistant's generation prompt appended;
+        `template_kwargs`: extra template variables (`chat_template_kwargs`), passed only when there are some. Raises
         ToolsUnsupportedError, UsageError (the template refused the conversation), ModelError (it failed)."""
         extra = {"template_kwargs": dict(template_kwargs)} if template_kwargs else {}
         return self._format_chat(messages, add_generation_prompt=True, tools=tools, **extra)

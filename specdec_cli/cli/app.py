@@ -10,6 +10,7 @@ import typer
 
 from specdec_cli import __version__
 from specdec_cli.cli import options as o
+from specdec_cli.core.constraint import Grammar
 from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.measure.audit import NEAR_TIE_THRESHOLD
@@ -29,16 +30,15 @@ app = typer.Typer(
 
 
 def _model_options(
-    target: str | None,
-    draft: str | None,
-    ctx: int,
-    threads: int | None,
-    gpu_layers: int,
-    verbose: bool,
-    no_prompt_cache: bool = False,
+    target: o.Target = None,
+    draft: o.DraftModel = None,
+    ctx: o.Ctx = 4096,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = -1,
+    no_prompt_cache: o.NoPromptCache = False,
+    verbose: o.Verbose = False,
 ) -> ModelOptions:
-    """The one place the model options every command shares (--target, --draft, --ctx, --threads, --gpu-layers,
-    --verbose, and --no-prompt-cache where the command has it) become `ModelOptions`."""
+    """The one place the model options every command shares become `ModelOptions` (a `group`'s builder)."""
     return ModelOptions(
         target=target,
         draft=draft,
@@ -50,10 +50,16 @@ def _model_options(
     )
 
 
-def _spec_options(method: Method, k: str | None, ngram_min: int, ngram_max: int, corpus: str = "auto") -> SpecOptions:
-    """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once. A --k left
-    out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies where there is one.
-    Raises UsageError for a bad --k (exit 2)."""
+def _spec_options(
+    method: o.MethodOpt = Method.auto,
+    k: o.K = None,
+    ngram_min: o.NgramMin = 2,
+    ngram_max: o.NgramMax = 4,
+    corpus: o.CorpusOpt = "auto",
+) -> SpecOptions:
+    """--method, --k, --ngram-min, --ngram-max and --corpus as `SpecOptions`, built and validated once (a `group`'s
+    builder). A --k left out (None) is auto with `k_given` False: the K `specdec tune --save` chose then applies
+    where there is one. Raises UsageError for a bad --k (exit 2)."""
     return SpecOptions(
         method=method,
         k=K(k or "auto"),
@@ -65,18 +71,18 @@ def _spec_options(method: Method, k: str | None, ngram_min: int, ngram_max: int,
 
 
 def _generation_config(
-    max_tokens: int, stop: list[str] | None = None, grammar=None, logprobs: int | None = None, **sampling
+    max_tokens: o.MaxTokens = 512,
+    stop: o.Stop = None,
+    temperature: o.Temperature = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
 ) -> GenerationConfig:
-    """--max-tokens, --stop, the grammar the structured-output options ask for (`o.grammar_option`), --logprobs and
-    the sampling options (`SamplingParams`' fields; those a command lacks keep their defaults) as the
-    `GenerationConfig` a command generates with."""
-    return GenerationConfig(
-        max_tokens=max_tokens,
-        stop=tuple(stop or ()),
-        sampling=SamplingParams(**sampling),
-        grammar=grammar,
-        logprobs=logprobs,
-    )
+    """--max-tokens, --stop and the sampling options as the `GenerationConfig` a command generates with (a `group`'s
+    builder; the command adds the grammar `o.grammar_option` reads and --logprobs where it has them)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    return GenerationConfig(max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling)
 
 
 def _version(value: bool) -> None:
@@ -110,28 +116,17 @@ RUN_EXAMPLES = """
 
 
 @app.command(epilog=RUN_EXAMPLES)
+@o.grouped
 def run(
-    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
-    target: o.Target = None,
-    draft: o.DraftModel = None,
+    prompt_file: o.PromptFile,
+    models: ModelOptions = o.group(_model_options),
     method: o.MethodOpt = Method.auto,
     k: o.K = None,
     predict: o.Predict = None,
-    ngram_min: o.NgramMin = 2,
-    ngram_max: o.NgramMax = 4,
-    corpus: o.CorpusOpt = "auto",
-    max_tokens: o.MaxTokens = 512,
-    stop: o.Stop = None,
-    temperature: o.Temperature = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = None,
+    spec: SpecOptions = o.group(_spec_options),  # --method and --k declared above, --predict between them
+    config: GenerationConfig = o.group(_generation_config),
     system: o.System = None,
     raw: o.Raw = False,
-    ctx: o.Ctx = 4096,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
     plain: o.Plain = False,
     clean: o.Clean = False,
     json_out: o.JsonOut = None,
@@ -145,12 +140,8 @@ def run(
     ),
     idle_baseline: o.IdleBaseline = False,
     logprobs: o.Logprobs = None,
-    json_object: o.JsonObject = False,
-    json_schema: o.JsonSchema = None,
-    grammar: o.GrammarFile = None,
-    json_layout: o.JsonLayoutOpt = "inline",
+    constraint: Grammar | None = o.group(o.grammar_option),
     verbose: o.Verbose = False,
-    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Generate a reply to a prompt with speculative decoding, streamed in colour, then statistics.
 
@@ -166,24 +157,13 @@ def run(
         raise typer.BadParameter(
             "log-probabilities are written to the --json output; add --json PATH", param_hint="--logprobs"
         )
-    constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     text = read_prompt(prompt_file)
     prediction = read_prediction(predict) if predict is not None else None
     code = execute(
         text,
-        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        config=_generation_config(
-            max_tokens,
-            stop,
-            constrained,
-            logprobs,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-        ),
+        models=models,
+        spec=spec,
+        config=replace(config, grammar=constraint, logprobs=logprobs),
         output=OutputOptions(
             plain=plain,
             clean=clean,
@@ -217,33 +197,16 @@ CHAT_EXAMPLES = """
 
 
 @app.command(epilog=CHAT_EXAMPLES)
+@o.grouped
 def chat(
-    target: o.Target = None,
-    draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.auto,
-    k: o.K = None,
-    ngram_min: o.NgramMin = 2,
-    ngram_max: o.NgramMax = 4,
-    corpus: o.CorpusOpt = "auto",
-    max_tokens: o.MaxTokens = 512,
-    stop: o.Stop = None,
-    temperature: o.Temperature = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = None,
+    models: ModelOptions = o.group(_model_options),
+    spec: SpecOptions = o.group(_spec_options),
+    config: GenerationConfig = o.group(_generation_config),
     system: o.System = None,
-    ctx: o.Ctx = 4096,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
     plain: o.Plain = False,
     clean: o.Clean = False,
-    json_object: o.JsonObject = False,
-    json_schema: o.JsonSchema = None,
-    grammar: o.GrammarFile = None,
-    json_layout: o.JsonLayoutOpt = "inline",
+    constraint: Grammar | None = o.group(o.grammar_option),
     verbose: o.Verbose = False,
-    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Chat with a model over several turns, each reply generated with speculative decoding and streamed in colour.
 
@@ -254,13 +217,10 @@ def chat(
     """
     from specdec_cli.cli.commands.chat import execute
 
-    constrained = o.grammar_option(json_object, json_schema, grammar, json_layout)
     code = execute(
-        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
-        config=_generation_config(
-            max_tokens, stop, constrained, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed
-        ),
+        models=models,
+        spec=spec,
+        config=replace(config, grammar=constraint),
         system=system,
         plain=plain,
         clean=clean,
@@ -294,10 +254,10 @@ TUNE_HELP = (
 
 
 @app.command(help=TUNE_HELP, epilog=TUNE_EXAMPLES)
+@o.grouped
 def tune(
     prompts: o.PromptDir = None,
-    target: o.Target = None,
-    draft: o.DraftModel = None,
+    models: ModelOptions = o.group(_model_options, omit=("no_prompt_cache",)),
     method: o.MethodOpt = Method.auto,
     k: str = typer.Option(
         "1,2,4,8,16",
@@ -318,12 +278,7 @@ def tune(
     ),
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
-    max_tokens: o.MaxTokens = 128,
-    temperature: o.Temperature = 0.0,
-    seed: o.Seed = None,
-    ctx: o.Ctx = 4096,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
+    config: GenerationConfig = o.group(_generation_config, max_tokens=128, omit=("stop", "top_k", "top_p", "min_p")),
     json_out: str = typer.Option(
         None,
         "--json",
@@ -359,9 +314,9 @@ def tune(
         cases = [next(c for c in builtin((kind,))) for kind in ("edit", "write")]  # one of each: short
     code = execute(
         cases,
-        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose),
+        models=models,
         spec=SpecOptions(method=method, k=K("auto"), ngram_min=ngram_min, ngram_max=ngram_max),
-        config=_generation_config(max_tokens, temperature=temperature, seed=seed),
+        config=config,
         options=TuneOptions(ks=ks, repeats=repeats, json_path=json_out, save=save, plot=plot),
     )
     if code:
@@ -380,17 +335,15 @@ CHECK_EXAMPLES = """
 
 
 @app.command(epilog=CHECK_EXAMPLES)
+@o.grouped
 def check(
-    prompt_file: str = typer.Argument(..., help="Prompt file (UTF-8 text), or - to read standard input."),
-    target: o.Target = None,
-    draft: o.DraftModel = None,
+    prompt_file: o.PromptFile,
+    models: ModelOptions = o.group(_model_options),
     method: o.MethodOpt = Method.auto,
     k: o.KAuto = "auto",
-    ngram_min: o.NgramMin = 2,
-    ngram_max: o.NgramMax = 4,
-    max_tokens: o.MaxTokens = 256,
-    stop: o.Stop = None,
-    temperature: float = typer.Option(
+    spec: SpecOptions = o.group(_spec_options, omit=("corpus",)),  # --method and --k (auto, no tuned K) above
+    config: GenerationConfig = o.group(_generation_config, max_tokens=256, omit=("top_k", "top_p", "min_p", "seed")),
+    temperature: float = typer.Option(  # check's own --temperature, passed to _generation_config
         0.0,
         "--temperature",
         "--temp",
@@ -409,16 +362,9 @@ def check(
     ),
     system: o.System = None,
     raw: o.Raw = False,
-    ctx: o.Ctx = 4096,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
     json_out: o.JsonOut = None,
-    json_object: o.JsonObject = False,
-    json_schema: o.JsonSchema = None,
-    grammar: o.GrammarFile = None,
-    json_layout: o.JsonLayoutOpt = "inline",
+    constraint: Grammar | None = o.group(o.grammar_option),
     verbose: o.Verbose = False,
-    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Check that greedy speculative output is the target's own greedy output, token by token.
 
@@ -433,14 +379,12 @@ def check(
     from specdec_cli.cli.commands.check import execute, refuse_sampling
     from specdec_cli.cli.inputs import read_prompt
 
-    config = _generation_config(
-        max_tokens, stop, o.grammar_option(json_object, json_schema, grammar, json_layout), temperature=temperature
-    )
+    config = replace(config, grammar=constraint)
     refuse_sampling(config)  # before reading stdin or loading models
     code = execute(
         read_prompt(prompt_file),
-        models=_model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-        spec=_spec_options(method, k, ngram_min, ngram_max),
+        models=models,
+        spec=spec,
         config=config,
         json_path=json_out,
         raw=raw,
@@ -487,10 +431,10 @@ BENCH_HELP = (
 
 
 @app.command(help=BENCH_HELP, epilog=BENCH_EXAMPLES)
+@o.grouped
 def bench(
     prompts: o.PromptDir = None,
-    target: o.Target = None,
-    draft: o.DraftModel = None,
+    models: ModelOptions = o.group(_model_options, omit=("no_prompt_cache",)),
     methods: str = typer.Option(
         "none,auto,ngram,suffix,draft",
         "--methods",
@@ -523,9 +467,6 @@ def bench(
     ngram_min: o.NgramMin = 2,
     ngram_max: o.NgramMax = 4,
     max_tokens: o.MaxTokens = 96,
-    ctx: o.Ctx = 4096,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
     json_out: str = typer.Option(
         None,
         "--json",
@@ -594,7 +535,6 @@ def bench(
         plot_path=plot,
         markdown=markdown,
     )
-    models = _model_options(target, draft, ctx, threads, gpu_layers, verbose)
     if from_json:
         code = B.from_json(from_json, options=options)
     elif workload in OWN:
@@ -814,14 +754,11 @@ SERVE_EXAMPLES = """
 
 
 @app.command(epilog=SERVE_EXAMPLES)
+@o.grouped
 def serve(
     target: o.Target = None,
     draft: o.DraftModel = None,
-    method: o.MethodOpt = Method.auto,
-    k: o.K = None,
-    ngram_min: o.NgramMin = 2,
-    ngram_max: o.NgramMax = 4,
-    corpus: o.CorpusOpt = "auto",
+    spec: SpecOptions = o.group(_spec_options),
     host: str = typer.Option(
         "127.0.0.1",
         "--host",
@@ -958,10 +895,8 @@ def serve(
         "token for Qwen2.5-Coder-1.5B (0.9 GB at 32768).",
         rich_help_panel=o.MODELS,
     ),
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = -1,
+    models: ModelOptions = o.group(_model_options),  # --target, --draft and --ctx declared above
     verbose: o.Verbose = False,
-    no_prompt_cache: o.NoPromptCache = False,
 ) -> None:
     """Serve OpenAI's API (chat and text completions) and Anthropic's Messages API (Claude Code) locally, with
     speculative decoding that learns from the traffic.
@@ -989,11 +924,8 @@ def serve(
     from specdec_cli.server.request import Defaults
 
     code = execute(
-        models=replace(
-            _model_options(target, draft, ctx, threads, gpu_layers, verbose, no_prompt_cache),
-            lanes=parallel,
-        ),
-        spec=_spec_options(method, k, ngram_min, ngram_max, corpus),
+        models=replace(models, lanes=parallel),
+        spec=spec,
         defaults=Defaults(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens
         ),

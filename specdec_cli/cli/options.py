@@ -1,11 +1,16 @@
-"""Options shared by several commands, as `Annotated` aliases (one definition, one help text).
+"""Options shared by several commands, as `Annotated` aliases (one definition, one help text), and option groups
+(`group`, `grouped`): one command parameter standing for several options and receiving the object they build.
 
 Only command-line things live here; the domain types and their parsers (`Method`, K) are `specdec_cli.spec`'s."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
@@ -228,6 +233,7 @@ Compare = Annotated[
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.", rich_help_panel=OUTPUT)]
 PromptDir = Annotated[list[Path] | None, typer.Argument(help="Prompt files or directories.")]
+PromptFile = Annotated[str, typer.Argument(help="Prompt file (UTF-8 text), or - to read standard input.")]
 
 STRUCTURE = "Structured output"
 JsonObject = Annotated[
@@ -284,7 +290,12 @@ Logprobs = Annotated[
 ]
 
 
-def grammar_option(json_object: bool, json_schema: str | None, grammar: str | None, layout: str):
+def grammar_option(
+    json_object: JsonObject = False,
+    json_schema: JsonSchema = None,
+    grammar: GrammarFile = None,
+    json_layout: JsonLayoutOpt = "inline",
+):
     """The `constraint.Grammar` that --json-object, --json-schema FILE or --grammar FILE asks for (None: free text),
     read and validated before any model loads.
 
@@ -307,15 +318,68 @@ def grammar_option(json_object: bool, json_schema: str | None, grammar: str | No
             f"{' and '.join(given)} both constrain the reply; give one.",
             'A JSON schema with {"type": "object"} is --json-object.',
         )
-    if layout not in constraint.LAYOUTS:
-        raise UsageError(f"--json-layout {layout!r} is not a layout.", f"Use one of: {', '.join(constraint.LAYOUTS)}.")
+    if json_layout not in constraint.LAYOUTS:
+        raise UsageError(
+            f"--json-layout {json_layout!r} is not a layout.", f"Use one of: {', '.join(constraint.LAYOUTS)}."
+        )
+    layout = cast(constraint.JsonLayout, json_layout)
     if json_object:
-        return constraint.json_object(layout=cast(constraint.JsonLayout, layout))
+        return constraint.json_object(layout=layout)
     if json_schema is not None:
-        return constraint.load(json_schema, "json-schema", layout=cast(constraint.JsonLayout, layout))
+        return constraint.load(json_schema, "json-schema", layout=layout)
     if grammar is not None:
         return constraint.load(grammar, "grammar")
     return None
+
+
+@dataclass(frozen=True)
+class Group:
+    """The default of a command parameter that stands for several options: `build`'s parameters (option aliases),
+    less `omit` (`build` gets their defaults), with `defaults` replacing some of their defaults. See `grouped`."""
+
+    build: Callable[..., Any]
+    omit: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] | None = None
+
+
+def group(build: Callable[..., Any], *, omit: tuple[str, ...] = (), **defaults: Any) -> Any:
+    """A `Group` for a command parameter's default: `models: ModelOptions = group(build, ctx=8192)`."""
+    unknown = (set(omit) | set(defaults)) - set(inspect.signature(build).parameters)
+    assert not unknown, f"{build.__name__} has no parameters {sorted(unknown)}"
+    return Group(build, omit, defaults)
+
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def grouped(command: Command) -> Command:
+    """Decorator (below `app.command`): each parameter of `command` whose default is a `group` is replaced, in the
+    signature Typer reads, by its builder's parameters, so the options keep their place in `--help`; the command then
+    receives what the builder returns. A builder parameter the command declares itself stays where the command
+    declares it (its own type, default and help) and is passed to the builder as well."""
+    signature = inspect.signature(command, eval_str=True)
+    declared = set(signature.parameters)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, tuple[Callable[..., Any], list[str]]] = {}
+    for param in signature.parameters.values():
+        if not isinstance(param.default, Group):
+            params.append(param)
+            continue
+        g = param.default
+        members = [p for p in inspect.signature(g.build, eval_str=True).parameters.values() if p.name not in g.omit]
+        groups[param.name] = (g.build, [p.name for p in members])
+        defaults = g.defaults or {}
+        params += [p.replace(default=defaults.get(p.name, p.default)) for p in members if p.name not in declared]
+
+    @functools.wraps(command)
+    def call(**kwargs: Any) -> Any:
+        for name, (build, members) in groups.items():
+            kwargs[name] = build(**{m: kwargs[m] if m in declared else kwargs.pop(m) for m in members})
+        return command(**kwargs)
+
+    call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    call.__annotations__ = {p.name: p.annotation for p in params}
+    return cast(Command, call)
 
 
 OPTIONAL_VALUES = {"--compare": COMPARE_PAIRS}  # options whose number may be left out

@@ -21,10 +21,11 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
-from specdec_cli.server.errors import ApiError
+from specdec_cli.server.errors import ApiError, openai_error_body
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -85,21 +86,15 @@ class OriginCheck:
         return any(re.fullmatch(p, origin) for p in self.any_port)
 
 
+@dataclass
 class AccessGuard:
     """ASGI middleware: 403 for a `Host` that `hosts` refuses or an `Origin` that `origins` refuses, in the API's
     error shape (`error_body(path, error)`); everything else goes to `app` (CORS headers: a `CORSMiddleware` inside)."""
 
-    def __init__(
-        self,
-        app: Callable,
-        hosts: HostCheck,
-        origins: OriginCheck,
-        error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body(),
-    ) -> None:
-        self.app = app
-        self.hosts = hosts
-        self.origins = origins
-        self.error_body = error_body
+    app: Callable
+    hosts: HostCheck
+    origins: OriginCheck
+    error_body: Callable[[str, ApiError], dict] = openai_error_body
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

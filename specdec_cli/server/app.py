@@ -20,6 +20,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 from fastapi import Depends, FastAPI, Request
@@ -32,7 +33,7 @@ from starlette.middleware.cors import CORSMiddleware
 from specdec_cli import __version__
 from specdec_cli.server import anthropic_messages, llama_infill, openai_chat, openai_completions, openai_responses
 from specdec_cli.server.access import AccessGuard, HostCheck, OriginCheck, cors_options
-from specdec_cli.server.errors import ApiError, internal, to_api_error
+from specdec_cli.server.errors import ApiError, internal, openai_error_body, to_api_error
 from specdec_cli.server.http import Context, json_error
 from specdec_cli.server.request import Defaults
 from specdec_cli.server.worker import Worker
@@ -216,22 +217,16 @@ def validation_error(errors: Sequence[dict]) -> ApiError:
     return ApiError(400, f"{where}{first.get('msg', 'invalid value')}{more}.", param=param, code="invalid_value")
 
 
+@dataclass
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` gets 413 (read up to the limit, then replayed to the app),
     one that pauses more than `timeout` seconds between two parts 408 (a slow client must not hold a connection), its
     JSON made by `error_body(path, error)` (the API's shape; default: OpenAI's)."""
 
-    def __init__(
-        self,
-        app: Callable,
-        max_bytes: int,
-        error_body: Callable[[str, ApiError], dict] = lambda path, err: err.body(),
-        timeout: float = BODY_TIMEOUT_S,
-    ) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.error_body = error_body
-        self.timeout = timeout
+    app: Callable
+    max_bytes: int
+    error_body: Callable[[str, ApiError], dict] = openai_error_body
+    timeout: float = BODY_TIMEOUT_S
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):

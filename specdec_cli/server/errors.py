@@ -44,6 +44,11 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def openai_error_body(path: str, error: ApiError) -> dict:
+    """`error`'s JSON in OpenAI's shape whatever the `path`: the middlewares' default `error_body`."""
+    return error.body()
+
+
 class QueueFullError(Exception):
     """The request queue is at its bound (`specdec serve --queue`).
 

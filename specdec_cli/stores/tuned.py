@@ -150,15 +150,19 @@ def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
     return doc["settings"]
 
 
-def lookup_entry(
+def lookup(
     target_path: str | os.PathLike[str],
     draft_path: str | os.PathLike[str] | None,
     method: str,
     threads: int | None,
     placement: str = "",
-) -> dict[str, Any] | None:
-    """The saved entry for this pair, method, machine and placement (`machine`; its "k" is an int 0..64 or "auto"),
-    or None."""
+) -> int | None:
+    """The K `specdec tune --save` found best for this pair, method and machine; None = use AdaptiveK.
+
+    None covers both "nothing saved" and a saved "auto". `draft_path` is None for methods without a draft model
+    (ngram, suffix). `threads`: the generation threads (None = the default); `placement`: where the target's passes
+    run (`machine`). Never raises for a broken tuned.json (a `TunedWarning` instead).
+    """
     settings = load()
     if not settings:
         return None
@@ -175,26 +179,7 @@ def lookup_entry(
             f'its "k" must be "auto" or a whole number 0..{K_LIMIT}. Run `specdec tune --save` again.'
         )
         return None
-    return entry
-
-
-def lookup(
-    target_path: str | os.PathLike[str],
-    draft_path: str | os.PathLike[str] | None,
-    method: str,
-    threads: int | None,
-    placement: str = "",
-) -> int | None:
-    """The K `specdec tune --save` found best for this pair, method and machine; None = use AdaptiveK.
-
-    None covers both "nothing saved" and a saved "auto". `draft_path` is None for methods without a draft model
-    (ngram, suffix). `threads`: the generation threads (None = the default); `placement`: where the target's passes
-    run (`machine`). Never raises for a broken tuned.json (a `TunedWarning` instead).
-    """
-    entry = lookup_entry(target_path, draft_path, method, threads, placement)
-    if entry is None or entry["k"] == "auto":
-        return None
-    return int(entry["k"])
+    return None if entry["k"] == "auto" else int(entry["k"])
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
@@ -48,6 +49,7 @@ def footer_text(turn: Turn) -> str:
     return " · ".join(parts)
 
 
+@dataclass(eq=False, kw_only=True)
 class ChatView:
     """Everything the chat shows. The reply goes to `out` (stdout); everything else to `err` (a stderr console).
 
@@ -57,14 +59,14 @@ class ChatView:
         show_rejected: show rejected drafts in their own style (--clean and /rejected off hide them).
     """
 
-    def __init__(self, *, out: TextIO, err: Console, interactive: bool, styled: bool, show_rejected: bool) -> None:
-        self.out = out
-        self.err = err
-        self.interactive = interactive
-        self.styled = styled
-        self.show_rejected = show_rejected
-        self._legend_shown = False
-        self._grammar = False  # replies follow a grammar (--json-object, --json-schema, --grammar): legend entry
+    out: TextIO
+    err: Console
+    interactive: bool
+    styled: bool
+    show_rejected: bool
+    _legend_shown: bool = field(default=False, init=False)
+    # replies follow a grammar (--json-object, --json-schema, --grammar): legend entry
+    _grammar: bool = field(default=False, init=False)
 
     # -- the reply --------------------------------------------------------------------------------------------
     def stream(self) -> StreamRenderer:
