@@ -408,7 +408,8 @@ class LlamaBackend(RecurrentGuard):
         return self._n_batch
 
     shared_rows = 0  # a lane's passes are shared through `server.lanes.Slot`, never here
-    # called after each llama_decode of `decode` with (its first position, its tokens): `LlamaMtp`'s catch-up
+    # called after each llama_decode of `decode` and `decode_many` (a call of the lane's own) with (its first position,
+    # its tokens): `LlamaMtp`'s catch-up
     on_hidden: Callable[[int, np.ndarray], None] | None = None
 
     @property
@@ -741,7 +742,8 @@ class LlamaBackend(RecurrentGuard):
         would, and gets float32 [n_logits, n_vocab] logits of its last rows (a view, valid until the next call on
         this context). Rows of one lane attend to that lane's cells only, so
         each part's logits are what its own pass gives, up to the rounding of a larger batch (llama.cpp's kernels
-        are not batch-invariant). The parts' lanes are distinct; their rows together fit one batch (n_batch).
+        are not batch-invariant). The parts' lanes are distinct; their rows together fit one batch (n_batch). A lane
+        an MTP head follows (`on_hidden` set) gets a call of its own, after which its hook runs, as after `decode`.
 
         Raises ValueError (rows over n_batch, a lane twice), ContextOverflowError (nothing evaluated) or
         DecodeError (every part's lane rolled back to its state before the call). After llama.cpp's
@@ -760,8 +762,12 @@ class LlamaBackend(RecurrentGuard):
                 )
             if n_logits > len(toks):
                 raise ValueError(f"n_logits={n_logits} exceeds the part ({len(toks)} tokens)")
-        if self.n_lanes > 1 and len({len(t) for _, t, _ in parts}) > 1:
-            return self._decode_apart(parts)
+        if (
+            self.n_lanes > 1
+            and len(parts) > 1
+            and (len({len(t) for _, t, _ in parts}) > 1 or any(lane.on_hidden is not None for lane, _, _ in parts))
+        ):
+            return self._decode_apart(parts)  # (an MTP head reads its lane's hidden states from a call of its own)
         first: list[int] = []
         off, depth = 0, self._n_ctx
         for lane, toks, n_logits in parts:
@@ -802,6 +808,8 @@ class LlamaBackend(RecurrentGuard):
             lane._n += m
             lane.n_evaluated += m
             lane.n_decode_calls += 1
+            if lane.on_hidden is not None:  # the lane's MTP drafter catches up, as after `decode`
+                lane.on_hidden(lane._n - m, toks)
             views.append(out[row : row + n_logits] if n_logits else np.zeros((0, self._n_vocab), np.float32))
             row += n_logits
         return views

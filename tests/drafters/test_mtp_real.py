@@ -46,3 +46,34 @@ def test_mtp_on_a_model_without_a_block_is_one_line_with_the_fix(lfm2_tiny, tmp_
     code, _, err = run(capsys, tmp_path, lfm2_tiny, "--method", "mtp")
     assert code != 0
     assert "needs a target with an MTP block" in err and "Traceback" not in err
+
+
+def test_an_mtp_head_catches_up_on_its_lanes_passes_beside_another_lane(qwen35_tiny) -> None:
+    """Under `specdec serve --parallel` the first slot's passes go through `decode_many`: the MTP head following that
+    lane catches up on each of them (the other lane's rows never reach it), so it drafts what it drafts after the
+    same tokens through `decode` on a context of one sequence. Without the catch-up it drafted from a stale state."""
+    import numpy as np
+
+    from specdec_cli.models.llama import LlamaBackend, LlamaMtp
+
+    def backend(n_lanes: int) -> LlamaBackend:
+        return LlamaBackend(
+            qwen35_tiny, n_ctx=256, n_batch=64, n_threads=2, n_gpu_layers=0, extra_bufts=False, n_lanes=n_lanes
+        )
+
+    prompt = np.asarray([5, 9, 13, 17, 21, 25, 29, 33, 5, 9, 13, 17], np.int32)
+    other = np.asarray([40 + i for i in range(12)], np.int32)  # as long, and first: one call for both but for the head
+    first = lambda logits, i: int(np.argmax(logits))  # noqa: E731
+
+    alone = backend(1)
+    alone_head = LlamaMtp(alone)
+    alone.decode(prompt, 1)
+    want = alone_head.draft(int(prompt[-1]), len(prompt), 4, first)
+
+    shared = backend(2)
+    head = LlamaMtp(shared)
+    shared.decode_many([(shared.lane(1), other, 1), (shared, prompt, 1)])
+    assert (head._h_start, len(head._h)) == (0, len(prompt))  # its lane's call, not the other's
+    assert head.draft(int(prompt[-1]), len(prompt), 4, first) == want
+    for b in (alone_head, alone, head, shared):
+        b.close()
