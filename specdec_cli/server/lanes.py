@@ -123,9 +123,7 @@ class Scheduler:
         self.piece_s, self.quiet_s, self.share = piece_s, quiet_s, share
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests while interactive slots run (negative: ahead)
-        self._lent_ms = (
-            0.0  # long requests' pass time since an interactive slot was last alone in starting (`_account`)
-        )
+        self._lent_ms = 0.0  # the long requests' pass ms since the running interactive slots' first started
         self._lock = threading.Lock()  # guards `_stop_below` (`preempt` comes from other threads)
         self._stop_below: Priority | None = None  # a newcomer ahead of this may interrupt the pass under way
         self.interrupted = 0  # passes interrupted
