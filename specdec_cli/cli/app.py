@@ -856,10 +856,10 @@ def serve(
         "once (slots, llama-server's -np): an editor's completions while an agent works. "
         "One loop serves them all: each step it plans every slot's verify rows and prompt "
         "chunks (interactive requests first) and evaluates them in one llama_decode call "
-        "(each slot has a KV stream of its own, so slots of unequal rows get a call each); each "
-        "slot has its own --ctx of KV cache (Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 "
-        "= 3.7 GB, allocated at start; /health and the start-up line say how much). 1: one "
-        "at a time.",
+        "(each slot has a KV stream of its own, so slots of equal rows share a call and the "
+        "others get one per row count); each slot has its own --ctx of KV cache "
+        "(Qwen2.5-Coder-1.5B: 28 KB a token, so 4 x 32768 = 3.7 GB, allocated at start; "
+        "/health and the start-up line say how much). 1: one at a time.",
         rich_help_panel="Server",
     ),
     learn: list[Path] = typer.Option(

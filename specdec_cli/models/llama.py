@@ -716,28 +716,34 @@ class LlamaBackend(RecurrentGuard):
         return lane
 
     def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
-        """`decode_many` of unequal parts over KV streams: one `llama_decode` per part, each with its own
-        flash-attention phase. llama.cpp would split them into ubatches of equal rows per stream anyway
-        (consecutive sequence ids together), which cost more than a call each, and one call runs every ubatch with
-        the phase of its largest part: a verify step beside a prefill chunk would run with flash attention on, the
-        slow setting for it. Every part's logits but the last
-        are copied (the next call overwrites them). A part that fails rolls the earlier ones back too."""
-        views: list[np.ndarray] = []
+        """`decode_many` of unequal parts over KV streams: one `llama_decode` per row count, the parts of equal rows
+        together (one ubatch: the weights read once for all of them), each call with its own flash-attention phase.
+        llama.cpp would split a mixed call into ubatches of equal rows per stream anyway (consecutive sequence ids
+        together), which cost more than a call each, and one call runs every ubatch with the phase of its largest
+        part: a verify step beside a prefill chunk would run with flash attention on, the slow setting for it. A lane
+        an MTP head follows has a call of its own. Logits come back in the parts' order, every call's but the last
+        copied (the next call overwrites them). A call that fails rolls the earlier ones back too."""
+        groups: dict[object, list[int]] = {}
+        for k, (lane, toks, _) in enumerate(parts):
+            groups.setdefault(len(toks) if lane.on_hidden is None else ("apart", k), []).append(k)
+        views: list[np.ndarray | None] = [None] * len(parts)
         done: list[tuple[LlamaBackend, int]] = []
         try:
-            for k, (lane, toks, n_logits) in enumerate(parts):
-                before = lane._n
-                view = self.decode_many([(lane, toks, n_logits)])[0]
-                done.append((lane, before))
-                views.append(view.copy() if k < len(parts) - 1 and n_logits else view)
+            for g, ks in enumerate(groups.values()):
+                before = [(parts[k][0], parts[k][0]._n) for k in ks]
+                got = self.decode_many([parts[k] for k in ks])
+                done += before
+                last = g == len(groups) - 1
+                for k, view in zip(ks, got, strict=True):
+                    views[k] = view if last or not len(view) else view.copy()
         except BaseException:
-            for lane, before in done:
-                lane.truncate(before)
+            for lane, before_n in done:
+                lane.truncate(before_n)
             raise
-        return views
+        return [v for v in views if v is not None]
 
     def decode_many(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
-        """One `llama_decode` over several lanes' tokens (with KV streams and parts of unequal rows, one per part:
+        """One `llama_decode` over several lanes' tokens (with KV streams and parts of unequal rows, one per row count:
         `_decode_apart`): each part (lane, int32 tokens [m], n_logits) is appended to its lane's sequence as `decode`
         would, and gets float32 [n_logits, n_vocab] logits of its last rows (a view, valid until the next call on
         this context). Rows of one lane attend to that lane's cells only, so

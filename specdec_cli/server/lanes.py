@@ -316,7 +316,8 @@ class Scheduler:
         inter = [s for s in subs if s.slot.priority.cls == INTERACTIVE]
         rest = [s for s in subs if s.slot.priority.cls != INTERACTIVE]
         if len(rest) > 1 and self._steep():
-            rest = rest[:1]  # one long request at a time, the first in line: see `_steep`
+            prompts = [s for s in rest if s.splittable]
+            rest = prompts[:1] or rest  # the long prompts first, one at a time; then their steps together: `_steep`
             subs = inter + rest
         piece = self._piece()
         if inter and rest:  # a pass for the interactive slots, or one for the others when they are owed it
@@ -360,10 +361,12 @@ class Scheduler:
         return parts
 
     def _steep(self) -> bool:
-        """A CPU's verify curve (not `controller.flat`; no curve counts as steep): long requests then run one at a time
-        beside the interactive ones. Their rows cannot share a ubatch and a row costs nearly the same in any pass, so
-        interleaving them only made each one's steps wait for the others' prefill (docs/results-history.md,
-        2026-11-27, night). On a flat curve (a GPU) they share the passes."""
+        """A CPU's verify curve (not `controller.flat`; no curve counts as steep): the long requests' prompts are then
+        read one at a time, in arrival order, before any long request's verify step, and their verify steps go in the
+        same passes once none is reading. On such a curve a prefill piece beside a step only makes the step wait for
+        it (docs/results-history.md, 2026-11-27, night), while steps of equal rows share a ubatch and so one read of
+        the weights (`LlamaBackend.decode_many`): reading the prompts first lets the most steps meet. On a flat curve
+        (a GPU) every long request shares every pass."""
         return not flat(np.asarray(self.curve.ms) if self.curve is not None else None)
 
     def _piece(self) -> int:

@@ -248,24 +248,27 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["cpu-curve", "flat-curve"])
-def test_on_a_cpu_long_requests_run_one_at_a_time(flat):
-    """A KV stream per lane and a CPU's curve: three chats sent at once run one after another in arrival order (their
-    rows could not share a ubatch, so interleaving only made each wait for the others), each its greedy reply; on a
-    flat curve (a GPU) they share the passes."""
+def test_on_a_cpu_long_prompts_are_read_one_at_a_time_before_their_steps_which_share_passes(flat):
+    """A KV stream per lane and a CPU's curve: three chats sent at once have their prompts read one after another in
+    arrival order, each alone in its pass (a piece beside a step only makes the step wait), and then their verify
+    steps share the passes (steps of equal rows share a ubatch); a fourth arriving while they decode has its prompt
+    read in the next pass, alone. Each its greedy reply. On a flat curve (a GPU) they share every pass."""
     backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
-    sched, engines = _engines(backend, 3)
+    sched, engines = _engines(backend, 4)
     sched.curve = _curve(lambda b: 50.0 + (0.1 if flat else 10.0) * b)
     config = GenerationConfig(max_tokens=30)
-    out = _run(sched, [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)])
-    for i in range(3):
+    jobs = [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)]
+    out = _run(sched, jobs, arrivals={6: (3, engines[3], PROMPTS[3], config, Priority(BATCH, seq=3))})
+    for i in range(4):
         assert out[i] == greedy_reference(hashed_logits, PROMPTS[i], 30), f"lane {i}"
-    lanes = [tuple(lane for lane, _ in p) for p in backend.passes]
+    passes = backend.passes
     if flat:
-        assert any(len(p) > 1 for p in lanes)
-    else:
-        assert all(len(p) == 1 for p in lanes)
-        switches = sum(1 for a, b in zip(lanes, lanes[1:], strict=False) if a != b)
-        assert switches <= 4  # one slot's passes, then the next one's; interleaved, they switch at every pass
+        assert passes[0] == tuple((i, len(PROMPTS[i]) - 1) for i in range(3))  # the three prompts in one pass
+        return
+    assert passes[:3] == [((i, len(PROMPTS[i]) - 1),) for i in range(3)]  # each prompt alone, in arrival order
+    assert all(sorted(lane for lane, _ in p) == [0, 1, 2] for p in passes[3:6])  # then their steps, together
+    assert passes[6] == ((3, len(PROMPTS[3]) - 1),)  # the newcomer's prompt, before the others' next step
+    assert sorted(lane for lane, _ in passes[7]) == [0, 1, 2, 3]
 
 
 def test_compose_earliest_deadline_first_among_interactive():

@@ -91,16 +91,25 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
     alone_backend.close()
 
 
-def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path):
-    """With a KV stream per lane, `decode_many` evaluates unequal parts one `llama_decode` each (`_decode_apart`):
-    every part gets the logits of its own rows, in the order the parts were given, the earlier ones copied."""
+def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path, monkeypatch):
+    """With a KV stream per lane, `decode_many` evaluates unequal parts one `llama_decode` per row count, the parts
+    of equal rows together (`_decode_apart`): every part gets the logits of its own rows, in the order the parts were
+    given, the earlier calls' copied."""
+    from specdec_cli.models import llama
+
     solo = LlamaBackend(smollm2_path, n_ctx=512)
-    shared = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
-    lanes = [shared.lane(i) for i in range(3)]
-    prompts = [_tokens(solo, p) for p in PROMPTS]
-    rows = [3, 9, 1]  # rows of each lane's part (logits of all)
-    got = shared.decode_many([(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i]) for i in range(3)])
-    for i in range(3):
+    shared = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=4)
+    lanes = [shared.lane(i) for i in range(4)]
+    prompts = [_tokens(solo, p) for p in [*PROMPTS, PROMPTS[0]]]
+    rows = [3, 9, 3, 1]  # rows of each lane's part (logits of all): lanes 0 and 2 share a call
+    calls: list[int] = []
+    decode = llama.llama_cpp.llama_decode
+    monkeypatch.setattr(
+        llama.llama_cpp, "llama_decode", lambda ctx, batch: calls.append(batch.n_tokens) or decode(ctx, batch)
+    )
+    got = shared.decode_many([(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i]) for i in range(4)])
+    assert calls == [46, 29, 21]  # lanes 0 and 2 (23 rows each), lane 1, lane 3
+    for i in range(4):
         solo.truncate(0)
         want = solo.decode(np.asarray(prompts[i][: 20 + rows[i]], np.int32), n_logits=rows[i])
         assert got[i].shape == want.shape
