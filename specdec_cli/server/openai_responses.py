@@ -76,7 +76,7 @@ from specdec_cli.server.reply import (
     Sse,
     new_id,
 )
-from specdec_cli.server.request import OPENAI, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
+from specdec_cli.server.request import OPENAI, Message, Output, Request, SamplingValues, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.tools import NAME
 
 STORE_SIZE = 64  # responses held for previous_response_id
@@ -319,9 +319,10 @@ def to_request(body: ResponsesRequest, ctx: Context, store: ResponseStore) -> Tr
         check_logprobs("top_logprobs", body.top_logprobs)
     logprobs = (body.top_logprobs or 0) if LOGPROBS in include else None
     limit = ctx.defaults.limit(body.max_output_tokens, ctx.n_ctx)
-    sampling = ctx.defaults.sampling(
-        OPENAI, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
+    sent = SamplingValues(
+        temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
     )
+    sampling = ctx.defaults.sampling(OPENAI, sent)
     config = GenerationConfig(max_tokens=limit, sampling=sampling, logprobs=logprobs)
     request = Request(config=config, messages=messages, tools=tools, output=output_of(body.text), label="responses")
     return Translation(request, names, items, tuple(dict.fromkeys(hosted_tools + hosted_items)))
