@@ -63,7 +63,16 @@ from specdec_cli.server.openai_base import (
     chat_logprobs,
     check_logprobs,
 )
-from specdec_cli.server.reading import Named, choose, content_text, format_name, function_tool, json_output, tool_name
+from specdec_cli.server.reading import (
+    Named,
+    allowed_tools_mode,
+    choose,
+    content_text,
+    format_name,
+    function_tool,
+    json_output,
+    tool_name,
+)
 from specdec_cli.server.reply import (
     Arguments,
     CallEnd,
@@ -549,9 +558,7 @@ def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, list[
     if kind in ("function", "custom"):
         return "required", [resolve(choice, "tool_choice")], True
     if kind == "allowed_tools":
-        mode = choice.get("mode")
-        if mode not in ("auto", "required"):
-            raise ApiError(400, f"tool_choice.mode is {mode!r}; use 'auto' or 'required'.", param="tool_choice.mode")
+        mode = allowed_tools_mode(choice.get("mode"), "tool_choice.mode")
         allowed = []
         for i, entry in enumerate(choice.get("tools") or ()):
             entry_kind = entry.get("type") if isinstance(entry, dict) else None
