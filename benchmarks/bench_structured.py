@@ -230,7 +230,7 @@ def main() -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     tools_bin = None
     if args.llama_cpp:
-        from specdec_cli.measure.native import find_tools, run_plain
+        from specdec_cli.measure.native import NativeJob, find_tools, run_plain
 
         tools_bin = find_tools(args.llama_cpp)
     clock = GrammarClock()
@@ -306,9 +306,8 @@ def main() -> int:
                         f"grammar {r['grammar_ms']:.0f} ms  {r['sources']}"
                     )
                 if tools_bin and name == "extract":
-                    nr = run_plain(
-                        tools_bin, session.target_path, text, args.max_tokens, threads, args.ctx, json_schema=schema
-                    )
+                    job = NativeJob(tools_bin, session.target_path, args.max_tokens, threads, args.ctx)
+                    nr = run_plain(job, text, json_schema=schema)
                     body = (nr.text or "").replace("<|im_end|>", "").strip()
                     r = {
                         "tok_s": nr.decode_tok_s,

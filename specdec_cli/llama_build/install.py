@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -260,18 +260,10 @@ class Plan:
     state: str
 
     def lines(self) -> str:
-        """The plan as name=value lines, the backend's reason aside (it goes to stderr)."""
-        fields = {
-            "version": self.version,
-            "python": self.python,
-            "prefix": self.prefix,
-            "backend": self.backend,
-            "patches": " ".join(self.patches),
-            "cmake_args": self.cmake_args,
-            "wheel_dir": self.wheel_dir,
-            "state": self.state,
-        }
-        return "".join(f"{k}={v}\n" for k, v in fields.items())
+        """The plan as name=value lines in field order, the backend's reason aside (it goes to stderr)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "backend_reason"}
+        values["patches"] = " ".join(self.patches)
+        return "".join(f"{k}={v}\n" for k, v in values.items())
 
 
 def wheels_root() -> Path:

@@ -331,13 +331,14 @@ class NativeRunner:
         self.tools, self.target, self.rendered, self.threads, self.ctx = tools, target, rendered, threads, ctx
 
     def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from specdec_cli.measure.native import run_plain, run_speculative
+        from specdec_cli.measure.native import NativeJob, run_plain, run_speculative
 
-        text, n = self.rendered[msg["prompt"]], msg["max_tokens"]
+        text = self.rendered[msg["prompt"]]
+        job = NativeJob(self.tools, self.target, msg["max_tokens"], self.threads, self.ctx)
         if msg["method"] == "plain":
-            r = run_plain(self.tools, self.target, text, n, self.threads, self.ctx)
+            r = run_plain(job, text)
         else:
-            r = run_speculative(self.tools, self.target, text, n, self.threads, self.ctx, spec_type=msg["method"])
+            r = run_speculative(job, text, spec_type=msg["method"])
         return {
             "tokens_per_s": r.decode_tok_s,
             "n_tokens": r.n_decoded,

@@ -53,7 +53,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdec_cli.errors import NativeToolError, UsageError
@@ -92,6 +92,18 @@ class NativeTools:
 
     completion: Path
     speculative: Path
+
+
+@dataclass(frozen=True)
+class NativeJob:
+    """What every native run of a sitting shares: the build (`tools`), the target GGUF (`model_path`), the output
+    budget (`n_tokens`, tokens), the CPU threads and the context (`ctx`, tokens)."""
+
+    tools: NativeTools
+    model_path: str | os.PathLike[str]
+    n_tokens: int
+    threads: int
+    ctx: int
 
 
 @dataclass(frozen=True)
@@ -215,21 +227,21 @@ def _unparsed(tool: str, lines: str, stderr_text: str) -> NativeToolError:
 
 
 # -- command lines -------------------------------------------------------------------------------------------
-def _common_args(model_path: Path, prompt_file: str, n_predict: int, threads: int, ctx: int) -> list[str]:
+def _common_args(job: NativeJob, prompt_file: str, n_predict: int) -> list[str]:
     return [
         "-m",
-        str(model_path),
+        str(job.model_path),
         "-bf",
         prompt_file,  # verbatim prompt (no trailing-newline strip)
         "--no-escape",  # no \n processing inside the prompt
         "-n",
         str(n_predict),
         "-t",
-        str(threads),
+        str(job.threads),
         "-tb",
-        str(threads),
+        str(job.threads),
         "-c",
-        str(ctx),
+        str(job.ctx),
         "--temp",
         "0",
         "--top-k",
@@ -239,20 +251,12 @@ def _common_args(model_path: Path, prompt_file: str, n_predict: int, threads: in
     ]
 
 
-def completion_command(
-    tools: NativeTools,
-    model_path: Path,
-    prompt_file: str,
-    n_tokens: int,
-    threads: int,
-    ctx: int,
-    schema_file: str | None = None,
-) -> list[str]:
-    """The `llama-completion` argument list: plain greedy decoding of `n_tokens`, no chat template, no prompt echo;
-    constrained by the JSON schema in `schema_file` when given (`-jf`: llama.cpp's own schema-to-grammar)."""
+def completion_command(job: NativeJob, prompt_file: str, schema_file: str | None = None) -> list[str]:
+    """The `llama-completion` argument list: plain greedy decoding of `job.n_tokens`, no chat template, no prompt
+    echo; constrained by the JSON schema in `schema_file` when given (`-jf`: llama.cpp's own schema-to-grammar)."""
     return [
-        str(tools.completion),
-        *_common_args(model_path, prompt_file, n_tokens, threads, ctx),
+        str(job.tools.completion),
+        *_common_args(job, prompt_file, job.n_tokens),
         "-no-cnv",
         "--no-display-prompt",
         *(("-jf", schema_file) if schema_file is not None else ()),
@@ -260,18 +264,14 @@ def completion_command(
 
 
 def speculative_command(
-    tools: NativeTools,
-    model_path: Path,
+    job: NativeJob,
     prompt_file: str,
-    n_tokens: int,
-    threads: int,
-    ctx: int,
     *,
     spec_type: str = "ngram-simple",
     draft_model: Path | None = None,
     n_max: int | None = None,
 ) -> list[str]:
-    """The `llama-speculative-simple` argument list (`-n n_tokens - 1`: see the module docstring).
+    """The `llama-speculative-simple` argument list (`-n job.n_tokens - 1`: see the module docstring).
 
     n_max: longest draft (tokens), through the spec type's own flag (`N_MAX_FLAG`); None = the tool's default.
     Raises UsageError for an unknown spec type, or draft-simple without a draft model.
@@ -284,13 +284,13 @@ def speculative_command(
             "Pass draft_model with spec_type='draft-simple'.",
         )
     cmd = [
-        str(tools.speculative),
-        *_common_args(model_path, prompt_file, max(n_tokens - 1, 0), threads, ctx),
+        str(job.tools.speculative),
+        *_common_args(job, prompt_file, max(job.n_tokens - 1, 0)),
         "--spec-type",
         spec_type,
     ]
     if draft_model is not None:
-        cmd += ["-md", str(draft_model), "-td", str(threads), "-tbd", str(threads)]
+        cmd += ["-md", str(draft_model), "-td", str(job.threads), "-tbd", str(job.threads)]
     if n_max is not None:
         cmd += [N_MAX_FLAG[spec_type], str(n_max)]
     return cmd
@@ -298,12 +298,8 @@ def speculative_command(
 
 # -- running -------------------------------------------------------------------------------------------------
 def run_plain(
-    tools: NativeTools,
-    model_path: str | os.PathLike[str],
+    job: NativeJob,
     prompt_text: str,
-    n_tokens: int,
-    threads: int,
-    ctx: int,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     json_schema: dict | None = None,
@@ -315,21 +311,17 @@ def run_plain(
     """
     import json
 
-    model = _check_inputs(model_path, n_tokens)
+    job = _checked(job)
     with _prompt_file(prompt_text) as pf, _prompt_file(json.dumps(json_schema) if json_schema else "") as sf:
-        cmd = completion_command(tools, model, pf, n_tokens, threads, ctx, sf if json_schema else None)
+        cmd = completion_command(job, pf, sf if json_schema else None)
         out, err = _run(cmd, timeout_s)
     stats = parse_completion(err)
     return _result("native constrained" if json_schema else "native plain", stats, _completion_text(out), cmd)
 
 
 def run_speculative(
-    tools: NativeTools,
-    model_path: str | os.PathLike[str],
+    job: NativeJob,
     prompt_text: str,
-    n_tokens: int,
-    threads: int,
-    ctx: int,
     spec_type: str = "ngram-simple",
     draft_model: str | os.PathLike[str] | None = None,
     n_max: int | None = None,
@@ -341,20 +333,23 @@ def run_speculative(
     draft_model: the draft GGUF for spec_type "draft-simple". n_max: see `speculative_command`.
     Raises UsageError (bad model path, bad budget, bad spec type), NativeToolError (exit, timeout, output).
     """
-    model = _check_inputs(model_path, n_tokens)
-    draft = _check_inputs(draft_model, n_tokens) if draft_model is not None else None
+    job = _checked(job)
+    draft = _model_file(draft_model) if draft_model is not None else None
     with _prompt_file(prompt_text) as pf:
-        cmd = speculative_command(
-            tools, model, pf, n_tokens, threads, ctx, spec_type=spec_type, draft_model=draft, n_max=n_max
-        )
+        cmd = speculative_command(job, pf, spec_type=spec_type, draft_model=draft, n_max=n_max)
         out, err = _run(cmd, timeout_s)
     stats = parse_speculative(err)
     return _result(f"native {spec_type}", stats, _speculative_text(out, prompt_text), cmd)
 
 
-def _check_inputs(model_path: str | os.PathLike[str], n_tokens: int) -> Path:
-    if n_tokens < 1:
-        raise UsageError(f"A native run needs at least 1 token, not {n_tokens}.", "Give a positive token budget.")
+def _checked(job: NativeJob) -> NativeJob:
+    """`job` with its model path resolved. Raises UsageError for a budget under 1 token or a missing model file."""
+    if job.n_tokens < 1:
+        raise UsageError(f"A native run needs at least 1 token, not {job.n_tokens}.", "Give a positive token budget.")
+    return replace(job, model_path=_model_file(job.model_path))
+
+
+def _model_file(model_path: str | os.PathLike[str]) -> Path:
     p = Path(model_path)
     if not p.is_file():
         raise UsageError(f"Model file {p} does not exist.", "Pull it first: specdec models pull NAME.")

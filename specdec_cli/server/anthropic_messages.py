@@ -74,7 +74,17 @@ from specdec_cli.server.reply import (
     Sse,
     new_id,
 )
-from specdec_cli.server.request import ANTHROPIC, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
+from specdec_cli.server.request import (
+    ANTHROPIC,
+    Message,
+    Output,
+    Request,
+    SamplingValues,
+    Tool,
+    ToolCall,
+    ToolMode,
+    Tools,
+)
 
 PATH = "/v1/messages"
 BILLING = "x-anthropic-billing-header:"  # Claude Code's per-prompt stamp, the first system block
@@ -161,7 +171,9 @@ def to_request(body: Counted, ctx: Context, *, label: str = "messages") -> Reque
         if any(s == "" for s in stop):
             raise ApiError(400, "stop_sequences contains an empty string.", param="stop_sequences")
         limit = ctx.defaults.limit(body.max_tokens, ctx.n_ctx)
-        sampling = ctx.defaults.sampling(ANTHROPIC, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+        sampling = ctx.defaults.sampling(
+            ANTHROPIC, SamplingValues(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+        )
         config = GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling)
     else:
         config = GenerationConfig(max_tokens=1)

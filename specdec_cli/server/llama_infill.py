@@ -37,7 +37,7 @@ from specdec_cli.server.errors import ApiError
 from specdec_cli.server.http import Context
 from specdec_cli.server.openai_base import MAX_STOP_STRINGS, Open
 from specdec_cli.server.reply import Content, End, ReplyEvent, ReplyStream, Sse
-from specdec_cli.server.request import LLAMA_CPP, Fim, Request
+from specdec_cli.server.request import LLAMA_CPP, Fim, Request, SamplingValues
 
 STOP_TYPES = {"eog": "eos", "stop": "word", "length": "limit", "context": "limit"}
 
@@ -80,9 +80,10 @@ def to_request(body: InfillRequest, ctx: Context) -> Request:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
     asked = body.max_tokens or (body.n_predict if body.n_predict > 0 else None)
     limit = 1 if body.n_predict == 0 else ctx.defaults.limit(asked, ctx.n_ctx)  # 0: evaluate the prompt, warm up
-    sampling = ctx.defaults.sampling(
-        LLAMA_CPP, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
+    sent = SamplingValues(
+        temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
     )
+    sampling = ctx.defaults.sampling(LLAMA_CPP, sent)
     fim = Fim(
         prefix=body.input_prefix,
         suffix=body.input_suffix,

@@ -21,7 +21,7 @@ from specdec_cli.core.engine import GenerationConfig
 from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fields import REFUSED
 from specdec_cli.server.reply import PieceLogprob, RequestStats, Sse, new_id
-from specdec_cli.server.request import OPENAI, Defaults
+from specdec_cli.server.request import OPENAI, Defaults, SamplingValues
 
 # The engine's finish reasons → OpenAI's: an end-of-generation token or a stop string is "stop"; the token budget or
 # a full context window is "length".
@@ -123,9 +123,8 @@ def generation_config(
     if len(stop) > MAX_STOP_STRINGS:
         raise ApiError(400, f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS}.", param="stop")
     limit = defaults.limit(max_tokens or req.max_tokens, n_ctx)
-    sampling = defaults.sampling(
-        OPENAI, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed
-    )
+    sent = SamplingValues(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed)
+    sampling = defaults.sampling(OPENAI, sent)
     return GenerationConfig(max_tokens=limit, stop=stop, sampling=sampling, logprobs=logprobs)
 
 

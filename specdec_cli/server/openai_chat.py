@@ -41,7 +41,15 @@ from specdec_cli.server.openai_base import (
     sse,
     usage_json,
 )
-from specdec_cli.server.reading import Named, choose, content_text, format_name, function_tool, json_output
+from specdec_cli.server.reading import (
+    Named,
+    allowed_tools_mode,
+    choose,
+    content_text,
+    format_name,
+    function_tool,
+    json_output,
+)
 from specdec_cli.server.reply import (
     Arguments,
     CallStart,
@@ -306,13 +314,7 @@ def _choice(tool_choice: Any) -> tuple[ToolMode, list[Named] | None]:
         return "required", [Named(name, "tool_choice", "tool_choice.function.name", "function")]
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
         spec = tool_choice.get("allowed_tools") or {}
-        mode = spec.get("mode")
-        if mode not in ("auto", "required"):
-            raise ApiError(
-                400,
-                f"tool_choice.allowed_tools.mode is {mode!r}; use 'auto' or 'required'.",
-                param="tool_choice.allowed_tools.mode",
-            )
+        mode = allowed_tools_mode(spec.get("mode"), "tool_choice.allowed_tools.mode")
         allowed = []
         for i, tool in enumerate(spec.get("tools") or ()):
             name = ((tool or {}).get("function") or {}).get("name") if isinstance(tool, dict) else None

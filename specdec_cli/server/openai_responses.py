@@ -63,7 +63,16 @@ from specdec_cli.server.openai_base import (
     chat_logprobs,
     check_logprobs,
 )
-from specdec_cli.server.reading import Named, choose, content_text, format_name, function_tool, json_output, tool_name
+from specdec_cli.server.reading import (
+    Named,
+    allowed_tools_mode,
+    choose,
+    content_text,
+    format_name,
+    function_tool,
+    json_output,
+    tool_name,
+)
 from specdec_cli.server.reply import (
     Arguments,
     CallEnd,
@@ -76,7 +85,7 @@ from specdec_cli.server.reply import (
     Sse,
     new_id,
 )
-from specdec_cli.server.request import OPENAI, Message, Output, Request, Tool, ToolCall, ToolMode, Tools
+from specdec_cli.server.request import OPENAI, Message, Output, Request, SamplingValues, Tool, ToolCall, ToolMode, Tools
 from specdec_cli.server.tools import NAME
 
 STORE_SIZE = 64  # responses held for previous_response_id
@@ -319,9 +328,10 @@ def to_request(body: ResponsesRequest, ctx: Context, store: ResponseStore) -> Tr
         check_logprobs("top_logprobs", body.top_logprobs)
     logprobs = (body.top_logprobs or 0) if LOGPROBS in include else None
     limit = ctx.defaults.limit(body.max_output_tokens, ctx.n_ctx)
-    sampling = ctx.defaults.sampling(
-        OPENAI, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
+    sent = SamplingValues(
+        temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed
     )
+    sampling = ctx.defaults.sampling(OPENAI, sent)
     config = GenerationConfig(max_tokens=limit, sampling=sampling, logprobs=logprobs)
     request = Request(config=config, messages=messages, tools=tools, output=output_of(body.text), label="responses")
     return Translation(request, names, items, tuple(dict.fromkeys(hosted_tools + hosted_items)))
@@ -548,9 +558,7 @@ def _choice(choice: Any, names: Names, flat: list[str]) -> tuple[ToolMode, list[
     if kind in ("function", "custom"):
         return "required", [resolve(choice, "tool_choice")], True
     if kind == "allowed_tools":
-        mode = choice.get("mode")
-        if mode not in ("auto", "required"):
-            raise ApiError(400, f"tool_choice.mode is {mode!r}; use 'auto' or 'required'.", param="tool_choice.mode")
+        mode = allowed_tools_mode(choice.get("mode"), "tool_choice.mode")
         allowed = []
         for i, entry in enumerate(choice.get("tools") or ()):
             entry_kind = entry.get("type") if isinstance(entry, dict) else None

@@ -145,6 +145,14 @@ class Named(NamedTuple):
     noun: str = "tool"
 
 
+def allowed_tools_mode(mode: Any, param: str) -> ToolMode:
+    """The `mode` of an OpenAI `allowed_tools` choice, the same in Chat Completions and Responses: "auto" or
+    "required". Raises ApiError (400, `param`, the mode's field) for anything else."""
+    if mode not in ("auto", "required"):
+        raise ApiError(400, f"{param} is {mode!r}; use 'auto' or 'required'.", param=param)
+    return mode
+
+
 def choose(specs: Sequence[Tool], mode: ToolMode, named: Sequence[Named] | None = None, *, parallel: bool) -> Tools:
     """The request's `Tools`: `specs`, and what its `tool_choice` said, read from the dialect's words by its
     translator: `mode` ("auto", "required", "none"), `named` (None: every tool may be called; else the tools the

@@ -271,15 +271,12 @@ LLAMA_CPP = ApiDefaults(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)
 
 
 @dataclass(frozen=True)
-class Defaults:
-    """The server's own values for what a request leaves out (`specdec serve --temperature ...`); None: the API's
-    documented default (`ApiDefaults`: each translator names its API's).
+class SamplingValues:
+    """Sampling values that may be left out: a request's, or the server's own (`Defaults`); None: left out.
 
     Attributes:
-        temperature, top_k, top_p, min_p: sampling (None: the API's default).
-        seed: the random stream's seed (None: random).
-        max_tokens: the reply's token limit when the request sets none (None: `DEFAULT_MAX_TOKENS`); never more
-            than the context window.
+        temperature, top_k, top_p, min_p: sampling.
+        seed: the random stream's seed (a request's -1: random, as llama-server; the server's None: random).
     """
 
     temperature: float | None = None
@@ -287,32 +284,34 @@ class Defaults:
     top_p: float | None = None
     min_p: float | None = None
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Defaults(SamplingValues):
+    """The server's own values for what a request leaves out (`specdec serve --temperature ...`); None: the API's
+    documented default (`ApiDefaults`: each translator names its API's).
+
+    Attributes:
+        temperature, top_k, top_p, min_p, seed: sampling (`SamplingValues`; None: the API's default, a random seed).
+        max_tokens: the reply's token limit when the request sets none (None: `DEFAULT_MAX_TOKENS`); never more
+            than the context window.
+    """
+
     max_tokens: int | None = None
 
-    def sampling(
-        self,
-        api: ApiDefaults,
-        *,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-    ) -> SamplingParams:
-        """The sampling of a request: each value the request sent (not None), else the server's, else `api`'s.
-
-        Args:
-            seed: the request's seed (-1: random, as llama-server; None: the server's).
-        """
+    def sampling(self, api: ApiDefaults, asked: SamplingValues = SamplingValues()) -> SamplingParams:
+        """The sampling of a request: each value the request sent (`asked`, not None), else the server's, else
+        `api`'s. A request's seed -1 is random, as llama-server's."""
 
         def pick(asked, own, documented):
             return asked if asked is not None else own if own is not None else documented
 
+        seed = asked.seed
         return SamplingParams(
-            temperature=pick(temperature, self.temperature, api.temperature),
-            top_k=pick(top_k, self.top_k, api.top_k),
-            top_p=pick(top_p, self.top_p, api.top_p),
-            min_p=pick(min_p, self.min_p, api.min_p),
+            temperature=pick(asked.temperature, self.temperature, api.temperature),
+            top_k=pick(asked.top_k, self.top_k, api.top_k),
+            top_p=pick(asked.top_p, self.top_p, api.top_p),
+            min_p=pick(asked.min_p, self.min_p, api.min_p),
             seed=self.seed if seed is None else (None if seed == -1 else seed),
         )
 

@@ -527,8 +527,9 @@ def test_native_runner_reports_the_tools_decode_rate_and_is_not_compared_with_no
     seen = []
 
     def fake(kind):
-        def run(tools, target, text, n, threads, ctx, **kw):
-            seen.append((kind, text, n, threads, ctx, kw.get("spec_type")))
+        def run(job, text, **kw):
+            n = job.n_tokens
+            seen.append((kind, text, n, job.threads, job.ctx, kw.get("spec_type")))
             return native.NativeResult(
                 name=kind,
                 decode_tok_s=41.5,

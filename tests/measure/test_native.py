@@ -150,6 +150,7 @@ def test_find_tools_refuses_non_executables(tmp_path):
 
 # -- command lines -------------------------------------------------------------------------------------------
 TOOLS = N.NativeTools(Path("/b/llama-completion"), Path("/b/llama-speculative-simple"))
+JOB = N.NativeJob(TOOLS, Path("/m.gguf"), 64, 2, 4096)
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -157,7 +158,7 @@ def _flag(cmd: list[str], name: str) -> str:
 
 
 def test_completion_command_is_greedy_plain_untemplated():
-    cmd = N.completion_command(TOOLS, Path("/m.gguf"), "/tmp/p.txt", 128, 2, 4096)
+    cmd = N.completion_command(N.NativeJob(TOOLS, Path("/m.gguf"), 128, 2, 4096), "/tmp/p.txt")
     assert cmd[0] == "/b/llama-completion"
     assert (_flag(cmd, "-m"), _flag(cmd, "-bf"), _flag(cmd, "-n")) == ("/m.gguf", "/tmp/p.txt", "128")
     assert (_flag(cmd, "-t"), _flag(cmd, "-tb"), _flag(cmd, "-c")) == ("2", "2", "4096")
@@ -167,7 +168,7 @@ def test_completion_command_is_greedy_plain_untemplated():
 
 
 def test_speculative_command_budget_and_type():
-    cmd = N.speculative_command(TOOLS, Path("/m.gguf"), "/tmp/p.txt", 128, 2, 4096)
+    cmd = N.speculative_command(N.NativeJob(TOOLS, Path("/m.gguf"), 128, 2, 4096), "/tmp/p.txt")
     assert cmd[0] == "/b/llama-speculative-simple"
     assert _flag(cmd, "-n") == "127"  # it decodes one token past -n
     assert (_flag(cmd, "--spec-type"), _flag(cmd, "--temp"), _flag(cmd, "--top-k")) == ("ngram-simple", "0", "1")
@@ -178,23 +179,20 @@ def test_speculative_command_budget_and_type():
 @pytest.mark.parametrize("spec_type,flag", sorted(N.N_MAX_FLAG.items()))
 def test_speculative_n_max_flag(spec_type, flag):
     draft = Path("/d.gguf") if spec_type == "draft-simple" else None
-    cmd = N.speculative_command(
-        TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, spec_type=spec_type, draft_model=draft, n_max=5
-    )
+    cmd = N.speculative_command(JOB, "/p", spec_type=spec_type, draft_model=draft, n_max=5)
     assert _flag(cmd, flag) == "5"
 
 
 def test_speculative_command_draft_model():
-    cmd = N.speculative_command(
-        TOOLS, Path("/m.gguf"), "/p", 64, 3, 4096, spec_type="draft-simple", draft_model=Path("/d.gguf")
-    )
+    job = N.NativeJob(TOOLS, Path("/m.gguf"), 64, 3, 4096)
+    cmd = N.speculative_command(job, "/p", spec_type="draft-simple", draft_model=Path("/d.gguf"))
     assert (_flag(cmd, "-md"), _flag(cmd, "-td"), _flag(cmd, "-tbd")) == ("/d.gguf", "3", "3")
     with pytest.raises(UsageError, match="draft-simple needs a draft model"):
-        N.speculative_command(TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, spec_type="draft-simple")
+        N.speculative_command(JOB, "/p", spec_type="draft-simple")
     with pytest.raises(UsageError, match="draft-simple needs a draft model"):
-        N.speculative_command(TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, draft_model=Path("/d.gguf"))
+        N.speculative_command(JOB, "/p", draft_model=Path("/d.gguf"))
     with pytest.raises(UsageError, match="Unknown llama.cpp --spec-type 'lookahead'"):
-        N.speculative_command(TOOLS, Path("/m.gguf"), "/p", 64, 2, 4096, spec_type="lookahead")
+        N.speculative_command(JOB, "/p", spec_type="lookahead")
 
 
 # -- running, through a stand-in for the binaries ------------------------------------------------------------
@@ -233,7 +231,7 @@ def test_run_plain_passes_the_prompt_verbatim(tmp_path, monkeypatch):
     model.write_bytes(b"GGUF")
     monkeypatch.setenv("LLAMA_ARG_N_PREDICT", "7")
     prompt = "<|im_start|>user\nsay \\n hi<|im_end|>\n<|im_start|>assistant\n"
-    r = N.run_plain(tools, model, prompt, 128, 2, 4096)
+    r = N.run_plain(N.NativeJob(tools, model, 128, 2, 4096), prompt)
     call = json.loads(log.read_text())
     assert call["prompt"] == prompt  # trailing newline and the backslash kept
     assert call["stdin"] == "" and call["llama_env"] == []
@@ -248,7 +246,7 @@ def test_run_speculative_reports_acceptance(tmp_path):
     tools, log = _replay_tools(tmp_path, "smollm2")
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    r = N.run_speculative(tools, model, read("smollm2.prompt.txt"), 128, 2, 4096)
+    r = N.run_speculative(N.NativeJob(tools, model, 128, 2, 4096), read("smollm2.prompt.txt"))
     assert r.name == "native ngram-simple"
     assert (r.n_drafted, r.n_accepted, r.n_decoded) == (194, 101, 176)
     assert r.acceptance == pytest.approx(101 / 194)
@@ -260,7 +258,7 @@ def test_run_failure_is_one_line(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     with pytest.raises(NativeToolError, match="llama-completion exited with code 1: "):
-        N.run_plain(tools, model, "hi", 8, 2, 512)
+        N.run_plain(N.NativeJob(tools, model, 8, 2, 512), "hi")
 
 
 def test_run_timeout(tmp_path):
@@ -270,15 +268,15 @@ def test_run_timeout(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     with pytest.raises(NativeToolError, match="did not finish within 1 s"):
-        N.run_plain(tools, model, "hi", 8, 2, 512, timeout_s=1.0)
+        N.run_plain(N.NativeJob(tools, model, 8, 2, 512), "hi", timeout_s=1.0)
 
 
 def test_run_checks_model_and_budget(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
-        N.run_plain(TOOLS, tmp_path / "none.gguf", "hi", 8, 2, 512)
+        N.run_plain(N.NativeJob(TOOLS, tmp_path / "none.gguf", 8, 2, 512), "hi")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     with pytest.raises(UsageError, match="at least 1 token"):
-        N.run_speculative(TOOLS, tmp_path / "m.gguf", "hi", 0, 2, 512)
+        N.run_speculative(N.NativeJob(TOOLS, tmp_path / "m.gguf", 0, 2, 512), "hi")
 
 
 def test_module_imports_nothing_from_llama_cpp():

@@ -12,7 +12,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from specdec_cli.server.openai_base import generation_config  # noqa: E402
 from specdec_cli.server.openai_chat import ChatRequest  # noqa: E402
-from specdec_cli.server.request import ANTHROPIC, DEFAULT_MAX_TOKENS, LLAMA_CPP, OPENAI, Defaults  # noqa: E402
+from specdec_cli.server.request import ANTHROPIC, DEFAULT_MAX_TOKENS, LLAMA_CPP, OPENAI, Defaults, SamplingValues  # noqa: E402
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -48,7 +48,7 @@ def test_each_api_has_its_documented_defaults():
     assert (LLAMA_CPP.temperature, LLAMA_CPP.top_k, LLAMA_CPP.top_p, LLAMA_CPP.min_p) == (0.8, 40, 0.95, 0.05)
     s = Defaults(top_k=5).sampling(ANTHROPIC)
     assert (s.temperature, s.top_k) == (1.0, 5)
-    s = Defaults().sampling(LLAMA_CPP, temperature=0.0)
+    s = Defaults().sampling(LLAMA_CPP, SamplingValues(temperature=0.0))
     assert (s.temperature, s.top_k, s.min_p) == (0.0, 40, 0.05)
 
 

@@ -541,6 +541,7 @@ def test_previous_response_id_continues_a_held_response_and_an_unknown_one_is_a_
             "tools.0.format.definition",
         ),
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice.name"),
+        ({"tool_choice": {"type": "allowed_tools", "mode": "any"}, "tools": [WEATHER]}, "tool_choice.mode"),
     ],
 )
 def test_fields_that_change_the_reply_are_refused_with_a_400_naming_them(extra, param):

@@ -379,6 +379,10 @@ BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"ty
         ),
         ({"tool_choice": "required"}, "tool_choice"),
         (
+            {"tools": [WEATHER], "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "none"}}},
+            "tool_choice.allowed_tools.mode",
+        ),
+        (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "messages.0.content.0.type",
         ),
