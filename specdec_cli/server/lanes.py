@@ -295,8 +295,8 @@ class Scheduler:
         while they wait, -= the ms of each pass of theirs, the ones between an editor's requests too (down to one piece
         ahead: the piece an editor's next request waits for as it arrives counts as the share of its passes, which
         then need not stop for another). What they get while the same interactive slots run (`_lent_ms`, from the
-        start of the first of them) is capped at `piece_s` (`_compose`): an editor's completion then waits about one
-        piece for them whatever its length, and they run in the time between the interactive requests."""
+        start of the first of them) is capped at `piece_s`, one pass at least (`_compose`): an editor's completion
+        waits about one piece for them whatever its length, and they run in the time between the interactive ones."""
         if not any(s.slot.priority.cls == INTERACTIVE for s, _ in parts):  # the long requests' pass: it pays
             self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms - ms)  # (ahead by one piece at most)
             self._lent_ms += ms  # (from 0 again as the next interactive request starts when none runs: `start`)
@@ -325,7 +325,8 @@ class Scheduler:
             steps = sum(s.left for s in rest if s.splittable == 0)
             cost = (self._v(steps) if steps else 0.0) + (MIN_PIECE * per if any(s.splittable for s in rest) else 0.0)
             left_ms = self.piece_s * 1e3 - self._lent_ms  # of the most they get beside these interactive slots
-            if self._owed_ms >= cost and left_ms >= cost:
+            # (one pass at least, however deep: where the smallest piece costs more than `piece_s` they would starve)
+            if self._owed_ms >= cost and (left_ms >= cost or self._lent_ms == 0):
                 subs = rest
                 paid = min(self._owed_ms, left_ms)
                 piece = min(piece, max(MIN_PIECE, int(paid / per))) if per > 0 else piece

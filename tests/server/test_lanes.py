@@ -247,6 +247,26 @@ def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
     assert due - 2 <= n <= due + 2
 
 
+def test_a_long_request_gets_a_piece_beside_each_interactive_one_even_where_the_smallest_costs_more_than_piece_s():
+    """Deep in a context a piece of MIN_PIECE rows can cost more than `piece_s` (an editor's completion 4k tokens
+    deep read 37 ms a row): the long request still gets that one piece beside each interactive request, and no
+    second (it was starved: back-to-back completions ran for minutes without it)."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    sched = Scheduler(backend, 2, piece_s=1.0, share=0.1)
+    sched._ms_per_row = 40.0  # the smallest piece: 1,280 ms
+    (agent,) = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
+    sched.start(sched.slots[1], (rows for rows in ()), Priority(INTERACTIVE, seq=2))
+    (fim,) = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
+    agent_passes = []
+    for n in range(400):
+        parts = sched._compose()
+        if parts[0][0] is agent:
+            assert parts == [(agent, MIN_PIECE)]
+            agent_passes.append(n)
+        sched._account(parts, MIN_PIECE * 40.0 if parts[0][0] is agent else 200.0)
+    assert len(agent_passes) == 1  # once a tenth of the completion's passes paid for it
+
+
 @pytest.mark.parametrize("flat", [False, True], ids=["cpu-curve", "flat-curve"])
 def test_on_a_cpu_long_prompts_are_read_one_at_a_time_before_their_steps_which_share_passes(flat):
     """A KV stream per lane and a CPU's curve: three chats sent at once have their prompts read one after another in
