@@ -101,8 +101,8 @@ class Scheduler:
         curve: the target's measured verify curve (`_steep`, and a step's cost in `_compose`); None: an affine
             guess, v(b) = 1 + 0.1 (b - 1).
         clock: seconds, monotonic.
-        piece_s, quiet_s, share: see PIECE_S, QUIET_S and SHARE; the share is paid at most `piece_s` of passes while
-            the same interactive slots run (`_account`), so an editor's completion waits about one piece at most.
+        piece_s, quiet_s, share: see PIECE_S, QUIET_S and SHARE; the share is paid at most `piece_s` of passes from
+            one run of interactive slots' end to the next's (`_account`): a completion waits about one piece at most.
     """
 
     def __init__(
@@ -118,12 +118,12 @@ class Scheduler:
     ) -> None:
         self.backend = backend
         self.slots = [Slot(self, backend.lane(i) if n_slots > 1 else backend, i) for i in range(n_slots)]
-        self.curve = curve
-        self.clock = clock
+        self.curve, self.clock = curve, clock
         self.piece_s, self.quiet_s, self.share = piece_s, quiet_s, share
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests while interactive slots run (negative: ahead)
-        self._lent_ms = 0.0  # the long requests' pass ms since the running interactive slots' first started
+        self._lent_ms = 0.0  # the long requests' pass ms since the last run of interactive slots ended
+        self._due = False  # a run of interactive slots ended and the long requests had no pass since
         self._lock = threading.Lock()  # guards `_stop_below` (`preempt` comes from other threads)
         self._stop_below: Priority | None = None  # a newcomer ahead of this may interrupt the pass under way
         self.interrupted = 0  # passes interrupted
@@ -151,8 +151,6 @@ class Scheduler:
         prefill's); `check` raises to stop it between its prefill's pieces. The slot is free once it returns."""
         assert slot.program is None, "a slot runs one sequence at a time"
         self.note(priority)
-        if priority.cls == INTERACTIVE and all(self.slots[i].priority.cls != INTERACTIVE for i in self._active):
-            self._lent_ms = 0.0  # the long requests' time during the interactive slots' run starts again
         slot.priority, slot.program, slot.check, slot.answer = priority, program, check, None
         self._active.add(slot.index)
 
@@ -207,6 +205,8 @@ class Scheduler:
     def _end(self, slot: Slot) -> None:
         self.note(slot.priority)
         self._active.discard(slot.index)
+        if slot.priority.cls == INTERACTIVE and all(self.slots[i].priority.cls != INTERACTIVE for i in self._active):
+            self._lent_ms, self._due = 0.0, bool(self._active)  # counted again from here, the time between runs too
         self._subs.pop(slot.index, None)
         slot.program = slot.check = slot.answer = None
         slot.shared_rows = 0
@@ -279,9 +279,10 @@ class Scheduler:
 
     def _preemption(self, parts: list[tuple[_Sub, int]]) -> Priority | None:
         """Who may interrupt the pass of `parts` (`preempt`): an interactive newcomer ahead of every slot in it, unless
-        an interactive slot waits outside it (it is then the long requests' share, paid while that slot waits) or
-        an interactive slot's part has logits rows (a verify step is short: it finishes); None: nobody."""
-        if not self.interruptible:
+        an interactive slot waits outside it (it is then the long requests' share, paid while that slot waits), it is
+        their pass owed as interactive slots last ended (`_due`: owed again, it would go before the newcomer's first,
+        a whole piece), or an interactive slot's part has logits rows (a verify step is short); None: nobody."""
+        if not self.interruptible or self._due:
             return None
         inside = {id(s) for s, _ in parts}
         if any(s.slot.priority.cls == INTERACTIVE and id(s) not in inside for s in self._subs.values()):
@@ -292,14 +293,14 @@ class Scheduler:
 
     def _account(self, parts: list[tuple[_Sub, int]], ms: float) -> None:
         """Keep the long requests' time share while an interactive slot runs: owed += share x an interactive pass's ms
-        while they wait, -= the ms of each pass of theirs, the ones between an editor's requests too (down to one piece
-        ahead: the piece an editor's next request waits for as it arrives counts as the share of its passes, which
-        then need not stop for another). What they get while the same interactive slots run (`_lent_ms`, from the
-        start of the first of them) is capped at `piece_s`, one pass at least (`_compose`): an editor's completion
-        waits about one piece for them whatever its length, and they run in the time between the interactive ones."""
+        while they wait, -= each pass of theirs, those between an editor's requests too (down to one piece ahead: a
+        piece in the gap counts as the share of the next request's passes). What they get from the end of one run of
+        interactive slots to the end of the next (`_lent_ms`; the gap's passes included, which cost the next run
+        nothing) is capped at `piece_s`, one pass at least (`_compose`): a completion waits about a piece for them."""
         if not any(s.slot.priority.cls == INTERACTIVE for s, _ in parts):  # the long requests' pass: it pays
             self._owed_ms = max(-self.piece_s * 1e3, self._owed_ms - ms)  # (ahead by one piece at most)
-            self._lent_ms += ms  # (from 0 again as the next interactive request starts when none runs: `start`)
+            self._lent_ms += ms  # (from 0 again as a run of interactive slots ends: `_end`)
+            self._due = False
         elif any(s.slot.priority.cls != INTERACTIVE for s in self._subs.values()):  # they waited for it
             self._owed_ms += self.share * ms
 
@@ -371,11 +372,10 @@ class Scheduler:
         return not flat(np.asarray(self.curve.ms) if self.curve is not None else None)
 
     def _piece(self) -> int:
-        """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else about
-        `piece_s` seconds at the measured ms per row."""
-        if self.clock() - self._editor_at > self.quiet_s and not any(
-            x.priority.editor for x in self.slots if x.index in self._active
-        ):
+        """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else (and for the
+        pass owed as interactive slots end, never interrupted: `_due`) about `piece_s` at the measured ms per row."""
+        editing = any(x.priority.editor for x in self.slots if x.index in self._active)
+        if self.clock() - self._editor_at > self.quiet_s and not editing and not self._due:
             return self.backend.n_batch
         if self._ms_per_row is None:
             return FIRST_PIECE

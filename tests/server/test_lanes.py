@@ -171,43 +171,45 @@ def _fake_subs(sched: Scheduler, spec: list[tuple[int, int, int, Priority]]) -> 
     return subs
 
 
-def _agent_beside_editor(n_prompt: int, editor_tokens: int) -> FakeBackend:
-    """An agent's long prefill (slot 0) and an editor's completion arriving after its second pass (slot 1), on a
-    virtual clock (passes of 10 + 5 ms a row), share 0.25, pieces of 0.5 s; both outputs checked against their greedy
-    ones. Returns the backend (its `passes`)."""
+def test_a_long_prefill_gets_a_piece_at_most_from_one_run_of_interactive_requests_to_the_next_and_one_pass_at_least():
+    """A KV stream per lane: llama.cpp would run an agent's rows beside an editor's as ubatches of their own anyway,
+    so no pass mixes them. From the end of one run of interactive requests to the end of the next, the agent gets at
+    most a piece (`piece_s`, 0.5 s here) beside them, what it had between the two runs included: an editor's request
+    that came just after the agent's pieces gets no piece of it, however long it runs (over 5 s of passes here); and one
+    pass at least: a request sent as the previous one ended, before the loop could give the agent its pass, waits
+    for one piece (a virtual clock, passes of 10 + 5 ms a row, share 0.25)."""
     from fakes import Clock
 
     clock = Clock()
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512, clock=clock, cost=lambda b: 10.0 + 5.0 * b)
     sched = Scheduler(backend, 2, clock=clock, piece_s=0.5, share=0.25)
     engines = [_engine(slot) for slot in sched.slots]
-    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, n_prompt)]
+    long_prompt = [int(x) for x in np.random.default_rng(2).integers(2, 30, 3000)]
     sched.note(Priority(INTERACTIVE, editor=True))  # the editor's warm-up: it is in use
-    editor = (1, engines[1], PROMPTS[3], GenerationConfig(max_tokens=editor_tokens), Priority(INTERACTIVE, seq=2))
-    out = _run(
-        sched, [(0, engines[0], long_prompt, GenerationConfig(max_tokens=4), Priority(BATCH, seq=1))], {2: editor}
-    )
+    out: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    sched.start(sched.slots[0], _program(engines[0], long_prompt, GenerationConfig(max_tokens=4), out[0]), Priority())
+    windows = []
+    for n, (prompt, max_tokens) in enumerate([(PROMPTS[3], 400), (PROMPTS[2], 300)], start=1):
+        while sched.passes < 2 * n:  # the agent's pieces before the first request; none before the second
+            sched.step()
+        first = sched.passes
+        config = GenerationConfig(max_tokens=max_tokens)
+        sched.start(sched.slots[1], _program(engines[1], prompt, config, out[n]), Priority(INTERACTIVE, seq=n))
+        while sched.slots[1].program is not None:
+            sched.step()
+        windows.append(backend.passes[first:])
+    while sched.busy:
+        sched.step()
     assert out[0] == greedy_reference(hashed_logits, long_prompt, 4)
-    assert out[1] == greedy_reference(hashed_logits, PROMPTS[3], editor_tokens)
-    return backend
-
-
-def test_a_long_prefill_gets_its_share_in_passes_of_its_own_and_at_most_a_piece_beside_one_request():
-    """A KV stream per lane: llama.cpp would run an agent's rows beside an editor's as ubatches of their own anyway,
-    so no pass mixes them. While the editor's request runs (13 s of its passes here), the agent gets its share, a
-    tenth-like fraction of the time, but at most one piece (`piece_s`, 0.5 s) in all, so the editor's request waits
-    about one piece whatever its length; the agent is never starved (it has passes in that window) and takes the
-    rest of the time once the editor's request ended."""
-    backend = _agent_beside_editor(3000, 400)
+    assert out[1] == greedy_reference(hashed_logits, PROMPTS[3], 400)
+    assert out[2] == greedy_reference(hashed_logits, PROMPTS[2], 300)
     assert not any(len(p) > 1 for p in backend.passes)  # never an agent's rows beside the editor's
-    first = next(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
-    last = max(i for i, p in enumerate(backend.passes) if p[0][0] == 1)
-    window = backend.passes[first : last + 1]  # from the editor's first pass to its last
-    ms = [10.0 + 5.0 * p[0][1] for p in window]
-    agent_ms = sum(m for m, p in zip(ms, window, strict=False) if p[0][0] == 0)
-    assert sum(ms) > 10_000  # (a request long enough for the share, 0.25 of it, to exceed a piece)
-    assert 0 < agent_ms <= 500.0  # at most a piece beside it, and not nothing: it never starved
-    assert any(p[0][0] == 0 for p in backend.passes[last + 1 :])  # the agent's prompt goes on after it
+    for window in windows:
+        assert sum(10.0 + 5.0 * p[0][1] for p in window) > 5_000  # (long enough for the share, 0.25, to pass a piece)
+    assert all(p[0][0] == 1 for p in windows[0])  # the agent's pieces just before it were its piece
+    agent = [10.0 + 5.0 * p[0][1] for p in windows[1] if p[0][0] == 0]
+    assert windows[1][0][0][0] == 0 and 0 < sum(agent) <= 500.0  # its one pass, first: none since the last run
+    assert any(p[0][0] == 0 for p in backend.passes[len(backend.passes) - 1 :])  # the agent's prompt goes on after
 
 
 def test_an_editor_request_alone_reads_its_prompt_in_whole_batches():
@@ -224,27 +226,34 @@ def test_an_editor_request_alone_reads_its_prompt_in_whole_batches():
     assert [p[0][1] for p in backend.passes[:2]] == [512, 512]
 
 
-def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share():
-    """KV stream per lane: the agent's piece that ran while no editor request was in (the one the editor's next request
-    waited for as it arrived) pays for the share of that request's passes, so they need not stop for another piece
-    until that much is owed again (ms per row 15, share 0.1: the smallest piece, MIN_PIECE rows at 15 ms, is due
-    once the editor's passes made up for the 960-ms piece in the gap and owed it that much); and it does come: the
-    agent never starves."""
+@pytest.mark.parametrize("gap_ms", [960.0, 300.0])
+def test_a_long_requests_pass_between_an_editors_requests_counts_as_its_share_and_its_piece(gap_ms):
+    """KV stream per lane: the agent's piece that ran while no editor request was in (it cost that request nothing)
+    pays for the share of the next request's passes and counts against the piece the agent may have beside it (ms
+    per row 15, share 0.1, piece_s 1 s: the smallest piece, MIN_PIECE rows at 15 ms, costs 480 ms). After a 960-ms
+    piece in the gap the completion's passes never stop for the agent; after a 300-ms one, once: when the completion's
+    passes made up for the gap's piece and owed it that much again."""
     backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
     sched = Scheduler(backend, 2, piece_s=1.0, share=0.1)
     sched._ms_per_row = 15.0
     (agent,) = _fake_subs(sched, [(0, 512, 0, Priority(BATCH, seq=1))])
-    sched._account([(agent, 64)], 960.0)  # between two editor requests
+    sched._account([(agent, 64)], gap_ms)  # between two editor requests
     sched.start(sched.slots[1], (rows for rows in ()), Priority(INTERACTIVE, seq=2))  # the next one arrives
     (fim,) = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=2))])
-    for n in range(1, 200):  # noqa: B007 - read after the loop
+    agent_passes = []
+    for n in range(200):
         parts = sched._compose()
         if parts[0][0] is agent:
-            break
-        assert parts == [(fim, 4)]
-        sched._account(parts, 200.0)
-    due = (960 + MIN_PIECE * 15.0) / (0.1 * 200.0)  # passes of 200 ms, a tenth of each owed
-    assert due - 2 <= n <= due + 2
+            assert parts == [(agent, MIN_PIECE)]
+            agent_passes.append(n)
+        else:
+            assert parts == [(fim, 4)]
+        sched._account(parts, MIN_PIECE * 15.0 if parts[0][0] is agent else 200.0)
+    if gap_ms > 1000.0 - MIN_PIECE * 15.0:
+        assert agent_passes == []
+        return
+    due = (gap_ms + MIN_PIECE * 15.0) / (0.1 * 200.0)  # passes of 200 ms, a tenth of each owed
+    assert len(agent_passes) == 1 and due - 2 <= agent_passes[0] <= due + 2
 
 
 def test_a_long_request_gets_a_piece_beside_each_interactive_one_even_where_the_smallest_costs_more_than_piece_s():
@@ -404,6 +413,32 @@ def test_who_may_interrupt_a_pass():
     assert sched._preemption([(chat, 600)]) is None  # its last rows want logits: it finishes
     backend.interruptible = False
     assert sched._preemption([(chat, 512)]) is None
+
+
+def test_the_long_requests_pass_as_interactive_requests_end_is_a_piece_that_is_not_interrupted():
+    """As the last interactive request ends, the long request's next pass is the one it is owed (one pass at least
+    from one run of interactive requests to the next): a piece (`piece_s` at the measured ms per row, though no
+    editor came for a minute), never interrupted: a completion arriving meanwhile waits for the rest of it and then
+    goes first (it was the long request's piece beside it), where an interruption would make it wait a whole piece
+    more (the long request would be owed its pass again before the newcomer's first). Its next pass is a whole batch
+    again, and a newcomer may interrupt it."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    backend.interruptible = True
+    sched = Scheduler(backend, 2, piece_s=1.0)
+    sched._ms_per_row = 20.0
+    (agent,) = _fake_subs(sched, [(0, 2048, 0, Priority(BATCH, seq=1))])
+    sched._active.add(0)
+    sched.start(sched.slots[1], (rows for rows in ()), Priority(INTERACTIVE, seq=2))
+    sched._owed_ms = 5000.0  # it waited through the interactive request's passes
+    sched._end(sched.slots[1])
+    parts = sched._compose()
+    assert parts == [(agent, 50)]  # 1 s at 20 ms a row, not the whole batch
+    assert sched._preemption(parts) is None
+    sched._account(parts, 1000.0)
+    assert sched._preemption(sched._compose()) is not None and sched._compose() == [(agent, 512)]
+    sched.start(sched.slots[1], (rows for rows in ()), Priority(INTERACTIVE, seq=3))  # it came during the piece
+    (fim,) = _fake_subs(sched, [(1, 4, 4, Priority(INTERACTIVE, seq=3))])
+    assert sched._compose() == [(fim, 4)]
 
 
 def test_a_slot_whose_request_ended_is_free_at_once_while_another_reads_its_prompt():
