@@ -372,14 +372,16 @@ class Scheduler:
         return not flat(np.asarray(self.curve.ms) if self.curve is not None else None)
 
     def _piece(self) -> int:
-        """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else (and for the
-        pass owed as interactive slots end, never interrupted: `_due`) about `piece_s` at the measured ms per row."""
+        """Prefill rows per pass: a whole batch when no editor's request came for `quiet_s` seconds, else about
+        `piece_s` seconds at the measured ms per row; half that for the pass owed as interactive slots end (`_due`:
+        nobody interrupts it, and an editor's next completion, sent as the last one is answered, waits for it)."""
         editing = any(x.priority.editor for x in self.slots if x.index in self._active)
         if self.clock() - self._editor_at > self.quiet_s and not editing and not self._due:
             return self.backend.n_batch
+        part = 2 if self._due else 1
         if self._ms_per_row is None:
-            return FIRST_PIECE
-        return int(min(self.backend.n_batch, max(MIN_PIECE, self.piece_s * 1e3 / self._ms_per_row)))
+            return FIRST_PIECE // part
+        return int(min(self.backend.n_batch, max(MIN_PIECE // part, self.piece_s * 1e3 / part / self._ms_per_row)))
 
 
 def _sub(slot: Slot, rows: Rows) -> _Sub:

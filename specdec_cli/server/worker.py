@@ -143,10 +143,9 @@ class Worker:
             return max(0, index + len(self._running) - (self.n_lanes - 1))
 
     def status(self) -> dict:
-        """The queue as `/health` shows it: {"waiting": requests queued, "bound": `--queue`, "lanes": N, "running":
-        the first lane's {"id", "kind", "age_s" (seconds since it was taken), "tokens" (output so far), "lane"} or
-        None, "busy": [the same for every running request], "retry_after_s": the Retry-After a request refused now
-        would get}."""
+        """The queue as `/health` shows it: {"waiting": requests queued, "bound": `--queue`, "lanes": N, "running": the
+        first lane's {"id", "kind", "age_s" (seconds since it was taken), "tokens" (output so far), "lane"} or None,
+        "busy": [the same for every running request], "retry_after_s": what a request refused now would get}."""
         with self._cv:
             busy = [
                 {
@@ -181,9 +180,8 @@ class Worker:
         """The lane `job` should run on (lock held): the lane whose KV cache or parked states share the longest prefix
         with its prompt, among the idle lanes (`lane` included) and the lanes finishing an interactive request (an
         editor's next completion arrives as its previous one ends: it waits for that lane rather than evaluate its
-        prompt again on another); where no idle lane shares more than `PLACE_MARGIN` tokens beyond the others, the
-        least recently used of them (an agent's new request taken by the editor's lane as it finished would evict
-        the editor's cached prefix and make its next completion queue for the agent's whole turn)."""
+        prompt again on another); where no idle lane shares `PLACE_MARGIN` tokens more than the others, the least
+        recently used (an agent's request on the editor's lane would evict its prefix and make it wait a turn)."""
         if self.n_lanes == 1 or job.prompt is None:
             return lane
         prompt = np.asarray(job.prompt, dtype=np.int32)
