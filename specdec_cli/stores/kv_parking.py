@@ -10,12 +10,13 @@ and copies it back (`llama_state_seq_set_data`) when a later prompt shares more 
     parking.prepare(backend, context)   # before the prefill: park what would be lost, or swap a parked state in
     sync(backend, context)              # evaluates only what neither held
 
-A state is parked only when at least `min_tokens` of it would be lost, and entries are kept most recently used first
-within `max_bytes` (one 20k-token Qwen2.5-Coder-1.5B state is ~560 MB). A copy costs about a memcpy of the state,
-far less than evaluating it again. Like llama-server's per-slot caches and its `--cache-ram`
-prompt cache, whose idea this is (the server's `server_prompt_cache` keeps states in host memory). A recurrent or
-hybrid model's state (`Backend.rollback` not "kv") cannot be cut: a parked state, or the held one, counts only when
-it is a whole prefix of the context.
+A state is parked only when at least `min_tokens` of it would be lost and the new context does not keep 7/8 of it
+or more (then it edits it, as an editor's completions do: each would park a whole state never wanted again), and
+entries are kept most recently used first within `max_bytes` (one 20k-token Qwen2.5-Coder-1.5B state is ~560 MB).
+A copy costs about a memcpy of the state, far less than evaluating it again. Like llama-server's per-slot caches and
+its `--cache-ram` prompt cache, whose idea this is (the server's `server_prompt_cache` keeps states in host memory). A
+recurrent or hybrid model's state (`Backend.rollback` not "kv") cannot be cut: a parked state, or the held one, counts
+only when it is a whole prefix of the context.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from specdec_cli.models.backend import common_prefix
 
 DEFAULT_MAX_BYTES = 2 * 1024**3  # 2 GiB: ~75k tokens of Qwen2.5-Coder-1.5B's KV (28 KB per token)
 DEFAULT_MIN_TOKENS = 256  # losing fewer is cheaper to evaluate again than to copy
+EDITED = 7 / 8  # a context keeping this share of the held state or more edits it: the tail it cuts is not parked
 
 
 class ParkableBackend(Protocol):
@@ -84,7 +86,8 @@ class KvParking:
     def prepare(self, backend: ParkableBackend, context: np.ndarray) -> int:
         """Before `context` (int [n]) is evaluated: swap in the parked state that shares the most with it, when it
         shares at least `min_tokens` more than the KV cache does; and park the KV cache first when at least
-        `min_tokens` of it would otherwise be lost.
+        `min_tokens` of it would otherwise be lost, unless `context` keeps `EDITED` of it (an editor's next completion
+        re-reads the few hundred tokens after its cursor: the state with the old ones is not wanted again).
 
         Returns the tokens restored from a parked state (0: the KV cache was kept as it is). Never raises: a state
         llama.cpp refuses is dropped and the cache is evaluated instead.
@@ -104,7 +107,7 @@ class KvParking:
                 best, shared = entry, n
         if best is not None and shared - kept < self.min_tokens:
             best = None  # not worth a swap
-        if len(held) - kept >= self.min_tokens:
+        if len(held) - kept >= self.min_tokens and kept < EDITED * len(held):
             self._park(backend, held)
         if best is None:
             return 0

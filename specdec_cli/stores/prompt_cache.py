@@ -32,8 +32,11 @@ checksum, then the token list llama.cpp read back from the state; a bad, foreign
 with a `PromptCacheWarning` and never loaded.
 
 Bounded: after each save, entries are evicted least recently used first (the header's mtime, touched on every
-restore) until the directory holds at most `max_bytes`. A new state that already is a prefix of a saved one is not
-written (the saved one is touched); saved states that are a prefix of the new one are replaced by it. A recurrent or
+restore) until the directory holds at most `max_bytes`. A new state that shares all but an eighth of its tokens
+(`NEW_SHARE`) with a saved one, as a prefix, is not written (the saved one is touched): an editor's completion (the
+last one's state with its last few hundred tokens changed) and a conversation's next turn are not written again, a
+whole state on the serving loop's thread each time, until an eighth of them is new, so a restart evaluates at most
+an eighth of a context again. Saved states that are a prefix of a new one written are replaced by it. A recurrent or
 hybrid model's state (`Backend.rollback` not "kv") cannot be cut, so for it only a state that is a whole prefix of the
 context is restored, and the engine saves the prompt's state after the prefill rather than the output's.
 
@@ -64,6 +67,7 @@ FORMAT = "specdec-prompt-cache"
 VERSION = 1
 DEFAULT_MAX_BYTES = 4 * 1024**3  # 4 GiB
 DEFAULT_MIN_TOKENS = 32  # a shorter shared prefix is cheaper to evaluate than to look up and load
+NEW_SHARE = 1 / 8  # a state is written only when more than this share of its tokens is in no saved entry's prefix
 LOCK_TIMEOUT_S = 10.0
 HEAD_BYTES = 1 << 20  # the model file's identity hashes its first MiB (GGUF header, metadata, first tensors)
 MAX_HEADER_BYTES = 64 << 20  # a header larger than this is not one of ours
@@ -363,7 +367,8 @@ class PromptCache:
         """Save the backend's KV state (all of `backend.tokens`) as an entry, then evict down to `max_bytes`.
 
         Returns the bytes written (header + state); 0 when nothing was written: fewer than `min_tokens` tokens, a
-        saved entry already holds these tokens as a prefix (it is touched instead), or a failure (warned about).
+        saved entry already holds all but `NEW_SHARE` of these tokens as a shared prefix (it is touched instead; a
+        recurrent state: the same tokens), or a failure (warned about).
         """
         toks = np.array(backend.tokens, dtype=np.int32)
         if len(toks) < self.min_tokens:
@@ -376,10 +381,10 @@ class PromptCache:
             with self._lock():
                 self._remove_orphans()
                 entries = list(self._entries(digest, key))
-                for e in entries:
-                    if (len(e.tokens) == len(toks) if whole else len(e.tokens) >= len(toks)) and np.array_equal(
-                        e.tokens[: len(toks)], toks
-                    ):
+                for e in entries:  # one that stands for it (a recurrent state: only the same one) is touched
+                    shared = common_prefix(e.tokens, toks)
+                    new = len(toks) - shared
+                    if (new == 0 and len(e.tokens) == len(toks)) if whole else new <= NEW_SHARE * len(toks):
                         os.utime(e.header)
                         return 0
                 header, written = self._write(backend, toks, key, digest)

@@ -41,6 +41,19 @@ def test_small_losses_are_not_parked_and_small_gains_not_swapped():
     assert list(backend.tokens) == held
 
 
+def test_a_context_that_edits_the_held_state_does_not_park_it():
+    """An editor's next completion keeps all but the few hundred tokens after its cursor (7/8 of the state or more):
+    the state with the old ones is not wanted again, and each completion would park a whole state (a copy of it
+    on the serving loop's thread, and memory). A context keeping less (another file, a side request) parks it."""
+    backend, parking = FakeBackend(n_ctx=4096), KvParking(min_tokens=64)
+    document = [2 + i % 28 for i in range(1000)]
+    sync(backend, np.array(document))
+    parking.prepare(backend, np.array(document[:880] + [31] * 120))  # 120 of 1000 cut: an edit
+    assert parking.n_parked == 0
+    parking.prepare(backend, np.array(document[:860] + [31] * 140))  # 140 cut: another part of the file
+    assert parking.n_parked == 1
+
+
 def test_the_least_recently_used_state_goes_first_past_max_bytes():
     backend = FakeBackend(n_ctx=1024)
     parking = KvParking(min_tokens=16, max_bytes=4 * 450)  # the fake's state: 4 bytes a token

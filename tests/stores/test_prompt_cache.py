@@ -192,6 +192,23 @@ def test_a_prefix_of_a_saved_state_is_not_saved_again_and_a_longer_state_replace
     assert cache.restore(b, seq(150))[0] == 150
 
 
+def test_a_state_with_an_eighth_or_less_new_is_not_written_again(cache, model):
+    """An editor's next completion (the last one's state with its last tokens changed) and a conversation's next turn
+    are not written, a whole state each time, until more than an eighth of them is in no saved entry: the saved one
+    stands for them (touched) and is what a restart restores."""
+    assert saved(cache, model, seq(800)) > 0
+    edited = np.concatenate((seq(720), seq(100, 5000)))  # the last 80 of 800 changed, 20 more: 100 of 820 new
+    assert saved(cache, model, edited) == 0
+    assert saved(cache, model, seq(900)) == 0  # a turn of 100: 100 of 900 new
+    assert len(headers(cache)) == 1
+    b = StateFake(model)
+    assert cache.restore(b, edited)[0] == 720  # the saved state, cut to the shared prefix
+    assert saved(cache, model, seq(950)) > 0  # 150 of 950 new: written, and it replaces the 800 (its prefix)
+    assert len(headers(cache)) == 1
+    assert saved(cache, model, np.concatenate((seq(700), seq(250, 5000)))) > 0  # 250 of 950 new: another entry
+    assert len(headers(cache)) == 2
+
+
 def test_least_recently_used_entries_are_evicted_to_stay_under_the_cap(tmp_path, model):
     probe = PromptCache(tmp_path / "probe")
     one = saved(probe, model, seq(100, 0))  # bytes of one entry of 100 tokens
