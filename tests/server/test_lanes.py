@@ -412,6 +412,8 @@ def test_who_may_interrupt_a_pass():
     assert Priority(INTERACTIVE, deadline=5.0, seq=9) < below  # a FIM with a deadline
     assert not Priority(INTERACTIVE, seq=9) < below  # a later short reply waits its turn
     assert sched._preemption([(chat, 600)]) is None  # its last rows want logits: it finishes
+    sched._due = True  # the long requests are owed their pass: it is not interrupted, an interactive one's pass is
+    assert Priority(INTERACTIVE, deadline=5.0, seq=9) < sched._preemption([(chat, 512)])
     backend.interruptible = False
     assert sched._preemption([(chat, 512)]) is None
 
