@@ -26,6 +26,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from specdec_cli.core.constraint import GrammarError, json_schema
+from specdec_cli.server import reading
 from specdec_cli.server.errors import ApiError, loads
 from specdec_cli.server.fields import check_template_kwargs
 from specdec_cli.server.http import Context
@@ -41,25 +42,7 @@ from specdec_cli.server.openai_base import (
     sse,
     usage_json,
 )
-from specdec_cli.server.reading import (
-    Named,
-    allowed_tools_mode,
-    choose,
-    content_text,
-    format_name,
-    function_tool,
-    json_output,
-)
-from specdec_cli.server.reply import (
-    Arguments,
-    CallStart,
-    Content,
-    End,
-    PieceLogprob,
-    ReplyEvent,
-    ReplyStream,
-    Sse,
-)
+from specdec_cli.server.reply import Arguments, CallStart, Content, End, PieceLogprob, ReplyEvent, ReplyStream, Sse
 from specdec_cli.server.request import Message, Output, Request, Tool, ToolCall, ToolMode, Tools
 
 
@@ -140,7 +123,7 @@ def to_request(body: ChatRequest, ctx: Context) -> Request:
         output=output_of(body.response_format),
         label="chat",
         template_kwargs=template_kwargs_of(body),
-        prediction=content_text(body.prediction.content, "prediction.content") if body.prediction else None,
+        prediction=reading.content_text(body.prediction.content, "prediction.content") if body.prediction else None,
     )
 
 
@@ -194,10 +177,15 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
                     param=f"{where}.tool_call_id",
                 )
             out.append(
-                Message("tool", content_text(m.content, f"{where}.content"), name=m.name, tool_call_id=m.tool_call_id)
+                Message(
+                    "tool",
+                    reading.content_text(m.content, f"{where}.content"),
+                    name=m.name,
+                    tool_call_id=m.tool_call_id,
+                )
             )
         elif m.role == "assistant":
-            text = content_text(m.content, f"{where}.content", refusal_ok=True)
+            text = reading.content_text(m.content, f"{where}.content", refusal_ok=True)
             if m.refusal:
                 text = text or m.refusal
             calls = tuple(_tool_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls or ()))
@@ -206,7 +194,7 @@ def messages_of(body: ChatRequest) -> tuple[Message, ...]:
             out.append(
                 Message(
                     "system" if m.role == "developer" else m.role,
-                    content_text(m.content, f"{where}.content"),
+                    reading.content_text(m.content, f"{where}.content"),
                     name=m.name,
                 )
             )
@@ -284,7 +272,7 @@ def check_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool 
                 400, f"{where}.function has unknown fields: {', '.join(sorted(unknown))}.", param=f"{where}.function"
             )
         specs.append(
-            function_tool(
+            reading.function_tool(
                 f"{where}.function",
                 fn.get("name"),
                 fn.get("description"),
@@ -297,13 +285,18 @@ def check_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool 
     mode, named = _choice(tool_choice)
     # a named function is called once (as OpenAI answers a forced function; instructor and others read one call)
     single = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
-    out = choose(specs, mode, named, parallel=parallel_tool_calls is not False and not single)
+    out = reading.choose(specs, mode, named, parallel=parallel_tool_calls is not False and not single)
     if parallel_tool_calls not in (None, True, False):
         raise ApiError(400, "parallel_tool_calls is not a boolean.", param="parallel_tool_calls")
     return out
 
 
-def _choice(tool_choice: Any) -> tuple[ToolMode, list[Named] | None]:
+_TOOL_CHOICES = (  # what `_choice` reads, for its error
+    """'auto', 'none', 'required', {"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}"""
+)
+
+
+def _choice(tool_choice: Any) -> tuple[ToolMode, list[reading.Named] | None]:
     """(mode, the functions it names: None for all) of OpenAI's `tool_choice`; `reading.choose` checks the names."""
     if tool_choice is None or tool_choice == "auto":
         return "auto", None
@@ -311,23 +304,20 @@ def _choice(tool_choice: Any) -> tuple[ToolMode, list[Named] | None]:
         return tool_choice, None
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")
-        return "required", [Named(name, "tool_choice", "tool_choice.function.name", "function")]
+        return "required", [reading.Named(name, "tool_choice", "tool_choice.function.name", "function")]
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
         spec = tool_choice.get("allowed_tools") or {}
-        mode = allowed_tools_mode(spec.get("mode"), "tool_choice.allowed_tools.mode")
+        mode = reading.allowed_tools_mode(spec.get("mode"), "tool_choice.allowed_tools.mode")
         allowed = []
         for i, tool in enumerate(spec.get("tools") or ()):
             name = ((tool or {}).get("function") or {}).get("name") if isinstance(tool, dict) else None
             where = f"tool_choice.allowed_tools.tools.{i}"
-            allowed.append(Named(name, where, where, "function"))
+            allowed.append(reading.Named(name, where, where, "function"))
         if not allowed:
             raise ApiError(400, "tool_choice.allowed_tools.tools is empty.", param="tool_choice.allowed_tools.tools")
         return mode, allowed
     raise ApiError(
-        400,
-        f"tool_choice {json.dumps(tool_choice)[:80]} is not one of 'auto', 'none', 'required', "
-        '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}.',
-        param="tool_choice",
+        400, f"tool_choice {json.dumps(tool_choice)[:80]} is not one of {_TOOL_CHOICES}.", param="tool_choice"
     )
 
 
@@ -342,7 +332,7 @@ def output_of(response_format: dict | None) -> Output | None:
     Raises ApiError (400, `param` "response_format..."): an unknown type, a bad name, a schema llguidance cannot
     compile (the message says where).
     """
-    return json_output(response_format, "response_format", _json_schema_output)
+    return reading.json_output(response_format, "response_format", _json_schema_output)
 
 
 def _json_schema_output(response_format: dict) -> Output:
@@ -354,7 +344,7 @@ def _json_schema_output(response_format: dict) -> Output:
             'response_format of type \'json_schema\' needs json_schema: {"name", "schema", "strict", "description"}.',
             param="response_format.json_schema",
         )
-    name = format_name(spec.get("name"), "response_format.json_schema.name")
+    name = reading.format_name(spec.get("name"), "response_format.json_schema.name")
     description = spec.get("description")
     if description is not None and not isinstance(description, str):
         raise ApiError(
