@@ -31,6 +31,12 @@ SPEC = "Speculation"
 SAMPLING = "Sampling"
 OUTPUT = "Output"
 
+
+def _sampling(*flags: str, **kwargs: Any) -> Any:
+    """A `typer.Option` shown in --help's Sampling panel."""
+    return typer.Option(*flags, rich_help_panel=SAMPLING, **kwargs)
+
+
 Target = Annotated[
     str | None,
     typer.Option(
@@ -147,48 +153,31 @@ NgramMax = Annotated[
 ]
 Temperature = Annotated[
     float,
-    typer.Option(
+    _sampling(
         "--temperature",
         "--temp",
         min=0.0,
         max=5.0,
         help="0 = greedy. Above 0, the target's distribution is kept exactly (rejection sampling, or keyed by --seed).",
-        rich_help_panel=SAMPLING,
     ),
 ]
-TopK = Annotated[
-    int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0 = off).", rich_help_panel=SAMPLING)
-]
-TopP = Annotated[
-    float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling (1.0 = off).", rich_help_panel=SAMPLING)
-]
+TopK = Annotated[int, _sampling("--top-k", min=0, help="Keep the k most likely tokens (0 = off).")]
+TopP = Annotated[float, _sampling("--top-p", min=0.0, max=1.0, help="Nucleus sampling (1.0 = off).")]
 MinP = Annotated[
     float,
-    typer.Option(
-        "--min-p",
-        min=0.0,
-        max=1.0,
-        help="Drop tokens below min-p × the top probability (0 = off).",
-        rich_help_panel=SAMPLING,
-    ),
+    _sampling("--min-p", min=0.0, max=1.0, help="Drop tokens below min-p × the top probability (0 = off)."),
 ]
 Seed = Annotated[
     int | None,
-    typer.Option(
-        "--seed",
-        help="Seed of the random stream: the same seed gives the same text, speculative or not.",
-        rich_help_panel=SAMPLING,
-    ),
+    _sampling("--seed", help="Seed of the random stream: the same seed gives the same text, speculative or not."),
 ]
 MaxTokens = Annotated[
     int,
-    typer.Option(
-        "--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens.", rich_help_panel=SAMPLING
-    ),
+    _sampling("--max-tokens", "-n", min=1, max=1 << 20, help="Stop after this many tokens."),
 ]
 Stop = Annotated[
     list[str] | None,
-    typer.Option("--stop", help="Stop string (repeatable); not included in the output.", rich_help_panel=SAMPLING),
+    _sampling("--stop", help="Stop string (repeatable); not included in the output."),
 ]
 System = Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
