@@ -129,36 +129,26 @@ class Measurement:
     decode_j: float | None = None  # decoding's joules from the host's counters (models.energy), None without
     energy_note: str | None = None  # why decode_j is None
 
+    _AS_IS = ("config", "prompt", "repeat", "n_tokens", "n_drafted", "n_accepted", "n_spec_steps")
+    _COUNTS = ("n_prefill_evaluated", "finish_reason", "n_passes", "cheap_passes", "curve_passes", "branch_passes")
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "config": self.config,
-            "prompt": self.prompt,
-            "repeat": self.repeat,
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "n_tokens": self.n_tokens,
+        """The --json row: the counted fields as they are, times (ms) and speeds (tok/s) rounded to 3 places, the
+        acceptance rate and mean accepted length, the verify curve and draft cost of this run, and joules."""
+        row: dict[str, Any] = {name: getattr(self, name) for name in (*self._AS_IS, *self._COUNTS)}
+        for name in ("tokens_per_s", "mean_k", "decode_ms", "prefill_ms"):
+            row[name] = round(getattr(self, name), 3)
+        j_per_token = self.decode_j / self.n_tokens if self.decode_j is not None and self.n_tokens else None
+        return row | {
             "acceptance_rate": round(_ratio(self.n_accepted, self.n_drafted), 4),
             "mean_accepted_length": round(_ratio(self.n_accepted, self.n_spec_steps), 4),
-            "n_drafted": self.n_drafted,
-            "n_accepted": self.n_accepted,
-            "n_spec_steps": self.n_spec_steps,
-            "mean_k": round(self.mean_k, 3),
             "k_histogram": {str(k): n for k, n in sorted(self.k_histogram.items())},
-            "decode_ms": round(self.decode_ms, 3),
-            "prefill_ms": round(self.prefill_ms, 3),
-            "n_prefill_evaluated": self.n_prefill_evaluated,
-            "finish_reason": self.finish_reason,
             "verify_ms_by_batch": [[b, round(ms, 3), n] for b, ms, n in verify_curve([self])],
             "draft_ms_per_token": rounded(draft_cost([self])),
-            "n_passes": self.n_passes,
             "tokens_per_pass": round(_ratio(self.n_tokens, self.n_passes), 3),
             "ms_per_pass": round(_ratio(self.verify_ms, self.n_passes), 3),
-            "cheap_passes": self.cheap_passes,
-            "curve_passes": self.curve_passes,
-            "branch_passes": self.branch_passes,
             "decode_joules": rounded(self.decode_j),
-            "j_per_token": rounded(
-                self.decode_j / self.n_tokens if self.decode_j is not None and self.n_tokens else None, 6
-            ),
+            "j_per_token": rounded(j_per_token, 6),
             "controller": self.controller,
         }
 
