@@ -97,7 +97,6 @@ class Qwen35Shape(_Transformer):
     linear_k_heads: int
     linear_v_heads: int
     linear_head_dim: int
-    rope_sections: tuple[int, int, int, int]
     d_conv: int = 4
     full_attn_interval: int = 4
     n_nextn: int = 1
@@ -105,6 +104,14 @@ class Qwen35Shape(_Transformer):
     n_ctx_train: int = 262144
     rope_base: float = 10_000_000.0
     rms_eps: float = 1e-6
+
+    @property
+    def rope_sections(self) -> tuple[int, int, int, int]:
+        """The rotary pairs (head_dim x partial_rotary / 2) split in three, the larger parts first: 32 pairs as
+        Qwen3.5's mrope_section [11, 11, 10], 8 as 3/3/2; the fourth section is empty."""
+        pairs = int(self.head_dim * self.partial_rotary) // 2
+        a, b, c = (pairs + 2) // 3, (pairs + 1) // 3, pairs // 3
+        return a, b, c, 0
 
 
 @dataclass(frozen=True)
@@ -151,18 +158,8 @@ ARCH_SHAPES: dict[str, dict[str, object]] = {
             linear_k_heads=16,
             linear_v_heads=16,
             linear_head_dim=128,
-            rope_sections=(11, 11, 10, 0),
         ),
-        # head_dim 64 x partial_rotary 0.25 = 16 rotary dims = 8 pairs, split 3/3/2 as 32 pairs are split 11/11/10
-        "tiny": Qwen35Shape(
-            n_layer=4,
-            **TINY,
-            head_dim=64,
-            linear_k_heads=2,
-            linear_v_heads=2,
-            linear_head_dim=32,
-            rope_sections=(3, 3, 2, 0),
-        ),
+        "tiny": Qwen35Shape(n_layer=4, **TINY, head_dim=64, linear_k_heads=2, linear_v_heads=2, linear_head_dim=32),
     },
     "mamba2": {
         "mamba2-1.3b": Mamba2Shape(n_layer=48, n_embd=2048, n_vocab=50288),
