@@ -379,12 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         help="real: the published shapes beside the catalog model; tiny: a smoke test",
     )
     ap.add_argument("--type", dest="dtype", choices=("f16", "q8_0"), default="f16", help="the random weights' type")
-    ap.add_argument("--cache", type=Path, default=None, help="where the random GGUFs are kept")
-    ap.add_argument("--depth", type=int, default=None, help="tokens of context before the passes (real 512, tiny 64)")
+    ap.add_argument("--cache", type=Path, help="where the random GGUFs are kept")
+    ap.add_argument("--depth", type=int, help="tokens of context before the passes (real 512, tiny 64)")
     ap.add_argument("--rs", type=int, default=16, help="recurrent-state snapshots asked per sequence")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None, help="default: specdec's (the CPUs this process may use)")
-    ap.add_argument("--only", default=None, help="comma-separated labels of the rows to run (default: all)")
+    ap.add_argument("--threads", type=int, help="default: specdec's (the CPUs this process may use)")
+    ap.add_argument("--only", help="comma-separated labels of the rows to run (default: all)")
     a = ap.parse_args(argv)
     if a.rs < max(DROPS):
         ap.error(f"--rs {a.rs}: at least {max(DROPS)} (the rollbacks drop up to that many tokens)")

@@ -177,15 +177,15 @@ def hindsight(lengths: list[int], v) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-t", "--target", default=None)
+    ap.add_argument("-t", "--target")
     ap.add_argument("-n", "--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--package", default="click==8.1.8", help="the sdist learnt (pip requirement)")
-    ap.add_argument("--source", default=None, help="learn this folder instead of downloading --package")
+    ap.add_argument("--source", help="learn this folder instead of downloading --package")
     ap.add_argument("--tasks", default=",".join([*TASKS, *CONTROLS]))
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-learn-"))
     from specdec_cli.stores.learnt import learnt_path

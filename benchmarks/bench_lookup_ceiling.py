@@ -62,7 +62,7 @@ def walk(rows: list[tuple[int, int]], n: int, v, k: int | None) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prompts", nargs="*", type=Path)
-    ap.add_argument("-t", "--target", default=None)
+    ap.add_argument("-t", "--target")
     ap.add_argument("-n", "--max-tokens", type=int, default=256)
     args = ap.parse_args()
 

@@ -834,10 +834,10 @@ def host_main(argv: list[str]) -> None:
     ap.add_argument("--no-fake", action="store_true", help="skip the fake table")
     ap.add_argument("--real", action="store_true", help="also the real runs (CPU-heavy: run alone)")
     ap.add_argument("--real-repeats", type=int, default=3)
-    ap.add_argument("--model", default=None, help="real: target (default: the catalog's default)")
+    ap.add_argument("--model", help="real: target (default: the catalog's default)")
     ap.add_argument("--prompt", default=str(ROOT / "specdec_cli/prompts/edit/textwrap_rename.txt"))
     ap.add_argument("--measure", action="store_true", help="real: measure the verify curve when none is kept")
-    ap.add_argument("--profile", type=int, default=None, metavar="K", help="cProfile one fake run at K (0 = auto)")
+    ap.add_argument("--profile", type=int, metavar="K", help="cProfile one fake run at K (0 = auto)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TERM", "xterm-256color")  # the null terminal is rendered to in colour
     os.environ.pop("NO_COLOR", None)

@@ -92,7 +92,7 @@ def run(model: Path, cache: str | None, instruction: str, save: bool, ns: argpar
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path (default: catalog target)")
+    ap.add_argument("model", nargs="?", help="catalog name or .gguf path (default: catalog target)")
     ap.add_argument("--tokens", type=int, default=1780, help="tokens of the source file in the prompt")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

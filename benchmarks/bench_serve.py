@@ -537,16 +537,16 @@ def direct_runs(args, messages: list[dict], max_tokens: int, repeats: int) -> li
 
 def chat_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="bench_serve.py --workload chat", description=CHAT_DOC)
-    ap.add_argument("-t", "--target", default=None)
-    ap.add_argument("-d", "--draft", default=None)
+    ap.add_argument("-t", "--target")
+    ap.add_argument("-d", "--draft")
     ap.add_argument("--methods", default=f"none,{DEFAULT_METHOD}", help="comma-separated; none is the baseline")
     ap.add_argument("-n", "--max-tokens", type=int, default=160, help="max tokens per request of the session")
     ap.add_argument("--overhead-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3, help="runs of the overhead comparison (median)")
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--k", default=None)
-    ap.add_argument("--json", default=None, help="write every measurement here")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--k")
+    ap.add_argument("--json", help="write every measurement here")
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "none" not in methods:
@@ -770,7 +770,7 @@ def fim_main(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int)
     args = ap.parse_args(argv)
 
     from specdec_cli.models import host
@@ -1537,52 +1537,28 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
     )
     ap.add_argument(
         "--scenarios",
-        default=None,
         help="bench_concurrency.py's name for the workloads: editor, "
         "chats or both (comma-separated); overrides --workload",
     )
-    ap.add_argument("-t", "--target", default=None, help="model (default: the catalog's default target)")
-    ap.add_argument("--method", default=None, help="specdec serve --method (default: its default)")
-    ap.add_argument(
-        "--parallel",
-        type=int,
-        default=4,
-        help="sequences at once: specdec serve --parallel (when listed by its --help) and llama-server -np",
-    )
+    ap.add_argument("-t", "--target", help="model (default: the catalog's default target)")
+    ap.add_argument("--method", help="specdec serve --method (default: its default)")
+    ap.add_argument("--parallel", type=int, default=4, help="specdec serve --parallel (if it has it), llama-server -np")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument(
-        "--ctx",
-        type=int,
-        default=None,
-        help="specdec serve --ctx (default: its own, 32768) and "
-        "llama-server -c, the one KV pool its -kvu slots share (default 32768)",
-    )
+    ap.add_argument("--ctx", type=int, help="specdec serve --ctx (default its own); llama-server -c (default 32768)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes (a smoke test): a ~400-token agent request of "
-        "8 tokens, 8-token FIMs in a 24-line window, 100-250-token chats of 8-16 tokens",
+        help="a smoke test: a 400-token agent request, 8-token FIMs and replies, 100-250-token chats",
     )
-    ap.add_argument(
-        "--agent-prompt",
-        type=int,
-        default=None,
-        help="the agent request's prompt tokens, about (default 8000; --quick 400)",
-    )
-    ap.add_argument("--agent-tokens", type=int, default=None, help="the agent's max tokens (default 256; quick 8)")
-    ap.add_argument(
-        "--agent-body",
-        type=Path,
-        default=None,
-        help="an Anthropic /v1/messages request body (or an "
-        "agent_capture.py NNN-POST-*.json) to send as the agent's instead of the built one",
-    )
-    ap.add_argument("--fim-n-predict", type=int, default=None, help="FIM n_predict (default llama.vim's 128; quick 8)")
-    ap.add_argument("--fim-alone", type=int, default=None, help="FIM requests in the alone cell (default 8; quick 3)")
-    ap.add_argument("--llama-server", type=Path, default=None, help="also measure this llama-server (chats)")
-    ap.add_argument("--baseline", type=Path, default=None, help="also measure the specdec of this checkout")
-    ap.add_argument("--json", type=Path, default=None, help="also write every measurement here")
+    ap.add_argument("--agent-prompt", type=int, help="the agent's prompt, about, in tokens (default 8000; --quick 400)")
+    ap.add_argument("--agent-tokens", type=int, help="the agent's max tokens (default 256; quick 8)")
+    ap.add_argument("--agent-body", type=Path, help="the agent's request body (agent_capture.py's NNN-POST-*.json)")
+    ap.add_argument("--fim-n-predict", type=int, help="FIM n_predict (default llama.vim's 128; quick 8)")
+    ap.add_argument("--fim-alone", type=int, help="FIM requests in the alone cell (default 8; quick 3)")
+    ap.add_argument("--llama-server", type=Path, help="also measure this llama-server (chats)")
+    ap.add_argument("--baseline", type=Path, help="also measure the specdec of this checkout")
+    ap.add_argument("--json", type=Path, help="also write every measurement here")
     args = ap.parse_args(argv)
     q = args.quick
     args.agent_prompt = args.agent_prompt or (400 if q else 8000)
@@ -1910,10 +1886,9 @@ def replay_main(argv: list[str]) -> int:
     go.add_argument(
         "--llama-server",
         type=Path,
-        default=None,
         help="llama-server to compare with (with --servers llama-server, the default)",
     )
-    go.add_argument("-t", "--target", default=None)
+    go.add_argument("-t", "--target")
     go.add_argument("--method", default="auto")
     go.add_argument("--ctx", type=int, default=32768)
     go.add_argument("--threads", type=int, default=2)
@@ -1921,15 +1896,14 @@ def replay_main(argv: list[str]) -> int:
     go.add_argument("--timeout", type=float, default=3600)
     go.add_argument("--servers", default="specdec,llama-server")
     go.add_argument("--runs", default="first,restart", help="first: a cold start; restart: after a restart")
-    go.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
+    go.add_argument("--turns", type=int, help="replay only the first N turns")
     go.add_argument(
         "--home",
         type=Path,
-        default=None,
         help="specdec's SPECDEC_HOME (prompt cache, suffix store): "
         "default a fresh one; an earlier run's to replay after a restart only (--runs restart)",
     )
-    go.add_argument("--out", type=Path, default=None, help="also write the tables (Markdown) here")
+    go.add_argument("--out", type=Path, help="also write the tables (Markdown) here")
     go.add_argument(
         "--llama-once",
         action="store_true",
@@ -1953,7 +1927,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--workload",
         "-w",
-        default=None,
         help=", ".join(WORKLOADS) + " (editor-during-agent and chats may go together, comma-separated)",
     )
     args, rest = ap.parse_known_args(argv)

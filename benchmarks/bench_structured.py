@@ -219,13 +219,13 @@ def run_ours(session, method: str, prompt: np.ndarray, budget: int, grammar, clo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-t", "--target", default=DEFAULT_TARGET)
-    ap.add_argument("--llama-cpp", default=None, help="a llama.cpp build dir with llama-completion")
+    ap.add_argument("--llama-cpp", help="a llama.cpp build dir with llama-completion")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-n", "--max-tokens", type=int, default=512)
     ap.add_argument("--tasks", default="extract,tool,answer")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--json", default=None, help="write every run's measurements to PATH")
+    ap.add_argument("--json", help="write every run's measurements to PATH")
     args = ap.parse_args()
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     tools_bin = None

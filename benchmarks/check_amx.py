@@ -33,7 +33,7 @@ PROMPTS = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-t", "--target", default=None)
+    ap.add_argument("-t", "--target")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--prompts", default=",".join(PROMPTS))
     args = ap.parse_args()

@@ -49,7 +49,7 @@ def record(args: list[str], out: Path, *, width: int = 110) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "sample.svg")
-    parser.add_argument("-t", "--target", default=None)
+    parser.add_argument("-t", "--target")
     parser.add_argument("-n", "--max-tokens", type=int, default=96)
     opts = parser.parse_args(argv)
     args = [PROMPT, "-n", str(opts.max_tokens)] + (["-t", opts.target] if opts.target else [])
