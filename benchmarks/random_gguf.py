@@ -52,20 +52,26 @@ from pathlib import Path
 import numpy as np
 
 
-@dataclass(frozen=True)
-class _Transformer:
-    """The hyper-parameters every attention model here has: layers, width, feed-forward width, query and KV heads,
-    vocabulary."""
+@dataclass(frozen=True, kw_only=True)
+class _Model:
+    """The hyper-parameters every model here has: layers, width, vocabulary, its RMS norms' epsilon."""
 
     n_layer: int
     n_embd: int
+    n_vocab: int
+    rms_eps: float = 1e-5
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Transformer(_Model):
+    """An attention model's: a `_Model`'s and its feed-forward width, query and KV heads."""
+
     n_ff: int
     n_head: int
     n_head_kv: int
-    n_vocab: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Shape(_Transformer):
     """A qwen2 model's hyper-parameters."""
 
@@ -74,7 +80,7 @@ class Shape(_Transformer):
     rms_eps: float = 1e-6
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Lfm2Shape(_Transformer):
     """An lfm2 model's hyper-parameters: `attn_layers` are the attention layers, the others short convolutions of
     `l_cache` taps; `tied`: the output projection is the token embedding (no output.weight)."""
@@ -84,10 +90,9 @@ class Lfm2Shape(_Transformer):
     tied: bool = True
     n_ctx_train: int = 128000
     rope_base: float = 1_000_000.0
-    rms_eps: float = 1e-5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Qwen35Shape(_Transformer):
     """A qwen35 (Qwen3.5 dense) model's hyper-parameters: every `full_attn_interval`-th layer is attention (a query
     gate doubles its Q projection), the others Gated DeltaNet with `linear_k_heads` key and `linear_v_heads` value heads
@@ -114,19 +119,15 @@ class Qwen35Shape(_Transformer):
         return a, b, c, 0
 
 
-@dataclass(frozen=True)
-class Mamba2Shape:
+@dataclass(frozen=True, kw_only=True)
+class Mamba2Shape(_Model):
     """A mamba2 model's hyper-parameters (d_inner = expand * n_embd, heads of `head_dim`)."""
 
-    n_layer: int
-    n_embd: int
-    n_vocab: int
     d_state: int = 128
     head_dim: int = 64
     expand: int = 2
     n_group: int = 1
     d_conv: int = 4
-    rms_eps: float = 1e-5
 
 
 TINY = dict(n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=512, n_ctx_train=4096)  # every tiny attention model's
