@@ -129,13 +129,15 @@ class Measurement:
     decode_j: float | None = None  # decoding's joules from the host's counters (models.energy), None without
     energy_note: str | None = None  # why decode_j is None
 
-    _AS_IS = ("config", "prompt", "repeat", "n_tokens", "n_drafted", "n_accepted", "n_spec_steps")
-    _COUNTS = ("n_prefill_evaluated", "finish_reason", "n_passes", "cheap_passes", "curve_passes", "branch_passes")
+    _AS_IS = (  # the fields to_dict copies unchanged
+        "config prompt repeat n_tokens n_drafted n_accepted n_spec_steps n_prefill_evaluated finish_reason n_passes "
+        "cheap_passes curve_passes branch_passes"
+    ).split()
 
     def to_dict(self) -> dict[str, Any]:
-        """The --json row: the counted fields as they are, times (ms) and speeds (tok/s) rounded to 3 places, the
-        acceptance rate and mean accepted length, the verify curve and draft cost of this run, and joules."""
-        row: dict[str, Any] = {name: getattr(self, name) for name in (*self._AS_IS, *self._COUNTS)}
+        """The --json row: names, counts and finish reason as they are, times (ms) and speeds (tok/s) rounded to 3
+        places, the acceptance rate and mean accepted length, this run's verify curve and draft cost, and joules."""
+        row: dict[str, Any] = {name: getattr(self, name) for name in self._AS_IS}
         for name in ("tokens_per_s", "mean_k", "decode_ms", "prefill_ms"):
             row[name] = round(getattr(self, name), 3)
         j_per_token = self.decode_j / self.n_tokens if self.decode_j is not None and self.n_tokens else None
