@@ -282,7 +282,7 @@ class Scheduler:
         an interactive slot waits outside it (it is then the long requests' share, paid while that slot waits), it is
         their pass owed as interactive slots last ended (`_due`: owed again, it would go before the newcomer's first,
         a whole piece), or an interactive slot's part has logits rows (a verify step is short); None: nobody."""
-        if not self.interruptible or self._due and all(s.slot.priority.cls != INTERACTIVE for s, _ in parts):
+        if not self.interruptible or (self._due and all(s.slot.priority.cls != INTERACTIVE for s, _ in parts)):
             return None
         inside = {id(s) for s, _ in parts}
         if any(s.slot.priority.cls == INTERACTIVE and id(s) not in inside for s in self._subs.values()):
