@@ -169,16 +169,26 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.controller = controller if controller is not None else FixedK(4)
         self._sequence: tuple[KController, KController] | None = None  # (controller, this engine's sequence of it)
+        self._prompt: np.ndarray | None = None  # the last reply's prompt (`_continues`)
         self.passes: Any = None
 
     @property
     def sequence(self) -> KController:
         """This engine's sequence of its controller (`KController.sequence`): its per-reply state, kept across the
-        engine's generations (a chat's turns, a server lane's requests), its learning shared with every engine of
-        the same controller."""
+        engine's generations while each continues the last (`_continues`: a chat's turns, an editor's completions),
+        its learning shared with every engine of the same controller."""
         if self._sequence is None or self._sequence[0] is not self.controller:
             self._sequence = (self.controller, self.controller.sequence())
         return self._sequence[1]
+
+    def _continues(self, prompt: np.ndarray) -> None:
+        """Start a fresh sequence of the controller unless `prompt` (int32 [n]) shares at least half of the last
+        reply's prompt: another conversation on the same engine (a server lane's next request) begins with the
+        per-reply state a new lane has, not with the probe schedules and windows the last one's drafts left."""
+        last, self._prompt = self._prompt, prompt.copy()
+        if last is not None and 2 * common_prefix(last, prompt) < len(last) and self._sequence is not None:
+            self._sequence[1].end_reply()  # (a reply abandoned without its end hands back what it learnt first)
+            self._sequence = None
 
     def generate(
         self, prompt: Sequence[int] | np.ndarray, config: GenerationConfig = GenerationConfig()
@@ -219,6 +229,7 @@ class SpeculativeEngine:
         prompt = np.asarray(prompt, dtype=np.int32)
         n = len(prompt)
         assert 0 < n < target.n_ctx, "driver.stream checks the prompt"
+        self._continues(prompt)
         sampling = config.sampling
         rng = make_rng(sampling.seed)
         # the grammar's state (None without one: then nothing below costs anything)

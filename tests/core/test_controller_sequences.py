@@ -101,3 +101,51 @@ def test_one_sequence_decides_as_the_controller_in_place():
         ]
         runs.append((turns, controller.state(), controller.snapshot()["k"]))
     assert runs[0] == runs[1]
+
+
+def two_conversations(seed: int):
+    """Prompt A, after which the target counts up through tokens no prompt holds (nothing to look up: a greeting),
+    prompt B, which it copies (one token in 20 changed), and the target."""
+    prompt_a = [int(t) for t in np.random.default_rng(seed).integers(2, 30, 40)]
+    prompt_b, copy = copying(seed)
+
+    def fn(prefix):
+        if list(prefix[: len(prompt_b)]) == prompt_b:
+            return copy(prefix)
+        logits = np.zeros(VOCAB, np.float32)
+        logits[40 + (len(prefix) - len(prompt_a)) % 20] = 5.0
+        return logits
+
+    return prompt_a, prompt_b, fn
+
+
+def test_a_lane_s_next_conversation_schedules_as_a_fresh_lane_would():
+    # A server's lane after an unrelated request: a greeting's empty lookups left the probe schedule just reset, so the
+    # next conversation on that lane drafted nothing for probe_every steps (four chats at once: 16 plain passes where a
+    # fresh lane made 5)
+    prompt_a, prompt_b, fn = two_conversations(1)
+    steep = VerifyCurve(ms=tuple(20.0 + 55.0 * b for b in range(1, 66)))  # the prior's best K is 0 here: probes
+    runs = []
+    for same_lane in (True, False):
+        shared, clock = AdaptiveK(curve=steep), Clock()
+        target = FakeBackend(fn, n_ctx=1024, n_batch=128, vocab=VOCAB, clock=clock, cost=steep.at)
+        drafter = AutoDrafter(SuffixDrafter(None))
+        lane = SpeculativeEngine(target, drafter, shared, clock=clock, curve=steep)
+        list(lane.generate(np.asarray(prompt_a, np.int32), GenerationConfig(max_tokens=8)))
+        if not same_lane:  # the same learning, drafter and KV cache: only the sequence is new
+            lane = SpeculativeEngine(target, drafter, shared, clock=clock, curve=steep)
+        runs.append(schedule(lane.generate(np.asarray(prompt_b, np.int32), GenerationConfig(max_tokens=120))))
+    assert max(n for _, n in runs[1][:8]) > 0  # a fresh lane drafts within its first steps
+    assert runs[0] == runs[1]
+
+
+def test_a_conversation_s_next_turn_keeps_its_sequence():
+    prompt_a, prompt_b, fn = two_conversations(1)
+    e = engine((prompt_b, fn), AdaptiveK(curve=CURVE))
+    list(e.generate(np.asarray(prompt_b, np.int32), GenerationConfig(max_tokens=40)))
+    first = e.sequence
+    turn = prompt_b + [5, 6, 7]  # the next turn: the last prompt, the reply and a new message
+    list(e.generate(np.asarray(turn, np.int32), GenerationConfig(max_tokens=20)))
+    assert e.sequence is first
+    list(e.generate(np.asarray(prompt_a, np.int32), GenerationConfig(max_tokens=20)))
+    assert e.sequence is not first  # another conversation: a sequence of its own
