@@ -74,7 +74,9 @@ interleaved repeats and their spread (min-max).
    after each reply's first, over the union of the replies' first-token-to-end intervals); each reply at once
    compared with its reply one after another (equal, or where it diverges); the ceiling of at once / one after
    another on this machine (`ceiling`: the prefills as long as one after another, decoding at once at most as much
-   faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`); with `--llama-server PATH`,
+   faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`; and again with what such a
+   pass saves as timed after the cells on four KV streams holding the chats' prompts, `stream_gain`, whose
+   attention spans the deepest stream's cells); with `--llama-server PATH`,
    the same on llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and
    specdec at once against it.
 
@@ -1405,6 +1407,59 @@ def sharing_gain(seed: Path, model: Path, n: int, rows: int = 16) -> float | Non
     )
 
 
+def stream_gain(
+    model: Path,
+    chats: list[list[dict]],
+    threads: int,
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16),
+    repeats: int = 3,
+    n_ctx: int = 4096,
+) -> dict:
+    """The most one pass shared by len(`chats`) KV streams saves over their passes apart, measured on this machine:
+    lanes of one context as `specdec serve --parallel` makes them (`n_ctx` tokens each, flash attention as it
+    chooses), each holding one chat's prompt (in a shared pass every stream's attention spans the deepest stream's
+    cells, which the verify curve, timed on one sequence, does not show); for each r in `rows`, r rows on every lane
+    in one `decode_many` (one llama_decode) against a `decode` per lane, interleaved, `repeats` times, each lane
+    rolled back after each. Returns {"gain": the largest median(apart) / median(shared) over `rows`, "rows": {r:
+    [apart ms, shared ms]}, "depths": each lane's prompt tokens}."""
+    import gc
+
+    import numpy as np
+
+    from specdec_cli.models.llama import LlamaBackend
+    from specdec_cli.session import flash_attn
+
+    b = LlamaBackend(model, n_ctx=n_ctx, n_threads=threads, n_lanes=len(chats), flash_attn=flash_attn(model, threads))
+    try:
+        lanes = [b.lane(i) for i in range(len(chats))]
+        depths = []
+        for lane, messages in zip(lanes, chats, strict=True):
+            toks = np.asarray(b.tokenize(b.format_chat(messages), add_special=False, parse_special=True), np.int32)
+            depths.append(len(toks))
+            for c in range(0, len(toks), b.n_batch):
+                lane.decode(toks[c : c + b.n_batch], n_logits=0)
+        rng = np.random.default_rng(0)
+        times: dict[tuple[int, str], list[float]] = {}
+        for rep in range(repeats):
+            for r in rows:
+                parts = [(lane, rng.integers(100, 1000, r).astype(np.int32), r) for lane in lanes]
+                for how in ("shared", "apart") if rep % 2 == 0 else ("apart", "shared"):
+                    t0 = time.perf_counter()
+                    if how == "shared":
+                        b.decode_many(parts)
+                    else:
+                        for lane, toks, n in parts:
+                            lane.decode(toks, n_logits=n)
+                    times.setdefault((r, how), []).append((time.perf_counter() - t0) * 1e3)
+                    for lane, depth in zip(lanes, depths, strict=True):
+                        lane.truncate(depth)
+    finally:
+        b.close()
+        gc.collect()
+    med = {r: [statistics.median(times[(r, "apart")]), statistics.median(times[(r, "shared")])] for r in rows}
+    return {"gain": max(a / s for a, s in med.values()), "rows": med, "depths": depths}
+
+
 def ceiling(serial: dict, gain: float) -> float:
     """The most four chats at once can gain over the same four one after another (`serial`, their `aggregate`) when
     the prefills take what they took one after another (a prompt is read in batches of up to 512 rows either way:
@@ -1453,9 +1508,12 @@ def chats_cells(kind: Kind, args, work: Path, seed: Path, rep: int) -> dict:
     return res
 
 
-def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: float | None = None) -> str:
-    """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured; and with
-    `gain`, `sharing_gain`, the `ceiling` of at once / one after another on this machine)."""
+def chats_table(
+    kind: str, reps: list[dict], peer: list[dict] | None, gain: float | None = None, measured: dict | None = None
+) -> str:
+    """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured; with `gain`,
+    `sharing_gain`, the `ceiling` of at once / one after another on this machine from the verify curve; with
+    `measured`, `stream_gain`'s, the ceiling from passes shared by four KV streams as timed here)."""
     col = lambda cell, key: [r[cell][key] for r in reps]  # noqa: E731
     ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"), strict=False)]
     dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"), strict=False)]
@@ -1482,6 +1540,17 @@ def chats_table(kind: str, reps: list[dict], peer: list[dict] | None, gain: floa
             f"{statistics.median(col('serial', 'wall_s')):.1f} s one after another; decoding at once at most "
             f"{gain:.2f}x as fast (the most a pass shared by 4 lanes saves on the verify curve) |"
         )
+        out.append(f"| at once / that ceiling | {spread([x / t for x, t in zip(ratio, top, strict=False)])} | |")
+    if measured is not None:
+        top = [ceiling(r["serial"], measured["gain"]) for r in reps]
+        per = ", ".join(f"{r} rows {a / sh:.2f}x" for r, (a, sh) in measured["rows"].items())
+        out.append(
+            f"| ceiling here, passes shared by 4 KV streams as timed | {spread(top)} | decoding at once at most "
+            f"{measured['gain']:.2f}x as fast: a pass of r rows on each of 4 lanes holding the prompts against 4 "
+            f"passes apart ({per}) |"
+        )
+        vs = [x / t for x, t in zip(ratio, top, strict=False)]
+        out.append(f"| at once / that ceiling | {spread(vs)} | {_target(vs, 0.95, 'ratio', 'x', at_least=True)} |")
     if peer:
         vs = [t / p["together"]["tok_s"] for t, p in zip(col("together", "tok_s"), peer, strict=False)]
         out.append(
@@ -1628,6 +1697,10 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
             results.setdefault(("chats", peer.name), []).append(chats_cells(peer, args, work, seed, rep))
     print()
     gain = sharing_gain(seed, model, 4)
+    measured = None
+    if "chats" in scenarios and not q:  # alone, after the cells: what a pass shared by four KV streams saves here
+        measured = stream_gain(model, [b["messages"] for b in chat_bodies(q, "gain")], args.threads)
+        print(f"passes shared by 4 KV streams (prompts {measured['depths']} tokens): {measured['gain']:.2f}x at best")
     for (scenario, name), reps in results.items():
         if scenario == "editor":
             print(editor_table(name, reps))
@@ -1638,6 +1711,7 @@ def concurrency_main(argv: list[str], workloads: set[str]) -> int:
                     reps,
                     results.get(("chats", "llama-server")) if name != "llama-server" else None,
                     gain if name != "llama-server" else None,
+                    measured if name != "llama-server" else None,
                 )
             )
         print()

@@ -60,6 +60,14 @@ def test_the_ceiling_of_chats_at_once_comes_from_the_prefills_and_the_verify_cur
         "specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None, gain=2.0
     )
     assert "| ceiling of at once / one after another here | 1.17 |" in table
+    measured = {"gain": 1.25, "rows": {1: [300.0, 240.0], 16: [2400.0, 2300.0]}, "depths": [600, 800]}
+    table = bc.chats_table(
+        "specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None, 2.0, measured
+    )
+    top = 28 / (20 + 8 / 1.25)  # the same prefills, decoding at most 1.25x as fast
+    assert f"| ceiling here, passes shared by 4 KV streams as timed | {top:.2f} |" in table
+    assert f"| at once / that ceiling | {1 / top:.2f} | ratio {1 / top:.2f} x < 0.95 x: NOT met |" in table
+    assert "1 rows 1.25x, 16 rows 1.04x" in table
 
 
 def test_a_reply_is_equal_or_says_where_it_diverges():
@@ -207,3 +215,12 @@ def test_the_workload_picks_the_sitting_and_passes_the_rest_of_the_command_line_
         with pytest.raises(SystemExit) as e:
             bc.main(bad)
         assert e.value.code == 2
+
+
+@pytest.mark.real
+def test_stream_gain_times_shared_passes_against_passes_apart_on_lanes_holding_the_prompts(smollm2_path):
+    chats = [[{"role": "user", "content": "def f(x):\n    return x\n" * n}] for n in (3, 6)]
+    got = bc.stream_gain(smollm2_path, chats, threads=1, rows=(1, 4), repeats=1, n_ctx=512)
+    assert got["depths"][1] > got["depths"][0] > 20  # each lane held its own prompt
+    assert set(got["rows"]) == {1, 4} and all(a > 0 and s > 0 for a, s in got["rows"].values())
+    assert got["gain"] == max(a / s for a, s in got["rows"].values())
