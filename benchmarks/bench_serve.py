@@ -1422,8 +1422,6 @@ def stream_gain(
     in one `decode_many` (one llama_decode) against a `decode` per lane, interleaved, `repeats` times, each lane
     rolled back after each. Returns {"gain": the largest median(apart) / median(shared) over `rows`, "rows": {r:
     [apart ms, shared ms]}, "depths": each lane's prompt tokens}."""
-    import gc
-
     import numpy as np
 
     from specdec_cli.models.llama import LlamaBackend
@@ -1436,8 +1434,7 @@ def stream_gain(
         for lane, messages in zip(lanes, chats, strict=True):
             toks = np.asarray(b.tokenize(b.format_chat(messages), add_special=False, parse_special=True), np.int32)
             depths.append(len(toks))
-            for c in range(0, len(toks), b.n_batch):
-                lane.decode(toks[c : c + b.n_batch], n_logits=0)
+            lane.decode(toks, n_logits=0)  # (in chunks of n_batch)
         rng = np.random.default_rng(0)
         times: dict[tuple[int, str], list[float]] = {}
         for rep in range(repeats):
@@ -1455,7 +1452,6 @@ def stream_gain(
                         lane.truncate(depth)
     finally:
         b.close()
-        gc.collect()
     med = {r: [statistics.median(times[(r, "apart")]), statistics.median(times[(r, "shared")])] for r in rows}
     return {"gain": max(a / s for a, s in med.values()), "rows": med, "depths": depths}
 
