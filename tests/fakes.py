@@ -203,6 +203,27 @@ class FakeBackend(RecurrentGuard, Backend):
             lane.lane_index = i
         return lanes[i]
 
+    def copy_prefix(self, rows, peers) -> int:
+        """`LlamaBackend.copy_prefix`: the longest run of `rows` a peer holds after this lane's tokens (at least
+        COPY_MIN beyond them) becomes this lane's without a pass; recorded in `copies` as (from lane, to lane, rows)."""
+        from specdec_cli.models.backend import common_prefix
+        from specdec_cli.models.llama import COPY_MIN
+
+        if self.kind != TRANSFORMER:
+            return 0
+        want = [*self._tokens, *(int(t) for t in rows)]
+        best, src = len(self._tokens) + COPY_MIN - 1, None
+        for lane in peers:
+            c = common_prefix(lane.tokens, np.asarray(want, dtype=np.int32))
+            best, src = (c, lane) if lane is not self and c > best else (best, src)
+        if src is None:
+            return 0
+        got, self._tokens, self._branch = best - len(self._tokens), want[:best], None
+        root = self.__dict__.get("_root", self)
+        pair = (src.__dict__.get("lane_index", 0), self.__dict__.get("lane_index", 0))
+        root.__dict__.setdefault("copies", []).append((*pair, got))
+        return got
+
     def decode_many(self, parts) -> list[np.ndarray]:
         """One shared pass: each part (lane, tokens, n_logits) gets exactly what its own `decode` gives (logits are a
         function of the lane's own prefix), and the virtual clock advances once, by cost(rows of all parts)."""

@@ -92,8 +92,9 @@ class GenerationConfig:
 @dataclass(frozen=True, slots=True)
 class Rows:
     """One sequence's rows for the target's next pass, which `SpeculativeEngine.steps` yields and is answered with
-    their logits: a prefill (`n_logits` 0: the answer is None) or a verify batch (logits of its last `n_logits` rows,
-    float32 [n_logits, V]; with `branch`, `Backend.decode_branches`' rows instead).
+    their logits: a prefill (`n_logits` 0: the answer is None, or how many of its first rows the server's scheduler
+    copied from another sequence's cells, `LlamaBackend.copy_prefix`) or a verify batch (logits of its last `n_logits`
+    rows, float32 [n_logits, V]; with `branch`, `Backend.decode_branches`' rows instead).
 
     Attributes:
         tokens: int32 [m] appended to the sequence's KV cache. n_logits: rows at the end that want logits.
@@ -120,7 +121,7 @@ class Rows:
         return None
 
 
-Steps = Generator["Record | Rows", "np.ndarray | None", None]  # `SpeculativeEngine.steps`
+Steps = Generator["Record | Rows", "np.ndarray | int | None", None]  # `SpeculativeEngine.steps`
 
 
 class SpeculativeEngine:
@@ -258,7 +259,7 @@ class SpeculativeEngine:
                 else:
                     logits = yield Rows(batch, len(batch), alt.tokens)  # float32 [k + 1 + alt's own tokens, V]
                 t_verify = self.clock()
-                assert logits is not None  # a verify pass is answered with its rows' logits
+                assert isinstance(logits, np.ndarray)  # a verify pass is answered with its rows' logits
                 # 4. accept, under the grammar's mask of each row when there is one: masks int32 [k + 1, V/32]
                 masks = grammar.masks(d) if grammar is not None else None
                 won = 0  # the branch the target followed further: 1 = alt, which then becomes the draft
@@ -341,19 +342,21 @@ class SpeculativeEngine:
 
     # -- the phases of a generation -----------------------------------------------------------------------------
 
-    def _sync(self, context: np.ndarray) -> Generator[Rows, None, int]:
+    def _sync(self, context: np.ndarray) -> Generator[Rows, int | None, int]:
         """The target's cache := `context` (int32 [n]), reusing the longest common prefix (`models.backend.sync`, with
-        the missing rows handed out as one prefill `Rows`). Returns the tokens evaluated."""
+        the missing rows handed out as one prefill `Rows`). Returns the tokens evaluated (not those the server's
+        scheduler copied from another sequence's cells)."""
         target = self.target
         keep = common_prefix(target.tokens, context)
         if keep < len(target.tokens):
             target.truncate(keep)
             keep = len(target.tokens)  # a recurrent state that cannot keep `keep` tokens is cleared
+        copied = None
         if keep < len(context):
-            yield Rows(context[keep:], 0)
-        return len(context) - keep
+            copied = yield Rows(context[keep:], 0)
+        return len(context) - keep - (copied or 0)
 
-    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None) -> Generator[Rows, None, Prefill]:
+    def _prefill(self, prompt: np.ndarray, prediction: tuple[int, ...] | None) -> Generator[Rows, int | None, Prefill]:
         """The target's cache := prompt[:-1] (a cached common prefix is reused); the drafter begins on the prompt."""
         t0 = self.clock()
         n_restored, restore_ms = 0, 0.0

@@ -98,6 +98,7 @@ PHASE_ROWS = 64  # phased: a llama_decode call over more rows than this is a pre
 # does and keeps each row's attention computed alone, so a verify pass rounds as a one-token pass does; past it,
 # off's verify passes are cheaper, so long contexts verify with it off.
 PHASE_DEPTH = 2048
+COPY_MIN = 32  # rows a peer must hold beyond a lane's own for `copy_prefix`: the whole stream's copy then pays
 RS_SNAPSHOTS = 16  # recurrent-state snapshots per sequence asked of llama.cpp (`n_rs_seq`): the controller's K_max
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent part alone (a recurrent model's whole state)
 
@@ -714,6 +715,43 @@ class LlamaBackend(RecurrentGuard):
         lane._init_sequence(root, i, i, root.rollback)  # (a rollback the root's guard lowered holds for the model)
         llama_cpp.llama_memory_seq_rm(root._mem, lane._s0, -1, -1)
         return lane
+
+    def copy_prefix(self, rows: np.ndarray, peers: Sequence[LlamaBackend]) -> int:
+        """Copy into this lane, instead of evaluating them, the cells of the first of `rows` (int32 [m], the tokens
+        that follow this lane's) that one of `peers` (other lanes of this context) holds after the same tokens: a
+        prompt prefix a sibling lane already read (a shared system prompt), as llama-server's slots reuse each
+        other's cached prompts. llama.cpp copies only whole KV streams (`llama_memory_seq_cp` across streams, run at
+        the next `llama_decode`), so the peer's stream is copied and this lane's cells past the prefix removed.
+
+        Returns the rows copied (this lane's tokens grew by as many; the cells are the peer's, bit for bit): 0 when
+        no peer holds COPY_MIN more, for a recurrent, hybrid or sliding-window target (whose cells a truncated copy
+        would not hold) and for a lane an MTP head follows. Raises StateError if llama.cpp did not copy (the lane is
+        then empty)."""
+        if self.kind != TRANSFORMER or self.on_hidden is not None or llama_cpp.llama_model_n_swa(self._model) > 0:
+            return 0
+        from specdec_cli.models.backend import common_prefix
+
+        want = np.concatenate([self.tokens, np.asarray(rows, dtype=np.int32)])
+        best, src = self._n + COPY_MIN - 1, None
+        for lane in peers:
+            if lane is not self and lane._n > best and lane.on_hidden is None:
+                c = common_prefix(lane.tokens, want)
+                best, src = (c, lane) if c > best else (best, src)
+        if src is None:
+            return 0
+        self._drop_branch()
+        llama_cpp.llama_memory_seq_rm(self._mem, self._s0, -1, -1)  # (a unified cache would keep both otherwise)
+        llama_cpp.llama_memory_seq_cp(self._mem, src._s0, self._s0, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._mem, self._s0, best, -1)
+        if int(llama_cpp.llama_memory_seq_pos_max(self._mem, self._s0)) != best - 1:
+            llama_cpp.llama_memory_seq_rm(self._mem, self._s0, -1, -1)
+            self._n = 0
+            raise StateError(f"llama.cpp did not copy {best} cells between two lanes of {Path(self.path).name}.",
+                             "Run the server with --parallel 1; SPECDEC_DEBUG=1 shows llama.cpp's log.")  # fmt: skip
+        got = best - self._n
+        self._tokens[self._n : best] = want[self._n : best]
+        self._n = best
+        return got
 
     def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
         """`decode_many` of unequal parts over KV streams: one `llama_decode` per row count, the parts of equal rows

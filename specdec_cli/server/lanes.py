@@ -4,7 +4,8 @@ A slot is one sequence of the target's context (`LlamaBackend.lane`: its own KV 
 is a program that yields its rows (`engine.Rows`) and is sent their logits. The thread that owns llama.cpp calls
 `Scheduler.step` again and again, as llama-server's `update_slots` does (docs/architecture.md draws the loop;
 docs/serving-concurrency.md says why each rule is there). Lossless per slot: its rows attend to its own cells only, and
-a seeded request's noise is keyed by its seed (`sampling.sample_at`), whatever its neighbours do.
+a seeded request's noise is keyed by its seed (`sampling.sample_at`), whatever its neighbours do. A prompt's prefix that
+another slot of the same client holds is copied from it (`LlamaBackend.copy_prefix`), not read again.
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ class Priority:
 
 @dataclass
 class _Sub:
-    """A slot's rows waiting for a pass: `tokens` int32 [m] of which `done` are evaluated (a prefill is evaluated in
-    chunks), `n_logits` rows at the end want logits; `branch`: a second branch (a pass of its own)."""
+    """A slot's rows waiting for a pass: `tokens` int32 [m] of which `done` are evaluated (a prefill's in chunks, its
+    first `copied` copied from another slot), `n_logits` at the end want logits; `branch`: a second branch's."""
 
     slot: Slot
     tokens: np.ndarray
     n_logits: int
     branch: np.ndarray | None = None
     done: int = 0
+    copied: int = 0
 
     @property
     def left(self) -> int:
@@ -74,14 +76,15 @@ class Slot:
         self.backend = backend
         self.index = index
         self.priority = Priority()
-        self.program: Generator[Rows, np.ndarray | None, None] | None = None  # what runs on it (`Scheduler.start`)
+        self.program: Generator[Rows, np.ndarray | int | None, None] | None = None  # what runs on it (`start`)
         self.check: Callable[[], None] | None = None  # raises to stop its prefill between pieces
-        self.answer: np.ndarray | None = None  # the logits its program is sent next
+        self.answer: np.ndarray | int | None = None  # the logits its program is sent next (a prefill's: rows copied)
+        self.scope: str | None = None  # whose requests its cells hold (`Request.scope`): copied only within one
         self.shared_rows = 0
 
     @property
     def branches(self) -> bool:
-        return self.backend.branches and self._s.alone(self)
+        return self.backend.branches and len(self._s._active) <= 1  # alone: a second branch takes a pass of its own
 
     @property
     def draft_limit(self) -> int:
@@ -142,7 +145,7 @@ class Scheduler:
     def start(
         self,
         slot: Slot,
-        program: Generator[Rows, np.ndarray | None, None],
+        program: Generator[Rows, np.ndarray | int | None, None],
         priority: Priority,
         *,
         check: Callable[[], None] | None = None,
@@ -217,10 +220,6 @@ class Scheduler:
         """The backend can stop a pass under way (`LlamaBackend.interrupt`)."""
         return bool(getattr(self.backend, "interruptible", False))
 
-    def alone(self, slot: Slot) -> bool:
-        """No other slot is generating (then a second branch is offered: it needs a pass of its own)."""
-        return len(self._active) <= 1
-
     def _v(self, b: int) -> float:
         """v(b): ms of a pass over b rows, from the measured curve (or the affine guess without one)."""
         return self.curve.at(b) if self.curve is not None else 1.0 + 0.1 * (b - 1)
@@ -272,7 +271,7 @@ class Scheduler:
             sub.done += m if error is None else 0
             if error is not None or sub.done == len(sub.tokens):
                 self._subs.pop(sub.slot.index, None)
-                sub.slot.answer = result
+                sub.slot.answer = result if sub.n_logits else sub.copied
                 done.append(sub.slot)
         for slot in sorted(done, key=lambda x: x.priority):  # each accepts its logits now: no view outlives the pass
             self._advance(slot, error)
@@ -349,6 +348,9 @@ class Scheduler:
             if urgent and reading:
                 continue  # one interactive prompt at a time (its piece would be a llama_decode of its own)
             reading = reading or urgent
+            if not s.done and not s.n_logits and len(self.slots) > 1:  # rows a slot of its scope holds: copied
+                peers = [x.backend for x in self.slots if x is not s.slot and x.scope == s.slot.scope]
+                s.done = s.copied = s.slot.backend.copy_prefix(s.tokens[: s.left - 1], peers)
             # an interactive slot reads its prompt in whole batches when it is the only interactive one (nothing waits
             # behind it) or the first in line and a newcomer ahead of it could interrupt the pass (`_preemption`)
             whole = urgent and (alone or (s is subs[0] and self.interruptible))

@@ -74,7 +74,6 @@ class GenerationService:
         self._engine = self.assembler.engine(spec, saved_k=saved_k)
         self._engine.parking = KvParking()  # a conversation's KV survives a side request (kv_parking)
         self._engines = [self._engine]  # one per slot
-        self._scopes: list[str | None] = [None]  # whose requests each slot's caches hold (`Request.scope`)
         self.scheduler = self._share(getattr(session.target, "n_lanes", 1))
         self._closed = False
         target = session.target  # looked up here, before the worker thread owns the models
@@ -116,7 +115,6 @@ class GenerationService:
                 )
             )
             self._engines[-1].passes = slot
-        self._scopes = [None] * n_lanes
         return scheduler
 
     def kv_memory(self) -> dict[str, Any]:
@@ -330,7 +328,7 @@ class GenerationService:
             else self.session.prediction_tokens(request.prediction)
         )
         config = replace(request.config, prediction=prediction, interrupt=interrupt)
-        if request.scope != self._scopes[lane]:
+        if request.scope != self.scheduler.slots[lane].scope:  # (whose requests the slot's caches hold)
             self._enter_scope(request.scope, lane)
         return stream(self._engines[lane], prompt_tokens, config, rows=rows)
 
@@ -344,7 +342,7 @@ class GenerationService:
         engine.parking = KvParking()
         if isinstance(engine.prompt_cache, PromptCache):
             engine.prompt_cache.scope = scope
-        self._scopes[lane] = scope
+        self.scheduler.slots[lane].scope = scope  # (and so whose cells another slot may copy: `Scheduler`)
 
     def pieces(self, logprobs: Sequence[TokenLogprob]) -> tuple[PieceLogprob, ...]:
         """The step's `Step.logprobs` with each token's bytes (`Backend.piece`), for the response JSON."""

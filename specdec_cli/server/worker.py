@@ -251,10 +251,8 @@ class Worker:
             self._pending.remove(job)
             self._running[job.lane] = job
             job.started_at = self.clock()
-            check = partial(self._check, job)
-            self.scheduler.start(
-                self.scheduler.slots[job.lane], self._generate(job, job.lane), job.priority, check=check
-            )
+            slot, check = self.scheduler.slots[job.lane], partial(self._check, job)
+            self.scheduler.start(slot, self._generate(job, job.lane), job.priority, check=check)
 
     def _tokens(self, job: Job) -> list[int]:
         try:

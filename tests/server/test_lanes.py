@@ -535,3 +535,55 @@ def test_lanes_of_a_recurrent_target_draft_within_its_snapshots_and_give_greedy_
         assert out[i] == greedy_reference(bigram_logits, prompts[i], 40), f"lane {i}"
         assert lane.backend.n_checkpoint_rollbacks == 0 and lane.backend.n_poisoned == 0, f"lane {i}"
         assert lane.backend.n_decode_calls < 30  # it speculated: plain decoding takes a pass per token
+
+
+def _prefills(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig, got: list[int], seen: list):
+    """`_program` that also keeps the engine's Prefill records in `seen`."""
+    from specdec_cli.core.records import Prefill
+
+    steps, answer = engine.steps(prompt, config), None
+    while True:
+        try:
+            item = steps.send(answer)
+        except StopIteration:
+            return
+        answer = None
+        if isinstance(item, Rows):
+            answer = yield item
+        elif isinstance(item, Step):
+            got += item.emitted
+        elif isinstance(item, Prefill):
+            seen.append(item)
+
+
+@pytest.mark.parametrize("same_client", [True, False])
+def test_a_prompt_prefix_another_slot_of_its_client_read_is_copied_not_read_again(same_client):
+    """Three chats at once with a 40-token system prompt in common, on a CPU's curve (prompts read one at a time):
+    the second and third copy the common prefix from a slot that read it (`copy_prefix`) and evaluate only their own
+    rows, each reply its greedy one, its Prefill counting only the rows it evaluated. Slots of two clients
+    (`Slot.scope`) copy nothing from each other."""
+    from specdec_cli.models.llama import COPY_MIN
+
+    common = [int(x) for x in np.random.default_rng(3).integers(2, 30, 40)]
+    assert len(common) >= COPY_MIN
+    prompts = [common + tail for tail in ([40, 41, 42], [43, 44], [45, 46, 47, 48])]
+    backend = FakeBackend(hashed_logits, n_ctx=256, n_batch=64)
+    sched, engines = _engines(backend, 3, curve=_curve(lambda b: 50.0 + 10.0 * b))
+    for slot in sched.slots:
+        slot.scope = "a" if same_client or slot.index == 0 else f"client {slot.index}"
+    config = GenerationConfig(max_tokens=20)
+    out, seen = {}, {}
+    for i in range(3):
+        out[i], seen[i] = [], []
+        sched.start(sched.slots[i], _prefills(engines[i], prompts[i], config, out[i], seen[i]), Priority(BATCH, seq=i))
+    while sched.busy:
+        sched.step()
+    for i in range(3):
+        assert out[i] == greedy_reference(hashed_logits, prompts[i], 20), f"lane {i}"
+    copies = backend.__dict__.get("copies", [])
+    if not same_client:
+        assert copies == [] and [s[0].n_evaluated for s in seen.values()] == [len(p) - 1 for p in prompts]
+        return
+    assert copies == [(0, 1, 40), (0, 2, 40)]
+    assert backend.passes[:3] == [((0, 42),), ((1, 1),), ((2, 3),)]  # each prompt's own rows only
+    assert [s[0].n_evaluated for s in seen.values()] == [42, 1, 3]

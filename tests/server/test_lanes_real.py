@@ -118,6 +118,37 @@ def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path, mo
     solo.close()
 
 
+def test_a_prompt_prefix_copied_from_another_lane_gives_that_lanes_logits_bit_for_bit(smollm2_path, gemma_path):
+    """`copy_prefix`: a lane holding the first tokens of a prompt whose first 40 another lane holds gets those cells
+    copied (the peer's KV stream, truncated), and its next rows' logits are the peer's own on the same rows, exactly;
+    the peer is unchanged. Fewer than COPY_MIN rows more, or a sliding-window target (Gemma 3), copy nothing."""
+    from specdec_cli.models.llama import COPY_MIN
+
+    backend = LlamaBackend(smollm2_path, n_ctx=512, n_lanes=3)
+    lanes = [backend.lane(i) for i in range(3)]
+    words = _tokens(backend, PROMPTS[0] + " " + PROMPTS[2])
+    common, mine, theirs = words[:40], words[40:46], words[46:52]
+    lanes[0].decode(np.asarray(common + theirs, np.int32))
+    lanes[1].decode(np.asarray(common[:4], np.int32))
+    assert lanes[1].copy_prefix(np.asarray(common[4:] + mine, np.int32), lanes) == 36
+    assert list(lanes[1].tokens) == common and list(lanes[0].tokens) == common + theirs
+    got = lanes[1].decode(np.asarray(mine, np.int32), n_logits=len(mine)).copy()
+    lanes[0].truncate(40)
+    want = lanes[0].decode(np.asarray(mine, np.int32), n_logits=len(mine))
+    assert np.array_equal(got, want)
+    lanes[2].decode(np.asarray(common[: 40 - COPY_MIN + 1], np.int32))
+    # lanes 0 and 1 both hold common + mine now: 31 rows more of common + theirs
+    assert lanes[2].copy_prefix(np.asarray(common[40 - COPY_MIN + 1 :] + theirs, np.int32), lanes) == 0
+    assert len(lanes[2].tokens) == 40 - COPY_MIN + 1
+    backend.close()
+    gemma = LlamaBackend(gemma_path, n_ctx=512, n_lanes=2)
+    pair = [gemma.lane(0), gemma.lane(1)]
+    pair[0].decode(np.asarray(gemma.tokenize(" ".join(PROMPTS * 2))[:48], np.int32))
+    assert len(pair[0].tokens) == 48
+    assert pair[1].copy_prefix(pair[0].tokens, pair) == 0 and len(pair[1].tokens) == 0
+    gemma.close()
+
+
 @pytest.mark.parametrize("parts", [1, 2], ids=["one-part", "unequal-parts"])
 def test_an_interrupted_pass_leaves_every_lanes_kv_as_before(smollm2_path, parts):
     """`LlamaBackend.interrupt` (llama.cpp's abort callback) stops a pass: it raises PassInterrupted, every lane of
