@@ -1412,16 +1412,18 @@ def stream_gain(
     chats: list[list[dict]],
     threads: int,
     rows: tuple[int, ...] = (1, 2, 4, 8, 16),
-    repeats: int = 3,
+    repeats: int = 7,
     n_ctx: int = 4096,
 ) -> dict:
     """The most one pass shared by len(`chats`) KV streams saves over their passes apart, measured on this machine:
     lanes of one context as `specdec serve --parallel` makes them (`n_ctx` tokens each, flash attention as it
     chooses), each holding one chat's prompt (in a shared pass every stream's attention spans the deepest stream's
     cells, which the verify curve, timed on one sequence, does not show); for each r in `rows`, r rows on every lane
-    in one `decode_many` (one llama_decode) against a `decode` per lane, interleaved, `repeats` times, each lane
-    rolled back after each. Returns {"gain": the largest median(apart) / median(shared) over `rows`, "rows": {r:
-    [apart ms, shared ms]}, "depths": each lane's prompt tokens}."""
+    in one `decode_many` (one llama_decode) against a `decode` per lane, back to back in alternating order, `repeats`
+    times, each lane rolled back after each. A ratio is taken within each repeat (the two timings seconds apart: a
+    host whose speed drifts over minutes moves both) and its median over the repeats kept. Returns {"gain": the
+    largest of those medians over `rows`, "ratios": {r: median(apart / shared)}, "rows": {r: [median apart ms,
+    median shared ms]}, "depths": each lane's prompt tokens}."""
     import numpy as np
 
     from specdec_cli.models.llama import LlamaBackend
@@ -1453,7 +1455,9 @@ def stream_gain(
     finally:
         b.close()
     med = {r: [statistics.median(times[(r, "apart")]), statistics.median(times[(r, "shared")])] for r in rows}
-    return {"gain": max(a / s for a, s in med.values()), "rows": med, "depths": depths}
+    pair = lambda r: zip(times[(r, "apart")], times[(r, "shared")], strict=True)  # noqa: E731
+    ratios = {r: statistics.median(a / s for a, s in pair(r)) for r in rows}
+    return {"gain": max(ratios.values()), "ratios": ratios, "rows": med, "depths": depths}
 
 
 def ceiling(serial: dict, gain: float) -> float:
@@ -1539,7 +1543,7 @@ def chats_table(
         out.append(f"| at once / that ceiling | {spread([x / t for x, t in zip(ratio, top, strict=False)])} | |")
     if measured is not None:
         top = [ceiling(r["serial"], measured["gain"]) for r in reps]
-        per = ", ".join(f"{r} rows {a / sh:.2f}x" for r, (a, sh) in measured["rows"].items())
+        per = ", ".join(f"{r} rows {x:.2f}x" for r, x in measured["ratios"].items())
         out.append(
             f"| ceiling here, passes shared by 4 KV streams as timed | {spread(top)} | decoding at once at most "
             f"{measured['gain']:.2f}x as fast: a pass of r rows on each of 4 lanes holding the prompts against 4 "

@@ -60,7 +60,8 @@ def test_the_ceiling_of_chats_at_once_comes_from_the_prefills_and_the_verify_cur
         "specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None, gain=2.0
     )
     assert "| ceiling of at once / one after another here | 1.17 |" in table
-    measured = {"gain": 1.25, "rows": {1: [300.0, 240.0], 16: [2400.0, 2300.0]}, "depths": [600, 800]}
+    rows = {1: [300.0, 240.0], 16: [2400.0, 2300.0]}
+    measured = {"gain": 1.25, "ratios": {1: 1.25, 16: 1.04}, "rows": rows, "depths": [600, 800]}
     table = bc.chats_table(
         "specdec", [{"serial": serial, "together": serial, "same": ["equal", "equal"]}], None, 2.0, measured
     )
@@ -223,4 +224,5 @@ def test_stream_gain_times_shared_passes_against_passes_apart_on_lanes_holding_t
     got = bc.stream_gain(smollm2_path, chats, threads=1, rows=(1, 4), repeats=1, n_ctx=512)
     assert got["depths"][1] > got["depths"][0] > 20  # each lane held its own prompt
     assert set(got["rows"]) == {1, 4} and all(a > 0 and s > 0 for a, s in got["rows"].values())
-    assert got["gain"] == max(a / s for a, s in got["rows"].values())
+    assert set(got["ratios"]) == {1, 4} and got["gain"] == max(got["ratios"].values())
+    assert got["ratios"][4] == pytest.approx(got["rows"][4][0] / got["rows"][4][1])  # one repeat: its own ratio
