@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeBackend, greedy_reference, hashed_logits
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
-from specdec_cli.core.records import Step
+from specdec_cli.core.records import Prefill, Step
 from specdec_cli.core.sampling import SamplingParams
 from specdec_cli.core.verify_curve import VerifyCurve
 from specdec_cli.drafters.ngram import NgramDrafter
@@ -40,9 +40,10 @@ def _program(
     config: GenerationConfig,
     got: list[int],
     stop_after: int | None = None,
+    prefills: list | None = None,
 ):
-    """The engine's steps as a scheduler program: its rows go out, its emitted tokens into `got`; it stops (as a
-    client that went away) once it has `stop_after` tokens."""
+    """The engine's steps as a scheduler program: its rows go out, its emitted tokens into `got` (its Prefill records
+    into `prefills`); it stops (as a client that went away) once it has `stop_after` tokens."""
     steps = engine.steps(prompt, config)
     answer = None
     try:
@@ -54,6 +55,8 @@ def _program(
             answer = None
             if isinstance(item, Rows):
                 answer = yield item
+            elif isinstance(item, Prefill) and prefills is not None:
+                prefills.append(item)
             elif isinstance(item, Step):
                 got += item.emitted
                 if stop_after is not None and len(got) >= stop_after:
@@ -537,25 +540,6 @@ def test_lanes_of_a_recurrent_target_draft_within_its_snapshots_and_give_greedy_
         assert lane.backend.n_decode_calls < 30  # it speculated: plain decoding takes a pass per token
 
 
-def _prefills(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig, got: list[int], seen: list):
-    """`_program` that also keeps the engine's Prefill records in `seen`."""
-    from specdec_cli.core.records import Prefill
-
-    steps, answer = engine.steps(prompt, config), None
-    while True:
-        try:
-            item = steps.send(answer)
-        except StopIteration:
-            return
-        answer = None
-        if isinstance(item, Rows):
-            answer = yield item
-        elif isinstance(item, Step):
-            got += item.emitted
-        elif isinstance(item, Prefill):
-            seen.append(item)
-
-
 @pytest.mark.parametrize("same_client", [True, False])
 def test_a_prompt_prefix_another_slot_of_its_client_read_is_copied_not_read_again(same_client):
     """Three chats at once with a 40-token system prompt in common, on a CPU's curve (prompts read one at a time):
@@ -575,7 +559,8 @@ def test_a_prompt_prefix_another_slot_of_its_client_read_is_copied_not_read_agai
     out, seen = {}, {}
     for i in range(3):
         out[i], seen[i] = [], []
-        sched.start(sched.slots[i], _prefills(engines[i], prompts[i], config, out[i], seen[i]), Priority(BATCH, seq=i))
+        program = _program(engines[i], prompts[i], config, out[i], prefills=seen[i])
+        sched.start(sched.slots[i], program, Priority(BATCH, seq=i))
     while sched.busy:
         sched.step()
     for i in range(3):
