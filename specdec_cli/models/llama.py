@@ -721,7 +721,8 @@ class LlamaBackend(RecurrentGuard):
         that follow this lane's) that one of `peers` (other lanes of this context) holds after the same tokens: a
         prompt prefix a sibling lane already read (a shared system prompt), as llama-server's slots reuse each
         other's cached prompts. llama.cpp copies only whole KV streams (`llama_memory_seq_cp` across streams, run at
-        the next `llama_decode`), so the peer's stream is copied and this lane's cells past the prefix removed.
+        the next `llama_decode`), so the peer's stream is copied and this lane's cells past the prefix removed; a
+        state read of this lane (`snapshot`, `save_state`) holds the copy only after that next pass.
 
         Returns the rows copied (this lane's tokens grew by as many; the cells are the peer's, bit for bit): 0 when
         no peer holds COPY_MIN more, for a recurrent, hybrid or sliding-window target (whose cells a truncated copy

@@ -178,8 +178,8 @@ class Scheduler:
         if not self._subs:
             return False
         parts = self._compose()
-        checks = [(s, s.slot.check) for s, _ in parts if s.done and s.slot.check is not None]
-        for sub, check in checks:  # between a prefill's pieces
+        checks = [(s, s.slot.check) for s, _ in parts if s.done > s.copied and s.slot.check is not None]
+        for sub, check in checks:  # between a prefill's pieces (after its first pass: it runs a copy, `copy_prefix`)
             try:
                 check()
             except BaseException as e:  # noqa: BLE001 (its program's to handle)

@@ -4,6 +4,8 @@ Each test drives `Scheduler.step` itself, so when a request arrives is a pass co
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -556,11 +558,11 @@ def test_a_prompt_prefix_another_slot_of_its_client_read_is_copied_not_read_agai
     for slot in sched.slots:
         slot.scope = "a" if same_client or slot.index == 0 else f"client {slot.index}"
     config = GenerationConfig(max_tokens=20)
-    out, seen = {}, {}
+    out, seen, checked = {}, {}, []
     for i in range(3):
         out[i], seen[i] = [], []
         program = _program(engines[i], prompts[i], config, out[i], prefills=seen[i])
-        sched.start(sched.slots[i], program, Priority(BATCH, seq=i))
+        sched.start(sched.slots[i], program, Priority(BATCH, seq=i), check=partial(checked.append, i))
     while sched.busy:
         sched.step()
     for i in range(3):
@@ -572,3 +574,6 @@ def test_a_prompt_prefix_another_slot_of_its_client_read_is_copied_not_read_agai
     assert copies == [(0, 1, 40), (0, 2, 40)]
     assert backend.passes[:3] == [((0, 42),), ((1, 1),), ((2, 3),)]  # each prompt's own rows only
     assert [s[0].n_evaluated for s in seen.values()] == [42, 1, 3]
+    # a prefill whose rows so far were copied is not checked before its pass: llama.cpp runs the copy at the start of
+    # the next llama_decode, and a state read before that (a parked or saved one) would hold the cells uncopied
+    assert checked == []
