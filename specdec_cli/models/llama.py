@@ -51,7 +51,7 @@ from specdec_cli.errors import (
     ToolsUnsupportedError,
     UsageError,
 )
-from specdec_cli.models.backend import FimTokens, VocabInfo
+from specdec_cli.models.backend import FimTokens, VocabInfo, common_prefix
 from specdec_cli.models.host import flash_attn_switch  # noqa: F401  (re-exported: what `PHASED` needs)
 from specdec_cli.models.host import set_flash_attn_fn as _set_flash_attn_fn
 from specdec_cli.models.rollback import (
@@ -520,8 +520,6 @@ class LlamaBackend(RecurrentGuard):
 
         Raises ValueError (more than one batch), ContextOverflowError, DecodeError (the cache is left as before).
         """
-        from specdec_cli.models.backend import common_prefix
-
         if not self._branches:
             raise NotImplementedError(f"{Path(self.path).name} cannot branch its KV cache")
         self._drop_branch()
@@ -730,8 +728,6 @@ class LlamaBackend(RecurrentGuard):
         then empty)."""
         if self.kind != TRANSFORMER or self.on_hidden is not None or llama_cpp.llama_model_n_swa(self._model) > 0:
             return 0
-        from specdec_cli.models.backend import common_prefix
-
         want = np.concatenate([self.tokens, np.asarray(rows, dtype=np.int32)])
         best, src = self._n + COPY_MIN - 1, None
         for lane in peers:
