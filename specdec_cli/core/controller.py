@@ -103,6 +103,12 @@ class KController(Protocol):
         from the drafts and past steps only, never from the target's logits. Default: none."""
         return None
 
+    def expected(self, draft: Draft) -> np.ndarray | None:
+        """E[tokens] of the step that verifies `draft` cut to its first j tokens, j = 0..len(draft): float64
+        [len(draft) + 1] (`cost_model.expected_tokens`), so that a server may cut it to meet other sequences' passes
+        (`cost_model.meet`). Default: None (no estimate: never cut)."""
+        return None
+
     def observe_prefill(self, n_evaluated: int, ms: float, n_batch: int) -> None:
         """Learn from a prefill of `n_evaluated` tokens that took `ms` milliseconds (chunks of <= n_batch)."""
 
@@ -427,6 +433,14 @@ class AdaptiveK(KController):
             if rates[j] > best_rate:
                 best_rate, best = float(rates[j]), cut(alt, c + j + 1)
         return best
+
+    def expected(self, draft: Draft) -> np.ndarray | None:
+        """E[tokens] by how much of a lookup draft with evidence is verified, from `_accept`: float64 [len(draft) +
+        1]; None for a draft without evidence (a draft model's) or longer than `k_max` (see `KController`)."""
+        n = len(draft)
+        if n == 0 or draft.match_len <= 0 or n > self.model.k_max:
+            return None
+        return expected_tokens(self._accept(draft, n))
 
     def _accept(self, draft: Draft, n: int) -> np.ndarray:
         """a_i of a lookup draft's first n tokens (n <= k_max). With a measured curve: what the run model says of

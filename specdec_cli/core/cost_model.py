@@ -21,6 +21,8 @@ from specdec_cli.core.records import Source
 from specdec_cli.core.verify_curve import DRIFT, WATCH_CONTEXT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from specdec_cli.core.records import Step
     from specdec_cli.core.verify_curve import VerifyCurve
 
@@ -70,6 +72,39 @@ def best_k(rates: np.ndarray, margin: float = MARGIN) -> int:
     """argmax of rates [k_max + 1] (tokens/s by K), but 0 unless the best K > 0 beats K = 0 by `margin`."""
     k = int(np.argmax(rates))
     return k if k > 0 and rates[k] > (1.0 + margin) * rates[0] else 0
+
+
+def meet(
+    steps: Sequence[tuple[int, np.ndarray | None, int]], predict: Callable[[int, int], float], margin: float = MARGIN
+) -> list[int]:
+    """Rows to evaluate of each of several sequences' verify steps in one pass (the server's slots, each K chosen
+    alone): steps of one row count share a call over KV streams (one read of the weights), every other count is a
+    call of its own (`LlamaBackend.decode_many`), so steps whose K differs pay a pass each. Returns the rows that
+    give the most expected tokens per ms: each step that can be cut (an estimate given) cut to a common count where
+    that makes fewer calls, or all kept whole, a cut taken only when it beats that by `margin`. Cutting a draft is
+    lossless.
+
+    steps: per verify step (its rows, K + 1; float [rows] E[tokens] when only its first j + 1 rows are evaluated,
+    `KController.expected`, or None: never cut; tokens in its sequence's cache). predict(b, depth): ms of one call
+    over b rows whose deepest sequence holds `depth` tokens (a shared call's attention spans its deepest stream's
+    cells: `VerifyCurve.predict`). Returns int [len(steps)], each 1..its rows.
+    """
+
+    def rate(plan: list[int]) -> float:
+        calls: dict[int, tuple[int, int]] = {}  # row count -> (rows of the call, its deepest sequence)
+        for r, (_, _, depth) in zip(plan, steps, strict=True):
+            b, deep = calls.get(r, (0, 0))
+            calls[r] = (b + r, max(deep, depth))
+        tokens = sum(float(e[r - 1]) if e is not None else float(r) for r, (_, e, _) in zip(plan, steps, strict=True))
+        return tokens / sum(predict(b, deep) for b, deep in calls.values())
+
+    whole = [r for r, _, _ in steps]
+    best, best_rate = whole, (1.0 + margin) * rate(whole)
+    for cap in range(max(whole) - 1, 0, -1):
+        plan = [min(r, cap) if e is not None else r for r, e, _ in steps]
+        if len(set(plan)) < len(set(whole)) and (x := rate(plan)) > best_rate:  # fewer calls: K itself is not redone
+            best, best_rate = plan, x
+    return best
 
 
 # --------------------------------------------------------------------------------------------------------------

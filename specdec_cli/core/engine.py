@@ -94,16 +94,20 @@ class Rows:
     """One sequence's rows for the target's next pass, which `SpeculativeEngine.steps` yields and is answered with
     their logits: a prefill (`n_logits` 0: the answer is None, or how many of its first rows the server's scheduler
     copied from another sequence's cells, `LlamaBackend.copy_prefix`) or a verify batch (logits of its last `n_logits`
-    rows, float32 [n_logits, V]; with `branch`, `Backend.decode_branches`' rows instead).
+    rows, float32 [n_logits, V]; with `branch`, `Backend.decode_branches`' rows instead). A verify batch with
+    `expected` may be answered with the logits of its first rows only: its draft is then cut there.
 
     Attributes:
         tokens: int32 [m] appended to the sequence's KV cache. n_logits: rows at the end that want logits.
         branch: int32 a second branch's tokens (`Backend.decode_branches`), or None.
+        expected: float64 [m] E[tokens] when only a verify batch's first j + 1 rows are evaluated
+            (`KController.expected`; the server's `cost_model.meet` reads it), or None: evaluate every row.
     """
 
     tokens: np.ndarray
     n_logits: int = 0
     branch: np.ndarray | None = None
+    expected: np.ndarray | None = None
 
     def evaluate(self, target: Backend, interrupt: Callable[[], None] | None = None) -> np.ndarray | None:
         """Run these rows on `target` alone (the one-sequence case, `SpeculativeEngine.generate`): a prefill in
@@ -255,11 +259,16 @@ class SpeculativeEngine:
                 # 3. verify: one forward pass over [last committed, d_1..d_k] (and alt's tokens), logits for every row
                 batch = np.concatenate((ctx[n - 1 : n], d))
                 if alt is None:
-                    logits = yield Rows(batch, len(batch))  # float32 [k + 1, V] view
+                    # (beside other sequences, what a shorter pass would yield: the server may cut it to meet theirs)
+                    expected = self.sequence.expected(draft) if self.passes is not None and len(d) else None
+                    logits = yield Rows(batch, len(batch), expected=expected)  # float32 [k + 1, V] view
                 else:
                     logits = yield Rows(batch, len(batch), alt.tokens)  # float32 [k + 1 + alt's own tokens, V]
                 t_verify = self.clock()
                 assert isinstance(logits, np.ndarray)  # a verify pass is answered with its rows' logits
+                if len(logits) < len(batch):  # its first rows only (`Rows.expected`): the draft is cut there
+                    draft = cut(draft, len(logits) - 1)
+                    d = draft.tokens
                 # 4. accept, under the grammar's mask of each row when there is one: masks int32 [k + 1, V/32]
                 masks = grammar.masks(d) if grammar is not None else None
                 won = 0  # the branch the target followed further: 1 = alt, which then becomes the draft

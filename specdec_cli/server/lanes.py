@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_cli.core.controller import flat
+from specdec_cli.core.cost_model import meet
 from specdec_cli.errors import PassInterrupted
 
 if TYPE_CHECKING:
@@ -48,12 +49,13 @@ class Priority:
 @dataclass
 class _Sub:
     """A slot's rows waiting for a pass: `tokens` int32 [m] of which `done` are evaluated (a prefill's in chunks, its
-    first `copied` copied from another slot), `n_logits` at the end want logits; `branch`: a second branch's."""
+    first `copied` copied from another slot), `n_logits` at the end want logits; `branch`, `expected`: `Rows`'."""
 
     slot: Slot
     tokens: np.ndarray
     n_logits: int
     branch: np.ndarray | None = None
+    expected: np.ndarray | None = None
     done: int = 0
     copied: int = 0
 
@@ -122,6 +124,7 @@ class Scheduler:
         self.backend = backend
         self.slots = [Slot(self, backend.lane(i) if n_slots > 1 else backend, i) for i in range(n_slots)]
         self.curve, self.clock = curve, clock
+        self.interruptible = bool(getattr(backend, "interruptible", False))  # it can stop a pass under way
         self.piece_s, self.quiet_s, self.share = piece_s, quiet_s, share
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
         self._owed_ms = 0.0  # time owed to long requests while interactive slots run (negative: ahead)
@@ -211,18 +214,13 @@ class Scheduler:
         if slot.priority.cls == INTERACTIVE and all(self.slots[i].priority.cls != INTERACTIVE for i in self._active):
             self._lent_ms, self._due = 0.0, bool(self._active)  # counted again from here, the time between runs too
         self._subs.pop(slot.index, None)
-        slot.program = slot.check = slot.answer = None
-        slot.shared_rows = 0
+        slot.program, slot.check, slot.answer, slot.shared_rows = None, None, None, 0
 
     # -- what the slots read ---------------------------------------------------------------------------------------
-    @property
-    def interruptible(self) -> bool:
-        """The backend can stop a pass under way (`LlamaBackend.interrupt`)."""
-        return bool(getattr(self.backend, "interruptible", False))
-
-    def _v(self, b: int) -> float:
-        """v(b): ms of a pass over b rows, from the measured curve (or the affine guess without one)."""
-        return self.curve.at(b) if self.curve is not None else 1.0 + 0.1 * (b - 1)
+    def _v(self, b: int, depth: int | None = None) -> float:
+        """v(b): ms of a pass over b rows (after `depth` tokens of context: `VerifyCurve.predict`), from the measured
+        curve (or the affine guess without one, at every depth)."""
+        return self.curve.predict(b, depth or self.curve.context) if self.curve is not None else 1.0 + 0.1 * (b - 1)
 
     # -- a pass -------------------------------------------------------------------------------------------------------
     def _pass(self, parts: list[tuple[_Sub, int]]) -> None:
@@ -242,11 +240,8 @@ class Scheduler:
                     (s.slot.backend, s.tokens[s.done : s.done + m], s.n_logits if s.done + m == len(s.tokens) else 0)
                     for s, m in parts
                 ]
-                results = (
-                    [pieces[0][0].decode(pieces[0][1], pieces[0][2])]
-                    if len(self.slots) == 1
-                    else self.backend.decode_many(pieces)
-                )
+                one = len(self.slots) == 1  # (then the target itself, whose `decode` it calls)
+                results = [pieces[0][0].decode(*pieces[0][1:])] if one else self.backend.decode_many(pieces)
         except BaseException as e:  # noqa: BLE001 (thrown into every program of the pass)
             error, results = e, [None] * len(parts)
         ms = (self.clock() - t0) * 1e3
@@ -305,9 +300,10 @@ class Scheduler:
 
     def _compose(self) -> list[tuple[_Sub, int]]:
         """(sub, rows it gets) for the next pass, in priority order within `n_batch` rows: a second branch alone; every
-        decoding slot's whole verify step, then prefill pieces (one interactive prompt at a time). Interactive slots'
-        rows never share a pass with the others' (llama.cpp would run them as ubatches of their own, each paying the
-        weights' read): the others get a pass once they are owed as much as it costs (`_account`)."""
+        decoding slot's verify step (steps of unequal rows pay a call each: cut to a common count where that pays,
+        `cost_model.meet`), then prefill pieces (one interactive prompt at a time). Interactive slots' rows never
+        share a pass with the others' (llama.cpp would run them as ubatches of their own, each paying the weights'
+        read): the others get a pass once they are owed as much as it costs (`_account`)."""
         subs = sorted(self._subs.values(), key=lambda s: s.slot.priority)
         branch = next((s for s in subs if s.branch is not None), None)
         if branch is not None:
@@ -335,6 +331,10 @@ class Scheduler:
         # an interactive slot alone among the interactive ones reads its prompt in whole batches: nothing waits
         # behind it that a piece would let in sooner, and a CPU reads a whole batch cheaper per row than a piece
         alone = sum(1 for x in self.slots if x.index in self._active and x.priority.cls == INTERACTIVE) <= 1
+        if len(verify := [s for s in subs if s.n_logits == len(s.tokens) and s.branch is None]) > 1:
+            plan = meet([(len(s.tokens), s.expected, len(s.slot.backend.tokens)) for s in verify], self._v)
+            for s, r in zip(verify, plan, strict=True):
+                s.tokens, s.n_logits = s.tokens[:r], r
         parts: list[tuple[_Sub, int]] = []
         for s in subs:  # whole steps first: the rows that want logits, with whatever prefill precedes them
             if s.splittable == 0 and s.left <= budget:
@@ -390,4 +390,4 @@ def _sub(slot: Slot, rows: Rows) -> _Sub:
     """`rows` as waiting rows of `slot`: a verify pass with a second branch wants logits for every row."""
     tokens = np.asarray(rows.tokens, dtype=np.int32)
     branch = None if rows.branch is None else np.asarray(rows.branch, dtype=np.int32)
-    return _Sub(slot, tokens, len(tokens) if branch is not None else rows.n_logits, branch)
+    return _Sub(slot, tokens, len(tokens) if branch is not None else rows.n_logits, branch, rows.expected)

@@ -241,9 +241,7 @@ class Worker:
                     break
                 job = min(waiting, key=lambda j: j.priority)
                 if job.prompt is None:
-                    job.prompt = (
-                        list(job.request.prompt_ids) if job.request.prompt_ids is not None else self._tokens(job)
-                    )
+                    job.prompt = self._tokens(job)
                 job.lane = self._place(min(free, key=lambda i: self._used[i]), job)
                 if job.lane in self._running:  # held for the finishing slot that holds its prefix
                     continue
@@ -255,6 +253,8 @@ class Worker:
             self.scheduler.start(slot, self._generate(job, job.lane), job.priority, check=check)
 
     def _tokens(self, job: Job) -> list[int]:
+        if job.request.prompt_ids is not None:
+            return list(job.request.prompt_ids)
         try:
             return self.service.prompt_tokens(job.request)
         except Exception:  # noqa: BLE001 (its program reports it: `Job.run` tokenizes again)

@@ -14,7 +14,8 @@ import pytest
 
 from fakes import DRAFT_MODEL_MS, cpu, gpu, lookup_draft, step
 from specdec_cli.core.controller import AdaptiveK, FixedK
-from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens
+from specdec_cli.core.cost_model import CostPrior, best_k, expected_ms, expected_tokens, meet
+from specdec_cli.core.draft import Draft
 from specdec_cli.errors import UsageError
 from specdec_cli.spec import K, SpecOptions, k_values, parse_k
 
@@ -357,7 +358,6 @@ def test_a_buckets_draft_length_grows_only_with_verified_positions() -> None:
 
 
 def test_trim_keeps_drafts_without_evidence_and_never_exceeds_the_draft() -> None:
-    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     model_draft = Draft(tokens=np.arange(5, dtype=np.int32), source="draft")
@@ -423,7 +423,6 @@ def test_a_bumpy_verify_curve_does_not_trap_k_below_drafts_that_are_always_right
 
 
 def test_a_branch_in_the_draft_caps_k_where_past_continuations_part_ways() -> None:
-    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     ctrl.observe(step(0, 0, 0, 0.0, cpu(1)))
@@ -482,7 +481,6 @@ def test_a_lookup_step_is_not_counted_as_the_draft_models_probe() -> None:
     whatever the lookup drafts do. The bug: a probe started in `choose` was taken over by a winning lookup draft, and
     `observe` counted that lookup step as the probe's outcome (a paying one), so the probes came every few steps
     (90 model steps of the last 400 before the fix)."""
-    from specdec_cli.core.draft import Draft
 
     ctrl = AdaptiveK()
     rng = np.random.default_rng(0)
@@ -509,3 +507,43 @@ def test_a_lookup_step_is_not_counted_as_the_draft_models_probe() -> None:
             ctrl.observe(replace(step(0, 0, 0, 0.05, flat), match_len=draft.match_len if draft is not None else 0))
     late = [i for i in model_steps if i >= 400]
     assert 1 <= len(late) <= 16, late  # probes backed off, not one every few steps
+
+
+def _calls(fixed: float, per_row: float, per_row_per_1k: float = 0.0):
+    """predict(b, depth) for `meet`: a call's fixed cost (the weights' read), its rows', and its rows' attention over
+    its deepest sequence's cells."""
+    return lambda b, depth: fixed + per_row * b + per_row_per_1k * b * depth / 1000.0
+
+
+def _e(rows: int, a: float = 0.9) -> np.ndarray:
+    return expected_tokens(np.full(rows - 1, a))  # [rows]
+
+
+def test_meet_cuts_steps_of_unequal_rows_to_one_count_where_one_call_pays():
+    """Four lanes' steps of 13-19 rows pay four calls; on a CPU's steep curve with a call's fixed cost, one call over
+    them cut to a common count yields more tokens per ms (each cut lossless)."""
+    steps = [(r, _e(r), 600) for r in (13, 19, 15, 17)]
+    plan = meet(steps, _calls(80.0, 12.0))
+    assert len(set(plan)) == 1 and plan[0] <= 13
+    assert meet(steps, _calls(50.0, 0.1)) == [13] * 4  # a GPU's flat curve: one call costs what one step does
+
+
+def test_meet_never_cuts_a_step_without_an_estimate_nor_a_deep_draft_to_a_plain_step():
+    assert meet([(13, None, 600), (19, None, 600)], _calls(80.0, 12.0)) == [13, 19]
+    assert meet([(1, None, 600), (13, _e(13), 600)], _calls(80.0, 12.0)) == [1, 13]
+
+
+def test_meet_prices_a_shared_call_at_its_deepest_sequence():
+    """A shared call's attention spans its deepest stream's cells: a shallow lane's step joins a deep one's only where
+    attention is cheap."""
+    steps = [(5, _e(5), 100), (9, _e(9), 8000)]
+    assert meet(steps, _calls(80.0, 12.0)) == [5, 5]
+    assert meet(steps, _calls(80.0, 12.0, per_row_per_1k=10.0)) == [5, 9]
+
+
+def test_expected_tokens_of_a_lookup_draft_by_how_much_of_it_is_verified():
+    ctrl = AdaptiveK(curve=None)
+    e = ctrl.expected(lookup_draft(8, 6))
+    assert e is not None and e.shape == (7,) and e[0] == 1.0 and np.all(np.diff(e) > 0)
+    assert ctrl.expected(Draft(tokens=np.arange(4, dtype=np.int32))) is None  # a draft model's: no estimate
+    assert FixedK(8).expected(lookup_draft(8, 6)) is None

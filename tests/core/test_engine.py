@@ -10,7 +10,7 @@ import pytest
 from fakes import CHARS, EOS, Clock, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft, DrafterBase
-from specdec_cli.core.engine import GenerationConfig, SpeculativeEngine
+from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
 from specdec_cli.core.records import ACCEPTED, REJECTED, TARGET, Finish, FinishReason, Prefill, Source, Step
 from specdec_cli.core.stats import summarize
 from specdec_cli.drafters.model import ModelDrafter
@@ -307,6 +307,40 @@ def test_ngram_drafter_on_a_repetitive_target_accepts_long_drafts():
             late.append(s)
         pos += len(s.emitted)
     assert len(late) >= 4 and all(s.n_accepted == len(s.drafted) == 8 for s in late[:-1])
+
+
+class _Estimating(FixedK):
+    """FixedK whose drafts carry an estimate (each token right 9 times in 10): a server may cut them."""
+
+    def expected(self, draft):
+        return np.concatenate(([1.0], 1.0 + np.cumsum(0.9 ** np.arange(1, len(draft) + 1))))
+
+
+def test_a_verify_batch_answered_with_its_first_rows_only_cuts_the_draft_there():
+    """Beside other sequences a server may evaluate a verify batch's first rows only (`Rows.expected`): the step
+    verifies the draft cut there, the cache holds only what was committed, the output stays greedy."""
+    backend, prompt = FakeBackend(bigram_logits), [2, 3, 4]
+    engine = SpeculativeEngine(backend, NgramDrafter(1, 3), _Estimating(8))
+    engine.passes = backend  # (as the server's slot: `SpeculativeEngine.passes`)
+    gen, answer, steps, cut = engine.steps(prompt, GenerationConfig(max_tokens=80)), None, [], 0
+    while True:
+        try:
+            item = gen.send(answer)
+        except StopIteration:
+            break
+        answer = None
+        if isinstance(item, Rows) and item.n_logits > 3:
+            assert item.expected is not None and len(item.expected) == len(item.tokens)
+            cut += 1
+            answer = backend.decode(item.tokens[:3], n_logits=3)  # two drafts of it evaluated, as `meet` may cut
+        elif isinstance(item, Rows):
+            answer = item.evaluate(backend)
+        elif isinstance(item, Step):
+            steps.append(item)
+            if item.target_token is not None:  # (not cut by the token budget)
+                assert len(backend.tokens) == len(prompt) + sum(len(s.emitted) for s in steps) - 1
+    assert cut >= 4 and all(len(s.drafted) <= 2 for s in steps)
+    assert [t for s in steps for t in s.emitted] == greedy_reference(bigram_logits, prompt, 80)
 
 
 def test_the_controller_trims_lookup_drafts_and_the_steps_record_what_was_verified():

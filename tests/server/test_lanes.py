@@ -419,7 +419,7 @@ def test_who_may_interrupt_a_pass():
     assert sched._preemption([(chat, 600)]) is None  # its last rows want logits: it finishes
     sched._due = True  # the long requests are owed their pass: it is not interrupted, an interactive one's pass is
     assert Priority(INTERACTIVE, deadline=5.0, seq=9) < sched._preemption([(chat, 512)])
-    backend.interruptible = False
+    sched.interruptible = False  # a backend that cannot stop a pass (read from it as the scheduler is made)
     assert sched._preemption([(chat, 512)]) is None
 
 
@@ -484,6 +484,38 @@ def test_a_slot_whose_request_ended_is_free_at_once_while_another_reads_its_prom
 def _curve(cost) -> VerifyCurve:
     sizes = list(range(1, 129))
     return VerifyCurve(ms=tuple(float(cost(b)) for b in sizes))
+
+
+class _Estimating(FixedK):
+    """FixedK whose drafts carry an estimate (each token right 9 times in 10): the scheduler may cut them."""
+
+    def expected(self, draft):
+        return np.concatenate(([1.0], 1.0 + np.cumsum(0.9 ** np.arange(1, len(draft) + 1))))
+
+
+@pytest.mark.parametrize("estimates", [True, False])
+def test_steps_of_unequal_rows_are_cut_to_meet_in_one_call_each_reply_its_greedy_one(estimates):
+    """Three lanes with K 3, 6 and 9 on a curve where a call's fixed cost is dear: their verify steps (which
+    `decode_many` would run as a call per row count) are cut to one count per pass. Drafts without an estimate are
+    never cut."""
+
+    def markov(prefix):  # one favourite after each token: the outputs repeat and n-gram drafts run long
+        return hashed_logits(prefix[-1:])
+
+    backend = FakeBackend(markov, n_ctx=256, n_batch=64)
+    sched = Scheduler(backend, 3, curve=_curve(lambda b: 200.0 + 4.0 * b))
+    engines = []
+    for slot, k in zip(sched.slots, (3, 6, 9), strict=True):
+        engines.append(SpeculativeEngine(slot.backend, NgramDrafter(1, 3), (_Estimating if estimates else FixedK)(k)))
+        engines[-1].passes = slot
+    config = GenerationConfig(max_tokens=40)
+    out = _run(sched, [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)])
+    for i in range(3):
+        assert out[i] == greedy_reference(markov, PROMPTS[i], 40), f"lane {i}"
+    drafting = [p for p in backend.passes if len([m for _, m in p if m > 1]) > 1]  # passes of two drafts or more
+    assert drafting
+    unequal = [p for p in drafting if len({m for _, m in p if m > 1}) > 1]
+    assert (unequal == []) == estimates, unequal
 
 
 def test_a_lane_keeps_its_own_k_beside_others():
