@@ -76,7 +76,9 @@ interleaved repeats and their spread (min-max).
    another on this machine (`ceiling`: the prefills as long as one after another, decoding at once at most as much
    faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`; and again with what such a
    pass saves as timed after the cells on four KV streams holding the chats' prompts, `stream_gain`, whose
-   attention spans the deepest stream's cells); with `--llama-server PATH`,
+   attention spans the deepest stream's cells, at its best size, and as the most rows per ms shared over the most
+   apart, each at its own best size: what decoding at once gains when every draft is right); with
+   `--llama-server PATH`,
    the same on llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and
    specdec at once against it.
 
@@ -1411,7 +1413,7 @@ def stream_gain(
     model: Path,
     chats: list[list[dict]],
     threads: int,
-    rows: tuple[int, ...] = (1, 2, 4, 8, 16),
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
     repeats: int = 7,
     n_ctx: int = 4096,
 ) -> dict:
@@ -1423,7 +1425,11 @@ def stream_gain(
     times, each lane rolled back after each. A ratio is taken within each repeat (the two timings seconds apart: a
     host whose speed drifts over minutes moves both) and its median over the repeats kept. Returns {"gain": the
     largest of those medians over `rows`, "ratios": {r: median(apart / shared)}, "rows": {r: [median apart ms,
-    median shared ms]}, "depths": each lane's prompt tokens}."""
+    median shared ms]}, "depths": each lane's prompt tokens, "best": {"gain": the median over repeats of the most
+    rows per ms shared (any r) over the most apart (any r), "shared": r, "apart": r, where each is most by the
+    medians}}. The ratio at one r is largest where r rows are a dear size apart and 4 r a cheap one (on a CPU's
+    curve 8 rows against 32), a size a lane alone would not verify; the best against the best is what decoding at
+    once gains when every draft is right (a row is then a token)."""
     import numpy as np
 
     from specdec_cli.models.llama import LlamaBackend
@@ -1457,7 +1463,13 @@ def stream_gain(
     med = {r: [statistics.median(times[(r, "apart")]), statistics.median(times[(r, "shared")])] for r in rows}
     pair = lambda r: zip(times[(r, "apart")], times[(r, "shared")], strict=True)  # noqa: E731
     ratios = {r: statistics.median(a / s for a, s in pair(r)) for r in rows}
-    return {"gain": max(ratios.values()), "ratios": ratios, "rows": med, "depths": depths}
+    fast = lambda how, i: max(r / times[(r, how)][i] for r in rows)  # noqa: E731 (rows per ms in repeat i)
+    best = {
+        "gain": statistics.median(fast("shared", i) / fast("apart", i) for i in range(repeats)),
+        "shared": max(rows, key=lambda r: r / med[r][1]),
+        "apart": max(rows, key=lambda r: r / med[r][0]),
+    }
+    return {"gain": max(ratios.values()), "ratios": ratios, "rows": med, "depths": depths, "best": best}
 
 
 def ceiling(serial: dict, gain: float) -> float:
@@ -1513,7 +1525,8 @@ def chats_table(
 ) -> str:
     """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured; with `gain`,
     `sharing_gain`, the `ceiling` of at once / one after another on this machine from the verify curve; with
-    `measured`, `stream_gain`'s, the ceiling from passes shared by four KV streams as timed here)."""
+    `measured`, `stream_gain`'s, the ceiling from passes shared by four KV streams as timed here: the largest ratio at
+    one size, and the best shared against the best apart)."""
     col = lambda cell, key: [r[cell][key] for r in reps]  # noqa: E731
     ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"), strict=False)]
     dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"), strict=False)]
@@ -1548,6 +1561,16 @@ def chats_table(
             f"| ceiling here, passes shared by 4 KV streams as timed | {spread(top)} | decoding at once at most "
             f"{measured['gain']:.2f}x as fast: a pass of r rows on each of 4 lanes holding the prompts against 4 "
             f"passes apart ({per}) |"
+        )
+        vs = [x / t for x, t in zip(ratio, top, strict=False)]
+        out.append(f"| at once / that ceiling | {spread(vs)} | {_target(vs, 0.95, 'ratio', 'x', at_least=True)} |")
+    if measured is not None and "best" in measured:
+        best = measured["best"]
+        top = [ceiling(r["serial"], best["gain"]) for r in reps]
+        out.append(
+            f"| ceiling here, the best pass shared by 4 KV streams against the best apart | {spread(top)} | decoding "
+            f"at once at most {best['gain']:.2f}x as fast with every draft right: the most rows per ms shared "
+            f"({best['shared']} rows a lane) over the most apart ({best['apart']} rows a lane) |"
         )
         vs = [x / t for x, t in zip(ratio, top, strict=False)]
         out.append(f"| at once / that ceiling | {spread(vs)} | {_target(vs, 0.95, 'ratio', 'x', at_least=True)} |")
