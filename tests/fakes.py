@@ -224,13 +224,15 @@ class FakeBackend(RecurrentGuard, Backend):
         root.__dict__.setdefault("copies", []).append((*pair, got))
         return got
 
-    def decode_many(self, parts) -> list[np.ndarray]:
+    def decode_many(self, parts, calls=None) -> list[np.ndarray]:
         """One shared pass: each part (lane, tokens, n_logits) gets exactly what its own `decode` gives (logits are a
-        function of the lane's own prefix), and the virtual clock advances once, by cost(rows of all parts)."""
+        function of the lane's own prefix), and the virtual clock advances once, by cost(rows of all parts). `calls`
+        (a key per part, as `LlamaBackend.decode_many` takes them) are recorded in `calls`."""
         root = self.__dict__.get("_root", self)
         root.__dict__.setdefault("passes", []).append(
             tuple((getattr(lane, "lane_index", 0), len(t)) for lane, t, _ in parts)
         )
+        root.__dict__.setdefault("calls", []).append(tuple(calls) if calls is not None else None)
         clock, cost = self._clock, self._cost
         out = []
         try:

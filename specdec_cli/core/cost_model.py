@@ -76,34 +76,54 @@ def best_k(rates: np.ndarray, margin: float = MARGIN) -> int:
 
 def meet(
     steps: Sequence[tuple[int, np.ndarray | None, int]], predict: Callable[[int, int], float], margin: float = MARGIN
-) -> list[int]:
+) -> list[tuple[int, int]]:
     """Rows to evaluate of each of several sequences' verify steps in one pass (the server's slots, each K chosen
-    alone): steps of one row count share a call over KV streams (one read of the weights), every other count is a
-    call of its own (`LlamaBackend.decode_many`), so steps whose K differs pay a pass each. Returns the rows that
-    give the most expected tokens per ms: each step that can be cut (an estimate given) cut to a common count where
-    that makes fewer calls, or all kept whole, a cut taken only when it beats that by `margin`. Cutting a draft is
+    alone), and the call each goes in. A call over KV streams reads the weights once for all its rows, which must be
+    as many for every stream in it, and every stream's attention in it spans the deepest stream's cells (llama.cpp's
+    `get_n_kv`): steps whose K differs pay a call each, and a shallow sequence beside a deep one pays for the deep
+    one's cells. Returns the plan with the most expected tokens per ms: each step that can be cut (an estimate given)
+    cut to a common count where that makes fewer calls, or all kept whole (a cut taken only when it beats that by
+    `margin`), the steps of each row count split into calls by depth where that is cheaper. Cutting a draft is
     lossless.
 
     steps: per verify step (its rows, K + 1; float [rows] E[tokens] when only its first j + 1 rows are evaluated,
     `KController.expected`, or None: never cut; tokens in its sequence's cache). predict(b, depth): ms of one call
-    over b rows whose deepest sequence holds `depth` tokens (a shared call's attention spans its deepest stream's
-    cells: `VerifyCurve.predict`). Returns int [len(steps)], each 1..its rows.
+    over b rows whose deepest sequence holds `depth` tokens (`VerifyCurve.predict`). Returns per step (its rows,
+    1..rows; its call, 0..: steps of one call have equal rows).
     """
 
-    def rate(plan: list[int]) -> float:
-        calls: dict[int, tuple[int, int]] = {}  # row count -> (rows of the call, its deepest sequence)
-        for r, (_, _, depth) in zip(plan, steps, strict=True):
-            b, deep = calls.get(r, (0, 0))
-            calls[r] = (b + r, max(deep, depth))
+    def calls(plan: list[int]) -> tuple[float, list[int]]:
+        """The cheapest calls for `plan`: (their ms, each step's call). The steps of one row count, by depth, split
+        into runs (a run costs by its deepest step, so the cheapest split keeps neighbours in depth together)."""
+        ms, call, first = 0.0, [0] * len(plan), 0
+        for r in sorted(set(plan)):
+            group = sorted((i for i, x in enumerate(plan) if x == r), key=lambda i: steps[i][2])
+            best: list[tuple[float, list[int]]] = [(0.0, [])]  # best[j]: (ms, where each run starts) for group[:j]
+            for j in range(1, len(group) + 1):
+                deepest = steps[group[j - 1]][2]
+                prices = [best[i][0] + predict(r * (j - i), deepest) for i in range(j)]  # the last run: group[i:j]
+                i = int(np.argmin(prices))
+                best.append((prices[i], [*best[i][1], i]))
+            total, cuts = best[-1]
+            ms += total
+            for k, i in enumerate(group):
+                call[i] = first + sum(1 for c in cuts if c <= k) - 1
+            first += len(cuts)
+        return ms, call
+
+    def rate(plan: list[int]) -> tuple[float, int, list[int]]:
+        ms, call = calls(plan)
         tokens = sum(float(e[r - 1]) if e is not None else float(r) for r, (_, e, _) in zip(plan, steps, strict=True))
-        return tokens / sum(predict(b, deep) for b, deep in calls.values())
+        return tokens / ms, max(call) + 1, call
 
     whole = [r for r, _, _ in steps]
-    best, best_rate = whole, (1.0 + margin) * rate(whole)
+    best_rate, n_calls, call = rate(whole)
+    best, best_rate = list(zip(whole, call, strict=True)), (1.0 + margin) * best_rate
     for cap in range(max(whole) - 1, 0, -1):
         plan = [min(r, cap) if e is not None else r for r, e, _ in steps]
-        if len(set(plan)) < len(set(whole)) and (x := rate(plan)) > best_rate:  # fewer calls: K itself is not redone
-            best, best_rate = plan, x
+        x, n, call = rate(plan)
+        if n < n_calls and x > best_rate:  # fewer calls: K itself is not redone
+            best, best_rate = list(zip(plan, call, strict=True)), x
     return best
 
 

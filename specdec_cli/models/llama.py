@@ -750,9 +750,12 @@ class LlamaBackend(RecurrentGuard):
         self._n = best
         return got
 
-    def _decode_apart(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
-        """`decode_many` of unequal parts over KV streams: one `llama_decode` per row count, the parts of equal rows
-        together (one ubatch: the weights read once for all of them), each call with its own flash-attention phase.
+    def _decode_apart(
+        self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]], calls: Sequence[int] | None
+    ) -> list[np.ndarray]:
+        """`decode_many` of unequal parts over KV streams: one `llama_decode` per row count (and call, `calls`), the
+        parts of equal rows together (one ubatch: the weights read once for all of them), each call with its own
+        flash-attention phase.
         llama.cpp would split a mixed call into ubatches of equal rows per stream anyway (consecutive sequence ids
         together), which cost more than a call each, and one call runs every ubatch with the phase of its largest
         part: a verify step beside a prefill chunk would run with flash attention on, the slow setting for it. A lane
@@ -760,7 +763,8 @@ class LlamaBackend(RecurrentGuard):
         copied (the next call overwrites them). A call that fails rolls the earlier ones back too."""
         groups: dict[object, list[int]] = {}
         for k, (lane, toks, _) in enumerate(parts):
-            groups.setdefault(len(toks) if lane.on_hidden is None else ("apart", k), []).append(k)
+            key = (len(toks), calls[k] if calls is not None else 0) if lane.on_hidden is None else ("apart", k)
+            groups.setdefault(key, []).append(k)
         views: list[np.ndarray | None] = [None] * len(parts)
         done: list[tuple[LlamaBackend, int]] = []
         try:
@@ -777,9 +781,12 @@ class LlamaBackend(RecurrentGuard):
             raise
         return [v for v in views if v is not None]
 
-    def decode_many(self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]]) -> list[np.ndarray]:
-        """One `llama_decode` over several lanes' tokens (with KV streams and parts of unequal rows, one per row count:
-        `_decode_apart`): each part (lane, int32 tokens [m], n_logits) is appended to its lane's sequence as `decode`
+    def decode_many(
+        self, parts: Sequence[tuple[LlamaBackend, np.ndarray, int]], calls: Sequence[int] | None = None
+    ) -> list[np.ndarray]:
+        """One `llama_decode` over several lanes' tokens (with KV streams and parts of unequal rows, one per row count,
+        or per row count and `calls`, a key per part: `_decode_apart`; a shallow stream in a call with a deep one
+        pays for its cells): each part (lane, int32 tokens [m], n_logits) is appended to its lane's sequence as `decode`
         would, and gets float32 [n_logits, n_vocab] logits of its last rows (a view, valid until the next call on
         this context). Rows of one lane attend to that lane's cells only, so
         each part's logits are what its own pass gives, up to the rounding of a larger batch (llama.cpp's kernels
@@ -806,9 +813,13 @@ class LlamaBackend(RecurrentGuard):
         if (
             self.n_lanes > 1
             and len(parts) > 1
-            and (len({len(t) for _, t, _ in parts}) > 1 or any(lane.on_hidden is not None for lane, _, _ in parts))
+            and (
+                len({len(t) for _, t, _ in parts}) > 1
+                or any(lane.on_hidden is not None for lane, _, _ in parts)
+                or len(set(calls or ())) > 1
+            )
         ):
-            return self._decode_apart(parts)  # (an MTP head reads its lane's hidden states from a call of its own)
+            return self._decode_apart(parts, calls)  # (an MTP head reads its lane's hidden states from its own call)
         first: list[int] = []
         off, depth = 0, self._n_ctx
         for lane, toks, n_logits in parts:

@@ -56,6 +56,7 @@ class _Sub:
     n_logits: int
     branch: np.ndarray | None = None
     expected: np.ndarray | None = None
+    call: int = 0  # parts of equal rows and call go in one llama_decode (`cost_model.meet`)
     done: int = 0
     copied: int = 0
 
@@ -74,9 +75,7 @@ class Slot:
     it, and what its engine's passes allow (`SpeculativeEngine.passes`). Used from the scheduler's thread only."""
 
     def __init__(self, scheduler: Scheduler, backend: Any, index: int) -> None:
-        self._s = scheduler
-        self.backend = backend
-        self.index = index
+        self._s, self.backend, self.index = scheduler, backend, index
         self.priority = Priority()
         self.program: Generator[Rows, np.ndarray | int | None, None] | None = None  # what runs on it (`start`)
         self.check: Callable[[], None] | None = None  # raises to stop its prefill between pieces
@@ -90,8 +89,7 @@ class Slot:
 
     @property
     def draft_limit(self) -> int:
-        """A batch's worth of draft tokens, or a recurrent target's snapshots: each slot's rows are evaluated apart (a
-        KV stream each), so its own controller's K stands whatever the other slots do."""
+        """A batch's worth of draft tokens, or a recurrent target's snapshots (each slot has a KV stream of its own)."""
         return min(self.backend.n_batch - 1, self.backend.draft_limit)
 
 
@@ -240,8 +238,9 @@ class Scheduler:
                     (s.slot.backend, s.tokens[s.done : s.done + m], s.n_logits if s.done + m == len(s.tokens) else 0)
                     for s, m in parts
                 ]
+                calls = [s.call for s, _ in parts]
                 one = len(self.slots) == 1  # (then the target itself, whose `decode` it calls)
-                results = [pieces[0][0].decode(*pieces[0][1:])] if one else self.backend.decode_many(pieces)
+                results = [pieces[0][0].decode(*pieces[0][1:])] if one else self.backend.decode_many(pieces, calls)
         except BaseException as e:  # noqa: BLE001 (thrown into every program of the pass)
             error, results = e, [None] * len(parts)
         ms = (self.clock() - t0) * 1e3
@@ -333,8 +332,8 @@ class Scheduler:
         alone = sum(1 for x in self.slots if x.index in self._active and x.priority.cls == INTERACTIVE) <= 1
         if len(verify := [s for s in subs if s.n_logits == len(s.tokens) and s.branch is None]) > 1:
             plan = meet([(len(s.tokens), s.expected, len(s.slot.backend.tokens)) for s in verify], self._v)
-            for s, r in zip(verify, plan, strict=True):
-                s.tokens, s.n_logits = s.tokens[:r], r
+            for s, (r, call) in zip(verify, plan, strict=True):
+                s.tokens, s.n_logits, s.call = s.tokens[:r], r, call
         parts: list[tuple[_Sub, int]] = []
         for s in subs:  # whole steps first: the rows that want logits, with whatever prefill precedes them
             if s.splittable == 0 and s.left <= budget:

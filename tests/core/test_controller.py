@@ -524,21 +524,29 @@ def test_meet_cuts_steps_of_unequal_rows_to_one_count_where_one_call_pays():
     them cut to a common count yields more tokens per ms (each cut lossless)."""
     steps = [(r, _e(r), 600) for r in (13, 19, 15, 17)]
     plan = meet(steps, _calls(80.0, 12.0))
-    assert len(set(plan)) == 1 and plan[0] <= 13
-    assert meet(steps, _calls(50.0, 0.1)) == [13] * 4  # a GPU's flat curve: one call costs what one step does
+    assert len({r for r, _ in plan}) == 1 and plan[0][0] <= 13 and {c for _, c in plan} == {0}
+    assert meet(steps, _calls(50.0, 0.1)) == [(13, 0)] * 4  # a GPU's flat curve: one call costs what one step does
 
 
 def test_meet_never_cuts_a_step_without_an_estimate_nor_a_deep_draft_to_a_plain_step():
-    assert meet([(13, None, 600), (19, None, 600)], _calls(80.0, 12.0)) == [13, 19]
-    assert meet([(1, None, 600), (13, _e(13), 600)], _calls(80.0, 12.0)) == [1, 13]
+    assert meet([(13, None, 600), (19, None, 600)], _calls(80.0, 12.0)) == [(13, 0), (19, 1)]
+    assert meet([(1, None, 600), (13, _e(13), 600)], _calls(80.0, 12.0)) == [(1, 0), (13, 1)]
 
 
 def test_meet_prices_a_shared_call_at_its_deepest_sequence():
     """A shared call's attention spans its deepest stream's cells: a shallow lane's step joins a deep one's only where
     attention is cheap."""
     steps = [(5, _e(5), 100), (9, _e(9), 8000)]
-    assert meet(steps, _calls(80.0, 12.0)) == [5, 5]
-    assert meet(steps, _calls(80.0, 12.0, per_row_per_1k=10.0)) == [5, 9]
+    assert meet(steps, _calls(80.0, 12.0)) == [(5, 0), (5, 0)]
+    assert meet(steps, _calls(80.0, 12.0, per_row_per_1k=10.0)) == [(5, 0), (9, 1)]
+
+
+def test_meet_splits_steps_of_equal_rows_into_calls_by_depth_where_that_is_cheaper():
+    """Two chats at ~1k tokens and two agents at ~20k, 16 rows each: one call would make the chats' rows attend over
+    the agents' cells; two calls, neighbours in depth together, read the weights twice and save that."""
+    steps = [(16, None, d) for d in (20_000, 700, 20_100, 900)]
+    assert meet(steps, _calls(80.0, 12.0, per_row_per_1k=5.0)) == [(16, 1), (16, 0), (16, 1), (16, 0)]
+    assert meet(steps, _calls(80.0, 12.0)) == [(16, 0)] * 4  # attention free: one call
 
 
 def test_expected_tokens_of_a_lookup_draft_by_how_much_of_it_is_verified():

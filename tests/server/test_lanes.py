@@ -381,7 +381,7 @@ def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
     orig = backend.decode_many
     out: dict[int, list[int]] = {1: []}
 
-    def arrives_during_second(parts):  # the editor's request comes while the agent's second piece runs
+    def arrives_during_second(parts, calls=None):  # the editor's request comes while the agent's second piece runs
         if len(backend.__dict__.get("passes", [])) == 1 and sched.slots[1].program is None and not out[1]:
             priority = Priority(INTERACTIVE, seq=2)
             sched.start(
@@ -390,7 +390,7 @@ def test_an_interactive_request_interrupts_a_long_requests_pass_under_way():
             sched.preempt(priority)  # what the worker does as it takes the request
             if asked[-1] is True:
                 raise PassInterrupted(2, sum(len(t) for _, t, _ in parts))
-        return orig(parts)
+        return orig(parts, calls)
 
     backend.decode_many = arrives_during_second
     out.update(_run(sched, [agent]))
@@ -516,6 +516,30 @@ def test_steps_of_unequal_rows_are_cut_to_meet_in_one_call_each_reply_its_greedy
     assert drafting
     unequal = [p for p in drafting if len({m for _, m in p if m > 1}) > 1]
     assert (unequal == []) == estimates, unequal
+
+
+def test_steps_of_equal_rows_go_in_calls_by_depth_where_attention_is_dear():
+    """Two lanes deep in their contexts and two shallow, 16 rows each, on a curve that prices attention per row and
+    token of context: one llama_decode would make the shallow lanes' rows attend over the deep ones' cells, so the
+    pass is two calls, neighbours in depth together (`cost_model.meet`), handed to `decode_many` as keys."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    curve = VerifyCurve(ms=tuple(80.0 + 12.0 * b for b in range(1, 66)), depth_ms=(0.0, 5.0))
+    sched = Scheduler(backend, 4, curve=curve)
+    for slot, depth in zip(sched.slots, (3000, 100, 3100, 200), strict=True):
+        slot.backend.decode(np.full(depth, 5, np.int32), 0)
+
+    def done():  # a program at its step, ending once answered
+        yield None
+
+    subs = _fake_subs(sched, [(i, 16, 16, Priority(BATCH, seq=i)) for i in range(4)])
+    for slot in sched.slots:
+        slot.program = done()
+        next(slot.program)
+        sched._active.add(slot.index)
+    parts = sched._compose()
+    assert [s.call for s in subs] == [1, 0, 1, 0] and [m for _, m in parts] == [16] * 4
+    sched._pass(parts)
+    assert backend.calls == [(1, 0, 1, 0)] and not sched.busy
 
 
 def test_a_lane_keeps_its_own_k_beside_others():

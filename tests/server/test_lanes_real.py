@@ -91,10 +91,13 @@ def test_three_lanes_sharing_passes_give_each_its_own_greedy_output(smollm2_path
     alone_backend.close()
 
 
-def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("keys", "want_calls"), [(None, [46, 29, 21]), ([0, 0, 1, 0], [23, 29, 23, 21])], ids=["by-rows", "by-keys"]
+)
+def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path, monkeypatch, keys, want_calls):
     """With a KV stream per lane, `decode_many` evaluates unequal parts one `llama_decode` per row count, the parts
-    of equal rows together (`_decode_apart`): every part gets the logits of its own rows, in the order the parts were
-    given, the earlier calls' copied."""
+    of equal rows together (`_decode_apart`), or apart where their keys (`calls`) differ: every part gets the logits
+    of its own rows, in the order the parts were given, the earlier calls' copied."""
     from specdec_cli.models import llama
 
     solo = LlamaBackend(smollm2_path, n_ctx=512)
@@ -107,8 +110,9 @@ def test_a_pass_of_unequal_parts_gives_each_part_its_own_logits(smollm2_path, mo
     monkeypatch.setattr(
         llama.llama_cpp, "llama_decode", lambda ctx, batch: calls.append(batch.n_tokens) or decode(ctx, batch)
     )
-    got = shared.decode_many([(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i]) for i in range(4)])
-    assert calls == [46, 29, 21]  # lanes 0 and 2 (23 rows each), lane 1, lane 3
+    parts = [(lanes[i], np.asarray(prompts[i][: 20 + rows[i]], np.int32), rows[i]) for i in range(4)]
+    got = shared.decode_many(parts, keys)
+    assert calls == want_calls  # lanes 0 and 2 (23 rows each) together unless their keys differ, lane 1, lane 3
     for i in range(4):
         solo.truncate(0)
         want = solo.decode(np.asarray(prompts[i][: 20 + rows[i]], np.int32), n_logits=rows[i])

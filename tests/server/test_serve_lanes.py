@@ -187,10 +187,10 @@ def test_the_save_after_requests_runs_on_the_loop_between_steps_only_when_due():
     in_pass = threading.Event()
     decode_many = backend.decode_many
 
-    def marked(parts):
+    def marked(parts, calls=None):
         in_pass.set()
         try:
-            return decode_many(parts)
+            return decode_many(parts, calls)
         finally:
             in_pass.clear()
 
