@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft
 from specdec_cli.core.records import Step
 from specdec_cli.errors import ContextOverflowError, StateError
@@ -706,3 +707,11 @@ def step(k: int, n_drafted: int, n_accepted: int, draft_ms: float, verify_ms: fl
 
 def lookup_draft(match_len: int, n: int = 64):
     return Draft(tokens=np.arange(n, dtype=np.int32), source="ngram", match_len=match_len)
+
+
+class EstimatingK(FixedK):
+    """FixedK whose drafts carry an estimate (each token right 9 times in 10, `KController.expected`): a server's
+    scheduler may cut them to meet other sequences' steps (`cost_model.meet`)."""
+
+    def expected(self, draft):
+        return np.concatenate(([1.0], 1.0 + np.cumsum(0.9 ** np.arange(1, len(draft) + 1))))

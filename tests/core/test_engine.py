@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fakes import CHARS, EOS, Clock, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
+from fakes import CHARS, EOS, Clock, EstimatingK, FakeBackend, bigram_logits, greedy_reference, hashed_logits, word
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.draft import Draft, DrafterBase
 from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
@@ -309,18 +309,11 @@ def test_ngram_drafter_on_a_repetitive_target_accepts_long_drafts():
     assert len(late) >= 4 and all(s.n_accepted == len(s.drafted) == 8 for s in late[:-1])
 
 
-class _Estimating(FixedK):
-    """FixedK whose drafts carry an estimate (each token right 9 times in 10): a server may cut them."""
-
-    def expected(self, draft):
-        return np.concatenate(([1.0], 1.0 + np.cumsum(0.9 ** np.arange(1, len(draft) + 1))))
-
-
 def test_a_verify_batch_answered_with_its_first_rows_only_cuts_the_draft_there():
     """Beside other sequences a server may evaluate a verify batch's first rows only (`Rows.expected`): the step
     verifies the draft cut there, the cache holds only what was committed, the output stays greedy."""
     backend, prompt = FakeBackend(bigram_logits), [2, 3, 4]
-    engine = SpeculativeEngine(backend, NgramDrafter(1, 3), _Estimating(8))
+    engine = SpeculativeEngine(backend, NgramDrafter(1, 3), EstimatingK(8))
     engine.passes = backend  # (as the server's slot: `SpeculativeEngine.passes`)
     gen, answer, steps, cut = engine.steps(prompt, GenerationConfig(max_tokens=80)), None, [], 0
     while True:

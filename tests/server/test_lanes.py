@@ -9,7 +9,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from fakes import FakeBackend, greedy_reference, hashed_logits
+from fakes import EstimatingK, FakeBackend, greedy_reference, hashed_logits
 from specdec_cli.core.controller import FixedK
 from specdec_cli.core.engine import GenerationConfig, Rows, SpeculativeEngine
 from specdec_cli.core.records import Prefill, Step
@@ -486,13 +486,6 @@ def _curve(cost) -> VerifyCurve:
     return VerifyCurve(ms=tuple(float(cost(b)) for b in sizes))
 
 
-class _Estimating(FixedK):
-    """FixedK whose drafts carry an estimate (each token right 9 times in 10): the scheduler may cut them."""
-
-    def expected(self, draft):
-        return np.concatenate(([1.0], 1.0 + np.cumsum(0.9 ** np.arange(1, len(draft) + 1))))
-
-
 @pytest.mark.parametrize("estimates", [True, False])
 def test_steps_of_unequal_rows_are_cut_to_meet_in_one_call_each_reply_its_greedy_one(estimates):
     """Three lanes with K 3, 6 and 9 on a curve where a call's fixed cost is dear: their verify steps (which
@@ -506,7 +499,7 @@ def test_steps_of_unequal_rows_are_cut_to_meet_in_one_call_each_reply_its_greedy
     sched = Scheduler(backend, 3, curve=_curve(lambda b: 200.0 + 4.0 * b))
     engines = []
     for slot, k in zip(sched.slots, (3, 6, 9), strict=True):
-        engines.append(SpeculativeEngine(slot.backend, NgramDrafter(1, 3), (_Estimating if estimates else FixedK)(k)))
+        engines.append(SpeculativeEngine(slot.backend, NgramDrafter(1, 3), (EstimatingK if estimates else FixedK)(k)))
         engines[-1].passes = slot
     config = GenerationConfig(max_tokens=40)
     out = _run(sched, [(i, engines[i], PROMPTS[i], config, Priority(BATCH, seq=i)) for i in range(3)])
