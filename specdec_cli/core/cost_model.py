@@ -84,7 +84,8 @@ def meet(
     one's cells. Returns the plan with the most expected tokens per ms: each step that can be cut (an estimate given)
     cut to a common count where that makes fewer calls, or all kept whole (a cut taken only when it beats that by
     `margin`), the steps of each row count split into calls by depth where that is cheaper. Cutting a draft is
-    lossless.
+    lossless; a cut keeps one draft token at least (a step cut to a plain one verifies nothing, and its controller,
+    which learns acceptance from verified tokens only, would draft the same and see it cut again, every step).
 
     steps: per verify step (its rows, K + 1; float [rows] E[tokens] when only its first j + 1 rows are evaluated,
     `KController.expected`, or None: never cut; tokens in its sequence's cache). predict(b, depth): ms of one call
@@ -119,7 +120,7 @@ def meet(
     whole = [r for r, _, _ in steps]
     best_rate, n_calls, call = rate(whole)
     best, best_rate = list(zip(whole, call, strict=True)), (1.0 + margin) * best_rate
-    for cap in range(max(whole) - 1, 0, -1):
+    for cap in range(max(whole) - 1, 1, -1):  # (down to 2 rows: the last committed token and one draft token)
         plan = [min(r, cap) if e is not None else r for r, e, _ in steps]
         x, n, call = rate(plan)
         if n < n_calls and x > best_rate:  # fewer calls: K itself is not redone

@@ -533,6 +533,22 @@ def test_meet_never_cuts_a_step_without_an_estimate_nor_a_deep_draft_to_a_plain_
     assert meet([(1, None, 600), (13, _e(13), 600)], _calls(80.0, 12.0)) == [(1, 0), (13, 1)]
 
 
+def test_meet_keeps_a_draft_token_in_every_step_it_cuts():
+    """Four chats' first drafts, one token each (a controller's prior), at depths a by-depth split puts in two calls
+    on a CPU's curve where 8 rows are dear: one call over the four cut to plain steps looks cheaper per token, but a
+    plain step verifies nothing, so each controller would draft the same token again and see it cut again, for the
+    whole reply (four chats at once decoded plainly, 1.0 tokens a pass). A cut keeps one draft token."""
+    v = [40.0, 55.0, 70.0, 90.0, 140.0, 160.0, 178.0, 256.0]  # ms by rows, 1..8
+
+    def predict(b: int, depth: int) -> float:
+        return v[b - 1] + 4.84 * b * depth / 1000.0
+
+    steps = [(2, _e(2, 0.7), d) for d in (842, 1188, 609, 1629)]
+    plan = meet(steps, predict)
+    assert [r for r, _ in plan] == [2, 2, 2, 2]
+    assert meet([(1, None, 600), (2, _e(2, 0.7), 600), (9, _e(9), 600)], _calls(80.0, 12.0))[1][0] == 2
+
+
 def test_meet_prices_a_shared_call_at_its_deepest_sequence():
     """A shared call's attention spans its deepest stream's cells: a shallow lane's step joins a deep one's only where
     attention is cheap."""
