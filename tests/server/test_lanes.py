@@ -449,6 +449,26 @@ def test_the_long_requests_pass_as_interactive_requests_end_is_a_piece_that_is_n
     assert sched._compose() == [(fim, 4)]
 
 
+def test_the_pass_owed_as_interactive_requests_end_is_forgotten_once_no_long_request_is_left():
+    """The long request owed a pass as the last interactive one ended ends (cancelled) before it had it: nobody is
+    owed anything, so the next long request's first pass is a whole batch that a newcomer may interrupt, not the
+    owed half piece nobody may."""
+    backend = FakeBackend(hashed_logits, n_ctx=4096, n_batch=512)
+    backend.interruptible = True
+    sched = Scheduler(backend, 2, piece_s=1.0)
+    sched._ms_per_row = 20.0
+    _fake_subs(sched, [(0, 2048, 0, Priority(BATCH, seq=1))])
+    sched._active.add(0)
+    sched.start(sched.slots[1], (rows for rows in ()), Priority(INTERACTIVE, seq=2))
+    sched._end(sched.slots[1])
+    assert sched._due  # the agent is owed its pass
+    sched._end(sched.slots[0])  # the agent's client went away
+    (agent,) = _fake_subs(sched, [(0, 2048, 0, Priority(BATCH, seq=3))])
+    sched._active.add(0)
+    parts = sched._compose()
+    assert parts == [(agent, 512)] and sched._preemption(parts) is not None
+
+
 def test_a_slot_whose_request_ended_is_free_at_once_while_another_reads_its_prompt():
     """A slot whose request ended takes the next one at once, whatever another slot's prefill still has to read: an
     editor's next completion, sent to the slot holding its prefix, joins the next pass instead of waiting for an
