@@ -99,7 +99,8 @@ def test_a_custom_tool_input_is_held_to_codex_apply_patch_grammar(qwen_client):
 
 
 def test_openai_agents_default_model_completes_a_tool_round_trip(qwen_client):
-    agents = pytest.importorskip("agents")
+    import agents  # (the test extra: a missing or broken install fails here, never skips)
+
     seen: list[str] = []
 
     @agents.function_tool
