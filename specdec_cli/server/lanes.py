@@ -211,7 +211,7 @@ class Scheduler:
         self._active.discard(slot.index)
         if slot.priority.cls == INTERACTIVE and all(self.slots[i].priority.cls != INTERACTIVE for i in self._active):
             self._lent_ms, self._due = 0.0, bool(self._active)  # counted again from here, the time between runs too
-        self._due = self._due and any(self.slots[i].priority.cls != INTERACTIVE for i in self._active)  # (or nobody)
+        self._due = self._due and any(self.slots[i].priority.cls != INTERACTIVE for i in self._active)  # (nobody left)
         self._subs.pop(slot.index, None)
         slot.program, slot.check, slot.answer, slot.shared_rows = None, None, None, 0
 
