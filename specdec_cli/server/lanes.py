@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -119,9 +120,8 @@ class Scheduler:
         quiet_s: float = QUIET_S,
         share: float = SHARE,
     ) -> None:
-        self.backend = backend
+        self.backend, self.curve, self.clock = backend, curve, clock
         self.slots = [Slot(self, backend.lane(i) if n_slots > 1 else backend, i) for i in range(n_slots)]
-        self.curve, self.clock = curve, clock
         self.interruptible = bool(getattr(backend, "interruptible", False))  # it can stop a pass under way
         self.piece_s, self.quiet_s, self.share = piece_s, quiet_s, share
         self._editor_at = -math.inf  # when an editor's request last started or ended (clock s)
@@ -135,7 +135,7 @@ class Scheduler:
         self._active: set[int] = set()
         self._ms_per_row: float | None = None  # prefill ms per row, from passes that were mostly prefill
         self.passes = 0  # llama_decode calls made
-        self.log: list[tuple[tuple[int, int], ...]] = []  # per pass: (slot, rows) of each part (the last 256)
+        self.log: deque[tuple[float, tuple[tuple[int, int, int], ...]]] = deque(maxlen=256)  # `_pass`: the last ones
 
     # -- the loop's side ---------------------------------------------------------------------------------------------
     @property
@@ -253,9 +253,9 @@ class Scheduler:
                 self.interrupted += 1
                 return
         self.passes += 1
-        self.log = [*self.log[-255:], tuple((s.slot.index, m) for s, m in parts)]
-        total = sum(m for _, m in parts)
-        prefill = sum(m for s, m in parts if s.n_logits == 0 or s.done + m < len(s.tokens))
+        logged = tuple((s.slot.index, m, s.n_logits if s.done + m == len(s.tokens) else 0) for s, m in parts)
+        self.log.append((ms, logged))  # its ms; per part: slot, rows, rows that want logits (a prefill piece's: 0)
+        total, prefill = sum(m for _, m, _ in logged), sum(m for _, m, n in logged if n == 0)
         self._account(parts, ms)
         if error is None and prefill >= max(MIN_PIECE, total // 2):
             per = ms / total

@@ -40,6 +40,7 @@ from specdec_cli.server.errors import ApiError
 from specdec_cli.server.fim import fim_prompt
 from specdec_cli.server.guards import CallGuard
 from specdec_cli.server.lanes import Scheduler
+from specdec_cli.server.pass_log import pass_log
 from specdec_cli.server.reply import Parser, PieceLogprob, ReplyStream
 from specdec_cli.server.request import Message, Output, Request
 from specdec_cli.server.tool_formats import ToolFormat
@@ -100,6 +101,8 @@ class GenerationService:
 
         engine = self._engine
         scheduler = Scheduler(self.session.target, n_lanes, curve=engine.curve)
+        if (log := pass_log()) is not None:
+            scheduler.log = log  # every pass, on disk too
         engine.target, engine.passes = scheduler.slots[0].backend, scheduler.slots[0]
         for slot in scheduler.slots[1:]:
             drafter = engine.drafter.fork() if engine.drafter is not None else None
