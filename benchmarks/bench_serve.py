@@ -73,14 +73,15 @@ interleaved repeats and their spread (min-max).
    to the last reply's end) at once vs one after another; the decode phase's aggregate tok/s apart (output tokens
    after each reply's first, over the union of the replies' first-token-to-end intervals); each reply at once
    compared with its reply one after another (equal, or where it diverges); the ceiling of at once / one after
-   another on this machine (`ceiling`: the prefills as long as one after another, decoding at once at most as much
-   faster as one pass shared by four lanes saves on the verify curve, `sharing_gain`; and again with what such a
-   pass saves as timed after the cells on four KV streams holding the chats' prompts, `stream_gain`, whose
-   attention spans the deepest stream's cells, at its best size, and as the most rows per ms shared over the most
-   apart, each at its own best size: what decoding at once gains when every draft is right); with
-   `--llama-server PATH`,
-   the same on llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and
-   specdec at once against it.
+   another on this machine, the target's: each decode pass the chats made one after another (the server's
+   SPECDEC_PASS_LOG) shared by four lanes at its own rows, saving what such a pass saves as timed after the cells on
+   four KV streams holding the chats' prompts (`stream_gain`, whose attention spans the deepest stream's cells), the
+   prefills and the rest as long as they were (`passes_ceiling`); and, for comparison, decoding at once at most as
+   much faster as the most one pass shared by four lanes saves on the verify curve (`sharing_gain`), as timed at
+   one size (`stream_gain`'s largest ratio), and as the most rows per ms shared over the most apart, each at its own
+   best size (what decoding at once gains when every draft is right) (`ceiling`); with `--llama-server PATH`, the
+   same on llama-server `-np N -kvu --spec-type ngram-mod --jinja` with the same threads and model file, and specdec
+   at once against it.
 
 Every cell runs on a fresh server (a fresh SPECDEC_HOME holding only this machine's verify curve and flash-attention
 choice, copied from the user's learnt.json or measured by the first cell; no prompt cache): nothing one cell's
@@ -1103,7 +1104,7 @@ class Cell:
                 "--port",
                 str(port),
             ]
-            self.home = None
+            self.home = self.pass_log = None
             self.server = Server(self.kind.name, cmd, f"http://127.0.0.1:{port}", log)
         else:
             self.home = Path(tempfile.mkdtemp(prefix="home-", dir=self.work))
@@ -1125,15 +1126,22 @@ class Cell:
             cmd += ["-t", a.target] if a.target else []
             cmd += ["--method", a.method] if a.method else []
             cmd += ["--parallel", str(a.parallel)] if self.kind.parallel else []
+            self.pass_log = self.work / f"{self.kind.name}-{self.label}.passes.jsonl"
+            env = {**serve_env(self.home, self.kind.checkout), "SPECDEC_PASS_LOG": str(self.pass_log)}
             try:
-                self.server = Server(
-                    self.kind.name, cmd, f"http://127.0.0.1:{port}", log, serve_env(self.home, self.kind.checkout)
-                )
+                self.server = Server(self.kind.name, cmd, f"http://127.0.0.1:{port}", log, env)
             except SystemExit:
                 harvest(self.seed, self.home)  # a verify curve measured before it gave up is kept for the next
                 raise
         self.url = self.server.url
         return self
+
+    def passes(self) -> list[tuple[float, list[list[int]]]]:
+        """Every pass the server made so far, (ms, [[slot, rows, rows that want logits], ...]) each (its
+        SPECDEC_PASS_LOG); [] for llama-server or a checkout whose server keeps none."""
+        if self.pass_log is None or not self.pass_log.exists():
+            return []
+        return [(p["ms"], p["parts"]) for p in map(json.loads, self.pass_log.read_text().splitlines())]
 
     def __exit__(self, *exc) -> None:
         self.server.stop()
@@ -1413,8 +1421,8 @@ def stream_gain(
     model: Path,
     chats: list[list[dict]],
     threads: int,
-    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-    repeats: int = 7,
+    rows: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+    repeats: int = 5,
     n_ctx: int = 4096,
 ) -> dict:
     """The most one pass shared by len(`chats`) KV streams saves over their passes apart, measured on this machine:
@@ -1481,6 +1489,35 @@ def ceiling(serial: dict, gain: float) -> float:
     return wall / (first + (wall - first) / gain)
 
 
+def passes_ceiling(serial: dict, passes: list, ratios: dict[int, float]) -> float | None:
+    """The most four chats at once can gain over the same four one after another (`serial`, their `aggregate`) when
+    every decode pass one after another (`passes`, `Cell.passes` of that cell: the verify steps after each chat's
+    first, whose time is in its time to first token) is shared with three others of its rows, saving what such a
+    pass saved as timed (`ratios`: `stream_gain`'s apart / shared at r rows a lane, interpolated between the timed
+    sizes, the largest's past it, 1 where sharing costs more: at once a step can go alone), and everything else
+    (prefills, the time between passes) takes what it took: wall / (wall - saved). None without passes."""
+    if not passes:
+        return None
+    sizes = sorted(ratios)
+
+    def gain(r: int) -> float:
+        if r >= sizes[-1]:
+            return max(1.0, ratios[sizes[-1]])
+        hi = next(i for i, x in enumerate(sizes) if x >= r)
+        if sizes[hi] == r or hi == 0:
+            return max(1.0, ratios[sizes[hi]])
+        lo, up = sizes[hi - 1], sizes[hi]
+        return max(1.0, ratios[lo] + (ratios[up] - ratios[lo]) * (r - lo) / (up - lo))
+
+    saved_ms, last = 0.0, None  # the slot whose prefill the last pass read (its next step gives its first token)
+    for ms, parts in passes:
+        steps = [(slot, rows) for slot, rows, logits in parts if rows == logits and rows > 0]
+        if len(steps) == len(parts) == 1 and steps[0][0] != last:
+            saved_ms += ms * (1 - 1 / gain(steps[0][1]))
+        last = parts[0][0] if len(parts) == 1 and parts[0][2] != parts[0][1] else None
+    return serial["wall_s"] / (serial["wall_s"] - saved_ms / 1e3)
+
+
 def divergence(a: str, b: str) -> str:
     """ "equal", or where `b` leaves `a`: the character and a little of each side."""
     if a == b:
@@ -1505,7 +1542,9 @@ def chats_cells(kind: Kind, args, work: Path, seed: Path, rep: int) -> dict:
         name = "together" if together else "serial"
         with Cell(kind, args, work, seed, f"r{rep}-chats-{name}") as c:
             stream(c.url, "/v1/chat/completions", warm)  # the first request's one-off costs, as the issue's runs
+            warmed = len(c.passes())  # (the warm-up's passes are on disk: each is before the logits it returned)
             replies = chats_cell(c.url, bodies, together)
+            res[f"{name}_passes"] = c.passes()[warmed:]
         for i, r in enumerate(replies):
             _check(r, f"chat {i + 1} ({name})")
         res[name] = aggregate(replies)
@@ -1525,8 +1564,9 @@ def chats_table(
 ) -> str:
     """Scenario 2's table for one server kind (and its ratio to llama-server's at once, when measured; with `gain`,
     `sharing_gain`, the `ceiling` of at once / one after another on this machine from the verify curve; with
-    `measured`, `stream_gain`'s, the ceiling from passes shared by four KV streams as timed here: the largest ratio at
-    one size, and the best shared against the best apart)."""
+    `measured`, `stream_gain`'s: the target's ceiling, `passes_ceiling` (the serial cells' own decode passes, each
+    shared at its size), and two more from passes shared by four KV streams as timed here: the largest ratio at one
+    size, and the best shared against the best apart)."""
     col = lambda cell, key: [r[cell][key] for r in reps]  # noqa: E731
     ratio = [t / s for t, s in zip(col("together", "tok_s"), col("serial", "tok_s"), strict=False)]
     dratio = [t / s for t, s in zip(col("together", "decode_tok_s"), col("serial", "decode_tok_s"), strict=False)]
@@ -1546,30 +1586,44 @@ def chats_table(
         f"| at once: wall s | {spread(col('together', 'wall_s'))} | |",
     ]
 
-    def against(name: str, g: float, why: str, target: bool = True) -> None:
-        """Two rows: the ceiling of at once / one after another when decoding at once is at most `g` times as fast
-        (`why` says whence), and at once against it (with the 0.95 target when `target`)."""
-        top = [ceiling(r["serial"], g) for r in reps]
+    def against(name: str, top: list[float], why: str, target: bool = False) -> None:
+        """Two rows: a ceiling of at once / one after another per repeat (`why` says whence), and at once against
+        it (with the 0.95 target when `target`)."""
         vs = [x / t for x, t in zip(ratio, top, strict=False)]
         out.append(f"| {name} | {spread(top)} | {why} |")
         verdict = f" {_target(vs, 0.95, 'ratio', 'x', at_least=True)} |" if target else " |"
         out.append(f"| at once / that ceiling | {spread(vs)} |{verdict}")
 
+    def decoding(g: float) -> list[float]:  # the ceiling when decoding at once is at most g times as fast
+        return [ceiling(r["serial"], g) for r in reps]
+
+    own = (
+        [passes_ceiling(r["serial"], r.get("serial_passes") or [], measured["ratios"]) for r in reps]
+        if measured
+        else []
+    )
+    if own and all(t is not None for t in own):
+        against(
+            "ceiling here, these chats' own passes shared",
+            [t for t in own if t is not None],
+            "each decode pass one after another shared by 4 lanes at its rows, saving what that saves as timed "
+            "(below), the prefills and the rest as they took",
+            target=True,
+        )
     if gain is not None:
         first = statistics.median(col("serial", "first_s"))
         against(
             "ceiling of at once / one after another here",
-            gain,
+            decoding(gain),
             f"prefills {first:.1f} s of {statistics.median(col('serial', 'wall_s')):.1f} s one after another; "
             f"decoding at once at most {gain:.2f}x as fast (the most a pass shared by 4 lanes saves on the verify "
             "curve)",
-            target=False,
         )
     if measured is not None:
         per = ", ".join(f"{r} rows {x:.2f}x" for r, x in measured["ratios"].items())
         against(
             "ceiling here, passes shared by 4 KV streams as timed",
-            measured["gain"],
+            decoding(measured["gain"]),
             f"decoding at once at most {measured['gain']:.2f}x as fast: a pass of r rows on each of 4 lanes holding "
             f"the prompts against 4 passes apart ({per})",
         )
@@ -1577,7 +1631,7 @@ def chats_table(
         best = measured["best"]
         against(
             "ceiling here, the best pass shared by 4 KV streams against the best apart",
-            best["gain"],
+            decoding(best["gain"]),
             f"decoding at once at most {best['gain']:.2f}x as fast with every draft right: the most rows per ms "
             f"shared ({best['shared']} rows a lane) over the most apart ({best['apart']} rows a lane)",
         )
