@@ -12,6 +12,7 @@ import os
 import time
 from collections import deque
 from pathlib import Path
+from typing import TextIO
 
 from specdec_cli.errors import UsageError
 
@@ -27,16 +28,22 @@ class PassFile(deque):
     def __init__(self, path: Path) -> None:
         super().__init__(maxlen=256)
         try:
-            self._file = path.open("a", encoding="utf-8", buffering=1)
+            self._file: TextIO | None = path.open("a", encoding="utf-8", buffering=1)
         except OSError as e:
             raise UsageError(
                 f"{PASS_LOG_ENV}={path}: cannot append to it ({e.strerror}); name a writable file, or unset it"
             ) from e
 
     def append(self, item: tuple[float, tuple[tuple[int, int, int], ...]]) -> None:
+        """Keep `item` (ms, parts) and write its line; a write that fails (a full disk) ends the file, never a pass."""
         super().append(item)
+        if self._file is None:
+            return
         ms, parts = item
-        self._file.write(json.dumps({"t": round(time.time(), 4), "ms": round(ms, 3), "parts": parts}) + "\n")
+        try:
+            self._file.write(json.dumps({"t": round(time.time(), 4), "ms": round(ms, 3), "parts": parts}) + "\n")
+        except OSError:
+            self._file = None
 
 
 def pass_log() -> PassFile | None:

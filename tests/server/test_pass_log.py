@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,11 @@ def test_it_keeps_the_last_passes_as_the_scheduler_log_does(tmp_path):
         log.append((float(i), ((0, 1, 1),)))
     assert len(log) == 256 and log[0][0] == 44.0
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 300
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: no space left)")
+def test_a_write_that_fails_ends_the_file_never_the_pass():
+    log = PassFile(Path("/dev/full"))
+    log.append((1.0, ((0, 1, 1),)))  # ENOSPC: the pass goes on
+    log.append((2.0, ((0, 1, 1),)))
+    assert [ms for ms, _ in log] == [1.0, 2.0]
