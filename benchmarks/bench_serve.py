@@ -1496,19 +1496,12 @@ def passes_ceiling(serial: dict, passes: list, ratios: dict[int, float]) -> floa
     pass saved as timed (`ratios`: `stream_gain`'s apart / shared at r rows a lane, interpolated between the timed
     sizes, the largest's past it, 1 where sharing costs more: at once a step can go alone), and everything else
     (prefills, the time between passes) takes what it took: wall / (wall - saved). None without passes."""
+    import numpy as np
+
     if not passes:
         return None
     sizes = sorted(ratios)
-
-    def gain(r: int) -> float:
-        if r >= sizes[-1]:
-            return max(1.0, ratios[sizes[-1]])
-        hi = next(i for i, x in enumerate(sizes) if x >= r)
-        if sizes[hi] == r or hi == 0:
-            return max(1.0, ratios[sizes[hi]])
-        lo, up = sizes[hi - 1], sizes[hi]
-        return max(1.0, ratios[lo] + (ratios[up] - ratios[lo]) * (r - lo) / (up - lo))
-
+    gain = lambda r: max(1.0, float(np.interp(r, sizes, [ratios[x] for x in sizes])))  # noqa: E731 (ends: clamped)
     saved_ms, last = 0.0, None  # the slot whose prefill the last pass read (its next step gives its first token)
     for ms, parts in passes:
         steps = [(slot, rows) for slot, rows, logits in parts if rows == logits and rows > 0]
